@@ -1,0 +1,132 @@
+"""Tests for grpo_lab.algorithms: validation, presets, dispatch, descriptions."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from grpo_lab import advantages as adv
+from grpo_lab.algorithms import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    GRPO,
+    KL_ESTIMATORS,
+    PRESETS,
+    RATIO_LEVELS,
+    Algorithm,
+    get_algorithm,
+)
+
+
+def test_grpo_preset_is_deepseekmath_eq3():
+    # DeepSeekMath (arXiv 2402.03300) Eq. 3-4, §4.1.2, §4.2
+    assert GRPO.name == "GRPO"
+    assert GRPO.advantage == "group" and GRPO.adv_eps == 1e-4
+    assert GRPO.ratio_level == "token"
+    assert GRPO.clip == "ppo" and GRPO.eps_low == GRPO.eps_high == 0.2
+    assert GRPO.aggregation == "seq_mean_token_mean"
+    assert GRPO.kl == "k3" and GRPO.beta == 0.04
+    assert GRPO.uses_kl
+    assert PRESETS == {"GRPO": GRPO}
+
+
+def test_defaults_are_valid_and_frozen():
+    a = Algorithm()
+    assert a.name == "custom"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.beta = 0.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(advantage="gae"), "unknown advantage"),
+        (dict(advantage="GROUP"), "unknown advantage"),
+        (dict(ratio_level="sequence_token"), "unknown ratio_level"),
+        (dict(clip="is_weight"), "unknown clip"),
+        (dict(aggregation="seq_mean"), "unknown aggregation"),
+        (dict(kl="k4"), "unknown kl"),
+        (dict(kl="none"), "unknown kl"),
+        (dict(eps_low=-0.1), "eps_low"),
+        (dict(eps_low=1.5), "eps_low"),
+        (dict(eps_low=float("nan")), "eps_low"),
+        (dict(eps_high=-0.01), "eps_high"),
+        (dict(eps_high=float("inf")), "eps_high"),
+        (dict(beta=-1.0), "beta"),
+        (dict(beta="0.1"), "beta"),
+        (dict(adv_eps=-1e-6), "adv_eps"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(max_tokens=12.5), "max_tokens"),
+        (dict(max_tokens=True), "max_tokens"),
+        (dict(name=""), "name"),
+    ],
+)
+def test_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Algorithm(**kwargs)
+
+
+def test_every_listed_choice_is_accepted():
+    for a in ADVANTAGES:
+        Algorithm(advantage=a)
+    for r in RATIO_LEVELS:
+        Algorithm(ratio_level=r)
+    for g in AGGREGATIONS:
+        Algorithm(aggregation=g, max_tokens=16)
+    for k in KL_ESTIMATORS:
+        Algorithm(kl=k)
+    Algorithm(eps_low=0.0, eps_high=0.0, beta=0.0)
+    Algorithm(eps_low=1.0, eps_high=10.0)
+
+
+def test_replace_revalidates():
+    assert GRPO.replace(beta=0.0).beta == 0.0
+    assert not GRPO.replace(beta=0.0).uses_kl
+    assert not GRPO.replace(kl=None).uses_kl
+    with pytest.raises(ValueError):
+        GRPO.replace(eps_high=-1)
+
+
+def test_advantages_dispatch():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.0, 1.0, 1.0])
+    G = 4
+    torch.testing.assert_close(Algorithm(advantage="group").advantages(r, G), adv.group_advantages(r, G))
+    torch.testing.assert_close(
+        Algorithm(advantage="group", adv_eps=0.0).advantages(r, G), adv.group_advantages(r, G, eps=0.0)
+    )
+    torch.testing.assert_close(
+        Algorithm(advantage="group_mean").advantages(r, G), adv.group_advantages(r, G, scale="none")
+    )
+    torch.testing.assert_close(Algorithm(advantage="batch").advantages(r, G), adv.group_advantages(r, G, scale="batch"))
+    torch.testing.assert_close(Algorithm(advantage="rloo").advantages(r, G), adv.rloo_advantages(r, G))
+    with pytest.raises(ValueError, match="divide"):
+        GRPO.advantages(r, 3)
+
+
+def test_axes_and_describe():
+    ax = GRPO.axes()
+    assert list(ax) == ["advantage", "ratio_level", "clip", "eps_low", "eps_high", "aggregation", "kl", "beta"]
+    assert ax["kl"] == "k3" and ax["beta"] == 0.04
+    # no KL term -> the table shows None / 0 whatever the unused field holds
+    ax0 = GRPO.replace(beta=0.0).axes()
+    assert ax0["kl"] is None and ax0["beta"] == 0.0
+    d = GRPO.describe()
+    assert d["name"] == "GRPO" and set(d) == {f.name for f in dataclasses.fields(Algorithm)}
+    json.dumps(d)  # serialisable for provenance
+
+
+def test_get_algorithm():
+    assert get_algorithm("GRPO") is GRPO
+    assert get_algorithm("grpo") is GRPO
+    assert get_algorithm(" Grpo ") is GRPO
+    assert get_algorithm(GRPO) is GRPO
+    with pytest.raises(ValueError, match=r"known presets: \['GRPO'\]"):
+        get_algorithm("dapo")
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        get_algorithm(3)
+
+
+def test_hashable_and_comparable():
+    assert GRPO == GRPO.replace()
+    assert len({GRPO, GRPO.replace(), Algorithm()}) == 2
