@@ -1,0 +1,316 @@
+"""Notebook plumbing for the GRPO Lab book.
+
+Every chapter starts with::
+
+    from grpo_lab import book
+    book.setup_notebook()
+
+which makes a fresh kernel reproducible and quiet (seeds, warning filters, no Hugging Face
+progress bars or advisory logs, the book's figure style, inline PNG figures). It prints nothing,
+so the cell's stored output is empty and stable under ``pytest --nbval``.
+
+:func:`glue` wraps :func:`myst_nb.glue` so that a chapter also runs where myst-nb is not
+installed (Google Colab, a plain ``python`` session). :func:`execute_notebook` produces the
+committed reference outputs of a chapter: a fresh kernel, cells in order, outputs written back
+in place (``python -m grpo_lab.book execute book/01_grpo.ipynb``).
+
+This module imports only the standard library at import time; numpy, torch, matplotlib,
+IPython, transformers, myst-nb and nbclient are imported when a function needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = [
+    "setup_notebook",
+    "glue",
+    "in_colab",
+    "in_notebook",
+    "device",
+    "execute_notebook",
+]
+
+#: Environment variables set by :func:`setup_notebook`. They also take effect for libraries
+#: imported later in the session (transformers and huggingface_hub read them at import time).
+QUIET_ENV = {
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+# (category, module regex) pairs silenced by setup_notebook. Deprecation chatter from the
+# scientific stack changes with every release and would make the stored outputs drift; user
+# warnings raised by grpo_lab itself are *not* silenced: they carry meaning.
+_SILENCED_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
+    (DeprecationWarning, ""),
+    (PendingDeprecationWarning, ""),
+    (FutureWarning, ""),
+    (UserWarning, r"(transformers|huggingface_hub|tokenizers|torch|seaborn|matplotlib)(\..*)?"),
+    (Warning, r"tqdm(\..*)?"),  # e.g. TqdmWarning "IProgress not found" when ipywidgets is absent
+    (RuntimeWarning, r"(seaborn|pandas|numpy)(\..*)?"),
+)
+
+
+def in_colab() -> bool:
+    """Return True when running inside Google Colab.
+
+    Detection is by the ``google.colab`` module, which Colab imports into every kernel before
+    the first cell runs; nothing is imported to find out.
+    """
+    return "google.colab" in sys.modules
+
+
+def _ipython_shell() -> Any | None:
+    """Return the running IPython shell, or None outside IPython (or without IPython)."""
+    if "IPython" not in sys.modules:
+        return None
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython partially installed
+        return None
+    return get_ipython()
+
+
+def in_notebook() -> bool:
+    """Return True inside a Jupyter kernel (a notebook, nbclient, nbval, Colab).
+
+    A terminal IPython session or plain ``python`` returns False.
+    """
+    shell = _ipython_shell()
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def device() -> str:
+    """Return ``"cuda"`` when a CUDA device is available to torch, else ``"cpu"``.
+
+    Chapters pass the result to models and tensors; the CPU profile never needs a GPU.
+    """
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global generator and torch (CPU and every CUDA device)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds all CUDA devices
+    if torch.backends.cudnn.is_available():
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def _quiet_warnings() -> None:
+    """Install the warning filters of :data:`_SILENCED_WARNINGS` (idempotent)."""
+    for category, module in _SILENCED_WARNINGS:
+        warnings.filterwarnings("ignore", category=category, module=module)
+
+
+def _quiet_huggingface() -> None:
+    """Silence transformers / huggingface_hub logs and progress bars, if they are installed."""
+    for key, value in QUIET_ENV.items():
+        os.environ[key] = value
+    if importlib.util.find_spec("transformers") is not None:
+        try:
+            import transformers
+
+            transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()
+        except Exception:  # pragma: no cover - a broken install must not break a chapter
+            pass
+    if importlib.util.find_spec("huggingface_hub") is not None:
+        try:
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
+        except Exception:  # pragma: no cover
+            pass
+
+
+def _inline_png() -> None:
+    """Inside a Jupyter kernel, make matplotlib emit inline PNG only (never SVG).
+
+    SVG outputs embed random ids and dates and would be compared by nbval; PNG is skipped by
+    nbval and is what the book renders. Outside a kernel this does nothing.
+    """
+    shell = _ipython_shell()
+    if shell is None or not hasattr(shell, "kernel"):
+        return
+    try:
+        shell.run_line_magic("config", "InlineBackend.figure_formats = ['png']")
+        # Keep rcParams under the book's control: the inline backend must not re-apply its own.
+        shell.run_line_magic("config", "InlineBackend.rc = {}")
+        shell.run_line_magic("matplotlib", "inline")
+    except Exception:  # pragma: no cover - unusual front ends
+        pass
+
+
+def setup_notebook(seed: int = 0, *, threads: int | None = None) -> None:
+    """Prepare a chapter's kernel: reproducible, quiet, book-styled. Prints nothing.
+
+    Parameters
+    ----------
+    seed:
+        Seed for Python's ``random``, NumPy's global generator and torch (CPU and CUDA).
+        Experiments seed their own generators per run as well; this one covers the ad-hoc
+        tensors of the chapter's worked examples.
+    threads:
+        If given, ``torch.set_num_threads(threads)``. ``None`` (default) leaves torch's choice
+        alone; CPU results in this book are bit-identical across thread counts, but wall times
+        are not.
+
+    Effects
+    -------
+    * warning filters for deprecation chatter and library ``UserWarning`` s (not grpo_lab's);
+    * ``transformers`` verbosity ``error``, no advisory warnings, Hugging Face progress bars off
+      (environment variables are set as well, so libraries imported later obey them);
+    * :func:`grpo_lab.plotting.set_style` (fixed figure size, dpi, palette);
+    * inside a Jupyter kernel, ``%config InlineBackend.figure_formats = ['png']``.
+
+    Returns ``None`` and writes nothing to stdout/stderr, so the setup cell has no output.
+    """
+    _quiet_warnings()
+    _quiet_huggingface()
+    _seed_everything(seed)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    _inline_png()  # before set_style: activating the inline backend may touch rcParams
+    from grpo_lab import plotting
+
+    plotting.set_style()
+
+
+def _close_if_figure(value: Any) -> None:
+    """Close a pyplot-managed matplotlib figure so the inline backend does not show it again."""
+    if "matplotlib.figure" not in sys.modules:
+        return
+    from matplotlib.figure import Figure
+
+    if isinstance(value, Figure) and "matplotlib.pyplot" in sys.modules:
+        import matplotlib.pyplot as plt
+
+        plt.close(value)
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Store ``value`` under ``name`` for the book's prose; a Colab-safe :func:`myst_nb.glue`.
+
+    Parameters
+    ----------
+    name:
+        Glue key, unique within the notebook. Refer to it in the same chapter with
+        ``{glue:text}`name:.3f` ``, ``{glue:figure} name`` or ``{glue:}`name` ``; from another
+        page prefix the document name: ``{glue:text}`01_grpo::name` ``.
+    value:
+        Any displayable object: a number, a string, a pandas DataFrame, a matplotlib Figure.
+        What is stored is its *display* (text/plain, text/html, image/png), so round numbers
+        before gluing them (``round(x, 3)``): the stored text is compared by nbval.
+    display:
+        Also show the value in the notebook output (default False).
+
+    Behaviour
+    ---------
+    * In a Jupyter kernel with myst-nb installed: calls :func:`myst_nb.glue`.
+    * Without myst-nb (Colab) or outside a kernel: shows the value when ``display`` is True
+      (``IPython.display.display`` in IPython, ``print`` otherwise), else does nothing.
+    * A matplotlib Figure is closed after gluing, so the inline backend does not render it a
+      second time at the end of the cell.
+    """
+    glue_fn = None
+    if in_notebook():
+        try:
+            from myst_nb import glue as glue_fn
+        except ImportError:
+            glue_fn = None
+    if glue_fn is not None:
+        glue_fn(name, value, display=display)
+    elif display:
+        if _ipython_shell() is not None:
+            from IPython.display import display as ipy_display
+
+            ipy_display(value)
+        else:
+            print(value)
+    _close_if_figure(value)
+
+
+def execute_notebook(
+    path: str | os.PathLike[str],
+    *,
+    timeout: int = 600,
+    kernel_name: str = "python3",
+    env: dict[str, str] | None = None,
+) -> float:
+    """Execute a chapter in place from a fresh kernel and return the wall time in seconds.
+
+    This is how the committed outputs (the nbval reference) are produced: cells run in order in
+    a new ``kernel_name`` kernel whose working directory is the notebook's folder, execution
+    counts restart at 1, no per-cell timing metadata is recorded, and any cell error aborts
+    (the notebook file is then left untouched). ``env`` entries are added to the kernel's
+    environment (``PYTHONHASHSEED=0`` is always set).
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["kernelspec"] = {
+        "name": kernel_name,
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
+    saved_env = dict(os.environ)
+    os.environ.update({"PYTHONHASHSEED": "0", **(env or {})})
+    start = time.perf_counter()
+    try:
+        client = NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name=kernel_name,
+            allow_errors=False,
+            record_timing=False,
+            resources={"metadata": {"path": str(path.parent.resolve())}},
+        )
+        client.execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+    elapsed = time.perf_counter() - start
+    nbformat.validate(nb)
+    nbformat.write(nb, path)
+    return elapsed
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m grpo_lab.book execute [--timeout S] NOTEBOOK...``."""
+    parser = argparse.ArgumentParser(prog="python -m grpo_lab.book", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("execute", help="execute notebooks in place from a fresh kernel")
+    ex.add_argument("notebooks", nargs="+", type=Path)
+    ex.add_argument("--timeout", type=int, default=600, help="per-cell timeout in seconds")
+    ex.add_argument("--kernel", default="python3", help="kernel name (default python3)")
+    args = parser.parse_args(argv)
+    for nb_path in args.notebooks:
+        seconds = execute_notebook(nb_path, timeout=args.timeout, kernel_name=args.kernel)
+        print(f"executed {nb_path} in {seconds:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_main())

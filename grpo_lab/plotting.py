@@ -1,0 +1,303 @@
+"""The book's figure style: one look, one colour per algorithm, mean ± sd over seeds.
+
+* :func:`set_style` fixes the theme (seaborn ``whitegrid``, ``colorblind`` palette), the figure
+  size (:data:`FIGSIZE`, inches) and resolution (:data:`DPI`), so every inline PNG in every
+  chapter has the same size and the ``<Figure size WxH ...>`` text stored next to it is stable.
+* :data:`ALGO_COLORS` / :data:`ALGO_ORDER` give each algorithm the same colour and legend
+  position in every chapter (GRPO is always blue, DAPO always green, ...).
+* :func:`band_plot` draws one mean line and a ±1 sd band per algorithm from a long DataFrame
+  with one row per (algorithm, seed, x); :func:`curves_grid` lays several metrics out as panels
+  with one shared legend.
+
+Means and standard deviations are computed with pandas and drawn with plain matplotlib
+(``plot`` + ``fill_between``): no bootstrapping, so figures are deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "FIGSIZE",
+    "DPI",
+    "ALGO_ORDER",
+    "ALGO_COLORS",
+    "canonical_algo",
+    "algo_color",
+    "set_style",
+    "mean_sd",
+    "band_plot",
+    "curves_grid",
+    "fig_caption_safe",
+]
+
+#: Default figure size in inches (width, height) of a single-panel figure.
+FIGSIZE: tuple[float, float] = (6.4, 3.6)
+#: Resolution of inline PNGs and saved figures.
+DPI: int = 110
+
+#: Legend order of the algorithms, the same in every chapter. ``base`` is the untrained policy.
+ALGO_ORDER: tuple[str, ...] = ("GRPO", "DR_GRPO", "DAPO", "GSPO", "CISPO", "VAPO", "PPO", "RPT", "base")
+
+#: One fixed colour per algorithm (seaborn's colour-blind palette; ``RPT`` black; ``base`` grey).
+ALGO_COLORS: dict[str, str] = {
+    "GRPO": "#0173b2",
+    "DR_GRPO": "#de8f05",
+    "DAPO": "#029e73",
+    "GSPO": "#d55e00",
+    "CISPO": "#cc78bc",
+    "VAPO": "#ca9161",
+    "PPO": "#56b4e9",
+    "RPT": "#000000",
+    "base": "#949494",
+}
+
+#: Line styles that differ from solid (the untrained reference is dashed).
+ALGO_LINESTYLES: dict[str, str] = {"base": "--"}
+
+# Colours for names outside ALGO_COLORS (ablations, user variants), assigned in sorted order.
+_EXTRA_COLORS: tuple[str, ...] = ("#fbafe4", "#ece133", "#7f3c8d", "#11a579", "#3969ac", "#e73f74")
+
+_ALIASES: dict[str, str] = {"DRGRPO": "DR_GRPO", "BASE": "base", "BASELINE": "base", "SFT": "base"}
+
+
+def canonical_algo(name: Any) -> str:
+    """Map an algorithm label to its key in :data:`ALGO_COLORS` where one matches.
+
+    Case, dots, dashes and spaces are ignored: ``"Dr.GRPO"``, ``"dr_grpo"``, ``"dr-grpo"`` and
+    ``"DrGRPO"`` all give ``"DR_GRPO"``; ``"Base"`` gives ``"base"``. Other labels are returned
+    unchanged (as strings).
+    """
+    text = str(name)
+    key = re.sub(r"[\s.\-]+", "_", text.strip()).upper()
+    key = _ALIASES.get(key.replace("_", ""), _ALIASES.get(key, key))
+    if key in ALGO_COLORS:
+        return key
+    return text
+
+
+def algo_color(name: Any, *, extra: Sequence[str] = ()) -> str:
+    """Colour of an algorithm label (see :func:`canonical_algo`).
+
+    A label outside :data:`ALGO_COLORS` gets a colour from a small reserve palette, chosen by
+    its position among the sorted unknown labels in ``extra`` (pass all labels of the figure for
+    a stable assignment), so the same figure always gets the same colours.
+    """
+    key = canonical_algo(name)
+    if key in ALGO_COLORS:
+        return ALGO_COLORS[key]
+    unknown = sorted({str(x) for x in extra if canonical_algo(x) not in ALGO_COLORS} | {key})
+    return _EXTRA_COLORS[unknown.index(key) % len(_EXTRA_COLORS)]
+
+
+def set_style() -> None:
+    """Apply the book's matplotlib/seaborn style to the current session.
+
+    seaborn theme ``context="notebook", style="whitegrid", palette="colorblind"``, figure size
+    :data:`FIGSIZE`, dpi :data:`DPI` for display and ``savefig``, no top/right spines, frameless
+    legends, and a fixed SVG hash salt so figures saved as SVG for print are byte-stable.
+    Called by :func:`grpo_lab.book.setup_notebook`; safe to call again.
+    """
+    import matplotlib as mpl
+    import seaborn as sns
+
+    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
+    mpl.rcParams.update(
+        {
+            "figure.figsize": FIGSIZE,
+            "figure.dpi": DPI,
+            "savefig.dpi": DPI,
+            "savefig.bbox": "tight",
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "axes.titlesize": "medium",
+            "axes.labelsize": "medium",
+            "legend.frameon": False,
+            "legend.fontsize": "small",
+            "lines.linewidth": 1.8,
+            "svg.hashsalt": "grpo_lab",
+            "svg.fonttype": "none",
+            "figure.max_open_warning": 50,
+        }
+    )
+
+
+def _ordered(labels: Iterable[Any], order: Sequence[Any] | None) -> list[Any]:
+    """Return the distinct ``labels`` in ``order`` (if given) else :data:`ALGO_ORDER`, then the rest sorted."""
+    labels = list(dict.fromkeys(labels))
+    if order is not None:
+        return [x for x in order if x in labels]
+    rank = {name: i for i, name in enumerate(ALGO_ORDER)}
+
+    def key(x: Any) -> tuple[int, str]:
+        return (rank.get(canonical_algo(x), len(rank)), str(x))
+
+    return sorted(labels, key=key)
+
+
+def mean_sd(
+    df: "pd.DataFrame",
+    x: str,
+    y: str,
+    hue: str | None = "algo",
+    *,
+    seed: str = "seed",
+    smooth: int | None = None,
+) -> "pd.DataFrame":
+    """Mean and sample standard deviation of ``y`` over seeds, per ``hue`` and ``x``.
+
+    Input: a long DataFrame with one row per (hue, seed, x) and columns ``x``, ``y``, ``seed``
+    (and ``hue`` unless None). If ``smooth`` is given, each seed's curve is first smoothed with a
+    trailing moving average of that many points (``min_periods=1``; state it in the caption).
+
+    Returns a DataFrame with columns ``[hue,] x, mean, sd, n``: ``sd`` uses ``ddof=1`` and is 0
+    where only one seed is present; ``n`` is the number of seeds averaged. Rows with NaN ``y``
+    are ignored.
+    """
+    import pandas as pd
+
+    keys = [hue] if hue is not None else []
+    for col in [*keys, x, y, seed]:
+        if col not in df.columns:
+            raise KeyError(f"column {col!r} not in DataFrame (columns: {list(df.columns)})")
+    data = df[[*keys, seed, x, y]].dropna(subset=[y]).sort_values([*keys, seed, x], kind="stable")
+    if smooth is not None and smooth > 1:
+        data = data.copy()
+        data[y] = data.groupby([*keys, seed], sort=False)[y].transform(
+            lambda s: s.rolling(int(smooth), min_periods=1).mean()
+        )
+    grouped = data.groupby([*keys, x], sort=True)[y]
+    out = pd.DataFrame({"mean": grouped.mean(), "sd": grouped.std(ddof=1), "n": grouped.count()})
+    out["sd"] = out["sd"].fillna(0.0)
+    return out.reset_index()
+
+
+def band_plot(
+    ax: "Axes",
+    df: "pd.DataFrame",
+    x: str,
+    y: str,
+    hue: str | None = "algo",
+    *,
+    seed: str = "seed",
+    order: Sequence[Any] | None = None,
+    colors: Mapping[Any, str] | None = None,
+    smooth: int | None = None,
+    alpha: float = 0.2,
+    label: str | None = None,
+    legend: bool = False,
+    title: str | None = None,
+) -> "pd.DataFrame":
+    """Draw mean ``y`` against ``x`` with a ±1 sd band over seeds, one line per ``hue`` value.
+
+    Input: a long DataFrame, one row per (hue value, seed, x), e.g. a trainer history with
+    ``algo`` and ``seed`` columns added. The figure shows, for each algorithm, the mean over seeds
+    (line) and mean ± one sample standard deviation (shaded band); with a single seed the band
+    has zero width. Colours come from :data:`ALGO_COLORS` (override with ``colors``), legend
+    order from :data:`ALGO_ORDER` (override with ``order``). ``smooth`` applies a per-seed
+    trailing moving average first (see :func:`mean_sd`). ``label`` names the single line when
+    ``hue`` is None.
+
+    Sets the axis labels to the column names unless they are already set, the title if given,
+    and draws a legend if ``legend``. Returns the plotted statistics (:func:`mean_sd`).
+    """
+    stats = mean_sd(df, x, y, hue, seed=seed, smooth=smooth)
+    groups: list[tuple[Any, "pd.DataFrame"]]
+    if hue is None:
+        groups = [(label if label is not None else y, stats)]
+    else:
+        labels = _ordered(stats[hue].tolist(), order)
+        groups = [(lab, stats[stats[hue] == lab]) for lab in labels]
+    all_labels = [g[0] for g in groups]
+    for lab, part in groups:
+        part = part.sort_values(x)
+        xs = part[x].to_numpy()
+        mean = part["mean"].to_numpy(dtype=float)
+        sd = part["sd"].to_numpy(dtype=float)
+        color = (colors or {}).get(lab) or algo_color(lab, extra=all_labels)
+        style = ALGO_LINESTYLES.get(canonical_algo(lab), "-")
+        ax.plot(xs, mean, color=color, linestyle=style, label=str(lab))
+        ax.fill_between(xs, mean - sd, mean + sd, color=color, alpha=alpha, linewidth=0)
+    if not ax.get_xlabel():
+        ax.set_xlabel(x)
+    if not ax.get_ylabel():
+        ax.set_ylabel(y)
+    if title is not None:
+        ax.set_title(title)
+    if legend:
+        ax.legend()
+    return stats
+
+
+def curves_grid(
+    df: "pd.DataFrame",
+    metrics: Sequence[tuple[str, str]],
+    *,
+    ncols: int = 3,
+    x: str = "step",
+    hue: str | None = "algo",
+    seed: str = "seed",
+    order: Sequence[Any] | None = None,
+    colors: Mapping[Any, str] | None = None,
+    smooth: int | None = None,
+    panel_size: tuple[float, float] = (3.0, 2.4),
+    xlabel: str | None = None,
+    suptitle: str | None = None,
+) -> "Figure":
+    """A grid of :func:`band_plot` panels, one per metric, with one shared legend below.
+
+    Input: the same long DataFrame as :func:`band_plot`; ``metrics`` is a list of
+    ``(column, panel title)`` pairs, e.g. ``[("reward", "reward"), ("entropy", "entropy (nats)")]``.
+    The figure shows each metric's mean ± sd over seeds against ``x`` (default ``"step"``), one
+    colour per algorithm, panels filled row by row; unused panels are hidden. The figure is
+    ``ncols × panel_size[0]`` wide and ``nrows × panel_size[1]`` tall (plus the legend row).
+    Returns the Figure (not shown, not closed: glue it or let the cell display it).
+    """
+    import matplotlib.pyplot as plt
+
+    if not metrics:
+        raise ValueError("metrics must name at least one (column, title) pair")
+    ncols = max(1, min(int(ncols), len(metrics)))
+    nrows = math.ceil(len(metrics) / ncols)
+    fig, axes = plt.subplots(
+        nrows,
+        ncols,
+        figsize=(panel_size[0] * ncols, panel_size[1] * nrows + 0.5),
+        squeeze=False,
+        sharex=True,
+        layout="constrained",
+    )
+    flat = axes.ravel()
+    for ax, (column, title) in zip(flat, metrics):
+        band_plot(ax, df, x, column, hue, seed=seed, order=order, colors=colors, smooth=smooth, title=title)
+        ax.set_ylabel("")
+        ax.set_xlabel(xlabel if xlabel is not None else x)
+    for ax in flat[len(metrics):]:
+        ax.set_visible(False)
+    handles, labels = flat[0].get_legend_handles_labels()
+    if hue is not None and handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6))
+    if suptitle:
+        fig.suptitle(suptitle)
+    return fig
+
+
+_MYST_SPECIAL = re.compile(r"([\\`*_{}\[\]<>|$#])")
+
+
+def fig_caption_safe(text: Any) -> str:
+    """Turn generated text into a one-line caption that MyST renders literally.
+
+    Collapses whitespace (newlines included) to single spaces and backslash-escapes the
+    characters MyST would otherwise interpret (`` ` * _ { } [ ] < > | $ # \\ ``). Use it on captions
+    built from data (algorithm names like ``DR_GRPO``, config strings) before gluing them as text.
+    """
+    collapsed = " ".join(str(text).split())
+    return _MYST_SPECIAL.sub(r"\\\1", collapsed)

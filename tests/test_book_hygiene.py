@@ -1,0 +1,361 @@
+"""Hygiene of the book's sources: notebooks, jupytext twins, table of contents, citations, build.
+
+The committed ``book/*.ipynb`` are both the chapters and the nbval reference, so they must be a
+clean fresh-kernel run (``python -m grpo_lab.book execute book/NN_slug.ipynb``): valid, executed
+top to bottom from count 1, no errors, PNG figures only, paired with an identical
+``book/_py/NN_slug.py`` twin, and listed in ``book/_toc.yml``. The last test builds the whole
+book with warnings as errors, exactly as CI does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+TWINS = BOOK / "_py"
+SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
+
+#: Bibliography keys that chapters rely on; renaming one breaks citations across the book.
+REQUIRED_BIB_KEYS = {
+    "shao2024deepseekmath",
+    "deepseekai2025r1",
+    "liu2025drgrpo",
+    "deepseekai2025v32",
+    "xie2025mhc",
+    "shao2025deepseekmathv2",
+    "zheng2025gspo",
+    "minimax2025m1",
+    "yue2025vapo",
+    "yu2025dapo",
+    "dong2025rpt",
+    "schulman2016gae",
+    "schulman2017ppo",
+    "schulman2020kl",
+    "ahmadian2024rloo",
+    "williams1992reinforce",
+}
+
+#: A notebook file above this size almost certainly stores something it should not.
+MAX_NOTEBOOK_BYTES = 3_000_000
+#: Tags under which a cell may legitimately write to stderr (nbval does not compare it).
+STDERR_OK_TAGS = {"nbval-ignore-output", "nbval-skip"}
+#: Tags of cells that nbclient does not execute.
+SKIPPED_TAGS = {"skip-execution"}
+
+_EXCLUDED_PARTS = {"_build", "_py", ".ipynb_checkpoints", "__pycache__"}
+
+
+def _book_files(suffix: str) -> list[Path]:
+    """Book sources with ``suffix`` (recursively), ignoring build output, twins and checkpoints."""
+    return sorted(
+        p for p in BOOK.rglob(f"*{suffix}") if not _EXCLUDED_PARTS.intersection(p.relative_to(BOOK).parts)
+    )
+
+
+NOTEBOOKS = _book_files(".ipynb")
+MARKDOWN = _book_files(".md")
+
+
+def _docname(path: Path) -> str:
+    """Sphinx document name of a book source: path relative to book/, no suffix, '/' separated."""
+    return path.relative_to(BOOK).with_suffix("").as_posix()
+
+
+def _read(path: Path):
+    import nbformat
+
+    return nbformat.read(path, as_version=4)
+
+
+def _tags(cell) -> set[str]:
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+def _code_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+notebook_param = pytest.mark.parametrize("path", NOTEBOOKS, ids=[_docname(p) for p in NOTEBOOKS])
+
+
+# ---------------------------------------------------------------------------- table of contents
+
+
+def _toc_entries() -> list[str]:
+    """All ``root`` / ``file`` entries of book/_toc.yml, in order, without suffixes."""
+    import yaml
+
+    toc = yaml.safe_load((BOOK / "_toc.yml").read_text(encoding="utf-8"))
+    assert toc.get("format") == "jb-book", "book/_toc.yml must use `format: jb-book`"
+    entries = [toc["root"]]
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                entries.append(node["file"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk({k: v for k, v in toc.items() if k not in ("root", "format")})
+    return [re.sub(r"\.(md|ipynb)$", "", e) for e in entries]
+
+
+def test_toc_entries_exist_and_are_unique():
+    entries = _toc_entries()
+    assert len(entries) == len(set(entries)), f"duplicate entries in _toc.yml: {entries}"
+    for entry in entries:
+        candidates = [BOOK / f"{entry}.md", BOOK / f"{entry}.ipynb"]
+        found = [c for c in candidates if c.exists()]
+        assert len(found) == 1, f"_toc.yml entry {entry!r}: expected exactly one of {candidates}, found {found}"
+
+
+def test_every_book_source_is_in_the_toc():
+    listed = set(_toc_entries())
+    sources = {_docname(p) for p in NOTEBOOKS + MARKDOWN}
+    missing = sorted(sources - listed)
+    assert not missing, f"book sources not listed in book/_toc.yml (never rendered): {missing}"
+
+
+def test_no_markdown_shares_a_basename_with_a_notebook():
+    # Sphinx sees two files for one document name; fatal under -W.
+    clash = sorted({_docname(p) for p in NOTEBOOKS} & {_docname(p) for p in MARKDOWN})
+    assert not clash, f".md and .ipynb with the same name in book/: {clash}"
+
+
+# ---------------------------------------------------------------------------- notebooks
+
+
+@notebook_param
+def test_notebook_is_valid_nbformat(path: Path):
+    import nbformat
+
+    assert path.stat().st_size <= MAX_NOTEBOOK_BYTES, f"{path.name} is {path.stat().st_size} bytes"
+    json.loads(path.read_text(encoding="utf-8"))
+    nb = _read(path)
+    nbformat.validate(nb)
+    assert nb.nbformat == 4
+
+
+@notebook_param
+def test_notebook_kernelspec_is_python3(path: Path):
+    spec = _read(path).metadata.get("kernelspec", {})
+    assert spec.get("name") == "python3", f"{path.name}: kernelspec {spec!r}; execute with python -m grpo_lab.book"
+    assert spec.get("language", "python") == "python"
+
+
+@notebook_param
+def test_notebook_has_stored_outputs(path: Path):
+    cells = _code_cells(_read(path))
+    assert cells, f"{path.name} has no code cells"
+    assert any(c.outputs for c in cells), f"{path.name} stores no outputs: execute it before committing"
+    not_run = [i for i, c in enumerate(cells) if c.source.strip() and c.execution_count is None and not (_tags(c) & SKIPPED_TAGS)]
+    assert not not_run, f"{path.name}: code cells {not_run} (0-based among code cells) were never executed"
+
+
+@notebook_param
+def test_notebook_execution_counts_are_a_fresh_run(path: Path):
+    counts = [
+        c.execution_count
+        for c in _code_cells(_read(path))
+        if c.source.strip() and not (_tags(c) & SKIPPED_TAGS)
+    ]
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{path.name}: execution counts {counts} are not 1..{len(counts)}; re-execute from a fresh kernel"
+    )
+
+
+@notebook_param
+def test_notebook_has_no_error_outputs(path: Path):
+    bad = [
+        i
+        for i, c in enumerate(_code_cells(_read(path)))
+        if "raises-exception" not in _tags(c) and any(o.output_type == "error" for o in c.outputs)
+    ]
+    assert not bad, f"{path.name}: error outputs in code cells {bad} (tag `raises-exception` if intended)"
+
+
+@notebook_param
+def test_notebook_has_no_svg_outputs(path: Path):
+    bad = [
+        (i, key)
+        for i, c in enumerate(_code_cells(_read(path)))
+        for o in c.outputs
+        for key in o.get("data", {})
+        if key.endswith("image/svg+xml")
+    ]
+    assert not bad, f"{path.name}: inline SVG outputs {bad}; figures must be PNG (book.setup_notebook())"
+
+
+@notebook_param
+def test_notebook_writes_stderr_only_in_ignored_cells(path: Path):
+    bad = [
+        i
+        for i, c in enumerate(_code_cells(_read(path)))
+        if not (_tags(c) & STDERR_OK_TAGS)
+        and any(o.output_type == "stream" and o.get("name") == "stderr" for o in c.outputs)
+    ]
+    assert not bad, (
+        f"{path.name}: code cells {bad} write to stderr (warnings, progress bars); silence them or tag "
+        f"the cell one of {sorted(STDERR_OK_TAGS)}"
+    )
+
+
+@notebook_param
+def test_first_code_cell_is_hidden_colab_setup(path: Path):
+    first = _code_cells(_read(path))[0]
+    assert "remove-cell" in _tags(first), f"{path.name}: first code cell must be tagged `remove-cell`"
+    assert "colab" in first.source.lower(), f"{path.name}: first code cell must be the Colab setup cell"
+
+
+@notebook_param
+def test_parameters_cell_defines_cpu_profile(path: Path):
+    params = [c for c in _code_cells(_read(path)) if "parameters" in _tags(c)]
+    assert len(params) == 1, f"{path.name}: expected one cell tagged `parameters`, found {len(params)}"
+    assert re.search(r"^PROFILE\s*=\s*[\"']cpu[\"']", params[0].source, flags=re.MULTILINE), (
+        f"{path.name}: the parameters cell must define PROFILE = \"cpu\" (the committed, CI profile)"
+    )
+
+
+def _cells_for_comparison(nb) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [
+        (c.cell_type, c.source.strip(), tuple(sorted(_tags(c))))
+        for c in nb.cells
+        if c.cell_type in ("code", "markdown", "raw")
+    ]
+
+
+@notebook_param
+def test_jupytext_twin_matches_notebook(path: Path):
+    import jupytext
+
+    twin = TWINS / path.relative_to(BOOK).with_suffix(".py")
+    assert twin.exists(), f"missing jupytext twin {twin.relative_to(ROOT)}; run `jupytext --sync {path.relative_to(ROOT)}`"
+    nb_cells = _cells_for_comparison(jupytext.read(path))
+    py_cells = _cells_for_comparison(jupytext.read(twin))
+    for i, (a, b) in enumerate(zip(nb_cells, py_cells)):
+        assert a == b, (
+            f"{path.name} and {twin.name} differ at cell {i}:\n  ipynb: {a!r:.300}\n  py:    {b!r:.300}\n"
+            "edit the .py, run `jupytext --sync`, re-execute the notebook"
+        )
+    assert len(nb_cells) == len(py_cells), f"{path.name}: {len(nb_cells)} cells, {twin.name}: {len(py_cells)} cells"
+
+
+def test_every_twin_has_a_notebook():
+    orphans = sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in TWINS.rglob("*.py")
+        if "__pycache__" not in p.parts and not (BOOK / p.relative_to(TWINS)).with_suffix(".ipynb").exists()
+    )
+    assert not orphans, f"jupytext twins without a notebook: {orphans}"
+
+
+# ---------------------------------------------------------------------------- citations
+
+_CITE = re.compile(r"\{cite(?::[a-z]+)?\}`([^`]+)`")
+_BIB_ENTRY = re.compile(r"^@(\w+)\s*\{\s*([^,\s]+)\s*,", re.MULTILINE)
+
+
+def _strip_code(text: str) -> str:
+    """Remove literal code blocks and ``double-backtick`` spans (examples of citation syntax).
+
+    Fences whose info string starts with ``{`` are directives (notes, figures), whose content
+    is parsed by MyST, so they are kept.
+    """
+    text = re.sub(r"^(`{3,}|~{3,})(?!\s*\{)[^\n]*\n.*?^\1\s*$", "", text, flags=re.MULTILINE | re.DOTALL)
+    return re.sub(r"``.+?``", "", text)
+
+
+def _bib_keys() -> list[str]:
+    text = (BOOK / "references.bib").read_text(encoding="utf-8")
+    return [key for kind, key in _BIB_ENTRY.findall(text) if kind.lower() not in ("comment", "string", "preamble")]
+
+
+def _cited_keys() -> dict[str, set[str]]:
+    """Map each cited key to the book files citing it (Markdown pages and notebook markdown cells)."""
+    texts: list[tuple[str, str]] = [(p.relative_to(ROOT).as_posix(), p.read_text(encoding="utf-8")) for p in MARKDOWN]
+    for path in NOTEBOOKS:
+        nb = _read(path)
+        texts.append((path.relative_to(ROOT).as_posix(), "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")))
+    cited: dict[str, set[str]] = {}
+    for name, text in texts:
+        for group in _CITE.findall(_strip_code(text)):
+            for key in group.split(","):
+                if key.strip():
+                    cited.setdefault(key.strip(), set()).add(name)
+    return cited
+
+
+def test_bibliography_has_unique_and_required_keys():
+    keys = _bib_keys()
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    assert not duplicates, f"duplicate keys in references.bib: {duplicates}"
+    missing = sorted(REQUIRED_BIB_KEYS - set(keys))
+    assert not missing, f"references.bib lacks keys the book relies on: {missing}"
+
+
+def test_bibliography_parses():
+    database = pytest.importorskip("pybtex.database")
+    data = database.parse_file(str(BOOK / "references.bib"))
+    for key, entry in data.entries.items():
+        assert entry.fields.get("title"), f"{key}: no title"
+        assert entry.fields.get("year"), f"{key}: no year"
+        assert entry.persons.get("author"), f"{key}: no author"
+
+
+def test_every_cited_key_is_in_the_bibliography():
+    known = set(_bib_keys())
+    unknown = {key: sorted(files) for key, files in _cited_keys().items() if key not in known}
+    assert not unknown, f"cited keys missing from book/references.bib: {unknown}"
+
+
+# ---------------------------------------------------------------------------- nbval sanitize file
+
+
+def test_nbval_sanitize_file_covers_known_noise():
+    plugin = pytest.importorskip("nbval.plugin")
+    patterns = plugin.get_sanitize_patterns(SANITIZE.read_text(encoding="utf-8"))
+    assert len(patterns) >= 5
+
+    def clean(text: str) -> str:
+        for regex, replace in patterns:
+            text = re.sub(regex, replace, text)
+        return text
+
+    assert clean("<Model object at 0x7f3a2c1d5e80>") == clean("<Model object at 0x55d1e2f3a4b0>")
+    assert clean("step took 0.41 s (812 tok/s)") == clean("step took 0.38 s (845 tok/s)")
+    assert clean(" 45%|####5     | 9/20 [00:01<00:01,  8.1it/s]") == clean(" 50%|#####     | 10/20 [00:01<00:02,  7.9it/s]")
+    assert clean("/tmp/ipykernel_812/3051.py:4: UserWarning: x") == clean("/tmp/ipykernel_77/12.py:9: UserWarning: x")
+    assert clean("iVBORw0KGgoAAAANSUhEUgAAAA\nBBBB") == clean("iVBORw0KGgoCCCC==")
+    assert clean("3 seeds, 200 steps") == "3 seeds, 200 steps"
+
+
+# ---------------------------------------------------------------------------- the build
+
+
+def _jupyter_book() -> str | None:
+    candidate = Path(sys.executable).parent / "jupyter-book"
+    return str(candidate) if candidate.exists() else shutil.which("jupyter-book")
+
+
+def test_book_builds_with_warnings_as_errors(tmp_path: Path):
+    """`jupyter-book build book --config _config.yml -W -n --keep-going` exits 0 (CI's book build)."""
+    exe = _jupyter_book()
+    if exe is None:
+        pytest.skip("jupyter-book is not installed")
+    cmd = [exe, "build", "book", "--config", "_config.yml", "-W", "-n", "--keep-going", "--path-output", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    warnings = [line for line in log.splitlines() if "WARNING" in line and "Kernel is running over TCP" not in line]
+    assert proc.returncode == 0 and not warnings, "book build failed:\n" + "\n".join(warnings or log.splitlines()[-60:])
+    assert (tmp_path / "_build" / "html" / "intro.html").exists()
