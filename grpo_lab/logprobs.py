@@ -9,7 +9,8 @@ usually the largest tensor of the whole training step: with B*T = 4096 and V = 3
 This module avoids that in two ways:
 
 * :func:`token_logprobs` / :func:`entropy_from_logits` use a custom autograd function that keeps
-  only the per-row log-sum-exp (``[B, T]``) for the backward pass and, with ``chunk_size``,
+  only per-row statistics (max and log-sum, ``[B, T]`` each) for the backward pass, writes the
+  gradient straight into its output buffer and, with ``chunk_size``,
   processes the flattened ``B*T`` rows in chunks so that the extra float32 memory is
   ``O(chunk_size * V)``.
 * :func:`token_logprobs_from_hidden` / :func:`entropy_from_hidden` never hold the full
@@ -139,8 +140,10 @@ def _blocks(b: int, t: int, chunk: Optional[int]) -> Iterator[tuple]:
 # --------------------------------------------------------------------------------------------
 # kernels on a block of scaled logits z [..., V] (compute dtype), ids [...]
 # --------------------------------------------------------------------------------------------
-def _kernel_forward(z: Tensor, ids: Optional[Tensor], kind: str) -> tuple[Tensor, Tensor, Tensor]:
+def _kernel_forward(z: Tensor, ids: Optional[Tensor], kind: str, owned: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Return ``(out, mx, log_s)`` for a block, with ``logsumexp(z) = mx + log_s``.
+
+    ``owned``: ``z`` is a temporary of ours and may be overwritten (saves one block-sized buffer).
 
     ``out`` is ``log p_id`` (kind 'logp') or the entropy (kind 'entropy'). The max and the log of
     the shifted sum are kept apart: ``log p = (z - mx) - log_s`` is then exact to float32 rounding
@@ -148,7 +151,7 @@ def _kernel_forward(z: Tensor, ids: Optional[Tensor], kind: str) -> tuple[Tensor
     """
     mx = z.amax(dim=-1, keepdim=True)
     mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))  # an all -inf row stays -inf
-    shifted = z - mx
+    shifted = z.sub_(mx) if owned else z - mx
     if kind == "logp":
         picked = shifted.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
         log_s = shifted.exp_().sum(dim=-1).log()
@@ -192,9 +195,11 @@ class _FromLogits(torch.autograd.Function):
         log_s = torch.empty((b, t), dtype=cdt, device=x3.device)
         with torch.no_grad():
             for idx in _blocks(b, t, chunk):
-                z = x3[idx].to(cdt)
+                blk = x3[idx]
+                z = blk.to(cdt)
                 z = z / tau if tau != 1.0 else z
-                out[idx], mx[idx], log_s[idx] = _kernel_forward(z, None if ids3 is None else ids3[idx], kind)
+                owned = z.data_ptr() != blk.data_ptr()  # upcast or division made a copy
+                out[idx], mx[idx], log_s[idx] = _kernel_forward(z, None if ids3 is None else ids3[idx], kind, owned)
         ctx.kind, ctx.tau, ctx.chunk = kind, tau, chunk
         ctx.save_for_backward(x3, ids3, mx, log_s, out)
         return out
@@ -252,7 +257,7 @@ class _FromHidden(torch.autograd.Function):
         with torch.no_grad():
             for idx in _blocks(b, t, chunk):
                 z = _head_logits(h3[idx], weight, bias, cdt, tau)
-                out[idx], mx[idx], log_s[idx] = _kernel_forward(z, None if ids3 is None else ids3[idx], kind)
+                out[idx], mx[idx], log_s[idx] = _kernel_forward(z, None if ids3 is None else ids3[idx], kind, True)
                 del z
         ctx.kind, ctx.tau, ctx.chunk = kind, tau, chunk
         ctx.has_bias = bias is not None
@@ -347,10 +352,11 @@ def token_logprobs(
         ids: ``[B, T]`` integer token ids in ``[0, V)``, same leading shape as ``logits``.
             Padding positions must hold a valid id (e.g. the pad id); mask them afterwards.
         temperature: softmax temperature tau > 0.
-        chunk_size: ``None`` computes all rows in one pass via logsumexp + gather (no float32
-            ``[B, T, V]`` log-softmax is kept for backward; for float32 input with tau = 1 no
-            full-size float32 copy is made at all, but ``logsumexp`` itself and a bf16 -> fp32
-            upcast do allocate one transient ``[B, T, V]`` buffer). An integer processes the
+        chunk_size: ``None`` computes all rows in one pass as ``(z_id - max) - log sum exp(z - max)``
+            (a max-shifted log-sum-exp and a gather; no ``[B, T, V]`` log-softmax is kept for
+            backward, only two ``[B, T]`` row statistics; one transient float32 ``[B, T, V]``
+            buffer is used in forward and the backward writes into the gradient buffer itself
+            when the logits are float32). An integer processes the
             flattened ``B*T`` rows in chunks of at most ``chunk_size`` rows, so the extra memory in
             forward and backward is ``O(chunk_size * V)``; the gradient w.r.t. ``logits``
             (``[B, T, V]``, logits' dtype) is the only full-size tensor.

@@ -337,3 +337,19 @@ def test_cuda_matches_cpu(data):
     out = token_logprobs_from_hidden(hid, w, ids.cuda(), chunk_size=4)
     ref = token_logprobs(hid @ w.T, ids.cuda())
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [None, 4])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_inputs_are_not_modified(data, dtype, chunk_size, temperature):
+    logits, ids, _ = data
+    x = logits.to(dtype).requires_grad_()
+    before = x.detach().clone()
+    token_logprobs(x, ids, temperature=temperature, chunk_size=chunk_size).sum().backward()
+    entropy_from_logits(x, temperature=temperature, chunk_size=chunk_size).sum().backward()
+    assert torch.equal(x.detach(), before)
+    h, w = torch.randn(B, T, H, dtype=dtype), torch.randn(V, H, dtype=dtype)
+    hb, wb = h.clone(), w.clone()
+    token_logprobs_from_hidden(h, w, ids, temperature=temperature, chunk_size=chunk_size or 1024)
+    assert torch.equal(h, hb) and torch.equal(w, wb)
