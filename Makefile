@@ -1,0 +1,63 @@
+# grpo_lab — make book | make test | make execute | make clean
+# Needs only Python 3.11 and make: everything else is installed into .venv from requirements/ci.txt.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NB     := $(sort $(wildcard book/[0-9]*.ipynb))
+PYTEST_NBVAL := $(BIN)/python -m pytest --nbval --nbval-current-env \
+	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
+
+.PHONY: install test unit nbval book book-stored execute sync clean pretrain
+export OMP_NUM_THREADS ?= 2
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+install: $(STAMP)
+
+$(STAMP): requirements/ci.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements/ci.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+## test: unit tests, notebook regression tests (strict nbval) and a warnings-as-errors book build
+test: install unit nbval
+
+unit: install
+	$(BIN)/python -m pytest tests -q -p no:cacheprovider
+
+nbval: install
+	$(PYTEST_NBVAL) -q $(NB)
+
+## book: execute every chapter (jupyter-cache, CPU profile) and build the HTML book into _build/html.
+## The committed notebooks are not modified: execution happens in _build/.jupyter_cache, and a
+## chapter whose code has not changed is not executed again on the next `make book`.
+book: install
+	mkdir -p _build
+	$(BIN)/python scripts/book_config.py --execute cache > _build/_config_exec.yml
+	$(BIN)/jupyter-book build book --config _build/_config_exec.yml --path-output . -W -n --keep-going
+	@echo "open _build/html/index.html"
+
+## book-stored: build the HTML book from the outputs stored in the notebooks (seconds; what CI checks)
+book-stored: install
+	$(BIN)/jupyter-book build book --config _config.yml --path-output . -W -n --keep-going
+
+## execute: re-run every chapter in place from a fresh kernel (refreshes the stored outputs nbval compares)
+execute: install sync
+	for nb in $(NB); do $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.timeout=900 --ExecutePreprocessor.kernel_name=python3 $$nb || exit 1; done
+
+## sync: update each notebook's inputs from its jupytext twin in book/_py/
+sync: install
+	for py in book/_py/[0-9]*.py; do $(BIN)/jupytext --sync $$py; done
+
+## pretrain: rebuild data/checkpoints/arithmetic-base (deterministic, ~10 min on 2 cores)
+pretrain: install
+	$(BIN)/python -m grpo_lab.pretrain arithmetic
+
+clean:
+	rm -rf _build .pytest_cache

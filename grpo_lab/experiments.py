@@ -1,0 +1,228 @@
+"""Profiles, multi-seed runs and results files with provenance.
+
+A *profile* fixes everything about an experiment's scale: ``cpu`` is what the book executes in
+CI on two cores (minutes), ``gpu`` is the same experiment at a larger scale for a Colab or
+cluster GPU. Chapters call :func:`run`, which trains one algorithm from a base checkpoint for
+several seeds and returns a long DataFrame (one row per seed × step) plus a provenance record;
+:func:`save_results` / :func:`load_results` write and read ``data/results/<profile>/*.json``.
+
+    python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 3 4 --out data/results/gpu/grpo.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from . import __version__
+from .algorithms import Algorithm, get_algorithm
+from .models import load_policy
+from .paths import REPO_ROOT, checkpoint_dir
+from .tasks import get_task
+from .trainer import Trainer, TrainerConfig
+
+__all__ = ["Profile", "PROFILES", "get_profile", "run", "RunResult", "save_results", "load_results",
+           "provenance", "config_hash"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The scale of an experiment.
+
+    Attributes:
+        name: ``"cpu"`` or ``"gpu"``.
+        base: checkpoint name under ``data/checkpoints`` (or a hub id / path).
+        task: task name and keyword arguments.
+        steps: RL steps per seed.
+        config: the :class:`~grpo_lab.trainer.TrainerConfig`.
+    """
+
+    name: str
+    base: str
+    task: str
+    steps: int
+    config: TrainerConfig
+    task_kwargs: tuple = ()
+
+
+PROFILES = {
+    # Two CPU cores, one chapter experiment (3 seeds) in well under 4 minutes.
+    "cpu": Profile(
+        name="cpu", base="arithmetic-base", task="arithmetic", steps=30,
+        config=TrainerConfig(prompts_per_step=16, group_size=8, lr=3e-4, minibatches=2, epochs=1,
+                             eval_every=5, threads=2, device="cpu"),
+    ),
+    # One GPU (Colab T4 or better): 4x the questions per step, twice the group, longer runs.
+    "gpu": Profile(
+        name="gpu", base="arithmetic-base", task="arithmetic", steps=150,
+        config=TrainerConfig(prompts_per_step=64, group_size=16, lr=3e-4, minibatches=4, epochs=1,
+                             eval_every=10, device="cuda"),
+    ),
+}
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called ``name``.
+
+    Raises:
+        ValueError: unknown profile.
+    """
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; known: {sorted(PROFILES)}") from None
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` returns.
+
+    Attributes:
+        history: long DataFrame, one row per (seed, step), with ``algo`` and ``seed`` columns
+            and every column of :meth:`grpo_lab.trainer.Trainer.train`.
+        provenance: dict (see :func:`provenance`).
+    """
+
+    history: pd.DataFrame
+    provenance: dict
+
+    def final(self, column: str = "test_accuracy") -> pd.Series:
+        """Per-seed value of ``column`` at the last step where it was measured."""
+        h = self.history.dropna(subset=[column])
+        return h.sort_values("step").groupby("seed")[column].last()
+
+    def base(self, column: str = "test_accuracy") -> pd.Series:
+        """Per-seed value of ``column`` at step 0 (the base policy)."""
+        h = self.history[self.history["step"] == 0]
+        return h.set_index("seed")[column]
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+def config_hash(algo: Algorithm, profile: Profile, steps: int) -> str:
+    """sha256 (first 12 hex) of the algorithm, profile and step count — identifies a results file."""
+    payload = {"algo": asdict(algo), "profile": profile.name, "base": profile.base, "task": profile.task,
+               "task_kwargs": dict(profile.task_kwargs), "config": profile.config.to_dict(), "steps": steps}
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def provenance(algo: Algorithm, profile: Profile, steps: int, seeds: Sequence[int], wall_seconds: float) -> dict:
+    """Where a result comes from: code version, software, device, configuration and timing."""
+    import transformers
+
+    device = profile.config.device
+    dev_name = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() \
+        else platform.processor() or platform.machine()
+    return {
+        "git_sha": _git_sha(), "grpo_lab": __version__, "torch": torch.__version__,
+        "transformers": transformers.__version__, "python": platform.python_version(),
+        "device": device, "device_name": dev_name, "threads": torch.get_num_threads(),
+        "algo": asdict(algo), "profile": profile.name, "base": profile.base, "task": profile.task,
+        "config": profile.config.to_dict(), "steps": steps, "seeds": list(seeds),
+        "config_hash": config_hash(algo, profile, steps), "wall_seconds": round(wall_seconds, 1),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
+        steps: int | None = None, progress: bool | None = None, **config_overrides) -> RunResult:
+    """Train ``algo`` from the profile's base checkpoint once per seed.
+
+    Every seed starts from the same base weights; the seed fixes prompt sampling, generation
+    and minibatch order. Runs are sequential (two CPU cores are better spent on one run).
+
+    Args:
+        algo: an :class:`~grpo_lab.algorithms.Algorithm` or a preset name (``"GRPO"``).
+        profile: ``"cpu"`` / ``"gpu"`` or a :class:`Profile`.
+        seeds: at least one seed; the book always uses ≥ 3.
+        steps: override the profile's step count.
+        progress: tqdm bar per seed (default: only in an interactive terminal).
+        **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
+            (e.g. ``minibatches=4``).
+
+    Returns:
+        RunResult.
+
+    Raises:
+        ValueError: no seeds, unknown profile/algorithm, or an invalid override.
+    """
+    algo = get_algorithm(algo) if isinstance(algo, str) else algo
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    if not seeds:
+        raise ValueError("run: need at least one seed")
+    if config_overrides:
+        prof = replace(prof, config=replace(prof.config, **config_overrides))
+    if prof.config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"run: profile {prof.name!r} needs CUDA, which is not available; use profile='cpu'")
+    steps = prof.steps if steps is None else steps
+    base = checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else prof.base
+    frames = []
+    t0 = time.perf_counter()
+    for seed in seeds:
+        policy, tokenizer = load_policy(base, device=prof.config.device)
+        task = get_task(prof.task, **dict(prof.task_kwargs))
+        cfg = replace(prof.config, seed=int(seed), progress=progress)
+        trainer = Trainer(policy, tokenizer, task, algo, cfg)
+        h = trainer.train(steps)
+        h.insert(0, "seed", int(seed))
+        h.insert(0, "algo", algo.name)
+        frames.append(h)
+    wall = time.perf_counter() - t0
+    return RunResult(pd.concat(frames, ignore_index=True), provenance(algo, prof, steps, seeds, wall))
+
+
+def save_results(result: RunResult, path: str | Path) -> Path:
+    """Write ``{"provenance": …, "history": [rows]}`` as JSON."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = json.loads(result.history.to_json(orient="records"))
+    path.write_text(json.dumps({"provenance": result.provenance, "history": rows}, indent=1) + "\n")
+    return path
+
+
+def load_results(path: str | Path) -> RunResult:
+    """Read a file written by :func:`save_results`.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a results file.
+    """
+    d = json.loads(Path(path).read_text())
+    if "provenance" not in d or "history" not in d:
+        raise ValueError(f"load_results: {path} is not a grpo_lab results file")
+    return RunResult(pd.DataFrame(d["history"]), d["provenance"])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="Train an algorithm for several seeds and save the results.")
+    ap.add_argument("algo", help="preset name, e.g. GRPO")
+    ap.add_argument("--profile", default="cpu", choices=sorted(PROFILES))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    res = run(a.algo, profile=a.profile, seeds=a.seeds, steps=a.steps)
+    save_results(res, a.out)
+    fin, base = res.final(), res.base()
+    print(f"{a.algo} [{a.profile}] test accuracy: base {base.mean():.3f} -> {fin.mean():.3f} ± {fin.std():.3f} "
+          f"({len(a.seeds)} seeds, {res.provenance['wall_seconds']} s)")
+
+
+if __name__ == "__main__":
+    main()

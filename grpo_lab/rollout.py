@@ -1,0 +1,239 @@
+"""Group sampling with ``transformers`` ``generate`` and the policy forward pass used in training.
+
+A :class:`Rollout` holds everything the objective needs about one batch of generated
+responses: prompt and completion ids, the completion mask (1 up to and including EOS), the
+behaviour log-probs recorded at sampling time, and truncation flags. Sequences of one group are
+contiguous: ``[q0 s0, q0 s1, …, q0 s{G-1}, q1 s0, …]``, the layout every function of
+:mod:`grpo_lab.advantages` and :mod:`grpo_lab.objectives` assumes.
+
+Padding: prompts are **left**-padded (so that generation starts at the same column for every
+row), completions are **right**-padded. Position ids are ``cumsum(attention_mask) - 1``, the
+same rule ``generate`` uses, so the training forward pass reproduces the sampling
+distribution exactly (tested).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .logprobs import entropy_from_logits, token_logprobs
+from .tasks.base import Problem
+
+__all__ = ["Rollout", "generate", "policy_logprobs", "evaluate", "position_ids_from_mask"]
+
+
+@dataclass
+class Rollout:
+    """One batch of sampled responses (``B = n_prompts * group_size`` rows).
+
+    Attributes:
+        prompt_ids: long ``[B, P]``, left-padded with the pad id.
+        prompt_mask: long ``[B, P]``, 1 on real prompt tokens.
+        completion_ids: long ``[B, T]``, right-padded after EOS.
+        completion_mask: float32 ``[B, T]``, 1 on generated tokens up to and including EOS.
+        behaviour_logp: float32 ``[B, T]``, log π_behaviour(token) at sampling time (natural
+            log, temperature applied), 0 on padding.
+        truncated: bool ``[B]``, True when no EOS was produced within ``max_new_tokens``.
+        texts: decoded completions (EOS removed; other special tokens kept verbatim so that a
+            stray ``<pad>`` makes an answer malformed instead of silently disappearing).
+        problems: the problem of each row (repeated ``group_size`` times).
+        group_size: G.
+        temperature: sampling temperature the behaviour log-probs were computed at.
+        gen_seconds: wall time of the ``generate`` call.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    behaviour_logp: torch.Tensor
+    truncated: torch.Tensor
+    texts: list[str]
+    problems: list[Problem]
+    group_size: int
+    temperature: float = 1.0
+    gen_seconds: float = 0.0
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """long ``[B]``: number of completion tokens (EOS included)."""
+        return self.completion_mask.sum(-1).long()
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def select(self, idx: Sequence[int] | torch.Tensor) -> "Rollout":
+        """The rows ``idx`` (a minibatch or the kept groups of dynamic sampling), trimmed to the
+        longest kept completion."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        cm = self.completion_mask[idx]
+        t = int(cm.sum(-1).max().item()) if len(idx) else 0
+        t = max(t, 1)
+        return Rollout(
+            prompt_ids=self.prompt_ids[idx], prompt_mask=self.prompt_mask[idx],
+            completion_ids=self.completion_ids[idx, :t], completion_mask=cm[:, :t],
+            behaviour_logp=self.behaviour_logp[idx, :t], truncated=self.truncated[idx],
+            texts=[self.texts[i] for i in idx.tolist()], problems=[self.problems[i] for i in idx.tolist()],
+            group_size=self.group_size, temperature=self.temperature, gen_seconds=self.gen_seconds,
+            extras={k: (v[idx] if torch.is_tensor(v) and v.shape[:1] == self.truncated.shape else v)
+                    for k, v in self.extras.items()},
+        )
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """long ``[B, L]``: ``cumsum(mask) - 1`` on real tokens, 1 on left padding (``generate``'s rule)."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 1)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int = 1,
+             max_new_tokens: int = 48, temperature: float = 1.0, greedy: bool = False,
+             top_p: float = 1.0, top_k: int = 0) -> Rollout:
+    """Sample ``group_size`` responses per problem with ``model.generate``.
+
+    Behaviour log-probs are ``log softmax(logits / temperature)`` of the sampled tokens, taken
+    from the raw logits ``generate`` returns, i.e. the distribution actually sampled from when
+    ``top_p=1`` and ``top_k=0`` (the defaults; with truncation samplers they are the
+    untruncated log-probs, as inference engines report them). Greedy decoding records
+    log-probs at temperature 1.
+
+    Args:
+        model: a ``transformers`` causal LM.
+        tokenizer: its tokenizer (pad and EOS tokens set; padding side is forced to left).
+        problems: ``n`` problems; the result has ``n * group_size`` rows, groups contiguous.
+        group_size: responses per problem (G ≥ 1).
+        max_new_tokens: generation budget in tokens.
+        temperature: > 0.
+        greedy: argmax decoding (then ``temperature`` only affects nothing but is recorded as 1).
+
+    Returns:
+        Rollout.
+
+    Raises:
+        ValueError: empty ``problems``, ``group_size < 1``, ``temperature <= 0``,
+            ``max_new_tokens < 1``, or an empty prompt.
+    """
+    if len(problems) == 0:
+        raise ValueError("generate: no problems given")
+    if group_size < 1:
+        raise ValueError(f"generate: group_size must be >= 1, got {group_size}")
+    if not greedy and temperature <= 0:
+        raise ValueError(f"generate: temperature must be > 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise ValueError("generate: max_new_tokens must be >= 1")
+    if any(len(p.prompt) == 0 for p in problems):
+        raise ValueError("generate: empty prompt")
+    rows = [p for p in problems for _ in range(group_size)]
+    tokenizer.padding_side = "left"
+    enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    device = next(model.parameters()).device
+    input_ids, attn = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    was_training = model.training
+    model.eval()
+    gen_kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, output_logits=True,
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    if greedy:
+        gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        gen_kwargs.update(do_sample=True, temperature=float(temperature), top_p=top_p, top_k=top_k)
+    t0 = time.perf_counter()
+    out = model.generate(input_ids=input_ids, attention_mask=attn, **gen_kwargs)
+    gen_seconds = time.perf_counter() - t0
+    if was_training:
+        model.train()
+    P = input_ids.shape[1]
+    comp = out.sequences[:, P:]
+    logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
+    temp = 1.0 if greedy else float(temperature)
+    blogp = token_logprobs(logits, comp, temperature=temp)
+    is_eos = comp == tokenizer.eos_token_id
+    has_eos = is_eos.any(-1)
+    first_eos = torch.where(has_eos, is_eos.float().argmax(-1), torch.full_like(has_eos, comp.shape[1], dtype=torch.long))
+    ar = torch.arange(comp.shape[1], device=comp.device)
+    mask = (ar[None, :] <= first_eos[:, None]) & (ar[None, :] < comp.shape[1])
+    mask = mask.float()
+    comp = comp.masked_fill(mask == 0, tokenizer.pad_token_id)
+    blogp = blogp * mask
+    texts = []
+    for i in range(comp.shape[0]):
+        n = int(first_eos[i].item()) if has_eos[i] else comp.shape[1]
+        texts.append(tokenizer.decode(comp[i, :n].tolist(), skip_special_tokens=False))
+    return Rollout(
+        prompt_ids=input_ids, prompt_mask=attn.long(), completion_ids=comp, completion_mask=mask,
+        behaviour_logp=blogp, truncated=~has_eos, texts=texts, problems=rows, group_size=group_size,
+        temperature=temp, gen_seconds=gen_seconds,
+    )
+
+
+def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None,
+                    with_entropy: bool = False, chunk_size: int | None = None):
+    """Per-token log-probs (and optionally entropy) of the rollout's completions under ``model``.
+
+    Runs one forward pass over ``prompt + completion`` with the same attention mask and
+    position ids as generation, keeping only the logits that predict completion tokens
+    (``logits_to_keep``), then :func:`grpo_lab.logprobs.token_logprobs` at the sampling
+    temperature.
+
+    Returns:
+        ``logp`` float32 ``[B, T]`` (0 on padding), and ``entropy`` float32 ``[B, T]`` (nats,
+        detached) when ``with_entropy``.
+    """
+    temperature = rollout.temperature if temperature is None else temperature
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    attn = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
+    pos = position_ids_from_mask(attn)
+    T = rollout.completion_ids.shape[1]
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=T + 1, use_cache=False)
+    logits = out.logits[:, :-1]  # position P-1+t predicts completion token t
+    logp = token_logprobs(logits, rollout.completion_ids, temperature=temperature, chunk_size=chunk_size)
+    logp = logp * rollout.completion_mask
+    if with_entropy:
+        with torch.no_grad():
+            ent = entropy_from_logits(logits.detach(), temperature=temperature, chunk_size=chunk_size)
+        return logp, ent * rollout.completion_mask
+    return logp
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, *, greedy: bool = True,
+             n_samples: int = 1, temperature: float = 1.0, batch_size: int = 256,
+             max_new_tokens: int | None = None):
+    """Accuracy of ``model`` on ``problems`` (default: the task's fixed test set).
+
+    Returns:
+        ``(summary, frame)``: ``summary`` is a dict with ``accuracy``, ``mean_length`` (tokens,
+        EOS included), ``truncation_rate`` and, when the task defines ``is_reasoning``,
+        ``reasoning_frac``; ``frame`` is a pandas DataFrame with one row per response
+        (prompt, answer, completion, correct, length, and the problem's ``meta`` fields).
+    """
+    import pandas as pd
+
+    problems = list(task.test_set() if problems is None else problems)
+    max_new_tokens = max_new_tokens or task.max_new_tokens
+    rows = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start:start + batch_size]
+        ro = generate(model, tokenizer, chunk, group_size=1 if greedy else n_samples,
+                      max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy)
+        lens = ro.lengths.tolist()
+        for i, (p, text) in enumerate(zip(ro.problems, ro.texts)):
+            row = {"prompt": p.prompt, "answer": p.answer, "completion": text,
+                   "correct": bool(task.is_correct(text, p)), "length": lens[i],
+                   "truncated": bool(ro.truncated[i])}
+            row.update({k: v for k, v in p.meta.items() if np.isscalar(v)})
+            if hasattr(task, "is_reasoning"):
+                row["reasoning"] = bool(task.is_reasoning(text))
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    summary = {"accuracy": float(frame["correct"].mean()), "mean_length": float(frame["length"].mean()),
+               "truncation_rate": float(frame["truncated"].mean())}
+    if "reasoning" in frame:
+        summary["reasoning_frac"] = float(frame["reasoning"].mean())
+    return summary, frame
