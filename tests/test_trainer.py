@@ -1,0 +1,289 @@
+"""Tests for grpo_lab.trainer: config validation, history, on/off-policy ratios, micro-batch
+invariance and exact resume."""
+
+import dataclasses
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+import grpo_lab.tasks as tasks_mod
+import grpo_lab.trainer as trainer_mod
+from grpo_lab.algorithms import GRPO
+from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
+from grpo_lab.tasks import ArithmeticTask
+from grpo_lab.trainer import Trainer, TrainerConfig
+
+TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1)
+TIMING = ["tokens_per_s", "gen_seconds", "step_seconds"]
+DOCUMENTED = ["step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "entropy", "kl",
+              "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "ratio_min", "ratio_max",
+              "ratio_q05", "ratio_q50", "ratio_q95", "grad_token_frac", "adv_abs_mean", "grad_norm",
+              "zero_adv_group_frac", "truncation_rate", "reasoning_frac", *TIMING]
+NO_NAN = ["loss", "kl", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "ratio_min", "ratio_max",
+          "ratio_q05", "ratio_q50", "ratio_q95", "grad_norm", "entropy", "reward"]
+
+
+@dataclasses.dataclass
+class ToyTask(ArithmeticTask):
+    """Arithmetic prompts with a reward a random policy earns about half the time (first character
+    in the first 25 of CHARS), so that groups have non-zero advantages and training moves."""
+
+    name: str = "toy"
+
+    def is_correct(self, completion, problem):
+        return len(completion) > 0 and completion[0] in "0123456789+-*=#;.,:? abcd"
+
+    def reward(self, completion, problem):
+        return 1.0 if self.is_correct(completion, problem) else 0.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
+    # spin-waiting made these tests ~7x slower; restore the setting for other modules.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+def make_trainer(tok, algo=GRPO, task=None, **kw):
+    cfg = dict(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=0, progress=False, lr=1e-2, seed=0)
+    cfg.update(kw)
+    return Trainer(tiny_policy(tok, TINY, seed=0), tok, task or ToyTask(test_size=5), algo, TrainerConfig(**cfg))
+
+
+def params(trainer):
+    return [p.detach().clone() for p in trainer.policy.parameters()]
+
+
+# ------------------------------------------------------------------------------------ config
+@pytest.mark.parametrize("kwargs", [
+    dict(prompts_per_step=0), dict(group_size=0), dict(epochs=0), dict(minibatches=0),
+    dict(prompts_per_step=2, group_size=4, minibatches=3),  # 3 does not divide 8
+    dict(micro_batch_size=0), dict(old_logp="bogus"), dict(temperature=0.0), dict(temperature=-1.0),
+])
+def test_config_validation(kwargs):
+    with pytest.raises(ValueError, match="TrainerConfig"):
+        TrainerConfig(**kwargs)
+
+
+def test_config_dict_round_trip():
+    c = TrainerConfig(prompts_per_step=3, group_size=2, betas=(0.8, 0.9), minibatches=3, micro_batch_size=2)
+    d = json.loads(json.dumps(c.to_dict()))
+    assert d["betas"] == [0.8, 0.9]
+    assert TrainerConfig.from_dict(d) == c
+    assert TrainerConfig.from_dict({**d, "not_a_field": 1}) == c
+
+
+# ------------------------------------------------------------------------------------ train
+def test_two_steps_history(tok):
+    tr = make_trainer(tok)
+    w0 = params(tr)
+    h = tr.train(2)
+    assert list(h["step"]) == [1, 2] and tr.step == 2
+    missing = [c for c in DOCUMENTED if c not in h]
+    assert not missing
+    assert "test_accuracy" not in h  # eval_every=0
+    assert not h[NO_NAN].isna().any().any()
+    assert ((h["reward"] >= 0) & (h["reward"] <= 1)).all()
+    assert (h["reward"] == h["accuracy"]).all()  # the toy reward is its correctness
+    assert ((h["length"] >= 1) & (h["length"] <= 8)).all()
+    # entropy of a 52-way distribution is at most ln 52 = 3.95 nats
+    assert ((h["entropy"] > 0) & (h["entropy"] <= math.log(52) + 1e-6)).all()
+    assert h["zero_adv_group_frac"].isin([0.0, 0.5, 1.0]).all()  # 2 groups per step
+    assert (h["tokens_per_s"] > 0).all() and (h["step_seconds"] >= h["gen_seconds"]).all()
+    assert (h["kl"] >= 0).all()  # k3 is non-negative
+    # the policy moved (the toy reward gives non-zero advantages)
+    assert any(not torch.equal(a, b) for a, b in zip(w0, params(tr)))
+    assert tr.history.equals(h)
+
+
+def test_eval_rows(tok):
+    tr = make_trainer(tok, eval_every=2)
+    h = tr.train(3)
+    # step 0 holds the base policy's evaluation; then every 2 steps and after the last one
+    assert list(h["step"]) == [0, 1, 2, 3]
+    assert h["test_accuracy"].isna().tolist() == [False, True, False, False]
+    assert h["reward"].isna().tolist() == [True, False, False, False]
+    assert h["test_accuracy"].dropna().between(0, 1).all()
+    assert "test_length" in h and "test_reasoning_frac" in h
+
+
+def test_evaluate_does_not_advance_torch_rng(tok):
+    tr = make_trainer(tok)
+    state = torch.random.get_rng_state()
+    s = tr.evaluate(greedy=False)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert 0 <= s["accuracy"] <= 1
+    assert tr.policy.training
+
+
+def test_on_policy_ratio_exactly_one(tok):
+    # epochs * minibatches == 1: pi_old = sg(pi_theta), ratio 1 in value, nothing clipped
+    h = make_trainer(tok).train(2)
+    for c in ["ratio_mean", "ratio_min", "ratio_max", "ratio_q05", "ratio_q50", "ratio_q95"]:
+        assert (h[c] == 1.0).all(), c
+    for c in ["clip_frac_low", "clip_frac_high", "clip_frac"]:
+        assert (h[c] == 0.0).all(), c
+
+
+class _Recorder:
+    def __init__(self, monkeypatch):
+        self.metrics = []
+        orig = trainer_mod.policy_loss
+
+        def wrapped(*a, **k):
+            out = orig(*a, **k)
+            self.metrics.append(out.metrics)
+            return out
+
+        monkeypatch.setattr(trainer_mod, "policy_loss", wrapped)
+
+
+@pytest.mark.parametrize("kw", [dict(minibatches=2), dict(epochs=2)])
+def test_second_update_is_off_policy(tok, monkeypatch, kw):
+    rec = _Recorder(monkeypatch)
+    h = make_trainer(tok, lr=0.05, **kw).train(1)
+    assert len(rec.metrics) == 2  # two optimiser steps on one rollout, no micro-batching
+    first, second = rec.metrics
+    # pi_old is recomputed before the first update: ratio 1 up to float noise
+    assert abs(first["ratio_min"] - 1) < 1e-5 and abs(first["ratio_max"] - 1) < 1e-5
+    # after one update with a large lr the second minibatch / epoch sees the policy moved
+    assert max(abs(second["ratio_min"] - 1), abs(second["ratio_max"] - 1)) > 1e-3
+    assert h["ratio_min"].iloc[0] == min(first["ratio_min"], second["ratio_min"])
+    assert h["ratio_max"].iloc[0] == max(first["ratio_max"], second["ratio_max"])
+
+
+def test_old_logp_behaviour_matches_recompute(tok, monkeypatch):
+    # pi_old from the sampler's log-probs equals the recomputed one up to float noise
+    rec = _Recorder(monkeypatch)
+    make_trainer(tok, old_logp="behaviour").train(1)
+    (m,) = rec.metrics
+    assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5
+
+
+@pytest.mark.parametrize("algo", [GRPO, GRPO.replace(name="tm", aggregation="token_mean")])
+def test_micro_batches_give_the_same_update(tok, algo):
+    # global token/sequence counts: splitting 8 rows into micro-batches of 3, 3, 2 changes nothing
+    # (Adam turns a gradient into ~lr * sign(g), so float noise in a near-zero gradient component
+    # moves a parameter by up to ~lr * noise / eps: lr=1e-4 keeps that well under the tolerance,
+    # while every parameter with a real gradient moves by ~1e-4 >> 1e-6.)
+    grads = {}
+    results = {}
+    w0 = params(make_trainer(tok, algo=algo))
+    for micro in (None, 3):
+        tr = make_trainer(tok, algo=algo, lr=1e-4, micro_batch_size=micro)
+        step = tr.optimizer.step
+
+        def capture(*a, _tr=tr, _micro=micro, _step=step, **k):
+            grads[_micro] = [p.grad.clone() for p in _tr.policy.parameters()]
+            return _step(*a, **k)
+
+        tr.optimizer.step = capture
+        h = tr.train(1)
+        results[micro] = (h, params(tr))
+    (h1, p1), (h3, p3) = results[None], results[3]
+    assert h1["reward"].equals(h3["reward"]) and h1["length"].equals(h3["length"])
+    assert abs(h1["grad_norm"].iloc[0] - h3["grad_norm"].iloc[0]) <= 1e-5 * h1["grad_norm"].iloc[0]
+    assert h1["grad_norm"].iloc[0] > 0
+    for g1, g3 in zip(grads[None], grads[3]):
+        torch.testing.assert_close(g3, g1, atol=1e-7, rtol=1e-4)
+    for a, b in zip(p1, p3):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
+    assert max((a - w).abs().max().item() for a, w in zip(p1, w0)) > 5e-5  # the step did move
+    for c in ["entropy", "kl", "ratio_mean", "grad_token_frac", "adv_abs_mean"]:
+        assert h3[c].iloc[0] == pytest.approx(h1[c].iloc[0], rel=1e-5, abs=1e-7), c
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: Trainer._train_step token-weights every policy_loss metric over "
+                                         "micro-batches; 'loss'/'pg_loss' (already global-normalised, additive) "
+                                         "must be summed, so the logged loss depends on micro_batch_size")
+def test_logged_loss_independent_of_micro_batches(tok):
+    h1 = make_trainer(tok, lr=1e-3).train(1)
+    h3 = make_trainer(tok, lr=1e-3, micro_batch_size=3).train(1)
+    assert h3["loss"].iloc[0] == pytest.approx(h1["loss"].iloc[0], abs=1e-6)
+    assert h3["pg_loss"].iloc[0] == pytest.approx(h1["pg_loss"].iloc[0], abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+def test_save_layout(tok, tmp_path, monkeypatch):
+    monkeypatch.setitem(tasks_mod.TASKS, "toy", ToyTask)  # task_spec needs a registered task
+    tr = make_trainer(tok)
+    tr.train(1)
+    tr.save(tmp_path)
+    for f in ["policy/config.json", "policy/model.safetensors", "policy/tokenizer.json", "ref/model.safetensors",
+              "optimizer.pt", "rng.pt", "state.json", "history.json"]:
+        assert (tmp_path / f).is_file(), f
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["step"] == 1 and state["task"]["name"] == "toy" and state["algo"]["name"] == "GRPO"
+    assert TrainerConfig.from_dict(state["config"]) == tr.config
+    opt = torch.load(tmp_path / "optimizer.pt", weights_only=True)  # loads without pickle
+    assert len(opt["state"]) == len(list(tr.policy.parameters()))
+    rng = torch.load(tmp_path / "rng.pt", weights_only=True)
+    assert torch.equal(rng["torch"], torch.random.get_rng_state())
+    assert len(json.loads((tmp_path / "history.json").read_text())) == 1
+
+
+def test_no_reference_without_kl(tok, tmp_path, monkeypatch):
+    monkeypatch.setitem(tasks_mod.TASKS, "toy", ToyTask)
+    tr = make_trainer(tok, algo=GRPO.replace(name="nokl", beta=0.0))
+    assert tr.ref_policy is None
+    tr.train(1)
+    tr.save(tmp_path)
+    assert not (tmp_path / "ref").exists()
+
+
+def test_resume_requires_state_json(tmp_path):
+    with pytest.raises(FileNotFoundError, match="state.json"):
+        Trainer.resume(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        Trainer.resume(tmp_path / "missing")
+
+
+def _check_exact_resume(tok, tmp_path, monkeypatch):
+    monkeypatch.setitem(tasks_mod.TASKS, "toy", ToyTask)
+    straight = make_trainer(tok, lr=1e-2, minibatches=2)
+    straight.train(4)
+
+    first = make_trainer(tok, lr=1e-2, minibatches=2)
+    first.train(2)
+    first.save(tmp_path)
+    torch.manual_seed(999)  # whatever happens in between must not matter
+    resumed = Trainer.resume(tmp_path)
+    assert resumed.step == 2 and resumed.task == ToyTask(test_size=5) and resumed.algo == GRPO
+    assert resumed.optimizer.state_dict()["state"].keys() == first.optimizer.state_dict()["state"].keys()
+    resumed.train(2)
+
+    for a, b in zip(straight.policy.parameters(), resumed.policy.parameters()):
+        assert torch.equal(a, b)
+    ha = straight.history.drop(columns=TIMING)
+    hb = resumed.history.drop(columns=TIMING)
+    assert list(hb["step"]) == [1, 2, 3, 4]
+    pd.testing.assert_frame_equal(ha, hb, check_exact=True, check_dtype=False)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: Trainer.resume -> task_from_spec raises TypeError (get_task() got "
+                                         "multiple values for argument 'name')")
+def test_exact_resume(tok, tmp_path, monkeypatch):
+    _check_exact_resume(tok, tmp_path, monkeypatch)
+
+
+def test_exact_resume_with_working_task_from_spec(tok, tmp_path, monkeypatch):
+    # The rest of the checkpoint (weights, optimizer, torch/numpy/python RNG, history) with the
+    # task_from_spec bug patched around; drop the patch once tasks.task_from_spec is fixed.
+    def task_from_spec(spec):
+        params = {k: v for k, v in spec["params"].items() if k != "name"}
+        return tasks_mod.get_task(spec["name"], **params)
+
+    monkeypatch.setattr(tasks_mod, "task_from_spec", task_from_spec)
+    _check_exact_resume(tok, tmp_path, monkeypatch)
