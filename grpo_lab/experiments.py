@@ -17,7 +17,7 @@ import json
 import platform
 import subprocess
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -168,6 +168,10 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     if not seeds:
         raise ValueError("run: need at least one seed")
     if config_overrides:
+        known = {f.name for f in fields(TrainerConfig)}
+        unknown = sorted(set(config_overrides) - known)
+        if unknown:
+            raise ValueError(f"run: unknown TrainerConfig field(s) {unknown}; known: {sorted(known)}")
         prof = replace(prof, config=replace(prof.config, **config_overrides))
     if prof.config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"run: profile {prof.name!r} needs CUDA, which is not available; use profile='cpu'")
@@ -204,9 +208,13 @@ def load_results(path: str | Path) -> RunResult:
         FileNotFoundError: no such file. ValueError: not a results file.
     """
     d = json.loads(Path(path).read_text())
-    if "provenance" not in d or "history" not in d:
+    if not isinstance(d, dict) or "provenance" not in d or "history" not in d:
         raise ValueError(f"load_results: {path} is not a grpo_lab results file")
-    return RunResult(pd.DataFrame(d["history"]), d["provenance"])
+    frame = pd.DataFrame(d["history"])
+    for col in frame.columns:  # JSON has no NaN: all-missing numeric columns come back as None
+        if col not in ("algo",) and frame[col].isna().all():
+            frame[col] = frame[col].astype(float)
+    return RunResult(frame, d["provenance"])
 
 
 def main(argv=None) -> None:

@@ -58,7 +58,7 @@ def build_char_tokenizer(chars: str = CHARS):
     for ch in chars:
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -149,6 +149,22 @@ def count_parameters(model) -> int:
     return total
 
 
+def _load_tokenizer(source: str, **kwargs):
+    """``AutoTokenizer``, except for our character tokenizer: a checkpoint whose tokenizer config
+    names the generic fast class is loaded as exactly that class (``AutoTokenizer`` would pick the
+    model type's tokenizer class, e.g. ``Qwen2Tokenizer``, whose pre-tokenizer drops spaces)."""
+    import json
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg = Path(source) / "tokenizer_config.json"
+    if cfg.is_file():
+        cls = json.loads(cfg.read_text()).get("tokenizer_class")
+        if cls in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+            return PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
+    return AutoTokenizer.from_pretrained(source, **kwargs)
+
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
@@ -190,7 +206,7 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     else:
         raise ValueError(
             f"load_policy: {str(path_or_hub_id)!r} is neither an existing directory nor a hub id of the form 'org/name'")
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    tokenizer = _load_tokenizer(source, **kwargs)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

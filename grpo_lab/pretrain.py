@@ -39,12 +39,13 @@ class PretrainRecipe:
     """Everything that determines a base checkpoint."""
 
     task: str = "arithmetic"
-    model: TinyConfig = field(default_factory=TinyConfig)
+    model: TinyConfig = field(default_factory=lambda: TinyConfig(hidden_size=96, intermediate_size=288,
+                                                                 num_hidden_layers=3))
     p_reason: float = 0.3
     min_terms: int = 2
-    max_terms: int = 6
-    digits: int = 1
-    steps: int = 3000
+    max_terms: int = 4
+    digits: int = 2
+    steps: int = 2500
     batch_size: int = 128
     lr: float = 3e-3
     warmup: int = 100
@@ -157,7 +158,7 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if progress and step % 100 == 0:
             it.set_postfix(loss=f"{np.mean(losses[-100:]):.3f}")
     train_seconds = time.perf_counter() - t0

@@ -311,7 +311,10 @@ class Trainer:
             row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for t in ro.texts]))
         n_updates = c.epochs * c.minibatches
         for k, vals in metric_acc.items():
-            if k in ("ratio_min",):
+            if k in ("loss", "pg_loss", "num_tokens", "num_sequences"):
+                # micro-batch losses are normalised by the global counts: they add up
+                row[k] = sum(v for v, _ in vals) / n_updates
+            elif k in ("ratio_min",):
                 row[k] = min(v for v, _ in vals)
             elif k in ("ratio_max",):
                 row[k] = max(v for v, _ in vals)

@@ -120,8 +120,6 @@ def test_run_gpu_profile_without_cuda():
         run("GRPO", profile="gpu", seeds=[0])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: run() documents ValueError for an invalid override, but an "
-                                         "unknown field name reaches dataclasses.replace and raises TypeError")
 def test_run_unknown_override_is_value_error(profile):
     with pytest.raises(ValueError):
         run("GRPO", profile=profile, seeds=[0], not_a_field=1)
@@ -159,8 +157,6 @@ def test_save_load_round_trip_of_a_run(result, tmp_path):
             assert a.tolist() == b.tolist(), c
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: to_json writes NaN as null and load_results builds the frame from "
-                                         "dicts, so an all-NaN float column comes back as object dtype of None")
 def test_all_nan_column_stays_float(tmp_path):
     res = RunResult(pd.DataFrame({"step": [1, 2], "length_correct": [float("nan")] * 2}), {})
     back = load_results(save_results(res, tmp_path / "r.json"))
@@ -176,8 +172,6 @@ def test_load_results_rejects_non_results(tmp_path, text):
         load_results(path)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: load_results does '\"provenance\" not in d' without checking that d "
-                                         "is a dict: a JSON number or null raises TypeError, not ValueError")
 @pytest.mark.parametrize("text", ["3", "null"])
 def test_load_results_rejects_json_scalars(tmp_path, text):
     path = tmp_path / "x.json"

@@ -205,9 +205,6 @@ def test_micro_batches_give_the_same_update(tok, algo):
         assert h3[c].iloc[0] == pytest.approx(h1[c].iloc[0], rel=1e-5, abs=1e-7), c
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Trainer._train_step token-weights every policy_loss metric over "
-                                         "micro-batches; 'loss'/'pg_loss' (already global-normalised, additive) "
-                                         "must be summed, so the logged loss depends on micro_batch_size")
 def test_logged_loss_independent_of_micro_batches(tok):
     h1 = make_trainer(tok, lr=1e-3).train(1)
     h3 = make_trainer(tok, lr=1e-3, micro_batch_size=3).train(1)
@@ -272,8 +269,6 @@ def _check_exact_resume(tok, tmp_path, monkeypatch):
     pd.testing.assert_frame_equal(ha, hb, check_exact=True, check_dtype=False)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Trainer.resume -> task_from_spec raises TypeError (get_task() got "
-                                         "multiple values for argument 'name')")
 def test_exact_resume(tok, tmp_path, monkeypatch):
     _check_exact_resume(tok, tmp_path, monkeypatch)
 

@@ -35,4 +35,5 @@ def task_spec(task) -> dict:
 
 def task_from_spec(spec: dict) -> Task:
     """Inverse of :func:`task_spec`."""
-    return get_task(spec["name"], **spec["params"])
+    params = {k: v for k, v in spec["params"].items() if k != "name"}
+    return get_task(spec["name"], **params)

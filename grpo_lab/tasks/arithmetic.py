@@ -1,15 +1,16 @@
 """Multi-term addition with optional step-by-step reasoning: the CPU task of the book.
 
-A prompt is a sum of ``n_terms`` one-digit numbers, e.g. ``"3+5+2+8="``. A response is either
+A prompt is a sum of ``n_terms`` numbers, e.g. ``"56+77+95="`` (default: two to four
+two-digit terms). A response is either
 
-* **direct**: ``"#18"`` — the answer after ``#``; or
-* **reasoning**: ``"8+2+8;10+8;18;#18"`` — the sum reduced one addition at a time, each step
+* **direct**: ``"#228"`` — the answer after ``#``; or
+* **reasoning**: ``"133+95;228;#228"`` — the sum reduced one addition at a time, each step
   ended by ``;``, then the answer.
 
 Both forms are valid and rewarded the same (outcome reward: 1 if the integer after the last
 ``#`` equals the sum and the response is well formed, else 0). The base policy is pretrained on
 a mixture in which only a fraction ``p_reason`` of demonstrations reason, so it mostly answers
-directly: right on two terms, often wrong on five or six. That gives RL room to act in the way
+directly: right on two terms, mostly wrong on three or four. That gives RL room to act in the way
 the GRPO papers describe at scale: accuracy rises *by* producing longer reasoning, and response
 length varies from 3 to ~40 characters, so length-related biases (Dr.GRPO) are measurable.
 
@@ -60,27 +61,28 @@ def parse_answer(completion: str) -> str | None:
     >>> parse_answer("#18") , parse_answer("18"), parse_answer("#18#19")
     ('18', None, None)
     """
-    m = _RESPONSE.match(completion)
+    m = _RESPONSE.fullmatch(completion)
     return m.group(1) if m else None
 
 
 @dataclass
 class ArithmeticTask:
-    """Sums of ``min_terms..max_terms`` one-digit numbers (1–9), optional reasoning.
+    """Sums of ``min_terms..max_terms`` numbers of ``digits`` digits, optional reasoning.
 
     Args:
         min_terms, max_terms: range of the number of terms (inclusive), uniform.
-        max_new_tokens: the generation budget in characters (a reasoning answer to a six-term
-            sum is at most 39 characters, plus EOS).
+        digits: 1 (terms 1–9), 2 (10–99) or 3 (100–999).
+        max_new_tokens: the generation budget in characters (the default task's longest
+            reasoning answer, four two-digit terms, is 26 characters plus EOS).
         p_reason: fraction of pretraining demonstrations that reason (used by
             :mod:`grpo_lab.pretrain`, not by RL).
         test_size: number of problems in the fixed test set (equal share per term count).
     """
 
     min_terms: int = 2
-    max_terms: int = 6
-    digits: int = 1
-    max_new_tokens: int = 48
+    max_terms: int = 4
+    digits: int = 2
+    max_new_tokens: int = 32
     p_reason: float = 0.3
     test_size: int = 200
     name: str = "arithmetic"
@@ -100,7 +102,8 @@ class ArithmeticTask:
                        {"n_terms": len(terms), "terms": list(terms)})
 
     def sample(self, n: int, rng: np.random.Generator) -> list[Problem]:
-        """``n`` problems drawn with ``rng`` (term count uniform, digits uniform on 1–9)."""
+        """``n`` problems drawn with ``rng`` (term count uniform, then each term uniform over the
+        numbers with ``digits`` digits)."""
         out = []
         for _ in range(n):
             k = int(rng.integers(self.min_terms, self.max_terms + 1))
@@ -117,6 +120,11 @@ class ArithmeticTask:
         rng = np.random.default_rng(12345)
         counts = range(self.min_terms, self.max_terms + 1)
         per = self.test_size // len(counts)
+        n_values = 9 if self.digits == 1 else 9 * 10 ** (self.digits - 1)
+        for k in counts:
+            if per > n_values ** k:
+                raise ValueError(f"ArithmeticTask: only {n_values ** k} distinct {k}-term problems exist, "
+                                 f"fewer than the {per} the test set needs per term count")
         seen, out = set(), []
         for k in counts:
             got = 0
