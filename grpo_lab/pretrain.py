@@ -45,7 +45,7 @@ class PretrainRecipe:
     min_terms: int = 2
     max_terms: int = 4
     digits: int = 2
-    steps: int = 2500
+    steps: int = 1500
     batch_size: int = 128
     lr: float = 3e-3
     warmup: int = 100

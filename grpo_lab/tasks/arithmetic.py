@@ -84,7 +84,7 @@ class ArithmeticTask:
     digits: int = 2
     max_new_tokens: int = 32
     p_reason: float = 0.3
-    test_size: int = 200
+    test_size: int = 198
     name: str = "arithmetic"
 
     def __post_init__(self):
