@@ -60,13 +60,13 @@ PROFILES = {
     # from more, and a fixed count keeps the numbers identical on machines with more cores.
     "cpu": Profile(
         name="cpu", base="arithmetic-base", task="arithmetic", steps=40,
-        config=TrainerConfig(prompts_per_step=16, group_size=8, lr=3e-4, minibatches=2, epochs=1,
+        config=TrainerConfig(prompts_per_step=16, group_size=8, lr=3e-4, warmup=10, minibatches=2, epochs=1,
                              eval_every=5, threads=1, device="cpu"),
     ),
     # One GPU (Colab T4 or better): 4x the questions per step, twice the group, longer runs.
     "gpu": Profile(
         name="gpu", base="arithmetic-base", task="arithmetic", steps=150,
-        config=TrainerConfig(prompts_per_step=64, group_size=16, lr=3e-4, minibatches=4, epochs=1,
+        config=TrainerConfig(prompts_per_step=64, group_size=16, lr=3e-4, warmup=20, minibatches=4, epochs=1,
                              eval_every=10, device="cuda"),
     ),
 }

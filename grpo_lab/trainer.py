@@ -47,6 +47,9 @@ class TrainerConfig:
         max_new_tokens: generation budget (default: the task's).
         temperature: sampling temperature (log-probs are computed at the same temperature).
         lr, weight_decay, betas, grad_clip: AdamW and global-norm clipping.
+        warmup: optimiser steps of linear learning-rate warm-up (Adam's first steps move every
+            parameter by about ``lr`` whatever its gradient, which can collapse a token's
+            probability in a tiny model; a short warm-up avoids it).
         epochs: μ passes over each rollout.
         minibatches: optimiser steps per pass (each on ``B / minibatches`` rows).
         micro_batch_size: rows per forward/backward inside a minibatch (gradient accumulation
@@ -70,6 +73,7 @@ class TrainerConfig:
     weight_decay: float = 0.0
     betas: tuple = (0.9, 0.99)
     grad_clip: float = 1.0
+    warmup: int = 0
     epochs: int = 1
     minibatches: int = 1
     micro_batch_size: int | None = None
@@ -96,6 +100,8 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig: old_logp must be 'recompute' or 'behaviour', got {self.old_logp!r}")
         if self.temperature <= 0:
             raise ValueError("TrainerConfig: temperature must be > 0")
+        if self.warmup < 0:
+            raise ValueError("TrainerConfig: warmup must be >= 0")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -159,6 +165,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=c.lr, weight_decay=c.weight_decay,
                                            betas=tuple(c.betas))
         self.step = 0
+        self.opt_steps = 0
         self.rows: list[dict] = []
         self.max_new_tokens = c.max_new_tokens or task.max_new_tokens
         random.seed(c.seed)
@@ -287,7 +294,10 @@ class Trainer:
                         metric_acc.setdefault(k, []).append((v, w))
                 gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.grad_clip)
                 grad_norms.append(float(gn))
+                for group in self.optimizer.param_groups:
+                    group["lr"] = c.lr * min(1.0, (self.opt_steps + 1) / c.warmup) if c.warmup else c.lr
                 self.optimizer.step()
+                self.opt_steps += 1
 
         step_seconds = time.perf_counter() - t0
         lengths = ro.lengths.float()
@@ -358,6 +368,7 @@ class Trainer:
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, path / "rng.pt")
         state = {
             "step": self.step,
+            "opt_steps": self.opt_steps,
             "config": self.config.to_dict(),
             "algo": asdict(self.algo),
             "task": task_spec(self.task),
@@ -402,6 +413,7 @@ class Trainer:
         trainer.rng.bit_generator.state = state["numpy_rng"]
         random.setstate(_py_state_from_json(state["python_rng"]))
         trainer.step = int(state["step"])
+        trainer.opt_steps = int(state.get("opt_steps", 0))
         trainer.rows = json.loads((path / "history.json").read_text())
         return trainer
 

@@ -1,0 +1,645 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (sec-grpo)=
+# # 1. GRPO: group-relative policy optimisation
+#
+# **The problem.** PPO fine-tunes a language model with a learned value function as its baseline: a
+# second network as large as the policy, trained alongside it, whose errors leak into every
+# advantage. For tasks whose reward arrives once, at the end of a response (a verified answer), that
+# critic is expensive and hard to train. GRPO {cite:p}`shao2024deepseekmath` drops it: it samples a
+# *group* of $G$ responses to the same question and scores each response against the others.
+#
+# **Which axes it sets** (see the table in {ref}`sec-intro`): advantage = group z-score; ratio =
+# per token; clipping = PPO's, symmetric; aggregation = mean over tokens, then over sequences;
+# regulariser = the $k_3$ estimator of $\KL[\pitheta\|\piref]$ *in the loss*. Every later chapter
+# changes one or two of these choices, so this chapter derives each of them.
+#
+# **Prerequisites:** {ref}`sec-notation`. **Run time:** about 3 minutes on two CPU cores (profile
+# `cpu`); the GPU profile trains the same policy longer with larger groups.
+
+# %% tags=["remove-cell"]
+# Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
+    if not os.path.isdir("/content/grpo_lab"):
+        subprocess.run(["git", "clone", "-q", "--depth", "1",
+                        "https://github.com/grpo-lab/grpo_lab", "/content/grpo_lab"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/grpo_lab"], check=True)
+    sys.path.insert(0, "/content/grpo_lab")
+
+# %% tags=["parameters"]
+PROFILE = "cpu"  # "gpu" on a Colab GPU: larger groups, more steps
+SEEDS = (0, 1, 2)
+
+# %% tags=["hide-input"]
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+import matplotlib.pyplot as plt
+
+from grpo_lab import book, plotting
+from grpo_lab.advantages import group_advantages
+from grpo_lab.algorithms import GRPO
+from grpo_lab.objectives import kl_estimate, policy_loss
+
+book.setup_notebook(seed=0)
+torch.set_default_dtype(torch.float32)
+
+# %% [markdown]
+# ## 1.1 Why a baseline, and why a group
+#
+# The policy gradient {cite:p}`williams1992reinforce` of the expected reward of responses $o$ to a
+# question $q$ is
+#
+# $$
+# \nabla_\theta J(\theta) = \E_{q}\,\E_{o\sim\pitheta(\cdot\given q)}\big[(R(q,o) - b(q))\,\nabla_\theta \log\pitheta(o\given q)\big]
+# $$ (eq-grpo-pg)
+#
+# for **any** baseline $b(q)$ that does not depend on the sampled $o$, because
+#
+# $$
+# \E_{o\sim\pitheta}\big[b(q)\,\nabla_\theta\log\pitheta(o\given q)\big] = b(q)\,\nabla_\theta \sum_o \pitheta(o\given q) = b(q)\,\nabla_\theta 1 = 0 .
+# $$ (eq-grpo-baseline)
+#
+# The baseline does not change the expected gradient; it changes its variance. PPO learns $b$ as a
+# value network. GRPO estimates it from the group: the mean reward of the $G$ responses to the same
+# question. Before deriving anything else, here is what the baseline buys, computed exactly on the
+# smallest possible "language model": one question, four possible responses, a softmax policy
+# $\pi = \mathrm{softmax}(\theta)$, rewards $R = (1, 1, 0, 1)$ (an easy question: most
+# responses are right). For a softmax, $\nabla_\theta\log\pi(o) = e_o - \pi$. We draw 20,000
+# groups of $G=8$ responses and compare three single-group gradient estimates.
+
+# %%
+rng = np.random.default_rng(0)
+theta = np.array([0.5, 1.0, 0.0, -1.0])
+pi = np.exp(theta) / np.exp(theta).sum()
+R = np.array([1.0, 1.0, 0.0, 1.0])
+grad_logp = np.eye(4) - pi  # row o: gradient of log pi(o) w.r.t. theta
+exact = (pi[:, None] * R[:, None] * grad_logp).sum(0)  # the true policy gradient
+
+G, N = 8, 20000
+groups = rng.choice(4, size=(N, G), p=pi)  # N independent groups of G responses
+r = R[groups]
+estimators = {
+    "no baseline": r,
+    "group mean (GRPO, Dr.GRPO)": r - r.mean(1, keepdims=True),
+    "leave-one-out mean (RLOO)": r - (r.sum(1, keepdims=True) - r) / (G - 1),
+}
+rows, means = [], {}
+for name, weight in estimators.items():
+    g = (weight[..., None] * grad_logp[groups]).mean(1)  # one gradient estimate per group
+    means[name] = g.mean(0)
+    rows.append({"estimator": name,
+                 "mean error": float(np.abs(g.mean(0) - exact).max()),
+                 "total variance": float(g.var(0).sum())})
+baselines = pd.DataFrame(rows).set_index("estimator")
+print(f"exact gradient: {np.round(exact, 4)}")
+print(baselines.round(4).to_string())
+
+# %% [markdown]
+# Both baselines cut the variance of the gradient estimate by a large factor (the last column) at
+# no cost: no critic network, just $G$ samples of the same question. The leave-one-out mean
+# {cite:p}`ahmadian2024rloo` is exactly unbiased. The plain group mean includes the response
+# itself, which shrinks every weight by $(G-1)/G$: its "error" above is exactly that factor
+# ($\tfrac18$ of the gradient), a constant absorbed by the learning rate, not noise.
+
+# %%
+v = baselines["total variance"]
+assert v["group mean (GRPO, Dr.GRPO)"] < 0.5 * v["no baseline"]
+assert v["leave-one-out mean (RLOO)"] < 0.5 * v["no baseline"]
+assert baselines.loc["leave-one-out mean (RLOO)", "mean error"] < 0.01  # unbiased (Monte Carlo error only)
+assert baselines.loc["no baseline", "mean error"] < 0.01
+assert np.allclose(means["group mean (GRPO, Dr.GRPO)"], (G - 1) / G * exact, atol=0.005)  # shrunk by (G-1)/G
+
+# %% [markdown]
+# ## 1.2 Derivation of the GRPO objective
+#
+# **Group-relative advantage.** DeepSeekMath's outcome supervision (§4.1.2) normalises the rewards
+# $\mathbf r = (r_1,\dots,r_G)$ of one group and gives every token of response $i$ the same
+# advantage:
+#
+# $$
+# \Ahat_{i,t} = \tilde r_i = \frac{r_i - \mean(\mathbf r)}{\std(\mathbf r)} .
+# $$ (eq-grpo-adv)
+#
+# The subtraction is the baseline of {eq}`eq-grpo-pg`. The division by $\std$ is an extra choice:
+# it makes the update scale-free per question — and it is exactly what Dr.GRPO later removes,
+# because it re-weights questions by how hard they are. Implementations (and `grpo_lab`) use the
+# unbiased standard deviation and add a small $\epsilon$ to it; an all-equal group has
+# $r_i - \mean(\mathbf r) = 0$, so its advantage is exactly $0$ — it carries no gradient.
+#
+# **From sequences to tokens.** An autoregressive policy factorises, so
+#
+# $$
+# \log\pitheta(o_i\given q) = \sum_{t=1}^{\olen{i}} \log\pitheta(o_{i,t}\given q, o_{i,<t}),
+# $$ (eq-grpo-factor)
+#
+# and the sequence-level gradient $\Ahat_i\nabla\log\pitheta(o_i\given q)$ becomes a sum over
+# tokens, each weighted by the same $\Ahat_i$.
+#
+# **Reusing samples: ratio and clip.** Generation is the expensive part, so each rollout is used for
+# several optimiser steps. After the first step the samples come from an older policy
+# $\piold$, and the gradient is corrected by the per-token importance ratio
+#
+# $$
+# r_{i,t}(\theta) = \frac{\pitheta(o_{i,t}\given q, o_{i,<t})}{\piold(o_{i,t}\given q, o_{i,<t})} .
+# $$ (eq-grpo-ratio)
+#
+# PPO's clipped surrogate {cite:p}`schulman2017ppo` stops the update once the ratio has left
+# $[1-\varepsilon, 1+\varepsilon]$ *in the direction the advantage pushes it*. Putting the pieces
+# together — and averaging first over the tokens of a response, then over the group — gives
+# DeepSeekMath's Eq. 3:
+#
+# $$
+# \mathcal J_{\mathrm{GRPO}}(\theta)=\E\Bigg[\frac1G\sum_{i=1}^G\frac1{\olen{i}}\sum_{t=1}^{\olen{i}}\Big\{\min\big[r_{i,t}(\theta)\Ahat_{i,t},\ \clip\big(r_{i,t}(\theta),1-\varepsilon,1+\varepsilon\big)\Ahat_{i,t}\big]-\beta\,\KL\big[\pitheta\|\piref\big]\Big\}\Bigg]
+# $$ (eq-grpo-objective)
+#
+# with the KL term estimated per token by Schulman's $k_3$ {cite:p}`schulman2020kl` (DeepSeekMath
+# Eq. 4):
+#
+# $$
+# \KL\big[\pitheta\|\piref\big] \approx k_3 = \frac{\piref(o_{i,t}\given\cdot)}{\pitheta(o_{i,t}\given\cdot)} - \log\frac{\piref(o_{i,t}\given\cdot)}{\pitheta(o_{i,t}\given\cdot)} - 1 .
+# $$ (eq-grpo-k3)
+#
+# Two things to notice. The KL term sits *inside* the token sum — it is a loss term, not a
+# penalty folded into the reward as in PPO-based RLHF. And the $1/\olen{i}$ factor means each token's
+# weight depends on the length of its response: at $\theta=\theta_{\mathrm{old}}$ (ratio 1, inside
+# the clip range) the gradient of {eq}`eq-grpo-objective` without the KL term is
+#
+# $$
+# \nabla_\theta\mathcal J_{\mathrm{GRPO}} = \frac1G\sum_{i=1}^G\frac{\Ahat_i}{\olen{i}}\sum_{t=1}^{\olen{i}}\nabla_\theta\log\pitheta(o_{i,t}\given q,o_{i,<t}),
+# $$ (eq-grpo-grad)
+#
+# the policy gradient {eq}`eq-grpo-pg` with the group baseline, where each token of response $i$
+# gets weight $\Ahat_i/\olen{i}$: short correct answers are pushed up harder per token, long wrong
+# answers are pushed down more gently. That is the length bias Dr.GRPO {cite:p}`liu2025drgrpo`
+# identifies.
+
+# %% [markdown]
+# ## 1.3 Equation ↔ code
+#
+# The package implements {eq}`eq-grpo-adv` in `group_advantages` and the whole of
+# {eq}`eq-grpo-objective` in `policy_loss`, driven by the `GRPO` preset:
+#
+# ```{literalinclude} ../grpo_lab/algorithms.py
+# :language: python
+# :start-at: "GRPO = Algorithm("
+# :end-at: ")"
+# ```
+#
+# ```{literalinclude} ../grpo_lab/advantages.py
+# :language: python
+# :pyobject: group_advantages
+# ```
+#
+# **Advantages by hand.** Three groups of four 0/1 rewards. Group 1: mean $0.5$, unbiased std
+# $\sqrt{4\cdot 0.25/3}=0.57735$, so $\Ahat=\pm 0.5/0.57745=\pm0.86588$ (with $\epsilon=10^{-4}$).
+# Group 2 is all correct: advantage $0$. Group 3: mean $0.25$, std $\sqrt{(3\cdot0.0625+0.5625)/3}=0.5$,
+# so $\Ahat = -0.25/0.5001 = -0.49990$ and $0.75/0.5001=1.49970$.
+
+# %%
+rewards = torch.tensor([1., 0., 0., 1.,  1., 1., 1., 1.,  0., 0., 0., 1.])
+by_hand = torch.tensor([0.5 / (math.sqrt(1 / 3) + 1e-4), -0.5 / (math.sqrt(1 / 3) + 1e-4)] * 2)[[0, 1, 1, 0]]
+by_hand = torch.cat([by_hand, torch.zeros(4), torch.tensor([-0.25, -0.25, -0.25, 0.75]) / (0.5 + 1e-4)])
+package = group_advantages(rewards, group_size=4, scale="group", eps=1e-4)
+print(pd.DataFrame({"reward": rewards, "by hand": by_hand, "grpo_lab": package}).round(5).T.to_string())
+assert torch.allclose(package, by_hand.float(), atol=1e-6)
+
+# %% [markdown]
+# **The whole objective in float64.** Below, {eq}`eq-grpo-objective` and {eq}`eq-grpo-k3` are
+# written as loops, token by token, in float64, on a ragged batch of two groups of three responses
+# whose log-probs have drifted from $\piold$ (as after a few optimiser steps). The package's loss
+# is $-\mathcal J$; it must agree, and so must its gradient.
+
+# %%
+gen = torch.Generator().manual_seed(0)
+B, T, eps, beta = 6, 7, GRPO.eps_low, GRPO.beta
+lengths = [7, 3, 5, 1, 6, 4]
+mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths])
+old_logp = -torch.rand(B, T, generator=gen) * 2 - 0.1
+logp = (old_logp + 0.3 * torch.randn(B, T, generator=gen)).requires_grad_()
+ref_logp = old_logp + 0.2 * torch.randn(B, T, generator=gen)
+adv = group_advantages(torch.tensor([1., 0., 1., 0., 0., 1.]), group_size=3)
+
+
+def grpo_objective_float64(logp, old_logp, ref_logp, adv, lengths, eps, beta):
+    """DeepSeekMath Eq. 3 with Eq. 4, literally: 1/G sum_i 1/|o_i| sum_t {min(...) - beta*k3}."""
+    total = 0.0
+    for i, n in enumerate(lengths):
+        seq = 0.0
+        for t in range(n):
+            ratio = math.exp(logp[i][t] - old_logp[i][t])
+            a = adv[i]
+            surrogate = min(ratio * a, min(max(ratio, 1 - eps), 1 + eps) * a)
+            pref_over_p = math.exp(ref_logp[i][t] - logp[i][t])
+            k3 = pref_over_p - math.log(pref_over_p) - 1
+            seq += surrogate - beta * k3
+        total += seq / n
+    return total / len(lengths)  # (the two groups together: mean over all 2G sequences)
+
+
+as64 = lambda x: x.detach().double().tolist()
+J_ref = grpo_objective_float64(as64(logp), as64(old_logp), as64(ref_logp), as64(adv), lengths, eps, beta)
+out = policy_loss(logp, old_logp, adv, mask, GRPO, ref_logp=ref_logp)
+out.loss.backward()
+print(f"-J (float64 loops) = {-J_ref:.6f}   grpo_lab loss = {out.loss.item():.6f}")
+assert abs(out.loss.item() - (-J_ref)) < 1e-5
+
+# gradient check: float64 autograd of the same expression, written with tensor ops on the loops' terms
+lp64 = logp.detach().double().requires_grad_()
+terms = []
+for i, n in enumerate(lengths):
+    rt = torch.exp(lp64[i, :n] - old_logp[i, :n].double())
+    a = adv[i].double()
+    surr = torch.minimum(rt * a, torch.clamp(rt, 1 - eps, 1 + eps) * a)
+    x = torch.exp(ref_logp[i, :n].double() - lp64[i, :n])
+    terms.append((surr - beta * (x - torch.log(x) - 1)).sum() / n)
+(-torch.stack(terms).mean()).backward()
+assert torch.allclose(logp.grad.double(), lp64.grad, atol=1e-6)
+
+# %% [markdown]
+# **The gradient at $\theta=\theta_{\mathrm{old}}$ is {eq}`eq-grpo-grad`.** With ratio 1 and no KL
+# term, the gradient of the loss with respect to each token's log-prob must be exactly
+# $-\Ahat_i / (G\,\olen{i})$ — the per-token weight that later chapters argue about.
+
+# %%
+logp0 = old_logp.clone().requires_grad_()
+no_kl = GRPO.replace(kl=None, beta=0.0)
+policy_loss(logp0, old_logp, adv, mask, no_kl).loss.backward()
+expected = -(adv[:, None] / (len(lengths) * mask.sum(1, keepdim=True))) * mask
+assert torch.allclose(logp0.grad, expected, atol=1e-7)
+print(pd.DataFrame({"|o_i|": lengths, "A_i": adv.numpy(),
+                    "grad per token": logp0.grad[:, 0].numpy()}).round(4).to_string())
+
+# %% [markdown]
+# (sec-grpo-clip)=
+# ## 1.4 What the clip does: the two cases
+#
+# The clipped term $\min[r\Ahat, \clip(r, 1-\varepsilon, 1+\varepsilon)\Ahat]$ is pessimistic: it
+# takes whichever of the two is smaller. Work through the signs.
+#
+# * $\Ahat>0$ (a good token): the objective grows with $r$ until $r = 1+\varepsilon$, then stays
+#   flat. Past that point the gradient is **zero**: the policy may not make a good token much *more*
+#   likely than the sampler did in one rollout. Below $1-\varepsilon$ nothing is clipped — if the
+#   token became less likely, the full gradient pushes it back up.
+# * $\Ahat<0$ (a bad token): the objective is flat for $r < 1-\varepsilon$ — once a bad token is
+#   already much *less* likely, it is left alone — and unclipped above $1+\varepsilon$, where the
+#   update must be allowed to undo a mistake.
+#
+# The figure evaluates `policy_loss` on single tokens over a grid of ratios and differentiates it
+# with autograd; shaded: where the gradient is exactly zero.
+
+# %% tags=["hide-input"]
+ratios = torch.linspace(0.5, 1.5, 201)
+one = torch.ones(1, 1)
+fig, axes = plt.subplots(1, 2, figsize=(7.2, 2.8), sharey=False)
+zero_grad_regions = {}
+for ax, a in zip(axes, (1.0, -1.0)):
+    vals, grads = [], []
+    for rr in ratios:
+        lp = torch.log(rr).reshape(1, 1).clone().requires_grad_()
+        lo = policy_loss(lp, torch.zeros(1, 1), torch.tensor([a]), one, no_kl).loss
+        lo.backward()
+        vals.append(-lo.item())
+        grads.append(lp.grad.item())
+    grads = np.array(grads)
+    zero = np.abs(grads) == 0
+    zero_grad_regions[a] = ratios[torch.from_numpy(zero)]
+    ax.plot(ratios, vals, color="C0", label=r"objective $\min[r\hat A, \mathrm{clip}(r)\hat A]$")
+    ax.plot(ratios, ratios * a, color="C7", ls=":", label=r"unclipped $r\hat A$")
+    ax.fill_between(ratios, min(vals) - 0.1, max(vals) + 0.1, where=zero, color="C3", alpha=0.15,
+                    label="zero gradient")
+    ax.axvline(1 - eps, color="k", lw=0.6, ls="--")
+    ax.axvline(1 + eps, color="k", lw=0.6, ls="--")
+    ax.set_title(rf"$\hat A = {a:+.0f}$")
+    ax.set_xlabel(r"ratio $r = \pi_\theta / \pi_{\theta_{old}}$")
+axes[0].set_ylabel("per-token objective")
+axes[1].legend(loc="lower left", fontsize=7)
+fig.tight_layout()
+book.glue("fig_grpo_clip", fig)
+
+# %% [markdown]
+# ```{glue:figure} fig_grpo_clip
+# :name: fig-grpo-clip
+#
+# The per-token GRPO objective against the ratio for a positive (left) and a negative (right)
+# advantage, computed by `grpo_lab.objectives.policy_loss` ($\varepsilon=0.2$). Shaded: the ratio
+# range where the clip zeroes the gradient — above $1+\varepsilon$ for good tokens, below
+# $1-\varepsilon$ for bad ones. The other side is never clipped.
+# ```
+
+# %%
+pos, neg = zero_grad_regions[1.0], zero_grad_regions[-1.0]
+assert pos.min() > 1 + eps - 1e-6 and neg.max() < 1 - eps + 1e-6  # zero only on the pushing side
+assert len(pos) > 0 and len(neg) > 0
+
+# %% [markdown]
+# ## 1.5 The $k_3$ estimator: unbiased, never negative
+#
+# The KL penalty is estimated from the sampled token only: the loss never sees the full
+# distribution over the vocabulary. With $x\sim\pitheta$ and $\rho = \piref(x)/\pitheta(x)$,
+# Schulman's three estimators are $k_1 = -\log\rho$, $k_2 = \tfrac12(\log\rho)^2$ and
+# $k_3 = (\rho - 1) - \log\rho$ (= {eq}`eq-grpo-k3`). Since $\E_{x\sim\pitheta}[\rho] = 1$, the
+# term $\rho - 1$ has mean zero: $k_3$ is $k_1$ plus a control variate, so it is unbiased; and
+# $\log\rho \le \rho - 1$ makes it non-negative for every sample. We check both by exact
+# enumeration over a small vocabulary, in float64, for 200 random pairs of distributions, and
+# against `kl_estimate`.
+
+# %%
+rng = np.random.default_rng(1)
+rows = []
+for trial in range(200):
+    V = int(rng.integers(2, 12))
+    p = rng.dirichlet(np.ones(V) * rng.uniform(0.2, 3))  # pi_theta
+    q = rng.dirichlet(np.ones(V) * rng.uniform(0.2, 3))  # pi_ref
+    rho = q / p
+    k1, k2, k3 = -np.log(rho), 0.5 * np.log(rho) ** 2, rho - 1 - np.log(rho)
+    kl = float((p * np.log(p / q)).sum())
+    pkg = {k: kl_estimate(torch.tensor(np.log(p))[None], torch.tensor(np.log(q))[None], kind=k)[0].double().numpy()
+           for k in ("k1", "k2", "k3")}
+    assert np.allclose(pkg["k3"], k3, rtol=1e-5, atol=1e-6) and np.allclose(pkg["k1"], k1, atol=1e-6)
+    rows.append({"KL": kl, "E[k1]": p @ k1, "E[k2]": p @ k2, "E[k3]": p @ k3, "min k1": k1.min(),
+                 "min k3": k3.min(), "sd k1": np.sqrt(p @ (k1 - kl) ** 2), "sd k3": np.sqrt(p @ (k3 - kl) ** 2)})
+kl_table = pd.DataFrame(rows)
+assert np.allclose(kl_table["E[k3]"], kl_table["KL"], atol=1e-12)  # unbiased, exactly
+assert np.allclose(kl_table["E[k1]"], kl_table["KL"], atol=1e-12)
+assert (kl_table["min k3"] >= 0).all() and (kl_table["min k1"] < 0).mean() > 0.9
+summary = pd.DataFrame({
+    "mean bias": [(kl_table[f"E[{k}]"] - kl_table["KL"]).abs().mean() for k in ("k1", "k2", "k3")],
+    "samples < 0 possible": [bool((kl_table["min k1"] < 0).any()), False, bool((kl_table["min k3"] < 0).any())],
+}, index=["k1", "k2", "k3"])
+print(summary.to_string(float_format=lambda x: f"{x:.2e}"))
+print(f"median per-sample sd, k1: {kl_table['sd k1'].median():.3f}   k3: {kl_table['sd k3'].median():.3f}")
+
+# %% [markdown]
+# $k_1$ and $k_3$ are exactly unbiased (errors at float64 round-off), $k_2$ is biased; $k_1$
+# takes negative values on almost every pair, $k_3$ never does. The last line compares the spread
+# of a single-sample estimate: on these random pairs, which are far apart, $k_3$'s advantage is
+# not guaranteed — its variance is lowest when $\pitheta\approx\piref$, the regime a small $\beta$
+# keeps training in.
+#
+# One more fact matters for later chapters: an unbiased estimate of the KL *value* does not make
+# $k_3$ a correct *loss*. Differentiating the sampled $k_3$ (samples held fixed, as in training)
+# gives $\E_{\pitheta}[(1-\rho)\nabla\log\pitheta] = \sum_x (\pitheta(x) - \piref(x))\nabla\log\pitheta(x)$,
+# which is the gradient of the *forward* divergence $\KL[\piref\|\pitheta]$, not of
+# $\KL[\pitheta\|\piref]$. The next cell checks this on a softmax policy; DeepSeek-V3.2
+# {cite:p}`deepseekai2025v32` changes the estimator for this reason.
+
+# %%
+theta = torch.tensor([0.3, -1.0, 0.8, 0.0, 1.5], dtype=torch.float64, requires_grad=True)
+ref = torch.softmax(torch.tensor([0.0, 0.5, -0.5, 1.0, 0.2], dtype=torch.float64), 0)
+pi_t = lambda: torch.softmax(theta, 0)
+rho = ref / pi_t()
+k3_loss = (pi_t().detach() * (rho - 1 - torch.log(rho))).sum()  # samples from pi_theta, held fixed
+g_k3 = torch.autograd.grad(k3_loss, theta)[0]
+g_reverse = torch.autograd.grad((pi_t() * torch.log(pi_t() / ref)).sum(), theta)[0]  # KL[pi_theta || pi_ref]
+g_forward = torch.autograd.grad((ref * torch.log(ref / pi_t())).sum(), theta)[0]  # KL[pi_ref || pi_theta]
+assert torch.allclose(g_k3, g_forward, atol=1e-12) and not torch.allclose(g_k3, g_reverse, atol=1e-3)
+print("grad of k3 as a loss :", np.round(g_k3.numpy(), 4))
+print("grad KL[ref || pi]   :", np.round(g_forward.numpy(), 4))
+print("grad KL[pi || ref]   :", np.round(g_reverse.numpy(), 4))
+
+# %% [markdown]
+# :::{admonition} Common misreadings
+# :class: warning
+#
+# * **"GRPO penalises KL in the reward, like PPO-RLHF."** No: DeepSeekMath Eq. 3 subtracts
+#   $\beta\,\KL$ *inside the per-token sum of the loss*, estimated by $k_3$ (Eq. 4); it never
+#   enters the advantage.
+# * **"DeepSeek-R1 uses a sequence-level ratio."** R1's Eq. 1 {cite:p}`deepseekai2025r1` writes
+#   $\pitheta(o_i\given q)/\piold(o_i\given q)$ as shorthand for the same objective; the ratio
+#   in DeepSeekMath's Eq. 3 is per token. A length-normalised sequence ratio is GSPO's change
+#   {cite:p}`zheng2025gspo`.
+# * **"R1-Zero reached 71.0 on AIME 2024 from a 32B model."** 71.0 (pass@1, averaged over 16
+#   samples) is R1-Zero on the 671B DeepSeek-V3-Base. The 32B run, DeepSeek-R1-Zero-Qwen-32B,
+#   scores 47.0 — the baseline DAPO and VAPO compare against.
+# * **"$k_3$ is unbiased, so its gradient is the KL gradient."** Unbiased for the *value*; as a
+#   loss its gradient is that of $\KL[\piref\|\pitheta]$ (checked above).
+# :::
+#
+# ## 1.6 Experiment: GRPO trains a tiny transformer on CPU
+#
+# **The task.** Sums of two to four two-digit numbers, e.g. `56+77+95=`. A response either answers
+# directly (`#228`) or reasons first, reducing the sum one addition at a time
+# (`133+95;228;#228`). The reward is 1 for a well-formed response with the right answer, else 0,
+# parsed by a regular expression (model output is never evaluated). **The base policy**
+# (`data/checkpoints/arithmetic-base`: a 3-layer Qwen2-style transformer built from a
+# `transformers` config, 0.3M parameters, character tokenizer) was pretrained by
+# `python -m grpo_lab.pretrain arithmetic` on demonstrations of which only 30% reason. It can add
+# step by step, but prefers to answer at once — and answering at once is hard for it.
+
+# %%
+import json
+
+from grpo_lab.models import load_policy
+from grpo_lab.paths import checkpoint_dir
+from grpo_lab.rollout import generate
+from grpo_lab.tasks import ArithmeticTask
+
+base_dir = checkpoint_dir("arithmetic-base")
+recipe = json.loads((base_dir / "recipe.json").read_text())
+m = recipe["metrics"]
+print(f"parameters: {recipe['parameters']:,}   pretraining: {recipe['recipe']['steps']} steps")
+print(f"greedy test accuracy {m['greedy_accuracy']:.3f}, reasoning in {m['greedy_reasoning_frac']:.0%} of greedy answers")
+print(f"sampled (T=1) accuracy {m['sampled_accuracy']:.3f}, reasoning in {m['sampled_reasoning_frac']:.0%} of samples")
+print("greedy accuracy by number of terms:", m["greedy_accuracy_by_terms"])
+
+# %%
+policy, tokenizer = load_policy(base_dir)
+task = ArithmeticTask(**{k: recipe["recipe"][k] for k in ("min_terms", "max_terms", "digits")})
+torch.manual_seed(3)
+demo = generate(policy, tokenizer, [task.make_problem([56, 77, 95])], group_size=6,
+                max_new_tokens=task.max_new_tokens, temperature=1.0)
+for text in demo.texts:
+    print(f"{'56+77+95=':>10} {text:<24} reward {task.reward(text, demo.problems[0]):.0f}")
+
+# %% [markdown]
+# Six samples of one question form one GRPO group: the reasoning samples are usually right, the
+# direct ones usually wrong, so the group's advantages push probability toward reasoning. That is
+# what GRPO has to discover by itself. The run below uses the `GRPO` preset unchanged ($\varepsilon
+# = 0.2$, $\beta = 0.04$, $k_3$, `seq_mean_token_mean`) with the profile's sampling settings;
+# each rollout is split into two minibatches, so the second optimiser step is off-policy and the
+# clip can act. The learning rate warms up linearly over the first 10 optimiser steps: without it,
+# Adam's first update (which moves every parameter by about the learning rate, whatever its
+# gradient) collapsed a token's probability in one of our seeds, sending its ratio to 0 and its
+# $k_3$ to 81 nats in a single step.
+
+# %%
+from grpo_lab import experiments
+
+profile = experiments.get_profile(PROFILE)
+print(f"profile {profile.name}: {profile.steps} steps x {profile.config.prompts_per_step} questions "
+      f"x G={profile.config.group_size}, lr {profile.config.lr}, {profile.config.minibatches} minibatches/rollout, "
+      f"seeds {list(SEEDS)}")
+
+# %% tags=["nbval-ignore-output"]
+result = experiments.run("GRPO", profile=PROFILE, seeds=SEEDS)
+hist = result.history
+print(f"trained {len(SEEDS)} seeds in {result.provenance['wall_seconds']:.0f} s")
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+evals = hist.dropna(subset=["test_accuracy"])
+train = hist[hist["step"] > 0]
+lengths_long = pd.concat([
+    train[["seed", "step", "length_correct"]].rename(columns={"length_correct": "length"}).assign(algo="correct"),
+    train[["seed", "step", "length_incorrect"]].rename(columns={"length_incorrect": "length"}).assign(algo="incorrect"),
+])
+fig, axes = plt.subplots(2, 3, figsize=(9.6, 5.2))
+plotting.band_plot(axes[0, 0], evals, "step", "test_accuracy", title="greedy test accuracy")
+plotting.band_plot(axes[0, 1], train, "step", "reward", title="train reward (sampled)")
+plotting.band_plot(axes[0, 2], lengths_long, "step", "length", colors={"correct": "C2", "incorrect": "C3"},
+                   title="response length (tokens)", legend=True)
+plotting.band_plot(axes[1, 0], train, "step", "entropy", title="entropy (nats / token)")
+plotting.band_plot(axes[1, 1], train, "step", "kl", title=r"KL to $\pi_{ref}$ ($k_3$, per token, log)")
+axes[1, 1].set_yscale("log")
+plotting.band_plot(axes[1, 2], train, "step", "clip_frac", title="clipped-token fraction")
+for ax in axes[1]:
+    ax.set_xlabel("RL step")
+fig.tight_layout()
+book.glue("fig_grpo_curves", fig)
+
+# %% [markdown]
+# ```{glue:figure} fig_grpo_curves
+# :name: fig-grpo-curves
+#
+# GRPO from `arithmetic-base`, CPU profile, mean ± sd over three seeds. Top: greedy accuracy on
+# the fixed 198-question test set (step 0 is the base policy), the sampled training reward, and
+# the length of correct and incorrect responses. Bottom: policy entropy, the $k_3$ KL to the
+# reference (the base policy; log scale, the estimator is heavy-tailed) and the fraction of tokens
+# whose gradient the clip removed.
+# ```
+
+# %% tags=["nbval-ignore-output"]
+base_acc, final_acc = result.base("test_accuracy"), result.final("test_accuracy")
+last = hist[hist["step"] == hist["step"].max()].set_index("seed")
+table = pd.DataFrame({
+    "base greedy acc": base_acc, "final greedy acc": final_acc, "gain": final_acc - base_acc,
+    "final reasoning frac": last["test_reasoning_frac"], "final test length": last["test_length"],
+})
+table.loc["mean"] = table.mean()
+table.loc["sd"] = table.iloc[:-1].std()
+gain = final_acc - base_acc
+book.glue("grpo_base_acc", round(float(base_acc.mean()), 3))
+book.glue("grpo_final_acc", round(float(final_acc.mean()), 3))
+book.glue("grpo_final_acc_sd", round(float(final_acc.std()), 3))
+book.glue("grpo_gain", round(float(gain.mean()), 3))
+book.glue("grpo_kl_median", round(float(hist["kl"].median()), 3))
+book.glue("grpo_kl_max", round(float(hist["kl"].max()), 1))
+table.round(3)
+
+# %%
+# Robust facts, checked on every run (the numbers above vary slightly across machines).
+assert (gain > 0.05).all(), gain  # every seed improves greedy accuracy
+assert gain.mean() > 0.12, gain.mean()  # a floor well below the measured gain (see text)
+kl_by_seed = hist.groupby("seed")["kl"].median()
+assert (hist["kl"].dropna() >= 0).all() and (kl_by_seed < 0.5).all()  # k3 >= 0; typically small
+assert hist["clip_frac"].dropna().max() > 0  # the clip acted on the off-policy minibatch
+print("checks passed")
+
+# %% [markdown]
+# **What reproduced.** Greedy test accuracy rose from {glue:text}`grpo_base_acc` to
+# {glue:text}`grpo_final_acc` ± {glue:text}`grpo_final_acc_sd` (mean ± sd over three seeds), a gain
+# of {glue:text}`grpo_gain`. The policy learned it by *reasoning more*: the fraction of reasoning
+# answers and the response length both grew, the small-scale echo of the "response length grows
+# during RL" curves of DeepSeek-R1 {cite:p}`deepseekai2025r1`. Entropy drops as the policy commits
+# to reasoning. The per-token KL to the base policy stays small (median
+# {glue:text}`grpo_kl_median` nats under $\beta = 0.04$, largest step mean
+# {glue:text}`grpo_kl_max`); $k_3$ is heavy-tailed, though — when a sampled token has become much
+# less likely under $\pitheta$ than under $\piref$, $\rho = \piref/\pitheta$ is large and
+# $k_3\approx\rho$ — which is why the warm-up above matters. Accuracy peaks between steps 10 and
+# 25 and then drifts down by several points for some seeds: once the policy always reasons, the
+# remaining errors are arithmetic slips inside the reasoning, and 0/1 rewards on 16 questions per
+# step give a noisy signal for fixing them. The single final evaluation is therefore a noisy
+# summary; the curves show the whole run.
+# Only a small fraction of tokens is ever clipped: with two minibatches per rollout the second
+# step is only slightly off-policy. **What this scale does not show:** nothing here speaks to
+# AIME-level numbers, and with a 0.3M-parameter model and 0/1 rewards on short answers, the
+# length bias of {eq}`eq-grpo-grad` has little room to act — chapter 3 builds an experiment for
+# it.
+#
+# ## 1.7 GPU-scale results
+#
+# The same experiment at the `gpu` profile (64 questions × 16 samples per step, 150 steps) is run
+# with `python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 --out
+# data/results/gpu/grpo.json`; the cell below shows its results when that file is present.
+
+# %%
+from grpo_lab.paths import data_dir
+
+gpu_file = data_dir() / "results" / "gpu" / "grpo.json"
+if gpu_file.exists():
+    gpu = experiments.load_results(gpu_file)
+    prov = gpu.provenance
+    print(f"{prov['device_name']}, torch {prov['torch']}, commit {str(prov['git_sha'])[:8]}, "
+          f"{prov['wall_seconds']:.0f} s, seeds {prov['seeds']}")
+    print(f"greedy test accuracy: base {gpu.base().mean():.3f} -> {gpu.final().mean():.3f} ± {gpu.final().std():.3f}")
+else:
+    print("No GPU-scale results are committed yet (data/results/gpu/grpo.json is absent).")
+
+# %% [markdown]
+# ## 1.8 Takeaways
+#
+# * GRPO is the policy gradient with a **group baseline**: $G$ samples of the same question replace
+#   the value network, and cut the gradient's variance several-fold at no extra model.
+# * Dividing by the group's $\std$ is a separate choice from subtracting the mean; an all-equal
+#   group has advantage exactly 0 and contributes no gradient.
+# * The ratio and clip only matter off-policy (several optimiser steps per rollout); the clip zeroes
+#   the gradient on the side the advantage pushes toward, never on the other.
+# * $k_3$ is an unbiased, non-negative estimate of $\KL[\pitheta\|\piref]$ — but as a loss its
+#   gradient is that of the forward KL.
+# * Per-token weight $\Ahat_i/\olen{i}$: the aggregation couples the update to response length.
+#
+# ## Exercises
+#
+# 1. For 0/1 rewards with $k$ successes in a group of $G$, show that the GRPO advantages are
+#    $\Ahat^+ = (1-p)/s$ and $\Ahat^- = -p/s$ with $p = k/G$ and $s=\sqrt{G\,p(1-p)/(G-1)}$ (ignore
+#    $\epsilon$), and check it with `group_advantages`.
+# 2. Show that adding a constant to every reward of a group, or multiplying them all by $c>0$,
+#    leaves {eq}`eq-grpo-adv` unchanged. Which of these invariances does Dr.GRPO's $r-\mean(\mathbf r)$ keep?
+# 3. Rerun the experiment with `experiments.run(GRPO.replace(beta=0.0), profile=PROFILE, seeds=SEEDS)`.
+#    What happens to the KL column, and to accuracy?
+#
+# :::{admonition} Solutions 1 and 2
+# :class: dropdown
+#
+# 1. The mean is $p$; the $k$ ones deviate by $1-p$, the $G-k$ zeros by $-p$, so the unbiased
+#    variance is $(k(1-p)^2 + (G-k)p^2)/(G-1) = G\,p(1-p)/(G-1)$. Dividing the deviations by its
+#    square root gives the result; the cell below checks it for every $k$ with $G=8$.
+# 2. $r+c$ shifts the mean by $c$ and leaves the std alone; $c\,r$ scales both by $c$. The
+#    mean-only advantage of Dr.GRPO keeps the shift invariance but scales with $c$.
+# :::
+
+# %%
+G = 8
+for k in range(1, G):
+    pk = k / G
+    s = math.sqrt(G * pk * (1 - pk) / (G - 1))
+    a = group_advantages(torch.tensor([1.0] * k + [0.0] * (G - k)), group_size=G, eps=0.0)
+    assert torch.allclose(a, torch.tensor([(1 - pk) / s] * k + [-pk / s] * (G - k)), atol=1e-6)
+r8 = torch.rand(G, generator=torch.Generator().manual_seed(0))
+assert torch.allclose(group_advantages(3 * r8 + 5, group_size=G, eps=0.0), group_advantages(r8, group_size=G, eps=0.0), atol=1e-5)
+assert torch.allclose(group_advantages(3 * r8 + 5, G, scale="none"), 3 * group_advantages(r8, G, scale="none"), atol=1e-5)
+print("exercise checks passed")
+
+# %% [markdown]
+# ## References
+#
+# The papers cited in this chapter are listed in {ref}`sec-references`.
