@@ -247,17 +247,18 @@ def test_resume_requires_state_json(tmp_path):
         Trainer.resume(tmp_path / "missing")
 
 
-def _check_exact_resume(tok, tmp_path, monkeypatch):
+def _check_exact_resume(tok, tmp_path, monkeypatch, **kw):
     monkeypatch.setitem(tasks_mod.TASKS, "toy", ToyTask)
-    straight = make_trainer(tok, lr=1e-2, minibatches=2)
+    straight = make_trainer(tok, lr=1e-2, minibatches=2, **kw)
     straight.train(4)
 
-    first = make_trainer(tok, lr=1e-2, minibatches=2)
+    first = make_trainer(tok, lr=1e-2, minibatches=2, **kw)
     first.train(2)
     first.save(tmp_path)
     torch.manual_seed(999)  # whatever happens in between must not matter
     resumed = Trainer.resume(tmp_path)
     assert resumed.step == 2 and resumed.task == ToyTask(test_size=5) and resumed.algo == GRPO
+    assert resumed.opt_steps == first.opt_steps == 4
     assert resumed.optimizer.state_dict()["state"].keys() == first.optimizer.state_dict()["state"].keys()
     resumed.train(2)
 
@@ -273,12 +274,24 @@ def test_exact_resume(tok, tmp_path, monkeypatch):
     _check_exact_resume(tok, tmp_path, monkeypatch)
 
 
-def test_exact_resume_with_working_task_from_spec(tok, tmp_path, monkeypatch):
-    # The rest of the checkpoint (weights, optimizer, torch/numpy/python RNG, history) with the
-    # task_from_spec bug patched around; drop the patch once tasks.task_from_spec is fixed.
-    def task_from_spec(spec):
-        params = {k: v for k, v in spec["params"].items() if k != "name"}
-        return tasks_mod.get_task(spec["name"], **params)
+def test_exact_resume_mid_warmup(tok, tmp_path, monkeypatch):
+    # warm-up over 6 optimiser steps: the resumed run (after 4) must continue the same schedule
+    _check_exact_resume(tok, tmp_path, monkeypatch, warmup=6)
 
-    monkeypatch.setattr(tasks_mod, "task_from_spec", task_from_spec)
-    _check_exact_resume(tok, tmp_path, monkeypatch)
+
+def test_warmup_schedule(tok):
+    # lr_k = lr * min(1, k / warmup) for optimiser step k = 1, 2, ...: with lr 1e-2 and warmup 4,
+    # two RL steps of two minibatches each use 2.5e-3, 5e-3, 7.5e-3, 1e-2.
+    tr = make_trainer(tok, lr=1e-2, minibatches=2, warmup=4)
+    seen = []
+    orig = tr.optimizer.step
+
+    def step(*a, **k):
+        seen.append(tr.optimizer.param_groups[0]["lr"])
+        return orig(*a, **k)
+
+    tr.optimizer.step = step
+    tr.train(2)
+    assert seen == pytest.approx([2.5e-3, 5e-3, 7.5e-3, 1e-2])
+    with pytest.raises(ValueError, match="warmup"):
+        TrainerConfig(warmup=-1)
