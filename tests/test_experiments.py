@@ -20,16 +20,6 @@ TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num
 TIMING = ["tokens_per_s", "gen_seconds", "step_seconds"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
-    # spin-waiting made these tests ~7x slower; restore the setting for other modules.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
     base = tmp_path_factory.mktemp("base")

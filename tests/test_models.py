@@ -12,21 +12,6 @@ TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num
                   num_key_value_heads=1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
-    # spin-waiting made these tests ~7x slower; restore the setting for other modules.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
 def _ids(tok, text):
     return tok(text, add_special_tokens=False)["input_ids"]
 

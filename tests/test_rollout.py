@@ -18,21 +18,6 @@ EOS = 2
 PROBLEMS = [Problem("1+2=", "3"), Problem("9+9+9+9+9+9=", "54"), Problem("12+3=", "15")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
-    # spin-waiting made these tests ~7x slower; restore the setting for other modules.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
 @pytest.fixture(scope="module")
 def model(tok):
     m = tiny_policy(tok, TINY, seed=0)

@@ -41,21 +41,6 @@ class ToyTask(ArithmeticTask):
         return 1.0 if self.is_correct(completion, problem) else 0.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
-    # spin-waiting made these tests ~7x slower; restore the setting for other modules.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
 def make_trainer(tok, algo=GRPO, task=None, **kw):
     cfg = dict(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=0, progress=False, lr=1e-2, seed=0)
     cfg.update(kw)
