@@ -125,16 +125,26 @@ def evaluate_base(model, tokenizer, task) -> dict:
     }
 
 
-def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress: bool = True) -> dict:
+def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress: bool = True,
+             evaluate: bool = True) -> dict:
     """Train the base policy of ``recipe`` and save it (model, tokenizer, ``recipe.json``).
 
     Deterministic on a given machine and software stack: fixed seeds, fixed thread count,
     data drawn from a seeded ``numpy`` generator.
 
+    Args:
+        recipe: what to train.
+        out: output directory (default ``data/checkpoints/<task>-base``; only then is the task's
+            fixed test set written to ``data/tasks/`` too).
+        progress: tqdm bar.
+        evaluate: measure test accuracy after training (``metrics`` in the record; skipping it is
+            only useful for quick tests).
+
     Returns:
         The record written to ``recipe.json``.
     """
-    out = Path(out) if out is not None else checkpoint_dir(f"{recipe.task}-base")
+    default_out = checkpoint_dir(f"{recipe.task}-base")
+    out = Path(out) if out is not None else default_out
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
     rng = np.random.default_rng(recipe.seed)
@@ -163,11 +173,12 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
             it.set_postfix(loss=f"{np.mean(losses[-100:]):.3f}")
     train_seconds = time.perf_counter() - t0
     model.eval()
-    metrics = evaluate_base(model, tokenizer, task)
+    metrics = evaluate_base(model, tokenizer, task) if evaluate else None
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    task.write_test_set()
+    if out.resolve() == default_out.resolve():
+        task.write_test_set()  # the fixed test set ships next to the base checkpoint
     import transformers
 
     record = {
