@@ -1,0 +1,128 @@
+"""Reward shaping: terms added to a task's correctness reward before advantages are computed.
+
+So far this holds DAPO's *Soft Overlong Punishment* (Yu et al., arXiv 2503.14476, §3.4, Eq. 13):
+a length penalty that is 0 for responses of an expected length, falls linearly to -1 across a
+"punishment cache" of ``L_cache`` tokens just below the generation budget ``L_max``, and is -1
+beyond it. It tells the policy *that* a response was too long in proportion to how far it went,
+instead of giving every truncated sample the same wrong-answer reward (the "reward noise" DAPO
+§3.4 blames for unstable training).
+
+A math module (design §2): it imports torch only, no model, tokenizer or trainer code. Lengths
+are counted in tokens, including the EOS token when one was produced (the convention of
+:attr:`grpo_lab.rollout.Rollout.lengths`).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Sequence, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["overlong_penalty", "shape_rewards"]
+
+LengthsLike = Union[Tensor, Sequence[int]]
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r}")
+    return int(value)
+
+
+def _lengths(lengths: LengthsLike) -> Tensor:
+    if not isinstance(lengths, Tensor):
+        try:
+            lengths = torch.as_tensor(lengths)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"lengths must be a 1-D tensor of token counts: {exc}") from None
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D with shape [B], got shape {tuple(lengths.shape)}")
+    if lengths.dtype == torch.bool or lengths.is_complex():
+        raise ValueError(f"lengths must be real token counts, got dtype {lengths.dtype}")
+    n = lengths.detach().to(torch.float64)
+    if n.numel() and not bool(torch.isfinite(n).all()):
+        raise ValueError("lengths must be finite")
+    if n.numel() and bool((n < 0).any()):
+        bad = (n < 0).nonzero().flatten()[:5].tolist()
+        raise ValueError(f"lengths must be >= 0 (token counts); negative at positions {bad}")
+    return n
+
+
+def overlong_penalty(lengths: LengthsLike, *, max_len: int, cache_len: int) -> Tensor:
+    """DAPO's Soft Overlong Punishment, Eq. 13 of arXiv 2503.14476 (§3.4), per response.
+
+    With ``L_max = max_len`` and ``L_cache = cache_len``::
+
+        R_length(y) = 0                                 if |y| <= L_max - L_cache
+                    = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
+                    = -1                                if |y| > L_max
+
+    ``L_max`` is the generation budget and ``L_max - L_cache`` the "expected maximum length"
+    from which the penalty starts: DAPO §4.1 uses 16,384 expected tokens plus a 4,096-token
+    cache, so ``L_max = 20,480`` and ``L_cache = 4,096`` (swapping the two is a common misreading).
+    The penalty is continuous: it is 0 at ``|y| = L_max - L_cache`` and exactly -1 at
+    ``|y| = L_max``, so a response cut at the budget gets -1 either way. The result is *added*
+    to the correctness reward (:func:`shape_rewards`).
+
+    Args:
+        lengths: ``[B]`` response lengths in tokens (any real dtype, or a sequence of numbers),
+            ``>= 0``; EOS included by the package's convention.
+        max_len: ``L_max``, a positive int (tokens).
+        cache_len: ``L_cache``, an int with ``1 <= cache_len <= max_len`` (tokens).
+
+    Returns:
+        float32 ``[B]`` in ``[-1, 0]``, on the device of ``lengths`` (computed in float64).
+
+    Raises:
+        ValueError: ``max_len`` / ``cache_len`` not positive ints, ``cache_len > max_len``,
+            ``lengths`` not 1-D, non-finite or negative.
+    """
+    max_len = _positive_int("max_len", max_len)
+    cache_len = _positive_int("cache_len", cache_len)
+    if cache_len > max_len:
+        raise ValueError(
+            f"cache_len (L_cache={cache_len}) must be <= max_len (L_max={max_len}): the punishment "
+            "cache lies inside the generation budget (DAPO Eq. 13)")
+    n = _lengths(lengths)
+    start = float(max_len - cache_len)  # the expected maximum length L_max - L_cache
+    ramp = (start - n) / float(cache_len)
+    out = torch.where(n <= start, torch.zeros_like(n), torch.where(n <= max_len, ramp, -torch.ones_like(n)))
+    dev = lengths.device if isinstance(lengths, Tensor) else None
+    return out.to(torch.float32) if dev is None else out.to(device=dev, dtype=torch.float32)
+
+
+def shape_rewards(rewards: Tensor, lengths: LengthsLike, *, max_len: int, cache_len: int) -> Tensor:
+    """Correctness reward plus DAPO's overlong penalty: ``R(y) + R_length(y)`` (arXiv
+    2503.14476, §3.4: Eq. 13 "is added to the original rule-based correctness reward").
+
+    Args:
+        rewards: ``[B]`` float rewards (finite).
+        lengths: ``[B]`` response lengths in tokens (see :func:`overlong_penalty`).
+        max_len, cache_len: ``L_max`` and ``L_cache`` of :func:`overlong_penalty`.
+
+    Returns:
+        float32 ``[B]`` on the device of ``rewards``.
+
+    Raises:
+        ValueError: ``rewards`` not a 1-D real tensor, non-finite, or of a different length than
+            ``lengths``; and everything :func:`overlong_penalty` raises.
+    """
+    if not isinstance(rewards, Tensor):
+        try:
+            rewards = torch.as_tensor(rewards, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"rewards must be a 1-D tensor of numbers: {exc}") from None
+    if rewards.dim() != 1 or rewards.dtype == torch.bool or rewards.is_complex():
+        raise ValueError(f"rewards must be a 1-D real tensor [B], got shape {tuple(rewards.shape)}, "
+                         f"dtype {rewards.dtype}")
+    pen = overlong_penalty(lengths, max_len=max_len, cache_len=cache_len)
+    if pen.shape != rewards.shape:
+        raise ValueError(f"shape mismatch: rewards {tuple(rewards.shape)} vs lengths {tuple(pen.shape)}")
+    r = rewards.detach().to(torch.float64)
+    if r.numel() and not bool(torch.isfinite(r).all()):
+        raise ValueError("rewards must be finite")
+    return (r + pen.to(device=r.device, dtype=torch.float64)).to(torch.float32)
