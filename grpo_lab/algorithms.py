@@ -7,9 +7,13 @@ trust region clips, how token losses are averaged, and which KL regulariser is a
 the trainer read nothing else. A new variant from a paper is a new preset, or one new choice on
 one axis.
 
+The *sampling & shaping* axis (which samples train, and how rewards are shaped) is read by the
+trainer, not by the loss: DAPO's dynamic sampling, overlong filtering and soft overlong
+punishment (arXiv 2503.14476, §3.2 and §3.4).
+
 Only the choices implemented so far are accepted; the others (``"gae"`` advantages, the
 ``"sequence_token"`` ratio, CISPO's ``"is_weight"`` clipping, the DeepSeek-V3.2 importance-
-corrected KL, and the DAPO / Dr.GRPO / GSPO / CISPO / VAPO / RPT presets) arrive in later issues.
+corrected KL, and the Dr.GRPO / GSPO / CISPO / VAPO / RPT presets) arrive in later issues.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "GRPO",
+    "DAPO",
     "PRESETS",
     "get_algorithm",
 ]
@@ -84,11 +89,24 @@ class Algorithm:
             per token inside the token sum (DeepSeekMath Eq. 3-4 use k3).
         beta: ``>= 0`` KL coefficient (DeepSeekMath §4.2: 0.04). ``beta == 0`` or ``kl is None``
             means no KL term.
+        dynamic_sampling: DAPO Eq. 11 (§3.2) — the trainer keeps sampling questions and trains
+            only on groups whose raw accuracy (``task.is_correct``) is strictly between 0 and 1,
+            until the batch holds ``prompts_per_step`` such groups (bounded by
+            ``TrainerConfig.max_gen_rounds``).
+        overlong_filter: DAPO §3.4 *Overlong Filtering* — truncated samples (no EOS within the
+            generation budget) are masked out of the loss (and of its token/sequence counts);
+            they still count in their group's reward statistics.
+        overlong_cache_len: ``None`` (off) or a positive int ``L_cache``: DAPO Eq. 13 *Soft
+            Overlong Punishment* is added to the task reward, with ``L_max`` = the trainer's
+            generation budget (``max_new_tokens``) and the penalty starting after
+            ``L_max - L_cache`` tokens (see :func:`grpo_lab.rewards.overlong_penalty`). The
+            trainer raises ``ValueError`` if it exceeds the budget.
 
     Raises:
         ValueError: (in ``__post_init__``) an unknown choice on any axis, a negative or
             non-finite ``eps_low`` / ``eps_high`` / ``adv_eps`` / ``beta``, ``eps_low > 1``,
-            a non-positive ``max_tokens``, or an empty ``name``.
+            a non-positive ``max_tokens`` or ``overlong_cache_len``, a non-bool
+            ``dynamic_sampling`` / ``overlong_filter``, or an empty ``name``.
     """
 
     name: str = "custom"
@@ -102,6 +120,9 @@ class Algorithm:
     max_tokens: Optional[int] = None
     kl: Optional[str] = "k3"
     beta: float = 0.04
+    dynamic_sampling: bool = False
+    overlong_filter: bool = False
+    overlong_cache_len: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -136,6 +157,18 @@ class Algorithm:
                 or self.max_tokens < 1
             ):
                 raise ValueError(f"max_tokens must be a positive int or None, got {self.max_tokens!r}")
+        for flag in ("dynamic_sampling", "overlong_filter"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        if self.overlong_cache_len is not None:
+            if (
+                isinstance(self.overlong_cache_len, bool)
+                or not isinstance(self.overlong_cache_len, numbers.Integral)
+                or self.overlong_cache_len < 1
+            ):
+                raise ValueError(
+                    f"overlong_cache_len must be a positive int (L_cache, tokens) or None, "
+                    f"got {self.overlong_cache_len!r}")
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -160,7 +193,9 @@ class Algorithm:
         """The choice on each axis of design §1 (keys in table order), for comparison tables.
 
         Keys: ``advantage``, ``ratio_level``, ``clip``, ``eps_low``, ``eps_high``,
-        ``aggregation``, ``kl`` (None when the loss has no KL term), ``beta``.
+        ``aggregation``, ``kl`` (None when the loss has no KL term), ``beta``, then the sampling
+        & shaping axis: ``dynamic_sampling``, ``overlong_filter``, ``overlong_cache_len``
+        (None when the soft overlong punishment is off).
         """
         return {
             "advantage": self.advantage,
@@ -171,6 +206,9 @@ class Algorithm:
             "aggregation": self.aggregation,
             "kl": self.kl if self.uses_kl else None,
             "beta": self.beta if self.uses_kl else 0.0,
+            "dynamic_sampling": self.dynamic_sampling,
+            "overlong_filter": self.overlong_filter,
+            "overlong_cache_len": self.overlong_cache_len,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -200,7 +238,45 @@ GRPO = Algorithm(
     beta=0.04,
 )
 
-PRESETS: dict[str, Algorithm] = {"GRPO": GRPO}
+#: DAPO (Yu et al., arXiv 2503.14476), the final recipe of its Table 1 (every row added):
+#:
+#: * Clip-Higher, Eq. 10 and §4.1: ``eps_low = 0.2``, ``eps_high = 0.28``;
+#: * token-level policy-gradient loss, Eq. 12: ``1 / sum_i |o_i|`` (``"token_mean"``);
+#: * no KL term (§2.3); group z-score advantages with the std kept (Eq. 9), token ratio;
+#: * Dynamic Sampling, Eq. 11 (keep groups with 0 < accuracy < 1, resample to fill the batch);
+#: * Overlong Filtering (§3.4; the "+ Overlong Filtering" row of the progressive Table 1, which
+#:   the later rows keep). Note: the anchors survey finds no truncation masking in verl's DAPO
+#:   recipe, which relies on the penalty alone; use ``DAPO.replace(overlong_filter=False)`` for that;
+#: * Soft Overlong Punishment, Eq. 13. The paper uses ``L_max = 20,480`` (the generation budget)
+#:   and ``L_cache = 4,096``: the penalty starts at the *expected maximum length* 16,384, i.e.
+#:   ``L_cache = L_max / 5`` past the longest response it expects. ``L_cache`` is stored in tokens,
+#:   so this preset is sized for the book's arithmetic task (budget ``L_max = 32``): its longest
+#:   well-formed answer (``198+99+99;297+99;396;#396``) is 25 characters + EOS = 26 tokens, so
+#:   ``overlong_cache_len = 6`` puts the penalty's start exactly there (26 = 32 - 6, and 6/32 is
+#:   the paper's 1/5 rounded to a whole token): no well-formed response is punished. For another
+#:   budget, ``DAPO.replace(overlong_cache_len=round(L_max / 5))`` keeps the paper's proportion.
+#:
+#: DAPO's reward is +1/-1 (Eq. 7); with a task's {0, 1} reward the -1 overlong penalty weighs
+#: twice as much relative to the correct/incorrect gap. The paper's G = 16, lr 1e-6 and 16
+#: minibatches per rollout are trainer settings (:class:`grpo_lab.trainer.TrainerConfig`).
+DAPO = Algorithm(
+    name="DAPO",
+    advantage="group",
+    adv_eps=1e-4,
+    ratio_level="token",
+    clip="ppo",
+    eps_low=0.2,
+    eps_high=0.28,
+    aggregation="token_mean",
+    max_tokens=None,
+    kl=None,
+    beta=0.0,
+    dynamic_sampling=True,
+    overlong_filter=True,
+    overlong_cache_len=6,
+)
+
+PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DAPO": DAPO}
 
 
 def get_algorithm(name: str) -> Algorithm:

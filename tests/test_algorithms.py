@@ -10,6 +10,7 @@ from grpo_lab import advantages as adv
 from grpo_lab.algorithms import (
     ADVANTAGES,
     AGGREGATIONS,
+    DAPO,
     GRPO,
     KL_ESTIMATORS,
     PRESETS,
@@ -28,7 +29,23 @@ def test_grpo_preset_is_deepseekmath_eq3():
     assert GRPO.aggregation == "seq_mean_token_mean"
     assert GRPO.kl == "k3" and GRPO.beta == 0.04
     assert GRPO.uses_kl
-    assert PRESETS == {"GRPO": GRPO}
+    assert not GRPO.dynamic_sampling and not GRPO.overlong_filter and GRPO.overlong_cache_len is None
+    assert PRESETS["GRPO"] is GRPO
+
+
+def test_dapo_preset_is_the_papers_final_recipe():
+    # DAPO (arXiv 2503.14476): clip-higher Eq. 10 / §4.1, token-level loss Eq. 12, no KL (§2.3),
+    # z-score advantages with the std kept (Eq. 9), dynamic sampling Eq. 11, overlong filtering and
+    # soft overlong punishment (§3.4, Eq. 13; L_cache sized for the arithmetic task's budget of 32)
+    assert DAPO.name == "DAPO" and PRESETS == {"GRPO": GRPO, "DAPO": DAPO}
+    assert DAPO.eps_low == 0.2 and DAPO.eps_high == 0.28
+    assert DAPO.aggregation == "token_mean"
+    assert DAPO.kl is None and DAPO.beta == 0.0 and not DAPO.uses_kl
+    assert DAPO.advantage == "group" and DAPO.ratio_level == "token" and DAPO.clip == "ppo"
+    assert DAPO.dynamic_sampling and DAPO.overlong_filter and DAPO.overlong_cache_len == 6
+    ax = DAPO.axes()
+    assert ax["kl"] is None and ax["dynamic_sampling"] and ax["overlong_cache_len"] == 6
+    assert get_algorithm("dapo") is DAPO
 
 
 def test_defaults_are_valid_and_frozen():
@@ -60,6 +77,11 @@ def test_defaults_are_valid_and_frozen():
         (dict(max_tokens=12.5), "max_tokens"),
         (dict(max_tokens=True), "max_tokens"),
         (dict(name=""), "name"),
+        (dict(dynamic_sampling=1), "dynamic_sampling"),
+        (dict(overlong_filter="yes"), "overlong_filter"),
+        (dict(overlong_cache_len=0), "overlong_cache_len"),
+        (dict(overlong_cache_len=2.5), "overlong_cache_len"),
+        (dict(overlong_cache_len=True), "overlong_cache_len"),
     ],
 )
 def test_validation(kwargs, match):
@@ -106,7 +128,8 @@ def test_advantages_dispatch():
 
 def test_axes_and_describe():
     ax = GRPO.axes()
-    assert list(ax) == ["advantage", "ratio_level", "clip", "eps_low", "eps_high", "aggregation", "kl", "beta"]
+    assert list(ax) == ["advantage", "ratio_level", "clip", "eps_low", "eps_high", "aggregation", "kl", "beta",
+                        "dynamic_sampling", "overlong_filter", "overlong_cache_len"]
     assert ax["kl"] == "k3" and ax["beta"] == 0.04
     # no KL term -> the table shows None / 0 whatever the unused field holds
     ax0 = GRPO.replace(beta=0.0).axes()
@@ -121,8 +144,8 @@ def test_get_algorithm():
     assert get_algorithm("grpo") is GRPO
     assert get_algorithm(" Grpo ") is GRPO
     assert get_algorithm(GRPO) is GRPO
-    with pytest.raises(ValueError, match=r"known presets: \['GRPO'\]"):
-        get_algorithm("dapo")
+    with pytest.raises(ValueError, match=r"known presets: \['DAPO', 'GRPO'\]"):
+        get_algorithm("dapo-v2")
     with pytest.raises(ValueError, match="unknown algorithm"):
         get_algorithm(3)
 
