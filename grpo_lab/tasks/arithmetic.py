@@ -73,7 +73,7 @@ class ArithmeticTask:
         min_terms, max_terms: range of the number of terms (inclusive), uniform.
         digits: 1 (terms 1–9), 2 (10–99) or 3 (100–999).
         max_new_tokens: the generation budget in characters (the default task's longest
-            reasoning answer, four two-digit terms, is 26 characters plus EOS).
+            reasoning answer, four two-digit terms, is 25 characters plus EOS).
         p_reason: fraction of pretraining demonstrations that reason (used by
             :mod:`grpo_lab.pretrain`, not by RL).
         test_size: number of problems in the fixed test set (equal share per term count).
