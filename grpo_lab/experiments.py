@@ -31,7 +31,7 @@ from .paths import REPO_ROOT, checkpoint_dir
 from .tasks import get_task
 from .trainer import Trainer, TrainerConfig
 
-__all__ = ["Profile", "PROFILES", "get_profile", "run", "RunResult", "save_results", "load_results",
+__all__ = ["Profile", "PROFILES", "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
            "provenance", "config_hash"]
 
 
@@ -142,32 +142,8 @@ def provenance(algo: Algorithm, profile: Profile, steps: int, seeds: Sequence[in
     }
 
 
-def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
-        steps: int | None = None, progress: bool | None = None, **config_overrides) -> RunResult:
-    """Train ``algo`` from the profile's base checkpoint once per seed.
-
-    Every seed starts from the same base weights; the seed fixes prompt sampling, generation
-    and minibatch order. Runs are sequential (two CPU cores are better spent on one run).
-
-    Args:
-        algo: an :class:`~grpo_lab.algorithms.Algorithm` or a preset name (``"GRPO"``).
-        profile: ``"cpu"`` / ``"gpu"`` or a :class:`Profile`.
-        seeds: at least one seed; the book always uses ≥ 3.
-        steps: override the profile's step count.
-        progress: tqdm bar per seed (default: only in an interactive terminal).
-        **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
-            (e.g. ``minibatches=4``).
-
-    Returns:
-        RunResult.
-
-    Raises:
-        ValueError: no seeds, unknown profile/algorithm, or an invalid override.
-    """
-    algo = get_algorithm(algo) if isinstance(algo, str) else algo
+def _resolve(profile: str | Profile, config_overrides: dict) -> Profile:
     prof = get_profile(profile) if isinstance(profile, str) else profile
-    if not seeds:
-        raise ValueError("run: need at least one seed")
     if config_overrides:
         known = {f.name for f in fields(TrainerConfig)}
         unknown = sorted(set(config_overrides) - known)
@@ -176,21 +152,103 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         prof = replace(prof, config=replace(prof.config, **config_overrides))
     if prof.config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"run: profile {prof.name!r} needs CUDA, which is not available; use profile='cpu'")
-    steps = prof.steps if steps is None else steps
+    return prof
+
+
+def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None) -> pd.DataFrame:
+    """One seed of one algorithm from the profile's base checkpoint (a process-pool task)."""
     base = checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else prof.base
-    frames = []
+    policy, tokenizer = load_policy(base, device=prof.config.device)
+    task = get_task(prof.task, **dict(prof.task_kwargs))
+    cfg = replace(prof.config, seed=int(seed), progress=progress)
+    h = Trainer(policy, tokenizer, task, algo, cfg).train(steps)
+    h.insert(0, "seed", int(seed))
+    h.insert(0, "algo", algo.name)
+    return h
+
+
+def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
+    """Run ``_train_one(*job)`` for every job, in ``n_jobs`` fresh processes when ``n_jobs > 1``.
+
+    Each run is independent and seeded, and uses the profile's thread count, so results do not
+    depend on ``n_jobs``; processes are started with "spawn" (safe with torch and in notebooks).
+    """
+    if n_jobs < 1:
+        raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
+    if n_jobs == 1 or len(jobs) == 1:
+        return [_train_one(*job) for job in jobs]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(n_jobs, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_train_one, *job) for job in jobs]
+        return [f.result() for f in futures]
+
+
+def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
+        steps: int | None = None, progress: bool | None = None, n_jobs: int = 1,
+        **config_overrides) -> RunResult:
+    """Train ``algo`` from the profile's base checkpoint once per seed.
+
+    Every seed starts from the same base weights; the seed fixes prompt sampling, generation
+    and minibatch order. Seeds run one after the other, or in ``n_jobs`` processes.
+
+    Args:
+        algo: an :class:`~grpo_lab.algorithms.Algorithm` or a preset name (``"GRPO"``).
+        profile: ``"cpu"`` / ``"gpu"`` or a :class:`Profile`.
+        seeds: at least one seed; the book always uses ≥ 3.
+        steps: override the profile's step count.
+        progress: tqdm bar per seed (default: only in an interactive terminal).
+        n_jobs: worker processes (results are identical for any value).
+        **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
+            (e.g. ``minibatches=4``).
+
+    Returns:
+        RunResult.
+
+    Raises:
+        ValueError: no seeds, unknown profile/algorithm, an invalid override, ``n_jobs < 1``.
+    """
+    algo = get_algorithm(algo) if isinstance(algo, str) else algo
+    if not seeds:
+        raise ValueError("run: need at least one seed")
+    prof = _resolve(profile, config_overrides)
+    steps = prof.steps if steps is None else steps
     t0 = time.perf_counter()
-    for seed in seeds:
-        policy, tokenizer = load_policy(base, device=prof.config.device)
-        task = get_task(prof.task, **dict(prof.task_kwargs))
-        cfg = replace(prof.config, seed=int(seed), progress=progress)
-        trainer = Trainer(policy, tokenizer, task, algo, cfg)
-        h = trainer.train(steps)
-        h.insert(0, "seed", int(seed))
-        h.insert(0, "algo", algo.name)
-        frames.append(h)
+    frames = _map([(algo, prof, steps, int(s), progress) for s in seeds], n_jobs)
     wall = time.perf_counter() - t0
     return RunResult(pd.concat(frames, ignore_index=True), provenance(algo, prof, steps, seeds, wall))
+
+
+def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
+             steps: int | None = None, n_jobs: int = 1, **config_overrides) -> dict[str, RunResult]:
+    """:func:`run` for several algorithms, all (algorithm, seed) pairs spread over ``n_jobs`` processes.
+
+    Returns:
+        ``{algo.name: RunResult}`` in the order given (each ``provenance`` records the wall time
+        of the whole grid).
+
+    Raises:
+        ValueError: duplicate algorithm names, no algorithms or seeds, or as :func:`run`.
+    """
+    algos = [get_algorithm(a) if isinstance(a, str) else a for a in algos]
+    names = [a.name for a in algos]
+    if not algos or not seeds:
+        raise ValueError("run_grid: need at least one algorithm and one seed")
+    if len(set(names)) != len(names):
+        raise ValueError(f"run_grid: algorithm names must be unique, got {names}")
+    prof = _resolve(profile, config_overrides)
+    steps = prof.steps if steps is None else steps
+    jobs = [(a, prof, steps, int(s), False) for a in algos for s in seeds]
+    t0 = time.perf_counter()
+    frames = _map(jobs, n_jobs)
+    wall = time.perf_counter() - t0
+    out, k = {}, 0
+    for a in algos:
+        out[a.name] = RunResult(pd.concat(frames[k:k + len(seeds)], ignore_index=True),
+                                provenance(a, prof, steps, seeds, wall))
+        k += len(seeds)
+    return out
 
 
 def save_results(result: RunResult, path: str | Path) -> Path:

@@ -201,3 +201,22 @@ def test_provenance_direct(profile):
     assert p["config_hash"] == config_hash(GRPO, profile, 5)
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", p["date"])
     assert math.isfinite(p["threads"])
+
+
+# ------------------------------------------------------------------------------------ parallel runs
+def test_run_grid_parallel_equals_serial(profile, result):
+    # Two worker processes (spawned) must give exactly the numbers of the serial run: every run
+    # is seeded and independent. The grid keeps the order of the algorithms and their names.
+    from grpo_lab.experiments import run_grid
+
+    other = GRPO.replace(name="GRPO eps 0.1", eps_low=0.1, eps_high=0.1)
+    grid = run_grid([GRPO, other], profile=profile, seeds=[0, 1], n_jobs=2)
+    assert list(grid) == ["GRPO", "GRPO eps 0.1"]
+    a = grid["GRPO"].history.drop(columns=TIMING)
+    b = result.history.drop(columns=TIMING)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    assert (grid["GRPO eps 0.1"].history["algo"] == "GRPO eps 0.1").all()
+    with pytest.raises(ValueError, match="unique"):
+        run_grid([GRPO, GRPO], profile=profile, seeds=[0])
+    with pytest.raises(ValueError, match="n_jobs"):
+        run("GRPO", profile=profile, seeds=[0], n_jobs=0)
