@@ -48,8 +48,7 @@ book-stored: install
 
 ## execute: re-run every chapter in place from a fresh kernel (refreshes the stored outputs nbval compares)
 execute: install sync
-	for nb in $(NB); do $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
-	  --ExecutePreprocessor.timeout=900 --ExecutePreprocessor.kernel_name=python3 $$nb || exit 1; done
+	$(BIN)/python -m grpo_lab.book execute $(NB)
 
 ## sync: update each notebook's inputs from its jupytext twin in book/_py/
 sync: install

@@ -155,6 +155,23 @@ def _resolve(profile: str | Profile, config_overrides: dict) -> Profile:
     return prof
 
 
+def _check_seeds(seeds) -> list[int]:
+    if isinstance(seeds, (int, str)) or not hasattr(seeds, "__iter__"):
+        raise ValueError(f"seeds must be a sequence of ints such as (0, 1, 2), got {seeds!r}")
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("need at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct (a repeated seed repeats a run and shrinks the sd), got {seeds}")
+    return seeds
+
+
+def _check_steps(steps) -> int:
+    if int(steps) != steps or steps < 0:
+        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    return int(steps)
+
+
 def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None) -> pd.DataFrame:
     """One seed of one algorithm from the profile's base checkpoint (a process-pool task)."""
     base = checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else prof.base
@@ -210,10 +227,9 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         ValueError: no seeds, unknown profile/algorithm, an invalid override, ``n_jobs < 1``.
     """
     algo = get_algorithm(algo) if isinstance(algo, str) else algo
-    if not seeds:
-        raise ValueError("run: need at least one seed")
+    seeds = _check_seeds(seeds)
     prof = _resolve(profile, config_overrides)
-    steps = prof.steps if steps is None else steps
+    steps = _check_steps(prof.steps if steps is None else steps)
     t0 = time.perf_counter()
     frames = _map([(algo, prof, steps, int(s), progress) for s in seeds], n_jobs)
     wall = time.perf_counter() - t0
@@ -237,8 +253,9 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
         raise ValueError("run_grid: need at least one algorithm and one seed")
     if len(set(names)) != len(names):
         raise ValueError(f"run_grid: algorithm names must be unique, got {names}")
+    seeds = _check_seeds(seeds)
     prof = _resolve(profile, config_overrides)
-    steps = prof.steps if steps is None else steps
+    steps = _check_steps(prof.steps if steps is None else steps)
     jobs = [(a, prof, steps, int(s), False) for a in algos for s in seeds]
     t0 = time.perf_counter()
     frames = _map(jobs, n_jobs)
@@ -284,10 +301,18 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    out = Path(a.out)
+    if out.is_dir():
+        ap.error(f"--out {out} is a directory; give a file name such as {out / 'results.json'}")
+    try:  # fail now, not after hours of training
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {out}: cannot create its directory ({e})")
     res = run(a.algo, profile=a.profile, seeds=a.seeds, steps=a.steps)
     save_results(res, a.out)
     fin, base = res.final(), res.base()
-    print(f"{a.algo} [{a.profile}] test accuracy: base {base.mean():.3f} -> {fin.mean():.3f} ± {fin.std():.3f} "
+    sd = f" ± {fin.std():.3f}" if len(fin) > 1 else ""
+    print(f"{a.algo} [{a.profile}] test accuracy: base {base.mean():.3f} -> {fin.mean():.3f}{sd} "
           f"({len(a.seeds)} seeds, {res.provenance['wall_seconds']} s)")
 
 

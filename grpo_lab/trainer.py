@@ -225,7 +225,8 @@ class Trainer:
 
         Columns: ``step``, ``reward``, ``accuracy`` (train samples, raw correctness),
         ``length``, ``length_correct``, ``length_incorrect`` (tokens incl. EOS; NaN when a step
-        has no correct/incorrect sample), ``entropy`` (nats/token), ``kl``, ``clip_frac_low``,
+        has no correct/incorrect sample), ``entropy`` (nats/token), ``kl`` (NaN when the algorithm
+        has no KL term: no reference model is kept), ``clip_frac_low``,
         ``clip_frac_high``, ``clip_frac``, ``ratio_mean/min/max``, ``ratio_q05/q50/q95``,
         ``grad_token_frac``, ``adv_abs_mean``, ``grad_norm`` (before clipping),
         ``zero_adv_group_frac`` (groups whose rewards are all equal), ``truncation_rate``,
@@ -445,6 +446,8 @@ class Trainer:
                 row[k] = max(v for v, _ in vals)
             else:  # token-weighted mean over micro-batches, averaged over updates
                 row[k] = sum(v * w for v, w in vals) / n_updates
+        if self.ref_policy is None:
+            row["kl"] = float("nan")  # no reference model is kept without a KL term: not measured
         # sampling & shaping (DAPO): generation rounds, oversampling factor, penalised fraction
         row["gen_rounds"] = len(generated)
         row["trained_groups"] = n_trained // G

@@ -420,7 +420,7 @@ def test_dapo_preset_trains(tok):
     for c in ["gen_rounds", "samples_per_trained", "zero_adv_group_frac", "truncation_rate", "entropy",
               "overlong_frac_penalised", "clip_frac_high", "loss", "grad_norm"]:
         assert c in h and not h[c].isna().any(), c
-    assert (h["kl"] == 0).all() and (h["samples_per_trained"] >= 1).all()
+    assert h["kl"].isna().all() and (h["samples_per_trained"] >= 1).all()  # no KL term: not measured
     assert (h["truncation_rate"] > 0).all() and (h["truncation_rate"] < 1).all()
 
 
