@@ -189,10 +189,13 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
 
     Raises:
         FileNotFoundError: a local path that does not exist or has no ``config.json``.
-        ValueError: a string that is neither an existing path nor a well-formed hub id.
+        ValueError: a string that is neither an existing path nor a well-formed hub id, or a
+            CUDA device without CUDA.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"load_policy: device {device!r} requested but CUDA is not available")
     p = Path(path_or_hub_id)
     looks_local = p.exists() or str(path_or_hub_id).startswith((".", "/", "~")) or os.sep in str(p.parent)
     if p.exists():

@@ -416,7 +416,9 @@ def kl_estimate(
         ``[B, T]`` float32 estimates in nats (float64 for float64 input), unmasked.
 
     Raises:
-        ValueError: unknown kind, shape mismatch, non-floating inputs.
+        ValueError: unknown kind, shape mismatch, non-floating inputs, NaN or inf anywhere in
+            the inputs (log-probs of sampled tokens are finite; mask padding with 0 first, as
+            :func:`policy_loss` does).
     """
     if kind not in ("k1", "k2", "k3"):
         raise ValueError(f"unknown KL estimator kind {kind!r}; expected 'k1', 'k2' or 'k3'")
@@ -424,6 +426,10 @@ def kl_estimate(
     _check_bt(ref_logp, "ref_logp", logp.shape)
     if old_logp is not None:
         _check_bt(old_logp, "old_logp", logp.shape)
+    named = [("logp", logp), ("ref_logp", ref_logp)] + ([("old_logp", old_logp)] if old_logp is not None else [])
+    bad = [n for n, x in named if not bool(torch.isfinite(x).all())]
+    if bad:
+        raise ValueError(f"kl_estimate: non-finite values (NaN or inf) in {', '.join(bad)}")
     cdt = _cdt(logp, ref_logp, old_logp)
     lp = logp.to(cdt)
     delta = lp - ref_logp.detach().to(cdt)

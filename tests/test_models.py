@@ -186,3 +186,11 @@ def test_load_policy_errors(tmp_path):
         load_policy(tmp_path / "empty")
     with pytest.raises(ValueError, match="hub id"):
         load_policy("not a hub id!!")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_load_policy_cuda_without_cuda_is_a_clear_error(tmp_path):
+    from grpo_lab.paths import checkpoint_dir
+
+    with pytest.raises(ValueError, match="CUDA"):
+        load_policy(checkpoint_dir("arithmetic-base"), device="cuda")

@@ -740,3 +740,14 @@ def test_cuda_matches_cpu():
         torch.testing.assert_close(b[1].cpu(), a[1], atol=1e-6, rtol=1e-5)
         for k in METRIC_KEYS:
             assert b[2].metrics[k] == pytest.approx(a[2].metrics[k], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_kl_estimate_rejects_non_finite_inputs(bad):
+    lp = torch.zeros(2, 3)
+    ref = torch.zeros(2, 3)
+    ref[1, 2] = bad
+    with pytest.raises(ValueError, match="ref_logp"):
+        kl_estimate(lp, ref, "k3")
+    with pytest.raises(ValueError, match="logp"):
+        kl_estimate(ref, lp, "k1")
