@@ -11,9 +11,15 @@ The *sampling & shaping* axis (which samples train, and how rewards are shaped) 
 trainer, not by the loss: DAPO's dynamic sampling, overlong filtering and soft overlong
 punishment (arXiv 2503.14476, §3.2 and §3.4).
 
+Two DeepSeek-V3.2 (arXiv 2512.02556, §3.1) options are off by default, so every preset defined
+without them is unchanged: ``kl_importance_correction`` (the importance-corrected k3 of Eq. 7) and
+``offpolicy_mask_delta`` (Off-Policy Sequence Masking, Eqs. 8-9). V3.2 reports neither its KL
+coefficient nor its threshold delta, so it gets no fixed preset: :func:`deepseek_v32` builds one
+from values the caller must choose.
+
 Only the choices implemented so far are accepted; the others (``"gae"`` advantages, the
-``"sequence_token"`` ratio, CISPO's ``"is_weight"`` clipping, the DeepSeek-V3.2 importance-
-corrected KL, and the Dr.GRPO / GSPO / CISPO / VAPO / RPT presets) arrive in later issues.
+``"sequence_token"`` ratio, CISPO's ``"is_weight"`` clipping, and the GSPO / CISPO / VAPO / RPT
+presets) arrive in later issues.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ __all__ = [
     "KL_ESTIMATORS",
     "GRPO",
     "DAPO",
+    "DR_GRPO",
+    "deepseek_v32",
     "PRESETS",
     "get_algorithm",
 ]
@@ -101,12 +109,23 @@ class Algorithm:
             generation budget (``max_new_tokens``) and the penalty starting after
             ``L_max - L_cache`` tokens (see :func:`grpo_lab.rewards.overlong_penalty`). The
             trainer raises ``ValueError`` if it exceeds the budget.
+        kl_importance_correction: DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7 — the per-token KL
+            estimate is multiplied by the (non-detached) importance ratio ``pi_theta / pi_old``
+            (:func:`grpo_lab.objectives.kl_estimate` with ``old_logp``), which makes its gradient
+            the unbiased gradient of KL(pi_theta || pi_ref) for tokens sampled from pi_old. Only
+            acts when the loss has a KL term (``uses_kl``); default ``False``.
+        offpolicy_mask_delta: ``None`` (off) or a finite ``delta >= 0``: DeepSeek-V3.2 Eqs. 8-9
+            *Off-Policy Sequence Masking* — the policy (clipped-surrogate) term of a sequence is
+            dropped iff its advantage is negative and ``1/|o_i| sum_t log(pi_old / pi_theta) >
+            delta`` (see :func:`grpo_lab.objectives.offpolicy_sequence_mask`). ``delta >= 0``
+            keeps a purely on-policy step (divergence exactly 0) unmasked.
 
     Raises:
         ValueError: (in ``__post_init__``) an unknown choice on any axis, a negative or
             non-finite ``eps_low`` / ``eps_high`` / ``adv_eps`` / ``beta``, ``eps_low > 1``,
             a non-positive ``max_tokens`` or ``overlong_cache_len``, a non-bool
-            ``dynamic_sampling`` / ``overlong_filter``, or an empty ``name``.
+            ``dynamic_sampling`` / ``overlong_filter`` / ``kl_importance_correction``, a
+            negative or non-finite ``offpolicy_mask_delta``, or an empty ``name``.
     """
 
     name: str = "custom"
@@ -123,6 +142,8 @@ class Algorithm:
     dynamic_sampling: bool = False
     overlong_filter: bool = False
     overlong_cache_len: Optional[int] = None
+    kl_importance_correction: bool = False
+    offpolicy_mask_delta: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -157,7 +178,7 @@ class Algorithm:
                 or self.max_tokens < 1
             ):
                 raise ValueError(f"max_tokens must be a positive int or None, got {self.max_tokens!r}")
-        for flag in ("dynamic_sampling", "overlong_filter"):
+        for flag in ("dynamic_sampling", "overlong_filter", "kl_importance_correction"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if self.overlong_cache_len is not None:
@@ -169,6 +190,12 @@ class Algorithm:
                 raise ValueError(
                     f"overlong_cache_len must be a positive int (L_cache, tokens) or None, "
                     f"got {self.overlong_cache_len!r}")
+        if self.offpolicy_mask_delta is not None:
+            delta = _finite_number("offpolicy_mask_delta", self.offpolicy_mask_delta)
+            if delta < 0:
+                raise ValueError(
+                    f"offpolicy_mask_delta must be >= 0 (a threshold on a KL estimate; a negative one "
+                    f"would mask on-policy sequences) or None, got {self.offpolicy_mask_delta!r}")
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -276,7 +303,71 @@ DAPO = Algorithm(
     overlong_cache_len=6,
 )
 
-PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DAPO": DAPO}
+#: Dr. GRPO (Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv
+#: 2503.20783, §3.2 and Listing 1): GRPO with the two biases of §3.1 removed.
+#:
+#: * ``advantage="group_mean"``: ``A_i = R_i - mean(R)``, no division by std(R) (removes the
+#:   question-level difficulty bias: low-spread groups no longer get extra weight); up to the
+#:   factor ``G/(G-1)`` this is the RLOO advantage (App. A, Eqs. 4-6);
+#: * ``aggregation="seq_mean_token_sum_norm"``: each sequence's token *sum* is divided by the
+#:   constant MAX_TOKENS instead of ``|o_i|`` (removes the response-level length bias), then
+#:   averaged over sequences. ``max_tokens=None`` here: the constant is the generation budget,
+#:   which the trainer passes to :func:`~grpo_lab.objectives.policy_loss` as ``max_tokens``
+#:   (its ``max_new_tokens``). The paper notes other constants only rescale the gradient;
+#: * token ratio and symmetric PPO clip ``eps = 0.2`` (Eq. 2 keeps the PPO surrogate; 0.2 is the
+#:   usual value, as in our GRPO preset);
+#: * no KL term: the paper takes ``beta = 0`` throughout (its README example run too).
+DR_GRPO = Algorithm(
+    name="DR_GRPO",
+    advantage="group_mean",
+    adv_eps=1e-4,
+    ratio_level="token",
+    clip="ppo",
+    eps_low=0.2,
+    eps_high=0.2,
+    aggregation="seq_mean_token_sum_norm",
+    max_tokens=None,
+    kl=None,
+    beta=0.0,
+)
+
+PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO}
+
+
+def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Algorithm:
+    """The RL objective of DeepSeek-V3.2 (arXiv 2512.02556, §3.1 "Scaling GRPO"), Eqs. 5-9.
+
+    Not a fixed preset: the paper reports neither its KL coefficient ``beta`` (only that some
+    domains, maths among them, do better with a weak or no KL), nor the masking threshold
+    ``delta``, nor the clip range ``eps`` of Eq. 5, so the caller must choose all three.
+
+    * ``advantage="group_mean"``: ``A_i = R_i - mean(R)`` (Eq. 5, no std);
+    * token ratio ``pi_theta / pi_old`` (Eq. 6), symmetric clip ``eps``;
+    * ``aggregation="seq_mean_token_mean"``: Eq. 5 keeps ``1/G sum_i 1/|o_i| sum_t``;
+    * KL ``kl`` (Eq. 7 is stated for k3) with ``beta``, importance-corrected (Eq. 7);
+    * Off-Policy Sequence Masking with threshold ``delta`` (Eqs. 8-9).
+
+    Not modelled: Keep Routing (MoE) and Keep Sampling Mask (top-p/top-k truncation; the book
+    samples at temperature 1 without truncation), and the reward models / length and language
+    rewards of the mixed RL stage.
+
+    Raises:
+        ValueError: as :class:`Algorithm` for invalid ``beta``, ``delta``, ``eps`` or ``kl``.
+    """
+    e = _finite_number("eps", eps)
+    return Algorithm(
+        name="DeepSeek-V3.2",
+        advantage="group_mean",
+        ratio_level="token",
+        clip="ppo",
+        eps_low=e,
+        eps_high=e,
+        aggregation="seq_mean_token_mean",
+        kl=kl,
+        beta=beta,
+        kl_importance_correction=True,
+        offpolicy_mask_delta=delta,
+    )
 
 
 def get_algorithm(name: str) -> Algorithm:

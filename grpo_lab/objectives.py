@@ -47,6 +47,7 @@ __all__ = [
     "ppo_clip_loss",
     "aggregate",
     "kl_estimate",
+    "offpolicy_sequence_mask",
     "policy_loss",
 ]
 
@@ -73,6 +74,7 @@ METRIC_KEYS = (
     "adv_abs_mean",
     "num_tokens",
     "num_sequences",
+    "offpolicy_masked_frac",
 )
 
 Number = Union[int, float, Tensor]
@@ -446,6 +448,75 @@ def kl_estimate(
 
 
 # --------------------------------------------------------------------------------------------
+# DeepSeek-V3.2 off-policy sequence masking
+# --------------------------------------------------------------------------------------------
+def offpolicy_sequence_mask(
+    old_logp: Tensor,
+    logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    delta: float,
+) -> Tensor:
+    """DeepSeek-V3.2 (arXiv 2512.02556) Eqs. 8-9, *Off-Policy Sequence Masking*: the mask M.
+
+    With ``d_i = 1/|o_i| sum_t log(pi_old(o_it) / pi_theta(o_it))`` over the real tokens of
+    sequence i (a per-sequence, length-normalised estimate of KL(pi_old || pi_theta) from tokens
+    sampled by pi_old; pi_old is the behaviour policy, in V3.2 the inference engine's
+    probabilities, so training/inference mismatch counts too)::
+
+        M_it = 0   if  A_it < 0  and  d_i > delta
+        M_it = 1   otherwise
+
+    Only negative-advantage samples are ever masked: pushing down a sequence the current policy
+    has already drifted far from is what V3.2 finds destabilising; positive-advantage sequences
+    always train. ``d_i`` is computed without gradient (the mask is a constant of the loss); an
+    empty sequence has ``d_i = 0``.
+
+    Args:
+        old_logp: ``[B, T]`` behaviour log-probs log pi_old.
+        logp: ``[B, T]`` current log-probs log pi_theta (detached here).
+        advantages: ``[B]`` per sequence or ``[B, T]`` per token.
+        mask: ``[B, T]`` bool or 0/1, 1 = real token.
+        delta: finite threshold ``>= 0`` (V3.2 does not report its value).
+
+    Returns:
+        bool tensor M (True = keep, M = 1), shape ``[B]`` for ``[B]`` advantages and ``[B, T]``
+        for ``[B, T]`` advantages.
+
+    Raises:
+        ValueError: shape mismatches, mask not 0/1, non-finite values at real tokens, ``delta``
+            negative, non-finite or not a real number.
+    """
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not math.isfinite(float(delta)):
+        raise ValueError(f"delta must be a finite real number, got {delta!r}")
+    if delta < 0:
+        raise ValueError(f"delta must be >= 0, got {delta!r}")
+    _check_bt(old_logp, "old_logp")
+    shape = old_logp.shape
+    _check_bt(logp, "logp", shape)
+    m = _mask_bool(mask, shape)
+    a = _check_float_tensor(advantages, "advantages")
+    if not ((a.dim() == 1 and a.shape[0] == shape[0]) or a.shape == shape):
+        raise ValueError(
+            f"advantages must have shape [B]={shape[0]} or [B, T]={tuple(shape)}, got {tuple(a.shape)}")
+    cdt = _cdt(old_logp, logp, a)
+    zero = torch.zeros((), dtype=cdt, device=logp.device)
+    with torch.no_grad():
+        diff = torch.where(m, old_logp.detach().to(cdt) - logp.detach().to(cdt), zero)
+        if not bool(torch.isfinite(diff).all()):
+            raise ValueError("offpolicy_sequence_mask: non-finite log-probs at real (mask=1) tokens")
+        a_c = a.detach().to(cdt)
+        a_real = a_c if a.dim() == 1 else torch.where(m, a_c, zero)
+        if not bool(torch.isfinite(a_real).all()):
+            raise ValueError("offpolicy_sequence_mask: non-finite advantages")
+        div = diff.sum(dim=-1) / m.sum(dim=-1).clamp(min=1).to(cdt)  # d_i, [B]
+        far = div > float(delta)
+        if a.dim() == 1:
+            return ~((a_real < 0) & far)
+        return ~((a_real < 0) & far.unsqueeze(1))
+
+
+# --------------------------------------------------------------------------------------------
 # the whole objective
 # --------------------------------------------------------------------------------------------
 def policy_loss(
@@ -475,7 +546,13 @@ def policy_loss(
       token's advantage (not GSPO-token, Eq. 13-17, which is a later choice).
     * ``KL_it``: ``kl_estimate(logp, ref_logp, algo.kl)``, added **inside** the token sum as in
       DeepSeekMath Eq. 3, hence aggregated with the same mode; only when ``algo.kl`` is set and
-      ``algo.beta > 0``.
+      ``algo.beta > 0``. With ``algo.kl_importance_correction`` it is
+      ``kl_estimate(..., old_logp=old_logp)``, DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7.
+    * ``algo.offpolicy_mask_delta`` set: DeepSeek-V3.2 Eqs. 8-9 — the clipped-surrogate term of
+      every token with ``M_it = 0`` (:func:`offpolicy_sequence_mask`) is replaced by 0. Read
+      literally, M multiplies only the policy term *inside* ``1/G sum_i 1/|o_i| sum_t``: a
+      masked sequence still counts in every normaliser (``G``, ``|o_i|``, ``num_tokens``,
+      ``num_sequences``, ``max_tokens``) and its KL term stays.
     * aggregation: see :func:`aggregate`; ``num_tokens`` / ``num_sequences`` are the global
       counts for micro-batch invariance; ``max_tokens`` falls back to ``algo.max_tokens``.
 
@@ -509,7 +586,12 @@ def policy_loss(
           (``A != 0``, not clipped, log-ratio inside the clamp);
         * ``adv_abs_mean`` — mean ``|A|`` over real tokens;
         * ``num_tokens``, ``num_sequences`` — real tokens and non-empty rows in this batch (use
-          them to weight metrics when averaging over micro-batches).
+          them to weight metrics when averaging over micro-batches);
+        * ``offpolicy_masked_frac`` — fraction of non-empty rows with at least one token masked
+          by Off-Policy Sequence Masking (0.0 when ``algo.offpolicy_mask_delta`` is None).
+
+        Tokens masked by Off-Policy Sequence Masking count in neither ``clip_frac_*`` nor
+        ``grad_token_frac`` (their policy gradient is 0 because of the mask, not the clip).
 
         All fractions and means are 0.0 for an empty mask, and the loss is then 0.
 
@@ -565,12 +647,16 @@ def policy_loss(
     if algo.clip != "ppo":  # pragma: no cover - Algorithm validation makes this unreachable
         raise NotImplementedError(f"clip {algo.clip!r}")
     pg_tok = ppo_clip_loss(log_ratio, adv, eps_low=algo.eps_low, eps_high=algo.eps_high)
+    keep = None
+    if algo.offpolicy_mask_delta is not None:  # DeepSeek-V3.2 Eqs. 8-9
+        keep = offpolicy_sequence_mask(old, lp.detach(), adv, m, algo.offpolicy_mask_delta)
+        pg_tok = torch.where(keep, pg_tok, zero)
 
     # ---- KL ----------------------------------------------------------------------------------
     kl_tok = None
     if ref is not None:
         if algo.uses_kl:
-            kl_tok = kl_estimate(lp, ref, algo.kl)
+            kl_tok = kl_estimate(lp, ref, algo.kl, old_logp=old if algo.kl_importance_correction else None)
         else:
             with torch.no_grad():
                 kl_tok = kl_estimate(lp.detach(), ref, algo.kl or "k3")
@@ -584,11 +670,17 @@ def policy_loss(
         pg_loss = aggregate(pg_tok.detach(), m, algo.aggregation, **agg_kw)
         n_tok = m.sum()
         n_f = n_tok.clamp(min=1).to(cdt)
+        n_rows = (m.sum(dim=-1) > 0).sum().to(cdt)
         lr_d = log_ratio.detach()
         ratio = torch.exp(torch.clamp(lr_d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         clip_low = m & (adv < 0) & (ratio < 1.0 - algo.eps_low)
         clip_high = m & (adv > 0) & (ratio > 1.0 + algo.eps_high)
+        if keep is not None:
+            clip_low = clip_low & keep
+            clip_high = clip_high & keep
         grad_tok = m & (adv != 0) & ~clip_low & ~clip_high & (lr_d.abs() <= LOG_RATIO_CLAMP)
+        if keep is not None:
+            grad_tok = grad_tok & keep
         r_real = ratio[m]
         if r_real.numel() > 0:
             q05, q50, q95 = _quantiles(r_real, (0.05, 0.5, 0.95))
@@ -609,7 +701,8 @@ def policy_loss(
             grad_tok.sum() / n_f,
             adv.abs().sum() / n_f,
             n_tok.to(cdt),
-            (m.sum(dim=-1) > 0).sum().to(cdt),
+            n_rows,
+            zero if keep is None else (m & ~keep).any(dim=-1).sum().to(cdt) / n_rows.clamp(min=1),
         ]
         vals = torch.stack([v.to(torch.float64).reshape(()) for v in values]).tolist()
     metrics = {k: (float(v) if math.isfinite(v) else 0.0) for k, v in zip(METRIC_KEYS, vals)}

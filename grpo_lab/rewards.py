@@ -1,11 +1,13 @@
-"""Reward shaping: terms added to a task's correctness reward before advantages are computed.
+"""Reward shaping: terms added to, or combined into, a task's correctness reward.
 
-So far this holds DAPO's *Soft Overlong Punishment* (Yu et al., arXiv 2503.14476, §3.4, Eq. 13):
-a length penalty that is 0 for responses of an expected length, falls linearly to -1 across a
-"punishment cache" of ``L_cache`` tokens just below the generation budget ``L_max``, and is -1
-beyond it. It tells the policy *that* a response was too long in proportion to how far it went,
-instead of giving every truncated sample the same wrong-answer reward (the "reward noise" DAPO
-§3.4 blames for unstable training).
+* DAPO's *Soft Overlong Punishment* (Yu et al., arXiv 2503.14476, §3.4, Eq. 13): a length
+  penalty that is 0 for responses of an expected length, falls linearly to -1 across a
+  "punishment cache" of ``L_cache`` tokens just below the generation budget ``L_max``, and is -1
+  beyond it. It tells the policy *that* a response was too long in proportion to how far it went,
+  instead of giving every truncated sample the same wrong-answer reward (the "reward noise" DAPO
+  §3.4 blames for unstable training).
+* DeepSeekMath-V2's self-verification reward (:func:`self_verification_reward`), which combines
+  a proof's score with the score of the generator's own verification of it.
 
 A math module (design §2): it imports torch only, no model, tokenizer or trainer code. Lengths
 are counted in tokens, including the EOS token when one was produced (the convention of
@@ -14,13 +16,14 @@ are counted in tokens, including the EOS token when one was produced (the conven
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Sequence, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["overlong_penalty", "shape_rewards"]
+__all__ = ["overlong_penalty", "shape_rewards", "self_verification_reward"]
 
 LengthsLike = Union[Tensor, Sequence[int]]
 
@@ -126,3 +129,63 @@ def shape_rewards(rewards: Tensor, lengths: LengthsLike, *, max_len: int, cache_
     if r.numel() and not bool(torch.isfinite(r).all()):
         raise ValueError("rewards must be finite")
     return (r + pen.to(device=r.device, dtype=torch.float64)).to(torch.float32)
+
+
+def _unit_interval(name: str, x) -> Tensor:
+    if isinstance(x, bool):
+        raise ValueError(f"{name} must be a number or a tensor of numbers in [0, 1], got {x!r}")
+    if not isinstance(x, Tensor):
+        try:
+            x = torch.as_tensor(x, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{name} must be a number or a tensor of numbers in [0, 1]: {exc}") from None
+    if x.dtype == torch.bool or x.is_complex():
+        raise ValueError(f"{name} must hold real numbers, got dtype {x.dtype}")
+    v = x.detach().to(torch.float64)
+    if v.numel() and not bool(torch.isfinite(v).all()):
+        raise ValueError(f"{name} must be finite (got NaN or inf)")
+    if v.numel() and bool(((v < 0) | (v > 1)).any()):
+        raise ValueError(f"{name} must lie in [0, 1], got values in [{float(v.min())}, {float(v.max())}]")
+    return v
+
+
+def self_verification_reward(r_format, r_y, r_z, *, alpha: float = 0.76, beta: float = 0.24) -> Tensor:
+    """DeepSeekMath-V2's generator reward with self-verification (Eqs. 5-6 of its report)::
+
+        R = R_format(Y, Z) * (alpha * R_Y + beta * R_Z),     R_Z = R_score(s', s) * R_meta(Z)
+
+    ``Y`` is the generated proof and ``Z`` the generator's own analysis of it ending in a score
+    ``s'``. ``R_Y`` is the verifier's score of the proof (in {0, 0.5, 1} in the paper), ``R_Z``
+    rewards a self-assessment that agrees with the verifier (``R_score = 1 - |s' - s|``, Eq. 2)
+    and that the meta-verifier accepts, and ``R_format`` (0 or 1) zeroes the reward of an output
+    without the required format. The paper uses ``alpha = 0.76`` and ``beta = 0.24``.
+
+    Note: this reward comes from DeepSeekMath-V2, not from DeepSeek-V3.2's RL recipe; only
+    V3.2-Speciale reuses its data and reward method, for proofs.
+
+    Args:
+        r_format, r_y, r_z: numbers or tensors (broadcastable) with values in [0, 1].
+        alpha, beta: finite weights ``>= 0``.
+
+    Returns:
+        float32 tensor of the broadcast shape (0-d for scalar inputs), on the device of the first
+        tensor argument (CPU if none).
+
+    Raises:
+        ValueError: a value outside [0, 1], NaN / inf, a non-numeric input, shapes that do not
+            broadcast, or ``alpha`` / ``beta`` negative or non-finite.
+    """
+    for name, w in (("alpha", alpha), ("beta", beta)):
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(float(w)):
+            raise ValueError(f"{name} must be a finite real number, got {w!r}")
+        if w < 0:
+            raise ValueError(f"{name} must be >= 0, got {w!r}")
+    dev = next((x.device for x in (r_format, r_y, r_z) if isinstance(x, Tensor)), None)
+    f = _unit_interval("r_format", r_format)
+    y = _unit_interval("r_y", r_y)
+    z = _unit_interval("r_z", r_z)
+    try:
+        out = f * (float(alpha) * y + float(beta) * z)
+    except RuntimeError as exc:
+        raise ValueError(f"r_format, r_y and r_z must broadcast to one shape: {exc}") from None
+    return out.to(torch.float32) if dev is None else out.to(device=dev, dtype=torch.float32)

@@ -37,7 +37,7 @@ def test_dapo_preset_is_the_papers_final_recipe():
     # DAPO (arXiv 2503.14476): clip-higher Eq. 10 / §4.1, token-level loss Eq. 12, no KL (§2.3),
     # z-score advantages with the std kept (Eq. 9), dynamic sampling Eq. 11, overlong filtering and
     # soft overlong punishment (§3.4, Eq. 13; L_cache sized for the arithmetic task's budget of 32)
-    assert DAPO.name == "DAPO" and PRESETS == {"GRPO": GRPO, "DAPO": DAPO}
+    assert DAPO.name == "DAPO" and PRESETS == {"GRPO": GRPO, "DR_GRPO": PRESETS["DR_GRPO"], "DAPO": DAPO}
     assert DAPO.eps_low == 0.2 and DAPO.eps_high == 0.28
     assert DAPO.aggregation == "token_mean"
     assert DAPO.kl is None and DAPO.beta == 0.0 and not DAPO.uses_kl
@@ -144,7 +144,7 @@ def test_get_algorithm():
     assert get_algorithm("grpo") is GRPO
     assert get_algorithm(" Grpo ") is GRPO
     assert get_algorithm(GRPO) is GRPO
-    with pytest.raises(ValueError, match=r"known presets: \['DAPO', 'GRPO'\]"):
+    with pytest.raises(ValueError, match=r"known presets: \['DAPO', 'DR_GRPO', 'GRPO'\]"):
         get_algorithm("dapo-v2")
     with pytest.raises(ValueError, match="unknown algorithm"):
         get_algorithm(3)
