@@ -220,9 +220,11 @@ class Algorithm:
         """The choice on each axis of design §1 (keys in table order), for comparison tables.
 
         Keys: ``advantage``, ``ratio_level``, ``clip``, ``eps_low``, ``eps_high``,
-        ``aggregation``, ``kl`` (None when the loss has no KL term), ``beta``, then the sampling
-        & shaping axis: ``dynamic_sampling``, ``overlong_filter``, ``overlong_cache_len``
-        (None when the soft overlong punishment is off).
+        ``aggregation``, ``kl`` (None when the loss has no KL term), ``beta``,
+        ``kl_importance_correction`` (DeepSeek-V3.2 Eq. 7; False without a KL term), then the
+        sampling & shaping axis: ``dynamic_sampling``, ``overlong_filter``, ``overlong_cache_len``
+        (None when the soft overlong punishment is off), ``offpolicy_mask_delta`` (V3.2 Eqs. 8–9;
+        None when off).
         """
         return {
             "advantage": self.advantage,
@@ -233,9 +235,11 @@ class Algorithm:
             "aggregation": self.aggregation,
             "kl": self.kl if self.uses_kl else None,
             "beta": self.beta if self.uses_kl else 0.0,
+            "kl_importance_correction": self.kl_importance_correction and self.uses_kl,
             "dynamic_sampling": self.dynamic_sampling,
             "overlong_filter": self.overlong_filter,
             "overlong_cache_len": self.overlong_cache_len,
+            "offpolicy_mask_delta": self.offpolicy_mask_delta,
         }
 
     def describe(self) -> dict[str, Any]:

@@ -129,7 +129,9 @@ def test_advantages_dispatch():
 def test_axes_and_describe():
     ax = GRPO.axes()
     assert list(ax) == ["advantage", "ratio_level", "clip", "eps_low", "eps_high", "aggregation", "kl", "beta",
-                        "dynamic_sampling", "overlong_filter", "overlong_cache_len"]
+                        "kl_importance_correction", "dynamic_sampling", "overlong_filter", "overlong_cache_len",
+                        "offpolicy_mask_delta"]
+    assert ax["kl_importance_correction"] is False and ax["offpolicy_mask_delta"] is None
     assert ax["kl"] == "k3" and ax["beta"] == 0.04
     # no KL term -> the table shows None / 0 whatever the unused field holds
     ax0 = GRPO.replace(beta=0.0).axes()
