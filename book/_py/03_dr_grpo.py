@@ -175,8 +175,10 @@ print("Dr.GRPO gradient = plain policy gradient with mean baseline / (G * MAX_TO
 # In {ref}`sec-grpo` we saw that plain $k_3$, used as a loss, has the gradient of the *forward*
 # divergence $\KL[\piref\|\pitheta]$. With the ratio in front (and not detached), the expected
 # gradient becomes that of the *reverse* divergence $\KL[\pitheta\|\piref]$, the one the objective
-# names. We check both by exact enumeration on a softmax policy over six outcomes, with samples
-# from $\piold$ and $\theta\neq\theta_{\mathrm{old}}$, using `kl_estimate`.
+# names. We check both by exact enumeration on a softmax policy over six outcomes using
+# `kl_estimate`: plain $k_3$ on-policy ($\theta=\theta_{\mathrm{old}}$) gives the forward-KL
+# gradient; Eq. 7, with samples from $\piold$ and $\theta\neq\theta_{\mathrm{old}}$, gives the
+# value and the gradient of the reverse KL exactly.
 
 # %%
 g = torch.Generator().manual_seed(0)
@@ -203,6 +205,15 @@ reverse_value = (pi() * torch.log(pi() / ref)).sum().item()
 assert abs(corrected.item() - reverse_value) < 1e-12  # Eq. 7 is unbiased for KL[pi_theta || pi_ref] ...
 assert torch.allclose(g_corr, g_reverse, atol=1e-12)  # ... and so is its gradient
 assert not torch.allclose(g_plain, g_reverse, atol=1e-3)  # plain k3 (off-policy samples) is not
+# on-policy (theta = theta_old), plain k3 used as a loss has the gradient of the FORWARD divergence
+theta0 = theta_old.clone().requires_grad_()
+p0 = torch.softmax(theta_old, 0)
+plain0 = (p0 * kl_estimate(torch.log_softmax(theta0, 0)[None], torch.log(ref)[None], "k3")[0]).sum()
+g_plain0 = torch.autograd.grad(plain0, theta0)[0]
+g_forward0 = torch.autograd.grad((ref * torch.log(ref / torch.softmax(theta0, 0))).sum(), theta0)[0]
+g_reverse0 = torch.autograd.grad((torch.softmax(theta0, 0) * torch.log(torch.softmax(theta0, 0) / ref)).sum(), theta0)[0]
+assert torch.allclose(g_plain0, g_forward0, atol=1e-12) and not torch.allclose(g_plain0, g_reverse0, atol=1e-3)
+print("on-policy: grad of plain k3 == grad KL[ref || pi] (forward), != grad KL[pi || ref]")
 print("grad, Eq. 7 k3  :", np.round(g_corr.numpy(), 4))
 print("grad, KL[pi||ref]:", np.round(g_reverse.numpy(), 4))
 print("grad, plain k3  :", np.round(g_plain.numpy(), 4))
