@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -168,8 +170,34 @@ def _load_tokenizer(source: str, **kwargs):
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
+def _interactive() -> bool:
+    """True in a terminal or a Jupyter kernel, unless ``$CI`` is set (the rule of the trainer's bar,
+    plus notebooks, whose ``stderr`` is no tty)."""
+    if os.environ.get("CI"):
+        return False
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return sys.stderr.isatty() or type(shell).__name__ == "ZMQInteractiveShell"
+
+
+@contextmanager
+def _progress_bars(progress: bool | None):
+    """transformers' (and the hub's) progress bars on or off inside the block, as
+    :func:`load_policy` documents for ``progress``; the global setting is restored on exit."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    show = (enabled and _interactive()) if progress is None else progress
+    if show != enabled:
+        (hf_logging.enable_progress_bar if show else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        if show != enabled:
+            (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+
+
 def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device | None = None,
-                dtype: torch.dtype | None = None, revision: str | None = None):
+                dtype: torch.dtype | None = None, revision: str | None = None, progress: bool | None = None):
     """Load ``(model, tokenizer)`` from a local directory or a Hugging Face hub id.
 
     The same call loads the tiny checkpoints shipped in ``data/checkpoints/`` on CPU and a hub
@@ -183,6 +211,10 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
         device: where to put the model (default CPU).
         dtype: parameter dtype (default: the checkpoint's, float32 for the tiny models).
         revision: hub revision (branch, tag or commit); ignored for local directories.
+        progress: show transformers' progress bars while loading (``Loading weights``, hub
+            downloads). ``None``: only in an interactive terminal or notebook outside CI, and
+            only if transformers' bars are enabled (``transformers.logging.disable_progress_bar()``
+            keeps them off). transformers' global setting is restored afterwards.
 
     Returns:
         ``(model, tokenizer)``: a ``transformers`` causal LM in eval mode and its tokenizer.
@@ -209,14 +241,15 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     else:
         raise ValueError(
             f"load_policy: {str(path_or_hub_id)!r} is neither an existing directory nor a hub id of the form 'org/name'")
-    tokenizer = _load_tokenizer(source, **kwargs)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     model_kwargs = dict(use_safetensors=True, trust_remote_code=False, **kwargs)
     if dtype is not None:
         model_kwargs["dtype"] = dtype
-    model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs)
+    with _progress_bars(progress):
+        tokenizer = _load_tokenizer(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.to(device or "cpu")

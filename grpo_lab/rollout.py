@@ -1,20 +1,25 @@
 """Group sampling with ``transformers`` ``generate`` and the policy forward pass used in training.
 
 A :class:`Rollout` holds everything the objective needs about one batch of generated
-responses: prompt and completion ids, the completion mask (1 up to and including EOS), the
-behaviour log-probs recorded at sampling time, and truncation flags. Sequences of one group are
-contiguous: ``[q0 s0, q0 s1, …, q0 s{G-1}, q1 s0, …]``, the layout every function of
-:mod:`grpo_lab.advantages` and :mod:`grpo_lab.objectives` assumes.
+responses: prompt and completion ids, the completion mask (1 up to and including the first stop
+token), the behaviour log-probs recorded at sampling time, and truncation flags. Sequences of
+one group are contiguous: ``[q0 s0, q0 s1, …, q0 s{G-1}, q1 s0, …]``, the layout every function
+of :mod:`grpo_lab.advantages` and :mod:`grpo_lab.objectives` assumes.
 
 Padding: prompts are **left**-padded (so that generation starts at the same column for every
 row), completions are **right**-padded. Position ids are ``cumsum(attention_mask) - 1``, the
 same rule ``generate`` uses, so the training forward pass reproduces the sampling
 distribution exactly (tested).
+
+Stop tokens: the tokenizer's EOS and every id the model's ``generation_config.eos_token_id``
+declares (chat models declare several, e.g. ``<|endoftext|>`` and ``<|im_end|>``); "EOS" below
+means any of them.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -24,7 +29,7 @@ import torch
 from .logprobs import entropy_from_logits, token_logprobs
 from .tasks.base import Problem
 
-__all__ = ["Rollout", "generate", "policy_logprobs", "evaluate", "position_ids_from_mask"]
+__all__ = ["Rollout", "generate", "stop_token_ids", "policy_logprobs", "evaluate", "position_ids_from_mask"]
 
 
 @dataclass
@@ -34,13 +39,14 @@ class Rollout:
     Attributes:
         prompt_ids: long ``[B, P]``, left-padded with the pad id.
         prompt_mask: long ``[B, P]``, 1 on real prompt tokens.
-        completion_ids: long ``[B, T]``, right-padded after EOS.
-        completion_mask: float32 ``[B, T]``, 1 on generated tokens up to and including EOS.
+        completion_ids: long ``[B, T]``, right-padded with the pad id after the first EOS.
+        completion_mask: float32 ``[B, T]``, 1 on generated tokens up to and including the first EOS.
         behaviour_logp: float32 ``[B, T]``, log π_behaviour(token) at sampling time (natural
             log, temperature applied), 0 on padding.
         truncated: bool ``[B]``, True when no EOS was produced within ``max_new_tokens``.
-        texts: decoded completions (EOS removed; other special tokens kept verbatim so that a
-            stray ``<pad>`` makes an answer malformed instead of silently disappearing).
+        texts: decoded completions up to, not including, the first EOS (other special tokens
+            kept verbatim so that a stray ``<pad>`` makes an answer malformed instead of
+            silently disappearing).
         problems: the problem of each row (repeated ``group_size`` times).
         group_size: G.
         temperature: sampling temperature the behaviour log-probs were computed at.
@@ -92,6 +98,38 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill(attention_mask == 0, 1)
 
 
+#: Entries of a checkpoint's ``generation_config`` that change neither the sampling distribution
+#: nor where a completion stops (or that ``generate`` sets itself): not worth a note when dropped.
+_NOT_SAMPLING = {"transformers_version", "_from_model_config", "max_length", "max_new_tokens", "bos_token_id",
+                 "pad_token_id", "eos_token_id", "use_cache", "cache_implementation", "output_attentions",
+                 "output_hidden_states", "output_scores", "output_logits", "return_dict_in_generate"}
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """Every token id that ends a completion: the tokenizer's EOS, then each id of the model's
+    ``generation_config.eos_token_id`` (an int or a list), without repeats.
+
+    Returns:
+        list of int token ids (empty when neither declares an EOS). Raises nothing.
+    """
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    declared = [] if declared is None else [declared] if isinstance(declared, int) else list(declared)
+    return list(dict.fromkeys(int(i) for i in [tokenizer.eos_token_id, *declared] if i is not None))
+
+
+def _ignored_settings(checkpoint_config, config) -> list[str]:
+    """``name=value`` for each setting of the checkpoint's generation config that differs from
+    what the call ``config`` uses (``None`` entries of ``config`` take transformers' defaults)."""
+    from transformers import GenerationConfig
+
+    used = GenerationConfig().to_dict()
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()  # transformers >= 5
+    used.update({k: v for k, v in defaults.items() if used.get(k) is None})
+    used.update({k: v for k, v in config.to_dict().items() if v is not None})
+    return [f"{k}={v!r}" for k, v in sorted(checkpoint_config.to_diff_dict().items())
+            if k not in _NOT_SAMPLING and used.get(k) != v]
+
+
 @torch.no_grad()
 def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int = 1,
              max_new_tokens: int = 48, temperature: float = 1.0, greedy: bool = False,
@@ -104,22 +142,32 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     untruncated log-probs, as inference engines report them). Greedy decoding records
     log-probs at temperature 1.
 
+    The call uses a generation config built here (sampling or greedy, the arguments above, pad
+    and stop ids) and nothing else: whatever the checkpoint's ``generation_config`` sets that
+    would reshape the distribution (``repetition_penalty``, ``no_repeat_ngram_size``,
+    ``min_new_tokens``, ``suppress_tokens``, ``bad_words_ids``, its own ``temperature``, …) is
+    not applied, and a ``UserWarning`` names those settings (once per call site). Its stop ids
+    are kept: every id of :func:`stop_token_ids` ends a completion.
+
     Args:
         model: a ``transformers`` causal LM.
         tokenizer: its tokenizer (pad and EOS tokens set; padding side is forced to left).
         problems: ``n`` problems; the result has ``n * group_size`` rows, groups contiguous.
         group_size: responses per problem (G ≥ 1).
         max_new_tokens: generation budget in tokens.
-        temperature: > 0.
-        greedy: argmax decoding (then ``temperature`` only affects nothing but is recorded as 1).
+        temperature: > 0; ignored (recorded as 1) when ``greedy``.
+        greedy: argmax decoding of the raw policy.
+        top_p, top_k: nucleus and top-k truncation of the sampler (1.0 and 0: none).
 
     Returns:
-        Rollout.
+        Rollout with ``B = n * group_size`` rows and ``T ≤ max_new_tokens`` completion columns.
 
     Raises:
         ValueError: empty ``problems``, ``group_size < 1``, ``temperature <= 0``,
             ``max_new_tokens < 1``, or an empty prompt.
     """
+    from transformers import GenerationConfig
+
     if len(problems) == 0:
         raise ValueError("generate: no problems given")
     if group_size < 1:
@@ -135,39 +183,44 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
     device = next(model.parameters()).device
     input_ids, attn = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    stops = stop_token_ids(model, tokenizer)
+    sampling = {} if greedy else dict(temperature=float(temperature), top_p=top_p, top_k=top_k)
+    config = GenerationConfig(do_sample=not greedy, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=stops or None, return_dict_in_generate=True, output_logits=True, **sampling)
+    checkpoint_config = model.generation_config
+    ignored = _ignored_settings(checkpoint_config, config)
+    if ignored:
+        warnings.warn("generate: neutralised settings of the checkpoint's generation_config, so that the "
+                      "behaviour log-probs describe the distribution sampled from: " + ", ".join(ignored),
+                      stacklevel=2)
     was_training = model.training
     model.eval()
-    gen_kwargs = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, output_logits=True,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    if greedy:
-        gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:
-        gen_kwargs.update(do_sample=True, temperature=float(temperature), top_p=top_p, top_k=top_k)
+    # transformers fills every unset field of `config` from `model.generation_config`: give it an
+    # empty one for the call, so that no processor of the checkpoint (present or future) acts.
+    model.generation_config = GenerationConfig()
     t0 = time.perf_counter()
-    out = model.generate(input_ids=input_ids, attention_mask=attn, **gen_kwargs)
+    try:
+        out = model.generate(input_ids=input_ids, attention_mask=attn, generation_config=config)
+    finally:
+        model.generation_config = checkpoint_config
+        model.train(was_training)
     gen_seconds = time.perf_counter() - t0
-    if was_training:
-        model.train()
     P = input_ids.shape[1]
     comp = out.sequences[:, P:]
     logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
     temp = 1.0 if greedy else float(temperature)
     blogp = token_logprobs(logits, comp, temperature=temp)
-    is_eos = comp == tokenizer.eos_token_id
-    has_eos = is_eos.any(-1)
-    first_eos = torch.where(has_eos, is_eos.float().argmax(-1), torch.full_like(has_eos, comp.shape[1], dtype=torch.long))
-    ar = torch.arange(comp.shape[1], device=comp.device)
-    mask = (ar[None, :] <= first_eos[:, None]) & (ar[None, :] < comp.shape[1])
-    mask = mask.float()
+    T = comp.shape[1]
+    is_stop = torch.isin(comp, torch.tensor(stops, device=comp.device))
+    has_stop = is_stop.any(-1)
+    end = torch.where(has_stop, is_stop.float().argmax(-1), T)  # first stop token, T when truncated
+    mask = (torch.arange(T, device=comp.device)[None, :] <= end[:, None]).float()
     comp = comp.masked_fill(mask == 0, tokenizer.pad_token_id)
     blogp = blogp * mask
-    texts = []
-    for i in range(comp.shape[0]):
-        n = int(first_eos[i].item()) if has_eos[i] else comp.shape[1]
-        texts.append(tokenizer.decode(comp[i, :n].tolist(), skip_special_tokens=False))
+    texts = [tokenizer.decode(ids[:n], skip_special_tokens=False) for ids, n in zip(comp.tolist(), end.tolist())]
     return Rollout(
         prompt_ids=input_ids, prompt_mask=attn.long(), completion_ids=comp, completion_mask=mask,
-        behaviour_logp=blogp, truncated=~has_eos, texts=texts, problems=rows, group_size=group_size,
+        behaviour_logp=blogp, truncated=~has_stop, texts=texts, problems=rows, group_size=group_size,
         temperature=temp, gen_seconds=gen_seconds,
     )
 
