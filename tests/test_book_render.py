@@ -1,0 +1,305 @@
+"""The built book reads offline: every page opened in headless Chromium with the network cut off.
+
+The book is built from the outputs stored in the notebooks (as ``make book-stored`` does), then
+each page of ``book/_toc.yml`` is opened from disk (``file://``, as a reader opens
+``_build/html/index.html``) in headless Chromium whose host resolver answers NOTFOUND for every
+name and whose proxy is a closed local port, so nothing can come from the network. After
+``MathJax.startup.promise`` (MathJax has typeset the page) and ``document.fonts.ready``, a page
+fails when
+
+* raw ``\\(``, ``\\[`` or ``$$`` is left in its text outside code blocks (math not typeset: with
+  MathJax from a CDN every equation showed as LaTeX source offline),
+* a ``.math`` element holds no MathJax output, or MathJax shows an error or an undefined macro
+  (red ``\\name``, i.e. the ``mathjax3_config`` macros of ``_config.yml`` did not apply),
+* MathJax or one of its fonts was loaded from anywhere but the build, or a font failed to load,
+* an image did not load (``naturalWidth == 0``),
+* the browser console logged an error (failed loads included), except the one upstream message
+  in ``KNOWN_CONSOLE_ERRORS``.
+
+Chromium is driven by Selenium through Debian's ``chromedriver`` (packages ``chromium`` and
+``chromium-driver``; ``.ci/run`` installs them). Without them the tests skip, except under CI
+(``CI`` set), where they fail. ``BOOK_RENDER_HTML=_build/html pytest tests/test_book_render.py``
+checks an existing build instead (e.g. the executed book of ``make book``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+CONFIG = ROOT / "_config.yml"
+
+#: Console errors that are not the book's doing. Sphinx 7.4 (the newest that jupyter-book 1.x
+#: allows) writes an inline script registered after builder start twice (once with filename None,
+#: once with ''), so sphinx-thebe's ``const THEBE_JS_URL = ...`` config line is declared twice on
+#: every page; the second copy throws. Thebe is off in this book, so nothing depends on it.
+KNOWN_CONSOLE_ERRORS = (re.compile(r"Uncaught SyntaxError: Identifier 'THEBE_JS_URL' has already been declared"),)
+
+#: Seconds for a page to load and for MathJax to typeset it (each takes ~1 s on 2 cores).
+PAGE_TIMEOUT_S = 60
+
+#: Run in the page after load: waits for MathJax and fonts, then reports what the test checks.
+_INSPECT_JS = r"""
+const done = arguments[arguments.length - 1];
+(async () => {
+  const out = {};
+  try {
+    if (!(window.MathJax && MathJax.startup && MathJax.startup.promise)) {
+      out.mathjax_error = "MathJax did not start (window.MathJax.startup is missing)";
+    } else {
+      await MathJax.startup.promise;
+      out.macros = Object.keys(((MathJax.config || {}).tex || {}).macros || {});
+    }
+  } catch (e) {
+    out.mathjax_error = "MathJax.startup.promise rejected: " + e;
+  }
+  for (const img of document.images) img.loading = "eager";
+  await Promise.all([...document.images].map((img) => img.decode().catch(() => null)));
+  await document.fonts.ready;
+
+  const skip = "pre, code, script, style, textarea, mjx-container";
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  out.raw_math = [];
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (n.parentElement && n.parentElement.closest(skip)) continue;
+    const s = n.nodeValue;
+    if (s.includes("\\(") || s.includes("\\[") || s.includes("$$")) out.raw_math.push(s.trim().slice(0, 100));
+  }
+  const math = [...document.querySelectorAll(".math")];
+  out.math_elements = math.length;
+  out.untypeset = math.filter((e) => !e.querySelector("mjx-container")).map((e) => e.textContent.trim().slice(0, 100));
+  // A TeX error shows as mjx-merror; an undefined macro (noundefined) as red mtext.
+  const bad = 'mjx-merror, mjx-mtext[style*="color: red"]';
+  out.math_errors = [];
+  if (window.MathJax && MathJax.startup && MathJax.startup.document) {
+    for (const item of MathJax.startup.document.math) {
+      if (item.typesetRoot && item.typesetRoot.querySelector(bad)) out.math_errors.push(item.math.trim().slice(0, 100));
+    }
+  }
+  if (!out.math_errors.length && document.querySelector(bad)) out.math_errors.push("(MathJax error in the page)");
+  out.broken_images = [...document.images].filter((i) => !i.complete || i.naturalWidth === 0).map((i) => i.src);
+  out.mathjax_scripts = [...document.scripts].map((s) => s.src).filter((s) => /mathjax/i.test(s));
+  out.fonts = [...document.fonts].map((f) => [f.family, f.status]);
+  out.mathjax_resources = performance.getEntriesByType("resource").map((r) => r.name).filter((u) => /mathjax/i.test(u));
+  done(out);
+})().catch((e) => done({script_error: String(e && e.stack || e)}));
+"""
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _unavailable(reason: str):
+    """Skip locally; under CI a missing browser is a broken test environment, so fail."""
+    if _in_ci():
+        pytest.fail(f"{reason} (CI is set: .ci/run must install it)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _toc_pages() -> list[str]:
+    """Document names of book/_toc.yml in order (root first), e.g. ['intro', 'notation', ...]."""
+    import yaml
+
+    toc = yaml.safe_load((BOOK / "_toc.yml").read_text(encoding="utf-8"))
+    pages = [toc["root"]]
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                pages.append(node["file"])
+            for key, value in node.items():
+                if key != "root":
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk({k: v for k, v in toc.items() if k not in ("root", "format")})
+    return [re.sub(r"\.(md|ipynb)$", "", p) for p in pages]
+
+
+PAGES = _toc_pages()
+
+
+def _config_macros() -> set[str]:
+    import yaml
+
+    config = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    return set(config["sphinx"]["config"]["mathjax3_config"]["tex"]["macros"])
+
+
+# ---------------------------------------------------------------------------- the configuration
+
+
+def test_exec_config_keeps_offline_mathjax():
+    """`make book` builds from scripts/book_config.py's output: it keeps the local MathJax and its config."""
+    import yaml
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "book_config.py"), "--execute", "cache"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )
+    derived = yaml.safe_load(proc.stdout)
+    committed = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    assert derived["execute"]["execute_notebooks"] == "cache"
+    for config in (committed, derived):
+        assert "sphinx-mathjax-offline" in config["sphinx"].get("extra_extensions", [])
+        assert "mathjax_path" not in config["sphinx"]["config"], "mathjax_path would replace the bundled MathJax"
+    assert derived["sphinx"]["config"]["mathjax3_config"] == committed["sphinx"]["config"]["mathjax3_config"]
+
+
+# ---------------------------------------------------------------------------- build and browser
+
+
+def _jupyter_book() -> str | None:
+    candidate = Path(sys.executable).parent / "jupyter-book"
+    return str(candidate) if candidate.exists() else shutil.which("jupyter-book")
+
+
+@pytest.fixture(scope="module")
+def html_dir(tmp_path_factory) -> Path:
+    """The HTML book built from the stored outputs (or the build named by BOOK_RENDER_HTML)."""
+    given = os.environ.get("BOOK_RENDER_HTML")
+    if given:
+        path = Path(given).resolve()
+        assert (path / f"{PAGES[0]}.html").exists(), f"BOOK_RENDER_HTML={given}: no {PAGES[0]}.html there"
+        return path
+    exe = _jupyter_book()
+    if exe is None:
+        pytest.skip("jupyter-book is not installed")
+    out = tmp_path_factory.mktemp("book")
+    # Warnings are test_book_hygiene's business; here only the rendered pages matter.
+    cmd = [exe, "build", "book", "--config", str(CONFIG), "--path-output", str(out), "--keep-going"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    html = out / "_build" / "html"
+    assert proc.returncode == 0 and (html / f"{PAGES[0]}.html").exists(), (
+        "book build failed:\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+    )
+    return html
+
+
+def _find(*names: str) -> str | None:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium (Debian's, via its chromedriver) that cannot reach any network."""
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _unavailable("selenium is not installed (pip install -r requirements/ci.txt)")
+    chromium = _find("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+    driver_exe = _find("chromedriver")
+    if chromium is None or driver_exe is None:
+        _unavailable("Chromium and chromedriver not found (Debian: apt-get install chromium chromium-driver)")
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1600",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",  # fresh profile, no cache
+        # Offline: every host name resolves to nothing, and anything else goes to a closed port.
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--proxy-server=http://127.0.0.1:9",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-background-networking",
+        "--disable-component-update",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path keeps Selenium Manager (which would download a driver) out of it.
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_exe))
+    driver.set_page_load_timeout(PAGE_TIMEOUT_S)
+    driver.set_script_timeout(PAGE_TIMEOUT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _console_errors(driver) -> list[str]:
+    return [
+        entry["message"]
+        for entry in driver.get_log("browser")
+        if entry.get("level") == "SEVERE" and not any(p.search(entry["message"]) for p in KNOWN_CONSOLE_ERRORS)
+    ]
+
+
+def test_browser_is_offline(browser):
+    """The network really is cut off, so the page checks below prove the book reads offline."""
+    browser.get("about:blank")
+    result = browser.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        fetch("https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js", {mode: "no-cors", cache: "no-store"})
+          .then(() => done("reached the network"), (e) => done("blocked: " + e));
+        """
+    )
+    browser.get_log("browser")  # drop the failed-load error
+    assert result.startswith("blocked"), result
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_offline(browser, html_dir: Path, page: str):
+    path = html_dir / f"{page}.html"
+    assert path.exists(), f"{page}.html was not built"
+    browser.get_log("browser")  # start from an empty console
+    start = time.monotonic()
+    browser.get(path.as_uri())
+    report = browser.execute_async_script(_INSPECT_JS)
+    elapsed = time.monotonic() - start
+    errors = _console_errors(browser)
+
+    assert "script_error" not in report, report.get("script_error")
+    problems = []
+    if not report["mathjax_scripts"] and not report["math_elements"]:
+        pass  # Sphinx loads MathJax only on pages with math (references.html has none)
+    elif report.get("mathjax_error"):
+        problems.append(report["mathjax_error"])
+    else:
+        missing = sorted(_config_macros() - set(report.get("macros", [])))
+        if missing:
+            problems.append(f"MathJax lacks the macros of _config.yml's mathjax3_config: {missing}")
+    mathjax_urls = report["mathjax_scripts"] + report["mathjax_resources"]
+    not_local = sorted({url for url in mathjax_urls if not url.startswith("file:")})
+    if not_local:
+        problems.append(f"MathJax loaded from outside the build: {not_local[:5]}")
+    if report["raw_math"]:
+        raw = report["raw_math"]
+        problems.append(f"{len(raw)} text nodes still hold raw LaTeX delimiters, e.g. {raw[:3]}")
+    if report["untypeset"]:
+        untypeset = report["untypeset"]
+        problems.append(
+            f"{len(untypeset)} of {report['math_elements']} math elements not typeset, e.g. {untypeset[:3]}"
+        )
+    if report["math_errors"]:
+        problems.append(f"MathJax errors / undefined macros: {report['math_errors'][:5]}")
+    failed_fonts = [family for family, status in report["fonts"] if status == "error"]
+    if failed_fonts:
+        problems.append(f"fonts failed to load: {failed_fonts}")
+    if report["broken_images"]:
+        problems.append(f"images that did not load: {report['broken_images']}")
+    if errors:
+        problems.append("console errors:\n    " + "\n    ".join(errors))
+    assert not problems, f"{page}.html (opened offline, {elapsed:.1f} s):\n  " + "\n  ".join(problems)
