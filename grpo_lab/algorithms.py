@@ -1,15 +1,27 @@
 """One dataclass that picks a choice on every axis of the GRPO family, plus named presets.
 
-Every algorithm in the book is the same loop with different choices on a few independent axes
-(design §1): how a response's advantage is computed, which importance ratio is used, what the
-trust region clips, how token losses are averaged, and which KL regulariser is added. An
-:class:`Algorithm` value names one choice per axis; :func:`grpo_lab.objectives.policy_loss` and
-the trainer read nothing else. A new variant from a paper is a new preset, or one new choice on
-one axis.
+Every algorithm in the book is the same loop with different choices on a few independent axes:
+how a response's advantage is computed, which importance ratio is used, what the trust region
+clips, how token losses are averaged, and which KL regulariser is added. Each axis is a registry,
+a dict from a choice's name to one function, in the module of that axis:
 
-The *sampling & shaping* axis (which samples train, and how rewards are shaped) is read by the
-trainer, not by the loss: DAPO's dynamic sampling, overlong filtering and soft overlong
-punishment (arXiv 2503.14476, §3.2 and §3.4).
+=================  ==========================================================
+``advantage``      :data:`grpo_lab.advantages.ADVANTAGE_ESTIMATORS`
+``ratio_level``    :data:`grpo_lab.objectives.RATIOS`
+``clip``           :data:`grpo_lab.objectives.SURROGATES`
+``aggregation``    :data:`grpo_lab.objectives.AGGREGATIONS`
+``kl``             :data:`grpo_lab.objectives.KL_ESTIMATORS` (or None)
+=================  ==========================================================
+
+An :class:`Algorithm` value names one choice per axis and is checked against those registries
+when it is built, so a function registered from outside the package (``SURROGATES["mine"] = f``)
+is a valid choice (``GRPO.replace(clip="mine")``). :func:`grpo_lab.objectives.policy_loss` and
+the trainer read nothing else. A new variant from a paper is a new preset, or one new function
+on one axis.
+
+The *sampling & shaping* axis (which samples train, and how rewards are shaped) is read by
+:mod:`grpo_lab.sampling`, not by the loss: DAPO's dynamic sampling, overlong filtering and soft
+overlong punishment (arXiv 2503.14476, §3.2 and §3.4).
 
 Two DeepSeek-V3.2 (arXiv 2512.02556, §3.1) options are off by default, so every preset defined
 without them is unchanged: ``kl_importance_correction`` (the importance-corrected k3 of Eq. 7) and
@@ -17,22 +29,23 @@ without them is unchanged: ``kl_importance_correction`` (the importance-correcte
 coefficient nor its threshold delta, so it gets no fixed preset: :func:`deepseek_v32` builds one
 from values the caller must choose.
 
-Only the choices implemented so far are accepted; the others (``"gae"`` advantages, the
-``"sequence_token"`` ratio, CISPO's ``"is_weight"`` clipping, and the GSPO / CISPO / VAPO / RPT
-presets) arrive in later issues.
+Where the presets depart from the papers, and why: GRPO's clip range is not stated in
+DeepSeekMath's RL section, so the GRPO preset takes PPO's usual 0.2; DAPO's soft overlong
+punishment is sized in tokens for this book's 32-token budget with the paper's proportion
+``L_cache = L_max / 5`` (see the comment above :data:`DAPO`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from torch import Tensor
 
-from . import advantages as _adv
+from . import objectives as _obj
+from . import validation as _v
+from .advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
 
 __all__ = [
     "Algorithm",
@@ -49,51 +62,42 @@ __all__ = [
     "get_algorithm",
 ]
 
-#: advantage estimators: (r-mean)/std (GRPO), r-mean (Dr.GRPO), group mean / batch std, RLOO
-ADVANTAGES = ("group", "group_mean", "batch", "rloo")
-#: importance-ratio level: per token (GRPO) or length-normalised sequence ratio (GSPO Eq. 7)
-RATIO_LEVELS = ("token", "sequence")
-#: clipping object: PPO clip of the update
-CLIPS = ("ppo",)
-#: aggregation of token losses into one scalar (see grpo_lab.objectives.aggregate)
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
-#: KL-to-reference estimators (Schulman 2020); None = no KL term
-KL_ESTIMATORS = (None, "k1", "k2", "k3")
-
-_ADV_TO_SCALE = {"group": "group", "group_mean": "none", "batch": "batch"}
-
-
-def _finite_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return v
+#: live, read-only views of the names in each axis' registry (register in the registry itself)
+ADVANTAGES = ADVANTAGE_ESTIMATORS.keys()
+RATIO_LEVELS = _obj.RATIOS.keys()
+CLIPS = _obj.SURROGATES.keys()
+AGGREGATIONS = _obj.AGGREGATIONS.keys()
+#: KL estimator names; ``kl=None`` (no KL term) is accepted as well
+KL_ESTIMATORS = _obj.KL_ESTIMATORS.keys()
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A point in the design space: one choice per axis (design §1), immutable and validated.
+    """A point in the design space: one choice per axis, immutable and validated.
 
     Fields:
         name: display name (used as the key in tables and plots).
-        advantage: ``"group"`` — ``(r - mean_g) / (std_g + adv_eps)``, DeepSeekMath (arXiv
-            2402.03300) §4.1.2; ``"group_mean"`` — ``r - mean_g``, Dr.GRPO (arXiv 2503.20783)
-            §3.2; ``"batch"`` — group mean, batch std; ``"rloo"`` — leave-one-out baseline.
+        advantage: a key of :data:`grpo_lab.advantages.ADVANTAGE_ESTIMATORS`: ``"group"`` —
+            ``(r - mean_g) / (std_g + adv_eps)``, DeepSeekMath (arXiv 2402.03300) §4.1.2;
+            ``"group_mean"`` — ``r - mean_g``, Dr.GRPO (arXiv 2503.20783) §3.2; ``"batch"`` —
+            group mean, batch std; ``"rloo"`` — leave-one-out baseline.
         adv_eps: ``>= 0``, added to the std (``"group"``, ``"batch"``).
-        ratio_level: ``"token"`` — ``r_t = pi_theta / pi_old`` per token (DeepSeekMath Eq. 3);
+        ratio_level: a key of :data:`grpo_lab.objectives.RATIOS`: ``"token"`` —
+            ``r_t = pi_theta / pi_old`` per token (DeepSeekMath Eq. 3);
             ``"sequence"`` — ``s_i = exp(mean_t log r_t)``, GSPO (arXiv 2507.18071) Eq. 7, shared
             by all tokens of sequence i.
-        clip: ``"ppo"`` — ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``.
+        clip: a key of :data:`grpo_lab.objectives.SURROGATES`: ``"ppo"`` —
+            ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``.
         eps_low: lower clip range, ``0 <= eps_low <= 1`` (``1 - eps_low`` is the floor of r).
         eps_high: upper clip range, ``>= 0`` (DAPO's clip-higher raises only this one).
-        aggregation: ``"seq_mean_token_mean"`` (DeepSeekMath Eq. 3) | ``"token_mean"`` (DAPO,
+        aggregation: a key of :data:`grpo_lab.objectives.AGGREGATIONS`:
+            ``"seq_mean_token_mean"`` (DeepSeekMath Eq. 3) | ``"token_mean"`` (DAPO,
             arXiv 2503.14476, Eq. 12) | ``"seq_mean_token_sum_norm"`` (Dr.GRPO constant
             normaliser; needs ``max_tokens`` here or at call time).
         max_tokens: positive int or None; the constant normaliser of
             ``"seq_mean_token_sum_norm"`` (the generation budget, Dr.GRPO's MAX_TOKENS).
-        kl: ``None`` | ``"k1"`` | ``"k2"`` | ``"k3"`` — estimator of KL(pi_theta || pi_ref) added
+        kl: ``None`` or a key of :data:`grpo_lab.objectives.KL_ESTIMATORS` (``"k1"`` | ``"k2"`` |
+            ``"k3"``) — estimator of KL(pi_theta || pi_ref) added
             per token inside the token sum (DeepSeekMath Eq. 3-4 use k3).
         beta: ``>= 0`` KL coefficient (DeepSeekMath §4.2: 0.04). ``beta == 0`` or ``kl is None``
             means no KL term.
@@ -121,7 +125,8 @@ class Algorithm:
             keeps a purely on-policy step (divergence exactly 0) unmasked.
 
     Raises:
-        ValueError: (in ``__post_init__``) an unknown choice on any axis, a negative or
+        ValueError: (in ``__post_init__``) a choice on any axis that is not in its registry, a
+            negative or
             non-finite ``eps_low`` / ``eps_high`` / ``adv_eps`` / ``beta``, ``eps_low > 1``,
             a non-positive ``max_tokens`` or ``overlong_cache_len``, a non-bool
             ``dynamic_sampling`` / ``overlong_filter`` / ``kl_importance_correction``, a
@@ -148,54 +153,25 @@ class Algorithm:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"name must be a non-empty string, got {self.name!r}")
-        for axis, value, allowed in (
-            ("advantage", self.advantage, ADVANTAGES),
-            ("ratio_level", self.ratio_level, RATIO_LEVELS),
-            ("clip", self.clip, CLIPS),
-            ("aggregation", self.aggregation, AGGREGATIONS),
-            ("kl", self.kl, KL_ESTIMATORS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"unknown {axis} {value!r}; expected one of {allowed}")
-        adv_eps = _finite_number("adv_eps", self.adv_eps)
-        eps_low = _finite_number("eps_low", self.eps_low)
-        eps_high = _finite_number("eps_high", self.eps_high)
-        beta = _finite_number("beta", self.beta)
-        if adv_eps < 0:
-            raise ValueError(f"adv_eps must be >= 0, got {self.adv_eps!r}")
-        if eps_low < 0 or eps_low > 1:
+        _v.choice("advantage", self.advantage, ADVANTAGE_ESTIMATORS)
+        _v.choice("ratio_level", self.ratio_level, _obj.RATIOS)
+        _v.choice("clip", self.clip, _obj.SURROGATES)
+        _v.choice("aggregation", self.aggregation, _obj.AGGREGATIONS)
+        _v.choice("kl", self.kl, _obj.KL_ESTIMATORS, extra=(None,))
+        for name in ("adv_eps", "eps_high", "beta"):
+            _v.real_number(name, getattr(self, name), minimum=0.0)
+        if not 0 <= _v.real_number("eps_low", self.eps_low) <= 1:
             raise ValueError(
-                f"eps_low must be in [0, 1] (the ratio floor 1 - eps_low must be >= 0), got {self.eps_low!r}"
-            )
-        if eps_high < 0:
-            raise ValueError(f"eps_high must be >= 0, got {self.eps_high!r}")
-        if beta < 0:
-            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
-        if self.max_tokens is not None:
-            if (
-                isinstance(self.max_tokens, bool)
-                or not isinstance(self.max_tokens, numbers.Integral)
-                or self.max_tokens < 1
-            ):
-                raise ValueError(f"max_tokens must be a positive int or None, got {self.max_tokens!r}")
-        for flag in ("dynamic_sampling", "overlong_filter", "kl_importance_correction"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
-        if self.overlong_cache_len is not None:
-            if (
-                isinstance(self.overlong_cache_len, bool)
-                or not isinstance(self.overlong_cache_len, numbers.Integral)
-                or self.overlong_cache_len < 1
-            ):
-                raise ValueError(
-                    f"overlong_cache_len must be a positive int (L_cache, tokens) or None, "
-                    f"got {self.overlong_cache_len!r}")
-        if self.offpolicy_mask_delta is not None:
-            delta = _finite_number("offpolicy_mask_delta", self.offpolicy_mask_delta)
-            if delta < 0:
-                raise ValueError(
-                    f"offpolicy_mask_delta must be >= 0 (a threshold on a KL estimate; a negative one "
-                    f"would mask on-policy sequences) or None, got {self.offpolicy_mask_delta!r}")
+                f"eps_low must be in [0, 1] (the ratio floor 1 - eps_low must be >= 0), got {self.eps_low!r}")
+        _v.positive_int("max_tokens", self.max_tokens, allow_none=True)
+        for name in ("dynamic_sampling", "overlong_filter", "kl_importance_correction"):
+            _v.flag(name, getattr(self, name))
+        _v.positive_int("overlong_cache_len (L_cache, tokens)", self.overlong_cache_len, allow_none=True)
+        if self.offpolicy_mask_delta is not None and _v.real_number(
+                "offpolicy_mask_delta", self.offpolicy_mask_delta) < 0:
+            raise ValueError(
+                f"offpolicy_mask_delta must be >= 0 (a threshold on a KL estimate; a negative one "
+                f"would mask on-policy sequences) or None, got {self.offpolicy_mask_delta!r}")
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -203,21 +179,32 @@ class Algorithm:
         """True when the loss contains a KL term (``kl`` is set and ``beta > 0``)."""
         return self.kl is not None and self.beta > 0
 
-    def advantages(self, rewards: Tensor, group_size: int) -> Tensor:
-        """Advantages ``[B]`` (float32) of ``rewards [B]`` under this algorithm's estimator.
+    def estimate_advantages(self, batch: AdvantageBatch) -> Tensor:
+        """Advantages of ``batch`` under this algorithm's estimator,
+        ``ADVANTAGE_ESTIMATORS[self.advantage](batch, self)``: ``[B]`` or ``[B, T]`` float32.
 
-        Dispatches to :func:`grpo_lab.advantages.group_advantages` (``"group"``, ``"group_mean"``,
+        Raises:
+            ValueError: ``batch`` not an :class:`~grpo_lab.advantages.AdvantageBatch`, or as the
+                estimator (NaN reward, groups not contiguous or of unequal size, ...).
+        """
+        if not isinstance(batch, AdvantageBatch):
+            raise ValueError(f"batch must be a grpo_lab.advantages.AdvantageBatch, got {type(batch).__name__}")
+        return ADVANTAGE_ESTIMATORS[self.advantage](batch, self)
+
+    def advantages(self, rewards: Tensor, group_size: int) -> Tensor:
+        """Advantages ``[B]`` (float32) of ``rewards [B]`` in contiguous groups of ``group_size``.
+
+        ``estimate_advantages(AdvantageBatch.from_groups(rewards, group_size))``: for the built-in
+        estimators :func:`grpo_lab.advantages.group_advantages` (``"group"``, ``"group_mean"``,
         ``"batch"``, with ``eps=adv_eps``) or :func:`grpo_lab.advantages.rloo_advantages`.
 
         Raises:
             ValueError: as those functions (NaN reward, ``B % group_size != 0``, ...).
         """
-        if self.advantage == "rloo":
-            return _adv.rloo_advantages(rewards, group_size)
-        return _adv.group_advantages(rewards, group_size, scale=_ADV_TO_SCALE[self.advantage], eps=self.adv_eps)
+        return self.estimate_advantages(AdvantageBatch.from_groups(rewards, group_size))
 
     def axes(self) -> dict[str, Any]:
-        """The choice on each axis of design §1 (keys in table order), for comparison tables.
+        """The choice on each axis (keys in table order), for comparison tables.
 
         Keys: ``advantage``, ``ratio_level``, ``clip``, ``eps_low``, ``eps_high``,
         ``aggregation``, ``kl`` (None when the loss has no KL term), ``beta``,
@@ -276,8 +263,8 @@ GRPO = Algorithm(
 #: * no KL term (§2.3); group z-score advantages with the std kept (Eq. 9), token ratio;
 #: * Dynamic Sampling, Eq. 11 (keep groups with 0 < accuracy < 1, resample to fill the batch);
 #: * Overlong Filtering (§3.4; the "+ Overlong Filtering" row of the progressive Table 1, which
-#:   the later rows keep). Note: the anchors survey finds no truncation masking in verl's DAPO
-#:   recipe, which relies on the penalty alone; use ``DAPO.replace(overlong_filter=False)`` for that;
+#:   the later rows keep). For a recipe that relies on the soft penalty alone, without masking
+#:   truncated samples, use ``DAPO.replace(overlong_filter=False)``;
 #: * Soft Overlong Punishment, Eq. 13. The paper uses ``L_max = 20,480`` (the generation budget)
 #:   and ``L_cache = 4,096``: the penalty starts at the *expected maximum length* 16,384, i.e.
 #:   ``L_cache = L_max / 5`` past the longest response it expects. ``L_cache`` is stored in tokens,
@@ -290,16 +277,10 @@ GRPO = Algorithm(
 #: DAPO's reward is +1/-1 (Eq. 7); with a task's {0, 1} reward the -1 overlong penalty weighs
 #: twice as much relative to the correct/incorrect gap. The paper's G = 16, lr 1e-6 and 16
 #: minibatches per rollout are trainer settings (:class:`grpo_lab.trainer.TrainerConfig`).
-DAPO = Algorithm(
+DAPO = GRPO.replace(
     name="DAPO",
-    advantage="group",
-    adv_eps=1e-4,
-    ratio_level="token",
-    clip="ppo",
-    eps_low=0.2,
     eps_high=0.28,
     aggregation="token_mean",
-    max_tokens=None,
     kl=None,
     beta=0.0,
     dynamic_sampling=True,
@@ -321,16 +302,10 @@ DAPO = Algorithm(
 #: * token ratio and symmetric PPO clip ``eps = 0.2`` (Eq. 2 keeps the PPO surrogate; 0.2 is the
 #:   usual value, as in our GRPO preset);
 #: * no KL term: the paper takes ``beta = 0`` throughout (its README example run too).
-DR_GRPO = Algorithm(
+DR_GRPO = GRPO.replace(
     name="DR_GRPO",
     advantage="group_mean",
-    adv_eps=1e-4,
-    ratio_level="token",
-    clip="ppo",
-    eps_low=0.2,
-    eps_high=0.2,
     aggregation="seq_mean_token_sum_norm",
-    max_tokens=None,
     kl=None,
     beta=0.0,
 )
@@ -358,15 +333,12 @@ def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Al
     Raises:
         ValueError: as :class:`Algorithm` for invalid ``beta``, ``delta``, ``eps`` or ``kl``.
     """
-    e = _finite_number("eps", eps)
-    return Algorithm(
+    e = _v.real_number("eps", eps)
+    return GRPO.replace(
         name="DeepSeek-V3.2",
         advantage="group_mean",
-        ratio_level="token",
-        clip="ppo",
         eps_low=e,
         eps_high=e,
-        aggregation="seq_mean_token_mean",
         kl=kl,
         beta=beta,
         kl_importance_correction=True,

@@ -26,6 +26,11 @@ Math (softmax with temperature tau > 0, z = logits / tau):
 
 All public functions compute the softmax part in float32 (float64 inputs stay float64) and return
 float32 (float64 for float64 inputs). They are differentiable once (not twice).
+
+Where the code departs from the textbook ``log_softmax``: an all ``-inf`` row is shifted by 0
+instead of its max (``-inf - (-inf)`` is NaN), and a log-probability that still comes out NaN
+(NaN logits, an all ``-inf`` row) raises ``ValueError`` naming the position, because one NaN
+log-prob would silently poison every gradient of the batch.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
+
+from . import validation as _v
 
 __all__ = [
     "token_logprobs",
@@ -60,28 +67,18 @@ def _check_temperature(temperature: float) -> float:
 
 
 def _check_chunk_size(chunk_size: Optional[int], allow_none: bool) -> Optional[int]:
-    if chunk_size is None:
-        if allow_none:
-            return None
-        raise ValueError("chunk_size must be a positive integer, got None")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
-    return chunk_size
+    return _v.positive_int("chunk_size", chunk_size, allow_none=allow_none)
 
 
-def _compute_dtype(*tensors: Optional[Tensor]) -> torch.dtype:
-    """float64 if any input is float64, else float32 (bf16 / fp16 / fp32 all compute in fp32)."""
-    for t in tensors:
-        if t is not None and t.dtype == torch.float64:
-            return torch.float64
-    return torch.float32
-
-
-def _check_floating(x: Tensor, name: str) -> None:
-    if not isinstance(x, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+def _check_finite_logp(out: Tensor, what: str) -> None:
+    """Raise if a log-probability is NaN (one reduction over ``[B, T]``, not over the vocabulary)."""
+    bad = torch.isnan(out.detach())
+    if bool(bad.any()):
+        pos = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(
+            f"log-probability undefined (NaN) at position {pos} ({int(bad.sum())} position(s) in all): the "
+            f"{what} there give logits that contain NaN (or +inf) or are all -inf; every position needs "
+            "finite logits, padded ones included (mask them after computing log-probs)")
 
 
 def _check_ids(ids: Tensor, lead_shape: torch.Size, vocab: int, what: str) -> Tensor:
@@ -189,7 +186,7 @@ class _FromLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x3: Tensor, ids3: Optional[Tensor], kind: str, tau: float, chunk):  # type: ignore[override]
         b, t, _ = x3.shape
-        cdt = _compute_dtype(x3)
+        cdt = _v.compute_dtype(x3)
         out = torch.empty((b, t), dtype=cdt, device=x3.device)
         mx = torch.empty((b, t), dtype=cdt, device=x3.device)
         log_s = torch.empty((b, t), dtype=cdt, device=x3.device)
@@ -250,7 +247,7 @@ class _FromHidden(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h3: Tensor, weight: Tensor, bias: Optional[Tensor], ids3, kind: str, tau: float, chunk: int):  # type: ignore[override]
         b, t, _ = h3.shape
-        cdt = _compute_dtype(h3, weight, bias)
+        cdt = _v.compute_dtype(h3, weight, bias)
         out = torch.empty((b, t), dtype=cdt, device=h3.device)
         mx = torch.empty((b, t), dtype=cdt, device=h3.device)
         log_s = torch.empty((b, t), dtype=cdt, device=h3.device)
@@ -310,7 +307,7 @@ class _FromHidden(torch.autograd.Function):
 # public API
 # --------------------------------------------------------------------------------------------
 def _from_logits(logits: Tensor, ids: Optional[Tensor], kind: str, temperature, chunk_size) -> Tensor:
-    _check_floating(logits, "logits")
+    _v.float_tensor(logits, "logits")
     if logits.dim() < 2:
         raise ValueError(f"logits must have shape [..., V] with at least 2 dims, got {tuple(logits.shape)}")
     tau = _check_temperature(temperature)
@@ -321,13 +318,15 @@ def _from_logits(logits: Tensor, ids: Optional[Tensor], kind: str, temperature, 
         raise ValueError("logits must have a non-empty vocabulary dimension (V >= 1)")
     if ids is not None:
         ids = _check_ids(ids, lead, vocab, "logits")
-    cdt = _compute_dtype(logits)
+    cdt = _v.compute_dtype(logits)
     if math.prod(lead) == 0:
         return logits.new_zeros(lead, dtype=cdt) + 0.0 * logits.sum()
     x3 = _as_3d(logits, lead)
     ids3 = None if ids is None else ids.reshape(x3.shape[:2])
-    out = _FromLogits.apply(x3, ids3, kind, tau, chunk)
-    return out.reshape(lead)
+    out = _FromLogits.apply(x3, ids3, kind, tau, chunk).reshape(lead)
+    if kind == "logp":
+        _check_finite_logp(out, "logits")
+    return out
 
 
 def token_logprobs(
@@ -368,7 +367,8 @@ def token_logprobs(
     Raises:
         ValueError: temperature <= 0 or not finite; chunk_size not a positive int; ids shape does
             not equal ``logits.shape[:-1]``; ids not integer or outside ``[0, V)``; logits not
-            floating point.
+            floating point; a NaN log-probability (a position whose logits contain NaN or are all
+            ``-inf``), naming the first such position.
     """
     return _from_logits(logits, ids, "logp", temperature, chunk_size)
 
@@ -400,8 +400,8 @@ def entropy_from_logits(
 
 
 def _from_hidden(hidden, weight, ids, kind, temperature, chunk_size, bias) -> Tensor:
-    _check_floating(hidden, "hidden")
-    _check_floating(weight, "weight")
+    _v.float_tensor(hidden, "hidden")
+    _v.float_tensor(weight, "weight")
     if hidden.dim() < 2:
         raise ValueError(f"hidden must have shape [..., H] with at least 2 dims, got {tuple(hidden.shape)}")
     if weight.dim() != 2:
@@ -414,7 +414,7 @@ def _from_hidden(hidden, weight, ids, kind, temperature, chunk_size, bias) -> Te
     if vocab < 1:
         raise ValueError("weight must have V >= 1 rows")
     if bias is not None:
-        _check_floating(bias, "bias")
+        _v.float_tensor(bias, "bias")
         if tuple(bias.shape) != (vocab,):
             raise ValueError(f"bias must have shape [V]=({vocab},), got {tuple(bias.shape)}")
     tau = _check_temperature(temperature)
@@ -422,14 +422,16 @@ def _from_hidden(hidden, weight, ids, kind, temperature, chunk_size, bias) -> Te
     lead = hidden.shape[:-1]
     if ids is not None:
         ids = _check_ids(ids, lead, vocab, "hidden")
-    cdt = _compute_dtype(hidden, weight, bias)
+    cdt = _v.compute_dtype(hidden, weight, bias)
     if math.prod(lead) == 0:
         zero = 0.0 * hidden.sum() + 0.0 * weight.sum()
         return hidden.new_zeros(lead, dtype=cdt) + zero.to(cdt)
     h3 = _as_3d(hidden, lead)
     ids3 = None if ids is None else ids.reshape(h3.shape[:2])
-    out = _FromHidden.apply(h3, weight, bias, ids3, kind, tau, chunk)
-    return out.reshape(lead)
+    out = _FromHidden.apply(h3, weight, bias, ids3, kind, tau, chunk).reshape(lead)
+    if kind == "logp":
+        _check_finite_logp(out, "hidden states and lm_head")
+    return out
 
 
 def token_logprobs_from_hidden(
@@ -466,7 +468,8 @@ def token_logprobs_from_hidden(
 
     Raises:
         ValueError: shape mismatch between hidden / weight / bias / ids; ids outside ``[0, V)``;
-            temperature <= 0; chunk_size not a positive int; non-floating inputs.
+            temperature <= 0; chunk_size not a positive int; non-floating inputs; a NaN
+            log-probability (NaN hidden states or weights, ...), naming the first such position.
     """
     return _from_hidden(hidden, weight, ids, "logp", temperature, chunk_size, bias)
 

@@ -9,18 +9,19 @@ every ``H_res`` onto the doubly-stochastic matrices (the Birkhoff polytope: non-
 row and column summing to 1) with Sinkhorn-Knopp, starting from ``exp`` of the raw matrix and
 alternating column and row normalisation for ``t_max = 20`` iterations. Doubly-stochastic
 matrices have spectral norm 1 and are closed under products, so the composite mixing over any
-depth stays non-expansive. (These details come from secondary accounts of the paper; see
-papers.md §3 — its equation numbers are unverified, so none are cited here.)
+depth stays non-expansive. Where we depart from the paper: these details come from secondary
+accounts of it, whose equation numbers we could not verify, so none are cited here.
 
-Math only: this module imports torch and nothing else of the package.
+Math only: this module imports torch and the package's argument checks.
 """
 
 from __future__ import annotations
 
-import numbers
 
 import torch
 from torch import Tensor
+
+from .validation import float_tensor, positive_int
 
 __all__ = ["sinkhorn_knopp", "product_gain", "GAIN_KINDS"]
 
@@ -29,10 +30,7 @@ GAIN_KINDS = ("spectral", "max_row_sum", "max_col_sum")
 
 
 def _square(x, name: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    float_tensor(x, name)
     if x.dim() < 2 or x.shape[-1] != x.shape[-2] or x.shape[-1] < 1:
         raise ValueError(f"{name} must have shape [..., n, n] with n >= 1, got {tuple(x.shape)}")
     return x
@@ -69,8 +67,7 @@ def sinkhorn_knopp(x: Tensor, iters: int = 20, *, positive: bool = False) -> Ten
             entries), a negative entry or an all-zero row or column with ``positive=True``.
     """
     x = _square(x, "x")
-    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 1:
-        raise ValueError(f"iters must be a positive int, got {iters!r}")
+    positive_int("iters", iters)
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     v = x.to(cdt)
     if not bool(torch.isfinite(v).all()):

@@ -1,26 +1,42 @@
-"""Policy objectives of the GRPO family as pure tensor functions: ratios, PPO clip, KL, aggregation.
+"""Policy objectives of the GRPO family as pure tensor functions: ratios, clipping, KL, aggregation.
 
-Notation (design §3): ``B`` sequences, ``T`` completion tokens (right-padded), ``mask [B, T]``
-(bool or 0/1 float; 1 = real token). ``logp``, ``old_logp`` and ``ref_logp`` are per-token
-log-probabilities of the sampled tokens under the current policy pi_theta, the behaviour policy
-pi_old and the reference policy pi_ref (see :mod:`grpo_lab.logprobs`).
+Notation: ``B`` sequences, ``T`` completion tokens (right-padded), ``mask [B, T]`` (bool or 0/1
+float; 1 = real token). ``logp``, ``old_logp`` and ``ref_logp`` are per-token log-probabilities
+of the sampled tokens under the current policy pi_theta, the behaviour policy pi_old and the
+reference policy pi_ref (see :mod:`grpo_lab.logprobs`).
 
 The GRPO objective, DeepSeekMath (arXiv 2402.03300) Eq. 3, maximised::
 
     J = 1/G sum_i 1/|o_i| sum_t { min[ r_it A_it, clip(r_it, 1-eps, 1+eps) A_it ] - beta D_KL,it }
 
 with ``r_it = pi_theta / pi_old`` and ``D_KL,it`` the k3 estimator of Eq. 4. Every function here
-returns *losses* (``-J`` terms), to be minimised. :func:`policy_loss` assembles the whole
-objective of an :class:`~grpo_lab.algorithms.Algorithm`; the other functions are its parts.
+returns *losses* (``-J`` terms), to be minimised. Each axis of an
+:class:`~grpo_lab.algorithms.Algorithm` is a registry, a dict from a choice's name to one small
+function with that axis's signature:
+
+* :data:`RATIOS` ``(logp, old_logp, mask) -> log_ratio [B, T]``;
+* :data:`SURROGATES` ``(log_ratio, advantages, mask, algo) -> (per_token_loss [B, T], indicators)``;
+* :data:`KL_ESTIMATORS` ``(delta [B, T]) -> [B, T]`` with ``delta = log pi_theta - log pi_ref``;
+* :data:`AGGREGATIONS` ``(values, mask, norms) -> scalar``.
+
+:func:`policy_loss` composes them like the equation above; registering a function under a new
+name (``SURROGATES["mine"] = f``) makes ``algo.replace(clip="mine")`` valid.
+
+Where the code departs from the papers, and why:
+
+* log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] = [-20, 20]`` before ``exp``
+  (``e^20 ~ 4.9e8``), so ratios never overflow; outside the clamp the ratio gets no gradient.
+  Such a token is far outside any clip range, so for PPO clipping this only changes tokens with
+  A < 0 and r > e^20, whose huge unclipped gradient would be destructive anyway;
+* k3 is continued along its tangent line below ``D = -KL_LOG_RATIO_CLAMP`` (see :func:`k3`), so
+  its value and gradient stay finite where Eq. 4 overflows;
+* a fully masked row (no real token) is not counted as a sequence (not in Eq. 3's ``G``): an
+  empty row has no ``1/|o_i|``.
 
 Numerical conventions (callers rely on them):
 
 * Inputs may be float32, bfloat16 or float16: everything is computed in float32 and returned as
   float32. float64 inputs are computed and returned in float64 (the book's reference checks).
-* Log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] = [-20, 20]`` before ``exp``
-  (``e^20 ~ 4.9e8``), so ratios never overflow; outside the clamp the ratio gets no gradient.
-  Such a token is far outside any clip range, so for PPO clipping this only changes tokens with
-  A < 0 and r > e^20, whose huge unclipped gradient would be destructive anyway.
 * ``old_logp`` and ``ref_logp`` are constants: they are detached. Advantages are detached.
 * Padded positions (mask 0) may hold anything, even NaN or inf: they are replaced before use, so
   they affect neither values nor gradients.
@@ -29,19 +45,28 @@ Numerical conventions (callers rely on them):
 from __future__ import annotations
 
 import math
-import numbers
-from typing import NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor
 
-from .algorithms import AGGREGATIONS, Algorithm
+from . import metrics as _metrics
+from . import validation as _v
+
+if TYPE_CHECKING:  # algorithms imports this module, so no import at run time
+    from .algorithms import Algorithm
 
 __all__ = [
     "LossOutput",
+    "Normalisers",
     "LOG_RATIO_CLAMP",
     "KL_LOG_RATIO_CLAMP",
     "METRIC_KEYS",
+    "RATIOS",
+    "SURROGATES",
+    "SURROGATE_METRICS",
+    "KL_ESTIMATORS",
+    "AGGREGATIONS",
     "token_log_ratio",
     "sequence_log_ratio",
     "ppo_clip_loss",
@@ -77,6 +102,9 @@ METRIC_KEYS = (
     "offpolicy_masked_frac",
 )
 
+#: per-token indicators every surrogate returns, and the metric each becomes
+SURROGATE_METRICS = {"clip_low": "clip_frac_low", "clip_high": "clip_frac_high", "grad": "grad_token_frac"}
+
 Number = Union[int, float, Tensor]
 
 
@@ -85,69 +113,34 @@ class LossOutput(NamedTuple):
 
     Attributes:
         loss: 0-d float32 tensor (float64 for float64 inputs) with grad, to minimise.
-        metrics: ``dict[str, float]`` of python floats, never NaN; keys :data:`METRIC_KEYS`.
+        metrics: ``dict[str, Metric]``: :class:`grpo_lab.metrics.Metric` values (python floats,
+            never NaN, that also say how they combine over micro-batches); keys
+            :data:`METRIC_KEYS`, plus any extra indicator a custom surrogate returns.
     """
 
     loss: Tensor
     metrics: dict
 
 
+class Normalisers(NamedTuple):
+    """The constants an aggregation may divide by (validated; ``None`` = not given).
+
+    Attributes:
+        max_tokens: positive int, the constant of ``"seq_mean_token_sum_norm"``.
+        num_tokens: positive float, the global real-token count (micro-batching).
+        num_sequences: positive float, the global non-empty-sequence count (micro-batching).
+    """
+
+    max_tokens: Optional[int] = None
+    num_tokens: Optional[float] = None
+    num_sequences: Optional[float] = None
+
+
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def _cdt(*tensors: Optional[Tensor]) -> torch.dtype:
-    for t in tensors:
-        if t is not None and t.dtype == torch.float64:
-            return torch.float64
-    return torch.float32
-
-
-def _check_float_tensor(x, name: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    return x
-
-
-def _check_bt(x, name: str, shape: Optional[torch.Size] = None) -> Tensor:
-    x = _check_float_tensor(x, name)
-    if x.dim() != 2:
-        raise ValueError(f"{name} must have shape [B, T], got {tuple(x.shape)}")
-    if shape is not None and x.shape != shape:
-        raise ValueError(f"shape mismatch: {name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
-    return x
-
-
-def _mask_bool(mask, shape: torch.Size) -> Tensor:
-    if not isinstance(mask, Tensor):
-        raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.shape != shape:
-        raise ValueError(f"shape mismatch: mask has shape {tuple(mask.shape)}, expected {tuple(shape)}")
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.numel() > 0 and not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError("mask must contain only 0 and 1 (1 = real token); got other values")
-    return mask != 0
-
-
-def _positive(name: str, value) -> Union[float, Tensor]:
-    """Validate a positive normaliser (python number or 0-d / 1-element tensor)."""
-    if isinstance(value, Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
-        v = float(value.detach().reshape(()))
-    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        v = float(value)
-    else:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-    return v
-
-
 def _broadcast_adv(advantages, shape: torch.Size, cdt: torch.dtype) -> Tensor:
-    a = _check_float_tensor(advantages, "advantages")
+    a = _v.float_tensor(advantages, "advantages")
     b, t = shape
     if a.dim() == 1 and a.shape[0] == b:
         a = a.unsqueeze(1).expand(b, t)
@@ -173,9 +166,36 @@ def _quantiles(x: Tensor, qs: tuple) -> list:
     return out
 
 
+def _masked(x: Tensor, m: Tensor, cdt: torch.dtype) -> Tensor:
+    """``x`` in the compute dtype with padded positions replaced by 0 (NaN / inf there vanish)."""
+    return torch.where(m, x.to(cdt), torch.zeros((), dtype=cdt, device=x.device))
+
+
 # --------------------------------------------------------------------------------------------
-# ratios
+# ratios: (logp, old_logp, mask) -> log_ratio [B, T], on validated, padding-zeroed tensors
 # --------------------------------------------------------------------------------------------
+def token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """``log r_it = log pi_theta(o_it) - log pi_old(o_it)`` (DeepSeekMath Eq. 3)."""
+    return logp - old_logp
+
+
+def _sequence_mean(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    lengths = mask.sum(dim=-1).clamp(min=1).to(logp.dtype)
+    return (logp - old_logp).sum(dim=-1) / lengths
+
+
+def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """``log s_i = 1/|o_i| sum_t log r_it`` (GSPO Eq. 7), the same for every token of sequence i."""
+    return _sequence_mean(logp, old_logp, mask).unsqueeze(1).expand(logp.shape)
+
+
+#: importance-ratio level -> ``(logp, old_logp, mask) -> log_ratio [B, T]``
+RATIOS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "token": token_ratio,
+    "sequence": sequence_ratio,
+}
+
+
 def token_log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
     """Per-token log importance ratio ``log r_t = log pi_theta(o_t) - log pi_old(o_t)``.
 
@@ -192,9 +212,9 @@ def token_log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
     Raises:
         ValueError: shape mismatch or non-floating inputs.
     """
-    _check_bt(logp, "logp")
-    _check_bt(old_logp, "old_logp", logp.shape)
-    cdt = _cdt(logp, old_logp)
+    _v.bt_tensor(logp, "logp")
+    _v.bt_tensor(old_logp, "old_logp", logp.shape)
+    cdt = _v.compute_dtype(logp, old_logp)
     return logp.to(cdt) - old_logp.detach().to(cdt)
 
 
@@ -215,19 +235,47 @@ def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     Raises:
         ValueError: shape mismatch, mask values other than 0/1, non-floating log-probs.
     """
-    _check_bt(logp, "logp")
-    _check_bt(old_logp, "old_logp", logp.shape)
-    m = _mask_bool(mask, logp.shape)
-    cdt = _cdt(logp, old_logp)
-    zero = torch.zeros((), dtype=cdt, device=logp.device)
-    lr = torch.where(m, logp.to(cdt), zero) - torch.where(m, old_logp.detach().to(cdt), zero)
-    lengths = m.sum(dim=-1).clamp(min=1).to(cdt)
-    return lr.sum(dim=-1) / lengths
+    _v.bt_tensor(logp, "logp")
+    _v.bt_tensor(old_logp, "old_logp", logp.shape)
+    m = _v.mask_bool(mask, logp.shape)
+    cdt = _v.compute_dtype(logp, old_logp)
+    return _sequence_mean(_masked(logp, m, cdt), _masked(old_logp.detach(), m, cdt), m)
 
 
 # --------------------------------------------------------------------------------------------
-# PPO clip
+# surrogates: (log_ratio, advantages, mask, algo) -> (per_token_loss [B, T], indicators)
 # --------------------------------------------------------------------------------------------
+def _ppo_clip(log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
+    """``(-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r)`` with ``r = exp(clamp(log r))``."""
+    ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return -torch.minimum(ratio * adv, clipped * adv), ratio
+
+
+def ppo_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, algo: Algorithm) -> tuple[Tensor, dict]:
+    """PPO's clipped surrogate (DeepSeekMath Eq. 3, DAPO Eq. 10) and which tokens the clip cuts.
+
+    Indicators (bool ``[B, T]``): ``clip_low`` — ``A < 0`` and ``r < 1 - eps_low``; ``clip_high``
+    — ``A > 0`` and ``r > 1 + eps_high`` (exactly the tokens whose gradient the clip sets to 0);
+    ``grad`` — ``A != 0``, not clipped, ``|log r|`` inside the clamp (a non-zero gradient).
+    """
+    loss, ratio = _ppo_clip(log_ratio, advantages, float(algo.eps_low), float(algo.eps_high))
+    with torch.no_grad():
+        r, a = ratio.detach(), advantages
+        low = (a < 0) & (r < 1.0 - algo.eps_low)
+        high = (a > 0) & (r > 1.0 + algo.eps_high)
+        grad = (a != 0) & ~low & ~high & (log_ratio.detach().abs() <= LOG_RATIO_CLAMP)
+    return loss, {"clip_low": low, "clip_high": high, "grad": grad}
+
+
+#: clipping object -> ``(log_ratio, advantages, mask, algo) -> (per_token_loss, indicators)``.
+#: ``indicators`` maps a name to a per-token ``[B, T]`` bool or float tensor; :func:`policy_loss`
+#: reports its mean over the tokens whose policy term counts. It must hold the keys of
+#: :data:`SURROGATE_METRICS` (``clip_low``, ``clip_high``, ``grad``); any other key becomes a
+#: metric of that name.
+SURROGATES: dict[str, Callable[..., tuple[Tensor, dict]]] = {"ppo": ppo_surrogate}
+
+
 def ppo_clip_loss(
     log_ratio: Tensor,
     advantages: Tensor,
@@ -258,7 +306,7 @@ def ppo_clip_loss(
     Raises:
         ValueError: shape mismatch, bad eps values, non-floating inputs.
     """
-    lr = _check_float_tensor(log_ratio, "log_ratio")
+    lr = _v.float_tensor(log_ratio, "log_ratio")
     if lr.dim() != 2:
         raise ValueError(f"log_ratio must have shape [B, T], got {tuple(lr.shape)}")
     el = float(eps_low)
@@ -267,16 +315,74 @@ def ppo_clip_loss(
         raise ValueError(f"eps_low must be in [0, 1], got {eps_low!r}")
     if not (math.isfinite(eh) and eh >= 0):
         raise ValueError(f"eps_high must be finite and >= 0, got {eps_high!r}")
-    cdt = _cdt(lr, advantages if isinstance(advantages, Tensor) else None)
+    cdt = _v.compute_dtype(lr, advantages if isinstance(advantages, Tensor) else None)
     a = _broadcast_adv(advantages, lr.shape, cdt)
-    ratio = torch.exp(torch.clamp(lr.to(cdt), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    clipped = torch.clamp(ratio, 1.0 - el, 1.0 + eh)
-    return -torch.minimum(ratio * a, clipped * a)
+    return _ppo_clip(lr.to(cdt), a, el, eh)[0]
 
 
 # --------------------------------------------------------------------------------------------
-# aggregation
+# aggregations: (values, mask, norms) -> scalar, on padding-zeroed values and a bool mask
 # --------------------------------------------------------------------------------------------
+def _num_sequences(mask: Tensor, norms: Normalisers, dtype: torch.dtype) -> Union[float, Tensor]:
+    if norms.num_sequences is not None:
+        return norms.num_sequences
+    return (mask.sum(dim=-1) > 0).sum().clamp(min=1).to(dtype)
+
+
+def seq_mean_token_mean(values: Tensor, mask: Tensor, norms: Normalisers) -> Tensor:
+    """``1/N_seq sum_i 1/|o_i| sum_t v_it`` — DeepSeekMath Eq. 3's ``1/G sum_i 1/|o_i| sum_t``."""
+    per_seq = values.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1).to(values.dtype)
+    return per_seq.sum() / _num_sequences(mask, norms, values.dtype)
+
+
+def token_mean(values: Tensor, mask: Tensor, norms: Normalisers) -> Tensor:
+    """``sum_it v_it / N_tok`` — DAPO Eq. 12's ``1 / sum_i |o_i|``."""
+    n_tok = norms.num_tokens if norms.num_tokens is not None else mask.sum().clamp(min=1).to(values.dtype)
+    return values.sum() / n_tok
+
+
+def seq_mean_token_sum_norm(values: Tensor, mask: Tensor, norms: Normalisers) -> Tensor:
+    """``1/N_seq sum_i (sum_t v_it) / MAX_TOKENS`` — Dr.GRPO §3.2's constant normaliser."""
+    if norms.max_tokens is None:
+        raise ValueError(
+            "aggregation 'seq_mean_token_sum_norm' needs max_tokens (the constant normaliser, "
+            "e.g. the generation budget); pass max_tokens= or set Algorithm.max_tokens"
+        )
+    per_seq = values.sum(dim=-1) / float(norms.max_tokens)
+    return per_seq.sum() / _num_sequences(mask, norms, values.dtype)
+
+
+#: aggregation mode -> ``(values [B, T], mask [B, T] bool, norms: Normalisers) -> scalar``;
+#: ``values`` are in the compute dtype with padded positions set to 0.
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, Normalisers], Tensor]] = {
+    "seq_mean_token_mean": seq_mean_token_mean,
+    "token_mean": token_mean,
+    "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+}
+
+
+def _normalisers(max_tokens, num_tokens, num_sequences) -> Normalisers:
+    return Normalisers(
+        _v.positive_int("max_tokens", max_tokens, allow_none=True),
+        None if num_tokens is None else _v.positive_number("num_tokens", num_tokens),
+        None if num_sequences is None else _v.positive_number("num_sequences", num_sequences),
+    )
+
+
+def _check_counts(norms: Normalisers, n_tokens: float, n_sequences: float) -> None:
+    """A global count below this batch's own count is a bug (it would inflate the loss)."""
+    for name, given, present, what in (("num_tokens", norms.num_tokens, n_tokens, "real tokens"),
+                                       ("num_sequences", norms.num_sequences, n_sequences, "non-empty rows")):
+        if given is not None and given < present:
+            raise ValueError(
+                f"{name}={given:g} is smaller than the {present:g} {what} of this batch; it must be the "
+                f"count over the whole batch (all micro-batches together), so at least this batch's")
+
+
+def _reduce(values: Tensor, m: Tensor, mode: str, norms: Normalisers) -> Tensor:
+    return AGGREGATIONS[mode](_masked(values, m, _v.compute_dtype(values)), m, norms)
+
+
 def aggregate(
     values: Tensor,
     mask: Tensor,
@@ -299,64 +405,52 @@ def aggregate(
       (arXiv 2503.20783) §3.2, per-sequence token *sum* over a constant (the generation budget
       MAX_TOKENS), then the mean over sequences (``N_seq`` as above).
 
-    Micro-batching: when one batch is split into micro-batches whose losses are summed (gradient
-    accumulation), pass the *whole batch's* ``num_tokens`` (token_mean) or ``num_sequences``
-    (sequence modes; count only non-empty rows to match the default) to every micro-batch; the
-    micro-batch results (and gradients) then sum exactly to the full-batch result. Arguments a
-    mode does not use are ignored. An empty mask gives 0 (never NaN).
+    The modes are the functions of :data:`AGGREGATIONS`. Micro-batching: when one batch is split
+    into micro-batches whose losses are summed (gradient accumulation), pass the *whole batch's*
+    ``num_tokens`` (token_mean) or ``num_sequences`` (sequence modes; count only non-empty rows
+    to match the default) to every micro-batch; the micro-batch results (and gradients) then sum
+    exactly to the full-batch result. A mode ignores the normalisers it does not use (they are
+    still validated). An empty mask gives 0 (never NaN).
 
     Args:
         values: ``[B, T]`` per-token values (any float dtype; padded entries may be NaN / inf).
-        mask: ``[B, T]`` bool or 0/1. mode: one of the three names above.
+        mask: ``[B, T]`` bool or 0/1. mode: a key of :data:`AGGREGATIONS`.
         max_tokens: positive int, required for ``"seq_mean_token_sum_norm"``.
-        num_tokens, num_sequences: optional positive numbers (python or 1-element tensors).
+        num_tokens, num_sequences: optional positive numbers (python or 1-element tensors), at
+            least the real tokens / non-empty rows of this batch.
 
     Returns:
         0-d float32 tensor (float64 for float64 values), differentiable w.r.t. ``values``.
 
     Raises:
         ValueError: unknown mode; shape mismatch; mask not 0/1; ``max_tokens`` missing for
-            ``"seq_mean_token_sum_norm"`` or not positive; non-positive ``num_tokens`` /
-            ``num_sequences``.
+            ``"seq_mean_token_sum_norm"`` or not a positive int; non-positive ``num_tokens`` /
+            ``num_sequences``, or smaller than the real tokens / non-empty rows of this batch.
     """
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGGREGATIONS}")
-    _check_bt(values, "values")
-    m = _mask_bool(mask, values.shape)
-    cdt = _cdt(values)
-    zero = torch.zeros((), dtype=cdt, device=values.device)
-    v = torch.where(m, values.to(cdt), zero)
-    if mode == "token_mean":
-        if num_tokens is not None:
-            denom = _positive("num_tokens", num_tokens)
-        else:
-            denom = m.sum().clamp(min=1).to(cdt)
-        return v.sum() / denom
-
-    lengths = m.sum(dim=-1)
-    if num_sequences is not None:
-        n_seq = _positive("num_sequences", num_sequences)
-    else:
-        n_seq = (lengths > 0).sum().clamp(min=1).to(cdt)
-    if mode == "seq_mean_token_mean":
-        per_seq = v.sum(dim=-1) / lengths.clamp(min=1).to(cdt)
-    else:  # seq_mean_token_sum_norm
-        if max_tokens is None:
-            raise ValueError(
-                "aggregation 'seq_mean_token_sum_norm' needs max_tokens (the constant normaliser, "
-                "e.g. the generation budget); pass max_tokens= or set Algorithm.max_tokens"
-            )
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
-        per_seq = v.sum(dim=-1) / float(max_tokens)
-    return per_seq.sum() / n_seq
+    _v.choice("aggregation mode", mode, AGGREGATIONS)
+    _v.bt_tensor(values, "values")
+    m = _v.mask_bool(mask, values.shape)
+    norms = _normalisers(max_tokens, num_tokens, num_sequences)
+    if num_tokens is not None or num_sequences is not None:
+        _check_counts(norms, *torch.stack([m.sum(), (m.sum(dim=-1) > 0).sum()]).tolist())
+    return _reduce(values, m, mode, norms)
 
 
 # --------------------------------------------------------------------------------------------
-# KL estimators
+# KL estimators: delta = log pi_theta - log pi_ref  ->  per-token estimate of KL(pi_theta || pi_ref)
 # --------------------------------------------------------------------------------------------
-def _k3(delta: Tensor) -> Tensor:
-    """k3(D) = exp(-D) + D - 1 >= 0, stable for every finite D.
+def k1(delta: Tensor) -> Tensor:
+    """``D``: unbiased, high variance, negative for about half the tokens (Schulman 2020)."""
+    return delta
+
+
+def k2(delta: Tensor) -> Tensor:
+    """``D^2 / 2``: biased (exact to second order), low variance, ``>= 0`` (Schulman 2020)."""
+    return 0.5 * delta * delta
+
+
+def k3(delta: Tensor) -> Tensor:
+    """``exp(-D) + D - 1 >= 0`` (DeepSeekMath Eq. 4), stable for every finite D.
 
     * ``|D| < 1e-2``: Taylor series to D^6 (avoids the cancellation of expm1(-D) + D).
     * else ``expm1(-D) + D``.
@@ -375,6 +469,19 @@ def _k3(delta: Tensor) -> Tensor:
     # (delta - dc) is 0 inside the clamp (value and gradient of this term vanish there)
     k = k + slope * (delta - dc)
     return k.clamp(min=0.0)
+
+
+#: KL estimator -> ``(delta [B, T]) -> [B, T]``, ``delta = log pi_theta - log pi_ref`` of a token
+#: sampled from pi_theta (Schulman 2020, "Approximating KL divergence")
+KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {"k1": k1, "k2": k2, "k3": k3}
+
+
+def _kl(logp: Tensor, ref_logp: Tensor, kind: str, old_logp: Optional[Tensor]) -> Tensor:
+    """The estimate of ``kind``, times ``pi_theta / pi_old`` when ``old_logp`` is given (V3.2 Eq. 7)."""
+    k = KL_ESTIMATORS[kind](logp - ref_logp)
+    if old_logp is not None:
+        k = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) * k
+    return k
 
 
 def kl_estimate(
@@ -405,13 +512,15 @@ def kl_estimate(
     gradient of ``r * k3`` is ``r * D * grad log pi_theta``, the unbiased (score-function)
     gradient of the reverse KL for tokens drawn from pi_old, which is the point of Eq. 7; plain k3
     used as a loss has gradient ``(1 - pi_ref/pi_theta) grad log pi_theta``, whose expectation is
-    the gradient of the *forward* KL (see papers.md §3). Allowed for every ``kind`` (importance
-    weighting keeps any of them unbiased for its value), but Eq. 7 is stated for k3.
+    the gradient of the *forward* KL (checked by enumeration in
+    ``tests/test_drgrpo.py::test_plain_k3_gives_the_forward_kl_gradient`` and in chapter 3 of the
+    book). Allowed for every ``kind`` (importance weighting keeps any of them unbiased for its
+    value), but Eq. 7 is stated for k3.
 
     Args:
         logp: ``[B, T]`` current-policy log-probs (grad flows here).
         ref_logp: ``[B, T]`` reference log-probs (detached).
-        kind: ``"k1"`` | ``"k2"`` | ``"k3"``.
+        kind: a key of :data:`KL_ESTIMATORS` (``"k1"`` | ``"k2"`` | ``"k3"``).
         old_logp: optional ``[B, T]`` behaviour log-probs (detached).
 
     Returns:
@@ -422,34 +531,30 @@ def kl_estimate(
             the inputs (log-probs of sampled tokens are finite; mask padding with 0 first, as
             :func:`policy_loss` does).
     """
-    if kind not in ("k1", "k2", "k3"):
-        raise ValueError(f"unknown KL estimator kind {kind!r}; expected 'k1', 'k2' or 'k3'")
-    _check_bt(logp, "logp")
-    _check_bt(ref_logp, "ref_logp", logp.shape)
+    _v.choice("KL estimator kind", kind, KL_ESTIMATORS)
+    _v.bt_tensor(logp, "logp")
+    _v.bt_tensor(ref_logp, "ref_logp", logp.shape)
     if old_logp is not None:
-        _check_bt(old_logp, "old_logp", logp.shape)
+        _v.bt_tensor(old_logp, "old_logp", logp.shape)
     named = [("logp", logp), ("ref_logp", ref_logp)] + ([("old_logp", old_logp)] if old_logp is not None else [])
     bad = [n for n, x in named if not bool(torch.isfinite(x).all())]
     if bad:
         raise ValueError(f"kl_estimate: non-finite values (NaN or inf) in {', '.join(bad)}")
-    cdt = _cdt(logp, ref_logp, old_logp)
-    lp = logp.to(cdt)
-    delta = lp - ref_logp.detach().to(cdt)
-    if kind == "k1":
-        k = delta
-    elif kind == "k2":
-        k = 0.5 * delta * delta
-    else:
-        k = _k3(delta)
-    if old_logp is not None:
-        log_w = torch.clamp(lp - old_logp.detach().to(cdt), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        k = torch.exp(log_w) * k
-    return k
+    cdt = _v.compute_dtype(logp, ref_logp, old_logp)
+    old = None if old_logp is None else old_logp.detach().to(cdt)
+    return _kl(logp.to(cdt), ref_logp.detach().to(cdt), kind, old)
 
 
 # --------------------------------------------------------------------------------------------
 # DeepSeek-V3.2 off-policy sequence masking
 # --------------------------------------------------------------------------------------------
+def _keep_sequences(diff: Tensor, adv: Tensor, m: Tensor, delta: float) -> Tensor:
+    """M of V3.2 Eq. 9 from ``diff = log pi_old - log pi_theta`` (0 at padding) and ``adv``."""
+    div = diff.sum(dim=-1) / m.sum(dim=-1).clamp(min=1).to(diff.dtype)  # d_i, [B]
+    far = div > float(delta)
+    return ~((adv < 0) & (far if adv.dim() == 1 else far.unsqueeze(1)))
+
+
 def offpolicy_sequence_mask(
     old_logp: Tensor,
     logp: Tensor,
@@ -487,19 +592,16 @@ def offpolicy_sequence_mask(
         ValueError: shape mismatches, mask not 0/1, non-finite values at real tokens, ``delta``
             negative, non-finite or not a real number.
     """
-    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not math.isfinite(float(delta)):
-        raise ValueError(f"delta must be a finite real number, got {delta!r}")
-    if delta < 0:
-        raise ValueError(f"delta must be >= 0, got {delta!r}")
-    _check_bt(old_logp, "old_logp")
+    delta = _v.real_number("delta", delta, minimum=0.0)
+    _v.bt_tensor(old_logp, "old_logp")
     shape = old_logp.shape
-    _check_bt(logp, "logp", shape)
-    m = _mask_bool(mask, shape)
-    a = _check_float_tensor(advantages, "advantages")
+    _v.bt_tensor(logp, "logp", shape)
+    m = _v.mask_bool(mask, shape)
+    a = _v.float_tensor(advantages, "advantages")
     if not ((a.dim() == 1 and a.shape[0] == shape[0]) or a.shape == shape):
         raise ValueError(
             f"advantages must have shape [B]={shape[0]} or [B, T]={tuple(shape)}, got {tuple(a.shape)}")
-    cdt = _cdt(old_logp, logp, a)
+    cdt = _v.compute_dtype(old_logp, logp, a)
     zero = torch.zeros((), dtype=cdt, device=logp.device)
     with torch.no_grad():
         diff = torch.where(m, old_logp.detach().to(cdt) - logp.detach().to(cdt), zero)
@@ -509,16 +611,81 @@ def offpolicy_sequence_mask(
         a_real = a_c if a.dim() == 1 else torch.where(m, a_c, zero)
         if not bool(torch.isfinite(a_real).all()):
             raise ValueError("offpolicy_sequence_mask: non-finite advantages")
-        div = diff.sum(dim=-1) / m.sum(dim=-1).clamp(min=1).to(cdt)  # d_i, [B]
-        far = div > float(delta)
-        if a.dim() == 1:
-            return ~((a_real < 0) & far)
-        return ~((a_real < 0) & far.unsqueeze(1))
+        return _keep_sequences(diff, a_real, m, delta)
 
 
 # --------------------------------------------------------------------------------------------
 # the whole objective
 # --------------------------------------------------------------------------------------------
+class _Inputs(NamedTuple):
+    """policy_loss inputs after validation: compute dtype, padded positions set to 0."""
+
+    logp: Tensor  # [B, T], grad flows
+    old: Tensor  # [B, T], detached
+    adv: Tensor  # [B, T], detached, broadcast from [B]
+    ref: Optional[Tensor]  # [B, T], detached
+    mask: Tensor  # [B, T] bool
+    zero: Tensor  # 0-d zero of the compute dtype
+    norms: Normalisers
+
+
+def _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens) -> _Inputs:
+    """Check every input of :func:`policy_loss` once (one device-to-host transfer for the values)."""
+    from .algorithms import Algorithm  # not at module level: algorithms imports this module
+
+    if not isinstance(algo, Algorithm):
+        raise ValueError(f"algo must be a grpo_lab.algorithms.Algorithm, got {type(algo).__name__}")
+    shape = _v.bt_tensor(logp, "logp").shape
+    _v.bt_tensor(old_logp, "old_logp", shape)
+    if ref_logp is not None:
+        _v.bt_tensor(ref_logp, "ref_logp", shape)
+    m = _v.mask_bool(mask, shape)
+    if algo.uses_kl and ref_logp is None:
+        raise ValueError(
+            f"algorithm {algo.name!r} has a KL term (kl={algo.kl!r}, beta={algo.beta}) so ref_logp "
+            "is required; pass ref_logp= or use an algorithm with beta=0 / kl=None"
+        )
+    norms = _normalisers(algo.max_tokens if max_tokens is None else max_tokens, num_tokens, num_sequences)
+    cdt = _v.compute_dtype(logp, old_logp, ref_logp, advantages if isinstance(advantages, Tensor) else None)
+    x = _Inputs(_masked(logp, m, cdt), _masked(old_logp.detach(), m, cdt),
+                _masked(_broadcast_adv(advantages, shape, cdt), m, cdt),
+                None if ref_logp is None else _masked(ref_logp.detach(), m, cdt),
+                m, torch.zeros((), dtype=cdt, device=logp.device), norms)
+    _check_values(x)
+    return x
+
+
+def _check_values(x: _Inputs) -> None:
+    """Finite inputs, log-probs <= 0 and normalisers >= this batch's counts, at real tokens."""
+    finite = {"logp": x.logp, "old_logp": x.old, "advantages": x.adv, "ref_logp": x.ref}
+    finite = {k: t for k, t in finite.items() if t is not None}
+    logprobs = {k: t for k, t in finite.items() if k != "advantages"}
+    checks = [torch.isfinite(t).all() for t in finite.values()] + [(t <= 0).all() for t in logprobs.values()]
+    counts = [x.mask.sum(), (x.mask.sum(dim=-1) > 0).sum()]
+    host = torch.stack([c.to(torch.float64) for c in checks + counts]).tolist()
+    bad = [k for k, ok in zip(finite, host) if not ok]
+    if bad:
+        raise ValueError(f"non-finite values (NaN or inf) at real (mask=1) tokens in: {', '.join(bad)}")
+    for (k, t), ok in zip(logprobs.items(), host[len(finite):]):
+        if not ok:
+            b, i = (t > 0).nonzero()[0].tolist()
+            raise ValueError(
+                f"{k} must hold log-probabilities (<= 0), but {k}[{b}, {i}] = {float(t[b, i].detach()):.6g} > 0 at a "
+                "real (mask=1) token; pass log pi of the sampled tokens, not logits or log-ratios")
+    _check_counts(x.norms, *host[-2:])
+
+
+def _kl_term(x: _Inputs, algo: Algorithm) -> Optional[Tensor]:
+    """Per-token KL to pi_ref (with V3.2 Eq. 7's correction if asked); for the metric only, without
+    gradient, when the loss has no KL term; None without ``ref_logp``."""
+    if x.ref is None:
+        return None
+    if algo.uses_kl:
+        return _kl(x.logp, x.ref, algo.kl, x.old if algo.kl_importance_correction else None)
+    with torch.no_grad():
+        return _kl(x.logp.detach(), x.ref, algo.kl or "k3", None)
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -533,17 +700,20 @@ def policy_loss(
 ) -> LossOutput:
     """The full per-token objective of ``algo`` as a loss to minimise, plus diagnostics.
 
-    Per token (``l`` is ``algo``'s choice on each axis)::
+    Per token (each step is ``algo``'s choice on one axis, a function of a registry)::
 
-        loss_it = -min(rho_it A_it, clip(rho_it, 1 - eps_low, 1 + eps_high) A_it) + beta * KL_it
-        loss    = aggregate(loss_it, mask, algo.aggregation)
+        rho_it  = RATIOS[algo.ratio_level](logp, old_logp, mask)         (as log rho)
+        pg_it   = SURROGATES[algo.clip](log rho, A, mask, algo)           (PPO: -min(rho A, clip(rho) A))
+        pg_it   = M_it * pg_it                                            (V3.2 Eqs. 8-9, if set)
+        loss_it = pg_it + beta * KL_ESTIMATORS[algo.kl](logp - ref_logp)  (if algo.uses_kl)
+        loss    = AGGREGATIONS[algo.aggregation](loss_it, mask, ...)
 
     * ``rho_it``: ``ratio_level="token"`` -> ``r_it = pi_theta/pi_old`` (DeepSeekMath, arXiv
       2402.03300, Eq. 3); ``"sequence"`` -> ``s_i`` of GSPO (arXiv 2507.18071) Eq. 7, the same
       for every token of sequence i, so with ``seq_mean_token_mean`` and per-sequence advantages
       the loss is exactly GSPO Eq. 5 (``-1/G sum_i min(s_i A_i, clip(s_i) A_i)``) and its gradient
       GSPO Eq. 10. With token-level advantages ``[B, T]`` the sequence ratio multiplies each
-      token's advantage (not GSPO-token, Eq. 13-17, which is a later choice).
+      token's advantage (not GSPO-token, Eqs. 13-17).
     * ``KL_it``: ``kl_estimate(logp, ref_logp, algo.kl)``, added **inside** the token sum as in
       DeepSeekMath Eq. 3, hence aggregated with the same mode; only when ``algo.kl`` is set and
       ``algo.beta > 0``. With ``algo.kl_importance_correction`` it is
@@ -567,143 +737,112 @@ def policy_loss(
         ref_logp: ``[B, T]`` log pi_ref; required iff ``algo.kl`` is not None and
             ``algo.beta > 0``. If given otherwise, the KL is still computed (without grad) for the
             ``kl`` metric, with ``algo.kl`` or k3 when ``algo.kl is None``.
-        num_tokens, num_sequences: global normalisers (see :func:`aggregate`).
+        num_tokens, num_sequences: global normalisers (see :func:`aggregate`), at least this
+            batch's real tokens / non-empty rows.
         max_tokens: constant normaliser for ``"seq_mean_token_sum_norm"``.
 
     Returns:
         :class:`LossOutput` ``(loss, metrics)``. ``loss``: 0-d float32 tensor with grad.
-        ``metrics`` (python floats over the real tokens of *this* batch, never NaN):
+        ``metrics``: :class:`grpo_lab.metrics.Metric` values (python floats over the real tokens
+        of *this* batch, never NaN, each with its reduction over micro-batches):
 
-        * ``loss``, ``pg_loss`` (the clipped-surrogate part alone, aggregated the same way),
-          ``kl`` (mean per-token KL estimate over real tokens; 0.0 when not computed);
+        * ``loss``, ``pg_loss`` (the clipped-surrogate part alone, aggregated the same way) —
+          sums; ``kl`` (mean per-token KL estimate over real tokens; 0.0 with weight 0 when not
+          computed);
         * ``clip_frac_low`` — fraction of real tokens with ``A < 0`` and ``rho < 1 - eps_low``;
           ``clip_frac_high`` — ``A > 0`` and ``rho > 1 + eps_high``; ``clip_frac`` — their sum.
           These are exactly the tokens whose policy gradient the clip sets to 0 (sign-aware);
-        * ``ratio_mean``, ``ratio_min``, ``ratio_max``, ``ratio_q05``, ``ratio_q50``,
-          ``ratio_q95`` — of ``rho`` over real tokens (1.0, the no-change ratio, when there are no
-          real tokens);
+        * ``ratio_mean``, ``ratio_min`` (a minimum), ``ratio_max`` (a maximum), ``ratio_q05``,
+          ``ratio_q50``, ``ratio_q95`` — of ``rho`` over real tokens (1.0, the no-change ratio,
+          when there are no real tokens);
         * ``grad_token_frac`` — fraction of real tokens with a non-zero policy-gradient signal
           (``A != 0``, not clipped, log-ratio inside the clamp);
         * ``adv_abs_mean`` — mean ``|A|`` over real tokens;
-        * ``num_tokens``, ``num_sequences`` — real tokens and non-empty rows in this batch (use
-          them to weight metrics when averaging over micro-batches);
+        * ``num_tokens``, ``num_sequences`` — real tokens and non-empty rows in this batch (sums);
         * ``offpolicy_masked_frac`` — fraction of non-empty rows with at least one token masked
-          by Off-Policy Sequence Masking (0.0 when ``algo.offpolicy_mask_delta`` is None).
+          by Off-Policy Sequence Masking (0.0 when ``algo.offpolicy_mask_delta`` is None), a
+          sequence mean.
 
-        Tokens masked by Off-Policy Sequence Masking count in neither ``clip_frac_*`` nor
-        ``grad_token_frac`` (their policy gradient is 0 because of the mask, not the clip).
-
-        All fractions and means are 0.0 for an empty mask, and the loss is then 0.
+        Every other metric is a token mean. Tokens masked by Off-Policy Sequence Masking count in
+        neither ``clip_frac_*`` nor ``grad_token_frac`` (their policy gradient is 0 because of the
+        mask, not the clip). All fractions and means are 0.0 for an empty mask, and the loss is
+        then 0.
 
     Raises:
         ValueError: ``algo`` not an Algorithm; shape mismatches; mask not 0/1; NaN / inf at a real
-            token in ``logp``, ``old_logp``, ``ref_logp`` or ``advantages``; ``ref_logp`` missing
-            when the algorithm has a KL term; ``max_tokens`` missing for
-            ``"seq_mean_token_sum_norm"``; non-positive normalisers.
+            token in ``logp``, ``old_logp``, ``ref_logp`` or ``advantages``; a log-prob > 0 at a
+            real token; ``ref_logp`` missing when the algorithm has a KL term; ``max_tokens``
+            missing for ``"seq_mean_token_sum_norm"``; non-positive normalisers, or
+            ``num_tokens`` / ``num_sequences`` below this batch's counts.
     """
-    if not isinstance(algo, Algorithm):
-        raise ValueError(f"algo must be a grpo_lab.algorithms.Algorithm, got {type(algo).__name__}")
-    _check_bt(logp, "logp")
-    shape = logp.shape
-    _check_bt(old_logp, "old_logp", shape)
-    if ref_logp is not None:
-        _check_bt(ref_logp, "ref_logp", shape)
-    m = _mask_bool(mask, shape)
-    if algo.uses_kl and ref_logp is None:
-        raise ValueError(
-            f"algorithm {algo.name!r} has a KL term (kl={algo.kl!r}, beta={algo.beta}) so ref_logp "
-            "is required; pass ref_logp= or use an algorithm with beta=0 / kl=None"
-        )
-    if max_tokens is None:
-        max_tokens = algo.max_tokens
-    cdt = _cdt(logp, old_logp, ref_logp, advantages if isinstance(advantages, Tensor) else None)
-    dev = logp.device
-    zero = torch.zeros((), dtype=cdt, device=dev)
-
-    # replace padded positions before any arithmetic so that NaN/inf there never reaches a value
-    # or a gradient
-    lp = torch.where(m, logp.to(cdt), zero)
-    old = torch.where(m, old_logp.detach().to(cdt), zero)
-    adv = torch.where(m, _broadcast_adv(advantages, shape, cdt), zero)
-    ref = None if ref_logp is None else torch.where(m, ref_logp.detach().to(cdt), zero)
-
-    checks = [torch.isfinite(lp).all(), torch.isfinite(old).all(), torch.isfinite(adv).all()]
-    names = ["logp", "old_logp", "advantages"]
-    if ref is not None:
-        checks.append(torch.isfinite(ref).all())
-        names.append("ref_logp")
-    ok = torch.stack(checks).tolist()
-    bad = [n for n, good in zip(names, ok) if not good]
-    if bad:
-        raise ValueError(f"non-finite values (NaN or inf) at real (mask=1) tokens in: {', '.join(bad)}")
-
-    # ---- ratio -----------------------------------------------------------------------------
-    if algo.ratio_level == "token":
-        log_ratio = lp - old
-    else:  # "sequence": GSPO Eq. 7, broadcast over the tokens of each sequence
-        log_ratio = sequence_log_ratio(lp, old, m).unsqueeze(1).expand(shape)
-
-    # ---- clipped surrogate -------------------------------------------------------------------
-    if algo.clip != "ppo":  # pragma: no cover - Algorithm validation makes this unreachable
-        raise NotImplementedError(f"clip {algo.clip!r}")
-    pg_tok = ppo_clip_loss(log_ratio, adv, eps_low=algo.eps_low, eps_high=algo.eps_high)
+    x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens)
+    log_ratio = RATIOS[algo.ratio_level](x.logp, x.old, x.mask)
+    pg_tok, indicators = SURROGATES[algo.clip](log_ratio, x.adv, x.mask, algo)
     keep = None
     if algo.offpolicy_mask_delta is not None:  # DeepSeek-V3.2 Eqs. 8-9
-        keep = offpolicy_sequence_mask(old, lp.detach(), adv, m, algo.offpolicy_mask_delta)
-        pg_tok = torch.where(keep, pg_tok, zero)
-
-    # ---- KL ----------------------------------------------------------------------------------
-    kl_tok = None
-    if ref is not None:
-        if algo.uses_kl:
-            kl_tok = kl_estimate(lp, ref, algo.kl, old_logp=old if algo.kl_importance_correction else None)
-        else:
-            with torch.no_grad():
-                kl_tok = kl_estimate(lp.detach(), ref, algo.kl or "k3")
+        with torch.no_grad():
+            keep = _keep_sequences(x.old - x.logp.detach(), x.adv, x.mask, algo.offpolicy_mask_delta)
+        pg_tok = torch.where(keep, pg_tok, x.zero)
+    kl_tok = _kl_term(x, algo)
     total = pg_tok + algo.beta * kl_tok if algo.uses_kl else pg_tok
+    loss = _reduce(total, x.mask, algo.aggregation, x.norms)
+    return LossOutput(loss, _loss_metrics(x, algo, loss, pg_tok, log_ratio, indicators, keep, kl_tok))
 
-    agg_kw = dict(max_tokens=max_tokens, num_tokens=num_tokens, num_sequences=num_sequences)
-    loss = aggregate(total, m, algo.aggregation, **agg_kw)
 
-    # ---- metrics (one device->host transfer) ---------------------------------------------------
+# --------------------------------------------------------------------------------------------
+# metrics of policy_loss
+# --------------------------------------------------------------------------------------------
+def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured: bool) -> _metrics.Metric:
+    """The reduction of each metric of :func:`policy_loss` (see :mod:`grpo_lab.metrics`)."""
+    if name in ("loss", "pg_loss", "num_tokens", "num_sequences"):
+        return _metrics.total(value)
+    if name == "ratio_min":
+        return _metrics.minimum(value, weight=n_tok)
+    if name == "ratio_max":
+        return _metrics.maximum(value, weight=n_tok)
+    if name == "kl":
+        return _metrics.token_mean(value, n_tok if kl_measured else 0.0)
+    if name == "offpolicy_masked_frac":
+        return _metrics.seq_mean(value, n_seq)
+    return _metrics.token_mean(value, n_tok)
+
+
+def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicators, keep, kl_tok) -> dict:
+    """The diagnostics of :func:`policy_loss`, by name, with one device-to-host transfer."""
+    missing = [k for k in SURROGATE_METRICS if k not in indicators]
+    if missing:
+        raise ValueError(f"surrogate {algo.clip!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
+                         f"missing {missing}")
+    m, zero = x.mask, x.zero
     with torch.no_grad():
-        pg_loss = aggregate(pg_tok.detach(), m, algo.aggregation, **agg_kw)
         n_tok = m.sum()
-        n_f = n_tok.clamp(min=1).to(cdt)
-        n_rows = (m.sum(dim=-1) > 0).sum().to(cdt)
-        lr_d = log_ratio.detach()
-        ratio = torch.exp(torch.clamp(lr_d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        clip_low = m & (adv < 0) & (ratio < 1.0 - algo.eps_low)
-        clip_high = m & (adv > 0) & (ratio > 1.0 + algo.eps_high)
-        if keep is not None:
-            clip_low = clip_low & keep
-            clip_high = clip_high & keep
-        grad_tok = m & (adv != 0) & ~clip_low & ~clip_high & (lr_d.abs() <= LOG_RATIO_CLAMP)
-        if keep is not None:
-            grad_tok = grad_tok & keep
-        r_real = ratio[m]
-        if r_real.numel() > 0:
-            q05, q50, q95 = _quantiles(r_real, (0.05, 0.5, 0.95))
-            r_stats = [r_real.mean(), r_real.min(), r_real.max(), q05, q50, q95]
+        n_f = n_tok.clamp(min=1).to(zero.dtype)
+        n_rows = (m.sum(dim=-1) > 0).sum().to(zero.dtype)
+        counted = m if keep is None else m & keep  # tokens whose policy term is in the loss
+        frac = {k: torch.where(counted, v, torch.zeros((), dtype=v.dtype, device=v.device)).sum() / n_f
+                for k, v in indicators.items()}
+        ratio = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))[m]
+        if ratio.numel() > 0:
+            r_stats = [ratio.mean(), ratio.min(), ratio.max(), *_quantiles(ratio, (0.05, 0.5, 0.95))]
         else:
-            r_stats = [torch.ones((), dtype=cdt, device=dev)] * 6
-        kl_mean = zero if kl_tok is None else torch.where(m, kl_tok.detach(), zero).sum() / n_f
-        f_low = clip_low.sum() / n_f
-        f_high = clip_high.sum() / n_f
-        values = [
-            loss.detach(),
-            pg_loss,
-            kl_mean,
-            f_low,
-            f_high,
-            f_low + f_high,
-            *r_stats,
-            grad_tok.sum() / n_f,
-            adv.abs().sum() / n_f,
-            n_tok.to(cdt),
-            n_rows,
-            zero if keep is None else (m & ~keep).any(dim=-1).sum().to(cdt) / n_rows.clamp(min=1),
-        ]
-        vals = torch.stack([v.to(torch.float64).reshape(()) for v in values]).tolist()
-    metrics = {k: (float(v) if math.isfinite(v) else 0.0) for k, v in zip(METRIC_KEYS, vals)}
-    return LossOutput(loss=loss, metrics=metrics)
+            r_stats = [torch.ones_like(zero)] * 6
+        values = {
+            "loss": loss.detach(),
+            "pg_loss": _reduce(pg_tok.detach(), m, algo.aggregation, x.norms),
+            "kl": zero if kl_tok is None else torch.where(m, kl_tok.detach(), zero).sum() / n_f,
+            "clip_frac_low": frac["clip_low"],
+            "clip_frac_high": frac["clip_high"],
+            "clip_frac": frac["clip_low"] + frac["clip_high"],
+            **dict(zip(("ratio_mean", "ratio_min", "ratio_max", "ratio_q05", "ratio_q50", "ratio_q95"), r_stats)),
+            "grad_token_frac": frac["grad"],
+            "adv_abs_mean": x.adv.abs().sum() / n_f,
+            "num_tokens": n_tok.to(zero.dtype),
+            "num_sequences": n_rows,
+            "offpolicy_masked_frac": zero if keep is None else (m & ~keep).any(dim=-1).sum().to(zero.dtype)
+            / n_rows.clamp(min=1),
+            **{k: v for k, v in frac.items() if k not in SURROGATE_METRICS},
+        }
+        host = torch.stack([v.to(torch.float64).reshape(()) for v in values.values()]).tolist()
+    vals = {k: (v if math.isfinite(v) else 0.0) for k, v in zip(values, host)}
+    n, s = vals["num_tokens"], vals["num_sequences"]
+    return {k: _as_metric(k, v, n, s, kl_tok is not None) for k, v in vals.items()}

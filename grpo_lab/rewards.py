@@ -9,31 +9,27 @@
 * DeepSeekMath-V2's self-verification reward (:func:`self_verification_reward`), which combines
   a proof's score with the score of the generator's own verification of it.
 
-A math module (design §2): it imports torch only, no model, tokenizer or trainer code. Lengths
-are counted in tokens, including the EOS token when one was produced (the convention of
+A math module: it imports torch only, no model, tokenizer or trainer code. Lengths are counted
+in tokens, including the EOS token when one was produced (the convention of
 :attr:`grpo_lab.rollout.Rollout.lengths`).
+
+Where the code departs from the papers, and why: DAPO Eq. 13 writes ``|y|`` without saying
+whether the EOS token counts; we count it, so that a response cut at the budget without EOS and
+one that ends with EOS exactly at the budget both have length ``L_max`` (penalty -1 either way).
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Sequence, Union
 
 import torch
 from torch import Tensor
 
+from . import validation as _v
+
 __all__ = ["overlong_penalty", "shape_rewards", "self_verification_reward"]
 
 LengthsLike = Union[Tensor, Sequence[int]]
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value!r}")
-    return int(value)
 
 
 def _lengths(lengths: LengthsLike) -> Tensor:
@@ -84,8 +80,8 @@ def overlong_penalty(lengths: LengthsLike, *, max_len: int, cache_len: int) -> T
         ValueError: ``max_len`` / ``cache_len`` not positive ints, ``cache_len > max_len``,
             ``lengths`` not 1-D, non-finite or negative.
     """
-    max_len = _positive_int("max_len", max_len)
-    cache_len = _positive_int("cache_len", cache_len)
+    max_len = _v.positive_int("max_len", max_len)
+    cache_len = _v.positive_int("cache_len", cache_len)
     if cache_len > max_len:
         raise ValueError(
             f"cache_len (L_cache={cache_len}) must be <= max_len (L_max={max_len}): the punishment "
@@ -175,17 +171,14 @@ def self_verification_reward(r_format, r_y, r_z, *, alpha: float = 0.76, beta: f
         ValueError: a value outside [0, 1], NaN / inf, a non-numeric input, shapes that do not
             broadcast, or ``alpha`` / ``beta`` negative or non-finite.
     """
-    for name, w in (("alpha", alpha), ("beta", beta)):
-        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(float(w)):
-            raise ValueError(f"{name} must be a finite real number, got {w!r}")
-        if w < 0:
-            raise ValueError(f"{name} must be >= 0, got {w!r}")
+    alpha = _v.real_number("alpha", alpha, minimum=0.0)
+    beta = _v.real_number("beta", beta, minimum=0.0)
     dev = next((x.device for x in (r_format, r_y, r_z) if isinstance(x, Tensor)), None)
     f = _unit_interval("r_format", r_format)
     y = _unit_interval("r_y", r_y)
     z = _unit_interval("r_z", r_z)
     try:
-        out = f * (float(alpha) * y + float(beta) * z)
+        out = f * (alpha * y + beta * z)
     except RuntimeError as exc:
         raise ValueError(f"r_format, r_y and r_z must broadcast to one shape: {exc}") from None
     return out.to(torch.float32) if dev is None else out.to(device=dev, dtype=torch.float32)

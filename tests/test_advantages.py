@@ -255,3 +255,99 @@ def test_cuda():
     assert a.device.type == "cuda"
     torch.testing.assert_close(a.cpu(), group_advantages(r.cpu(), 2))
     torch.testing.assert_close(rloo_advantages(r, 2).cpu(), rloo_advantages(r.cpu(), 2))
+
+
+# ------------------------------------------------------------------------------------------------
+# ties up to rounding (issue 8, item 6): rewards equal up to rounding are a tie
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("eps", [0.0, 1e-4])
+def test_rounding_tie_gives_zero_not_uncentred_advantages(scale, eps):
+    # 0.1 + 0.2 = 0.30000000000000004 differs from 0.3 by one float64 ulp (5.6e-17). Before the
+    # tie rule, eps=0 gave [0, -1, -1]: not even centred.
+    r = [0.1 + 0.2, 0.3, 0.3]
+    assert r[0] != r[1]
+    a = group_advantages(r, 3, scale=scale, eps=eps)
+    assert torch.equal(a, torch.zeros(3))
+    assert torch.equal(rloo_advantages(r, 3), torch.zeros(3))
+    stats = group_stats(r, 3)
+    assert stats.all_equal.tolist() == [True] and stats.zero_adv_frac == 1.0 and stats.std.item() == 0.0
+
+
+def test_tie_rule_is_relative_to_scale_and_dtype():
+    from grpo_lab.advantages import TIE_ULPS, tied_groups
+
+    big = 1e6
+    # float64: a spread of a few ulps at 1e6 is a tie, a spread of 1e-6 (far above rounding) is not
+    ulp = math.ulp(big)
+    assert tied_groups([big, big + 2 * ulp], 2).tolist() == [True]
+    assert tied_groups([big, big + 1e-6], 2).tolist() == [False]
+    # the same 1e-6 difference at scale 1 is not a tie either (2^-20 * 2^52 ulps)
+    assert tied_groups([1.0, 1.0 + 1e-6], 2).tolist() == [False]
+    # float32 input: rounding of a float32 sum is a tie ...
+    s32 = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float32)
+    r32 = torch.stack([s32.sum(), s32.flip(0).sum()])  # summation order changes the last bit
+    assert tied_groups(r32, 2).tolist() == [True]
+    # ... and the tolerance is exactly TIE_ULPS float32 epsilons of the largest |reward|
+    x = torch.tensor(1.0, dtype=torch.float32)
+    tol = TIE_ULPS * torch.finfo(torch.float32).eps
+    assert tied_groups(torch.stack([x, x + tol]), 2).tolist() == [True]
+    assert tied_groups(torch.stack([x, x + 2 * tol]), 2).tolist() == [False]
+    # integers: exact
+    assert tied_groups(torch.tensor([3, 3, 4]), 3).tolist() == [False]
+    # a real reward difference (DAPO overlong penalty -1/6) is never a tie, and stays centred
+    a = group_advantages(torch.tensor([1.0, 1.0 - 1 / 6, 0.0]), 3)
+    assert abs(float(a.double().sum())) < 1e-6 and torch.isfinite(a).all()
+
+
+@given(st.floats(-1e6, 1e6, allow_nan=False), st.integers(2, 8), st.sampled_from(["group", "batch", "none"]))
+@HYP
+def test_sums_of_equal_terms_in_any_order_are_ties(value, G, scale):
+    # G rewards that are the same sum computed in different orders: finite, centred, and zero
+    terms = [value / 3, value / 7, value / 11, value / 13]
+    rewards = [sum(terms[i:] + terms[:i]) for i in range(G)]
+    a = group_advantages(rewards, G, scale=scale, eps=0.0)
+    assert torch.equal(a, torch.zeros(G))
+
+
+# ------------------------------------------------------------------------------------------------
+# AdvantageBatch: the one argument of every advantage estimator
+# ------------------------------------------------------------------------------------------------
+def test_advantage_batch_from_groups():
+    from grpo_lab.advantages import AdvantageBatch
+
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    b = AdvantageBatch.from_groups(r, 3, mask=torch.ones(6, 4))
+    assert b.rewards is r and b.group_ids.tolist() == [0, 0, 0, 1, 1, 1] and b.group_ids.dtype == torch.int64
+    assert b.group_size == 3 and b.values is None and b.mask.shape == (6, 4)
+    # python lists become float64 tensors (the tie rule then uses float64, as for the list)
+    assert AdvantageBatch.from_groups([1, 0], 2).rewards.dtype == torch.float64
+    assert AdvantageBatch.from_groups(torch.zeros(0), 4).group_size == 1  # no groups
+
+
+@pytest.mark.parametrize("ids, match", [
+    ([0, 0, 1, 1, 0, 0], "contiguous"),
+    ([0, 0, 0, 1, 1, 2], "same size"),
+    ([0, 0, 1], "group_ids"),
+])
+def test_advantage_batch_checks_its_groups(ids, match):
+    from grpo_lab.advantages import AdvantageBatch
+
+    b = AdvantageBatch(torch.zeros(6), torch.tensor(ids))
+    with pytest.raises(ValueError, match=match):
+        b.group_size
+
+
+def test_advantage_batch_errors():
+    from grpo_lab.advantages import AdvantageBatch
+
+    with pytest.raises(ValueError, match="does not divide"):
+        AdvantageBatch.from_groups(torch.zeros(5), 2)
+    with pytest.raises(ValueError, match="group_size"):
+        AdvantageBatch.from_groups(torch.zeros(4), 0)
+    with pytest.raises(ValueError, match="finite"):
+        AdvantageBatch.from_groups(torch.tensor([0.0, float("nan")]), 2)
+    with pytest.raises(ValueError, match="mask must be a \\[B, T\\] tensor with B=4"):
+        AdvantageBatch.from_groups(torch.zeros(4), 2, mask=torch.ones(3, 2))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        AdvantageBatch.from_groups(torch.zeros(4), 2, mask=torch.ones(4, 2), values=torch.ones(4, 3))

@@ -155,3 +155,63 @@ def test_get_algorithm():
 def test_hashable_and_comparable():
     assert GRPO == GRPO.replace()
     assert len({GRPO, GRPO.replace(), Algorithm()}) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# registries: one per axis, checked at construction, open to functions registered from outside
+# ------------------------------------------------------------------------------------------------
+def test_old_choice_names_are_live_views_of_the_registries(monkeypatch):
+    from grpo_lab import objectives as obj
+
+    assert list(ADVANTAGES) == list(adv.ADVANTAGE_ESTIMATORS) == ["group", "group_mean", "batch", "rloo"]
+    assert list(RATIO_LEVELS) == list(obj.RATIOS) == ["token", "sequence"]
+    assert list(AGGREGATIONS) == list(obj.AGGREGATIONS)
+    assert list(KL_ESTIMATORS) == ["k1", "k2", "k3"]
+    monkeypatch.setitem(obj.KL_ESTIMATORS, "k_abs", lambda d: d.abs())
+    assert "k_abs" in KL_ESTIMATORS
+    assert Algorithm(kl="k_abs").kl == "k_abs"
+    assert Algorithm(kl=None).kl is None  # no KL term is always a choice
+
+
+def test_registered_choices_are_valid_and_used(monkeypatch):
+    calls = []
+
+    def halved(batch, algo):
+        calls.append(batch.group_size)
+        return adv.group_advantages(batch.rewards, batch.group_size, scale="none") / 2
+
+    with pytest.raises(ValueError, match="unknown advantage 'halved'"):
+        Algorithm(advantage="halved")
+    monkeypatch.setitem(adv.ADVANTAGE_ESTIMATORS, "halved", halved)
+    algo = GRPO.replace(advantage="halved")
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    torch.testing.assert_close(algo.advantages(r, 3), adv.group_advantages(r, 3, scale="none") / 2)
+    assert calls == [3]
+
+
+def test_estimate_advantages_dispatches_through_the_registry():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.0, 1.0, 1.0])
+    batch = adv.AdvantageBatch.from_groups(r, 4, mask=torch.ones(8, 3))
+    for name in ADVANTAGES:
+        algo = Algorithm(advantage=name, adv_eps=1e-3)
+        got = algo.estimate_advantages(batch)
+        assert torch.equal(got, adv.ADVANTAGE_ESTIMATORS[name](batch, algo))
+        assert torch.equal(got, algo.advantages(r, 4)) and got.dtype == torch.float32
+    with pytest.raises(ValueError, match="AdvantageBatch"):
+        GRPO.estimate_advantages(r)
+    # an empty batch has no groups: empty advantages under every estimator
+    for name in ADVANTAGES:
+        assert Algorithm(advantage=name).advantages(torch.zeros(0), 4).shape == (0,)
+
+
+def test_presets_state_only_what_differs_from_grpo():
+    from grpo_lab.algorithms import DR_GRPO, deepseek_v32
+
+    assert DAPO == GRPO.replace(name="DAPO", eps_high=0.28, aggregation="token_mean", kl=None, beta=0.0,
+                                dynamic_sampling=True, overlong_filter=True, overlong_cache_len=6)
+    assert DR_GRPO == GRPO.replace(name="DR_GRPO", advantage="group_mean", aggregation="seq_mean_token_sum_norm",
+                                   kl=None, beta=0.0)
+    v32 = deepseek_v32(beta=0.1, delta=0.5, eps=0.3)
+    assert v32.describe() == {**GRPO.describe(), "name": "DeepSeek-V3.2", "advantage": "group_mean",
+                              "eps_low": 0.3, "eps_high": 0.3, "beta": 0.1, "kl_importance_correction": True,
+                              "offpolicy_mask_delta": 0.5}

@@ -1,6 +1,6 @@
 """Tests for Dr. GRPO (Liu et al., arXiv 2503.20783) and the DeepSeek-V3.2 options (arXiv
-2512.02556, Eqs. 7-9), the DeepSeekMath-V2 self-verification reward and mHC's Sinkhorn-Knopp
-projection (papers.md §2-§3).
+2512.02556, Eqs. 7-9), the DeepSeekMath-V2 self-verification reward (its Eqs. 5-6) and mHC's
+Sinkhorn-Knopp projection.
 
 Hand-worked goldens: the per-token gradient weights of both biases Dr. GRPO removes, the RLOO
 relation of App. A, the gradient identity of V3.2 Eq. 7 by exact enumeration of a small
@@ -204,8 +204,8 @@ def test_policy_loss_uses_eq7_only_when_asked():
     g = torch.Generator().manual_seed(3)
     B, T = 3, 4
     logp = (-torch.rand(B, T, generator=g, dtype=torch.float64) - 0.1).requires_grad_(True)
-    old = logp.detach() - 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64)
-    ref = logp.detach() + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    old = -(logp.detach() - 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64)).abs()  # log-probs <= 0
+    ref = -(logp.detach() + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)).abs()
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float64)
     adv = torch.zeros(B, dtype=torch.float64)  # isolate the KL term
     algo = GRPO.replace(beta=0.5)
@@ -237,7 +237,7 @@ def _masking_example():
         [0.25, 0.25, 0.25, 0.25],    # A<0, d=0.25 == delta       -> kept (strict >)
     ], dtype=torch.float64)
     adv = torch.tensor([-1.0, 1.0, -1.0, -1.0, -0.5, -1.0], dtype=torch.float64)
-    logp = torch.full((6, 4), -1.0, dtype=torch.float64)
+    logp = torch.full((6, 4), -3.0, dtype=torch.float64)  # so that log pi_old = logp + diff <= 0 at real tokens
     return logp, logp + diff, adv, mask
 
 

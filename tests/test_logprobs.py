@@ -353,3 +353,35 @@ def test_inputs_are_not_modified(data, dtype, chunk_size, temperature):
     hb, wb = h.clone(), w.clone()
     token_logprobs_from_hidden(h, w, ids, temperature=temperature, chunk_size=chunk_size or 1024)
     assert torch.equal(h, hb) and torch.equal(w, wb)
+
+
+# ------------------------------------------------------------------------------------------------
+# undefined log-probs are an error naming the position (issue 8, item 7)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk_size", [None, 2])
+@pytest.mark.parametrize("poison", ["nan", "all_minus_inf"])
+def test_undefined_logprob_raises_naming_the_position(data, chunk_size, poison):
+    logits, ids, _ = data
+    bad = logits.clone()
+    if poison == "nan":
+        bad[1, 4, 3] = float("nan")  # one NaN logit poisons the whole row's log-sum-exp
+    else:
+        bad[1, 4, :] = float("-inf")  # no token has any probability
+    with pytest.raises(ValueError, match=r"position \(1, 4\)"):
+        token_logprobs(bad, ids, chunk_size=chunk_size)
+
+
+def test_undefined_logprob_from_hidden_raises_naming_the_position(data):
+    _, ids, _ = data
+    g = torch.Generator().manual_seed(3)
+    hidden, weight = torch.randn(B, T, H, generator=g), torch.randn(V, H, generator=g)
+    hidden[2, 0, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"position \(2, 0\)"):
+        token_logprobs_from_hidden(hidden, weight, ids, chunk_size=4)
+
+
+def test_minus_inf_logprob_of_an_impossible_token_is_not_an_error():
+    # a -inf logit at the chosen id (a top-k masked token) is a well-defined log-prob of -inf
+    logits = torch.tensor([[[0.0, float("-inf"), 1.0]]])
+    out = token_logprobs(logits, torch.tensor([[1]]))
+    assert out.item() == float("-inf")

@@ -132,11 +132,12 @@ def ref_gspo_eq5(logp, old, adv, mask, eps_low, eps_high):
 
 
 def make_batch(B=6, T=7, seed=0, spread=0.3, empty_row=True, dtype=torch.float32):
-    """Ragged batch: random lengths, one fully masked row, ratios spread so that some clip."""
+    """Ragged batch: random lengths, one fully masked row, ratios spread so that some clip.
+    Log-probs are <= 0 (perturbations that would cross 0 are reflected back below it)."""
     g = torch.Generator().manual_seed(seed)
     logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
-    old = logp + spread * torch.randn(B, T, generator=g, dtype=torch.float64)
-    ref = logp + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    old = -(logp + spread * torch.randn(B, T, generator=g, dtype=torch.float64)).abs()
+    ref = -(logp + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)).abs()
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     if empty_row:
         lengths[1] = 0
@@ -242,8 +243,9 @@ def test_golden_two_tokens_positive_advantage():
     #  token 1: r = 0.5 -> min(0.5, 0.8) = 0.5                 (unclipped: d/dlogp = r = 0.5)
     #  J = (1.2 + 0.5)/2 = 0.85 -> loss = -0.85
     #  grad of loss: token 0: 0; token 1: -(A r)/|o| = -0.5/2 = -0.25
-    logp = torch.log(torch.tensor([[1.5, 0.5]]))
-    old = torch.zeros(1, 2)
+    #  (pi_old = 1/2 and pi = r/2, so that both are probabilities)
+    logp = torch.log(torch.tensor([[0.75, 0.25]]))
+    old = torch.log(torch.full((1, 2), 0.5))
     mask = torch.ones(1, 2)
     algo = GRPO.replace(kl=None)
     loss, g, out = loss_and_grad(policy_loss, logp, old, torch.tensor([1.0]), mask, algo)
@@ -262,8 +264,9 @@ def test_golden_two_tokens_negative_advantage():
     #  token 0: r = 1.5 -> min(-1.5, -1.2) = -1.5   (unclipped: grad of loss = -A r/2 = +0.75)
     #  token 1: r = 0.5 -> min(-0.5, -0.8) = -0.8   (clipped low: no gradient)
     #  J = (-1.5 - 0.8)/2 = -1.15 -> loss = 1.15
-    logp = torch.log(torch.tensor([[1.5, 0.5]]))
-    loss, g, out = loss_and_grad(policy_loss, logp, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2), GRPO.replace(kl=None))
+    logp = torch.log(torch.tensor([[0.75, 0.25]]))  # pi_old = 1/2: ratios 1.5 and 0.5
+    old = torch.log(torch.full((1, 2), 0.5))
+    loss, g, out = loss_and_grad(policy_loss, logp, old, torch.tensor([-1.0]), torch.ones(1, 2), GRPO.replace(kl=None))
     assert loss.item() == pytest.approx(1.15, abs=1e-6)
     torch.testing.assert_close(g, torch.tensor([[0.75, 0.0]]))
     assert out.metrics["clip_frac_low"] == 0.5 and out.metrics["clip_frac_high"] == 0.0
@@ -278,7 +281,9 @@ def test_golden_k3_and_kl_in_loss():
     torch.testing.assert_close(kl_estimate(d, torch.zeros(1, 2), "k1"), d)
     torch.testing.assert_close(kl_estimate(d, torch.zeros(1, 2), "k2"), 0.5 * d * d)
     # in the loss: A = 0 and r = 1, so loss = beta * mean_t k3 = 0.04 * (0.1931472 + 0.3068528)/2 = 0.01
-    out = policy_loss(d, d, torch.zeros(1), torch.ones(1, 2), GRPO, ref_logp=torch.zeros(1, 2))
+    # (log-probs shifted by log 1/8, which leaves D unchanged, so that they are <= 0)
+    s = math.log(1 / 8)
+    out = policy_loss(d + s, d + s, torch.zeros(1), torch.ones(1, 2), GRPO, ref_logp=torch.full((1, 2), s))
     assert out.loss.item() == pytest.approx(0.04 * 0.5 / 2, abs=1e-7)
     assert out.metrics["kl"] == pytest.approx(0.25, abs=1e-6)
     assert out.metrics["pg_loss"] == 0.0 and out.metrics["grad_token_frac"] == 0.0
@@ -320,7 +325,8 @@ def test_clipping_gradient_cases():
     # token 3: A<0, r > 1.28 -> min picks r A (unclipped), grad = +2*1.5/6
     # tokens 4, 5: inside [0.8, 1.28] -> grad = -A r / N
     algo = Algorithm(eps_low=0.2, eps_high=0.28, kl=None)
-    loss, g, out = loss_and_grad(policy_loss, torch.log(r), torch.zeros(1, 6), A, torch.ones(1, 6), algo)
+    p_old = torch.full((1, 6), 0.5)  # pi_old = 1/2, pi = r/2
+    loss, g, out = loss_and_grad(policy_loss, torch.log(r * p_old), torch.log(p_old), A, torch.ones(1, 6), algo)
     expected = -(A * r) / 6
     expected[0, 0] = 0.0
     expected[0, 1] = 0.0
@@ -465,7 +471,8 @@ def test_v32_importance_corrected_k3_value_and_gradient(seed):
 
 
 def test_kl_old_logp_gradient_formula():
-    # d/dlogp [r k3] = r * D   (r = pi/pi_old, D = logp - ref_logp)  -- papers.md §3
+    # d/dlogp [r k3] = r * D   (r = pi/pi_old, D = logp - ref_logp): the score-function gradient
+    # of the reverse KL that DeepSeek-V3.2 Eq. 7 is written for
     logp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0, -0.5]], dtype=torch.float64)
     old = torch.tensor([[-1.2, -2.5, -0.1]], dtype=torch.float64)
@@ -727,6 +734,129 @@ def test_policy_loss_errors():
         kl_estimate(logp, ref, "k4")
     with pytest.raises(ValueError, match="eps_low"):
         ppo_clip_loss(logp - old, adv, eps_low=-0.1)
+
+
+# ================================================================================================
+# registries and metrics that name their reduction
+# ================================================================================================
+def test_registries_hold_the_package_functions():
+    from grpo_lab import objectives as obj
+
+    logp, old, _, adv, mask = make_batch(seed=24)
+    lp, ol = logp.masked_fill(~mask, 0.0), old.masked_fill(~mask, 0.0)
+    torch.testing.assert_close(obj.RATIOS["token"](lp, ol, mask), token_log_ratio(lp, ol), rtol=0, atol=0)
+    seq = obj.RATIOS["sequence"](lp, ol, mask)
+    assert seq.shape == lp.shape and torch.equal(seq[:, 0], sequence_log_ratio(logp, old, mask))
+    d = torch.linspace(-25, 3, 12).reshape(3, 4)
+    for kind in ("k1", "k2", "k3"):
+        assert torch.equal(obj.KL_ESTIMATORS[kind](d), kl_estimate(d, torch.zeros(3, 4), kind))
+    v = torch.randn(3, 4)
+    m = torch.rand(3, 4, generator=torch.Generator().manual_seed(0)) > 0.3
+    for mode in MODES:
+        norms = obj.Normalisers(max_tokens=7)
+        assert torch.equal(obj.AGGREGATIONS[mode](v.masked_fill(~m, 0.0), m, norms),
+                           aggregate(v, m, mode, max_tokens=7))
+    loss, ind = obj.SURROGATES["ppo"](lp - ol, adv[:, None].expand_as(lp), mask, GRPO)
+    assert torch.equal(loss, ppo_clip_loss(lp - ol, adv))
+    assert set(ind) == {"clip_low", "clip_high", "grad"} and all(t.dtype == torch.bool for t in ind.values())
+
+
+def test_metrics_carry_their_reduction():
+    from grpo_lab.metrics import Metric
+
+    logp, old, ref, adv, mask = make_batch(seed=25)
+    m = policy_loss(logp, old, adv, mask, GRPO, ref_logp=ref).metrics
+    assert list(m) == list(METRIC_KEYS) and all(isinstance(v, Metric) for v in m.values())
+    n_tok, n_seq = float(mask.sum()), float((mask.sum(1) > 0).sum())
+    how = {k: (v.reduce, v.weight) for k, v in m.items()}
+    for k in ("loss", "pg_loss", "num_tokens", "num_sequences"):
+        assert how[k][0] == "sum"
+    assert how["ratio_min"] == ("min", n_tok) and how["ratio_max"] == ("max", n_tok)
+    assert how["kl"] == ("mean", n_tok) and how["offpolicy_masked_frac"] == ("mean", n_seq)
+    for k in ("clip_frac", "clip_frac_low", "ratio_mean", "ratio_q50", "grad_token_frac", "adv_abs_mean"):
+        assert how[k] == ("mean", n_tok)
+    # the KL metric of a loss without ref_logp was not measured: weight 0
+    m0 = policy_loss(logp, old, adv, mask, GRPO.replace(kl=None)).metrics
+    assert m0["kl"] == 0.0 and m0["kl"].weight == 0.0
+
+
+def test_micro_batch_metrics_reduce_to_the_full_batch():
+    from grpo_lab.metrics import reduce_micro_batches
+
+    logp, old, ref, adv, mask = make_batch(B=9, T=6, seed=26, spread=0.5)
+    algo = Algorithm(aggregation="token_mean", eps_high=0.28, kl="k3", beta=0.1)
+    n_tok, n_seq = int(mask.sum()), int((mask.sum(1) > 0).sum())
+    full = policy_loss(logp, old, adv, mask, algo, ref_logp=ref).metrics
+    parts = [policy_loss(logp[sl], old[sl], adv[sl], mask[sl], algo, ref_logp=ref[sl], num_tokens=n_tok,
+                         num_sequences=n_seq).metrics for sl in (slice(0, 2), slice(1, 1), slice(2, 9))]
+    red = reduce_micro_batches(parts)
+    for k in ("loss", "pg_loss", "kl", "clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean",
+              "grad_token_frac", "adv_abs_mean", "num_tokens", "num_sequences", "ratio_min", "ratio_max"):
+        assert red[k] == pytest.approx(full[k], rel=1e-5, abs=1e-6), k
+
+
+def test_custom_surrogate_contract(monkeypatch):
+    from grpo_lab import objectives as obj
+
+    def plain_pg(log_ratio, advantages, mask, algo):  # REINFORCE-style, no clip
+        ratio = torch.exp(log_ratio)
+        grad = advantages != 0
+        return -ratio * advantages, {"clip_low": torch.zeros_like(grad), "clip_high": torch.zeros_like(grad),
+                                     "grad": grad, "ratio_above_1": (ratio > 1).float()}
+
+    monkeypatch.setitem(obj.SURROGATES, "plain", plain_pg)
+    logp, old, _, adv, mask = make_batch(seed=27)
+    out = policy_loss(logp, old, adv, mask, Algorithm(clip="plain", kl=None))
+    r = torch.exp(logp - old)[mask]
+    assert out.metrics["ratio_above_1"] == pytest.approx(float((r > 1).float().mean()))
+    assert out.metrics["clip_frac"] == 0.0 and list(out.metrics)[: len(METRIC_KEYS)] == list(METRIC_KEYS)
+    monkeypatch.setitem(obj.SURROGATES, "bare", lambda lr, a, m, algo: (-lr * a, {}))
+    with pytest.raises(ValueError, match=r"surrogate 'bare' must return per-token indicators"):
+        policy_loss(logp, old, adv, mask, Algorithm(clip="bare", kl=None))
+
+
+# ================================================================================================
+# bad input gets a clear error naming the problem (issue 8, item 7)
+# ================================================================================================
+@pytest.mark.parametrize("name", ["logp", "old_logp", "ref_logp"])
+def test_policy_loss_rejects_positive_logprobs(name):
+    logp, old, ref, adv, mask = make_batch(seed=22)
+    t = {"logp": logp, "old_logp": old, "ref_logp": ref}
+    t[name] = t[name].clone()
+    t[name][0, 1] = 0.25  # a log-ratio or a logit, not a log-prob
+    assert mask[0, 1]
+    with pytest.raises(ValueError, match=rf"{name}\[0, 1\] = 0.25 > 0"):
+        policy_loss(t["logp"], t["old_logp"], adv, mask, GRPO, ref_logp=t["ref_logp"])
+
+
+def test_policy_loss_accepts_zero_logprobs_and_ignores_padding():
+    logp, old, ref, adv, mask = make_batch(seed=22)
+    logp, old, ref = logp.clone(), old.clone(), ref.clone()
+    logp[0, 0] = old[0, 0] = ref[0, 0] = 0.0  # probability 1: allowed
+    logp[~mask] = old[~mask] = ref[~mask] = 5.0  # padding may hold anything
+    out = policy_loss(logp, old, adv, mask, GRPO, ref_logp=ref)
+    assert math.isfinite(out.loss.item())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_aggregate_rejects_global_counts_below_this_batch(mode):
+    v = torch.randn(3, 4)
+    m = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])  # 6 real tokens, 2 non-empty rows
+    aggregate(v, m, mode, max_tokens=4, num_tokens=6, num_sequences=2)  # equal counts are fine
+    with pytest.raises(ValueError, match=r"num_tokens=5 is smaller than the 6 real tokens"):
+        aggregate(v, m, mode, max_tokens=4, num_tokens=5)
+    with pytest.raises(ValueError, match=r"num_sequences=1 is smaller than the 2 non-empty rows"):
+        aggregate(v, m, mode, max_tokens=4, num_sequences=1)
+
+
+def test_policy_loss_rejects_global_counts_below_this_batch():
+    logp, old, ref, adv, mask = make_batch(seed=23)
+    n_tok, n_seq = int(mask.sum()), int((mask.sum(1) > 0).sum())
+    policy_loss(logp, old, adv, mask, GRPO, ref_logp=ref, num_tokens=n_tok, num_sequences=n_seq)
+    with pytest.raises(ValueError, match="num_tokens"):
+        policy_loss(logp, old, adv, mask, GRPO, ref_logp=ref, num_tokens=n_tok - 1)
+    with pytest.raises(ValueError, match="num_sequences"):
+        policy_loss(logp, old, adv, mask, GRPO, ref_logp=ref, num_sequences=n_seq - 1)
 
 
 @pytest.mark.gpu
