@@ -14,6 +14,14 @@ distribution exactly (tested).
 Stop tokens: the tokenizer's EOS and every id the model's ``generation_config.eos_token_id``
 declares (chat models declare several, e.g. ``<|endoftext|>`` and ``<|im_end|>``); "EOS" below
 means any of them.
+
+Where this departs from the papers' setting: they sample with an inference engine (vLLM) whose
+log-probs can differ from the trainer's (the training/inference mismatch DeepSeek-V3.2 and
+MiniMax-M1 discuss); here ``generate`` and the training forward run the same model in the same
+precision, so behaviour and recomputed log-probs agree up to kernel rounding. Sampling uses only
+the settings passed here: processors a checkpoint's ``generation_config`` carries (repetition
+penalty, ...) are switched off with a warning, because the behaviour log-probs must describe the
+distribution actually sampled from.
 """
 
 from __future__ import annotations

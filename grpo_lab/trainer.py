@@ -1,24 +1,28 @@
-"""One trainer for every algorithm: rollout → reward → advantage → μ updates → metrics.
+"""One trainer for every algorithm, in stages: collect → advantages → update → metrics.
 
-The trainer knows the algorithmic axes only through an :class:`grpo_lab.algorithms.Algorithm`:
-it computes advantages with ``algo``, and the loss with
-:func:`grpo_lab.objectives.policy_loss` (ratio, clipping, KL and aggregation all live there).
-What it owns is the plumbing: sampling groups, recomputing π_old and π_ref log-probs,
-splitting a rollout into minibatches and micro-batches with *global* token/sequence counts (so
-the gradient does not depend on how the batch is split), logging, checkpointing and exact
-resume.
+The trainer knows the algorithmic axes only through an :class:`grpo_lab.algorithms.Algorithm`
+and the functions of each axis: :mod:`grpo_lab.sampling` (which samples train, reward shaping,
+loss mask), :meth:`~grpo_lab.algorithms.Algorithm.estimate_advantages` (the advantage
+estimator) and :func:`grpo_lab.objectives.policy_loss` (ratio, surrogate, KL, aggregation). It has
+no branch on any algorithm's switch. What it owns is the plumbing: sampling groups, recomputing
+π_old and π_ref log-probs, splitting a rollout into minibatches and micro-batches with *global*
+token/sequence counts (so the gradient does not depend on how the batch is split), reducing
+metrics as each metric says (:mod:`grpo_lab.metrics`), logging, checkpointing and exact resume.
 
 π_old: with ``epochs=1, minibatches=1`` the update is on-policy and the ratio is 1 in value;
 clipping only acts when the same rollout is used for more than one optimiser step (``epochs`` ×
 ``minibatches`` > 1) or when π_old differs from the training forward (``old_logp="behaviour"``
 uses the log-probs recorded by ``generate``).
 
-Sampling & shaping (DAPO, arXiv 2503.14476, §3.2 and §3.4), switched on by the algorithm:
-``overlong_cache_len`` adds the soft overlong penalty (Eq. 13, ``L_max`` = ``max_new_tokens``) to
-the task reward; ``overlong_filter`` masks truncated samples out of the loss; ``dynamic_sampling``
-(Eq. 11) generates up to ``max_gen_rounds`` rollouts per step and trains only on groups whose raw
-accuracy is strictly between 0 and 1. Raw correctness (``task.is_correct``) stays separate from
-the shaped reward: accuracy and the dynamic-sampling filter use it.
+Every forward pass (generation, π_old, π_ref, the loss, evaluation) runs in **eval mode**, so
+dropout is off throughout. The papers' importance ratio π_θ/π_old compares one function of the
+weights at two points; with dropout active in the loss forward only, even an on-policy ratio
+would be a ratio of two random dropout masks (a checkpoint with attention dropout 0.1 gave
+ratios down to 0 and clip fractions of 0.16 on a purely on-policy step).
+
+Where the code departs from the papers: the KL reference is a frozen copy of the initial policy
+(DeepSeekMath §4.2 also resets it periodically in iterative GRPO; we do not), and learning-rate
+warm-up is linear (``TrainerConfig.warmup``).
 """
 
 from __future__ import annotations
@@ -26,24 +30,28 @@ from __future__ import annotations
 import copy
 import json
 import math
+import numbers
 import random
 import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 import torch
 
+from . import sampling
+from .advantages import AdvantageBatch, tied_groups
 from .algorithms import Algorithm
+from .metrics import reduce_micro_batches, reduce_updates, total
 from .objectives import policy_loss
-from .rewards import overlong_penalty
 from .rollout import Rollout, evaluate, generate, policy_logprobs
+from .validation import choice, positive_int, positive_number, real_number
 
-__all__ = ["TrainerConfig", "Trainer"]
+__all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,8 @@ class TrainerConfig:
         on_gen_rounds_exhausted: what happens when ``max_gen_rounds`` rollouts did not yield
             enough mixed groups: ``"warn"`` (a ``RuntimeWarning``; train on the groups collected,
             or skip the update when there are none) or ``"error"`` (``RuntimeError``).
+        value_lr: learning rate of the value model's optimiser (``None``: ``lr``); used only
+            when the trainer has a value model.
     """
 
     prompts_per_step: int = 16
@@ -101,30 +111,25 @@ class TrainerConfig:
     progress: bool | None = None
     max_gen_rounds: int = 8
     on_gen_rounds_exhausted: str = "warn"
+    value_lr: float | None = None
 
     def __post_init__(self):
-        if self.prompts_per_step < 1 or self.group_size < 1:
-            raise ValueError("TrainerConfig: prompts_per_step and group_size must be >= 1")
-        if self.epochs < 1 or self.minibatches < 1:
-            raise ValueError("TrainerConfig: epochs and minibatches must be >= 1")
+        for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds"):
+            positive_int(f"TrainerConfig.{name}", getattr(self, name))
+        positive_int("TrainerConfig.micro_batch_size", self.micro_batch_size, allow_none=True)
+        positive_int("TrainerConfig.max_new_tokens", self.max_new_tokens, allow_none=True)
         if (self.prompts_per_step * self.group_size) % self.minibatches:
             raise ValueError(
                 f"TrainerConfig: minibatches={self.minibatches} does not divide the rollout size "
                 f"{self.prompts_per_step * self.group_size}")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise ValueError("TrainerConfig: micro_batch_size must be >= 1")
-        if self.old_logp not in ("recompute", "behaviour"):
-            raise ValueError(f"TrainerConfig: old_logp must be 'recompute' or 'behaviour', got {self.old_logp!r}")
-        if self.temperature <= 0:
-            raise ValueError("TrainerConfig: temperature must be > 0")
-        if self.warmup < 0:
-            raise ValueError("TrainerConfig: warmup must be >= 0")
-        if isinstance(self.max_gen_rounds, bool) or not isinstance(self.max_gen_rounds, int) \
-                or self.max_gen_rounds < 1:
-            raise ValueError(f"TrainerConfig: max_gen_rounds must be an int >= 1, got {self.max_gen_rounds!r}")
-        if self.on_gen_rounds_exhausted not in ("warn", "error"):
-            raise ValueError("TrainerConfig: on_gen_rounds_exhausted must be 'warn' or 'error', "
-                             f"got {self.on_gen_rounds_exhausted!r}")
+        choice("TrainerConfig.old_logp", self.old_logp, ("recompute", "behaviour"))
+        choice("TrainerConfig.on_gen_rounds_exhausted", self.on_gen_rounds_exhausted, ("warn", "error"))
+        positive_number("TrainerConfig.temperature", self.temperature)
+        positive_number("TrainerConfig.lr", self.lr)
+        if self.value_lr is not None:
+            positive_number("TrainerConfig.value_lr", self.value_lr)
+        real_number("TrainerConfig.warmup", self.warmup, minimum=0)
+        real_number("TrainerConfig.grad_clip", self.grad_clip, minimum=0)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -140,64 +145,114 @@ class TrainerConfig:
         return cls(**d)
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    n = float(mask.sum())
-    return float((x * mask).sum() / n) if n > 0 else 0.0
+class ValueModel(Protocol):
+    """The value-model slot of :class:`Trainer` (filled by PPO-style algorithms with a critic).
+
+    ``values(rollout)`` returns float32 ``[B, T]`` value estimates V(s_t) of the completion tokens
+    (called without grad at collect time; handed to the advantage estimator as
+    ``AdvantageBatch.values``). ``loss(rollout, old_values, returns, mask, num_tokens)`` returns a
+    0-d loss with grad for those rows, normalised by the minibatch's global ``num_tokens``, where
+    ``returns = advantages + old_values`` (the GAE identity; per-sequence advantages are broadcast).
+    It is an ``nn.Module`` (``parameters``, ``state_dict``, ``to``, ``eval``).
+    """
+
+    def values(self, rollout: Rollout) -> torch.Tensor: ...
+
+    def loss(self, rollout: Rollout, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+             num_tokens: float) -> torch.Tensor: ...
 
 
-def _nanmean(xs) -> float:
-    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return float(np.mean(xs)) if xs else float("nan")
+@dataclass
+class Scored:
+    """One generated rollout with its rewards (the *collect* stage's unit).
+
+    Attributes:
+        rollout: the :class:`~grpo_lab.rollout.Rollout`.
+        raw: ``[B]`` float32 task rewards.
+        correct: ``[B]`` bool raw correctness (``task.is_correct``).
+        rewards: ``[B]`` float32 training rewards (``raw`` shaped by :func:`grpo_lab.sampling.shape`).
+    """
+
+    rollout: Rollout
+    raw: torch.Tensor
+    correct: torch.Tensor
+    rewards: torch.Tensor
+
+
+@dataclass
+class Batch:
+    """What one step trains on (the output of :meth:`Trainer.collect`).
+
+    Attributes:
+        generated: every rollout generated this step, scored (for the metrics).
+        rollout: the rows kept for the update (groups contiguous), or ``None`` when none was kept.
+        rewards: ``[B]`` float32 training rewards of those rows.
+        loss_mask: ``[B, T]`` float32, the tokens that enter the loss.
+        values: ``[B, T]`` float32 value estimates when the trainer has a value model, else ``None``.
+        advantages: ``[B]`` or ``[B, T]`` float32, filled by the *advantages* stage.
+    """
+
+    generated: list[Scored]
+    rollout: Rollout | None = None
+    rewards: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
 
 
 class Trainer:
-    """GRPO-family trainer for a ``transformers`` causal LM.
+    """GRPO-family trainer for a ``transformers`` causal LM, in stages.
+
+    One :meth:`train` step runs :meth:`collect` (generate, score, select, shape),
+    :meth:`compute_advantages` and :meth:`update` (epochs × minibatches × micro-batches), then logs
+    one history row. Every algorithmic choice comes from ``algo``: advantages through
+    :meth:`~grpo_lab.algorithms.Algorithm.estimate_advantages`, the loss through
+    :func:`~grpo_lab.objectives.policy_loss`, selection, shaping and the loss mask through
+    :mod:`grpo_lab.sampling`.
 
     Args:
-        policy: the causal LM to train (updated in place).
+        policy: the causal LM to train (updated in place; put in eval mode, see the module docstring).
         tokenizer: its tokenizer.
         task: a :class:`grpo_lab.tasks.base.Task`.
         algo: the :class:`grpo_lab.algorithms.Algorithm`.
         config: a :class:`TrainerConfig`.
         ref_policy: the KL reference; default a frozen copy of ``policy`` at construction
             (only created when ``algo`` has a KL term).
+        value_model: optional critic (see :class:`ValueModel`): its values are computed at collect
+            time and handed to the advantage estimator, its loss is minimised in the update by its
+            own AdamW (``TrainerConfig.value_lr``), and it is saved and resumed with the trainer.
 
     ``train(steps)`` returns the history DataFrame (one row per step); ``save(path)`` and
     ``Trainer.resume(path)`` checkpoint and continue exactly.
+
+    Raises:
+        ValueError: the algorithm's sampling choices do not fit the config (:func:`grpo_lab.sampling.check`).
     """
 
     def __init__(self, policy, tokenizer, task, algo: Algorithm, config: TrainerConfig | None = None,
-                 *, ref_policy=None):
-        self.config = config or TrainerConfig()
-        self.algo = algo
-        self.task = task
-        self.tokenizer = tokenizer
-        c = self.config
+                 *, ref_policy=None, value_model=None):
+        self.config = c = config or TrainerConfig()
+        self.algo, self.task, self.tokenizer = algo, task, tokenizer
         if c.threads:
             torch.set_num_threads(c.threads)
-        self.policy = policy.to(c.device)
-        self.policy.train()
-        self.uses_kl = algo.kl is not None and algo.beta > 0
+        self.policy = policy.to(c.device).eval()
+        self.uses_kl = algo.uses_kl
+        self.ref_policy = None
         if self.uses_kl:
-            self.ref_policy = (ref_policy if ref_policy is not None else copy.deepcopy(policy)).to(c.device)
-            self.ref_policy.eval()
-            for p in self.ref_policy.parameters():
-                p.requires_grad_(False)
-        else:
-            self.ref_policy = None
+            self.ref_policy = (ref_policy if ref_policy is not None else copy.deepcopy(policy)).to(c.device).eval()
+            self.ref_policy.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=c.lr, weight_decay=c.weight_decay,
                                            betas=tuple(c.betas))
+        self.value_model, self.value_optimizer = value_model, None
+        if value_model is not None:
+            self.value_model = value_model.to(c.device).eval()
+            self.value_optimizer = torch.optim.AdamW(value_model.parameters(), lr=c.value_lr or c.lr,
+                                                     weight_decay=c.weight_decay, betas=tuple(c.betas))
         self.step = 0
         self.opt_steps = 0
         self.rows: list[dict] = []
         self.max_new_tokens = c.max_new_tokens or task.max_new_tokens
-        if algo.overlong_cache_len is not None and algo.overlong_cache_len > self.max_new_tokens:
-            raise ValueError(
-                f"Trainer: algo.overlong_cache_len (L_cache={algo.overlong_cache_len}) exceeds the generation "
-                f"budget max_new_tokens (L_max={self.max_new_tokens}); DAPO Eq. 13 needs L_cache <= L_max")
-        if algo.dynamic_sampling and c.group_size < 2:
-            raise ValueError("Trainer: dynamic sampling needs group_size >= 2 (a group of one is never "
-                             "of mixed accuracy)")
+        sampling.check(algo, group_size=c.group_size, max_new_tokens=self.max_new_tokens)
         random.seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
         torch.manual_seed(c.seed)
@@ -217,7 +272,7 @@ class Trainer:
                                   temperature=self.config.temperature, max_new_tokens=self.max_new_tokens)
         finally:
             torch.random.set_rng_state(state)
-            self.policy.train()
+            self.policy.eval()
         return summary
 
     def train(self, steps: int) -> pd.DataFrame:
@@ -225,19 +280,19 @@ class Trainer:
 
         Columns: ``step``, ``reward``, ``accuracy`` (train samples, raw correctness),
         ``length``, ``length_correct``, ``length_incorrect`` (tokens incl. EOS; NaN when a step
-        has no correct/incorrect sample), ``entropy`` (nats/token), ``kl`` (NaN when the algorithm
-        has no KL term: no reference model is kept), ``clip_frac_low``,
-        ``clip_frac_high``, ``clip_frac``, ``ratio_mean/min/max``, ``ratio_q05/q50/q95``,
-        ``grad_token_frac``, ``adv_abs_mean``, ``grad_norm`` (before clipping),
-        ``zero_adv_group_frac`` (groups whose rewards are all equal), ``truncation_rate``,
-        ``reasoning_frac`` (tasks that define it), ``tokens_per_s`` (generated tokens / step
-        wall time), ``gen_seconds``, ``step_seconds``, ``test_accuracy`` and
-        ``test_length`` (greedy, NaN on steps without evaluation; the row of step ``k`` holds
-        the evaluation *after* ``k`` updates, step 0 the base policy); then the sampling &
-        shaping columns ``gen_rounds`` (rollouts generated this step), ``trained_groups``,
-        ``samples_per_trained`` (generated samples / samples in the update batch; NaN when the
-        update was skipped) and ``overlong_frac_penalised`` (generated samples with a negative
-        overlong penalty; 0 when the penalty is off).
+        has no correct/incorrect sample), ``entropy`` (nats/token), then every metric of
+        :func:`grpo_lab.objectives.policy_loss` reduced over the step's updates as the metric
+        says (:mod:`grpo_lab.metrics`): ``loss``, ``pg_loss``, ``kl`` (NaN when the algorithm has
+        no KL term: no reference model is kept), ``clip_frac_low``, ``clip_frac_high``,
+        ``clip_frac``, ``ratio_mean/min/max``, ``ratio_q05/q50/q95``, ``grad_token_frac``,
+        ``adv_abs_mean``, ...; ``grad_norm`` (before clipping), ``zero_adv_group_frac`` (tied
+        groups, :func:`grpo_lab.advantages.tied_groups`), ``truncation_rate``,
+        ``reasoning_frac`` (tasks that define it), ``tokens_per_s`` (generated tokens / step wall
+        time), ``gen_seconds``, ``step_seconds``, ``test_accuracy`` and ``test_length`` (greedy,
+        NaN on steps without evaluation; the row of step ``k`` holds the evaluation *after* ``k``
+        updates, step 0 the base policy); then the sampling & shaping columns of
+        :func:`grpo_lab.sampling.sampling_metrics` (``gen_rounds``, ``trained_groups``,
+        ``samples_per_trained``, ``overlong_frac_penalised``), and ``value_loss`` with a value model.
 
         Which samples each column describes: ``reward``, ``accuracy``, the lengths,
         ``reasoning_frac``, ``zero_adv_group_frac``, ``truncation_rate``, ``tokens_per_s`` and
@@ -253,8 +308,8 @@ class Trainer:
         end = self.step + steps
         if self.step == 0 and c.eval_every and not self.rows:
             self.rows.append(self._eval_row())
-        bar = None
         show = c.progress if c.progress is not None else (sys.stderr.isatty() and not _under_ci())
+        bar = None
         if show:
             from tqdm.auto import tqdm
             bar = tqdm(total=steps, desc=f"{self.algo.name} seed {c.seed}", mininterval=1.0)
@@ -272,7 +327,205 @@ class Trainer:
             bar.close()
         return self.history
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ stages
+    def rollout(self) -> Rollout:
+        """Sample one rollout (``prompts_per_step`` questions × G responses) with the current policy."""
+        c = self.config
+        problems = self.task.sample(c.prompts_per_step, self.rng)
+        return generate(self.policy, self.tokenizer, problems, group_size=c.group_size,
+                        max_new_tokens=self.max_new_tokens, temperature=c.temperature)
+
+    def score(self, ro: Rollout) -> Scored:
+        """Task rewards and correctness of a rollout, and the training reward (:func:`grpo_lab.sampling.shape`).
+
+        Raises:
+            TypeError: the task returned a reward that is not a real number (e.g. ``None`` or a
+                string); the message names the sample index, its problem and its text.
+            ValueError: a NaN or infinite reward (same details).
+        """
+        raw = torch.tensor([_check_reward(self.task.reward(t, p), i, t, p)
+                            for i, (t, p) in enumerate(zip(ro.texts, ro.problems))], dtype=torch.float32)
+        correct = torch.tensor([bool(self.task.is_correct(t, p)) for t, p in zip(ro.texts, ro.problems)])
+        shaped = sampling.shape(self.algo, raw, ro.lengths.cpu(), self.max_new_tokens)
+        return Scored(ro, raw, correct, shaped)
+
+    def collect(self) -> Batch:
+        """Generate, score and select this step's training rows.
+
+        Rollouts of ``prompts_per_step`` questions are drawn until ``prompts_per_step`` groups were
+        selected (:func:`grpo_lab.sampling.select_groups`; extras of the last round are dropped) or
+        ``max_gen_rounds`` rollouts were drawn. Keeping every group (the default selector) takes one
+        rollout; DAPO's dynamic sampling (Eq. 11) may take several.
+
+        Raises:
+            RuntimeError: too few groups after ``max_gen_rounds`` with ``on_gen_rounds_exhausted="error"``.
+        """
+        c, G = self.config, self.config.group_size
+        batch, parts, n_kept = Batch(generated=[]), [], 0
+        while n_kept < c.prompts_per_step and len(batch.generated) < c.max_gen_rounds:
+            s = self.score(self.rollout())
+            batch.generated.append(s)
+            groups = sampling.select_groups(self.algo, s.correct, G)[: c.prompts_per_step - n_kept]
+            if len(groups) * G == len(s.rollout):
+                parts.append((s.rollout, s.rewards))
+            elif len(groups):
+                rows = (groups[:, None] * G + torch.arange(G)).flatten()
+                parts.append((s.rollout.select(rows), s.rewards[rows]))
+            n_kept += len(groups)
+        if n_kept < c.prompts_per_step:
+            self._short_of_groups(n_kept)
+        if parts:
+            batch.rollout = _concat_rollouts([p for p, _ in parts], self.tokenizer.pad_token_id)
+            batch.rewards = torch.cat([r for _, r in parts])
+            batch.loss_mask = sampling.loss_mask(self.algo, batch.rollout.completion_mask, batch.rollout.truncated)
+            if self.value_model is not None:
+                with torch.no_grad():
+                    batch.values = self.value_model.values(batch.rollout)
+        return batch
+
+    def compute_advantages(self, batch: Batch) -> torch.Tensor:
+        """The *advantages* stage: ``algo``'s estimator on the batch view (rewards, group ids, loss
+        mask, values), on the training device."""
+        view = AdvantageBatch.from_groups(batch.rewards, self.config.group_size, mask=batch.loss_mask,
+                                          values=batch.values)
+        batch.advantages = self.algo.estimate_advantages(view).to(self.config.device)
+        return batch.advantages
+
+    def update(self, batch: Batch) -> tuple[list[dict], list[float], list[tuple[float, float]]]:
+        """The *update* stage: ``epochs`` passes of ``minibatches`` optimiser steps, each summing
+        ``micro_batch_size``-row micro-batches whose losses are normalised by the minibatch's
+        global token and sequence counts (so the gradient does not depend on the split).
+
+        Returns:
+            ``(metrics, grad_norms, entropies)``: per optimiser step the micro-batch-reduced
+            metrics (:func:`grpo_lab.metrics.reduce_micro_batches`) and the gradient norm before
+            clipping; per first-epoch micro-batch ``(entropy sum, token count)``.
+        """
+        c, ro = self.config, batch.rollout
+        B, lm = len(ro), batch.loss_mask
+        n_mb = min(c.minibatches, B)  # fewer rows than configured only when dynamic sampling fell short
+        old_logp, ref_logp = self._reference_logps(ro, n_mb)
+        bounds = [(m * B) // n_mb for m in range(n_mb + 1)]  # = m * B / minibatches when it divides
+        micro = c.micro_batch_size or (B // n_mb)
+        gen = torch.Generator().manual_seed(int(self.rng.integers(2**62)))
+        step_metrics, grad_norms, entropies = [], [], []
+        for epoch in range(c.epochs):
+            order = torch.randperm(B, generator=gen) if c.minibatches > 1 else torch.arange(B)
+            for m in range(n_mb):
+                idx = order[bounds[m]:bounds[m + 1]]
+                counts = dict(num_tokens=float(lm[idx].sum()), num_sequences=float((lm[idx].sum(-1) > 0).sum()))
+                if counts["num_tokens"] == 0:  # every row of this minibatch was filtered out: nothing to learn
+                    continue
+                self._zero_grad()
+                parts = [self._micro_step(batch, idx[s:s + micro], old_logp, ref_logp, counts,
+                                          entropies if epoch == 0 else None)
+                         for s in range(0, len(idx), micro)]
+                step_metrics.append(reduce_micro_batches(parts))
+                grad_norms.append(self._optimizer_step())
+        return step_metrics, grad_norms, entropies
+
+    # ------------------------------------------------------------------ update internals
+    def _reference_logps(self, ro: Rollout, n_mb: int):
+        """π_old and π_ref log-probs of the batch: π_old from the sampler (``old_logp="behaviour"``),
+        recomputed before the first update when the rollout feeds several optimiser steps, or
+        ``None`` (on-policy: ``sg(π_θ)`` per micro-batch)."""
+        c = self.config
+        with torch.no_grad():
+            if c.old_logp == "behaviour":
+                old_logp = ro.behaviour_logp
+            elif c.epochs * n_mb > 1:
+                old_logp = self._logp_batched(self.policy, ro)
+            else:
+                old_logp = None
+            ref_logp = self._logp_batched(self.ref_policy, ro) if self.uses_kl else None
+        return old_logp, ref_logp
+
+    def _micro_step(self, batch: Batch, sub, old_logp, ref_logp, counts: dict, entropies: list | None) -> dict:
+        """Forward and backward of one micro-batch; returns its loss metrics."""
+        part = batch.rollout.select(sub)
+        T = part.completion_ids.shape[1]
+        mask = batch.loss_mask[sub, :T]
+        logp, ent = policy_logprobs(self.policy, part, with_entropy=True)
+        if entropies is not None:
+            entropies.append((float((ent * mask).sum()), float(mask.sum())))
+        old = logp.detach() if old_logp is None else old_logp[sub, :T]
+        ref = ref_logp[sub, :T] if ref_logp is not None else None
+        adv = batch.advantages[sub] if batch.advantages.dim() == 1 else batch.advantages[sub, :T]
+        out = policy_loss(logp, old, adv, mask, self.algo, ref_logp=ref, max_tokens=self.max_new_tokens, **counts)
+        out.loss.backward()
+        metrics = dict(out.metrics)
+        if self.value_model is not None:
+            returns = adv + batch.values[sub, :T] if adv.dim() == 2 else adv[:, None] + batch.values[sub, :T]
+            vloss = self.value_model.loss(part, batch.values[sub, :T], returns, mask, counts["num_tokens"])
+            vloss.backward()
+            metrics["value_loss"] = total(float(vloss.detach()))
+        return metrics
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.value_optimizer is not None:
+            self.value_optimizer.zero_grad(set_to_none=True)
+
+    def _optimizer_step(self) -> float:
+        """Clip, warm up the learning rate, step every optimiser; returns the policy grad norm."""
+        c = self.config
+        gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.grad_clip)
+        scale = min(1.0, (self.opt_steps + 1) / c.warmup) if c.warmup else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = c.lr * scale if c.warmup else c.lr
+        self.optimizer.step()
+        if self.value_optimizer is not None:
+            torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), c.grad_clip)
+            self.value_optimizer.step()
+        self.opt_steps += 1
+        return float(gn)
+
+    def _train_step(self) -> dict:
+        t0 = time.perf_counter()
+        batch = self.collect()
+        updates, grad_norms, entropies = [], [], []
+        if batch.rollout is not None:
+            self.compute_advantages(batch)
+            updates, grad_norms, entropies = self.update(batch)
+        return self._row(batch, updates, grad_norms, entropies, time.perf_counter() - t0)
+
+    def _row(self, batch: Batch, updates: list[dict], grad_norms: list, entropies: list, seconds: float) -> dict:
+        """The history row of one step (see :meth:`train` for the columns)."""
+        G, gen = self.config.group_size, batch.generated
+        raw, shaped = torch.cat([s.raw for s in gen]), torch.cat([s.rewards for s in gen])
+        correct = torch.cat([s.correct for s in gen])
+        lengths = torch.cat([s.rollout.lengths.float().cpu() for s in gen])
+        n_tok = sum(n for _, n in entropies)
+        row = {
+            "reward": float(shaped.mean()),
+            "accuracy": float(correct.float().mean()),
+            "length": float(lengths.mean()),
+            "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
+            "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
+            "entropy": sum(e for e, _ in entropies) / max(n_tok, 1.0) if entropies else float("nan"),
+            "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
+            "zero_adv_group_frac": float(tied_groups(shaped, G).float().mean()),
+            "truncation_rate": float(torch.cat([s.rollout.truncated.cpu() for s in gen]).float().mean()),
+            "tokens_per_s": sum(float(s.rollout.completion_mask.sum()) for s in gen) / seconds,
+            "gen_seconds": sum(s.rollout.gen_seconds for s in gen),
+            "step_seconds": seconds,
+        }
+        if hasattr(self.task, "is_reasoning"):
+            row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
+        row.update(reduce_updates(updates))
+        n_trained = len(batch.rollout) if batch.rollout is not None else 0
+        row.update(sampling.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G))
+        return row
+
+    def _short_of_groups(self, n_kept: int) -> None:
+        c = self.config
+        msg = (f"dynamic sampling: only {n_kept} of prompts_per_step={c.prompts_per_step} groups had mixed "
+               f"accuracy (0 < acc < 1) after max_gen_rounds={c.max_gen_rounds} rollouts at step {self.step + 1}")
+        if c.on_gen_rounds_exhausted == "error":
+            raise RuntimeError(msg + "; raise TrainerConfig.max_gen_rounds or set on_gen_rounds_exhausted='warn'")
+        warnings.warn(msg + ("; training on those groups" if n_kept else "; skipping this step's update")
+                      + " (TrainerConfig.max_gen_rounds bounds the extra generation)", RuntimeWarning, stacklevel=4)
+
     def _eval_row(self) -> dict:
         row = {"step": self.step}
         s = self.evaluate(greedy=True)
@@ -285,176 +538,6 @@ class Trainer:
             row["test_accuracy_sampled"] = s2["accuracy"]
         return row
 
-    def rollout(self) -> Rollout:
-        """Sample one rollout (``prompts_per_step`` questions × G responses) with the current policy."""
-        c = self.config
-        problems = self.task.sample(c.prompts_per_step, self.rng)
-        return generate(self.policy, self.tokenizer, problems, group_size=c.group_size,
-                        max_new_tokens=self.max_new_tokens, temperature=c.temperature)
-
-    def _score(self, ro: Rollout):
-        """``(rewards [B] float32, correct [B] bool, penalty [B] float32 | None)`` of a rollout:
-        the task reward plus, when ``algo.overlong_cache_len`` is set, DAPO's soft overlong
-        penalty (Eq. 13, ``L_max = max_new_tokens``); ``correct`` is the raw correctness."""
-        rewards = torch.tensor([self.task.reward(t, p) for t, p in zip(ro.texts, ro.problems)], dtype=torch.float32)
-        correct = torch.tensor([bool(self.task.is_correct(t, p)) for t, p in zip(ro.texts, ro.problems)])
-        penalty = None
-        if self.algo.overlong_cache_len is not None:
-            penalty = overlong_penalty(ro.lengths.cpu(), max_len=self.max_new_tokens,
-                                       cache_len=self.algo.overlong_cache_len)
-            rewards = rewards + penalty
-        return rewards, correct, penalty
-
-    def _collect(self):
-        """Generate this step's rollouts and pick the rows to train on.
-
-        Returns ``(train_ro | None, train_rewards | None, generated)`` where ``generated`` lists
-        every rollout sampled this step with its rewards, correctness and penalty (for metrics).
-        Without dynamic sampling this is one rollout, trained on whole. With it (DAPO Eq. 11),
-        rollouts of ``prompts_per_step`` questions are drawn until ``prompts_per_step`` groups of
-        raw accuracy strictly between 0 and 1 are kept (extras of the last round are dropped) or
-        ``max_gen_rounds`` rollouts were drawn.
-        """
-        c, G = self.config, self.config.group_size
-        generated = []
-        if not self.algo.dynamic_sampling:
-            ro = self.rollout()
-            rewards, correct, penalty = self._score(ro)
-            generated.append((ro, rewards, correct, penalty))
-            return ro, rewards, generated
-        kept_ro, kept_r, n_kept = [], [], 0
-        while n_kept < c.prompts_per_step and len(generated) < c.max_gen_rounds:
-            ro = self.rollout()
-            rewards, correct, penalty = self._score(ro)
-            generated.append((ro, rewards, correct, penalty))
-            acc = correct.float().view(-1, G).mean(1)
-            groups = ((acc > 0) & (acc < 1)).nonzero().flatten().tolist()[: c.prompts_per_step - n_kept]
-            if groups:
-                rows = torch.tensor([g * G + j for g in groups for j in range(G)], dtype=torch.long)
-                kept_ro.append(ro.select(rows))
-                kept_r.append(rewards[rows])
-                n_kept += len(groups)
-        if n_kept < c.prompts_per_step:
-            msg = (f"dynamic sampling: only {n_kept} of prompts_per_step={c.prompts_per_step} groups had mixed "
-                   f"accuracy (0 < acc < 1) after max_gen_rounds={c.max_gen_rounds} rollouts at step {self.step + 1}")
-            if c.on_gen_rounds_exhausted == "error":
-                raise RuntimeError(msg + "; raise TrainerConfig.max_gen_rounds or set on_gen_rounds_exhausted='warn'")
-            warnings.warn(msg + ("; training on those groups" if n_kept else "; skipping this step's update")
-                          + " (TrainerConfig.max_gen_rounds bounds the extra generation)", RuntimeWarning,
-                          stacklevel=3)
-        if not n_kept:
-            return None, None, generated
-        return _concat_rollouts(kept_ro, self.tokenizer.pad_token_id), torch.cat(kept_r), generated
-
-    def _train_step(self) -> dict:
-        c, algo = self.config, self.algo
-        t0 = time.perf_counter()
-        ro, rewards, generated = self._collect()
-        metric_acc: dict[str, list] = {}
-        grad_norms, entropies = [], []
-        n_updates = 0
-        if ro is not None:
-            B = len(ro)
-            adv = algo.advantages(rewards, c.group_size).to(c.device)
-            mask = ro.completion_mask
-            # the loss mask: DAPO's overlong filtering drops truncated rows from the loss and its counts
-            keep = (~ro.truncated).to(mask.dtype) if algo.overlong_filter else None
-            loss_mask = mask * keep[:, None] if keep is not None else mask
-            n_mb = min(c.minibatches, B)  # fewer rows than configured only when dynamic sampling fell short
-            with torch.no_grad():
-                if c.old_logp == "behaviour":
-                    old_logp = ro.behaviour_logp
-                elif c.epochs * n_mb > 1:
-                    old_logp = self._logp_batched(self.policy, ro)
-                else:
-                    old_logp = None  # on-policy: π_old = sg(π_θ), filled in per micro-batch
-                ref_logp = self._logp_batched(self.ref_policy, ro) if self.uses_kl else None
-
-            bounds = [(m * B) // n_mb for m in range(n_mb + 1)]  # = m * B / minibatches when it divides
-            micro = c.micro_batch_size or (B // n_mb)
-            gen = torch.Generator().manual_seed(int(self.rng.integers(2**62)))
-            for epoch in range(c.epochs):
-                order = torch.randperm(B, generator=gen) if c.minibatches > 1 else torch.arange(B)
-                for m in range(n_mb):
-                    idx = order[bounds[m]:bounds[m + 1]]
-                    n_tok = float(loss_mask[idx].sum())
-                    n_seq = float((loss_mask[idx].sum(-1) > 0).sum())
-                    if n_tok == 0:  # every row of this minibatch was filtered out: nothing to learn
-                        continue
-                    self.optimizer.zero_grad(set_to_none=True)
-                    for s in range(0, len(idx), micro):
-                        sub = idx[s:s + micro]
-                        part = ro.select(sub)
-                        T = part.completion_ids.shape[1]
-                        part_mask = part.completion_mask if keep is None else part.completion_mask * keep[sub][:, None]
-                        logp, ent = policy_logprobs(self.policy, part, with_entropy=True)
-                        if epoch == 0:
-                            entropies.append((float((ent * part_mask).sum()), float(part_mask.sum())))
-                        old = logp.detach() if old_logp is None else old_logp[sub, :T]
-                        ref = ref_logp[sub, :T] if ref_logp is not None else None
-                        out = policy_loss(logp, old, adv[sub], part_mask, algo, ref_logp=ref,
-                                          num_tokens=n_tok, num_sequences=n_seq, max_tokens=self.max_new_tokens)
-                        out.loss.backward()
-                        w = float(part_mask.sum()) / max(n_tok, 1.0)
-                        for k, v in out.metrics.items():
-                            if w == 0 and k in ("ratio_min", "ratio_max"):
-                                continue  # an all-filtered micro-batch reports the neutral ratio 1
-                            metric_acc.setdefault(k, []).append((v, w))
-                    gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.grad_clip)
-                    grad_norms.append(float(gn))
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = c.lr * min(1.0, (self.opt_steps + 1) / c.warmup) if c.warmup else c.lr
-                    self.optimizer.step()
-                    self.opt_steps += 1
-                    n_updates += 1
-
-        step_seconds = time.perf_counter() - t0
-        G = c.group_size
-        all_ro = [g[0] for g in generated]
-        all_rewards = torch.cat([g[1] for g in generated])
-        correct = torch.cat([g[2] for g in generated])
-        lengths = torch.cat([r.lengths.float().cpu() for r in all_ro])
-        truncated = torch.cat([r.truncated.cpu() for r in all_ro])
-        g = all_rewards.view(-1, G)
-        zero_adv = float((g.max(1).values == g.min(1).values).float().mean())
-        n_trained = len(ro) if ro is not None else 0
-        penalties = [p for _, _, _, p in generated if p is not None]
-        row = {
-            "reward": float(all_rewards.mean()),
-            "accuracy": float(correct.float().mean()),
-            "length": float(lengths.mean()),
-            "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
-            "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
-            "entropy": (sum(e for e, _ in entropies) / max(sum(n for _, n in entropies), 1.0)
-                        if entropies else float("nan")),
-            "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
-            "zero_adv_group_frac": zero_adv,
-            "truncation_rate": float(truncated.float().mean()),
-            "tokens_per_s": sum(float(r.completion_mask.sum()) for r in all_ro) / step_seconds,
-            "gen_seconds": sum(r.gen_seconds for r in all_ro),
-            "step_seconds": step_seconds,
-        }
-        if hasattr(self.task, "is_reasoning"):
-            row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for r in all_ro for t in r.texts]))
-        for k, vals in metric_acc.items():
-            if k in ("loss", "pg_loss", "num_tokens", "num_sequences"):
-                # micro-batch losses are normalised by the global counts: they add up
-                row[k] = sum(v for v, _ in vals) / n_updates
-            elif k in ("ratio_min",):
-                row[k] = min(v for v, _ in vals)
-            elif k in ("ratio_max",):
-                row[k] = max(v for v, _ in vals)
-            else:  # token-weighted mean over micro-batches, averaged over updates
-                row[k] = sum(v * w for v, w in vals) / n_updates
-        if self.ref_policy is None:
-            row["kl"] = float("nan")  # no reference model is kept without a KL term: not measured
-        # sampling & shaping (DAPO): generation rounds, oversampling factor, penalised fraction
-        row["gen_rounds"] = len(generated)
-        row["trained_groups"] = n_trained // G
-        row["samples_per_trained"] = len(lengths) / n_trained if n_trained else float("nan")
-        row["overlong_frac_penalised"] = float((torch.cat(penalties) < 0).float().mean()) if penalties else 0.0
-        return row
-
     @torch.no_grad()
     def _logp_batched(self, model, ro: Rollout) -> torch.Tensor:
         c = self.config
@@ -462,33 +545,26 @@ class Trainer:
         micro = c.micro_batch_size or B
         T = ro.completion_ids.shape[1]
         out = torch.zeros(B, T, device=ro.completion_ids.device)
-        was = model.training
-        model.eval()
         for s in range(0, B, micro):
             idx = torch.arange(s, min(B, s + micro))
-            part = ro.select(idx)
-            lp = policy_logprobs(model, part)
+            lp = policy_logprobs(model, ro.select(idx))
             out[idx, : lp.shape[1]] = lp
-        if was:
-            model.train()
         return out
 
     # ------------------------------------------------------------------ checkpointing
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint directory: ``policy/`` (safetensors + tokenizer), ``ref/``
-        (safetensors, when a KL reference exists), ``optimizer.pt``, ``rng.pt``, ``state.json``
-        (step, config, algorithm, task spec, numpy RNG state) and ``history.json``."""
+        (safetensors, when a KL reference exists), ``value.safetensors`` and
+        ``value_optimizer.pt`` (with a value model), ``optimizer.pt``, ``rng.pt``, ``state.json``
+        (step, config, algorithm, task spec, numpy RNG state) and ``history.json``.
+
+        Raises:
+            ValueError: the task cannot be described for resume (raised before anything is written).
+        """
+        from safetensors.torch import save_file
+
         from .tasks import task_spec
 
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(path / "policy", safe_serialization=True)
-        self.tokenizer.save_pretrained(path / "policy")
-        if self.ref_policy is not None:
-            self.ref_policy.save_pretrained(path / "ref", safe_serialization=True)
-        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
-        torch.save({"torch": torch.random.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, path / "rng.pt")
         state = {
             "step": self.step,
             "opt_steps": self.opt_steps,
@@ -498,17 +574,38 @@ class Trainer:
             "numpy_rng": self.rng.bit_generator.state,
             "python_rng": _py_state_to_json(random.getstate()),
         }
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.policy.save_pretrained(path / "policy", safe_serialization=True)
+        self.tokenizer.save_pretrained(path / "policy")
+        if self.ref_policy is not None:
+            self.ref_policy.save_pretrained(path / "ref", safe_serialization=True)
+        if self.value_model is not None:
+            save_file({k: v.contiguous() for k, v in self.value_model.state_dict().items()}, path / "value.safetensors")
+            torch.save(self.value_optimizer.state_dict(), path / "value_optimizer.pt")
+        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        torch.save({"torch": torch.random.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, path / "rng.pt")
         (path / "state.json").write_text(json.dumps(state, indent=2, default=_json_default))
         (path / "history.json").write_text(json.dumps(self.rows, default=_json_default))
         return path
 
     @classmethod
-    def resume(cls, path: str | Path, *, device: str | None = None) -> "Trainer":
+    def resume(cls, path: str | Path, *, device: str | None = None, value_model=None) -> "Trainer":
         """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly.
+
+        Args:
+            path: the checkpoint directory.
+            device: override the saved ``TrainerConfig.device``.
+            value_model: a freshly built value model of the saved architecture, required when the
+                checkpoint has one (its weights and optimiser state are loaded into it).
 
         Raises:
             FileNotFoundError: ``path`` is not a checkpoint directory.
+            ValueError: ``state.json`` or ``history.json`` is corrupt (the message names the file),
+                or the checkpoint has a value model and none was passed.
         """
+        from safetensors.torch import load_file
         from transformers import AutoModelForCausalLM
 
         from .models import load_policy
@@ -517,18 +614,25 @@ class Trainer:
         path = Path(path)
         if not (path / "state.json").is_file():
             raise FileNotFoundError(f"Trainer.resume: {path} has no state.json (not a trainer checkpoint)")
-        state = json.loads((path / "state.json").read_text())
+        state = _read_json(path / "state.json", ("step", "config", "algo", "task", "numpy_rng", "python_rng"))
+        rows = _read_json(path / "history.json", None)
+        has_value = (path / "value.safetensors").is_file()
+        if has_value and value_model is None:
+            raise ValueError(f"Trainer.resume: {path} holds a value model; pass value_model= (same architecture)")
         config = TrainerConfig.from_dict(state["config"])
         if device is not None:
             config = replace(config, device=device)
-        algo = Algorithm(**state["algo"])
-        task = task_from_spec(state["task"])
+        if has_value:
+            value_model.load_state_dict(load_file(path / "value.safetensors"))
         policy, tokenizer = load_policy(path / "policy", device=config.device)
         ref = None
         if (path / "ref").is_dir():
             ref = AutoModelForCausalLM.from_pretrained(path / "ref", use_safetensors=True).to(config.device)
-        trainer = cls(policy, tokenizer, task, algo, config, ref_policy=ref)
+        trainer = cls(policy, tokenizer, task_from_spec(state["task"]), Algorithm(**state["algo"]), config,
+                      ref_policy=ref, value_model=value_model)
         trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        if has_value:
+            trainer.value_optimizer.load_state_dict(torch.load(path / "value_optimizer.pt", weights_only=True))
         rng = torch.load(path / "rng.pt", weights_only=True)
         torch.random.set_rng_state(rng["torch"])
         if rng["cuda"] and torch.cuda.is_available():
@@ -537,8 +641,36 @@ class Trainer:
         random.setstate(_py_state_from_json(state["python_rng"]))
         trainer.step = int(state["step"])
         trainer.opt_steps = int(state.get("opt_steps", 0))
-        trainer.rows = json.loads((path / "history.json").read_text())
+        trainer.rows = rows
         return trainer
+
+
+def _read_json(path: Path, keys: tuple | None):
+    """Parse a checkpoint's JSON file; ``ValueError`` naming the file when it is corrupt or lacks ``keys``."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"Trainer.resume: corrupt checkpoint, {path} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"Trainer.resume: {path} is not valid JSON ({exc}); the checkpoint is corrupt") from None
+    if keys is not None:
+        missing = [k for k in keys if not isinstance(data, dict) or k not in data]
+        if missing:
+            raise ValueError(f"Trainer.resume: {path} lacks {missing}; the checkpoint is corrupt")
+    return data
+
+
+def _check_reward(value, index: int, text: str, problem) -> float:
+    """A task's reward as a python float; a clear error naming the sample when it is not a real number."""
+    if not isinstance(value, numbers.Real):
+        if not (torch.is_tensor(value) and value.numel() == 1 and not value.dtype.is_complex):
+            raise TypeError(f"task.reward returned {value!r} ({type(value).__name__}) for sample {index} "
+                            f"(prompt {problem.prompt!r}, completion {text!r}); a reward must be a real number")
+    r = float(value)
+    if not math.isfinite(r):
+        raise ValueError(f"task.reward returned {r} for sample {index} (prompt {problem.prompt!r}, "
+                         f"completion {text!r}); a reward must be finite")
+    return r
 
 
 def _concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:

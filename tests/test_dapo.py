@@ -238,12 +238,13 @@ def test_trainer_rejects_impossible_settings(tok):
 def test_dynamic_sampling_keeps_only_mixed_groups(tok):
     # rounds: A N (none kept) | M A (one kept) | M M (one kept, the extra dropped)
     tr = make_trainer(tok, task=KindTask(test_size=3, script=("AN", "MA", "MM")))
-    ro, rewards, generated = tr._collect()
+    batch = tr.collect()
+    ro, rewards, generated = batch.rollout, batch.rewards, batch.generated
     assert len(generated) == 3
     assert [p.meta["kind"] for p in ro.problems] == ["M"] * (2 * G)
     assert rewards.tolist() == [1.0, 1.0, 0.0, 0.0] * 2
     # the kept groups come from rounds 2 and 3, row for row
-    r2, r3 = generated[1][0], generated[2][0]
+    r2, r3 = generated[1].rollout, generated[2].rollout
     assert ro.texts == r2.texts[:G] + r3.texts[:G]
     assert ro.problems[0].prompt == r2.problems[0].prompt and ro.problems[G].prompt == r3.problems[0].prompt
 

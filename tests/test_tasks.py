@@ -38,7 +38,6 @@ def test_direct_response_goldens():
     ("#18", "18"),
     ("#7", "7"),
     ("#0", "0"),
-    ("#018", "018"),  # returned verbatim; "018" != "18" so it is not rewarded
     ("1;#18", "18"),  # steps are not checked, only their shape (outcome reward)
     ("#999999", "999999"),
 ])
@@ -271,3 +270,16 @@ def test_task_spec_round_trip():
 def test_arithmetic_task_validation(kwargs):
     with pytest.raises(ValueError, match="ArithmeticTask"):
         ArithmeticTask(**kwargs)
+
+
+def test_answer_must_be_canonical_integer():
+    # The docstring promised an integer comparison while "#018" scored 0: code and docstring now
+    # agree that the answer is written in canonical form (no leading zeros), as the base policy's
+    # demonstrations write it; "#0" is canonical.
+    task = ArithmeticTask()
+    p = task.make_problem([9, 9])
+    assert parse_answer("#018") is None and parse_answer("9+9;#018") is None
+    assert task.reward("#018", p) == 0.0 and not task.is_correct("#018", p)
+    assert task.reward("#18", p) == 1.0
+    assert parse_answer("#0") == "0" and parse_answer("#00") is None
+    assert "leading zeros" in parse_answer.__doc__

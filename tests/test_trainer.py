@@ -110,7 +110,7 @@ def test_evaluate_does_not_advance_torch_rng(tok):
     s = tr.evaluate(greedy=False)
     assert torch.equal(torch.random.get_rng_state(), state)
     assert 0 <= s["accuracy"] <= 1
-    assert tr.policy.training
+    assert not tr.policy.training  # every forward runs in eval mode (dropout off)
 
 
 def test_on_policy_ratio_exactly_one(tok):
@@ -280,3 +280,98 @@ def test_warmup_schedule(tok):
     assert seen == pytest.approx([2.5e-3, 5e-3, 7.5e-3, 1e-2])
     with pytest.raises(ValueError, match="warmup"):
         TrainerConfig(warmup=-1)
+
+
+# ------------------------------------------------------------------------------------ reliability (issue 8)
+def test_dropout_is_off_in_every_forward(tok, tmp_path):
+    # A checkpoint with attention dropout 0.1, GRPO with one minibatch (on-policy). Before the fix
+    # the loss forward ran in train mode while pi_old/pi_ref were scored in eval mode: the first
+    # update saw ratio_min 0.0, clip_frac 0.16 and KL 1e8. It must see ratio 1, no clip and KL 0.
+    from grpo_lab.models import load_policy
+
+    model = tiny_policy(tok, TINY, seed=0)
+    model.config.attention_dropout = 0.1
+    model.save_pretrained(tmp_path / "dropout", safe_serialization=True)
+    tok.save_pretrained(tmp_path / "dropout")
+    policy, tokenizer = load_policy(tmp_path / "dropout")
+    assert policy.config.attention_dropout == 0.1
+    policy.train()  # as a user might hand it over
+    cfg = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=0, progress=False,
+                        lr=1e-2, seed=0)
+    tr = Trainer(policy, tokenizer, ToyTask(test_size=5), GRPO, cfg)
+    h = tr.train(1)
+    assert h.loc[0, "ratio_min"] == 1.0 and h.loc[0, "ratio_max"] == 1.0
+    assert h.loc[0, "clip_frac"] == 0.0
+    assert h.loc[0, "kl"] == 0.0  # the first update: pi_theta == pi_ref exactly
+    assert not tr.policy.training and not tr.ref_policy.training
+
+
+@pytest.mark.parametrize("bad", [None, "1.0", [1.0]])
+def test_reward_that_is_not_a_number_names_the_sample(tok, bad):
+    @dataclasses.dataclass
+    class BadTask(ToyTask):
+        def reward(self, completion, problem):
+            return bad if problem.prompt == self._bad_prompt else 1.0
+
+    task = BadTask(test_size=5)
+    tr = make_trainer(tok, task=task)
+    ro = tr.rollout()
+    task._bad_prompt = ro.problems[5].prompt  # the second group: samples 4..7
+    with pytest.raises(TypeError, match=r"sample 4 .*a reward must be a real number"):
+        tr.score(ro)
+
+
+def test_non_finite_reward_names_the_sample(tok):
+    @dataclasses.dataclass
+    class NanTask(ToyTask):
+        def reward(self, completion, problem):
+            return float("nan")
+
+    tr = make_trainer(tok, task=NanTask(test_size=5))
+    with pytest.raises(ValueError, match=r"sample 0 .*finite"):
+        tr.train(1)
+
+
+def test_reward_types_accepted(tok):
+    import numpy as np
+
+    for value in (True, 1, np.float32(0.5), np.int64(1), torch.tensor(0.25)):
+        @dataclasses.dataclass
+        class T(ToyTask):
+            def reward(self, completion, problem, v=value):
+                return v
+
+        scored = make_trainer(tok, task=T(test_size=5)).score(make_trainer(tok).rollout())
+        assert scored.raw.dtype == torch.float32 and (scored.raw == float(value)).all()
+
+
+@pytest.mark.parametrize("content,match", [
+    ("{not json", "not valid JSON"),
+    ('{"step": 2}', "lacks"),
+    ("[]", "lacks"),
+])
+def test_corrupt_state_json_names_the_file(tok, tmp_path, monkeypatch, content, match):
+    monkeypatch.setitem(tasks_mod.TASKS, "toy", ToyTask)
+    tr = make_trainer(tok)
+    tr.train(1)
+    tr.save(tmp_path)
+    (tmp_path / "state.json").write_text(content)
+    with pytest.raises(ValueError, match=match) as err:
+        Trainer.resume(tmp_path)
+    assert str(tmp_path / "state.json") in str(err.value)
+
+
+def test_corrupt_history_json_names_the_file(tok, tmp_path, monkeypatch):
+    monkeypatch.setitem(tasks_mod.TASKS, "toy", ToyTask)
+    tr = make_trainer(tok)
+    tr.save(tmp_path)
+    (tmp_path / "history.json").write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(ValueError, match="history.json"):
+        Trainer.resume(tmp_path)
+
+
+def test_save_with_unregistered_task_writes_nothing(tok, tmp_path):
+    tr = make_trainer(tok)  # ToyTask is not registered here
+    with pytest.raises(ValueError, match="not a registered dataclass task"):
+        tr.save(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()

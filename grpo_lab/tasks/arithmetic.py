@@ -7,8 +7,11 @@ two-digit terms). A response is either
 * **reasoning**: ``"133+95;228;#228"`` — the sum reduced one addition at a time, each step
   ended by ``;``, then the answer.
 
-Both forms are valid and rewarded the same (outcome reward: 1 if the integer after the last
-``#`` equals the sum and the response is well formed, else 0). The base policy is pretrained on
+Both forms are valid and rewarded the same (outcome reward: 1 if the response is well formed and
+the number after ``#`` equals the sum, else 0). Well formed includes writing the answer as a
+canonical decimal integer, without leading zeros: ``#018`` is malformed and scores 0, as the
+demonstrations the base policy learned from never pad a number. The check compares strings of
+that canonical form, which is the same as comparing the integers. The base policy is pretrained on
 a mixture in which only a fraction ``p_reason`` of demonstrations reason, so it mostly answers
 directly: right on two terms, mostly wrong on three or four. That gives RL room to act in the way
 the GRPO papers describe at scale: accuracy rises *by* producing longer reasoning, and response
@@ -29,7 +32,7 @@ from .base import Problem, load_problems, save_problems
 
 __all__ = ["ArithmeticTask", "reasoning_response", "direct_response", "parse_answer"]
 
-_RESPONSE = re.compile(r"^(?:[0-9+]+;)*#([0-9]{1,6})$")
+_RESPONSE = re.compile(r"^(?:[0-9+]+;)*#(0|[1-9][0-9]{0,5})$")
 
 
 def reasoning_response(terms: list[int]) -> str:
@@ -56,10 +59,13 @@ def direct_response(terms: list[int]) -> str:
 def parse_answer(completion: str) -> str | None:
     """The answer string of a well-formed response, else ``None`` (strict; never evaluates).
 
+    Well formed: optional ``;``-terminated steps, then ``#`` and the answer as a canonical decimal
+    integer of at most 6 digits (no sign, no leading zeros), nothing after it.
+
     >>> parse_answer("8+2+8;10+8;18;#18")
     '18'
-    >>> parse_answer("#18") , parse_answer("18"), parse_answer("#18#19")
-    ('18', None, None)
+    >>> parse_answer("#18") , parse_answer("18"), parse_answer("#18#19"), parse_answer("#018"), parse_answer("#0")
+    ('18', None, None, None, '0')
     """
     m = _RESPONSE.fullmatch(completion)
     return m.group(1) if m else None
@@ -154,7 +160,7 @@ class ArithmeticTask:
 
     # ----------------------------------------------------------------- scoring
     def is_correct(self, completion: str, problem: Problem) -> bool:
-        """Raw correctness: well-formed and the answer equals the sum."""
+        """Raw correctness: well formed (:func:`parse_answer`) and the answer equals the sum."""
         return parse_answer(completion) == problem.answer
 
     def reward(self, completion: str, problem: Problem) -> float:

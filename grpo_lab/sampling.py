@@ -1,0 +1,99 @@
+"""The sampling & shaping axis: which generated samples train, and how their rewards are shaped.
+
+The trainer calls these stage functions and never reads an algorithm's switches itself:
+
+* :func:`shape` — the reward a sample trains on, from its task reward (DAPO, arXiv 2503.14476,
+  Eq. 13 *Soft Overlong Punishment* when ``algo.overlong_cache_len`` is set, through
+  :func:`grpo_lab.rewards.shape_rewards`);
+* :data:`SELECTORS` / :func:`select_groups` — which groups of a rollout are kept (DAPO Eq. 11
+  *Dynamic Sampling* keeps groups of mixed accuracy and the trainer samples more until the batch
+  is full);
+* :func:`loss_mask` — which tokens enter the loss (DAPO §3.4 *Overlong Filtering* drops truncated
+  samples);
+* :func:`check` — the trainer settings an algorithm's sampling choices need;
+* :func:`sampling_metrics` — the columns that describe this axis in the history.
+
+Where the code departs from the paper: DAPO filters groups by accuracy 0 or 1 of the *reward*; we
+filter by raw correctness (``task.is_correct``), because a shaped reward (the overlong penalty)
+makes a group of equally correct answers look mixed. A new selection rule is one function in
+:data:`SELECTORS`, chosen in :func:`selector_name`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .rewards import shape_rewards
+
+__all__ = ["SELECTORS", "keep_all", "keep_mixed_accuracy", "select_groups", "selector_name", "shape", "loss_mask", "check",
+           "sampling_metrics"]
+
+
+def keep_all(correct: Tensor, group_size: int) -> Tensor:
+    """Every group: indices ``[n_groups]`` (long)."""
+    return torch.arange(correct.numel() // group_size)
+
+
+def keep_mixed_accuracy(correct: Tensor, group_size: int) -> Tensor:
+    """DAPO Eq. 11: the groups whose raw accuracy is strictly between 0 and 1 (long indices)."""
+    acc = correct.float().view(-1, group_size).mean(1)
+    return ((acc > 0) & (acc < 1)).nonzero().flatten()
+
+
+#: group selectors ``(correct [B] bool, group_size) -> kept group indices [k] long``
+SELECTORS: dict[str, Callable[[Tensor, int], Tensor]] = {"all": keep_all, "mixed_accuracy": keep_mixed_accuracy}
+
+
+def selector_name(algo) -> str:
+    """The :data:`SELECTORS` entry of ``algo`` (``"mixed_accuracy"`` with DAPO's dynamic sampling)."""
+    return "mixed_accuracy" if algo.dynamic_sampling else "all"
+
+
+def select_groups(algo, correct: Tensor, group_size: int) -> Tensor:
+    """Indices of the groups of one rollout that ``algo`` trains on (long ``[k]``, ascending)."""
+    return SELECTORS[selector_name(algo)](correct, group_size)
+
+
+def shape(algo, rewards: Tensor, lengths: Tensor, max_new_tokens: int) -> Tensor:
+    """The training reward ``[B]`` float32: the task reward, plus DAPO's soft overlong penalty
+    (Eq. 13, ``L_max = max_new_tokens``, ``L_cache = algo.overlong_cache_len``) when set."""
+    if algo.overlong_cache_len is None:
+        return rewards
+    return shape_rewards(rewards, lengths, max_len=max_new_tokens, cache_len=algo.overlong_cache_len)
+
+
+def loss_mask(algo, completion_mask: Tensor, truncated: Tensor) -> Tensor:
+    """The ``[B, T]`` mask of the tokens that enter the loss: the completion mask, without the
+    truncated rows when ``algo.overlong_filter`` (DAPO §3.4); the rows still count in their group's
+    reward statistics."""
+    if not algo.overlong_filter:
+        return completion_mask
+    return completion_mask * (~truncated).to(completion_mask.dtype)[:, None]
+
+
+def check(algo, *, group_size: int, max_new_tokens: int) -> None:
+    """Raise ``ValueError`` when the trainer settings cannot run ``algo``'s sampling choices."""
+    if algo.overlong_cache_len is not None and algo.overlong_cache_len > max_new_tokens:
+        raise ValueError(
+            f"Trainer: algo.overlong_cache_len (L_cache={algo.overlong_cache_len}) exceeds the generation "
+            f"budget max_new_tokens (L_max={max_new_tokens}); DAPO Eq. 13 needs L_cache <= L_max")
+    if selector_name(algo) != "all" and group_size < 2:
+        raise ValueError("Trainer: dynamic sampling needs group_size >= 2 (a group of one is never "
+                         "of mixed accuracy)")
+
+
+def sampling_metrics(raw: Tensor, shaped: Tensor, n_generated: int, n_trained: int, rounds: int,
+                     group_size: int) -> dict:
+    """History columns of this axis: ``gen_rounds`` (rollouts generated this step),
+    ``trained_groups``, ``samples_per_trained`` (generated / trained samples; NaN without an
+    update) and ``overlong_frac_penalised`` (generated samples whose shaped reward is below the
+    task reward; 0 when shaping is off)."""
+    return {
+        "gen_rounds": rounds,
+        "trained_groups": n_trained // group_size,
+        "samples_per_trained": n_generated / n_trained if n_trained else float("nan"),
+        "overlong_frac_penalised": float((shaped < raw).float().mean()) if raw.numel() else 0.0,
+    }
