@@ -108,24 +108,9 @@ def _unavailable(reason: str):
 
 def _toc_pages() -> list[str]:
     """Document names of book/_toc.yml in order (root first), e.g. ['intro', 'notation', ...]."""
-    import yaml
+    from test_book_hygiene import _toc_entries  # tests/ is on sys.path (pytest rootdir-relative import)
 
-    toc = yaml.safe_load((BOOK / "_toc.yml").read_text(encoding="utf-8"))
-    pages = [toc["root"]]
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            if "file" in node:
-                pages.append(node["file"])
-            for key, value in node.items():
-                if key != "root":
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk({k: v for k, v in toc.items() if k not in ("root", "format")})
-    return [re.sub(r"\.(md|ipynb)$", "", p) for p in pages]
+    return _toc_entries()
 
 
 PAGES = _toc_pages()
