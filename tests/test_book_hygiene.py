@@ -9,6 +9,7 @@ book with warnings as errors, exactly as CI does.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -209,6 +210,97 @@ def test_notebook_writes_stderr_only_in_ignored_cells(path: Path):
         f"{path.name}: code cells {bad} write to stderr (warnings, progress bars); silence them or tag "
         f"the cell one of {sorted(STDERR_OK_TAGS)}"
     )
+
+
+#: Tags under which nbval does not compare a cell's outputs.
+UNCOMPARED_TAGS = {"nbval-ignore-output", "nbval-skip"}
+
+# Numbers whose printed digits depend on the order of a float sum, i.e. on the BLAS / vector
+# kernels the processor gets (MKL, ATen, numpy dispatch), so a fresh run on another CPU prints
+# other digits and strict nbval fails:
+#: a tiny residue in scientific notation, 1e-10 and below (where exact math gives 0) ...
+_RESIDUE = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?[eE]-(?:1\d|[2-9]\d|\d{3,})\b")
+#: ... unless it is a bound ("< 1e-12" is how a chapter should print a residue) ...
+_BOUND_BEFORE = re.compile(r"(?:<|<=|≤)\s*$")
+#: ... a negative zero, the sign of a residue rounded away ("-0.0", "-0.0000") ...
+_NEGATIVE_ZERO = re.compile(r"(?<![\w.])-0(?:\.0+)?(?![\w.])")
+#: ... or a decimal with a long tail: >= 10 significant digits or >= 10 decimals, e.g. the repr
+#: of a float32 mean, 0.6449999809265137 (float32 has ~7 meaningful digits, float64 ~16).
+_DECIMAL = re.compile(r"(?<![\w.])[-+]?(\d*)\.(\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+_LONG_TAIL_DIGITS = 10
+
+
+def rounding_dependent_numbers(text: str) -> list[str]:
+    """The numbers in ``text`` whose printed digits depend on float rounding (see above)."""
+    found: dict[int, str] = {}
+    for m in _RESIDUE.finditer(text):
+        if not _BOUND_BEFORE.search(text[: m.start()]):
+            found[m.start()] = m.group(0)
+    for m in _NEGATIVE_ZERO.finditer(text):
+        found[m.start()] = m.group(0)
+    for m in _DECIMAL.finditer(text):
+        integer, decimals = m.group(1), m.group(2)
+        if len((integer + decimals).lstrip("0")) >= _LONG_TAIL_DIGITS or len(decimals) >= _LONG_TAIL_DIGITS:
+            found.setdefault(m.start(), m.group(0))
+    return [found[k] for k in sorted(found)]
+
+
+@functools.lru_cache(maxsize=1)
+def _sanitize_patterns() -> list:
+    from nbval.plugin import get_sanitize_patterns
+
+    return get_sanitize_patterns(SANITIZE.read_text(encoding="utf-8"))
+
+
+def _compared_texts(cell) -> list[tuple[str, str]]:
+    """``(stream name or mimetype, text)`` of each textual output, sanitized as nbval does."""
+    texts = []
+    for o in cell.outputs:
+        if o.output_type == "stream":
+            texts.append((o.get("name", "stream"), o.get("text", "")))
+        elif o.output_type in ("execute_result", "display_data"):  # glue records included
+            texts += [(k, v) for k, v in o.get("data", {}).items() if "image/" not in k and isinstance(v, str)]
+    out = []
+    for key, text in texts:
+        for regex, replace in _sanitize_patterns():
+            text = re.sub(regex, replace, text)
+        out.append((key, text))
+    return out
+
+
+def test_rounding_dependent_number_detector():
+    flagged = ["6.43e-17", "k1   7.71e-17  True", "-1.2E-16", "1e-10", "x = 3.3e-123", "-0.0", "-0.0000",
+               "loss 0.6449999809265137", "0.30000000000000004", "1234567.891", "0.00000000012"]
+    clean = ["1.28e+00", "1e-4", "eps=1e-06", "atol 1e-9", "k1   < 1e-12  True", "error <= 1e-15", "≤1e-10",
+             "0.645 ± 0.012", "-0.0137", "-0.4999", "0.0", "338,016 parameters", "v2.13.0+cpu",
+             "commit a30abb5e", "uuid 1b4e28ba-2fa1-11d2-883f", "17.1", "1.0000", "{16385: -0.000244}",
+             "123456789", "e-10", "0.123456789"]
+    for text in flagged:
+        assert rounding_dependent_numbers(text), text
+    for text in clean:
+        assert not rounding_dependent_numbers(text), (text, rounding_dependent_numbers(text))
+
+
+@notebook_param
+def test_compared_outputs_print_no_rounding_dependent_numbers(path: Path):
+    """No output that nbval compares prints digits that depend on the processor's float kernels.
+
+    Float64 residues (``6.43e-17`` where exact math gives 0), negative zeros and long float tails
+    change with the summation order, which MKL / oneDNN / ATen choose per processor, so a fresh
+    clone on another CPU failed strict nbval. Assert such values instead, or print them at a
+    precision that means something (``< 1e-12``, ``:.4f``); or tag the cell ``nbval-ignore-output``
+    if its numbers are an experiment's results.
+    """
+    pytest.importorskip("nbval.plugin")
+    bad = []
+    for i, cell in enumerate(_code_cells(_read(path))):  # i: nbval's "Cell i"
+        if _tags(cell) & UNCOMPARED_TAGS:
+            continue
+        for key, text in _compared_texts(cell):
+            numbers = rounding_dependent_numbers(text)
+            if numbers:
+                bad.append(f"code cell {i} ({key}): {sorted(set(numbers))}")
+    assert not bad, f"{path.name}: compared outputs print rounding-dependent numbers:\n  " + "\n  ".join(bad)
 
 
 @notebook_param

@@ -315,8 +315,8 @@ zero_grad_regions = {}
 for ax, a in zip(axes, (1.0, -1.0)):
     vals, grads = [], []
     for rr in ratios:
-        lp = torch.log(rr).reshape(1, 1).clone().requires_grad_()
-        lo = policy_loss(lp, torch.zeros(1, 1), torch.tensor([a]), one, no_kl).loss
+        lp = torch.log(rr / 2).reshape(1, 1).clone().requires_grad_()  # pi_old = 1/2, ratio rr
+        lo = policy_loss(lp, torch.full((1, 1), math.log(0.5)), torch.tensor([a]), one, no_kl).loss
         lo.backward()
         vals.append(-lo.item())
         grads.append(lp.grad.item())
@@ -383,16 +383,19 @@ kl_table = pd.DataFrame(rows)
 assert np.allclose(kl_table["E[k3]"], kl_table["KL"], atol=1e-12)  # unbiased, exactly
 assert np.allclose(kl_table["E[k1]"], kl_table["KL"], atol=1e-12)
 assert (kl_table["min k3"] >= 0).all() and (kl_table["min k1"] < 0).mean() > 0.9
+bias = {k: (kl_table[f"E[{k}]"] - kl_table["KL"]).abs().mean() for k in ("k1", "k2", "k3")}
+assert bias["k1"] < 1e-12 and bias["k3"] < 1e-12 and bias["k2"] > 0.1  # round-off only / a real bias
 summary = pd.DataFrame({
-    "mean bias": [(kl_table[f"E[{k}]"] - kl_table["KL"]).abs().mean() for k in ("k1", "k2", "k3")],
+    # float64 round-off (~1e-17) depends on the processor's summation order: print the bound, not the digits
+    "mean bias": ["< 1e-12" if b < 1e-12 else f"{b:.2f}" for b in bias.values()],
     "samples < 0 possible": [bool((kl_table["min k1"] < 0).any()), False, bool((kl_table["min k3"] < 0).any())],
-}, index=["k1", "k2", "k3"])
-print(summary.to_string(float_format=lambda x: f"{x:.2e}"))
+}, index=list(bias))
+print(summary.to_string())
 print(f"median per-sample sd, k1: {kl_table['sd k1'].median():.3f}   k3: {kl_table['sd k3'].median():.3f}")
 
 # %% [markdown]
-# $k_1$ and $k_3$ are exactly unbiased (errors at float64 round-off), $k_2$ is biased; $k_1$
-# takes negative values on almost every pair, $k_3$ never does. The last line compares the spread
+# $k_1$ and $k_3$ are exactly unbiased (errors below $10^{-12}$: float64 round-off), $k_2$ is
+# biased; $k_1$ takes negative values on almost every pair, $k_3$ never does. The last line compares the spread
 # of a single-sample estimate: on these random pairs, which are far apart, $k_3$'s advantage is
 # not guaranteed — its variance is lowest when $\pitheta\approx\piref$, the regime a small $\beta$
 # keeps training in.

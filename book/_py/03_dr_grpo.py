@@ -476,7 +476,8 @@ print("checks passed")
 # wrong reasoned answers are longer than right ones simply because four-term sums are both longer
 # and harder. Dr.GRPO's paper measures the effect over thousands of steps on 7B models with budgets
 # of thousands of tokens, where wrong answers can ramble. Accuracy differences between the
-# settings are within the seed spread too. The KL comparison: with $\beta=0.04$ the final greedy
+# settings are not established either: over three seeds they are at most about two seed-to-seed
+# standard deviations, and they move between machines. The KL comparison: with $\beta=0.04$ the final greedy
 # accuracy is {glue:text}`acc_b04` against {glue:text}`acc_b0` without KL, and late entropy is
 # {glue:text}`ent_b04` against {glue:text}`ent_b0` — the KL term keeps the policy slightly more
 # stochastic, but over 40 steps neither setting is clearly better, consistent with V3.2's remark
