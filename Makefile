@@ -54,7 +54,7 @@ execute: install sync
 sync: install
 	for py in book/_py/[0-9]*.py; do $(BIN)/jupytext --sync $$py; done
 
-## pretrain: rebuild data/checkpoints/arithmetic-base (deterministic, ~10 min on 2 cores)
+## pretrain: rebuild data/checkpoints/arithmetic-base (deterministic on one machine, ~5 min on 2 cores)
 pretrain: install
 	$(BIN)/python -m grpo_lab.pretrain arithmetic
 

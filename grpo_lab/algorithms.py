@@ -172,6 +172,13 @@ class Algorithm:
             raise ValueError(
                 f"offpolicy_mask_delta must be >= 0 (a threshold on a KL estimate; a negative one "
                 f"would mask on-policy sequences) or None, got {self.offpolicy_mask_delta!r}")
+        # store plain python numbers (numpy / tensor scalars would break JSON provenance later)
+        for name in ("adv_eps", "eps_low", "eps_high", "beta", "offpolicy_mask_delta"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, float(getattr(self, name)))
+        for name in ("max_tokens", "overlong_cache_len"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
 
     # ----------------------------------------------------------------------------------------
     @property

@@ -174,6 +174,13 @@ def _check_steps(steps) -> int:
 
 def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None) -> pd.DataFrame:
     """One seed of one algorithm from the profile's base checkpoint (a process-pool task)."""
+    try:  # validate again here: a spawned worker has only the registry entries its imports made
+        algo = algo.replace()
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}. Worker processes (n_jobs > 1) start with fresh registries: a choice registered in a "
+            "notebook or under `if __name__ == '__main__'` does not reach them. Register it at the top level "
+            "of a module that the script imports, or use n_jobs=1") from None
     base = checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else prof.base
     policy, tokenizer = load_policy(base, device=prof.config.device)
     task = get_task(prof.task, **dict(prof.task_kwargs))

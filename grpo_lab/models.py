@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from .paths import checkpoint_dir
+
 __all__ = [
     "CHARS",
     "build_char_tokenizer",
@@ -207,7 +209,9 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     and a missing pad token falls back to the EOS token.
 
     Args:
-        path_or_hub_id: an existing directory with ``config.json``, or ``"org/name"``.
+        path_or_hub_id: an existing directory with ``config.json``, the name of a checkpoint
+            shipped in ``data/checkpoints`` (``"arithmetic-base"``, see
+            :func:`grpo_lab.paths.checkpoint_dir`), or a hub id ``"org/name"``.
         device: where to put the model (default CPU).
         dtype: parameter dtype (default: the checkpoint's, float32 for the tiny models).
         revision: hub revision (branch, tag or commit); ignored for local directories.
@@ -229,6 +233,8 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"load_policy: device {device!r} requested but CUDA is not available")
     p = Path(path_or_hub_id)
+    if not p.exists() and checkpoint_dir(str(path_or_hub_id)).is_dir() and os.sep not in str(path_or_hub_id):
+        p = checkpoint_dir(str(path_or_hub_id))  # a shipped checkpoint by name, e.g. "arithmetic-base"
     looks_local = p.exists() or str(path_or_hub_id).startswith((".", "/", "~")) or os.sep in str(p.parent)
     if p.exists():
         if not (p / "config.json").is_file():

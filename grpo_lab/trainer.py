@@ -32,6 +32,7 @@ import json
 import math
 import numbers
 import random
+import shutil
 import sys
 import time
 import warnings
@@ -45,11 +46,11 @@ import torch
 
 from . import sampling
 from .advantages import AdvantageBatch, tied_groups
-from .algorithms import Algorithm
+from .algorithms import Algorithm, get_algorithm
 from .metrics import reduce_micro_batches, reduce_updates, total
 from .objectives import policy_loss
 from .rollout import Rollout, evaluate, generate, policy_logprobs
-from .validation import choice, positive_int, positive_number, real_number
+from .validation import choice, is_int, non_negative_int, positive_int, positive_number, real_number
 
 __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel"]
 
@@ -63,7 +64,8 @@ class TrainerConfig:
         group_size: G, responses per question (rollout has ``prompts_per_step * G`` rows).
         max_new_tokens: generation budget (default: the task's).
         temperature: sampling temperature (log-probs are computed at the same temperature).
-        lr, weight_decay, betas, grad_clip: AdamW and global-norm clipping.
+        lr, weight_decay, betas, grad_clip: AdamW and global-norm clipping (``grad_clip > 0``: the
+            largest global gradient norm; 0 would zero every update).
         warmup: optimiser steps of linear learning-rate warm-up (Adam's first steps move every
             parameter by about ``lr`` whatever its gradient, which can collapse a token's
             probability in a tiny model; a short warm-up avoids it).
@@ -124,12 +126,21 @@ class TrainerConfig:
                 f"{self.prompts_per_step * self.group_size}")
         choice("TrainerConfig.old_logp", self.old_logp, ("recompute", "behaviour"))
         choice("TrainerConfig.on_gen_rounds_exhausted", self.on_gen_rounds_exhausted, ("warn", "error"))
-        positive_number("TrainerConfig.temperature", self.temperature)
-        positive_number("TrainerConfig.lr", self.lr)
+        for name in ("temperature", "lr", "grad_clip"):
+            positive_number(f"TrainerConfig.{name}", getattr(self, name))
         if self.value_lr is not None:
             positive_number("TrainerConfig.value_lr", self.value_lr)
-        real_number("TrainerConfig.warmup", self.warmup, minimum=0)
-        real_number("TrainerConfig.grad_clip", self.grad_clip, minimum=0)
+        real_number("TrainerConfig.weight_decay", self.weight_decay, minimum=0)
+        for name in ("warmup", "eval_every", "seed"):
+            non_negative_int(f"TrainerConfig.{name}", getattr(self, name))
+        positive_int("TrainerConfig.threads", self.threads, allow_none=True)
+        if len(tuple(self.betas)) != 2 or not all(0 <= real_number("TrainerConfig.betas", b) < 1 for b in self.betas):
+            raise ValueError(f"TrainerConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"TrainerConfig.device must be a torch device such as 'cpu' or 'cuda', "
+                             f"got {self.device!r}") from None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -232,6 +243,11 @@ class Trainer:
     def __init__(self, policy, tokenizer, task, algo: Algorithm, config: TrainerConfig | None = None,
                  *, ref_policy=None, value_model=None):
         self.config = c = config or TrainerConfig()
+        algo = get_algorithm(algo) if isinstance(algo, str) else algo
+        if not isinstance(algo, Algorithm):
+            raise ValueError(f"Trainer: algo must be an Algorithm or a preset name, got {type(algo).__name__}")
+        if torch.device(c.device).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"Trainer: TrainerConfig.device={c.device!r} but CUDA is not available")
         self.algo, self.task, self.tokenizer = algo, task, tokenizer
         if c.threads:
             torch.set_num_threads(c.threads)
@@ -305,7 +321,7 @@ class Trainer:
         update: ``trained_groups`` is 0 and the update columns are NaN.
         """
         c = self.config
-        end = self.step + steps
+        end = self.step + non_negative_int("train: steps", steps)
         if self.step == 0 and c.eval_every and not self.rows:
             self.rows.append(self._eval_row())
         show = c.progress if c.progress is not None else (sys.stderr.isatty() and not _under_ci())
@@ -470,6 +486,11 @@ class Trainer:
         """Clip, warm up the learning rate, step every optimiser; returns the policy grad norm."""
         c = self.config
         gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.grad_clip)
+        if not torch.isfinite(gn):
+            raise FloatingPointError(
+                f"Trainer: non-finite policy gradient norm ({float(gn)}) at step {self.step + 1}; the update was "
+                f"not applied. The loss of {self.algo.name!r} (surrogate {self.algo.clip!r}, aggregation "
+                f"{self.algo.aggregation!r}) produced NaN/inf: check a custom registry function")
         scale = min(1.0, (self.opt_steps + 1) / c.warmup) if c.warmup else 1.0
         for group in self.optimizer.param_groups:
             group["lr"] = c.lr * scale if c.warmup else c.lr
@@ -553,10 +574,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpointing
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint directory: ``policy/`` (safetensors + tokenizer), ``ref/``
+        """Write a checkpoint directory atomically: ``policy/`` (safetensors + tokenizer), ``ref/``
         (safetensors, when a KL reference exists), ``value.safetensors`` and
         ``value_optimizer.pt`` (with a value model), ``optimizer.pt``, ``rng.pt``, ``state.json``
         (step, config, algorithm, task spec, numpy RNG state) and ``history.json``.
+
+        Everything is written to a sibling ``.NAME.saving`` directory first, which then replaces
+        ``path``: a crash while saving leaves the previous checkpoint at ``path`` intact.
 
         Raises:
             ValueError: the task cannot be described for resume (raised before anything is written).
@@ -575,7 +599,9 @@ class Trainer:
             "python_rng": _py_state_to_json(random.getstate()),
         }
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        final, path = path, path.with_name(f".{path.name}.saving")
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
         self.policy.save_pretrained(path / "policy", safe_serialization=True)
         self.tokenizer.save_pretrained(path / "policy")
         if self.ref_policy is not None:
@@ -588,7 +614,8 @@ class Trainer:
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, path / "rng.pt")
         (path / "state.json").write_text(json.dumps(state, indent=2, default=_json_default))
         (path / "history.json").write_text(json.dumps(self.rows, default=_json_default))
-        return path
+        _replace_dir(path, final)
+        return final
 
     @classmethod
     def resume(cls, path: str | Path, *, device: str | None = None, value_model=None) -> "Trainer":
@@ -602,8 +629,9 @@ class Trainer:
 
         Raises:
             FileNotFoundError: ``path`` is not a checkpoint directory.
-            ValueError: ``state.json`` or ``history.json`` is corrupt (the message names the file),
-                or the checkpoint has a value model and none was passed.
+            ValueError: a file of the checkpoint is missing or corrupt (the message names it), the
+                algorithm has a KL term but ``ref/`` is missing, or the checkpoint has a value model
+                and none was passed.
         """
         from safetensors.torch import load_file
         from transformers import AutoModelForCausalLM
@@ -619,21 +647,27 @@ class Trainer:
         has_value = (path / "value.safetensors").is_file()
         if has_value and value_model is None:
             raise ValueError(f"Trainer.resume: {path} holds a value model; pass value_model= (same architecture)")
+        if not isinstance(rows, list) or not is_int(state["step"]) or state["step"] < 0:
+            raise ValueError(f"Trainer.resume: {path} has a corrupt step count or history (state.json, history.json)")
         config = TrainerConfig.from_dict(state["config"])
         if device is not None:
             config = replace(config, device=device)
+        algo = Algorithm(**state["algo"])
+        if algo.uses_kl and not (path / "ref").is_dir():
+            raise ValueError(f"Trainer.resume: {path} has no ref/ but {algo.name!r} has a KL term; the reference "
+                             "policy cannot be rebuilt from the trained weights")
         if has_value:
             value_model.load_state_dict(load_file(path / "value.safetensors"))
         policy, tokenizer = load_policy(path / "policy", device=config.device)
         ref = None
-        if (path / "ref").is_dir():
+        if algo.uses_kl:
             ref = AutoModelForCausalLM.from_pretrained(path / "ref", use_safetensors=True).to(config.device)
-        trainer = cls(policy, tokenizer, task_from_spec(state["task"]), Algorithm(**state["algo"]), config,
+        trainer = cls(policy, tokenizer, task_from_spec(state["task"]), algo, config,
                       ref_policy=ref, value_model=value_model)
-        trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        trainer.optimizer.load_state_dict(_load_pt(path / "optimizer.pt"))
         if has_value:
-            trainer.value_optimizer.load_state_dict(torch.load(path / "value_optimizer.pt", weights_only=True))
-        rng = torch.load(path / "rng.pt", weights_only=True)
+            trainer.value_optimizer.load_state_dict(_load_pt(path / "value_optimizer.pt"))
+        rng = _load_pt(path / "rng.pt")
         torch.random.set_rng_state(rng["torch"])
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
@@ -643,6 +677,27 @@ class Trainer:
         trainer.opt_steps = int(state.get("opt_steps", 0))
         trainer.rows = rows
         return trainer
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    """Move the finished directory ``new`` to ``final``, replacing an older one there."""
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_pt(path: Path):
+    """``torch.load(path, weights_only=True)``; ``ValueError`` naming the file when it is missing or corrupt."""
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"Trainer.resume: corrupt checkpoint, {path} is missing") from None
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for a damaged file
+        raise ValueError(f"Trainer.resume: {path} cannot be read as a checkpoint tensor file "
+                         f"({type(exc).__name__}); the checkpoint is corrupt") from None
 
 
 def _read_json(path: Path, keys: tuple | None):

@@ -21,6 +21,7 @@ from torch import Tensor
 __all__ = [
     "is_int",
     "positive_int",
+    "non_negative_int",
     "real_number",
     "positive_number",
     "flag",
@@ -48,6 +49,17 @@ def positive_int(name: str, value: Any, *, allow_none: bool = False) -> Optional
     if not is_int(value) or value < 1:
         kind = "a positive int or None" if allow_none else "a positive int"
         raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return int(value)
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    """``value`` as a python int ``>= 0``.
+
+    Raises:
+        ValueError: ``value`` is a bool, not an integer, or negative.
+    """
+    if not is_int(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     return int(value)
 
 

@@ -215,3 +215,15 @@ def test_presets_state_only_what_differs_from_grpo():
     assert v32.describe() == {**GRPO.describe(), "name": "DeepSeek-V3.2", "advantage": "group_mean",
                               "eps_low": 0.3, "eps_high": 0.3, "beta": 0.1, "kl_importance_correction": True,
                               "offpolicy_mask_delta": 0.5}
+
+
+def test_numpy_hyperparameters_are_stored_as_python_numbers():
+    # found by a fresh user: np.float32 eps_high was stored as is, and JSON provenance failed after the run
+    import json
+
+    import numpy as np
+
+    algo = GRPO.replace(eps_high=np.float32(0.28), beta=np.float64(0.01), max_tokens=np.int64(32))
+    assert type(algo.eps_high) is float and type(algo.beta) is float and type(algo.max_tokens) is int
+    assert json.loads(json.dumps(algo.describe()))["max_tokens"] == 32
+    assert GRPO.replace(beta=0) == GRPO.replace(beta=0.0)

@@ -220,3 +220,18 @@ def test_run_grid_parallel_equals_serial(profile, result):
         run_grid([GRPO, GRPO], profile=profile, seeds=[0])
     with pytest.raises(ValueError, match="n_jobs"):
         run("GRPO", profile=profile, seeds=[0], n_jobs=0)
+
+
+def test_unregistered_choice_in_a_worker_names_the_cause(monkeypatch):
+    from grpo_lab import experiments
+
+    # found by a fresh user: a surrogate registered in the parent process only gave a bare KeyError
+    # in the spawned workers; _train_one validates first and says why
+    from grpo_lab.algorithms import GRPO
+    from grpo_lab.objectives import SURROGATES
+
+    monkeypatch.setitem(SURROGATES, "toy", SURROGATES["ppo"])
+    algo = GRPO.replace(clip="toy")
+    monkeypatch.delitem(SURROGATES, "toy")  # what a fresh worker sees
+    with pytest.raises(ValueError, match="unknown clip 'toy'.*n_jobs=1"):
+        experiments._train_one(algo, experiments.get_profile("cpu"), 1, 0, False)

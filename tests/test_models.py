@@ -194,3 +194,12 @@ def test_load_policy_cuda_without_cuda_is_a_clear_error(tmp_path):
 
     with pytest.raises(ValueError, match="CUDA"):
         load_policy(checkpoint_dir("arithmetic-base"), device="cuda")
+
+
+def test_load_policy_by_shipped_checkpoint_name():
+    # found by a fresh user: the README says load_policy loads the shipped checkpoints, but only a
+    # full path worked
+    from grpo_lab.models import load_policy
+
+    model, tok = load_policy("arithmetic-base", progress=False)
+    assert model.config.model_type == "qwen2" and len(tok) == model.config.vocab_size

@@ -56,6 +56,10 @@ def params(trainer):
     dict(prompts_per_step=0), dict(group_size=0), dict(epochs=0), dict(minibatches=0),
     dict(prompts_per_step=2, group_size=4, minibatches=3),  # 3 does not divide 8
     dict(micro_batch_size=0), dict(old_logp="bogus"), dict(temperature=0.0), dict(temperature=-1.0),
+    # found by a fresh user: each failed late with a raw error, or was accepted and broke training
+    dict(grad_clip=0.0), dict(seed=-1), dict(seed=0.5), dict(seed="0"), dict(threads=-1), dict(weight_decay="x"),
+    dict(betas=(1.5, 2)), dict(betas=(0.9,)), dict(eval_every=-1), dict(eval_every="5"), dict(warmup=2.5),
+    dict(device="tpu"), dict(lr=0.0),
 ])
 def test_config_validation(kwargs):
     with pytest.raises(ValueError, match="TrainerConfig"):
@@ -375,3 +379,96 @@ def test_save_with_unregistered_task_writes_nothing(tok, tmp_path):
     with pytest.raises(ValueError, match="not a registered dataclass task"):
         tr.save(tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
+
+
+# ------------------------------------------------------------------------------------ found by a fresh user
+def test_train_steps_must_be_a_non_negative_int(tok):
+    tr = make_trainer(tok)
+    for bad in (1.5, -1, "2"):
+        with pytest.raises(ValueError, match="steps"):
+            tr.train(bad)
+
+
+def test_algo_by_preset_name_or_clear_error(tok):
+    assert make_trainer(tok, algo="DAPO").algo.name == "DAPO"
+    with pytest.raises(ValueError, match="unknown algorithm|preset"):
+        make_trainer(tok, algo="NOPE")
+    with pytest.raises(ValueError, match="Algorithm"):
+        make_trainer(tok, algo=3)
+
+
+def test_non_finite_gradient_stops_before_the_update(tok, monkeypatch):
+    from grpo_lab.objectives import SURROGATES
+
+    def nan_surrogate(log_ratio, advantages, mask, algo):
+        none = torch.zeros_like(mask)
+        loss = -torch.exp(log_ratio) * advantages + 0 * torch.sqrt(log_ratio - 1)  # sqrt(-1): NaN
+        return loss, {"clip_low": none, "clip_high": none, "grad": mask}
+
+    monkeypatch.setitem(SURROGATES, "nan", nan_surrogate)
+    tr = make_trainer(tok, algo=GRPO.replace(clip="nan", kl=None, beta=0.0))
+    w0 = params(tr)
+    with pytest.raises(FloatingPointError, match="non-finite policy gradient norm.*'nan'"):
+        tr.train(1)
+    assert all(torch.equal(a, b) for a, b in zip(w0, params(tr)))  # nothing was applied
+
+
+def test_resume_without_ref_is_refused_when_the_loss_has_kl(tok, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setitem(tasks_mod.TASKS, "toy", ToyTask)
+    tr = make_trainer(tok)  # GRPO, beta 0.04: a reference is kept
+    tr.train(1)
+    tr.save(tmp_path / "ck")
+    shutil.rmtree(tmp_path / "ck" / "ref")
+    with pytest.raises(ValueError, match="no ref/"):
+        Trainer.resume(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("damage", ["missing optimizer.pt", "garbage rng.pt", "history.json {}", "step x"])
+def test_damaged_checkpoint_files_are_named(tok, tmp_path, monkeypatch, damage):
+    monkeypatch.setitem(tasks_mod.TASKS, "toy", ToyTask)
+    tr = make_trainer(tok)
+    tr.train(1)
+    ck = tr.save(tmp_path / "ck")
+    if damage == "missing optimizer.pt":
+        (ck / "optimizer.pt").unlink()
+        name = "optimizer.pt"
+    elif damage == "garbage rng.pt":
+        (ck / "rng.pt").write_bytes(b"not a tensor file")
+        name = "rng.pt"
+    elif damage == "history.json {}":
+        (ck / "history.json").write_text("{}")
+        name = "history.json"
+    else:
+        state = json.loads((ck / "state.json").read_text())
+        state["step"] = "x"
+        (ck / "state.json").write_text(json.dumps(state))
+        name = "state.json"
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        Trainer.resume(ck)
+
+
+def test_save_is_atomic(tok, tmp_path, monkeypatch):
+    # a crash while saving step 2 over the step-1 checkpoint leaves the step-1 checkpoint whole
+    monkeypatch.setitem(tasks_mod.TASKS, "toy", ToyTask)
+    tr = make_trainer(tok)
+    tr.train(1)
+    ck = tr.save(tmp_path / "ck")
+    tr.train(1)
+    real_save = torch.save
+
+    def failing_save(obj, f, *a, **k):
+        if str(f).endswith("optimizer.pt"):
+            raise OSError("disk full")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        tr.save(ck)
+    monkeypatch.setattr(torch, "save", real_save)
+    resumed = Trainer.resume(ck)
+    assert resumed.step == 1 and len(resumed.rows) == 1
+    tr.save(ck)  # a later save replaces it and leaves no temporary directory behind
+    assert Trainer.resume(ck).step == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
