@@ -387,7 +387,7 @@ bias = {k: (kl_table[f"E[{k}]"] - kl_table["KL"]).abs().mean() for k in ("k1", "
 assert bias["k1"] < 1e-12 and bias["k3"] < 1e-12 and bias["k2"] > 0.1  # round-off only / a real bias
 summary = pd.DataFrame({
     # float64 round-off (~1e-17) depends on the processor's summation order: print the bound, not the digits
-    "mean bias": ["< 1e-12" if b < 1e-12 else f"{b:.2f}" for b in bias.values()],
+    "mean bias": ["< 10^-12" if b < 1e-12 else f"{b:.2f}" for b in bias.values()],
     "samples < 0 possible": [bool((kl_table["min k1"] < 0).any()), False, bool((kl_table["min k3"] < 0).any())],
 }, index=list(bias))
 print(summary.to_string())
