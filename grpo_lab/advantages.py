@@ -181,6 +181,9 @@ def group_advantages(
     else:  # batch
         std_b = r.std(correction=1) if r.numel() > 1 else r.new_zeros(())
         adv = centred / (std_b + eps_f)
+    # a spread so small that the std is subnormal ([5e-324, 0] with eps=0) overflows the division;
+    # |z| <= (G - 1) / sqrt(G) in exact arithmetic, so such a group is a tie at float resolution
+    all_equal = all_equal | ~torch.isfinite(adv).all(dim=1, keepdim=True)
     adv = torch.where(all_equal, torch.zeros_like(adv), adv)
     # eps == 0 with a non-tied group cannot divide by 0 (std > 0); batch std > 0 likewise
     # whenever some group is not tied. Anything else was zeroed above.

@@ -41,6 +41,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
 from torch import Tensor
 
 from . import objectives as _obj
@@ -191,12 +192,23 @@ class Algorithm:
         ``ADVANTAGE_ESTIMATORS[self.advantage](batch, self)``: ``[B]`` or ``[B, T]`` float32.
 
         Raises:
-            ValueError: ``batch`` not an :class:`~grpo_lab.advantages.AdvantageBatch`, or as the
-                estimator (NaN reward, groups not contiguous or of unequal size, ...).
+            ValueError: ``batch`` not an :class:`~grpo_lab.advantages.AdvantageBatch`; the estimator
+                returned something other than a finite float tensor of shape ``[B]`` or the mask's
+                ``[B, T]``; or as the estimator (NaN reward, groups not contiguous or of unequal
+                size, ...).
         """
         if not isinstance(batch, AdvantageBatch):
             raise ValueError(f"batch must be a grpo_lab.advantages.AdvantageBatch, got {type(batch).__name__}")
-        return ADVANTAGE_ESTIMATORS[self.advantage](batch, self)
+        adv = ADVANTAGE_ESTIMATORS[self.advantage](batch, self)
+        B = batch.rewards.shape[0]
+        shapes = [(B,)] + ([tuple(batch.mask.shape)] if batch.mask is not None else [])
+        if not isinstance(adv, Tensor) or tuple(adv.shape) not in shapes or not adv.is_floating_point():
+            got = tuple(adv.shape) if isinstance(adv, Tensor) else type(adv).__name__
+            raise ValueError(f"advantage estimator {self.advantage!r} must return a float tensor of shape "
+                             f"{' or '.join(map(str, shapes))}, got {got}")
+        if adv.numel() and not bool(torch.isfinite(adv).all()):
+            raise ValueError(f"advantage estimator {self.advantage!r} returned NaN or inf")
+        return adv
 
     def advantages(self, rewards: Tensor, group_size: int) -> Tensor:
         """Advantages ``[B]`` (float32) of ``rewards [B]`` in contiguous groups of ``group_size``.

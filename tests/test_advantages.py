@@ -351,3 +351,10 @@ def test_advantage_batch_errors():
         AdvantageBatch.from_groups(torch.zeros(4), 2, mask=torch.ones(3, 2))
     with pytest.raises(ValueError, match="shape mismatch"):
         AdvantageBatch.from_groups(torch.zeros(4), 2, mask=torch.ones(4, 2), values=torch.ones(4, 3))
+
+
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_subnormal_spread_gives_zero_not_inf(scale):
+    # found by a fresh user: [5e-324, 0] with eps=0 gave [inf, nan] (the std is subnormal)
+    a = group_advantages([5e-324, 0.0], 2, scale=scale, eps=0.0)
+    assert torch.equal(a, torch.zeros(2))

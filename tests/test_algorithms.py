@@ -227,3 +227,18 @@ def test_numpy_hyperparameters_are_stored_as_python_numbers():
     assert type(algo.eps_high) is float and type(algo.beta) is float and type(algo.max_tokens) is int
     assert json.loads(json.dumps(algo.describe()))["max_tokens"] == 32
     assert GRPO.replace(beta=0) == GRPO.replace(beta=0.0)
+
+
+def test_estimator_output_is_checked(monkeypatch):
+    # found by a fresh user: a custom estimator's wrong shape or NaN passed silently
+    from grpo_lab.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
+
+    batch = AdvantageBatch.from_groups(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, mask=torch.ones(4, 3))
+    for name, out, match in [("short", lambda b, a: torch.zeros(3), "shape"),
+                             ("list", lambda b, a: [0.0] * 4, "float tensor"),
+                             ("nan", lambda b, a: torch.full((4,), float("nan")), "NaN")]:
+        monkeypatch.setitem(ADVANTAGE_ESTIMATORS, name, out)
+        with pytest.raises(ValueError, match=match):
+            GRPO.replace(advantage=name).estimate_advantages(batch)
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "per_token", lambda b, a: torch.ones(4, 3))
+    assert GRPO.replace(advantage="per_token").estimate_advantages(batch).shape == (4, 3)
