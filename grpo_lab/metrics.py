@@ -84,6 +84,15 @@ def maximum(value, weight=1.0) -> Metric:
     return Metric(value, "max", weight)
 
 
+def _by_name(dicts: Iterable[Mapping[str, Metric]]) -> dict[str, list]:
+    """``{name: [value of each dict that has it]}``, names in order of first appearance."""
+    out: dict[str, list] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out.setdefault(k, []).append(v)
+    return out
+
+
 def _how(name: str, values: list) -> str:
     hows = {getattr(v, "reduce", None) for v in values}
     if len(hows) != 1 or None in hows:
@@ -99,12 +108,8 @@ def reduce_micro_batches(parts: Iterable[Mapping[str, Metric]]) -> dict[str, Met
     Raises:
         ValueError: a value that is not a :class:`Metric`, or one name with two reductions.
     """
-    by_name: dict[str, list] = {}
-    for part in parts:
-        for k, v in part.items():
-            by_name.setdefault(k, []).append(v)
     out = {}
-    for k, vs in by_name.items():
+    for k, vs in _by_name(parts).items():
         how = _how(k, vs)
         W = sum(v.weight for v in vs)
         if how == "sum":
@@ -126,12 +131,8 @@ def reduce_updates(steps: Iterable[Mapping[str, Metric]]) -> dict[str, float]:
     ``"mean"`` and ``"sum"``: the plain mean over steps; ``"min"``/``"max"``: the extreme. NaN
     entries (not measured in that step) are skipped; a metric no step measured is NaN.
     """
-    by_name: dict[str, list] = {}
-    for step in steps:
-        for k, v in step.items():
-            by_name.setdefault(k, []).append(v)
     out = {}
-    for k, vs in by_name.items():
+    for k, vs in _by_name(steps).items():
         how = _how(k, vs)
         live = [float(v) for v in vs if not math.isnan(v)]
         if not live:

@@ -36,6 +36,7 @@ import torch
 
 from .logprobs import entropy_from_logits, token_logprobs
 from .tasks.base import Problem
+from .validation import positive_int
 
 __all__ = ["Rollout", "generate", "stop_token_ids", "policy_logprobs", "evaluate", "position_ids_from_mask"]
 
@@ -178,12 +179,10 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
 
     if len(problems) == 0:
         raise ValueError("generate: no problems given")
-    if group_size < 1:
-        raise ValueError(f"generate: group_size must be >= 1, got {group_size}")
+    positive_int("generate: group_size", group_size)
     if not greedy and temperature <= 0:
         raise ValueError(f"generate: temperature must be > 0, got {temperature}")
-    if max_new_tokens < 1:
-        raise ValueError("generate: max_new_tokens must be >= 1")
+    positive_int("generate: max_new_tokens", max_new_tokens)
     if any(len(p.prompt) == 0 for p in problems):
         raise ValueError("generate: empty prompt")
     rows = [p for p in problems for _ in range(group_size)]
