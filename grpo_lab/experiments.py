@@ -7,6 +7,15 @@ several seeds and returns a long DataFrame (one row per seed × step) plus a pro
 :func:`save_results` / :func:`load_results` write and read ``data/results/<profile>/*.json``.
 
     python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 3 4 --out data/results/gpu/grpo.json
+
+Run cache: every (algorithm, profile, steps, seed) run is stored under ``_build/run_cache/`` and
+loaded instead of trained again when an identical run is asked for (chapter 3 re-uses chapter 1's
+GRPO seeds). The key covers the algorithm, the profile and its trainer configuration, the step
+count and seed, and a fingerprint of everything else the numbers depend on: the source of every
+file of the package, the base checkpoint's files, the task files under ``data/tasks``, the library
+versions and the processor (:func:`run_fingerprint`). Any code change therefore invalidates it, and
+``make book`` from a clean tree trains every run once. ``GRPO_LAB_RUN_CACHE`` moves it (a directory)
+or turns it off (``off``).
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import time
@@ -27,12 +37,12 @@ import torch
 from . import __version__
 from .algorithms import Algorithm, get_algorithm
 from .models import load_policy
-from .paths import REPO_ROOT, checkpoint_dir
+from .paths import REPO_ROOT, checkpoint_dir, data_dir
 from .tasks import get_task
-from .trainer import Trainer, TrainerConfig
+from .trainer import Trainer, TrainerConfig, _json_default
 
 __all__ = ["Profile", "PROFILES", "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
-           "provenance", "config_hash"]
+           "provenance", "config_hash", "run_cache_dir", "run_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -56,12 +66,14 @@ class Profile:
 
 
 PROFILES = {
-    # One chapter experiment (3 seeds) in about two minutes. One thread: the tiny model gains little
-    # from more, and a fixed count keeps the numbers identical on machines with more cores.
+    # One thread per run, two runs at a time on two cores (the book's n_jobs=2): the tiny model gains
+    # little from more threads, and a fixed count keeps the numbers identical on machines with more
+    # cores. Micro-batches of 32 rows, cut in order of length (TrainerConfig.sort_by_length): the
+    # same gradient as whole 64-row minibatches, with less padding.
     "cpu": Profile(
         name="cpu", base="arithmetic-base", task="arithmetic", steps=40,
         config=TrainerConfig(prompts_per_step=16, group_size=8, lr=3e-4, warmup=10, minibatches=2, epochs=1,
-                             eval_every=5, threads=1, device="cpu"),
+                             micro_batch_size=32, eval_every=5, threads=1, device="cpu"),
     ),
     # One GPU (Colab T4 or better): 4x the questions per step, twice the group, longer runs.
     "gpu": Profile(
@@ -172,8 +184,82 @@ def _check_steps(steps) -> int:
     return int(steps)
 
 
-def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None) -> pd.DataFrame:
-    """One seed of one algorithm from the profile's base checkpoint (a process-pool task)."""
+def run_cache_dir() -> Path | None:
+    """Where :func:`run` stores finished runs: ``$GRPO_LAB_RUN_CACHE`` (``off``, ``0`` or an empty
+    value: no cache), else ``<repo>/_build/run_cache``."""
+    env = os.environ.get("GRPO_LAB_RUN_CACHE")
+    if env is None:
+        return REPO_ROOT / "_build" / "run_cache"
+    return None if env.strip().lower() in ("", "0", "off", "false", "no") else Path(env)
+
+
+def _hash_files(h, root: Path, pattern: str) -> None:
+    for f in sorted(root.rglob(pattern)):
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+
+
+def run_fingerprint(prof: Profile) -> str:
+    """sha256 (first 16 hex) of what a run's numbers depend on besides its configuration.
+
+    Covers every file of the ``grpo_lab`` package, the base checkpoint's files (when ``prof.base``
+    is a local checkpoint), ``data/tasks/*``, the versions of python, torch, transformers,
+    tokenizers and numpy, the processor and torch's CPU capability, and the environment variables
+    that change CPU kernels (``MKL_CBWR``, ``MKL_ENABLE_INSTRUCTIONS``, ``ATEN_CPU_CAPABILITY``).
+    """
+    import numpy
+    import tokenizers
+    import transformers
+
+    h = hashlib.sha256()
+    _hash_files(h, Path(__file__).resolve().parent, "*.py")
+    base = checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else Path(prof.base)
+    if base.is_dir():
+        _hash_files(h, base, "*")
+    else:
+        h.update(prof.base.encode())
+    if (data_dir() / "tasks").is_dir():
+        _hash_files(h, data_dir() / "tasks", "*")
+    env = {k: os.environ.get(k) for k in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")}
+    h.update(json.dumps([platform.python_version(), torch.__version__, transformers.__version__,
+                         tokenizers.__version__, numpy.__version__, platform.processor(), platform.machine(),
+                         torch.backends.cpu.get_cpu_capability(), env]).encode())
+    return h.hexdigest()[:16]
+
+
+def _cache_path(cache: Path, fingerprint: str, algo: Algorithm, prof: Profile, steps: int, seed: int) -> Path:
+    """The file of one run. The algorithm's ``name`` is a label, not part of the key: chapter 3's
+    ``GRPO.replace(name="GRPO (beta=0.04)")`` is chapter 1's ``GRPO``."""
+    key = json.dumps({"fingerprint": fingerprint, "config_hash": config_hash(algo.replace(name="-"), prof, steps),
+                      "seed": seed, "profile": prof.name}, sort_keys=True)
+    return cache / f"run-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def _cache_load(path: Path | None) -> pd.DataFrame | None:
+    """The history stored at ``path`` (``None`` when absent or unreadable, which means: train)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        return pd.DataFrame(json.loads(path.read_text())["rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _cache_store(path: Path | None, rows: list[dict]) -> None:
+    """Write a run's rows atomically (python's json keeps every float bit for bit, NaN included)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"rows": rows}, default=_json_default))
+    os.replace(tmp, path)
+
+
+def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None,
+               cache_path: Path | None = None) -> pd.DataFrame:
+    """One seed of one algorithm from the profile's base checkpoint (a process-pool task); the
+    history is stored at ``cache_path`` when given."""
     try:  # validate again here: a spawned worker has only the registry entries its imports made
         algo = algo.replace()
     except ValueError as exc:
@@ -185,7 +271,13 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     policy, tokenizer = load_policy(base, device=prof.config.device)
     task = get_task(prof.task, **dict(prof.task_kwargs))
     cfg = replace(prof.config, seed=int(seed), progress=progress)
-    h = Trainer(policy, tokenizer, task, algo, cfg).train(steps)
+    trainer = Trainer(policy, tokenizer, task, algo, cfg)
+    trainer.train(steps)
+    _cache_store(cache_path, trainer.rows)
+    return _label(pd.DataFrame(trainer.rows), algo, seed)
+
+
+def _label(h: pd.DataFrame, algo: Algorithm, seed: int) -> pd.DataFrame:
     h.insert(0, "seed", int(seed))
     h.insert(0, "algo", algo.name)
     return h
@@ -199,7 +291,7 @@ def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
     """
     if n_jobs < 1:
         raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
-    if n_jobs == 1 or len(jobs) == 1:
+    if n_jobs == 1 or len(jobs) <= 1:
         return [_train_one(*job) for job in jobs]
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
@@ -209,8 +301,27 @@ def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
         return [f.result() for f in futures]
 
 
+def _run_jobs(pairs: list[tuple[Algorithm, int]], prof: Profile, steps: int, progress: bool | None, n_jobs: int,
+              cache: bool) -> tuple[list[pd.DataFrame], list[tuple[str, int]]]:
+    """Histories of every ``(algo, seed)`` pair, from the run cache where possible; returns them in
+    order and the pairs that were loaded from the cache."""
+    if n_jobs < 1:
+        raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
+    root = run_cache_dir() if cache else None
+    fingerprint = run_fingerprint(prof) if root is not None else ""
+    paths = [_cache_path(root, fingerprint, a, prof, steps, s) if root is not None else None for a, s in pairs]
+    frames = [_cache_load(p) for p in paths]
+    hits = [(a.name, s) for (a, s), f in zip(pairs, frames) if f is not None]
+    frames = [_label(f, a, s) if f is not None else None for (a, s), f in zip(pairs, frames)]
+    todo = [k for k, f in enumerate(frames) if f is None]
+    fresh = _map([(pairs[k][0], prof, steps, pairs[k][1], progress, paths[k]) for k in todo], n_jobs)
+    for k, f in zip(todo, fresh):
+        frames[k] = f
+    return frames, hits
+
+
 def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
-        steps: int | None = None, progress: bool | None = None, n_jobs: int = 1,
+        steps: int | None = None, progress: bool | None = None, n_jobs: int = 1, cache: bool = True,
         **config_overrides) -> RunResult:
     """Train ``algo`` from the profile's base checkpoint once per seed.
 
@@ -224,6 +335,8 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         steps: override the profile's step count.
         progress: tqdm bar per seed (default: only in an interactive terminal).
         n_jobs: worker processes (results are identical for any value).
+        cache: load runs already made from the run cache and store new ones (see the module
+            docstring; ``GRPO_LAB_RUN_CACHE=off`` turns it off everywhere).
         **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
             (e.g. ``minibatches=4``).
 
@@ -238,18 +351,22 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     prof = _resolve(profile, config_overrides)
     steps = _check_steps(prof.steps if steps is None else steps)
     t0 = time.perf_counter()
-    frames = _map([(algo, prof, steps, int(s), progress) for s in seeds], n_jobs)
+    frames, hits = _run_jobs([(algo, s) for s in seeds], prof, steps, progress, n_jobs, cache)
     wall = time.perf_counter() - t0
-    return RunResult(pd.concat(frames, ignore_index=True), provenance(algo, prof, steps, seeds, wall))
+    prov = provenance(algo, prof, steps, seeds, wall)
+    prov["cached_seeds"] = [s for _, s in hits]
+    return RunResult(pd.concat(frames, ignore_index=True), prov)
 
 
 def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
-             steps: int | None = None, n_jobs: int = 1, **config_overrides) -> dict[str, RunResult]:
+             steps: int | None = None, n_jobs: int = 1, cache: bool = True,
+             **config_overrides) -> dict[str, RunResult]:
     """:func:`run` for several algorithms, all (algorithm, seed) pairs spread over ``n_jobs`` processes.
 
     Returns:
         ``{algo.name: RunResult}`` in the order given (each ``provenance`` records the wall time
-        of the whole grid).
+        of the whole grid, and ``cached_seeds``, the seeds of that algorithm loaded from the run
+        cache).
 
     Raises:
         ValueError: duplicate algorithm names, no algorithms or seeds, or as :func:`run`.
@@ -263,14 +380,14 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
     seeds = _check_seeds(seeds)
     prof = _resolve(profile, config_overrides)
     steps = _check_steps(prof.steps if steps is None else steps)
-    jobs = [(a, prof, steps, int(s), False) for a in algos for s in seeds]
     t0 = time.perf_counter()
-    frames = _map(jobs, n_jobs)
+    frames, hits = _run_jobs([(a, s) for a in algos for s in seeds], prof, steps, False, n_jobs, cache)
     wall = time.perf_counter() - t0
     out, k = {}, 0
     for a in algos:
-        out[a.name] = RunResult(pd.concat(frames[k:k + len(seeds)], ignore_index=True),
-                                provenance(a, prof, steps, seeds, wall))
+        prov = provenance(a, prof, steps, seeds, wall)
+        prov["cached_seeds"] = [s for name, s in hits if name == a.name]
+        out[a.name] = RunResult(pd.concat(frames[k:k + len(seeds)], ignore_index=True), prov)
         k += len(seeds)
     return out
 

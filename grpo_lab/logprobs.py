@@ -16,7 +16,11 @@ This module avoids that in two ways:
 * :func:`token_logprobs_from_hidden` / :func:`entropy_from_hidden` never hold the full
   ``[B, T, V]`` logits at all: the lm_head matmul is applied chunk by chunk in the forward pass and
   *recomputed* chunk by chunk in the backward pass (activation recomputation, as
-  ``torch.utils.checkpoint`` would do, written as one autograd function).
+  ``torch.utils.checkpoint`` would do, written as one autograd function). With ``compile=True``
+  the per-chunk softmax work (upcast, ``/ tau``, max, log-sum-exp, gather in forward; the
+  ``d / d logits`` block in backward) runs in ``torch.compile``-generated fused kernels (two
+  reads of each logits chunk in forward, one read-write pass in backward, instead of four to six
+  eager passes); the lm_head matmuls stay eager.
 
 Math (softmax with temperature tau > 0, z = logits / tau):
 
@@ -231,32 +235,146 @@ class _FromLogits(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------
 # autograd function: from hidden states + lm_head (recomputes the logits in backward)
 # --------------------------------------------------------------------------------------------
+def _head_raw(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``h @ W^T + b`` for one block ``h [n, H]`` -> ``[n, V]``, in the inputs' (promoted) dtype,
+    like the model's own lm_head."""
+    mm_dtype = torch.promote_types(h.dtype, weight.dtype)
+    return torch.nn.functional.linear(
+        h.to(mm_dtype), weight.to(mm_dtype), None if bias is None else bias.to(mm_dtype)
+    )
+
+
 def _head_logits(h: Tensor, weight: Tensor, bias: Optional[Tensor], cdt: torch.dtype, tau: float) -> Tensor:
     """z = (h @ W^T + b) / tau for one block; the matmul runs in the inputs' dtype (like the
     model's own lm_head), the result is upcast to the compute dtype."""
-    mm_dtype = torch.promote_types(h.dtype, weight.dtype)
-    z = torch.nn.functional.linear(
-        h.to(mm_dtype), weight.to(mm_dtype), None if bias is None else bias.to(mm_dtype)
-    ).to(cdt)
+    z = _head_raw(h, weight, bias).to(cdt)
     if tau != 1.0:
         z = z / tau
     return z
 
 
+# --------------------------------------------------------------------------------------------
+# torch.compile'd per-chunk kernels (opt-in: compile=True on the *_from_hidden functions)
+#
+# Functions of one chunk of raw logits x = h @ W^T + b ([n, V], matmul dtype, a temporary of the
+# caller) and [n] row vectors in the compute dtype. ``tau`` is None for temperature 1 (no scaling
+# at all, as in the eager path) or a 0-d tensor (a python float would be specialised: one
+# compilation per temperature). They compute what _head_logits + _kernel_forward /
+# _kernel_backward_ compute, in the same order of operations; the compiler fuses the element-wise
+# work into the reductions (forward: two reads of x, no block-sized temporary) and into one
+# element-wise pass (backward: written into x itself when x already has the compute dtype, so the
+# backward needs no second block-sized buffer, like the eager in-place kernel). Each is compiled
+# lazily on first use, once per process, with the row dimension marked dynamic (the last chunk of
+# a sequence is shorter; T changes from batch to batch).
+# --------------------------------------------------------------------------------------------
+def _ck_scaled(x: Tensor, cdt: torch.dtype, tau: Optional[Tensor]) -> Tensor:
+    z = x.to(cdt)
+    return z if tau is None else z / tau
+
+
+def _ck_forward_logp(x: Tensor, ids: Tensor, cdt: torch.dtype, tau: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    z = _ck_scaled(x, cdt, tau)
+    mx = z.amax(dim=-1)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    shifted = z - mx.unsqueeze(-1)
+    picked = shifted.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    log_s = shifted.exp().sum(dim=-1).log()
+    return picked - log_s, mx, log_s
+
+
+def _ck_forward_entropy(x: Tensor, cdt: torch.dtype, tau: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    z = _ck_scaled(x, cdt, tau)
+    mx = z.amax(dim=-1)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    shifted = z - mx.unsqueeze(-1)
+    log_s = shifted.exp().sum(dim=-1).log()
+    logp = shifted - log_s.unsqueeze(-1)
+    p = logp.exp()
+    out = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
+    return out, mx, log_s
+
+
+def _ck_finish_backward(x: Tensor, d: Tensor, tau: Optional[Tensor]) -> Tensor:
+    if tau is not None:
+        d = d / tau
+    if x.dtype == d.dtype:
+        return x.copy_(d)  # in place: x is the caller's temporary (no second [n, V] buffer)
+    return d
+
+
+def _ck_backward_logp(x: Tensor, ids: Tensor, mx: Tensor, log_s: Tensor, g: Tensor, tau: Optional[Tensor]) -> Tensor:
+    z = _ck_scaled(x, mx.dtype, tau)
+    p = ((z - mx.unsqueeze(-1)) - log_s.unsqueeze(-1)).exp()
+    d = p * -g.unsqueeze(-1)  # -g * p
+    cols = torch.arange(x.shape[-1], device=x.device)
+    d = torch.where(cols == ids.unsqueeze(-1), d + g.unsqueeze(-1), d)  # + g at the sampled id
+    return _ck_finish_backward(x, d, tau)
+
+
+def _ck_backward_entropy(
+    x: Tensor, mx: Tensor, log_s: Tensor, out: Tensor, g: Tensor, tau: Optional[Tensor]
+) -> Tensor:
+    z = _ck_scaled(x, mx.dtype, tau)
+    logp = (z - mx.unsqueeze(-1)) - log_s.unsqueeze(-1)
+    p = logp.exp()
+    d = ((logp + out.unsqueeze(-1)) * p) * -g.unsqueeze(-1)  # -g * p * (log p + H)
+    d = torch.where(p == 0, torch.zeros_like(d), d)  # logits of -inf: no gradient
+    return _ck_finish_backward(x, d, tau)
+
+
+_CK_PLAIN = {
+    ("forward", "logp"): _ck_forward_logp,
+    ("forward", "entropy"): _ck_forward_entropy,
+    ("backward", "logp"): _ck_backward_logp,
+    ("backward", "entropy"): _ck_backward_entropy,
+}
+_CK_COMPILED: dict = {}
+
+
+def _compiled_kernel(direction: str, kind: str):
+    """The ``torch.compile``-d version of ``_CK_PLAIN[(direction, kind)]``, created on first use."""
+    key = (direction, kind)
+    fn = _CK_COMPILED.get(key)
+    if fn is None:
+        fn = torch.compile(_CK_PLAIN[key], dynamic=None, fullgraph=True)
+        _CK_COMPILED[key] = fn
+    return fn
+
+
+def _call_compiled(direction: str, kind: str, *args):
+    """Call the compiled kernel with the row dimension of every tensor argument marked dynamic
+    (a 0-d ``tau`` is left alone), so that chunks of any row count share one compiled graph.
+    Returns what the kernel returns; a backward kernel may have overwritten its first argument."""
+    for a in args:
+        if isinstance(a, Tensor) and a.dim() > 0:
+            torch._dynamo.maybe_mark_dynamic(a, 0)
+    return _compiled_kernel(direction, kind)(*args)
+
+
 class _FromHidden(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h3: Tensor, weight: Tensor, bias: Optional[Tensor], ids3, kind: str, tau: float, chunk: int):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, h3: Tensor, weight: Tensor, bias: Optional[Tensor], ids3, kind: str, tau: float, chunk: int,
+        compiled: bool = False,
+    ):
         b, t, _ = h3.shape
         cdt = _v.compute_dtype(h3, weight, bias)
         out = torch.empty((b, t), dtype=cdt, device=h3.device)
         mx = torch.empty((b, t), dtype=cdt, device=h3.device)
         log_s = torch.empty((b, t), dtype=cdt, device=h3.device)
+        tau_t = torch.full((), tau, dtype=cdt, device=h3.device) if (compiled and tau != 1.0) else None
         with torch.no_grad():
             for idx in _blocks(b, t, chunk):
+                if compiled:
+                    x = _head_raw(h3[idx], weight, bias)
+                    ids_args = () if ids3 is None else (ids3[idx],)
+                    out[idx], mx[idx], log_s[idx] = _call_compiled("forward", kind, x, *ids_args, cdt, tau_t)
+                    del x
+                    continue
                 z = _head_logits(h3[idx], weight, bias, cdt, tau)
                 out[idx], mx[idx], log_s[idx] = _kernel_forward(z, None if ids3 is None else ids3[idx], kind, True)
                 del z
-        ctx.kind, ctx.tau, ctx.chunk = kind, tau, chunk
+        ctx.kind, ctx.tau, ctx.chunk, ctx.compiled = kind, tau, chunk, compiled
         ctx.has_bias = bias is not None
         ctx.save_for_backward(h3, weight, bias, ids3, mx, log_s, out)
         return out
@@ -267,7 +385,7 @@ class _FromHidden(torch.autograd.Function):
         h3, weight, bias, ids3, mx, log_s, out = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         if g_out is None or not (need_h or need_w or need_b):
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         b, t, _ = h3.shape
         cdt = out.dtype
         mm_dtype = torch.promote_types(h3.dtype, weight.dtype)
@@ -277,13 +395,26 @@ class _FromHidden(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if (need_b and ctx.has_bias) else None
         w_mm = weight.to(mm_dtype)
+        if ctx.compiled:
+            g_out = g_out.contiguous()  # e.g. the stride-0 gradient of out.sum(): one graph for all
+            tau_t = torch.full((), ctx.tau, dtype=cdt, device=h3.device) if ctx.tau != 1.0 else None
         for idx in _blocks(b, t, ctx.chunk):
             h = h3[idx]
-            with torch.no_grad():
-                buf = _head_logits(h, weight, bias, cdt, ctx.tau)
-            _kernel_backward_(
-                buf, None if ids3 is None else ids3[idx], mx[idx], log_s[idx], out[idx], g_out[idx], ctx.kind, ctx.tau
-            )
+            if ctx.compiled:
+                with torch.no_grad():
+                    x = _head_raw(h, weight, bias)
+                if ctx.kind == "logp":
+                    buf = _call_compiled("backward", "logp", x, ids3[idx], mx[idx], log_s[idx], g_out[idx], tau_t)
+                else:
+                    buf = _call_compiled("backward", "entropy", x, mx[idx], log_s[idx], out[idx], g_out[idx], tau_t)
+                del x
+            else:
+                with torch.no_grad():
+                    buf = _head_logits(h, weight, bias, cdt, ctx.tau)
+                _kernel_backward_(
+                    buf, None if ids3 is None else ids3[idx], mx[idx], log_s[idx], out[idx], g_out[idx], ctx.kind,
+                    ctx.tau,
+                )
             # buf = d loss / d (h W^T + b)  [n, V] in compute dtype
             if need_h:
                 grad_h[idx] = (buf.to(mm_dtype) @ w_mm).to(h3.dtype)
@@ -296,6 +427,7 @@ class _FromHidden(torch.autograd.Function):
             grad_h,
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None else grad_b.to(bias.dtype),
+            None,
             None,
             None,
             None,
@@ -399,7 +531,8 @@ def entropy_from_logits(
     return _from_logits(logits, None, "entropy", temperature, chunk_size)
 
 
-def _from_hidden(hidden, weight, ids, kind, temperature, chunk_size, bias) -> Tensor:
+def _from_hidden(hidden, weight, ids, kind, temperature, chunk_size, bias, compile_) -> Tensor:
+    compile_ = _v.flag("compile", compile_)
     _v.float_tensor(hidden, "hidden")
     _v.float_tensor(weight, "weight")
     if hidden.dim() < 2:
@@ -428,7 +561,7 @@ def _from_hidden(hidden, weight, ids, kind, temperature, chunk_size, bias) -> Te
         return hidden.new_zeros(lead, dtype=cdt) + zero.to(cdt)
     h3 = _as_3d(hidden, lead)
     ids3 = None if ids is None else ids.reshape(h3.shape[:2])
-    out = _FromHidden.apply(h3, weight, bias, ids3, kind, tau, chunk).reshape(lead)
+    out = _FromHidden.apply(h3, weight, bias, ids3, kind, tau, chunk, compile_).reshape(lead)
     if kind == "logp":
         _check_finite_logp(out, "hidden states and lm_head")
     return out
@@ -442,6 +575,7 @@ def token_logprobs_from_hidden(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     bias: Optional[Tensor] = None,
+    compile: bool = False,
 ) -> Tensor:
     """Per-token log-probs from final hidden states and the lm_head, never holding ``[B, T, V]``.
 
@@ -461,6 +595,18 @@ def token_logprobs_from_hidden(
         temperature: tau > 0; logits are divided by it.
         chunk_size: rows (of the flattened ``B*T``) per chunk, a positive int.
         bias: optional ``[V]`` lm_head bias.
+        compile: ``True`` runs the per-chunk softmax work through ``torch.compile`` (inductor):
+            forward, the upcast, ``/ temperature``, row max, log-sum-exp and gather of a chunk's
+            logits in fused kernels; backward, ``d loss / d logits`` of a chunk in one fused
+            kernel. The lm_head matmuls, the chunking and the memory bound are unchanged, and so
+            is the math (same formulas and dtypes; results agree with ``compile=False`` to float
+            rounding). The kernels are compiled once per process on first use (5-40 s on 2 CPU
+            cores, less when inductor's on-disk cache is warm), again for each new dtype,
+            vocabulary size or device, and once more for temperatures other than 1; the row
+            count is a dynamic dimension, so chunk and sequence lengths do not recompile. Off by
+            default: on a CPU the lm_head matmuls dominate and the fused kernels gave no
+            measurable speed-up (same peak memory); ``benchmarks/logprobs_memory.py`` measures it
+            on other hardware (``scripts/gpu_check.sh`` on CUDA, bfloat16, V = 151,936).
 
     Returns:
         ``[B, T]`` float32 log-probs (nats); float64 if any input is float64. Differentiable once
@@ -468,10 +614,13 @@ def token_logprobs_from_hidden(
 
     Raises:
         ValueError: shape mismatch between hidden / weight / bias / ids; ids outside ``[0, V)``;
-            temperature <= 0; chunk_size not a positive int; non-floating inputs; a NaN
-            log-probability (NaN hidden states or weights, ...), naming the first such position.
+            temperature <= 0; chunk_size not a positive int; compile not a bool; non-floating
+            inputs; a NaN log-probability (NaN hidden states or weights, ...), naming the first
+            such position.
+        torch._dynamo.exc.BackendCompilerFailed: with ``compile=True``, when inductor cannot
+            build the kernels (e.g. no C++ compiler for a CPU tensor, no Triton for a GPU one).
     """
-    return _from_hidden(hidden, weight, ids, "logp", temperature, chunk_size, bias)
+    return _from_hidden(hidden, weight, ids, "logp", temperature, chunk_size, bias, compile)
 
 
 def entropy_from_hidden(
@@ -481,6 +630,7 @@ def entropy_from_hidden(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     bias: Optional[Tensor] = None,
+    compile: bool = False,
 ) -> Tensor:
     """Entropy (nats) of ``softmax((hidden @ weight.T + bias) / temperature)``, chunked.
 
@@ -490,11 +640,16 @@ def entropy_from_hidden(
     Args:
         hidden: ``[B, T, H]``; weight: ``[V, H]``; bias: optional ``[V]``.
         temperature: tau > 0. chunk_size: positive int (rows per chunk).
+        compile: ``True`` fuses the per-chunk softmax / entropy work with ``torch.compile``, as
+            in :func:`token_logprobs_from_hidden` (same results to float rounding).
 
     Returns:
         ``[B, T]`` float32 entropies in ``[0, log V]``; differentiable once.
 
     Raises:
-        ValueError: shape mismatch, temperature <= 0, bad chunk_size, non-floating inputs.
+        ValueError: shape mismatch, temperature <= 0, bad chunk_size, compile not a bool,
+            non-floating inputs.
+        torch._dynamo.exc.BackendCompilerFailed: with ``compile=True``, when inductor cannot
+            build the kernels.
     """
-    return _from_hidden(hidden, weight, None, "entropy", temperature, chunk_size, bias)
+    return _from_hidden(hidden, weight, None, "entropy", temperature, chunk_size, bias, compile)

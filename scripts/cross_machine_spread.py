@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-TIMING = ("tokens_per_s", "gen_seconds", "step_seconds")
+TIMING = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds")
 
 #: name -> (environment variables, TrainerConfig overrides). "default" is the reference.
 SETTINGS: dict[str, tuple[dict[str, str], dict]] = {
@@ -71,7 +71,8 @@ def _worker(out: str, steps: int, seeds: list[int], overrides: dict) -> None:
 
     from grpo_lab import experiments
 
-    r = experiments.run("GRPO", profile="cpu", seeds=tuple(seeds), steps=steps, progress=False, **overrides)
+    r = experiments.run("GRPO", profile="cpu", seeds=tuple(seeds), steps=steps, progress=False, cache=False,
+                        **overrides)
     h = r.history.drop(columns=[c for c in TIMING if c in r.history.columns])
     h.attrs["info"] = {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
                        "threads": r.provenance["threads"]}

@@ -17,7 +17,7 @@ from grpo_lab.trainer import TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
-TIMING = ["tokens_per_s", "gen_seconds", "step_seconds"]
+TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds"]
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +87,8 @@ def test_run_provenance(result, profile):
 def test_seed_runs_are_independent(result, profile):
     # each seed restarts from the base weights and its own seed: running seed 1 alone reproduces
     # the seed-1 block of the two-seed run
-    alone = run(GRPO, profile=profile, seeds=[1], progress=False).history.drop(columns=TIMING)
-    block = result.history[result.history["seed"] == 1].drop(columns=TIMING).reset_index(drop=True)
+    alone = run(GRPO, profile=profile, seeds=[1], progress=False).history.drop(columns=TIMING, errors="ignore")
+    block = result.history[result.history["seed"] == 1].drop(columns=TIMING, errors="ignore").reset_index(drop=True)
     pd.testing.assert_frame_equal(alone, block, check_exact=True)
 
 
@@ -212,8 +212,8 @@ def test_run_grid_parallel_equals_serial(profile, result):
     other = GRPO.replace(name="GRPO eps 0.1", eps_low=0.1, eps_high=0.1)
     grid = run_grid([GRPO, other], profile=profile, seeds=[0, 1], n_jobs=2)
     assert list(grid) == ["GRPO", "GRPO eps 0.1"]
-    a = grid["GRPO"].history.drop(columns=TIMING)
-    b = result.history.drop(columns=TIMING)
+    a = grid["GRPO"].history.drop(columns=TIMING, errors="ignore")
+    b = result.history.drop(columns=TIMING, errors="ignore")
     pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert (grid["GRPO eps 0.1"].history["algo"] == "GRPO eps 0.1").all()
     with pytest.raises(ValueError, match="unique"):
@@ -235,3 +235,72 @@ def test_unregistered_choice_in_a_worker_names_the_cause(monkeypatch):
     monkeypatch.delitem(SURROGATES, "toy")  # what a fresh worker sees
     with pytest.raises(ValueError, match="unknown clip 'toy'.*n_jobs=1"):
         experiments._train_one(algo, experiments.get_profile("cpu"), 1, 0, False)
+
+
+# ------------------------------------------------------------------------------------ run cache
+def test_run_cache_returns_the_identical_history_without_training(profile, tmp_path, monkeypatch):
+    import grpo_lab.experiments as ex
+
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path / "cache"))
+    fresh = run("GRPO", profile=profile, seeds=[0, 1], progress=False)
+    assert fresh.provenance["cached_seeds"] == []
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2
+
+    def no_training(*a, **k):
+        raise AssertionError("a cached run was trained again")
+
+    monkeypatch.setattr(ex, "_train_one", no_training)
+    again = run("GRPO", profile=profile, seeds=[1, 0], progress=False)
+    assert again.provenance["cached_seeds"] == [1, 0]
+    # bit for bit, dtypes included, in the order asked for
+    pd.testing.assert_frame_equal(
+        again.history.sort_values(["seed", "step"], kind="stable").reset_index(drop=True),
+        fresh.history.sort_values(["seed", "step"], kind="stable").reset_index(drop=True), check_exact=True)
+    # the name is a label: the same configuration under another name is the same run, relabelled
+    renamed = run(GRPO.replace(name="GRPO (beta=0.04)"), profile=profile, seeds=[0], progress=False)
+    assert (renamed.history["algo"] == "GRPO (beta=0.04)").all() and renamed.provenance["cached_seeds"] == [0]
+    # any change of algorithm, steps, seed or configuration is a different run
+    for kw in (dict(algo=GRPO.replace(beta=0.0)), dict(steps=1), dict(seeds=[2]), dict(lr=1e-3)):
+        args = dict(algo="GRPO", profile=profile, seeds=[0], progress=False)
+        args.update(kw)
+        with pytest.raises(AssertionError, match="trained again"):
+            run(args.pop("algo"), **args)
+
+
+def test_run_cache_key_changes_with_the_package_source(profile, tmp_path, monkeypatch):
+    import grpo_lab.experiments as ex
+
+    a = ex.run_fingerprint(profile)
+    assert a == ex.run_fingerprint(profile)
+    real = ex._hash_files
+
+    def edited(h, root, pattern):  # as if one byte of the package changed
+        real(h, root, pattern)
+        h.update(b"#")
+
+    monkeypatch.setattr(ex, "_hash_files", edited)
+    assert ex.run_fingerprint(profile) != a
+    monkeypatch.setattr(ex, "_hash_files", real)
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")  # a kernel choice that changes the numbers
+    assert ex.run_fingerprint(profile) != a
+
+
+@pytest.mark.parametrize("value", ["off", "0", ""])
+def test_run_cache_can_be_turned_off(value, monkeypatch):
+    import grpo_lab.experiments as ex
+
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", value)
+    assert ex.run_cache_dir() is None
+    monkeypatch.delenv("GRPO_LAB_RUN_CACHE")
+    assert ex.run_cache_dir().parts[-2:] == ("_build", "run_cache")
+
+
+def test_damaged_cache_entry_is_trained_again(profile, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path))
+    first = run("GRPO", profile=profile, seeds=[0], progress=False)
+    (entry,) = tmp_path.glob("*.json")
+    entry.write_text("{not json")
+    again = run("GRPO", profile=profile, seeds=[0], progress=False)
+    assert again.provenance["cached_seeds"] == []
+    pd.testing.assert_frame_equal(again.history.drop(columns=TIMING, errors="ignore"), first.history.drop(columns=TIMING, errors="ignore"),
+                                  check_exact=True)

@@ -227,6 +227,22 @@ def test_rollout_select():
     assert r.select([1]).completion_ids.shape == (1, 5)
 
 
+def test_rollout_select_drops_left_padding_no_kept_row_uses(model, tok):
+    # prompts of 2, 4 and 6 characters, left-padded to 6: keeping the two short ones needs 4 columns
+    problems = [Problem("1+2=", "3"), Problem("1=", "1"), Problem("12+34=", "46")]
+    ro = generate(model, tok, problems, group_size=1, max_new_tokens=4)
+    assert ro.prompt_ids.shape[1] == 6
+    s = ro.select([1, 0])
+    assert s.prompt_ids.shape == (2, 4) and s.prompt_mask.sum(-1).tolist() == [2, 4]
+    assert torch.equal(s.prompt_ids, ro.prompt_ids[[1, 0], 2:])
+    assert torch.equal(s.token_counts(), ro.token_counts()[[1, 0]])
+    # no real token moves: the same log-probs as the untrimmed rows (float rounding aside)
+    with torch.no_grad():
+        full, trimmed = policy_logprobs(model, ro), policy_logprobs(model, s)
+    torch.testing.assert_close(trimmed, full[[1, 0], :trimmed.shape[1]], atol=1e-5, rtol=1e-5)
+    assert ro.select([2]).prompt_ids.shape == (1, 6)  # the longest prompt keeps every column
+
+
 # ------------------------------------------------------------------------------------ evaluate
 def test_evaluate_real_generation(model, tok):
     task = ArithmeticTask(min_terms=2, max_terms=3, test_size=10)  # 2 term counts x 5 problems

@@ -18,11 +18,11 @@ from grpo_lab.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
-TIMING = ["tokens_per_s", "gen_seconds", "step_seconds"]
+TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds"]
 DOCUMENTED = ["step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "entropy", "kl",
               "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "ratio_min", "ratio_max",
               "ratio_q05", "ratio_q50", "ratio_q95", "grad_token_frac", "adv_abs_mean", "grad_norm",
-              "zero_adv_group_frac", "truncation_rate", "reasoning_frac", *TIMING]
+              "zero_adv_group_frac", "truncation_rate", "reasoning_frac", *TIMING[:3]]
 NO_NAN = ["loss", "kl", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "ratio_min", "ratio_max",
           "ratio_q05", "ratio_q50", "ratio_q95", "grad_norm", "entropy", "reward"]
 
@@ -55,7 +55,7 @@ def params(trainer):
 @pytest.mark.parametrize("kwargs", [
     dict(prompts_per_step=0), dict(group_size=0), dict(epochs=0), dict(minibatches=0),
     dict(prompts_per_step=2, group_size=4, minibatches=3),  # 3 does not divide 8
-    dict(micro_batch_size=0), dict(old_logp="bogus"), dict(temperature=0.0), dict(temperature=-1.0),
+    dict(micro_batch_size=0), dict(sort_by_length=1), dict(old_logp="bogus"), dict(temperature=0.0), dict(temperature=-1.0),
     # found by a fresh user: each failed late with a raw error, or was accepted and broke training
     dict(grad_clip=0.0), dict(seed=-1), dict(seed=0.5), dict(seed="0"), dict(threads=-1), dict(weight_decay="x"),
     dict(betas=(1.5, 2)), dict(betas=(0.9,)), dict(eval_every=-1), dict(eval_every="5"), dict(warmup=2.5),
@@ -106,6 +106,9 @@ def test_eval_rows(tok):
     assert h["reward"].isna().tolist() == [True, False, False, False]
     assert h["test_accuracy"].dropna().between(0, 1).all()
     assert "test_length" in h and "test_reasoning_frac" in h
+    # the evaluation's own wall time, on the evaluated rows only, outside step_seconds
+    assert h["eval_seconds"].isna().tolist() == [False, True, False, False]
+    assert (h["eval_seconds"].dropna() > 0).all()
 
 
 def test_evaluate_does_not_advance_torch_rng(tok):
@@ -145,12 +148,62 @@ def test_second_update_is_off_policy(tok, monkeypatch, kw):
     h = make_trainer(tok, lr=0.05, **kw).train(1)
     assert len(rec.metrics) == 2  # two optimiser steps on one rollout, no micro-batching
     first, second = rec.metrics
-    # pi_old is recomputed before the first update: ratio 1 up to float noise
-    assert abs(first["ratio_min"] - 1) < 1e-5 and abs(first["ratio_max"] - 1) < 1e-5
+    # the first update runs on the sampling weights: pi_old = sg(pi_theta) there, ratio exactly 1
+    assert first["ratio_min"] == 1.0 and first["ratio_max"] == 1.0
     # after one update with a large lr the second minibatch / epoch sees the policy moved
     assert max(abs(second["ratio_min"] - 1), abs(second["ratio_max"] - 1)) > 1e-3
     assert h["ratio_min"].iloc[0] == min(first["ratio_min"], second["ratio_min"])
     assert h["ratio_max"].iloc[0] == max(first["ratio_max"], second["ratio_max"])
+
+
+@pytest.mark.parametrize("kw", [dict(minibatches=2), dict(minibatches=4), dict(epochs=2, minibatches=2),
+                                dict(minibatches=2, micro_batch_size=1)])
+def test_old_policy_forward_skips_the_first_minibatch(tok, monkeypatch, kw):
+    # The old-policy forward runs only on rows that are trained after the first optimiser step;
+    # the first minibatch's pi_old is sg(pi_theta) of its own training forward. Hand count: 8 rows,
+    # m minibatches -> 8 - 8/m rows of no-grad forward (GRPO's default beta adds the reference
+    # forward over all 8 rows, so beta=0 here).
+    no_grad_rows = []
+    orig = trainer_mod.policy_logprobs
+
+    def counting(model, ro, **k):
+        if not torch.is_grad_enabled():
+            no_grad_rows.append(len(ro))
+        return orig(model, ro, **k)
+
+    monkeypatch.setattr(trainer_mod, "policy_logprobs", counting)
+    rec = _Recorder(monkeypatch)
+    t = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=0.05, **kw)
+    t.train(1)
+    assert sum(no_grad_rows) == 8 - 8 // kw["minibatches"]
+    first_step = rec.metrics[: 8 // kw["minibatches"] // (kw.get("micro_batch_size") or 8 // kw["minibatches"])]
+    assert all(m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0 for m in first_step)
+
+
+def test_skipped_rows_keep_their_old_logp_for_later_epochs(tok, monkeypatch):
+    # epochs=2: rows of the first minibatch come back in epoch 2 and need pi_old. It must be the
+    # sampling policy's log-prob (recorded from the first forward), equal to a fresh no-grad
+    # recompute at the sampling weights up to float rounding, not the 0 placeholder.
+    seen = []
+    orig = trainer_mod.policy_loss
+
+    def wrapped(logp, old, adv, mask, algo, **k):
+        seen.append((old.detach().clone(), mask.clone()))
+        return orig(logp, old, adv, mask, algo, **k)
+
+    t = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=0.05, epochs=2, minibatches=2)
+    batch = t.collect()
+    reference = t._logp_batched(t.policy, batch.rollout)  # pi_old over every row, before any update
+    t.compute_advantages(batch)
+    monkeypatch.setattr(trainer_mod, "policy_loss", wrapped)
+    t.update(batch)
+    assert len(seen) == 4
+    # epoch 2 sees all 8 rows across its two minibatches; every used pi_old is within 1e-5 of the recompute
+    used = torch.cat([o[m.bool()] for o, m in seen[2:]])
+    assert used.numel() == int(batch.loss_mask.sum())
+    assert (used < 0).all()  # a log-prob of a sampled token, not the 0 placeholder
+    assert torch.allclose(torch.sort(used).values,
+                          torch.sort(reference[batch.loss_mask.bool()]).values, atol=1e-5)
 
 
 def test_old_logp_behaviour_matches_recompute(tok, monkeypatch):
@@ -162,7 +215,7 @@ def test_old_logp_behaviour_matches_recompute(tok, monkeypatch):
 
 
 @pytest.mark.parametrize("algo", [GRPO, GRPO.replace(name="tm", aggregation="token_mean")])
-def test_micro_batches_give_the_same_update(tok, algo):
+def test_micro_batches_give_the_same_update(tok, algo, capture_grads):
     # global token/sequence counts: splitting 8 rows into micro-batches of 3, 3, 2 changes nothing
     # (Adam turns a gradient into ~lr * sign(g), so float noise in a near-zero gradient component
     # moves a parameter by up to ~lr * noise / eps: lr=1e-4 keeps that well under the tolerance,
@@ -172,13 +225,7 @@ def test_micro_batches_give_the_same_update(tok, algo):
     w0 = params(make_trainer(tok, algo=algo))
     for micro in (None, 3):
         tr = make_trainer(tok, algo=algo, lr=1e-4, micro_batch_size=micro)
-        step = tr.optimizer.step
-
-        def capture(*a, _tr=tr, _micro=micro, _step=step, **k):
-            grads[_micro] = [p.grad.clone() for p in _tr.policy.parameters()]
-            return _step(*a, **k)
-
-        tr.optimizer.step = capture
+        capture_grads(tr, grads, micro)
         h = tr.train(1)
         results[micro] = (h, params(tr))
     (h1, p1), (h3, p3) = results[None], results[3]
@@ -192,6 +239,28 @@ def test_micro_batches_give_the_same_update(tok, algo):
     assert max((a - w).abs().max().item() for a, w in zip(p1, w0)) > 5e-5  # the step did move
     for c in ["entropy", "kl", "ratio_mean", "grad_token_frac", "adv_abs_mean"]:
         assert h3[c].iloc[0] == pytest.approx(h1[c].iloc[0], rel=1e-5, abs=1e-7), c
+
+
+def test_length_sorted_micro_batches_same_update_less_padding(tok, monkeypatch, capture_grads):
+    # sort_by_length regroups a minibatch's rows into micro-batches of similar length: the gradient
+    # is the same sum (global normalisers), the forward passes cover fewer padded positions.
+    positions, grads = {}, {}
+    orig = trainer_mod.policy_logprobs
+    for sort in (False, True):
+        positions[sort] = 0
+
+        def counting(model, ro, _sort=sort, **k):
+            positions[_sort] += ro.prompt_ids.numel() + ro.completion_ids.numel()
+            return orig(model, ro, **k)
+
+        monkeypatch.setattr(trainer_mod, "policy_logprobs", counting)
+        tr = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=1e-4, micro_batch_size=2, sort_by_length=sort,
+                          task=ToyTask(test_size=5, max_new_tokens=16))
+        capture_grads(tr, grads, sort)
+        tr.train(1)
+    assert positions[True] < positions[False]
+    for a, b in zip(grads[False], grads[True]):
+        torch.testing.assert_close(b, a, atol=1e-7, rtol=1e-4)
 
 
 def test_logged_loss_independent_of_micro_batches(tok):
@@ -253,8 +322,8 @@ def _check_exact_resume(tok, tmp_path, monkeypatch, **kw):
 
     for a, b in zip(straight.policy.parameters(), resumed.policy.parameters()):
         assert torch.equal(a, b)
-    ha = straight.history.drop(columns=TIMING)
-    hb = resumed.history.drop(columns=TIMING)
+    ha = straight.history.drop(columns=TIMING, errors="ignore")
+    hb = resumed.history.drop(columns=TIMING, errors="ignore")
     assert list(hb["step"]) == [1, 2, 3, 4]
     pd.testing.assert_frame_equal(ha, hb, check_exact=True, check_dtype=False)
 
