@@ -71,3 +71,29 @@ def test_trl_one_generation_cycle(bench):
     assert setup["generation_batch_size"] == 4 and setup["steps_per_generation"] == 2
     assert not setup["activation_checkpointing"]
     assert all(r is not None and r > 0 for r in shape["ratios"].values())
+
+
+def test_readme_table_is_rewritten_between_the_markers(bench, tmp_path):
+    # the committed results file drives the README table; text around the markers is kept
+    result = json.loads((SCRIPT.parent / "results" / "trainer_step_cpu.json").read_text())
+    readme = tmp_path / "README.md"
+    start, end = bench.README_MARKERS
+    readme.write_text(f"intro\n{start}\nstale table\n{end}\noutro\n")
+    bench.write_readme_table(result, readme)
+    text = readme.read_text()
+    assert text.startswith(f"intro\n{start}\n| shape (16 questions × G)") and text.endswith(f"{end}\noutro\n")
+    assert "stale table" not in text and f"{result['threads']} threads" in text
+    assert f"{result['shapes']['short']['summary']['grpo_lab']['median']:.3f}" in text
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="trainer-step:start"):
+        bench.write_readme_table(result, readme)
+
+
+def test_readme_shows_the_committed_results(bench, tmp_path):
+    # README.md's table is the one `trainer_step.py --readme` writes from the committed JSON
+    result = json.loads((SCRIPT.parent / "results" / "trainer_step_cpu.json").read_text())
+    real = SCRIPT.parents[1] / "README.md"
+    copy = tmp_path / "README.md"
+    copy.write_text(real.read_text())
+    bench.write_readme_table(result, copy)
+    assert copy.read_text() == real.read_text(), "run `python benchmarks/trainer_step.py --readme`"
