@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -33,17 +32,21 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv=None) -> None:
     from transformers import CompileConfig, GenerationConfig
 
+    from grpo_lab.experiments import processor_name
     from grpo_lab.models import load_policy
     from grpo_lab.paths import checkpoint_dir
     from grpo_lab.tasks import get_task
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    ap = argparse.ArgumentParser(description="Generation time on the CPU profile's shapes: dynamic vs static KV "
+                                             "cache vs static cache with a compiled decode step.")
+    ap.add_argument("--reps", type=int, default=12, help="timed calls per variant and shape (default 12)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds before them (default 2)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, the CPU profile's)")
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled variant (about 35 s to compile)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "generation_cpu.json"))
     a = ap.parse_args(argv)
+    if a.reps < 1 or a.warmup < 0 or a.threads < 1:
+        ap.error("--reps must be >= 1, --warmup >= 0, --threads >= 1")
     torch.set_num_threads(a.threads)
     policy, tok = load_policy(checkpoint_dir("arithmetic-base"))
     policy.eval()
@@ -94,7 +97,7 @@ def main(argv=None) -> None:
     import transformers
 
     out = {"torch": torch.__version__, "transformers": transformers.__version__, "threads": a.threads,
-           "processor": platform.processor() or platform.machine(), "reps": a.reps, "warmup": a.warmup,
+           "processor": processor_name(), "reps": a.reps, "warmup": a.warmup,
            "date": time.strftime("%Y-%m-%d"), "results": results}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")

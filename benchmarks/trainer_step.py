@@ -488,13 +488,9 @@ def run_shape(shape: Shape, *, warmup: int, reps: int, with_trl: bool = True, se
 
 
 def _processor() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from grpo_lab.experiments import processor_name
+
+    return processor_name()
 
 
 def _loadavg() -> list[float] | None:
@@ -629,15 +625,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
                     help="shapes to run (default: all)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT.relative_to(REPO)})")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"JSON output (default {DEFAULT_OUT.relative_to(REPO)}; with --quick a file in the system "
+                         "temporary directory, so that a smoke run never replaces the committed results)")
     ap.add_argument("--quick", action="store_true", help="1 warm-up + 2 reps (smoke test)")
     ap.add_argument("--no-trl", action="store_true", help="skip the TRL contender")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--readme", action="store_true",
                     help="rewrite the table in README.md from the JSON at --out (no timing run)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = Path(tempfile.gettempdir()) / "trainer_step_quick.json" if args.quick else DEFAULT_OUT
     if args.readme:
         result = json.loads(args.out.read_text())
+        if "--quick" in result.get("argv", []) or result.get("versions", {}).get("trl") is None:
+            raise SystemExit(f"{args.out} is a --quick or --no-trl run; the README shows a full measurement")
         write_readme_table(result)
         print(markdown_table(result))
         return result

@@ -10,12 +10,17 @@ several seeds and returns a long DataFrame (one row per seed × step) plus a pro
 
 Run cache: every (algorithm, profile, steps, seed) run is stored under ``_build/run_cache/`` and
 loaded instead of trained again when an identical run is asked for (chapter 3 re-uses chapter 1's
-GRPO seeds). The key covers the algorithm, the profile and its trainer configuration, the step
-count and seed, and a fingerprint of everything else the numbers depend on: the source of every
-file of the package, the base checkpoint's files, the task files under ``data/tasks``, the library
-versions and the processor (:func:`run_fingerprint`). Any code change therefore invalidates it, and
-``make book`` from a clean tree trains every run once. ``GRPO_LAB_RUN_CACHE`` moves it (a directory)
-or turns it off (``off``).
+GRPO seeds); one configuration asked for under two names is trained once. The key covers the
+algorithm (not its display name), the profile and its trainer configuration, the step count and
+seed, and a fingerprint of everything else the numbers depend on (:func:`run_fingerprint`): the
+source of every file of the package, the base checkpoint's files, the task files under
+``data/tasks``, the library versions, the processor and the thread count. Any code change therefore
+invalidates it, and ``make book`` from a clean tree trains every run once. A run whose algorithm
+or task uses code from outside the package (a registered choice, a monkeypatched entry) is never
+cached, since that code is not in the fingerprint; neither is a run from a hub checkpoint.
+``GRPO_LAB_RUN_CACHE`` moves the cache (a directory) or turns it off (``off``); installed outside
+a source checkout, the package caches only when it is set. ``provenance["run_cache"]`` says whether
+the cache was used, ``provenance["cached_seeds"]`` which seeds it supplied.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import os
 import platform
 import subprocess
 import time
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Sequence
@@ -40,9 +46,10 @@ from .models import load_policy
 from .paths import REPO_ROOT, checkpoint_dir, data_dir
 from .tasks import get_task
 from .trainer import Trainer, TrainerConfig, _json_default
+from .validation import is_int
 
 __all__ = ["Profile", "PROFILES", "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
-           "provenance", "config_hash", "run_cache_dir", "run_fingerprint"]
+           "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,7 @@ def provenance(algo: Algorithm, profile: Profile, steps: int, seeds: Sequence[in
 
     device = profile.config.device
     dev_name = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() \
-        else platform.processor() or platform.machine()
+        else processor_name()
     return {
         "git_sha": _git_sha(), "grpo_lab": __version__, "torch": torch.__version__,
         "transformers": transformers.__version__, "python": platform.python_version(),
@@ -156,6 +163,9 @@ def provenance(algo: Algorithm, profile: Profile, steps: int, seeds: Sequence[in
 
 def _resolve(profile: str | Profile, config_overrides: dict) -> Profile:
     prof = get_profile(profile) if isinstance(profile, str) else profile
+    if "seed" in config_overrides:
+        raise ValueError("run: pass seeds=[...] (one run per seed), not seed=; the profile's seed field is "
+                         "replaced by each run's seed")
     if config_overrides:
         known = {f.name for f in fields(TrainerConfig)}
         unknown = sorted(set(config_overrides) - known)
@@ -184,13 +194,25 @@ def _check_steps(steps) -> int:
     return int(steps)
 
 
+_CACHE_OFF = ("", "0", "off", "false", "no", "none", "disabled")
+
+
 def run_cache_dir() -> Path | None:
-    """Where :func:`run` stores finished runs: ``$GRPO_LAB_RUN_CACHE`` (``off``, ``0`` or an empty
-    value: no cache), else ``<repo>/_build/run_cache``."""
+    """Where :func:`run` stores finished runs, or ``None`` (no cache).
+
+    ``$GRPO_LAB_RUN_CACHE``: ``off`` (or ``0``, ``false``, ``no``, ``none``, ``disabled``, empty)
+    turns the cache off; ``on`` (or ``1``, ``true``, ``yes``) is the default location; anything
+    else is a directory (``~`` expanded, relative to the current directory). Unset: the default,
+    ``<repo>/_build/run_cache`` when the package runs from a source checkout (next to its
+    ``pyproject.toml``), no cache when it is installed elsewhere (e.g. ``site-packages``).
+    """
     env = os.environ.get("GRPO_LAB_RUN_CACHE")
-    if env is None:
-        return REPO_ROOT / "_build" / "run_cache"
-    return None if env.strip().lower() in ("", "0", "off", "false", "no") else Path(env)
+    value = "on" if env is None else env.strip()
+    if value.lower() in _CACHE_OFF:
+        return None
+    if value.lower() in ("on", "1", "true", "yes"):
+        return REPO_ROOT / "_build" / "run_cache" if (REPO_ROOT / "pyproject.toml").is_file() else None
+    return Path(value).expanduser().resolve()
 
 
 def _hash_files(h, root: Path, pattern: str) -> None:
@@ -200,13 +222,32 @@ def _hash_files(h, root: Path, pattern: str) -> None:
             h.update(f.read_bytes())
 
 
+def processor_name() -> str:
+    """The CPU model (``/proc/cpuinfo``'s ``model name`` on Linux, where ``platform.processor()`` is empty)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def run_fingerprint(prof: Profile) -> str:
     """sha256 (first 16 hex) of what a run's numbers depend on besides its configuration.
 
-    Covers every file of the ``grpo_lab`` package, the base checkpoint's files (when ``prof.base``
-    is a local checkpoint), ``data/tasks/*``, the versions of python, torch, transformers,
-    tokenizers and numpy, the processor and torch's CPU capability, and the environment variables
-    that change CPU kernels (``MKL_CBWR``, ``MKL_ENABLE_INSTRUCTIONS``, ``ATEN_CPU_CAPABILITY``).
+    Covers every file of the ``grpo_lab`` package, the base checkpoint's files, ``data/tasks/*``,
+    the versions of python, torch, transformers, tokenizers and numpy, the processor model and
+    torch's CPU capability, the thread count the run will use (``TrainerConfig.threads``, else
+    torch's current setting) and the environment variables that change CPU kernels or thread
+    counts (``MKL_CBWR``, ``MKL_ENABLE_INSTRUCTIONS``, ``ATEN_CPU_CAPABILITY``, ``OMP_NUM_THREADS``,
+    ``MKL_NUM_THREADS``); on CUDA also the GPU model, the CUDA and cuDNN versions and the TF32 /
+    float32-matmul-precision settings. Code outside the package (a registered choice, a task) is
+    not covered: :func:`run` does not cache such runs (see :func:`_uncacheable`).
+
+    Raises:
+        ValueError: ``prof.base`` is not a local checkpoint (a hub id: its weights cannot be
+            fingerprinted offline).
     """
     import numpy
     import tokenizers
@@ -215,45 +256,91 @@ def run_fingerprint(prof: Profile) -> str:
     h = hashlib.sha256()
     _hash_files(h, Path(__file__).resolve().parent, "*.py")
     base = checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else Path(prof.base)
-    if base.is_dir():
-        _hash_files(h, base, "*")
-    else:
-        h.update(prof.base.encode())
+    if not base.is_dir():
+        raise ValueError(f"run_fingerprint: base {prof.base!r} is not a local checkpoint directory")
+    _hash_files(h, base, "*")
     if (data_dir() / "tasks").is_dir():
         _hash_files(h, data_dir() / "tasks", "*")
-    env = {k: os.environ.get(k) for k in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")}
+    env = {k: os.environ.get(k) for k in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY",
+                                          "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    machine = [processor_name(), platform.machine(), torch.backends.cpu.get_cpu_capability(),
+               prof.config.threads or torch.get_num_threads()]
+    if torch.device(prof.config.device).type == "cuda" and torch.cuda.is_available():
+        machine += [torch.cuda.get_device_name(0), torch.version.cuda, torch.backends.cudnn.version(),
+                    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                    torch.get_float32_matmul_precision()]
     h.update(json.dumps([platform.python_version(), torch.__version__, transformers.__version__,
-                         tokenizers.__version__, numpy.__version__, platform.processor(), platform.machine(),
-                         torch.backends.cpu.get_cpu_capability(), env]).encode())
+                         tokenizers.__version__, numpy.__version__, machine, env], default=str).encode())
     return h.hexdigest()[:16]
+
+
+def _uncacheable(algo: Algorithm, prof: Profile) -> list[str]:
+    """The choices of ``algo`` and the task of ``prof`` whose code lives outside ``grpo_lab`` (a
+    function registered by a user, a monkeypatched entry): the run-cache fingerprint hashes only the
+    package's files, so runs that use them are never cached."""
+    from .advantages import ADVANTAGE_ESTIMATORS
+    from .objectives import AGGREGATIONS, KL_ESTIMATORS, RATIOS, SURROGATES
+    from .sampling import SELECTORS, selector_name
+    from .tasks import TASKS
+
+    used = [("ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS, algo.advantage), ("RATIOS", RATIOS, algo.ratio_level),
+            ("SURROGATES", SURROGATES, algo.clip), ("AGGREGATIONS", AGGREGATIONS, algo.aggregation),
+            ("SELECTORS", SELECTORS, selector_name(algo)), ("TASKS", TASKS, prof.task)]
+    if algo.uses_kl:
+        used.append(("KL_ESTIMATORS", KL_ESTIMATORS, algo.kl))
+    outside = []
+    for registry, table, key in used:
+        module = getattr(table.get(key), "__module__", None) or ""
+        if not (module == "grpo_lab" or module.startswith("grpo_lab.")):
+            outside.append(f"{registry}[{key!r}] from {module or '?'}")
+    return outside
 
 
 def _cache_path(cache: Path, fingerprint: str, algo: Algorithm, prof: Profile, steps: int, seed: int) -> Path:
     """The file of one run. The algorithm's ``name`` is a label, not part of the key: chapter 3's
     ``GRPO.replace(name="GRPO (beta=0.04)")`` is chapter 1's ``GRPO``."""
+    return cache / f"run-s{seed}-{_run_key(fingerprint, algo, prof, steps, seed)}.json"
+
+
+def _run_key(fingerprint: str, algo: Algorithm, prof: Profile, steps: int, seed: int) -> str:
     key = json.dumps({"fingerprint": fingerprint, "config_hash": config_hash(algo.replace(name="-"), prof, steps),
                       "seed": seed, "profile": prof.name}, sort_keys=True)
-    return cache / f"run-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
-def _cache_load(path: Path | None) -> pd.DataFrame | None:
-    """The history stored at ``path`` (``None`` when absent or unreadable, which means: train)."""
+def _cache_load(path: Path | None, steps: int) -> pd.DataFrame | None:
+    """The history stored at ``path``; ``None`` (train) when absent, unreadable, or not the rows of
+    a finished ``steps``-step run (every step 1..steps present, each row a dict with a ``step``)."""
     if path is None or not path.is_file():
         return None
     try:
-        return pd.DataFrame(json.loads(path.read_text())["rows"])
+        rows = json.loads(path.read_text())["rows"]
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and is_int(r.get("step")) for r in rows):
+            return None
+        if sorted(r["step"] for r in rows if r["step"] > 0) != list(range(1, steps + 1)):
+            return None
+        return pd.DataFrame(rows)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _cache_store(path: Path | None, rows: list[dict]) -> None:
-    """Write a run's rows atomically (python's json keeps every float bit for bit, NaN included)."""
+    """Write a run's rows atomically (python's json keeps every float bit for bit, NaN included).
+    A failed write warns and loses only the cache entry, never the run."""
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"rows": rows}, default=_json_default))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"rows": rows}, default=_json_default))
+        os.replace(tmp, path)
+    except OSError as exc:
+        warnings.warn(f"run cache: could not store the run at {path} ({exc}); the result is returned but not "
+                      "cached (GRPO_LAB_RUN_CACHE=off silences this)", RuntimeWarning, stacklevel=2)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None,
@@ -274,7 +361,7 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     trainer = Trainer(policy, tokenizer, task, algo, cfg)
     trainer.train(steps)
     _cache_store(cache_path, trainer.rows)
-    return _label(pd.DataFrame(trainer.rows), algo, seed)
+    return pd.DataFrame(trainer.rows)
 
 
 def _label(h: pd.DataFrame, algo: Algorithm, seed: int) -> pd.DataFrame:
@@ -302,22 +389,40 @@ def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
 
 
 def _run_jobs(pairs: list[tuple[Algorithm, int]], prof: Profile, steps: int, progress: bool | None, n_jobs: int,
-              cache: bool) -> tuple[list[pd.DataFrame], list[tuple[str, int]]]:
-    """Histories of every ``(algo, seed)`` pair, from the run cache where possible; returns them in
-    order and the pairs that were loaded from the cache."""
+              cache: bool) -> tuple[list[pd.DataFrame], list[tuple[str, int]], str | None]:
+    """Histories of every ``(algo, seed)`` pair, in order, each configuration trained once (two
+    names for the same configuration share one run), from the run cache where possible.
+
+    Returns:
+        ``(frames, hits, note)``: the histories, the pairs loaded from the cache, and why the cache
+        was not used (``None`` when it was).
+    """
     if n_jobs < 1:
         raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
-    root = run_cache_dir() if cache else None
-    fingerprint = run_fingerprint(prof) if root is not None else ""
-    paths = [_cache_path(root, fingerprint, a, prof, steps, s) if root is not None else None for a, s in pairs]
-    frames = [_cache_load(p) for p in paths]
-    hits = [(a.name, s) for (a, s), f in zip(pairs, frames) if f is not None]
-    frames = [_label(f, a, s) if f is not None else None for (a, s), f in zip(pairs, frames)]
-    todo = [k for k, f in enumerate(frames) if f is None]
-    fresh = _map([(pairs[k][0], prof, steps, pairs[k][1], progress, paths[k]) for k in todo], n_jobs)
-    for k, f in zip(todo, fresh):
-        frames[k] = f
-    return frames, hits
+    root, note = (run_cache_dir(), None) if cache else (None, "off (cache=False)")
+    if cache and root is None:
+        note = "off (GRPO_LAB_RUN_CACHE, or not a source checkout)"
+    outside = sorted({x for a, _ in pairs for x in _uncacheable(a, prof)})
+    if root is not None and outside:
+        root, note = None, "off: code outside grpo_lab, " + ", ".join(outside)
+    fingerprint = ""
+    if root is not None:
+        try:
+            fingerprint = run_fingerprint(prof)
+            root.mkdir(parents=True, exist_ok=True)
+        except (ValueError, OSError) as exc:
+            root, note = None, f"off: {exc}"
+    keys = [_run_key(fingerprint, a, prof, steps, s) for a, s in pairs]
+    paths = {k: (_cache_path(root, fingerprint, a, prof, steps, s) if root is not None else None)
+             for k, (a, s) in zip(keys, pairs)}
+    loaded = {k: _cache_load(p, steps) for k, p in paths.items()}
+    hits = [(a.name, s) for (a, s), k in zip(pairs, keys) if loaded[k] is not None]
+    todo = [k for k in dict.fromkeys(keys) if loaded[k] is None]
+    first = {k: pairs[keys.index(k)] for k in todo}
+    fresh = _map([(first[k][0], prof, steps, first[k][1], progress, paths[k]) for k in todo], n_jobs)
+    loaded.update(zip(todo, fresh))
+    frames = [_label(loaded[k].copy(), a, s) for (a, s), k in zip(pairs, keys)]
+    return frames, hits, note
 
 
 def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
@@ -351,10 +456,11 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     prof = _resolve(profile, config_overrides)
     steps = _check_steps(prof.steps if steps is None else steps)
     t0 = time.perf_counter()
-    frames, hits = _run_jobs([(algo, s) for s in seeds], prof, steps, progress, n_jobs, cache)
+    frames, hits, note = _run_jobs([(algo, s) for s in seeds], prof, steps, progress, n_jobs, cache)
     wall = time.perf_counter() - t0
     prov = provenance(algo, prof, steps, seeds, wall)
     prov["cached_seeds"] = [s for _, s in hits]
+    prov["run_cache"] = note or "on"
     return RunResult(pd.concat(frames, ignore_index=True), prov)
 
 
@@ -381,12 +487,13 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
     prof = _resolve(profile, config_overrides)
     steps = _check_steps(prof.steps if steps is None else steps)
     t0 = time.perf_counter()
-    frames, hits = _run_jobs([(a, s) for a in algos for s in seeds], prof, steps, False, n_jobs, cache)
+    frames, hits, note = _run_jobs([(a, s) for a in algos for s in seeds], prof, steps, False, n_jobs, cache)
     wall = time.perf_counter() - t0
     out, k = {}, 0
     for a in algos:
         prov = provenance(a, prof, steps, seeds, wall)
         prov["cached_seeds"] = [s for name, s in hits if name == a.name]
+        prov["run_cache"] = note or "on"
         out[a.name] = RunResult(pd.concat(frames[k:k + len(seeds)], ignore_index=True), prov)
         k += len(seeds)
     return out

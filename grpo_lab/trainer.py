@@ -146,6 +146,15 @@ class TrainerConfig:
         positive_int("TrainerConfig.threads", self.threads, allow_none=True)
         if len(tuple(self.betas)) != 2 or not all(0 <= real_number("TrainerConfig.betas", b) < 1 for b in self.betas):
             raise ValueError(f"TrainerConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
+        # numpy scalars pass the checks above: store python numbers (JSON, hashing, provenance)
+        for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds", "micro_batch_size",
+                     "max_new_tokens", "warmup", "eval_every", "seed", "threads"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
+        for name in ("temperature", "lr", "grad_clip", "weight_decay", "value_lr"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, float(getattr(self, name)))
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         try:
             torch.device(self.device)
         except (RuntimeError, TypeError):

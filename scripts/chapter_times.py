@@ -37,6 +37,8 @@ def records(cache_dir: Path) -> dict[str, float]:
         seconds = (r.data or {}).get("execution_seconds")
         if seconds is not None and (stem not in newest or r.created > newest[stem][0]):
             newest[stem] = (r.created, float(seconds))
+    if not newest:
+        raise SystemExit(f"the jupyter-cache at {cache_dir} has no executed chapter: run `make clean book` first")
     return {k: v for k, (_, v) in sorted(newest.items())}
 
 
@@ -58,7 +60,8 @@ def table(times: dict[str, float]) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", default=str(ROOT / "_build" / ".jupyter_cache"))
+    ap.add_argument("--cache", default=str(ROOT / "_build" / ".jupyter_cache"),
+                    help="the jupyter-cache directory `make book` wrote (default _build/.jupyter_cache)")
     ap.add_argument("--readme", action="store_true", help="rewrite the table in README.md")
     a = ap.parse_args(argv)
     text = table(records(Path(a.cache)))

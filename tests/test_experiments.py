@@ -285,14 +285,114 @@ def test_run_cache_key_changes_with_the_package_source(profile, tmp_path, monkey
     assert ex.run_fingerprint(profile) != a
 
 
-@pytest.mark.parametrize("value", ["off", "0", ""])
+@pytest.mark.parametrize("value", ["off", "0", "", " ", "none", "disabled", "False"])
 def test_run_cache_can_be_turned_off(value, monkeypatch):
     import grpo_lab.experiments as ex
 
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", value)
     assert ex.run_cache_dir() is None
     monkeypatch.delenv("GRPO_LAB_RUN_CACHE")
+    assert ex.run_cache_dir().parts[-2:] == ("_build", "run_cache")  # a source checkout: the default
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "on")
     assert ex.run_cache_dir().parts[-2:] == ("_build", "run_cache")
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "~/runs")
+    assert ex.run_cache_dir() == (ex.Path.home() / "runs").resolve()
+
+
+def test_run_cache_default_is_off_outside_a_source_checkout(monkeypatch, tmp_path):
+    # an installed package (no pyproject.toml next to it) must not write _build/ into site-packages
+    import grpo_lab.experiments as ex
+
+    monkeypatch.delenv("GRPO_LAB_RUN_CACHE", raising=False)
+    monkeypatch.setattr(ex, "REPO_ROOT", tmp_path / "site-packages")
+    assert ex.run_cache_dir() is None
+
+
+def test_run_cache_skips_code_outside_the_package(profile, tmp_path, monkeypatch):
+    # a registered surrogate is keyed only by its name, and its source is not in the fingerprint:
+    # such runs are never cached (a stale result would be silent)
+    import grpo_lab.experiments as ex
+    from grpo_lab.objectives import SURROGATES
+
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path))
+    ppo = SURROGATES["ppo"]
+    monkeypatch.setitem(SURROGATES, "mine", lambda log_ratio, adv, mask, algo: ppo(log_ratio, adv, mask, algo))
+    algo = GRPO.replace(name="mine", clip="mine")
+    assert ex._uncacheable(algo, profile) == [f"SURROGATES['mine'] from {__name__}"]
+    r = run(algo, profile=profile, seeds=[0], progress=False)
+    assert r.provenance["run_cache"].startswith("off: code outside grpo_lab, SURROGATES['mine']")
+    assert not list(tmp_path.glob("*.json"))
+    # a monkeypatched built-in entry counts as outside code too
+    monkeypatch.setitem(SURROGATES, "ppo", SURROGATES["mine"])
+    assert ex._uncacheable(GRPO, profile)
+    assert run(GRPO, profile=profile, seeds=[0], progress=False).provenance["run_cache"].startswith("off")
+
+
+def test_run_cache_key_covers_the_thread_count(profile):
+    # TrainerConfig.threads=None runs with torch's current setting, which changes the numbers
+    import grpo_lab.experiments as ex
+
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ex.run_fingerprint(profile)
+        torch.set_num_threads(2)
+        assert ex.run_fingerprint(profile) != one
+        fixed = dataclasses.replace(profile, config=dataclasses.replace(profile.config, threads=1))
+        assert ex.run_fingerprint(fixed) == one  # an explicit count is what the run uses
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_run_cache_write_failure_keeps_the_run(profile, tmp_path, monkeypatch):
+    afile = tmp_path / "not_a_dir"
+    afile.write_text("x")
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(afile))
+    r = run("GRPO", profile=profile, seeds=[0], progress=False)  # cannot create the directory: no cache
+    assert r.provenance["run_cache"].startswith("off:") and len(r.history) == 3
+    import grpo_lab.experiments as ex
+
+    target = tmp_path / "cache" / "entry.json"
+    target.mkdir(parents=True)  # a directory where the file should go: the write fails late
+    with pytest.warns(RuntimeWarning, match="could not store the run"):
+        ex._cache_store(target, [{"step": 0}])
+
+
+@pytest.mark.parametrize("content", ['{"rows": []}', '{"rows": {}}', '{"rows": null}', '{"rows": [1, 2]}',
+                                     '{"rows": [{"step": 0}, {"step": 1}]}'])
+def test_run_cache_rejects_entries_that_are_not_a_finished_run(profile, tmp_path, monkeypatch, content):
+    import grpo_lab.experiments as ex
+
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path))
+    run("GRPO", profile=profile, seeds=[0], progress=False)
+    (entry,) = tmp_path.glob("*.json")
+    assert ex._cache_load(entry, steps=2) is not None
+    entry.write_text(content)  # well-formed JSON, but not the rows of a 2-step run
+    assert ex._cache_load(entry, steps=2) is None
+    assert run("GRPO", profile=profile, seeds=[0], progress=False).provenance["cached_seeds"] == []
+
+
+def test_run_grid_trains_one_configuration_once(profile, monkeypatch):
+    import grpo_lab.experiments as ex
+
+    calls = []
+    real = ex._train_one
+
+    def counting(*a, **k):
+        calls.append(a[0].name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ex, "_train_one", counting)
+    grid = ex.run_grid([GRPO, GRPO.replace(name="GRPO copy")], profile=profile, seeds=[0], cache=False)
+    assert calls == ["GRPO"]
+    assert (grid["GRPO copy"].history["algo"] == "GRPO copy").all()
+    pd.testing.assert_frame_equal(grid["GRPO"].history.drop(columns="algo"),
+                                  grid["GRPO copy"].history.drop(columns="algo"))
+
+
+def test_run_rejects_a_seed_override(profile):
+    with pytest.raises(ValueError, match="seeds="):
+        run("GRPO", profile=profile, seeds=[0], seed=7)
 
 
 def test_damaged_cache_entry_is_trained_again(profile, tmp_path, monkeypatch):

@@ -66,6 +66,15 @@ def test_config_validation(kwargs):
         TrainerConfig(**kwargs)
 
 
+def test_config_stores_python_numbers():
+    import numpy as np
+
+    c = TrainerConfig(micro_batch_size=np.int64(32), lr=np.float32(1e-3), seed=np.int64(3), betas=(np.float64(0.9), 0.99))
+    assert type(c.micro_batch_size) is int and type(c.lr) is float and type(c.seed) is int
+    assert all(type(b) is float for b in c.betas)
+    json.dumps(c.to_dict())  # a numpy scalar would not serialise
+
+
 def test_config_dict_round_trip():
     c = TrainerConfig(prompts_per_step=3, group_size=2, betas=(0.8, 0.9), minibatches=3, micro_batch_size=2)
     d = json.loads(json.dumps(c.to_dict()))
