@@ -76,11 +76,11 @@ class TrainerConfig:
             ``None`` = the whole minibatch (the whole rollout for the no-grad forwards).
         sort_by_length: cut micro-batches from the rows of a minibatch (and chunks of the no-grad
             forwards) in order of length when there are several, so that each is trimmed to its own
-            longest row: the same
-            gradient (a sum over micro-batches with global normalisers, up to float rounding),
-            less padding. With 16 × 8 rows of the arithmetic task, 46% of a minibatch's
-            prompt + completion positions are real tokens; two length-sorted micro-batches of 32
-            instead of one of 64 took the forward + backward from 141 to 92 ms.
+            longest row: the same gradient (a sum over micro-batches with global normalisers, up to
+            float rounding), less padding. With 16 × 8 rows of the arithmetic task, 46% of a
+            minibatch's prompt + completion positions are real tokens; two length-sorted
+            micro-batches of 32 instead of one of 64 took one forward + backward from 141 to 92 ms
+            (one thread), about 5% of a whole CPU-profile run, and no measurable gain at two threads.
         old_logp: ``"recompute"`` (π_old = the policy before this rollout's first update,
             recomputed by a forward pass) or ``"behaviour"`` (the sampler's log-probs).
         eval_every: greedy test accuracy every this many steps (and before the first and after
