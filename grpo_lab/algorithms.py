@@ -187,6 +187,21 @@ class Algorithm:
         """True when the loss contains a KL term (``kl`` is set and ``beta > 0``)."""
         return self.kl is not None and self.beta > 0
 
+    def functions(self) -> dict[str, Any]:
+        """The registry entries this algorithm calls, keyed ``"REGISTRY['key']"``: its advantage
+        estimator, ratio, surrogate, aggregation, group selector (:data:`grpo_lab.sampling.SELECTORS`)
+        and, when the loss has a KL term, its KL estimator. Raises nothing (the keys were
+        validated when the algorithm was built; an entry removed since then maps to ``None``)."""
+        from . import sampling  # sampling's functions take an Algorithm: imported late
+
+        used = [("ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS, self.advantage),
+                ("RATIOS", _obj.RATIOS, self.ratio_level), ("SURROGATES", _obj.SURROGATES, self.clip),
+                ("AGGREGATIONS", _obj.AGGREGATIONS, self.aggregation),
+                ("SELECTORS", sampling.SELECTORS, sampling.selector_name(self))]
+        if self.uses_kl:
+            used.append(("KL_ESTIMATORS", _obj.KL_ESTIMATORS, self.kl))
+        return {f"{registry}[{key!r}]": table.get(key) for registry, table, key in used}
+
     def estimate_advantages(self, batch: AdvantageBatch) -> Tensor:
         """Advantages of ``batch`` under this algorithm's estimator,
         ``ADVANTAGE_ESTIMATORS[self.advantage](batch, self)``: ``[B]`` or ``[B, T]`` float32.

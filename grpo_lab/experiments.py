@@ -275,24 +275,18 @@ def run_fingerprint(prof: Profile) -> str:
 
 
 def _uncacheable(algo: Algorithm, prof: Profile) -> list[str]:
-    """The choices of ``algo`` and the task of ``prof`` whose code lives outside ``grpo_lab`` (a
-    function registered by a user, a monkeypatched entry): the run-cache fingerprint hashes only the
-    package's files, so runs that use them are never cached."""
-    from .advantages import ADVANTAGE_ESTIMATORS
-    from .objectives import AGGREGATIONS, KL_ESTIMATORS, RATIOS, SURROGATES
-    from .sampling import SELECTORS, selector_name
+    """The registry entries ``algo`` calls (:meth:`~grpo_lab.algorithms.Algorithm.functions`) and the
+    task class of ``prof`` whose code lives outside ``grpo_lab`` (a function registered by a user, a
+    monkeypatched entry): the run-cache fingerprint hashes only the package's files, so runs that
+    use them are never cached."""
     from .tasks import TASKS
 
-    used = [("ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS, algo.advantage), ("RATIOS", RATIOS, algo.ratio_level),
-            ("SURROGATES", SURROGATES, algo.clip), ("AGGREGATIONS", AGGREGATIONS, algo.aggregation),
-            ("SELECTORS", SELECTORS, selector_name(algo)), ("TASKS", TASKS, prof.task)]
-    if algo.uses_kl:
-        used.append(("KL_ESTIMATORS", KL_ESTIMATORS, algo.kl))
+    used = {**algo.functions(), f"TASKS[{prof.task!r}]": TASKS.get(prof.task)}
     outside = []
-    for registry, table, key in used:
-        module = getattr(table.get(key), "__module__", None) or ""
+    for name, fn in used.items():
+        module = getattr(fn, "__module__", None) or ""
         if not (module == "grpo_lab" or module.startswith("grpo_lab.")):
-            outside.append(f"{registry}[{key!r}] from {module or '?'}")
+            outside.append(f"{name} from {module or '?'}")
     return outside
 
 

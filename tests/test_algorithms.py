@@ -242,3 +242,17 @@ def test_estimator_output_is_checked(monkeypatch):
             GRPO.replace(advantage=name).estimate_advantages(batch)
     monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "per_token", lambda b, a: torch.ones(4, 3))
     assert GRPO.replace(advantage="per_token").estimate_advantages(batch).shape == (4, 3)
+
+
+def test_functions_are_the_registry_entries_the_algorithm_calls():
+    from grpo_lab.advantages import ADVANTAGE_ESTIMATORS
+    from grpo_lab.algorithms import DAPO, GRPO
+    from grpo_lab.objectives import KL_ESTIMATORS, SURROGATES
+    from grpo_lab.sampling import SELECTORS
+
+    f = GRPO.functions()
+    assert f["ADVANTAGE_ESTIMATORS['group']"] is ADVANTAGE_ESTIMATORS["group"]
+    assert f["SURROGATES['ppo']"] is SURROGATES["ppo"] and f["KL_ESTIMATORS['k3']"] is KL_ESTIMATORS["k3"]
+    assert f["SELECTORS['all']"] is SELECTORS["all"]
+    d = DAPO.functions()  # no KL term, dynamic sampling
+    assert not any(k.startswith("KL_ESTIMATORS") for k in d) and d["SELECTORS['mixed_accuracy']"] is not None
