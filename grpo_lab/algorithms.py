@@ -58,6 +58,7 @@ __all__ = [
     "GRPO",
     "DAPO",
     "DR_GRPO",
+    "CISPO",
     "deepseek_v32",
     "PRESETS",
     "get_algorithm",
@@ -88,9 +89,19 @@ class Algorithm:
             ``"sequence"`` — ``s_i = exp(mean_t log r_t)``, GSPO (arXiv 2507.18071) Eq. 7, shared
             by all tokens of sequence i.
         clip: a key of :data:`grpo_lab.objectives.SURROGATES`: ``"ppo"`` —
-            ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``.
-        eps_low: lower clip range, ``0 <= eps_low <= 1`` (``1 - eps_low`` is the floor of r).
-        eps_high: upper clip range, ``>= 0`` (DAPO's clip-higher raises only this one).
+            ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``; ``"is_weight"`` —
+            ``sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi_theta``, MiniMax-M1 (arXiv
+            2506.13585) Eqs. 4-5: the clip bounds a detached importance weight and every token
+            keeps its gradient.
+        eps_low: lower clip range, ``0 <= eps_low <= 1`` (``1 - eps_low`` is the floor of r; for
+            ``"is_weight"`` the paper's ``eps^IS_low``, 1 = no floor).
+        eps_high: upper clip range, finite, ``>= 0`` (DAPO's clip-higher raises only this one;
+            for ``"is_weight"`` the paper's ``eps^IS_high``, the cap of the weight).
+        mask_eps_low, mask_eps_high: ``None`` (default) or finite ``>= 0`` (``mask_eps_low <= 1``):
+            the token mask ``M`` of MiniMax-M1's unified form, Eqs. 6-7, read by ``clip="is_weight"``:
+            a token's term is dropped when ``A > 0`` and ``r > 1 + mask_eps_high`` or ``A < 0``
+            and ``r < 1 - mask_eps_low`` (PPO's implicit mask). Rejected with ``clip="ppo"``, whose
+            clip already is that mask.
         aggregation: a key of :data:`grpo_lab.objectives.AGGREGATIONS`:
             ``"seq_mean_token_mean"`` (DeepSeekMath Eq. 3) | ``"token_mean"`` (DAPO,
             arXiv 2503.14476, Eq. 12) | ``"seq_mean_token_sum_norm"`` (Dr.GRPO constant
@@ -150,6 +161,8 @@ class Algorithm:
     overlong_cache_len: Optional[int] = None
     kl_importance_correction: bool = False
     offpolicy_mask_delta: Optional[float] = None
+    mask_eps_low: Optional[float] = None
+    mask_eps_high: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -173,8 +186,19 @@ class Algorithm:
             raise ValueError(
                 f"offpolicy_mask_delta must be >= 0 (a threshold on a KL estimate; a negative one "
                 f"would mask on-policy sequences) or None, got {self.offpolicy_mask_delta!r}")
+        for name in ("mask_eps_low", "mask_eps_high"):
+            if getattr(self, name) is not None:
+                _v.real_number(name, getattr(self, name), minimum=0.0)
+        if self.mask_eps_low is not None and self.mask_eps_low > 1:
+            raise ValueError(f"mask_eps_low must be in [0, 1] (the floor 1 - mask_eps_low must be >= 0), "
+                             f"got {self.mask_eps_low!r}")
+        if self.clip == "ppo" and (self.mask_eps_low is not None or self.mask_eps_high is not None):
+            raise ValueError("mask_eps_low / mask_eps_high are the token mask of MiniMax-M1's unified form "
+                             "(Eqs. 6-7), read by clip='is_weight'; PPO's clip (clip='ppo') already applies that "
+                             "mask with eps_low / eps_high, so set those instead")
         # store plain python numbers (numpy / tensor scalars would break JSON provenance later)
-        for name in ("adv_eps", "eps_low", "eps_high", "beta", "offpolicy_mask_delta"):
+        for name in ("adv_eps", "eps_low", "eps_high", "beta", "offpolicy_mask_delta", "mask_eps_low",
+                     "mask_eps_high"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
         for name in ("max_tokens", "overlong_cache_len"):
@@ -245,7 +269,7 @@ class Algorithm:
         ``kl_importance_correction`` (DeepSeek-V3.2 Eq. 7; False without a KL term), then the
         sampling & shaping axis: ``dynamic_sampling``, ``overlong_filter``, ``overlong_cache_len``
         (None when the soft overlong punishment is off), ``offpolicy_mask_delta`` (V3.2 Eqs. 8–9;
-        None when off).
+        None when off), ``mask_eps_low``, ``mask_eps_high`` (MiniMax-M1 Eq. 7; None when off).
         """
         return {
             "advantage": self.advantage,
@@ -261,6 +285,8 @@ class Algorithm:
             "overlong_filter": self.overlong_filter,
             "overlong_cache_len": self.overlong_cache_len,
             "offpolicy_mask_delta": self.offpolicy_mask_delta,
+            "mask_eps_low": self.mask_eps_low,
+            "mask_eps_high": self.mask_eps_high,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -344,7 +370,36 @@ DR_GRPO = GRPO.replace(
     beta=0.0,
 )
 
-PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO}
+#: CISPO (MiniMax-M1, arXiv 2506.13585, §3.1): clip the importance-sampling weight, not the update.
+#:
+#: * ``clip="is_weight"``, Eqs. 4-5: ``sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi_theta``, ratio
+#:   ``r = pi_theta / pi_old`` per token (Eq. 1; not inverted);
+#: * ``eps_low = 1.0``: the paper sets "a large value" for ``eps^IS_low``, i.e. no effective
+#:   floor; a floor of ``1 - 1 = 0`` never binds because ``r > 0``;
+#: * ``eps_high = 0.28``: **our choice** -- the paper tunes only ``eps^IS_high`` and does not
+#:   report its value. 0.28 is DAPO's clip-higher, so that CISPO and DAPO bound the ratio at the
+#:   same place and differ only in what happens beyond it (capped weight against dropped token).
+#:   The anchors' defaults differ: TRL caps the ratio at an *absolute* 5.0 (``epsilon_high=5.0``),
+#:   verl clips two-sided at 0.8 / 1.2 relative;
+#: * ``aggregation="token_mean"``: Eq. 4's ``1 / sum_i |o_i|``; no KL term (§3.1);
+#: * DAPO's dynamic sampling and soft length penalty "are also used" (§3.1); overlong *filtering*
+#:   is not mentioned, so it is off (``overlong_cache_len = 6`` as sized in :data:`DAPO`);
+#: * group z-score advantages (Eq. 2). MiniMax-M1's AdamW betas (0.9, 0.95) and eps 1e-15 are
+#:   trainer settings (:class:`grpo_lab.trainer.TrainerConfig`).
+CISPO = GRPO.replace(
+    name="CISPO",
+    clip="is_weight",
+    eps_low=1.0,
+    eps_high=0.28,
+    aggregation="token_mean",
+    kl=None,
+    beta=0.0,
+    dynamic_sampling=True,
+    overlong_filter=False,
+    overlong_cache_len=6,
+)
+
+PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO, "CISPO": CISPO}
 
 
 def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Algorithm:

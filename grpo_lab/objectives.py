@@ -70,6 +70,7 @@ __all__ = [
     "token_log_ratio",
     "sequence_log_ratio",
     "ppo_clip_loss",
+    "cispo_weight",
     "aggregate",
     "kl_estimate",
     "offpolicy_sequence_mask",
@@ -268,12 +269,75 @@ def ppo_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, algo: Alg
     return loss, {"clip_low": low, "clip_high": high, "grad": grad}
 
 
+def cispo_weight(log_ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """CISPO's clipped importance-sampling weight ``sg(clip(r, 1 - eps_low, 1 + eps_high))``.
+
+    MiniMax-M1 (arXiv 2506.13585) Eq. 5, with ``r = exp(clamp(log_ratio, -20, 20))`` (the ratio
+    ``pi_theta / pi_old`` of its Eq. 1, **not** inverted) and the stop-gradient of Eq. 4: the
+    weight is a constant coefficient, so it never carries gradient.
+
+    Args:
+        log_ratio: ``[B, T]`` (any shape) log r, float32 / bfloat16 / float64.
+        eps_low, eps_high: ``1 - eps_low`` is the floor, ``1 + eps_high`` the cap. The paper sets
+            no effective floor (``eps_low = 1``: floor 0, and r > 0 always) and tunes only the cap.
+
+    Returns:
+        detached tensor of ``log_ratio``'s shape and dtype, in ``[1 - eps_low, 1 + eps_high]``.
+    """
+    r = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return torch.clamp(r, 1.0 - float(eps_low), 1.0 + float(eps_high))
+
+
+def cispo_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, algo: Algorithm) -> tuple[Tensor, dict]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585, Eqs. 4-5), and its unified masked form (Eqs. 6-7).
+
+    Per token, to minimise::
+
+        loss_it = - M_it * sg(w_it) * A_it * log r_it,     w_it = clip(r_it, 1 - eps_low, 1 + eps_high)
+
+    with ``w`` from :func:`cispo_weight` (``eps_low`` / ``eps_high`` of ``algo`` are the paper's
+    ``eps^IS_low`` / ``eps^IS_high``). Its gradient is Eq. 4's, ``-M w A grad log pi_theta``:
+    ``log r = log pi_theta - log pi_old`` and ``log pi_old`` is a constant. The *value* differs from
+    Eq. 4's ``-w A log pi_theta`` by ``-M w A log pi_old``, a term without gradient that this
+    signature (log-ratios, not log-probs) cannot add; it makes the value 0 on a purely on-policy
+    step (log r = 0) while the gradient is the REINFORCE gradient ``-A grad log pi_theta``.
+    The clip never removes a token's gradient: a token whose ratio left the range keeps the
+    capped weight (PPO-clip would drop it). The gradient does not pass through ``exp``, so the
+    log-ratio clamp does not cut it either.
+
+    ``M_it`` (Eq. 7) is 1 unless ``algo.mask_eps_low`` / ``algo.mask_eps_high`` are set: then
+    ``M_it = 0`` where ``A > 0`` and ``r > 1 + mask_eps_high``, or ``A < 0`` and
+    ``r < 1 - mask_eps_low`` (an unset side never masks). That is the mask PPO-clip applies
+    implicitly: with ``eps_low = 1`` and ``eps_high >= e^20`` (an unclipped weight) the gradient
+    equals PPO-clip's with ``eps = mask_eps`` token by token.
+
+    Indicators (bool ``[B, T]``): ``clip_low`` / ``clip_high`` — the tokens ``M`` removes (the only
+    tokens whose gradient this surrogate sets to 0, as for PPO); ``grad`` — ``A != 0`` and
+    ``M = 1``; ``weight_capped_frac`` — ``r > 1 + eps_high`` (weight capped, any advantage sign);
+    ``weight_floored_frac`` — ``r < 1 - eps_low``.
+    """
+    el, eh = float(algo.eps_low), float(algo.eps_high)
+    w = cispo_weight(log_ratio, el, eh)
+    with torch.no_grad():
+        r, a = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), advantages
+        none = torch.zeros_like(r, dtype=torch.bool)
+        low = (a < 0) & (r < 1.0 - algo.mask_eps_low) if algo.mask_eps_low is not None else none
+        high = (a > 0) & (r > 1.0 + algo.mask_eps_high) if algo.mask_eps_high is not None else none
+        keep = ~(low | high)
+        indicators = {"clip_low": low, "clip_high": high, "grad": (a != 0) & keep,
+                      "weight_capped_frac": r > 1.0 + eh, "weight_floored_frac": r < 1.0 - el}
+    loss = -(w * advantages) * log_ratio
+    if algo.mask_eps_low is not None or algo.mask_eps_high is not None:
+        loss = torch.where(keep, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+    return loss, indicators
+
+
 #: clipping object -> ``(log_ratio, advantages, mask, algo) -> (per_token_loss, indicators)``.
 #: ``indicators`` maps a name to a per-token ``[B, T]`` bool or float tensor; :func:`policy_loss`
 #: reports its mean over the tokens whose policy term counts. It must hold the keys of
 #: :data:`SURROGATE_METRICS` (``clip_low``, ``clip_high``, ``grad``); any other key becomes a
 #: metric of that name.
-SURROGATES: dict[str, Callable[..., tuple[Tensor, dict]]] = {"ppo": ppo_surrogate}
+SURROGATES: dict[str, Callable[..., tuple[Tensor, dict]]] = {"ppo": ppo_surrogate, "is_weight": cispo_surrogate}
 
 
 def ppo_clip_loss(
@@ -751,7 +815,10 @@ def policy_loss(
           computed);
         * ``clip_frac_low`` — fraction of real tokens with ``A < 0`` and ``rho < 1 - eps_low``;
           ``clip_frac_high`` — ``A > 0`` and ``rho > 1 + eps_high``; ``clip_frac`` — their sum.
-          These are exactly the tokens whose policy gradient the clip sets to 0 (sign-aware);
+          These are exactly the tokens whose policy gradient the clip sets to 0 (sign-aware).
+          For ``clip="is_weight"`` they are the tokens its mask ``M`` (Eq. 7) removes, none without
+          ``mask_eps_*``; its capped and floored weights are the extra metrics
+          ``weight_capped_frac`` and ``weight_floored_frac``;
         * ``ratio_mean``, ``ratio_min`` (a minimum), ``ratio_max`` (a maximum), ``ratio_q05``,
           ``ratio_q50``, ``ratio_q95`` — of ``rho`` over real tokens (1.0, the no-change ratio,
           when there are no real tokens);

@@ -37,7 +37,8 @@ def test_dapo_preset_is_the_papers_final_recipe():
     # DAPO (arXiv 2503.14476): clip-higher Eq. 10 / §4.1, token-level loss Eq. 12, no KL (§2.3),
     # z-score advantages with the std kept (Eq. 9), dynamic sampling Eq. 11, overlong filtering and
     # soft overlong punishment (§3.4, Eq. 13; L_cache sized for the arithmetic task's budget of 32)
-    assert DAPO.name == "DAPO" and PRESETS == {"GRPO": GRPO, "DR_GRPO": PRESETS["DR_GRPO"], "DAPO": DAPO}
+    assert DAPO.name == "DAPO" and PRESETS["DAPO"] is DAPO
+    assert set(PRESETS) == {"GRPO", "DR_GRPO", "DAPO", "CISPO"}
     assert DAPO.eps_low == 0.2 and DAPO.eps_high == 0.28
     assert DAPO.aggregation == "token_mean"
     assert DAPO.kl is None and DAPO.beta == 0.0 and not DAPO.uses_kl
@@ -61,7 +62,7 @@ def test_defaults_are_valid_and_frozen():
         (dict(advantage="gae"), "unknown advantage"),
         (dict(advantage="GROUP"), "unknown advantage"),
         (dict(ratio_level="sequence_token"), "unknown ratio_level"),
-        (dict(clip="is_weight"), "unknown clip"),
+        (dict(clip="cispo"), "unknown clip"),
         (dict(aggregation="seq_mean"), "unknown aggregation"),
         (dict(kl="k4"), "unknown kl"),
         (dict(kl="none"), "unknown kl"),
@@ -130,8 +131,9 @@ def test_axes_and_describe():
     ax = GRPO.axes()
     assert list(ax) == ["advantage", "ratio_level", "clip", "eps_low", "eps_high", "aggregation", "kl", "beta",
                         "kl_importance_correction", "dynamic_sampling", "overlong_filter", "overlong_cache_len",
-                        "offpolicy_mask_delta"]
+                        "offpolicy_mask_delta", "mask_eps_low", "mask_eps_high"]
     assert ax["kl_importance_correction"] is False and ax["offpolicy_mask_delta"] is None
+    assert ax["mask_eps_low"] is None and ax["mask_eps_high"] is None
     assert ax["kl"] == "k3" and ax["beta"] == 0.04
     # no KL term -> the table shows None / 0 whatever the unused field holds
     ax0 = GRPO.replace(beta=0.0).axes()
@@ -146,7 +148,7 @@ def test_get_algorithm():
     assert get_algorithm("grpo") is GRPO
     assert get_algorithm(" Grpo ") is GRPO
     assert get_algorithm(GRPO) is GRPO
-    with pytest.raises(ValueError, match=r"known presets: \['DAPO', 'DR_GRPO', 'GRPO'\]"):
+    with pytest.raises(ValueError, match=r"known presets: \['CISPO', 'DAPO', 'DR_GRPO', 'GRPO'\]"):
         get_algorithm("dapo-v2")
     with pytest.raises(ValueError, match="unknown algorithm"):
         get_algorithm(3)
