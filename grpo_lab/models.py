@@ -28,6 +28,9 @@ __all__ = [
     "tiny_policy",
     "load_policy",
     "count_parameters",
+    "FP32LMHead",
+    "use_fp32_lm_head",
+    "inference_copy",
 ]
 
 #: Characters of the CPU tasks' alphabet. Order is part of the checkpoint format: do not reorder.
@@ -261,3 +264,90 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     model.to(device or "cpu")
     model.eval()
     return model, tokenizer
+
+
+class FP32LMHead(torch.nn.Module):
+    """An LM head that computes its logits in float32, whatever the dtype of the model body.
+
+    MiniMax-M1 (arXiv 2506.13585, §3.2, Fig. 3) traced a training/inference probability mismatch
+    to the LM head's precision and fixed it by computing the head in FP32. This module holds a
+    float32 copy of a head's weight (and bias) and returns ``hidden.float() @ weight.T + bias``:
+    ``[..., H]`` hidden states of any float dtype -> ``[..., V]`` float32 logits. Its parameters
+    train like any other, and stay float32 when the model is cast (``model.to(torch.bfloat16)``
+    keeps this head's float32 values; device moves apply as usual).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight.detach().to(torch.float32).clone())
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(torch.float32).clone())
+
+    def _apply(self, fn, recurse=True):
+        # ``model.to(torch.bfloat16)`` must not round the head: keep the float32 values, follow devices.
+        kept = {n: p.detach().clone() for n, p in self.named_parameters(recurse=False)}
+        super()._apply(fn, recurse)
+        for n, p in self.named_parameters(recurse=False):
+            if p.dtype != torch.float32:
+                p.data = kept[n].to(p.device)
+        return self
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden.to(torch.float32), self.weight, self.bias)
+
+
+def use_fp32_lm_head(model, *, source=None):
+    """Replace ``model``'s output head by a :class:`FP32LMHead` (in place; returns ``model``).
+
+    The head's float32 weight is copied from ``source``'s head when given (e.g. the float32
+    master weights of a bfloat16 inference copy), else from ``model``'s own head, upcast. A head
+    tied to the input embeddings is untied: the embeddings keep their dtype.
+
+    Raises:
+        ValueError: the model has no ``get_output_embeddings()`` linear head, or ``source``'s head
+            has another shape.
+    """
+    head = model.get_output_embeddings()
+    src = head if source is None else source.get_output_embeddings()
+    for m, what in ((head, "model"), (src, "source")):
+        if not hasattr(m, "weight") or getattr(m, "weight", None) is None or m.weight.dim() != 2:
+            raise ValueError(f"use_fp32_lm_head: the {what} has no linear output head (get_output_embeddings())")
+    if tuple(src.weight.shape) != tuple(head.weight.shape):
+        raise ValueError(f"use_fp32_lm_head: source head {tuple(src.weight.shape)} does not match the model's "
+                         f"{tuple(head.weight.shape)}")
+    new = FP32LMHead(src.weight, getattr(src, "bias", None)).to(head.weight.device)
+    model.set_output_embeddings(new)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.config.tie_word_embeddings = False
+    return model
+
+
+def inference_copy(model, dtype: torch.dtype | str = torch.bfloat16, *, fp32_lm_head: bool = False):
+    """A frozen copy of ``model`` in ``dtype``, standing in for an inference engine's weights.
+
+    RL systems sample with an inference engine (vLLM, SGLang) that holds its own copy of the
+    weights, usually in bfloat16, while the trainer computes log-probs in higher precision; the
+    two disagree token by token (MiniMax-M1, arXiv 2506.13585, §3.2). This copies the weights,
+    casts them to ``dtype`` and, with ``fp32_lm_head``, computes the head in float32 from
+    ``model``'s own (unrounded) head weights (:func:`use_fp32_lm_head`), the paper's fix. The
+    copy is in eval mode with ``requires_grad=False``; ``model`` is unchanged.
+
+    Args:
+        model: a ``transformers`` causal LM.
+        dtype: ``torch.bfloat16`` (default), ``torch.float16``, ``torch.float32`` or their names.
+        fp32_lm_head: compute the output head in float32.
+
+    Raises:
+        ValueError: ``dtype`` is not one of those floating types.
+    """
+    import copy
+
+    names = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    dt = names.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if dt not in names.values():
+        raise ValueError(f"inference_copy: dtype must be one of {sorted(names)}, got {dtype!r}")
+    out = copy.deepcopy(model).to(dt).eval()
+    if fp32_lm_head:
+        use_fp32_lm_head(out, source=model)
+    for p in out.parameters():
+        p.requires_grad_(False)
+    return out

@@ -48,6 +48,7 @@ from . import sampling
 from .advantages import AdvantageBatch, tied_groups
 from .algorithms import Algorithm, get_algorithm
 from .metrics import reduce_micro_batches, reduce_updates, total
+from .models import inference_copy
 from .objectives import policy_loss
 from .rollout import Rollout, evaluate, generate, policy_logprobs
 from .validation import choice, flag, is_int, non_negative_int, positive_int, positive_number, real_number
@@ -83,6 +84,12 @@ class TrainerConfig:
             (one thread), about 5% of a whole CPU-profile run, and no measurable gain at two threads.
         old_logp: ``"recompute"`` (π_old = the policy before this rollout's first update,
             recomputed by a forward pass) or ``"behaviour"`` (the sampler's log-probs).
+        rollout_dtype: ``"float32"`` (sample with the policy itself) or ``"bfloat16"`` /
+            ``"float16"``: sample from a copy of the policy's current weights in that dtype
+            (:func:`grpo_lab.models.inference_copy`), as an inference engine does; the behaviour
+            log-probs then come from that copy, and ``old_logp="behaviour"`` trains against them.
+        rollout_fp32_lm_head: with a low-precision ``rollout_dtype``, compute that copy's output
+            head in float32 (MiniMax-M1, arXiv 2506.13585, §3.2: the fix for the mismatch).
         eval_every: greedy test accuracy every this many steps (and before the first and after
             the last step); 0 disables.
         eval_sampled: also measure sampled accuracy (temperature ``temperature``, 1 sample).
@@ -114,6 +121,8 @@ class TrainerConfig:
     micro_batch_size: int | None = None
     sort_by_length: bool = True
     old_logp: str = "recompute"
+    rollout_dtype: str = "float32"
+    rollout_fp32_lm_head: bool = False
     eval_every: int = 10
     eval_sampled: bool = False
     seed: int = 0
@@ -135,6 +144,11 @@ class TrainerConfig:
                 f"{self.prompts_per_step * self.group_size}")
         choice("TrainerConfig.old_logp", self.old_logp, ("recompute", "behaviour"))
         flag("TrainerConfig.sort_by_length", self.sort_by_length)
+        choice("TrainerConfig.rollout_dtype", self.rollout_dtype, ("float32", "bfloat16", "float16"))
+        flag("TrainerConfig.rollout_fp32_lm_head", self.rollout_fp32_lm_head)
+        if self.rollout_fp32_lm_head and self.rollout_dtype == "float32":
+            raise ValueError("TrainerConfig.rollout_fp32_lm_head=True only acts with a low-precision rollout_dtype "
+                             "('bfloat16' or 'float16'); the float32 sampler's head is already float32")
         choice("TrainerConfig.on_gen_rounds_exhausted", self.on_gen_rounds_exhausted, ("warn", "error"))
         for name in ("temperature", "lr", "grad_clip"):
             positive_number(f"TrainerConfig.{name}", getattr(self, name))
@@ -368,7 +382,10 @@ class Trainer:
         """Sample one rollout (``prompts_per_step`` questions × G responses) with the current policy."""
         c = self.config
         problems = self.task.sample(c.prompts_per_step, self.rng)
-        return generate(self.policy, self.tokenizer, problems, group_size=c.group_size,
+        sampler = self.policy
+        if c.rollout_dtype != "float32":  # an "inference engine": a low-precision copy of the current weights
+            sampler = inference_copy(self.policy, c.rollout_dtype, fp32_lm_head=c.rollout_fp32_lm_head)
+        return generate(sampler, self.tokenizer, problems, group_size=c.group_size,
                         max_new_tokens=self.max_new_tokens, temperature=c.temperature)
 
     def score(self, ro: Rollout) -> Scored:
