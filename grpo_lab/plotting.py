@@ -1,12 +1,12 @@
-"""The book's figure style: one look, one colour per algorithm, mean ± sd over seeds.
+"""The book's figure style: one look, one colour per algorithm, means with bands over seeds.
 
 * :func:`set_style` fixes the theme (seaborn ``whitegrid``, ``colorblind`` palette), the figure
   size (:data:`FIGSIZE`, inches) and resolution (:data:`DPI`), so every inline PNG in every
   chapter has the same size and the ``<Figure size WxH ...>`` text stored next to it is stable.
 * :data:`ALGO_COLORS` / :data:`ALGO_ORDER` give each algorithm the same colour and legend
   position in every chapter (GRPO is always blue, DAPO always green, ...).
-* :func:`band_plot` draws one mean line and a ±1 sd band per algorithm from a long DataFrame
-  with one row per (algorithm, seed, x); :func:`curves_grid` lays several metrics out as panels
+* :func:`band_plot` draws one mean line and a band per algorithm (±1 sd, or the 95% t interval
+  of the mean with ``band="ci95"``) from a long DataFrame with one row per (algorithm, seed, x); :func:`curves_grid` lays several metrics out as panels
   with one shared legend.
 
 Means and standard deviations are computed with pandas and drawn with plain matplotlib
@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import re
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -194,8 +196,15 @@ def band_plot(
     label: str | None = None,
     legend: bool = False,
     title: str | None = None,
+    band: str = "sd",
+    bounds: tuple[float, float] | None = None,
 ) -> "pd.DataFrame":
-    """Draw mean ``y`` against ``x`` with a ±1 sd band over seeds, one line per ``hue`` value.
+    """Draw mean ``y`` against ``x`` with a band over seeds, one line per ``hue`` value.
+
+    ``band="sd"`` (default): mean ± one sample standard deviation; ``band="ci95"``: the 95%
+    Student-t interval of the mean, ``mean ± t_{0.975, n-1} sd / sqrt(n)`` (zero width with one
+    seed). ``bounds=(low, high)`` clips the band to the metric's range (e.g. ``(0, 1)`` for a
+    fraction), so that it never shows impossible values.
 
     Input: a long DataFrame, one row per (hue value, seed, x), e.g. a trainer history with
     ``algo`` and ``seed`` columns added. The figure shows, for each algorithm, the mean over seeds
@@ -208,7 +217,17 @@ def band_plot(
     Sets the axis labels to the column names unless they are already set, the title if given,
     and draws a legend if ``legend``. Returns the plotted statistics (:func:`mean_sd`).
     """
+    if band not in ("sd", "ci95"):
+        raise ValueError(f"band must be 'sd' or 'ci95', got {band!r}")
     stats = mean_sd(df, x, y, hue, seed=seed, smooth=smooth)
+    if band == "ci95":
+        from scipy.stats import t as student_t
+
+        n = stats["n"].to_numpy(dtype=float)
+        q = np.where(n > 1, student_t.ppf(0.975, np.maximum(n - 1, 1)), 0.0)
+        stats["half"] = q * stats["sd"].to_numpy(dtype=float) / np.sqrt(n)
+    else:
+        stats["half"] = stats["sd"]
     groups: list[tuple[Any, "pd.DataFrame"]]
     if hue is None:
         groups = [(label if label is not None else y, stats)]
@@ -220,11 +239,14 @@ def band_plot(
         part = part.sort_values(x)
         xs = part[x].to_numpy()
         mean = part["mean"].to_numpy(dtype=float)
-        sd = part["sd"].to_numpy(dtype=float)
+        half = part["half"].to_numpy(dtype=float)
+        lo, hi = mean - half, mean + half
+        if bounds is not None:
+            lo, hi = np.clip(lo, *bounds), np.clip(hi, *bounds)
         color = (colors or {}).get(lab) or algo_color(lab, extra=all_labels)
         style = ALGO_LINESTYLES.get(canonical_algo(lab), "-")
         ax.plot(xs, mean, color=color, linestyle=style, label=str(lab))
-        ax.fill_between(xs, mean - sd, mean + sd, color=color, alpha=alpha, linewidth=0)
+        ax.fill_between(xs, lo, hi, color=color, alpha=alpha, linewidth=0)
     if not ax.get_xlabel():
         ax.set_xlabel(x)
     if not ax.get_ylabel():
@@ -233,7 +255,7 @@ def band_plot(
         ax.set_title(title)
     if legend:
         ax.legend()
-    return stats
+    return stats.drop(columns="half")
 
 
 def curves_grid(
@@ -250,12 +272,13 @@ def curves_grid(
     panel_size: tuple[float, float] = (3.0, 2.4),
     xlabel: str | None = None,
     suptitle: str | None = None,
+    band: str = "sd",
 ) -> "Figure":
     """A grid of :func:`band_plot` panels, one per metric, with one shared legend below.
 
     Input: the same long DataFrame as :func:`band_plot`; ``metrics`` is a list of
     ``(column, panel title)`` pairs, e.g. ``[("reward", "reward"), ("entropy", "entropy (nats)")]``.
-    The figure shows each metric's mean ± sd over seeds against ``x`` (default ``"step"``), one
+    The figure shows each metric's mean and band over seeds (``band``, as in :func:`band_plot`) against ``x`` (default ``"step"``), one
     colour per algorithm, panels filled row by row; unused panels are hidden. The figure is
     ``ncols × panel_size[0]`` wide and ``nrows × panel_size[1]`` tall (plus the legend row).
     Returns the Figure (not shown, not closed: glue it or let the cell display it).
@@ -276,7 +299,8 @@ def curves_grid(
     )
     flat = axes.ravel()
     for ax, (column, title) in zip(flat, metrics):
-        band_plot(ax, df, x, column, hue, seed=seed, order=order, colors=colors, smooth=smooth, title=title)
+        band_plot(ax, df, x, column, hue, seed=seed, order=order, colors=colors, smooth=smooth, title=title,
+                  band=band)
         ax.set_ylabel("")
         ax.set_xlabel(xlabel if xlabel is not None else x)
     for ax in flat[len(metrics):]:

@@ -1,0 +1,138 @@
+"""Statistics for comparing runs over seeds: t intervals, paired differences, binomial error.
+
+The book's comparative claims rest on a few seeds per setting (five on the CPU profile). Each
+setting is summarised by the mean over seeds with a two-sided Student-t interval (the seeds are
+independent draws of the whole training run), and two settings that share seeds are compared by
+the **paired** difference per seed: the seed fixes the prompts drawn, so the difference removes
+the part of the spread the two settings share. A test-set accuracy has its own sampling error,
+the binomial standard error ``sqrt(p (1 - p) / n)``, reported beside the intervals.
+
+Quantiles come from :mod:`scipy.stats`. Everything here takes plain sequences, numpy arrays or
+pandas Series (indexed by seed for the paired functions) and returns python floats.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Interval", "t_interval", "paired_difference", "paired_ratio", "binomial_se", "format_interval"]
+
+
+class Interval(NamedTuple):
+    """A mean with its two-sided interval.
+
+    Attributes:
+        mean: the sample mean.
+        lo, hi: interval bounds (``lo == hi == mean`` when ``n == 1``: no spread is measurable).
+        n: number of values.
+        level: confidence level of the interval.
+    """
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+    level: float = 0.95
+
+    @property
+    def half_width(self) -> float:
+        """``(hi - lo) / 2``."""
+        return (self.hi - self.lo) / 2
+
+    def excludes(self, value: float = 0.0) -> bool:
+        """True when ``value`` lies outside ``[lo, hi]`` (with ``n >= 2``)."""
+        return self.n >= 2 and not (self.lo <= value <= self.hi)
+
+
+def _values(values, name: str) -> np.ndarray:
+    x = np.asarray(values, dtype=float).ravel()
+    if x.size == 0:
+        raise ValueError(f"{name}: no values")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name}: values must be finite (NaN or inf found)")
+    return x
+
+
+def t_interval(values: Sequence[float], level: float = 0.95, *, bounds: tuple[float, float] | None = None) -> Interval:
+    """Mean and Student-t interval ``mean ± t_{(1+level)/2, n-1} * sd / sqrt(n)``.
+
+    Args:
+        values: one value per seed (finite).
+        level: confidence level in (0, 1).
+        bounds: optional ``(low, high)`` range of the quantity (e.g. ``(0, 1)`` for a fraction):
+            the interval is clipped to it, so that a band never leaves the metric's range.
+
+    Raises:
+        ValueError: no values, a NaN / inf value, ``level`` outside (0, 1).
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"t_interval: level must be in (0, 1), got {level!r}")
+    from scipy import stats
+
+    x = _values(values, "t_interval")
+    n, mean = x.size, float(x.mean())
+    if n == 1:
+        lo = hi = mean
+    else:
+        half = float(stats.t.ppf((1 + level) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+        lo, hi = mean - half, mean + half
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    return Interval(mean, lo, hi, n, level)
+
+
+def _shared(a: pd.Series, b: pd.Series, name: str) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(a, pd.Series) or not isinstance(b, pd.Series):
+        raise ValueError(f"{name}: pass pandas Series indexed by seed (so that values are paired by seed)")
+    if a.index.has_duplicates or b.index.has_duplicates:
+        raise ValueError(f"{name}: duplicate seeds in the index")
+    seeds = a.index.intersection(b.index)
+    if len(seeds) < 2:
+        raise ValueError(f"{name}: needs at least 2 shared seeds, got {list(seeds)}")
+    return _values(a.loc[seeds], name), _values(b.loc[seeds], name)
+
+
+def paired_difference(a: pd.Series, b: pd.Series, level: float = 0.95) -> Interval:
+    """The mean over shared seeds of ``a[seed] - b[seed]``, with its t interval.
+
+    Raises:
+        ValueError: not Series, fewer than 2 shared seeds, duplicate seeds, non-finite values.
+    """
+    x, y = _shared(a, b, "paired_difference")
+    return t_interval(x - y, level)
+
+
+def paired_ratio(a: pd.Series, b: pd.Series, level: float = 0.95) -> Interval:
+    """The geometric mean over shared seeds of ``a[seed] / b[seed]``: a t interval on the log
+    ratios, exponentiated (so the interval is never below 0 and ``1`` means equal).
+
+    Raises:
+        ValueError: as :func:`paired_difference`, or a non-positive value.
+    """
+    x, y = _shared(a, b, "paired_ratio")
+    if (x <= 0).any() or (y <= 0).any():
+        raise ValueError("paired_ratio: values must be > 0")
+    iv = t_interval(np.log(x) - np.log(y), level)
+    return Interval(math.exp(iv.mean), math.exp(iv.lo), math.exp(iv.hi), iv.n, level)
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error ``sqrt(p (1 - p) / n)`` of an accuracy ``p`` measured on ``n`` questions.
+
+    Raises:
+        ValueError: ``p`` outside [0, 1] or ``n < 1``.
+    """
+    if not 0 <= float(p) <= 1:
+        raise ValueError(f"binomial_se: p must be in [0, 1], got {p!r}")
+    if int(n) < 1:
+        raise ValueError(f"binomial_se: n must be >= 1, got {n!r}")
+    return math.sqrt(float(p) * (1 - float(p)) / int(n))
+
+
+def format_interval(iv: Interval, digits: int = 3) -> str:
+    """``"0.677 [0.660, 0.694]"`` (mean, then the interval), rounded to ``digits`` decimals."""
+    return f"{iv.mean:.{digits}f} [{iv.lo:.{digits}f}, {iv.hi:.{digits}f}]"
