@@ -1,0 +1,732 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (sec-cispo)=
+# # 5. CISPO: clip the importance weight, keep every token's gradient
+#
+# **The problem.** PPO's clip, in GRPO and DAPO, switches a token's gradient *off* once its
+# ratio $r=\pitheta/\piold$ has left the trust region in the direction the advantage pushes. With
+# one update per batch of samples that never happens (the ratio is 1). With many off-policy
+# updates per batch it happens more and more often, and the tokens it silences first are the
+# rare ones whose probability rises fastest. MiniMax-M1 {cite:p}`minimax2025m1` reports that
+# reflective tokens such as "However", "Recheck" and "Wait" were clipped away after the first
+# update of 16, and replaces the clipped *update* by a clipped *importance weight*: every token
+# keeps its gradient, and the weight that corrects for off-policy sampling is bounded instead.
+#
+# **Which axis it moves:** the clipping object — `clip="is_weight"` in `grpo_lab` (what the trust
+# region cuts); everything else is DAPO's (token-level loss, dynamic sampling, soft length
+# penalty, no KL).
+#
+# **Prerequisites:** {ref}`sec-grpo` (the PPO clip) and {ref}`sec-dapo` (clip-higher, token-level
+# loss). **Run time:** {glue:text}`cispo_runtime` on two CPU cores (measured on the last execution).
+
+# %% tags=["remove-cell"]
+# Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
+    if not os.path.isdir("/content/grpo_lab"):
+        subprocess.run(["git", "clone", "-q", "--depth", "1",
+                        "https://github.com/grpo-lab/grpo_lab", "/content/grpo_lab"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/grpo_lab"], check=True)
+    sys.path.insert(0, "/content/grpo_lab")
+
+# %% tags=["parameters"]
+PROFILE = "cpu"  # "gpu" on a Colab GPU
+SEEDS = (0, 1, 2, 3, 4)
+N_JOBS = 2  # worker processes; results do not depend on it
+
+# %% tags=["hide-input"]
+import dataclasses
+import math
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+import matplotlib.pyplot as plt
+
+from grpo_lab import book, experiments, plotting, stats
+from grpo_lab.algorithms import CISPO, DAPO, GRPO
+from grpo_lab.models import inference_copy, load_policy
+from grpo_lab.objectives import cispo_weight, policy_loss
+from grpo_lab.rollout import policy_logprobs
+from grpo_lab.tasks import get_task
+from grpo_lab.trainer import Trainer
+
+book.setup_notebook(seed=0)
+CHAPTER_START = time.perf_counter()
+
+# %% [markdown]
+# ## 5.1 Off-policy REINFORCE and its importance weight
+#
+# The policy gradient of the expected advantage-weighted return is an expectation under the
+# *current* policy {cite:p}`williams1992reinforce`. The samples, though, come from $\piold$, the
+# policy that generated them before the first of several updates. Multiplying by
+# $\pitheta/\piold$ moves the expectation from one distribution to the other, token by token
+# (MiniMax-M1 Eq. 3, written per token as in its Eq. 1):
+#
+# $$
+# \nabla_\theta J
+# = \E_{o_t\sim\pitheta}\big[\Ahat_t\,\nabla_\theta\log\pitheta(o_t)\big]
+# = \E_{o_t\sim\piold}\Big[\sg{r_t(\theta)}\,\Ahat_t\,\nabla_\theta\log\pitheta(o_t)\Big],
+# \qquad r_t(\theta)=\frac{\pitheta(o_t\given q,o_{<t})}{\piold(o_t\given q,o_{<t})} .
+# $$ (eq-cispo-offpolicy)
+#
+# The weight is a constant for the gradient (the stop-gradient $\operatorname{sg}$); the only
+# derivative taken is that of $\log\pitheta$. CISPO keeps exactly this estimator, bounds the weight,
+# and normalises over all tokens of the group as DAPO does (Eqs. 4–5):
+#
+# $$
+# \mathcal J_{\mathrm{CISPO}}(\theta)=\E\Bigg[\frac{1}{\sum_{i=1}^G\olen{i}}\sum_{i=1}^G\sum_{t=1}^{\olen{i}}
+# \sg{\hat r_{i,t}(\theta)}\,\Ahat_{i,t}\,\log\pitheta(o_{i,t}\given q,o_{i,<t})\Bigg],
+# \qquad \hat r_{i,t}=\clip\big(r_{i,t},\,1-\varepsilon^{IS}_{low},\,1+\varepsilon^{IS}_{high}\big).
+# $$ (eq-cispo-objective)
+#
+# Compare PPO's surrogate $\min\big(r\Ahat,\ \clip(r,1-\epslow,1+\epshigh)\Ahat\big)$
+# ({eq}`eq-dapo-objective`): there the clip acts on the *term that is differentiated*, so beyond
+# the range the term is a constant and its gradient is zero. In {eq}`eq-cispo-objective` the clip
+# acts on a coefficient, so beyond the range the gradient is still $\hat r\,\Ahat\,\nabla\log\pitheta$,
+# just with a capped coefficient. The paper sets no effective lower bound ($\varepsilon^{IS}_{low}$
+# large) and tunes only $\varepsilon^{IS}_{high}$, without reporting its value.
+#
+# **Exact enumeration.** On a categorical policy over six tokens we can compute every expectation
+# exactly, in float64, and check three claims: the weight $\pitheta/\piold$ gives the on-policy
+# gradient exactly; the *inverted* weight $\piold/\pitheta$ does not; and capping the weight adds
+# a bias that shrinks as the cap rises. The package computes the CISPO gradients: each token is one
+# row of `policy_loss`, with its advantage multiplied by $K\,\piold(a)$ so that the token mean over
+# the $K$ rows is the expectation under $\piold$.
+
+# %%
+K = 6
+gen = torch.Generator().manual_seed(0)
+theta = torch.randn(K, generator=gen, dtype=torch.float64)
+theta_old = theta + 0.8 * torch.randn(K, generator=gen, dtype=torch.float64)  # an older policy
+A = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, -0.1], dtype=torch.float64)  # an advantage per token
+p_old = torch.softmax(theta_old, 0)
+
+
+def grad_theta(weight_fn):
+    """E_{a ~ pi_old}[ w(a) A(a) grad_theta log pi_theta(a) ] by exact enumeration."""
+    th = theta.clone().requires_grad_()
+    logp = torch.log_softmax(th, 0)
+    w = weight_fn(logp.detach())
+    (g,) = torch.autograd.grad((p_old * w * A * logp).sum(), th)
+    return g
+
+
+def cispo_grad(eps_high):
+    """The same expectation through the package: rows = tokens, advantages scaled by K pi_old(a)."""
+    th = theta.clone().requires_grad_()
+    logp = torch.log_softmax(th, 0)[:, None]  # [K, 1]: one "response" of one token per row
+    adv = K * p_old * A
+    algo = CISPO.replace(eps_low=1.0, eps_high=eps_high, dynamic_sampling=False, overlong_cache_len=None)
+    loss = policy_loss(logp, torch.log(p_old)[:, None], adv, torch.ones(K, 1), algo).loss
+    (g,) = torch.autograd.grad(-loss, th)  # the loss is -J
+    return g
+
+
+p_theta = torch.softmax(theta, 0)
+g_on_policy = grad_theta(lambda lp: p_theta / p_old)  # = sum_a pi_theta A grad log pi_theta
+th = theta.clone().requires_grad_()
+(g_true,) = torch.autograd.grad((torch.softmax(theta, 0) * A * torch.log_softmax(th, 0)).sum(), th)
+g_is = cispo_grad(eps_high=1e9)  # a cap no ratio reaches: plain importance sampling
+g_inverted = grad_theta(lambda lp: p_old / p_theta)
+rel = lambda g: float((g - g_true).norm() / g_true.norm())
+cos = lambda g: float(g @ g_true / (g.norm() * g_true.norm()))
+assert torch.allclose(g_is, g_true, rtol=0, atol=1e-12) and torch.allclose(g_on_policy, g_true, atol=1e-12)
+ratios = (p_theta / p_old)
+print("ratios pi_theta/pi_old per token:", np.round(ratios.numpy(), 2))
+print(f"weight pi_theta/pi_old : relative gradient error {'< 1e-12 (exact)' if rel(g_is) < 1e-12 else rel(g_is)}")
+print(f"weight pi_old/pi_theta : relative gradient error {rel(g_inverted):.2f}, cosine with the true gradient {cos(g_inverted):.2f}")
+book.glue("cispo_inverted_err", f"{100 * rel(g_inverted):.0f}%")
+book.glue("cispo_inverted_cos", f"{cos(g_inverted):.2f}")
+
+# %% tags=["hide-input"]
+caps = np.concatenate([np.linspace(0.0, 1.0, 21), np.linspace(1.1, float(ratios.max()) + 0.5, 10)])
+bias = [rel(cispo_grad(float(e))) for e in caps]
+fig, ax = plt.subplots(figsize=(6.4, 2.8))
+ax.plot(caps, bias, color=plotting.algo_color("CISPO"), marker=".", label="CISPO weight, capped at $1+\\varepsilon_{high}$")
+ax.axhline(rel(g_inverted), color="k", ls="--", lw=1, label="inverted weight $\\pi_{old}/\\pi_\\theta$")
+for r in sorted(ratios.numpy()):
+    if r > 1:
+        ax.axvline(r - 1, color="0.7", lw=0.6)
+ax.set_xlabel("$\\varepsilon^{IS}_{high}$ (cap of the weight minus 1)")
+ax.set_ylabel("relative gradient error")
+ax.legend(fontsize=8)
+fig.tight_layout()
+book.glue("fig_cispo_enumeration", fig)
+
+# %%
+assert all(b2 <= b1 + 1e-12 for b1, b2 in zip(bias, bias[1:]))  # a higher cap never adds bias
+assert bias[-1] < 1e-12 and bias[0] > 0.05  # no bias once no ratio reaches the cap
+print(f"bias at eps_high = 0.28: {rel(cispo_grad(0.28)):.3f}; at eps_high = 0: {bias[0]:.3f}")
+book.glue("cispo_bias_028", f"{rel(cispo_grad(0.28)):.3f}")
+
+# %% [markdown]
+# ```{glue:figure} fig_cispo_enumeration
+# :name: fig-cispo-enumeration
+#
+# Exact gradients on a six-token categorical policy (float64). Relative error
+# $\lVert g-g^\star\rVert/\lVert g^\star\rVert$ of the off-policy gradient against the on-policy
+# gradient $g^\star$, as a function of the weight's cap. Grey lines: the ratios above 1; once the
+# cap clears the largest one, CISPO's weight is the plain importance weight and the error is 0.
+# Dashed: the inverted weight, wrong by a fixed amount.
+# ```
+#
+# Capping trades bias for variance: here the error at DAPO's $\varepsilon=0.28$ is
+# {glue:text}`cispo_bias_028`, and it is zero once the cap clears every ratio. The inverted weight
+# is wrong by {glue:text}`cispo_inverted_err` (cosine {glue:text}`cispo_inverted_cos` with the
+# true gradient), whatever the cap.
+#
+# :::{admonition} Common misreadings: "CISPO inverts the ratio"
+# :class: warning
+#
+# A popular account says CISPO's importance weight is $\piold/\pitheta$, "numerator and denominator
+# reversed". The paper defines $r_{i,t}=\pitheta/\piold$ (Eq. 1), clips *that* ratio (Eq. 5) and
+# puts it under a stop-gradient as the coefficient of $\Ahat\log\pitheta$ (Eq. 4). What is new is
+# the *object* of the clip, not the direction of the ratio. The inverted weight is not an
+# importance weight at all: above, it misses the on-policy gradient by
+# {glue:text}`cispo_inverted_err`, and it would up-weight exactly the tokens whose probability has
+# *fallen* since sampling. `tests/test_cispo.py` checks the unbiasedness by enumeration on every
+# commit.
+# :::
+#
+# ## 5.2 Equation ↔ code
+#
+# The weight and the surrogate, verbatim from `grpo_lab/objectives.py`:
+#
+# ```{literalinclude} ../grpo_lab/objectives.py
+# :pyobject: cispo_weight
+# ```
+#
+# ```{literalinclude} ../grpo_lab/objectives.py
+# :pyobject: cispo_surrogate
+# ```
+#
+# The surrogate receives log-ratios, not log-probabilities, so its per-token value is
+# $-\hat r\,\Ahat\log r$ rather than {eq}`eq-cispo-objective`'s $-\hat r\,\Ahat\log\pitheta$. The two
+# differ by $\hat r\,\Ahat\log\piold$, a constant: the gradients are identical. The cell evaluates
+# {eq}`eq-cispo-objective` by hand in float64 on a small batch, with one token far past the cap,
+# and asserts the package's loss and gradient.
+
+# %%
+logp = torch.log(torch.tensor([[0.50, 0.20, 0.90], [0.05, 0.60, 0.30]], dtype=torch.float64)).requires_grad_()
+old = torch.log(torch.tensor([[0.40, 0.25, 0.90], [0.01, 0.50, 0.35]], dtype=torch.float64))
+mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+eps_high = CISPO.eps_high
+r = (logp.detach() - old).exp()
+w_hand = torch.clamp(r, max=1 + eps_high)  # eps_low = 1: no floor
+A_t = adv[:, None].expand_as(r)
+J_hand = (w_hand * A_t * logp.detach() * mask).sum() / mask.sum()  # Eq. 4, by hand
+grad_hand = -(w_hand * A_t * mask) / mask.sum()  # d(-J)/d log pi_theta: the weight is a constant
+out = policy_loss(logp, old, adv, mask, CISPO)
+(g,) = torch.autograd.grad(out.loss, logp)
+const = (w_hand * A_t * old * mask).sum() / mask.sum()
+assert torch.allclose(-out.loss, J_hand - const, atol=1e-12)  # equal up to the constant term
+assert torch.allclose(g, grad_hand, atol=1e-12)
+print("ratios:", np.round(r.numpy(), 3).tolist())
+print("token (1, 0): ratio", round(float(r[1, 0]), 2), "-> weight", round(float(w_hand[1, 0]), 2),
+      "| gradient", round(float(g[1, 0]), 4), "(PPO-clip would give 0)")
+print("capped weights:", float(out.metrics["weight_capped_frac"]), "| tokens with gradient:", float(out.metrics["grad_token_frac"]))
+
+# %% [markdown]
+# **Which tokens PPO-clip silences, by autograd.** For one token, sweep the ratio and read the
+# gradient of the loss with respect to $\log\pitheta$ off autograd, for a positive and a negative
+# advantage, under DAPO's clip and under CISPO with the same bound $1+\varepsilon_{high}=1.28$:
+
+# %% tags=["hide-input"]
+r_grid = torch.linspace(0.3, 2.0, 341, dtype=torch.float64)
+
+
+def token_grad(algo, a):
+    lp = (torch.log(r_grid) + math.log(0.3))[:, None].clone().requires_grad_()
+    old_ = torch.full_like(lp, math.log(0.3))
+    loss = policy_loss(lp, old_, torch.full((len(r_grid),), a, dtype=torch.float64), torch.ones_like(lp),
+                       algo).loss * len(r_grid)  # undo the token mean: one token's gradient
+    return -torch.autograd.grad(loss, lp)[0][:, 0].numpy()
+
+
+fig, axes = plt.subplots(1, 2, figsize=(8.4, 2.8), sharey=False)
+for ax, a in zip(axes, (1.0, -1.0)):
+    for algo in (DAPO, CISPO):
+        ax.plot(r_grid, token_grad(algo, a), color=plotting.algo_color(algo.name), label=algo.name,
+                ls=plotting.ALGO_LINESTYLES.get(algo.name, "-"))
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xlabel("ratio $r=\\pi_\\theta/\\pi_{old}$")
+    ax.set_title(f"advantage $\\hat A = {a:+.0f}$")
+axes[0].set_ylabel("$-\\partial\\,\\mathrm{loss}/\\partial\\log\\pi_\\theta$")
+axes[0].legend(fontsize=8)
+fig.tight_layout()
+book.glue("fig_cispo_token_gradient", fig)
+
+# %%
+g_dapo, g_cispo = token_grad(DAPO, 1.0), token_grad(CISPO, 1.0)
+past = r_grid.numpy() > 1.28 + 1e-9
+assert (g_dapo[past] == 0).all() and np.allclose(g_cispo[past], 1.28)  # dropped vs capped
+g_dapo_neg, g_cispo_neg = token_grad(DAPO, -1.0), token_grad(CISPO, -1.0)
+below = r_grid.numpy() < 0.8 - 1e-9
+assert (g_dapo_neg[below] == 0).all() and np.allclose(g_cispo_neg[below], -r_grid.numpy()[below])
+print("A > 0, r > 1.28: DAPO gradient 0, CISPO gradient 1.28 * A; A < 0, r < 0.8: DAPO 0, CISPO r * A")
+
+# %% [markdown]
+# ```{glue:figure} fig_cispo_token_gradient
+# :name: fig-cispo-token-gradient
+#
+# Gradient that one token's log-probability receives, as a function of its ratio (autograd on
+# `policy_loss`; $\epslow=0.2$, $\epshigh=0.28$ for DAPO; CISPO's weight capped at 1.28 with no
+# floor). Left: a positive advantage — past $r=1.28$ DAPO's gradient is exactly 0, CISPO's stays at
+# the cap. Right: a negative advantage — below $r=0.8$ DAPO stops pushing the token down, CISPO
+# keeps pushing with weight $r$.
+# ```
+#
+# ## 5.3 One form for both: the token mask
+#
+# The paper writes PPO's behaviour in CISPO's notation by adding a token mask to
+# {eq}`eq-cispo-objective` (Eqs. 6–7):
+#
+# $$
+# \mathcal J_{\mathrm{unify}}=\E\Bigg[\frac{1}{\sum_i\olen{i}}\sum_{i,t}\sg{\hat r_{i,t}}\,\Ahat_{i,t}\,
+# \log\pitheta(o_{i,t})\,M_{i,t}\Bigg],\qquad
+# M_{i,t}=\begin{cases}0 & \Ahat_{i,t}>0,\ r_{i,t}>1+\epshigh\\ 0 & \Ahat_{i,t}<0,\ r_{i,t}<1-\epslow\\ 1&\text{otherwise.}\end{cases}
+# $$ (eq-cispo-unified)
+#
+# With an unbounded weight ($\hat r=r$) and the mask's $\varepsilon$ equal to PPO's, its gradient
+# is PPO-clip's token by token: the mask removes exactly the tokens whose clipped term is a
+# constant, and everywhere else $\nabla\min(r\Ahat,\clip(r)\Ahat)=r\Ahat\nabla\log\pitheta$. In
+# `grpo_lab` the mask is the surrogate's option `mask_eps_low` / `mask_eps_high`. The cell checks
+# the identity on a real rollout of the base policy, with ratios pushed far from 1.
+
+# %% tags=["nbval-ignore-output"]
+policy, tokenizer = load_policy("arithmetic-base")
+task = get_task("arithmetic")
+probe = Trainer(policy, tokenizer, task, DAPO, dataclasses.replace(experiments.get_profile(PROFILE).config, seed=0))
+batch = probe.collect()
+probe.compute_advantages(batch)
+lp_real = policy_logprobs(probe.policy, batch.rollout).detach()
+m_real = batch.loss_mask
+old_real = (lp_real + 0.4 * torch.randn(lp_real.shape, generator=torch.Generator().manual_seed(1))).clamp(max=0)
+unified = CISPO.replace(name="unified", eps_low=1.0, eps_high=1e9, mask_eps_low=DAPO.eps_low,
+                        mask_eps_high=DAPO.eps_high)
+grads = {}
+for algo in (DAPO, unified):
+    lp_ = lp_real.clone().requires_grad_()
+    out_ = policy_loss(lp_, old_real, batch.advantages, m_real, algo)
+    grads[algo.name] = (torch.autograd.grad(out_.loss, lp_)[0], out_.metrics)
+assert torch.allclose(grads["DAPO"][0], grads["unified"][0], rtol=1e-6, atol=1e-9)
+assert grads["DAPO"][1]["clip_frac"] == grads["unified"][1]["clip_frac"]
+print(f"{int(m_real.sum())} tokens; both drop the same {grads['DAPO'][1]['clip_frac']:.1%} and agree on every gradient")
+
+# %% [markdown]
+# ## 5.4 Experiment: many off-policy updates on one batch
+#
+# The paper trained with 16 rounds of off-policy updates per generation batch. We do the same on
+# the CPU profile: for each seed, DAPO's trainer collects one batch (16 mixed-accuracy groups of
+# 8), and that *same* batch is given to a DAPO and a CISPO trainer starting from the same base
+# weights, each making 16 minibatch updates of 8 responses (`trainer.update`, the trainer's own
+# update stage). For each update we record the fraction of tokens whose gradient is zero, and
+# after the 16 updates, what happened to the *rare* tokens that the update should make more
+# likely: sampled with $\piold<0.1$ in a response with positive advantage.
+
+# %% tags=["nbval-ignore-output"]
+def one_batch_many_updates(seed, n_updates=16):
+    cfg = dataclasses.replace(experiments.get_profile(PROFILE).config, seed=seed, minibatches=n_updates,
+                              micro_batch_size=None, eval_every=0)
+    rows, rare, shared = [], [], None
+    for algo in (DAPO, CISPO):
+        pol, tok = load_policy(experiments.get_profile(PROFILE).base)
+        tr = Trainer(pol, tok, get_task(experiments.get_profile(PROFILE).task), algo, cfg)
+        if shared is None:
+            shared = tr.collect()  # one batch, trained on by both algorithms (paired)
+        tr.compute_advantages(shared)
+        with torch.no_grad():
+            lp0 = policy_logprobs(tr.policy, shared.rollout)
+        updates, _, _ = tr.update(shared)
+        with torch.no_grad():
+            lp1 = policy_logprobs(tr.policy, shared.rollout)
+        for k, u in enumerate(updates, 1):
+            rows.append({"seed": seed, "algo": algo.name, "update": k, "zero_grad_frac": 1 - float(u["grad_token_frac"]),
+                         "weight_capped_frac": float(u.get("weight_capped_frac", 0.0)),
+                         "ratio_max": float(u["ratio_max"])})
+        sel = shared.loss_mask.bool() & (lp0.exp() < 0.1) & (shared.advantages[:, None] > 0)
+        rare.append({"seed": seed, "algo": algo.name, "rare tokens": int(sel.sum()),
+                     "p_old": float(lp0.exp()[sel].mean()), "p_new": float(lp1.exp()[sel].mean()),
+                     "above 1.28": float(((lp1 - lp0)[sel].exp() > 1 + DAPO.eps_high).float().mean())})
+    return rows, rare
+
+
+t0 = time.perf_counter()
+per_update, rare_rows = [], []
+for s in SEEDS:
+    a, b = one_batch_many_updates(s)
+    per_update += a
+    rare_rows += b
+per_update, rare_df = pd.DataFrame(per_update), pd.DataFrame(rare_rows)
+print(f"{len(SEEDS)} seeds x 2 algorithms x 16 updates in {time.perf_counter() - t0:.0f} s")
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+fig, axes = plt.subplots(1, 2, figsize=(8.4, 2.9))
+plotting.band_plot(axes[0], per_update, "update", "zero_grad_frac", band="ci95", bounds=(0, 1), legend=True,
+                   title="tokens with zero gradient")
+plotting.band_plot(axes[1], per_update[per_update.algo == "CISPO"], "update", "weight_capped_frac", band="ci95",
+                   bounds=(0, 1), title="CISPO: weights capped at 1.28")
+for ax in axes:
+    ax.set_xlabel("update index within the batch (1 = on-policy)")
+    ax.set_ylabel("fraction of tokens")
+fig.tight_layout()
+book.glue("fig_cispo_updates", fig)
+
+# %% tags=["nbval-ignore-output"]
+last = per_update[per_update["update"] == 16].pivot(index="seed", columns="algo", values="zero_grad_frac")
+late = per_update[per_update["update"] > 8].groupby(["algo", "seed"])["zero_grad_frac"].mean().unstack(0)
+iv_late = stats.t_interval(late["DAPO"], bounds=(0, 1))
+assert (per_update.loc[per_update.algo == "CISPO", "zero_grad_frac"] == 0).all()  # CISPO never drops a token
+assert (per_update.loc[per_update["update"] == 1, "zero_grad_frac"] == 0).all()  # the first update is on-policy
+assert iv_late.lo > 0  # PPO-clip drops tokens once the updates are off-policy
+book.glue("cispo_dapo_zero_late", stats.format_interval(iv_late))
+rare_p = rare_df.pivot(index="seed", columns="algo", values="p_new")
+d_rare = stats.paired_difference(rare_p["CISPO"], rare_p["DAPO"])
+book.glue("cispo_rare_pold", f"{rare_df['p_old'].mean():.3f}")
+book.glue("cispo_rare_dapo", f"{rare_p['DAPO'].mean():.3f}")
+book.glue("cispo_rare_cispo", f"{rare_p['CISPO'].mean():.3f}")
+book.glue("cispo_rare_diff", stats.format_interval(d_rare))
+book.glue("cispo_rare_n", f"{rare_df.groupby('algo')['rare tokens'].mean().iloc[0]:.0f}")
+print("zero-gradient fraction of DAPO over updates 9-16, mean [95% CI] over seeds:", stats.format_interval(iv_late))
+print(rare_df.pivot(index="seed", columns="algo", values=["p_new", "above 1.28"]).round(3).to_string())
+print("CISPO - DAPO, mean probability of the rare tokens after 16 updates:", stats.format_interval(d_rare))
+
+# %% [markdown]
+# ```{glue:figure} fig_cispo_updates
+# :name: fig-cispo-updates
+#
+# Sixteen minibatch updates on one batch, five seeds, mean with 95% t interval. Left: fraction of
+# the minibatch's tokens whose gradient is zero — under DAPO's clip it grows with every update as
+# the policy drifts from $\piold$; under CISPO it is 0 throughout. Right: the price CISPO pays
+# instead, the fraction of tokens whose importance weight is capped.
+# ```
+#
+# Over updates 9–16, DAPO's clip zeroes the gradient of {glue:text}`cispo_dapo_zero_late` of the
+# tokens (mean [95% interval] over seeds); CISPO zeroes none. The rare tokens show why that
+# matters: about {glue:text}`cispo_rare_n` tokens per batch were sampled with $\piold<0.1$ (mean
+# {glue:text}`cispo_rare_pold`) in responses with positive advantage. After 16 updates their mean
+# probability is {glue:text}`cispo_rare_dapo` under DAPO and {glue:text}`cispo_rare_cispo` under
+# CISPO; paired over seeds, CISPO − DAPO = {glue:text}`cispo_rare_diff`. Under the clip, once a
+# rare token has risen past $1.28\,\piold$ its own term contributes no gradient for the rest of
+# the batch (it can still move through the shared weights, as the printed fractions above 1.28
+# show); under CISPO its term keeps pushing, with a capped weight. Whether that is what you want
+# depends on the token: for the paper's "Wait" it was.
+#
+# ## 5.5 Experiment: learning speed, GRPO against DAPO against CISPO
+#
+# The paper's headline (Fig. 2) is speed: in zero-RL on Qwen2.5-32B-base, CISPO reaches DAPO's
+# AIME 2024 score in half the steps. We train the three presets on the CPU profile with twice its
+# minibatch updates per batch — four, so the last three are off-policy — at half its learning
+# rate (the same total step size per batch), five seeds each, 16 steps with a greedy evaluation
+# every two, and measure the steps each needs to reach a target accuracy.
+
+# %% tags=["nbval-ignore-output"]
+prof = experiments.get_profile(PROFILE)
+UPDATES = 2 * prof.config.minibatches  # twice the profile's minibatch updates per batch ...
+LR_B = prof.config.lr / 2  # ... at half the learning rate: the same total step size per batch
+STEPS_B, EVAL_B = (16, 2) if PROFILE == "cpu" else (prof.steps, prof.config.eval_every)
+grid = experiments.run_grid([GRPO, DAPO, CISPO], profile=PROFILE, seeds=SEEDS, n_jobs=N_JOBS, steps=STEPS_B,
+                            minibatches=UPDATES, lr=LR_B, eval_every=EVAL_B)
+hist = pd.concat([r.history for r in grid.values()], ignore_index=True)
+print(f"3 algorithms x {len(SEEDS)} seeds in {grid['GRPO'].provenance['wall_seconds']:.0f} s")
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+fig, axes = plt.subplots(1, 3, figsize=(10.2, 2.9))
+ev = hist.dropna(subset=["test_accuracy"])
+plotting.band_plot(axes[0], ev, "step", "test_accuracy", band="ci95", bounds=(0, 1), legend=True,
+                   title="greedy test accuracy")
+plotting.band_plot(axes[1], hist[hist.step > 0], "step", "entropy", band="ci95", bounds=(0, math.inf),
+                   title="entropy of the trained tokens")
+plotting.band_plot(axes[2], hist[hist.step > 0], "step", "grad_token_frac", band="ci95", bounds=(0, 1),
+                   title="tokens with a gradient")
+axes[0].set_ylabel("fraction correct")
+axes[1].set_ylabel("nats per token")
+axes[2].set_ylabel("fraction of tokens")
+for ax in axes:
+    ax.set_xlabel("RL step")
+fig.tight_layout()
+book.glue("fig_cispo_speed", fig)
+
+# %% tags=["nbval-ignore-output"]
+steps = int(hist["step"].max())
+final = {n: r.final() for n, r in grid.items()}
+base_acc = float(grid["DAPO"].base().mean())
+target = base_acc + 0.9 * (float(final["DAPO"].mean()) - base_acc)  # 90% of DAPO's mean final gain
+
+
+def steps_to(r, target):
+    """First evaluated step whose accuracy (mean of it and the previous evaluation) reaches the target."""
+    h = r.history.dropna(subset=["test_accuracy"]).sort_values(["seed", "step"])
+    out = {}
+    for s, g in h.groupby("seed"):
+        sm = g["test_accuracy"].rolling(2, min_periods=1).mean().to_numpy()
+        hit = np.nonzero((sm >= target) & (g["step"].to_numpy() > 0))[0]
+        out[s] = float(g["step"].to_numpy()[hit[0]]) if len(hit) else math.nan
+    return pd.Series(out)
+
+
+reach = pd.DataFrame({n: steps_to(r, target) for n, r in grid.items()})
+HORIZON = STEPS_B + EVAL_B  # a seed that never reached the target is counted at the next evaluation
+reach_c = reach.fillna(HORIZON)
+summary = pd.DataFrame({
+    n: {"final greedy accuracy": stats.format_interval(stats.t_interval(final[n], bounds=(0, 1))),
+        "steps to target": f"{reach_c[n].mean():.1f}",
+        "seeds that reached it": f"{int(reach[n].notna().sum())}/{len(SEEDS)}",
+        "tokens with a gradient": f"{grid[n].history['grad_token_frac'].mean():.3f}",
+        "samples generated / trained": f"{grid[n].history['samples_per_trained'].mean():.2f}"}
+    for n in grid}).T
+book.glue("cispo_speed_table", summary)
+ratio = stats.paired_ratio(reach_c["CISPO"], reach_c["DAPO"])
+n_reach = {n: int(reach[n].notna().sum()) for n in ("CISPO", "DAPO")}
+ratio_txt = (f"{stats.format_interval(ratio, 2)} (CISPO reached the target on {n_reach['CISPO']} of "
+             f"{len(SEEDS)} seeds, DAPO on {n_reach['DAPO']}; a seed that never reached it counts as step {HORIZON})")
+d_final = stats.paired_difference(final["CISPO"], final["DAPO"])
+book.glue("cispo_target", f"{target:.3f}")
+book.glue("cispo_steps_ratio", ratio_txt)
+book.glue("cispo_final_diff", stats.format_interval(d_final))
+se = stats.binomial_se(float(final["DAPO"].mean()), len(task.test_set()))
+book.glue("cispo_binom_se", f"{se:.3f}")
+book.glue("cispo_n_test", len(task.test_set()))
+for name in grid:
+    assert grid[name].final().mean() > base_acc + 0.03, name  # every preset learns
+assert (grid["CISPO"].history["clip_frac"].fillna(0) == 0).all()  # CISPO drops no token
+print(f"target accuracy {target:.3f}; CISPO/DAPO steps: {ratio_txt}")
+print("CISPO - DAPO final accuracy (paired):", stats.format_interval(d_final))
+summary
+
+# %% [markdown]
+# ```{glue:figure} fig_cispo_speed
+# :name: fig-cispo-speed
+#
+# GRPO, DAPO and CISPO on the CPU profile with four minibatch updates per batch, five seeds, mean
+# with 95% t interval. Left: greedy test accuracy (evaluated every two steps). Middle: mean
+# entropy of the policy on the tokens it trains on. Right: fraction of trained tokens that receive
+# a gradient — 1 for CISPO by construction.
+# ```
+#
+# ```{glue:} cispo_speed_table
+# ```
+#
+# *Final greedy accuracy (mean [95% t interval] over five seeds), mean steps to reach the target,
+# mean fraction of tokens with a gradient and responses generated per response trained.*
+#
+# **What reproduced, and what did not.** The mechanism reproduces exactly: PPO-clip's share of
+# zero-gradient tokens grows with every off-policy update and CISPO's stays at zero, and rare
+# positive-advantage tokens rise much further under CISPO (§5.4). The speed claim does not. The
+# target is 90% of DAPO's mean gain over the base policy, accuracy {glue:text}`cispo_target`;
+# CISPO's steps to reach it divided by DAPO's, per seed (geometric mean [95% interval]), are
+# {glue:text}`cispo_steps_ratio`. The paper reports 0.5. The final accuracies differ by
+# CISPO − DAPO = {glue:text}`cispo_final_diff` (paired over seeds), against a binomial standard
+# error of {glue:text}`cispo_binom_se` for one evaluation on the {glue:text}`cispo_n_test` test
+# questions. Entropy falls the same way for all three (middle panel), so whatever holds CISPO back
+# here is not the entropy collapse the paper guards against. Our toy is far from the paper's
+# regime: there the gain comes from long reasoning traces in which a few rare "fork" tokens decide
+# the outcome, trained with 16 off-policy updates at a learning rate of about 1e-6; here responses
+# are at most 32 characters of digits and operators, and four updates at our learning rate move
+# the policy much further per batch. In that regime, CISPO's extra gradient — on positive tokens
+# that already rose past the cap, and on negative tokens pushed below $0.8\,\piold$, where PPO-clip
+# stops — is more push on tokens the batch has already moved, not rescued exploration. We did not
+# run the ablation that would separate the two — `CISPO.replace(eps_low=0.2)`, a floor on the
+# weight as in verl's default — because it does not fit this chapter's time budget; it is one line
+# to add to the grid above.
+#
+# ## 5.6 Experiment: the precision mismatch
+#
+# MiniMax-M1 found that its training engine and its inference engine disagreed on token
+# probabilities — correlation about 0.987 in their Fig. 3 — and traced it to the precision of the
+# LM head; computing the head in FP32 raised the correlation to 0.997. The mismatch matters
+# because PPO's ratio compares the trainer's $\pitheta$ with the *sampler's* $\piold$: with
+# `old_logp="behaviour"`, tokens whose two probabilities differ by more than the clip range are cut
+# at the very first, nominally on-policy, update. `grpo_lab` models the inference engine as a
+# bfloat16 copy of the current weights (`TrainerConfig.rollout_dtype="bfloat16"`, built by
+# `grpo_lab.models.inference_copy`), optionally with a float32 head
+# (`rollout_fp32_lm_head=True`). For each seed we sample one batch with the bfloat16 copy, then
+# score the same tokens with the float32 trainer.
+
+# %% tags=["nbval-ignore-output"]
+def mismatch(seed, fp32_head):
+    cfg = dataclasses.replace(experiments.get_profile(PROFILE).config, seed=seed, rollout_dtype="bfloat16",
+                              rollout_fp32_lm_head=fp32_head, old_logp="behaviour")
+    tr = Trainer(policy, tokenizer, task, DAPO, cfg)
+    b = tr.collect()
+    tr.compute_advantages(b)
+    with torch.no_grad():
+        lp_train = policy_logprobs(tr.policy, b.rollout)
+    m = b.loss_mask.bool()
+    p_inf, p_tr = b.rollout.behaviour_logp[m].exp(), lp_train[m].exp()
+    first = {a.name: policy_loss(lp_train, b.rollout.behaviour_logp, b.advantages, b.loss_mask, a).metrics
+             for a in (DAPO, CISPO)}
+    return {"seed": seed, "LM head": "float32" if fp32_head else "bfloat16",
+            "correlation": float(torch.corrcoef(torch.stack([p_inf, p_tr]))[0, 1]),
+            "max |log ratio|": float((lp_train - b.rollout.behaviour_logp)[m].abs().max()),
+            "DAPO: tokens cut at update 1": float(first["DAPO"]["clip_frac"]),
+            "CISPO: weights capped at update 1": float(first["CISPO"]["weight_capped_frac"]),
+            "p_inf": p_inf.numpy(), "p_train": p_tr.numpy()}
+
+
+t0 = time.perf_counter()
+mm = pd.DataFrame([mismatch(s, h) for s in SEEDS for h in (False, True)])
+cols = ["correlation", "max |log ratio|", "DAPO: tokens cut at update 1", "CISPO: weights capped at update 1"]
+mm_table = pd.DataFrame({
+    head: {c: stats.format_interval(stats.t_interval(g[c], bounds=(-1, 1) if c == "correlation" else (0, math.inf)), 4)
+           for c in cols}
+    for head, g in mm.groupby("LM head")}).T
+book.glue("cispo_mismatch_table", mm_table)
+corr = mm.pivot(index="seed", columns="LM head", values="correlation")
+book.glue("cispo_corr_bf16", f"{corr['bfloat16'].mean():.4f}")
+book.glue("cispo_corr_fp32", f"{corr['float32'].mean():.4f}")
+book.glue("cispo_corr_diff", stats.format_interval(stats.paired_difference(corr["float32"], corr["bfloat16"]), 5))
+cut = mm.groupby("LM head")["DAPO: tokens cut at update 1"].mean()
+book.glue("cispo_cut_bf16", f"{100 * cut['bfloat16']:.2f}%")
+book.glue("cispo_maxlr_bf16", f"{mm.loc[mm['LM head'] == 'bfloat16', 'max |log ratio|'].mean():.2f}")
+assert (mm["correlation"] < 1).all() and (mm["max |log ratio|"] > 0).all()  # a mismatch exists
+print(f"{len(mm)} batches in {time.perf_counter() - t0:.1f} s")
+mm_table
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.2), sharey=True)
+for ax, (head, g) in zip(axes, mm[mm.seed == SEEDS[0]].groupby("LM head")):
+    row = g.iloc[0]
+    ax.scatter(row["p_train"], row["p_inf"], s=4, alpha=0.5, color=plotting.algo_color("CISPO"))
+    ax.plot([0, 1], [0, 1], color="k", lw=0.6)
+    ax.set_title(f"bfloat16 sampler, {head} head (r = {row['correlation']:.4f})", fontsize=9)
+    ax.set_xlabel("training probability (float32)")
+axes[0].set_ylabel("inference probability")
+fig.tight_layout()
+book.glue("fig_cispo_mismatch", fig)
+
+# %% [markdown]
+# ```{glue:figure} fig_cispo_mismatch
+# :name: fig-cispo-mismatch
+#
+# The same sampled tokens scored by the bfloat16 sampler (y) and the float32 trainer (x), one
+# seed, without (left) and with (right) a float32 LM head in the sampler — our version of the
+# paper's Fig. 3.
+# ```
+#
+# ```{glue:} cispo_mismatch_table
+# ```
+#
+# *Mean [95% interval] over five seeds of: the correlation between inference and training
+# probabilities over the batch's tokens; the largest per-token log-ratio; the fraction of tokens
+# DAPO's clip cuts at the first update when $\piold$ is the sampler's log-probability; the
+# fraction of CISPO weights capped there.*
+#
+# **What reproduced, and what did not.** The mismatch itself reproduces: the bfloat16 sampler and
+# the float32 trainer disagree on every batch, with a correlation of
+# {glue:text}`cispo_corr_bf16` — already higher than the paper's 0.987 — and per-token log-ratios
+# of up to {glue:text}`cispo_maxlr_bf16` (mean over seeds of the largest), so that DAPO's clip cuts
+# {glue:text}`cispo_cut_bf16` of the tokens at an update that should be exactly on-policy: few
+# tokens at this scale, but never zero. The
+# fix does not carry over: with a float32 head the correlation is {glue:text}`cispo_corr_fp32`
+# (paired change {glue:text}`cispo_corr_diff`). The reason is the size of the head. The paper's
+# mismatch came from large activations in a head over a vocabulary of hundreds of thousands of
+# tokens; ours maps 96 hidden units to 52 characters, so its rounding is small next to that of the
+# three bfloat16 transformer layers below it. The switch is there, tested, for the GPU profile's
+# real models.
+#
+# ## 5.7 At scale
+#
+# What MiniMax-M1 reports {cite:p}`minimax2025m1`, beside what this chapter measured:
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+at_scale = pd.DataFrame([
+    {"quantity": "CISPO steps to DAPO's score / DAPO's steps",
+     "paper": "0.5 (Fig. 2; Qwen2.5-32B-base zero-RL, DAPO's maths data, AIME 2024)",
+     "this chapter": ratio_txt},
+    {"quantity": "off-policy updates per generation batch", "paper": "16", "this chapter": "16 (§5.4), 4 (§5.5)"},
+    {"quantity": "train / inference probability correlation, bf16 head -> fp32 head",
+     "paper": "0.987 -> 0.997 (Fig. 3)",
+     "this chapter": f"{corr['bfloat16'].mean():.4f} -> {corr['float32'].mean():.4f}"},
+    {"quantity": "eps_high of the IS weight", "paper": "tuned, value not reported; eps_low large",
+     "this chapter": f"{CISPO.eps_high} (our choice: DAPO's clip-higher); eps_low = {CISPO.eps_low}"},
+    {"quantity": "MiniMax-M1-80k (456B total, 45.9B active)",
+     "paper": "AIME 2024 86.0, AIME 2025 76.9, MATH-500 96.8", "this chapter": "n/a"},
+    {"quantity": "compute of the full RL run", "paper": "512 H800 for 3 weeks (about $0.53M)",
+     "this chapter": "minutes on 2 CPU cores"},
+]).set_index("quantity")
+at_scale
+
+# %% [markdown]
+# The paper's other engineering choices matter as much as the objective at that scale: AdamW with
+# $\beta_2=0.95$ and $\epsilon=10^{-15}$ (verl's defaults did not converge), generation stopped
+# after 3,000 consecutive tokens of probability above 0.99, and a context window grown in stages
+# from 40K to 80K tokens, lowering $\varepsilon^{IS}_{high}$ and the gradient-clipping threshold
+# along the way.
+#
+# **Anchors.** TRL and verl both implement CISPO, with different meanings for the same names
+# (`../shared/reference/anchors.md`): TRL caps the ratio at an *absolute* `epsilon_high`
+# (recommended 5.0) with no floor; verl clips two-sided and *relative* (`clip_ratio_low`,
+# `clip_ratio_high`, 0.8 / 1.2 unless you remove the floor). Our `eps_low=1.0, eps_high=0.28` is
+# TRL's `epsilon_high=1.28`.
+#
+# **On a GPU.** Set `PROFILE = "gpu"` in the parameters cell: the same experiments run with the GPU
+# profile (64 questions × 16 responses per step, 150 steps), where `rollout_dtype="bfloat16"` with a
+# real model's large vocabulary is the setting in which the float32 head should matter. No
+# GPU-profile results are stored in `data/results/gpu/` for this chapter yet.
+#
+# ## 5.8 Takeaways
+#
+# * CISPO keeps the off-policy REINFORCE gradient of every token and bounds its importance weight
+#   $\pitheta/\piold$ — the usual ratio, not its inverse — under a stop-gradient.
+# * PPO-clip's implicit token mask is {eq}`eq-cispo-unified`'s $M$; with $M$ and an unbounded weight,
+#   CISPO's form reproduces PPO-clip's gradient exactly.
+# * The difference only shows off-policy: at the first update nothing is clipped; with 16 updates
+#   per batch the clip silenced a growing share of tokens here, CISPO none.
+# * Capping the weight biases the gradient (zero once the cap clears every ratio); the paper
+#   reports no cap value, and the anchors spell it differently.
+# * Precision mismatch between sampler and trainer is an off-policy gap that exists at update 1;
+#   whether a float32 head closes it depends on where the rounding happens.
+#
+# ## Exercises
+#
+# 1. A token with $\Ahat=+1$ was sampled at $\piold=0.02$ and now has $\pitheta=0.05$. What
+#    gradient does its log-probability get under DAPO's clip and under the `CISPO` preset (before
+#    the $1/\sum|o_i|$ normalisation)?
+# 2. With the inverted weight $\piold/\pitheta$, which tokens get *more* weight than under on-policy
+#    REINFORCE: those whose probability rose or fell since sampling?
+#
+# :::{admonition} Solutions
+# :class: dropdown
+#
+# 1. $r=2.5>1.28$: DAPO's clipped term is constant, gradient 0; CISPO's weight is capped at 1.28,
+#    so the gradient of the objective is $1.28\cdot\Ahat=1.28$ (the cell below checks both).
+# 2. Those whose probability *fell* ($\pitheta<\piold$ gives a weight above 1) — the opposite of an
+#    importance correction, which up-weights tokens the current policy now prefers.
+# :::
+
+# %%
+lp_ex = torch.log(torch.tensor([[0.05]], dtype=torch.float64)).requires_grad_()
+old_ex = torch.log(torch.tensor([[0.02]], dtype=torch.float64))
+for algo, expected in ((DAPO, 0.0), (CISPO, 1.28)):
+    (g_ex,) = torch.autograd.grad(policy_loss(lp_ex, old_ex, torch.ones(1, dtype=torch.float64),
+                                              torch.ones(1, 1), algo).loss, lp_ex)
+    assert abs(-float(g_ex) - expected) < 1e-12, algo.name
+print("exercise checks passed")
+
+# %% tags=["nbval-ignore-output", "remove-cell"]
+book.glue("cispo_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
+
+# %% [markdown]
+# ## References
+#
+# The papers cited in this chapter are listed in {ref}`sec-references`.
