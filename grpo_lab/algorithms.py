@@ -140,6 +140,9 @@ class Algorithm:
         ValueError: (in ``__post_init__``) a choice on any axis that is not in its registry, a
             negative or
             non-finite ``eps_low`` / ``eps_high`` / ``adv_eps`` / ``beta``, ``eps_low > 1``,
+            a negative or non-finite ``mask_eps_low`` / ``mask_eps_high``, ``mask_eps_low > 1``, a
+            ``mask_eps_*`` with ``clip="ppo"`` (a custom surrogate that ignores them is not
+            detected),
             a non-positive ``max_tokens`` or ``overlong_cache_len``, a non-bool
             ``dynamic_sampling`` / ``overlong_filter`` / ``kl_importance_correction``, a
             negative or non-finite ``offpolicy_mask_delta``, or an empty ``name``.
@@ -379,13 +382,15 @@ DR_GRPO = GRPO.replace(
 #: * ``eps_high = 0.28``: **our choice** -- the paper tunes only ``eps^IS_high`` and does not
 #:   report its value. 0.28 is DAPO's clip-higher, so that CISPO and DAPO bound the ratio at the
 #:   same place and differ only in what happens beyond it (capped weight against dropped token).
-#:   The anchors' defaults differ: TRL caps the ratio at an *absolute* 5.0 (``epsilon_high=5.0``),
-#:   verl clips two-sided at 0.8 / 1.2 relative;
+#:   The anchors spell the cap differently: TRL caps the ratio at an *absolute* ``epsilon_high``
+#:   (its documentation recommends 5.0), verl clips two-sided and relative (0.8 / 1.2 unless
+#:   ``clip_ratio_low=1.0`` removes the floor); this preset is TRL's ``epsilon_high=1.28``;
 #: * ``aggregation="token_mean"``: Eq. 4's ``1 / sum_i |o_i|``; no KL term (§3.1);
 #: * DAPO's dynamic sampling and soft length penalty "are also used" (§3.1); overlong *filtering*
 #:   is not mentioned, so it is off (``overlong_cache_len = 6`` as sized in :data:`DAPO`);
-#: * group z-score advantages (Eq. 2). MiniMax-M1's AdamW betas (0.9, 0.95) and eps 1e-15 are
-#:   trainer settings (:class:`grpo_lab.trainer.TrainerConfig`).
+#: * group z-score advantages (Eq. 2). MiniMax-M1's AdamW betas (0.9, 0.95) are a trainer setting
+#:   (``TrainerConfig.betas``); its AdamW eps of 1e-15 is not exposed (the trainer uses torch's
+#:   default, 1e-8).
 CISPO = GRPO.replace(
     name="CISPO",
     clip="is_weight",

@@ -277,15 +277,25 @@ def cispo_weight(log_ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
     weight is a constant coefficient, so it never carries gradient.
 
     Args:
-        log_ratio: ``[B, T]`` (any shape) log r, float32 / bfloat16 / float64.
-        eps_low, eps_high: ``1 - eps_low`` is the floor, ``1 + eps_high`` the cap. The paper sets
-            no effective floor (``eps_low = 1``: floor 0, and r > 0 always) and tunes only the cap.
+        log_ratio: ``[B, T]`` (any shape) log r, float32 / bfloat16 / float16 / float64.
+        eps_low, eps_high: ``1 - eps_low`` is the floor, ``1 + eps_high`` the cap
+            (``eps_low >= 0``, ``eps_high >= 0``, finite). The paper sets no effective floor
+            (``eps_low = 1``: floor 0, and r > 0 always) and tunes only the cap.
 
     Returns:
-        detached tensor of ``log_ratio``'s shape and dtype, in ``[1 - eps_low, 1 + eps_high]``.
+        detached tensor of ``log_ratio``'s shape, in ``[1 - eps_low, 1 + eps_high]``: float32
+        (float64 for float64 input; bfloat16 / float16 inputs are computed in float32, so the cap
+        is not rounded).
+
+    Raises:
+        ValueError: a negative or non-finite ``eps_low`` / ``eps_high``; a non-floating ``log_ratio``.
     """
-    r = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return torch.clamp(r, 1.0 - float(eps_low), 1.0 + float(eps_high))
+    el = _v.real_number("eps_low", eps_low, minimum=0.0)
+    eh = _v.real_number("eps_high", eps_high, minimum=0.0)
+    lr = _v.float_tensor(log_ratio, "log_ratio").detach()
+    lr = lr.to(_v.compute_dtype(lr))
+    r = torch.exp(torch.clamp(lr, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return torch.clamp(r, 1.0 - el, 1.0 + eh)
 
 
 def cispo_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, algo: Algorithm) -> tuple[Tensor, dict]:
@@ -298,7 +308,7 @@ def cispo_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, algo: A
     with ``w`` from :func:`cispo_weight` (``eps_low`` / ``eps_high`` of ``algo`` are the paper's
     ``eps^IS_low`` / ``eps^IS_high``). Its gradient is Eq. 4's, ``-M w A grad log pi_theta``:
     ``log r = log pi_theta - log pi_old`` and ``log pi_old`` is a constant. The *value* differs from
-    Eq. 4's ``-w A log pi_theta`` by ``-M w A log pi_old``, a term without gradient that this
+    Eq. 4's ``-w A log pi_theta`` by ``+M w A log pi_old``, a term without gradient that this
     signature (log-ratios, not log-probs) cannot add; it makes the value 0 on a purely on-policy
     step (log r = 0) while the gradient is the REINFORCE gradient ``-A grad log pi_theta``.
     The clip never removes a token's gradient: a token whose ratio left the range keeps the
@@ -309,17 +319,21 @@ def cispo_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, algo: A
     ``M_it = 0`` where ``A > 0`` and ``r > 1 + mask_eps_high``, or ``A < 0`` and
     ``r < 1 - mask_eps_low`` (an unset side never masks). That is the mask PPO-clip applies
     implicitly: with ``eps_low = 1`` and ``eps_high >= e^20`` (an unclipped weight) the gradient
-    equals PPO-clip's with ``eps = mask_eps`` token by token.
+    equals PPO-clip's with ``eps = mask_eps`` token by token wherever ``|log r| <= 20`` (beyond the
+    log-ratio clamp PPO-clip's ratio has no gradient, while this one keeps ``-w A``).
 
     Indicators (bool ``[B, T]``): ``clip_low`` / ``clip_high`` — the tokens ``M`` removes (the only
     tokens whose gradient this surrogate sets to 0, as for PPO); ``grad`` — ``A != 0`` and
-    ``M = 1``; ``weight_capped_frac`` — ``r > 1 + eps_high`` (weight capped, any advantage sign);
-    ``weight_floored_frac`` — ``r < 1 - eps_low``.
+    ``M = 1`` (no exception at the log-ratio clamp: the gradient does not pass through it);
+    ``weight_capped_frac`` — ``r > 1 + eps_high`` (weight capped, whatever the advantage's sign,
+    zero advantages included; TRL's ``cispo_clip_ratio`` counts only ``A > 0``, verl's
+    ``pg_clipfrac`` counts both sides); ``weight_floored_frac`` — ``r < 1 - eps_low``.
     """
     el, eh = float(algo.eps_low), float(algo.eps_high)
     w = cispo_weight(log_ratio, el, eh)
     with torch.no_grad():
-        r, a = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), advantages
+        lr = log_ratio.detach().to(_v.compute_dtype(log_ratio))  # the same float32 r as the weight's
+        r, a = torch.exp(torch.clamp(lr, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), advantages
         none = torch.zeros_like(r, dtype=torch.bool)
         low = (a < 0) & (r < 1.0 - algo.mask_eps_low) if algo.mask_eps_low is not None else none
         high = (a > 0) & (r > 1.0 + algo.mask_eps_high) if algo.mask_eps_high is not None else none
@@ -823,7 +837,7 @@ def policy_loss(
           ``ratio_q50``, ``ratio_q95`` — of ``rho`` over real tokens (1.0, the no-change ratio,
           when there are no real tokens);
         * ``grad_token_frac`` — fraction of real tokens with a non-zero policy-gradient signal
-          (``A != 0``, not clipped, log-ratio inside the clamp);
+          (``A != 0``, not clipped, and for ``clip="ppo"`` the log-ratio inside the clamp);
         * ``adv_abs_mean`` — mean ``|A|`` over real tokens;
         * ``num_tokens``, ``num_sequences`` — real tokens and non-empty rows in this batch (sums);
         * ``offpolicy_masked_frac`` — fraction of non-empty rows with at least one token masked

@@ -64,13 +64,17 @@ def t_interval(values: Sequence[float], level: float = 0.95, *, bounds: tuple[fl
         values: one value per seed (finite).
         level: confidence level in (0, 1).
         bounds: optional ``(low, high)`` range of the quantity (e.g. ``(0, 1)`` for a fraction):
-            the interval is clipped to it, so that a band never leaves the metric's range.
+            the interval's ends are clipped to it, so that a band never leaves the metric's range
+            (the mean is not clipped: values inside the range have their mean inside it).
 
     Raises:
-        ValueError: no values, a NaN / inf value, ``level`` outside (0, 1).
+        ValueError: no values, a NaN / inf value, ``level`` outside (0, 1), ``bounds`` with
+            ``low > high``.
     """
     if not 0 < level < 1:
         raise ValueError(f"t_interval: level must be in (0, 1), got {level!r}")
+    if bounds is not None and not bounds[0] <= bounds[1]:
+        raise ValueError(f"t_interval: bounds must be (low, high) with low <= high, got {bounds!r}")
     from scipy import stats
 
     x = _values(values, "t_interval")

@@ -87,7 +87,9 @@ class TrainerConfig:
         rollout_dtype: ``"float32"`` (sample with the policy itself) or ``"bfloat16"`` /
             ``"float16"``: sample from a copy of the policy's current weights in that dtype
             (:func:`grpo_lab.models.inference_copy`), as an inference engine does; the behaviour
-            log-probs then come from that copy, and ``old_logp="behaviour"`` trains against them.
+            log-probs then come from that copy, and ``old_logp="behaviour"`` trains against them
+            (with the default ``old_logp="recompute"`` they are recorded in the rollout but the
+            loss does not use them: only the samples come from the low-precision copy).
         rollout_fp32_lm_head: with a low-precision ``rollout_dtype``, compute that copy's output
             head in float32 (MiniMax-M1, arXiv 2506.13585, §3.2: the fix for the mismatch).
         eval_every: greedy test accuracy every this many steps (and before the first and after

@@ -22,6 +22,7 @@ import torch
 
 import grpo_lab.trainer as trainer_mod
 from grpo_lab.algorithms import CISPO, DAPO, GRPO, PRESETS, Algorithm, get_algorithm
+from grpo_lab.metrics import reduce_micro_batches
 from grpo_lab.models import FP32LMHead, TinyConfig, inference_copy, load_policy, tiny_policy, use_fp32_lm_head
 from grpo_lab.objectives import LOG_RATIO_CLAMP, SURROGATES, cispo_surrogate, cispo_weight, policy_loss
 from grpo_lab.tasks import ArithmeticTask
@@ -36,10 +37,10 @@ PPO_TOKEN_MEAN = GRPO.replace(name="ppo_tm", kl=None, beta=0.0, aggregation="tok
 CLIP = CISPO.clip
 
 
-def _grad(logp, old, adv, mask, algo):
-    """(loss output, d loss / d logp) of policy_loss for a fresh leaf copy of ``logp``."""
+def _grad(logp, old, adv, mask, algo, **kw):
+    """(loss output, d loss / d logp) of policy_loss(..., **kw) for a fresh leaf copy of ``logp``."""
     lp = logp.detach().clone().requires_grad_()
-    out = policy_loss(lp, old, adv, mask, algo)
+    out = policy_loss(lp, old, adv, mask, algo, **kw)
     (g,) = torch.autograd.grad(out.loss, lp)
     return out, g
 
@@ -163,6 +164,58 @@ def test_cispo_weight_never_requires_grad():
     torch.testing.assert_close(cispo_weight(x, 0.2, 0.28), torch.clamp(x.detach().exp(), 0.8, 1.28))
 
 
+# CISPO with ratio_level="sequence" (the GSPO ratio s_i in place of r_it), token_mean aggregation.
+# Derivation by hand: every real token t of sequence i has the same loss -w_i A_i log s_i, with
+# log s_i = 1/|o_i| sum_t' log r_it' and w_i = sg(clip(s_i, 1 - eps_low, 1 + eps_high)), so
+#   L = 1/N_tok sum_i |o_i| (-w_i A_i log s_i) = 1/N_tok sum_i (-w_i A_i) sum_t' log r_it'
+# and d L / d logp_it = -w_i A_i / N_tok for each real token (|o_i| copies of the loss, each
+# contributing d log s_i / d logp_it = 1/|o_i|); 0 at padding.
+# On the hand batch: s_0 = (2 * 0.5 * 1.1)^(1/3) = 1.1^(1/3) (inside [0, 1.28]), s_1 = (1 * 3)^(1/2)
+# = sqrt 3 (capped at 1.28), so the gradient is -1.1^(1/3) * 1.5 / 5 on row 0 and -1.28 * (-2) / 5 on
+# the 2 real tokens of row 1; the loss is (3 * (-1.1^(1/3) * 1.5 * ln 1.1 / 3) + 2 * (1.28 * 2 * ln 3 / 2)) / 5.
+def test_sequence_ratio_hand_example_gradient_is_minus_w_i_a_i_over_n_tok():
+    # catches: a per-token weight r_it used with the sequence ratio (row 0 would get -0.384, -0.15,
+    # -0.33), a missing 1/|o_i| in the chain rule (gradient x3 / x2), the uncapped s_1
+    logp, old, adv, mask = _hand_batch()
+    out, g = _grad(logp, old, adv, mask, CISPO.replace(ratio_level="sequence"))
+    s0 = 1.1 ** (1 / 3)
+    torch.testing.assert_close(g, torch.tensor([[-s0 * 1.5 / 5] * 3, [0.512, 0.512, 0.0]], dtype=F64),
+                               rtol=1e-12, atol=1e-14)
+    assert out.loss.item() == pytest.approx((-1.5 * s0 * LN11 + 2.56 * LN3) / 5, rel=1e-12)
+    # weight_capped_frac counts the tokens of capped sequences: the 2 real tokens of row 1, of 5
+    assert out.metrics["weight_capped_frac"] == pytest.approx(2 / 5, abs=1e-15)
+    assert out.metrics["ratio_max"] == pytest.approx(math.sqrt(3), rel=1e-12)
+
+
+@pytest.mark.parametrize("mask_eps", [(None, None), (0.2, 0.28)])
+def test_sequence_ratio_random_batch_float64_reference(mask_eps):
+    # float64 reference from Eqs. 4-7 with s_i in place of r_it: d L / d logp_it = -M_i w_i A_i m_it / N_tok
+    # (derivation above), M_i = 0 where A_i > 0 and s_i > 1 + mask_eps_high or A_i < 0 and
+    # s_i < 1 - mask_eps_low. Catches a token-level weight or mask with the sequence ratio, or a
+    # gradient through the weight; the empty row 2 must get 0 (s = 1 there).
+    e_l, e_h = mask_eps
+    logp, old, adv_tok, mask = _random_batch(6)
+    adv = adv_tok[:, 0].clone()  # per-sequence advantages [B]
+    algo = CISPO.replace(ratio_level="sequence", mask_eps_low=e_l, mask_eps_high=e_h)
+    out, g = _grad(logp, old, adv, mask, algo)
+    log_s = ((logp - old) * mask).sum(1) / mask.sum(1).clamp(min=1)
+    s = log_s.exp()
+    w = torch.clamp(s, 1 - algo.eps_low, 1 + algo.eps_high)
+    M = torch.ones_like(s)
+    if e_l is not None:
+        M[(adv < 0) & (s < 1 - e_l)] = 0.0
+        M[(adv > 0) & (s > 1 + e_h)] = 0.0
+    expected = (-M * w * adv)[:, None] * mask / mask.sum()
+    torch.testing.assert_close(g, expected, rtol=1e-12, atol=1e-15)
+    # the batch has capped and uncapped non-empty sequences, and masks a sequence when M is on
+    real = mask.sum(1) > 0
+    assert (s[real] > 1 + algo.eps_high).any() and (s[real] < 1 + algo.eps_high).any()
+    assert ((M[real] == 0).any()) == (e_l is not None)
+    # ... and the token-level CISPO gradient is different on this batch
+    _, g_tok = _grad(logp, old, adv, mask, algo.replace(ratio_level="token"))
+    assert (g_tok - g).abs().max() > 1e-3
+
+
 # ================================================================================================
 # 3. the unified masked form (Eqs. 6-7) with an unclipped weight is PPO-clip, token by token
 # ================================================================================================
@@ -199,6 +252,57 @@ def test_masked_form_with_capped_weight_masks_and_caps():
     assert out.metrics["clip_frac_high"] == pytest.approx(1 / 5) and out.metrics["clip_frac_low"] == 0.0
     assert out.metrics["grad_token_frac"] == pytest.approx(4 / 5)
     assert out.metrics["weight_capped_frac"] == pytest.approx(2 / 5)
+
+
+# Boundaries (strict inequalities of Eq. 7 and of the weight metrics), worked by hand. Weight range
+# [1 - 0.5, 1 + 0.25] = [0.5, 1.25], mask M with mask_eps_low = 0.25, mask_eps_high = 0.5 (different
+# eps, so that swapping the two pairs would show). Row 0 sits exactly on each boundary, row 1 just
+# outside it (log r shifted by 1e-12 outward). Each ratio is exactly representable, and log r is built
+# as (0 - (-ln r)) or (ln r - 0), both exact, so exp gives the boundary exactly (checked below).
+#
+#   token  r              A    on the boundary of          M   w      counted as
+#   (0,0)  0.5            +1   floor 1 - eps_low           1   0.5    -
+#   (0,1)  1.25           -1   cap 1 + eps_high            1   1.25   -
+#   (0,2)  0.75           -1   mask floor 1 - mask_eps_low 1   0.75   -
+#   (0,3)  1.5            +1   mask cap 1 + mask_eps_high  1   1.25   capped (1.5 > 1.25)
+#   (1,0)  0.5 e^-1e-12   +1                               1   0.5    floored
+#   (1,1)  1.25 e^1e-12   -1                               1   1.25   capped
+#   (1,2)  0.75 e^-1e-12  -1                               0   0.75   masked low
+#   (1,3)  1.5 e^1e-12    +1                               0   1.25   masked high, capped
+#
+# gradient -M w A / 8: row 0 (-0.0625, 0.15625, 0.09375, -0.15625), row 1 (-0.0625, 0.15625, 0, 0).
+BOUNDARY_R = [0.5, 1.25, 0.75, 1.5]
+BOUNDARY_A = [1.0, -1.0, -1.0, 1.0]
+
+
+def test_boundaries_are_strict_for_mask_and_weight_metrics():
+    # catches: >= / <= in place of > / < in M (tokens (0,2), (0,3) would lose their gradient) or in
+    # weight_capped_frac / weight_floored_frac ((0,1) / (0,0) would be counted); the mask reading
+    # eps_* or the metrics reading mask_eps_* (the boundaries differ)
+    log_r = [math.log(v) for v in BOUNDARY_R]
+    log_r = [log_r, [x + (1e-12 if x > 0 else -1e-12) for x in log_r]]
+    logp = torch.tensor([[min(x, 0.0) for x in row] for row in log_r], dtype=F64)  # ln r (r < 1) or 0
+    old = torch.tensor([[-max(x, 0.0) for x in row] for row in log_r], dtype=F64)  # 0 or -ln r (r > 1)
+    assert torch.equal(torch.exp(logp - old)[0], torch.tensor(BOUNDARY_R, dtype=F64))  # exact boundaries
+    r1 = torch.exp(logp - old)[1]
+    assert (r1[[0, 2]] < torch.tensor([0.5, 0.75], dtype=F64)).all()  # just outside
+    assert (r1[[1, 3]] > torch.tensor([1.25, 1.5], dtype=F64)).all()
+    adv = torch.tensor([BOUNDARY_A, BOUNDARY_A], dtype=F64)
+    mask = torch.ones(2, 4, dtype=F64)
+    algo = CISPO.replace(eps_low=0.5, eps_high=0.25, mask_eps_low=0.25, mask_eps_high=0.5)
+    out, g = _grad(logp, old, adv, mask, algo)
+    torch.testing.assert_close(g, torch.tensor([[-0.0625, 0.15625, 0.09375, -0.15625],
+                                                [-0.0625, 0.15625, 0.0, 0.0]], dtype=F64), rtol=1e-12, atol=0)
+    m = out.metrics
+    assert m["clip_frac_low"] == 1 / 8 and m["clip_frac_high"] == 1 / 8  # (1,2), (1,3) only
+    assert m["grad_token_frac"] == 6 / 8
+    assert m["weight_floored_frac"] == 1 / 8  # (1,0) only, not (0,0) at r = 1 - eps_low
+    assert m["weight_capped_frac"] == 3 / 8  # (0,3), (1,1), (1,3), not (0,1) at r = 1 + eps_high
+    # the value, by hand: -M w A ln r summed over the 6 unmasked tokens, / 8 (the 1e-12 shifts change
+    # it by about 1e-13)
+    hand = (0.5 * LN2 + 1.25 * math.log(1.25) + 0.75 * math.log(0.75) - 1.25 * math.log(1.5)
+            + 0.5 * LN2 + 1.25 * math.log(1.25)) / 8
+    assert out.loss.item() == pytest.approx(hand, abs=1e-12)
 
 
 # ================================================================================================
@@ -320,6 +424,36 @@ def test_padding_changes_nothing(junk):
     assert out.metrics == ref_out.metrics
 
 
+MICRO_KEYS = ("loss", "pg_loss", "clip_frac_low", "clip_frac_high", "clip_frac", "grad_token_frac",
+              "weight_capped_frac", "weight_floored_frac", "ratio_mean", "ratio_min", "ratio_max", "adv_abs_mean",
+              "num_tokens", "num_sequences")
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+@pytest.mark.parametrize("mask_eps", [(None, None), (0.2, 0.28)])
+def test_micro_batches_with_global_num_tokens_match_the_full_batch(ratio_level, mask_eps):
+    # float64: rows 0-1 and rows 2-5 (with the empty row 2) as two micro-batches, each normalised by
+    # the global N_tok, sum to the full batch's loss and gradient, and their metrics combine to the
+    # full batch's. Catches token_mean ignoring num_tokens, and any coupling across rows (a batch-wide
+    # statistic in the weight or in M) that a row split would change.
+    algo = CISPO.replace(ratio_level=ratio_level, mask_eps_low=mask_eps[0], mask_eps_high=mask_eps[1])
+    logp, old, adv, mask = _random_batch(9)
+    full, g_full = _grad(logp, old, adv, mask, algo)
+    parts = [slice(0, 2), slice(2, 6)]
+    n_tok = mask.sum()
+    outs, grads = zip(*(_grad(logp[s], old[s], adv[s], mask[s], algo, num_tokens=n_tok) for s in parts))
+    assert sum(o.loss.item() for o in outs) == pytest.approx(full.loss.item(), rel=1e-12, abs=1e-15)
+    torch.testing.assert_close(torch.cat(grads), g_full, rtol=1e-12, atol=1e-15)
+    combined = reduce_micro_batches([o.metrics for o in outs])
+    for k in MICRO_KEYS:
+        assert combined[k] == pytest.approx(full.metrics[k], rel=1e-12, abs=1e-15), k
+    assert (full.metrics["clip_frac"] > 0) == (mask_eps[0] is not None)  # M really removes tokens
+    assert 0 < full.metrics["weight_capped_frac"] < 1
+    # each micro-batch normalised by its own count does not add up (the two counts differ here)
+    own = sum(policy_loss(logp[s], old[s], adv[s], mask[s], algo).loss.item() for s in parts)
+    assert abs(own - full.loss.item()) > 1e-3 * abs(full.loss.item())
+
+
 # ================================================================================================
 # 6. extreme log-ratios
 # ================================================================================================
@@ -342,6 +476,34 @@ def test_extreme_log_ratios_finite_and_capped(dtype):
     assert out.metrics["weight_capped_frac"] == 0.5
     assert all(math.isfinite(v) for v in out.metrics.values())
     assert out.metrics["ratio_max"] == pytest.approx(math.exp(LOG_RATIO_CLAMP), rel=1e-6)
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask_eps", [(None, None), (0.2, 0.28)])
+def test_low_precision_inputs_compute_in_float32(low, mask_eps):
+    # bfloat16 / float16 log-probs and advantages: a float32 loss, finite, equal (to float32 rounding)
+    # to the float32 path on the same rounded inputs. Catches a loss returned in the low dtype, or
+    # log r / the weight / the product computed in it (8 or 11 significant bits: errors of order 1e-3,
+    # far above the 1e-6 here), and non-finite values.
+    algo = CISPO.replace(mask_eps_low=mask_eps[0], mask_eps_high=mask_eps[1])
+    logp64, old64, adv64, mask64 = _random_batch(7)
+    logp, old, adv, mask = (t.to(low) for t in (logp64, old64, adv64, mask64))
+    out, g = _grad(logp, old, adv, mask, algo)
+    assert out.loss.dtype == torch.float32 and g.dtype == low
+    assert math.isfinite(out.loss.item()) and torch.isfinite(g).all()
+    assert all(math.isfinite(v) for v in out.metrics.values())
+    # reference: the rounded inputs, cast to float32, through the float32 path
+    ref, g32 = _grad(logp.float(), old.float(), adv.float(), mask.float(), algo)
+    assert out.loss.item() == pytest.approx(ref.loss.item(), rel=1e-6, abs=1e-7)
+    # the gradient reaching a low-precision leaf is the float32 one rounded to it (relative 2^-8 at most)
+    torch.testing.assert_close(g.float(), g32, rtol=2 ** -8, atol=1e-7)
+    for k in ("clip_frac_low", "clip_frac_high", "grad_token_frac", "weight_capped_frac", "weight_floored_frac",
+              "num_tokens"):
+        assert out.metrics[k] == ref.metrics[k], k
+    assert (out.metrics["clip_frac"] > 0) == (mask_eps[0] is not None)
+    # the tolerance can tell: the unrounded float64 inputs give a loss farther from the reference than it
+    unrounded = policy_loss(logp64.float(), old64.float(), adv64.float(), mask64.float(), algo).loss.item()
+    assert abs(unrounded - ref.loss.item()) > 1e-5 * abs(ref.loss.item())
 
 
 # ================================================================================================
@@ -434,11 +596,12 @@ def test_inference_copy_fp32_head(tiny, dtype):
 def test_inference_copy_plain(tiny):
     cp = inference_copy(tiny)  # default bfloat16, head in bfloat16 too (still tied in the copy)
     assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in cp.parameters())
+    assert cp.lm_head.weight is cp.model.embed_tokens.weight and type(cp.lm_head) is torch.nn.Linear
     assert _logits(cp).dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 and p.requires_grad for p in tiny.parameters())
     f32 = inference_copy(tiny, "float32")
     torch.testing.assert_close(_logits(f32), _logits(tiny), rtol=0, atol=0)
-    # a low-precision copy is a real perturbation, and the fp32 head does not make it exact
+    # the bfloat16 copy (no float32 head here) is a real perturbation of the float32 logits
     assert (_logits(cp).float() - _logits(tiny)).abs().max() > 1e-4
 
 

@@ -32,6 +32,21 @@ def test_t_interval_one_value_and_bounds():
     assert stats.t_interval([0.0, 0.0, 0.01], bounds=(0, 1)).lo == 0.0
 
 
+def test_t_interval_bounds_clip_the_upper_end_too():
+    # a fraction near 1: 1, 1, 0.99 -> mean 0.99667, sd 0.0057735, half-width 4.30265273 * sd / sqrt 3
+    # = 0.01434 (hand, t table as above), so the raw hi is 1.0110 > 1. Catches bounds applied to lo
+    # only, or hi clipped to the lower bound / lo to the upper one.
+    raw = stats.t_interval([1.0, 1.0, 0.99])
+    half = 4.30265273 * (0.01 / math.sqrt(3)) / math.sqrt(3)
+    assert raw.hi == pytest.approx(2.99 / 3 + half, abs=1e-8) and raw.hi > 1
+    iv = stats.t_interval([1.0, 1.0, 0.99], bounds=(0, 1))
+    assert iv.hi == 1.0 and iv.lo == raw.lo and iv.mean == raw.mean and iv.n == 3  # lo inside: unchanged
+    # both ends out of range (n = 2: t_{0.975, 1} = 12.7062047): both clipped, the mean kept
+    both = stats.t_interval([0.0, 1.0], bounds=(0, 1))
+    assert (both.lo, both.hi, both.mean) == (0.0, 1.0, 0.5)
+    assert stats.t_interval([0.0, 1.0]).hi == pytest.approx(0.5 + 12.7062047 * math.sqrt(0.5) / math.sqrt(2), abs=1e-6)
+
+
 @pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [float("inf")]])
 def test_t_interval_rejects_bad_values(bad):
     with pytest.raises(ValueError, match="t_interval"):
@@ -102,3 +117,8 @@ def test_band_plot_ci95_band_and_bounds():
     plt.close(fig)
     with pytest.raises(ValueError, match="band"):
         plotting.band_plot(plt.subplots()[1], df, "step", "y", band="se")
+
+
+def test_t_interval_rejects_reversed_bounds():
+    with pytest.raises(ValueError, match="bounds"):
+        stats.t_interval([0.2, 0.3], bounds=(1, 0))
