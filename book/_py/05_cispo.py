@@ -94,15 +94,15 @@ CHAPTER_START = time.perf_counter()
 # $$
 # \mathcal J_{\mathrm{CISPO}}(\theta)=\E\Bigg[\frac{1}{\sum_{i=1}^G\olen{i}}\sum_{i=1}^G\sum_{t=1}^{\olen{i}}
 # \sg{\hat r_{i,t}(\theta)}\,\Ahat_{i,t}\,\log\pitheta(o_{i,t}\given q,o_{i,<t})\Bigg],
-# \qquad \hat r_{i,t}=\clip\big(r_{i,t},\,1-\varepsilon^{IS}_{low},\,1+\varepsilon^{IS}_{high}\big).
+# \qquad \hat r_{i,t}=\clip\big(r_{i,t},\,1-\varepsilon^{\mathrm{IS}}_{low},\,1+\varepsilon^{\mathrm{IS}}_{high}\big).
 # $$ (eq-cispo-objective)
 #
 # Compare PPO's surrogate $\min\big(r\Ahat,\ \clip(r,1-\epslow,1+\epshigh)\Ahat\big)$
 # ({eq}`eq-dapo-objective`): there the clip acts on the *term that is differentiated*, so beyond
 # the range the term is a constant and its gradient is zero. In {eq}`eq-cispo-objective` the clip
 # acts on a coefficient, so beyond the range the gradient is still $\hat r\,\Ahat\,\nabla\log\pitheta$,
-# just with a capped coefficient. The paper sets no effective lower bound ($\varepsilon^{IS}_{low}$
-# large) and tunes only $\varepsilon^{IS}_{high}$, without reporting its value.
+# just with a capped coefficient. The paper sets no effective lower bound ($\varepsilon^{\mathrm{IS}}_{low}$
+# large) and tunes only $\varepsilon^{\mathrm{IS}}_{high}$, without reporting its value.
 #
 # **Exact enumeration.** On a categorical policy over six tokens we can compute every expectation
 # exactly, in float64, and check three claims: the weight $\pitheta/\piold$ gives the on-policy
@@ -153,19 +153,20 @@ ratios = (p_theta / p_old)
 print("ratios pi_theta/pi_old per token:", np.round(ratios.numpy(), 2))
 print(f"weight pi_theta/pi_old : relative gradient error {'< 1e-12 (exact)' if rel(g_is) < 1e-12 else rel(g_is)}")
 print(f"weight pi_old/pi_theta : relative gradient error {rel(g_inverted):.2f}, cosine with the true gradient {cos(g_inverted):.2f}")
-book.glue("cispo_inverted_err", f"{100 * rel(g_inverted):.0f}%")
+book.glue("cispo_inverted_err", f"{rel(g_inverted):.2f}")
 book.glue("cispo_inverted_cos", f"{cos(g_inverted):.2f}")
 
 # %% tags=["hide-input"]
 caps = np.concatenate([np.linspace(0.0, 1.0, 21), np.linspace(1.1, float(ratios.max()) + 0.5, 10)])
 bias = [rel(cispo_grad(float(e))) for e in caps]
 fig, ax = plt.subplots(figsize=(6.4, 2.8))
-ax.plot(caps, bias, color=plotting.algo_color("CISPO"), marker=".", label="CISPO weight, capped at $1+\\varepsilon_{high}$")
+ax.plot(caps, bias, color=plotting.algo_color("CISPO"), marker=".",
+        label="CISPO weight, capped at $1+\\varepsilon^{\\mathrm{IS}}_{high}$")
 ax.axhline(rel(g_inverted), color="k", ls="--", lw=1, label="inverted weight $\\pi_{old}/\\pi_\\theta$")
 for r in sorted(ratios.numpy()):
     if r > 1:
         ax.axvline(r - 1, color="0.7", lw=0.6)
-ax.set_xlabel("$\\varepsilon^{IS}_{high}$ (cap of the weight minus 1)")
+ax.set_xlabel("$\\varepsilon^{\\mathrm{IS}}_{high}$ (cap of the weight minus 1)")
 ax.set_ylabel("relative gradient error")
 ax.legend(fontsize=8)
 fig.tight_layout()
@@ -183,15 +184,15 @@ book.glue("cispo_bias_028", f"{rel(cispo_grad(0.28)):.3f}")
 #
 # Exact gradients on a six-token categorical policy (float64). Relative error
 # $\lVert g-g^\star\rVert/\lVert g^\star\rVert$ of the off-policy gradient against the on-policy
-# gradient $g^\star$, as a function of the weight's cap. Grey lines: the ratios above 1; once the
-# cap clears the largest one, CISPO's weight is the plain importance weight and the error is 0.
-# Dashed: the inverted weight, wrong by a fixed amount.
+# gradient $g^\star$, as a function of the weight's cap. Grey lines: $r-1$ for each token whose
+# ratio is above 1, where the cap starts to bind on it; once the cap clears the largest, CISPO's
+# weight is the plain importance weight and the error is 0. Dashed: the (uncapped) inverted weight.
 # ```
 #
 # Capping trades bias for variance: here the error at DAPO's $\varepsilon=0.28$ is
 # {glue:text}`cispo_bias_028`, and it is zero once the cap clears every ratio. The inverted weight
-# is wrong by {glue:text}`cispo_inverted_err` (cosine {glue:text}`cispo_inverted_cos` with the
-# true gradient), whatever the cap.
+# $\piold/\pitheta$ has a relative error of {glue:text}`cispo_inverted_err` (cosine
+# {glue:text}`cispo_inverted_cos` with the true gradient).
 #
 # :::{admonition} Common misreadings: "CISPO inverts the ratio"
 # :class: warning
@@ -200,7 +201,7 @@ book.glue("cispo_bias_028", f"{rel(cispo_grad(0.28)):.3f}")
 # reversed". The paper defines $r_{i,t}=\pitheta/\piold$ (Eq. 1), clips *that* ratio (Eq. 5) and
 # puts it under a stop-gradient as the coefficient of $\Ahat\log\pitheta$ (Eq. 4). What is new is
 # the *object* of the clip, not the direction of the ratio. The inverted weight is not an
-# importance weight at all: above, it misses the on-policy gradient by
+# importance weight at all: above, its relative error against the on-policy gradient is
 # {glue:text}`cispo_inverted_err`, and it would up-weight exactly the tokens whose probability has
 # *fallen* since sampling. `tests/test_cispo.py` checks the unbiasedness by enumeration on every
 # commit.
@@ -228,7 +229,7 @@ book.glue("cispo_bias_028", f"{rel(cispo_grad(0.28)):.3f}")
 logp = torch.log(torch.tensor([[0.50, 0.20, 0.90], [0.05, 0.60, 0.30]], dtype=torch.float64)).requires_grad_()
 old = torch.log(torch.tensor([[0.40, 0.25, 0.90], [0.01, 0.50, 0.35]], dtype=torch.float64))
 mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
-adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+adv = torch.tensor([-0.5, 1.0], dtype=torch.float64)
 eps_high = CISPO.eps_high
 r = (logp.detach() - old).exp()
 w_hand = torch.clamp(r, max=1 + eps_high)  # eps_low = 1: no floor
@@ -241,8 +242,10 @@ const = (w_hand * A_t * old * mask).sum() / mask.sum()
 assert torch.allclose(-out.loss, J_hand - const, atol=1e-12)  # equal up to the constant term
 assert torch.allclose(g, grad_hand, atol=1e-12)
 print("ratios:", np.round(r.numpy(), 3).tolist())
-print("token (1, 0): ratio", round(float(r[1, 0]), 2), "-> weight", round(float(w_hand[1, 0]), 2),
-      "| gradient", round(float(g[1, 0]), 4), "(PPO-clip would give 0)")
+(g_dapo_hand,) = torch.autograd.grad(policy_loss(logp, old, adv, mask, DAPO).loss, logp)
+assert g_dapo_hand[1, 0] == 0 and g[1, 0] != 0
+print("token (1, 0), A = +1: ratio", round(float(r[1, 0]), 2), "-> weight", round(float(w_hand[1, 0]), 2),
+      "| gradient of the loss: CISPO", round(float(g[1, 0]), 4), "DAPO", round(float(g_dapo_hand[1, 0]), 4))
 print("capped weights:", float(out.metrics["weight_capped_frac"]), "| tokens with gradient:", float(out.metrics["grad_token_frac"]))
 
 # %% [markdown]
@@ -292,7 +295,8 @@ print("A > 0, r > 1.28: DAPO gradient 0, CISPO gradient 1.28 * A; A < 0, r < 0.8
 # `policy_loss`; $\epslow=0.2$, $\epshigh=0.28$ for DAPO; CISPO's weight capped at 1.28 with no
 # floor). Left: a positive advantage — past $r=1.28$ DAPO's gradient is exactly 0, CISPO's stays at
 # the cap. Right: a negative advantage — below $r=0.8$ DAPO stops pushing the token down, CISPO
-# keeps pushing with weight $r$.
+# keeps pushing with weight $r$; above $r=1.28$ it is CISPO that pushes *less* (weight capped at
+# 1.28, while PPO's unclipped branch keeps weight $r$).
 # ```
 #
 # ## 5.3 One form for both: the token mask
@@ -336,10 +340,10 @@ print(f"{int(m_real.sum())} tokens; both drop the same {grads['DAPO'][1]['clip_f
 # ## 5.4 Experiment: many off-policy updates on one batch
 #
 # The paper trained with 16 rounds of off-policy updates per generation batch. We do the same on
-# the CPU profile: for each seed, DAPO's trainer collects one batch (16 mixed-accuracy groups of
-# 8), and that *same* batch is given to a DAPO and a CISPO trainer starting from the same base
-# weights, each making 16 minibatch updates of 8 responses (`trainer.update`, the trainer's own
-# update stage). For each update we record the fraction of tokens whose gradient is zero, and
+# the CPU profile: for each seed, a DAPO and a CISPO trainer start from the same base weights and
+# the same seed, collect the same batch ({glue:text}`cispo_groups` mixed-accuracy groups of
+# {glue:text}`cispo_G`; asserted identical) and make 16 minibatch updates on it
+# (`trainer.update`, the trainer's own update stage) in the same minibatch order. For each update we record the fraction of tokens whose gradient is zero, and
 # after the 16 updates, what happened to the *rare* tokens that the update should make more
 # likely: sampled with $\piold<0.1$ in a response with positive advantage.
 
@@ -347,12 +351,14 @@ print(f"{int(m_real.sum())} tokens; both drop the same {grads['DAPO'][1]['clip_f
 def one_batch_many_updates(seed, n_updates=16):
     cfg = dataclasses.replace(experiments.get_profile(PROFILE).config, seed=seed, minibatches=n_updates,
                               micro_batch_size=None, eval_every=0)
-    rows, rare, shared = [], [], None
+    rows, rare, first = [], [], None
     for algo in (DAPO, CISPO):
         pol, tok = load_policy(experiments.get_profile(PROFILE).base)
         tr = Trainer(pol, tok, get_task(experiments.get_profile(PROFILE).task), algo, cfg)
-        if shared is None:
-            shared = tr.collect()  # one batch, trained on by both algorithms (paired)
+        shared = tr.collect()  # same weights, seed and selector: the same batch, and the same RNG state after
+        if first is None:
+            first = shared.rollout.completion_ids
+        assert torch.equal(first, shared.rollout.completion_ids)  # paired: both train on one batch
         tr.compute_advantages(shared)
         with torch.no_grad():
             lp0 = policy_logprobs(tr.policy, shared.rollout)
@@ -377,6 +383,8 @@ for s in SEEDS:
     per_update += a
     rare_rows += b
 per_update, rare_df = pd.DataFrame(per_update), pd.DataFrame(rare_rows)
+book.glue("cispo_groups", experiments.get_profile(PROFILE).config.prompts_per_step)
+book.glue("cispo_G", experiments.get_profile(PROFILE).config.group_size)
 print(f"{len(SEEDS)} seeds x 2 algorithms x 16 updates in {time.perf_counter() - t0:.0f} s")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
@@ -415,8 +423,8 @@ print("CISPO - DAPO, mean probability of the rare tokens after 16 updates:", sta
 # :name: fig-cispo-updates
 #
 # Sixteen minibatch updates on one batch, five seeds, mean with 95% t interval. Left: fraction of
-# the minibatch's tokens whose gradient is zero — under DAPO's clip it grows with every update as
-# the policy drifts from $\piold$; under CISPO it is 0 throughout. Right: the price CISPO pays
+# the minibatch's tokens whose gradient is zero — under DAPO's clip it grows, on average, with the
+# update index as the policy drifts from $\piold$; under CISPO it is 0 throughout. Right: the price CISPO pays
 # instead, the fraction of tokens whose importance weight is capped.
 # ```
 #
@@ -426,9 +434,9 @@ print("CISPO - DAPO, mean probability of the rare tokens after 16 updates:", sta
 # {glue:text}`cispo_rare_pold`) in responses with positive advantage. After 16 updates their mean
 # probability is {glue:text}`cispo_rare_dapo` under DAPO and {glue:text}`cispo_rare_cispo` under
 # CISPO; paired over seeds, CISPO − DAPO = {glue:text}`cispo_rare_diff`. Under the clip, once a
-# rare token has risen past $1.28\,\piold$ its own term contributes no gradient for the rest of
-# the batch (it can still move through the shared weights, as the printed fractions above 1.28
-# show); under CISPO its term keeps pushing, with a capped weight. Whether that is what you want
+# rare token has risen past $1.28\,\piold$ its own term contributes no gradient for as long as its
+# ratio stays there (it can still move through the shared weights, as the printed fractions above
+# 1.28 show); under CISPO its term keeps pushing, with a capped weight. Whether that is what you want
 # depends on the token: for the paper's "Wait" it was.
 #
 # ## 5.5 Experiment: learning speed, GRPO against DAPO against CISPO
@@ -489,7 +497,7 @@ HORIZON = STEPS_B + EVAL_B  # a seed that never reached the target is counted at
 reach_c = reach.fillna(HORIZON)
 summary = pd.DataFrame({
     n: {"final greedy accuracy": stats.format_interval(stats.t_interval(final[n], bounds=(0, 1))),
-        "steps to target": f"{reach_c[n].mean():.1f}",
+        f"steps to target (never reached = {HORIZON})": f"{reach_c[n].mean():.1f}",
         "seeds that reached it": f"{int(reach[n].notna().sum())}/{len(SEEDS)}",
         "tokens with a gradient": f"{grid[n].history['grad_token_frac'].mean():.3f}",
         "samples generated / trained": f"{grid[n].history['samples_per_trained'].mean():.2f}"}
@@ -520,19 +528,24 @@ summary
 # GRPO, DAPO and CISPO on the CPU profile with four minibatch updates per batch, five seeds, mean
 # with 95% t interval. Left: greedy test accuracy (evaluated every two steps). Middle: mean
 # entropy of the policy on the tokens it trains on. Right: fraction of trained tokens that receive
-# a gradient — 1 for CISPO by construction.
+# a gradient — 1 for CISPO by construction, about 0.99 for DAPO (its clip), lower for GRPO because
+# its zero-advantage groups (no dynamic sampling) get no gradient.
 # ```
 #
 # ```{glue:} cispo_speed_table
 # ```
 #
-# *Final greedy accuracy (mean [95% t interval] over five seeds), mean steps to reach the target,
-# mean fraction of tokens with a gradient and responses generated per response trained.*
+# *Final greedy accuracy (mean [95% t interval] over five seeds); mean steps to reach the target,
+# a seed that never reached it counted at the step after the last (censored, so this favours the
+# slower method); seeds that reached it; mean fraction of trained tokens with a gradient (GRPO's
+# is below 1 because of its zero-advantage groups, not because of clipping: it has no dynamic
+# sampling); responses generated per response trained.*
 #
 # **What reproduced, and what did not.** The mechanism reproduces exactly: PPO-clip's share of
 # zero-gradient tokens grows with every off-policy update and CISPO's stays at zero, and rare
 # positive-advantage tokens rise much further under CISPO (§5.4). The speed claim does not. The
-# target is 90% of DAPO's mean gain over the base policy, accuracy {glue:text}`cispo_target`;
+# target is 90% of DAPO's mean gain over the base policy, accuracy {glue:text}`cispo_target` (a
+# target defined by DAPO's own curve, which favours DAPO slightly: the paper's is DAPO's score too);
 # CISPO's steps to reach it divided by DAPO's, per seed (geometric mean [95% interval]), are
 # {glue:text}`cispo_steps_ratio`. The paper reports 0.5. The final accuracies differ by
 # CISPO − DAPO = {glue:text}`cispo_final_diff` (paired over seeds), against a binomial standard
@@ -540,14 +553,15 @@ summary
 # questions. Entropy falls the same way for all three (middle panel), so whatever holds CISPO back
 # here is not the entropy collapse the paper guards against. Our toy is far from the paper's
 # regime: there the gain comes from long reasoning traces in which a few rare "fork" tokens decide
-# the outcome, trained with 16 off-policy updates at a learning rate of about 1e-6; here responses
+# the outcome, trained with 16 minibatch updates per generation batch on a 32B model; here responses
 # are at most 32 characters of digits and operators, and four updates at our learning rate move
 # the policy much further per batch. In that regime, CISPO's extra gradient — on positive tokens
 # that already rose past the cap, and on negative tokens pushed below $0.8\,\piold$, where PPO-clip
 # stops — is more push on tokens the batch has already moved, not rescued exploration. We did not
-# run the ablation that would separate the two — `CISPO.replace(eps_low=0.2)`, a floor on the
-# weight as in verl's default — because it does not fit this chapter's time budget; it is one line
-# to add to the grid above.
+# run the ablation that would separate the two — CISPO with Eq. 7's mask,
+# `CISPO.replace(mask_eps_low=0.2, mask_eps_high=0.28)`, which drops exactly the tokens PPO-clip
+# drops while keeping the capped weight elsewhere — because it does not fit this chapter's time
+# budget; it is one line to add to the grid above.
 #
 # ## 5.6 Experiment: the precision mismatch
 #
@@ -573,34 +587,49 @@ def mismatch(seed, fp32_head):
         lp_train = policy_logprobs(tr.policy, b.rollout)
     m = b.loss_mask.bool()
     p_inf, p_tr = b.rollout.behaviour_logp[m].exp(), lp_train[m].exp()
+    log_ratio = (lp_train - b.rollout.behaviour_logp)[m]
     first = {a.name: policy_loss(lp_train, b.rollout.behaviour_logp, b.advantages, b.loss_mask, a).metrics
              for a in (DAPO, CISPO)}
+    corr = float(torch.corrcoef(torch.stack([p_inf, p_tr]))[0, 1])
     return {"seed": seed, "LM head": "float32" if fp32_head else "bfloat16",
-            "correlation": float(torch.corrcoef(torch.stack([p_inf, p_tr]))[0, 1]),
-            "max |log ratio|": float((lp_train - b.rollout.behaviour_logp)[m].abs().max()),
+            "correlation": corr, "1 - correlation": 1 - corr,
+            "mean |log ratio| (nats)": float(log_ratio.abs().mean()),
+            "max |log ratio| (nats)": float(log_ratio.abs().max()),
             "DAPO: tokens cut at update 1": float(first["DAPO"]["clip_frac"]),
             "CISPO: weights capped at update 1": float(first["CISPO"]["weight_capped_frac"]),
-            "p_inf": p_inf.numpy(), "p_train": p_tr.numpy()}
+            "tokens": int(m.sum()), "p_inf": p_inf.numpy(), "p_train": p_tr.numpy()}
 
 
 t0 = time.perf_counter()
 mm = pd.DataFrame([mismatch(s, h) for s in SEEDS for h in (False, True)])
-cols = ["correlation", "max |log ratio|", "DAPO: tokens cut at update 1", "CISPO: weights capped at update 1"]
+cols = ["correlation", "1 - correlation", "mean |log ratio| (nats)", "max |log ratio| (nats)",
+        "DAPO: tokens cut at update 1", "CISPO: weights capped at update 1"]
 mm_table = pd.DataFrame({
-    head: {c: stats.format_interval(stats.t_interval(g[c], bounds=(-1, 1) if c == "correlation" else (0, math.inf)), 4)
+    head: {c: stats.format_interval(stats.t_interval(g[c], bounds=(-1, 1) if c == "correlation" else (0, math.inf)),
+                                    5 if "correlation" in c else 4)
            for c in cols}
     for head, g in mm.groupby("LM head")}).T
 book.glue("cispo_mismatch_table", mm_table)
-corr = mm.pivot(index="seed", columns="LM head", values="correlation")
-book.glue("cispo_corr_bf16", f"{corr['bfloat16'].mean():.4f}")
-book.glue("cispo_corr_fp32", f"{corr['float32'].mean():.4f}")
-book.glue("cispo_corr_diff", stats.format_interval(stats.paired_difference(corr["float32"], corr["bfloat16"]), 5))
-cut = mm.groupby("LM head")["DAPO: tokens cut at update 1"].mean()
-book.glue("cispo_cut_bf16", f"{100 * cut['bfloat16']:.2f}%")
-book.glue("cispo_maxlr_bf16", f"{mm.loc[mm['LM head'] == 'bfloat16', 'max |log ratio|'].mean():.2f}")
-assert (mm["correlation"] < 1).all() and (mm["max |log ratio|"] > 0).all()  # a mismatch exists
+by = {c: mm.pivot(index="seed", columns="LM head", values=c) for c in ("correlation", "1 - correlation",
+                                                                         "mean |log ratio| (nats)")}
+book.glue("cispo_corr_bf16", f"{by['correlation']['bfloat16'].mean():.4f}")
+book.glue("cispo_corr_fp32", f"{by['correlation']['float32'].mean():.4f}")
+red_corr = stats.paired_ratio(by["1 - correlation"]["float32"], by["1 - correlation"]["bfloat16"])
+red_lr = stats.paired_ratio(by["mean |log ratio| (nats)"]["float32"], by["mean |log ratio| (nats)"]["bfloat16"])
+book.glue("cispo_red_corr", stats.format_interval(red_corr, 2))
+book.glue("cispo_red_lr", stats.format_interval(red_lr, 2))
+bf = mm[mm["LM head"] == "bfloat16"]
+cut_seeds = int((bf["DAPO: tokens cut at update 1"] > 0).sum())
+book.glue("cispo_cut_seeds", f"{cut_seeds} of {len(SEEDS)}")
+book.glue("cispo_cut_tokens", f"{(bf['DAPO: tokens cut at update 1'] * bf['tokens']).sum():.0f}")
+book.glue("cispo_tokens_total", f"{bf['tokens'].sum():,}")
+book.glue("cispo_maxlr_bf16", f"{bf['max |log ratio| (nats)'].mean():.2f}")
+cfg_model = policy.config
+book.glue("cispo_model_dims", f"{cfg_model.hidden_size} hidden units to {cfg_model.vocab_size} tokens")
+book.glue("cispo_model_layers", f"{cfg_model.num_hidden_layers}")
+assert (mm["correlation"] < 1).all() and (mm["mean |log ratio| (nats)"] > 0).all()  # a mismatch exists
 print(f"{len(mm)} batches in {time.perf_counter() - t0:.1f} s")
-mm_table
+mm_table.T
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.2), sharey=True)
@@ -608,7 +637,7 @@ for ax, (head, g) in zip(axes, mm[mm.seed == SEEDS[0]].groupby("LM head")):
     row = g.iloc[0]
     ax.scatter(row["p_train"], row["p_inf"], s=4, alpha=0.5, color=plotting.algo_color("CISPO"))
     ax.plot([0, 1], [0, 1], color="k", lw=0.6)
-    ax.set_title(f"bfloat16 sampler, {head} head (r = {row['correlation']:.4f})", fontsize=9)
+    ax.set_title(f"bfloat16 sampler, {head} head (correlation {row['correlation']:.4f})", fontsize=9)
     ax.set_xlabel("training probability (float32)")
 axes[0].set_ylabel("inference probability")
 fig.tight_layout()
@@ -620,43 +649,53 @@ book.glue("fig_cispo_mismatch", fig)
 #
 # The same sampled tokens scored by the bfloat16 sampler (y) and the float32 trainer (x), one
 # seed, without (left) and with (right) a float32 LM head in the sampler — our version of the
-# paper's Fig. 3.
+# paper's Fig. 3. What to see: the points hug the diagonal in both panels; the visible scatter
+# (mid-range probabilities off the line) barely changes with the head, because most of the
+# rounding happens below it.
 # ```
 #
 # ```{glue:} cispo_mismatch_table
 # ```
 #
 # *Mean [95% interval] over five seeds of: the correlation between inference and training
-# probabilities over the batch's tokens; the largest per-token log-ratio; the fraction of tokens
-# DAPO's clip cuts at the first update when $\piold$ is the sampler's log-probability; the
-# fraction of CISPO weights capped there.*
+# probabilities over the batch's tokens, and one minus it; the mean and the largest per-token
+# $|\log\pitheta-\log\pi_{\mathrm{sampler}}|$ in nats; the fraction of tokens DAPO's clip cuts
+# at the first update when $\piold$ is the sampler's log-probability; the fraction of CISPO
+# weights capped there.*
 #
 # **What reproduced, and what did not.** The mismatch itself reproduces: the bfloat16 sampler and
 # the float32 trainer disagree on every batch, with a correlation of
 # {glue:text}`cispo_corr_bf16` — already higher than the paper's 0.987 — and per-token log-ratios
-# of up to {glue:text}`cispo_maxlr_bf16` (mean over seeds of the largest), so that DAPO's clip cuts
-# {glue:text}`cispo_cut_bf16` of the tokens at an update that should be exactly on-policy: few
-# tokens at this scale, but never zero. The
-# fix does not carry over: with a float32 head the correlation is {glue:text}`cispo_corr_fp32`
-# (paired change {glue:text}`cispo_corr_diff`). The reason is the size of the head. The paper's
-# mismatch came from large activations in a head over a vocabulary of hundreds of thousands of
-# tokens; ours maps 96 hidden units to 52 characters, so its rounding is small next to that of the
-# three bfloat16 transformer layers below it. The switch is there, tested, for the GPU profile's
-# real models.
+# of up to {glue:text}`cispo_maxlr_bf16` nats (mean over seeds of the largest). That is enough for
+# DAPO's clip to cut tokens at an update that should be exactly on-policy, but rarely at this
+# scale: {glue:text}`cispo_cut_tokens` tokens of {glue:text}`cispo_tokens_total`, on
+# {glue:text}`cispo_cut_seeds` seeds. The float32 head acts in the paper's direction but only in
+# part: it multiplies $1-\rho$ by {glue:text}`cispo_red_corr` and the mean $|\log r|$ by
+# {glue:text}`cispo_red_lr` (paired geometric means [95% interval] over seeds), so the correlation
+# goes from {glue:text}`cispo_corr_bf16` to {glue:text}`cispo_corr_fp32` at four digits. The
+# rest of the mismatch comes from below the head: the paper's came from large activations in a
+# head over a vocabulary of hundreds of thousands of tokens, while ours maps
+# {glue:text}`cispo_model_dims`, under {glue:text}`cispo_model_layers` bfloat16 transformer
+# layers whose rounding the float32 head cannot undo. The switch is there, tested, for the GPU
+# profile's real models.
 #
 # ## 5.7 At scale
 #
 # What MiniMax-M1 reports {cite:p}`minimax2025m1`, beside what this chapter measured:
 
 # %% tags=["hide-input", "nbval-ignore-output"]
+gp = experiments.get_profile("gpu")
+book.glue("cispo_gpu_shape", f"{gp.config.prompts_per_step} questions × {gp.config.group_size} responses per step, "
+                             f"{gp.steps} steps")
 at_scale = pd.DataFrame([
     {"quantity": "CISPO steps to DAPO's score / DAPO's steps",
      "paper": "0.5 (Fig. 2; Qwen2.5-32B-base zero-RL, DAPO's maths data, AIME 2024)",
      "this chapter": ratio_txt},
-    {"quantity": "off-policy updates per generation batch", "paper": "16", "this chapter": "16 (§5.4), 4 (§5.5)"},
+    {"quantity": "minibatch updates per generation batch (all but the first off-policy)", "paper": "16",
+     "this chapter": f"16 (§5.4), {UPDATES} (§5.5)"},
     {"quantity": "train / inference probability correlation, bf16 head -> fp32 head",
      "paper": "0.987 -> 0.997 (Fig. 3)",
-     "this chapter": f"{corr['bfloat16'].mean():.4f} -> {corr['float32'].mean():.4f}"},
+     "this chapter": f"{by['correlation']['bfloat16'].mean():.4f} -> {by['correlation']['float32'].mean():.4f}"},
     {"quantity": "eps_high of the IS weight", "paper": "tuned, value not reported; eps_low large",
      "this chapter": f"{CISPO.eps_high} (our choice: DAPO's clip-higher); eps_low = {CISPO.eps_low}"},
     {"quantity": "MiniMax-M1-80k (456B total, 45.9B active)",
@@ -670,17 +709,20 @@ at_scale
 # The paper's other engineering choices matter as much as the objective at that scale: AdamW with
 # $\beta_2=0.95$ and $\epsilon=10^{-15}$ (verl's defaults did not converge), generation stopped
 # after 3,000 consecutive tokens of probability above 0.99, and a context window grown in stages
-# from 40K to 80K tokens, lowering $\varepsilon^{IS}_{high}$ and the gradient-clipping threshold
+# from 40K to 80K tokens, lowering $\varepsilon^{\mathrm{IS}}_{high}$ and the gradient-clipping threshold
 # along the way.
 #
-# **Anchors.** TRL and verl both implement CISPO, with different meanings for the same names
-# (`../shared/reference/anchors.md`): TRL caps the ratio at an *absolute* `epsilon_high`
-# (recommended 5.0) with no floor; verl clips two-sided and *relative* (`clip_ratio_low`,
-# `clip_ratio_high`, 0.8 / 1.2 unless you remove the floor). Our `eps_low=1.0, eps_high=0.28` is
-# TRL's `epsilon_high=1.28`.
+# **Other implementations.** TRL's `GRPOTrainer` (`loss_type="cispo"`) and verl's `cispo` policy
+# loss both implement it, with different meanings for similar names: TRL caps the ratio at an
+# *absolute* `epsilon_high` (its documentation recommends 5.0) with no floor; verl clips two-sided
+# and *relative* (`clip_ratio_low`, `clip_ratio_high`, 0.8 / 1.2 unless you set
+# `clip_ratio_low=1.0`). Our `eps_low=1.0, eps_high=0.28` is TRL's `epsilon_high=1.28` and verl's
+# `clip_ratio_low=1.0, clip_ratio_high=0.28`. Their clip-fraction metrics differ too: TRL counts
+# capped tokens with $\Ahat>0$ only, verl both sides, ours (`weight_capped_frac`) every capped
+# token.
 #
 # **On a GPU.** Set `PROFILE = "gpu"` in the parameters cell: the same experiments run with the GPU
-# profile (64 questions × 16 responses per step, 150 steps), where `rollout_dtype="bfloat16"` with a
+# profile ({glue:text}`cispo_gpu_shape`), where `rollout_dtype="bfloat16"` with a
 # real model's large vocabulary is the setting in which the float32 head should matter. No
 # GPU-profile results are stored in `data/results/gpu/` for this chapter yet.
 #
