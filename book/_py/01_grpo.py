@@ -101,7 +101,7 @@ groups = rng.choice(4, size=(N, G), p=pi)  # N independent groups of G responses
 r = R[groups]
 estimators = {
     "no baseline": r,
-    "group mean (GRPO, Dr.GRPO)": r - r.mean(1, keepdims=True),
+    "group mean (Dr.GRPO)": r - r.mean(1, keepdims=True),
     "leave-one-out mean (RLOO)": r - (r.sum(1, keepdims=True) - r) / (G - 1),
 }
 rows, means = [], {}
@@ -120,15 +120,19 @@ print(baselines.round(4).to_string())
 # no cost: no critic network, just $G$ samples of the same question. The leave-one-out mean (an
 # old idea, brought to LLM fine-tuning as RLOO by {cite:t}`ahmadian2024rloo`) is exactly unbiased. The plain group mean includes the response
 # itself, which shrinks every weight by $(G-1)/G$: its "error" above is exactly that factor
-# ($\tfrac18$ of the gradient), a constant absorbed by the learning rate, not noise.
+# ($\tfrac18$ of the gradient), a constant absorbed by the learning rate, not noise. This is
+# Dr.GRPO's estimator. GRPO's is not in the table on purpose: it also divides by the group's
+# standard deviation, a factor computed from the same samples, so its expected gradient is not
+# $(G-1)/G\cdot\nabla J$ but a version re-weighted by question difficulty; {ref}`sec-drgrpo`
+# derives that bias and the length bias of {eq}`eq-grpo-grad`.
 
 # %%
 v = baselines["total variance"]
-assert v["group mean (GRPO, Dr.GRPO)"] < 0.5 * v["no baseline"]
+assert v["group mean (Dr.GRPO)"] < 0.5 * v["no baseline"]
 assert v["leave-one-out mean (RLOO)"] < 0.5 * v["no baseline"]
 assert baselines.loc["leave-one-out mean (RLOO)", "mean error"] < 0.01  # unbiased (Monte Carlo error only)
 assert baselines.loc["no baseline", "mean error"] < 0.01
-assert np.allclose(means["group mean (GRPO, Dr.GRPO)"], (G - 1) / G * exact, atol=0.005)  # shrunk by (G-1)/G
+assert np.allclose(means["group mean (Dr.GRPO)"], (G - 1) / G * exact, atol=0.005)  # shrunk by (G-1)/G
 
 # %% [markdown]
 # ## 1.2 Derivation of the GRPO objective
@@ -189,10 +193,12 @@ assert np.allclose(means["group mean (GRPO, Dr.GRPO)"], (G - 1) / G * exact, ato
 # \nabla_\theta\mathcal J_{\mathrm{GRPO}} = \frac1G\sum_{i=1}^G\frac{\Ahat_i}{\olen{i}}\sum_{t=1}^{\olen{i}}\nabla_\theta\log\pitheta(o_{i,t}\given q,o_{i,<t}),
 # $$ (eq-grpo-grad)
 #
-# the policy gradient {eq}`eq-grpo-pg` with the group baseline, where each token of response $i$
-# gets weight $\Ahat_i/\olen{i}$: short correct answers are pushed up harder per token, long wrong
-# answers are pushed down more gently. That is the length bias Dr.GRPO {cite:p}`liu2025drgrpo`
-# identifies.
+# which is *not* simply the policy gradient {eq}`eq-grpo-pg` with a group baseline: two factors
+# depend on the sample. Each token of response $i$ gets weight $\Ahat_i/\olen{i}$, so short correct
+# answers are pushed up harder per token and long wrong answers are pushed down more gently — the
+# length bias Dr.GRPO {cite:p}`liu2025drgrpo` identifies; and $\Ahat_i$ divides by the group's
+# $\std$, estimated from the same samples, which re-weights questions by difficulty. Both are
+# measured in {ref}`sec-drgrpo`.
 
 # %% [markdown]
 # ## 1.3 Equation ↔ code
@@ -528,8 +534,10 @@ book.glue("fig_grpo_curves", fig)
 #
 # GRPO from `arithmetic-base`, CPU profile, mean ± sd over five seeds. Top: greedy accuracy on
 # the fixed 198-question test set (step 0 is the base policy), the sampled training reward, and
-# the length of correct and incorrect responses. Bottom: policy entropy, the $k_3$ KL to the
-# reference (the base policy) and the fraction of tokens whose gradient the clip removed.
+# the length of correct and incorrect responses — incorrect ones are longer because a reasoned
+# answer's length is set by its number of terms, and four-term sums are both the longest and the
+# hardest (not the length bias, which {ref}`sec-drgrpo` tests). Bottom: policy entropy, the $k_3$
+# KL to the reference (the base policy) and the fraction of tokens whose gradient the clip removed.
 # ```
 
 # %% tags=["nbval-ignore-output"]
@@ -555,6 +563,8 @@ best_step = evals_by_seed.iloc[1:].idxmax()  # the step of each seed's best eval
 book.glue("grpo_peak_steps", f"{int(best_step.min())} and {int(best_step.max())}")
 book.glue("grpo_kl_median", round(float(hist["kl"].median()), 3))
 book.glue("grpo_kl_max", round(float(hist["kl"].max()), 1))
+kl_top = hist.loc[hist["kl"].idxmax()]
+book.glue("grpo_kl_max_seq", round(float(kl_top["kl"] * kl_top["length"])))
 table.round(3)
 
 # %%
@@ -573,9 +583,10 @@ print("checks passed")
 # {glue:text}`grpo_best_acc`. The policy learned it by *reasoning more*: the fraction of reasoning
 # answers and the response length both grew, the small-scale echo of the "response length grows
 # during RL" curves of DeepSeek-R1 {cite:p}`deepseekai2025r1`. Entropy drops as the policy commits
-# to reasoning. The per-token KL to the base policy stays small (median
-# {glue:text}`grpo_kl_median` nats under $\beta = 0.04$, largest step mean
-# {glue:text}`grpo_kl_max`); $k_3$ is heavy-tailed, though — when a sampled token has become much
+# to reasoning. The per-token KL to the base policy is small at a typical step (median
+# {glue:text}`grpo_kl_median` nats per token under $\beta = 0.04$) but not at all of them: the
+# largest step mean is {glue:text}`grpo_kl_max` nats per token, about {glue:text}`grpo_kl_max_seq`
+# nats for a whole response of that step's mean length; $k_3$ is heavy-tailed, too — when a sampled token has become much
 # less likely under $\pitheta$ than under $\piref$, $\rho = \piref/\pitheta$ is large and
 # $k_3\approx\rho$ — which is why the warm-up above matters. Each seed's accuracy peaks between
 # steps {glue:text}`grpo_peak_steps` and then falls back — by up to {glue:text}`grpo_drop` for one
@@ -611,8 +622,9 @@ else:
 # %% [markdown]
 # ## 1.8 Takeaways
 #
-# * GRPO is the policy gradient with a **group baseline**: $G$ samples of the same question replace
-#   the value network, and cut the gradient's variance several-fold at no extra model.
+# * GRPO replaces the value network by a **group baseline**: $G$ samples of the same question cut
+#   the gradient's variance several-fold at no extra model. Its $1/\olen{i}$ and $1/\std$ make it a
+#   biased version of that policy gradient ({ref}`sec-drgrpo`).
 # * Dividing by the group's $\std$ is a separate choice from subtracting the mean; an all-equal
 #   group has advantage exactly 0 and contributes no gradient.
 # * The ratio and clip only matter off-policy (several optimiser steps per rollout); the clip zeroes

@@ -252,12 +252,18 @@ print({k: round(float(v), 6) for k, v in zip(checks, got)})
 #   micro-batch they landed in.
 # * **"Dynamic sampling filters on the reward."** It filters on correctness (accuracy 0 or 1,
 #   Eq. 11); with the overlong penalty added, rewards in an all-correct group can still differ.
+# * **"DAPO reaches 50 on AIME 2024 in half the steps."** Half *of what* matters: DAPO reaches 50
+#   with 50% of the training steps of DeepSeek-R1-Zero-Qwen-32B (which scores 47), on the same
+#   Qwen2.5-32B base. It is a step comparison against R1-Zero's recipe, not against naive GRPO's
+#   30 in Table 1.
 # :::
 #
 # ## 2.5 Experiment: the progressive ablation at CPU scale
 #
-# Table 1 of the paper adds the techniques one at a time to "naive GRPO" (no KL term, as in all of
-# DAPO's runs). We do the same on the arithmetic task of {ref}`sec-grpo`, from the same base
+# Table 1 of the paper adds the techniques one at a time to "naive GRPO". The paper writes GRPO
+# with its KL term (§2.2) and removes the KL only for DAPO (§2.3); it does not say whether its
+# naive-GRPO row kept it. Our "naive GRPO" has no KL term, so that every row differs from the next
+# by exactly one switch, and the KL question is {ref}`chapter 3's <sec-drgrpo>`. We do the same on the arithmetic task of {ref}`sec-grpo`, from the same base
 # checkpoint, 5 seeds × 6 settings, all with two minibatches per rollout (so the second optimiser
 # step is off-policy and the clip can act). The last row is the `DAPO` preset.
 
@@ -378,8 +384,9 @@ print("checks passed")
 # none — and its price is visible: {glue:text}`dapo_cost` responses generated per response
 # trained. Full DAPO ends with the highest greedy accuracy ({glue:text}`dapo_acc_dapo` against
 # {glue:text}`dapo_acc_naive` for naive GRPO), as in the paper's Table 1, where dynamic sampling
-# is also the largest single step — but here part of that gain is simply more data per step, since
-# the filtered batch is refilled from twice as many generations. The other rows differ from naive
+# is also the largest single step — but both settings train on 16 groups per step, and what
+# differs is the generation behind them: the filtered batch is refilled from about twice as many
+# generated responses, and this chapter has no control matched for that compute yet. The other rows differ from naive
 # GRPO by at most about two seed-to-seed standard deviations over five seeds, and such
 # differences move between machines ({ref}`the introduction <sec-intro>` on reproducibility), so their
 # ordering is not evidence either way. Two rows can barely

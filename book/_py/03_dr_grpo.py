@@ -19,8 +19,10 @@
 # **The problem.** GRPO's objective divides twice: by the length $\olen{i}$ of each response and by
 # the standard deviation of each group's rewards. Dr.GRPO {cite:p}`liu2025drgrpo` shows that each
 # division biases the update — the first by response length, the second by question difficulty —
-# and removes both. DeepSeek-V3.2 {cite:p}`deepseekai2025v32` also drops the std, and changes two
-# more things: an importance-corrected KL estimate and a mask for stale negative samples.
+# and removes both. DeepSeek-V3.2 {cite:p}`deepseekai2025v32` also drops the std, but keeps
+# $1/\olen{i}$, and changes four more things: an importance-corrected KL estimate, a mask for stale
+# negative samples, Keep Routing (MoE) and Keep Sampling Mask (top-p/top-k); the first two act in
+# this book's setting.
 #
 # **Which axes they move:** advantage — `group_mean` ($r-\mean$); aggregation —
 # `seq_mean_token_sum_norm` (a constant normaliser); regulariser — $k_3$ with importance correction
@@ -84,9 +86,12 @@ book.setup_notebook(seed=0)
 # \frac{1}{\std(\mathbf r)} = \sqrt{\frac{G-1}{G\,p(1-p)}} ,
 # $$ (eq-drgrpo-difficulty)
 #
-# which grows like $1/\sqrt{p(1-p)}$ as $p$ nears 0 or 1: nearly-solved and nearly-hopeless
-# questions get the largest weight. An *exactly* all-equal group is not amplified — its centred
-# rewards are all 0, so its advantage is exactly 0.
+# which grows like $1/\sqrt{p(1-p)}$ as $p$ nears 0 or 1: *per minority response*, and relative to
+# Dr.GRPO, nearly-solved and nearly-hopeless questions get the largest weight. The question's total
+# weight does not: summed over the group, GRPO's $|\Ahat_i|$ is $2\sqrt{G(G-1)\,p(1-p)}$ (exercise
+# 1), which still peaks at $p=\tfrac12$ — it only falls off more slowly toward 0 and 1 than
+# Dr.GRPO's $2Gp(1-p)$. An *exactly* all-equal group is not amplified — its centred rewards are all
+# 0, so its advantage is exactly 0.
 #
 # The cell below reads both weights off autograd for a group of four responses, under GRPO and
 # under Dr.GRPO (both without KL, so only the normalisation differs).
@@ -227,9 +232,11 @@ print("grad, plain k3  :", np.round(g_plain.numpy(), 4))
 # M_{i}=0\ \text{ if }\ \Ahat_{i}<0\ \text{ and }\ \frac{1}{\olen{i}}\sum_{t}\log\frac{\piold(o_{i,t}\given\cdot)}{\pitheta(o_{i,t}\given\cdot)}>\delta,\qquad M_{i}=1\ \text{ otherwise.}
 # $$ (eq-drgrpo-v32-mask)
 #
-# Positive samples are always kept: pushing up a good answer the current policy already finds less
-# likely is useful; pushing down a bad answer it has already moved away from is mostly noise from a
-# stale or mismatched sampler. A worked example with $\delta = 0.1$:
+# Positive samples are always kept. V3.2's own reason: the model learns most from its own
+# mistakes, and highly off-policy *negative* samples can be harmful and destabilise training. Our
+# gloss (not the paper's): pushing down a bad answer the current policy has already moved away from
+# spends gradient on a sample that no longer describes it, while a good answer it now finds less
+# likely is still worth pushing up. A worked example with $\delta = 0.1$:
 
 # %%
 old = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]))
@@ -298,19 +305,47 @@ print(f"gain at L={depth}: unconstrained {gains['unconstrained'].iloc[-1]:.3g}, 
 #
 # * **"The length bias comes from dividing by the std."** It comes from $1/\olen{i}$ (§3.1 above);
 #   the std causes the *difficulty* bias. Removing only the std leaves the length bias in place.
-# * **"When all answers are equal, std → 0 and the advantage explodes."** An all-equal group has
-#   centred rewards of exactly 0, hence advantage 0 (table in §3.1). What the std does is give
-#   *nearly* all-equal groups larger weight, as {eq}`eq-drgrpo-difficulty`.
+# * **"When all answers are equal, std → 0 and the advantage explodes."** For *exact* ties this is
+#   wrong: an all-equal group has centred rewards of exactly 0, hence advantage 0 (table in §3.1).
+#   With shaped rewards, though, *near*-ties do get advantages of order one: in an all-correct
+#   group of 8 where one response falls on DAPO's length-penalty ramp (reward 0.833), GRPO gives
+#   the seven others +0.35 and that one −2.47, against +0.02 and −0.15 under Dr.GRPO; a reward gap
+#   of only 1/4096 still gives −1.15 under GRPO's $\epsilon=10^{-4}$ (the cell after this box
+#   computes all three). This matters for the rows of {ref}`sec-dapo` that use the soft penalty
+#   without dynamic sampling.
+# * **"Dividing by the std encourages reward variance, hence longer answers, hence R1-Zero's length
+#   explosion."** Not in the paper, and not what the algebra says: Dr.GRPO ties length growth to the
+#   $1/\olen{i}$ factor (§3.1 above); the std changes how much each *question* weighs, and an
+#   objective that is a ratio of centred rewards to their spread has no term that rewards spread.
 # * **"V3.2 uses zero KL for math."** The paper observes that some domains, maths among them, can
 #   do better with a *weak or zero* KL; it is an observation, with no β reported, not a rule.
 # * **"Self-verification and mHC are part of V3.2's RL."** V3.2's RL changes are the unbiased KL
 #   estimate, off-policy sequence masking, Keep Routing and Keep Sampling Mask. Self-verification
 #   rewards come from DeepSeekMath-V2 {cite:p}`shao2025deepseekmathv2` and are reused only by
 #   V3.2-Speciale for proofs; mHC is an architecture paper (sidebar).
+# * **"V3.2 pushes Dr.GRPO to its extreme."** V3.2 drops the std, as Dr.GRPO does, but keeps
+#   GRPO's $1/\olen{i}$ (its Eq. 5 is GRPO's form), so the length bias of §3.1 stays.
 # * **"V3.2-Speciale scores 97 on AIME 2025."** Its reported Pass@1 is **96.0** (23k output
 #   tokens), above GPT-5-High's 94.6 and Gemini-3.0-Pro's 95.0.
 # :::
-#
+
+# %%
+# Near-ties with shaped rewards (the second misreading above): all-correct groups of 8 whose rewards
+# differ only through a penalty. GRPO uses eps = 1e-4 in the std, as group_advantages does.
+near_ties = {}
+for label, low in [("one reward on the ramp (0.833)", 1 - 1 / 6), ("gap of 1/4096", 1 - 1 / 4096)]:
+    r8 = torch.tensor([1.0] * 7 + [low], dtype=torch.float64)
+    a_g, a_d = group_advantages(r8, 8), group_advantages(r8, 8, scale="none")
+    near_ties[label] = {"GRPO: others": float(a_g[0]), "GRPO: the one": float(a_g[-1]),
+                        "Dr.GRPO: others": float(a_d[0]), "Dr.GRPO: the one": float(a_d[-1])}
+near_ties = pd.DataFrame(near_ties).T
+print((near_ties.round(2) + 0.0).to_string())  # + 0.0 turns a rounded -0.00 into 0.00
+ramp = near_ties.loc["one reward on the ramp (0.833)"]
+assert round(ramp["GRPO: others"], 2) == 0.35 and round(ramp["GRPO: the one"], 2) == -2.47
+assert round(ramp["Dr.GRPO: others"], 2) == 0.02 and round(ramp["Dr.GRPO: the one"], 2) == -0.15
+assert round(near_ties.loc["gap of 1/4096", "GRPO: the one"], 2) == -1.15
+
+# %% [markdown]
 # ## 3.4 Experiments
 #
 # Three settings from `arithmetic-base`, 5 seeds each, CPU profile (40 steps, 16 questions × 8
@@ -390,9 +425,11 @@ drgrpo_table
 # ```
 
 # %% [markdown]
-# **Per-question weight against success rate.** The difficulty bias can be measured on real
-# groups: we sample 8 responses to each of 96 test questions from the base policy, and for each
-# group compare GRPO's advantage with Dr.GRPO's.
+# **Per-question weight against success rate: a sanity check.** We sample 8 responses to each of
+# 96 test questions from the base policy and, for each group, compare GRPO's advantage with
+# Dr.GRPO's. This is a check of the code on real groups, not evidence for the bias: with 0/1
+# rewards the ratio is a fixed function of the group's success rate $\hat p$, so the points must
+# fall on the curve whatever the policy does.
 
 # %%
 from grpo_lab.models import load_policy
@@ -429,9 +466,10 @@ assert torch.all(a_grpo.view(-1, 8)[~mixed] == 0)
 # ```{glue:figure} fig_drgrpo_difficulty
 # :name: fig-drgrpo-difficulty
 #
-# How much GRPO's std normalisation re-weights each question relative to Dr.GRPO, against the
-# group's success rate: analytic curve {eq}`eq-drgrpo-difficulty` and the groups of 8 samples the
-# base policy produced on 96 test questions. With $G=8$, a question solved by 1 (or 7) of 8 samples
+# How much GRPO's std normalisation re-weights each minority response relative to Dr.GRPO,
+# against the group's success rate: analytic curve {eq}`eq-drgrpo-difficulty` and, as a sanity
+# check of the code (the points cannot leave the curve for 0/1 rewards), the groups of 8 samples
+# the base policy produced on 96 test questions. With $G=8$, a question solved by 1 (or 7) of 8 samples
 # gets 1.5 times the weight of a 50/50 question (2.83 against 1.87); the curve keeps rising
 # toward $p=0$ and $p=1$ for larger groups.
 # ```
@@ -464,8 +502,8 @@ print("checks passed")
 
 # %% [markdown]
 # **What reproduced, and what did not.** The mechanisms reproduce exactly and are asserted: the
-# per-token weights of {eq}`eq-drgrpo-weight`, the difficulty factor {eq}`eq-drgrpo-difficulty` on
-# synthetic and on real groups, the RLOO relation, the forward/reverse KL gradients of plain and
+# per-token weights of {eq}`eq-drgrpo-weight`, the difficulty factor {eq}`eq-drgrpo-difficulty`
+# (on real groups only as a sanity check of the code), the RLOO relation, the forward/reverse KL gradients of plain and
 # importance-corrected $k_3$, and the masking rule. The training-dynamics claim — that under GRPO
 # *incorrect* responses grow longer than under Dr.GRPO — does **not** reproduce at this scale:
 # over the last 10 steps incorrect responses are longer than correct ones by {glue:text}`gap_grpo`
@@ -474,8 +512,11 @@ print("checks passed")
 # almost entirely by *whether* the policy reasons (3–4 tokens against 8–26 for a reasoned answer,
 # whose length is fixed by the number of terms), so there is no free length for the bias to push;
 # wrong reasoned answers are longer than right ones simply because four-term sums are both longer
-# and harder. Dr.GRPO's paper measures the effect over thousands of steps on 7B models with budgets
-# of thousands of tokens, where wrong answers can ramble. Accuracy differences between the
+# and harder. Dr.GRPO's bias experiment (its Fig. 5) used Qwen2.5-1.5B base with the R1 template
+# on MATH, for about 150 policy steps, with responses of about 0.4k–1.8k tokens (the 7B model
+# belongs to the separate Oat-Zero recipe). So what our toy lacks is not step count but response
+# length: with answers of at most 26 tokens whose length is set by the question, a wrong answer
+# has no room to ramble. Accuracy differences between the
 # settings are not established either: over five seeds they are at most about two seed-to-seed
 # standard deviations, and they move between machines. The KL comparison: with $\beta=0.04$ the final greedy
 # accuracy is {glue:text}`acc_b04` against {glue:text}`acc_b0` without KL, and late entropy is
@@ -490,8 +531,8 @@ print("checks passed")
 # * All-equal groups have advantage exactly 0 with or without the std.
 # * Dr.GRPO is the plain policy gradient with a mean baseline; its centred reward is RLOO's up to
 #   $G/(G-1)$.
-# * V3.2: no std, $k_3$ with the importance ratio (reverse-KL gradient), and masking of stale
-#   negative samples. mHC and self-verification are not part of its RL recipe.
+# * V3.2: no std but $1/\olen{i}$ kept (it does not go all the way to Dr.GRPO), $k_3$ with the
+#   importance ratio (reverse-KL gradient), and masking of stale negative samples. mHC and self-verification are not part of its RL recipe.
 #
 # ## Exercises
 #
