@@ -104,8 +104,10 @@ class Algorithm:
             clip already is that mask.
         aggregation: a key of :data:`grpo_lab.objectives.AGGREGATIONS`:
             ``"seq_mean_token_mean"`` (DeepSeekMath Eq. 3) | ``"token_mean"`` (DAPO,
-            arXiv 2503.14476, Eq. 12) | ``"seq_mean_token_sum_norm"`` (Dr.GRPO constant
-            normaliser; needs ``max_tokens`` here or at call time).
+            arXiv 2503.14476, Eq. 12, as verl and TRL compute it: over the whole batch) |
+            ``"group_token_mean"`` (Eq. 12 as written: a token mean per group, then the mean over
+            groups) | ``"seq_mean_token_sum_norm"`` (Dr.GRPO constant normaliser; needs
+            ``max_tokens`` here or at call time).
         max_tokens: positive int or None; the constant normaliser of
             ``"seq_mean_token_sum_norm"`` (the generation budget, Dr.GRPO's MAX_TOKENS).
         kl: ``None`` or a key of :data:`grpo_lab.objectives.KL_ESTIMATORS` (``"k1"`` | ``"k2"`` |

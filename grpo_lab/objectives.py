@@ -130,11 +130,17 @@ class Normalisers(NamedTuple):
         max_tokens: positive int, the constant of ``"seq_mean_token_sum_norm"``.
         num_tokens: positive float, the global real-token count (micro-batching).
         num_sequences: positive float, the global non-empty-sequence count (micro-batching).
+        group_tokens: ``[B]`` float tensor or None: for each row, the real-token count of its
+            whole group (over every micro-batch of the batch), for ``"group_token_mean"``.
+        num_groups: positive float or None: the number of groups with at least one real token in
+            the whole batch, for ``"group_token_mean"``.
     """
 
     max_tokens: Optional[int] = None
     num_tokens: Optional[float] = None
     num_sequences: Optional[float] = None
+    group_tokens: Optional[Tensor] = None
+    num_groups: Optional[float] = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,20 +436,66 @@ def seq_mean_token_sum_norm(values: Tensor, mask: Tensor, norms: Normalisers) ->
     return per_seq.sum() / _num_sequences(mask, norms, values.dtype)
 
 
+def group_token_mean(values: Tensor, mask: Tensor, norms: Normalisers) -> Tensor:
+    """``1/N_groups sum_g (sum_{i in g} sum_t v_it) / (sum_{i in g} |o_i|)`` — DAPO Eq. 12 as written.
+
+    DAPO (arXiv 2503.14476) Eq. 12 normalises by ``sum_{i=1}^G |o_i|`` *inside* the expectation over
+    questions: a token mean per group, then a mean over groups (MiniMax-M1's Eq. 4 has the same
+    form). ``"token_mean"`` instead divides by the token count of the whole batch, as verl and TRL
+    do; the two agree when every group has the same number of tokens.
+    """
+    if norms.group_tokens is None or norms.num_groups is None:
+        raise ValueError(
+            "aggregation 'group_token_mean' needs the group structure: pass group_size= (contiguous "
+            "groups of that size) or group_tokens= and num_groups= (the trainer passes them)")
+    gt = norms.group_tokens.to(values.dtype).clamp(min=1)
+    return (values.sum(dim=-1) / gt).sum() / norms.num_groups
+
+
 #: aggregation mode -> ``(values [B, T], mask [B, T] bool, norms: Normalisers) -> scalar``;
 #: ``values`` are in the compute dtype with padded positions set to 0.
 AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, Normalisers], Tensor]] = {
     "seq_mean_token_mean": seq_mean_token_mean,
     "token_mean": token_mean,
     "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+    "group_token_mean": group_token_mean,
 }
 
 
-def _normalisers(max_tokens, num_tokens, num_sequences) -> Normalisers:
+def _group_counts(mask: Tensor, group_size, group_tokens, num_groups):
+    """``(group_tokens [B], num_groups)`` from ``group_size`` (contiguous groups of this batch) or as
+    given (validated); ``(None, None)`` when neither is given."""
+    if group_size is not None:
+        if group_tokens is not None or num_groups is not None:
+            raise ValueError("pass either group_size= or group_tokens= and num_groups=, not both")
+        g = _v.positive_int("group_size", group_size)
+        B = mask.shape[0]
+        if B % g:
+            raise ValueError(f"group_size={g} does not divide the batch of {B} rows (groups must be contiguous)")
+        per_group = mask.sum(dim=-1).view(B // g, g).sum(dim=-1).to(torch.float64)
+        return per_group.repeat_interleave(g), float((per_group > 0).sum().clamp(min=1))
+    if (group_tokens is None) != (num_groups is None):
+        raise ValueError("group_tokens= and num_groups= go together")
+    if group_tokens is None:
+        return None, None
+    gt = _v.float_tensor(group_tokens, "group_tokens") if isinstance(group_tokens, Tensor) else None
+    if gt is None or gt.shape != (mask.shape[0],):
+        raise ValueError(f"group_tokens must be a float tensor of shape [B]=({mask.shape[0]},), "
+                         f"got {getattr(group_tokens, 'shape', type(group_tokens).__name__)}")
+    own = mask.sum(dim=-1).to(gt.dtype)
+    if bool(((gt < own) | ~torch.isfinite(gt)).any()):
+        raise ValueError("group_tokens must be finite and at least each row's own real-token count (it is the "
+                         "token count of the row's whole group)")
+    return gt, _v.positive_number("num_groups", num_groups)
+
+
+def _normalisers(max_tokens, num_tokens, num_sequences, group_tokens=None, num_groups=None) -> Normalisers:
     return Normalisers(
         _v.positive_int("max_tokens", max_tokens, allow_none=True),
         None if num_tokens is None else _v.positive_number("num_tokens", num_tokens),
         None if num_sequences is None else _v.positive_number("num_sequences", num_sequences),
+        group_tokens,
+        None if num_groups is None else float(num_groups),
     )
 
 
@@ -469,6 +521,9 @@ def aggregate(
     max_tokens: Optional[int] = None,
     num_tokens: Optional[Number] = None,
     num_sequences: Optional[Number] = None,
+    group_size: Optional[int] = None,
+    group_tokens: Optional[Tensor] = None,
+    num_groups: Optional[Number] = None,
 ) -> Tensor:
     """Reduce per-token values ``[B, T]`` to one scalar the way each paper averages token losses.
 
@@ -482,6 +537,11 @@ def aggregate(
     * ``"seq_mean_token_sum_norm"`` — ``sum_it m_it v_it / max_tokens / N_seq``: Dr.GRPO
       (arXiv 2503.20783) §3.2, per-sequence token *sum* over a constant (the generation budget
       MAX_TOKENS), then the mean over sequences (``N_seq`` as above).
+    * ``"group_token_mean"`` — ``1/N_groups sum_g (sum_{i in g} sum_t m_it v_it) / (sum_{i in g} L_i)``:
+      DAPO Eq. 12 as written (the ``1 / sum_i |o_i|`` of each question's group, inside the
+      expectation over questions). Needs the group structure: ``group_size`` (contiguous groups
+      of this batch) or, for micro-batches, ``group_tokens`` (per row, its group's token count
+      over the whole batch) and ``num_groups`` (groups with a real token in the whole batch).
 
     The modes are the functions of :data:`AGGREGATIONS`. Micro-batching: when one batch is split
     into micro-batches whose losses are summed (gradient accumulation), pass the *whole batch's*
@@ -496,6 +556,9 @@ def aggregate(
         max_tokens: positive int, required for ``"seq_mean_token_sum_norm"``.
         num_tokens, num_sequences: optional positive numbers (python or 1-element tensors), at
             least the real tokens / non-empty rows of this batch.
+        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"``
+            (``group_size`` alone, or ``group_tokens [B]`` with ``num_groups``); validated whatever
+            the mode.
 
     Returns:
         0-d float32 tensor (float64 for float64 values), differentiable w.r.t. ``values``.
@@ -508,7 +571,7 @@ def aggregate(
     _v.choice("aggregation mode", mode, AGGREGATIONS)
     _v.bt_tensor(values, "values")
     m = _v.mask_bool(mask, values.shape)
-    norms = _normalisers(max_tokens, num_tokens, num_sequences)
+    norms = _normalisers(max_tokens, num_tokens, num_sequences, *_group_counts(m, group_size, group_tokens, num_groups))
     if num_tokens is not None or num_sequences is not None:
         _check_counts(norms, *torch.stack([m.sum(), (m.sum(dim=-1) > 0).sum()]).tolist())
     return _reduce(values, m, mode, norms)
@@ -707,7 +770,8 @@ class _Inputs(NamedTuple):
     norms: Normalisers
 
 
-def _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens) -> _Inputs:
+def _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens,
+               groups=(None, None, None)) -> _Inputs:
     """Check every input of :func:`policy_loss` once (one device-to-host transfer for the values)."""
     from .algorithms import Algorithm  # not at module level: algorithms imports this module
 
@@ -723,7 +787,8 @@ def _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num
             f"algorithm {algo.name!r} has a KL term (kl={algo.kl!r}, beta={algo.beta}) so ref_logp "
             "is required; pass ref_logp= or use an algorithm with beta=0 / kl=None"
         )
-    norms = _normalisers(algo.max_tokens if max_tokens is None else max_tokens, num_tokens, num_sequences)
+    norms = _normalisers(algo.max_tokens if max_tokens is None else max_tokens, num_tokens, num_sequences,
+                         *_group_counts(m, *groups))
     cdt = _v.compute_dtype(logp, old_logp, ref_logp, advantages if isinstance(advantages, Tensor) else None)
     x = _Inputs(_masked(logp, m, cdt), _masked(old_logp.detach(), m, cdt),
                 _masked(_broadcast_adv(advantages, shape, cdt), m, cdt),
@@ -775,6 +840,9 @@ def policy_loss(
     num_tokens: Optional[Number] = None,
     num_sequences: Optional[Number] = None,
     max_tokens: Optional[int] = None,
+    group_size: Optional[int] = None,
+    group_tokens: Optional[Tensor] = None,
+    num_groups: Optional[Number] = None,
 ) -> LossOutput:
     """The full per-token objective of ``algo`` as a loss to minimise, plus diagnostics.
 
@@ -818,6 +886,8 @@ def policy_loss(
         num_tokens, num_sequences: global normalisers (see :func:`aggregate`), at least this
             batch's real tokens / non-empty rows.
         max_tokens: constant normaliser for ``"seq_mean_token_sum_norm"``.
+        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"``
+            (see :func:`aggregate`).
 
     Returns:
         :class:`LossOutput` ``(loss, metrics)``. ``loss``: 0-d float32 tensor with grad.
@@ -856,7 +926,8 @@ def policy_loss(
             missing for ``"seq_mean_token_sum_norm"``; non-positive normalisers, or
             ``num_tokens`` / ``num_sequences`` below this batch's counts.
     """
-    x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens)
+    x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens,
+                   (group_size, group_tokens, num_groups))
     log_ratio = RATIOS[algo.ratio_level](x.logp, x.old, x.mask)
     pg_tok, indicators = SURROGATES[algo.clip](log_ratio, x.adv, x.mask, algo)
     keep = None

@@ -474,11 +474,12 @@ class Trainer:
                 counts = dict(num_tokens=float(lm[idx].sum()), num_sequences=float((lm[idx].sum(-1) > 0).sum()))
                 if counts["num_tokens"] == 0:  # every row of this minibatch was filtered out: nothing to learn
                     continue
+                group_tokens = self._group_tokens(lm, idx, counts)
                 # The rollout's first optimiser step sees the weights that sampled it: π_old = sg(π_θ)
                 # there, recorded into old_logp for later epochs (see _reference_logps).
                 first = epoch == 0 and m == 0 and c.old_logp == "recompute"
                 self._zero_grad()
-                parts = [self._micro_step(batch, idx[s:s + micro], old_logp, ref_logp, counts,
+                parts = [self._micro_step(batch, idx[s:s + micro], old_logp, ref_logp, counts, group_tokens,
                                           entropies if epoch == 0 else None, on_policy=first)
                          for s in range(0, len(idx), micro)]
                 step_metrics.append(reduce_micro_batches(parts))
@@ -515,8 +516,20 @@ class Trainer:
             ref_logp = self._logp_batched(self.ref_policy, ro) if self.uses_kl else None
         return old_logp, ref_logp
 
-    def _micro_step(self, batch: Batch, sub, old_logp, ref_logp, counts: dict, entropies: list | None,
-                    on_policy: bool = False) -> dict:
+    def _group_tokens(self, lm: torch.Tensor, idx: torch.Tensor, counts: dict) -> torch.Tensor:
+        """Per row of the batch, the loss-mask token count of its group within the minibatch ``idx``
+        (0 outside it); adds the minibatch's ``num_groups`` to ``counts``. Rows ``k*G .. k*G+G-1``
+        are group ``k`` (collect keeps whole groups, in order). For ``"group_token_mean"``."""
+        gid = idx // self.config.group_size
+        uniq, inv = torch.unique(gid, return_inverse=True)
+        per_group = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inv, lm[idx].sum(-1).to(torch.float64))
+        counts["num_groups"] = float((per_group > 0).sum())
+        out = torch.zeros(lm.shape[0], dtype=torch.float64)
+        out[idx] = per_group[inv]
+        return out
+
+    def _micro_step(self, batch: Batch, sub, old_logp, ref_logp, counts: dict, group_tokens: torch.Tensor,
+                    entropies: list | None, on_policy: bool = False) -> dict:
         """Forward and backward of one micro-batch; returns its loss metrics. ``on_policy`` (or
         ``old_logp=None``): π_old = sg(π_θ) of this forward, written into ``old_logp`` when given."""
         part = batch.rollout.select(sub)
@@ -533,7 +546,8 @@ class Trainer:
             old = old_logp[sub, :T]
         ref = ref_logp[sub, :T] if ref_logp is not None else None
         adv = batch.advantages[sub] if batch.advantages.dim() == 1 else batch.advantages[sub, :T]
-        out = policy_loss(logp, old, adv, mask, self.algo, ref_logp=ref, max_tokens=self.max_new_tokens, **counts)
+        out = policy_loss(logp, old, adv, mask, self.algo, ref_logp=ref, max_tokens=self.max_new_tokens,
+                          group_tokens=group_tokens[sub].to(logp.device), **counts)
         out.loss.backward()
         metrics = dict(out.metrics)
         if self.value_model is not None:
