@@ -27,8 +27,9 @@
 # regulariser = the $k_3$ estimator of $\KL[\pitheta\|\piref]$ *in the loss*. Every later chapter
 # changes one or two of these choices, so this chapter derives each of them.
 #
-# **Prerequisites:** {ref}`sec-notation`. **Run time:** about 90 seconds on two CPU cores (profile
-# `cpu`); the GPU profile trains the same policy longer with larger groups.
+# **Prerequisites:** {ref}`sec-notation`. **Run time:** {glue:text}`grpo_runtime` on two CPU cores
+# (profile `cpu`, measured on the last execution); the GPU profile trains the same policy longer
+# with larger groups.
 
 # %% tags=["remove-cell"]
 # Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
@@ -50,18 +51,20 @@ N_JOBS = 2  # worker processes, one seed each; results do not depend on it
 
 # %% tags=["hide-input"]
 import math
+import time
 
 import numpy as np
 import pandas as pd
 import torch
 import matplotlib.pyplot as plt
 
-from grpo_lab import book, plotting
+from grpo_lab import book, plotting, stats
 from grpo_lab.advantages import group_advantages
 from grpo_lab.algorithms import GRPO
 from grpo_lab.objectives import kl_estimate, policy_loss
 
 book.setup_notebook(seed=0)
+CHAPTER_START = time.perf_counter()
 torch.set_default_dtype(torch.float32)
 
 # %% [markdown]
@@ -515,16 +518,18 @@ lengths_long = pd.concat([
     train[["seed", "step", "length_incorrect"]].rename(columns={"length_incorrect": "length"}).assign(algo="incorrect"),
 ])
 fig, axes = plt.subplots(2, 3, figsize=(9.6, 5.2))
-plotting.band_plot(axes[0, 0], evals, "step", "test_accuracy", title="greedy test accuracy")
-plotting.band_plot(axes[0, 1], train, "step", "reward", title="train reward (sampled)")
+ci = dict(band="ci95")
+plotting.band_plot(axes[0, 0], evals, "step", "test_accuracy", title="greedy test accuracy", bounds=(0, 1), **ci)
+plotting.band_plot(axes[0, 1], train, "step", "reward", title="train reward (sampled)", bounds=(0, 1), **ci)
 plotting.band_plot(axes[0, 2], lengths_long, "step", "length", colors={"correct": "C2", "incorrect": "C3"},
-                   title="response length (tokens)", legend=True)
-plotting.band_plot(axes[1, 0], train, "step", "entropy", title="entropy (nats / token)")
-plotting.band_plot(axes[1, 1], train, "step", "kl", title=r"KL to $\pi_{ref}$ ($k_3$, per token)")
-plotting.band_plot(axes[1, 2], train, "step", "clip_frac", title="clipped-token fraction")
-for ax in axes.flat:
+                   title="response length", legend=True, bounds=(0, math.inf), **ci)
+plotting.band_plot(axes[1, 0], train, "step", "entropy", title="entropy", bounds=(0, math.inf), **ci)
+plotting.band_plot(axes[1, 1], train, "step", "kl", title=r"KL to $\pi_{ref}$ ($k_3$)", bounds=(0, math.inf), **ci)
+plotting.band_plot(axes[1, 2], train, "step", "clip_frac", title="clipped-token fraction", bounds=(0, 1), **ci)
+units = ["fraction correct", "mean reward", "tokens", "nats per token", "nats per token", "fraction of tokens"]
+for ax, unit in zip(axes.flat, units):
     ax.set_xlabel("RL step")
-    ax.set_ylabel("")
+    ax.set_ylabel(unit)
 fig.tight_layout()
 book.glue("fig_grpo_curves", fig)
 
@@ -532,7 +537,7 @@ book.glue("fig_grpo_curves", fig)
 # ```{glue:figure} fig_grpo_curves
 # :name: fig-grpo-curves
 #
-# GRPO from `arithmetic-base`, CPU profile, mean ± sd over five seeds. Top: greedy accuracy on
+# GRPO from `arithmetic-base`, CPU profile, mean with 95% t interval over five seeds. Top: greedy accuracy on
 # the fixed 198-question test set (step 0 is the base policy), the sampled training reward, and
 # the length of correct and incorrect responses — incorrect ones are longer because a reasoned
 # answer's length is set by its number of terms, and four-term sums are both the longest and the
@@ -546,7 +551,7 @@ last = hist[hist["step"] == hist["step"].max()].set_index("seed")
 evals_by_seed = hist.dropna(subset=["test_accuracy"]).pivot(index="step", columns="seed", values="test_accuracy")
 best_acc = evals_by_seed.iloc[1:].max()
 table = pd.DataFrame({
-    "base greedy acc": base_acc, "best greedy acc": best_acc, "final greedy acc": final_acc,
+    "base greedy acc": base_acc, "best greedy acc (biased upwards)": best_acc, "final greedy acc": final_acc,
     "gain": final_acc - base_acc,
     "final reasoning frac": last["test_reasoning_frac"], "final test length": last["test_length"],
 })
@@ -556,6 +561,9 @@ gain = final_acc - base_acc
 book.glue("grpo_base_acc", round(float(base_acc.mean()), 3))
 book.glue("grpo_final_acc", round(float(final_acc.mean()), 3))
 book.glue("grpo_final_acc_sd", round(float(final_acc.std()), 3))
+book.glue("grpo_final_ci", stats.format_interval(stats.t_interval(final_acc, bounds=(0, 1))))
+book.glue("grpo_gain_ci", stats.format_interval(stats.paired_difference(final_acc, base_acc)))
+book.glue("grpo_binom_se", f"{stats.binomial_se(float(final_acc.mean()), 198):.3f}")
 book.glue("grpo_gain", round(float(gain.mean()), 3))
 book.glue("grpo_best_acc", round(float(best_acc.mean()), 3))
 book.glue("grpo_drop", round(float((best_acc - final_acc).max()), 3))
@@ -578,9 +586,11 @@ print("checks passed")
 
 # %% [markdown]
 # **What reproduced.** Greedy test accuracy rose from {glue:text}`grpo_base_acc` to
-# {glue:text}`grpo_final_acc` ± {glue:text}`grpo_final_acc_sd` at the last step (mean ± sd over
-# five seeds), a gain of {glue:text}`grpo_gain`; the best evaluation of each seed averages
-# {glue:text}`grpo_best_acc`. The policy learned it by *reasoning more*: the fraction of reasoning
+# {glue:text}`grpo_final_ci` at the last step (mean [95% t interval] over five seeds; sd
+# {glue:text}`grpo_final_acc_sd`), a paired gain of {glue:text}`grpo_gain_ci`. One evaluation on the
+# 198 test questions has a binomial standard error of about {glue:text}`grpo_binom_se` on its own.
+# The best evaluation of each seed averages {glue:text}`grpo_best_acc` — a maximum over that
+# seed's noisy evaluations, so biased upwards; it is shown only to size the fall after the peak. The policy learned it by *reasoning more*: the fraction of reasoning
 # answers and the response length both grew, the small-scale echo of the "response length grows
 # during RL" curves of DeepSeek-R1 {cite:p}`deepseekai2025r1`. Entropy drops as the policy commits
 # to reasoning. The per-token KL to the base policy is small at a typical step (median
@@ -600,7 +610,27 @@ print("checks passed")
 # length bias of {eq}`eq-grpo-grad` has little room to act — measuring it needs an experiment
 # designed for it (the Dr.GRPO route).
 #
-# ## 1.7 GPU-scale results
+# ## 1.7 At scale
+#
+# What DeepSeekMath reports for GRPO {cite:p}`shao2024deepseekmath`, beside this chapter:
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+final_ci = stats.format_interval(stats.t_interval(final_acc, bounds=(0, 1)))
+pd.DataFrame([
+    {"": "model", "DeepSeekMath-RL": "DeepSeekMath-Instruct 7B", "this chapter": "0.3M-parameter Qwen2-style"},
+    {"": "result", "DeepSeekMath-RL": "GSM8K 88.2%, MATH 51.7% (chain of thought, no tools)",
+     "this chapter": f"arithmetic greedy accuracy {final_ci}"},
+    {"": "group size G", "DeepSeekMath-RL": "64", "this chapter": str(profile.config.group_size)},
+    {"": "KL coefficient beta", "DeepSeekMath-RL": "0.04", "this chapter": "0.04"},
+    {"": "learning rate", "DeepSeekMath-RL": "1e-6", "this chapter": str(profile.config.lr)},
+    {"": "updates per rollout", "DeepSeekMath-RL": "1 (so the clip never acted)",
+     "this chapter": f"{profile.config.minibatches} minibatches (the second off-policy)"},
+]).set_index("")
+
+# %% [markdown]
+# With a single update per batch of samples, DeepSeekMath's ratio was 1 at every update: its
+# GRPO results owe nothing to the clip, which only matters in the off-policy regimes of later
+# chapters ({ref}`sec-cispo` runs 16 updates per batch).
 #
 # The same experiment at the `gpu` profile (64 questions × 16 samples per step, 150 steps) is run
 # with `python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 --out
@@ -615,7 +645,8 @@ if gpu_file.exists():
     prov = gpu.provenance
     print(f"{prov['device_name']}, torch {prov['torch']}, commit {str(prov['git_sha'])[:8]}, "
           f"{prov['wall_seconds']:.0f} s, seeds {prov['seeds']}")
-    print(f"greedy test accuracy: base {gpu.base().mean():.3f} -> {gpu.final().mean():.3f} ± {gpu.final().std():.3f}")
+    print(f"greedy test accuracy: base {gpu.base().mean():.3f} -> "
+          f"{stats.format_interval(stats.t_interval(gpu.final(), bounds=(0, 1)))} (mean [95% t interval])")
 else:
     print("No GPU-scale results are committed yet (data/results/gpu/grpo.json is absent).")
 
@@ -665,6 +696,9 @@ r8 = torch.rand(G, generator=torch.Generator().manual_seed(0))
 assert torch.allclose(group_advantages(3 * r8 + 5, group_size=G, eps=0.0), group_advantages(r8, group_size=G, eps=0.0), atol=1e-5)
 assert torch.allclose(group_advantages(3 * r8 + 5, G, scale="none"), 3 * group_advantages(r8, G, scale="none"), atol=1e-5)
 print("exercise checks passed")
+
+# %% tags=["nbval-ignore-output", "remove-cell"]
+book.glue("grpo_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
 
 # %% [markdown]
 # ## References

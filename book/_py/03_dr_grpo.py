@@ -28,7 +28,8 @@
 # `seq_mean_token_sum_norm` (a constant normaliser); regulariser — $k_3$ with importance correction
 # (V3.2 Eq. 7); sampling — off-policy sequence masking (V3.2 Eqs. 8–9).
 #
-# **Prerequisites:** {ref}`sec-grpo`. **Run time:** about 2 minutes on two CPU cores.
+# **Prerequisites:** {ref}`sec-grpo`. **Run time:** {glue:text}`drgrpo_runtime` on two CPU cores
+# (measured on the last execution).
 
 # %% tags=["remove-cell"]
 # Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
@@ -50,19 +51,21 @@ N_JOBS = 2  # worker processes; results do not depend on it
 
 # %% tags=["hide-input"]
 import math
+import time
 
 import numpy as np
 import pandas as pd
 import torch
 import matplotlib.pyplot as plt
 
-from grpo_lab import book, experiments, plotting
+from grpo_lab import book, experiments, plotting, stats
 from grpo_lab.advantages import group_advantages, rloo_advantages
 from grpo_lab.algorithms import DR_GRPO, GRPO
 from grpo_lab.mhc import product_gain, sinkhorn_knopp
 from grpo_lab.objectives import kl_estimate, offpolicy_sequence_mask, policy_loss
 
 book.setup_notebook(seed=0)
+CHAPTER_START = time.perf_counter()
 
 # %% [markdown]
 # ## 3.1 Two biases, two causes
@@ -367,19 +370,21 @@ hist = pd.concat([r.history for r in grid.values()], ignore_index=True)
 print(f"{len(settings)} settings x {len(SEEDS)} seeds in {next(iter(grid.values())).provenance['wall_seconds']:.0f} s")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
-colors = {"GRPO (beta=0)": "C0", "Dr.GRPO": "C2", "GRPO (beta=0.04)": "C7"}
+# the book's colours (grpo_lab.plotting.ALGO_COLORS); GRPO with its KL term in grey, dashed by name
+colors = {"GRPO (beta=0)": plotting.algo_color("GRPO"), "Dr.GRPO": plotting.algo_color("DR_GRPO"),
+          "GRPO (beta=0.04)": plotting.algo_color("base")}
 pair = hist[hist["algo"].isin(["GRPO (beta=0)", "Dr.GRPO"])]
 train = pair[pair.step > 0]
 fig, axes = plt.subplots(1, 3, figsize=(9.6, 2.9))
 plotting.band_plot(axes[0], train, "step", "length_correct", colors=colors, title="length of correct responses",
-                   smooth=5)
+                   smooth=5, band="ci95", bounds=(0, math.inf))
 plotting.band_plot(axes[1], train, "step", "length_incorrect", colors=colors,
-                   title="length of incorrect responses", smooth=5)
+                   title="length of incorrect responses", smooth=5, band="ci95", bounds=(0, math.inf))
 plotting.band_plot(axes[2], pair.dropna(subset=["test_accuracy"]), "step", "test_accuracy", colors=colors,
-                   title="greedy test accuracy", legend=True)
-for ax in axes:
+                   title="greedy test accuracy", legend=True, band="ci95", bounds=(0, 1))
+for ax, unit in zip(axes, ("tokens", "tokens", "fraction correct")):
     ax.set_xlabel("RL step")
-    ax.set_ylabel("")
+    ax.set_ylabel(unit)
 fig.tight_layout()
 book.glue("fig_drgrpo_lengths", fig)
 
@@ -387,7 +392,7 @@ book.glue("fig_drgrpo_lengths", fig)
 # ```{glue:figure} fig_drgrpo_lengths
 # :name: fig-drgrpo-lengths
 #
-# GRPO against Dr.GRPO (both without KL), mean ± sd over five seeds: length in tokens of the
+# GRPO against Dr.GRPO (both without KL), mean with 95% t interval over five seeds: length in tokens of the
 # correct and of the incorrect sampled responses (moving average over 5 steps), and greedy test
 # accuracy.
 # ```
@@ -403,23 +408,41 @@ summary = {}
 for name, r in grid.items():
     f = r.final()
     inc, cor = late_mean(r, "length_incorrect"), late_mean(r, "length_correct")
-    summary[name] = {"final greedy acc": f"{f.mean():.3f} ± {f.std():.3f}",
-                     "incorrect length (last 10)": f"{inc.mean():.1f} ± {inc.std():.1f}",
-                     "correct length (last 10)": f"{cor.mean():.1f} ± {cor.std():.1f}",
-                     "entropy (last 10)": f"{late_mean(r, 'entropy').mean():.3f}"}
+    summary[name] = {"final greedy acc": stats.format_interval(stats.t_interval(f, bounds=(0, 1))),
+                     "incorrect length (last 10, tokens)": stats.format_interval(stats.t_interval(inc), 1),
+                     "correct length (last 10, tokens)": stats.format_interval(stats.t_interval(cor), 1),
+                     "entropy (last 10, nats/token)": f"{late_mean(r, 'entropy').mean():.3f}"}
 drgrpo_table = pd.DataFrame(summary).T
 gap = {name: (late_mean(r, "length_incorrect") - late_mean(r, "length_correct")) for name, r in grid.items()}
 book.glue("drgrpo_table", drgrpo_table)
-book.glue("gap_grpo", f"{gap['GRPO (beta=0)'].mean():.1f} ± {gap['GRPO (beta=0)'].std():.1f}")
-book.glue("gap_drgrpo", f"{gap['Dr.GRPO'].mean():.1f} ± {gap['Dr.GRPO'].std():.1f}")
+book.glue("gap_grpo", stats.format_interval(stats.t_interval(gap["GRPO (beta=0)"]), 1))
+book.glue("gap_drgrpo", stats.format_interval(stats.t_interval(gap["Dr.GRPO"]), 1))
+book.glue("gap_diff", stats.format_interval(stats.paired_difference(gap["GRPO (beta=0)"], gap["Dr.GRPO"]), 1))
 for name, key in [("GRPO (beta=0)", "b0"), ("GRPO (beta=0.04)", "b04")]:
     book.glue(f"ent_{key}", f"{late_mean(grid[name], 'entropy').mean():.3f}")
-    book.glue(f"acc_{key}", f"{grid[name].final().mean():.3f} ± {grid[name].final().std():.3f}")
+    book.glue(f"acc_{key}", stats.format_interval(stats.t_interval(grid[name].final(), bounds=(0, 1))))
+book.glue("acc_diff_kl", stats.format_interval(stats.paired_difference(grid["GRPO (beta=0.04)"].final(),
+                                                                        grid["GRPO (beta=0)"].final())))
+book.glue("acc_diff_dr", stats.format_interval(stats.paired_difference(grid["Dr.GRPO"].final(),
+                                                                        grid["GRPO (beta=0)"].final())))
+
+
+def verdict(iv):
+    """How a paired interval reads: which side of zero, if any."""
+    if not iv.excludes(0.0):
+        return "its interval includes zero: no difference is established over five seeds"
+    return f"its interval excludes zero: {'higher' if iv.mean > 0 else 'lower'} over five seeds"
+
+
+book.glue("verdict_dr", verdict(stats.paired_difference(grid["Dr.GRPO"].final(), grid["GRPO (beta=0)"].final())))
+book.glue("verdict_kl", verdict(stats.paired_difference(grid["GRPO (beta=0.04)"].final(),
+                                                        grid["GRPO (beta=0)"].final())))
+book.glue("verdict_gap", verdict(stats.paired_difference(gap["GRPO (beta=0)"], gap["Dr.GRPO"])))
 drgrpo_table
 
 # %% [markdown]
 # *Final greedy test accuracy and, over the last 10 steps, the mean length of incorrect and correct
-# sampled responses and the entropy (mean ± sd over five seeds).*
+# sampled responses and the entropy (mean [95% t interval] over five seeds).*
 #
 # ```{glue:} drgrpo_table
 # ```
@@ -478,12 +501,12 @@ assert torch.all(a_grpo.view(-1, 8)[~mixed] == 0)
 kl_pair = hist[hist["algo"].isin(["GRPO (beta=0)", "GRPO (beta=0.04)"])]
 fig, axes = plt.subplots(1, 2, figsize=(7.6, 2.9))
 plotting.band_plot(axes[0], kl_pair.dropna(subset=["test_accuracy"]), "step", "test_accuracy", colors=colors,
-                   title="greedy test accuracy", legend=True)
+                   title="greedy test accuracy", legend=True, band="ci95", bounds=(0, 1))
 plotting.band_plot(axes[1], kl_pair[kl_pair.step > 0], "step", "entropy", colors=colors,
-                   title="entropy (nats / token)")
-for ax in axes:
+                   title="entropy", band="ci95", bounds=(0, math.inf))
+for ax, unit in zip(axes, ("fraction correct", "nats per token")):
     ax.set_xlabel("RL step")
-    ax.set_ylabel("")
+    ax.set_ylabel(unit)
 fig.tight_layout()
 book.glue("fig_drgrpo_kl", fig)
 
@@ -491,7 +514,8 @@ book.glue("fig_drgrpo_kl", fig)
 # ```{glue:figure} fig_drgrpo_kl
 # :name: fig-drgrpo-kl
 #
-# GRPO with and without the KL term ($\beta = 0.04$ vs $0$), mean ± sd over five seeds.
+# GRPO with and without the KL term ($\beta = 0.04$ vs $0$), mean with 95% t interval over five
+# seeds: the two curves overlap throughout.
 # ```
 
 # %%
@@ -507,8 +531,9 @@ print("checks passed")
 # importance-corrected $k_3$, and the masking rule. The training-dynamics claim — that under GRPO
 # *incorrect* responses grow longer than under Dr.GRPO — does **not** reproduce at this scale:
 # over the last 10 steps incorrect responses are longer than correct ones by {glue:text}`gap_grpo`
-# tokens under GRPO and {glue:text}`gap_drgrpo` under Dr.GRPO (mean ± sd over seeds), the same
-# within the spread, and the length curves overlap. Why: here the length of an answer is decided
+# tokens under GRPO and {glue:text}`gap_drgrpo` under Dr.GRPO (mean [95% t interval] over seeds);
+# the paired difference GRPO − Dr.GRPO is {glue:text}`gap_diff` tokens ({glue:text}`verdict_gap`),
+# and the length curves overlap. Why: here the length of an answer is decided
 # almost entirely by *whether* the policy reasons (3–4 tokens against 8–26 for a reasoned answer,
 # whose length is fixed by the number of terms), so there is no free length for the bias to push;
 # wrong reasoned answers are longer than right ones simply because four-term sums are both longer
@@ -516,15 +541,43 @@ print("checks passed")
 # on MATH, for about 150 policy steps, with responses of about 0.4k–1.8k tokens (the 7B model
 # belongs to the separate Oat-Zero recipe). So what our toy lacks is not step count but response
 # length: with answers of at most 26 tokens whose length is set by the question, a wrong answer
-# has no room to ramble. Accuracy differences between the
-# settings are not established either: over five seeds they are at most about two seed-to-seed
-# standard deviations, and they move between machines. The KL comparison: with $\beta=0.04$ the final greedy
-# accuracy is {glue:text}`acc_b04` against {glue:text}`acc_b0` without KL, and late entropy is
-# {glue:text}`ent_b04` against {glue:text}`ent_b0` — the KL term keeps the policy slightly more
-# stochastic, but over 40 steps neither setting is clearly better, consistent with V3.2's remark
-# that weak or no KL can work for maths, and no evidence for a general rule.
+# has no room to ramble. Final greedy accuracy, Dr.GRPO − GRPO (both without KL, paired over
+# seeds): {glue:text}`acc_diff_dr` — {glue:text}`verdict_dr`; differences of this size also move
+# between machines. The KL comparison: with $\beta=0.04$ the final greedy accuracy is
+# {glue:text}`acc_b04` against {glue:text}`acc_b0` without KL (paired difference
+# {glue:text}`acc_diff_kl`: {glue:text}`verdict_kl`), and late entropy is {glue:text}`ent_b04`
+# against {glue:text}`ent_b0` nats per token. Either way this is one 40-step setting; it is
+# consistent with V3.2's remark that weak or no KL can work for maths, and no evidence for a
+# general rule.
 #
-# ## 3.5 Takeaways
+# ## 3.5 At scale
+#
+# What Dr.GRPO reports {cite:p}`liu2025drgrpo`, beside this chapter:
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+pd.DataFrame([
+    {"": "headline", "Dr.GRPO paper": "Oat-Zero-7B (Qwen2.5-Math-7B + Dr.GRPO): AIME 2024 43.3, average of five "
+                                      "benchmarks 51.4 (Table 4, 3k-token budget)",
+     "this chapter": f"Dr.GRPO greedy accuracy {stats.format_interval(stats.t_interval(grid['Dr.GRPO'].final(), bounds=(0, 1)))}"},
+    {"": "bias experiment", "Dr.GRPO paper": "Fig. 5: Qwen2.5-1.5B base, R1 template, MATH, about 150 policy steps, "
+                                             "responses of about 0.4k-1.8k tokens",
+     "this chapter": f"{profile.steps} steps, responses of at most {task.max_new_tokens} tokens"},
+    {"": "recipe", "Dr.GRPO paper": "MATH levels 3-5, 27 hours on 8 A100; README run: lr 1e-6, beta 0, G = 8, "
+                                    "3,000-token budget",
+     "this chapter": f"lr {profile.config.lr}, beta 0, G = {profile.config.group_size}"},
+    {"": "length-biased losses in code (Table 2)", "Dr.GRPO paper": "trl, OpenRLHF, verl, SimpleRL-Zero, "
+                                                                     "Open-Reasoner-Zero",
+     "this chapter": "seq_mean_token_mean and token_mean are both in grpo_lab; seq_mean_token_sum_norm is Dr.GRPO's"},
+]).set_index("")
+
+# %% [markdown]
+# Table 2's point is about the libraries' *defaults* at the time: each divided a response's token
+# sum by its own length somewhere, which is the $1/\olen{i}$ of {eq}`eq-drgrpo-weight`. The GPU
+# profile (`PROFILE = "gpu"`) runs this chapter's grid at a larger scale; no GPU-profile results
+# are stored for it yet, and a length-bias experiment that can show the effect needs responses
+# whose length is free, which this chapter does not have yet.
+#
+# ## 3.6 Takeaways
 #
 # * GRPO's length bias comes from $1/\olen{i}$, its difficulty bias from $1/\std$; they are
 #   independent and Dr.GRPO removes both (`group_mean` + `seq_mean_token_sum_norm`).
@@ -555,6 +608,9 @@ for k in range(1, 8):
     assert abs(float(group_advantages(r8, 8, scale="none").abs().sum()) - 2 * 8 * p8 * (1 - p8)) < 1e-5
     assert abs(float(group_advantages(r8, 8, eps=0.0).abs().sum()) - 2 * math.sqrt(8 * 7 * p8 * (1 - p8))) < 1e-4
 print("exercise checks passed")
+
+# %% tags=["nbval-ignore-output", "remove-cell"]
+book.glue("drgrpo_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
 
 # %% [markdown]
 # ## References
