@@ -588,14 +588,16 @@ print("checks passed")
 # **What reproduced.** Greedy test accuracy rose from {glue:text}`grpo_base_acc` to
 # {glue:text}`grpo_final_ci` at the last step (mean [95% t interval] over five seeds; sd
 # {glue:text}`grpo_final_acc_sd`), a paired gain of {glue:text}`grpo_gain_ci`. One evaluation on the
-# 198 test questions has a binomial standard error of about {glue:text}`grpo_binom_se` on its own.
+# 198 test questions has a binomial standard error of about {glue:text}`grpo_binom_se` on its own:
+# the t interval is over seeds on this fixed test set, and a different test set of that size would
+# add that much error to each evaluation.
 # The best evaluation of each seed averages {glue:text}`grpo_best_acc` — a maximum over that
 # seed's noisy evaluations, so biased upwards; it is shown only to size the fall after the peak. The policy learned it by *reasoning more*: the fraction of reasoning
 # answers and the response length both grew, the small-scale echo of the "response length grows
 # during RL" curves of DeepSeek-R1 {cite:p}`deepseekai2025r1`. Entropy drops as the policy commits
 # to reasoning. The per-token KL to the base policy is small at a typical step (median
 # {glue:text}`grpo_kl_median` nats per token under $\beta = 0.04$) but not at all of them: the
-# largest step mean is {glue:text}`grpo_kl_max` nats per token, about {glue:text}`grpo_kl_max_seq`
+# largest step mean of any one seed is {glue:text}`grpo_kl_max` nats per token, about {glue:text}`grpo_kl_max_seq`
 # nats for a whole response of that step's mean length; $k_3$ is heavy-tailed, too — when a sampled token has become much
 # less likely under $\pitheta$ than under $\piref$, $\rho = \piref/\pitheta$ is large and
 # $k_3\approx\rho$ — which is why the warm-up above matters. Each seed's accuracy peaks between
@@ -616,7 +618,7 @@ print("checks passed")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 final_ci = stats.format_interval(stats.t_interval(final_acc, bounds=(0, 1)))
-pd.DataFrame([
+paper_vs_ours = pd.DataFrame([
     {"": "model", "DeepSeekMath-RL": "DeepSeekMath-Instruct 7B", "this chapter": "0.3M-parameter Qwen2-style"},
     {"": "result", "DeepSeekMath-RL": "GSM8K 88.2%, MATH 51.7% (chain of thought, no tools)",
      "this chapter": f"arithmetic greedy accuracy {final_ci}"},
@@ -626,11 +628,16 @@ pd.DataFrame([
     {"": "updates per rollout", "DeepSeekMath-RL": "1 (so the clip never acted)",
      "this chapter": f"{profile.config.minibatches} minibatches (the second off-policy)"},
 ]).set_index("")
+from IPython.display import display
+
+with pd.option_context("display.max_colwidth", None):  # show whole cells, not "..."
+    display(paper_vs_ours)
 
 # %% [markdown]
 # With a single update per batch of samples, DeepSeekMath's ratio was 1 at every update: its
-# GRPO results owe nothing to the clip, which only matters in the off-policy regimes of later
-# chapters ({ref}`sec-cispo` runs 16 updates per batch).
+# GRPO results owe nothing to the clip, which only acts off-policy — on this chapter's second
+# minibatch (the clipped-token fraction above), and much more with the 16 updates per batch of
+# {ref}`sec-cispo`.
 #
 # The same experiment at the `gpu` profile (64 questions × 16 samples per step, 150 steps) is run
 # with `python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 --out

@@ -398,19 +398,22 @@ print("checks passed")
 # **What reproduced, and what did not.** The mechanisms reproduce exactly: the clip caps of
 # §2.1, the per-token weights of §2.2, the zero gradient of all-equal groups and the penalty curve
 # are computed by the package and asserted. In training, dynamic sampling does what it promises —
-# every trained group has a non-zero advantage, although about a fifth of generated groups have
+# every trained group has a non-zero advantage, although between a fifth and a quarter of generated groups have
 # none — and its price is visible: {glue:text}`dapo_cost` responses generated per response
 # trained. Full DAPO ends with the highest greedy accuracy ({glue:text}`dapo_acc_dapo` against
-# {glue:text}`dapo_acc_naive` for naive GRPO; paired difference {glue:text}`dapo_diff_dapo`, against
-# a binomial standard error of {glue:text}`dapo_binom_se` for one evaluation on 198 questions), as
-# in the paper's Table 1, where dynamic sampling
+# {glue:text}`dapo_acc_naive` for naive GRPO; paired difference {glue:text}`dapo_diff_dapo`). These
+# intervals describe the spread over seeds on our fixed 198-question test set; a different test
+# set of that size would add a binomial error of about {glue:text}`dapo_binom_se` to each
+# evaluation. This matches the paper's Table 1, where dynamic sampling
 # is also the largest single step — but both settings train on 16 groups per step, and what
 # differs is the generation behind them: the filtered batch is refilled from about twice as many
 # generated responses, and this chapter has no control matched for that compute yet. Among the
-# intermediate rows, the paired 95% interval of the difference from naive GRPO excludes zero for
-# {glue:text}`dapo_rows_separated`; the others are not distinguishable from naive GRPO over five
-# seeds, and small differences move between machines ({ref}`the introduction <sec-intro>` on
-# reproducibility), so their ordering is not evidence either way. Two rows can barely
+# four intermediate rows, those whose paired 95% interval against naive GRPO excludes zero:
+# {glue:text}`dapo_rows_separated`. Four comparisons at 95% each make one such exclusion by a
+# hair likely by chance (with a Bonferroni correction for four, a lower bound this close to zero
+# would not survive), and small differences move between machines ({ref}`the introduction
+# <sec-intro>` on reproducibility), so the ordering of the intermediate rows is not evidence
+# either way. Two rows can barely
 # differ by construction: almost no response reaches the 32-token budget (largest truncation rate
 # in any step: {glue:text}`dapo_trunc`), so overlong filtering and the soft punishment (which
 # starts at 26 tokens) almost never act. And clip-higher does not keep entropy up here: the upper clip rarely
@@ -437,8 +440,8 @@ at_scale
 # The two columns are not comparable in level (a different task, model and metric); what can be
 # compared is the order and the size of the steps. In the paper each switch helps and dynamic
 # sampling adds the most (+8). Here the intermediate rows whose paired interval against naive
-# GRPO excludes zero are: {glue:text}`dapo_rows_separated`; the overlong switches cannot act
-# because almost nothing reaches the budget. DAPO's headline is a
+# GRPO excludes zero are: {glue:text}`dapo_rows_separated` (see the caveat on multiple comparisons
+# above); the overlong switches cannot act because almost nothing reaches the budget. DAPO's headline is a
 # step comparison: 50 on AIME 2024 with 50% of the training steps of DeepSeek-R1-Zero-Qwen-32B,
 # which scores 47. On a GPU, `PROFILE = "gpu"` in the parameters cell runs the same ablation at the
 # GPU profile's scale; no GPU-profile results are stored for this chapter yet.

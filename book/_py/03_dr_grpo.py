@@ -515,7 +515,8 @@ book.glue("fig_drgrpo_kl", fig)
 # :name: fig-drgrpo-kl
 #
 # GRPO with and without the KL term ($\beta = 0.04$ vs $0$), mean with 95% t interval over five
-# seeds: the two curves overlap throughout.
+# seeds: the accuracy curves overlap; from about step 20 the entropy stays slightly higher with the
+# KL term.
 # ```
 
 # %%
@@ -540,13 +541,14 @@ print("checks passed")
 # and harder. Dr.GRPO's bias experiment (its Fig. 5) used Qwen2.5-1.5B base with the R1 template
 # on MATH, for about 150 policy steps, with responses of about 0.4k–1.8k tokens (the 7B model
 # belongs to the separate Oat-Zero recipe). So what our toy lacks is not step count but response
-# length: with answers of at most 26 tokens whose length is set by the question, a wrong answer
-# has no room to ramble. Final greedy accuracy, Dr.GRPO − GRPO (both without KL, paired over
+# length: with well-formed answers of at most 26 tokens (within a 32-token budget) whose length is
+# set by the question, a wrong answer has no room to ramble. Final greedy accuracy, Dr.GRPO − GRPO (both without KL, paired over
 # seeds): {glue:text}`acc_diff_dr` — {glue:text}`verdict_dr`; differences of this size also move
 # between machines. The KL comparison: with $\beta=0.04$ the final greedy accuracy is
 # {glue:text}`acc_b04` against {glue:text}`acc_b0` without KL (paired difference
-# {glue:text}`acc_diff_kl`: {glue:text}`verdict_kl`), and late entropy is {glue:text}`ent_b04`
-# against {glue:text}`ent_b0` nats per token. Either way this is one 40-step setting; it is
+# {glue:text}`acc_diff_kl`; {glue:text}`verdict_kl`), and late entropy is {glue:text}`ent_b04`
+# against {glue:text}`ent_b0` nats per token (mean over seeds): the KL term keeps the policy
+# slightly more stochastic. Either way this is one 40-step setting; it is
 # consistent with V3.2's remark that weak or no KL can work for maths, and no evidence for a
 # general rule.
 #
@@ -555,24 +557,29 @@ print("checks passed")
 # What Dr.GRPO reports {cite:p}`liu2025drgrpo`, beside this chapter:
 
 # %% tags=["hide-input", "nbval-ignore-output"]
-pd.DataFrame([
+paper_vs_ours = pd.DataFrame([
     {"": "headline", "Dr.GRPO paper": "Oat-Zero-7B (Qwen2.5-Math-7B + Dr.GRPO): AIME 2024 43.3, average of five "
                                       "benchmarks 51.4 (Table 4, 3k-token budget)",
      "this chapter": f"Dr.GRPO greedy accuracy {stats.format_interval(stats.t_interval(grid['Dr.GRPO'].final(), bounds=(0, 1)))}"},
     {"": "bias experiment", "Dr.GRPO paper": "Fig. 5: Qwen2.5-1.5B base, R1 template, MATH, about 150 policy steps, "
                                              "responses of about 0.4k-1.8k tokens",
      "this chapter": f"{profile.steps} steps, responses of at most {task.max_new_tokens} tokens"},
-    {"": "recipe", "Dr.GRPO paper": "MATH levels 3-5, 27 hours on 8 A100; README run: lr 1e-6, beta 0, G = 8, "
-                                    "3,000-token budget",
+    {"": "recipe", "Dr.GRPO paper": "MATH levels 3-5, 27 hours on 8 A100 (7B); the README's 1.5B example run: "
+                                    "lr 1e-6, beta 0, G = 8, 3,000-token budget",
      "this chapter": f"lr {profile.config.lr}, beta 0, G = {profile.config.group_size}"},
     {"": "length-biased losses in code (Table 2)", "Dr.GRPO paper": "trl, OpenRLHF, verl, SimpleRL-Zero, "
                                                                      "Open-Reasoner-Zero",
      "this chapter": "seq_mean_token_mean and token_mean are both in grpo_lab; seq_mean_token_sum_norm is Dr.GRPO's"},
 ]).set_index("")
+from IPython.display import display
+
+with pd.option_context("display.max_colwidth", None):  # show whole cells, not "..."
+    display(paper_vs_ours)
 
 # %% [markdown]
-# Table 2's point is about the libraries' *defaults* at the time: each divided a response's token
-# sum by its own length somewhere, which is the $1/\olen{i}$ of {eq}`eq-drgrpo-weight`. The GPU
+# Table 2's point is about the libraries' *defaults* at the time: each normalised its loss by a
+# length-dependent token count (per response, like the $1/\olen{i}$ of {eq}`eq-drgrpo-weight`, or
+# per batch), instead of a constant. The GPU
 # profile (`PROFILE = "gpu"`) runs this chapter's grid at a larger scale; no GPU-profile results
 # are stored for it yet, and a length-bias experiment that can show the effect needs responses
 # whose length is free, which this chapter does not have yet.

@@ -703,7 +703,10 @@ at_scale = pd.DataFrame([
     {"quantity": "compute of the full RL run", "paper": "512 H800 for 3 weeks (about $0.53M)",
      "this chapter": "minutes on 2 CPU cores"},
 ]).set_index("quantity")
-at_scale
+from IPython.display import display
+
+with pd.option_context("display.max_colwidth", None):  # show whole cells, not "..."
+    display(at_scale)
 
 # %% [markdown]
 # The paper's other engineering choices matter as much as the objective at that scale: AdamW with
