@@ -324,7 +324,12 @@ GRPO = Algorithm(
 #: DAPO (Yu et al., arXiv 2503.14476), the final recipe of its Table 1 (every row added):
 #:
 #: * Clip-Higher, Eq. 10 and §4.1: ``eps_low = 0.2``, ``eps_high = 0.28``;
-#: * token-level policy-gradient loss, Eq. 12: ``1 / sum_i |o_i|`` (``"token_mean"``);
+#: * token-level policy-gradient loss, Eq. 12 as written: inside the expectation over questions,
+#:   each group's token sum is divided by that group's ``sum_i |o_i|``, then groups are averaged
+#:   (``"group_token_mean"``). The anchors compute something else under the same name: verl's
+#:   ``loss_agg_mode="token-mean"`` and TRL's ``loss_type="dapo"`` divide by the token count of the
+#:   whole (mini)batch, i.e. ``"token_mean"`` here, which weighs a group by its share of the batch's
+#:   tokens; ``DAPO.replace(aggregation="token_mean")`` is that variant (chapter 2 measures both);
 #: * no KL term (§2.3); group z-score advantages with the std kept (Eq. 9), token ratio;
 #: * Dynamic Sampling, Eq. 11 (keep groups with 0 < accuracy < 1, resample to fill the batch);
 #: * Overlong Filtering (§3.4; the "+ Overlong Filtering" row of the progressive Table 1, which
@@ -345,7 +350,7 @@ GRPO = Algorithm(
 DAPO = GRPO.replace(
     name="DAPO",
     eps_high=0.28,
-    aggregation="token_mean",
+    aggregation="group_token_mean",
     kl=None,
     beta=0.0,
     dynamic_sampling=True,
@@ -387,7 +392,9 @@ DR_GRPO = GRPO.replace(
 #:   The anchors spell the cap differently: TRL caps the ratio at an *absolute* ``epsilon_high``
 #:   (its documentation recommends 5.0), verl clips two-sided and relative (0.8 / 1.2 unless
 #:   ``clip_ratio_low=1.0`` removes the floor); this preset is TRL's ``epsilon_high=1.28``;
-#: * ``aggregation="token_mean"``: Eq. 4's ``1 / sum_i |o_i|``; no KL term (§3.1);
+#: * ``aggregation="group_token_mean"``: Eq. 4's ``1 / sum_i |o_i|`` sits inside the expectation
+#:   over questions, per group, as in DAPO's Eq. 12 (verl and TRL divide by the batch's token
+#:   count instead: ``"token_mean"``); no KL term (§3.1);
 #: * DAPO's dynamic sampling and soft length penalty "are also used" (§3.1); overlong *filtering*
 #:   is not mentioned, so it is off (``overlong_cache_len = 6`` as sized in :data:`DAPO`);
 #: * group z-score advantages (Eq. 2). MiniMax-M1's AdamW betas (0.9, 0.95) are a trainer setting
@@ -398,7 +405,7 @@ CISPO = GRPO.replace(
     clip="is_weight",
     eps_low=1.0,
     eps_high=0.28,
-    aggregation="token_mean",
+    aggregation="group_token_mean",
     kl=None,
     beta=0.0,
     dynamic_sampling=True,

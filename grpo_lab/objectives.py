@@ -101,6 +101,9 @@ METRIC_KEYS = (
     "num_tokens",
     "num_sequences",
     "offpolicy_masked_frac",
+    "clip_high_prob_mean",
+    "clip_high_prob_max",
+    "token_prob_mean",
 )
 
 #: per-token indicators every surrogate returns, and the metric each becomes
@@ -912,7 +915,14 @@ def policy_loss(
         * ``num_tokens``, ``num_sequences`` — real tokens and non-empty rows in this batch (sums);
         * ``offpolicy_masked_frac`` — fraction of non-empty rows with at least one token masked
           by Off-Policy Sequence Masking (0.0 when ``algo.offpolicy_mask_delta`` is None), a
-          sequence mean.
+          sequence mean;
+        * ``clip_high_prob_mean``, ``clip_high_prob_max`` — the mean and the largest probability
+          ``pi_theta`` (a probability in (0, 1], not a log; the current policy's, as DAPO writes
+          it) of the tokens counted in ``clip_frac_high``: which tokens the upper clip stops
+          (DAPO, arXiv 2503.14476, §3.1 and Fig. 3a: "the mean probability of up-clipped tokens is
+          low", below 0.2). Weighted by the number of such tokens; 0.0 with weight 0 when no token
+          was clipped there (the trainer's history then shows NaN); ``token_prob_mean`` — the mean
+          ``pi_theta`` of all real tokens, for comparison (a token mean).
 
         Every other metric is a token mean. Tokens masked by Off-Policy Sequence Masking count in
         neither ``clip_frac_*`` nor ``grad_token_frac`` (their policy gradient is 0 because of the
@@ -944,7 +954,8 @@ def policy_loss(
 # --------------------------------------------------------------------------------------------
 # metrics of policy_loss
 # --------------------------------------------------------------------------------------------
-def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured: bool) -> _metrics.Metric:
+def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured: bool,
+               n_high: float = 0.0) -> _metrics.Metric:
     """The reduction of each metric of :func:`policy_loss` (see :mod:`grpo_lab.metrics`)."""
     if name in ("loss", "pg_loss", "num_tokens", "num_sequences"):
         return _metrics.total(value)
@@ -956,6 +967,10 @@ def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured:
         return _metrics.token_mean(value, n_tok if kl_measured else 0.0)
     if name == "offpolicy_masked_frac":
         return _metrics.seq_mean(value, n_seq)
+    if name == "clip_high_prob_mean":
+        return _metrics.token_mean(value, n_high)
+    if name == "clip_high_prob_max":
+        return _metrics.maximum(value, weight=n_high)
     return _metrics.token_mean(value, n_tok)
 
 
@@ -978,6 +993,10 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
             r_stats = [ratio.mean(), ratio.min(), ratio.max(), *_quantiles(ratio, (0.05, 0.5, 0.95))]
         else:
             r_stats = [torch.ones_like(zero)] * 6
+        up = counted & indicators["clip_high"].bool()
+        n_up = up.sum().to(zero.dtype)
+        p_theta = torch.exp(x.logp.detach().to(zero.dtype))
+        p_up = torch.where(up, p_theta, zero)
         values = {
             "loss": loss.detach(),
             "pg_loss": _reduce(pg_tok.detach(), m, algo.aggregation, x.norms),
@@ -992,9 +1011,13 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
             "num_sequences": n_rows,
             "offpolicy_masked_frac": zero if keep is None else (m & ~keep).any(dim=-1).sum().to(zero.dtype)
             / n_rows.clamp(min=1),
+            "clip_high_prob_mean": p_up.sum() / n_up.clamp(min=1),
+            "clip_high_prob_max": p_up.max() if p_up.numel() else zero,
+            "token_prob_mean": torch.where(m, p_theta, zero).sum() / n_f,
+            "clip_high_count": n_up,
             **{k: v for k, v in frac.items() if k not in SURROGATE_METRICS},
         }
         host = torch.stack([v.to(torch.float64).reshape(()) for v in values.values()]).tolist()
     vals = {k: (v if math.isfinite(v) else 0.0) for k, v in zip(values, host)}
-    n, s = vals["num_tokens"], vals["num_sequences"]
-    return {k: _as_metric(k, v, n, s, kl_tok is not None) for k, v in vals.items()}
+    n, s, n_high = vals["num_tokens"], vals["num_sequences"], vals.pop("clip_high_count")
+    return {k: _as_metric(k, v, n, s, kl_tok is not None, n_high) for k, v in vals.items()}

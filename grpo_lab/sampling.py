@@ -86,13 +86,17 @@ def check(algo, *, group_size: int, max_new_tokens: int) -> None:
 
 
 def sampling_metrics(raw: Tensor, shaped: Tensor, n_generated: int, n_trained: int, rounds: int,
-                     group_size: int) -> dict:
-    """History columns of this axis: ``gen_rounds`` (rollouts generated this step),
-    ``trained_groups``, ``samples_per_trained`` (generated / trained samples; NaN without an
-    update) and ``overlong_frac_penalised`` (generated samples whose shaped reward is below the
-    task reward; 0 when shaping is off)."""
+                     group_size: int, *, n_selected: int | None = None) -> dict:
+    """History columns of this axis: ``gen_rounds`` (generation rounds this step),
+    ``generated_groups``, ``selected_groups`` (groups the selector kept, before the surplus of the
+    last round is dropped; ``n_selected`` samples, default ``n_trained``), ``trained_groups``,
+    ``samples_per_trained`` (generated / trained samples; NaN without an update) and
+    ``overlong_frac_penalised`` (generated samples whose shaped reward is below the task reward;
+    0 when shaping is off)."""
     return {
         "gen_rounds": rounds,
+        "generated_groups": n_generated // group_size,
+        "selected_groups": (n_trained if n_selected is None else n_selected) // group_size,
         "trained_groups": n_trained // group_size,
         "samples_per_trained": n_generated / n_trained if n_trained else float("nan"),
         "overlong_frac_penalised": float((shaped < raw).float().mean()) if raw.numel() else 0.0,

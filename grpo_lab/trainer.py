@@ -99,10 +99,18 @@ class TrainerConfig:
         device: ``"cpu"`` / ``"cuda"``.
         threads: torch intra-op threads (``None`` leaves the setting alone).
         progress: tqdm bar; ``None`` = only when stderr is a terminal and not under CI.
-        max_gen_rounds: dynamic sampling (DAPO Eq. 11) only: at most this many rollouts of
-            ``prompts_per_step`` questions per step while collecting ``prompts_per_step`` groups
-            of mixed accuracy (verl's ``max_num_gen_batches``).
-        on_gen_rounds_exhausted: what happens when ``max_gen_rounds`` rollouts did not yield
+        max_gen_rounds: dynamic sampling (DAPO Eq. 11) only: at most this many generation rounds
+            per step while collecting ``prompts_per_step`` groups of mixed accuracy (verl's
+            ``max_num_gen_batches``).
+        topup: dynamic sampling only. ``True``: the first round samples ``prompts_per_step``
+            questions and each further round only about as many as the groups still missing need,
+            ``ceil(missing / keep_rate)`` questions (at most ``prompts_per_step``), where
+            ``keep_rate`` is the fraction of generated groups the filter has kept over the run so
+            far (this step's rounds included). With 23% zero-advantage groups that generates about
+            1/(1-0.23) = 1.3 responses per trained response. ``False``: every round samples a
+            whole ``prompts_per_step`` batch and the surplus groups of the last round are
+            discarded (verl's DAPO recipe), about twice the generation at that rate.
+        on_gen_rounds_exhausted: what happens when ``max_gen_rounds`` rounds did not yield
             enough mixed groups: ``"warn"`` (a ``RuntimeWarning``; train on the groups collected,
             or skip the update when there are none) or ``"error"`` (``RuntimeError``).
         value_lr: learning rate of the value model's optimiser (``None``: ``lr``); used only
@@ -132,6 +140,7 @@ class TrainerConfig:
     threads: int | None = None
     progress: bool | None = None
     max_gen_rounds: int = 8
+    topup: bool = True
     on_gen_rounds_exhausted: str = "warn"
     value_lr: float | None = None
 
@@ -146,6 +155,7 @@ class TrainerConfig:
                 f"{self.prompts_per_step * self.group_size}")
         choice("TrainerConfig.old_logp", self.old_logp, ("recompute", "behaviour"))
         flag("TrainerConfig.sort_by_length", self.sort_by_length)
+        flag("TrainerConfig.topup", self.topup)
         choice("TrainerConfig.rollout_dtype", self.rollout_dtype, ("float32", "bfloat16", "float16"))
         flag("TrainerConfig.rollout_fp32_lm_head", self.rollout_fp32_lm_head)
         if self.rollout_fp32_lm_head and self.rollout_dtype == "float32":
@@ -236,6 +246,8 @@ class Batch:
         loss_mask: ``[B, T]`` float32, the tokens that enter the loss.
         values: ``[B, T]`` float32 value estimates when the trainer has a value model, else ``None``.
         advantages: ``[B]`` or ``[B, T]`` float32, filled by the *advantages* stage.
+        selected_groups: groups the selector kept over all rounds, before the surplus of the
+            last round was dropped (the numerator of the running keep rate, :meth:`Trainer.round_size`).
     """
 
     generated: list[Scored]
@@ -244,6 +256,7 @@ class Batch:
     loss_mask: torch.Tensor | None = None
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
+    selected_groups: int = 0
 
 
 class Trainer:
@@ -343,7 +356,7 @@ class Trainer:
         NaN on steps without evaluation; the row of step ``k`` holds the evaluation *after* ``k``
         updates, step 0 the base policy), ``eval_seconds`` (wall time of that evaluation, not
         included in ``step_seconds``); then the sampling & shaping columns of
-        :func:`grpo_lab.sampling.sampling_metrics` (``gen_rounds``, ``trained_groups``,
+        :func:`grpo_lab.sampling.sampling_metrics` (``gen_rounds``, ``generated_groups``, ``selected_groups``, ``trained_groups``,
         ``samples_per_trained``, ``overlong_frac_penalised``), and ``value_loss`` with a value model.
 
         Which samples each column describes: ``reward``, ``accuracy``, the lengths,
@@ -380,10 +393,11 @@ class Trainer:
         return self.history
 
     # ------------------------------------------------------------------ stages
-    def rollout(self) -> Rollout:
-        """Sample one rollout (``prompts_per_step`` questions × G responses) with the current policy."""
+    def rollout(self, n_prompts: int | None = None) -> Rollout:
+        """Sample one rollout (``n_prompts`` questions, default ``prompts_per_step``, × G responses)
+        with the current policy."""
         c = self.config
-        problems = self.task.sample(c.prompts_per_step, self.rng)
+        problems = self.task.sample(c.prompts_per_step if n_prompts is None else n_prompts, self.rng)
         sampler = self.policy
         if c.rollout_dtype != "float32":  # an "inference engine": a low-precision copy of the current weights
             sampler = inference_copy(self.policy, c.rollout_dtype, fp32_lm_head=c.rollout_fp32_lm_head)
@@ -407,10 +421,11 @@ class Trainer:
     def collect(self) -> Batch:
         """Generate, score and select this step's training rows.
 
-        Rollouts of ``prompts_per_step`` questions are drawn until ``prompts_per_step`` groups were
-        selected (:func:`grpo_lab.sampling.select_groups`; extras of the last round are dropped) or
-        ``max_gen_rounds`` rollouts were drawn. Keeping every group (the default selector) takes one
-        rollout; DAPO's dynamic sampling (Eq. 11) may take several.
+        Rounds of generation are drawn until ``prompts_per_step`` groups were selected
+        (:func:`grpo_lab.sampling.select_groups`; extras of the last round are dropped) or
+        ``max_gen_rounds`` rounds were drawn. Keeping every group (the default selector) takes one
+        rollout of ``prompts_per_step`` questions; DAPO's dynamic sampling (Eq. 11) may take
+        several, sized by :meth:`round_size`.
 
         Raises:
             RuntimeError: too few groups after ``max_gen_rounds`` with ``on_gen_rounds_exhausted="error"``.
@@ -418,9 +433,12 @@ class Trainer:
         c, G = self.config, self.config.group_size
         batch, parts, n_kept = Batch(generated=[]), [], 0
         while n_kept < c.prompts_per_step and len(batch.generated) < c.max_gen_rounds:
-            s = self.score(self.rollout())
+            n_prompts = self.round_size(c.prompts_per_step - n_kept, batch) if batch.generated else c.prompts_per_step
+            s = self.score(self.rollout(n_prompts))
             batch.generated.append(s)
-            groups = sampling.select_groups(self.algo, s.correct, G)[: c.prompts_per_step - n_kept]
+            selected = sampling.select_groups(self.algo, s.correct, G)
+            batch.selected_groups += len(selected)
+            groups = selected[: c.prompts_per_step - n_kept]
             if len(groups) * G == len(s.rollout):
                 parts.append((s.rollout, s.rewards))
             elif len(groups):
@@ -437,6 +455,27 @@ class Trainer:
                 with torch.no_grad():
                     batch.values = self.value_model.values(batch.rollout)
         return batch
+
+    def round_size(self, missing: int, batch: Batch) -> int:
+        """Questions to sample in the next dynamic-sampling round when ``missing`` groups are still
+        needed: ``prompts_per_step`` with ``TrainerConfig.topup=False``; otherwise
+        ``min(prompts_per_step, ceil(missing / keep_rate))``, where ``keep_rate`` is the fraction of
+        generated groups selected over the run so far (earlier steps' ``selected_groups`` /
+        ``generated_groups`` history columns plus this step's rounds); ``prompts_per_step`` while
+        no group has been selected yet. Deterministic given the history, so resume stays exact."""
+        c = self.config
+        if not c.topup:
+            return c.prompts_per_step
+        G = c.group_size
+        generated = sum(len(s.rollout) for s in batch.generated) // G
+        selected = batch.selected_groups
+        for r in self.rows:
+            if "generated_groups" in r and "selected_groups" in r:
+                generated += int(r["generated_groups"])
+                selected += int(r["selected_groups"])
+        if selected == 0:
+            return c.prompts_per_step
+        return max(1, min(c.prompts_per_step, -(-missing * generated // selected)))  # integer ceil
 
     def compute_advantages(self, batch: Batch) -> torch.Tensor:
         """The *advantages* stage: ``algo``'s estimator on the batch view (rewards, group ids, loss
@@ -615,13 +654,14 @@ class Trainer:
             row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
         row.update(reduce_updates(updates))
         n_trained = len(batch.rollout) if batch.rollout is not None else 0
-        row.update(sampling.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G))
+        row.update(sampling.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G,
+                                             n_selected=batch.selected_groups * G))
         return row
 
     def _short_of_groups(self, n_kept: int) -> None:
         c = self.config
         msg = (f"dynamic sampling: only {n_kept} of prompts_per_step={c.prompts_per_step} groups had mixed "
-               f"accuracy (0 < acc < 1) after max_gen_rounds={c.max_gen_rounds} rollouts at step {self.step + 1}")
+               f"accuracy (0 < acc < 1) after max_gen_rounds={c.max_gen_rounds} rounds at step {self.step + 1}")
         if c.on_gen_rounds_exhausted == "error":
             raise RuntimeError(msg + "; raise TrainerConfig.max_gen_rounds or set on_gen_rounds_exhausted='warn'")
         warnings.warn(msg + ("; training on those groups" if n_kept else "; skipping this step's update")

@@ -40,7 +40,7 @@ def test_dapo_preset_is_the_papers_final_recipe():
     assert DAPO.name == "DAPO" and PRESETS["DAPO"] is DAPO
     assert set(PRESETS) == {"GRPO", "DR_GRPO", "DAPO", "CISPO"}
     assert DAPO.eps_low == 0.2 and DAPO.eps_high == 0.28
-    assert DAPO.aggregation == "token_mean"
+    assert DAPO.aggregation == "group_token_mean"  # Eq. 12 as written: per group
     assert DAPO.kl is None and DAPO.beta == 0.0 and not DAPO.uses_kl
     assert DAPO.advantage == "group" and DAPO.ratio_level == "token" and DAPO.clip == "ppo"
     assert DAPO.dynamic_sampling and DAPO.overlong_filter and DAPO.overlong_cache_len == 6
@@ -209,7 +209,7 @@ def test_estimate_advantages_dispatches_through_the_registry():
 def test_presets_state_only_what_differs_from_grpo():
     from grpo_lab.algorithms import DR_GRPO, deepseek_v32
 
-    assert DAPO == GRPO.replace(name="DAPO", eps_high=0.28, aggregation="token_mean", kl=None, beta=0.0,
+    assert DAPO == GRPO.replace(name="DAPO", eps_high=0.28, aggregation="group_token_mean", kl=None, beta=0.0,
                                 dynamic_sampling=True, overlong_filter=True, overlong_cache_len=6)
     assert DR_GRPO == GRPO.replace(name="DR_GRPO", advantage="group_mean", aggregation="seq_mean_token_sum_norm",
                                    kl=None, beta=0.0)

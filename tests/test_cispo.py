@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import grpo_lab.trainer as trainer_mod
-from grpo_lab.algorithms import CISPO, DAPO, GRPO, PRESETS, Algorithm, get_algorithm
+from grpo_lab.algorithms import CISPO as CISPO_PRESET
+from grpo_lab.algorithms import DAPO, GRPO, PRESETS, Algorithm, get_algorithm
 from grpo_lab.metrics import reduce_micro_batches
 from grpo_lab.models import FP32LMHead, TinyConfig, inference_copy, load_policy, tiny_policy, use_fp32_lm_head
 from grpo_lab.objectives import LOG_RATIO_CLAMP, SURROGATES, cispo_surrogate, cispo_weight, policy_loss
@@ -31,6 +32,10 @@ from grpo_lab.trainer import Trainer, TrainerConfig
 F64 = torch.float64
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
+# The loss-level tests below check the surrogate (Eqs. 4-7) under the batch token mean, as verl and
+# TRL aggregate; the preset divides per group (Eq. 4's 1/sum_i |o_i| inside the expectation over
+# questions: "group_token_mean", tested in test_group_token_mean.py) and is tested as such below.
+CISPO = CISPO_PRESET.replace(aggregation="token_mean")
 # the PPO-clip objective with CISPO's other axes (token_mean, no KL): DAPO's loss with any eps
 PPO_TOKEN_MEAN = GRPO.replace(name="ppo_tm", kl=None, beta=0.0, aggregation="token_mean")
 # the registry key of CISPO's surrogate (the preset is the reference: the key's spelling is not what is tested)
@@ -510,18 +515,18 @@ def test_low_precision_inputs_compute_in_float32(low, mask_eps):
 # 7. preset and validation
 # ================================================================================================
 def test_cispo_preset_fields():
-    # MiniMax-M1 §3.1: Eqs. 4-5, eps_low "large" (1 = no floor), token-level mean, no KL, DAPO's dynamic
+    # MiniMax-M1 §3.1: Eqs. 4-5, eps_low "large" (1 = no floor), token-level mean per group (Eq. 4), no KL, DAPO's dynamic
     # sampling and soft length penalty; eps_high = 0.28 is the package's choice (not in the paper)
-    assert CISPO.name == "CISPO" and CISPO.clip != "ppo" and SURROGATES[CISPO.clip] is cispo_surrogate
-    assert CISPO.eps_low == 1.0 and CISPO.eps_high == 0.28
-    assert CISPO.aggregation == "token_mean"
-    assert CISPO.kl is None and CISPO.beta == 0.0 and not CISPO.uses_kl
-    assert CISPO.advantage == "group" and CISPO.ratio_level == "token"
-    assert CISPO.dynamic_sampling and not CISPO.overlong_filter and CISPO.overlong_cache_len == 6
-    assert CISPO.mask_eps_low is None and CISPO.mask_eps_high is None
-    assert CISPO.offpolicy_mask_delta is None and not CISPO.kl_importance_correction
-    assert PRESETS["CISPO"] is CISPO
-    assert get_algorithm("cispo") is CISPO and get_algorithm(" CISPO ") is CISPO
+    assert CISPO_PRESET.name == "CISPO" and CISPO_PRESET.clip != "ppo" and SURROGATES[CISPO_PRESET.clip] is cispo_surrogate
+    assert CISPO_PRESET.eps_low == 1.0 and CISPO_PRESET.eps_high == 0.28
+    assert CISPO_PRESET.aggregation == "group_token_mean"  # Eq. 4: 1/sum_i|o_i| per group
+    assert CISPO_PRESET.kl is None and CISPO_PRESET.beta == 0.0 and not CISPO_PRESET.uses_kl
+    assert CISPO_PRESET.advantage == "group" and CISPO_PRESET.ratio_level == "token"
+    assert CISPO_PRESET.dynamic_sampling and not CISPO_PRESET.overlong_filter and CISPO_PRESET.overlong_cache_len == 6
+    assert CISPO_PRESET.mask_eps_low is None and CISPO_PRESET.mask_eps_high is None
+    assert CISPO_PRESET.offpolicy_mask_delta is None and not CISPO_PRESET.kl_importance_correction
+    assert PRESETS["CISPO"] is CISPO_PRESET
+    assert get_algorithm("cispo") is CISPO_PRESET and get_algorithm(" CISPO ") is CISPO_PRESET
     assert Algorithm(clip=CLIP).clip == CLIP  # a valid choice of the clip axis
     ax = CISPO.axes()
     assert ax["mask_eps_low"] is None and ax["mask_eps_high"] is None and ax["clip"] == CLIP

@@ -108,7 +108,7 @@ def test_clip_higher_papers_example(eps_high, pi, moves):
     algo = DAPO.replace(eps_high=eps_high)
     logp = torch.tensor([[math.log(pi)]], dtype=torch.float64, requires_grad=True)
     old = torch.tensor([[math.log(0.01)]], dtype=torch.float64)
-    out = policy_loss(logp, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), algo)
+    out = policy_loss(logp, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), algo, group_size=1)
     out.loss.backward()
     g = logp.grad.item()
     if moves:
@@ -119,7 +119,8 @@ def test_clip_higher_papers_example(eps_high, pi, moves):
 
 
 def test_token_mean_micro_batch_invariance_under_dapo():
-    # Eq. 12: 1 / sum_i |o_i| over the whole batch. Micro-batches given the global token count sum
+    # Eq. 12 as verl and TRL compute it ("token_mean": 1 / sum_i |o_i| over the whole batch; the
+    # preset's per-group form is tested in test_group_token_mean.py). Micro-batches given the global token count sum
     # to the full-batch loss and gradient, off-policy (so clip-higher acts) and with ragged lengths.
     g = torch.Generator().manual_seed(0)
     B, T = 8, 7
@@ -130,20 +131,21 @@ def test_token_mean_micro_batch_invariance_under_dapo():
     adv = torch.randn(B, generator=g, dtype=torch.float64)
 
     logp = base.clone().requires_grad_(True)
-    full = policy_loss(logp, old, adv, mask, DAPO)
+    dapo_tm = DAPO.replace(aggregation="token_mean")
+    full = policy_loss(logp, old, adv, mask, dapo_tm)
     full.loss.backward()
     assert full.metrics["clip_frac"] > 0  # the clip is exercised
     n_tok = float(mask.sum())
     logp2 = base.clone().requires_grad_(True)
     total = 0.0
     for idx in ([0, 1, 2], [3, 4, 5], [6, 7]):
-        out = policy_loss(logp2[idx], old[idx], adv[idx], mask[idx], DAPO, num_tokens=n_tok)
+        out = policy_loss(logp2[idx], old[idx], adv[idx], mask[idx], dapo_tm, num_tokens=n_tok)
         out.loss.backward()
         total = total + out.loss.detach()
     torch.testing.assert_close(total, full.loss.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(logp2.grad, logp.grad, rtol=1e-12, atol=1e-12)
     # and it is not the mean of per-micro-batch token means (what a local normaliser would give)
-    local = sum(policy_loss(base[i], old[i], adv[i], mask[i], DAPO).loss for i in ([0, 1, 2], [3, 4, 5], [6, 7])) / 3
+    local = sum(policy_loss(base[i], old[i], adv[i], mask[i], dapo_tm).loss for i in ([0, 1, 2], [3, 4, 5], [6, 7])) / 3
     assert abs(float(local.detach()) - float(full.loss.detach())) > 1e-3
 
 
@@ -304,6 +306,52 @@ def test_gen_rounds_bound_error(tok):
         tr.train(1)
 
 
+# ------------------------------------------------------------------------------------ top-up rounds
+# KindTask asserts that each round asks for exactly as many questions as its script entry has, so
+# the scripts below are the expected round sizes.
+def test_topup_samples_only_what_the_missing_groups_need(tok):
+    # P = 4: round 1 keeps 3 of 4 (keep rate 3/4); 1 group missing -> ceil(1 / (3/4)) = 2 questions
+    tr = make_trainer(tok, task=KindTask(test_size=3, script=("MMMA", "MA")), prompts_per_step=4)
+    row = tr.train(1).iloc[0]
+    assert row["gen_rounds"] == 2 and row["generated_groups"] == 6
+    assert row["selected_groups"] == 4 and row["trained_groups"] == 4
+    assert row["samples_per_trained"] == 1.5  # (4 + 2) x 4 / (4 x 4)
+
+
+def test_topup_off_generates_whole_rounds_and_drops_the_surplus(tok):
+    # verl's recipe: every round is a full batch of P = 4 questions; round 2 keeps 1 of its 1 mixed group
+    tr = make_trainer(tok, task=KindTask(test_size=3, script=("MMMA", "MAAA")), prompts_per_step=4, topup=False)
+    row = tr.train(1).iloc[0]
+    assert row["gen_rounds"] == 2 and row["generated_groups"] == 8
+    assert row["selected_groups"] == 4 and row["trained_groups"] == 4 and row["samples_per_trained"] == 2.0
+    # the surplus is counted as selected but not trained: "MMMM" in round 2 selects 4, trains 1
+    tr = make_trainer(tok, task=KindTask(test_size=3, script=("MMMA", "MMMM")), prompts_per_step=4, topup=False)
+    row = tr.train(1).iloc[0]
+    assert row["selected_groups"] == 7 and row["trained_groups"] == 4
+
+
+def test_round_size_uses_the_running_keep_rate_over_the_run(tok):
+    tr = make_trainer(tok, prompts_per_step=16)
+    batch = trainer_mod.Batch(generated=[])
+    batch.generated.append(type("S", (), {"rollout": [0] * (16 * G)})())  # this step: 16 groups generated
+    batch.selected_groups = 12
+    assert tr.round_size(4, batch) == 6                 # ceil(4 x 16 / 12) = ceil(5.33)
+    tr.rows = [{"step": 0, "test_accuracy": 0.5},       # an evaluation row has no counts: ignored
+               {"generated_groups": 40, "selected_groups": 20}]
+    assert tr.round_size(4, batch) == 7                 # keep rate (12 + 20) / (16 + 40) = 4/7: 4 x 7/4 = 7
+    assert tr.round_size(16, batch) == 16               # never more than a whole round
+    batch.selected_groups, tr.rows = 0, []
+    assert tr.round_size(3, batch) == 16                # nothing kept yet: a whole round
+    tr.config = dataclasses.replace(tr.config, topup=False)
+    batch.selected_groups = 12
+    assert tr.round_size(1, batch) == 16
+
+
+def test_topup_config_is_validated():
+    with pytest.raises(ValueError, match="TrainerConfig.topup"):
+        TrainerConfig(topup="yes")
+
+
 def test_concat_rollouts_pads_prompts_left_and_keeps_logprobs(tok):
     tr = make_trainer(tok, task=KindTask(test_size=3, script=("MM", "MA")))
     torch.manual_seed(3)
@@ -331,8 +379,8 @@ def test_concat_rollouts_pads_prompts_left_and_keeps_logprobs(tok):
 def _mark_truncated(tr, rows):
     orig = tr.rollout
 
-    def rollout():
-        ro = orig()
+    def rollout(*args):
+        ro = orig(*args)
         ro.truncated = ro.truncated.clone()
         ro.truncated[rows] = True
         return ro
@@ -347,8 +395,8 @@ def test_overlong_filter_masks_truncated_rows(tok, monkeypatch):
     seen = []
     orig = tr.rollout
 
-    def rollout():
-        ro = orig()
+    def rollout(*args):
+        ro = orig(*args)
         ro.truncated = torch.zeros_like(ro.truncated)
         ro.truncated[[1, 6]] = True  # pretend rows 1 and 6 hit the budget
         seen.append(ro)
@@ -397,7 +445,7 @@ def test_soft_overlong_punishment_in_trainer(tok):
     tr = make_trainer(tok, algo=algo, task=KindTask(test_size=3, script=("MA",)))
     seen = []
     orig = tr.rollout
-    tr.rollout = lambda: seen.append(orig()) or seen[-1]
+    tr.rollout = lambda *args: seen.append(orig(*args)) or seen[-1]
     h = tr.train(1)
     ro, = seen
     raw = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
@@ -440,3 +488,32 @@ def test_exact_resume_with_dynamic_sampling(tok, tmp_path, monkeypatch):
         assert torch.equal(a, b)
     pd.testing.assert_frame_equal(straight.history.drop(columns=TIMING, errors="ignore"), resumed.history.drop(columns=TIMING, errors="ignore"),
                                   check_exact=True, check_dtype=False)
+
+
+def test_up_clipped_token_probability_metrics():
+    # DAPO §3.1 / Fig. 3a: which tokens does the upper clip stop? Hand example (A > 0 everywhere,
+    # eps_high = 0.28): pi_old = 0.01 -> pi_theta 0.02 (r = 2, clipped), 0.1 -> 0.1 (r = 1), 0.5 ->
+    # 0.8 (r = 1.6, clipped), and a padded position that must not count. The metric is pi_theta.
+    from grpo_lab.metrics import reduce_micro_batches, reduce_updates
+    p_old = torch.tensor([[0.01, 0.1], [0.5, 0.3]], dtype=torch.float64)
+    p_new = torch.tensor([[0.02, 0.1], [0.8, 0.9]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    algo = DAPO.replace(aggregation="token_mean")
+    out = policy_loss(p_new.log(), p_old.log(), torch.ones(2, dtype=torch.float64), mask, algo)
+    assert out.metrics["clip_frac_high"] == pytest.approx(2 / 3)
+    assert out.metrics["clip_high_prob_mean"] == pytest.approx((0.02 + 0.8) / 2, rel=1e-12)
+    assert out.metrics["clip_high_prob_max"] == pytest.approx(0.8, rel=1e-12)
+    assert out.metrics["token_prob_mean"] == pytest.approx((0.02 + 0.1 + 0.8) / 3, rel=1e-12)
+    # micro-batches: weighted by the clipped-token counts, the max over those with any
+    parts = [policy_loss(p_new[i].log(), p_old[i].log(), torch.ones(1, dtype=torch.float64), mask[i], algo).metrics
+             for i in ([0], [1])]
+    red = reduce_micro_batches(parts)
+    assert float(red["clip_high_prob_mean"]) == pytest.approx(0.41, rel=1e-12)
+    assert float(red["clip_high_prob_max"]) == pytest.approx(0.8, rel=1e-12)
+    assert float(red["token_prob_mean"]) == pytest.approx(0.92 / 3, rel=1e-12)
+    # nothing clipped: 0.0 with weight 0 in policy_loss, NaN once reduced (not measured)
+    calm = policy_loss(p_old.log(), p_old.log(), torch.ones(2, dtype=torch.float64), mask, algo).metrics
+    assert calm["clip_high_prob_mean"] == 0.0 and calm["clip_high_prob_mean"].weight == 0.0
+    assert math.isnan(reduce_updates([reduce_micro_batches([calm])])["clip_high_prob_mean"])
+    assert math.isnan(reduce_updates([reduce_micro_batches([calm])])["clip_high_prob_max"])
+    assert calm["token_prob_mean"] == pytest.approx(0.61 / 3, rel=1e-12) and calm["token_prob_mean"].weight == 3.0

@@ -64,7 +64,7 @@ def test_grpo_and_dapo_presets_unchanged():
     }
     assert DAPO.describe() == {
         "name": "DAPO", "advantage": "group", "adv_eps": 1e-4, "ratio_level": "token", "clip": "ppo",
-        "eps_low": 0.2, "eps_high": 0.28, "aggregation": "token_mean", "max_tokens": None,
+        "eps_low": 0.2, "eps_high": 0.28, "aggregation": "group_token_mean", "max_tokens": None,
         "kl": None, "beta": 0.0, "dynamic_sampling": True, "overlong_filter": True,
         "overlong_cache_len": 6, **common,
     }

@@ -23,12 +23,13 @@
 # wrong. DAPO fixes each with one switch, and its Table 1 adds them one at a time.
 #
 # **Which axes it moves** (see {ref}`sec-intro`): clipping — $\epshigh > \epslow$ (Eq. 10);
-# aggregation — `token_mean` over the whole group (Eq. 12); sampling & shaping — dynamic sampling
+# aggregation — a token mean per group (`group_token_mean`, Eq. 12 as written; verl and TRL divide
+# by the whole batch's token count instead, `token_mean`); sampling & shaping — dynamic sampling
 # (Eq. 11), overlong filtering and soft overlong punishment (Eq. 13); regulariser — no KL term
 # (§2.3). The advantage keeps GRPO's std (Eq. 9).
 #
 # **Prerequisites:** {ref}`sec-grpo`. **Run time:** {glue:text}`dapo_runtime` on two CPU cores
-# (measured on the last execution; 30 training runs in two processes).
+# (measured on the last execution; {glue:text}`dapo_n_runs` training runs in two processes).
 
 # %% tags=["remove-cell"]
 # Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
@@ -46,10 +47,12 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["parameters"]
 PROFILE = "cpu"  # "gpu" on a Colab GPU
 SEEDS = (0, 1, 2, 3, 4)
-STEPS = 25  # RL steps per run in the CPU profile (6 settings x 5 seeds)
+STEPS = 20  # RL steps per run in the CPU profile (7 settings x 5 seeds)
+BUDGET = 20  # generation budget L_max of the experiments (tokens): one that truncates, see 2.5
 N_JOBS = 2  # worker processes; results do not depend on it
 
 # %% tags=["hide-input"]
+import dataclasses
 import math
 import time
 
@@ -61,8 +64,14 @@ import matplotlib.pyplot as plt
 from grpo_lab import book, experiments, plotting, stats
 from grpo_lab.advantages import group_advantages
 from grpo_lab.algorithms import DAPO, GRPO
+from grpo_lab.models import load_policy
 from grpo_lab.objectives import policy_loss
 from grpo_lab.rewards import overlong_penalty
+from grpo_lab.rollout import policy_logprobs
+from grpo_lab.tasks import get_task
+from grpo_lab.tasks.arithmetic import reasoning_response
+from grpo_lab.trainer import Trainer
+from IPython.display import display
 
 book.setup_notebook(seed=0)
 CHAPTER_START = time.perf_counter()
@@ -93,7 +102,7 @@ def highest_prob_with_gradient(p_old, algo):
     lp = torch.log(probs)[:, None].clone().requires_grad_()
     old = torch.full_like(lp, math.log(p_old))
     adv = torch.ones(len(probs))
-    loss = policy_loss(lp, old, adv, torch.ones_like(lp), algo.replace(kl=None, beta=0.0)).loss
+    loss = policy_loss(lp, old, adv, torch.ones_like(lp), algo.replace(kl=None, beta=0.0), group_size=1).loss
     (grad,) = torch.autograd.grad(loss, lp)
     alive = grad[:, 0] != 0
     return float(probs[alive].max())
@@ -118,9 +127,10 @@ assert caps.loc[0.9, "cap eps=0.2"] > 0.99  # the cap p(1+eps) = 1.08 is above 1
 # GRPO averages over the tokens of each response, then over responses
 # (`seq_mean_token_mean`, {eq}`eq-grpo-objective`): every *response* weighs the same, so each token
 # of a long response weighs less. DAPO's Eq. 12 divides the sum over all tokens of the group by
-# the group's total token count (`token_mean`): every *token* weighs the same. The figure takes a
-# group of four responses — short and long, right and wrong — and reads each token's gradient off
-# autograd for both aggregations.
+# the group's total token count $\sum_i\olen{i}$: every *token* of the group weighs the same. The
+# figure takes a group of four responses — short and long, right and wrong — and reads each
+# token's gradient off autograd for both aggregations (for one group, the two token-level forms of
+# the next subsection coincide; the figure uses `group_token_mean`).
 
 # %% tags=["hide-input"]
 lengths = [5, 25, 5, 25]
@@ -129,15 +139,16 @@ adv = torch.tensor([1.0, 1.0, -1.0, -1.0])
 T = max(lengths)
 mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths])
 weights = {}
-for agg in ("seq_mean_token_mean", "token_mean"):
+for agg in ("seq_mean_token_mean", "group_token_mean"):
     lp = torch.zeros(4, T, requires_grad=True)
     algo = GRPO.replace(kl=None, beta=0.0, aggregation=agg)
-    policy_loss(lp, torch.zeros(4, T), adv, mask, algo).loss.backward()
+    policy_loss(lp, torch.zeros(4, T), adv, mask, algo, group_size=4).loss.backward()
     weights[agg] = (-lp.grad[:, 0]).numpy()  # gradient of the objective w.r.t. one token's log-prob
 fig, ax = plt.subplots(figsize=(6.4, 2.8))
 x = np.arange(4)
 ax.bar(x - 0.2, weights["seq_mean_token_mean"], 0.4, label="seq_mean_token_mean (GRPO)", color=plotting.algo_color("GRPO"))
-ax.bar(x + 0.2, weights["token_mean"], 0.4, label="token_mean (DAPO Eq. 12)", color=plotting.algo_color("DAPO"))
+ax.bar(x + 0.2, weights["group_token_mean"], 0.4, label="group_token_mean (DAPO Eq. 12)",
+       color=plotting.algo_color("DAPO"))
 ax.axhline(0, color="k", lw=0.6)
 ax.set_xticks(x, [f"{l}\n|o|={n}" for l, n in zip(labels, lengths)])
 ax.set_ylabel("gradient per token")
@@ -146,14 +157,14 @@ fig.tight_layout()
 book.glue("fig_dapo_token_weights", fig)
 
 # %%
-w_seq, w_tok = weights["seq_mean_token_mean"], weights["token_mean"]
+w_seq, w_tok = weights["seq_mean_token_mean"], weights["group_token_mean"]
 assert np.allclose(w_seq, adv.numpy() / (4 * np.array(lengths)))  # A_i / (G |o_i|)
 assert np.allclose(w_tok, adv.numpy() / sum(lengths))  # A_i / sum_j |o_j|
 print("per-token weight, long vs short response:",
-      f"seq_mean_token_mean {w_seq[1] / w_seq[0]:.2f}x, token_mean {w_tok[1] / w_tok[0]:.2f}x")
+      f"seq_mean_token_mean {w_seq[1] / w_seq[0]:.2f}x, group_token_mean {w_tok[1] / w_tok[0]:.2f}x")
 print("share of the group's total gradient on the long responses:",
       f"seq_mean_token_mean {np.abs(w_seq * lengths)[[1, 3]].sum() / np.abs(w_seq * lengths).sum():.2f},",
-      f"token_mean {np.abs(w_tok * lengths)[[1, 3]].sum() / np.abs(w_tok * lengths).sum():.2f}")
+      f"group_token_mean {np.abs(w_tok * lengths)[[1, 3]].sum() / np.abs(w_tok * lengths).sum():.2f}")
 
 # %% [markdown]
 # ```{glue:figure} fig_dapo_token_weights
@@ -168,11 +179,104 @@ print("share of the group's total gradient on the long responses:",
 # This matters in both directions. A long *wrong* response is penalised gently per token under the
 # per-sample average — patterns like repetition inside it are barely discouraged — and a long
 # *right* response is rewarded gently. DAPO reports healthier entropy and length growth with the
-# token-level loss. In code, Eq. 12's denominator is the token count of the *whole* batch: when a
-# batch is split into micro-batches, each micro-batch must be divided by the global count
-# (`num_tokens=`), or long and short micro-batches are weighted differently (tested in
-# `tests/test_objectives.py` and `tests/test_dapo.py`).
+# token-level loss.
 #
+# ### One group, or the whole batch?
+#
+# Eq. 12 puts $1/\sum_{i}\olen{i}$ *inside* the expectation over questions: each group's token sum
+# is divided by that group's own token count, then groups are averaged. With $K$ groups of $N_g$
+# tokens each,
+#
+# $$
+# \mathcal L_{\text{Eq. 12}} = \frac1K\sum_{g=1}^K \frac{1}{N_g}\sum_{i\in g}\sum_t \ell_{i,t}
+# \qquad\text{against}\qquad
+# \mathcal L_{\text{batch}} = \frac{1}{\sum_g N_g}\sum_{g=1}^K\sum_{i\in g}\sum_t \ell_{i,t},
+# $$ (eq-dapo-group-vs-batch)
+#
+# where $\ell_{i,t}$ is the negated clipped term of {eq}`eq-dapo-objective`. The open
+# implementations compute the right-hand form: verl's `loss_agg_mode="token-mean"` and TRL's
+# `loss_type="dapo"` (also its `"cispo"`) divide by the token count of the whole (mini-)batch,
+# OpenRLHF's token-level loss likewise. `grpo_lab` has both: `group_token_mean` is the equation
+# and what the `DAPO` preset uses; `token_mean` is the anchors' form
+# (`DAPO.replace(aggregation="token_mean")`). Per token, the batch form multiplies group $g$'s
+# weight by $N_g/\bar N$ ($\bar N$ the mean group token count): questions answered at length
+# (here: the ones the policy reasons about) count more than in the equation. Both need their
+# denominators from the whole batch when it is split into micro-batches (`num_tokens=`, or the
+# per-group counts for `group_token_mean`, which the trainer passes); otherwise long and short
+# micro-batches are weighted differently (tested in `tests/test_dapo.py` and
+# `tests/test_group_token_mean.py`). The cell checks {eq}`eq-dapo-group-vs-batch` on two groups
+# of different total length, then measures the difference on real batches of the base policy
+# (the DAPO batches of §2.5's setting, five seeds): the spread of $N_g/\bar N$ and the cosine
+# between the two parameter gradients.
+
+# %%
+# two groups of G = 2: group 1 has 4 + 6 tokens, group 2 has 2 + 2; A = +1, -1 in each
+lens2 = [4, 6, 2, 2]
+mask2 = torch.tensor([[1.0] * n + [0.0] * (6 - n) for n in lens2])
+adv2 = torch.tensor([1.0, -1.0, 1.0, -1.0])
+w2 = {}
+for agg in ("group_token_mean", "token_mean"):
+    lp = torch.zeros(4, 6, requires_grad=True)
+    policy_loss(lp, torch.zeros(4, 6), adv2, mask2, DAPO.replace(aggregation=agg), group_size=2).loss.backward()
+    w2[agg] = (-lp.grad[:, 0]).numpy()
+# Eq. 12 by hand: A / (K N_g) with K = 2 groups, N_1 = 10, N_2 = 4; the batch form: A / 14
+assert np.allclose(w2["group_token_mean"], [1 / 20, -1 / 20, 1 / 8, -1 / 8])
+assert np.allclose(w2["token_mean"], [1 / 14, -1 / 14, 1 / 14, -1 / 14])
+ratio2 = w2["token_mean"] / w2["group_token_mean"]
+assert np.allclose(ratio2, [10 / 7, 10 / 7, 4 / 7, 4 / 7])  # N_g / mean N = 10/7 and 4/7
+print("batch form / Eq. 12, per token, group 1 (10 tokens) and group 2 (4 tokens):",
+      f"{ratio2[0]:.3f} and {ratio2[2]:.3f}")
+
+# %% tags=["nbval-ignore-output"]
+profile = experiments.get_profile(PROFILE)
+budget = BUDGET if PROFILE == "cpu" else profile.config.max_new_tokens
+policy, tokenizer = load_policy(profile.base)
+task = get_task(profile.task)
+# the DAPO preset's L_cache = 6 is sized for a 32-token budget; L_max / 5 keeps the paper's proportion
+dapo_here = DAPO.replace(overlong_cache_len=max(1, round((budget or task.max_new_tokens) / 5)))
+
+
+def aggregation_gap(seed):
+    """One DAPO batch of the base policy: N_g / mean N over its groups, and how the two parameter
+    gradients (Eq. 12 per group against the batch token mean) compare."""
+    cfg = dataclasses.replace(profile.config, seed=seed, max_new_tokens=budget)
+    tr = Trainer(policy, tokenizer, task, dapo_here, cfg)
+    b = tr.collect()
+    tr.compute_advantages(b)
+    G = cfg.group_size
+    n_g = b.loss_mask.sum(1).view(-1, G).sum(1)
+    rel = n_g / n_g.mean()
+    lp = policy_logprobs(tr.policy, b.rollout)
+    params = [q for q in tr.policy.parameters() if q.requires_grad]
+    grads = {}
+    for agg in ("group_token_mean", "token_mean"):
+        loss = policy_loss(lp, lp.detach(), b.advantages, b.loss_mask, dapo_here.replace(aggregation=agg),
+                           group_size=G).loss
+        grads[agg] = torch.cat([g.flatten() for g in torch.autograd.grad(loss, params, retain_graph=True)])
+    g_eq, g_batch = grads["group_token_mean"], grads["token_mean"]
+    return {"seed": seed, "groups": len(n_g), "smallest N_g / mean": float(rel.min()),
+            "largest N_g / mean": float(rel.max()),
+            "cosine(gradients)": float(torch.nn.functional.cosine_similarity(g_eq, g_batch, dim=0)),
+            "norm batch / norm Eq. 12": float(g_batch.norm() / g_eq.norm())}
+
+
+agg_gap = pd.DataFrame([aggregation_gap(s) for s in SEEDS]).set_index("seed")
+agg_summary = {c: stats.format_interval(stats.t_interval(agg_gap[c])) for c in agg_gap.columns if c != "groups"}
+book.glue("agg_rel_min", agg_summary["smallest N_g / mean"])
+book.glue("agg_rel_max", agg_summary["largest N_g / mean"])
+book.glue("agg_cos", agg_summary["cosine(gradients)"])
+book.glue("agg_norm", agg_summary["norm batch / norm Eq. 12"])
+assert (agg_gap["cosine(gradients)"] < 1 - 1e-6).all() and (agg_gap["cosine(gradients)"] > 0).all()
+agg_gap.round(3)
+
+# %% [markdown]
+# On real batches (mean [95% t interval] over five seeds), the group with the fewest tokens gets
+# {glue:text}`agg_rel_min` of its Eq. 12 weight per token under the batch form and the group with
+# the most gets {glue:text}`agg_rel_max`. The two gradients point in nearly the same direction
+# (cosine {glue:text}`agg_cos`; norm ratio {glue:text}`agg_norm`), so at this scale the choice
+# re-weights questions without changing the update much; §2.5 trains with both. With responses of
+# thousands of tokens whose lengths differ by an order of magnitude between questions, $N_g/\bar N$
+# spreads much further, and the two forms are different algorithms.
 # ## 2.3 Dynamic sampling: groups without a gradient
 #
 # If every response of a group gets the same reward, $r_i - \mean(\mathbf r) = 0$ for all of them:
@@ -250,8 +354,8 @@ print({k: round(float(v), 6) for k, v in zip(checks, got)})
 #   starts at $\Lmax - L_{\mathrm{cache}} = 16{,}384$, the "expected maximum length". Swapping the
 #   two moves the whole ramp by 4,096 tokens.
 # * **"Token-level loss = divide each micro-batch by its own token count."** Eq. 12's denominator
-#   is the token count of the whole group/batch; a per-micro-batch mean re-weights tokens by which
-#   micro-batch they landed in.
+#   is the token count of each question's group (verl and TRL use the whole batch's, §2.2); a
+#   per-micro-batch mean is neither, and re-weights tokens by which micro-batch they landed in.
 # * **"Dynamic sampling filters on the reward."** It filters on correctness (accuracy 0 or 1,
 #   Eq. 11); with the overlong penalty added, rewards in an all-correct group can still differ.
 # * **"DAPO reaches 50 on AIME 2024 in half the steps."** Half *of what* matters: DAPO reaches 50
@@ -265,48 +369,85 @@ print({k: round(float(v), 6) for k, v in zip(checks, got)})
 # Table 1 of the paper adds the techniques one at a time to "naive GRPO". The paper writes GRPO
 # with its KL term (§2.2) and removes the KL only for DAPO (§2.3); it does not say whether its
 # naive-GRPO row kept it. Our "naive GRPO" has no KL term, so that every row differs from the next
-# by exactly one switch, and the KL question is {ref}`chapter 3's <sec-drgrpo>`. We do the same on the arithmetic task of {ref}`sec-grpo`, from the same base
-# checkpoint, 5 seeds × 6 settings, all with two minibatches per rollout (so the second optimiser
-# step is off-policy and the clip can act). The last row is the `DAPO` preset.
+# by exactly one switch, and the KL question is {ref}`chapter 3's <sec-drgrpo>`. We do the same on
+# the arithmetic task of {ref}`sec-grpo`, from the same base checkpoint, five seeds per setting,
+# all with two minibatches per rollout (so the second optimiser step is off-policy and the clip
+# can act).
+#
+# **A budget that truncates.** At chapter 1's 32-token budget almost no response is cut off, and
+# the two overlong switches would have nothing to act on. This chapter generates at most
+# $\Lmax =$ {glue:text}`dapo_budget` tokens: a reasoned answer to a four-term question needs 22–26
+# tokens (checked below), so it is always truncated, while every three-term reasoning (at most 16)
+# fits. The soft punishment keeps the paper's proportion, $L_{\mathrm{cache}} = \Lmax/5 =$
+# {glue:text}`dapo_cache` tokens, so its ramp starts where the longest three-term reasoning ends.
+# The last row is the `DAPO` preset with that $L_{\mathrm{cache}}$.
+#
+# **Two controls.** Dynamic sampling generates more responses per step than it trains on, so a
+# gain could come from the extra generation alone. The row "naive GRPO, matched generation" samples
+# as many questions per step as DAPO generated on average (rounded; it trains on all of them). And
+# "DAPO, batch token mean" swaps Eq. 12's per-group normaliser for verl's and TRL's.
 
 # %%
+lengths_4 = [len(tokenizer(reasoning_response(t), add_special_tokens=False).input_ids) + 1
+             for t in ([10, 10, 10, 10], [99, 99, 99, 99])]  # + EOS
+lengths_3 = [len(tokenizer(reasoning_response(t), add_special_tokens=False).input_ids) + 1
+             for t in ([10, 10, 10], [99, 99, 99])]
+assert lengths_4 == [22, 26] and lengths_3 == [13, 16]
+print(f"reasoned answers incl. EOS: four terms {lengths_4[0]}-{lengths_4[1]} tokens, "
+      f"three terms {lengths_3[0]}-{lengths_3[1]}; budget {budget}, L_cache {dapo_here.overlong_cache_len}")
+book.glue("dapo_budget", budget)
+book.glue("dapo_cache", dapo_here.overlong_cache_len)
+
 naive = GRPO.replace(name="naive GRPO", kl=None, beta=0.0)
+cache = dapo_here.overlong_cache_len
 settings = [
     naive,
     naive.replace(name="+ overlong filtering", overlong_filter=True),
     naive.replace(name="+ clip-higher", overlong_filter=True, eps_high=0.28),
-    naive.replace(name="+ soft overlong punishment", overlong_filter=True, eps_high=0.28, overlong_cache_len=6),
-    naive.replace(name="+ token-level loss", overlong_filter=True, eps_high=0.28, overlong_cache_len=6,
-                  aggregation="token_mean"),
-    DAPO.replace(name="+ dynamic sampling (DAPO)"),
+    naive.replace(name="+ soft overlong punishment", overlong_filter=True, eps_high=0.28, overlong_cache_len=cache),
+    naive.replace(name="+ token-level loss", overlong_filter=True, eps_high=0.28, overlong_cache_len=cache,
+                  aggregation="group_token_mean"),
+    dapo_here.replace(name="+ dynamic sampling (DAPO)"),
+    dapo_here.replace(name="DAPO, batch token mean", aggregation="token_mean"),
 ]
-profile = experiments.get_profile(PROFILE)
+assert settings[5] == DAPO.replace(name=settings[5].name, overlong_cache_len=cache)  # the preset, resized
 steps = STEPS if PROFILE == "cpu" else profile.steps
-for s in settings:
-    print(f"{s.name:28s}", {k: v for k, v in s.axes().items() if k in (
+for s_ in settings:
+    print(f"{s_.name:28s}", {k: v for k, v in s_.axes().items() if k in (
         "eps_high", "aggregation", "dynamic_sampling", "overlong_filter", "overlong_cache_len")})
 
 # %% tags=["nbval-ignore-output"]
-grid = experiments.run_grid(settings, profile=PROFILE, seeds=SEEDS, steps=steps, n_jobs=N_JOBS)
+grid = experiments.run_grid(settings, profile=PROFILE, seeds=SEEDS, steps=steps, n_jobs=N_JOBS,
+                            max_new_tokens=budget)
+dapo_gen = float(grid["+ dynamic sampling (DAPO)"].history["samples_per_trained"].mean())
+P = profile.config.prompts_per_step
+matched_p = int(round(P * dapo_gen))
+control = experiments.run(naive.replace(name="naive GRPO, matched generation"), profile=PROFILE, seeds=SEEDS,
+                          steps=steps, n_jobs=N_JOBS, max_new_tokens=budget, prompts_per_step=matched_p)
+grid[control.history["algo"].iloc[0]] = control
 hist = pd.concat([r.history for r in grid.values()], ignore_index=True)
-print(f"{len(settings)} settings x {len(SEEDS)} seeds x {steps} steps in "
-      f"{next(iter(grid.values())).provenance['wall_seconds']:.0f} s")
+n_runs = len(grid) * len(SEEDS)
+book.glue("dapo_n_runs", n_runs)
+book.glue("dapo_steps", steps)
+book.glue("dapo_matched_p", matched_p)
+print(f"{len(grid)} settings x {len(SEEDS)} seeds x {steps} steps; control at {matched_p} questions per step")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
-order = [s.name for s in settings]
-# GRPO and DAPO in the book's colours (grpo_lab.plotting.ALGO_COLORS); the intermediate rows in colours
-# no algorithm uses
+order = list(grid)
+# GRPO and DAPO in the book's colours (grpo_lab.plotting.ALGO_COLORS); the intermediate rows and the
+# controls in colours no algorithm uses
 colors = dict(zip(order, [plotting.algo_color("GRPO"), "#555555", "#ece133", "#fbafe4", "#8c564b",
-                          plotting.algo_color("DAPO")]))
+                          plotting.algo_color("DAPO"), "#56b4e9", "#999999"]))
 pair = hist[hist["algo"].isin(["+ overlong filtering", "+ clip-higher"])]
 fig, axes = plt.subplots(1, 3, figsize=(9.6, 2.9))
 plotting.band_plot(axes[0], pair[pair.step > 0], "step", "entropy", colors=colors, title="entropy",
                    band="ci95", bounds=(0, math.inf))
-plotting.band_plot(axes[1], pair.dropna(subset=["test_accuracy"]), "step", "test_accuracy", colors=colors,
-                   title="greedy test accuracy", legend=True, band="ci95", bounds=(0, 1))
-plotting.band_plot(axes[2], pair[pair.step > 0], "step", "clip_frac_high", colors=colors,
-                   title=r"tokens clipped at $1+\varepsilon_{high}$", band="ci95", bounds=(0, 1))
-for ax, unit in zip(axes, ("nats per token", "fraction correct", "fraction of tokens")):
+plotting.band_plot(axes[1], pair[pair.step > 0], "step", "clip_frac_high", colors=colors,
+                   title=r"tokens clipped at $1+\varepsilon_{high}$", legend=True, band="ci95", bounds=(0, 1))
+plotting.band_plot(axes[2], pair[pair.step > 0].dropna(subset=["clip_high_prob_mean"]), "step",
+                   "clip_high_prob_mean", colors=colors, title=r"$\pi_\theta$ of the up-clipped tokens",
+                   band="ci95", bounds=(0, 1))
+for ax, unit in zip(axes, ("nats per token", "fraction of tokens", "probability")):
     ax.set_xlabel("RL step")
     ax.set_ylabel(unit)
 fig.tight_layout()
@@ -317,110 +458,234 @@ book.glue("fig_dapo_clip_higher", fig)
 # :name: fig-dapo-clip-higher
 #
 # Symmetric clip ($\varepsilon=0.2$) against clip-higher ($\epshigh=0.28$), both with overlong
-# filtering, mean with 95% t interval over five seeds: entropy, greedy test accuracy, and the fraction of tokens
-# whose gradient the upper clip removed.
+# filtering, mean with 95% t interval over five seeds: entropy, the fraction of tokens whose
+# gradient the upper clip removed, and (DAPO's Fig. 3a) the mean probability $\pitheta$ of
+# those tokens, on the steps where any token was clipped there. What to see: the
+# up-clipped tokens are the rare ones, and raising $\epshigh$ clips fewer of them.
 # ```
 
 # %% tags=["hide-input", "nbval-ignore-output"]
-two = hist[hist["algo"].isin(["naive GRPO", "+ dynamic sampling (DAPO)"]) & (hist.step > 0)]
-fig, axes = plt.subplots(1, 2, figsize=(7.6, 2.9))
+ds_rows = ["naive GRPO", "+ dynamic sampling (DAPO)", "naive GRPO, matched generation"]
+two = hist[hist["algo"].isin(ds_rows) & (hist.step > 0)]
+fig, axes = plt.subplots(1, 3, figsize=(9.6, 2.9))
 plotting.band_plot(axes[0], two, "step", "zero_adv_group_frac", colors=colors,
-                   title="zero-advantage groups (before filtering)", legend=True, band="ci95", bounds=(0, 1))
+                   title="zero-advantage groups\n(before filtering)", band="ci95", bounds=(0, 1))
 plotting.band_plot(axes[1], two, "step", "samples_per_trained", colors=colors,
-                   title="samples generated per sample trained", band="ci95", bounds=(1, math.inf))
-for ax, unit in zip(axes, ("fraction of groups", "responses per response")):
+                   title="generated per trained", band="ci95", bounds=(1, math.inf))
+plotting.band_plot(axes[2], hist[hist["algo"].isin(ds_rows)].dropna(subset=["test_accuracy"]), "step",
+                   "test_accuracy", colors=colors, title="greedy test accuracy", band="ci95", bounds=(0, 1))
+for ax, unit in zip(axes, ("fraction of groups", "responses per response", "fraction correct")):
     ax.set_xlabel("RL step")
     ax.set_ylabel(unit)
-fig.tight_layout()
+handles, labels = axes[2].get_legend_handles_labels()
+fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+fig.tight_layout(rect=(0, 0.08, 1, 1))
 book.glue("fig_dapo_dynamic", fig)
 
 # %% [markdown]
 # ```{glue:figure} fig_dapo_dynamic
 # :name: fig-dapo-dynamic
 #
-# Left: fraction of generated groups whose answers are all right or all wrong (zero advantage),
-# for naive GRPO and DAPO. Right: what dynamic sampling costs — responses generated per response
-# that enters the loss (1 for every method without the filter).
+# Left: fraction of generated groups whose training rewards are all equal (zero advantage); DAPO's
+# soft punishment breaks the ties of some all-wrong groups, so fewer of its groups have zero
+# advantage than its filter, which tests correctness, drops (a fraction 1 − {glue:text}`dapo_keep_rate`).
+# Middle: what dynamic sampling costs — responses generated per response that enters the loss (1
+# without the filter; the control trains on everything it generates). Right: greedy test accuracy
+# of naive GRPO, DAPO, and naive GRPO given DAPO's generation budget. Mean with 95% t interval
+# over five seeds.
+# ```
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+ov_rows = ["naive GRPO", "+ overlong filtering", "+ soft overlong punishment", "+ dynamic sampling (DAPO)"]
+ov = hist[hist["algo"].isin(ov_rows) & (hist.step > 0)]
+fig, axes = plt.subplots(1, 2, figsize=(7.6, 2.9))
+plotting.band_plot(axes[0], ov, "step", "truncation_rate", colors=colors, title="responses truncated",
+                   band="ci95", bounds=(0, 1), legend=True)
+plotting.band_plot(axes[1], ov, "step", "length", colors=colors, title="response length", band="ci95",
+                   bounds=(0, math.inf))
+for ax, unit in zip(axes, ("fraction of responses", "tokens")):
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(unit)
+fig.tight_layout()
+book.glue("fig_dapo_overlong_training", fig)
+
+# %% [markdown]
+# ```{glue:figure} fig_dapo_overlong_training
+# :name: fig-dapo-overlong-training
+#
+# With a {glue:text}`dapo_budget`-token budget: fraction of generated responses cut off at the
+# budget, and mean response length (tokens, EOS included), mean with 95% t interval over five
+# seeds. RL makes the policy reason more, and four-term reasoning does not fit.
 # ```
 
 # %% tags=["nbval-ignore-output"]
 naive_final = grid["naive GRPO"].final()
+late_steps = 5
+
+
+def per_seed(r, col, last=None):
+    h = r.history[r.history.step > 0]
+    if last:
+        h = h[h.step > h.step.max() - last]
+    return h.groupby("seed")[col].mean()
+
+
+def ci(values, digits=3, bounds=None):
+    return stats.format_interval(stats.t_interval(values, bounds=bounds), digits)
 
 
 def summarise(name, r):
-    h, f = r.history, r.final()
-    late = h[h.step > steps - 5]
+    f = r.final()
     diff = "—" if name == "naive GRPO" else stats.format_interval(stats.paired_difference(f, naive_final))
-    return {"final greedy acc": stats.format_interval(stats.t_interval(f, bounds=(0, 1))),
+    return {"final greedy acc": ci(f, bounds=(0, 1)),
             "vs naive GRPO (paired)": diff,
-            "entropy (last 5 steps)": f"{late['entropy'].mean():.3f}",
-            "zero-adv groups": f"{h['zero_adv_group_frac'].mean():.3f}",
-            "samples / trained": f"{h['samples_per_trained'].mean():.2f}",
-            "truncated": f"{h['truncation_rate'].mean():.4f}"}
+            f"entropy (last {late_steps} steps)": ci(per_seed(r, "entropy", late_steps)),
+            "zero-adv groups": ci(per_seed(r, "zero_adv_group_frac"), bounds=(0, 1)),
+            "generated / trained": ci(per_seed(r, "samples_per_trained"), 2),
+            "truncated": ci(per_seed(r, "truncation_rate"), bounds=(0, 1)),
+            "up-clipped tokens": ci(per_seed(r, "clip_frac_high"), 4, bounds=(0, 1))}
 
 
 table = pd.DataFrame({name: summarise(name, r) for name, r in grid.items()}).T
 book.glue("dapo_table", table)
-for name, key in [("naive GRPO", "naive"), ("+ dynamic sampling (DAPO)", "dapo")]:
+for name, key in [("naive GRPO", "naive"), ("+ dynamic sampling (DAPO)", "dapo"),
+                  ("naive GRPO, matched generation", "control"), ("DAPO, batch token mean", "dapo_tm")]:
     book.glue(f"dapo_acc_{key}", table.loc[name, "final greedy acc"])
 book.glue("dapo_diff_dapo", table.loc["+ dynamic sampling (DAPO)", "vs naive GRPO (paired)"])
-separated = [n for n in list(grid)[1:-1]
-             if stats.paired_difference(grid[n].final(), naive_final).excludes(0.0)]
+ablation = list(grid)[:6]
+separated = [n for n in ablation[1:-1] if stats.paired_difference(grid[n].final(), naive_final).excludes(0.0)]
 book.glue("dapo_rows_separated", ", ".join(f"“{n}” ({table.loc[n, 'vs naive GRPO (paired)']})" for n in separated)
           if separated else "none of them")
 book.glue("dapo_binom_se", f"{stats.binomial_se(float(naive_final.mean()), 198):.3f}")
-book.glue("dapo_cost", round(float(grid["+ dynamic sampling (DAPO)"].history["samples_per_trained"].mean()), 2))
-book.glue("dapo_trunc", round(float(hist["truncation_rate"].max()), 3))
-table
+dapo_final = grid["+ dynamic sampling (DAPO)"].final()
+
+
+def verdict(iv, better="higher", worse="lower"):
+    if not iv.excludes(0.0):
+        return f"{stats.format_interval(iv)}: the interval includes zero, no difference shown over five seeds"
+    return f"{stats.format_interval(iv)}: {better if iv.mean > 0 else worse}, the interval excludes zero"
+
+
+d_control = stats.paired_difference(dapo_final, grid["naive GRPO, matched generation"].final())
+book.glue("dapo_vs_control", verdict(d_control))
+book.glue("ds_conclusion",
+          "so the filter helped beyond the extra generation it costs" if d_control.excludes(0.0) and d_control.mean > 0
+          else "so this experiment cannot tell dynamic sampling's gain from that of simply generating as much: the "
+               "matched control is as good within the seed spread")
+book.glue("control_vs_naive", verdict(stats.paired_difference(grid["naive GRPO, matched generation"].final(),
+                                                                naive_final)))
+book.glue("dapo_vs_tm", verdict(stats.paired_difference(dapo_final, grid["DAPO, batch token mean"].final())))
+keep = grid["+ dynamic sampling (DAPO)"].history
+keep_rate = float(keep["selected_groups"].sum() / keep["generated_groups"].sum())
+book.glue("dapo_cost", ci(per_seed(grid["+ dynamic sampling (DAPO)"], "samples_per_trained"), 2))
+book.glue("dapo_keep_rate", f"{keep_rate:.2f}")
+book.glue("dapo_ideal_cost", f"{1 / keep_rate:.2f}")
+book.glue("dapo_trunc_naive", ci(per_seed(grid["naive GRPO"], "truncation_rate"), bounds=(0, 1)))
+trunc_gap = stats.paired_difference(per_seed(grid["+ overlong filtering"], "truncation_rate"),
+                                    per_seed(grid["naive GRPO"], "truncation_rate"))
+book.glue("trunc_filter_vs_naive", verdict(trunc_gap, "more truncation", "less truncation"))
+soft, before = grid["+ soft overlong punishment"], grid["+ clip-higher"]
+book.glue("soft_len_gap", verdict(stats.paired_difference(per_seed(soft, "length"), per_seed(before, "length")),
+                                  "longer", "shorter"))
+book.glue("soft_acc_gap", verdict(stats.paired_difference(soft.final(), before.final())))
+book.glue("soft_zero_adv", ci(per_seed(soft, "zero_adv_group_frac"), bounds=(0, 1)))
+book.glue("before_zero_adv", ci(per_seed(before, "zero_adv_group_frac"), bounds=(0, 1)))
+book.glue("ds_vs_token_row", verdict(stats.paired_difference(dapo_final, grid["+ token-level loss"].final())))
+upclip = pd.concat([grid[n].history for n in ("+ overlong filtering", "+ clip-higher")])
+book.glue("upclip_prob_max", f"{float(upclip['clip_high_prob_max'].max()):.2f}")
+book.glue("upclip_prob_mean", ci(per_seed(grid["+ overlong filtering"], "clip_high_prob_mean"), bounds=(0, 1)))
+book.glue("all_prob_mean", ci(per_seed(grid["+ overlong filtering"], "token_prob_mean"), bounds=(0, 1)))
+clip_gap = stats.paired_difference(per_seed(grid["+ clip-higher"], "clip_frac_high"),
+                                   per_seed(grid["+ overlong filtering"], "clip_frac_high"))
+book.glue("clip_higher_gap", stats.format_interval(clip_gap, 4))
+ent_gap = stats.paired_difference(per_seed(grid["+ clip-higher"], "entropy", late_steps),
+                                  per_seed(grid["+ overlong filtering"], "entropy", late_steps))
+book.glue("entropy_gap", verdict(ent_gap))
+with pd.option_context("display.max_colwidth", None):
+    display(table)
 
 # %%
 # Robust facts at this scale (checked on every run).
 base = grid["naive GRPO"].base().mean()
-for name, r in grid.items():
-    assert r.final().mean() > base + 0.05, name  # every setting learns
+for name in ("naive GRPO", "+ dynamic sampling (DAPO)", "naive GRPO, matched generation"):
+    assert grid[name].final().mean() > base, name  # these improve on the base policy
+# the soft punishment without dynamic sampling shortens responses (see the text)
+assert per_seed(soft, "length").mean() < per_seed(before, "length").mean() - 1
 d = grid["+ dynamic sampling (DAPO)"].history
-assert (d["samples_per_trained"].dropna() >= 1).all() and d["samples_per_trained"].mean() > 1.2  # filtering costs generation
+assert (d["samples_per_trained"].dropna() >= 1).all() and d["samples_per_trained"].mean() > 1.1  # filtering costs generation
 assert (grid["naive GRPO"].history["samples_per_trained"].dropna() == 1).all()
 assert hist["zero_adv_group_frac"].mean() > 0.05  # uninformative groups are common
-assert grid["+ dynamic sampling (DAPO)"].final().mean() > grid["naive GRPO"].final().mean() + 0.02
+assert grid["naive GRPO"].history["truncation_rate"].mean() > 0.05  # the budget truncates
+assert (grid["naive GRPO"].history["overlong_frac_penalised"].dropna() == 0).all()
+assert grid["+ soft overlong punishment"].history["overlong_frac_penalised"].mean() > 0.05  # the ramp acts
+assert upclip["clip_high_prob_mean"].dropna().between(0, 1).all()
 print("checks passed")
 
 # %% [markdown]
 # ```{glue:} dapo_table
 # ```
 #
-# *The progressive ablation (DAPO Table 1's rows) at CPU scale: final greedy test accuracy (mean
-# [95% t interval] over five seeds, 25 steps), its paired difference from naive GRPO over the same
-# seeds, mean entropy over the last five steps (nats per token), mean fraction of zero-advantage
-# groups among generated groups, responses generated per response trained, and the truncation
-# rate.*
+# *The progressive ablation (DAPO Table 1's rows) and two controls at CPU scale, budget
+# {glue:text}`dapo_budget` tokens: final greedy test accuracy (mean [95% t interval] over five
+# seeds, {glue:text}`dapo_steps` steps), its paired difference from naive GRPO over the same seeds,
+# and per-seed means over training (entropy: last five steps, nats per token) of the fraction of
+# zero-advantage groups among generated groups, responses generated per response trained, the
+# truncation rate and the fraction of tokens clipped at $1+\epshigh$.*
 #
 # **What reproduced, and what did not.** The mechanisms reproduce exactly: the clip caps of
 # §2.1, the per-token weights of §2.2, the zero gradient of all-equal groups and the penalty curve
-# are computed by the package and asserted. In training, dynamic sampling does what it promises —
-# every trained group has a non-zero advantage, although between a fifth and a quarter of generated groups have
-# none — and its price is visible: {glue:text}`dapo_cost` responses generated per response
-# trained. Full DAPO ends with the highest greedy accuracy ({glue:text}`dapo_acc_dapo` against
-# {glue:text}`dapo_acc_naive` for naive GRPO; paired difference {glue:text}`dapo_diff_dapo`). These
-# intervals describe the spread over seeds on our fixed 198-question test set; a different test
-# set of that size would add a binomial error of about {glue:text}`dapo_binom_se` to each
-# evaluation. This matches the paper's Table 1, where dynamic sampling
-# is also the largest single step — but both settings train on 16 groups per step, and what
-# differs is the generation behind them: the filtered batch is refilled from about twice as many
-# generated responses, and this chapter has no control matched for that compute yet. Among the
-# four intermediate rows, those whose paired 95% interval against naive GRPO excludes zero:
-# {glue:text}`dapo_rows_separated`. Four comparisons at 95% each make one such exclusion by a
-# hair likely by chance (with a Bonferroni correction for four, a lower bound this close to zero
-# would not survive), and small differences move between machines ({ref}`the introduction
-# <sec-intro>` on reproducibility), so the ordering of the intermediate rows is not evidence
-# either way. Two rows can barely
-# differ by construction: almost no response reaches the 32-token budget (largest truncation rate
-# in any step: {glue:text}`dapo_trunc`), so overlong filtering and the soft punishment (which
-# starts at 26 tokens) almost never act. And clip-higher does not keep entropy up here: the upper clip rarely
-# binds (figure above) because with two minibatches per rollout the policy barely moves
-# off-policy, and entropy falls the same way with and without it. The entropy collapse DAPO fights
-# develops over thousands of steps with 16 optimiser steps per rollout; what this chapter gives
-# you is the exact objective and switches, tested, and the paper's accuracy gains need its scale.
+# are computed by the package and asserted. In training:
+#
+# * **Dynamic sampling** trains only on groups with a signal. Its filter kept a fraction
+#   {glue:text}`dapo_keep_rate` of generated groups, so at least 1/{glue:text}`dapo_keep_rate` =
+#   {glue:text}`dapo_ideal_cost` responses must be generated per response trained; topping up
+#   only the missing groups, in rounds sized from the running keep rate, it generated
+#   {glue:text}`dapo_cost`. DAPO ends at {glue:text}`dapo_acc_dapo` against
+#   {glue:text}`dapo_acc_naive` for naive GRPO (paired difference {glue:text}`dapo_diff_dapo`).
+#   Against the control that generates as much ({glue:text}`dapo_matched_p` questions per step,
+#   all trained on: {glue:text}`dapo_acc_control`), DAPO's paired difference is
+#   {glue:text}`dapo_vs_control`; the control against naive GRPO: {glue:text}`control_vs_naive`;
+#   {glue:text}`ds_conclusion`.
+# * **Overlong shaping** now has something to act on: naive GRPO truncates
+#   {glue:text}`dapo_trunc_naive` of its responses over training. Overlong filtering against naive
+#   GRPO, truncation rate: {glue:text}`trunc_filter_vs_naive`. A truncated response is a wrong
+#   answer to naive GRPO and is not trained on with the filter; but truncated responses answer
+#   four-term questions, whose groups are mostly all wrong, and an all-wrong group has zero
+#   advantage with or without the filter, which is a plausible reason why it changes little here.
+# * **The soft punishment backfires here, and dynamic sampling repairs it.** Added to the row
+#   before it, the punishment makes responses {glue:text}`soft_len_gap` (mean length over
+#   training, paired) and final accuracy {glue:text}`soft_acc_gap`. The mechanism is §2.3's
+#   zero-advantage groups. On a four-term question, direct answers are mostly wrong and reasoned
+#   ones are always cut off, so the task reward is 0 across the group and GRPO sees no signal. The
+#   punishment makes the cut-off reasoning score below the direct answers. The group's z-score
+#   turns that difference, however small, into advantages of order one (the near-tie case of
+#   {ref}`chapter 3 <sec-drgrpo>`) in favour of *not reasoning*, and the policy reasons less, also
+#   where reasoning fits. The fraction of zero-advantage groups drops from
+#   {glue:text}`before_zero_adv` to {glue:text}`soft_zero_adv`: the punishment broke those ties.
+#   Dynamic sampling filters groups by correctness, so it drops exactly these all-wrong groups
+#   whatever their shaped rewards; DAPO against the row before it: {glue:text}`ds_vs_token_row`.
+#   In the paper the ramp only touches responses past 16,384 tokens, and dynamic sampling was
+#   always on with it.
+# * **Clip-higher.** The upper clip stops the less likely tokens, as DAPO's Fig. 3a reports: under
+#   the symmetric clip, the up-clipped tokens had a mean probability $\pitheta$ of
+#   {glue:text}`upclip_prob_mean` (largest in any step {glue:text}`upclip_prob_max`), against
+#   {glue:text}`all_prob_mean` for all trained tokens. DAPO reports a mean below 0.2 on long
+#   reasoning; a token whose $\piold$ is above $1/1.2 \approx 0.83$ cannot be up-clipped at all. Raising $\epshigh$ changed the
+#   up-clipped fraction by {glue:text}`clip_higher_gap` (paired), and entropy over the last five
+#   steps by {glue:text}`entropy_gap`. With two minibatches per rollout, a fraction of a percent of
+#   tokens is clipped at all, so this small model cannot show DAPO's entropy collapse, which
+#   develops over thousands of steps with 16 optimiser steps per rollout.
+# * **Eq. 12 or the batch token mean**: DAPO with verl's and TRL's normaliser ends at
+#   {glue:text}`dapo_acc_dapo_tm`; DAPO (Eq. 12) minus it, paired: {glue:text}`dapo_vs_tm`.
+#
+# These intervals describe the spread over seeds on our fixed 198-question test set; a different
+# test set of that size would add a binomial error of about {glue:text}`dapo_binom_se` to each
+# evaluation. Among the four intermediate rows, those whose paired 95% interval against naive GRPO
+# excludes zero: {glue:text}`dapo_rows_separated`; the rows with the soft punishment and without
+# dynamic sampling are the mechanism above. Otherwise, four comparisons at 95% each make one
+# exclusion by a hair likely by chance, and small differences move between machines ({ref}`the
+# introduction <sec-intro>` on reproducibility), so small gaps between the intermediate rows are
+# weak evidence either way.
 #
 # ## 2.6 At scale
 #
@@ -432,16 +697,18 @@ print("checks passed")
 paper_table1 = [30, 36, 38, 41, 42, 50]
 at_scale = pd.DataFrame({
     "DAPO Table 1: AIME 2024 avg@32 (Qwen2.5-32B)": paper_table1,
-    "this chapter: final greedy accuracy (arithmetic, 0.3M parameters)": [table.loc[n, "final greedy acc"] for n in grid],
-}, index=list(grid))
+    "this chapter: final greedy accuracy (arithmetic, 0.3M parameters)": [table.loc[n, "final greedy acc"]
+                                                                          for n in ablation],
+}, index=ablation)
 at_scale
 
 # %% [markdown]
 # The two columns are not comparable in level (a different task, model and metric); what can be
 # compared is the order and the size of the steps. In the paper each switch helps and dynamic
 # sampling adds the most (+8). Here the intermediate rows whose paired interval against naive
-# GRPO excludes zero are: {glue:text}`dapo_rows_separated` (see the caveat on multiple comparisons
-# above); the overlong switches cannot act because almost nothing reaches the budget. DAPO's headline is a
+# GRPO excludes zero are: {glue:text}`dapo_rows_separated` (see the caveats above: at our
+# budget the soft punishment hurts until dynamic sampling is added, the order in which Table 1
+# adds them). The paper has no compute-matched control for dynamic sampling either. DAPO's headline is a
 # step comparison: 50 on AIME 2024 with 50% of the training steps of DeepSeek-R1-Zero-Qwen-32B,
 # which scores 47. On a GPU, `PROFILE = "gpu"` in the parameters cell runs the same ablation at the
 # GPU profile's scale; no GPU-profile results are stored for this chapter yet.
@@ -450,12 +717,18 @@ at_scale
 #
 # * Clip-higher raises only $\epshigh$: it lets rare tokens grow faster ($0.01\to0.0128$ instead of
 #   $0.012$) and leaves the floor alone.
-# * `token_mean` weighs every token equally; its denominator is the whole batch's token count, so
-#   micro-batches must use the global count.
+# * The token-level loss weighs every token of a group equally. Eq. 12 divides per group
+#   (`group_token_mean`, the `DAPO` preset); verl and TRL divide by the whole batch's token count
+#   (`token_mean`), which weighs groups by their length. Either way micro-batches must use the
+#   global counts.
 # * All-correct and all-wrong groups have exactly zero advantage; dynamic sampling replaces them
-#   at the cost of extra generation, and filters on correctness, not on the shaped reward.
+#   at the cost of extra generation (1/keep rate at best: top up only the missing groups), and
+#   filters on correctness, not on the shaped reward. Compare it with a control that generates as
+#   much.
 # * Overlong shaping only matters when responses reach the budget; $\Lmax$ is the cap and the ramp
-#   starts $L_{\mathrm{cache}}$ below it.
+#   starts $L_{\mathrm{cache}}$ below it. A shaped reward breaks the ties of all-wrong groups, and
+#   the std turns the smallest gap into a full-size advantage: keep it with dynamic sampling, which
+#   filters on correctness.
 #
 # ## Exercises
 #
