@@ -163,18 +163,66 @@ assert np.allclose(means["group mean (Dr.GRPO)"], (G - 1) / G * exact, atol=0.00
 # and the sequence-level gradient $\Ahat_i\nabla\log\pitheta(o_i\given q)$ becomes a sum over
 # tokens, each weighted by the same $\Ahat_i$.
 #
-# **Reusing samples: ratio and clip.** Generation is the expensive part, so each rollout is used for
-# several optimiser steps. After the first step the samples come from an older policy
-# $\piold$, and the gradient is corrected by the per-token importance ratio
+# **Reusing samples: why a ratio appears.** Generating responses is the expensive part of a step,
+# so each rollout is used for several optimiser steps. {eq}`eq-grpo-pg` needs responses drawn
+# from the *current* policy $\pitheta$; after the first step the rollout's responses come from the
+# policy that generated them, $\piold$. Importance sampling re-weights them: for any $f$,
+# $\E_{o\sim\pitheta}[f(o)] = \E_{o\sim\piold}\big[\tfrac{\pitheta(o)}{\piold(o)}f(o)\big]$, so
 #
 # $$
-# r_{i,t}(\theta) = \frac{\pitheta(o_{i,t}\given q, o_{i,<t})}{\piold(o_{i,t}\given q, o_{i,<t})} .
+# \nabla_\theta J(\theta) = \E_{o\sim\piold(\cdot\given q)}\Big[\frac{\pitheta(o\given q)}{\piold(o\given q)}\,\Ahat(q,o)\,\nabla_\theta\log\pitheta(o\given q)\Big], \qquad \Ahat(q,o) = R(q,o) - b(q) .
+# $$ (eq-grpo-is-pg)
+#
+# This is exact for every $\theta$, but the sequence ratio is a product of $\lvert o\rvert$ token
+# ratios, whose variance can grow exponentially with the length as $\pitheta$ leaves $\piold$. PPO {cite:p}`schulman2017ppo` instead
+# weights each token by its own ratio,
+#
+# $$
+# r_{i,t}(\theta) = \frac{\pitheta(o_{i,t}\given q, o_{i,<t})}{\piold(o_{i,t}\given q, o_{i,<t})} ,
 # $$ (eq-grpo-ratio)
 #
-# PPO's clipped surrogate {cite:p}`schulman2017ppo` stops the update once the ratio has left
-# $[1-\varepsilon, 1+\varepsilon]$ *in the direction the advantage pushes it*. Putting the pieces
-# together — and averaging first over the tokens of a response, then over the group — gives
-# DeepSeekMath's Eq. 3:
+# and maximises the surrogate of its Eq. 6 (CPI: conservative policy iteration), where
+# $\hat\E_t$ averages over the sampled tokens of a batch of responses:
+#
+# $$
+# L^{\mathrm{CPI}}(\theta) = \hat\E_t\big[r_t(\theta)\,\Ahat_t\big] .
+# $$ (eq-grpo-cpi)
+#
+# Why this function: $\nabla_\theta r_t = r_t\,\nabla_\theta\log\pitheta(o_t\given\cdot)$, and at
+# $\theta=\theta_{\mathrm{old}}$ every $r_t = 1$, so
+#
+# $$
+# \nabla_\theta L^{\mathrm{CPI}}(\theta)\big|_{\theta_{\mathrm{old}}} = \hat\E_t\big[\Ahat_t\,\nabla_\theta\log\pitheta(o_t\given q, o_{<t})\big]\big|_{\theta_{\mathrm{old}}} ,
+# $$ (eq-grpo-cpi-grad)
+#
+# PPO's policy-gradient estimator (its Eq. 1): with every token of a response carrying that
+# response's advantage, the factorisation {eq}`eq-grpo-factor` sums the token terms back into
+# $\Ahat\,\nabla\log\pitheta(o\given q)$, the sample of {eq}`eq-grpo-pg`. Away from
+# $\theta_{\mathrm{old}}$ the surrogate is only an approximation: a token's ratio ignores that its
+# prefix $o_{<t}$ has also become more or less likely (the other factors of the sequence ratio in
+# {eq}`eq-grpo-is-pg`). It is a good model of $J$ near $\piold$ only, and maximising it without a
+# constraint "would lead to an excessively large policy update" (PPO §3). TRPO keeps the step in a
+# KL trust region with a constrained second-order update; PPO's Eq. 7 gets a cheap substitute by
+# clipping the ratio:
+#
+# $$
+# L^{\mathrm{CLIP}}(\theta) = \hat\E_t\Big[\min\big(r_t(\theta)\Ahat_t,\ \clip\big(r_t(\theta), 1-\varepsilon, 1+\varepsilon\big)\Ahat_t\big)\Big] .
+# $$ (eq-grpo-clip)
+#
+# For $r_t\in[1-\varepsilon,1+\varepsilon]$ the two terms agree, so $L^{\mathrm{CLIP}}$ has the same
+# gradient at $\theta_{\mathrm{old}}$, {eq}`eq-grpo-cpi-grad`. Once a token's ratio has left the range
+# *in the direction its advantage pushes it*, its term is constant and its gradient zero: no
+# incentive to move it further. On the other side the $\min$ keeps the unclipped term (an update
+# may always undo a mistake, {ref}`§1.4 <sec-grpo-clip>`), and since a $\min$ never exceeds its first term,
+# $L^{\mathrm{CLIP}}\le L^{\mathrm{CPI}}$ everywhere: a pessimistic bound that costs one
+# element-wise minimum.
+# It is a trust region in incentive only — a token whose own gradient is zero still moves through
+# the weights it shares with the others ({ref}`§1.7 <sec-grpo-mu>` measures how far) — and it can act only
+# when some $r_t\ne 1$, that is from the second optimiser step on a rollout.
+#
+# **GRPO.** DeepSeekMath's Eq. 3 is {eq}`eq-grpo-clip` with the group advantage {eq}`eq-grpo-adv`
+# for every token of a response, the average $\hat\E_t$ taken first over the tokens of a response
+# and then over the group, and a KL term:
 #
 # $$
 # \mathcal J_{\mathrm{GRPO}}(\theta)=\E_{q\sim P(Q),\,\{o_i\}_{i=1}^G\sim\piold(\cdot\given q)}\Bigg[\frac1G\sum_{i=1}^G\frac1{\olen{i}}\sum_{t=1}^{\olen{i}}\Big\{\min\big[r_{i,t}(\theta)\Ahat_{i,t},\ \clip\big(r_{i,t}(\theta),1-\varepsilon,1+\varepsilon\big)\Ahat_{i,t}\big]-\beta\,\KL\big[\pitheta\|\piref\big]\Big\}\Bigg]
@@ -298,6 +346,95 @@ expected = -(adv[:, None] / (len(lengths) * mask.sum(1, keepdim=True))) * mask
 assert torch.allclose(logp0.grad, expected, atol=1e-7)
 print(pd.DataFrame({"|o_i|": lengths, "A_i": adv.numpy(),
                     "grad per token": logp0.grad[:, 0].numpy()}).round(4).to_string())
+
+# %% [markdown]
+# **The surrogate's gradient is the policy gradient — at $\theta_{\mathrm{old}}$ only.** The
+# derivation makes three claims: the importance-sampled gradient {eq}`eq-grpo-is-pg` is exact for
+# any $\theta$; the per-token surrogate {eq}`eq-grpo-cpi` has that gradient at
+# $\theta_{\mathrm{old}}$, {eq}`eq-grpo-cpi-grad`; and inside the clip range {eq}`eq-grpo-clip`
+# equals {eq}`eq-grpo-cpi`. We check them with exact expectations on a policy small enough to
+# enumerate — responses of 3 tokens from a vocabulary of 4, each position its own softmax (an
+# autoregressive policy whose conditionals happen to ignore the prefix), 64 possible responses, an
+# arbitrary 0/1 reward and the baseline $b = J(\theta_{\mathrm{old}})$ — and differentiate the
+# true $J(\theta)$, {eq}`eq-grpo-is-pg`, and the package's clipped loss with autograd, at
+# $\theta_{\mathrm{old}}$ and after a small and a larger step away from it.
+
+# %%
+import itertools
+
+V, L = 4, 3
+gen = torch.Generator().manual_seed(1)
+theta_old = torch.randn(L, V, generator=gen, dtype=torch.float64)
+resp = torch.tensor(list(itertools.product(range(V), repeat=L)))  # [64, 3]: every response
+R = (resp.sum(1) % 3 == 0).double()  # an arbitrary 0/1 reward
+
+
+def token_logp(theta):  # log pi_theta(o_t | q, o_<t) of every token of every response, [64, 3]
+    return torch.log_softmax(theta, -1)[torch.arange(L), resp]
+
+
+p_old = token_logp(theta_old).sum(1).exp()  # pi_old(o); sums to 1
+A = R - (p_old * R).sum()  # A = R - b with b = J(theta_old)
+
+
+def J(th):  # the expected reward, exactly
+    return (token_logp(th).sum(1).exp() * R).sum()
+
+
+def is_pg_surrogate(th):  # a function whose gradient is eq-grpo-is-pg (the sequence ratio held fixed)
+    lp = token_logp(th).sum(1)
+    rho = (lp - token_logp(theta_old).sum(1)).exp().detach()
+    return (p_old * rho * A * lp).sum()
+
+
+def cpi(th):  # eq-grpo-cpi as an exact expectation: E_old[ sum_t r_t A ]
+    return (p_old[:, None] * (token_logp(th) - token_logp(theta_old)).exp() * A[:, None]).sum()
+
+
+def clipped(th):  # eq-grpo-clip through the package: -policy_loss of the GRPO preset without its KL term
+    # policy_loss averages uniformly over the 64 responses and over their 3 tokens; weighting each
+    # advantage by 64 * pi_old(o) makes that average the expectation over pi_old (the sign, so the
+    # side of the clip, is kept), and * L undoes the token mean
+    adv = A * p_old * len(resp)
+    return -policy_loss(token_logp(th), token_logp(theta_old), adv, torch.ones(len(resp), L), no_kl).loss * L
+
+
+def grad(f, th):
+    th = th.clone().requires_grad_()
+    return torch.autograd.grad(f(th), th)[0]
+
+
+direction = torch.randn(L, V, generator=gen, dtype=torch.float64)
+rel = lambda g, ref: float((g - ref).norm() / ref.norm())
+rows = {}
+for name, th in [("theta_old", theta_old), ("small step", theta_old + 0.04 * direction),
+                 ("larger step", theta_old + 0.25 * direction)]:
+    g_J, g_is, g_cpi, g_clip = (grad(f, th) for f in (J, is_pg_surrogate, cpi, clipped))
+    ratio_t = (token_logp(th) - token_logp(theta_old)).exp()
+    assert torch.allclose(g_is, g_J, atol=1e-12)  # eq-grpo-is-pg: exact at every theta
+    inside = bool(((ratio_t > 1 - eps) & (ratio_t < 1 + eps)).all())
+    if inside:  # no ratio outside [1 - eps, 1 + eps]: the clip is inactive
+        assert torch.allclose(g_clip, g_cpi, atol=1e-6) and abs(clipped(th) - cpi(th)) < 1e-6
+    assert clipped(th) <= cpi(th) + 1e-6  # a pessimistic bound
+    rows[name] = {"ratios": f"[{ratio_t.min():.2f}, {ratio_t.max():.2f}]", "clip inactive": inside,
+                  "eq-grpo-is-pg": f"{rel(g_is, g_J):.3f}", "L_CPI (eq-grpo-cpi)": f"{rel(g_cpi, g_J):.3f}",
+                  "L_CLIP (policy_loss)": f"{rel(g_clip, g_J):.3f}"}
+    if name == "theta_old":  # eq-grpo-cpi-grad: the package's clipped surrogate has the policy gradient at r = 1
+        assert torch.allclose(g_clip, g_J, atol=1e-7) and torch.allclose(g_cpi, g_J, atol=1e-12)
+    else:
+        assert rel(g_cpi, g_J) > 0.01  # away from theta_old the per-token surrogate is an approximation
+print("relative error of each gradient against the exact grad J(theta):")
+print(pd.DataFrame(rows).T.to_string())
+
+# %% [markdown]
+# At $\theta_{\mathrm{old}}$ all three gradients are the policy gradient. After the small step every
+# ratio is still inside $[0.8, 1.2]$, the clip is inactive and $L^{\mathrm{CLIP}} =
+# L^{\mathrm{CPI}}$, yet their gradient is already a few percent off: that is the per-token
+# approximation, not the clip. After the larger step the surrogate no longer describes $J$, which
+# is why PPO keeps the update near $\piold$ rather than trusting it further; the clipped gradient
+# is farther from $\nabla J$ still, because it has zeroed every token past the range — there it
+# does not try to follow $J$, it stops the policy moving. The importance-sampled gradient stays exact throughout — in
+# expectation; estimated from samples, the variance of its sequence ratio is the price.
 
 # %% [markdown]
 # (sec-grpo-clip)=
@@ -445,6 +582,9 @@ print("grad KL[pi || ref]   :", np.round(g_reverse.numpy(), 4))
 # * **"R1-Zero reached 71.0 on AIME 2024 from a 32B model."** 71.0 (pass@1, averaged over 16
 #   samples) is R1-Zero on the 671B DeepSeek-V3-Base. The 32B run, DeepSeek-R1-Zero-Qwen-32B,
 #   scores 47.0 — the baseline DAPO and VAPO compare against.
+# * **"The clip is what kept GRPO stable in DeepSeekMath."** DeepSeekMath-RL made a single policy
+#   update per exploration stage (§4.2): every ratio was 1 and the clip never acted.
+#   {ref}`§1.7 <sec-grpo-mu>` measures when it does.
 # * **"$k_3$ is unbiased, so its gradient is the KL gradient."** Unbiased for the *value*; as a
 #   loss its gradient is that of $\KL[\piref\|\pitheta]$ (checked above).
 # :::
@@ -607,12 +747,208 @@ print("checks passed")
 # noisy signal that can also undo progress. The last evaluation is therefore a pessimistic,
 # noisy summary; read the curves, not just the table.
 # Only a small fraction of tokens is ever clipped: with two minibatches per rollout the second
-# step is only slightly off-policy. **What this scale does not show:** nothing here speaks to
+# step is only slightly off-policy ({ref}`sec-grpo-mu` varies the number of steps per rollout). **What this scale does not show:** nothing here speaks to
 # AIME-level numbers, and with a 0.3M-parameter model and 0/1 rewards on short answers, the
 # length bias of {eq}`eq-grpo-grad` has little room to act — measuring it needs an experiment
 # designed for it (the Dr.GRPO route).
 #
-# ## 1.7 At scale
+# (sec-grpo-mu)=
+# ## 1.7 Experiment: updates per rollout, and when the clip binds
+#
+# The clip of {eq}`eq-grpo-clip` can act only on an optimiser step that is not the first on its
+# rollout. DeepSeekMath-RL made **a single policy update per exploration stage** (§4.2
+# {cite:p}`shao2024deepseekmath`): every ratio was 1, and the clip never acted in the original
+# GRPO. Later recipes reuse each rollout much more — R1-Zero split each rollout into 16
+# minibatches (the Nature version of {cite:t}`deepseekai2025r1`), DAPO made 16 gradient updates
+# per rollout {cite:p}`yu2025dapo` — and there the clip does the work {eq}`eq-grpo-clip` was
+# derived for. We vary $\mu$, the number of optimiser steps per rollout, over 1, 2, 4 and 8.
+#
+# **What $\mu$ means here.** GRPO's Algorithm 1 calls $\mu$ the number of "GRPO iterations" over a
+# batch: `epochs=μ` in `TrainerConfig`, $\mu$ passes over the whole rollout, $\mu$ times the
+# backward passes. We use `minibatches=μ, epochs=1` instead: the rollout's
+# {glue:text}`mu_rows` responses are split into $\mu$ minibatches, one optimiser step each. Every
+# response is back-propagated once, so an RL step costs about the same at every $\mu$ (which is
+# what made five seeds of four settings affordable), and it is the kind of reuse DAPO's "16
+# gradient updates per rollout" and R1-Zero's 16 minibatches describe; for the clip the two
+# readings are alike — the $k$-th step of a rollout is $k-1$ optimiser steps away from $\piold$.
+# What else changes with $\mu$: each step sees $1/\mu$ of the groups, and the policy takes $\mu$
+# Adam steps per rollout at the same learning rate, so it moves further per rollout. The warm-up
+# spans the same {glue:text}`mu_warm_rollouts` rollouts at every $\mu$ ($5\mu$ optimiser steps), so
+# $\mu = 2$ is exactly the run of §1.6 and is not trained again: its first
+# {glue:text}`mu_steps` steps are reused (a run's first steps do not depend on how many follow —
+# the learning rate is constant after warm-up, and evaluation does not touch the training RNG).
+# The other settings train {glue:text}`mu_steps` steps, five seeds each, with the same seeds.
+
+# %% tags=["nbval-ignore-output"]
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+
+MUS = (1, 2, 4, 8)
+STEPS_MU = 10 if PROFILE == "cpu" else profile.steps // 3
+warm_rollouts = profile.config.warmup / (profile.config.minibatches * profile.config.epochs)
+book.glue("mu_rows", profile.config.prompts_per_step * profile.config.group_size)
+book.glue("mu_steps", STEPS_MU)
+book.glue("mu_warm_rollouts", f"{warm_rollouts:g}")
+t0 = time.perf_counter()
+mu_hist = {}
+if profile.config.minibatches in MUS and profile.config.epochs == 1:  # §1.6's runs: reuse their first steps
+    mu_hist[profile.config.minibatches] = result.history[result.history["step"] <= STEPS_MU]
+todo = [mu for mu in MUS if mu not in mu_hist]
+# One pool of N_JOBS workers for every (mu, seed) run, each an experiments.run of one seed: separate
+# experiments.run calls per mu would each start their own workers and leave a core idle on their last seed.
+with ProcessPoolExecutor(N_JOBS, mp_context=multiprocessing.get_context("spawn")) as pool:
+    jobs = {(mu, s): pool.submit(partial(experiments.run, GRPO, profile=PROFILE, seeds=(s,), steps=STEPS_MU,
+                                         minibatches=mu, epochs=1, warmup=round(warm_rollouts * mu)))
+            for mu in todo for s in SEEDS}
+    for mu in todo:
+        mu_hist[mu] = pd.concat([jobs[mu, s].result().history for s in SEEDS], ignore_index=True)
+mu_long = pd.concat([mu_hist[mu].assign(algo=f"μ = {mu}", mu=mu) for mu in MUS], ignore_index=True)
+print(f"{len(todo)} settings x {len(SEEDS)} seeds x {STEPS_MU} steps in {time.perf_counter() - t0:.0f} s "
+      f"(μ = {profile.config.minibatches} reused from §1.6)")
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+from matplotlib.colors import to_hex
+
+mu_colors = {f"μ = {mu}": to_hex(plt.cm.Blues(v)) for mu, v in zip(MUS, (0.45, 0.6, 0.8, 1.0))}
+mu_train = mu_long[mu_long["step"] > 0]
+sides = pd.concat([
+    mu_train.groupby(["mu", "seed"], as_index=False)[col].mean().rename(columns={col: "frac"}).assign(algo=label)
+    for col, label in (("clip_frac_low", r"low: $\hat A<0,\ r<1-\varepsilon$"),
+                       ("clip_frac_high", r"high: $\hat A>0,\ r>1+\varepsilon$"))])
+fig, axes = plt.subplots(1, 3, figsize=(10.2, 2.9))
+plotting.band_plot(axes[0], mu_train, "step", "clip_frac", colors=mu_colors, band="ci95", bounds=(0, 1),
+                   title="clipped tokens per rollout")
+plotting.band_plot(axes[1], sides, "mu", "frac", colors=dict(zip(sides["algo"].unique(), ("C3", "C2"))),
+                   band="ci95", bounds=(0, 1), title="clipped tokens, by side", legend=True)
+plotting.band_plot(axes[2], mu_long.dropna(subset=["test_accuracy"]), "step", "test_accuracy", colors=mu_colors,
+                   band="ci95", bounds=(0, 1), title="greedy test accuracy")
+axes[1].set_xscale("log", base=2)
+axes[1].set_xticks(MUS, [str(m) for m in MUS])
+axes[2].set_xticks(sorted(mu_long.dropna(subset=["test_accuracy"])["step"].unique()))
+for ax, xlabel, unit in zip(axes, ("RL step", r"updates per rollout $\mu$", "RL step"),
+                            ("fraction of tokens", "fraction of tokens", "fraction correct")):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(unit)
+fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", frameon=False)  # the mu colours, all panels
+fig.tight_layout(rect=(0, 0, 0.9, 1))
+book.glue("fig_grpo_mu", fig)
+
+# %% [markdown]
+# ```{glue:figure} fig_grpo_mu
+# :name: fig-grpo-mu
+#
+# GRPO with $\mu$ optimiser steps per rollout (`minibatches=μ`), mean with 95% t interval over five
+# seeds. Left: the fraction of a rollout's tokens whose gradient the clip removed, averaged over its
+# $\mu$ optimiser steps — exactly 0 at $\mu = 1$, growing with $\mu$. Middle: the same per seed,
+# averaged over the {glue:text}`mu_steps` steps, split by side of the clip: the lower clip binds more.
+# Right: greedy accuracy on the 198 test questions — the more a rollout is reused, the sooner accuracy
+# rises, and the sooner it falls back.
+# ```
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+per_seed = mu_train.groupby(["mu", "seed"]).agg(
+    clip_low=("clip_frac_low", "mean"), clip_high=("clip_frac_high", "mean"), clip=("clip_frac", "mean"),
+    q05=("ratio_q05", "mean"), q95=("ratio_q95", "mean"), rmin=("ratio_min", "min"), rmax=("ratio_max", "max"))
+mu_evals = mu_long.dropna(subset=["test_accuracy"])
+eval_steps = sorted(mu_evals["step"].unique())
+MID_MU = eval_steps[len(eval_steps) // 2]  # an evaluation halfway through (step 5 on the CPU profile)
+acc = {(mu, s): mu_evals[(mu_evals["mu"] == mu) & (mu_evals["step"] == s)].set_index("seed")["test_accuracy"]
+       for mu in MUS for s in (MID_MU, STEPS_MU)}
+fmt = lambda iv, d=4: stats.format_interval(iv, d)
+verdict = lambda iv: "excludes 0" if iv.excludes(0.0) else "includes 0"
+diffs = {(mu, s): stats.paired_difference(acc[mu, s], acc[1, s]) for mu in MUS[1:] for s in (MID_MU, STEPS_MU)}
+rows = {}
+for mu in MUS:
+    ps = per_seed.loc[mu]
+    rows[f"μ = {mu}"] = {
+        "rollout rows per optimiser step": str(profile.config.prompts_per_step * profile.config.group_size // mu),
+        "clipped, low side (A<0)": fmt(stats.t_interval(ps["clip_low"], bounds=(0, 1))),
+        "clipped, high side (A>0)": fmt(stats.t_interval(ps["clip_high"], bounds=(0, 1))),
+        "ratio, 5% quantile": fmt(stats.t_interval(ps["q05"]), 3),
+        "ratio, 95% quantile": fmt(stats.t_interval(ps["q95"]), 3),
+        "ratio, smallest and largest": f"{ps['rmin'].min():.2g} and {ps['rmax'].max():.2g}",
+        **{f"greedy acc, step {s}": fmt(stats.t_interval(acc[mu, s], bounds=(0, 1)), 3) for s in (MID_MU, STEPS_MU)},
+        **{f"  minus μ = 1 (paired), step {s}": "—" if mu == 1 else fmt(diffs[mu, s], 3) for s in (MID_MU, STEPS_MU)},
+    }
+mu_table = pd.DataFrame(rows)
+with pd.option_context("display.max_colwidth", None):  # whole cells, not "..."
+    book.glue("mu_table", mu_table)  # shown below, with its caption
+book.glue("mu_mid", int(MID_MU))
+for mu in MUS:
+    book.glue(f"mu_clip_{mu}", fmt(stats.t_interval(per_seed.loc[mu, "clip"], bounds=(0, 1))))
+    for s, tag in ((MID_MU, "mid"), (STEPS_MU, "end")):
+        book.glue(f"mu_acc_{mu}_{tag}", fmt(stats.t_interval(acc[mu, s], bounds=(0, 1)), 3))
+        if mu > 1:
+            book.glue(f"mu_diff_{mu}_{tag}", f"{fmt(diffs[mu, s], 3)}, {verdict(diffs[mu, s])}")
+top = max(MUS)
+side_diff = stats.paired_difference(per_seed.loc[top, "clip_low"], per_seed.loc[top, "clip_high"])
+book.glue("mu_side_diff", f"{fmt(side_diff)}, {verdict(side_diff)}")
+book.glue("mu_rmax", f"{per_seed.loc[top, 'rmax'].max():.2g}")
+book.glue("mu_rmin", f"{per_seed.loc[top, 'rmin'].min():.2g}")
+book.glue("mu_rmin_2", f"{per_seed.loc[2, 'rmin'].min():.2g}")
+book.glue("mu_rmax_2", f"{per_seed.loc[2, 'rmax'].max():.2g}")
+book.glue("mu_rows_top", profile.config.prompts_per_step * profile.config.group_size // top)
+book.glue("mu_groups_top", profile.config.prompts_per_step // top)
+
+# %%
+# Robust facts, checked on every run.
+on_policy = mu_hist[1]
+assert (on_policy["clip_frac"].dropna() == 0).all()  # mu = 1: the only step is on-policy, r = 1 exactly ...
+assert (on_policy["ratio_min"].dropna() == 1).all() and (on_policy["ratio_max"].dropna() == 1).all()  # ... every token
+clip_by_mu = per_seed["clip"].unstack("mu")
+assert (clip_by_mu[[m for m in MUS if m > 1]] > 0).all().all()  # off-policy steps clip, on every seed
+assert clip_by_mu.mean().is_monotonic_increasing and (clip_by_mu[top] > clip_by_mu[2]).all()  # more reuse, more clipping
+assert side_diff.lo > 0  # at mu = 8 the lower clip binds more often than the upper one
+assert diffs[top, MID_MU].lo > 0  # halfway, the most reused rollouts have learned the most per rollout ...
+assert diffs[top, STEPS_MU].mean < diffs[top, MID_MU].mean  # ... and lost that lead by the end:
+assert acc[top, STEPS_MU].mean() < acc[top, MID_MU].mean() and diffs[top, STEPS_MU].lo < 0  # it fell back,
+assert acc[1, STEPS_MU].mean() > acc[1, MID_MU].mean()  # while mu = 1 was still climbing
+print("checks passed")
+
+# %% [markdown]
+# ```{glue:} mu_table
+# ```
+#
+# *Updates per rollout at CPU scale, five seeds, {glue:text}`mu_steps` RL steps. Rollout rows per
+# optimiser step; the fraction of tokens whose gradient the lower and the upper clip removed, and
+# the 5% and 95% quantiles of the ratio, each averaged over the steps (mean [95% t interval] over
+# seeds); the smallest and largest ratio of any token in any step of any seed; greedy test
+# accuracy halfway and at the end, and its paired difference from $\mu = 1$ over the same seeds.*
+#
+# **When the clip binds.** At $\mu = 1$ every ratio is exactly 1 and the clip removed nothing
+# (asserted): DeepSeekMath's setting. Every further step on the same rollout moves the policy
+# away from the $\piold$ that sampled it, and the clipped fraction grows with $\mu$
+# (asserted): {glue:text}`mu_clip_2` of the tokens at $\mu = 2$, {glue:text}`mu_clip_4` at
+# $\mu = 4$, {glue:text}`mu_clip_8` at $\mu = 8$ — small fractions, because most ratios stay
+# close to 1 (the table's 5% and 95% quantiles). The lower clip binds more than the upper: at
+# $\mu = 8$, low − high = {glue:text}`mu_side_diff` (paired over seeds). One reason is arithmetic: $r = \pitheta/\piold \le 1/\piold$, so a token the old policy
+# already gave probability above $1/(1+\varepsilon) \approx 0.83$ can never reach the upper clip,
+# while any token can fall below $1-\varepsilon$ — the asymmetry DAPO's clip-higher
+# ({ref}`chapter 2 <sec-dapo>`) targets. And the clip is a trust region in incentive only: some
+# ratio reached {glue:text}`mu_rmax` at $\mu = 8$ (and {glue:text}`mu_rmax_2` even at $\mu = 2$),
+# another fell to {glue:text}`mu_rmin` — far outside $[0.8, 1.2]$. Their own terms had
+# no gradient, but the weights they share with other tokens kept moving.
+#
+# **Accuracy.** Reusing a rollout is meant to buy learning per sample, and halfway it does: at step
+# {glue:text}`mu_mid` the greedy test accuracy is {glue:text}`mu_acc_1_mid` at $\mu = 1$ and
+# {glue:text}`mu_acc_8_mid` at $\mu = 8$ (paired difference {glue:text}`mu_diff_8_mid`; $\mu = 2$:
+# {glue:text}`mu_diff_2_mid`, $\mu = 4$: {glue:text}`mu_diff_4_mid`). By step
+# {glue:text}`mu_steps` that lead is gone: {glue:text}`mu_acc_1_end` at $\mu = 1$ against
+# {glue:text}`mu_acc_8_end` at $\mu = 8$ ({glue:text}`mu_diff_8_end`; $\mu = 2$:
+# {glue:text}`mu_diff_2_end`, $\mu = 4$: {glue:text}`mu_diff_4_end`). The larger $\mu$ climbs
+# sooner and then falls back, the peak-and-fall of §1.6 compressed into fewer rollouts, while
+# $\mu = 1$ is still climbing (all three asserted). Judged by its last evaluation alone, $\mu = 8$
+# gained nothing; the curve shows it got there sooner and lost it. This experiment does not say how much of the fall is the clip: at $\mu = 8$ each
+# optimiser step sees {glue:text}`mu_rows_top` responses ({glue:text}`mu_groups_top` groups) and
+# the policy takes eight Adam steps of about the learning rate per rollout, so larger, noisier
+# updates change together with the clipping. A control with the minibatch held fixed
+# (`epochs=μ`, $\mu$ times the backward passes), or the learning rate scaled by $1/\mu$ as in
+# {ref}`chapter 5 <sec-cispo>`, would separate them. What it does show is the mechanism the derivation
+# predicts: the clip is idle on-policy and binds more the further a rollout is reused.
+
+# %% [markdown]
+# ## 1.8 At scale
 #
 # What DeepSeekMath reports for GRPO {cite:p}`shao2024deepseekmath`, beside this chapter:
 
@@ -626,7 +962,7 @@ paper_vs_ours = pd.DataFrame([
     {"": "KL coefficient beta", "DeepSeekMath-RL": "0.04", "this chapter": "0.04"},
     {"": "learning rate", "DeepSeekMath-RL": "1e-6", "this chapter": str(profile.config.lr)},
     {"": "updates per rollout", "DeepSeekMath-RL": "1 (so the clip never acted)",
-     "this chapter": f"{profile.config.minibatches} minibatches (the second off-policy)"},
+     "this chapter": f"{profile.config.minibatches} minibatches (the second off-policy); 1 to {max(MUS)} in §1.7"},
 ]).set_index("")
 from IPython.display import display
 
@@ -635,8 +971,8 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 
 # %% [markdown]
 # With a single update per batch of samples, DeepSeekMath's ratio was 1 at every update: its
-# GRPO results owe nothing to the clip, which only acts off-policy — on this chapter's second
-# minibatch (the clipped-token fraction above), and much more with the 16 updates per batch of
+# GRPO results owe nothing to the clip, which only acts off-policy — on the later minibatches of
+# a rollout ({ref}`sec-grpo-mu`), and much more with the 16 updates per batch of
 # {ref}`sec-cispo`.
 #
 # The same experiment at the `gpu` profile (64 questions × 16 samples per step, 150 steps) is run
@@ -658,15 +994,19 @@ else:
     print("No GPU-scale results are committed yet (data/results/gpu/grpo.json is absent).")
 
 # %% [markdown]
-# ## 1.8 Takeaways
+# ## 1.9 Takeaways
 #
 # * GRPO replaces the value network by a **group baseline**: $G$ samples of the same question cut
 #   the gradient's variance several-fold at no extra model. Its $1/\olen{i}$ and $1/\std$ make it a
 #   biased version of that policy gradient ({ref}`sec-drgrpo`).
 # * Dividing by the group's $\std$ is a separate choice from subtracting the mean; an all-equal
 #   group has advantage exactly 0 and contributes no gradient.
-# * The ratio and clip only matter off-policy (several optimiser steps per rollout); the clip zeroes
-#   the gradient on the side the advantage pushes toward, never on the other.
+# * The ratio comes from importance sampling: a rollout is reused for several optimiser steps, so
+#   its samples come from $\piold$. PPO's per-token surrogate has the policy gradient at
+#   $\theta_{\mathrm{old}}$ only; the clip is a cheap trust region that removes the incentive to move
+#   a ratio past $1\pm\varepsilon$ on the side the advantage pushes toward, never on the other.
+# * The clip only acts off-policy: never at one update per rollout (DeepSeekMath-RL's setting), more
+#   the more optimiser steps reuse a rollout — and even then it bounds incentives, not ratios.
 # * $k_3$ is an unbiased, non-negative estimate of $\KL[\pitheta\|\piref]$ — but as a loss its
 #   gradient is that of the forward KL.
 # * Per-token weight $\Ahat_i/\olen{i}$: the aggregation couples the update to response length.
