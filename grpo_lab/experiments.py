@@ -35,7 +35,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -382,10 +382,10 @@ def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
         return [f.result() for f in futures]
 
 
-def _run_jobs(pairs: list[tuple[Algorithm, int]], prof: Profile, steps: int, progress: bool | None, n_jobs: int,
+def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: bool | None, n_jobs: int,
               cache: bool) -> tuple[list[pd.DataFrame], list[tuple[str, int]], str | None]:
-    """Histories of every ``(algo, seed)`` pair, in order, each configuration trained once (two
-    names for the same configuration share one run), from the run cache where possible.
+    """Histories of every ``(algo, seed, profile)`` job, in order, each configuration trained once
+    (two names for the same configuration share one run), from the run cache where possible.
 
     Returns:
         ``(frames, hits, note)``: the histories, the pairs loaded from the cache, and why the cache
@@ -396,26 +396,28 @@ def _run_jobs(pairs: list[tuple[Algorithm, int]], prof: Profile, steps: int, pro
     root, note = (run_cache_dir(), None) if cache else (None, "off (cache=False)")
     if cache and root is None:
         note = "off (GRPO_LAB_RUN_CACHE, or not a source checkout)"
-    outside = sorted({x for a, _ in pairs for x in _uncacheable(a, prof)})
+    outside = sorted({x for a, _, p in jobs for x in _uncacheable(a, p)})
     if root is not None and outside:
         root, note = None, "off: code outside grpo_lab, " + ", ".join(outside)
-    fingerprint = ""
+    prints: dict[str, str] = {}  # one fingerprint per distinct profile (base checkpoint, threads, device)
     if root is not None:
         try:
-            fingerprint = run_fingerprint(prof)
+            for _, _, p in jobs:
+                prints.setdefault(repr(p), run_fingerprint(p))
             root.mkdir(parents=True, exist_ok=True)
         except (ValueError, OSError) as exc:
             root, note = None, f"off: {exc}"
-    keys = [_run_key(fingerprint, a, prof, steps, s) for a, s in pairs]
-    paths = {k: (_cache_path(root, fingerprint, a, prof, steps, s) if root is not None else None)
-             for k, (a, s) in zip(keys, pairs)}
-    loaded = {k: _cache_load(p, steps) for k, p in paths.items()}
-    hits = [(a.name, s) for (a, s), k in zip(pairs, keys) if loaded[k] is not None]
+    fps = [prints.get(repr(p), "") for _, _, p in jobs]
+    keys = [_run_key(fp, a, p, steps, s) for fp, (a, s, p) in zip(fps, jobs)]
+    paths = {k: (_cache_path(root, fp, a, p, steps, s) if root is not None else None)
+             for k, fp, (a, s, p) in zip(keys, fps, jobs)}
+    loaded = {k: _cache_load(path, steps) for k, path in paths.items()}
+    hits = [(a.name, s) for (a, s, _), k in zip(jobs, keys) if loaded[k] is not None]
     todo = [k for k in dict.fromkeys(keys) if loaded[k] is None]
-    first = {k: pairs[keys.index(k)] for k in todo}
-    fresh = _map([(first[k][0], prof, steps, first[k][1], progress, paths[k]) for k in todo], n_jobs)
+    first = {k: jobs[keys.index(k)] for k in todo}
+    fresh = _map([(first[k][0], first[k][2], steps, first[k][1], progress, paths[k]) for k in todo], n_jobs)
     loaded.update(zip(todo, fresh))
-    frames = [_label(loaded[k].copy(), a, s) for (a, s), k in zip(pairs, keys)]
+    frames = [_label(loaded[k].copy(), a, s) for (a, s, _), k in zip(jobs, keys)]
     return frames, hits, note
 
 
@@ -450,7 +452,7 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     prof = _resolve(profile, config_overrides)
     steps = _check_steps(prof.steps if steps is None else steps)
     t0 = time.perf_counter()
-    frames, hits, note = _run_jobs([(algo, s) for s in seeds], prof, steps, progress, n_jobs, cache)
+    frames, hits, note = _run_jobs([(algo, s, prof) for s in seeds], steps, progress, n_jobs, cache)
     wall = time.perf_counter() - t0
     prov = provenance(algo, prof, steps, seeds, wall)
     prov["cached_seeds"] = [s for _, s in hits]
@@ -460,16 +462,24 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
 
 def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
              steps: int | None = None, n_jobs: int = 1, cache: bool = True,
+             overrides: Mapping[str, Mapping[str, Any]] | None = None,
              **config_overrides) -> dict[str, RunResult]:
     """:func:`run` for several algorithms, all (algorithm, seed) pairs spread over ``n_jobs`` processes.
 
+    Args:
+        overrides: per-setting :class:`~grpo_lab.trainer.TrainerConfig` fields, by algorithm name,
+            applied on top of ``**config_overrides`` (e.g. ``{"mu=4": {"minibatches": 4}}``): settings
+            that differ in the trainer rather than the algorithm share one pool of processes.
+        Other arguments: as :func:`run`.
+
     Returns:
         ``{algo.name: RunResult}`` in the order given (each ``provenance`` records the wall time
-        of the whole grid, and ``cached_seeds``, the seeds of that algorithm loaded from the run
-        cache).
+        of the whole grid, its own configuration, and ``cached_seeds``, the seeds of that
+        algorithm loaded from the run cache).
 
     Raises:
-        ValueError: duplicate algorithm names, no algorithms or seeds, or as :func:`run`.
+        ValueError: duplicate algorithm names, no algorithms or seeds, an ``overrides`` name that
+            is not one of the algorithms, or as :func:`run`.
     """
     algos = [get_algorithm(a) if isinstance(a, str) else a for a in algos]
     names = [a.name for a in algos]
@@ -478,14 +488,20 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
     if len(set(names)) != len(names):
         raise ValueError(f"run_grid: algorithm names must be unique, got {names}")
     seeds = _check_seeds(seeds)
-    prof = _resolve(profile, config_overrides)
-    steps = _check_steps(prof.steps if steps is None else steps)
+    overrides = dict(overrides or {})
+    stray = sorted(set(overrides) - set(names))
+    if stray:
+        raise ValueError(f"run_grid: overrides for {stray}, which are not among the algorithms {names}")
+    profs = {a.name: _resolve(profile, {**config_overrides, **dict(overrides.get(a.name, {}))}) for a in algos}
+    default = _resolve(profile, config_overrides)
+    steps = _check_steps(default.steps if steps is None else steps)
     t0 = time.perf_counter()
-    frames, hits, note = _run_jobs([(a, s) for a in algos for s in seeds], prof, steps, False, n_jobs, cache)
+    frames, hits, note = _run_jobs([(a, s, profs[a.name]) for a in algos for s in seeds], steps, False, n_jobs,
+                                   cache)
     wall = time.perf_counter() - t0
     out, k = {}, 0
     for a in algos:
-        prov = provenance(a, prof, steps, seeds, wall)
+        prov = provenance(a, profs[a.name], steps, seeds, wall)
         prov["cached_seeds"] = [s for name, s in hits if name == a.name]
         prov["run_cache"] = note or "on"
         out[a.name] = RunResult(pd.concat(frames[k:k + len(seeds)], ignore_index=True), prov)

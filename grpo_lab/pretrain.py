@@ -1,6 +1,7 @@
 """Deterministic supervised pretraining of the tiny base policies shipped in ``data/checkpoints``.
 
     python -m grpo_lab.pretrain arithmetic            # → data/checkpoints/arithmetic-base/
+    python -m grpo_lab.pretrain arithmetic-filler     # → data/checkpoints/arithmetic-filler-base/
     python -m grpo_lab.pretrain arithmetic --out DIR  # anywhere else
 
 The recipe (model size, data mixture, optimiser, steps, seed) is a frozen dataclass; the
@@ -11,6 +12,11 @@ reloads the committed checkpoint and checks both the recipe and the accuracy.
 Pretraining is plain next-token cross-entropy on the response (prompt tokens are not scored).
 The data mixture makes the base policy answer most questions directly and reason only
 sometimes, so its greedy accuracy sits in the 20–60% band and RL has room to act.
+
+``arithmetic-filler`` is the same recipe on the filler variant of the task
+(:class:`~grpo_lab.tasks.ArithmeticTask` with ``filler="."``): half of its demonstrations end
+with a run of 1–12 dots after the answer, which the parser ignores, so the base policy pads some
+answers and response length is free of correctness (chapter 3's length-bias experiment).
 """
 
 from __future__ import annotations
@@ -36,7 +42,17 @@ __all__ = ["PretrainRecipe", "RECIPES", "pretrain", "main"]
 
 @dataclass(frozen=True)
 class PretrainRecipe:
-    """Everything that determines a base checkpoint."""
+    """Everything that determines a base checkpoint.
+
+    Besides the model, the data mixture (``p_reason``, term counts, digits) and the optimiser
+    (AdamW, linear warm-up then cosine decay to ``min_lr_frac * lr``, global-norm clipping):
+
+    * ``filler``, ``p_filler``, ``max_filler``, ``filler_position``: the filler variant of the
+      task (:class:`~grpo_lab.tasks.ArithmeticTask`); ``""`` / 0 is the plain task;
+    * ``max_new_tokens``: the task's generation budget (tokens), used to evaluate the checkpoint;
+    * ``init``: ``""`` (train from the seeded random initialisation) or the name of a checkpoint
+      under ``data/checkpoints`` with the same architecture and alphabet to fine-tune.
+    """
 
     task: str = "arithmetic"
     model: TinyConfig = field(default_factory=lambda: TinyConfig(hidden_size=96, intermediate_size=288,
@@ -54,21 +70,55 @@ class PretrainRecipe:
     grad_clip: float = 1.0
     seed: int = 0
     threads: int = 2
+    filler: str = ""
+    p_filler: float = 0.0
+    max_filler: int = 0
+    filler_position: str = "end"
+    max_new_tokens: int = 32
+    init: str = ""
 
     def to_dict(self) -> dict:
+        """The recipe as a JSON-able dict, ``model`` expanded. The fields added after the first
+        shipped checkpoint are recorded only when used: the filler fields (``filler`` …
+        ``max_new_tokens``) when ``filler`` is set, ``init`` when set; so the ``recipe.json`` of
+        checkpoints made before they existed still equals this dict."""
         d = asdict(self)
         d["model"] = self.model.to_dict()
+        if not self.filler:  # the filler fields go together
+            for k in ("filler", "p_filler", "max_filler", "filler_position", "max_new_tokens"):
+                d.pop(k)
+        if not self.init:
+            d.pop("init")
         return d
 
 
-RECIPES = {"arithmetic": PretrainRecipe()}
+#: The recipe of each shipped base checkpoint, by name: ``python -m grpo_lab.pretrain NAME``
+#: writes ``data/checkpoints/NAME-base``. ``arithmetic-filler`` fine-tunes ``arithmetic-base``
+#: (``init``; it must exist) for 300 steps on demonstrations that end with a run of 1-12 dots
+#: half of the time (mean 3.25 dots per demonstration), so it keeps that checkpoint's arithmetic
+#: and learns to pad; its task's generation budget is 64 tokens, so that a padded reasoning
+#: answer (at most 25 + 12 characters and EOS) fits with room for the length to grow under RL.
+RECIPES = {
+    "arithmetic": PretrainRecipe(),
+    "arithmetic-filler": PretrainRecipe(filler=".", p_filler=0.5, max_filler=12, filler_position="end",
+                                        max_new_tokens=64, init="arithmetic-base", steps=300, lr=1e-3,
+                                        warmup=20),
+}
 
 
 def make_task(recipe: PretrainRecipe) -> ArithmeticTask:
+    """The task whose demonstrations ``recipe`` trains on (and whose test set evaluates it).
+
+    Raises:
+        ValueError: ``recipe.task`` is not ``"arithmetic"``, or invalid task settings (as
+            :class:`~grpo_lab.tasks.ArithmeticTask`).
+    """
     if recipe.task != "arithmetic":
-        raise ValueError(f"pretrain: unknown task {recipe.task!r}; known: {sorted(RECIPES)}")
-    return ArithmeticTask(min_terms=recipe.min_terms, max_terms=recipe.max_terms,
-                          digits=recipe.digits, p_reason=recipe.p_reason)
+        raise ValueError(f"pretrain: unknown task {recipe.task!r}; known: ['arithmetic']")
+    return ArithmeticTask(min_terms=recipe.min_terms, max_terms=recipe.max_terms, digits=recipe.digits,
+                          p_reason=recipe.p_reason, max_new_tokens=recipe.max_new_tokens, filler=recipe.filler,
+                          p_filler=recipe.p_filler, max_filler=recipe.max_filler,
+                          filler_position=recipe.filler_position)
 
 
 def _batch(task: ArithmeticTask, tokenizer, rng: np.random.Generator, n: int):
@@ -112,6 +162,12 @@ def evaluate_base(model, tokenizer, task) -> dict:
     s, sframe = evaluate(model, tokenizer, task, greedy=False, n_samples=4, temperature=1.0)
     by_terms = gframe.groupby("n_terms")["correct"].mean().round(4)
     s_by_terms = sframe.groupby("n_terms")["correct"].mean().round(4)
+    extra = {}
+    if getattr(task, "filler", ""):
+        fill = sframe["completion"].map(task.filler_length)
+        extra = {"sampled_filler_frac": round(float((fill > 0).mean()), 4),
+                 "sampled_mean_filler": round(float(fill.mean()), 3),
+                 "sampled_truncation_rate": round(float(sframe["truncated"].mean()), 4)}
     return {
         "greedy_accuracy": round(g["accuracy"], 4),
         "greedy_mean_length": round(g["mean_length"], 3),
@@ -122,11 +178,12 @@ def evaluate_base(model, tokenizer, task) -> dict:
         "sampled_reasoning_frac": round(s["reasoning_frac"], 4),
         "sampled_accuracy_by_terms": {int(k): float(v) for k, v in s_by_terms.items()},
         "sampled_length_sd": round(float(sframe["length"].std()), 3),
+        **extra,
     }
 
 
 def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress: bool = True,
-             evaluate: bool = True) -> dict:
+             evaluate: bool = True, name: str | None = None) -> dict:
     """Train the base policy of ``recipe`` and save it (model, tokenizer, ``recipe.json``).
 
     Deterministic on a given machine and software stack: fixed seeds, fixed thread count,
@@ -134,16 +191,22 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
 
     Args:
         recipe: what to train.
-        out: output directory (default ``data/checkpoints/<task>-base``; only then is the task's
+        out: output directory (default ``data/checkpoints/<name>-base``; only then is the task's
             fixed test set written to ``data/tasks/`` too).
         progress: tqdm bar.
         evaluate: measure test accuracy after training (``metrics`` in the record; skipping it is
             only useful for quick tests).
+        name: the checkpoint's name (a key of :data:`RECIPES`; default ``recipe.task``).
 
     Returns:
         The record written to ``recipe.json``.
+
+    Raises:
+        ValueError: an invalid recipe (as :func:`make_task`) or an empty ``name``.
     """
-    default_out = checkpoint_dir(f"{recipe.task}-base")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ValueError(f"pretrain: name must be a non-empty string, got {name!r}")
+    default_out = checkpoint_dir(f"{name or recipe.task}-base")
     out = Path(out) if out is not None else default_out
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
@@ -151,6 +214,21 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
     task = make_task(recipe)
     tokenizer = build_char_tokenizer()
     model = tiny_policy(tokenizer, recipe.model, seed=recipe.seed)
+    if recipe.init:  # fine-tune a shipped checkpoint of the same architecture and alphabet
+        from .models import load_policy
+
+        init_dir = checkpoint_dir(recipe.init)
+        if not (init_dir / "model.safetensors").is_file():
+            raise ValueError(f"pretrain: init checkpoint {recipe.init!r} not found at {init_dir}; make it first "
+                             f"(python -m grpo_lab.pretrain {recipe.init.removesuffix('-base')})")
+        start, init_tok = load_policy(init_dir)
+        if init_tok.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(f"pretrain: init checkpoint {recipe.init!r} has another alphabet")
+        try:
+            model.load_state_dict(start.state_dict())
+        except RuntimeError as exc:
+            raise ValueError(f"pretrain: init checkpoint {recipe.init!r} does not match recipe.model ({exc})") from None
+        del start
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.98))
     t0 = time.perf_counter()
@@ -206,7 +284,7 @@ def main(argv=None) -> None:
     if a.steps is not None:
         from dataclasses import replace
         recipe = replace(recipe, steps=a.steps)
-    rec = pretrain(recipe, a.out, progress=not a.quiet)
+    rec = pretrain(recipe, a.out, progress=not a.quiet, name=a.task)
     print(json.dumps({k: rec[k] for k in ("parameters", "final_loss_mean_last100", "metrics", "train_seconds")}, indent=2))
 
 

@@ -390,6 +390,28 @@ def test_run_grid_trains_one_configuration_once(profile, monkeypatch):
                                   grid["GRPO copy"].history.drop(columns="algo"))
 
 
+def test_run_grid_per_setting_overrides_equal_separate_runs(profile, monkeypatch):
+    # A setting that differs only in the trainer (here: two minibatches) gives exactly the run that
+    # run() with the same override gives; the other setting keeps the shared profile.
+    import grpo_lab.experiments as ex
+
+    mb2 = GRPO.replace(name="two minibatches")
+    grid = ex.run_grid([GRPO, mb2], profile=profile, seeds=[0], cache=False, overrides={"two minibatches":
+                                                                                          {"minibatches": 2}})
+    alone = run(GRPO, profile=profile, seeds=[0], cache=False, minibatches=2, progress=False)
+    pd.testing.assert_frame_equal(grid["two minibatches"].history.drop(columns=TIMING + ["algo"], errors="ignore"),
+                                  alone.history.drop(columns=TIMING + ["algo"], errors="ignore"), check_exact=True)
+    assert grid["two minibatches"].provenance["config"]["minibatches"] == 2
+    assert grid["GRPO"].provenance["config"]["minibatches"] == profile.config.minibatches != 2
+    # the override reached the trainer: each optimiser step sees half the rollout's 2 x 4 rows
+    one, two = (grid[n].history.dropna(subset=["num_sequences"]) for n in ("GRPO", "two minibatches"))
+    assert (one["num_sequences"] == 8).all() and (two["num_sequences"] == 4).all()
+    with pytest.raises(ValueError, match="not among the algorithms"):
+        ex.run_grid([GRPO], profile=profile, seeds=[0], overrides={"GRPO2": {"minibatches": 2}})
+    with pytest.raises(ValueError, match="unknown TrainerConfig"):
+        ex.run_grid([GRPO], profile=profile, seeds=[0], overrides={"GRPO": {"minibatchez": 2}})
+
+
 def test_run_rejects_a_seed_override(profile):
     with pytest.raises(ValueError, match="seeds="):
         run("GRPO", profile=profile, seeds=[0], seed=7)

@@ -17,6 +17,16 @@ directly: right on two terms, mostly wrong on three or four. That gives RL room 
 the GRPO papers describe at scale: accuracy rises *by* producing longer reasoning, and response
 length varies from 3 to ~40 characters, so length-related biases (Dr.GRPO) are measurable.
 
+**Filler variant** (``ArithmeticTask(filler=".")``): the response may also contain a filler
+character between its parts — before, between or after the reasoning steps, and after the
+answer — but never inside a step or a number, e.g. ``"133+95;228;#228...."``. The parser skips
+it, so filler changes the length of a response and never its correctness: length is *free*,
+which is what Dr.GRPO's length-bias argument needs (in the plain task, length is tied to the
+choice to reason, and so to correctness). In a fraction ``p_filler`` of the pretraining
+demonstrations of that variant a run of filler follows the answer (or, with
+``filler_position="start"``, precedes the response) (:mod:`grpo_lab.pretrain`, recipe
+``arithmetic-filler``), so the base policy emits filler and RL has something to act on.
+
 The reward never executes model output: it is a strict regular-expression parse.
 """
 
@@ -24,15 +34,38 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from ..paths import data_dir
 from .base import Problem, load_problems, save_problems
 
-__all__ = ["ArithmeticTask", "reasoning_response", "direct_response", "parse_answer"]
+__all__ = ["ArithmeticTask", "reasoning_response", "direct_response", "parse_answer", "filler_length",
+           "FILLER_FORBIDDEN"]
 
 _RESPONSE = re.compile(r"^(?:[0-9+]+;)*#(0|[1-9][0-9]{0,5})$")
+
+#: Characters that cannot be the filler: they carry the response's structure or answer (digits,
+#: ``+``, ``;``, ``#``), or are invisible in a printed completion (whitespace).
+FILLER_FORBIDDEN = "0123456789+;#"
+
+
+def _check_filler(filler: str, who: str) -> str:
+    if not isinstance(filler, str) or len(filler) > 1:
+        raise ValueError(f"{who}: filler must be '' (no filler) or one character, got {filler!r}")
+    if filler and (filler in FILLER_FORBIDDEN or filler.isspace() or not filler.isprintable()):
+        raise ValueError(f"{who}: filler {filler!r} is not allowed (not a digit, '+', ';', '#', whitespace or "
+                         "a non-printable character: the parser could not tell it from the response)")
+    return filler
+
+
+@lru_cache(maxsize=8)
+def _response_pattern(filler: str) -> re.Pattern:
+    if not filler:
+        return _RESPONSE
+    f = re.escape(filler)
+    return re.compile(rf"^(?:{f}|[0-9+]+;)*#(0|[1-9][0-9]{{0,5}}){f}*$")
 
 
 def reasoning_response(terms: list[int]) -> str:
@@ -56,19 +89,42 @@ def direct_response(terms: list[int]) -> str:
     return f"#{sum(terms)}"
 
 
-def parse_answer(completion: str) -> str | None:
+def parse_answer(completion: str, filler: str = "") -> str | None:
     """The answer string of a well-formed response, else ``None`` (strict; never evaluates).
 
     Well formed: optional ``;``-terminated steps, then ``#`` and the answer as a canonical decimal
-    integer of at most 6 digits (no sign, no leading zeros), nothing after it.
+    integer of at most 6 digits (no sign, no leading zeros), nothing after it. With a ``filler``
+    character, any number of fillers may also stand at the start, between two steps, before
+    ``#`` and after the answer, never inside a step or a number.
 
     >>> parse_answer("8+2+8;10+8;18;#18")
     '18'
     >>> parse_answer("#18") , parse_answer("18"), parse_answer("#18#19"), parse_answer("#018"), parse_answer("#0")
     ('18', None, None, None, '0')
+    >>> parse_answer("..8;.#8..", filler="."), parse_answer("..8;.#8"), parse_answer("#1.8", filler=".")
+    ('8', None, None)
+
+    Raises:
+        ValueError: ``filler`` is not ``""`` or one allowed character (see :data:`FILLER_FORBIDDEN`).
     """
-    m = _RESPONSE.fullmatch(completion)
+    m = _response_pattern(_check_filler(filler, "parse_answer")).fullmatch(completion)
     return m.group(1) if m else None
+
+
+def filler_length(completion: str, filler: str) -> int:
+    """Number of ``filler`` characters in ``completion``: in a well-formed response, the part of
+    its length that the parser ignores. The tokenizer is one token per character, so this is
+    also a token count (EOS not included).
+
+    >>> filler_length("...8;.#8..", "."), filler_length("#8", "."), filler_length("..", ".")
+    (6, 0, 2)
+
+    Raises:
+        ValueError: ``filler`` is not one allowed character.
+    """
+    if not _check_filler(filler, "filler_length"):
+        raise ValueError("filler_length: filler must be one character, got ''")
+    return completion.count(filler)
 
 
 @dataclass
@@ -83,6 +139,20 @@ class ArithmeticTask:
         p_reason: fraction of pretraining demonstrations that reason (used by
             :mod:`grpo_lab.pretrain`, not by RL).
         test_size: number of problems in the fixed test set (equal share per term count).
+        filler: ``""`` (the plain task) or one character that a response may contain between
+            its parts and after the answer, and that the parser ignores (:func:`parse_answer`):
+            length without effect on correctness.
+        p_filler: fraction of pretraining demonstrations with a run of filler (used by
+            :mod:`grpo_lab.pretrain`, not by RL; needs ``filler``).
+        max_filler: that run's length is uniform on ``1..max_filler`` characters (needs
+            ``filler`` when positive; at least 1 when ``p_filler > 0``).
+        filler_position: where the demonstrations put that run: ``"end"`` (after the answer,
+            where the policy has already written its answer when it chooses the length) or
+            ``"start"`` (before the response).
+
+    Raises:
+        ValueError: out-of-range arguments, a forbidden filler character, or filler settings
+            without a filler.
     """
 
     min_terms: int = 2
@@ -92,6 +162,10 @@ class ArithmeticTask:
     p_reason: float = 0.3
     test_size: int = 198
     name: str = "arithmetic"
+    filler: str = ""
+    p_filler: float = 0.0
+    max_filler: int = 0
+    filler_position: str = "end"
 
     def __post_init__(self):
         if not 1 <= self.min_terms <= self.max_terms:
@@ -100,6 +174,17 @@ class ArithmeticTask:
             raise ValueError("ArithmeticTask: digits must be 1, 2 or 3")
         if not 0.0 <= self.p_reason <= 1.0:
             raise ValueError("ArithmeticTask: p_reason must lie in [0, 1]")
+        _check_filler(self.filler, "ArithmeticTask")
+        if not 0.0 <= self.p_filler <= 1.0:
+            raise ValueError(f"ArithmeticTask: p_filler must lie in [0, 1], got {self.p_filler!r}")
+        if isinstance(self.max_filler, bool) or not isinstance(self.max_filler, int) or self.max_filler < 0:
+            raise ValueError(f"ArithmeticTask: max_filler must be an int >= 0, got {self.max_filler!r}")
+        if not self.filler and (self.p_filler > 0 or self.max_filler > 0):
+            raise ValueError("ArithmeticTask: p_filler / max_filler need a filler character (filler='.')")
+        if self.p_filler > 0 and self.max_filler < 1:
+            raise ValueError("ArithmeticTask: p_filler > 0 needs max_filler >= 1")
+        if self.filler_position not in ("end", "start"):
+            raise ValueError(f"ArithmeticTask: filler_position must be 'end' or 'start', got {self.filler_position!r}")
 
     # ----------------------------------------------------------------- problems
     def make_problem(self, terms: list[int]) -> Problem:
@@ -160,8 +245,9 @@ class ArithmeticTask:
 
     # ----------------------------------------------------------------- scoring
     def is_correct(self, completion: str, problem: Problem) -> bool:
-        """Raw correctness: well formed (:func:`parse_answer`) and the answer equals the sum."""
-        return parse_answer(completion) == problem.answer
+        """Raw correctness: well formed (:func:`parse_answer`, with this task's filler) and the
+        answer equals the sum."""
+        return parse_answer(completion, self.filler) == problem.answer
 
     def reward(self, completion: str, problem: Problem) -> float:
         """Outcome reward in {0, 1} (DeepSeekMath §4.1.2 outcome supervision)."""
@@ -173,8 +259,19 @@ class ArithmeticTask:
         one ``;``-terminated step before its first ``#``."""
         return not completion.startswith("#") and ";" in completion.split("#", 1)[0]
 
+    def filler_length(self, completion: str) -> int:
+        """Filler characters of ``completion`` (:func:`filler_length`); 0 for the plain task."""
+        return filler_length(completion, self.filler) if self.filler else 0
+
     # ----------------------------------------------------------------- pretraining data
     def demonstration(self, problem: Problem, rng: np.random.Generator) -> str:
-        """A pretraining response: reasoning with probability ``p_reason``, else direct."""
+        """A pretraining response: reasoning with probability ``p_reason``, else direct; with a
+        filler, with probability ``p_filler`` a run of ``1..max_filler`` fillers (uniform) is
+        appended (``filler_position="end"``) or prepended (``"start"``). Without filler the draws
+        from ``rng`` are those of the plain task, so its demonstrations do not change."""
         terms = problem.meta["terms"]
-        return reasoning_response(terms) if rng.random() < self.p_reason else direct_response(terms)
+        text = reasoning_response(terms) if rng.random() < self.p_reason else direct_response(terms)
+        if self.p_filler > 0 and rng.random() < self.p_filler:
+            run = self.filler * int(rng.integers(1, self.max_filler + 1))
+            text = text + run if self.filler_position == "end" else run + text
+        return text
