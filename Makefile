@@ -54,8 +54,8 @@ execute: install sync
 sync: install
 	for py in book/_py/[0-9]*.py; do $(BIN)/jupytext --sync $$py; done
 
-## pretrain: rebuild data/checkpoints/arithmetic-base (deterministic on one machine, ~5 min on 2 cores), then
-## arithmetic-filler-base (chapter 3's length-free task: arithmetic-base fine-tuned on answers padded with dots)
+## pretrain: rebuild data/checkpoints/arithmetic-base (deterministic on one machine, ~4.5 min on 2 cores), then
+## arithmetic-filler-base (~1 min; chapter 3's length-free task: arithmetic-base fine-tuned on answers padded with dots)
 pretrain: install
 	$(BIN)/python -m grpo_lab.pretrain arithmetic
 	$(BIN)/python -m grpo_lab.pretrain arithmetic-filler

@@ -489,7 +489,13 @@ def _group_counts(mask: Tensor, group_size, group_tokens, num_groups):
     if bool(((gt < own) | ~torch.isfinite(gt)).any()):
         raise ValueError("group_tokens must be finite and at least each row's own real-token count (it is the "
                          "token count of the row's whole group)")
-    return gt, _v.positive_number("num_groups", num_groups)
+    k = _v.positive_number("num_groups", num_groups)
+    # each row holds own / group_tokens of its group's tokens: the groups this batch touches sum to at least that
+    touched = float(torch.where(own > 0, own / gt.clamp(min=1), torch.zeros_like(own)).sum())
+    if k < touched - 1e-6:
+        raise ValueError(f"num_groups={k:g} is below the {touched:.6g} groups' worth of tokens in this batch "
+                         "(num_groups counts the groups of the whole batch that micro-batches share)")
+    return gt, k
 
 
 def _normalisers(max_tokens, num_tokens, num_sequences, group_tokens=None, num_groups=None) -> Normalisers:
@@ -536,7 +542,9 @@ def aggregate(
       (arXiv 2402.03300) Eq. 3's ``1/G sum_i 1/|o_i| sum_t``. ``N_seq = num_sequences`` if given,
       else ``|S|`` (fully masked rows contribute 0 and are not counted).
     * ``"token_mean"`` — ``sum_it m_it v_it / N_tok``: DAPO (arXiv 2503.14476) Eq. 12's
-      ``1 / sum_i |o_i|``. ``N_tok = num_tokens`` if given, else ``sum m`` of this batch.
+      ``1 / sum_i |o_i|`` taken over the whole batch, as verl's ``token-mean`` and TRL's ``"dapo"``
+      compute it (Eq. 12 as written is ``"group_token_mean"``). ``N_tok = num_tokens`` if given,
+      else ``sum m`` of this batch.
     * ``"seq_mean_token_sum_norm"`` — ``sum_it m_it v_it / max_tokens / N_seq``: Dr.GRPO
       (arXiv 2503.20783) §3.2, per-sequence token *sum* over a constant (the generation budget
       MAX_TOKENS), then the mean over sequences (``N_seq`` as above).
@@ -569,7 +577,12 @@ def aggregate(
     Raises:
         ValueError: unknown mode; shape mismatch; mask not 0/1; ``max_tokens`` missing for
             ``"seq_mean_token_sum_norm"`` or not a positive int; non-positive ``num_tokens`` /
-            ``num_sequences``, or smaller than the real tokens / non-empty rows of this batch.
+            ``num_sequences``, or smaller than the real tokens / non-empty rows of this batch; the
+            group structure missing for ``"group_token_mean"``, or given both ways
+            (``group_size=`` and ``group_tokens=``/``num_groups=``), ``group_size`` not a positive int
+            dividing the rows, ``group_tokens`` not a float ``[B]`` tensor of finite values at least
+            each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
+            in the batch.
     """
     _v.choice("aggregation mode", mode, AGGREGATIONS)
     _v.bt_tensor(values, "values")
@@ -934,7 +947,11 @@ def policy_loss(
             token in ``logp``, ``old_logp``, ``ref_logp`` or ``advantages``; a log-prob > 0 at a
             real token; ``ref_logp`` missing when the algorithm has a KL term; ``max_tokens``
             missing for ``"seq_mean_token_sum_norm"``; non-positive normalisers, or
-            ``num_tokens`` / ``num_sequences`` below this batch's counts.
+            ``num_tokens`` / ``num_sequences`` below this batch's counts; the group structure missing for ``"group_token_mean"``, or given both ways
+            (``group_size=`` and ``group_tokens=``/``num_groups=``), ``group_size`` not a positive int
+            dividing the rows, ``group_tokens`` not a float ``[B]`` tensor of finite values at least
+            each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
+            in the batch.
     """
     x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens,
                    (group_size, group_tokens, num_groups))

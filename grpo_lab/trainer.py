@@ -49,7 +49,7 @@ from .advantages import AdvantageBatch, tied_groups
 from .algorithms import Algorithm, get_algorithm
 from .metrics import reduce_micro_batches, reduce_updates, total
 from .models import inference_copy
-from .objectives import policy_loss
+from .objectives import METRIC_KEYS, policy_loss
 from .rollout import Rollout, evaluate, generate, policy_logprobs
 from .validation import choice, flag, is_int, non_negative_int, positive_int, positive_number, real_number
 
@@ -653,6 +653,8 @@ class Trainer:
         if hasattr(self.task, "is_reasoning"):
             row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
         row.update(reduce_updates(updates))
+        if not updates:  # no update this step: the loss metrics exist and are NaN (even if no step ever updated)
+            row.update({k: float("nan") for k in METRIC_KEYS if k not in row})
         n_trained = len(batch.rollout) if batch.rollout is not None else 0
         row.update(sampling.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G,
                                              n_selected=batch.selected_groups * G))

@@ -81,6 +81,8 @@ def test_micro_batches_with_global_group_counts_add_up():
     (dict(group_tokens=torch.full((3,), 9.0), num_groups=2), "shape"),
     (dict(group_tokens=torch.tensor([4.0, 2.0, 3.0, 3.0]), num_groups=2), "at least each row"),
     (dict(group_tokens=torch.full((4,), 9.0), num_groups=0), "num_groups"),
+    # the rows hold 1/4 + 3/4 + 2/3 + 1/3 = 2 groups' worth of tokens: one group is impossible (by hand)
+    (dict(group_tokens=torch.tensor([4.0, 4.0, 3.0, 3.0]), num_groups=1), "below the 2 groups"),
 ])
 def test_bad_group_structure_is_a_clear_error(kwargs, match):
     values, mask = _batch()

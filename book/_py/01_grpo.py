@@ -780,10 +780,6 @@ print("checks passed")
 # The other settings train {glue:text}`mu_steps` steps, five seeds each, with the same seeds.
 
 # %% tags=["nbval-ignore-output"]
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from functools import partial
-
 MUS = (1, 2, 4, 8)
 STEPS_MU = 10 if PROFILE == "cpu" else profile.steps // 3
 warm_rollouts = profile.config.warmup / (profile.config.minibatches * profile.config.epochs)
@@ -795,14 +791,12 @@ mu_hist = {}
 if profile.config.minibatches in MUS and profile.config.epochs == 1:  # §1.6's runs: reuse their first steps
     mu_hist[profile.config.minibatches] = result.history[result.history["step"] <= STEPS_MU]
 todo = [mu for mu in MUS if mu not in mu_hist]
-# One pool of N_JOBS workers for every (mu, seed) run, each an experiments.run of one seed: separate
-# experiments.run calls per mu would each start their own workers and leave a core idle on their last seed.
-with ProcessPoolExecutor(N_JOBS, mp_context=multiprocessing.get_context("spawn")) as pool:
-    jobs = {(mu, s): pool.submit(partial(experiments.run, GRPO, profile=PROFILE, seeds=(s,), steps=STEPS_MU,
-                                         minibatches=mu, epochs=1, warmup=round(warm_rollouts * mu)))
-            for mu in todo for s in SEEDS}
-    for mu in todo:
-        mu_hist[mu] = pd.concat([jobs[mu, s].result().history for s in SEEDS], ignore_index=True)
+# one grid, one pool of N_JOBS workers: the settings differ only in the trainer (per-setting overrides)
+mu_grid = experiments.run_grid(
+    [GRPO.replace(name=f"mu={mu}") for mu in todo], profile=PROFILE, seeds=SEEDS, steps=STEPS_MU, n_jobs=N_JOBS,
+    overrides={f"mu={mu}": {"minibatches": mu, "epochs": 1, "warmup": round(warm_rollouts * mu)} for mu in todo})
+for mu in todo:
+    mu_hist[mu] = mu_grid[f"mu={mu}"].history
 mu_long = pd.concat([mu_hist[mu].assign(algo=f"μ = {mu}", mu=mu) for mu in MUS], ignore_index=True)
 print(f"{len(todo)} settings x {len(SEEDS)} seeds x {STEPS_MU} steps in {time.perf_counter() - t0:.0f} s "
       f"(μ = {profile.config.minibatches} reused from §1.6)")

@@ -63,6 +63,7 @@ from grpo_lab.advantages import group_advantages, rloo_advantages
 from grpo_lab.algorithms import DR_GRPO, GRPO
 from grpo_lab.mhc import product_gain, sinkhorn_knopp
 from grpo_lab.objectives import kl_estimate, offpolicy_sequence_mask, policy_loss
+from grpo_lab.rollout import generate
 
 book.setup_notebook(seed=0)
 CHAPTER_START = time.perf_counter()
@@ -351,40 +352,202 @@ assert round(near_ties.loc["gap of 1/4096", "GRPO: the one"], 2) == -1.15
 # %% [markdown]
 # ## 3.4 Experiments
 #
-# Three settings from `arithmetic-base`, 5 seeds each, CPU profile (40 steps, 16 questions × 8
-# samples, two minibatches per rollout): GRPO without KL, Dr.GRPO (also without KL, as in the
-# paper), and GRPO with the preset's $\beta=0.04$. The first pair isolates the normalisation; the
-# GRPO pair isolates the KL term. The task lets the policy choose its length: a direct answer is 3–4
-# tokens, a reasoned one 8–26.
+# **A task where length is free.** On chapter 1's arithmetic task the length of an answer is
+# decided almost entirely by *whether* the policy reasons: a direct answer is 3–4 tokens, a reasoned
+# one 8–26, fixed by the number of terms. Length is then tied to correctness (reasoning is what makes
+# three- and four-term answers right), and the first edition of this chapter found no length effect
+# there: the bias of §3.1 had no free length to push. So the experiment runs on a variant of the task
+# in which length is free: after its answer the policy may write any number of filler dots, which
+# the strict parser skips (`ArithmeticTask(filler=".")`: `#228....` is as right as `#228`, `#2.28` is
+# malformed). Its base checkpoint, `arithmetic-filler-base` (`python -m grpo_lab.pretrain
+# arithmetic-filler`), is `arithmetic-base` fine-tuned for 300 steps on demonstrations that end with
+# 1–12 dots half of the time, and the generation budget is 64 tokens: a padded reasoned answer needs
+# at most 38, so the length can grow by 26 tokens before truncation, which we report.
+#
+# **Why the dots go after the answer.** When the policy chooses whether to write another dot, the
+# answer is already written, so correct and incorrect responses reach that choice in different
+# contexts. The reward does not depend on the dots, so in the plain policy gradient (Dr.GRPO) the
+# expected update of that choice is zero. Under GRPO it is not: with $k$ dots a response has
+# $\olen{i}=m_i+k$ tokens, and each dot dilutes the per-token weight $\Ahat_i/\olen{i}$. For a
+# negative advantage, a longer response is pushed down less, so after a wrong answer more dots become
+# more likely; after a right one, fewer. That is Dr.GRPO's argument in a form we can test:
+# incorrect responses should grow longer than correct ones under GRPO, and not under Dr.GRPO —
+# *if* the policy can tell, when it pads, whether its answer is right. Had the dots come first,
+# the policy would choose their number before the answer, in the same context for right and wrong
+# responses, and this first-order effect would vanish.
+#
+# The base policy has to emit dots for RL to act on them. The next cell samples it four times on
+# every test question.
+
+# %% tags=["nbval-ignore-output"]
+import dataclasses
+
+from grpo_lab.models import load_policy
+from grpo_lab.paths import checkpoint_dir
+from grpo_lab.rollout import evaluate
+from grpo_lab.tasks import ArithmeticTask
+
+FILLER_BUDGET = 64  # generation budget of the filler task, tokens
+base_profile = experiments.get_profile(PROFILE)
+# greedy evaluation every 10 steps on the CPU profile (training does not depend on it; it saves time)
+profile = dataclasses.replace(base_profile, name=f"{base_profile.name}-filler", base="arithmetic-filler-base",
+                              task_kwargs=(("filler", "."), ("max_new_tokens", FILLER_BUDGET)),
+                              config=dataclasses.replace(base_profile.config, eval_every=10)
+                              if PROFILE == "cpu" else base_profile.config)
+filler_task = ArithmeticTask(**dict(profile.task_kwargs))
+filler_policy, tokenizer = load_policy(checkpoint_dir(profile.base))
+torch.manual_seed(0)
+_, base_samples = evaluate(filler_policy, tokenizer, filler_task, greedy=False, n_samples=4)
+base_samples["dots"] = base_samples["completion"].map(filler_task.filler_length)
+base_filler = pd.DataFrame({
+    "samples": base_samples.groupby("correct").size(),
+    "with dots": base_samples.groupby("correct")["dots"].apply(lambda d: (d > 0).mean()),
+    "mean dots": base_samples.groupby("correct")["dots"].mean(),
+    "mean length (tokens)": base_samples.groupby("correct")["length"].mean(),
+}).rename(index={False: "incorrect", True: "correct"})
+print(base_filler.round(3).to_string())
+print("examples:", base_samples["completion"].head(6).tolist())
+print(f"truncated at {FILLER_BUDGET} tokens: {base_samples['truncated'].mean():.4f}")
+book.glue("filler_frac", f"{(base_samples['dots'] > 0).mean():.0%}")
+book.glue("filler_mean", f"{base_samples['dots'].mean():.1f}")
+book.glue("filler_base_acc", f"{base_samples['correct'].mean():.2f}")
+assert 0.2 < (base_samples["dots"] > 0).mean() < 0.8  # the base policy pads a fair share of its answers
+
+# %% [markdown]
+# The base policy pads {glue:text}`filler_frac` of its sampled answers, with
+# {glue:text}`filler_mean` dots on average and about as often after a right answer as after a wrong
+# one (sampled accuracy {glue:text}`filler_base_acc`): the dots start out independent of
+# correctness, and RL has a free length to act on.
+#
+# **DeepSeek-V3.2's two knobs.** The paper reports neither the KL coefficient $\beta$ nor the masking
+# threshold $\delta$, so we choose them. $\beta = 0.01$: V3.2 observes that maths does well with
+# a *weak* KL or none; we take a quarter of the $\beta = 0.04$ of DeepSeekMath's GRPO ({ref}`sec-grpo`),
+# small but not zero, so that the importance-corrected estimator {eq}`eq-drgrpo-v32-kl` is in the
+# gradient. The clip is GRPO's $\varepsilon = 0.2$. For $\delta$ we need to know how far the policy
+# drifts at our scale. Each rollout feeds two minibatches; the first is trained on-policy (drift
+# exactly 0), the second after one optimiser step, so its sequences are off-policy by
+# $d_i = \frac1{\olen{i}}\sum_t\log\frac{\piold}{\pitheta}$. The next cell measures $d_i$ in a short
+# run of the V3.2 objective with the mask switched off (`offpolicy_mask_delta=None`), by wrapping the
+# trainer's call of `policy_loss` to record it.
+
+# %% tags=["nbval-ignore-output"]
+import grpo_lab.trainer as trainer_module
+from grpo_lab.algorithms import deepseek_v32
+
+V32_BETA, V32_DELTA, V32_EPS = 0.01, 0.02, 0.2  # beta and delta: our choices (the paper gives neither)
+DRIFT_STEPS = 15  # RL steps of the recording run (seed 100, not one of SEEDS)
+v32 = deepseek_v32(beta=V32_BETA, delta=V32_DELTA, eps=V32_EPS)
+drift = []
+_policy_loss = trainer_module.policy_loss
+
+
+def recording_policy_loss(logp, old_logp, advantages, mask, algo, **kwargs):
+    """policy_loss, after recording each row's d_i = mean_t (log pi_old - log pi_theta) and advantage."""
+    with torch.no_grad():
+        m = mask.bool()
+        d = ((old_logp - logp.detach()) * m).sum(-1) / m.sum(-1).clamp(min=1)
+        adv = advantages if advantages.dim() == 1 else advantages[:, 0]
+        off_policy = not torch.equal(old_logp, logp.detach())  # the first minibatch's pi_old is sg(pi_theta)
+        drift.extend({"off_policy": off_policy, "d": x, "advantage": a} for x, a in zip(d.tolist(), adv.tolist()))
+    return _policy_loss(logp, old_logp, advantages, mask, algo, **kwargs)
+
+
+trainer_module.policy_loss = recording_policy_loss
+try:
+    cfg = dataclasses.replace(profile.config, seed=100, threads=None, progress=False, eval_every=0)
+    recorder = trainer_module.Trainer(filler_policy, tokenizer, filler_task,
+                                      v32.replace(offpolicy_mask_delta=None), cfg)
+    recorder.train(DRIFT_STEPS)
+finally:
+    trainer_module.policy_loss = _policy_loss
+drift = pd.DataFrame(drift)
+assert (drift.loc[~drift.off_policy, "d"] == 0).all()  # the first minibatch is exactly on-policy
+neg = drift[drift.off_policy & (drift.advantage < 0)]
+quantiles = neg["d"].quantile([0.5, 0.75, 0.9, 0.95])
+print(f"{len(neg)} negative-advantage sequences in second minibatches; quantiles of d_i:")
+print(quantiles.round(4).to_string())
+masked_share = float((neg["d"] > V32_DELTA).mean())
+book.glue("v32_delta", f"{V32_DELTA}")
+book.glue("drift_steps", str(DRIFT_STEPS))
+book.glue("v32_beta", f"{V32_BETA}")
+book.glue("drift_median", f"{quantiles[0.5]:.3f}")
+book.glue("drift_q90", f"{quantiles[0.9]:.3f}")
+book.glue("drift_masked_share", f"{masked_share:.0%}")
+book.glue("drift_masked_02", f"{float((neg['d'] > 0.2).mean()):.1%}")
+fig, ax = plt.subplots(figsize=(6.0, 2.6))
+bins = np.linspace(-0.15, 0.25, 41)
+off = drift[drift.off_policy]
+ax.hist(off.loc[off.advantage >= 0, "d"].clip(bins[0], bins[-1]), bins=bins, color="C7", alpha=0.6,
+        label="advantage $\\geq 0$ (never masked)")
+ax.hist(neg["d"].clip(bins[0], bins[-1]), bins=bins, color="C3", alpha=0.7, label="advantage $< 0$")
+ax.axvline(V32_DELTA, color="k", linestyle="--", linewidth=1, label=f"$\\delta = {V32_DELTA}$")
+ax.set_xlabel(r"$d_i$, mean $\log\pi_{old}-\log\pi_\theta$ per token (nats; clipped to the axis)")
+ax.set_ylabel("sequences")
+ax.legend(fontsize=8)
+fig.tight_layout()
+book.glue("fig_drgrpo_drift", fig)
+
+# %% [markdown]
+# ```{glue:figure} fig_drgrpo_drift
+# :name: fig-drgrpo-drift
+#
+# How far the second minibatch of each rollout is off-policy, in a {glue:text}`drift_steps`-step
+# recording run of the V3.2 objective without the mask: per sequence, the mean per-token
+# $\log\piold-\log\pitheta$ after one optimiser step. Most sequences barely move; the negative ones
+# (coloured) lean to the right, as one would expect when the first minibatch's update has pushed
+# similar wrong answers down.
+# The dashed line is our $\delta$.
+# ```
+#
+# At our learning rate the drift is small: half of the negative sequences of a second minibatch
+# have $d_i$ below {glue:text}`drift_median` nats per token, one in ten above
+# {glue:text}`drift_q90`. V3.2 masks "highly" off-policy negatives; we set
+# $\delta=$ {glue:text}`v32_delta`, which masks {glue:text}`drift_masked_share` of the negative
+# sequences of a second minibatch in this recording: enough for the mask to act in every run, few
+# enough that it removes only the tail. (Ten times larger, $\delta=0.2$, it would mask
+# {glue:text}`drift_masked_02` of them: a threshold has to be sized to the drift of its setting.)
+#
+# The grid: GRPO without KL, Dr.GRPO (also without KL, as in the paper) and V3.2 as chosen above;
+# five seeds each, CPU profile (40 steps, 16 questions × 8 samples, two minibatches per rollout),
+# all from `arithmetic-filler-base`. The first pair isolates the normalisation; V3.2 is compared
+# with both on the same seeds. (The first edition of this chapter also compared GRPO with and
+# without its $\beta=0.04$ KL term; that comparison does not fit the chapter's time budget beside
+# these and is not repeated here, so this edition makes no claim about it.)
 
 # %%
 settings = [GRPO.replace(name="GRPO (beta=0)", kl=None, beta=0.0), DR_GRPO.replace(name="Dr.GRPO"),
-            GRPO.replace(name="GRPO (beta=0.04)")]
-profile = experiments.get_profile(PROFILE)
-print({s.name: {k: v for k, v in s.axes().items() if k in ("advantage", "aggregation", "kl", "beta")}
-       for s in settings})
+            v32.replace(name="DeepSeek-V3.2")]
+print({s.name: {k: v for k, v in s.axes().items()
+                if k in ("advantage", "aggregation", "kl", "beta", "offpolicy_mask_delta")} for s in settings})
+print(f"profile {profile.name}: base {profile.base}, task {dict(profile.task_kwargs)}, {profile.steps} steps")
 
 # %% tags=["nbval-ignore-output"]
-grid = experiments.run_grid(settings, profile=PROFILE, seeds=SEEDS, n_jobs=N_JOBS)
+grid = experiments.run_grid(settings, profile=profile, seeds=SEEDS, n_jobs=N_JOBS)
 hist = pd.concat([r.history for r in grid.values()], ignore_index=True)
-print(f"{len(settings)} settings x {len(SEEDS)} seeds in {next(iter(grid.values())).provenance['wall_seconds']:.0f} s")
+hist["gap"] = hist["length_incorrect"] - hist["length_correct"]
+print(f"{len(settings)} settings x {len(SEEDS)} seeds x {profile.steps} steps in "
+      f"{next(iter(grid.values())).provenance['wall_seconds']:.0f} s")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
-# the book's colours (grpo_lab.plotting.ALGO_COLORS); GRPO with its KL term in grey, dashed by name
+# the book's colours (grpo_lab.plotting.ALGO_COLORS); V3.2 has none of its own, so a reserve colour
+names = [s.name for s in settings]
 colors = {"GRPO (beta=0)": plotting.algo_color("GRPO"), "Dr.GRPO": plotting.algo_color("DR_GRPO"),
-          "GRPO (beta=0.04)": plotting.algo_color("base")}
-pair = hist[hist["algo"].isin(["GRPO (beta=0)", "Dr.GRPO"])]
-train = pair[pair.step > 0]
-fig, axes = plt.subplots(1, 3, figsize=(9.6, 2.9))
-plotting.band_plot(axes[0], train, "step", "length_correct", colors=colors, title="length of correct responses",
-                   smooth=5, band="ci95", bounds=(0, math.inf))
-plotting.band_plot(axes[1], train, "step", "length_incorrect", colors=colors,
-                   title="length of incorrect responses", smooth=5, band="ci95", bounds=(0, math.inf))
-plotting.band_plot(axes[2], pair.dropna(subset=["test_accuracy"]), "step", "test_accuracy", colors=colors,
-                   title="greedy test accuracy", legend=True, band="ci95", bounds=(0, 1))
-for ax, unit in zip(axes, ("tokens", "tokens", "fraction correct")):
+          "DeepSeek-V3.2": plotting.algo_color("DeepSeek-V3.2", extra=names)}
+train = hist[hist.step > 0]
+fig, axes = plt.subplots(2, 2, figsize=(8.4, 5.6), sharex=True)
+plotting.band_plot(axes[0, 0], train, "step", "gap", colors=colors, smooth=5, band="ci95",
+                   title="incorrect − correct length")
+axes[0, 0].axhline(0, color="k", linewidth=0.6)
+plotting.band_plot(axes[0, 1], hist.dropna(subset=["test_accuracy"]), "step", "test_accuracy", colors=colors,
+                   title="greedy test accuracy", band="ci95", bounds=(0, 1))
+plotting.band_plot(axes[1, 0], train, "step", "length_incorrect", colors=colors, smooth=5, band="ci95",
+                   bounds=(0, FILLER_BUDGET), title="length of incorrect responses")
+plotting.band_plot(axes[1, 1], train, "step", "length_correct", colors=colors, smooth=5, band="ci95",
+                   bounds=(0, FILLER_BUDGET), title="length of correct responses")
+for ax, unit in zip(axes.flat, ("tokens", "fraction correct", "tokens", "tokens")):
     ax.set_xlabel("RL step")
     ax.set_ylabel(unit)
+axes[0, 1].legend(fontsize=8)
 fig.tight_layout()
 book.glue("fig_drgrpo_lengths", fig)
 
@@ -392,165 +555,297 @@ book.glue("fig_drgrpo_lengths", fig)
 # ```{glue:figure} fig_drgrpo_lengths
 # :name: fig-drgrpo-lengths
 #
-# GRPO against Dr.GRPO (both without KL), mean with 95% t interval over five seeds: length in tokens of the
-# correct and of the incorrect sampled responses (moving average over 5 steps), and greedy test
-# accuracy.
+# On the filler task, GRPO and Dr.GRPO (both without KL) and DeepSeek-V3.2, mean with 95% t
+# interval over five seeds. Top left: the mean length of the incorrect minus that of the correct
+# sampled responses of each step (above 0, wrong answers are longer); bottom: the two lengths
+# themselves (the quantities of Dr.GRPO's Fig. 5); lengths are moving averages over 5 steps.
+# Top right: greedy test accuracy. {glue:text}`gap_sentence`
 # ```
 
 # %% tags=["nbval-ignore-output"]
 def late_mean(r, col, last=10):
+    """Per seed, the mean of ``col`` over the last ``last`` steps of run ``r`` (a Series indexed by seed)."""
     h = r.history
-    per_seed = h[h.step > h.step.max() - last].groupby("seed")[col].mean()
-    return per_seed
+    return h[h.step > h.step.max() - last].groupby("seed")[col].mean()
+
+
+def early_mean(r, col, first=5):
+    """Per seed, the mean of ``col`` over training steps 1..``first``."""
+    h = r.history
+    return h[(h.step > 0) & (h.step <= first)].groupby("seed")[col].mean()
+
+
+def gap_of(r, when=late_mean):
+    return when(r, "length_incorrect") - when(r, "length_correct")
+
+
+def iv(values, digits=3, bounds=None):
+    return stats.format_interval(stats.t_interval(values, bounds=bounds), digits)
 
 
 summary = {}
 for name, r in grid.items():
-    f = r.final()
-    inc, cor = late_mean(r, "length_incorrect"), late_mean(r, "length_correct")
-    summary[name] = {"final greedy acc": stats.format_interval(stats.t_interval(f, bounds=(0, 1))),
-                     "incorrect length (last 10, tokens)": stats.format_interval(stats.t_interval(inc), 1),
-                     "correct length (last 10, tokens)": stats.format_interval(stats.t_interval(cor), 1),
-                     "entropy (last 10, nats/token)": f"{late_mean(r, 'entropy').mean():.3f}"}
+    summary[name] = {
+        "final greedy acc": iv(r.final(), bounds=(0, 1)),
+        "gap, steps 1-5 (tokens)": iv(gap_of(r, early_mean), 2),
+        "gap, last 10 (tokens)": iv(gap_of(r), 2),
+        "incorrect length, last 10 (tokens)": iv(late_mean(r, "length_incorrect"), 1, (0, FILLER_BUDGET)),
+        "correct length, last 10 (tokens)": iv(late_mean(r, "length_correct"), 1, (0, FILLER_BUDGET)),
+        "truncated, last 10": iv(late_mean(r, "truncation_rate"), 4, (0, 1)),
+        "entropy, last 10 (nats/token)": iv(late_mean(r, "entropy"), 3, (0, math.inf)),
+    }
 drgrpo_table = pd.DataFrame(summary).T
-gap = {name: (late_mean(r, "length_incorrect") - late_mean(r, "length_correct")) for name, r in grid.items()}
 book.glue("drgrpo_table", drgrpo_table)
-book.glue("gap_grpo", stats.format_interval(stats.t_interval(gap["GRPO (beta=0)"]), 1))
-book.glue("gap_drgrpo", stats.format_interval(stats.t_interval(gap["Dr.GRPO"]), 1))
-book.glue("gap_diff", stats.format_interval(stats.paired_difference(gap["GRPO (beta=0)"], gap["Dr.GRPO"]), 1))
-for name, key in [("GRPO (beta=0)", "b0"), ("GRPO (beta=0.04)", "b04")]:
-    book.glue(f"ent_{key}", f"{late_mean(grid[name], 'entropy').mean():.3f}")
-    book.glue(f"acc_{key}", stats.format_interval(stats.t_interval(grid[name].final(), bounds=(0, 1))))
-book.glue("acc_diff_kl", stats.format_interval(stats.paired_difference(grid["GRPO (beta=0.04)"].final(),
-                                                                        grid["GRPO (beta=0)"].final())))
-book.glue("acc_diff_dr", stats.format_interval(stats.paired_difference(grid["Dr.GRPO"].final(),
-                                                                        grid["GRPO (beta=0)"].final())))
+
+gap = {name: gap_of(r) for name, r in grid.items()}
+gap_diff = stats.paired_difference(gap["GRPO (beta=0)"], gap["Dr.GRPO"])
+acc = {name: r.final() for name, r in grid.items()}
 
 
-def verdict(iv):
+def verdict(iv_):
     """How a paired interval reads: which side of zero, if any."""
-    if not iv.excludes(0.0):
+    if not iv_.excludes(0.0):
         return "its interval includes zero: no difference is established over five seeds"
-    return f"its interval excludes zero: {'higher' if iv.mean > 0 else 'lower'} over five seeds"
+    return f"its interval excludes zero: {'higher' if iv_.mean > 0 else 'lower'} over five seeds"
 
 
-book.glue("verdict_dr", verdict(stats.paired_difference(grid["Dr.GRPO"].final(), grid["GRPO (beta=0)"].final())))
-book.glue("verdict_kl", verdict(stats.paired_difference(grid["GRPO (beta=0.04)"].final(),
-                                                        grid["GRPO (beta=0)"].final())))
-book.glue("verdict_gap", verdict(stats.paired_difference(gap["GRPO (beta=0)"], gap["Dr.GRPO"])))
+book.glue("gap_grpo", iv(gap["GRPO (beta=0)"], 2))
+book.glue("gap_drgrpo", iv(gap["Dr.GRPO"], 2))
+book.glue("gap_v32", iv(gap["DeepSeek-V3.2"], 2))
+book.glue("gap_diff", stats.format_interval(gap_diff, 2))
+book.glue("verdict_gap", verdict(gap_diff))
+if gap_diff.excludes(0.0) and gap_diff.mean > 0:
+    gap_sentence = ("under GRPO incorrect responses end up longer than correct ones by more than under "
+                    "Dr.GRPO, as Dr.GRPO predicts.")
+elif gap_diff.excludes(0.0):
+    gap_sentence = "the gap is larger under Dr.GRPO than under GRPO, the opposite of Dr.GRPO's prediction."
+else:
+    gap_sentence = ("the GRPO and Dr.GRPO curves are not separated by their intervals at the end of training: "
+                    "the predicted bias is not established at this scale.")
+book.glue("gap_sentence", gap_sentence)
+# Do the mean curves separate late in training (GRPO's smoothed mean gap above Dr.GRPO's at each of the
+# last 10 steps), and do the two settings' own late intervals overlap? The text reports both.
+curves = (train.pivot_table(index="step", columns="algo", values="gap", aggfunc="mean")
+          .rolling(5, min_periods=1).mean())
+late_steps = curves.index[-10:]
+separate = bool((curves.loc[late_steps, "GRPO (beta=0)"] > curves.loc[late_steps, "Dr.GRPO"]).all())
+iv_grpo, iv_dr = stats.t_interval(gap["GRPO (beta=0)"]), stats.t_interval(gap["Dr.GRPO"])
+overlap = iv_grpo.lo <= iv_dr.hi and iv_dr.lo <= iv_grpo.hi
+if gap_diff.excludes(0.0) and gap_diff.mean > 0:
+    gap_reading = ("The bias reproduces in its direction: GRPO's wrong answers end up longer, relative to its "
+                   "right ones, than Dr.GRPO's" + (", although the two settings' own intervals overlap (the paired "
+                                                   "difference removes the spread the seeds share)." if overlap
+                                                   else "."))
+elif gap_diff.excludes(0.0):
+    gap_reading = "The difference has the opposite sign to Dr.GRPO's prediction."
+else:
+    gap_reading = ("At this scale the effect is not established" + (
+        ": GRPO's mean curve lies above Dr.GRPO's over the last 10 steps, but the paired interval includes 0."
+        if separate else ": the mean curves do not separate."))
+book.glue("gap_reading", gap_reading)
+reproduced = gap_diff.excludes(0.0) and gap_diff.mean > 0
+book.glue("repro_verdict", "reproduces in its direction" if reproduced else "does not reproduce as stated")
+book.glue("gap_headline", "So the prediction comes out in the gap, though two things blur it at this scale."
+          if reproduced else "So the prediction does not come out in the gap. Two things stand in its way at "
+                             "this scale.")
+for name, key in [("GRPO (beta=0)", "b0"), ("Dr.GRPO", "dr"), ("DeepSeek-V3.2", "v32")]:
+    book.glue(f"acc_{key}", iv(acc[name], bounds=(0, 1)))
+# the lengths themselves, GRPO - Dr.GRPO paired over seeds (last 10 steps)
+for col, key in [("length_incorrect", "inc"), ("length_correct", "cor"), ("truncation_rate", "trunc")]:
+    d = stats.paired_difference(late_mean(grid["GRPO (beta=0)"], col), late_mean(grid["Dr.GRPO"], col))
+    book.glue(f"{key}_diff", stats.format_interval(d, 4 if key == "trunc" else 1))
+    book.glue(f"verdict_{key}", verdict(d))
+    book.glue(f"{key}_grpo", iv(late_mean(grid["GRPO (beta=0)"], col), 4 if key == "trunc" else 1, (0, math.inf)))
+    book.glue(f"{key}_dr", iv(late_mean(grid["Dr.GRPO"], col), 4 if key == "trunc" else 1, (0, math.inf)))
+d_inc = stats.paired_difference(late_mean(grid["GRPO (beta=0)"], "length_incorrect"),
+                                late_mean(grid["Dr.GRPO"], "length_incorrect"))
+d_cor = stats.paired_difference(late_mean(grid["GRPO (beta=0)"], "length_correct"),
+                                late_mean(grid["Dr.GRPO"], "length_correct"))
+longer_inc, longer_cor = d_inc.excludes(0.0) and d_inc.mean > 0, d_cor.excludes(0.0) and d_cor.mean > 0
+if longer_inc and longer_cor:
+    length_reading = ("So GRPO makes every answer longer: the wrong ones, as Dr.GRPO predicts, and the right "
+                      "ones too, so the difference between them does not carry the effect.")
+elif longer_inc:
+    length_reading = "So GRPO makes the wrong answers longer, as Dr.GRPO predicts, and not established the right ones."
+elif longer_cor:
+    length_reading = "So GRPO makes the right answers longer, and not established the wrong ones."
+else:
+    length_reading = "Neither length difference is established over five seeds"
+    means = train.pivot_table(index="step", columns="algo", values=["length_incorrect", "length_correct"])
+    last = means.index[-10:]
+    above = all((means.loc[last, (col, "GRPO (beta=0)")] > means.loc[last, (col, "Dr.GRPO")]).all()
+                for col in ("length_incorrect", "length_correct"))
+    length_reading += (", although GRPO's mean curves of both lengths lie above Dr.GRPO's over the last 10 "
+                       "steps (the curves separate, the intervals overlap: a few GRPO seeds grow long, "
+                       "the others do not)." if above else ".")
+book.glue("length_reading", length_reading)
+pairs = {"dr": ("Dr.GRPO", "GRPO (beta=0)"), "v32_grpo": ("DeepSeek-V3.2", "GRPO (beta=0)"),
+         "v32_dr": ("DeepSeek-V3.2", "Dr.GRPO")}
+for key, (a, b) in pairs.items():
+    d = stats.paired_difference(acc[a], acc[b])
+    book.glue(f"acc_diff_{key}", stats.format_interval(d))
+    book.glue(f"verdict_{key}", verdict(d))
 drgrpo_table
 
 # %% [markdown]
-# *Final greedy test accuracy and, over the last 10 steps, the mean length of incorrect and correct
-# sampled responses and the entropy (mean [95% t interval] over five seeds).*
+# *Final greedy test accuracy; the gap (mean length of incorrect minus correct sampled responses,
+# tokens) over the first 5 and the last 10 steps; over the last 10 steps, the mean length of
+# incorrect and correct sampled responses, the fraction of samples cut off at the 64-token
+# budget, and the policy entropy. Each cell: mean [95% t interval] over five seeds.*
 #
 # ```{glue:} drgrpo_table
 # ```
 
 # %% [markdown]
+# **The length bias, measured.** Over the last 10 steps incorrect responses are longer than
+# correct ones by {glue:text}`gap_grpo` tokens under GRPO and {glue:text}`gap_drgrpo` under
+# Dr.GRPO; the paired difference GRPO − Dr.GRPO over the same seeds is {glue:text}`gap_diff`
+# tokens ({glue:text}`verdict_gap`). The lengths themselves say more. Under GRPO incorrect
+# responses are {glue:text}`inc_grpo` tokens long against {glue:text}`inc_dr` under Dr.GRPO
+# (paired difference {glue:text}`inc_diff`; {glue:text}`verdict_inc`), correct ones
+# {glue:text}`cor_grpo` against {glue:text}`cor_dr` ({glue:text}`cor_diff`;
+# {glue:text}`verdict_cor`). {glue:text}`length_reading` GRPO cuts off {glue:text}`trunc_grpo`
+# of its samples at the 64-token budget, Dr.GRPO {glue:text}`trunc_dr` (last 10 steps).
+# DeepSeek-V3.2, which keeps GRPO's $1/\olen{i}$ but drops the std and adds its KL term and mask,
+# has a gap of {glue:text}`gap_v32` tokens and stays short.
+#
+# {glue:text}`gap_headline` First, the gap rises under *every* objective, from negative values in the first five steps (table; the
+# base policy's right answers are longer, because reasoning makes them right) to positive values:
+# as the policies learn to reason, the answers they still get wrong are mostly reasoned four-term
+# sums with a slip, the longest well-formed answers there are, while the right ones include short
+# two-term answers. The gap then measures which questions are still failed, not padding. Second,
+# the policy cannot tell when it pads whether its answer is right — knowing that would be doing the
+# sum — so the dots after right and after wrong answers come from nearly the same context, and
+# what GRPO's normaliser does to the one reaches the other through the shared weights. What GRPO
+# does show is longer answers of both kinds in some seeds (the spread of its length intervals);
+# we have not isolated whether its $1/\olen{i}$ or its std drives that, since Dr.GRPO removes both.
+
+# %% tags=["hide-input", "nbval-ignore-output"]
+v32_hist = hist[(hist["algo"] == "DeepSeek-V3.2") & (hist.step > 0)]
+fig, axes = plt.subplots(1, 2, figsize=(7.6, 2.8))
+plotting.band_plot(axes[0], v32_hist, "step", "offpolicy_masked_frac", colors=colors, band="ci95", bounds=(0, 1),
+                   title="sequences masked (Eqs. 8-9)")
+plotting.band_plot(axes[1], v32_hist, "step", "kl", colors=colors, band="ci95", bounds=(0, math.inf),
+                   title="KL to the reference (Eq. 7)")
+for ax, unit in zip(axes, ("fraction of trained sequences", "nats per token")):
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(unit)
+fig.tight_layout()
+book.glue("fig_drgrpo_v32", fig)
+v32_run = grid["DeepSeek-V3.2"]
+masked_per_seed = v32_run.history[v32_run.history.step > 0].groupby("seed")["offpolicy_masked_frac"].mean()
+book.glue("v32_masked", iv(masked_per_seed, 4, (0, 1)))
+book.glue("v32_masked_late", iv(late_mean(v32_run, "offpolicy_masked_frac"), 4, (0, 1)))
+book.glue("v32_kl", iv(late_mean(v32_run, "kl"), 3, (0, math.inf)))
+assert (masked_per_seed > 0).all()  # the mask acts in every seed
+
+# %% [markdown]
+# ```{glue:figure} fig_drgrpo_v32
+# :name: fig-drgrpo-v32
+#
+# DeepSeek-V3.2 ($\beta=$ {glue:text}`v32_beta`, $\delta=$ {glue:text}`v32_delta`), mean with 95% t
+# interval over five seeds: the fraction of each step's trained sequences that Off-Policy Sequence
+# Masking removed from the policy term (metric `offpolicy_masked_frac`; only second-minibatch
+# sequences can be masked, so at most half of them), and the importance-corrected KL estimate to
+# the reference policy.
+# ```
+#
+# **DeepSeek-V3.2 in training.** Over the whole run the mask removes
+# {glue:text}`v32_masked` of the trained sequences per step (over the last 10 steps
+# {glue:text}`v32_masked_late`; mean [95% t interval] over seeds), and the KL term measures
+# {glue:text}`v32_kl` nats per token over the last 10 steps. Its final greedy accuracy is
+# {glue:text}`acc_v32`; paired over seeds, V3.2 − GRPO (β = 0) is {glue:text}`acc_diff_v32_grpo`
+# ({glue:text}`verdict_v32_grpo`) and V3.2 − Dr.GRPO is {glue:text}`acc_diff_v32_dr`
+# ({glue:text}`verdict_v32_dr`). V3.2 changes three things at once against either (no std or no
+# constant normaliser, the KL term, the mask), so a difference would not say which one made it.
+
+# %% [markdown]
 # **Per-question weight against success rate: a sanity check.** We sample 8 responses to each of
-# 96 test questions from the base policy and, for each group, compare GRPO's advantage with
-# Dr.GRPO's. This is a check of the code on real groups, not evidence for the bias: with 0/1
-# rewards the ratio is a fixed function of the group's success rate $\hat p$, so the points must
-# fall on the curve whatever the policy does.
+# 96 test questions from chapter 1's base policy (`arithmetic-base`) and, for each group, compare
+# GRPO's advantage with Dr.GRPO's. This is a check of the code on real groups, not evidence for the
+# bias: with 0/1 rewards the ratio is a fixed function of the group's success rate $\hat p = k/G$,
+# so the points must sit on the analytic values whatever the policy does.
 
 # %%
-from grpo_lab.models import load_policy
-from grpo_lab.paths import checkpoint_dir
-from grpo_lab.rollout import generate
-from grpo_lab.tasks import ArithmeticTask
-
-policy, tokenizer = load_policy(checkpoint_dir("arithmetic-base"))
+policy, tok_plain = load_policy(checkpoint_dir("arithmetic-base"))
 task = ArithmeticTask()
 torch.manual_seed(0)
 problems = task.test_set()[::2][:96]
-ro = generate(policy, tokenizer, problems, group_size=8, max_new_tokens=task.max_new_tokens)
+ro = generate(policy, tok_plain, problems, group_size=8, max_new_tokens=task.max_new_tokens)
 correct = torch.tensor([float(task.is_correct(t, p)) for t, p in zip(ro.texts, ro.problems)])
 a_grpo, a_dr = group_advantages(correct, 8), group_advantages(correct, 8, scale="none")
 groups = correct.view(-1, 8)
 p_hat = groups.mean(1)
 mixed = (p_hat > 0) & (p_hat < 1)
 measured = (a_grpo.view(-1, 8)[:, 0] / a_dr.view(-1, 8)[:, 0])[mixed]
-pp = np.linspace(0.02, 0.98, 200)
+ks = np.arange(1, 8)  # a group of G = 8 can only have success rate k/8
+analytic = np.sqrt(7 / (8 * (ks / 8) * (1 - ks / 8)))
+n_groups = pd.Series((groups.sum(1)[mixed]).numpy().astype(int)).value_counts().reindex(ks, fill_value=0)
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
-ax.plot(pp, np.sqrt(7 / (8 * pp * (1 - pp))), color="C0", label=r"analytic $\sqrt{(G-1)/(G\,p(1-p))}$")
-ax.scatter(p_hat[mixed], measured, color="C1", s=18, zorder=3, label="measured groups (base policy)")
-ax.set_xlabel("group success rate p")
+ax.plot(ks / 8, analytic, linestyle="none", marker="o", markersize=10, markerfacecolor="none", color="C0",
+        label=r"analytic $\sqrt{(G-1)/(G\,p(1-p))}$ at $p=k/G$")
+ax.scatter(p_hat[mixed], measured, color="C1", s=16, zorder=3, label="measured groups (base policy)")
+for k, y in zip(ks, analytic):
+    ax.annotate(f"{n_groups[k]}", (k / 8, y), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
+ax.set_xticks(np.arange(0, 9) / 8, [f"{k}/8" for k in range(9)])
+ax.set_xlim(-0.04, 1.04)
+ax.set_ylim(0, 3.4)
+ax.set_xlabel("group success rate p = k/G")
 ax.set_ylabel("GRPO weight / Dr.GRPO weight")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="lower center")
 fig.tight_layout()
 book.glue("fig_drgrpo_difficulty", fig)
 print(f"{int(mixed.sum())} mixed groups, {int((~mixed).sum())} all-equal groups (weight exactly 0 in both)")
 expected = torch.sqrt(7 / (8 * p_hat[mixed] * (1 - p_hat[mixed])))
 assert torch.allclose(measured, 1 / (1 / expected + 1e-4), rtol=1e-3)  # eps=1e-4 in the std
 assert torch.all(a_grpo.view(-1, 8)[~mixed] == 0)
+assert np.allclose((p_hat * 8).numpy(), np.round((p_hat * 8).numpy()))  # success rates are multiples of 1/G
 
 # %% [markdown]
 # ```{glue:figure} fig_drgrpo_difficulty
 # :name: fig-drgrpo-difficulty
 #
-# How much GRPO's std normalisation re-weights each minority response relative to Dr.GRPO,
-# against the group's success rate: analytic curve {eq}`eq-drgrpo-difficulty` and, as a sanity
-# check of the code (the points cannot leave the curve for 0/1 rewards), the groups of 8 samples
-# the base policy produced on 96 test questions. With $G=8$, a question solved by 1 (or 7) of 8 samples
-# gets 1.5 times the weight of a 50/50 question (2.83 against 1.87); the curve keeps rising
-# toward $p=0$ and $p=1$ for larger groups.
-# ```
-
-# %% tags=["hide-input", "nbval-ignore-output"]
-kl_pair = hist[hist["algo"].isin(["GRPO (beta=0)", "GRPO (beta=0.04)"])]
-fig, axes = plt.subplots(1, 2, figsize=(7.6, 2.9))
-plotting.band_plot(axes[0], kl_pair.dropna(subset=["test_accuracy"]), "step", "test_accuracy", colors=colors,
-                   title="greedy test accuracy", legend=True, band="ci95", bounds=(0, 1))
-plotting.band_plot(axes[1], kl_pair[kl_pair.step > 0], "step", "entropy", colors=colors,
-                   title="entropy", band="ci95", bounds=(0, math.inf))
-for ax, unit in zip(axes, ("fraction correct", "nats per token")):
-    ax.set_xlabel("RL step")
-    ax.set_ylabel(unit)
-fig.tight_layout()
-book.glue("fig_drgrpo_kl", fig)
-
-# %% [markdown]
-# ```{glue:figure} fig_drgrpo_kl
-# :name: fig-drgrpo-kl
-#
-# GRPO with and without the KL term ($\beta = 0.04$ vs $0$), mean with 95% t interval over five
-# seeds: the accuracy curves overlap; from about step 20 the entropy stays slightly higher with the
-# KL term.
+# How much GRPO's std normalisation re-weights each minority response relative to Dr.GRPO, against
+# the group's success rate, which for $G=8$ takes only the values $k/8$: the analytic factor
+# {eq}`eq-drgrpo-difficulty` at each of them (open circles) and, as a sanity check of the code (the
+# points cannot leave the circles for 0/1 rewards), the groups of 8 samples the base policy produced
+# on 96 test questions (dots; the number above each circle counts them). At $k=0$ and $k=8$ the
+# advantage is exactly 0 under both, so there is no ratio to draw. A question solved by 1 (or 7) of
+# 8 samples gets 1.5 times the weight of a 50/50 question (2.83 against 1.87); with larger groups
+# the values extend further toward $p=0$ and $p=1$.
 # ```
 
 # %%
 for name, r in grid.items():
-    assert r.final().mean() > r.base().mean() + 0.05, name  # every setting learns
+    assert r.history["test_accuracy"].notna().sum() >= 2 * len(SEEDS), name  # evaluated before and after
 assert hist["length_incorrect"].notna().any() and hist["length_correct"].notna().any()
+assert hist.loc[hist.algo != "DeepSeek-V3.2", "offpolicy_masked_frac"].fillna(0).eq(0).all()  # only V3.2 masks
+for name, r in grid.items():  # the gap rises from below 0 to above 0 under every objective (stated in the text)
+    assert gap_of(r, early_mean).mean() < 0 < gap[name].mean(), name
 print("checks passed")
 
 # %% [markdown]
 # **What reproduced, and what did not.** The mechanisms reproduce exactly and are asserted: the
 # per-token weights of {eq}`eq-drgrpo-weight`, the difficulty factor {eq}`eq-drgrpo-difficulty`
-# (on real groups only as a sanity check of the code), the RLOO relation, the forward/reverse KL gradients of plain and
-# importance-corrected $k_3$, and the masking rule. The training-dynamics claim — that under GRPO
-# *incorrect* responses grow longer than under Dr.GRPO — does **not** reproduce at this scale:
-# over the last 10 steps incorrect responses are longer than correct ones by {glue:text}`gap_grpo`
-# tokens under GRPO and {glue:text}`gap_drgrpo` under Dr.GRPO (mean [95% t interval] over seeds);
-# the paired difference GRPO − Dr.GRPO is {glue:text}`gap_diff` tokens ({glue:text}`verdict_gap`),
-# and the length curves overlap. Why: here the length of an answer is decided
-# almost entirely by *whether* the policy reasons (3–4 tokens against 8–26 for a reasoned answer,
-# whose length is fixed by the number of terms), so there is no free length for the bias to push;
-# wrong reasoned answers are longer than right ones simply because four-term sums are both longer
-# and harder. Dr.GRPO's bias experiment (its Fig. 5) used Qwen2.5-1.5B base with the R1 template
-# on MATH, for about 150 policy steps, with responses of about 0.4k–1.8k tokens (the 7B model
-# belongs to the separate Oat-Zero recipe). So what our toy lacks is not step count but response
-# length: with well-formed answers of at most 26 tokens (within a 32-token budget) whose length is
-# set by the question, a wrong answer has no room to ramble. Final greedy accuracy, Dr.GRPO − GRPO (both without KL, paired over
-# seeds): {glue:text}`acc_diff_dr` — {glue:text}`verdict_dr`; differences of this size also move
-# between machines. The KL comparison: with $\beta=0.04$ the final greedy accuracy is
-# {glue:text}`acc_b04` against {glue:text}`acc_b0` without KL (paired difference
-# {glue:text}`acc_diff_kl`; {glue:text}`verdict_kl`), and late entropy is {glue:text}`ent_b04`
-# against {glue:text}`ent_b0` nats per token (mean over seeds): the KL term keeps the policy
-# slightly more stochastic. Either way this is one 40-step setting; it is
-# consistent with V3.2's remark that weak or no KL can work for maths, and no evidence for a
-# general rule.
+# (on real groups only as a sanity check of the code), the RLOO relation, the forward/reverse KL
+# gradients of plain and importance-corrected $k_3$, and the masking rule. The training-dynamics
+# claim — that under GRPO *incorrect* responses grow longer than correct ones, and than under
+# Dr.GRPO — was tested on a task where length is free: it {glue:text}`repro_verdict`. The
+# paired difference of the late gap, GRPO − Dr.GRPO, is {glue:text}`gap_diff` tokens
+# ({glue:text}`verdict_gap`). {glue:text}`gap_reading` Among the several comparisons of this chapter
+# one interval that only just excludes zero is weak evidence; the gap is dominated by which
+# questions remain wrong, and the absolute lengths, which GRPO inflates in some seeds, do not
+# separate by incorrectness.
+# Dr.GRPO's own experiment (its Fig. 5) used Qwen2.5-1.5B base with the R1 template on MATH, for
+# about 150 policy steps, with responses of about 0.4k–1.8k tokens (the 7B model belongs to the
+# separate Oat-Zero recipe): a per-token weight that a response of 1,800 tokens dilutes four times
+# more than one of 400, over more steps. Here a response has 5–40 tokens and we train for 40 steps.
+#
+# Final greedy accuracy, Dr.GRPO − GRPO (both without KL, paired over seeds):
+# {glue:text}`acc_diff_dr` — {glue:text}`verdict_dr`; differences of this size also move between
+# machines. V3.2 ran with a weak KL term ($\beta=$ {glue:text}`v32_beta`): one 40-step setting,
+# consistent with its remark that weak or no KL can work for maths, and no evidence for a general
+# rule.
 #
 # ## 3.5 At scale
 #
@@ -563,7 +858,8 @@ paper_vs_ours = pd.DataFrame([
      "this chapter": f"Dr.GRPO greedy accuracy {stats.format_interval(stats.t_interval(grid['Dr.GRPO'].final(), bounds=(0, 1)))}"},
     {"": "bias experiment", "Dr.GRPO paper": "Fig. 5: Qwen2.5-1.5B base, R1 template, MATH, about 150 policy steps, "
                                              "responses of about 0.4k-1.8k tokens",
-     "this chapter": f"{profile.steps} steps, responses of at most {task.max_new_tokens} tokens"},
+     "this chapter": f"filler task, {profile.steps} steps, budget {filler_task.max_new_tokens} tokens, "
+                     f"late gap GRPO - Dr.GRPO {stats.format_interval(gap_diff, 2)} tokens"},
     {"": "recipe", "Dr.GRPO paper": "MATH levels 3-5, 27 hours on 8 A100 (7B); the README's 1.5B example run: "
                                     "lr 1e-6, beta 0, G = 8, 3,000-token budget",
      "this chapter": f"lr {profile.config.lr}, beta 0, G = {profile.config.group_size}"},
@@ -580,9 +876,8 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # Table 2's point is about the libraries' *defaults* at the time: each normalised its loss by a
 # length-dependent token count (per response, like the $1/\olen{i}$ of {eq}`eq-drgrpo-weight`, or
 # per batch), instead of a constant. The GPU
-# profile (`PROFILE = "gpu"`) runs this chapter's grid at a larger scale; no GPU-profile results
-# are stored for it yet, and a length-bias experiment that can show the effect needs responses
-# whose length is free, which this chapter does not have yet.
+# profile (`PROFILE = "gpu"`) runs this chapter's grid, on the same filler task, at a larger scale
+# (150 steps, 64 questions × 16 samples); no GPU-profile results are stored for it yet.
 #
 # ## 3.6 Takeaways
 #
@@ -593,6 +888,12 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 #   $G/(G-1)$.
 # * V3.2: no std but $1/\olen{i}$ kept (it does not go all the way to Dr.GRPO), $k_3$ with the
 #   importance ratio (reverse-KL gradient), and masking of stale negative samples. mHC and self-verification are not part of its RL recipe.
+# * A test of the length bias needs length that is free of correctness. With filler dots after the
+#   answer and 40 steps, the incorrect − correct gap was driven by which questions stay wrong, under
+#   every objective; GRPO − Dr.GRPO was {glue:text}`gap_diff` tokens, not the predicted positive gap.
+# * V3.2's $\delta$ must match the drift of the setting: with two minibatches per rollout at our
+#   learning rate, $\delta=$ {glue:text}`v32_delta` masks {glue:text}`v32_masked` of the trained
+#   sequences per step; ten times that $\delta$ would hardly act.
 #
 # ## Exercises
 #
