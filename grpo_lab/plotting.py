@@ -46,9 +46,11 @@ FIGSIZE: tuple[float, float] = (6.4, 3.6)
 DPI: int = 110
 
 #: Legend order of the algorithms, the same in every chapter. ``base`` is the untrained policy.
-ALGO_ORDER: tuple[str, ...] = ("GRPO", "DR_GRPO", "DAPO", "GSPO", "CISPO", "VAPO", "PPO", "RPT", "base")
+ALGO_ORDER: tuple[str, ...] = ("GRPO", "DR_GRPO", "DAPO", "GSPO", "CISPO", "VAPO", "PPO", "RPT", "DEEPSEEK_V32",
+                                "base")
 
-#: One fixed colour per algorithm (seaborn's colour-blind palette; ``RPT`` black; ``base`` grey).
+#: One fixed colour per algorithm (seaborn's colour-blind palette; ``RPT`` black; ``base`` grey;
+#: DeepSeek-V3.2's objective, :func:`grpo_lab.algorithms.deepseek_v32`, olive).
 ALGO_COLORS: dict[str, str] = {
     "GRPO": "#0173b2",
     "DR_GRPO": "#de8f05",
@@ -58,6 +60,7 @@ ALGO_COLORS: dict[str, str] = {
     "VAPO": "#ca9161",
     "PPO": "#56b4e9",
     "RPT": "#000000",
+    "DEEPSEEK_V32": "#bcbd22",
     "base": "#949494",
 }
 
@@ -67,7 +70,8 @@ ALGO_LINESTYLES: dict[str, str] = {"base": "--"}
 # Colours for names outside ALGO_COLORS (ablations, user variants), assigned in sorted order.
 _EXTRA_COLORS: tuple[str, ...] = ("#fbafe4", "#ece133", "#7f3c8d", "#11a579", "#3969ac", "#e73f74")
 
-_ALIASES: dict[str, str] = {"DRGRPO": "DR_GRPO", "BASE": "base", "BASELINE": "base", "SFT": "base"}
+_ALIASES: dict[str, str] = {"DRGRPO": "DR_GRPO", "BASE": "base", "BASELINE": "base", "SFT": "base",
+                             "DEEPSEEKV32": "DEEPSEEK_V32", "V32": "DEEPSEEK_V32"}
 
 
 def canonical_algo(name: Any) -> str:
