@@ -517,6 +517,7 @@ summary = pd.DataFrame({
             grid[n].history.groupby("seed")["samples_per_trained"].mean()), 2)}
     for n in grid}).T
 book.glue("cispo_speed_table", summary)
+book.glue("cispo_dapo_grad_frac", f"{grid['DAPO'].history['grad_token_frac'].mean():.2f}")
 ratio = stats.paired_ratio(reach_c["CISPO"], reach_c["DAPO"])
 n_reach = {n: int(reach[n].notna().sum()) for n in ("CISPO", "DAPO")}
 ratio_txt = (f"{stats.format_interval(ratio, 2)} (CISPO reached the target on {n_reach['CISPO']} of "
@@ -542,7 +543,7 @@ summary
 # GRPO, DAPO and CISPO on the CPU profile with four minibatch updates per batch, five seeds, mean
 # with 95% t interval. Left: greedy test accuracy (evaluated every two steps). Middle: mean
 # entropy of the policy on the tokens it trains on. Right: fraction of trained tokens that receive
-# a gradient — 1 for CISPO by construction, about 0.99 for DAPO (its clip), lower for GRPO because
+# a gradient — 1 for CISPO by construction, {glue:text}`cispo_dapo_grad_frac` for DAPO (its clip), lower for GRPO because
 # its zero-advantage groups (no dynamic sampling) get no gradient.
 # ```
 #
