@@ -59,6 +59,8 @@ __all__ = [
     "DAPO",
     "DR_GRPO",
     "CISPO",
+    "GSPO",
+    "GSPO_TOKEN",
     "deepseek_v32",
     "PRESETS",
     "get_algorithm",
@@ -87,7 +89,9 @@ class Algorithm:
         ratio_level: a key of :data:`grpo_lab.objectives.RATIOS`: ``"token"`` —
             ``r_t = pi_theta / pi_old`` per token (DeepSeekMath Eq. 3);
             ``"sequence"`` — ``s_i = exp(mean_t log r_t)``, GSPO (arXiv 2507.18071) Eq. 7, shared
-            by all tokens of sequence i.
+            by all tokens of sequence i; ``"sequence_token"`` — GSPO-token, Eqs. 13-17:
+            ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]``, equal to ``s_i`` in value, with
+            each token's gradient weighted by its own advantage.
         clip: a key of :data:`grpo_lab.objectives.SURROGATES`: ``"ppo"`` —
             ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``; ``"is_weight"`` —
             ``sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi_theta``, MiniMax-M1 (arXiv
@@ -413,7 +417,43 @@ CISPO = GRPO.replace(
     overlong_cache_len=6,
 )
 
-PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO, "CISPO": CISPO}
+#: GSPO (Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071), Eqs. 5-7 and §5.1:
+#:
+#: * ``ratio_level="sequence"``, Eq. 7: ``s_i = (pi_theta(y_i) / pi_old(y_i))^(1/|y_i|)``, the
+#:   length-normalised sequence likelihood ratio, shared by every token of the response;
+#: * PPO clip of ``s_i``, Eq. 5, with ``eps_low = 3e-4`` and ``eps_high = 4e-4`` (§5.1, "left" and
+#:   "right" clipping ranges). Because ``s_i`` is a geometric mean, these are orders of magnitude
+#:   below token-level ranges (the paper's GRPO baseline uses 0.2 / 0.27);
+#: * ``aggregation="seq_mean_token_mean"``: Eq. 5 is ``1/G sum_i min(s_i A_i, clip(s_i) A_i)``.
+#:   Its per-token loss is constant along a row, so the token mean of a row is that constant and
+#:   the mean over responses is Eq. 5 exactly (and the gradient Eq. 10);
+#: * group z-score advantages, Eq. 6: ``(r - mean) / std`` over the group (as GRPO, unbiased std
+#:   plus ``adv_eps``);
+#: * no KL term: the paper leaves it out throughout (§2, §5.1).
+#:
+#: The paper's 4 mini-batches per rollout batch (§5.1) are a trainer setting
+#: (``TrainerConfig.minibatches``); with one optimiser step per rollout the ratio is 1 and the clip
+#: never binds.
+GSPO = GRPO.replace(
+    name="GSPO",
+    ratio_level="sequence",
+    eps_low=3e-4,
+    eps_high=4e-4,
+    aggregation="seq_mean_token_mean",
+    kl=None,
+    beta=0.0,
+)
+
+#: GSPO-token (arXiv 2507.18071, Eqs. 13-17): GSPO with ``ratio_level="sequence_token"``,
+#: ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]`` (Eq. 14), inside Eq. 13's
+#: ``1/G sum_i 1/|y_i| sum_t`` (``"seq_mean_token_mean"``). Every other axis and hyperparameter is
+#: :data:`GSPO`'s (§5.1 reports no separate setting for it). With one advantage per response it is
+#: GSPO exactly (loss, clipping and gradient); it differs only with token-level advantages
+#: (``[B, T]``, e.g. multi-turn credit), the case the paper introduces it for.
+GSPO_TOKEN = GSPO.replace(name="GSPO_TOKEN", ratio_level="sequence_token")
+
+PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO, "GSPO": GSPO,
+                                 "GSPO_TOKEN": GSPO_TOKEN, "CISPO": CISPO}
 
 
 def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Algorithm:

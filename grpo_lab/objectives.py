@@ -69,6 +69,7 @@ __all__ = [
     "AGGREGATIONS",
     "token_log_ratio",
     "sequence_log_ratio",
+    "sequence_token_ratio",
     "ppo_clip_loss",
     "cispo_weight",
     "aggregate",
@@ -104,6 +105,12 @@ METRIC_KEYS = (
     "clip_high_prob_mean",
     "clip_high_prob_max",
     "token_prob_mean",
+    "seq_clip_frac",
+    "seq_ratio_mean",
+    "seq_ratio_min",
+    "seq_ratio_max",
+    "seq_ratio_abs_dev",
+    "token_ratio_abs_dev",
 )
 
 #: per-token indicators every surrogate returns, and the metric each becomes
@@ -199,10 +206,44 @@ def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return _sequence_mean(logp, old_logp, mask).unsqueeze(1).expand(logp.shape)
 
 
+def sequence_token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """GSPO-token's log-ratio ``log s_it = sg[log s_i] + log pi_theta(y_it) - sg[log pi_theta(y_it)]``.
+
+    GSPO (arXiv 2507.18071) Eqs. 13-17: ``s_it(theta) = sg[s_i(theta)] * pi_theta(y_it) /
+    sg[pi_theta(y_it)]`` (Eq. 14), with ``s_i`` the length-normalised sequence ratio of Eq. 7, in
+    log space. ``sg`` is the stop-gradient (``detach``).
+
+    * **Value**: ``log s_it == log s_i`` at every token of sequence i, exactly (the two
+      ``log pi_theta`` terms cancel to 0), so the clipping condition is GSPO's, per sequence.
+    * **Gradient**: ``d log s_it / d log pi_theta(y_it) = 1`` and 0 w.r.t. every other token
+      (Eq. 16: ``grad s_it = s_i grad log pi_theta(y_it)``). In the clipped surrogate each token is
+      then weighted by ``s_i A_it``: with a per-token advantage ``A_it`` this gives token-level
+      credit (Eq. 17), while with a shared advantage ``A_it = A_i`` and the aggregation
+      ``"seq_mean_token_mean"`` (Eq. 13's ``1/G sum_i 1/|y_i| sum_t``) the loss and its gradient
+      are exactly GSPO's (Eqs. 5 and 10), as the paper states.
+
+    A registry function of :data:`RATIOS` (``ratio_level="sequence_token"``): it expects the
+    tensors :func:`policy_loss` passes, already validated, in one compute dtype and with padded
+    positions set to 0 (padded positions then get ``log s_i``, which the aggregation ignores).
+
+    Args:
+        logp: ``[B, T]`` log pi_theta of the sampled tokens (float32 or float64; grad flows).
+        old_logp: ``[B, T]`` log pi_old (detached), same dtype.
+        mask: ``[B, T]`` bool, True = real token (a fully masked row gives 0, ratio 1).
+
+    Returns:
+        ``[B, T]`` log-ratios in the dtype of ``logp``; value ``log s_i`` broadcast over row i,
+        gradient 1 to ``logp[i, t]`` at position ``(i, t)`` only.
+    """
+    log_s = _sequence_mean(logp.detach(), old_logp, mask).unsqueeze(1)
+    return log_s + (logp - logp.detach())
+
+
 #: importance-ratio level -> ``(logp, old_logp, mask) -> log_ratio [B, T]``
 RATIOS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
     "token": token_ratio,
     "sequence": sequence_ratio,
+    "sequence_token": sequence_token_ratio,
 }
 
 
@@ -875,7 +916,10 @@ def policy_loss(
       for every token of sequence i, so with ``seq_mean_token_mean`` and per-sequence advantages
       the loss is exactly GSPO Eq. 5 (``-1/G sum_i min(s_i A_i, clip(s_i) A_i)``) and its gradient
       GSPO Eq. 10. With token-level advantages ``[B, T]`` the sequence ratio multiplies each
-      token's advantage (not GSPO-token, Eqs. 13-17).
+      token's advantage, but every token's gradient is still spread over the whole sequence
+      through ``s_i``; ``"sequence_token"`` -> ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]``
+      of GSPO-token (Eqs. 13-17, :func:`sequence_token_ratio`): the same value ``s_i``, and each
+      token's gradient weighted by its own advantage (equal to GSPO when ``A_it = A_i``).
     * ``KL_it``: ``kl_estimate(logp, ref_logp, algo.kl)``, added **inside** the token sum as in
       DeepSeekMath Eq. 3, hence aggregated with the same mode; only when ``algo.kl`` is set and
       ``algo.beta > 0``. With ``algo.kl_importance_correction`` it is
@@ -935,7 +979,26 @@ def policy_loss(
           (DAPO, arXiv 2503.14476, §3.1 and Fig. 3a: "the mean probability of up-clipped tokens is
           low", below 0.2). Weighted by the number of such tokens; 0.0 with weight 0 when no token
           was clipped there (the trainer's history then shows NaN); ``token_prob_mean`` — the mean
-          ``pi_theta`` of all real tokens, for comparison (a token mean).
+          ``pi_theta`` of all real tokens, for comparison (a token mean);
+        * sequence level, over the non-empty rows of this batch (sequence means, or a minimum /
+          maximum weighted by the number of such rows), whatever ``algo.ratio_level`` is:
+          ``seq_clip_frac`` — fraction of non-empty rows whose policy gradient the clip removes
+          entirely: the row has at least one counted token and every counted token is in
+          ``clip_frac_low`` or ``clip_frac_high`` (sign-aware, as those). For
+          ``ratio_level="sequence"`` with ``[B]`` advantages this is exactly ``A_i < 0, s_i < 1 -
+          eps_low`` or ``A_i > 0, s_i > 1 + eps_high`` (GSPO Eq. 5's clip): a clipped sequence
+          counts once, whatever its length, while ``clip_frac`` counts its tokens. A row with a
+          zero advantage or masked by Off-Policy Sequence Masking is not clipped;
+          ``seq_ratio_mean``, ``seq_ratio_min``, ``seq_ratio_max`` — of the length-normalised
+          sequence ratio ``s_i = exp(1/|o_i| sum_t log r_it)`` (GSPO Eq. 7, the geometric mean of
+          the token ratios; log clamped to +-20), computed for token-level algorithms too, so
+          their sequence ratios can be compared with GSPO's clip range (1.0 when the batch has no
+          real token); ``seq_ratio_abs_dev`` — the mean ``|s_i - 1|`` (0.0 without real tokens),
+          a spread that, unlike a standard deviation or quantiles, combines exactly over
+          micro-batches; ``token_ratio_abs_dev`` — its token-level counterpart, the mean
+          ``|r_it - 1|`` over real tokens of the *token* ratio ``r_it = pi_theta / pi_old``
+          (DeepSeekMath Eq. 3) whatever the ratio level (``ratio_*`` describe the ratio the
+          surrogate uses, which for GSPO is ``s_i`` on every token).
 
         Every other metric is a token mean. Tokens masked by Off-Policy Sequence Masking count in
         neither ``clip_frac_*`` nor ``grad_token_frac`` (their policy gradient is 0 because of the
@@ -982,8 +1045,12 @@ def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured:
         return _metrics.maximum(value, weight=n_tok)
     if name == "kl":
         return _metrics.token_mean(value, n_tok if kl_measured else 0.0)
-    if name == "offpolicy_masked_frac":
+    if name in ("offpolicy_masked_frac", "seq_clip_frac", "seq_ratio_mean", "seq_ratio_abs_dev"):
         return _metrics.seq_mean(value, n_seq)
+    if name == "seq_ratio_min":
+        return _metrics.minimum(value, weight=n_seq)
+    if name == "seq_ratio_max":
+        return _metrics.maximum(value, weight=n_seq)
     if name == "clip_high_prob_mean":
         return _metrics.token_mean(value, n_high)
     if name == "clip_high_prob_max":
@@ -1010,6 +1077,19 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
             r_stats = [ratio.mean(), ratio.min(), ratio.max(), *_quantiles(ratio, (0.05, 0.5, 0.95))]
         else:
             r_stats = [torch.ones_like(zero)] * 6
+        # sequence level: s_i = exp(mean_t log r_it) (GSPO Eq. 7) of every non-empty row, whatever the ratio level
+        rows = m.any(dim=-1)
+        seq_r = torch.exp(torch.clamp(_sequence_mean(x.logp.detach(), x.old, m), -LOG_RATIO_CLAMP,
+                                      LOG_RATIO_CLAMP))[rows]
+        if seq_r.numel() > 0:
+            s_stats = [seq_r.mean(), seq_r.min(), seq_r.max(), (seq_r - 1.0).abs().mean()]
+        else:
+            s_stats = [torch.ones_like(zero)] * 3 + [zero]
+        tok_r = torch.exp(torch.clamp(x.logp.detach() - x.old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        tok_dev = torch.where(m, (tok_r - 1.0).abs(), zero).sum() / n_f
+        # a row is clipped when it has a counted token and the clip removes every one of them
+        cut = indicators["clip_low"].bool() | indicators["clip_high"].bool()
+        seq_cut = counted.any(dim=-1) & ~(counted & ~cut).any(dim=-1)
         up = counted & indicators["clip_high"].bool()
         n_up = up.sum().to(zero.dtype)
         p_theta = torch.exp(x.logp.detach().to(zero.dtype))
@@ -1031,6 +1111,9 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
             "clip_high_prob_mean": p_up.sum() / n_up.clamp(min=1),
             "clip_high_prob_max": p_up.max() if p_up.numel() else zero,
             "token_prob_mean": torch.where(m, p_theta, zero).sum() / n_f,
+            "seq_clip_frac": seq_cut.sum().to(zero.dtype) / n_rows.clamp(min=1),
+            **dict(zip(("seq_ratio_mean", "seq_ratio_min", "seq_ratio_max", "seq_ratio_abs_dev"), s_stats)),
+            "token_ratio_abs_dev": tok_dev,
             "clip_high_count": n_up,
             **{k: v for k, v in frac.items() if k not in SURROGATE_METRICS},
         }

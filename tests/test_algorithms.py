@@ -38,7 +38,7 @@ def test_dapo_preset_is_the_papers_final_recipe():
     # z-score advantages with the std kept (Eq. 9), dynamic sampling Eq. 11, overlong filtering and
     # soft overlong punishment (§3.4, Eq. 13; L_cache sized for the arithmetic task's budget of 32)
     assert DAPO.name == "DAPO" and PRESETS["DAPO"] is DAPO
-    assert set(PRESETS) == {"GRPO", "DR_GRPO", "DAPO", "CISPO"}
+    assert set(PRESETS) == {"GRPO", "DR_GRPO", "DAPO", "GSPO", "GSPO_TOKEN", "CISPO"}
     assert DAPO.eps_low == 0.2 and DAPO.eps_high == 0.28
     assert DAPO.aggregation == "group_token_mean"  # Eq. 12 as written: per group
     assert DAPO.kl is None and DAPO.beta == 0.0 and not DAPO.uses_kl
@@ -61,7 +61,7 @@ def test_defaults_are_valid_and_frozen():
     [
         (dict(advantage="gae"), "unknown advantage"),
         (dict(advantage="GROUP"), "unknown advantage"),
-        (dict(ratio_level="sequence_token"), "unknown ratio_level"),
+        (dict(ratio_level="sequence_geometric"), "unknown ratio_level"),
         (dict(clip="cispo"), "unknown clip"),
         (dict(aggregation="seq_mean"), "unknown aggregation"),
         (dict(kl="k4"), "unknown kl"),
@@ -148,7 +148,7 @@ def test_get_algorithm():
     assert get_algorithm("grpo") is GRPO
     assert get_algorithm(" Grpo ") is GRPO
     assert get_algorithm(GRPO) is GRPO
-    with pytest.raises(ValueError, match=r"known presets: \['CISPO', 'DAPO', 'DR_GRPO', 'GRPO'\]"):
+    with pytest.raises(ValueError, match=r"known presets: \['CISPO', 'DAPO', 'DR_GRPO', 'GRPO', 'GSPO', 'GSPO_TOKEN'\]"):
         get_algorithm("dapo-v2")
     with pytest.raises(ValueError, match="unknown algorithm"):
         get_algorithm(3)
@@ -166,7 +166,7 @@ def test_old_choice_names_are_live_views_of_the_registries(monkeypatch):
     from grpo_lab import objectives as obj
 
     assert list(ADVANTAGES) == list(adv.ADVANTAGE_ESTIMATORS) == ["group", "group_mean", "batch", "rloo"]
-    assert list(RATIO_LEVELS) == list(obj.RATIOS) == ["token", "sequence"]
+    assert list(RATIO_LEVELS) == list(obj.RATIOS) == ["token", "sequence", "sequence_token"]
     assert list(AGGREGATIONS) == list(obj.AGGREGATIONS)
     assert list(KL_ESTIMATORS) == ["k1", "k2", "k3"]
     monkeypatch.setitem(obj.KL_ESTIMATORS, "k_abs", lambda d: d.abs())
