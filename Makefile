@@ -55,10 +55,12 @@ sync: install
 	for py in book/_py/[0-9]*.py; do $(BIN)/jupytext --sync $$py; done
 
 ## pretrain: rebuild data/checkpoints/arithmetic-base (deterministic on one machine, ~4.5 min on 2 cores), then
-## arithmetic-filler-base (~1 min; chapter 3's length-free task: arithmetic-base fine-tuned on answers padded with dots)
+## arithmetic-filler-base (~1 min; chapter 3's length-free task: arithmetic-base fine-tuned on answers padded with dots),
+## then arithmetic-moe-base (the same recipe as arithmetic-base with a Qwen3-MoE-style model: 8 experts, top 2)
 pretrain: install
 	$(BIN)/python -m grpo_lab.pretrain arithmetic
 	$(BIN)/python -m grpo_lab.pretrain arithmetic-filler
+	$(BIN)/python -m grpo_lab.pretrain arithmetic-moe
 
 clean:
 	rm -rf _build .pytest_cache

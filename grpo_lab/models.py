@@ -3,7 +3,8 @@
 Everything here is a thin layer over `transformers`: the tokenizer is a real
 ``PreTrainedTokenizerFast`` (so ``save_pretrained`` / ``from_pretrained`` / ``apply`` padding
 work as for any hub model), and the policies are stock ``Qwen2ForCausalLM`` /
-``LlamaForCausalLM`` models with a few hundred thousand parameters. ``load_policy`` loads
+``LlamaForCausalLM`` models, or the Mixture-of-Experts ``Qwen3MoeForCausalLM`` (the family of
+Qwen3-30B-A3B, the model GSPO was trained on), with a few hundred thousand parameters. ``load_policy`` loads
 either a local directory (the checkpoints shipped in ``data/checkpoints``) or a hub id (Colab),
 with the same code.
 """
@@ -24,6 +25,7 @@ from .paths import checkpoint_dir
 __all__ = [
     "CHARS",
     "build_char_tokenizer",
+    "ARCHS",
     "TinyConfig",
     "tiny_policy",
     "load_policy",
@@ -79,11 +81,30 @@ def build_char_tokenizer(chars: str = CHARS):
     return fast
 
 
+#: Architectures :func:`tiny_policy` builds; ``"qwen3_moe"`` is the Mixture-of-Experts one.
+ARCHS = ("qwen2", "llama", "qwen3_moe")
+#: The fields of :class:`TinyConfig` that only a Mixture-of-Experts architecture uses.
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+              "router_aux_loss_coef")
+
+
 @dataclass(frozen=True)
 class TinyConfig:
-    """Size of a tiny policy. Defaults give a ~0.8M-parameter 4-layer Qwen2-style model."""
+    """Size of a tiny policy. Defaults give a ~0.8M-parameter 4-layer Qwen2-style model.
 
-    arch: str = "qwen2"  # "qwen2" | "llama"
+    ``arch="qwen3_moe"`` builds a Qwen3-MoE-style model (``Qwen3MoeForCausalLM``): every
+    decoder layer's MLP is a sparse block of ``num_experts`` SwiGLU experts of width
+    ``moe_intermediate_size`` (default ``intermediate_size // num_experts``, so the experts hold
+    the parameters of the dense MLP), of which a linear router (``mlp.gate``) picks the top
+    ``num_experts_per_tok`` per token; with ``norm_topk_prob`` the chosen experts' softmax
+    probabilities are renormalised to sum to 1 (as in Qwen3-30B-A3B's config).
+    ``router_aux_loss_coef`` weights the load-balancing loss that pretraining adds
+    (transformers' ``output_router_logits=True``); the RL trainer does not use it. Qwen3's
+    attention has per-head q/k RMSNorms and no q/k/v bias. The MoE fields are ignored by the
+    dense architectures, and recorded (:meth:`to_dict`) only for a MoE one.
+    """
+
+    arch: str = "qwen2"  # "qwen2" | "llama" | "qwen3_moe"
     hidden_size: int = 128
     intermediate_size: int = 384
     num_hidden_layers: int = 4
@@ -92,9 +113,25 @@ class TinyConfig:
     max_position_embeddings: int = 128
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.001
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether ``arch`` is a Mixture-of-Experts architecture."""
+        return self.arch.endswith("_moe")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The config as a dict; the MoE fields only for a MoE ``arch`` (so a dense config's dict,
+        recorded in the shipped checkpoints' ``recipe.json``, is what it was before they existed)."""
+        d = asdict(self)
+        if not self.is_moe:
+            for k in MOE_FIELDS:
+                d.pop(k)
+        return d
 
 
 def tiny_policy(tokenizer, config: TinyConfig | None = None, *, seed: int = 0):
@@ -106,12 +143,15 @@ def tiny_policy(tokenizer, config: TinyConfig | None = None, *, seed: int = 0):
         seed: torch seed for the initialisation (the global RNG is restored afterwards).
 
     Returns:
-        ``Qwen2ForCausalLM`` or ``LlamaForCausalLM`` in float32, eval mode off (train mode).
+        ``Qwen2ForCausalLM``, ``LlamaForCausalLM`` or ``Qwen3MoeForCausalLM`` (``arch``) in
+        float32, in train mode.
 
     Raises:
-        ValueError: unknown ``config.arch``.
+        ValueError: unknown ``config.arch``; for ``"qwen3_moe"``, ``num_experts < 2``,
+            ``num_experts_per_tok`` outside ``[1, num_experts]``, or an expert width below 1.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM)
 
     config = config or TinyConfig()
     kwargs = dict(
@@ -132,8 +172,22 @@ def tiny_policy(tokenizer, config: TinyConfig | None = None, *, seed: int = 0):
         cfg, cls = Qwen2Config(**kwargs), Qwen2ForCausalLM
     elif config.arch == "llama":
         cfg, cls = LlamaConfig(**kwargs), LlamaForCausalLM
+    elif config.arch == "qwen3_moe":
+        n, k = config.num_experts, config.num_experts_per_tok
+        if not (isinstance(n, int) and n >= 2):
+            raise ValueError(f"tiny_policy: num_experts must be an int >= 2 for arch 'qwen3_moe', got {n!r}")
+        if not (isinstance(k, int) and 1 <= k <= n):
+            raise ValueError(f"tiny_policy: num_experts_per_tok must be an int in [1, num_experts={n}], got {k!r}")
+        width = config.moe_intermediate_size
+        width = config.intermediate_size // n if width is None else width
+        if not (isinstance(width, int) and width >= 1):
+            raise ValueError(f"tiny_policy: the expert width (moe_intermediate_size) must be an int >= 1, got {width!r}")
+        cfg = Qwen3MoeConfig(**kwargs, num_experts=n, num_experts_per_tok=k, moe_intermediate_size=width,
+                             norm_topk_prob=bool(config.norm_topk_prob),
+                             router_aux_loss_coef=float(config.router_aux_loss_coef))
+        cls = Qwen3MoeForCausalLM
     else:
-        raise ValueError(f"tiny_policy: unknown arch {config.arch!r}; expected 'qwen2' or 'llama'")
+        raise ValueError(f"tiny_policy: unknown arch {config.arch!r}; expected one of {list(ARCHS)}")
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
@@ -213,8 +267,10 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
 
     Args:
         path_or_hub_id: an existing directory with ``config.json``, the name of a checkpoint
-            shipped in ``data/checkpoints`` (``"arithmetic-base"``, see
-            :func:`grpo_lab.paths.checkpoint_dir`), or a hub id ``"org/name"``.
+            shipped in ``data/checkpoints`` (``"arithmetic-base"``, the Mixture-of-Experts
+            ``"arithmetic-moe-base"``, see :func:`grpo_lab.paths.checkpoint_dir`), or a hub id
+            ``"org/name"``. The architecture comes from the checkpoint's ``config.json`` (dense
+            Qwen2 / Llama or Qwen3-MoE alike).
         device: where to put the model (default CPU).
         dtype: parameter dtype (default: the checkpoint's, float32 for the tiny models).
         revision: hub revision (branch, tag or commit); ignored for local directories.

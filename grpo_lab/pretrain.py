@@ -2,6 +2,7 @@
 
     python -m grpo_lab.pretrain arithmetic            # → data/checkpoints/arithmetic-base/
     python -m grpo_lab.pretrain arithmetic-filler     # → data/checkpoints/arithmetic-filler-base/
+    python -m grpo_lab.pretrain arithmetic-moe        # → data/checkpoints/arithmetic-moe-base/
     python -m grpo_lab.pretrain arithmetic --out DIR  # anywhere else
 
 The recipe (model size, data mixture, optimiser, steps, seed) is a frozen dataclass; the
@@ -17,6 +18,13 @@ sometimes, so its greedy accuracy sits in the 20–60% band and RL has room to a
 (:class:`~grpo_lab.tasks.ArithmeticTask` with ``filler="."``): half of its demonstrations end
 with a run of 1–12 dots after the answer, which the parser ignores, so the base policy pads some
 answers and response length is free of correctness (chapter 3's length-bias experiment).
+
+``arithmetic-moe`` is ``arithmetic``'s recipe (task, data, optimiser, steps, seed) with a
+Qwen3-MoE-style model of the same width and depth: 8 experts of width 36 per layer, top-2
+routing (the experts hold the dense MLP's parameters), for the Mixture-of-Experts side of GSPO
+(arXiv 2507.18071, §5.3: routing replay, :mod:`grpo_lab.moe`). Its loss adds transformers'
+load-balancing term (``router_aux_loss_coef`` of the model config, 0.001) so that the experts
+share the tokens.
 """
 
 from __future__ import annotations
@@ -98,11 +106,16 @@ class PretrainRecipe:
 #: half of the time (mean 3.25 dots per demonstration), so it keeps that checkpoint's arithmetic
 #: and learns to pad; its task's generation budget is 64 tokens, so that a padded reasoning
 #: answer (at most 25 + 12 characters and EOS) fits with room for the length to grow under RL.
+#: ``arithmetic-moe`` is ``arithmetic`` with a Qwen3-MoE-style model (8 experts of width 36, top 2,
+#: about the dense model's parameter count: 339,888 against 338,016).
 RECIPES = {
     "arithmetic": PretrainRecipe(),
     "arithmetic-filler": PretrainRecipe(filler=".", p_filler=0.5, max_filler=12, filler_position="end",
                                         max_new_tokens=64, init="arithmetic-base", steps=300, lr=1e-3,
                                         warmup=20),
+    "arithmetic-moe": PretrainRecipe(model=TinyConfig(arch="qwen3_moe", hidden_size=96, intermediate_size=288,
+                                                      num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                                      moe_intermediate_size=36)),
 }
 
 
@@ -229,6 +242,7 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
         except RuntimeError as exc:
             raise ValueError(f"pretrain: init checkpoint {recipe.init!r} does not match recipe.model ({exc})") from None
         del start
+    moe_kwargs = {"output_router_logits": True} if recipe.model.is_moe else {}
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.98))
     t0 = time.perf_counter()
@@ -241,7 +255,8 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, recipe)
         input_ids, attn, labels = _batch(task, tokenizer, rng, recipe.batch_size)
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels, use_cache=False).loss
+        # a MoE model's loss includes its load-balancing term (router_aux_loss_coef of its config)
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels, use_cache=False, **moe_kwargs).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)

@@ -20,6 +20,11 @@ weights at two points; with dropout active in the loss forward only, even an on-
 would be a ratio of two random dropout masks (a checkpoint with attention dropout 0.1 gave
 ratios down to 0 and clip fractions of 0.16 on a purely on-policy step).
 
+Mixture-of-Experts policies (:mod:`grpo_lab.moe`): every step records the experts π_old chose
+for each token (in the π_old forwards above) and logs ``routing_change_frac``, the fraction of
+routing decisions that one optimiser step changed; ``TrainerConfig.routing_replay`` replays
+π_old's experts whenever π_θ is scored on the same rollout (GSPO, arXiv 2507.18071, §5.3).
+
 Where the code departs from the papers: the KL reference is a frozen copy of the initial policy
 (DeepSeekMath §4.2 also resets it periodically in iterative GRPO; we do not), and learning-rate
 warm-up is linear (``TrainerConfig.warmup``).
@@ -27,6 +32,7 @@ warm-up is linear (``TrainerConfig.warmup``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -47,8 +53,9 @@ import torch
 from . import sampling
 from .advantages import AdvantageBatch, tied_groups
 from .algorithms import Algorithm, get_algorithm
-from .metrics import reduce_micro_batches, reduce_updates, total
+from .metrics import reduce_micro_batches, reduce_updates, token_mean, total
 from .models import inference_copy
+from .moe import RoutingStore, moe_routers, record_routing, replay_routing, routing_changes
 from .objectives import METRIC_KEYS, policy_loss
 from .rollout import Rollout, evaluate, generate, policy_logprobs
 from .validation import choice, flag, is_int, non_negative_int, positive_int, positive_number, real_number
@@ -115,6 +122,15 @@ class TrainerConfig:
             or skip the update when there are none) or ``"error"`` (``RuntimeError``).
         value_lr: learning rate of the value model's optimiser (``None``: ``lr``); used only
             when the trainer has a value model.
+        routing_replay: Routing Replay for Mixture-of-Experts policies (GSPO, arXiv 2507.18071,
+            §5.3): the experts each token was routed to when π_old was scored (the no-grad π_old
+            forward and the first minibatch's on-policy forward, whose detached log-probs are
+            π_old) are forced whenever π_θ is scored on the same rollout in a later optimiser
+            step; the gate weights are recomputed from the current router logits at those experts
+            (:func:`grpo_lab.moe.replay_routing`), so the router still learns. Needs a MoE policy
+            (``Trainer`` raises ``ValueError`` otherwise) and ``old_logp="recompute"`` (the
+            sampler's routing is not recorded). It acts only when a rollout feeds more than one
+            optimiser step (``epochs`` × ``minibatches`` > 1).
     """
 
     prompts_per_step: int = 16
@@ -143,6 +159,7 @@ class TrainerConfig:
     topup: bool = True
     on_gen_rounds_exhausted: str = "warn"
     value_lr: float | None = None
+    routing_replay: bool = False
 
     def __post_init__(self):
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds"):
@@ -156,6 +173,11 @@ class TrainerConfig:
         choice("TrainerConfig.old_logp", self.old_logp, ("recompute", "behaviour"))
         flag("TrainerConfig.sort_by_length", self.sort_by_length)
         flag("TrainerConfig.topup", self.topup)
+        flag("TrainerConfig.routing_replay", self.routing_replay)
+        if self.routing_replay and self.old_logp != "recompute":
+            raise ValueError("TrainerConfig.routing_replay=True needs old_logp='recompute': routing replay forces the "
+                             "experts π_old chose, which the trainer records when it scores π_old; the sampler's "
+                             "routing (old_logp='behaviour') is not recorded")
         choice("TrainerConfig.rollout_dtype", self.rollout_dtype, ("float32", "bfloat16", "float16"))
         flag("TrainerConfig.rollout_fp32_lm_head", self.rollout_fp32_lm_head)
         if self.rollout_fp32_lm_head and self.rollout_dtype == "float32":
@@ -285,7 +307,10 @@ class Trainer:
     ``Trainer.resume(path)`` checkpoint and continue exactly.
 
     Raises:
-        ValueError: the algorithm's sampling choices do not fit the config (:func:`grpo_lab.sampling.check`).
+        ValueError: the algorithm's sampling choices do not fit the config (:func:`grpo_lab.sampling.check`);
+            ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
+            layers (:func:`grpo_lab.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
+            or differ in ``top_k``.
     """
 
     def __init__(self, policy, tokenizer, task, algo: Algorithm, config: TrainerConfig | None = None,
@@ -300,6 +325,19 @@ class Trainer:
         if c.threads:
             torch.set_num_threads(c.threads)
         self.policy = policy.to(c.device).eval()
+        self.moe_routers = moe_routers(self.policy)
+        if c.routing_replay and not self.moe_routers:
+            raise ValueError(f"Trainer: TrainerConfig.routing_replay=True but the policy "
+                             f"({type(self.policy).__name__}) has no Mixture-of-Experts layers (no `mlp.gate` "
+                             "top-k router); routing replay applies to MoE policies only, e.g. "
+                             "load_policy('arithmetic-moe-base')")
+        if c.routing_replay and not all(isinstance(getattr(r, "norm_topk_prob", None), bool)
+                                        for _, r in self.moe_routers):
+            raise ValueError("Trainer: TrainerConfig.routing_replay=True needs routers with a boolean "
+                             "`norm_topk_prob` (Qwen2-MoE / Qwen3-MoE), to recompute the gate weights")
+        if c.routing_replay and len({r.top_k for _, r in self.moe_routers}) != 1:
+            raise ValueError("Trainer: TrainerConfig.routing_replay=True needs every MoE layer to route to the same "
+                             "number of experts (top_k)")
         self.uses_kl = algo.uses_kl
         self.ref_policy = None
         if self.uses_kl:
@@ -357,7 +395,17 @@ class Trainer:
         updates, step 0 the base policy), ``eval_seconds`` (wall time of that evaluation, not
         included in ``step_seconds``); then the sampling & shaping columns of
         :func:`grpo_lab.sampling.sampling_metrics` (``gen_rounds``, ``generated_groups``, ``selected_groups``, ``trained_groups``,
-        ``samples_per_trained``, ``overlong_frac_penalised``), and ``value_loss`` with a value model.
+        ``samples_per_trained``, ``overlong_frac_penalised``), ``value_loss`` with a value model, and
+        ``routing_change_frac``: for Mixture-of-Experts policies, the fraction of routing
+        decisions that the rollout's first optimiser step changed (GSPO, arXiv 2507.18071, §5.3,
+        reports ~10% per update in a 48-layer MoE). A decision is the top-k expert set of one real
+        completion token in one MoE layer (prompt tokens are not counted: they are shared by the
+        G responses of a group and are not scored); it is compared between π_old (recorded when
+        π_old was scored) and the policy after one update, on the rows of the rollout's second
+        optimiser step, in that step's own forward (no extra pass). With ``routing_replay`` the
+        routers' own choices are read from their logits before the replayed experts replace
+        them, so the column means the same with and without replay. NaN for dense policies,
+        with ``old_logp="behaviour"``, and when a rollout feeds a single optimiser step.
 
         Which samples each column describes: ``reward``, ``accuracy``, the lengths,
         ``reasoning_frac``, ``zero_adv_group_frac``, ``truncation_rate``, ``tokens_per_s`` and
@@ -503,8 +551,10 @@ class Trainer:
         gen = torch.Generator().manual_seed(int(self.rng.integers(2**62)))
         orders = [torch.randperm(B, generator=gen) if c.minibatches > 1 else torch.arange(B) for _ in range(c.epochs)]
         lengths = ro.token_counts()
-        old_logp, ref_logp = self._reference_logps(ro, n_mb, skip_rows=orders[0][:bounds[1]])
+        store = self._routing_store(ro, n_mb)
+        old_logp, ref_logp = self._reference_logps(ro, n_mb, skip_rows=orders[0][:bounds[1]], routing=store)
         step_metrics, grad_norms, entropies = [], [], []
+        n_updates = 0  # optimiser steps taken on this rollout so far
         for epoch, order in enumerate(orders):
             for m in range(n_mb):
                 idx = order[bounds[m]:bounds[m + 1]]
@@ -517,16 +567,36 @@ class Trainer:
                 # The rollout's first optimiser step sees the weights that sampled it: π_old = sg(π_θ)
                 # there, recorded into old_logp for later epochs (see _reference_logps).
                 first = epoch == 0 and m == 0 and c.old_logp == "recompute"
+                # MoE: the on-policy forward routes as π_old (record it); later forwards score π_θ
+                # (replay π_old's experts with routing_replay); the forward after the first update
+                # measures how much routing moved (routing_change_frac).
+                routing = None if store is None else "record" if first else "replay" if c.routing_replay else None
                 self._zero_grad()
                 parts = [self._micro_step(batch, idx[s:s + micro], old_logp, ref_logp, counts, group_tokens,
-                                          entropies if epoch == 0 else None, on_policy=first)
+                                          entropies if epoch == 0 else None, on_policy=first, routing=routing,
+                                          store=store, measure_routing=store is not None and n_updates == 1)
                          for s in range(0, len(idx), micro)]
                 step_metrics.append(reduce_micro_batches(parts))
                 grad_norms.append(self._optimizer_step())
+                n_updates += 1
         return step_metrics, grad_norms, entropies
 
     # ------------------------------------------------------------------ update internals
-    def _reference_logps(self, ro: Rollout, n_mb: int, skip_rows: torch.Tensor | None = None):
+    def _routing_store(self, ro: Rollout, n_mb: int) -> RoutingStore | None:
+        """An empty :class:`~grpo_lab.moe.RoutingStore` for ``ro`` when the policy is a MoE model
+        whose π_old the trainer scores itself (``old_logp="recompute"``) and the rollout feeds more
+        than one optimiser step; ``None`` otherwise (nothing to replay or compare)."""
+        c = self.config
+        if not self.moe_routers or c.old_logp != "recompute" or c.epochs * n_mb <= 1:
+            return None
+        ks = {r.top_k for _, r in self.moe_routers}
+        if len(ks) != 1:  # routers with different k: no common store (routing_replay is refused in __init__)
+            return None
+        return RoutingStore(len(self.moe_routers), len(ro), ro.prompt_ids.shape[1], ro.completion_ids.shape[1],
+                            ks.pop(), device=ro.completion_ids.device)
+
+    def _reference_logps(self, ro: Rollout, n_mb: int, skip_rows: torch.Tensor | None = None,
+                         routing: RoutingStore | None = None):
         """π_old and π_ref log-probs of the batch.
 
         π_old: the sampler's log-probs (``old_logp="behaviour"``); ``None`` when the rollout feeds
@@ -537,7 +607,8 @@ class Trainer:
         training forward; :meth:`update` uses that (ratio exactly 1) and writes it into these rows
         (0 until then) for the later epochs.
         This skips ``1 / (epochs × minibatches)`` of the rows' old-policy forward (half of them at
-        two minibatches and one epoch, the book's setting).
+        two minibatches and one epoch, the book's setting). With a ``routing`` store (MoE policies)
+        the π_old forward records the experts of every row it scores into it.
         """
         c = self.config
         with torch.no_grad():
@@ -549,7 +620,7 @@ class Trainer:
                     keep = torch.ones(len(ro), dtype=torch.bool)
                     keep[skip_rows] = False
                     rows = rows[keep]
-                old_logp = self._logp_batched(self.policy, ro, rows)
+                old_logp = self._logp_batched(self.policy, ro, rows, routing=routing)
             else:
                 old_logp = None
             ref_logp = self._logp_batched(self.ref_policy, ro) if self.uses_kl else None
@@ -568,13 +639,33 @@ class Trainer:
         return out
 
     def _micro_step(self, batch: Batch, sub, old_logp, ref_logp, counts: dict, group_tokens: torch.Tensor,
-                    entropies: list | None, on_policy: bool = False) -> dict:
+                    entropies: list | None, on_policy: bool = False, routing: str | None = None,
+                    store: RoutingStore | None = None, measure_routing: bool = False) -> dict:
         """Forward and backward of one micro-batch; returns its loss metrics. ``on_policy`` (or
-        ``old_logp=None``): π_old = sg(π_θ) of this forward, written into ``old_logp`` when given."""
+        ``old_logp=None``): π_old = sg(π_θ) of this forward, written into ``old_logp`` when given.
+
+        MoE policies, with a routing ``store`` of the rollout: ``routing="record"`` writes this
+        forward's experts into it (π_old's routing), ``"replay"`` forces the stored experts
+        (:func:`grpo_lab.moe.replay_routing`); ``measure_routing`` adds ``routing_change_frac``
+        (the routers' own choices in this forward against the stored ones, on completion tokens).
+        """
         part = batch.rollout.select(sub)
         T = part.completion_ids.shape[1]
         mask = batch.loss_mask[sub, :T]
-        logp, ent = policy_logprobs(self.policy, part, with_entropy=True)
+        P = part.prompt_ids.shape[1]
+        ctx, rec = contextlib.nullcontext(), None
+        if store is not None and routing == "replay":
+            need = mask.sum(-1).cpu() > 0
+            if not bool(store.recorded[torch.as_tensor(sub).cpu()][need].all()):
+                raise RuntimeError("Trainer: routing replay found rows of the loss without a recorded π_old routing "
+                                   "(an internal error: every trained row is scored by π_old first)")
+            ctx = replay_routing(self.policy, store.get(sub, P, P + T))
+        elif store is not None and (routing == "record" or measure_routing):
+            ctx = record_routing(self.policy)
+        with ctx as rec:
+            logp, ent = policy_logprobs(self.policy, part, with_entropy=True)
+        if routing == "record" and rec is not None:
+            store.put(sub, rec.indices, P)
         if entropies is not None:
             entropies.append((float((ent * mask).sum()), float(mask.sum())))
         if on_policy or old_logp is None:
@@ -589,6 +680,10 @@ class Trainer:
                           group_tokens=group_tokens[sub].to(logp.device), **counts)
         out.loss.backward()
         metrics = dict(out.metrics)
+        if measure_routing and rec is not None:
+            real = torch.cat([torch.zeros_like(part.prompt_mask, dtype=torch.bool), part.completion_mask != 0], 1)
+            changed, compared = routing_changes(store.get(sub, P, P + T), rec.indices, real)
+            metrics["routing_change_frac"] = token_mean(changed / compared if compared else float("nan"), compared)
         if self.value_model is not None:
             returns = adv + batch.values[sub, :T] if adv.dim() == 2 else adv[:, None] + batch.values[sub, :T]
             vloss = self.value_model.loss(part, batch.values[sub, :T], returns, mask, counts["num_tokens"])
@@ -653,6 +748,7 @@ class Trainer:
         if hasattr(self.task, "is_reasoning"):
             row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
         row.update(reduce_updates(updates))
+        row.setdefault("routing_change_frac", float("nan"))  # dense policy, or no second update on the rollout
         if not updates:  # no update this step: the loss metrics exist and are NaN (even if no step ever updated)
             row.update({k: float("nan") for k in METRIC_KEYS if k not in row})
         n_trained = len(batch.rollout) if batch.rollout is not None else 0
@@ -684,9 +780,11 @@ class Trainer:
         return row
 
     @torch.no_grad()
-    def _logp_batched(self, model, ro: Rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def _logp_batched(self, model, ro: Rollout, rows: torch.Tensor | None = None,
+                      routing: RoutingStore | None = None) -> torch.Tensor:
         """float32 ``[B, T]`` log-probs of ``model`` on ``rows`` (default all) of ``ro``, in
-        micro-batches of ``micro_batch_size``; 0 on the other rows."""
+        micro-batches of ``micro_batch_size``; 0 on the other rows. With a ``routing`` store (a
+        MoE ``model``), the experts of every row scored are recorded into it."""
         c = self.config
         B, T = len(ro), ro.completion_ids.shape[1]
         rows = torch.arange(B) if rows is None else rows
@@ -696,7 +794,11 @@ class Trainer:
         out = torch.zeros(B, T, device=ro.completion_ids.device)
         for s in range(0, len(rows), micro):
             idx = rows[s:s + micro]
-            lp = policy_logprobs(model, ro.select(idx))
+            part = ro.select(idx)
+            with (record_routing(model) if routing is not None else contextlib.nullcontext()) as rec:
+                lp = policy_logprobs(model, part)
+            if rec is not None:
+                routing.put(idx, rec.indices, part.prompt_ids.shape[1])
             out[idx, : lp.shape[1]] = lp
         return out
 
