@@ -389,11 +389,14 @@ from grpo_lab.tasks import ArithmeticTask
 
 FILLER_BUDGET = 64  # generation budget of the filler task, tokens
 base_profile = experiments.get_profile(PROFILE)
-# greedy evaluation every 10 steps on the CPU profile (training does not depend on it; it saves time)
+# CPU profile: greedy evaluation every 10 steps (training does not depend on it) and 30 RL steps, to fit
+# the chapter's 3-minute budget
 profile = dataclasses.replace(base_profile, name=f"{base_profile.name}-filler", base="arithmetic-filler-base",
                               task_kwargs=(("filler", "."), ("max_new_tokens", FILLER_BUDGET)),
                               config=dataclasses.replace(base_profile.config, eval_every=10)
-                              if PROFILE == "cpu" else base_profile.config)
+                              if PROFILE == "cpu" else base_profile.config,
+                              steps=30 if PROFILE == "cpu" else base_profile.steps)  # CPU: 30 steps, for time
+book.glue("rl_steps", str(profile.steps))
 filler_task = ArithmeticTask(**dict(profile.task_kwargs))
 filler_policy, tokenizer = load_policy(checkpoint_dir(profile.base))
 torch.manual_seed(0)
@@ -508,7 +511,7 @@ book.glue("fig_drgrpo_drift", fig)
 # {glue:text}`drift_masked_02` of them: a threshold has to be sized to the drift of its setting.)
 #
 # The grid: GRPO without KL, Dr.GRPO (also without KL, as in the paper) and V3.2 as chosen above;
-# five seeds each, CPU profile (40 steps, 16 questions × 8 samples, two minibatches per rollout),
+# five seeds each, CPU profile ({glue:text}`rl_steps` steps, 16 questions × 8 samples, two minibatches per rollout),
 # all from `arithmetic-filler-base`. The first pair isolates the normalisation; V3.2 is compared
 # with both on the same seeds. (The first edition of this chapter also compared GRPO with and
 # without its $\beta=0.04$ KL term; that comparison does not fit the chapter's time budget beside
@@ -832,18 +835,18 @@ print("checks passed")
 # claim — that under GRPO *incorrect* responses grow longer than correct ones, and than under
 # Dr.GRPO — was tested on a task where length is free: it {glue:text}`repro_verdict`. The
 # paired difference of the late gap, GRPO − Dr.GRPO, is {glue:text}`gap_diff` tokens
-# ({glue:text}`verdict_gap`). {glue:text}`gap_reading` Among the several comparisons of this chapter
-# one interval that only just excludes zero is weak evidence; the gap is dominated by which
+# ({glue:text}`verdict_gap`). {glue:text}`gap_reading` One interval among the chapter's several
+# comparisons is weak evidence on its own, whichever side of zero it falls; the gap is dominated by which
 # questions remain wrong, and the absolute lengths, which GRPO inflates in some seeds, do not
 # separate by incorrectness.
 # Dr.GRPO's own experiment (its Fig. 5) used Qwen2.5-1.5B base with the R1 template on MATH, for
 # about 150 policy steps, with responses of about 0.4k–1.8k tokens (the 7B model belongs to the
 # separate Oat-Zero recipe): a per-token weight that a response of 1,800 tokens dilutes four times
-# more than one of 400, over more steps. Here a response has 5–40 tokens and we train for 40 steps.
+# more than one of 400, over more steps. Here a response has 5–40 tokens and we train for {glue:text}`rl_steps` steps.
 #
 # Final greedy accuracy, Dr.GRPO − GRPO (both without KL, paired over seeds):
 # {glue:text}`acc_diff_dr` — {glue:text}`verdict_dr`; differences of this size also move between
-# machines. V3.2 ran with a weak KL term ($\beta=$ {glue:text}`v32_beta`): one 40-step setting,
+# machines. V3.2 ran with a weak KL term ($\beta=$ {glue:text}`v32_beta`): one {glue:text}`rl_steps`-step setting,
 # consistent with its remark that weak or no KL can work for maths, and no evidence for a general
 # rule.
 #
@@ -889,8 +892,8 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # * V3.2: no std but $1/\olen{i}$ kept (it does not go all the way to Dr.GRPO), $k_3$ with the
 #   importance ratio (reverse-KL gradient), and masking of stale negative samples. mHC and self-verification are not part of its RL recipe.
 # * A test of the length bias needs length that is free of correctness. With filler dots after the
-#   answer and 40 steps, the incorrect − correct gap was driven by which questions stay wrong, under
-#   every objective; GRPO − Dr.GRPO was {glue:text}`gap_diff` tokens, not the predicted positive gap.
+#   answer and {glue:text}`rl_steps` steps, the incorrect − correct gap was driven by which questions stay wrong, under
+#   every objective; GRPO − Dr.GRPO was {glue:text}`gap_diff` tokens ({glue:text}`verdict_gap`).
 # * V3.2's $\delta$ must match the drift of the setting: with two minibatches per rollout at our
 #   learning rate, $\delta=$ {glue:text}`v32_delta` masks {glue:text}`v32_masked` of the trained
 #   sequences per step; ten times that $\delta$ would hardly act.
