@@ -318,8 +318,25 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.to(device or "cpu")
+    _eager_experts_below_float32(model)
     model.eval()
     return model, tokenizer
+
+
+def _eager_experts_below_float32(model) -> None:
+    """Switch a Mixture-of-Experts ``model`` in a 16-bit dtype to transformers' eager expert loop.
+
+    The default ``grouped_mm`` experts need rows whose byte strides are multiples of 16; the tiny
+    MoE checkpoint's experts of width 36 give 72-byte bfloat16 rows, and ``grouped_mm`` raises
+    ``RuntimeError: strides should be multiple of 16 bytes``. The eager loop computes the same
+    function. Float32 models (36 x 4 = 144 bytes) keep the default, so their numerics do not change.
+    """
+    if model.dtype in (torch.bfloat16, torch.float16) and getattr(model.config, "_experts_implementation", None) \
+            and hasattr(model, "set_experts_implementation"):
+        from .moe import is_moe
+
+        if is_moe(model):
+            model.set_experts_implementation("eager")
 
 
 class FP32LMHead(torch.nn.Module):
@@ -402,6 +419,7 @@ def inference_copy(model, dtype: torch.dtype | str = torch.bfloat16, *, fp32_lm_
     if dt not in names.values():
         raise ValueError(f"inference_copy: dtype must be one of {sorted(names)}, got {dtype!r}")
     out = copy.deepcopy(model).to(dt).eval()
+    _eager_experts_below_float32(out)
     if fp32_lm_head:
         use_fp32_lm_head(out, source=model)
     for p in out.parameters():

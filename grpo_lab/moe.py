@@ -372,9 +372,10 @@ class RoutingStore:
         ``[n_layers, len(rows), L, k]``.
 
         Raises:
-            ValueError: a shape that does not match the store or the rows, or columns outside it.
+            ValueError: a shape that does not match the store or the rows, columns outside it, or
+                ``rows`` that are not integer indices within the rollout (e.g. a boolean mask).
         """
-        rows = torch.as_tensor(rows, dtype=torch.long)
+        rows = self._rows(rows, "put")
         n, _, _, k = self.indices.shape
         if indices.dim() != 4 or indices.shape[0] != n or indices.shape[1] != len(rows) or indices.shape[3] != k:
             raise ValueError(f"RoutingStore.put: indices of shape {tuple(indices.shape)} for {len(rows)} rows; "
@@ -389,7 +390,21 @@ class RoutingStore:
         (``-1`` where nothing was recorded: padding, or rows never written).
 
         Raises:
-            ValueError: columns outside the rollout.
+            ValueError: columns outside the rollout, or ``rows`` that are not integer indices
+                within it.
         """
-        rows = torch.as_tensor(rows, dtype=torch.long).to(self.indices.device)
+        rows = self._rows(rows, "get").to(self.indices.device)
         return self.indices[:, rows, self._columns(prompt_width, length)]
+
+    def _rows(self, rows, who: str) -> Tensor:
+        """``rows`` as long indices into the rollout, checked: integers (not a boolean mask), 1-d,
+        within ``[0, B_rollout)``."""
+        t = torch.as_tensor(rows)
+        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex() or t.dim() != 1:
+            raise ValueError(f"RoutingStore.{who}: rows must be a 1-d tensor of integer row indices, got "
+                             f"dtype {t.dtype} and shape {tuple(t.shape)} (convert a boolean mask with .nonzero())")
+        t = t.to(torch.long).cpu()
+        B = self.indices.shape[1]
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= B):
+            raise ValueError(f"RoutingStore.{who}: row indices must lie in [0, {B}), got {int(t.min())}..{int(t.max())}")
+        return t

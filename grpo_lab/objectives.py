@@ -69,6 +69,7 @@ __all__ = [
     "AGGREGATIONS",
     "token_log_ratio",
     "sequence_log_ratio",
+    "sequence_ratio",
     "sequence_token_ratio",
     "ppo_clip_loss",
     "cispo_weight",
@@ -202,7 +203,23 @@ def _sequence_mean(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 
 
 def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """``log s_i = 1/|o_i| sum_t log r_it`` (GSPO Eq. 7), the same for every token of sequence i."""
+    """``log s_i = 1/|o_i| sum_t log r_it`` (GSPO, arXiv 2507.18071, Eq. 7), on every token of row i.
+
+    The log of the geometric mean of the token ratios, broadcast to the row so that the PPO clip
+    and ``seq_mean_token_mean`` give Eq. 5 (``ratio_level="sequence"``). A registry function of
+    :data:`RATIOS`: it expects what :func:`policy_loss` passes, validated tensors in one compute
+    dtype with padded positions already set to 0 (called directly on NaN padding it returns NaN;
+    use :func:`sequence_log_ratio`, which masks, for raw inputs).
+
+    Args:
+        logp: ``[B, T]`` log pi_theta (float32 / float64; grad flows).
+        old_logp: ``[B, T]`` log pi_old, detached, same dtype.
+        mask: ``[B, T]`` bool, True = real token (a fully masked row gives 0, ratio 1).
+
+    Returns:
+        ``[B, T]`` log-ratios, row i constant and equal to ``log s_i``; gradient ``1/|o_i|`` to each
+        real token of row i. Raises nothing (inputs are validated by :func:`policy_loss`).
+    """
     return _sequence_mean(logp, old_logp, mask).unsqueeze(1).expand(logp.shape)
 
 
@@ -950,7 +967,7 @@ def policy_loss(
             (see :func:`aggregate`).
 
     Returns:
-        :class:`LossOutput` ``(loss, metrics)``. ``loss``: 0-d float32 tensor with grad.
+        :class:`LossOutput` ``(loss, metrics)``. ``loss``: 0-d float32 tensor with grad (float64 for float64 inputs).
         ``metrics``: :class:`grpo_lab.metrics.Metric` values (python floats over the real tokens
         of *this* batch, never NaN, each with its reduction over micro-batches):
 

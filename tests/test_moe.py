@@ -485,3 +485,35 @@ def test_moe_pretraining_is_deterministic(tmp_path, monkeypatch):
     c = pretrain(dataclasses.replace(small, seed=1), tmp_path / "c", progress=False, evaluate=False)
     assert a["model_sha256"] == b["model_sha256"] != c["model_sha256"]
     assert a["recipe"]["model"]["arch"] == "qwen3_moe"
+
+
+def test_moe_policy_runs_in_bfloat16_and_float32_keeps_its_experts_implementation():
+    # grouped_mm needs 16-byte strides; width-36 bfloat16 rows are 72 bytes (it raised RuntimeError)
+    import numpy as np
+
+    from grpo_lab.models import inference_copy, load_policy
+    from grpo_lab.rollout import generate
+    from grpo_lab.tasks import get_task
+
+    problems = get_task("arithmetic").sample(2, np.random.default_rng(0))
+    bf16, tok = load_policy("arithmetic-moe-base", dtype=torch.bfloat16)
+    assert bf16.config._experts_implementation == "eager"
+    assert generate(bf16, tok, problems, group_size=2, max_new_tokens=6).completion_ids.shape[0] == 4
+    fp32, _ = load_policy("arithmetic-moe-base")
+    default = fp32.config._experts_implementation
+    copy16 = inference_copy(fp32)
+    assert generate(copy16, tok, problems, group_size=2, max_new_tokens=6).completion_ids.shape[0] == 4
+    assert copy16.config._experts_implementation == "eager" and fp32.config._experts_implementation == default
+
+
+def test_routing_store_rejects_a_boolean_mask_and_out_of_range_rows():
+    store = RoutingStore(1, 2, 1, 2, 2)
+    idx = torch.zeros(1, 2, 3, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="integer row indices"):
+        store.put(torch.tensor([True, False]), idx[:, :2], 1)  # as_tensor(long) would have read rows [1, 0]
+    with pytest.raises(ValueError, match=r"within|lie in"):
+        store.put(torch.tensor([0, 2]), idx, 1)
+    with pytest.raises(ValueError, match="integer row indices"):
+        store.get(torch.tensor([True, True]), 1, 3)
+    store.put(torch.tensor([1, 0]), torch.arange(12).view(1, 2, 3, 2), 1)
+    assert torch.equal(store.get(torch.tensor([0]), 1, 3)[0, 0], torch.arange(6, 12).view(3, 2))
