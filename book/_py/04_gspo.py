@@ -131,9 +131,9 @@ print(f"{len(lengths)} responses, {int(mask.sum())} tokens, lengths {int(lengths
 # %% tags=["hide-input", "nbval-ignore-output"]
 fig, ax = plt.subplots(figsize=(6.4, 2.9))
 ax.plot(prefix_var["t"], prefix_var["var_log_product"], marker=".", color=plotting.algo_color("GRPO"),
-        label=r"$\log\prod_{t'\leq t} r_{t'}$ (product, Eq. 1)")
+        label=r"$\log\prod_{t'\leq t} r_{t'}$ (product of token ratios)")
 ax.plot(prefix_var["t"], prefix_var["var_log_geomean"], marker=".", color=plotting.algo_color("GSPO"),
-        label=r"$\frac{1}{t}\sum_{t'\leq t}\log r_{t'}$ (geometric mean, Eq. 7)")
+        label=r"$\frac{1}{t}\sum_{t'\leq t}\log r_{t'}$ (geometric mean, GSPO Eq. 7)")
 ax.set_yscale("log")
 ax.set_xlabel("prefix length t (tokens)")
 ax.set_ylabel("variance over responses (nats²)")
@@ -390,11 +390,12 @@ book.glue("fig_gspo_clip_scale", fig)
 # longer the response: under the independence model the standard deviation of $\log s_i$ is
 # $\sigma/\sqrt{\olen{i}}$, which at our $\sigma^2=$ {glue:text}`gspo_sigma2` is
 # {glue:text}`gspo_sd_1k` for a response of 1,000 tokens and {glue:text}`gspo_sd_10k` for one of
-# 10,000. That, and the small per-update drift of a learning rate of $10^{-6}$ on a 30B model, is
-# where the paper's $3\times10^{-4}$ / $4\times10^{-4}$ comes from. At our drift, after a
-# rollout's four updates, the paper's range leaves {glue:text}`gspo_out_paper` of the responses
-# outside it: GSPO with the paper's numbers learns here from the on-policy first minibatch of each
-# rollout and little else. The experiments therefore run GSPO twice, with the paper's range and
+# 10,000. Long responses, and a per-update drift far smaller than ours, are what a range of
+# $3\times10^{-4}$ / $4\times10^{-4}$ presupposes; the paper reports neither its drift nor its
+# learning rate. At our drift, after a rollout's four updates, the paper's range leaves
+# {glue:text}`gspo_out_paper` of the responses outside it on one side or the other; the clip
+# removes those on the side their advantage pushes, about half of the off-policy responses in
+# training (§4.5). The experiments therefore run GSPO twice, with the paper's range and
 # with the matched one, $\pm${glue:text}`gspo_eps_used`. Like chapter 3's $\delta$, a clip range is
 # a statement about the drift and the lengths of a setting, not a constant of the method.
 #
@@ -426,7 +427,7 @@ book.glue("fig_gspo_clip_scale", fig)
 # Fig. 2) and the fraction of responses removed whole (`seq_clip_frac`).
 
 # %% tags=["nbval-ignore-output"]
-STEPS, EVAL_EVERY = (12, 6) if PROFILE == "cpu" else (prof.steps, prof.config.eval_every)
+STEPS, EVAL_EVERY = (10, 5) if PROFILE == "cpu" else (prof.steps, prof.config.eval_every)
 EPS_MATCH = float(f"{eps_match:.1g}")  # the matched range, to one significant digit
 GSPO_MATCHED = GSPO.replace(name="GSPO (matched range)", eps_low=EPS_MATCH, eps_high=EPS_MATCH)
 dense_settings = [GRPO_NOKL, GSPO, GSPO_MATCHED]
@@ -498,6 +499,8 @@ book.glue("gspo_clip_ratio", stats.format_interval(clip_ratio, 0))
 book.glue("gspo_clip_ratio_m", stats.format_interval(clip_ratio_m, 1))
 book.glue("gspo_clip_grpo", iv(per_seed(dense["GRPO"], "clip_frac"), 4, (0, 1)))
 book.glue("gspo_clip_gspo", iv(per_seed(dense["GSPO"], "clip_frac"), 3, (0, 1)))
+seq_off = per_seed(dense["GSPO"], "seq_clip_frac") * UPDATES / (UPDATES - 1)  # the first update clips nothing
+book.glue("gspo_offpolicy_removed", iv(seq_off, 2, (0, 1)))
 book.glue("gspo_clip_matched", iv(per_seed(dense[GSPO_MATCHED.name], "clip_frac"), 3, (0, 1)))
 acc_d = {n: r.final() for n, r in dense.items()}
 book.glue("gspo_acc_grpo", iv(acc_d["GRPO"], bounds=(0, 1)))
@@ -508,9 +511,9 @@ book.glue("gspo_dacc_matched", verdict(stats.paired_difference(acc_d[GSPO_MATCHE
 base_acc_dense = float(dense["GRPO"].base().mean())
 d_gspo = stats.paired_difference(acc_d["GSPO"], acc_d["GRPO"])
 book.glue("gspo_onpolicy_reading",
-          f"Training mostly on-policy cost it nothing measurable in {STEPS} steps, in line with the paper's "
+          f"Clipping this much cost it nothing measurable in {STEPS} steps, in line with the paper's "
           "observation that GSPO trains well although it clips far more." if d_gspo.hi > 0 else
-          f"Training mostly on-policy cost it accuracy in {STEPS} steps, unlike the paper's observation that "
+          f"Clipping this much cost it accuracy in {STEPS} steps, unlike the paper's observation that "
           "GSPO trains well although it clips far more.")
 m_iv = stats.t_interval(acc_d[GSPO_MATCHED.name], bounds=(0, 1))
 book.glue("gspo_matched_vs_base", f", {'below' if m_iv.hi < base_acc_dense else 'above' if m_iv.lo > base_acc_dense else 'within the seed spread of'} "
@@ -549,8 +552,9 @@ dense_table
 # of the trained tokens, GRPO of {glue:text}`gspo_clip_grpo`: {glue:text}`gspo_clip_ratio` times
 # as many (paired geometric mean [95% interval] over seeds). The paper's Fig. 2 shows about two
 # orders of magnitude; here it is one and a bit, because GSPO's clip can act only on the three
-# off-policy minibatches of a rollout and only on responses with a non-zero advantage, and it
-# drops most of those. Even so, GSPO's final greedy accuracy is {glue:text}`gspo_acc_gspo`
+# off-policy minibatches of a rollout and only on responses with a non-zero advantage: it removes
+# {glue:text}`gspo_offpolicy_removed` of the off-policy responses (responses clipped whole, over
+# the three off-policy updates). Even so, GSPO's final greedy accuracy is {glue:text}`gspo_acc_gspo`
 # against GRPO's {glue:text}`gspo_acc_grpo` (base {glue:text}`gspo_base_dense`); paired,
 # GSPO − GRPO = {glue:text}`gspo_dacc_gspo`. {glue:text}`gspo_onpolicy_reading` With the matched
 # range, as wide as GRPO's, GSPO clips about as much as GRPO ({glue:text}`gspo_clip_matched`) and
@@ -685,7 +689,8 @@ dev_rr = stats.paired_ratio(per_seed(moe[GRPO_RR.name], "token_ratio_abs_dev"), 
 book.glue("gspo_moe_dev_rr", stats.format_interval(dev_rr, 2))
 fell_txt = "; ".join(f"{n} {k} of {len(SEEDS)}" for n, k in fell.items())
 if fell[GRPO_ON.name] >= 3 and min(fell.values()) >= 3:
-    reading = (f"RL lowered the MoE policy's greedy accuracy below its base {base_acc_moe:.3f} in most seeds of every "
+    reading = (f"RL lowered the MoE policy's greedy accuracy below its base {base_acc_moe:.3f} in "
+               f"{'every seed' if min(fell.values()) == len(SEEDS) else 'most seeds'} of every "
                f"setting (seeds more than two binomial standard errors below it: {fell_txt}), including the control "
                "with one update per rollout, whose ratios are exactly 1 and whose routing is never stale. What goes "
                "wrong on this policy is therefore not what Routing Replay or GSPO address.")
@@ -732,8 +737,10 @@ moe_table
 # *As the dense table, with the per-seed mean fraction of routing decisions changed by one update.*
 #
 # **What we see.** One update changes {glue:text}`gspo_route` of the routing decisions (mean
-# [95% interval] over the seeds of the three runs with several updates per rollout): about {glue:text}`gspo_route_pct`, against the
-# paper's 10% in a 48-layer model. {glue:text}`gspo_moe_reading`
+# [95% interval] over the seeds of the three runs with several updates per rollout): about
+# {glue:text}`gspo_route_pct`, against the paper's 10% in a 48-layer model (the paper counts
+# activated experts that change, we count top-2 sets that change; a changed set has one or two
+# new experts, so the two measures differ by at most a factor of two). {glue:text}`gspo_moe_reading`
 #
 # ## 4.8 At scale
 #
@@ -791,9 +798,9 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # * One ratio and one clip per response; GSPO-token is the same objective when all tokens share the
 #   advantage (asserted in values and gradients).
 # * The clip range belongs to the setting: it shrinks like $1/\sqrt{\olen{i}}$ with response length
-#   and with the per-update drift. The paper's $3\times10^{-4}$ fits 30B models and long responses;
-#   on our short ones it clips {glue:text}`gspo_out_paper` of the off-policy responses, and a range
-#   matched to GRPO's clip share is as wide as GRPO's.
+#   and with the per-update drift. The paper's $3\times10^{-4}$ presupposes long responses and a
+#   small drift; on our short ones it removed {glue:text}`gspo_offpolicy_removed` of the off-policy
+#   responses, and a range matched to GRPO's clip share is as wide as GRPO's.
 # * A sequence range is not a token trust region: it lets a decisive token of a short response
 #   move far while the response stays inside ({glue:text}`gspo_let_through` of the tokens GRPO
 #   would stop, §4.7), and it drops whole responses.
