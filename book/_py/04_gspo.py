@@ -442,24 +442,30 @@ print(f"{len(dense_settings)} settings x {len(SEEDS)} seeds x {STEPS} steps in {
 # %% tags=["hide-input", "nbval-ignore-output"]
 dense_names = [s.name for s in dense_settings]
 dense_colors = {n: plotting.algo_color(n, extra=dense_names) for n in dense_names}
-train_d = dense_hist[dense_hist.step > 0]
-fig, axes = plt.subplots(1, 4, figsize=(12.4, 2.9))
-plotting.band_plot(axes[0], dense_hist.dropna(subset=["test_accuracy"]), "step", "test_accuracy",
-                   colors=dense_colors, band="ci95", bounds=(0, 1), title="greedy test accuracy")
-plotting.band_plot(axes[1], train_d, "step", "token_ratio_abs_dev", colors=dense_colors, band="ci95",
-                   bounds=(0, math.inf), title="mean |r − 1| over tokens")
-plotting.band_plot(axes[2], train_d, "step", "seq_ratio_abs_dev", colors=dense_colors, band="ci95",
-                   bounds=(0, math.inf), title="mean |s − 1| over responses")
-plotting.band_plot(axes[3], train_d, "step", "clip_frac", colors=dense_colors, band="ci95", bounds=(0, 1),
-                   title="tokens clipped")
-for ax, unit in zip(axes, ("fraction correct", "ratio units", "ratio units", "fraction of tokens")):
-    ax.set_xlabel("RL step")
-    ax.set_ylabel(unit)
-axes[1].set_yscale("log")
-axes[2].set_yscale("log")
-axes[3].set_yscale("log")
-axes[0].legend(fontsize=7)
-fig.tight_layout()
+def training_panels(hist, colors, panels):
+    """One row of band plots over RL steps: greedy accuracy, then ``(column, title, unit, log y)`` panels."""
+    train = hist[hist.step > 0]
+    fig, axes = plt.subplots(1, 1 + len(panels), figsize=(12.4, 2.9))
+    plotting.band_plot(axes[0], hist.dropna(subset=["test_accuracy"]), "step", "test_accuracy", colors=colors,
+                       band="ci95", bounds=(0, 1), title="greedy test accuracy")
+    axes[0].set_ylabel("fraction correct")
+    for ax, (col, title, unit, log) in zip(axes[1:], panels):
+        plotting.band_plot(ax, train, "step", col, colors=colors, band="ci95",
+                           bounds=(0, 1) if unit.startswith("fraction") else (0, math.inf), title=title)
+        ax.set_ylabel(unit)
+        if log:
+            ax.set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("RL step")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+fig = training_panels(dense_hist, dense_colors, [
+    ("token_ratio_abs_dev", "mean |r − 1| over tokens", "ratio units", True),
+    ("seq_ratio_abs_dev", "mean |s − 1| over responses", "ratio units", True),
+    ("clip_frac", "tokens clipped", "fraction of tokens", True)])
 book.glue("fig_gspo_dense", fig)
 
 # %% tags=["nbval-ignore-output"]
@@ -597,23 +603,10 @@ print(f"{len(moe_settings)} settings x {len(SEEDS)} seeds x {STEPS} steps in {ti
 # %% tags=["hide-input", "nbval-ignore-output"]
 moe_names = [s.name for s in moe_settings]
 moe_colors = {n: plotting.algo_color(n, extra=moe_names + dense_names) for n in moe_names}
-train_m = moe_hist[moe_hist.step > 0]
-fig, axes = plt.subplots(1, 4, figsize=(12.4, 2.9))
-plotting.band_plot(axes[0], moe_hist.dropna(subset=["test_accuracy"]), "step", "test_accuracy",
-                   colors=moe_colors, band="ci95", bounds=(0, 1), title="greedy test accuracy")
-plotting.band_plot(axes[1], train_m, "step", "routing_change_frac", colors=moe_colors, band="ci95",
-                   bounds=(0, 1), title="routing decisions changed by one update")
-plotting.band_plot(axes[2], train_m, "step", "token_ratio_abs_dev", colors=moe_colors, band="ci95",
-                   bounds=(0, math.inf), title="mean |r − 1| over tokens")
-plotting.band_plot(axes[3], train_m, "step", "clip_frac", colors=moe_colors, band="ci95", bounds=(0, 1),
-                   title="tokens clipped")
-for ax, unit in zip(axes, ("fraction correct", "fraction of decisions", "ratio units", "fraction of tokens")):
-    ax.set_xlabel("RL step")
-    ax.set_ylabel(unit)
-axes[2].set_yscale("log")
-axes[3].set_yscale("log")
-axes[0].legend(fontsize=7)
-fig.tight_layout()
+fig = training_panels(moe_hist, moe_colors, [
+    ("routing_change_frac", "routing decisions changed by one update", "fraction of decisions", False),
+    ("token_ratio_abs_dev", "mean |r − 1| over tokens", "ratio units", True),
+    ("clip_frac", "tokens clipped", "fraction of tokens", True)])
 book.glue("fig_gspo_moe", fig)
 
 # %% [markdown]
