@@ -47,7 +47,7 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["parameters"]
 PROFILE = "cpu"  # "gpu" on a Colab GPU
 SEEDS = (0, 1, 2, 3, 4)
-STEPS = 16  # RL steps per run in the CPU profile (7 settings x 5 seeds; 16 to fit the time budget)
+STEPS = 12  # RL steps per run in the CPU profile (7 settings x 5 seeds; 12 to fit the time budget)
 BUDGET = 20  # generation budget L_max of the experiments (tokens): one that truncates, see 2.5
 N_JOBS = 2  # worker processes; results do not depend on it
 
@@ -416,8 +416,8 @@ for s_ in settings:
         "eps_high", "aggregation", "dynamic_sampling", "overlong_filter", "overlong_cache_len")})
 
 # %% tags=["nbval-ignore-output"]
-# greedy evaluation every 10 steps on the CPU profile (training does not depend on it; it saves time)
-eval_every = 10 if PROFILE == "cpu" else profile.config.eval_every
+# greedy evaluation every 6 steps on the CPU profile (training does not depend on it; it saves time)
+eval_every = 6 if PROFILE == "cpu" else profile.config.eval_every
 grid = experiments.run_grid(settings, profile=PROFILE, seeds=SEEDS, steps=steps, n_jobs=N_JOBS,
                             max_new_tokens=budget, eval_every=eval_every)
 dapo_gen = float(grid["+ dynamic sampling (DAPO)"].history["samples_per_trained"].mean())

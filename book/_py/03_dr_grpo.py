@@ -389,13 +389,13 @@ from grpo_lab.tasks import ArithmeticTask
 
 FILLER_BUDGET = 64  # generation budget of the filler task, tokens
 base_profile = experiments.get_profile(PROFILE)
-# CPU profile: greedy evaluation every 10 steps (training does not depend on it) and 30 RL steps, to fit
+# CPU profile: greedy evaluation every 10 steps (training does not depend on it) and 20 RL steps, to fit
 # the chapter's 3-minute budget
 profile = dataclasses.replace(base_profile, name=f"{base_profile.name}-filler", base="arithmetic-filler-base",
                               task_kwargs=(("filler", "."), ("max_new_tokens", FILLER_BUDGET)),
                               config=dataclasses.replace(base_profile.config, eval_every=10)
                               if PROFILE == "cpu" else base_profile.config,
-                              steps=30 if PROFILE == "cpu" else base_profile.steps)  # CPU: 30 steps, for time
+                              steps=20 if PROFILE == "cpu" else base_profile.steps)  # CPU: 20 steps, for time
 book.glue("rl_steps", str(profile.steps))
 filler_task = ArithmeticTask(**dict(profile.task_kwargs))
 filler_policy, tokenizer = load_policy(checkpoint_dir(profile.base))
@@ -438,7 +438,7 @@ import grpo_lab.trainer as trainer_module
 from grpo_lab.algorithms import deepseek_v32
 
 V32_BETA, V32_DELTA, V32_EPS = 0.01, 0.02, 0.2  # beta and delta: our choices (the paper gives neither)
-DRIFT_STEPS = 15  # RL steps of the recording run (seed 100, not one of SEEDS)
+DRIFT_STEPS = 10  # RL steps of the recording run (seed 100, not one of SEEDS)
 v32 = deepseek_v32(beta=V32_BETA, delta=V32_DELTA, eps=V32_EPS)
 drift = []
 _policy_loss = trainer_module.policy_loss
