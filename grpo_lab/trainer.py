@@ -37,12 +37,13 @@ import copy
 import json
 import math
 import numbers
+import os
 import random
 import shutil
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,6 +59,7 @@ from .models import inference_copy
 from .moe import RoutingStore, moe_routers, record_routing, replay_routing, routing_changes
 from .objectives import METRIC_KEYS, policy_loss
 from .rollout import Rollout, evaluate, generate, policy_logprobs
+from .tasks import validate_task
 from .validation import choice, flag, is_int, non_negative_int, positive_int, positive_number, real_number
 
 __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel"]
@@ -307,6 +309,8 @@ class Trainer:
     ``Trainer.resume(path)`` checkpoint and continue exactly.
 
     Raises:
+        TypeError: ``task`` does not implement the task protocol (:func:`grpo_lab.tasks.validate_task`
+            names every missing or ill-typed member).
         ValueError: the algorithm's sampling choices do not fit the config (:func:`grpo_lab.sampling.check`);
             ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
             layers (:func:`grpo_lab.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
@@ -315,6 +319,7 @@ class Trainer:
 
     def __init__(self, policy, tokenizer, task, algo: Algorithm, config: TrainerConfig | None = None,
                  *, ref_policy=None, value_model=None):
+        validate_task(task)  # cheap: attributes and signatures only, no call into the task (no RNG is touched)
         self.config = c = config or TrainerConfig()
         algo = get_algorithm(algo) if isinstance(algo, str) else algo
         if not isinstance(algo, Algorithm):
@@ -807,67 +812,109 @@ class Trainer:
         """Write a checkpoint directory atomically: ``policy/`` (safetensors + tokenizer), ``ref/``
         (safetensors, when a KL reference exists), ``value.safetensors`` and
         ``value_optimizer.pt`` (with a value model), ``optimizer.pt``, ``rng.pt``, ``state.json``
-        (step, config, algorithm, task spec, numpy RNG state) and ``history.json``.
+        (step, config, algorithm, task, numpy and python RNG states) and ``history.json``.
 
-        Everything is written to a sibling ``.NAME.saving`` directory first, which then replaces
-        ``path``: a crash while saving leaves the previous checkpoint at ``path`` intact.
+        Everything that can be checked is checked before anything is written: the task (still a
+        task, :func:`grpo_lab.tasks.validate_task`), ``state.json`` and ``history.json`` are
+        serialised in memory, and the destination must be absent, empty or a trainer checkpoint.
+        The files then go to a sibling ``.NAME.saving`` directory, which replaces ``path`` only
+        once it is complete (the previous checkpoint is moved aside to ``.NAME.old`` and deleted
+        after the new one is in place; if that move fails, the previous one is put back). A
+        failure at any point (an exception, a full disk, Ctrl-C) deletes the temporary directory
+        and leaves ``path`` as it was: absent, or the previous checkpoint. Only a process killed
+        between the two renames leaves the previous checkpoint at ``.NAME.old``.
+
+        Any task can be saved. A registered dataclass task (:func:`grpo_lab.tasks.task_spec`) is
+        stored so that :meth:`resume` rebuilds it; any other task is stored by name, class and (a
+        dataclass with JSON-able fields) its fields, and :meth:`resume` takes it as ``task=``
+        unless its class has been registered under its name by then.
+
+        Returns:
+            ``path`` (a :class:`pathlib.Path`).
 
         Raises:
-            ValueError: the task cannot be described for resume (raised before anything is written).
+            TypeError: the trainer's task no longer implements the task protocol.
+            ValueError: the history holds a value that cannot be written as JSON.
+            FileExistsError: ``path`` is a file, or a non-empty directory that is not a trainer
+                checkpoint (no ``state.json``): it is never replaced.
+            OSError: writing failed (nothing is left behind, see above).
         """
         from safetensors.torch import save_file
 
-        from .tasks import task_spec
-
+        validate_task(self.task)
+        final = Path(path)
+        where = Path(os.path.abspath(final))
+        if where.exists() and not where.is_dir():
+            raise FileExistsError(f"Trainer.save: {final} is a file; a checkpoint is a directory")
+        if where.is_dir() and not (where / "state.json").is_file() and any(where.iterdir()):
+            raise FileExistsError(f"Trainer.save: {final} is a non-empty directory that is not a trainer checkpoint "
+                                  "(no state.json); refusing to replace it: choose a new path or an empty directory")
         state = {
             "step": self.step,
             "opt_steps": self.opt_steps,
             "config": self.config.to_dict(),
             "algo": asdict(self.algo),
-            "task": task_spec(self.task),
+            "task": _task_state(self.task),
             "numpy_rng": self.rng.bit_generator.state,
             "python_rng": _py_state_to_json(random.getstate()),
         }
-        path = Path(path)
-        final, path = path, path.with_name(f".{path.name}.saving")
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
-        self.policy.save_pretrained(path / "policy", safe_serialization=True)
-        self.tokenizer.save_pretrained(path / "policy")
-        if self.ref_policy is not None:
-            self.ref_policy.save_pretrained(path / "ref", safe_serialization=True)
-        if self.value_model is not None:
-            save_file({k: v.contiguous() for k, v in self.value_model.state_dict().items()}, path / "value.safetensors")
-            torch.save(self.value_optimizer.state_dict(), path / "value_optimizer.pt")
-        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
-        torch.save({"torch": torch.random.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, path / "rng.pt")
-        (path / "state.json").write_text(json.dumps(state, indent=2, default=_json_default))
-        (path / "history.json").write_text(json.dumps(self.rows, default=_json_default))
-        _replace_dir(path, final)
+        state_text = json.dumps(state, indent=2, default=_json_default)
+        try:
+            history_text = json.dumps(self.rows, default=_json_default)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"Trainer.save: the history cannot be written as JSON ({exc}); "
+                             "nothing was written") from None
+        tmp = where.with_name(f".{where.name}.saving")
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed while saving
+        try:
+            tmp.mkdir(parents=True)
+            self.policy.save_pretrained(tmp / "policy", safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp / "policy")
+            if self.ref_policy is not None:
+                self.ref_policy.save_pretrained(tmp / "ref", safe_serialization=True)
+            if self.value_model is not None:
+                save_file({k: v.contiguous() for k, v in self.value_model.state_dict().items()},
+                          tmp / "value.safetensors")
+                torch.save(self.value_optimizer.state_dict(), tmp / "value_optimizer.pt")
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save({"torch": torch.random.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
+            (tmp / "state.json").write_text(state_text)
+            (tmp / "history.json").write_text(history_text)
+            _replace_dir(tmp, where)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         return final
 
     @classmethod
-    def resume(cls, path: str | Path, *, device: str | None = None, value_model=None) -> "Trainer":
+    def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None) -> "Trainer":
         """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly.
 
         Args:
             path: the checkpoint directory.
+            task: the task to continue with. Needed when the checkpoint's task cannot be rebuilt
+                from the registry (its class was not registered under its name in this process,
+                :func:`grpo_lab.tasks.register_task`, or it is not a dataclass with JSON-able
+                fields); otherwise it overrides the rebuilt task. Pass the same task as saved: a
+                ``RuntimeWarning`` names what differs from the saved one (name, class, fields),
+                since the run then does not continue as it would have.
             device: override the saved ``TrainerConfig.device``.
             value_model: a freshly built value model of the saved architecture, required when the
                 checkpoint has one (its weights and optimiser state are loaded into it).
 
         Raises:
             FileNotFoundError: ``path`` is not a checkpoint directory.
+            TypeError: ``task`` does not implement the task protocol.
             ValueError: a file of the checkpoint is missing or corrupt (the message names it), the
-                algorithm has a KL term but ``ref/`` is missing, or the checkpoint has a value model
-                and none was passed.
+                algorithm has a KL term but ``ref/`` is missing, the checkpoint has a value model
+                and none was passed, or its task cannot be rebuilt and no ``task=`` was passed (the
+                message says why and shows both remedies).
         """
         from safetensors.torch import load_file
         from transformers import AutoModelForCausalLM
 
         from .models import load_policy
-        from .tasks import task_from_spec
 
         path = Path(path)
         if not (path / "state.json").is_file():
@@ -879,6 +926,7 @@ class Trainer:
             raise ValueError(f"Trainer.resume: {path} holds a value model; pass value_model= (same architecture)")
         if not isinstance(rows, list) or not is_int(state["step"]) or state["step"] < 0:
             raise ValueError(f"Trainer.resume: {path} has a corrupt step count or history (state.json, history.json)")
+        task = _resume_task(state["task"], task, path)
         config = TrainerConfig.from_dict(state["config"])
         if device is not None:
             config = replace(config, device=device)
@@ -892,8 +940,7 @@ class Trainer:
         ref = None
         if algo.uses_kl:
             ref = AutoModelForCausalLM.from_pretrained(path / "ref", use_safetensors=True).to(config.device)
-        trainer = cls(policy, tokenizer, task_from_spec(state["task"]), algo, config,
-                      ref_policy=ref, value_model=value_model)
+        trainer = cls(policy, tokenizer, task, algo, config, ref_policy=ref, value_model=value_model)
         trainer.optimizer.load_state_dict(_load_pt(path / "optimizer.pt"))
         if has_value:
             trainer.value_optimizer.load_state_dict(_load_pt(path / "value_optimizer.pt"))
@@ -909,13 +956,94 @@ class Trainer:
         return trainer
 
 
+def _task_state(task) -> dict:
+    """The ``task`` entry of ``state.json``: :func:`grpo_lab.tasks.task_spec` plus ``"registered":
+    True`` for a registered dataclass task; otherwise ``{"name", "class", "params",
+    "registered": False}`` with ``params`` the dataclass fields, or ``None`` (not a dataclass).
+    ``params`` that JSON cannot hold are stored as ``None`` (``resume`` then needs ``task=``).
+    Never raises for a task that passes :func:`grpo_lab.tasks.validate_task`."""
+    from .tasks import _class_path, task_spec
+
+    try:
+        spec = dict(task_spec(task), registered=True)
+    except ValueError:
+        try:
+            params = asdict(task) if is_dataclass(task) else None
+        except Exception:  # a field that cannot be copied (a lock, a file handle): described by name only
+            params = None
+        spec = {"name": task.name, "class": _class_path(type(task)), "params": params, "registered": False}
+    if spec["params"] is not None:
+        try:
+            spec["params"] = json.loads(json.dumps(spec["params"], default=_json_default))
+        except (TypeError, ValueError):
+            spec["params"] = None
+    return spec
+
+
+def _resume_task(spec, task, path: Path):
+    """The task a resumed trainer continues with: ``task`` when given (a ``RuntimeWarning`` names
+    what differs from the saved ``spec``), else the saved task rebuilt from the registry.
+
+    Raises:
+        ValueError: ``spec`` is corrupt, or the saved task cannot be rebuilt and ``task`` is ``None``
+            (the message says why and names ``task=`` and ``register_task``).
+    """
+    from .tasks import TASKS, _class_path, task_from_spec
+
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"Trainer.resume: {path / 'state.json'} has no valid task entry ({spec!r:.80}); "
+                         "the checkpoint is corrupt")
+    name, stored, params = spec["name"], spec.get("class"), spec.get("params")
+    if task is not None:
+        validate_task(task)
+        diffs = []
+        if task.name != name:
+            diffs.append(f"name {task.name!r} (saved {name!r})")
+        if stored is not None and _class_path(type(task)) != stored:
+            diffs.append(f"class {_class_path(type(task))} (saved {stored})")
+        elif isinstance(params, dict) and is_dataclass(task):
+            now = _task_state(task)["params"] or {}
+            changed = sorted(k for k in set(now) | set(params) if now.get(k) != params.get(k))
+            if changed:
+                diffs.append("fields " + ", ".join(f"{k}={now.get(k)!r} (saved {params.get(k)!r})" for k in changed))
+        if diffs:
+            warnings.warn(f"Trainer.resume: the task passed as task= differs from the one saved in {path}: "
+                          + "; ".join(diffs) + "; the run continues with the task passed, not as it would have",
+                          RuntimeWarning, stacklevel=3)
+        return task
+    registered = TASKS.get(name)
+    if registered is None:
+        reason = f"no task named {name!r} is registered in this process (registered: {sorted(TASKS)})"
+    elif stored is not None and _class_path(registered) != stored:
+        reason = f"{name!r} is registered to {_class_path(registered)}, not to {stored}"
+    elif not isinstance(params, dict):
+        reason = "its fields were not stored (it is not a dataclass with fields JSON can hold)"
+    else:
+        try:
+            return task_from_spec(spec)
+        except Exception as exc:  # the class's own constructor rejected the stored fields
+            reason = f"rebuilding it from the stored fields failed ({type(exc).__name__}: {exc})"
+    short = stored.rsplit(".", 1)[-1] if stored else "YourTask"
+    raise ValueError(f"Trainer.resume: {path} was saved with the task {name!r}" + (f" ({stored})" if stored else "")
+                     + f", which cannot be rebuilt here: {reason}. Pass the task object: "
+                     f"Trainer.resume(path, task={short}(...)), or register its class first: "
+                     f"grpo_lab.tasks.register_task({name!r}, {short})")
+
+
 def _replace_dir(new: Path, final: Path) -> None:
-    """Move the finished directory ``new`` to ``final``, replacing an older one there."""
+    """Move the finished directory ``new`` to ``final``. An older ``final`` is first renamed to
+    ``.NAME.old`` and deleted once ``new`` is in place; if moving ``new`` fails, it is renamed back."""
     old = final.with_name(f".{final.name}.old")
     shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    new.rename(final)
+    if not final.exists():
+        new.rename(final)
+        return
+    final.rename(old)
+    try:
+        new.rename(final)
+    except BaseException:
+        old.rename(final)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -457,11 +457,13 @@ def test_corrupt_history_json_names_the_file(tok, tmp_path, monkeypatch):
         Trainer.resume(tmp_path)
 
 
-def test_save_with_unregistered_task_writes_nothing(tok, tmp_path):
+def test_save_with_unregistered_task_resumes_with_task_argument(tok, tmp_path):
+    # issue 15: an unregistered task saves (it used to be refused); resume then asks for task=
     tr = make_trainer(tok)  # ToyTask is not registered here
-    with pytest.raises(ValueError, match="not a registered dataclass task"):
-        tr.save(tmp_path / "ckpt")
-    assert not (tmp_path / "ckpt").exists()
+    ck = tr.save(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="task="):
+        Trainer.resume(ck)
+    assert Trainer.resume(ck, task=ToyTask(test_size=5)).task == ToyTask(test_size=5)
 
 
 # ------------------------------------------------------------------------------------ found by a fresh user

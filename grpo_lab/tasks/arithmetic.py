@@ -46,7 +46,7 @@ __all__ = ["ArithmeticTask", "reasoning_response", "direct_response", "parse_ans
 
 _RESPONSE = re.compile(r"^(?:[0-9+]+;)*#(0|[1-9][0-9]{0,5})$")
 
-#: Characters that cannot be the filler: they carry the response's structure or answer (digits,
+#: Characters that cannot be the filler, since they carry the response's structure or answer (digits,
 #: ``+``, ``;``, ``#``), or are invisible in a printed completion (whitespace).
 FILLER_FORBIDDEN = "0123456789+;#"
 
@@ -140,7 +140,7 @@ class ArithmeticTask:
             :mod:`grpo_lab.pretrain`, not by RL).
         test_size: number of problems in the fixed test set (equal share per term count).
         filler: ``""`` (the plain task) or one character that a response may contain between
-            its parts and after the answer, and that the parser ignores (:func:`parse_answer`):
+            its parts and after the answer, and that the parser ignores (:func:`~grpo_lab.tasks.arithmetic.parse_answer`):
             length without effect on correctness.
         p_filler: fraction of pretraining demonstrations with a run of filler (used by
             :mod:`grpo_lab.pretrain`, not by RL; needs ``filler``).
@@ -245,7 +245,7 @@ class ArithmeticTask:
 
     # ----------------------------------------------------------------- scoring
     def is_correct(self, completion: str, problem: Problem) -> bool:
-        """Raw correctness: well formed (:func:`parse_answer`, with this task's filler) and the
+        """Raw correctness: well formed (:func:`~grpo_lab.tasks.arithmetic.parse_answer`, with this task's filler) and the
         answer equals the sum."""
         return parse_answer(completion, self.filler) == problem.answer
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Problem", "Task", "save_problems", "load_problems"]
+__all__ = ["Problem", "Task", "validate_task", "save_problems", "load_problems"]
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,83 @@ class Problem:
 
 @runtime_checkable
 class Task(Protocol):
-    """What a task provides to the trainer and the book.
+    """The task protocol: what :class:`grpo_lab.trainer.Trainer`, :func:`grpo_lab.rollout.evaluate`
+    and the checkpoints use from a task. Any object with these members is a task (no base class to
+    inherit); :func:`validate_task` checks them, and ``Trainer(...)`` calls it, so a task that
+    lacks one fails when the trainer is built, with a ``TypeError`` that names every problem.
 
-    ``sample`` draws training prompts from the task's distribution with the caller's RNG (so a
-    resumed run continues exactly); ``reward`` scores one completion and must never execute or
-    ``eval`` it; ``is_correct`` is the raw correctness used for accuracy and for DAPO's
-    dynamic-sampling filter (a shaped reward may differ from it); ``test_set`` is fixed.
+    Attributes:
+        name: ``str``, not empty. Identifies the task in a checkpoint's ``state.json`` and in the
+            registry :data:`grpo_lab.tasks.TASKS`: :func:`grpo_lab.tasks.register_task` registers
+            a task class under this name, and ``Trainer.resume`` rebuilds a registered task from
+            its name and (dataclass) fields. Unregistered tasks train and save too; resuming them
+            takes ``Trainer.resume(path, task=...)``.
+        max_new_tokens: ``int >= 1``, the generation budget in tokens (EOS included) used when
+            ``TrainerConfig.max_new_tokens`` is ``None`` and by :func:`grpo_lab.rollout.evaluate`
+            when it is not given one. Responses longer than the budget are truncated (and, with
+            DAPO's overlong shaping, penalised against that budget).
+
+    Methods (called by the trainer; all must be deterministic given their arguments):
+
+    * ``sample(n: int, rng: numpy.random.Generator) -> list[Problem]``: exactly ``n`` training
+      problems. Draw all randomness from ``rng``, never from ``random``, ``np.random`` or torch's
+      global generators: the trainer passes its own seeded generator and saves its state in a
+      checkpoint, which is what makes seeded runs repeat and resumed runs continue exactly. Called
+      once per generation round (``prompts_per_step`` problems, fewer in DAPO's top-up rounds).
+      Each ``Problem.prompt`` is non-empty text the tokenizer can encode (the tiny checkpoints'
+      character tokenizer knows :data:`grpo_lab.models.CHARS`; other characters become ``<unk>``).
+    * ``reward(completion: str, problem: Problem) -> float``: the training reward of one response,
+      a finite real number (``Trainer.score`` raises ``TypeError`` / ``ValueError`` naming the
+      sample otherwise). ``completion`` is the decoded response without its EOS token. Must never
+      ``exec`` or ``eval`` the completion: parse it.
+    * ``is_correct(completion: str, problem: Problem) -> bool``: raw correctness, for the
+      ``accuracy`` and ``test_accuracy`` columns and DAPO's dynamic-sampling filter (it may differ
+      from ``reward``, e.g. when the reward gives partial credit or is shaped).
+    * ``test_set() -> list[Problem]``: the fixed evaluation problems, the same on every call (it is
+      called at every evaluation, so cache it if it is expensive to build).
+
+    Optional: ``is_reasoning(completion: str) -> bool`` adds the ``reasoning_frac`` /
+    ``test_reasoning_frac`` columns. The trainer calls ``reward`` and ``is_correct`` once per
+    response, in rollout order.
+
+    Example, a task that asks the policy to reverse a word:
+
+    >>> from dataclasses import dataclass
+    >>> import numpy as np
+    >>> from grpo_lab.tasks import Problem, validate_task
+    >>> @dataclass
+    ... class ReverseTask:
+    ...     name: str = "reverse"
+    ...     max_new_tokens: int = 8
+    ...     length: int = 4
+    ...
+    ...     def sample(self, n, rng):
+    ...         words = ["".join(rng.choice(list("abcdefgh"), self.length)) for _ in range(n)]
+    ...         return [Problem(w + "=", w[::-1]) for w in words]
+    ...
+    ...     def is_correct(self, completion, problem):
+    ...         return completion == problem.answer
+    ...
+    ...     def reward(self, completion, problem):
+    ...         return 1.0 if self.is_correct(completion, problem) else 0.0
+    ...
+    ...     def test_set(self):
+    ...         return self.sample(50, np.random.default_rng(12345))
+    >>> validate_task(ReverseTask(), call=True)  # returns the task; TypeError listing any problem
+    ReverseTask(name='reverse', max_new_tokens=8, length=4)
+    >>> problem = ReverseTask().sample(1, np.random.default_rng(0))[0]
+    >>> problem.prompt, problem.answer
+    ('gfec=', 'cefg')
+
+    Training, saving and resuming it (see :class:`grpo_lab.trainer.Trainer`)::
+
+        trainer = Trainer(policy, tokenizer, ReverseTask(), "GRPO", TrainerConfig())
+        trainer.train(20)
+        trainer.save("runs/reverse")        # works for any task, registered or not
+        Trainer.resume("runs/reverse", task=ReverseTask())
+
+        register_task("reverse", ReverseTask)   # or register the class (in every process) ...
+        Trainer.resume("runs/reverse")          # ... and resume rebuilds the task itself
     """
 
     name: str
@@ -47,6 +121,145 @@ class Task(Protocol):
     def is_correct(self, completion: str, problem: Problem) -> bool: ...
 
     def test_set(self) -> list[Problem]: ...
+
+
+#: The methods of the protocol: name -> (the call, the number of positional arguments).
+_METHODS = {
+    "sample": ("sample(n, rng) -> list[Problem]", 2),
+    "reward": ("reward(completion, problem) -> float", 2),
+    "is_correct": ("is_correct(completion, problem) -> bool", 2),
+    "test_set": ("test_set() -> list[Problem]", 0),
+}
+_OPTIONAL_METHODS = {"is_reasoning": ("is_reasoning(completion) -> bool", 1)}
+
+
+def _method_problems(owner, *, optional: bool) -> list[str]:
+    """The protocol methods that ``owner`` (a task or a task class) lacks or cannot be called as
+    the trainer calls them; optional methods only when present."""
+    out = []
+    for name, (call, n_args) in (_OPTIONAL_METHODS if optional else _METHODS).items():
+        if not hasattr(owner, name):
+            if not optional:
+                out.append(f"missing method {call}")
+            continue
+        member = getattr(owner, name)
+        if not callable(member):
+            out.append(f"{name} must be a method {call}, got {type(member).__name__} {member!r:.60}")
+            continue
+        if isinstance(owner, type) and not isinstance(inspect.getattr_static(owner, name), (staticmethod, classmethod)):
+            n_args += 1  # an unbound function on the class: self comes first
+        try:
+            sig = inspect.signature(member)
+        except (TypeError, ValueError):  # no signature to read (a builtin): calling it will tell
+            continue
+        try:
+            sig.bind(*([None] * n_args))
+        except TypeError as exc:
+            out.append(f"{name}{sig} cannot be called as {call} ({exc})")
+    return out
+
+
+def _is_problem_list(value, n: int | None = None) -> str | None:
+    """``None`` when ``value`` is a list of :class:`Problem` with a non-empty ``str`` prompt and a
+    ``str`` answer (of length ``n`` when given), else what is wrong."""
+    if not isinstance(value, (list, tuple)):
+        return f"returned {type(value).__name__}, not a list of Problem"
+    if n is not None and len(value) != n:
+        return f"returned {len(value)} problems, not {n}"
+    for i, p in enumerate(value):
+        if not isinstance(p, Problem):
+            return f"item {i} is {type(p).__name__} {p!r:.60}, not a grpo_lab.tasks.Problem"
+        if not isinstance(p.prompt, str) or not p.prompt or not isinstance(p.answer, str):
+            return f"item {i} {p!r:.80} needs a non-empty str prompt and a str answer"
+    return None
+
+
+def validate_task(task, *, call: bool = False):
+    """Check that ``task`` implements the task protocol (:class:`Task`); return it unchanged.
+
+    The default check is cheap and runs none of the task's code: ``name`` is a non-empty ``str``,
+    ``max_new_tokens`` an ``int >= 1`` (not a bool), and ``sample``, ``reward``, ``is_correct``,
+    ``test_set`` (and ``is_reasoning`` when present) are callables that accept the arguments the
+    trainer passes (checked on their signatures). ``Trainer(...)`` runs it.
+
+    With ``call=True`` (for the author of a task; the trainer never does it) it also calls the
+    methods once: ``sample(2, rng)`` twice with a fresh ``numpy.random.default_rng(0)`` (two
+    :class:`Problem` with non-empty ``str`` prompts and ``str`` answers, the same both times,
+    i.e. drawn from ``rng`` alone), ``reward`` (a finite real) and ``is_correct`` (a bool) on the
+    first problem's answer, and ``test_set()`` (a non-empty list of :class:`Problem`). A task that
+    draws from a global RNG in ``sample`` advances it here.
+
+    Args:
+        task: the object to check.
+        call: also call the methods as described above.
+
+    Returns:
+        ``task``.
+
+    Raises:
+        TypeError: ``task`` does not implement the protocol; the message lists every missing or
+            ill-typed member (a wrong value such as ``max_new_tokens=0`` or an empty ``name`` is
+            reported there too, so that one error names every problem), and with ``call=True``
+            every method that raised or returned something of the wrong kind.
+    """
+    problems = []
+    name = getattr(task, "name", None)
+    if not hasattr(task, "name"):
+        problems.append("missing attribute name: str (the task's registry and checkpoint name)")
+    elif not isinstance(name, str) or not name:
+        problems.append(f"name must be a non-empty str, got {name!r}")
+    if not hasattr(task, "max_new_tokens"):
+        problems.append("missing attribute max_new_tokens: int (the generation budget in tokens)")
+    else:
+        m = task.max_new_tokens
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
+            problems.append(f"max_new_tokens must be an int >= 1, got {m!r} ({type(m).__name__})")
+    problems += _method_problems(task, optional=False) + _method_problems(task, optional=True)
+    if call and not problems:
+        problems += _call_problems(task)
+    if problems:
+        raise TypeError(f"{type(task).__name__} does not implement the task protocol (grpo_lab.tasks.Task):\n  - "
+                        + "\n  - ".join(problems))
+    return task
+
+
+def _call_problems(task) -> list[str]:
+    """What :func:`validate_task` with ``call=True`` finds wrong when it calls the methods."""
+    out = []
+
+    def attempt(what, fn):
+        try:
+            return True, fn()
+        except Exception as exc:  # the task's own error, reported with the others
+            out.append(f"{what} raised {type(exc).__name__}: {exc}")
+            return False, None
+
+    ok, first = attempt("sample(2, rng)", lambda: task.sample(2, np.random.default_rng(0)))
+    if ok:
+        wrong = _is_problem_list(first, 2)
+        if wrong:
+            out.append(f"sample(2, rng) {wrong}")
+            ok = False
+    if ok:
+        ok2, again = attempt("sample(2, rng) (a second time)", lambda: task.sample(2, np.random.default_rng(0)))
+        if ok2 and again != first:
+            out.append("sample(2, rng) gave different problems for two generators with the same seed: draw every "
+                       "random number from rng (not from random, np.random or torch), or resume is not exact")
+        p = first[0]
+        ok, r = attempt("reward(problem.answer, problem)", lambda: task.reward(p.answer, p))
+        if ok:
+            real = isinstance(r, numbers.Real) or (hasattr(r, "numel") and r.numel() == 1 and not isinstance(r, str))
+            if not real or not math.isfinite(float(r)):
+                out.append(f"reward(completion, problem) returned {r!r} ({type(r).__name__}), not a finite real number")
+        ok, c = attempt("is_correct(problem.answer, problem)", lambda: task.is_correct(p.answer, p))
+        if ok and not isinstance(c, (bool, np.bool_)):
+            out.append(f"is_correct(completion, problem) returned {c!r} ({type(c).__name__}), not a bool")
+    ok, test = attempt("test_set()", task.test_set)
+    if ok:
+        wrong = _is_problem_list(test) or (None if len(test) else "returned no problems")
+        if wrong:
+            out.append(f"test_set() {wrong}")
+    return out
 
 
 def save_problems(problems: Sequence[Problem], path: str | Path) -> None:
