@@ -68,8 +68,11 @@ __all__ = [
 
 #: live, read-only views of the names in each axis' registry (register in the registry itself)
 ADVANTAGES = ADVANTAGE_ESTIMATORS.keys()
+#: live, read-only view of the ratio levels, the keys of :data:`grpo_lab.objectives.RATIOS`
 RATIO_LEVELS = _obj.RATIOS.keys()
+#: live, read-only view of the clipping choices, the keys of :data:`grpo_lab.objectives.SURROGATES`
 CLIPS = _obj.SURROGATES.keys()
+#: live, read-only view of the aggregations, the keys of :data:`grpo_lab.objectives.AGGREGATIONS`
 AGGREGATIONS = _obj.AGGREGATIONS.keys()
 #: KL estimator names; ``kl=None`` (no KL term) is accepted as well
 KL_ESTIMATORS = _obj.KL_ESTIMATORS.keys()
@@ -79,7 +82,7 @@ KL_ESTIMATORS = _obj.KL_ESTIMATORS.keys()
 class Algorithm:
     """A point in the design space: one choice per axis, immutable and validated.
 
-    Fields:
+    Attributes:
         name: display name (used as the key in tables and plots).
         advantage: a key of :data:`grpo_lab.advantages.ADVANTAGE_ESTIMATORS`: ``"group"`` —
             ``(r - mean_g) / (std_g + adv_eps)``, DeepSeekMath (arXiv 2402.03300) §4.1.2;
@@ -130,7 +133,14 @@ class Algorithm:
             Overlong Punishment* is added to the task reward, with ``L_max`` = the trainer's
             generation budget (``max_new_tokens``) and the penalty starting after
             ``L_max - L_cache`` tokens (see :func:`grpo_lab.rewards.overlong_penalty`). The
-            trainer raises ``ValueError`` if it exceeds the budget.
+            trainer raises ``ValueError`` when it does not fit the budget (``L_cache > L_max / 2``,
+            see :func:`grpo_lab.sampling.overlong_cache_tokens`). A fixed count suits one budget
+            only: prefer ``overlong_cache_frac``.
+        overlong_cache_frac: ``None`` or a float in ``(0, 0.5]``: the same penalty with ``L_cache``
+            a fraction of the generation budget, ``L_cache = max(1, floor(frac * L_max + 1/2))``
+            tokens, so that the preset keeps its proportion at any budget. DAPO §4.1 uses
+            ``L_cache = 4,096`` of ``L_max = 20,480``: ``0.2`` (the ``DAPO`` preset). At most one of
+            ``overlong_cache_len`` and ``overlong_cache_frac`` is set.
         kl_importance_correction: DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7 — the per-token KL
             estimate is multiplied by the (non-detached) importance ratio ``pi_theta / pi_old``
             (:func:`grpo_lab.objectives.kl_estimate` with ``old_logp``), which makes its gradient
@@ -149,7 +159,8 @@ class Algorithm:
             a negative or non-finite ``mask_eps_low`` / ``mask_eps_high``, ``mask_eps_low > 1``, a
             ``mask_eps_*`` with ``clip="ppo"`` (a custom surrogate that ignores them is not
             detected),
-            a non-positive ``max_tokens`` or ``overlong_cache_len``, a non-bool
+            a non-positive ``max_tokens`` or ``overlong_cache_len``, an ``overlong_cache_frac``
+            outside ``(0, 0.5]`` or set together with ``overlong_cache_len``, a non-bool
             ``dynamic_sampling`` / ``overlong_filter`` / ``kl_importance_correction``, a
             negative or non-finite ``offpolicy_mask_delta``, or an empty ``name``.
     """
@@ -168,6 +179,7 @@ class Algorithm:
     dynamic_sampling: bool = False
     overlong_filter: bool = False
     overlong_cache_len: Optional[int] = None
+    overlong_cache_frac: Optional[float] = None
     kl_importance_correction: bool = False
     offpolicy_mask_delta: Optional[float] = None
     mask_eps_low: Optional[float] = None
@@ -190,6 +202,17 @@ class Algorithm:
         for name in ("dynamic_sampling", "overlong_filter", "kl_importance_correction"):
             _v.flag(name, getattr(self, name))
         _v.positive_int("overlong_cache_len (L_cache, tokens)", self.overlong_cache_len, allow_none=True)
+        if self.overlong_cache_frac is not None:
+            if not 0 < _v.real_number("overlong_cache_frac", self.overlong_cache_frac) <= 0.5:
+                raise ValueError(
+                    f"overlong_cache_frac (L_cache / L_max) must be in (0, 0.5], got {self.overlong_cache_frac!r}: "
+                    "DAPO uses 0.2 (4,096 of 20,480 tokens), and a ramp over more than half the budget "
+                    "penalises ordinary answers")
+            if self.overlong_cache_len is not None:
+                raise ValueError(
+                    f"set overlong_cache_len (L_cache in tokens, got {self.overlong_cache_len!r}) or "
+                    f"overlong_cache_frac (L_cache as a fraction of the budget, got {self.overlong_cache_frac!r}), "
+                    "not both (e.g. DAPO.replace(overlong_cache_frac=None, overlong_cache_len=6))")
         if self.offpolicy_mask_delta is not None and _v.real_number(
                 "offpolicy_mask_delta", self.offpolicy_mask_delta) < 0:
             raise ValueError(
@@ -207,7 +230,7 @@ class Algorithm:
                              "mask with eps_low / eps_high, so set those instead")
         # store plain python numbers (numpy / tensor scalars would break JSON provenance later)
         for name in ("adv_eps", "eps_low", "eps_high", "beta", "offpolicy_mask_delta", "mask_eps_low",
-                     "mask_eps_high"):
+                     "mask_eps_high", "overlong_cache_frac"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
         for name in ("max_tokens", "overlong_cache_len"):
@@ -277,7 +300,8 @@ class Algorithm:
         ``aggregation``, ``kl`` (None when the loss has no KL term), ``beta``,
         ``kl_importance_correction`` (DeepSeek-V3.2 Eq. 7; False without a KL term), then the
         sampling & shaping axis: ``dynamic_sampling``, ``overlong_filter``, ``overlong_cache_len``
-        (None when the soft overlong punishment is off), ``offpolicy_mask_delta`` (V3.2 Eqs. 8–9;
+        and ``overlong_cache_frac`` (both None when the soft overlong punishment is off),
+        ``offpolicy_mask_delta`` (V3.2 Eqs. 8–9;
         None when off), ``mask_eps_low``, ``mask_eps_high`` (MiniMax-M1 Eq. 7; None when off).
         """
         return {
@@ -293,6 +317,7 @@ class Algorithm:
             "dynamic_sampling": self.dynamic_sampling,
             "overlong_filter": self.overlong_filter,
             "overlong_cache_len": self.overlong_cache_len,
+            "overlong_cache_frac": self.overlong_cache_frac,
             "offpolicy_mask_delta": self.offpolicy_mask_delta,
             "mask_eps_low": self.mask_eps_low,
             "mask_eps_high": self.mask_eps_high,
@@ -307,9 +332,9 @@ class Algorithm:
         return dataclasses.replace(self, **changes)
 
 
-#: GRPO as in DeepSeekMath (arXiv 2402.03300) Eq. 3-4 and §4.1.2 / §4.2: token ratio, symmetric
+#: GRPO as in DeepSeekMath (arXiv 2402.03300) Eq. 3-4 and §4.1.2 / §4.2 — token ratio, symmetric
 #: clip eps = 0.2 (the paper's eps is not stated in its RL section; 0.2 is the usual PPO value),
-#: 1/G sum_i 1/|o_i| sum_t aggregation, k3 KL inside the token sum with beta = 0.04, group
+#: ``1/G sum_i 1/|o_i| sum_t`` aggregation, k3 KL inside the token sum with beta = 0.04, group
 #: z-score advantages (unbiased std).
 GRPO = Algorithm(
     name="GRPO",
@@ -341,12 +366,13 @@ GRPO = Algorithm(
 #:   truncated samples, use ``DAPO.replace(overlong_filter=False)``;
 #: * Soft Overlong Punishment, Eq. 13. The paper uses ``L_max = 20,480`` (the generation budget)
 #:   and ``L_cache = 4,096``: the penalty starts at the *expected maximum length* 16,384, i.e.
-#:   ``L_cache = L_max / 5`` past the longest response it expects. ``L_cache`` is stored in tokens,
-#:   so this preset is sized for the book's arithmetic task (budget ``L_max = 32``): its longest
-#:   well-formed answer (``198+99+99;297+99;396;#396``) is 25 characters + EOS = 26 tokens, so
-#:   ``overlong_cache_len = 6`` puts the penalty's start exactly there (26 = 32 - 6, and 6/32 is
-#:   the paper's 1/5 rounded to a whole token): no well-formed response is punished. For another
-#:   budget, ``DAPO.replace(overlong_cache_len=round(L_max / 5))`` keeps the paper's proportion.
+#:   ``L_cache = L_max / 5`` past the longest response it expects. The preset stores that
+#:   proportion, ``overlong_cache_frac = 0.2``, so it fits any generation budget
+#:   (:func:`grpo_lab.sampling.overlong_cache_tokens` rounds it to whole tokens). On the book's
+#:   arithmetic task (budget ``L_max = 32``) that is ``L_cache = 6``: the longest well-formed answer
+#:   (``198+99+99;297+99;396;#396``) is 25 characters + EOS = 26 tokens = 32 - 6, so no
+#:   well-formed response is punished. A fixed count, ``DAPO.replace(overlong_cache_frac=None,
+#:   overlong_cache_len=n)``, is checked against the budget when the trainer starts.
 #:
 #: DAPO's reward is +1/-1 (Eq. 7); with a task's {0, 1} reward the -1 overlong penalty weighs
 #: twice as much relative to the correct/incorrect gap. The paper's G = 16, lr 1e-6 and 16
@@ -359,11 +385,11 @@ DAPO = GRPO.replace(
     beta=0.0,
     dynamic_sampling=True,
     overlong_filter=True,
-    overlong_cache_len=6,
+    overlong_cache_frac=0.2,
 )
 
-#: Dr. GRPO (Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv
-#: 2503.20783, §3.2 and Listing 1): GRPO with the two biases of §3.1 removed.
+#: Dr. GRPO, GRPO with the two biases of §3.1 removed (Liu et al., "Understanding R1-Zero-Like
+#: Training: A Critical Perspective", arXiv 2503.20783, §3.2 and Listing 1).
 #:
 #: * ``advantage="group_mean"``: ``A_i = R_i - mean(R)``, no division by std(R) (removes the
 #:   question-level difficulty bias: low-spread groups no longer get extra weight); up to the
@@ -384,7 +410,7 @@ DR_GRPO = GRPO.replace(
     beta=0.0,
 )
 
-#: CISPO (MiniMax-M1, arXiv 2506.13585, §3.1): clip the importance-sampling weight, not the update.
+#: CISPO (MiniMax-M1, arXiv 2506.13585, §3.1) clips the importance-sampling weight, not the update.
 #:
 #: * ``clip="is_weight"``, Eqs. 4-5: ``sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi_theta``, ratio
 #:   ``r = pi_theta / pi_old`` per token (Eq. 1; not inverted);
@@ -400,7 +426,7 @@ DR_GRPO = GRPO.replace(
 #:   over questions, per group, as in DAPO's Eq. 12 (verl and TRL divide by the batch's token
 #:   count instead: ``"token_mean"``); no KL term (§3.1);
 #: * DAPO's dynamic sampling and soft length penalty "are also used" (§3.1); overlong *filtering*
-#:   is not mentioned, so it is off (``overlong_cache_len = 6`` as sized in :data:`DAPO`);
+#:   is not mentioned, so it is off (``overlong_cache_frac = 0.2`` as in :data:`DAPO`);
 #: * group z-score advantages (Eq. 2). MiniMax-M1's AdamW betas (0.9, 0.95) are a trainer setting
 #:   (``TrainerConfig.betas``); its AdamW eps of 1e-15 is not exposed (the trainer uses torch's
 #:   default, 1e-8).
@@ -414,7 +440,7 @@ CISPO = GRPO.replace(
     beta=0.0,
     dynamic_sampling=True,
     overlong_filter=False,
-    overlong_cache_len=6,
+    overlong_cache_frac=0.2,
 )
 
 #: GSPO (Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071), Eqs. 5-7 and §5.1:
@@ -448,7 +474,7 @@ GSPO = GRPO.replace(
     beta=0.0,
 )
 
-#: GSPO-token (arXiv 2507.18071, Eqs. 13-17): GSPO with ``ratio_level="sequence_token"``,
+#: GSPO-token (arXiv 2507.18071, Eqs. 13-17) is GSPO with ``ratio_level="sequence_token"``,
 #: ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]`` (Eq. 14), inside Eq. 13's
 #: ``1/G sum_i 1/|y_i| sum_t`` (``"seq_mean_token_mean"``). Every other axis and hyperparameter is
 #: :data:`GSPO`'s (§5.1 reports no separate setting for it). With one advantage per response it is
@@ -456,6 +482,7 @@ GSPO = GRPO.replace(
 #: (``[B, T]``, e.g. multi-turn credit), the case the paper introduces it for.
 GSPO_TOKEN = GSPO.replace(name="GSPO_TOKEN", ratio_level="sequence_token")
 
+#: The presets of this module by name (``python -m grpo_lab NAME`` trains one).
 PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO, "GSPO": GSPO,
                                  "GSPO_TOKEN": GSPO_TOKEN, "CISPO": CISPO}
 

@@ -3,7 +3,8 @@
 The trainer calls these stage functions and never reads an algorithm's switches itself:
 
 * :func:`shape` — the reward a sample trains on, from its task reward (DAPO, arXiv 2503.14476,
-  Eq. 13 *Soft Overlong Punishment* when ``algo.overlong_cache_len`` is set, through
+  Eq. 13 *Soft Overlong Punishment* when ``algo.overlong_cache_len`` or ``algo.overlong_cache_frac``
+  is set (:func:`overlong_cache_tokens`), through
   :func:`grpo_lab.rewards.shape_rewards`);
 * :data:`SELECTORS` / :func:`select_groups` — which groups of a rollout are kept (DAPO Eq. 11
   *Dynamic Sampling* keeps groups of mixed accuracy and the trainer samples more until the batch
@@ -21,6 +22,8 @@ makes a group of equally correct answers look mixed. A new selection rule is one
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable
 
 import torch
@@ -28,8 +31,8 @@ from torch import Tensor
 
 from .rewards import shape_rewards
 
-__all__ = ["SELECTORS", "keep_all", "keep_mixed_accuracy", "select_groups", "selector_name", "shape", "loss_mask", "check",
-           "sampling_metrics"]
+__all__ = ["SELECTORS", "keep_all", "keep_mixed_accuracy", "select_groups", "selector_name", "overlong_cache_tokens", "shape",
+           "loss_mask", "check", "sampling_metrics"]
 
 
 def keep_all(correct: Tensor, group_size: int) -> Tensor:
@@ -57,12 +60,43 @@ def select_groups(algo, correct: Tensor, group_size: int) -> Tensor:
     return SELECTORS[selector_name(algo)](correct, group_size)
 
 
+def overlong_cache_tokens(algo, max_new_tokens: int) -> int | None:
+    """DAPO's ``L_cache`` in tokens for a generation budget ``L_max = max_new_tokens`` (Eq. 13, §3.4).
+
+    ``algo.overlong_cache_len`` when set (a fixed count), else
+    ``max(1, floor(algo.overlong_cache_frac * L_max + 1/2))`` (the fraction rounded half up:
+    0.2 of 32 tokens is 6, of 20 tokens 4, of 20,480 tokens the paper's 4,096), else ``None``
+    (the penalty is off).
+
+    Raises:
+        ValueError: ``max_new_tokens`` not a positive int, or an ``L_cache`` that does not fit the
+            budget: more than ``L_max / 2`` tokens. Eq. 13 needs ``L_cache <= L_max``, and a ramp
+            over more than half the budget penalises ordinary answers (a fixed count sized for
+            another budget, typically); DAPO uses ``L_max / 5``.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"overlong_cache_tokens: max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if algo.overlong_cache_len is not None:
+        cache = algo.overlong_cache_len
+        if 2 * cache > max_new_tokens:
+            raise ValueError(
+                f"algo.overlong_cache_len (L_cache={cache} tokens) does not fit the generation budget "
+                f"max_new_tokens (L_max={max_new_tokens}): the soft overlong penalty would start after "
+                f"{max(max_new_tokens - cache, 0)} tokens. Use L_cache <= L_max / 2, or a fraction of the "
+                f"budget: algo.replace(overlong_cache_len=None, overlong_cache_frac=0.2) (DAPO's L_max / 5)")
+        return cache
+    if algo.overlong_cache_frac is None:
+        return None
+    return max(1, math.floor(algo.overlong_cache_frac * max_new_tokens + 0.5))
+
+
 def shape(algo, rewards: Tensor, lengths: Tensor, max_new_tokens: int) -> Tensor:
     """The training reward ``[B]`` float32: the task reward, plus DAPO's soft overlong penalty
-    (Eq. 13, ``L_max = max_new_tokens``, ``L_cache = algo.overlong_cache_len``) when set."""
-    if algo.overlong_cache_len is None:
+    (Eq. 13, ``L_max = max_new_tokens``, ``L_cache`` = :func:`overlong_cache_tokens`) when set."""
+    cache = overlong_cache_tokens(algo, max_new_tokens)
+    if cache is None:
         return rewards
-    return shape_rewards(rewards, lengths, max_len=max_new_tokens, cache_len=algo.overlong_cache_len)
+    return shape_rewards(rewards, lengths, max_len=max_new_tokens, cache_len=cache)
 
 
 def loss_mask(algo, completion_mask: Tensor, truncated: Tensor) -> Tensor:
@@ -76,10 +110,10 @@ def loss_mask(algo, completion_mask: Tensor, truncated: Tensor) -> Tensor:
 
 def check(algo, *, group_size: int, max_new_tokens: int) -> None:
     """Raise ``ValueError`` when the trainer settings cannot run ``algo``'s sampling choices."""
-    if algo.overlong_cache_len is not None and algo.overlong_cache_len > max_new_tokens:
-        raise ValueError(
-            f"Trainer: algo.overlong_cache_len (L_cache={algo.overlong_cache_len}) exceeds the generation "
-            f"budget max_new_tokens (L_max={max_new_tokens}); DAPO Eq. 13 needs L_cache <= L_max")
+    try:
+        overlong_cache_tokens(algo, max_new_tokens)
+    except ValueError as exc:
+        raise ValueError(f"Trainer: {exc}") from None
     if selector_name(algo) != "all" and group_size < 2:
         raise ValueError("Trainer: dynamic sampling needs group_size >= 2 (a group of one is never "
                          "of mixed accuracy)")

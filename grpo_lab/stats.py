@@ -138,5 +138,13 @@ def binomial_se(p: float, n: int) -> float:
 
 
 def format_interval(iv: Interval, digits: int = 3) -> str:
-    """``"0.677 [0.660, 0.694]"`` (mean, then the interval), rounded to ``digits`` decimals."""
-    return f"{iv.mean:.{digits}f} [{iv.lo:.{digits}f}, {iv.hi:.{digits}f}]"
+    """``"0.677 [0.660, 0.694]"`` (mean, then the interval), rounded to ``digits`` decimals.
+
+    A value that rounds to zero prints without a sign (``0.000``, not ``-0.000``): a minus sign
+    there would report a sign the shown precision cannot resolve."""
+
+    def fmt(x: float) -> str:
+        text = f"{x:.{digits}f}"
+        return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+    return f"{fmt(iv.mean)} [{fmt(iv.lo)}, {fmt(iv.hi)}]"

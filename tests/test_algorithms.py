@@ -43,9 +43,9 @@ def test_dapo_preset_is_the_papers_final_recipe():
     assert DAPO.aggregation == "group_token_mean"  # Eq. 12 as written: per group
     assert DAPO.kl is None and DAPO.beta == 0.0 and not DAPO.uses_kl
     assert DAPO.advantage == "group" and DAPO.ratio_level == "token" and DAPO.clip == "ppo"
-    assert DAPO.dynamic_sampling and DAPO.overlong_filter and DAPO.overlong_cache_len == 6
+    assert DAPO.dynamic_sampling and DAPO.overlong_filter and DAPO.overlong_cache_frac == 0.2 and DAPO.overlong_cache_len is None
     ax = DAPO.axes()
-    assert ax["kl"] is None and ax["dynamic_sampling"] and ax["overlong_cache_len"] == 6
+    assert ax["kl"] is None and ax["dynamic_sampling"] and ax["overlong_cache_frac"] == 0.2
     assert get_algorithm("dapo") is DAPO
 
 
@@ -131,6 +131,7 @@ def test_axes_and_describe():
     ax = GRPO.axes()
     assert list(ax) == ["advantage", "ratio_level", "clip", "eps_low", "eps_high", "aggregation", "kl", "beta",
                         "kl_importance_correction", "dynamic_sampling", "overlong_filter", "overlong_cache_len",
+                        "overlong_cache_frac",
                         "offpolicy_mask_delta", "mask_eps_low", "mask_eps_high"]
     assert ax["kl_importance_correction"] is False and ax["offpolicy_mask_delta"] is None
     assert ax["mask_eps_low"] is None and ax["mask_eps_high"] is None
@@ -210,7 +211,7 @@ def test_presets_state_only_what_differs_from_grpo():
     from grpo_lab.algorithms import DR_GRPO, deepseek_v32
 
     assert DAPO == GRPO.replace(name="DAPO", eps_high=0.28, aggregation="group_token_mean", kl=None, beta=0.0,
-                                dynamic_sampling=True, overlong_filter=True, overlong_cache_len=6)
+                                dynamic_sampling=True, overlong_filter=True, overlong_cache_frac=0.2)
     assert DR_GRPO == GRPO.replace(name="DR_GRPO", advantage="group_mean", aggregation="seq_mean_token_sum_norm",
                                    kl=None, beta=0.0)
     v32 = deepseek_v32(beta=0.1, delta=0.5, eps=0.3)

@@ -522,7 +522,7 @@ def test_cispo_preset_fields():
     assert CISPO_PRESET.aggregation == "group_token_mean"  # Eq. 4: 1/sum_i|o_i| per group
     assert CISPO_PRESET.kl is None and CISPO_PRESET.beta == 0.0 and not CISPO_PRESET.uses_kl
     assert CISPO_PRESET.advantage == "group" and CISPO_PRESET.ratio_level == "token"
-    assert CISPO_PRESET.dynamic_sampling and not CISPO_PRESET.overlong_filter and CISPO_PRESET.overlong_cache_len == 6
+    assert CISPO_PRESET.dynamic_sampling and not CISPO_PRESET.overlong_filter and CISPO_PRESET.overlong_cache_frac == 0.2
     assert CISPO_PRESET.mask_eps_low is None and CISPO_PRESET.mask_eps_high is None
     assert CISPO_PRESET.offpolicy_mask_delta is None and not CISPO_PRESET.kl_importance_correction
     assert PRESETS["CISPO"] is CISPO_PRESET

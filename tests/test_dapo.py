@@ -231,7 +231,8 @@ def test_config_validation(kwargs):
 
 def test_trainer_rejects_impossible_settings(tok):
     with pytest.raises(ValueError, match="L_cache"):
-        make_trainer(tok, algo=DAPO, max_new_tokens=5)  # DAPO's L_cache = 6 > budget 5
+        make_trainer(tok, algo=DAPO.replace(overlong_cache_frac=None, overlong_cache_len=6), max_new_tokens=5)
+    make_trainer(tok, algo=DAPO, max_new_tokens=5)  # the preset's fraction fits any budget (L_cache = 1)
     with pytest.raises(ValueError, match="group_size"):
         make_trainer(tok, group_size=1)
 
@@ -431,7 +432,7 @@ def test_overlong_filter_all_truncated_skips_update(tok):
 def test_overlong_filter_micro_batch_invariance(tok, capture_grads):
     # with truncated rows masked, the global token count still makes micro-batching exact
     grads = {}
-    algo = DAPO.replace(dynamic_sampling=False, overlong_cache_len=3)
+    algo = DAPO.replace(dynamic_sampling=False, overlong_cache_frac=None, overlong_cache_len=3)
     for micro in (None, 3):
         tr = make_trainer(tok, algo=algo, task=KindTask(test_size=3, script=("MM",)), micro_batch_size=micro)
         _mark_truncated(tr, [0, 5])
@@ -473,7 +474,7 @@ def test_dapo_preset_trains(tok):
 # ------------------------------------------------------------------------------------ resume
 def test_exact_resume_with_dynamic_sampling(tok, tmp_path, monkeypatch):
     monkeypatch.setitem(tasks_mod.TASKS, "kinds", KindTask)
-    algo = DAPO.replace(overlong_cache_len=3)
+    algo = DAPO.replace(overlong_cache_frac=None, overlong_cache_len=3)
     kw = dict(algo=algo, minibatches=2, max_new_tokens=6)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -520,3 +521,45 @@ def test_up_clipped_token_probability_metrics():
     assert math.isnan(reduce_updates([reduce_micro_batches([calm])])["clip_high_prob_mean"])
     assert math.isnan(reduce_updates([reduce_micro_batches([calm])])["clip_high_prob_max"])
     assert calm["token_prob_mean"] == pytest.approx(0.61 / 3, rel=1e-12) and calm["token_prob_mean"].weight == 3.0
+
+
+# ------------------------------------------------------------------------------------ L_cache sized to the budget
+def test_the_preset_keeps_the_papers_proportion_at_any_budget():
+    from grpo_lab.algorithms import CISPO
+    from grpo_lab.sampling import overlong_cache_tokens
+
+    # found by a fresh user: the preset held L_cache = 6 tokens (sized for a 32-token budget); at a
+    # budget of 8 every sample was penalised. Goldens by hand: floor(0.2 * L_max + 1/2), at least 1.
+    expected = {20_480: 4_096, 32: 6, 20: 4, 8: 2, 5: 1, 2: 1, 1: 1}
+    assert {L: overlong_cache_tokens(DAPO, L) for L in expected} == expected
+    assert overlong_cache_tokens(CISPO, 32) == 6
+    assert overlong_cache_tokens(GRPO, 32) is None  # off
+    # the user's case: a correct 2-character answer (+ EOS: 3 tokens) at a budget of 8 is not punished
+    assert float(overlong_penalty(torch.tensor([3.0]), max_len=8, cache_len=overlong_cache_tokens(DAPO, 8))) == 0.0
+    # a fixed count is kept as given when it fits
+    assert overlong_cache_tokens(GRPO.replace(overlong_cache_len=3), 6) == 3
+
+
+def test_a_fixed_l_cache_that_does_not_fit_fails_clearly(tok):
+    from grpo_lab.sampling import overlong_cache_tokens
+
+    fixed = DAPO.replace(overlong_cache_frac=None, overlong_cache_len=6)
+    assert overlong_cache_tokens(fixed, 12) == 6
+    with pytest.raises(ValueError, match=r"L_cache=6 tokens\) does not fit .*L_max=8.*start after 2 tokens"):
+        overlong_cache_tokens(fixed, 8)
+    with pytest.raises(ValueError, match="^Trainer: .*does not fit.*overlong_cache_frac=0.2"):
+        make_trainer(tok, algo=fixed, task=KindTask(test_size=3), max_new_tokens=8)
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
+        overlong_cache_tokens(DAPO, 0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(overlong_cache_frac=0.0), r"overlong_cache_frac .* \(0, 0.5\]"),
+    (dict(overlong_cache_frac=0.6), r"\(0, 0.5\]"),
+    (dict(overlong_cache_frac=float("nan")), "overlong_cache_frac"),
+    (dict(overlong_cache_frac="0.2"), "overlong_cache_frac"),
+    (dict(overlong_cache_len=6), "not both"),  # DAPO already holds a fraction
+])
+def test_overlong_cache_frac_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DAPO.replace(**kwargs)

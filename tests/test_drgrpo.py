@@ -41,7 +41,8 @@ def test_dr_grpo_preset_values():
         "name": "DR_GRPO", "advantage": "group_mean", "adv_eps": 1e-4, "ratio_level": "token",
         "clip": "ppo", "eps_low": 0.2, "eps_high": 0.2, "aggregation": "seq_mean_token_sum_norm",
         "max_tokens": None, "kl": None, "beta": 0.0, "dynamic_sampling": False,
-        "overlong_filter": False, "overlong_cache_len": None, "kl_importance_correction": False,
+        "overlong_filter": False, "overlong_cache_len": None, "overlong_cache_frac": None,
+        "kl_importance_correction": False,
         "offpolicy_mask_delta": None, "mask_eps_low": None, "mask_eps_high": None,
     }
     assert not DR_GRPO.uses_kl  # the paper takes beta = 0 throughout
@@ -60,13 +61,13 @@ def test_grpo_and_dapo_presets_unchanged():
         "name": "GRPO", "advantage": "group", "adv_eps": 1e-4, "ratio_level": "token", "clip": "ppo",
         "eps_low": 0.2, "eps_high": 0.2, "aggregation": "seq_mean_token_mean", "max_tokens": None,
         "kl": "k3", "beta": 0.04, "dynamic_sampling": False, "overlong_filter": False,
-        "overlong_cache_len": None, **common,
+        "overlong_cache_len": None, "overlong_cache_frac": None, **common,
     }
     assert DAPO.describe() == {
         "name": "DAPO", "advantage": "group", "adv_eps": 1e-4, "ratio_level": "token", "clip": "ppo",
         "eps_low": 0.2, "eps_high": 0.28, "aggregation": "group_token_mean", "max_tokens": None,
         "kl": None, "beta": 0.0, "dynamic_sampling": True, "overlong_filter": True,
-        "overlong_cache_len": 6, **common,
+        "overlong_cache_len": None, "overlong_cache_frac": 0.2, **common,
     }
     assert Algorithm().kl_importance_correction is False and Algorithm().offpolicy_mask_delta is None
 

@@ -54,7 +54,7 @@ def test_micro_batches_with_global_group_counts_add_up():
     logp = (-torch.rand(B, T, dtype=torch.float64)).requires_grad_()
     old = (logp.detach() + 0.3 * torch.randn(B, T, dtype=torch.float64)).clamp(max=0)
     adv = torch.randn(B, dtype=torch.float64)
-    algo = DAPO.replace(aggregation="group_token_mean", dynamic_sampling=False, overlong_cache_len=None)
+    algo = DAPO.replace(aggregation="group_token_mean", dynamic_sampling=False, overlong_cache_frac=None)
     full = policy_loss(logp, old, adv, mask, algo, group_size=G)
     (g_full,) = torch.autograd.grad(full.loss, logp)
     per_group = mask.sum(-1).view(-1, G).sum(-1)

@@ -97,6 +97,10 @@ def test_binomial_se_and_format():
     with pytest.raises(ValueError):
         stats.binomial_se(0.5, 0)
     assert stats.format_interval(stats.Interval(0.6774, 0.66, 0.69449, 5)) == "0.677 [0.660, 0.694]"
+    # chapter 2 printed "-0.000 [-0.013, 0.012]": a sign the precision cannot resolve (hand-written goldens)
+    assert stats.format_interval(stats.Interval(-0.0003, -0.0134, 0.0121, 5)) == "0.000 [-0.013, 0.012]"
+    assert stats.format_interval(stats.Interval(0.0061, -0.0004, 0.0131, 5)) == "0.006 [0.000, 0.013]"
+    assert stats.format_interval(stats.Interval(-0.004, -0.006, -0.002, 5), digits=2) == "0.00 [-0.01, 0.00]"
 
 
 def test_band_plot_ci95_band_and_bounds():

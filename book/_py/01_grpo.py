@@ -708,8 +708,12 @@ book.glue("grpo_binom_se", f"{stats.binomial_se(float(final_acc.mean()), 198):.3
 book.glue("grpo_gain", round(float(gain.mean()), 3))
 book.glue("grpo_best_acc", round(float(best_acc.mean()), 3))
 book.glue("grpo_drop", round(float((best_acc - final_acc).max()), 3))
-best_step = evals_by_seed.iloc[1:].idxmax()  # the step of each seed's best evaluation
-book.glue("grpo_peak_steps", f"{int(best_step.min())} and {int(best_step.max())}")
+best_step = evals_by_seed.iloc[1:].idxmax()  # the step of each seed's best evaluation (the first, on ties)
+early = best_step[best_step < evals_by_seed.index.max()]  # seeds whose best evaluation is not their last
+book.glue("grpo_peak_sentence",
+          f"In {len(early)} of {len(best_step)} seeds accuracy peaks before the last evaluation, between steps "
+          f"{int(early.min())} and {int(early.max())}, and then falls back"
+          if len(early) else "No seed's accuracy falls back after a peak within these steps; the largest fall")
 book.glue("grpo_kl_median", round(float(hist["kl"].median()), 3))
 book.glue("grpo_kl_max", round(float(hist["kl"].max()), 1))
 kl_top = hist.loc[hist["kl"].idxmax()]
@@ -741,9 +745,8 @@ print("checks passed")
 # largest step mean of any one seed is {glue:text}`grpo_kl_max` nats per token, about {glue:text}`grpo_kl_max_seq`
 # nats for a whole response of that step's mean length; $k_3$ is heavy-tailed, too — when a sampled token has become much
 # less likely under $\pitheta$ than under $\piref$, $\rho = \piref/\pitheta$ is large and
-# $k_3\approx\rho$ — which is why the warm-up above matters. Each seed's accuracy peaks between
-# steps {glue:text}`grpo_peak_steps` and then falls back — by up to {glue:text}`grpo_drop` for one
-# seed between its best and its last evaluation: once the policy always reasons, the remaining errors are arithmetic slips
+# $k_3\approx\rho$ — which is why the warm-up above matters. {glue:text}`grpo_peak_sentence` — by
+# up to {glue:text}`grpo_drop` for one seed between its best and its last evaluation: once the policy always reasons, the remaining errors are arithmetic slips
 # inside the reasoning, and 0/1 rewards on 16 questions per step at this learning rate are a
 # noisy signal that can also undo progress. The last evaluation is therefore a pessimistic,
 # noisy summary; read the curves, not just the table.

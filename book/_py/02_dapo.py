@@ -67,6 +67,7 @@ from grpo_lab.algorithms import DAPO, GRPO
 from grpo_lab.models import load_policy
 from grpo_lab.objectives import policy_loss
 from grpo_lab.rewards import overlong_penalty
+from grpo_lab.sampling import overlong_cache_tokens
 from grpo_lab.rollout import policy_logprobs
 from grpo_lab.tasks import get_task
 from grpo_lab.tasks.arithmetic import reasoning_response
@@ -232,15 +233,16 @@ profile = experiments.get_profile(PROFILE)
 budget = BUDGET if PROFILE == "cpu" else profile.config.max_new_tokens
 policy, tokenizer = load_policy(profile.base)
 task = get_task(profile.task)
-# the DAPO preset's L_cache = 6 is sized for a 32-token budget; L_max / 5 keeps the paper's proportion
-dapo_here = DAPO.replace(overlong_cache_len=max(1, round((budget or task.max_new_tokens) / 5)))
+budget = budget or task.max_new_tokens
+# the DAPO preset stores L_cache as the paper's fraction of the budget (overlong_cache_frac = 0.2 = 4096/20480),
+# so it fits this chapter's budget unchanged
 
 
 def aggregation_gap(seed):
     """One DAPO batch of the base policy: N_g / mean N over its groups, and how the two parameter
     gradients (Eq. 12 per group against the batch token mean) compare."""
     cfg = dataclasses.replace(profile.config, seed=seed, max_new_tokens=budget)
-    tr = Trainer(policy, tokenizer, task, dapo_here, cfg)
+    tr = Trainer(policy, tokenizer, task, DAPO, cfg)
     b = tr.collect()
     tr.compute_advantages(b)
     G = cfg.group_size
@@ -250,7 +252,7 @@ def aggregation_gap(seed):
     params = [q for q in tr.policy.parameters() if q.requires_grad]
     grads = {}
     for agg in ("group_token_mean", "token_mean"):
-        loss = policy_loss(lp, lp.detach(), b.advantages, b.loss_mask, dapo_here.replace(aggregation=agg),
+        loss = policy_loss(lp, lp.detach(), b.advantages, b.loss_mask, DAPO.replace(aggregation=agg),
                            group_size=G).loss
         grads[agg] = torch.cat([g.flatten() for g in torch.autograd.grad(loss, params, retain_graph=True)])
     g_eq, g_batch = grads["group_token_mean"], grads["token_mean"]
@@ -381,7 +383,8 @@ print({k: round(float(v), 6) for k, v in zip(checks, got)})
 # tokens (checked below), so it is always truncated, while every three-term reasoning (at most 16)
 # fits. The soft punishment keeps the paper's proportion, $L_{\mathrm{cache}} = \Lmax/5 =$
 # {glue:text}`dapo_cache` tokens, so its ramp starts where the longest three-term reasoning ends.
-# The sixth row is the `DAPO` preset with that $L_{\mathrm{cache}}$.
+# The sixth row is the `DAPO` preset unchanged: it stores $L_{\mathrm{cache}}$ as that fraction of
+# the budget (`overlong_cache_frac = 0.2`), so the same preset fits a budget of 20 tokens or 20,480.
 #
 # **A control.** Dynamic sampling generates more responses per step than it trains on, so a
 # gain could come from the extra generation alone. The row "naive GRPO, matched generation" samples
@@ -394,26 +397,26 @@ lengths_3 = [len(tokenizer(reasoning_response(t), add_special_tokens=False).inpu
              for t in ([10, 10, 10], [99, 99, 99])]
 assert lengths_4 == [22, 26] and lengths_3 == [13, 16]
 print(f"reasoned answers incl. EOS: four terms {lengths_4[0]}-{lengths_4[1]} tokens, "
-      f"three terms {lengths_3[0]}-{lengths_3[1]}; budget {budget}, L_cache {dapo_here.overlong_cache_len}")
+      f"three terms {lengths_3[0]}-{lengths_3[1]}; budget {budget}, L_cache {overlong_cache_tokens(DAPO, budget)}")
 book.glue("dapo_budget", budget)
-book.glue("dapo_cache", dapo_here.overlong_cache_len)
+book.glue("dapo_cache", overlong_cache_tokens(DAPO, budget))
 
 naive = GRPO.replace(name="naive GRPO", kl=None, beta=0.0)
-cache = dapo_here.overlong_cache_len
+frac = DAPO.overlong_cache_frac
 settings = [
     naive,
     naive.replace(name="+ overlong filtering", overlong_filter=True),
     naive.replace(name="+ clip-higher", overlong_filter=True, eps_high=0.28),
-    naive.replace(name="+ soft overlong punishment", overlong_filter=True, eps_high=0.28, overlong_cache_len=cache),
-    naive.replace(name="+ token-level loss", overlong_filter=True, eps_high=0.28, overlong_cache_len=cache,
+    naive.replace(name="+ soft overlong punishment", overlong_filter=True, eps_high=0.28, overlong_cache_frac=frac),
+    naive.replace(name="+ token-level loss", overlong_filter=True, eps_high=0.28, overlong_cache_frac=frac,
                   aggregation="group_token_mean"),
-    dapo_here.replace(name="+ dynamic sampling (DAPO)"),
+    DAPO.replace(name="+ dynamic sampling (DAPO)"),
 ]
-assert settings[5] == DAPO.replace(name=settings[5].name, overlong_cache_len=cache)  # the preset, resized
+assert settings[5] == DAPO.replace(name=settings[5].name)  # the preset itself
 steps = STEPS if PROFILE == "cpu" else profile.steps
 for s_ in settings:
     print(f"{s_.name:28s}", {k: v for k, v in s_.axes().items() if k in (
-        "eps_high", "aggregation", "dynamic_sampling", "overlong_filter", "overlong_cache_len")})
+        "eps_high", "aggregation", "dynamic_sampling", "overlong_filter", "overlong_cache_frac")})
 
 # %% tags=["nbval-ignore-output"]
 # greedy evaluation every 6 steps on the CPU profile (training does not depend on it; it saves time)

@@ -134,7 +134,7 @@ def cispo_grad(eps_high):
     th = theta.clone().requires_grad_()
     logp = torch.log_softmax(th, 0)[:, None]  # [K, 1]: one "response" of one token per row
     adv = K * p_old * A
-    algo = CISPO.replace(eps_low=1.0, eps_high=eps_high, dynamic_sampling=False, overlong_cache_len=None)
+    algo = CISPO.replace(eps_low=1.0, eps_high=eps_high, dynamic_sampling=False, overlong_cache_frac=None)
     loss = policy_loss(logp, torch.log(p_old)[:, None], adv, torch.ones(K, 1), algo, group_size=K).loss
     (g,) = torch.autograd.grad(-loss, th)  # the loss is -J
     return g
