@@ -25,7 +25,6 @@ the cache was used, ``provenance["cached_seeds"]`` which seeds it supplied.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -49,7 +48,7 @@ from .trainer import Trainer, TrainerConfig, _json_default
 from .validation import is_int
 
 __all__ = ["Profile", "PROFILES", "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
-           "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
+           "shutdown_workers", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,8 @@ class Profile:
     task_kwargs: tuple = ()
 
 
+#: The experiment scales by name, ``"cpu"`` (what the book executes, minutes on two CPU cores) and
+#: ``"gpu"`` (one GPU, larger batches and longer runs); :func:`get_profile` looks one up.
 PROFILES = {
     # One thread per run, two runs at a time on two cores (the book's n_jobs=2): the tiny model gains
     # little from more threads, and a fixed count keeps the numbers identical on machines with more
@@ -243,7 +244,7 @@ def run_fingerprint(prof: Profile) -> str:
     counts (``MKL_CBWR``, ``MKL_ENABLE_INSTRUCTIONS``, ``ATEN_CPU_CAPABILITY``, ``OMP_NUM_THREADS``,
     ``MKL_NUM_THREADS``); on CUDA also the GPU model, the CUDA and cuDNN versions and the TF32 /
     float32-matmul-precision settings. Code outside the package (a registered choice, a task) is
-    not covered: :func:`run` does not cache such runs (see :func:`_uncacheable`).
+    not covered: :func:`run` does not cache such runs (see ``_uncacheable``).
 
     Raises:
         ValueError: ``prof.base`` is not a local checkpoint (a hub id: its weights cannot be
@@ -353,9 +354,40 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     task = get_task(prof.task, **dict(prof.task_kwargs))
     cfg = replace(prof.config, seed=int(seed), progress=progress)
     trainer = Trainer(policy, tokenizer, task, algo, cfg)
+    key = _base_eval_key(base, prof, cfg)
+    if key in _BASE_EVALS:  # this process already evaluated this base policy: the same numbers, bit for bit
+        trainer.rows.append(dict(_BASE_EVALS[key]))
     trainer.train(steps)
+    if key is not None and key not in _BASE_EVALS and trainer.rows and trainer.rows[0].get("step") == 0:
+        _BASE_EVALS[key] = dict(trainer.rows[0])
     _cache_store(cache_path, trainer.rows)
     return pd.DataFrame(trainer.rows)
+
+
+#: Step-0 evaluation rows of base policies, per process (:func:`_train_one`): the greedy evaluation
+#: of a checkpoint before any update does not depend on the algorithm or the seed, so the seeds
+#: and settings that one worker trains from the same base share it (``eval_seconds`` included:
+#: the wall time of the evaluation that produced the row).
+_BASE_EVALS: dict[str, dict] = {}
+
+
+def _base_eval_key(base, prof: Profile, cfg: TrainerConfig) -> str | None:
+    """What the step-0 evaluation of a run depends on, as a string; ``None`` when it is not shared.
+
+    The base checkpoint directory (resolved path, and every file's size and modification time, so
+    that a rebuilt checkpoint is evaluated again), the task and its arguments, and the trainer
+    configuration without its seed and progress flag (the generation budget, the device and the
+    dtypes are in it). Not shared: no evaluation (``eval_every=0``), sampled evaluation
+    (``eval_sampled``: it depends on the seed's random numbers), or a base that is not a local
+    directory (a hub id).
+    """
+    if not cfg.eval_every or cfg.eval_sampled or not Path(base).is_dir():
+        return None
+    root = Path(base).resolve()
+    stamp = [(str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
+             for f in sorted(root.rglob("*")) if f.is_file()]
+    return json.dumps([str(root), stamp, prof.task, [list(kv) for kv in prof.task_kwargs],
+                       replace(cfg, seed=0, progress=None).to_dict()], sort_keys=True, default=str)
 
 
 def _label(h: pd.DataFrame, algo: Algorithm, seed: int) -> pd.DataFrame:
@@ -365,21 +397,81 @@ def _label(h: pd.DataFrame, algo: Algorithm, seed: int) -> pd.DataFrame:
 
 
 def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
-    """Run ``_train_one(*job)`` for every job, in ``n_jobs`` fresh processes when ``n_jobs > 1``.
+    """Run ``_train_one(*job)`` for every job, in ``n_jobs`` worker processes when ``n_jobs > 1``.
 
     Each run is independent and seeded, and uses the profile's thread count, so results do not
-    depend on ``n_jobs``; processes are started with "spawn" (safe with torch and in notebooks).
+    depend on ``n_jobs``; processes are started with "spawn" (safe with torch and in notebooks)
+    and kept for the next call (:func:`_worker_pool`, :func:`shutdown_workers`).
     """
     if n_jobs < 1:
         raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
     if n_jobs == 1 or len(jobs) <= 1:
         return [_train_one(*job) for job in jobs]
+    pool = _worker_pool(n_jobs)
+    futures = [pool.submit(_train_one, *job) for job in jobs]
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        shutdown_workers()  # a failed or interrupted call leaves no worker busy with its other jobs
+        raise
+
+
+_POOL: dict[str, Any] = {"executor": None, "key": None, "atexit": False}
+
+
+def _pool_key(n_jobs: int) -> str:
+    """What a reused worker must share with this process: the worker count, every registry's entries
+    (workers start with the registries their imports make, so a choice registered here since the
+    pool started must get fresh workers, which then fail with the clear message of
+    :func:`_train_one` if it is not importable) and the package's source files (size and
+    modification time: an edited package must not be run by workers that imported the old one)."""
+    from . import advantages, objectives, sampling
+    from .tasks import TASKS
+
+    regs = {name: sorted((k, getattr(v, "__module__", "?"), getattr(v, "__qualname__", repr(v)))
+                         for k, v in reg.items())
+            for name, reg in (("advantages", advantages.ADVANTAGE_ESTIMATORS), ("ratios", objectives.RATIOS),
+                              ("surrogates", objectives.SURROGATES), ("aggregations", objectives.AGGREGATIONS),
+                              ("kl", objectives.KL_ESTIMATORS), ("selectors", sampling.SELECTORS), ("tasks", TASKS))}
+    src = Path(__file__).resolve().parent
+    files = [(str(f.relative_to(src)), f.stat().st_size, f.stat().st_mtime_ns)
+             for f in sorted(src.rglob("*.py")) if "__pycache__" not in f.parts]
+    return json.dumps([n_jobs, regs, files], sort_keys=True)
+
+
+def _worker_pool(n_jobs: int):
+    """The process pool of :func:`_map`, kept between calls: starting a worker (a fresh ``spawn``
+    interpreter importing torch and transformers, then loading its first checkpoint) costs several
+    seconds, once per worker instead of once per call. A pool is reused only while
+    :func:`_pool_key` is unchanged; otherwise it is shut down and a new one started."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=min(n_jobs, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_train_one, *job) for job in jobs]
-        return [f.result() for f in futures]
+    key = _pool_key(n_jobs)
+    pool = _POOL["executor"]
+    if pool is not None and (_POOL["key"] != key or getattr(pool, "_broken", False)):
+        shutdown_workers()
+        pool = None
+    if pool is None:
+        pool = ProcessPoolExecutor(max_workers=n_jobs, mp_context=mp.get_context("spawn"))
+        _POOL.update(executor=pool, key=key)
+        if not _POOL.get("atexit"):  # stop the workers while the interpreter is still whole
+            import atexit
+
+            atexit.register(shutdown_workers)
+            _POOL["atexit"] = True
+    return pool
+
+
+def shutdown_workers() -> None:
+    """Stop the worker processes that :func:`run` and :func:`run_grid` keep between calls with
+    ``n_jobs > 1`` (they also stop when this interpreter exits). Frees their memory; the next
+    parallel call starts new ones."""
+    pool, _POOL["executor"], _POOL["key"] = _POOL["executor"], None, None
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: bool | None, n_jobs: int,
@@ -423,7 +515,7 @@ def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: 
 
 def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
         steps: int | None = None, progress: bool | None = None, n_jobs: int = 1, cache: bool = True,
-        **config_overrides) -> RunResult:
+        base: str | os.PathLike | None = None, task: str | None = None, **config_overrides) -> RunResult:
     """Train ``algo`` from the profile's base checkpoint once per seed.
 
     Every seed starts from the same base weights; the seed fixes prompt sampling, generation
@@ -438,6 +530,11 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         n_jobs: worker processes (results are identical for any value).
         cache: load runs already made from the run cache and store new ones (see the module
             docstring; ``GRPO_LAB_RUN_CACHE=off`` turns it off everywhere).
+        base: train from this checkpoint instead of the profile's ``base``: a checkpoint name
+            under ``data/checkpoints`` (``"arithmetic-moe-base"``), a local directory or a hub id,
+            as :func:`~grpo_lab.models.load_policy` takes. Recorded in the provenance.
+        task: a key of :data:`grpo_lab.tasks.TASKS` instead of the profile's ``task``; the
+            profile's ``task_kwargs`` are kept only when it names the profile's own task.
         **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
             (e.g. ``minibatches=4``).
 
@@ -445,11 +542,22 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         RunResult.
 
     Raises:
-        ValueError: no seeds, unknown profile/algorithm, an invalid override, ``n_jobs < 1``.
+        ValueError: no seeds, unknown profile/algorithm/task, an empty ``base``, an invalid
+            override, ``n_jobs < 1``.
     """
     algo = get_algorithm(algo) if isinstance(algo, str) else algo
     seeds = _check_seeds(seeds)
     prof = _resolve(profile, config_overrides)
+    if base is not None:
+        if not isinstance(base, (str, os.PathLike)) or not str(base).strip():
+            raise ValueError(f"run: base must be a checkpoint name, a directory or a hub id, got {base!r}")
+        prof = replace(prof, base=str(base))
+    if task is not None:
+        from .tasks import TASKS
+
+        if task not in TASKS:
+            raise ValueError(f"run: unknown task {task!r}; known tasks: {sorted(TASKS)}")
+        prof = replace(prof, task=task, task_kwargs=prof.task_kwargs if task == prof.task else ())
     steps = _check_steps(prof.steps if steps is None else steps)
     t0 = time.perf_counter()
     frames, hits, note = _run_jobs([(algo, s, prof) for s in seeds], steps, progress, n_jobs, cache)
@@ -470,7 +578,7 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
         overrides: per-setting :class:`~grpo_lab.trainer.TrainerConfig` fields, by algorithm name,
             applied on top of ``**config_overrides`` (e.g. ``{"mu=4": {"minibatches": 4}}``): settings
             that differ in the trainer rather than the algorithm share one pool of processes.
-        Other arguments: as :func:`run`.
+        profile, seeds, steps, n_jobs, cache, config_overrides: as :func:`run`.
 
     Returns:
         ``{algo.name: RunResult}`` in the order given (each ``provenance`` records the wall time
@@ -535,26 +643,19 @@ def load_results(path: str | Path) -> RunResult:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="Train an algorithm for several seeds and save the results.")
-    ap.add_argument("algo", help="preset name, e.g. GRPO")
-    ap.add_argument("--profile", default="cpu", choices=sorted(PROFILES))
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    out = Path(a.out)
-    if out.is_dir():
-        ap.error(f"--out {out} is a directory; give a file name such as {out / 'results.json'}")
-    try:  # fail now, not after hours of training
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        ap.error(f"--out {out}: cannot create its directory ({e})")
-    res = run(a.algo, profile=a.profile, seeds=a.seeds, steps=a.steps)
-    save_results(res, a.out)
-    fin, base = res.final(), res.base()
-    sd = f" ± {fin.std():.3f}" if len(fin) > 1 else ""
-    print(f"{a.algo} [{a.profile}] test accuracy: base {base.mean():.3f} -> {fin.mean():.3f}{sd} "
-          f"({len(a.seeds)} seeds, {res.provenance['wall_seconds']} s)")
+    """``python -m grpo_lab.experiments``: the command line of :mod:`grpo_lab.cli` (``python -m grpo_lab``)
+    under its older name, kept for existing scripts; it takes every option of
+    ``python -m grpo_lab --help`` (``--out`` is now optional).
+
+    Raises:
+        SystemExit: with the command's status when it is not 0 (2 for a mistake in the command line,
+            after one line on stderr).
+    """
+    from .cli import main as cli_main
+
+    status = cli_main(argv, prog="python -m grpo_lab.experiments")
+    if status:
+        raise SystemExit(status)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,477 @@
+"""The command line: ``python -m grpo_lab`` (or the ``grpo-lab`` console script).
+
+Train one algorithm preset for several seeds and write a results file with its provenance::
+
+    python -m grpo_lab GRPO --steps 2 --seeds 0                 # a quick try, results under runs/
+    python -m grpo_lab DAPO --seeds 0 1 2 --jobs 2 --set eps_high=0.3 --out runs/dapo.json
+    python -m grpo_lab GSPO --model arithmetic-moe-base --set routing_replay=true --set minibatches=2
+    python -m grpo_lab list                                     # presets, tasks, profiles, models, --set keys
+
+``train`` may be written before the preset (``python -m grpo_lab train GRPO``); it is the default.
+Everything is a thin layer over :func:`grpo_lab.experiments.run` and
+:func:`grpo_lab.experiments.save_results`: the profile (``--profile``) fixes the scale, ``--model``
+and ``--task`` replace its base checkpoint and task (``run(base=..., task=...)``), and each
+``--set KEY=VALUE`` overrides one field of :class:`~grpo_lab.trainer.TrainerConfig` (passed to ``run``
+as ``**config_overrides``) or of the preset's :class:`~grpo_lab.algorithms.Algorithm`
+(``preset.replace(...)``), the value parsed with the field's type.
+
+Errors: a user mistake (an unknown preset, task, profile or ``--set`` key, a value of the wrong
+type or out of range, a model that does not exist, an output path that cannot be written; in
+general a ``ValueError`` or ``OSError`` from the package) prints one line ``PROG: error: ...`` on
+stderr and exits with status 2; any other exception prints one line and exits with status 1;
+Ctrl-C exits with status 130. ``--debug`` prints the traceback as well.
+
+Progress bars: transformers' model-loading bars only with ``--progress`` (unless the user's own
+``HF_HUB_DISABLE_PROGRESS_BARS`` says otherwise: it is left alone when set); the per-step training
+bar with ``--progress``, never with ``--no-progress``, and by default only when stderr is a
+terminal and ``$CI`` is unset (:class:`~grpo_lab.trainer.TrainerConfig`'s ``progress=None``).
+
+``python -m grpo_lab.experiments`` (the older entry point) runs this same command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import os
+import sys
+import textwrap
+import time
+import traceback
+import types
+import typing
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "default_out", "resolve_model",
+           "UsageError"]
+
+#: ``--set`` keys that exist as fields but are set by an option of their own
+_RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}
+
+
+class UsageError(ValueError):
+    """A mistake in the command line (printed as one line, exit status 2)."""
+
+
+# ---------------------------------------------------------------------------------------- --set
+def settable_fields() -> dict[str, tuple[str, Any, Any]]:
+    """The keys ``--set`` accepts: every field of :class:`~grpo_lab.trainer.TrainerConfig` and of
+    :class:`~grpo_lab.algorithms.Algorithm`, except ``seed`` and ``progress`` (``--seeds``,
+    ``--progress``).
+
+    Returns:
+        ``{key: (owner, type_hint, default)}``, ``owner`` ``"TrainerConfig"`` or ``"Algorithm"``,
+        ``type_hint`` the evaluated annotation (``float``, ``int | None``, ``Optional[str]``, ``tuple``),
+        ``default`` the dataclass default (the profile or preset may set another value).
+    """
+    from .algorithms import Algorithm
+    from .trainer import TrainerConfig
+
+    out: dict[str, tuple[str, Any, Any]] = {}
+    for cls in (TrainerConfig, Algorithm):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in _RESERVED or not f.init:
+                continue
+            if f.name in out:  # a field of both would be ambiguous: refuse rather than guess
+                raise RuntimeError(f"settable_fields: {f.name!r} is a field of both {out[f.name][0]} and "
+                                   f"{cls.__name__}")
+            default = f.default if f.default is not dataclasses.MISSING else None
+            out[f.name] = (cls.__name__, hints[f.name], default)
+    return out
+
+
+def _split_hint(hint) -> tuple[list, bool]:
+    """``(types other than None, whether None is allowed)`` of an annotation."""
+    if typing.get_origin(hint) in (typing.Union, getattr(types, "UnionType", typing.Union)):
+        args = typing.get_args(hint)
+        return [a for a in args if a is not type(None)], type(None) in args
+    return [hint], False
+
+
+def _type_name(hint) -> str:
+    """How ``--set`` help and errors describe a field's type (``"float"``, ``"int or none"``)."""
+    kinds, nullable = _split_hint(hint)
+    names = {bool: "bool (true/false)", int: "int", float: "float", str: "str"}
+    name = " or ".join("numbers a,b,..." if (k is tuple or typing.get_origin(k) is tuple) else names.get(k, str(k))
+                       for k in kinds)
+    return f"{name} or none" if nullable else name
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def parse_value(key: str, text: str, hint) -> Any:
+    """``text`` converted to the type ``hint`` of field ``key``.
+
+    ``none`` / ``null`` (any case) is ``None`` where the field allows it; booleans are
+    ``true/false``, ``1/0``, ``yes/no``, ``on/off``; ints are decimal (``32``, ``1_000``); floats any
+    Python float literal (``1e-4``); tuples comma-separated numbers (``0.9,0.95``); strings as given.
+
+    Raises:
+        UsageError: the text is not a value of that type (the message names the key and the type).
+    """
+    kinds, nullable = _split_hint(hint)
+    t = text.strip()
+    if nullable and t.lower() in ("none", "null"):
+        return None
+    kind = kinds[0] if len(kinds) == 1 else None
+    is_tuple = kind is tuple or typing.get_origin(kind) is tuple
+    if kind not in (bool, int, float, str) and not is_tuple:
+        raise UsageError(f"--set {key}: a field of type {hint!r} cannot be set on the command line")
+    try:
+        if kind is bool:
+            if t.lower() in _TRUE | _FALSE:
+                return t.lower() in _TRUE
+        elif kind is int:
+            return int(t, 10)
+        elif kind is float:
+            return float(t)
+        elif is_tuple:
+            parts = [p.strip() for p in t.split(",")]
+            return tuple(int(p, 10) if p.lstrip("+-").isdigit() else float(p) for p in parts)
+        elif t:  # str
+            return t
+    except ValueError:
+        pass
+    raise UsageError(f"--set {key}={text}: {key} must be {_type_name(hint)}, got {text!r}")
+
+
+def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``--set KEY=VALUE`` items into TrainerConfig and Algorithm overrides, values typed.
+
+    A key given twice takes its last value.
+
+    Returns:
+        ``(config_overrides, algorithm_overrides)``: two dicts of field name to typed value.
+
+    Raises:
+        UsageError: an item without ``=``, an unknown key (the message names it, suggests a close
+            key and lists the valid ones), ``seed`` / ``progress`` (their own options), or a value
+            that is not of the field's type (:func:`parse_value`).
+    """
+    known = settable_fields()
+    cfg: dict[str, Any] = {}
+    algo: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r} (e.g. --set lr=1e-4)")
+        if key in _RESERVED:
+            raise UsageError(f"--set {key}: {_RESERVED[key]}")
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UsageError(f"--set: unknown key {key!r}{hint}; valid keys: {', '.join(sorted(known))}")
+        owner, type_hint, _ = known[key]
+        (cfg if owner == "TrainerConfig" else algo)[key] = parse_value(key, text, type_hint)
+    return cfg, algo
+
+
+# ---------------------------------------------------------------------------------------- models, paths
+def _shipped_models() -> list[str]:
+    from .paths import data_dir
+
+    root = data_dir() / "checkpoints"
+    return sorted(d.name for d in root.iterdir() if (d / "config.json").is_file()) if root.is_dir() else []
+
+
+def resolve_model(model: str) -> str:
+    """Check ``--model`` before any training: the name of a checkpoint shipped in
+    ``data/checkpoints`` (``arithmetic-base``), a local checkpoint directory, or a hub id ``org/name``
+    (downloaded when training starts), in the order :func:`grpo_lab.models.load_policy` tries them.
+
+    Returns:
+        ``model`` (a local directory with ``~`` expanded).
+
+    Raises:
+        UsageError: a directory without ``config.json``, a file, or a name that is none of the
+            three (the message lists the shipped checkpoints).
+    """
+    p = Path(model).expanduser()
+    shipped = _shipped_models()
+    if p.exists():
+        if not p.is_dir() or not (p / "config.json").is_file():
+            raise UsageError(f"--model {model}: not a checkpoint directory (no config.json in it)")
+        return str(p)
+    if model in shipped:
+        return model
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or (os.sep != "/" and os.sep in model):
+        raise UsageError(f"--model {model}: no such directory")
+    parts = model.split("/")
+    if len(parts) == 2 and all(parts) and " " not in model:
+        return model  # a hub id; load_policy downloads (or finds in the hub cache) when training starts
+    close = difflib.get_close_matches(model, shipped, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UsageError(f"--model {model}: no such checkpoint{hint}; give a shipped one ({', '.join(shipped) or 'none'}), "
+                     "a checkpoint directory, or a hub id org/name")
+
+
+def default_out(preset: str, profile: str, now: time.struct_time | None = None) -> Path:
+    """``runs/<preset>-<profile>-<YYYYmmdd-HHMMSS>.json`` (relative to the current directory; ``/runs/`` is
+    git-ignored), with ``-2``, ``-3``, ... before ``.json`` if that file exists already."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", now if now is not None else time.localtime())
+    path = Path("runs") / f"{preset}-{profile}-{stamp}.json"
+    k = 2
+    while path.exists():
+        path = Path("runs") / f"{preset}-{profile}-{stamp}-{k}.json"
+        k += 1
+    return path
+
+
+def _check_out(out: Path) -> None:
+    """Fail before training, not after: ``out`` must be a file name whose directory can be created."""
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name such as {out / 'results.json'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create its directory ({exc.strerror or exc})") from None
+
+
+# ---------------------------------------------------------------------------------------- parser
+def _default_prog() -> str:
+    return "grpo-lab" if Path(sys.argv[0]).stem == "grpo-lab" else "python -m grpo_lab"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every parse error raised as a :class:`UsageError` (one line, exit status 2)
+    instead of argparse's usage block."""
+
+    def error(self, message):  # noqa: D102 (argparse API)
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's layout and appends ``(default: ...)`` to every option that has a
+    default other than ``None`` / ``False`` (argparse's ``ArgumentDefaultsHelpFormatter``, minus the
+    noise of ``default: None`` on options whose default the help text explains)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if ("%(default)" in text or not action.option_strings or action.nargs == 0
+                or action.default in (None, False, [], argparse.SUPPRESS)):
+            return text  # flags (store_true/false: the help says what they do) and defaults explained in the text
+        if isinstance(action.default, (list, tuple)):
+            return text + " (default: " + " ".join(map(str, action.default)) + ")"
+        return text + " (default: %(default)s)"
+
+
+def _wrap(label: str, words: Sequence[str]) -> str:
+    return textwrap.fill(", ".join(words), width=100, initial_indent=f"  {label:<10}",
+                         subsequent_indent=" " * 12, break_on_hyphens=False)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The ``train`` parser (the default command), its help listing the presets
+    (:data:`grpo_lab.algorithms.PRESETS`), tasks (:data:`grpo_lab.tasks.TASKS`), profiles
+    (:data:`grpo_lab.experiments.PROFILES`), shipped models and ``--set`` keys."""
+    from . import __version__
+    from .algorithms import PRESETS
+    from .experiments import PROFILES
+    from .tasks import TASKS
+
+    prog = prog or _default_prog()
+    profiles = [f"{p.name} ({p.base}, {p.task}, {p.steps} steps, {p.config.device})" for p in PROFILES.values()]
+    epilog = "\n".join([
+        "choices:",
+        _wrap("presets", list(PRESETS)) + "  (case-insensitive)",
+        _wrap("tasks", sorted(TASKS)),
+        _wrap("profiles", profiles),
+        _wrap("models", _shipped_models() + ["a checkpoint directory", "a hub id org/name"]),
+        _wrap("--set", sorted(settable_fields())),
+        f"  ({prog} list shows every preset's choices and each --set key's type)",
+        "",
+        "examples:",
+        f"  {prog} GRPO --steps 2 --seeds 0",
+        f"  {prog} DAPO --seeds 0 1 2 --jobs 2 --set eps_high=0.3 --out runs/dapo.json",
+        f"  {prog} GRPO --profile gpu --seeds 0 1 2 --out data/results/gpu/grpo.json   # on a GPU",
+        "",
+        "exit status: 0 done, 2 a mistake in the command line or a file/model problem (one line on",
+        "stderr; --debug adds the traceback), 1 any other error, 130 interrupted.",
+    ])
+    ap = _Parser(
+        prog=prog, formatter_class=_Formatter, epilog=epilog,
+        usage=f"{prog} [train] PRESET [options]\n       {prog} list",
+        description="Train an algorithm preset for one or more seeds from a base checkpoint and write the "
+                    "results (one row per seed and step, with provenance) to a JSON file.",
+    )
+    ap.add_argument("preset", metavar="PRESET", help="algorithm preset, e.g. GRPO (see 'choices' below)")
+    ap.add_argument("--profile", default="cpu", choices=list(PROFILES),
+                    help="scale of the experiment: base model, task, steps, trainer settings")
+    ap.add_argument("--task", choices=sorted(TASKS), help="task to train on (default: the profile's)")
+    ap.add_argument("--model", metavar="NAME|DIR|ORG/NAME",
+                    help="base checkpoint: a shipped name, a local directory or a hub id (default: the profile's)")
+    ap.add_argument("--steps", type=int, help="RL steps per seed (default: the profile's)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="SEED",
+                    help="one run per seed")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="worker processes, seeds trained in parallel (results do not depend on it)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a TrainerConfig or Algorithm field, e.g. --set lr=1e-4 --set eps_high=0.28 "
+                         "(repeatable; 'none' for None, true/false for flags)")
+    ap.add_argument("--out", metavar="FILE",
+                    help="results file (default: runs/PRESET-PROFILE-YYYYmmdd-HHMMSS.json)")
+    ap.add_argument("--no-cache", dest="cache", action="store_false",
+                    help="train every seed again instead of loading identical runs from the run cache")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="show the model-loading bars and a per-step training bar; --no-progress: no bars "
+                         "(default: the training bar only when stderr is a terminal, no loading bars)")
+    ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    ap.add_argument("--version", action="version", version=f"grpo_lab {__version__}")
+    return ap
+
+
+def _list(prog: str) -> str:
+    """What ``list`` prints: presets with their choices, tasks, profiles, models and ``--set`` keys."""
+    from .algorithms import GRPO, PRESETS
+    from .experiments import PROFILES
+    from .tasks import TASKS
+
+    lines = [f"presets ({prog} PRESET):"]
+    for name, algo in PRESETS.items():
+        if algo is GRPO:
+            text = " ".join(f"{k}={v}" for k, v in GRPO.axes().items() if v not in (None, False))
+        else:
+            diff = {k: v for k, v in dataclasses.asdict(algo).items() if k != "name" and getattr(GRPO, k) != v}
+            text = "GRPO with " + " ".join(f"{k}={v}" for k, v in diff.items())
+        lines.append(f"  {name:<11} {text}")
+    lines.append("tasks (--task):")
+    for name, cls in sorted(TASKS.items()):
+        lines.append(f"  {name:<11} {(cls.__doc__ or '').strip().splitlines()[0] if cls.__doc__ else ''}")
+    lines.append("profiles (--profile):")
+    for p in PROFILES.values():
+        c = p.config
+        lines.append(f"  {p.name:<11} base {p.base}, task {p.task}, {p.steps} steps, {c.prompts_per_step} questions x "
+                     f"{c.group_size} responses per step, lr {c.lr}, device {c.device}")
+    lines.append("models (--model): " + ", ".join(_shipped_models()) + ", a checkpoint directory, or a hub id org/name")
+    cpu = PROFILES["cpu"].config
+    lines.append("--set KEY=VALUE (type, field of, value in profile cpu / preset GRPO):")
+    for key, (owner, hint, _) in sorted(settable_fields().items()):
+        value = getattr(cpu if owner == "TrainerConfig" else GRPO, key)
+        lines.append(f"  {key:<26} {_type_name(hint):<22} {owner:<14} {value!r}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- main
+def _summary(res, name: str, profile: str, out: Path) -> str:
+    prov = res.provenance
+    seeds = prov.get("seeds", [])
+    head = f"{name} [{profile}] {prov.get('steps')} steps x {len(seeds)} seed(s), {prov.get('wall_seconds')} s"
+    if "test_accuracy" in res.history and res.history["test_accuracy"].notna().any():
+        fin, base = res.final(), res.base()
+        sd = f" ± {fin.std():.3f}" if len(fin) > 1 else ""
+        start = f"base {base.mean():.3f} -> " if len(base) and base.notna().any() else ""
+        head += f": test accuracy {start}{fin.mean():.3f}{sd}"
+    else:
+        head += " (no evaluation: eval_every=0)"
+    if prov.get("cached_seeds"):
+        head += f"; seeds {prov['cached_seeds']} from the run cache (--no-cache trains them again)"
+    return head + f"\nresults: {out}"
+
+
+@contextlib.contextmanager
+def _loading_bars(show: bool):
+    """transformers' (and the hub's) progress bars off inside the block unless ``show``: in this
+    process (transformers' global switch) and in the worker processes it spawns, which inherit
+    ``HF_HUB_DISABLE_PROGRESS_BARS=1`` and read it when they import transformers. Both are put back
+    afterwards, for callers that run :func:`main` in-process. A ``HF_HUB_DISABLE_PROGRESS_BARS``
+    already set by the user wins (the hub gives it priority): nothing is changed then."""
+    if show or os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") is not None:
+        yield
+        return
+    # import first: huggingface_hub reads the variable once, when it is imported
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _train(argv: list[str], prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
+    from . import experiments
+    from .algorithms import PRESETS, get_algorithm
+
+    try:
+        algo = get_algorithm(args.preset)
+    except ValueError:
+        close = difflib.get_close_matches(args.preset.upper(), list(PRESETS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"unknown preset {args.preset!r}{hint}; known: {', '.join(PRESETS)}") from None
+    preset = next(k for k, v in PRESETS.items() if v is algo)
+    cfg_over, algo_over = parse_set(args.overrides)
+    if algo_over:
+        try:
+            algo = algo.replace(**algo_over)
+        except ValueError as exc:
+            raise UsageError(f"--set: {exc}") from None
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.steps is not None and args.steps < 0:
+        raise UsageError(f"--steps must be >= 0, got {args.steps}")
+    model = resolve_model(args.model) if args.model is not None else None
+    out = Path(args.out).expanduser() if args.out else default_out(preset, args.profile)
+    _check_out(out)
+
+    # transformers' loading bars: off unless --progress, in this process and in spawned workers (which
+    # inherit the environment); put back afterwards for callers that run main() in-process.
+    with _loading_bars(args.progress is True):
+        res = experiments.run(algo, profile=args.profile, seeds=args.seeds, steps=args.steps, progress=args.progress,
+                              n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, **cfg_over)
+    experiments.save_results(res, out)
+    print(_summary(res, algo.name, args.profile, out))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Run the command line (``python -m grpo_lab --help`` describes it); never raises for user
+    mistakes.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``). A first argument ``list`` prints the
+            choices; ``train`` (optional) trains.
+        prog: the program name in messages (default ``grpo-lab`` when run as that script, else
+            ``python -m grpo_lab``).
+
+    Returns:
+        The exit status: 0 done, 2 a user mistake (one line on stderr: see the module docstring),
+        1 any other error, 130 interrupted.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = prog or _default_prog()
+    debug = "--debug" in argv
+    try:
+        if argv[:1] == ["list"]:
+            if len(argv) > 1:
+                raise UsageError(f"list takes no arguments, got {' '.join(argv[1:])}")
+            print(_list(prog))
+            return 0
+        return _train(argv[1:] if argv[:1] == ["train"] else argv, prog)
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 -- every error becomes one line (and a status); --debug shows it
+        user = isinstance(exc, (ValueError, OSError))
+        if debug:
+            traceback.print_exc()
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if not user:
+            message = f"{type(exc).__name__}: {message}"
+        hint = "" if debug or isinstance(exc, UsageError) else " (--debug shows the traceback)"
+        print(f"{prog}: error: {message}{hint}", file=sys.stderr)
+        return 2 if user else 1

@@ -1,0 +1,122 @@
+"""Sharing work between runs: the step-0 evaluation of a base policy, and the worker processes.
+
+Both only save time; every test here checks that the numbers are those of runs that share nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+import grpo_lab.experiments as ex
+from grpo_lab.algorithms import GRPO
+from grpo_lab.experiments import Profile, run
+from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
+from grpo_lab.trainer import Trainer, TrainerConfig
+
+TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1)
+TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds"]
+
+
+@pytest.fixture
+def profile(tmp_path):
+    base = tmp_path / "base"
+    tok = build_char_tokenizer()
+    tiny_policy(tok, TINY, seed=0).save_pretrained(base, safe_serialization=True)
+    tok.save_pretrained(base)
+    return Profile(name="t", base=str(base), task="arithmetic", steps=2,
+                   config=TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=1),
+                   task_kwargs=(("test_size", 5),))
+
+
+@pytest.fixture
+def count_evals(monkeypatch):
+    calls = []
+    original = Trainer._eval_row
+
+    def counting(self):
+        calls.append(self.step)
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "_eval_row", counting)
+    monkeypatch.setattr(ex, "_BASE_EVALS", {})
+    return calls
+
+
+def test_the_base_policy_is_evaluated_once_per_process(profile, count_evals):
+    other = GRPO.replace(name="other", eps_low=0.1, eps_high=0.1, beta=0.0, kl=None)
+    first = ex._train_one(GRPO, profile, 2, 0, False)
+    assert count_evals == [0, 1, 2]
+    second = ex._train_one(other, profile, 2, 1, False)  # another algorithm and seed, same base
+    assert count_evals == [0, 1, 2, 1, 2]  # no step-0 evaluation this time ...
+    pd.testing.assert_series_equal(first.iloc[0], second.iloc[0], check_names=False)  # ... the same row
+
+    # ... and it is the row a run that shares nothing computes: clear the memo and train again
+    ex._BASE_EVALS.clear()
+    fresh = ex._train_one(other, profile, 2, 1, False)
+    assert count_evals[-3:] == [0, 1, 2]
+    pd.testing.assert_frame_equal(second.drop(columns=TIMING), fresh.drop(columns=TIMING), check_exact=True)
+
+
+def test_the_shared_evaluation_follows_what_it_depends_on(profile, tmp_path):
+    cfg = replace(profile.config, seed=0)
+    key = ex._base_eval_key(profile.base, profile, cfg)
+    assert key is not None
+    assert ex._base_eval_key(profile.base, profile, replace(cfg, seed=7)) == key  # not the seed
+    assert ex._base_eval_key(profile.base, profile, replace(cfg, max_new_tokens=9)) != key
+    assert ex._base_eval_key(profile.base, replace(profile, task_kwargs=(("test_size", 6),)), cfg) != key
+    # not shared: no evaluation, a sampled one (it draws the seed's random numbers), a hub id
+    assert ex._base_eval_key(profile.base, profile, replace(cfg, eval_every=0)) is None
+    assert ex._base_eval_key(profile.base, profile, replace(cfg, eval_sampled=True)) is None
+    assert ex._base_eval_key("org/model", profile, cfg) is None
+    # a rebuilt checkpoint (same path, a file rewritten) is evaluated again
+    weights = next(f for f in os.listdir(profile.base) if f.endswith(".safetensors"))
+    path = os.path.join(profile.base, weights)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert ex._base_eval_key(profile.base, profile, cfg) != key
+    # and a copy elsewhere is another checkpoint
+    copy = tmp_path / "copy"
+    shutil.copytree(profile.base, copy)
+    assert ex._base_eval_key(str(copy), replace(profile, base=str(copy)), cfg) != key
+
+
+def test_worker_processes_are_kept_between_calls_and_give_the_serial_numbers(profile, monkeypatch):
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "off")
+    ex.shutdown_workers()
+    serial = run("GRPO", profile=profile, seeds=[0, 1], progress=False)
+    try:
+        a = run("GRPO", profile=profile, seeds=[0, 1], progress=False, n_jobs=2)
+        pool = ex._POOL["executor"]
+        assert pool is not None
+        pids = set(pool._processes)
+        b = run(GRPO.replace(name="again"), profile=profile, seeds=[1, 0], progress=False, n_jobs=2)
+        assert ex._POOL["executor"] is pool and set(pool._processes) == pids  # the same workers
+        for r in (a, b):
+            pd.testing.assert_frame_equal(
+                r.history.drop(columns=TIMING + ["algo"]).sort_values(["seed", "step"]).reset_index(drop=True),
+                serial.history.drop(columns=TIMING + ["algo"]).sort_values(["seed", "step"]).reset_index(drop=True),
+                check_exact=True)
+
+        # a choice registered since the workers started: they lack it, so the pool is replaced
+        from grpo_lab.objectives import SURROGATES
+
+        monkeypatch.setitem(SURROGATES, "toy_reuse", SURROGATES["ppo"])
+        assert ex._worker_pool(2) is not pool and pool._shutdown_thread  # (no process is started yet)
+        assert ex._worker_pool(2) is ex._POOL["executor"]  # and the new one is kept
+    finally:
+        ex.shutdown_workers()
+    assert ex._POOL["executor"] is None
+
+
+def test_a_failing_job_stops_the_workers_and_raises(profile, monkeypatch):
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "off")
+    bad = replace(profile, base=str(profile.base) + "-missing")
+    with pytest.raises(Exception, match="missing"):
+        run("GRPO", profile=bad, seeds=[0, 1], progress=False, n_jobs=2, steps=1)
+    assert ex._POOL["executor"] is None
