@@ -46,12 +46,13 @@ if TYPE_CHECKING:  # algorithms imports this module
 __all__ = ["group_advantages", "rloo_advantages", "group_stats", "tied_groups", "GroupStats", "SCALES",
            "TIE_ULPS", "AdvantageBatch", "ADVANTAGE_ESTIMATORS"]
 
+#: The ``scale`` choices of :func:`group_advantages` (divide by the group std, the batch std, or not).
 SCALES = ("group", "batch", "none")
 
 RewardsLike = Union[Tensor, Sequence[float]]
 
 #: A group is a tie when its reward spread is at most this many units in the last place of its
-#: largest |reward| (in the dtype the rewards were given in); see :func:`tied_groups`.
+#: largest ``|reward|`` (in the dtype the rewards were given in); see :func:`tied_groups`.
 TIE_ULPS = 8
 
 

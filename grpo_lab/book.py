@@ -162,19 +162,16 @@ def _inline_png() -> None:
 def setup_notebook(seed: int = 0, *, threads: int | None = None) -> None:
     """Prepare a chapter's kernel: reproducible, quiet, book-styled. Prints nothing.
 
-    Parameters
-    ----------
-    seed:
-        Seed for Python's ``random``, NumPy's global generator and torch (CPU and CUDA).
-        Experiments seed their own generators per run as well; this one covers the ad-hoc
-        tensors of the chapter's worked examples.
-    threads:
-        If given, ``torch.set_num_threads(threads)``. ``None`` (default) leaves torch's choice
-        alone; CPU results in this book are bit-identical across thread counts, but wall times
-        are not.
+    Args:
+        seed: Seed for Python's ``random``, NumPy's global generator and torch (CPU and CUDA).
+            Experiments seed their own generators per run as well; this one covers the ad-hoc
+            tensors of the chapter's worked examples.
+        threads: If given, ``torch.set_num_threads(threads)``. ``None`` (default) leaves torch's
+            choice alone; CPU results in this book are bit-identical across thread counts, but
+            wall times are not.
 
-    Effects
-    -------
+    Effects:
+
     * warning filters for deprecation chatter and library ``UserWarning`` s (not grpo_lab's);
     * ``transformers`` verbosity ``error``, no advisory warnings, Hugging Face progress bars off
       (environment variables are set as well, so libraries imported later obey them);
@@ -211,21 +208,17 @@ def _close_if_figure(value: Any) -> None:
 def glue(name: str, value: Any, display: bool = False) -> None:
     """Store ``value`` under ``name`` for the book's prose; a Colab-safe :func:`myst_nb.glue`.
 
-    Parameters
-    ----------
-    name:
-        Glue key, unique within the notebook. Refer to it in the same chapter with
-        ``{glue:text}`name:.3f` ``, ``{glue:figure} name`` or ``{glue:}`name` ``; from another
-        page prefix the document name: ``{glue:text}`01_grpo::name` ``.
-    value:
-        Any displayable object: a number, a string, a pandas DataFrame, a matplotlib Figure.
-        What is stored is its *display* (text/plain, text/html, image/png), so round numbers
-        before gluing them (``round(x, 3)``): the stored text is compared by nbval.
-    display:
-        Also show the value in the notebook output (default False).
+    Args:
+        name: Glue key, unique within the notebook. Refer to it in the same chapter with
+            ``{glue:text}`name:.3f```, ``{glue:figure} name`` or ``{glue:}`name```; from another
+            page prefix the document name: ``{glue:text}`01_grpo::name```.
+        value: Any displayable object: a number, a string, a pandas DataFrame, a matplotlib
+            Figure. What is stored is its *display* (text/plain, text/html, image/png), so round
+            numbers before gluing them (``round(x, 3)``): the stored text is compared by nbval.
+        display: Also show the value in the notebook output (default False).
 
-    Behaviour
-    ---------
+    Behaviour:
+
     * In a Jupyter kernel with myst-nb installed: calls :func:`myst_nb.glue`.
     * Without myst-nb (Colab) or outside a kernel: shows the value when ``display`` is True
       (``IPython.display.display`` in IPython, ``print`` otherwise), else does nothing.

@@ -26,6 +26,7 @@ from typing import Iterable, Mapping
 __all__ = ["Metric", "REDUCTIONS", "token_mean", "seq_mean", "total", "minimum", "maximum",
            "reduce_micro_batches", "reduce_updates"]
 
+#: The reductions a :class:`Metric` can carry (its ``reduce``), applied over micro-batches and updates.
 REDUCTIONS = ("mean", "sum", "min", "max")
 
 

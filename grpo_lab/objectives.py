@@ -79,7 +79,7 @@ __all__ = [
     "policy_loss",
 ]
 
-#: |log r| is clamped to this before exp in every importance ratio (e^20 ~ 4.85e8).
+#: ``|log r|`` is clamped to this before exp in every importance ratio (e^20 ~ 4.85e8).
 LOG_RATIO_CLAMP = 20.0
 #: k3 = exp(-D) + D - 1 is continued along its tangent line below D = -KL_LOG_RATIO_CLAMP.
 KL_LOG_RATIO_CLAMP = 20.0

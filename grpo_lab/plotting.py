@@ -31,6 +31,8 @@ __all__ = [
     "DPI",
     "ALGO_ORDER",
     "ALGO_COLORS",
+    "DEFAULT_HUE",
+    "DEFAULT_SEED",
     "canonical_algo",
     "algo_color",
     "set_style",
@@ -148,37 +150,77 @@ def _ordered(labels: Iterable[Any], order: Sequence[Any] | None) -> list[Any]:
     return sorted(labels, key=key)
 
 
+#: The default ``hue`` column of :func:`mean_sd`, :func:`band_plot` and :func:`curves_grid`;
+#: it may be absent (a single ``Trainer.history`` has none), and then all rows are one line.
+DEFAULT_HUE: str = "algo"
+#: The default ``seed`` column of the same functions; it may be absent too, and then all rows
+#: are one run.
+DEFAULT_SEED: str = "seed"
+
+
+def _resolve_columns(
+    df: "pd.DataFrame", x: str, y: str, hue: str | None, seed: str | None, caller: str
+) -> tuple[str | None, str | None]:
+    """The ``(hue, seed)`` columns to group by, ``None`` where there is none to group by.
+
+    The default columns (:data:`DEFAULT_HUE`, :data:`DEFAULT_SEED`) are optional: when ``df``
+    lacks one, it is treated as absent (all rows one line; all rows one run). Any other column
+    named by the caller (``x``, ``y``, a non-default ``hue`` or ``seed``) must exist.
+
+    Raises:
+        KeyError: the missing columns, each with its role, and the columns ``df`` has.
+    """
+    if hue == DEFAULT_HUE and hue not in df.columns:
+        hue = None
+    if seed == DEFAULT_SEED and seed not in df.columns:
+        seed = None
+    named = {"x": x, "y": y, "hue": hue, "seed": seed}
+    missing = [f"{col!r} ({role})" for role, col in named.items() if col is not None and col not in df.columns]
+    if missing:
+        raise KeyError(f"{caller}: column {', '.join(missing)} not in the DataFrame (its columns: {list(df.columns)})")
+    return hue, seed
+
+
 def mean_sd(
     df: "pd.DataFrame",
     x: str,
     y: str,
-    hue: str | None = "algo",
+    hue: str | None = DEFAULT_HUE,
     *,
-    seed: str = "seed",
+    seed: str | None = DEFAULT_SEED,
     smooth: int | None = None,
 ) -> "pd.DataFrame":
     """Mean and sample standard deviation of ``y`` over seeds, per ``hue`` and ``x``.
 
     Input: a long DataFrame with one row per (hue, seed, x) and columns ``x``, ``y``, ``seed``
-    (and ``hue`` unless None). If ``smooth`` is given, each seed's curve is first smoothed with a
-    trailing moving average of that many points (``min_periods=1``; state it in the caption).
+    (and ``hue`` unless None). The default ``hue`` (``"algo"``) and ``seed`` (``"seed"``) columns
+    may be absent, as in a single :attr:`grpo_lab.trainer.Trainer.history`: without ``algo`` all
+    rows form one group (as ``hue=None``), without ``seed`` (or with ``seed=None``) all rows are
+    one run, so the statistics at each ``x`` are over the rows at that ``x`` (one row per step
+    gives ``sd = 0``, ``n = 1``). If ``smooth`` is given, each seed's curve is first smoothed with
+    a trailing moving average of that many points (``min_periods=1``; state it in the caption).
 
-    Returns a DataFrame with columns ``[hue,] x, mean, sd, n``: ``sd`` uses ``ddof=1`` and is 0
-    where only one seed is present; ``n`` is the number of seeds averaged. Rows with NaN ``y``
-    are ignored.
+    Returns a DataFrame with columns ``[hue,] x, mean, sd, n`` (``hue`` only when grouped by it):
+    ``sd`` uses ``ddof=1`` and is 0 where only one seed is present; ``n`` is the number of seeds
+    averaged. Rows with NaN ``y`` are ignored.
+
+    Raises:
+        KeyError: ``x``, ``y``, or a ``hue`` / ``seed`` other than the defaults, is not a column
+            (the message names each missing column and its role).
     """
     import pandas as pd
 
+    hue, seed = _resolve_columns(df, x, y, hue, seed, "mean_sd")
     keys = [hue] if hue is not None else []
-    for col in [*keys, x, y, seed]:
-        if col not in df.columns:
-            raise KeyError(f"column {col!r} not in DataFrame (columns: {list(df.columns)})")
-    data = df[[*keys, seed, x, y]].dropna(subset=[y]).sort_values([*keys, seed, x], kind="stable")
+    runs = [*keys, seed] if seed is not None else keys
+    data = df[[*runs, x, y]].dropna(subset=[y]).sort_values([*runs, x], kind="stable")
     if smooth is not None and smooth > 1:
         data = data.copy()
-        data[y] = data.groupby([*keys, seed], sort=False)[y].transform(
-            lambda s: s.rolling(int(smooth), min_periods=1).mean()
-        )
+
+        def trailing(s):
+            return s.rolling(int(smooth), min_periods=1).mean()
+
+        data[y] = data.groupby(runs, sort=False)[y].transform(trailing) if runs else trailing(data[y])
     grouped = data.groupby([*keys, x], sort=True)[y]
     out = pd.DataFrame({"mean": grouped.mean(), "sd": grouped.std(ddof=1), "n": grouped.count()})
     out["sd"] = out["sd"].fillna(0.0)
@@ -190,9 +232,9 @@ def band_plot(
     df: "pd.DataFrame",
     x: str,
     y: str,
-    hue: str | None = "algo",
+    hue: str | None = DEFAULT_HUE,
     *,
-    seed: str = "seed",
+    seed: str | None = DEFAULT_SEED,
     order: Sequence[Any] | None = None,
     colors: Mapping[Any, str] | None = None,
     smooth: int | None = None,
@@ -218,11 +260,21 @@ def band_plot(
     trailing moving average first (see :func:`mean_sd`). ``label`` names the single line when
     ``hue`` is None.
 
+    A single run works too: a :attr:`grpo_lab.trainer.Trainer.history` has no ``algo`` and no
+    ``seed`` column, and is drawn as one line (labelled ``label``, else ``y``) with a zero-width
+    band (see :func:`mean_sd` for the rule).
+
     Sets the axis labels to the column names unless they are already set, the title if given,
     and draws a legend if ``legend``. Returns the plotted statistics (:func:`mean_sd`).
+
+    Raises:
+        KeyError: a column named by ``x``, ``y``, or a non-default ``hue`` / ``seed`` is missing
+            (the message names them).
+        ValueError: ``band`` is not ``"sd"`` or ``"ci95"``.
     """
     if band not in ("sd", "ci95"):
         raise ValueError(f"band must be 'sd' or 'ci95', got {band!r}")
+    hue, seed = _resolve_columns(df, x, y, hue, seed, "band_plot")
     stats = mean_sd(df, x, y, hue, seed=seed, smooth=smooth)
     if band == "ci95":
         from scipy.stats import t as student_t
@@ -268,8 +320,8 @@ def curves_grid(
     *,
     ncols: int = 3,
     x: str = "step",
-    hue: str | None = "algo",
-    seed: str = "seed",
+    hue: str | None = DEFAULT_HUE,
+    seed: str | None = DEFAULT_SEED,
     order: Sequence[Any] | None = None,
     colors: Mapping[Any, str] | None = None,
     smooth: int | None = None,
@@ -285,12 +337,18 @@ def curves_grid(
     The figure shows each metric's mean and band over seeds (``band``, as in :func:`band_plot`) against ``x`` (default ``"step"``), one
     colour per algorithm, panels filled row by row; unused panels are hidden. The figure is
     ``ncols × panel_size[0]`` wide and ``nrows × panel_size[1]`` tall (plus the legend row).
+    A single ``Trainer.history`` (no ``algo`` column) gives one line per panel and no legend.
     Returns the Figure (not shown, not closed: glue it or let the cell display it).
+
+    Raises:
+        ValueError: ``metrics`` is empty.
+        KeyError: as :func:`band_plot` (a missing column, named).
     """
     import matplotlib.pyplot as plt
 
     if not metrics:
         raise ValueError("metrics must name at least one (column, title) pair")
+    hue, seed = _resolve_columns(df, x, metrics[0][0], hue, seed, "curves_grid")
     ncols = max(1, min(int(ncols), len(metrics)))
     nrows = math.ceil(len(metrics) / ncols)
     fig, axes = plt.subplots(

@@ -100,7 +100,7 @@ class PretrainRecipe:
         return d
 
 
-#: The recipe of each shipped base checkpoint, by name: ``python -m grpo_lab.pretrain NAME``
+#: The recipe of each shipped base checkpoint, by name — ``python -m grpo_lab.pretrain NAME``
 #: writes ``data/checkpoints/NAME-base``. ``arithmetic-filler`` fine-tunes ``arithmetic-base``
 #: (``init``; it must exist) for 300 steps on demonstrations that end with a run of 1-12 dots
 #: half of the time (mean 3.25 dots per demonstration), so it keeps that checkpoint's arithmetic
@@ -215,7 +215,7 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
         The record written to ``recipe.json``.
 
     Raises:
-        ValueError: an invalid recipe (as :func:`make_task`) or an empty ``name``.
+        ValueError: an invalid recipe (as ``make_task``) or an empty ``name``.
     """
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise ValueError(f"pretrain: name must be a non-empty string, got {name!r}")
@@ -289,6 +289,7 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
 
 
 def main(argv=None) -> None:
+    """Command line ``python -m grpo_lab.pretrain TASK [--out DIR] [--steps N] [--quiet]`` (see :data:`RECIPES`)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("task", choices=sorted(RECIPES))
     ap.add_argument("--out", default=None, help="output directory (default data/checkpoints/TASK-base)")

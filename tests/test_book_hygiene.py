@@ -134,6 +134,55 @@ def test_no_markdown_shares_a_basename_with_a_notebook():
     assert not clash, f".md and .ipynb with the same name in book/: {clash}"
 
 
+def _toc_chapters() -> list[str]:
+    """The chapter-level entries of book/_toc.yml (each part's ``chapters``, not their ``sections``)."""
+    import yaml
+
+    toc = yaml.safe_load((BOOK / "_toc.yml").read_text(encoding="utf-8"))
+    chapters = [c["file"] for part in toc.get("parts", []) for c in part.get("chapters", []) if "file" in c]
+    chapters += [c["file"] for c in toc.get("chapters", []) if "file" in c]
+    return [re.sub(r"\.(md|ipynb)$", "", c) for c in chapters]
+
+
+#: ``{doc}`target``` or ``{doc}`text <target>```: a link to another page of the book.
+_DOC_LINK = re.compile(r"\{doc\}`(?:[^`<]*<)?/?([^`>]+?)>?`")
+#: How the intro names a chapter that does not exist yet: ``*planned* (`06_vapo`)``.
+_PLANNED = re.compile(r"\*planned\*\s*\(`([^`]+)`\)")
+
+
+def _intro_text() -> str:
+    return _strip_code((BOOK / "intro.md").read_text(encoding="utf-8"))
+
+
+def test_doc_link_and_planned_patterns():
+    text = "{doc}`01_grpo`, {doc}`the API <api>`, {doc}`/references`; 6\\. VAPO, *planned* (`06_vapo`)"
+    assert _DOC_LINK.findall(text) == ["01_grpo", "api", "references"]
+    assert _PLANNED.findall(text) == ["06_vapo"]
+
+
+def test_intro_links_every_chapter_and_only_pages_that_exist():
+    """The intro's chapter list links each chapter of the table of contents, and nothing else.
+
+    A chapter added to _toc.yml must be listed in the intro; a planned chapter must not be linked
+    (it is named as ``*planned* (`NN_slug`)`` until its page exists).
+    """
+    linked = _DOC_LINK.findall(_intro_text())
+    assert linked, "book/intro.md links no chapter with {doc}"
+    not_in_toc = sorted(set(linked) - set(_toc_entries()))
+    assert not not_in_toc, f"book/intro.md links pages that are not in book/_toc.yml: {not_in_toc}"
+    unlisted = [c for c in _toc_chapters() if c not in linked]
+    assert not unlisted, f"chapters of book/_toc.yml that book/intro.md does not list with {{doc}}: {unlisted}"
+
+
+def test_intro_planned_chapters_do_not_exist_yet():
+    """A chapter the intro marks as planned has no page; once written, move it to the linked list."""
+    planned = _PLANNED.findall(_intro_text())
+    entries = set(_toc_entries())
+    written = sorted(p for p in planned if p in entries or (BOOK / f"{p}.ipynb").exists() or (BOOK / f"{p}.md").exists())
+    assert not written, f"book/intro.md marks as planned chapters that exist: {written}; link them with {{doc}}"
+    assert len(planned) == len(set(planned)), f"a planned chapter is named twice: {planned}"
+
+
 # ---------------------------------------------------------------------------- notebooks
 
 
@@ -440,14 +489,142 @@ def _jupyter_book() -> str | None:
     return str(candidate) if candidate.exists() else shutil.which("jupyter-book")
 
 
-def test_book_builds_with_warnings_as_errors(tmp_path: Path):
-    """`jupyter-book build book --config _config.yml -W -n --keep-going` exits 0 (CI's book build)."""
+@pytest.fixture(scope="module")
+def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`jupyter-book build book --config _config.yml -W -n --keep-going` (CI's book build), run once.
+
+    Returns the finished process and the HTML directory.
+    """
     exe = _jupyter_book()
     if exe is None:
         pytest.skip("jupyter-book is not installed")
-    cmd = [exe, "build", "book", "--config", "_config.yml", "-W", "-n", "--keep-going", "--path-output", str(tmp_path)]
+    out = tmp_path_factory.mktemp("book")
+    cmd = [exe, "build", "book", "--config", "_config.yml", "-W", "-n", "--keep-going", "--path-output", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return proc, out / "_build" / "html"
+
+
+def test_book_builds_with_warnings_as_errors(built_book):
+    """The build exits 0 and logs no warning (autodoc's and napoleon's included)."""
+    proc, html = built_book
     log = proc.stdout + proc.stderr
     warnings = [line for line in log.splitlines() if "WARNING" in line and "Kernel is running over TCP" not in line]
     assert proc.returncode == 0 and not warnings, "book build failed:\n" + "\n".join(warnings or log.splitlines()[-60:])
-    assert (tmp_path / "_build" / "html" / "intro.html").exists()
+    assert (html / "intro.html").exists()
+
+
+# ---------------------------------------------------------------------------- the API reference
+
+#: What a reader looks up first (issue 15): each must have an entry in the API reference.
+API_MUST_DOCUMENT = [
+    "grpo_lab.trainer.Trainer",
+    "grpo_lab.trainer.Trainer.train",
+    "grpo_lab.trainer.Trainer.save",
+    "grpo_lab.trainer.Trainer.resume",
+    "grpo_lab.trainer.TrainerConfig",
+    "grpo_lab.algorithms.Algorithm",
+    "grpo_lab.algorithms.GRPO",
+    "grpo_lab.objectives.policy_loss",
+    "grpo_lab.objectives.RATIOS",
+    "grpo_lab.objectives.SURROGATES",
+    "grpo_lab.objectives.AGGREGATIONS",
+    "grpo_lab.objectives.KL_ESTIMATORS",
+    "grpo_lab.objectives.k3",
+    "grpo_lab.advantages.ADVANTAGE_ESTIMATORS",
+    "grpo_lab.models.load_policy",
+    "grpo_lab.models.TinyConfig",
+    "grpo_lab.tasks.Task",
+    "grpo_lab.tasks.ArithmeticTask",
+    "grpo_lab.tasks.TASKS",
+    "grpo_lab.tasks.get_task",
+    "grpo_lab.experiments.run",
+    "grpo_lab.experiments.run_grid",
+    "grpo_lab.experiments.PROFILES",
+    "grpo_lab.plotting.band_plot",
+]
+
+_ID = re.compile(r'\bid="([^"]+)"')
+
+
+def _api_pages(html: Path) -> dict[str, str]:
+    """HTML of each API reference page (``book/api*.md``), by file name."""
+    pages = {p.name: p.read_text(encoding="utf-8") for p in sorted(html.glob("api*.html"))}
+    assert pages, f"no api*.html in {html}: the API reference was not built"
+    return pages
+
+
+def _api_ids(html: Path) -> set[str]:
+    return {i for text in _api_pages(html).values() for i in _ID.findall(text)}
+
+
+def _entry_text(html: Path, name: str) -> str:
+    """The plain text of ``name``'s entry (signature and description) in the API reference."""
+    for text in _api_pages(html).values():
+        start = text.find(f'id="{name}"')
+        if start >= 0:
+            end = text.find("</dd>", start)
+            return " ".join(re.sub(r"<[^>]+>", " ", text[start:end]).split())
+    return ""
+
+
+def _grpo_lab_modules() -> list:
+    import importlib
+    import pkgutil
+
+    import grpo_lab
+
+    names = [m.name for m in pkgutil.walk_packages(grpo_lab.__path__, "grpo_lab.") if "._" not in m.name]
+    return [importlib.import_module(n) for n in sorted(names)]
+
+
+def test_api_reference_documents_what_readers_look_up(built_book):
+    _, html = built_book
+    ids = _api_ids(html)
+    missing = [name for name in API_MUST_DOCUMENT if name not in ids]
+    assert not missing, f"the API reference has no entry for {missing}"
+    # The entries carry the docstrings, not just a name: the first words of each summary line.
+    import inspect
+
+    from grpo_lab import objectives, trainer
+
+    for name, obj in [("grpo_lab.trainer.Trainer.resume", trainer.Trainer.resume),
+                      ("grpo_lab.objectives.policy_loss", objectives.policy_loss)]:
+        summary = " ".join(inspect.getdoc(obj).split("\n")[0].split()[:3])
+        summary = re.sub(r":\w+:`~?([^`]+)`", r"\1", summary).replace("``", "")
+        entry = _entry_text(html, name)
+        assert summary.split("(")[0].strip() in entry, f"{name}: entry {entry[:200]!r} lacks its docstring {summary!r}"
+
+
+def test_api_reference_covers_every_module_export_and_registry_entry(built_book):
+    """Every module of grpo_lab has a section, and every name in a module's ``__all__`` (or, without
+    one, every public function and class it defines) and every function of a registry (an
+    upper-case dict of functions, e.g. ``KL_ESTIMATORS``) has an entry, under its own module or
+    under a module that re-exports it (``grpo_lab.tasks.ArithmeticTask``).
+
+    autodoc skips an object without a docstring, so this also checks that each has one.
+    """
+    import inspect
+
+    _, html = built_book
+    ids = _api_ids(html)
+    modules = _grpo_lab_modules()
+    no_section = [m.__name__ for m in modules if m.__name__ != "grpo_lab" and f"module-{m.__name__}" not in ids]
+    assert not no_section, f"modules without a section in book/api*.md: {no_section}"
+
+    def documented(obj, name: str) -> bool:
+        return any(f"{m.__name__}.{name}" in ids for m in modules if getattr(m, name, None) is obj)
+
+    missing = []
+    for m in modules:
+        if hasattr(m, "__all__"):
+            names = list(m.__all__)
+        else:
+            names = [k for k, v in vars(m).items() if not k.startswith("_") and (inspect.isfunction(v) or inspect.isclass(v))
+                     and v.__module__ == m.__name__]
+        missing += [f"{m.__name__}.{n}" for n in names if not documented(getattr(m, n), n)]
+        for key, value in vars(m).items():
+            if key.isupper() and not key.startswith("_") and isinstance(value, dict) and value \
+                    and all(inspect.isfunction(f) for f in value.values()):
+                missing += [f"{f.__module__}.{f.__name__} ({m.__name__}.{key}[{k!r}])" for k, f in value.items()
+                            if f.__module__.startswith("grpo_lab") and not documented(f, f.__name__)]
+    assert not missing, f"not in the API reference (add them to book/api*.md, or a docstring): {sorted(set(missing))}"

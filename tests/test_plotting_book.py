@@ -113,6 +113,85 @@ def test_mean_sd_ignores_nan_and_reports_missing_columns():
         plotting.mean_sd(df, "step", "entropy")
 
 
+def _single_history() -> pd.DataFrame:
+    """A frame shaped like one ``Trainer.history``: no ``algo`` and no ``seed`` column, an
+    evaluation-only first row (NaN training metrics), evaluation merged into step 2's row.
+    Hand-checkable numbers."""
+    return pd.DataFrame(
+        [
+            {"step": 0, "test_accuracy": 0.25},
+            {"step": 1, "reward": 0.5, "entropy": 1.2},
+            {"step": 2, "reward": 0.75, "entropy": 1.0, "test_accuracy": 0.5},
+            {"step": 3, "reward": 1.0, "entropy": 0.9},
+        ]
+    )
+
+
+def test_band_plot_draws_a_single_trainer_history_as_one_line():
+    # Used to raise KeyError: 'algo' (issue 15, item 5).
+    fig, ax = plt.subplots()
+    stats = plotting.band_plot(ax, _single_history(), "step", "reward")
+    assert len(ax.lines) == 1 and ax.lines[0].get_label() == "reward"
+    np.testing.assert_allclose(ax.lines[0].get_xdata(), [1, 2, 3])  # step 0 has no reward: dropped
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.5, 0.75, 1.0])
+    # one run: n = 1 and a zero-width band at every step
+    assert list(stats.columns) == ["step", "mean", "sd", "n"]
+    assert (stats["n"] == 1).all() and (stats["sd"] == 0).all()
+    np.testing.assert_allclose(_band_limits(ax.collections[0], [1, 2, 3]), [(0.5, 0.5), (0.75, 0.75), (1.0, 1.0)])
+
+    fig, ax = plt.subplots()
+    plotting.band_plot(ax, _single_history(), "step", "test_accuracy", label="greedy", band="ci95", smooth=2)
+    assert ax.lines[0].get_label() == "greedy"
+    # trailing mean over 2 points of the evaluation rows only: 0.25, (0.25 + 0.5) / 2
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.25, 0.375])
+
+
+def test_mean_sd_without_seed_column_takes_the_band_over_the_rows_at_each_x():
+    df = pd.DataFrame({"algo": ["GRPO", "GRPO", "GRPO", "DAPO"], "step": [0, 0, 1, 0], "reward": [1.0, 3.0, 2.0, 5.0]})
+    stats = plotting.mean_sd(df, "step", "reward").set_index(["algo", "step"])
+    # GRPO step 0: rows 1 and 3 -> mean 2, sample sd sqrt(((1-2)^2 + (3-2)^2) / 1) = sqrt(2)
+    assert stats.loc[("GRPO", 0), "mean"] == pytest.approx(2.0)
+    assert stats.loc[("GRPO", 0), "sd"] == pytest.approx(np.sqrt(2.0))
+    assert stats.loc[("GRPO", 0), "n"] == 2
+    assert stats.loc[("DAPO", 0), "mean"] == 5.0 and stats.loc[("DAPO", 0), "sd"] == 0.0
+    # seed=None says the same explicitly, even when a seed column exists
+    with_seed = df.assign(seed=[0, 1, 0, 0])
+    pd.testing.assert_frame_equal(plotting.mean_sd(with_seed, "step", "reward", seed=None),
+                                  plotting.mean_sd(df, "step", "reward"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, missing",
+    [
+        ({"x": "epoch", "y": "reward"}, "'epoch' (x)"),
+        ({"x": "step", "y": "kl"}, "'kl' (y)"),
+        ({"x": "step", "y": "reward", "hue": "variant"}, "'variant' (hue)"),
+        ({"x": "step", "y": "reward", "seed": "run"}, "'run' (seed)"),
+    ],
+)
+def test_band_plot_names_a_missing_column_and_its_role(kwargs, missing):
+    fig, ax = plt.subplots()
+    with pytest.raises(KeyError) as info:
+        plotting.band_plot(ax, _single_history(), **kwargs)
+    message = str(info.value)
+    assert missing in message and "band_plot" in message and "'test_accuracy'" in message  # lists the columns
+
+
+def test_band_plot_names_every_missing_column_at_once():
+    fig, ax = plt.subplots()
+    with pytest.raises(KeyError, match=r"'epoch' \(x\), 'kl' \(y\)"):
+        plotting.band_plot(ax, _single_history(), "epoch", "kl")
+
+
+def test_curves_grid_on_a_single_history_has_one_line_per_panel_and_no_legend():
+    fig = plotting.curves_grid(_single_history(), [("reward", "reward"), ("entropy", "entropy (nats)")])
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["reward", "entropy (nats)"]
+    assert [len(ax.lines) for ax in visible] == [1, 1]
+    np.testing.assert_allclose(visible[1].lines[0].get_ydata(), [1.2, 1.0, 0.9])
+    assert not fig.legends
+
+
 def test_curves_grid_has_one_panel_per_metric_and_one_shared_legend():
     df = _long_frame().assign(kl=lambda d: d.reward / 10)
     fig = plotting.curves_grid(df, [("reward", "reward"), ("kl", "KL"), ("reward", "again"), ("kl", "KL again")], ncols=3)
