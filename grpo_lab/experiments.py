@@ -338,19 +338,48 @@ def _cache_store(path: Path | None, rows: list[dict]) -> None:
             pass
 
 
+_FRESH_REGISTRIES = ("Worker processes (n_jobs > 1) start with fresh registries: a choice or task registered in a "
+                     "notebook cell or under `if __name__ == '__main__'` does not reach them. Register it at the top "
+                     "level of a module (a .py file the notebook or script imports), or use n_jobs=1")
+
+
+def _user_modules(algo: Algorithm, prof: Profile) -> tuple[str, ...]:
+    """The importable modules outside ``grpo_lab`` that define the registry entries ``algo`` calls
+    and the task class of ``prof`` (e.g. ``("reverse_task",)`` for a task registered by a module
+    of the user's): a worker process imports them before it builds the run, which registers them
+    there too. Code defined in ``__main__`` (a notebook cell, a script's main block) is left out."""
+    from .tasks import TASKS
+
+    owners = [*algo.functions().values(), TASKS.get(prof.task)]
+    names = {getattr(f, "__module__", None) for f in owners if f is not None}
+    return tuple(sorted(m for m in names if m and m not in ("__main__", "__mp_main__")
+                        and not (m == "grpo_lab" or m.startswith("grpo_lab."))))
+
+
 def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None,
-               cache_path: Path | None = None) -> pd.DataFrame:
+               cache_path: Path | None = None, modules: Sequence[str] = ()) -> pd.DataFrame:
     """One seed of one algorithm from the profile's base checkpoint (a process-pool task); the
-    history is stored at ``cache_path`` when given."""
+    history is stored at ``cache_path`` when given. ``modules`` (:func:`_user_modules`) are
+    imported first, so that a worker registers the user's choices and task as the caller did."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"run: cannot import {module!r}, which defines the task or a choice of this run, in a "
+                             f"worker process ({exc}). {_FRESH_REGISTRIES}") from None
     try:  # validate again here: a spawned worker has only the registry entries its imports made
         algo = algo.replace()
     except ValueError as exc:
-        raise ValueError(
-            f"{exc}. Worker processes (n_jobs > 1) start with fresh registries: a choice registered in a "
-            "notebook or under `if __name__ == '__main__'` does not reach them. Register it at the top level "
-            "of a module that the script imports, or use n_jobs=1") from None
+        raise ValueError(f"{exc}. {_FRESH_REGISTRIES}") from None
     base = checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else prof.base
     policy, tokenizer = load_policy(base, device=prof.config.device)
+    from .tasks import TASKS
+
+    if prof.task not in TASKS:
+        raise ValueError(f"run: task {prof.task!r} is not registered in this process; known tasks: "
+                         f"{sorted(TASKS)}. {_FRESH_REGISTRIES}")
     task = get_task(prof.task, **dict(prof.task_kwargs))
     cfg = replace(prof.config, seed=int(seed), progress=progress)
     trainer = Trainer(policy, tokenizer, task, algo, cfg)
@@ -507,7 +536,8 @@ def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: 
     hits = [(a.name, s) for (a, s, _), k in zip(jobs, keys) if loaded[k] is not None]
     todo = [k for k in dict.fromkeys(keys) if loaded[k] is None]
     first = {k: jobs[keys.index(k)] for k in todo}
-    fresh = _map([(first[k][0], first[k][2], steps, first[k][1], progress, paths[k]) for k in todo], n_jobs)
+    fresh = _map([(first[k][0], first[k][2], steps, first[k][1], progress, paths[k],
+                   _user_modules(first[k][0], first[k][2])) for k in todo], n_jobs)
     loaded.update(zip(todo, fresh))
     frames = [_label(loaded[k].copy(), a, s) for (a, s, _), k in zip(jobs, keys)]
     return frames, hits, note

@@ -120,3 +120,41 @@ def test_a_failing_job_stops_the_workers_and_raises(profile, monkeypatch):
     with pytest.raises(Exception, match="missing"):
         run("GRPO", profile=bad, seeds=[0, 1], progress=False, n_jobs=2, steps=1)
     assert ex._POOL["executor"] is None
+
+
+def test_a_task_registered_by_a_users_module_reaches_the_workers(profile, tmp_path, monkeypatch):
+    # found writing the book's "own task" page: a task registered by a module that a notebook
+    # imports was unknown in the spawned workers (they import only grpo_lab); the workers now
+    # import the module that defines it, which registers it there too
+    import sys
+
+    from grpo_lab import tasks as tasks_mod
+
+    (tmp_path / "my_words_task.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from grpo_lab.tasks import ArithmeticTask, register_task\n\n\n"
+        "@register_task('my_words')\n"
+        "@dataclass\n"
+        "class MyTask(ArithmeticTask):\n"
+        "    name: str = 'my_words'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "off")
+    monkeypatch.setattr(tasks_mod, "TASKS", dict(tasks_mod.TASKS))
+    import my_words_task  # noqa: F401  (registers "my_words" here)
+
+    assert ex._user_modules(GRPO, replace(profile, task="my_words")) == ("my_words_task",)
+    assert ex._user_modules(GRPO, profile) == ()  # everything from grpo_lab
+    mine = replace(profile, task="my_words")
+    try:
+        ser = run("GRPO", profile=mine, seeds=[0, 1], steps=1, progress=False)
+        par = run("GRPO", profile=mine, seeds=[0, 1], steps=1, progress=False, n_jobs=2)
+    finally:
+        ex.shutdown_workers()
+        sys.modules.pop("my_words_task", None)
+    pd.testing.assert_frame_equal(par.history.drop(columns=TIMING), ser.history.drop(columns=TIMING), check_exact=True)
+
+    # a module that a worker cannot import: a clear error that says what to do
+    with pytest.raises(ValueError, match="cannot import 'not_a_module_here'.*Register it at the top level"):
+        ex._train_one(GRPO, profile, 1, 0, False, None, ("not_a_module_here",))
+    with pytest.raises(ValueError, match="task 'unregistered' is not registered.*n_jobs=1"):
+        ex._train_one(GRPO, replace(profile, task="unregistered"), 1, 0, False)
