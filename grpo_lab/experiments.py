@@ -441,10 +441,17 @@ def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
     try:
         return [f.result() for f in futures]
     except BaseException:
-        for f in futures:
-            f.cancel()
-        shutdown_workers()  # a failed or interrupted call leaves no worker busy with its other jobs
+        shutdown_workers(now=True)  # a failed or interrupted call leaves no worker busy with its other jobs
         raise
+
+
+def _worker_init() -> None:
+    """Worker processes ignore SIGINT: a Ctrl-C (or a Jupyter kernel's interrupt or shutdown, sent
+    to the whole process group) reaches the caller, which stops the workers itself
+    (:func:`shutdown_workers`), instead of every idle worker printing a traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _POOL: dict[str, Any] = {"executor": None, "key": None, "atexit": False}
@@ -484,7 +491,7 @@ def _worker_pool(n_jobs: int):
         shutdown_workers()
         pool = None
     if pool is None:
-        pool = ProcessPoolExecutor(max_workers=n_jobs, mp_context=mp.get_context("spawn"))
+        pool = ProcessPoolExecutor(max_workers=n_jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init)
         _POOL.update(executor=pool, key=key)
         if not _POOL.get("atexit"):  # stop the workers while the interpreter is still whole
             import atexit
@@ -494,12 +501,27 @@ def _worker_pool(n_jobs: int):
     return pool
 
 
-def shutdown_workers() -> None:
+def shutdown_workers(now: bool = False) -> None:
     """Stop the worker processes that :func:`run` and :func:`run_grid` keep between calls with
     ``n_jobs > 1`` (they also stop when this interpreter exits). Frees their memory; the next
-    parallel call starts new ones."""
+    parallel call starts new ones.
+
+    Args:
+        now: terminate the workers at once, abandoning the runs they are training (what a failed
+            or interrupted call does); by default, wait for them to finish their current run.
+    """
     pool, _POOL["executor"], _POOL["key"] = _POOL["executor"], None, None
-    if pool is not None:
+    if pool is None:
+        return
+    if now:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in processes:
+            proc.join(timeout=10)
+    else:
         pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -97,6 +97,15 @@ def test_worker_processes_are_kept_between_calls_and_give_the_serial_numbers(pro
         pids = set(pool._processes)
         b = run(GRPO.replace(name="again"), profile=profile, seeds=[1, 0], progress=False, n_jobs=2)
         assert ex._POOL["executor"] is pool and set(pool._processes) == pids  # the same workers
+        # a Jupyter kernel's interrupt or shutdown signals the whole process group: idle workers
+        # ignore SIGINT (before, each printed a KeyboardInterrupt traceback and died)
+        import signal
+        import time
+
+        for pid in pids:
+            os.kill(pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert all(p.is_alive() for p in pool._processes.values())
         for r in (a, b):
             pd.testing.assert_frame_equal(
                 r.history.drop(columns=TIMING + ["algo"]).sort_values(["seed", "step"]).reset_index(drop=True),
