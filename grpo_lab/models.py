@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .paths import checkpoint_dir
+from .paths import checkpoint_dir, missing_data_hint, shipped_checkpoints
 
 __all__ = [
     "CHARS",
@@ -35,7 +35,7 @@ __all__ = [
     "inference_copy",
 ]
 
-#: Characters of the CPU tasks' alphabet. Order is part of the checkpoint format: do not reorder.
+#: Characters of the CPU tasks' alphabet. Order is part of the checkpoint format; do not reorder.
 CHARS = "0123456789+-*=#;.,:? abcdefghijklmnopqrstuvwxyz\n"
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 
@@ -227,6 +227,8 @@ def _load_tokenizer(source: str, **kwargs):
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+#: A shipped checkpoint's name: one path component, as the directories of ``data/checkpoints``.
+_CHECKPOINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
 def _interactive() -> bool:
@@ -268,7 +270,8 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     Args:
         path_or_hub_id: an existing directory with ``config.json``, the name of a checkpoint
             shipped in ``data/checkpoints`` (``"arithmetic-base"``, the Mixture-of-Experts
-            ``"arithmetic-moe-base"``, see :func:`grpo_lab.paths.checkpoint_dir`), or a hub id
+            ``"arithmetic-moe-base"``; looked up in :func:`grpo_lab.paths.data_dir`: ``$GRPO_LAB_DATA``,
+            a source checkout's ``data/``, or the copy inside an installed package), or a hub id
             ``"org/name"``. The architecture comes from the checkpoint's ``config.json`` (dense
             Qwen2 / Llama or Qwen3-MoE alike).
         device: where to put the model (default CPU).
@@ -283,7 +286,10 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
         ``(model, tokenizer)``: a ``transformers`` causal LM in eval mode and its tokenizer.
 
     Raises:
-        FileNotFoundError: a local path that does not exist or has no ``config.json``.
+        FileNotFoundError: a local path that does not exist or has no ``config.json``; a bare name
+            (one path component, e.g. ``"arithmetic-base"``) that is no directory and no shipped
+            checkpoint: the message lists the shipped names, says where the data was looked for
+            (:func:`grpo_lab.paths.data_dir`) and names ``GRPO_LAB_DATA``, which points elsewhere.
         ValueError: a string that is neither an existing path nor a well-formed hub id, or a
             CUDA device without CUDA.
     """
@@ -292,8 +298,14 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"load_policy: device {device!r} requested but CUDA is not available")
     p = Path(path_or_hub_id)
-    if not p.exists() and checkpoint_dir(str(path_or_hub_id)).is_dir() and os.sep not in str(path_or_hub_id):
+    if not p.exists() and _CHECKPOINT_NAME.match(str(path_or_hub_id)):
         p = checkpoint_dir(str(path_or_hub_id))  # a shipped checkpoint by name, e.g. "arithmetic-base"
+        if not p.is_dir():
+            shipped = shipped_checkpoints()
+            raise FileNotFoundError(
+                f"load_policy: {str(path_or_hub_id)!r} is neither an existing directory nor a shipped checkpoint "
+                f"(shipped: {', '.join(shipped) if shipped else 'none found'}); {missing_data_hint()}. "
+                "A hub model is named 'org/name'")
     looks_local = p.exists() or str(path_or_hub_id).startswith((".", "/", "~")) or os.sep in str(p.parent)
     if p.exists():
         if not (p / "config.json").is_file():
