@@ -5,11 +5,11 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-NB     := $(sort $(wildcard book/[0-9]*.ipynb))
+NB     := $(sort $(wildcard book/*.ipynb))
 PYTEST_NBVAL := $(BIN)/python -m pytest --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
 
-.PHONY: install test unit nbval book book-stored execute sync clean pretrain
+.PHONY: install test unit nbval book book-stored execute sync clean pretrain xcheck
 export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
@@ -52,7 +52,7 @@ execute: install sync
 
 ## sync: update each notebook's inputs from its jupytext twin in book/_py/
 sync: install
-	for py in book/_py/[0-9]*.py; do $(BIN)/jupytext --sync $$py; done
+	for py in book/_py/*.py; do $(BIN)/jupytext --sync $$py; done
 
 ## pretrain: rebuild data/checkpoints/arithmetic-base (deterministic on one machine, ~4.5 min on 2 cores), then
 ## arithmetic-filler-base (~1 min; chapter 3's length-free task: arithmetic-base fine-tuned on answers padded with dots),
@@ -61,6 +61,12 @@ pretrain: install
 	$(BIN)/python -m grpo_lab.pretrain arithmetic
 	$(BIN)/python -m grpo_lab.pretrain arithmetic-filler
 	$(BIN)/python -m grpo_lab.pretrain arithmetic-moe
+
+## xcheck: equivalence of grpo_lab.export's TRL / verl settings with TRL's and verl's own loss code (issue 16).
+## Installs requirements/xcheck.txt without dependencies on top of ci.txt (verl's heavy extras are not needed).
+xcheck: install
+	$(BIN)/python -m pip install -q --no-deps -r requirements/xcheck.txt
+	$(BIN)/python -m pytest -m xcheck tests/test_xcheck_trl.py tests/test_xcheck_verl.py -q -s -p no:cacheprovider
 
 clean:
 	rm -rf _build .pytest_cache

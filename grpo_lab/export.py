@@ -1,0 +1,966 @@
+"""Run a grpo_lab algorithm on TRL or verl with the same objective: settings, and what they mean.
+
+Users who outgrow one machine move to Hugging Face TRL (``trl.GRPOTrainer``, accelerate/DeepSpeed)
+or to verl (Ray, many GPUs and nodes). The two libraries name the same ideas differently and
+compute some of them differently by default, so a preset copied field by field trains another
+objective under the same name. This module translates an :class:`~grpo_lab.algorithms.Algorithm`
+into each library's settings, axis by axis, and says where the translation is exact:
+
+* :func:`to_trl` — keyword arguments of ``trl.GRPOConfig`` (TRL 1.16.0);
+* :func:`to_verl` — Hydra overrides of verl's PPO/GRPO trainer (``python -m verl.trainer.main_ppo``,
+  config ``ppo_trainer.yaml``; verl 0.9.1);
+* :func:`translate` — either of them plus the semantic notes and every difference found, as a
+  :class:`Translation`; :attr:`Translation.computes` is the grpo_lab algorithm the exported
+  settings compute *exactly* (the tests in ``tests/test_xcheck_*.py`` check that equality against
+  each library's own loss code, in float64, to 1e-10);
+* :func:`mapping_table` — the translation table (grpo_lab axis -> TRL field -> verl field -> note)
+  as a pandas DataFrame; :func:`support_table` — each preset x target: exact, or what raises.
+
+What differs between the three, read from TRL 1.16.0 (``trl/trainer/grpo_trainer.py``,
+``grpo_config.py``) and verl 0.9.1 (``verl/trainer/ppo/core_algos.py``, ``workers/utils/losses.py``,
+``trainer/config/*.yaml``) and measured on identical float64 tensors (grpo_lab issue 16):
+
+* **KL.** TRL's ``use_bias_correction_kl`` defaults to True: the k3 estimate times the importance
+  ratio, DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7, not DeepSeekMath (arXiv 2402.03300) Eqs. 3-4.
+  TRL has k3 only; verl has k1, k2 (``mse``) and k3 (``low_var_kl``, its value clamped at 10),
+  and no importance-corrected form.
+* **Advantage epsilon.** TRL hard-codes ``std + 1e-4``, verl's GRPO estimator ``std + 1e-6``;
+  neither is a setting. A preset is exact in TRL iff ``adv_eps == 1e-4`` and in verl iff
+  ``adv_eps == 1e-6`` (the presets use 1e-4). ``"group_mean"`` (Dr.GRPO, V3.2) has no epsilon.
+* **Aggregation.** TRL's ``loss_type`` and verl's ``loss_agg_mode``; DAPO Eq. 12 as written (our
+  ``"group_token_mean"``) exists in neither, both divide by the batch's token count
+  (``"token_mean"``). TRL's ``dr_grpo`` divides by ``B * max_completion_length`` and counts fully
+  masked rows in B; verl's ``seq-mean-token-sum-norm`` divides by the padded width unless
+  ``loss_scale_factor`` is set; both libraries' sequence means count fully masked rows, grpo_lab's
+  do not (rows are only empty when Overlong Filtering masks them); verl's ``seq-mean-token-mean``
+  divides each row by ``|o_i| + 1e-8``, which its actor computes in float32 from a bool mask, where
+  it rounds to ``|o_i|`` (exact).
+* **Clip.** TRL: ``epsilon`` / ``epsilon_high``; verl: ``clip_ratio_low`` / ``clip_ratio_high``
+  plus a dual clip (``clip_ratio_c = 3``: the loss of an ``A < 0`` token is capped at ``3|A|``) that
+  is in neither DeepSeekMath nor DAPO; the export switches it off with ``clip_ratio_c = 1e10``,
+  above any ratio verl can form (it clamps ``log r`` to +-20, ``e^20 ~ 4.9e8``), so exactly.
+* **CISPO** (MiniMax-M1, arXiv 2506.13585). TRL's ``epsilon_high`` is an *absolute* cap on the
+  weight (``min(r, epsilon_high)``, no floor), verl's ``clip_ratio_low/high`` are relative
+  (``clip(r, 1 - low, 1 + high)``) as ours. Both write the loss ``-sg(w) A log pi_theta`` (Eq. 4);
+  ours is ``-sg(w) A log r``: the same gradient, a value that differs by ``sg(w) A log pi_old``.
+* **GSPO** (arXiv 2507.18071). verl's ``gspo`` aggregates with whatever ``loss_agg_mode`` says
+  (``token-mean`` by default, not Eq. 5): the export sets ``seq-mean-token-mean``.
+* **V3.2 masking** (Eqs. 8-9). TRL's ``off_policy_mask_threshold``; verl has no counterpart.
+* **Sampling & shaping.** DAPO's dynamic sampling: verl ``algorithm.filter_groups``, not in TRL;
+  Overlong Filtering: TRL ``mask_truncated_completions``, not in verl; soft overlong punishment:
+  verl's ``dapo`` reward manager, TRL's ``trl.rewards.get_soft_overlong_punishment`` reward function
+  (:func:`trl_reward_funcs`).
+
+Policy: an export is *strict* by default. Anything a target computes differently raises
+``ValueError`` (:class:`ExportError`) naming what would be lost and, where one exists, the exact
+alternative (``preset.replace(...)``, which the target does compute exactly). ``strict=False``
+returns the nearest mapping and issues each difference as an :class:`ApproximateExportWarning`
+(:attr:`Translation.issues` lists them). A choice with no counterpart at all (a registry function
+from outside the package, RLOO in TRL's GRPO trainer, Routing Replay) raises either way.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from . import advantages as _adv
+from . import objectives as _obj
+from . import sampling as _sampling
+from . import validation as _v
+from .algorithms import PRESETS, Algorithm, get_algorithm
+
+__all__ = [
+    "TRL_VERSION",
+    "VERL_VERSION",
+    "TARGETS",
+    "TRL_ADV_EPS",
+    "VERL_ADV_EPS",
+    "VERL_DUAL_CLIP_OFF",
+    "BUDGET_KEYS",
+    "ExportError",
+    "ApproximateExportWarning",
+    "Issue",
+    "Translation",
+    "translate",
+    "to_trl",
+    "to_verl",
+    "trl_reward_funcs",
+    "mapping_table",
+    "support_table",
+]
+
+#: the TRL release the mapping was read from and is tested against (``trl.GRPOConfig`` fields)
+TRL_VERSION = "1.16.0"
+#: the verl release the mapping was read from and is tested against (``ppo_trainer.yaml`` keys)
+VERL_VERSION = "0.9.1"
+#: the libraries this module exports to, as the ``target`` argument of :func:`translate` names them
+TARGETS = ("trl", "verl")
+#: TRL adds this to the reward std (``advantages / (std_rewards + 1e-4)``, hard-coded)
+TRL_ADV_EPS = 1e-4
+#: verl's ``compute_grpo_outcome_advantage`` default ``epsilon``; its trainer passes no other
+VERL_ADV_EPS = 1e-6
+#: ``clip_ratio_c`` that switches verl's dual clip off: above ``e^20``, the largest ratio verl forms
+VERL_DUAL_CLIP_OFF = 1.0e10
+
+#: The run's sizes that :func:`to_trl` / :func:`to_verl` accept (names as in
+#: :class:`grpo_lab.trainer.TrainerConfig` where it has them); any other key raises.
+BUDGET_KEYS: dict[str, str] = {
+    "group_size": "G, responses per prompt (TRL num_generations, verl actor_rollout_ref.rollout.n)",
+    "max_new_tokens": "generation budget L_max in tokens (TRL max_completion_length, verl data.max_response_length); "
+                      "also Dr.GRPO's constant and DAPO's L_max",
+    "prompts_per_step": "prompts per rollout (verl data.train_batch_size; TRL: the generation batch is "
+                        "prompts_per_step * group_size rows)",
+    "minibatches": "optimiser steps per pass over a rollout (TRL steps_per_generation = minibatches x "
+                   "gradient_accumulation_steps, verl ppo_mini_batch_size = prompts_per_step / minibatches)",
+    "epochs": "passes over each rollout, mu (TRL num_iterations, verl ppo_epochs)",
+    "micro_batch_size": "rows per forward/backward on one device (TRL per_device_train_batch_size, "
+                        "verl ppo_micro_batch_size_per_gpu); default: a device's whole share of a minibatch",
+    "lr": "AdamW learning rate (TRL learning_rate, verl actor.optim.lr)",
+    "weight_decay": "AdamW weight decay (TRL weight_decay, verl actor.optim.weight_decay)",
+    "betas": "AdamW (beta1, beta2) (TRL adam_beta1/adam_beta2, verl actor.optim.betas)",
+    "grad_clip": "global gradient-norm clip (TRL max_grad_norm, verl actor.optim.clip_grad)",
+    "warmup": "linear warm-up steps (TRL warmup_steps, verl actor.optim.lr_warmup_steps)",
+    "temperature": "sampling temperature (TRL temperature, verl actor_rollout_ref.rollout.temperature)",
+    "nnodes": "machines (verl trainer.nnodes; TRL: sizes the per-device batch, launch with accelerate)",
+    "n_gpus_per_node": "GPUs per machine (verl trainer.n_gpus_per_node; TRL: as nnodes)",
+    "routing_replay": "GSPO's Routing Replay for MoE policies (TrainerConfig.routing_replay): not exported",
+}
+
+_FIELD_ORDER = tuple(Algorithm.__dataclass_fields__)  # the dataclass fields, in order
+
+
+class ExportError(ValueError):
+    """A target cannot compute an algorithm exactly (strict export), or cannot express it at all."""
+
+
+class ApproximateExportWarning(UserWarning):
+    """``strict=False``: one way in which the exported settings differ from the algorithm."""
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One difference between an algorithm and what a target computes with the exported settings.
+
+    Attributes:
+        kind: ``"approximate"`` (the target computes something close but different),
+            ``"lost"`` (a feature the target lacks; the export leaves it out) or ``"impossible"``
+            (no counterpart; raises even with ``strict=False``).
+        axis: the algorithm field or budget key concerned (``"aggregation"``, ``"adv_eps"``, ...).
+        message: what differs, in words.
+        fix: ``Algorithm.replace`` arguments under which the target is exact, or None.
+        budget_fix: budget arguments under which the target is exact, or None.
+    """
+
+    kind: str
+    axis: str
+    message: str
+    fix: Optional[dict] = None
+    budget_fix: Optional[dict] = None
+
+    def text(self) -> str:
+        """``"[kind] axis: message"``, one line."""
+        return f"[{self.kind}] {self.axis}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Translation:
+    """Result of :func:`translate`.
+
+    Attributes:
+        target: ``"trl"`` or ``"verl"``.
+        algorithm: the :class:`~grpo_lab.algorithms.Algorithm` that was translated.
+        config: ``dict`` of ``trl.GRPOConfig`` keyword arguments (TRL) or ``list[str]`` of Hydra
+            overrides (verl).
+        notes: the semantic notes of this translation (how each field is to be read, what is
+            exact and within which numerical domain), one string each.
+        issues: every :class:`Issue` found (empty when the export is exact).
+        budget: the validated budget.
+    """
+
+    target: str
+    algorithm: Algorithm
+    config: Union[dict, list]
+    notes: tuple
+    issues: tuple
+    budget: dict
+
+    @property
+    def exact(self) -> bool:
+        """True when the target computes :attr:`algorithm` exactly (no issue)."""
+        return not self.issues
+
+    @property
+    def computes(self) -> Optional[Algorithm]:
+        """The grpo_lab algorithm that the exported settings compute exactly, i.e. :attr:`algorithm`
+        itself when :attr:`exact`, else ``algorithm.replace(**fixes)`` when every issue has an algorithm
+        fix, else None (a difference that no algorithm field describes, or an impossible one)."""
+        if any(i.kind == "impossible" or i.fix is None for i in self.issues):
+            return None
+        changes: dict = {}
+        for i in self.issues:
+            changes.update(i.fix)
+        return self.algorithm.replace(**changes) if changes else self.algorithm
+
+    @property
+    def warnings(self) -> list:
+        """The issues as one line of text each (what ``strict=False`` warns about)."""
+        return [i.text() for i in self.issues]
+
+
+# ---------------------------------------------------------------------------------------------
+# budget
+# ---------------------------------------------------------------------------------------------
+def _check_budget(budget: dict) -> dict:
+    unknown = sorted(set(budget) - set(BUDGET_KEYS))
+    if unknown:
+        raise ValueError(f"unknown budget key(s) {unknown}; known keys: {sorted(BUDGET_KEYS)}")
+    b = {}
+    for name in ("group_size", "max_new_tokens", "prompts_per_step", "minibatches", "epochs", "micro_batch_size",
+                 "nnodes", "n_gpus_per_node"):
+        if budget.get(name) is not None:
+            b[name] = _v.positive_int(name, budget[name])
+    if budget.get("warmup") is not None:
+        b["warmup"] = _v.non_negative_int("warmup", budget["warmup"])
+    for name in ("lr", "grad_clip", "temperature"):
+        if budget.get(name) is not None:
+            b[name] = _v.positive_number(name, budget[name])
+    if budget.get("weight_decay") is not None:
+        b["weight_decay"] = _v.real_number("weight_decay", budget["weight_decay"], minimum=0.0)
+    if budget.get("betas") is not None:
+        betas = budget["betas"]
+        if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+                or not all(0 <= _v.real_number("betas", x) < 1 for x in betas)):
+            raise ValueError(f"betas must be a pair (beta1, beta2) of numbers in [0, 1), got {betas!r}")
+        b["betas"] = (float(betas[0]), float(betas[1]))
+    if budget.get("routing_replay") is not None:
+        b["routing_replay"] = _v.flag("routing_replay", budget["routing_replay"])
+    if b.get("group_size") == 1:
+        raise ValueError("group_size must be >= 2: a group of one has no baseline (TRL requires num_generations >= 2)")
+    return b
+
+
+def _sizes(b: dict) -> Optional[dict]:
+    """Rows per rollout, per minibatch, per device and per micro-batch, from the budget; None when
+    the budget does not give both ``prompts_per_step`` and ``group_size``."""
+    if "prompts_per_step" not in b or "group_size" not in b:
+        for k in ("minibatches", "micro_batch_size"):
+            if k in b:
+                raise ValueError(f"budget key {k!r} needs prompts_per_step and group_size (it splits a rollout of "
+                                 "prompts_per_step * group_size rows)")
+        return None
+    world = b.get("nnodes", 1) * b.get("n_gpus_per_node", 1)
+    mb = b.get("minibatches", 1)
+    if b["prompts_per_step"] % mb:
+        raise ValueError(f"minibatches={mb} must divide prompts_per_step={b['prompts_per_step']} (a minibatch "
+                         "holds whole groups)")
+    rows_mb = b["prompts_per_step"] * b["group_size"] // mb
+    if rows_mb % world:
+        raise ValueError(f"the {rows_mb} rows of a minibatch do not split over {world} devices (nnodes x "
+                         "n_gpus_per_node)")
+    per_device = rows_mb // world
+    micro = b.get("micro_batch_size", per_device)
+    if per_device % micro:
+        raise ValueError(f"micro_batch_size={micro} must divide the {per_device} rows of a minibatch on one device")
+    return {"world": world, "minibatches": mb, "rows_minibatch": rows_mb, "per_device": per_device,
+            "micro": micro, "accumulation": per_device // micro}
+
+
+def _cache_tokens(algo: Algorithm, b: dict) -> Optional[int]:
+    if algo.overlong_cache_len is None and algo.overlong_cache_frac is None:
+        return None
+    if "max_new_tokens" not in b:
+        raise ValueError(f"{algo.name}: the soft overlong punishment (DAPO Eq. 13) is sized by the generation budget; "
+                         "pass max_new_tokens= (L_max)")
+    return _sampling.overlong_cache_tokens(algo, b["max_new_tokens"])
+
+
+# ---------------------------------------------------------------------------------------------
+# shared checks
+# ---------------------------------------------------------------------------------------------
+def _builtin_choices(algo: Algorithm, target: str) -> list:
+    """Issues for registry choices that are not this package's own functions (no counterpart)."""
+    builtin = [
+        ("advantage", _adv.ADVANTAGE_ESTIMATORS, {"group": _adv.group_zscore, "group_mean": _adv.group_mean_baseline,
+                                                 "batch": _adv.batch_std, "rloo": _adv.rloo}),
+        ("ratio_level", _obj.RATIOS, {"token": _obj.token_ratio, "sequence": _obj.sequence_ratio,
+                                      "sequence_token": _obj.sequence_token_ratio}),
+        ("clip", _obj.SURROGATES, {"ppo": _obj.ppo_surrogate, "is_weight": _obj.cispo_surrogate}),
+        ("aggregation", _obj.AGGREGATIONS, {k: getattr(_obj, k) for k in
+                                            ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm",
+                                             "group_token_mean")}),
+    ]
+    if algo.uses_kl:
+        builtin.append(("kl", _obj.KL_ESTIMATORS, {"k1": _obj.k1, "k2": _obj.k2, "k3": _obj.k3}))
+    out = []
+    for axis, registry, own in builtin:
+        key = getattr(algo, axis)
+        if own.get(key) is None or registry.get(key) is not own[key]:
+            out.append(Issue("impossible", axis, f"{axis}={key!r} is a function registered from outside grpo_lab (or "
+                             f"a built-in name re-registered); {target} has no counterpart to configure"))
+    return out
+
+
+def _common_sampling_notes(algo: Algorithm, cache: Optional[int], b: dict) -> list:
+    notes = []
+    if cache is not None:
+        notes.append(f"soft overlong punishment (DAPO Eq. 13): L_max = {b['max_new_tokens']}, L_cache = {cache} tokens "
+                     "(grpo_lab.sampling.overlong_cache_tokens), added to the task reward before the advantage; "
+                     "lengths count the EOS token in all three")
+    return notes
+
+
+def _fix_text(algo: Algorithm, issues: list) -> str:
+    fixes, budget_fixes = {}, {}
+    for i in issues:
+        fixes.update(i.fix or {})
+        budget_fixes.update(i.budget_fix or {})
+    if any(i.fix is None and i.budget_fix is None for i in issues):
+        return ""
+    name = next((k for k, v in PRESETS.items() if v == algo), "algo")
+    parts = []
+    if fixes:
+        parts.append(f"{name}.replace({', '.join(f'{k}={v!r}' for k, v in fixes.items())})")
+    if budget_fixes:
+        parts.append("budget " + ", ".join(f"{k}={v!r}" for k, v in budget_fixes.items()))
+    return " and ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# TRL
+# ---------------------------------------------------------------------------------------------
+def _trl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
+    kw: dict = {}
+    notes: list = []
+    issues: list = _builtin_choices(algo, f"TRL {TRL_VERSION}")
+    if any(i.kind == "impossible" for i in issues):
+        return kw, notes, issues
+    # --- advantage ------------------------------------------------------------------------
+    if algo.advantage in ("group", "batch"):
+        kw["scale_rewards"] = algo.advantage
+        if algo.adv_eps != TRL_ADV_EPS:
+            issues.append(Issue("approximate", "adv_eps",
+                                f"TRL adds a hard-coded 1e-4 to the reward std (no setting); adv_eps={algo.adv_eps:g} "
+                                "gives advantages that differ by a relative ~|adv_eps - 1e-4| / std",
+                                fix={"adv_eps": TRL_ADV_EPS}))
+        else:
+            notes.append(f"advantage {algo.advantage!r}: scale_rewards={algo.advantage!r}, (r - mean_g) / (std + 1e-4) "
+                         "with the unbiased std, TRL's hard-coded epsilon = adv_eps (exact)")
+    elif algo.advantage == "group_mean":
+        kw["scale_rewards"] = "none"
+        notes.append("advantage 'group_mean' (Dr.GRPO §3.2, V3.2 Eq. 5): scale_rewards='none', r - mean_g (exact)")
+    else:  # rloo
+        issues.append(Issue("impossible", "advantage",
+                            "TRL's GRPOTrainer has no leave-one-out baseline (trl.RLOOTrainer is another trainer, "
+                            "not mapped); use advantage='group_mean' (RLOO up to the factor G/(G-1))"))
+    kw["multi_objective_aggregation"] = "sum_then_normalize"
+    # --- ratio ------------------------------------------------------------------------------
+    if algo.ratio_level == "token":
+        kw["importance_sampling_level"] = "token"
+    else:
+        kw["importance_sampling_level"] = "sequence"
+        notes.append(f"ratio {algo.ratio_level!r}: importance_sampling_level='sequence', s_i = exp(mean_t log r_it) "
+                     "(GSPO Eq. 7, unclamped in TRL); "
+                     + ("GSPO-token (Eq. 14) equals it in value and gradient because TRL's advantages are one "
+                        "per response" if algo.ratio_level == "sequence_token" else "exact"))
+    # --- clip and aggregation -> loss_type -------------------------------------------------
+    agg = algo.aggregation
+    if algo.clip == "ppo":
+        loss_type = {"seq_mean_token_mean": "grpo", "token_mean": "dapo", "seq_mean_token_sum_norm": "dr_grpo",
+                     "group_token_mean": "dapo"}[agg]
+        kw.update(loss_type=loss_type, epsilon=algo.eps_low, epsilon_high=algo.eps_high, delta=None)
+        notes.append(f"PPO clip: epsilon={algo.eps_low:g} (1 - epsilon is the floor), epsilon_high={algo.eps_high:g} "
+                     "(DAPO's clip-higher); delta=None keeps INTELLECT-2's two-sided clip off")
+    else:  # is_weight
+        loss_type = "cispo"
+        kw.update(loss_type="cispo", epsilon=algo.eps_low, epsilon_high=1.0 + algo.eps_high, delta=None)
+        notes.append(f"CISPO: TRL's epsilon_high is an absolute cap on the weight, min(r, epsilon_high): "
+                     f"1 + eps_high = {1.0 + algo.eps_high:g} (TRL's docs recommend 5.0, ScaleRL's eps_max); TRL has no "
+                     "floor. TRL's loss is -sg(w) A log pi_theta (MiniMax-M1 Eq. 4), ours -sg(w) A log r: the same "
+                     "gradient, values that differ by sg(w) A log pi_old")
+        if algo.ratio_level != "token":
+            issues.append(Issue("impossible", "ratio_level",
+                                f"clip='is_weight' with ratio_level={algo.ratio_level!r} is not mapped (untested)"))
+        if algo.eps_low < 1.0:
+            issues.append(Issue("lost", "eps_low", f"TRL's CISPO weight has no floor; eps_low={algo.eps_low:g} "
+                                f"(floor {1 - algo.eps_low:g}) would be lost", fix={"eps_low": 1.0}))
+        if algo.mask_eps_low is not None or algo.mask_eps_high is not None:
+            issues.append(Issue("lost", "mask_eps", "TRL's CISPO has no token mask M (MiniMax-M1 Eq. 7)",
+                                fix={"mask_eps_low": None, "mask_eps_high": None}))
+    if agg == "group_token_mean":
+        issues.append(Issue("approximate", "aggregation",
+                            "DAPO Eq. 12 as written (a token mean per group, then the mean over groups) is not in TRL; "
+                            f"loss_type={loss_type!r} divides by the whole batch's token count ('token_mean'), which "
+                            "weighs each group by its share of the tokens", fix={"aggregation": "token_mean"}))
+    elif loss_type == "cispo" and agg != "token_mean":
+        issues.append(Issue("approximate", "aggregation", f"TRL's cispo aggregates as 'token_mean', not {agg!r}",
+                            fix={"aggregation": "token_mean"}))
+    if loss_type in ("dapo", "cispo"):
+        if b.get("minibatches", 1) > 1:
+            issues.append(Issue("approximate", "minibatches",
+                                "TRL divides each minibatch's token sum by the generation batch's token count / "
+                                "minibatches (the mean minibatch count, trl PR #6024), grpo_lab by that minibatch's own "
+                                "count: each step's gradient differs by a positive factor", budget_fix={"minibatches": 1}))
+        else:
+            notes.append(f"aggregation: loss_type={loss_type!r} divides by the token count of the generation batch "
+                         "(num_items_in_batch), which is one minibatch here: token_mean (exact)")
+    elif loss_type == "grpo":
+        notes.append("aggregation: loss_type='grpo', 1/G sum_i 1/|o_i| sum_t (DeepSeekMath Eq. 3); TRL counts fully "
+                     "masked rows in G, grpo_lab does not (equal unless a row is empty)")
+    elif loss_type == "dr_grpo":
+        if "max_new_tokens" not in b:
+            raise ValueError(f"{algo.name}: TRL's dr_grpo normaliser is max_completion_length; pass max_new_tokens= "
+                             "(the generation budget, Dr.GRPO's MAX_TOKENS)")
+        if algo.max_tokens is not None and algo.max_tokens != b["max_new_tokens"]:
+            issues.append(Issue("approximate", "max_tokens",
+                                f"TRL's dr_grpo constant is max_completion_length={b['max_new_tokens']}, not "
+                                f"max_tokens={algo.max_tokens}", fix={"max_tokens": None}))
+        notes.append(f"aggregation: loss_type='dr_grpo' divides the token sum by B * max_completion_length "
+                     f"(= {b['max_new_tokens']}, Dr.GRPO's constant) and counts fully masked rows in B, grpo_lab does "
+                     "not (equal unless a row is empty)")
+    # --- KL ----------------------------------------------------------------------------------
+    if algo.uses_kl:
+        kw["beta"] = algo.beta
+        kw["use_bias_correction_kl"] = bool(algo.kl_importance_correction)
+        if algo.kl != "k3":
+            issues.append(Issue("approximate", "kl", f"TRL has the k3 estimator only, not {algo.kl!r}",
+                                fix={"kl": "k3"}))
+        if algo.kl_importance_correction:
+            notes.append("KL: k3 times the importance ratio, use_bias_correction_kl=True (DeepSeek-V3.2 Eq. 7; "
+                         "TRL does not clamp the ratio, grpo_lab clamps log r to +-20)")
+            if algo.ratio_level != "token":
+                issues.append(Issue("approximate", "kl_importance_correction",
+                                    "with importance_sampling_level='sequence' TRL multiplies the KL by the sequence "
+                                    "ratio s_i, grpo_lab by the token ratio", fix={"kl_importance_correction": False}))
+        else:
+            notes.append("KL: k3 (DeepSeekMath Eq. 4) with use_bias_correction_kl=False; TRL's default True would be "
+                         "DeepSeek-V3.2 Eq. 7 instead")
+    else:
+        kw["beta"] = 0.0
+        kw["use_bias_correction_kl"] = False
+    # --- V3.2 masking ---------------------------------------------------------------------------
+    kw["off_policy_mask_threshold"] = algo.offpolicy_mask_delta
+    if algo.offpolicy_mask_delta is not None:
+        notes.append(f"Off-Policy Sequence Masking (V3.2 Eqs. 8-9): off_policy_mask_threshold={algo.offpolicy_mask_delta:g}; "
+                     "with vLLM TRL measures the divergence against the sampler's log-probs, grpo_lab against "
+                     "old_logp (TrainerConfig.old_logp)")
+    # --- sampling & shaping ---------------------------------------------------------------------
+    if algo.dynamic_sampling:
+        issues.append(Issue("lost", "dynamic_sampling", "TRL 1.16 has no dynamic sampling (DAPO Eq. 11; trl issue "
+                            "#3708): groups of equal accuracy would train with zero advantage",
+                            fix={"dynamic_sampling": False}))
+    kw["mask_truncated_completions"] = bool(algo.overlong_filter)
+    if algo.overlong_filter:
+        if loss_type in ("grpo", "dr_grpo"):
+            issues.append(Issue("approximate", "overlong_filter",
+                                f"mask_truncated_completions leaves empty rows that TRL's {loss_type!r} counts in its "
+                                "sequence mean (grpo_lab does not): the loss is scaled by non-empty/all rows",
+                                fix={"overlong_filter": False}))
+        else:
+            notes.append("Overlong Filtering (DAPO §3.4): mask_truncated_completions=True; masked rows add no token to "
+                         "the token count (exact)")
+    cache = _cache_tokens(algo, b)
+    if cache is not None:
+        notes.append(f"soft overlong punishment: not a GRPOConfig field; pass reward_funcs=[your_reward, "
+                     f"*grpo_lab.export.trl_reward_funcs(algo, max_new_tokens={b['max_new_tokens']})] "
+                     f"(trl.rewards.get_soft_overlong_punishment({b['max_new_tokens']}, {cache})); "
+                     "sum_then_normalize adds it before the advantage")
+    notes += _common_sampling_notes(algo, cache, b)
+    # --- what grpo_lab does not have -------------------------------------------------------------
+    kw.update(top_entropy_quantile=1.0, entropy_coef=0.0, vllm_importance_sampling_correction=False)
+    notes.append("off: top_entropy_quantile=1.0, entropy_coef=0.0, vllm_importance_sampling_correction=False (TRL's "
+                 "default True reweights by the vLLM sampler's ratio, which grpo_lab's loss does not)")
+    # --- budget ------------------------------------------------------------------------------------
+    _trl_budget(kw, b, notes)
+    return kw, notes, issues
+
+
+def _trl_budget(kw: dict, b: dict, notes: list) -> None:
+    if "group_size" in b:
+        kw["num_generations"] = b["group_size"]
+    if "max_new_tokens" in b:
+        kw["max_completion_length"] = b["max_new_tokens"]
+    sizes = _sizes(b)
+    if sizes is not None:
+        kw["per_device_train_batch_size"] = sizes["micro"]
+        kw["gradient_accumulation_steps"] = sizes["accumulation"]
+        kw["steps_per_generation"] = sizes["accumulation"] * sizes["minibatches"]
+        notes.append(f"sizes: a generation batch of {b['prompts_per_step']} prompts x {b['group_size']} = "
+                     f"per_device_train_batch_size ({sizes['micro']}) x {sizes['world']} processes x "
+                     f"steps_per_generation ({kw['steps_per_generation']}) rows; {sizes['minibatches']} optimiser "
+                     f"step(s) per generation. Launch with accelerate on {sizes['world']} process(es)")
+    for ours, theirs in (("epochs", "num_iterations"), ("lr", "learning_rate"), ("weight_decay", "weight_decay"),
+                         ("grad_clip", "max_grad_norm"), ("warmup", "warmup_steps"), ("temperature", "temperature")):
+        if ours in b:
+            kw[theirs] = b[ours]
+    if "betas" in b:
+        kw["adam_beta1"], kw["adam_beta2"] = b["betas"]
+
+
+# ---------------------------------------------------------------------------------------------
+# verl
+# ---------------------------------------------------------------------------------------------
+_A = "actor_rollout_ref.actor."
+
+
+def _verl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
+    ov: dict = {}
+    notes: list = []
+    issues: list = _builtin_choices(algo, f"verl {VERL_VERSION}")
+    if any(i.kind == "impossible" for i in issues):
+        return ov, notes, issues
+    # --- advantage ------------------------------------------------------------------------------
+    if algo.advantage in ("group", "group_mean"):
+        ov["algorithm.adv_estimator"] = "grpo"
+        ov["algorithm.norm_adv_by_std_in_grpo"] = algo.advantage == "group"
+        if algo.advantage == "group" and algo.adv_eps != VERL_ADV_EPS:
+            issues.append(Issue("approximate", "adv_eps",
+                                f"verl's GRPO estimator adds a hard-coded 1e-6 to the std (no setting), adv_eps="
+                                f"{algo.adv_eps:g}: advantages differ by a relative ~|adv_eps - 1e-6| / std "
+                                f"({abs(algo.adv_eps - VERL_ADV_EPS) / 0.5:.1g} for one success in a group of 4, "
+                                "std 0.5)", fix={"adv_eps": VERL_ADV_EPS}))
+        else:
+            notes.append("advantage: algorithm.adv_estimator=grpo (not grpo_vectorized, which gives an all-equal "
+                         "float64 group 0.0119 instead of 0), "
+                         + ("norm_adv_by_std_in_grpo=True, (r - mean_g) / (std + 1e-6), unbiased std (exact)"
+                            if algo.advantage == "group" else
+                            "norm_adv_by_std_in_grpo=False, r - mean_g (Dr.GRPO §3.2; exact)"))
+    elif algo.advantage == "rloo":
+        ov["algorithm.adv_estimator"] = "rloo"
+        notes.append("advantage: algorithm.adv_estimator=rloo, G/(G-1) (r - mean_g) (exact up to rounding)")
+    else:  # batch
+        issues.append(Issue("impossible", "advantage", "verl has no group-mean / batch-std estimator "
+                            "(reinforce_plus_plus_baseline also subtracts the batch mean)"))
+    ov["algorithm.use_kl_in_reward"] = False
+    ov["algorithm.rollout_correction.rollout_is"] = None
+    # --- ratio, clip ---------------------------------------------------------------------------------
+    if algo.clip == "ppo":
+        loss_mode = "vanilla" if algo.ratio_level == "token" else "gspo"
+        ov[_A + "policy_loss.loss_mode"] = loss_mode
+        ov[_A + "clip_ratio_low"] = algo.eps_low
+        ov[_A + "clip_ratio_high"] = algo.eps_high
+        ov[_A + "clip_ratio_c"] = VERL_DUAL_CLIP_OFF
+        notes.append(f"PPO clip: clip_ratio_low={algo.eps_low:g}, clip_ratio_high={algo.eps_high:g} (verl's clip_ratio "
+                     "is only their default); clip_ratio_c=1e10 switches off verl's dual clip (default 3: the loss of "
+                     "an A<0 token capped at 3|A|, in neither DeepSeekMath nor DAPO) exactly, since verl clamps log r "
+                     "to +-20")
+        if loss_mode == "gspo":
+            notes.append("GSPO: policy_loss.loss_mode=gspo computes GSPO-token (Eq. 14), equal to GSPO (Eq. 5, 10) in "
+                         "value and gradient with one advantage per response, which verl's GRPO estimator gives; verl "
+                         "clamps log s_i at 10")
+    else:  # is_weight
+        ov[_A + "policy_loss.loss_mode"] = "cispo"
+        ov[_A + "clip_ratio_low"] = algo.eps_low
+        ov[_A + "clip_ratio_high"] = algo.eps_high
+        notes.append(f"CISPO: policy_loss.loss_mode=cispo, clip(r, 1 - {algo.eps_low:g}, 1 + {algo.eps_high:g}) "
+                     "relative, as ours (clip_ratio_low=1 removes the floor). verl's loss is -sg(w) A log pi_theta "
+                     "(MiniMax-M1 Eq. 4), ours -sg(w) A log r: the same gradient, values that differ by "
+                     "sg(w) A log pi_old")
+        if algo.ratio_level != "token":
+            issues.append(Issue("impossible", "ratio_level",
+                                f"clip='is_weight' with ratio_level={algo.ratio_level!r}: verl's cispo is token-level"))
+        if algo.mask_eps_low is not None or algo.mask_eps_high is not None:
+            issues.append(Issue("lost", "mask_eps", "verl's cispo has no token mask M (MiniMax-M1 Eq. 7)",
+                                fix={"mask_eps_low": None, "mask_eps_high": None}))
+    # --- aggregation ----------------------------------------------------------------------------------
+    agg = algo.aggregation
+    mode = {"seq_mean_token_mean": "seq-mean-token-mean", "token_mean": "token-mean",
+            "seq_mean_token_sum_norm": "seq-mean-token-sum-norm", "group_token_mean": "token-mean"}[agg]
+    ov[_A + "loss_agg_mode"] = mode
+    if agg == "group_token_mean":
+        issues.append(Issue("approximate", "aggregation",
+                            "DAPO Eq. 12 as written (a token mean per group, then the mean over groups) is not in verl; "
+                            "token-mean divides by the minibatch's token count ('token_mean'), which weighs each group "
+                            "by its share of the tokens", fix={"aggregation": "token_mean"}))
+    elif agg == "token_mean":
+        notes.append("aggregation: loss_agg_mode=token-mean divides by the minibatch's token count over all devices "
+                     "(batch_num_tokens): token_mean (exact)")
+    elif agg == "seq_mean_token_mean":
+        notes.append("aggregation: loss_agg_mode=seq-mean-token-mean (DeepSeekMath Eq. 3); verl divides each row by "
+                     "|o_i| + 1e-8, computed in float32 from its bool mask, i.e. |o_i| (exact); its trainer counts every row "
+                     "of the minibatch in G "
+                     "(ppo_mini_batch_size x n), grpo_lab only non-empty rows (equal unless a row is empty)")
+    else:  # seq_mean_token_sum_norm
+        constant = algo.max_tokens if algo.max_tokens is not None else b.get("max_new_tokens")
+        if constant is None:
+            raise ValueError(f"{algo.name}: Dr.GRPO's constant normaliser must be given: pass max_new_tokens= (the "
+                             "generation budget) or set Algorithm.max_tokens; without loss_scale_factor verl divides "
+                             "by the padded width of each micro-batch")
+        ov[_A + "loss_scale_factor"] = int(constant)
+        notes.append(f"aggregation: seq-mean-token-sum-norm with loss_scale_factor={constant} (Dr.GRPO's constant; "
+                     "without it verl divides by the padded width of each micro-batch); rows counted as in "
+                     "seq-mean-token-mean")
+    # --- KL -------------------------------------------------------------------------------------------
+    if algo.uses_kl:
+        ov[_A + "use_kl_loss"] = True
+        ov[_A + "kl_loss_type"] = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}[algo.kl]
+        ov[_A + "kl_loss_coef"] = algo.beta
+        notes.append(f"KL: use_kl_loss=True, kl_loss_type={ov[_A + 'kl_loss_type']}, kl_loss_coef={algo.beta:g}, "
+                     "aggregated with the same loss_agg_mode and added to the policy loss (as inside DeepSeekMath Eq. 3)"
+                     + ("; verl clamps its value to [-10, 10] (gradient 0 beyond) and log(pi_ref/pi) to +-20"
+                        if algo.kl == "k3" else ""))
+        if algo.kl_importance_correction:
+            issues.append(Issue("lost", "kl_importance_correction",
+                                "verl has no importance-corrected KL (DeepSeek-V3.2 Eq. 7); its KL loss is the plain "
+                                "estimator", fix={"kl_importance_correction": False}))
+    else:
+        ov[_A + "use_kl_loss"] = False
+    ov[_A + "entropy_coeff"] = 0
+    if algo.offpolicy_mask_delta is not None:
+        issues.append(Issue("lost", "offpolicy_mask_delta",
+                            "verl has no Off-Policy Sequence Masking (DeepSeek-V3.2 Eqs. 8-9); its rollout rejection "
+                            "sampling compares the sampler with pi_old and ignores the advantage's sign",
+                            fix={"offpolicy_mask_delta": None}))
+    # --- sampling & shaping ------------------------------------------------------------------------
+    if algo.dynamic_sampling:
+        ov["algorithm.filter_groups.enable"] = True
+        ov["algorithm.filter_groups.metric"] = "acc"
+        notes.append("dynamic sampling (DAPO Eq. 11): algorithm.filter_groups.enable=True, metric=acc (the raw "
+                     "correctness score, as grpo_lab filters on task.is_correct; 'reward' would include the overlong "
+                     "penalty); verl's V1 replay buffer refills groups prompt by prompt, grpo_lab in rounds")
+    if algo.overlong_filter:
+        issues.append(Issue("lost", "overlong_filter", "verl 0.9.1 has no Overlong Filtering (DAPO §3.4): truncated "
+                            "responses would train", fix={"overlong_filter": False}))
+    cache = _cache_tokens(algo, b)
+    if cache is not None:
+        ov["reward.reward_manager.name"] = "dapo"
+        ov["++reward.reward_kwargs.max_resp_len"] = b["max_new_tokens"]
+        ov["++reward.reward_kwargs.overlong_buffer_cfg.enable"] = True
+        ov["++reward.reward_kwargs.overlong_buffer_cfg.len"] = cache
+        ov["++reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"] = 1.0
+        ov["++reward.reward_kwargs.overlong_buffer_cfg.log"] = False
+        notes.append("soft overlong punishment: the 'dapo' reward manager with overlong_buffer_cfg.len = L_cache and "
+                     "penalty_factor=1.0 adds min(-(|y| - (L_max - L_cache)) / L_cache, 0), Eq. 13 (exact); it calls "
+                     "your compute_score as the naive manager does")
+    notes += _common_sampling_notes(algo, cache, b)
+    # --- budget -----------------------------------------------------------------------------------------
+    _verl_budget(ov, b, notes)
+    return ov, notes, issues
+
+
+def _verl_budget(ov: dict, b: dict, notes: list) -> None:
+    if "group_size" in b:
+        ov["actor_rollout_ref.rollout.n"] = b["group_size"]
+    if "max_new_tokens" in b:
+        ov["data.max_response_length"] = b["max_new_tokens"]
+    sizes = _sizes(b)
+    if sizes is not None:
+        ov["data.train_batch_size"] = b["prompts_per_step"]
+        ov[_A + "ppo_mini_batch_size"] = b["prompts_per_step"] // sizes["minibatches"]
+        ov[_A + "ppo_micro_batch_size_per_gpu"] = sizes["micro"]
+        notes.append(f"sizes: data.train_batch_size and ppo_mini_batch_size count prompts (verl multiplies by "
+                     f"rollout.n): {b['prompts_per_step']} prompts, {sizes['minibatches']} minibatch(es) of "
+                     f"{sizes['rows_minibatch']} rows over {sizes['world']} GPU(s)")
+    if "nnodes" in b or "n_gpus_per_node" in b:
+        ov["trainer.nnodes"] = b.get("nnodes", 1)
+        ov["trainer.n_gpus_per_node"] = b.get("n_gpus_per_node", 1)
+    for ours, theirs in (("epochs", _A + "ppo_epochs"), ("lr", _A + "optim.lr"),
+                         ("weight_decay", _A + "optim.weight_decay"), ("grad_clip", _A + "optim.clip_grad"),
+                         ("warmup", _A + "optim.lr_warmup_steps"), ("temperature", "actor_rollout_ref.rollout.temperature")):
+        if ours in b:
+            ov[theirs] = b[ours]
+    if "betas" in b:
+        ov[_A + "optim.betas"] = list(b["betas"])
+
+
+def _hydra_value(v: Any) -> str:
+    """A value in Hydra's override grammar (``True``, ``null``, ``1e-06``, ``[0.9,0.99]``, ``seq-mean-token-mean``)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_hydra_value(x) for x in v) + "]"
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+    return str(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# public functions
+# ---------------------------------------------------------------------------------------------
+def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, **budget: Any) -> Translation:
+    """Translate ``algo`` into ``target``'s settings, with notes and every difference found.
+
+    Args:
+        algo: an :class:`~grpo_lab.algorithms.Algorithm` (e.g. a preset, or
+            :func:`~grpo_lab.algorithms.deepseek_v32`) or a preset's name.
+        target: ``"trl"`` (TRL 1.16.0, ``GRPOConfig`` keyword arguments) or ``"verl"`` (verl 0.9.1,
+            Hydra overrides of ``ppo_trainer.yaml``).
+        strict: True (default): raise :class:`ExportError` unless the target computes ``algo``
+            exactly. False: return the nearest mapping and issue one
+            :class:`ApproximateExportWarning` per difference (still raises for an impossible one).
+        **budget: the run's sizes, keys of :data:`BUDGET_KEYS` (``group_size``, ``max_new_tokens``,
+            ``prompts_per_step``, ``minibatches``, ``epochs``, ``micro_batch_size``, ``lr``, ...).
+            Only the keys given are exported; the target's defaults hold for the rest.
+
+    Returns:
+        :class:`Translation` (``config`` is a dict for TRL, a list of ``key=value`` strings for verl).
+
+    Raises:
+        ExportError: (a ``ValueError``) with ``strict=True`` when any difference exists (the message
+            lists each one and the exact alternative, ``preset.replace(...)``, when there is one);
+            always when a choice has no counterpart (a registry function from outside grpo_lab,
+            RLOO in TRL, the batch-std advantage in verl, ``routing_replay=True``).
+        ValueError: unknown ``target``, unknown or invalid budget keys, a budget that does not split
+            (``minibatches`` not dividing ``prompts_per_step``, ...), ``max_new_tokens`` missing where
+            the algorithm needs it (Dr.GRPO's constant, DAPO's L_max), or an invalid ``algo``.
+    """
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
+    if not isinstance(strict, bool):
+        raise ValueError(f"strict must be True or False, got {strict!r}")
+    algo = get_algorithm(algo)
+    if not isinstance(algo, Algorithm):
+        raise ValueError(f"algo must be a grpo_lab Algorithm or a preset name, got {type(algo).__name__}")
+    b = _check_budget(budget)
+    config, notes, issues = (_trl if target == "trl" else _verl)(algo, b)
+    if b.get("routing_replay"):
+        issues.append(Issue("impossible", "routing_replay",
+                            "GSPO's Routing Replay (TrainerConfig.routing_replay) is not exported: TRL 1.16 has none, "
+                            "verl 0.9.1's actor.router_replay (modes R2/R3) belongs to its Megatron/VeOmni engines and "
+                            "is not checked against grpo_lab; without it a MoE policy's ratios mix routing changes in"))
+    label = f"{'TRL ' + TRL_VERSION if target == 'trl' else 'verl ' + VERL_VERSION}"
+    call = f"to_{target}({algo.name})"
+    impossible = [i for i in issues if i.kind == "impossible"]
+    if impossible:
+        raise ExportError(f"{call}: {label} cannot express {algo.name}:\n"
+                          + "\n".join("  - " + i.text() for i in impossible))
+    if issues and strict:
+        fix = _fix_text(algo, issues)
+        raise ExportError(f"{call} is not exact in {label}; the exported settings would differ in:\n"
+                          + "\n".join("  - " + i.text() for i in issues)
+                          + (f"\nExact alternative: {fix}." if fix else "")
+                          + "\nPass strict=False to get this mapping with these differences as warnings.")
+    for i in issues:
+        warnings.warn(f"{call} ({label}): {i.text()}", ApproximateExportWarning, stacklevel=3)
+    if target == "verl":
+        config = [f"{k}={_hydra_value(v)}" for k, v in config.items()]
+    return Translation(target, algo, config, tuple(notes), tuple(issues), b)
+
+
+def to_trl(algo: Union[Algorithm, str], *, strict: bool = True, **budget: Any) -> dict:
+    """Keyword arguments of ``trl.GRPOConfig`` (TRL 1.16.0) that train ``algo``.
+
+    ``GRPOConfig(output_dir=..., **to_trl(DR_GRPO, group_size=8, max_new_tokens=1024))``. The
+    translation, axis by axis (see :func:`mapping_table` and the module docstring): ``scale_rewards``
+    (advantage; TRL's epsilon is a hard-coded 1e-4, so ``adv_eps`` must be 1e-4), ``loss_type`` from
+    the clip object and the aggregation (``grpo`` = DeepSeekMath Eq. 3, ``dapo`` = token mean,
+    ``dr_grpo`` = Dr.GRPO's constant ``max_completion_length``, ``cispo`` = MiniMax-M1 with
+    ``epsilon_high = 1 + eps_high`` an absolute cap), ``epsilon`` / ``epsilon_high`` (clip-higher),
+    ``importance_sampling_level`` (GSPO), ``beta`` with ``use_bias_correction_kl`` set explicitly
+    (TRL's default True is DeepSeek-V3.2 Eq. 7, not DeepSeekMath Eq. 3-4),
+    ``off_policy_mask_threshold`` (V3.2 Eqs. 8-9), ``mask_truncated_completions`` (DAPO Overlong
+    Filtering), and the sizes of ``budget``. Not a config field: DAPO's soft overlong punishment
+    is a reward function, :func:`trl_reward_funcs`. TRL has no dynamic sampling.
+
+    Args:
+        algo, strict, budget: as :func:`translate` (``budget`` as keyword arguments).
+
+    Returns:
+        dict of ``GRPOConfig`` keyword arguments (python values).
+
+    Raises:
+        ExportError, ValueError: as :func:`translate`.
+    """
+    return translate(algo, "trl", strict=strict, **budget).config
+
+
+def to_verl(algo: Union[Algorithm, str], *, strict: bool = True, **budget: Any) -> list:
+    """Hydra overrides of verl 0.9.1's PPO/GRPO trainer that train ``algo``.
+
+    They go on verl's command line, ``["python", "-m", "verl.trainer.main_ppo",
+    *to_verl(GRPO.replace(adv_eps=1e-6), group_size=8, max_new_tokens=1024), ...]`` (``...``: the model,
+    data and rollout-engine settings, which are not the algorithm's). The translation, axis by axis (see
+    :func:`mapping_table`): ``algorithm.adv_estimator=grpo`` with ``norm_adv_by_std_in_grpo``
+    (verl's epsilon is a hard-coded 1e-6, so ``adv_eps`` must be 1e-6 for the std-scaled form),
+    ``actor_rollout_ref.actor.policy_loss.loss_mode`` (``vanilla`` / ``gspo`` / ``cispo``),
+    ``clip_ratio_low`` / ``clip_ratio_high``, ``clip_ratio_c=1e10`` (verl's dual clip off),
+    ``loss_agg_mode`` (``seq-mean-token-mean`` for GSPO too, not verl's token-mean default) and
+    ``loss_scale_factor`` (Dr.GRPO's constant), ``use_kl_loss`` / ``kl_loss_type`` /
+    ``kl_loss_coef``, ``algorithm.filter_groups`` (DAPO dynamic sampling, metric ``acc``), the
+    ``dapo`` reward manager's ``overlong_buffer_cfg`` (soft overlong punishment), and the sizes of
+    ``budget``. verl has no Overlong Filtering, no importance-corrected KL and no Off-Policy
+    Sequence Masking.
+
+    Args:
+        algo, strict, budget: as :func:`translate` (``budget`` as keyword arguments).
+
+    Returns:
+        list of ``key=value`` strings in Hydra's override grammar (keys verl's config lacks are
+        added with ``++``).
+
+    Raises:
+        ExportError, ValueError: as :func:`translate`.
+    """
+    return translate(algo, "verl", strict=strict, **budget).config
+
+
+def trl_reward_funcs(algo: Union[Algorithm, str], *, max_new_tokens: int) -> list:
+    """The reward functions TRL needs *in addition to* the task's for ``algo``'s reward shaping.
+
+    DAPO's soft overlong punishment (arXiv 2503.14476, Eq. 13) is a reward function in TRL,
+    ``trl.rewards.get_soft_overlong_punishment(L_max, L_cache)``, not a ``GRPOConfig`` field: pass
+    ``reward_funcs=[task_reward, *trl_reward_funcs(DAPO, max_new_tokens=L_max)]`` with
+    ``GRPOConfig(max_completion_length=L_max, multi_objective_aggregation="sum_then_normalize")``
+    (what :func:`to_trl` sets) so that it is added to the task reward before the advantage, as in
+    :func:`grpo_lab.sampling.shape`. ``L_cache`` is :func:`grpo_lab.sampling.overlong_cache_tokens`.
+
+    Args:
+        algo: an Algorithm or a preset name.
+        max_new_tokens: the generation budget ``L_max`` (positive int).
+
+    Returns:
+        ``[]`` when ``algo`` has no soft overlong punishment, else a one-element list.
+
+    Raises:
+        ValueError: invalid ``max_new_tokens``, an ``L_cache`` that does not fit it.
+        ImportError: trl is not installed.
+    """
+    algo = get_algorithm(algo)
+    cache = _cache_tokens(algo, {"max_new_tokens": _v.positive_int("max_new_tokens", max_new_tokens)})
+    if cache is None:
+        return []
+    from trl.rewards import get_soft_overlong_punishment
+
+    return [get_soft_overlong_punishment(max_completion_len=max_new_tokens, soft_punish_cache=cache)]
+
+
+# ---------------------------------------------------------------------------------------------
+# tables
+# ---------------------------------------------------------------------------------------------
+_T, _V = f"TRL {TRL_VERSION}", f"verl {VERL_VERSION}"
+_A_ = "actor_rollout_ref.actor"
+#: (axis, grpo_lab value, TRL, verl, note): the rows of :func:`mapping_table`
+_ROWS = (
+    ("advantage", "group (adv_eps)", "scale_rewards='group' (epsilon 1e-4, fixed)",
+     "algorithm.adv_estimator=grpo, norm_adv_by_std_in_grpo=True (epsilon 1e-6, fixed)",
+     "(r - mean_g) / (std_g + eps), unbiased std (DeepSeekMath §4.1.2); exact in TRL iff adv_eps = 1e-4, in verl iff "
+     "adv_eps = 1e-6 (the presets use 1e-4); verl's grpo_vectorized gives an all-equal float64 group 0.0119, not 0"),
+    ("advantage", "group_mean", "scale_rewards='none'", "algorithm.norm_adv_by_std_in_grpo=False",
+     "r - mean_g (Dr.GRPO §3.2, DeepSeek-V3.2 Eq. 5); exact"),
+    ("advantage", "batch", "scale_rewards='batch'", "-", "group mean, batch std; verl has no such estimator"),
+    ("advantage", "rloo", "- (trl.RLOOTrainer is another trainer)", "algorithm.adv_estimator=rloo",
+     "leave-one-out baseline, G/(G-1) (r - mean_g)"),
+    ("ratio_level", "token", "importance_sampling_level='token'", f"{_A_}.policy_loss.loss_mode=vanilla (or cispo)",
+     "r_t = pi_theta / pi_old (DeepSeekMath Eq. 3); both clamp nothing (TRL) / log r to +-20 (verl, as grpo_lab)"),
+    ("ratio_level", "sequence, sequence_token", "importance_sampling_level='sequence'",
+     f"{_A_}.policy_loss.loss_mode=gspo",
+     "s_i = exp(mean_t log r_t) (GSPO Eq. 7); verl's gspo is GSPO-token (Eq. 14), equal to GSPO with one advantage per "
+     "response (the case in both); verl clamps log s_i at 10"),
+    ("clip", "ppo (eps_low, eps_high)", "epsilon=eps_low, epsilon_high=eps_high, delta=None",
+     f"{_A_}.clip_ratio_low=eps_low, clip_ratio_high=eps_high, clip_ratio_c=1e10",
+     "min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) (DAPO Eq. 10 clip-higher); verl's dual clip (clip_ratio_c=3 caps "
+     "the loss of A<0 tokens at 3|A|) is in neither DeepSeekMath nor DAPO: 1e10 > e^20 turns it off exactly; TRL's "
+     "delta (INTELLECT-2 two-sided clip) stays off"),
+    ("clip", "is_weight (CISPO)", "loss_type='cispo', epsilon_high=1 + eps_high (absolute cap; needs eps_low = 1)",
+     f"{_A_}.policy_loss.loss_mode=cispo, clip_ratio_low=eps_low, clip_ratio_high=eps_high (relative)",
+     "sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi (MiniMax-M1 Eqs. 4-5); TRL's epsilon_high is the cap itself "
+     "(its docs recommend 5.0), verl's is relative like ours; both compute -w A log pi_theta, we -w A log r: same "
+     "gradient, values differ by w A log pi_old; the token mask of Eq. 7 (mask_eps_*) is in neither"),
+    ("aggregation", "seq_mean_token_mean", "loss_type='grpo'", f"{_A_}.loss_agg_mode=seq-mean-token-mean",
+     "1/G sum_i 1/|o_i| sum_t (DeepSeekMath Eq. 3); both count fully masked rows in G (grpo_lab does not); verl divides "
+     "by |o_i| + 1e-8, which its bool mask makes a float32 sum equal to |o_i|"),
+    ("aggregation", "token_mean", "loss_type='dapo'", f"{_A_}.loss_agg_mode=token-mean",
+     "sum over the batch's tokens / their count; TRL divides by the generation batch's count / minibatches (exact only "
+     "with one minibatch per rollout), verl by each minibatch's own count (exact)"),
+    ("aggregation", "seq_mean_token_sum_norm (max_tokens)", "loss_type='dr_grpo' (constant = max_completion_length)",
+     f"{_A_}.loss_agg_mode=seq-mean-token-sum-norm, loss_scale_factor=max_tokens",
+     "1/G sum_i sum_t / MAX_TOKENS (Dr.GRPO §3.2); TRL divides by B * max_completion_length counting masked rows; "
+     "verl divides by the padded width unless loss_scale_factor is set"),
+    ("aggregation", "group_token_mean", "-", "-",
+     "DAPO Eq. 12 / MiniMax-M1 Eq. 4 as written (per-group token mean, then mean over groups); nearest: token_mean, "
+     "which weighs groups by their share of the tokens"),
+    ("kl", "None or beta = 0", "beta=0.0", f"{_A_}.use_kl_loss=False, algorithm.use_kl_in_reward=False", "no KL term"),
+    ("kl", "k3 (beta)", "beta=beta, use_bias_correction_kl=False",
+     f"{_A_}.use_kl_loss=True, kl_loss_type=low_var_kl, kl_loss_coef=beta",
+     "k3 inside the token sum (DeepSeekMath Eqs. 3-4); TRL's default use_bias_correction_kl=True is V3.2 Eq. 7; verl "
+     "clamps k3 at 10"),
+    ("kl", "k1, k2", "-", f"{_A_}.kl_loss_type=k1 / k2", "TRL has k3 only; verl's k2 ('mse') is D^2 / 2 as ours"),
+    ("kl_importance_correction", "True (DeepSeek-V3.2 Eq. 7)", "use_bias_correction_kl=True", "-",
+     "k3 times pi_theta / pi_old; TRL multiplies by the sequence ratio with importance_sampling_level='sequence'"),
+    ("offpolicy_mask_delta", "delta (DeepSeek-V3.2 Eqs. 8-9)", "off_policy_mask_threshold=delta", "-",
+     "drop the policy term of A<0 sequences with mean log(pi_old/pi_theta) > delta; TRL measures against the vLLM "
+     "sampler's log-probs when it uses vLLM; verl's rollout rejection sampling is another rule"),
+    ("dynamic_sampling", "True (DAPO Eq. 11)", "-", "algorithm.filter_groups.enable=True, metric=acc",
+     "train only groups of mixed accuracy; verl refills prompt by prompt, grpo_lab in rounds; 'acc' is the raw "
+     "correctness score, as grpo_lab's filter"),
+    ("overlong_filter", "True (DAPO §3.4)", "mask_truncated_completions=True", "-",
+     "truncated responses leave the loss; TRL's sequence means count their empty rows"),
+    ("overlong_cache_frac / overlong_cache_len", "L_cache (DAPO Eq. 13)",
+     "reward_funcs += trl.rewards.get_soft_overlong_punishment(L_max, L_cache) (grpo_lab.export.trl_reward_funcs)",
+     "reward.reward_manager.name=dapo, ++reward.reward_kwargs.{max_resp_len=L_max, overlong_buffer_cfg.{enable=True, "
+     "len=L_cache, penalty_factor=1.0}}",
+     "penalty min(((L_max - L_cache) - |y|) / L_cache, 0) added to the task reward; exact in both"),
+    ("(sampler correction)", "none (old_logp recomputed)", "vllm_importance_sampling_correction=False",
+     "algorithm.rollout_correction.rollout_is=null", "TRL's default True reweights by the vLLM sampler's ratio"),
+    ("budget", "group_size", "num_generations", "actor_rollout_ref.rollout.n", "G"),
+    ("budget", "max_new_tokens", "max_completion_length", "data.max_response_length", "L_max"),
+    ("budget", "prompts_per_step", "per_device_train_batch_size x processes x steps_per_generation = prompts x G rows",
+     "data.train_batch_size (prompts)", "verl counts prompts, TRL rows"),
+    ("budget", "minibatches", "steps_per_generation = minibatches x gradient_accumulation_steps",
+     f"{_A_}.ppo_mini_batch_size = prompts_per_step / minibatches (prompts)", "optimiser steps per pass"),
+    ("budget", "epochs", "num_iterations", f"{_A_}.ppo_epochs", "mu"),
+    ("budget", "micro_batch_size", "per_device_train_batch_size", f"{_A_}.ppo_micro_batch_size_per_gpu",
+     "rows per forward/backward on one device"),
+    ("budget", "lr, weight_decay, betas, grad_clip, warmup",
+     "learning_rate, weight_decay, adam_beta1/adam_beta2, max_grad_norm, warmup_steps",
+     f"{_A_}.optim.lr, optim.weight_decay, optim.betas, optim.clip_grad, optim.lr_warmup_steps", "AdamW"),
+    ("budget", "temperature", "temperature", "actor_rollout_ref.rollout.temperature", "sampling temperature"),
+    ("budget", "nnodes, n_gpus_per_node", "(processes launched by accelerate)", "trainer.nnodes, trainer.n_gpus_per_node",
+     "devices"),
+    ("routing_replay", "True (GSPO §5.3)", "-", "- (not mapped)", "raises for both targets"),
+)
+
+
+def mapping_table():
+    """The translation table: one row per grpo_lab axis value, its TRL and verl settings, and a note.
+
+    Returns:
+        ``pandas.DataFrame`` with columns ``axis``, ``grpo_lab``, ``TRL 1.16.0``, ``verl 0.9.1``,
+        ``note`` (``"-"``: the target has no counterpart). A book appendix renders it as is.
+    """
+    import pandas as pd
+
+    return pd.DataFrame(list(_ROWS), columns=["axis", "grpo_lab", _T, _V, "note"])
+
+
+def support_table(algorithms: Optional[dict] = None, **budget: Any):
+    """Each algorithm x target: ``"exact"``, or what the strict export raises about, with the exact
+    alternative (:attr:`Translation.computes`).
+
+    Args:
+        algorithms: ``{name: Algorithm}``; default :data:`grpo_lab.algorithms.PRESETS`.
+        budget: keyword arguments as :func:`translate` (``max_new_tokens`` is needed by Dr.GRPO and DAPO's shaping;
+            default 1024).
+
+    Returns:
+        ``pandas.DataFrame`` with columns ``algorithm``, ``target``, ``exact`` (bool), ``issues``
+        (``"; "``-joined) and ``exact_alternative`` (the ``replace`` arguments, or ``""``).
+
+    Raises:
+        ValueError: as :func:`translate` for the budget.
+    """
+    import pandas as pd
+
+    budget = {"max_new_tokens": 1024, **budget}
+    rows = []
+    for name, algo in (algorithms if algorithms is not None else PRESETS).items():
+        for target in TARGETS:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ApproximateExportWarning)
+                    tr = translate(algo, target, strict=False, **budget)
+            except ExportError as exc:
+                rows.append({"algorithm": name, "target": target, "exact": False, "issues": str(exc),
+                             "exact_alternative": ""})
+                continue
+            alt = tr.computes
+            changes = {} if alt is None else {f: getattr(alt, f) for f in _FIELD_ORDER
+                                               if getattr(alt, f) != getattr(algo, f)}
+            rows.append({"algorithm": name, "target": target, "exact": tr.exact,
+                         "issues": "; ".join(i.text() for i in tr.issues),
+                         "exact_alternative": ", ".join(f"{k}={v!r}" for k, v in changes.items())})
+    return pd.DataFrame(rows, columns=["algorithm", "target", "exact", "issues", "exact_alternative"])
