@@ -674,7 +674,10 @@ def _hydra_value(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(_hydra_value(x) for x in v) + "]"
     if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+        if not math.isfinite(v):
+            return "inf" if v > 0 else "-inf"
+        short = f"{v:g}"  # 1e+10 rather than 10000000000.0, when it is the same float (1.0 stays 1.0)
+        return short if "e" in short and float(short) == v else repr(v)
     return str(v)
 
 

@@ -1,0 +1,181 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (sec-scale-out)=
+# # Scale out: the same objective in TRL and verl
+#
+# `grpo_lab` trains on one device. Past a few billion parameters you move to
+# [verl](https://github.com/volcengine/verl) (Ray, many GPUs and nodes) or
+# [TRL](https://github.com/huggingface/trl) (accelerate, DeepSpeed). Both implement GRPO, DAPO,
+# Dr.GRPO, GSPO and CISPO under those names, and both compute, given the same settings, exactly
+# what `grpo_lab` computes: on identical float64 batches their own loss code and
+# {py:func}`grpo_lab.objectives.policy_loss` agree to within $10^{-16}$ in loss and gradient
+# (`tests/test_xcheck_trl.py`, `tests/test_xcheck_verl.py`, run by `make xcheck`). But their
+# **defaults** are not the papers', and the differences change the gradient:
+#
+# * TRL 1.16: `use_bias_correction_kl=True` by default, which is DeepSeek-V3.2's importance-corrected
+#   KL (its Eq. 7), not DeepSeekMath's $k_3$ (Eq. 3); `loss_type="dr_grpo"` divides by
+#   $B\cdot L_{\max}$ and counts fully masked rows in $B$; the advantage's $\epsilon$ is hard-coded
+#   at $10^{-4}$.
+# * verl 0.9.1: the GRPO advantage's $\epsilon$ is $10^{-6}$; a dual clip (`clip_ratio_c=3`) caps
+#   $r > 3$ for $A < 0$, which is in neither DeepSeekMath nor DAPO; GSPO's default aggregation is
+#   `token-mean`, not GSPO's Eq. 5; `seq-mean-token-sum-norm` divides by the tensor's width unless
+#   `loss_scale_factor` is set.
+#
+# {py:mod}`grpo_lab.export` translates a preset into each library's settings with every one of
+# these pinned, and **raises** where the library would train something else, naming what would be
+# lost and the exact alternative. The tables on this page are generated from it.
+
+# %% tags=["remove-cell"]
+# Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
+    if not os.path.isdir("/content/grpo_lab"):
+        subprocess.run(["git", "clone", "-q", "--depth", "1",
+                        "https://github.com/grpo-lab/grpo_lab", "/content/grpo_lab"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/grpo_lab"], check=True)
+    sys.path.insert(0, "/content/grpo_lab")
+
+# %% tags=["parameters"]
+PROFILE = "cpu"  # this page trains nothing; the profile does not change it
+
+# %% tags=["hide-input"]
+import re
+
+import pandas as pd
+from IPython.display import Markdown, display
+
+from grpo_lab import book, export
+from grpo_lab.algorithms import DAPO, PRESETS, deepseek_v32
+
+book.setup_notebook(seed=0)
+
+
+def table(df: pd.DataFrame) -> Markdown:
+    """A DataFrame as a Markdown table (the book renders it; nbval compares its text)."""
+    return Markdown(df.to_markdown(index=False))
+
+
+# %% [markdown]
+# ## Which presets export exactly
+#
+# For every preset and each library: exact, or the differences that make `to_trl` / `to_verl`
+# raise, and the exact alternative (the grpo_lab algorithm that the library's settings do compute).
+# DeepSeek-V3.2's objective is not a fixed preset; the row uses $\beta = 0.01$, $\delta = 0.02$,
+# $\varepsilon = 0.2$ (chapter 3's choice).
+
+# %%
+algorithms = {**PRESETS, "DeepSeek-V3.2": deepseek_v32(beta=0.01, delta=0.02, eps=0.2)}
+support = export.support_table(algorithms, group_size=16, max_new_tokens=1024)
+
+
+def fields(issues: str) -> str:
+    """'[lost] overlong_filter: verl has no ...; [approximate] ...' -> 'overlong_filter (lost); ...'
+    (the full text of each difference is in the errors printed below)."""
+    return "; ".join(f"{name} ({kind})" for kind, name in re.findall(r"\[(\w+)\] ([\w ]+?):", issues)) or "—"
+
+
+shown = support.assign(issues=support["issues"].map(fields),
+                       exact_alternative=support["exact_alternative"].replace("", "—"))
+assert set(support["target"]) == {"trl", "verl"} and len(support) == 2 * len(algorithms)
+assert support.set_index(["algorithm", "target"]).loc[("DR_GRPO", "verl"), "exact"]  # Dr.GRPO maps exactly
+display(table(shown[["algorithm", "target", "exact", "issues", "exact_alternative"]]))
+
+# %% [markdown]
+# ## The translation table
+#
+# One row per choice on each axis: the `grpo_lab` value, TRL's and verl's settings, and what is
+# exact and what is not.
+
+# %%
+mapping = export.mapping_table()
+display(table(mapping))
+
+# %% [markdown]
+# ## Worked example: DAPO on verl, at the paper's scale
+#
+# DAPO's §4.1 setting: Qwen2.5-32B base, 512 prompts per rollout, $G = 16$, mini-batches of 512
+# responses (so 16 optimiser steps per rollout), a 20,480-token budget with $L_{\mathrm{cache}} =
+# 4{,}096$, learning rate $10^{-6}$ with 20 warm-up steps, $\varepsilon_{\mathrm{low}} = 0.2$,
+# $\varepsilon_{\mathrm{high}} = 0.28$. The paper was run on verl but **does not state its node or
+# GPU count** in the text our notes transcribe; the cluster below (16 nodes of 8 GPUs, one sequence
+# per GPU per forward) is our illustration, not the paper's.
+#
+# The `DAPO` preset does not export exactly: verl 0.9.1 has no Overlong Filtering, no per-group
+# token normaliser (Eq. 12 as written), and a fixed advantage $\epsilon$:
+
+# %%
+paper = dict(prompts_per_step=512, group_size=16, minibatches=16, max_new_tokens=20480, lr=1e-6, warmup=20,
+             nnodes=16, n_gpus_per_node=8, micro_batch_size=1)
+try:
+    export.to_verl(DAPO, **paper)
+except export.ExportError as err:
+    print(err)
+
+# %% [markdown]
+# Exporting the exact alternative gives the Hydra overrides of verl's PPO trainer; with the
+# model, data and cluster they make the launch command:
+
+# %%
+verl_dapo = DAPO.replace(adv_eps=1e-6, aggregation="token_mean", overlong_filter=False)
+overrides = export.to_verl(verl_dapo, **paper)
+assert "actor_rollout_ref.actor.clip_ratio_high=0.28" in overrides and "data.max_response_length=20480" in overrides
+command = " \\\n    ".join(["python3 -m verl.trainer.main_ppo",
+                           "actor_rollout_ref.model.path=Qwen/Qwen2.5-32B",
+                           "data.train_files=$DATA/dapo-math-17k.parquet", *overrides])
+print(command)
+
+# %% [markdown]
+# ## The same on one GPU with TRL
+#
+# TRL's `GRPOTrainer` on a single GPU, with a small instruct model: eight prompts of 16 responses
+# per rollout, a 1,024-token budget, one optimiser step per rollout. `to_trl(DAPO)` raises for the
+# per-group normaliser and for dynamic sampling, which TRL 1.16 does not have; the exact alternative
+# trains on every group with TRL's `loss_type="dapo"` (a token mean over the batch):
+
+# %%
+one_gpu = dict(prompts_per_step=8, group_size=16, minibatches=1, max_new_tokens=1024, lr=1e-6, warmup=20)
+try:
+    export.to_trl(DAPO, **one_gpu)
+except export.ExportError as err:
+    print(err)
+trl_dapo = DAPO.replace(aggregation="token_mean", dynamic_sampling=False)
+kwargs = export.to_trl(trl_dapo, **one_gpu)
+assert kwargs["loss_type"] == "dapo" and kwargs["use_bias_correction_kl"] is False and kwargs["beta"] == 0.0
+print("GRPOConfig(output_dir=..., " + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")")
+
+# %% [markdown]
+# The soft overlong punishment is a reward function in TRL, not a `GRPOConfig` field:
+# {py:func}`grpo_lab.export.trl_reward_funcs` returns TRL's own, sized with the budget's
+# $L_{\mathrm{cache}}$, to add to your task's reward functions.
+#
+# ## What does not move
+#
+# Routing Replay for Mixture-of-Experts policies (GSPO §5.3, `TrainerConfig.routing_replay`) and
+# choices registered outside `grpo_lab` raise for both libraries: the export cannot know what they
+# compute. A run with a value model (PPO, VAPO) is verl's `gae` estimator with its critic, which
+# this export does not cover yet.
+#
+# ## At scale
+#
+# At scale the choice of library decides more than the loss: rollout engines (vLLM, SGLang), the
+# sharding of weights and optimiser states (FSDP, Megatron), and how prompts are batched across
+# devices. Those do not change the objective, and the objective is what this page pins: the
+# settings above make TRL's and verl's losses the papers' (or say which paper's equation they are
+# not), and `make xcheck` re-checks that against each library's own code whenever either is
+# upgraded.
