@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # algorithms imports this module
     from .algorithms import Algorithm
 
 __all__ = ["group_advantages", "rloo_advantages", "group_stats", "tied_groups", "GroupStats", "SCALES",
-           "TIE_ULPS", "AdvantageBatch", "ADVANTAGE_ESTIMATORS"]
+           "TIE_ULPS", "AdvantageBatch", "ADVANTAGE_ESTIMATORS", "GROUP_BASELINE_ESTIMATORS"]
 
 #: The ``scale`` choices of :func:`group_advantages` (divide by the group std, the batch std, or not).
 SCALES = ("group", "batch", "none")
@@ -376,3 +376,11 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageBatch, "Algorithm"], Tensor]]
     "batch": batch_std,
     "rloo": rloo,
 }
+
+#: The :data:`ADVANTAGE_ESTIMATORS` whose baseline is the other responses of the same group, so that
+#: they need ``group_size >= 2``: with ``G = 1`` every advantage of ``"group"``, ``"group_mean"`` and
+#: ``"batch"`` is exactly 0 (:func:`group_advantages`) and ``"rloo"`` raises. ``Trainer`` warns when
+#: one of them is used with ``group_size=1``. A new estimator with a group baseline adds its name
+#: here when it is registered; one that is not listed (a value-model baseline such as GAE works with
+#: ``G = 1``) is taken to need no group.
+GROUP_BASELINE_ESTIMATORS: set[str] = {"group", "group_mean", "batch", "rloo"}

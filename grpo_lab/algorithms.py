@@ -212,7 +212,10 @@ class Algorithm:
                 raise ValueError(
                     f"set overlong_cache_len (L_cache in tokens, got {self.overlong_cache_len!r}) or "
                     f"overlong_cache_frac (L_cache as a fraction of the budget, got {self.overlong_cache_frac!r}), "
-                    "not both (e.g. DAPO.replace(overlong_cache_frac=None, overlong_cache_len=6))")
+                    "not both. To use a fixed count with a preset that holds a fraction (DAPO, CISPO), clear "
+                    "the fraction: DAPO.replace(overlong_cache_frac=None, "
+                    f"overlong_cache_len={self.overlong_cache_len}) in Python, or --set overlong_cache_frac=none "
+                    f"--set overlong_cache_len={self.overlong_cache_len} on the command line")
         if self.offpolicy_mask_delta is not None and _v.real_number(
                 "offpolicy_mask_delta", self.offpolicy_mask_delta) < 0:
             raise ValueError(

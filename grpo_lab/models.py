@@ -221,9 +221,45 @@ def _load_tokenizer(source: str, **kwargs):
     cfg = Path(source) / "tokenizer_config.json"
     if cfg.is_file():
         cls = json.loads(cfg.read_text()).get("tokenizer_class")
-        if cls in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+        if cls in _FAST_CLASSES:
             return PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
     return AutoTokenizer.from_pretrained(source, **kwargs)
+
+
+#: Fast tokenizer classes whose whole vocabulary is ``tokenizer.json`` (our character tokenizer).
+_FAST_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+#: Files any of which holds (part of) a tokenizer; besides these, any ``tokenizer*``, ``vocab*``,
+#: ``*.model``, ``*.spm`` or ``*.tiktoken`` file counts.
+_TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json", "merges.txt", "special_tokens_map.json")
+
+
+def _missing_tokenizer_files(directory: Path) -> list[str]:
+    """The tokenizer files a local checkpoint ``directory`` lacks, ``[]`` when it has a tokenizer.
+
+    ``["tokenizer.json"]`` when its ``tokenizer_config.json`` names a generic fast class
+    (``PreTrainedTokenizerFast``, whose vocabulary is that file) and the file is absent;
+    ``["tokenizer.json", "tokenizer_config.json"]`` (what ``save_pretrained`` writes) when the
+    directory holds no tokenizer file at all (none of ``_TOKENIZER_NAMES``, nor a ``tokenizer*``,
+    ``vocab*``, ``*.model``, ``*.spm`` or ``*.tiktoken`` file); ``[]`` otherwise, leaving other
+    layouts (sentencepiece, BPE vocab + merges, WordPiece) to ``transformers``. Raises nothing.
+    """
+    import json
+
+    cfg = directory / "tokenizer_config.json"
+    if cfg.is_file() and not (directory / "tokenizer.json").is_file():
+        try:
+            cls = json.loads(cfg.read_text()).get("tokenizer_class")
+        except (OSError, ValueError, AttributeError):
+            cls = None
+        return ["tokenizer.json"] if cls in _FAST_CLASSES else []
+    try:
+        names = [f.name for f in directory.iterdir() if f.is_file()]
+    except OSError:
+        return []
+    if any(n in _TOKENIZER_NAMES or n.startswith(("tokenizer", "vocab")) or n.endswith((".model", ".spm", ".tiktoken"))
+           for n in names):
+        return []
+    return ["tokenizer.json", "tokenizer_config.json"]
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -286,7 +322,8 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
         ``(model, tokenizer)``: a ``transformers`` causal LM in eval mode and its tokenizer.
 
     Raises:
-        FileNotFoundError: a local path that does not exist or has no ``config.json``; a bare name
+        FileNotFoundError: a local path that does not exist, has no ``config.json`` or has no
+            tokenizer files (the message names the missing ones, e.g. ``tokenizer.json``); a bare name
             (one path component, e.g. ``"arithmetic-base"``) that is no directory and no shipped
             checkpoint: the message lists the shipped names, says where the data was looked for
             (:func:`grpo_lab.paths.data_dir`) and names ``GRPO_LAB_DATA``, which points elsewhere.
@@ -310,6 +347,12 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     if p.exists():
         if not (p / "config.json").is_file():
             raise FileNotFoundError(f"load_policy: {p} has no config.json (not a transformers checkpoint)")
+        lacking = _missing_tokenizer_files(p)
+        if lacking:
+            raise FileNotFoundError(
+                f"load_policy: {p} has a model but no complete tokenizer: it lacks {' and '.join(lacking)}. Save the "
+                f"tokenizer next to the weights (tokenizer.save_pretrained({str(p)!r})), or copy those files "
+                "from where the model came from")
         source, kwargs = str(p), {}
     elif _HUB_ID.match(str(path_or_hub_id)) and not looks_local:
         source, kwargs = str(path_or_hub_id), ({"revision": revision} if revision else {})

@@ -38,7 +38,8 @@ from .logprobs import entropy_from_logits, token_logprobs
 from .tasks.base import Problem
 from .validation import positive_int
 
-__all__ = ["Rollout", "generate", "stop_token_ids", "policy_logprobs", "evaluate", "position_ids_from_mask"]
+__all__ = ["Rollout", "generate", "stop_token_ids", "policy_logprobs", "evaluate", "position_ids_from_mask",
+           "position_limit"]
 
 
 @dataclass
@@ -134,6 +135,44 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return list(dict.fromkeys(int(i) for i in [tokenizer.eos_token_id, *declared] if i is not None))
 
 
+#: Config entries of a model whose rotary position embedding (RoPE) is computed for any position:
+#: ``max_position_embeddings`` is then the trained length, not a hard limit.
+_ROTARY_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
+
+
+def _limit_name(config) -> str:
+    """``"n_positions"`` or ``"max_position_embeddings"``: the config entry that holds the limit."""
+    return "n_positions" if isinstance(getattr(config, "n_positions", None), int) else "max_position_embeddings"
+
+
+def position_limit(model) -> int | None:
+    """The most positions (prompt + completion tokens) ``model`` can embed, or ``None`` when it has
+    no hard limit.
+
+    Models with absolute position embeddings, a table of learned (GPT-2, OPT) or fixed vectors
+    with one row per position, cannot embed a position past ``config.n_positions`` /
+    ``config.max_position_embeddings``: ``torch.embedding`` raises ``IndexError: index out of range
+    in self`` in the middle of ``generate``. For those, the limit is returned. Models with rotary
+    position embeddings (RoPE: Llama, Qwen, the tiny policies of :mod:`grpo_lab.models`; recognised
+    by a ``rope_parameters``, ``rope_theta`` or ``rope_scaling`` entry in their config) compute the
+    rotation for any position: their ``max_position_embeddings`` is the length they were trained
+    on, beyond which quality degrades but nothing fails (transformers logs a warning when generation
+    passes it), so they get ``None`` and keep working as before. A model whose config declares
+    neither limit also gets ``None``.
+
+    Args:
+        model: a ``transformers`` model (anything with a ``config``).
+
+    Returns:
+        ``int`` (positions) or ``None``. Raises nothing.
+    """
+    config = getattr(model, "config", None)
+    if config is None or any(getattr(config, k, None) for k in _ROTARY_KEYS):
+        return None
+    limit = getattr(config, _limit_name(config), None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
 def _ignored_settings(checkpoint_config, config) -> list[str]:
     """``name=value`` for each setting of the checkpoint's generation config that differs from
     what the call ``config`` uses (``None`` entries of ``config`` take transformers' defaults)."""
@@ -191,7 +230,10 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
 
     Raises:
         ValueError: empty ``problems``, ``group_size < 1``, ``temperature <= 0``,
-            ``max_new_tokens < 1``, or an empty prompt.
+            ``max_new_tokens < 1``, an empty prompt, or a longest prompt plus ``max_new_tokens``
+            beyond the model's hard position limit (:func:`position_limit`, e.g. GPT-2's
+            ``n_positions``), where ``generate`` would fail with an ``IndexError`` in the position
+            embedding.
     """
     from transformers import GenerationConfig
 
@@ -208,6 +250,16 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
     device = next(model.parameters()).device
     input_ids, attn = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    limit = position_limit(model)
+    if limit is not None:
+        longest = int(enc["attention_mask"].sum(-1).max())
+        if longest + max_new_tokens > limit:
+            raise ValueError(
+                f"generate: the longest prompt ({longest} tokens) plus max_new_tokens={max_new_tokens} is "
+                f"{longest + max_new_tokens} positions, more than the model's limit of {limit} "
+                f"({type(model).__name__}: config.{_limit_name(model.config)}={limit}; its position embedding "
+                "has no entry beyond that). Lower max_new_tokens (TrainerConfig.max_new_tokens or the task's), "
+                "shorten the prompts, or use a model with more positions")
     stops = stop_token_ids(model, tokenizer)
     sampling = {} if greedy else dict(temperature=float(temperature), top_p=top_p, top_k=top_k)
     config = GenerationConfig(do_sample=not greedy, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
@@ -291,10 +343,24 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
         EOS included), ``truncation_rate`` and, when the task defines ``is_reasoning``,
         ``reasoning_frac``; ``frame`` is a pandas DataFrame with one row per response
         (prompt, answer, completion, correct, length, and the problem's ``meta`` fields).
+
+    Raises:
+        ValueError: no problems to evaluate: ``task.test_set()`` returned an empty list (the
+            message names the task), or ``problems`` is empty. An accuracy over no problems is
+            undefined.
     """
     import pandas as pd
 
-    problems = list(task.test_set() if problems is None else problems)
+    if problems is None:
+        problems = list(task.test_set())
+        if not problems:
+            raise ValueError(f"evaluate: task {getattr(task, 'name', '?')!r} ({type(task).__name__}): test_set() "
+                             "returned no problems, so there is no test accuracy to measure; the task protocol "
+                             "(grpo_lab.tasks.Task) needs a non-empty list of grpo_lab.tasks.Problem (or train "
+                             "with TrainerConfig(eval_every=0), which never evaluates)")
+    problems = list(problems)
+    if not problems:
+        raise ValueError("evaluate: no problems given (an empty list); the accuracy of no problems is undefined")
     max_new_tokens = max_new_tokens or task.max_new_tokens
     rows = []
     for start in range(0, len(problems), batch_size):

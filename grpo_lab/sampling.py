@@ -69,25 +69,39 @@ def overlong_cache_tokens(algo, max_new_tokens: int) -> int | None:
     (the penalty is off).
 
     Raises:
-        ValueError: ``max_new_tokens`` not a positive int, or an ``L_cache`` that does not fit the
-            budget: more than ``L_max / 2`` tokens. Eq. 13 needs ``L_cache <= L_max``, and a ramp
-            over more than half the budget penalises ordinary answers (a fixed count sized for
-            another budget, typically); DAPO uses ``L_max / 5``.
+        ValueError: ``max_new_tokens`` not a positive int, or a fixed ``L_cache`` longer than
+            ``L_max / 2`` tokens. Eq. 13 itself only needs ``L_cache <= L_max``, but the penalty
+            ramps over the last ``L_cache`` tokens of the budget, so a longer ramp penalises
+            ordinary answers (typically a fixed count sized for another budget); DAPO uses
+            ``L_max / 5``. The message states the rule with its numbers and the fix, in Python
+            (``algo.replace(overlong_cache_len=None, overlong_cache_frac=0.2)``) and on the command
+            line (``--set overlong_cache_len=none --set overlong_cache_frac=0.2``).
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"overlong_cache_tokens: max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if algo.overlong_cache_len is not None:
         cache = algo.overlong_cache_len
         if 2 * cache > max_new_tokens:
+            half = max_new_tokens // 2 if max_new_tokens % 2 == 0 else max_new_tokens / 2
+            frac = _tokens_of_fraction(0.2, max_new_tokens)
             raise ValueError(
-                f"algo.overlong_cache_len (L_cache={cache} tokens) does not fit the generation budget "
-                f"max_new_tokens (L_max={max_new_tokens}): the soft overlong penalty would start after "
-                f"{max(max_new_tokens - cache, 0)} tokens. Use L_cache <= L_max / 2, or a fraction of the "
-                f"budget: algo.replace(overlong_cache_len=None, overlong_cache_frac=0.2) (DAPO's L_max / 5)")
+                f"algo.overlong_cache_len={cache} is too long for max_new_tokens={max_new_tokens}: the soft "
+                f"overlong punishment (DAPO Eq. 13) penalises every answer longer than L_max - L_cache = "
+                f"{max(max_new_tokens - cache, 0)} tokens, so L_cache must be at most L_max / 2 (= {half} here) "
+                f"to leave ordinary answers unpunished (DAPO uses L_max / 5). "
+                f"Use a fraction of the budget instead: algo.replace(overlong_cache_len=None, "
+                f"overlong_cache_frac=0.2) in Python, or --set overlong_cache_len=none --set "
+                f"overlong_cache_frac=0.2 on the command line (L_cache = {frac} token{'s' if frac != 1 else ''} here)"
+                + (f", or a fixed overlong_cache_len of at most {max_new_tokens // 2}" if max_new_tokens >= 2 else ""))
         return cache
     if algo.overlong_cache_frac is None:
         return None
-    return max(1, math.floor(algo.overlong_cache_frac * max_new_tokens + 0.5))
+    return _tokens_of_fraction(algo.overlong_cache_frac, max_new_tokens)
+
+
+def _tokens_of_fraction(frac: float, max_new_tokens: int) -> int:
+    """``max(1, floor(frac * max_new_tokens + 1/2))``: a fraction of the budget in whole tokens."""
+    return max(1, math.floor(frac * max_new_tokens + 0.5))
 
 
 def shape(algo, rewards: Tensor, lengths: Tensor, max_new_tokens: int) -> Tensor:

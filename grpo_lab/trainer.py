@@ -52,14 +52,14 @@ import pandas as pd
 import torch
 
 from . import sampling
-from .advantages import AdvantageBatch, tied_groups
+from .advantages import GROUP_BASELINE_ESTIMATORS, AdvantageBatch, tied_groups
 from .algorithms import Algorithm, get_algorithm
 from .metrics import reduce_micro_batches, reduce_updates, token_mean, total
-from .models import inference_copy
+from .models import _progress_bars, inference_copy
 from .moe import RoutingStore, moe_routers, record_routing, replay_routing, routing_changes
 from .objectives import METRIC_KEYS, policy_loss
 from .rollout import Rollout, evaluate, generate, policy_logprobs
-from .tasks import validate_task
+from .tasks import Problem, validate_task
 from .validation import choice, flag, is_int, non_negative_int, positive_int, positive_number, real_number
 
 __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel"]
@@ -315,6 +315,10 @@ class Trainer:
             ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
             layers (:func:`grpo_lab.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
             or differ in ``top_k``.
+
+    Warns:
+        RuntimeWarning: ``group_size=1`` with an advantage estimator whose baseline is the group
+            (:data:`grpo_lab.advantages.GROUP_BASELINE_ESTIMATORS`): every advantage would be 0.
     """
 
     def __init__(self, policy, tokenizer, task, algo: Algorithm, config: TrainerConfig | None = None,
@@ -360,6 +364,13 @@ class Trainer:
         self.rows: list[dict] = []
         self.max_new_tokens = c.max_new_tokens or task.max_new_tokens
         sampling.check(algo, group_size=c.group_size, max_new_tokens=self.max_new_tokens)
+        if c.group_size == 1 and algo.advantage in GROUP_BASELINE_ESTIMATORS:
+            warnings.warn(f"Trainer: group_size=1 with the advantage estimator {algo.advantage!r} of "
+                          f"{algo.name!r}: its baseline is the other responses of the same group, so it needs "
+                          "group_size >= 2 (G >= 2); with one response per question every advantage is 0 "
+                          "('rloo' raises) and the loss has no policy-gradient signal. Set "
+                          "TrainerConfig.group_size to 2 or more",
+                          RuntimeWarning, stacklevel=2)
         random.seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
         torch.manual_seed(c.seed)
@@ -426,9 +437,8 @@ class Trainer:
         end = self.step + non_negative_int("train: steps", steps)
         if self.step == 0 and c.eval_every and not self.rows:
             self.rows.append(self._eval_row())
-        show = c.progress if c.progress is not None else (sys.stderr.isatty() and not _under_ci())
         bar = None
-        if show:
+        if self._show_progress():
             from tqdm.auto import tqdm
             bar = tqdm(total=steps, desc=f"{self.algo.name} seed {c.seed}", mininterval=1.0)
         while self.step < end:
@@ -445,12 +455,26 @@ class Trainer:
             bar.close()
         return self.history
 
+    def _show_progress(self) -> bool:
+        """Whether progress bars show: ``TrainerConfig.progress``, or with ``None`` only when stderr
+        is a terminal and ``$CI`` is unset."""
+        c = self.config
+        return bool(c.progress) if c.progress is not None else (sys.stderr.isatty() and not _under_ci())
+
     # ------------------------------------------------------------------ stages
     def rollout(self, n_prompts: int | None = None) -> Rollout:
         """Sample one rollout (``n_prompts`` questions, default ``prompts_per_step``, × G responses)
-        with the current policy."""
+        with the current policy.
+
+        Raises:
+            TypeError: ``task.sample(n, rng)`` did not return a list of exactly ``n``
+                :class:`grpo_lab.tasks.Problem` with non-empty ``str`` prompts (the task protocol,
+                :class:`grpo_lab.tasks.base.Task`); the message names the task and what it returned.
+        """
         c = self.config
-        problems = self.task.sample(c.prompts_per_step if n_prompts is None else n_prompts, self.rng)
+        n = c.prompts_per_step if n_prompts is None else n_prompts
+        problems = self.task.sample(n, self.rng)
+        _check_sampled(self.task, problems, n)
         sampler = self.policy
         if c.rollout_dtype != "float32":  # an "inference engine": a low-precision copy of the current weights
             sampler = inference_copy(self.policy, c.rollout_dtype, fp32_lm_head=c.rollout_fp32_lm_head)
@@ -829,6 +853,9 @@ class Trainer:
         dataclass with JSON-able fields) its fields, and :meth:`resume` takes it as ``task=``
         unless its class has been registered under its name by then.
 
+        transformers' progress bar (``Writing model shards``) shows only when the trainer's
+        progress bars do (``TrainerConfig.progress``; ``None``: stderr is a terminal, ``$CI`` unset).
+
         Returns:
             ``path`` (a :class:`pathlib.Path`).
 
@@ -868,10 +895,11 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed while saving
         try:
             tmp.mkdir(parents=True)
-            self.policy.save_pretrained(tmp / "policy", safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp / "policy")
-            if self.ref_policy is not None:
-                self.ref_policy.save_pretrained(tmp / "ref", safe_serialization=True)
+            with _progress_bars(self._show_progress()):  # transformers' "Writing model shards" bar
+                self.policy.save_pretrained(tmp / "policy", safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp / "policy")
+                if self.ref_policy is not None:
+                    self.ref_policy.save_pretrained(tmp / "ref", safe_serialization=True)
             if self.value_model is not None:
                 save_file({k: v.contiguous() for k, v in self.value_model.state_dict().items()},
                           tmp / "value.safetensors")
@@ -903,10 +931,15 @@ class Trainer:
             value_model: a freshly built value model of the saved architecture, required when the
                 checkpoint has one (its weights and optimiser state are loaded into it).
 
+        Every file the checkpoint needs is looked for before anything is loaded; transformers'
+        loading bars follow the saved ``TrainerConfig.progress`` (as :func:`grpo_lab.models.load_policy`'s
+        ``progress``).
+
         Raises:
             FileNotFoundError: ``path`` is not a checkpoint directory.
             TypeError: ``task`` does not implement the task protocol.
-            ValueError: a file of the checkpoint is missing or corrupt (the message names it), the
+            ValueError: a file of the checkpoint is missing or corrupt (the message names it:
+                ``optimizer.pt``, ``rng.pt``, ``policy/model.safetensors``, ``policy/tokenizer.json``, ...), the
                 algorithm has a KL term but ``ref/`` is missing, the checkpoint has a value model
                 and none was passed, or its task cannot be rebuilt and no ``task=`` was passed (the
                 message says why and shows both remedies).
@@ -934,12 +967,22 @@ class Trainer:
         if algo.uses_kl and not (path / "ref").is_dir():
             raise ValueError(f"Trainer.resume: {path} has no ref/ but {algo.name!r} has a KL term; the reference "
                              "policy cannot be rebuilt from the trained weights")
+        missing = _missing_checkpoint_files(path, ref=algo.uses_kl, value=has_value)
+        if missing:
+            raise ValueError(f"Trainer.resume: corrupt checkpoint, {path} lacks " + ", ".join(missing)
+                             + " (Trainer.save writes them all)")
         if has_value:
-            value_model.load_state_dict(load_file(path / "value.safetensors"))
-        policy, tokenizer = load_policy(path / "policy", device=config.device)
+            value_model.load_state_dict(_load_checkpoint_part(path / "value.safetensors",
+                                                              lambda: load_file(path / "value.safetensors")))
+        policy, tokenizer = _load_checkpoint_part(
+            path / "policy", lambda: load_policy(path / "policy", device=config.device, progress=config.progress))
         ref = None
         if algo.uses_kl:
-            ref = AutoModelForCausalLM.from_pretrained(path / "ref", use_safetensors=True).to(config.device)
+            def load_ref():
+                with _progress_bars(config.progress):
+                    return AutoModelForCausalLM.from_pretrained(path / "ref", use_safetensors=True)
+
+            ref = _load_checkpoint_part(path / "ref", load_ref).to(config.device)
         trainer = cls(policy, tokenizer, task, algo, config, ref_policy=ref, value_model=value_model)
         trainer.optimizer.load_state_dict(_load_pt(path / "optimizer.pt"))
         if has_value:
@@ -1047,6 +1090,43 @@ def _replace_dir(new: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+#: Weight files of a ``save_pretrained`` directory (one file, or the index of a sharded one).
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def _missing_checkpoint_files(path: Path, *, ref: bool, value: bool) -> list[str]:
+    """The files of a :meth:`Trainer.save` checkpoint that ``path`` lacks (relative names, ``[]``
+    when none): ``optimizer.pt``, ``rng.pt``, ``value_optimizer.pt`` (``value``), and for ``policy/``
+    (and ``ref/`` when ``ref``) ``config.json`` and the safetensors weights; for ``policy/`` also the
+    tokenizer (``grpo_lab.models._missing_tokenizer_files``). Reads nothing but the directory."""
+    from .models import _missing_tokenizer_files
+
+    names = ["optimizer.pt", "rng.pt"] + (["value_optimizer.pt"] if value else [])
+    missing = [n for n in names if not (path / n).is_file()]
+    for sub in ["policy"] + (["ref"] if ref else []):
+        if not (path / sub / "config.json").is_file():
+            missing.append(f"{sub}/config.json")
+        if not any((path / sub / n).is_file() for n in _WEIGHT_FILES):
+            missing.append(f"{sub}/model.safetensors")
+    if (path / "policy").is_dir():
+        missing += [f"policy/{n}" for n in _missing_tokenizer_files(path / "policy")]
+    return missing
+
+
+def _load_checkpoint_part(what: Path, load):
+    """``load()``; a ``ValueError`` naming ``what`` when it fails because a file is missing or
+    damaged (``OSError``, a safetensors or JSON decoding error). Other errors pass unchanged (a
+    CUDA device without CUDA is the caller's mistake, not a corrupt checkpoint)."""
+    from safetensors import SafetensorError
+
+    try:
+        return load()
+    except (OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise ValueError(f"Trainer.resume: {what} cannot be loaded ({type(exc).__name__}: {detail}); "
+                         "the checkpoint is corrupt") from None
+
+
 def _load_pt(path: Path):
     """``torch.load(path, weights_only=True)``; ``ValueError`` naming the file when it is missing or corrupt."""
     try:
@@ -1071,6 +1151,26 @@ def _read_json(path: Path, keys: tuple | None):
         if missing:
             raise ValueError(f"Trainer.resume: {path} lacks {missing}; the checkpoint is corrupt")
     return data
+
+
+def _check_sampled(task, problems, n: int) -> None:
+    """``TypeError`` unless ``problems``, what ``task.sample(n, rng)`` returned, is a list (or tuple)
+    of exactly ``n`` :class:`~grpo_lab.tasks.Problem` with non-empty ``str`` prompts. Cheap: one
+    ``isinstance`` per problem, no call into the task."""
+    if not isinstance(problems, (list, tuple)):
+        wrong = f"a {type(problems).__name__} ({problems!r:.80})"
+    elif len(problems) != n:
+        wrong = f"{len(problems)} problems"
+    else:
+        wrong = next((f"a list whose item {i} is {type(p).__name__} {p!r:.80}" if not isinstance(p, Problem)
+                      else f"a list whose item {i} has the prompt {p.prompt!r:.80}"
+                      for i, p in enumerate(problems)
+                      if not isinstance(p, Problem) or not isinstance(p.prompt, str) or not p.prompt), None)
+        if wrong is None:
+            return
+    raise TypeError(f"task {getattr(task, 'name', '?')!r} ({type(task).__name__}): sample({n}, rng) returned {wrong}; "
+                    f"the task protocol (grpo_lab.tasks.Task) needs a list of exactly {n} grpo_lab.tasks.Problem "
+                    "with a non-empty str prompt each, e.g. [Problem(prompt='2+3=', answer='5'), ...]")
 
 
 def _check_reward(value, index: int, text: str, problem) -> float:

@@ -545,9 +545,10 @@ def test_a_fixed_l_cache_that_does_not_fit_fails_clearly(tok):
 
     fixed = DAPO.replace(overlong_cache_frac=None, overlong_cache_len=6)
     assert overlong_cache_tokens(fixed, 12) == 6
-    with pytest.raises(ValueError, match=r"L_cache=6 tokens\) does not fit .*L_max=8.*start after 2 tokens"):
+    with pytest.raises(ValueError, match=r"overlong_cache_len=6 is too long for max_new_tokens=8.*L_max - L_cache = 2 "
+                                         r"tokens.*at most L_max / 2 \(= 4 here\)"):
         overlong_cache_tokens(fixed, 8)
-    with pytest.raises(ValueError, match="^Trainer: .*does not fit.*overlong_cache_frac=0.2"):
+    with pytest.raises(ValueError, match="^Trainer: .*too long.*overlong_cache_frac=0.2"):
         make_trainer(tok, algo=fixed, task=KindTask(test_size=3), max_new_tokens=8)
     with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
         overlong_cache_tokens(DAPO, 0)
