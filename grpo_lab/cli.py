@@ -5,6 +5,7 @@ Train one algorithm preset for several seeds and write a results file with its p
     python -m grpo_lab GRPO --steps 2 --seeds 0                 # a quick try, results under runs/
     python -m grpo_lab DAPO --seeds 0 1 2 --jobs 2 --set eps_high=0.3 --out runs/dapo.json
     python -m grpo_lab GSPO --model arithmetic-moe-base --set routing_replay=true --set minibatches=2
+    python -m grpo_lab GRPO --import my_task.py --task mytask   # a task of your own (register_task)
     python -m grpo_lab list                                     # presets, tasks, profiles, models, --set keys
 
 ``train`` may be written before the preset (``python -m grpo_lab train GRPO``); it is the default.
@@ -15,11 +16,26 @@ and ``--task`` replace its base checkpoint and task (``run(base=..., task=...)``
 as ``**config_overrides``) or of the preset's :class:`~grpo_lab.algorithms.Algorithm`
 (``preset.replace(...)``), the value parsed with the field's type.
 
+``--import MODULE`` (repeatable) imports a module of the user's before the choices are built: a
+module name importable from the current directory or ``PYTHONPATH`` (``my_tasks``,
+``pkg.tasks``), or the path of a ``.py`` file (imported as a top-level module named after the
+file, its directory put first on ``sys.path``). Whatever it registers
+(:func:`grpo_lab.tasks.register_task`, an entry of a registry such as
+:data:`grpo_lab.objectives.SURROGATES`) becomes a valid ``--task`` or ``--set`` value, in the worker
+processes of ``--jobs`` too (they import the module that defines a run's task or choices).
+
+The results file: ``--out`` refuses a file that exists unless ``--overwrite`` is given, and an
+``--out`` whose directory cannot be created or written fails before training.
+
 Errors: a user mistake (an unknown preset, task, profile or ``--set`` key, a value of the wrong
-type or out of range, a model that does not exist, an output path that cannot be written; in
-general a ``ValueError`` or ``OSError`` from the package) prints one line ``PROG: error: ...`` on
-stderr and exits with status 2; any other exception prints one line and exits with status 1;
-Ctrl-C exits with status 130. ``--debug`` prints the traceback as well.
+type or out of range, a model that does not exist, an output path that cannot be written or a file
+that exists, an ``--import`` that fails; in general a ``ValueError`` or ``OSError`` from the package)
+prints one line ``PROG: error: ...`` on stderr and exits with status 2; any other exception prints
+one line and exits with status 1; Ctrl-C exits with status 130. ``--debug`` prints the traceback as
+well.
+
+With ``--model``, one warning line on stderr when the model's tokenizer maps a character of
+the task's first test prompts to its unknown token (a tokenizer that cannot read the task).
 
 Progress bars: transformers' model-loading bars only with ``--progress`` (unless the user's own
 ``HF_HUB_DISABLE_PROGRESS_BARS`` says otherwise: it is left alone when set); the per-step training
@@ -35,8 +51,10 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import importlib
 import os
 import sys
+import tempfile
 import textwrap
 import time
 import traceback
@@ -46,7 +64,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "default_out", "resolve_model",
-           "UsageError"]
+           "load_user_module", "unknown_characters", "UsageError"]
 
 #: ``--set`` keys that exist as fields but are set by an option of their own
 _RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}
@@ -224,14 +242,147 @@ def default_out(preset: str, profile: str, now: time.struct_time | None = None) 
     return path
 
 
-def _check_out(out: Path) -> None:
-    """Fail before training, not after: ``out`` must be a file name whose directory can be created."""
+def _check_out(out: Path, overwrite: bool = False) -> None:
+    """Fail before training, not after: ``out`` must be a file name whose directory can be created
+    and written (checked by creating and removing a temporary file there), or, with ``overwrite``,
+    an existing file that can be written.
+
+    Raises:
+        UsageError: ``out`` is a directory; it exists and ``overwrite`` is false; its directory
+            cannot be created or written; it exists and cannot be written.
+    """
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory; give a file name such as {out / 'results.json'}")
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise UsageError(f"--out {out} exists; pass --overwrite to replace it, or give another file name")
+        if not os.access(out, os.W_OK):
+            raise UsageError(f"--out {out} exists and cannot be written (no permission)")
+        return
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot create its directory ({exc.strerror or exc})") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create a file in {out.parent} ({exc.strerror or exc})") from None
+
+
+# ---------------------------------------------------------------------------------------- --import
+def load_user_module(spec: str) -> types.ModuleType:
+    """Import the module ``spec`` names (``--import``), so that what it registers (a task with
+    :func:`grpo_lab.tasks.register_task`, an entry of a registry) can be chosen on the command line.
+
+    Args:
+        spec: a module name importable from the current directory or ``PYTHONPATH`` (``my_tasks``,
+            ``pkg.tasks``; the current directory is added to the end of ``sys.path`` if it is not on
+            it, as for the ``grpo-lab`` script), or the path of a ``.py`` file (anything ending in
+            ``.py`` or containing a path separator), imported as the top-level module named after
+            the file (``tasks/sort.py`` is ``sort``) with its directory put first on ``sys.path``.
+            Worker processes (``--jobs``) import it again by that name
+            (:func:`grpo_lab.experiments.run`).
+
+    Returns:
+        The module (importing it twice imports it once).
+
+    Raises:
+        UsageError: no such file; no such module; the module raised while it was imported (the
+            message names ``spec`` and the error); a file whose name is already taken by another
+            module (``json.py``).
+    """
+    text = spec.strip()
+    if not text:
+        raise UsageError("--import expects a module name or the path of a .py file, got ''")
+    is_path = text.endswith(".py") or "/" in text or os.sep in text
+    if is_path:
+        path = Path(text).expanduser().resolve()
+        if not path.is_file():
+            raise UsageError(f"--import {spec}: no such file")
+        if path.suffix != ".py":
+            raise UsageError(f"--import {spec}: not a .py file")
+        name, root = path.stem, str(path.parent)
+        if root not in sys.path:
+            sys.path.insert(0, root)  # as `python path/to/file.py` does
+    else:
+        name, path = text, None
+        cwd = os.getcwd()
+        if not any(os.path.abspath(entry or ".") == cwd for entry in sys.path):
+            sys.path.append(cwd)
+    importlib.invalidate_caches()
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (exc.name == name or name.startswith(exc.name + ".")):
+            raise UsageError(f"--import {spec}: no module named {name!r} (give a module importable from the current "
+                             "directory or PYTHONPATH, or the path of a .py file)") from None
+        raise UsageError(f"--import {spec}: importing it failed: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 -- whatever the user's module raises becomes one line naming it
+        raise UsageError(f"--import {spec}: importing it failed: {type(exc).__name__}: {exc}") from exc
+    if path is not None and Path(getattr(module, "__file__", "") or "").resolve() != path:
+        raise UsageError(f"--import {spec}: the name {name!r} is already taken by the module "
+                         f"{getattr(module, '__file__', None) or name}; rename the file")
+    return module
+
+
+def _import_options(argv: Sequence[str], prog: str) -> tuple[list[str], list[str]]:
+    """``(the --import values, the other arguments)`` of ``argv``: read before the real parser,
+    whose choices depend on what the modules register.
+
+    Raises:
+        UsageError: ``--import`` without a value.
+    """
+    pre = _Parser(prog=prog, add_help=False)
+    pre.add_argument("--import", dest="imports", action="append", default=[])
+    known, rest = pre.parse_known_args(list(argv))
+    return known.imports, rest
+
+
+def unknown_characters(tokenizer, prompts: Sequence[str]) -> list[str]:
+    """The characters of ``prompts`` that ``tokenizer`` encodes as its unknown token.
+
+    Args:
+        tokenizer: a transformers tokenizer (``unk_token_id`` ``None`` means it has none: nothing is unknown).
+        prompts: texts, encoded as the trainer does (``add_special_tokens=False``).
+
+    Returns:
+        The sorted distinct characters whose encoding alone contains ``unk_token_id``, looked at
+        only in the prompts whose encoding contains it.
+    """
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return []
+    bad: set[str] = set()
+    for prompt in prompts:
+        if unk in tokenizer(prompt, add_special_tokens=False)["input_ids"]:
+            bad |= {c for c in set(prompt) if unk in tokenizer(c, add_special_tokens=False)["input_ids"]}
+    return sorted(bad)
+
+
+def _check_tokenizer(model: str, task: str, task_kwargs: Sequence, prog: str, n_prompts: int = 5) -> str | None:
+    """A one-line warning when the tokenizer of ``model`` maps a character of ``task``'s first
+    ``n_prompts`` test prompts to its unknown token (the policy cannot read them); ``None`` when it
+    does not, and when this cannot be checked cheaply (a hub model not in the local cache, a task
+    that cannot be built here: training reports those itself)."""
+    try:
+        from .models import _load_tokenizer  # the tokenizer load_policy gives the trainer
+        from .paths import checkpoint_dir
+        from .tasks import get_task
+
+        where = checkpoint_dir(model) if checkpoint_dir(model).is_dir() else model
+        tokenizer = _load_tokenizer(str(where), local_files_only=True)
+        prompts = [p.prompt for p in list(get_task(task, **dict(task_kwargs)).test_set())[:n_prompts]]
+        bad = unknown_characters(tokenizer, prompts)
+    except Exception:  # noqa: BLE001 -- only a warning: the run itself reports a model or task that fails
+        return None
+    if not bad:
+        return None
+    example = next(p for p in prompts if any(c in p for c in bad))
+    example = example if len(example) <= 40 else example[:37] + "..."
+    return (f"{prog}: warning: the tokenizer of --model {model} maps {''.join(bad)!r} (in task {task!r}'s test "
+            f"prompts, e.g. {example!r}) to its unknown token {tokenizer.unk_token!r}: the policy cannot read them")
 
 
 # ---------------------------------------------------------------------------------------- parser
@@ -291,6 +442,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         f"  {prog} GRPO --steps 2 --seeds 0",
         f"  {prog} DAPO --seeds 0 1 2 --jobs 2 --set eps_high=0.3 --out runs/dapo.json",
         f"  {prog} GRPO --profile gpu --seeds 0 1 2 --out data/results/gpu/grpo.json   # on a GPU",
+        f"  {prog} GRPO --import my_task.py --task mytask --seeds 0 1 --jobs 2   # a task of your own",
+        "  (my_task.py calls grpo_lab.tasks.register_task('mytask', MyTask); --import also takes a module",
+        "  name such as my_package.tasks; give it to 'list' too to see what it registered)",
         "",
         "exit status: 0 done, 2 a mistake in the command line or a file/model problem (one line on",
         "stderr; --debug adds the traceback), 1 any other error, 130 interrupted.",
@@ -304,7 +458,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument("preset", metavar="PRESET", help="algorithm preset, e.g. GRPO (see 'choices' below)")
     ap.add_argument("--profile", default="cpu", choices=list(PROFILES),
                     help="scale of the experiment: base model, task, steps, trainer settings")
-    ap.add_argument("--task", choices=sorted(TASKS), help="task to train on (default: the profile's)")
+    ap.add_argument("--task", choices=sorted(TASKS),
+                    help="task to train on (default: the profile's); --import adds tasks of your own")
     ap.add_argument("--model", metavar="NAME|DIR|ORG/NAME",
                     help="base checkpoint: a shipped name, a local directory or a hub id (default: the profile's)")
     ap.add_argument("--steps", type=int, help="RL steps per seed (default: the profile's)")
@@ -316,7 +471,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                     help="override a TrainerConfig or Algorithm field, e.g. --set lr=1e-4 --set eps_high=0.28 "
                          "(repeatable; 'none' for None, true/false for flags)")
     ap.add_argument("--out", metavar="FILE",
-                    help="results file (default: runs/PRESET-PROFILE-YYYYmmdd-HHMMSS.json)")
+                    help="results file (default: runs/PRESET-PROFILE-YYYYmmdd-HHMMSS.json); a file that exists "
+                         "is refused unless --overwrite is given")
+    ap.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
+    ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first, so that the tasks and registry entries it registers are valid "
+                         "--task and --set values: a module name importable from the current directory or "
+                         "PYTHONPATH, or the path of a .py file (repeatable)")
     ap.add_argument("--no-cache", dest="cache", action="store_false",
                     help="train every seed again instead of loading identical runs from the run cache")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -341,7 +502,7 @@ def _list(prog: str) -> str:
             diff = {k: v for k, v in dataclasses.asdict(algo).items() if k != "name" and getattr(GRPO, k) != v}
             text = "GRPO with " + " ".join(f"{k}={v}" for k, v in diff.items())
         lines.append(f"  {name:<11} {text}")
-    lines.append("tasks (--task):")
+    lines.append("tasks (--task; --import MODULE adds your own):")
     for name, cls in sorted(TASKS.items()):
         lines.append(f"  {name:<11} {(cls.__doc__ or '').strip().splitlines()[0] if cls.__doc__ else ''}")
     lines.append("profiles (--profile):")
@@ -401,6 +562,8 @@ def _loading_bars(show: bool):
 
 
 def _train(argv: list[str], prog: str) -> int:
+    for spec in _import_options(argv, prog)[0]:  # before the parser: its choices include what they register
+        load_user_module(spec)
     args = build_parser(prog).parse_args(argv)
     from . import experiments
     from .algorithms import PRESETS, get_algorithm
@@ -424,7 +587,13 @@ def _train(argv: list[str], prog: str) -> int:
         raise UsageError(f"--steps must be >= 0, got {args.steps}")
     model = resolve_model(args.model) if args.model is not None else None
     out = Path(args.out).expanduser() if args.out else default_out(preset, args.profile)
-    _check_out(out)
+    _check_out(out, overwrite=args.overwrite)
+    if model is not None:
+        profile = experiments.get_profile(args.profile)
+        task = args.task or profile.task
+        warning = _check_tokenizer(model, task, profile.task_kwargs if task == profile.task else (), prog)
+        if warning:
+            print(warning, file=sys.stderr)
 
     # transformers' loading bars: off unless --progress, in this process and in spawned workers (which
     # inherit the environment); put back afterwards for callers that run main() in-process.
@@ -442,7 +611,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``). A first argument ``list`` prints the
-            choices; ``train`` (optional) trains.
+            choices (after the modules of its ``--import`` options); ``train`` (optional) trains.
         prog: the program name in messages (default ``grpo-lab`` when run as that script, else
             ``python -m grpo_lab``).
 
@@ -455,8 +624,11 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     debug = "--debug" in argv
     try:
         if argv[:1] == ["list"]:
-            if len(argv) > 1:
-                raise UsageError(f"list takes no arguments, got {' '.join(argv[1:])}")
+            imports, extra = _import_options(argv[1:], prog)
+            if extra:
+                raise UsageError(f"list takes no arguments but --import MODULE, got {' '.join(extra)}")
+            for spec in imports:
+                load_user_module(spec)
             print(_list(prog))
             return 0
         return _train(argv[1:] if argv[:1] == ["train"] else argv, prog)

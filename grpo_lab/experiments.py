@@ -56,11 +56,24 @@ class Profile:
     """The scale of an experiment.
 
     Attributes:
-        name: ``"cpu"`` or ``"gpu"``.
+        name: ``"cpu"`` or ``"gpu"`` (any label for a profile of your own).
         base: checkpoint name under ``data/checkpoints`` (or a hub id / path).
-        task: task name and keyword arguments.
+        task: the *name* of a registered task (a key of :data:`grpo_lab.tasks.TASKS`, e.g.
+            ``"arithmetic"``), not a task object: every run builds its own task with
+            ``get_task(task, **dict(task_kwargs))``, in worker processes too. A task class of
+            your own is registered first (``register_task("sortletters", SortTask)``) and named
+            here (``task="sortletters"``).
         steps: RL steps per seed.
         config: the :class:`~grpo_lab.trainer.TrainerConfig`.
+        task_kwargs: the task's keyword arguments, as a dict (``{"max_len": 4}``) or as
+            ``(key, value)`` pairs (``(("max_len", 4),)``); stored as a tuple of pairs sorted by
+            key, so that equal arguments give equal (and equally hashed) profiles.
+
+    Raises:
+        TypeError: ``task`` is not a ``str`` (e.g. a task instance: the message says how to name
+            it instead), or ``task_kwargs`` is neither a mapping nor ``(key, value)`` pairs with
+            ``str`` keys.
+        ValueError: ``task`` is empty, or a key repeats in ``task_kwargs``.
     """
 
     name: str
@@ -69,6 +82,65 @@ class Profile:
     steps: int
     config: TrainerConfig
     task_kwargs: tuple = ()
+
+    def __post_init__(self):
+        if not isinstance(self.task, str):
+            raise TypeError(f"Profile: task must be the name (str) of a registered task, got {self.task!r}; "
+                            f"{_task_fix(self.task)}")
+        if not self.task.strip():
+            raise ValueError("Profile: task must be the name of a registered task, got an empty string")
+        object.__setattr__(self, "task_kwargs", _task_kwargs(self.task_kwargs))
+
+
+def _task_fix(task: Any) -> str:
+    """How to pass the task object ``task`` to :class:`Profile` or :func:`run` instead: register its
+    class and give its name, its arguments (the dataclass fields that differ from their defaults) in
+    ``task_kwargs``."""
+    import dataclasses
+
+    name = getattr(task, "name", None)
+    name = name if isinstance(name, str) and name else "mytask"
+    cls = task.__name__ if isinstance(task, type) else type(task).__name__
+    kwargs = "{...}"
+    if dataclasses.is_dataclass(task) and not isinstance(task, type):
+        changed = {}
+        for f in dataclasses.fields(task):
+            if f.name == "name" or not f.init:
+                continue
+            value = getattr(task, f.name)
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+            if default is dataclasses.MISSING or value != default:
+                changed[f.name] = value
+        kwargs = repr(changed)
+    return (f"register the class (grpo_lab.tasks.register_task({name!r}, {cls})) and pass its name and arguments: "
+            f"task={name!r}, task_kwargs={kwargs}")
+
+
+def _task_kwargs(value: Any) -> tuple:
+    """``Profile.task_kwargs`` as a tuple of ``(key, value)`` pairs sorted by key; from a mapping or pairs.
+
+    Raises:
+        TypeError: not a mapping or pairs, or a key that is not a ``str``. ValueError: a key repeats.
+    """
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        try:
+            pairs = [tuple(kv) for kv in value]
+        except TypeError:
+            pairs = None
+        if isinstance(value, (str, bytes)) or pairs is None or any(len(kv) != 2 for kv in pairs):
+            raise TypeError(f"Profile: task_kwargs must be a dict such as {{'max_len': 4}} or (key, value) pairs "
+                            f"such as (('max_len', 4),), got {value!r}")
+    keys = [k for k, _ in pairs]
+    bad = [k for k in keys if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"Profile: task_kwargs keys must be argument names (str), got {bad!r}")
+    if len(set(keys)) != len(keys):
+        twice = sorted(k for k in set(keys) if keys.count(k) > 1)
+        raise ValueError(f"Profile: task_kwargs names an argument twice: {twice}")
+    return tuple(sorted(pairs, key=lambda kv: kv[0]))
 
 
 #: The experiment scales by name, ``"cpu"`` (what the book executes, minutes on two CPU cores) and
@@ -163,6 +235,16 @@ def provenance(algo: Algorithm, profile: Profile, steps: int, seeds: Sequence[in
 
 
 def _resolve(profile: str | Profile, config_overrides: dict) -> Profile:
+    """The profile ``profile`` (a name or a :class:`Profile`) with ``config_overrides`` applied.
+
+    Raises:
+        TypeError: ``profile`` is neither a name nor a :class:`Profile`.
+        ValueError: an unknown profile name, a ``seed`` override, an unknown
+            :class:`~grpo_lab.trainer.TrainerConfig` field, or a CUDA device (from the overrides or
+            the profile: the message says which) when CUDA is not available.
+    """
+    if not isinstance(profile, (str, Profile)):
+        raise TypeError(f"run: profile must be a profile name ({sorted(PROFILES)}) or a Profile, got {profile!r}")
     prof = get_profile(profile) if isinstance(profile, str) else profile
     if "seed" in config_overrides:
         raise ValueError("run: pass seeds=[...] (one run per seed), not seed=; the profile's seed field is "
@@ -173,8 +255,16 @@ def _resolve(profile: str | Profile, config_overrides: dict) -> Profile:
         if unknown:
             raise ValueError(f"run: unknown TrainerConfig field(s) {unknown}; known: {sorted(known)}")
         prof = replace(prof, config=replace(prof.config, **config_overrides))
-    if prof.config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"run: profile {prof.name!r} needs CUDA, which is not available; use profile='cpu'")
+    device = prof.config.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        if "device" in config_overrides:
+            where = f"device={device!r} (from the overrides: run(..., device=...), or --set device=...)"
+            fix = "set device='cpu' (--set device=cpu) or run on a machine with CUDA"
+        else:
+            where = f"device={device!r} (from profile {prof.name!r})"
+            fix = ("use a CPU profile (profile='cpu', --profile cpu), or set device='cpu' (--set device=cpu), "
+                   "or run on a machine with CUDA")
+        raise ValueError(f"run: {where} needs CUDA, which is not available in this process; {fix}")
     return prof
 
 
@@ -356,19 +446,61 @@ def _user_modules(algo: Algorithm, prof: Profile) -> tuple[str, ...]:
                         and not (m == "grpo_lab" or m.startswith("grpo_lab."))))
 
 
-def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None,
-               cache_path: Path | None = None, modules: Sequence[str] = ()) -> pd.DataFrame:
-    """One seed of one algorithm from the profile's base checkpoint (a process-pool task); the
-    history is stored at ``cache_path`` when given. ``modules`` (:func:`_user_modules`) are
-    imported first, so that a worker registers the user's choices and task as the caller did."""
-    import importlib
+def _module_roots(modules: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
+    """``(name, root)`` for each module name: ``root`` the ``sys.path`` directory this process imported
+    it from (the directory of ``reverse_task.py`` for ``reverse_task``, the parent of ``pkg/`` for
+    ``pkg.mod``), ``None`` when unknown (not imported, or no file). A worker puts ``root`` on its
+    ``sys.path`` when it cannot import the name otherwise: a module the caller imported from a file
+    path (``python -m grpo_lab --import path/to/my_task.py``) whose directory is not on the
+    worker's path."""
+    import sys
 
-    for module in modules:
+    out = []
+    for name in modules:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        root = None
+        if file:
+            path = Path(os.path.abspath(file))
+            depth = name.count(".") + (1 if path.name == "__init__.py" else 0)
+            root = str(path.parents[depth])
+        out.append((name, root))
+    return tuple(out)
+
+
+def _import_user_module(module: str | tuple[str, str | None]) -> None:
+    """Import ``module`` (a name, or ``(name, root)`` from :func:`_module_roots`): by name, and if
+    that module itself is not found, once more with ``root`` put first on ``sys.path``.
+
+    Raises:
+        ValueError: the module cannot be imported (the message names it and says what to do).
+    """
+    import importlib
+    import sys
+
+    name, root = (module, None) if isinstance(module, str) else module
+    try:
         try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"run: cannot import {module!r}, which defines the task or a choice of this run, in a "
-                             f"worker process ({exc}). {_FRESH_REGISTRIES}") from None
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if root is None or root in sys.path or exc.name not in (name, name.split(".")[0]):
+                raise
+            sys.path.insert(0, root)
+            importlib.invalidate_caches()
+            importlib.import_module(name)
+    except ImportError as exc:
+        raise ValueError(f"run: cannot import {name!r}, which defines the task or a choice of this run, in a "
+                         f"worker process ({exc}). {_FRESH_REGISTRIES}") from None
+
+
+def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None,
+               cache_path: Path | None = None,
+               modules: Sequence[str | tuple[str, str | None]] = ()) -> pd.DataFrame:
+    """One seed of one algorithm from the profile's base checkpoint (a process-pool task); the
+    history is stored at ``cache_path`` when given. ``modules`` (:func:`_user_modules`, as names or
+    as the ``(name, root)`` pairs of :func:`_module_roots`) are imported first, so that a worker
+    registers the user's choices and task as the caller did."""
+    for module in modules:
+        _import_user_module(module)
     try:  # validate again here: a spawned worker has only the registry entries its imports made
         algo = algo.replace()
     except ValueError as exc:
@@ -559,7 +691,7 @@ def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: 
     todo = [k for k in dict.fromkeys(keys) if loaded[k] is None]
     first = {k: jobs[keys.index(k)] for k in todo}
     fresh = _map([(first[k][0], first[k][2], steps, first[k][1], progress, paths[k],
-                   _user_modules(first[k][0], first[k][2])) for k in todo], n_jobs)
+                   _module_roots(_user_modules(first[k][0], first[k][2]))) for k in todo], n_jobs)
     loaded.update(zip(todo, fresh))
     frames = [_label(loaded[k].copy(), a, s) for (a, s, _), k in zip(jobs, keys)]
     return frames, hits, note
@@ -585,8 +717,9 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         base: train from this checkpoint instead of the profile's ``base``: a checkpoint name
             under ``data/checkpoints`` (``"arithmetic-moe-base"``), a local directory or a hub id,
             as :func:`~grpo_lab.models.load_policy` takes. Recorded in the provenance.
-        task: a key of :data:`grpo_lab.tasks.TASKS` instead of the profile's ``task``; the
-            profile's ``task_kwargs`` are kept only when it names the profile's own task.
+        task: a key of :data:`grpo_lab.tasks.TASKS` (a name, not a task object) instead of the
+            profile's ``task``; the profile's ``task_kwargs`` are kept only when it names the
+            profile's own task.
         **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
             (e.g. ``minibatches=4``).
 
@@ -595,7 +728,8 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
 
     Raises:
         ValueError: no seeds, unknown profile/algorithm/task, an empty ``base``, an invalid
-            override, ``n_jobs < 1``.
+            override, ``n_jobs < 1``, a CUDA device without CUDA.
+        TypeError: ``task`` is not a ``str`` (a task object: the message says how to name it).
     """
     algo = get_algorithm(algo) if isinstance(algo, str) else algo
     seeds = _check_seeds(seeds)
@@ -607,6 +741,8 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     if task is not None:
         from .tasks import TASKS
 
+        if not isinstance(task, str):
+            raise TypeError(f"run: task must be the name (str) of a registered task, got {task!r}; {_task_fix(task)}")
         if task not in TASKS:
             raise ValueError(f"run: unknown task {task!r}; known tasks: {sorted(TASKS)}")
         prof = replace(prof, task=task, task_kwargs=prof.task_kwargs if task == prof.task else ())

@@ -7,6 +7,7 @@ real 1-step run from the shipped checkpoint)."""
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
@@ -363,3 +364,156 @@ def test_a_real_run_end_to_end(tmp_path):
     assert prov["steps"] == 1 and prov["seeds"] == [0] and prov["base"] == "arithmetic-base"
     assert prov["config"]["prompts_per_step"] == 2 and prov["config"]["group_size"] == 2
     assert prov["algo"] == dataclasses.asdict(GRPO)
+
+
+# ------------------------------------------------------------------------------------ fresh-user review (issue 15)
+def test_an_existing_out_is_refused_before_training(tmp_path, no_run, capsys):
+    # found by a fresh user: --out README.md overwrote the tracked README with results JSON
+    readme = tmp_path / "README.md"
+    readme.write_text("# keep me\n")
+    assert cli.main(["GRPO", "--steps", "2", "--seeds", "5", "--out", str(readme)]) == 2
+    captured = capsys.readouterr()
+    line = _one_error_line(captured.err)
+    assert line.startswith(f"{PROG}: error: --out {readme} exists") and "--overwrite" in line
+    assert readme.read_text() == "# keep me\n" and captured.out == ""
+
+
+def test_overwrite_replaces_an_existing_out(fake_run, tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text("old\n")
+    assert cli.main(["GRPO", "--seeds", "0", "--out", str(out), "--overwrite"]) == 0
+    assert load_results(out).history["seed"].tolist() == [0, 0]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be created")
+def test_an_out_that_cannot_be_created_fails_before_training(no_run, capsys):
+    # found by a fresh user: --out /proc/y.json trained first and failed afterwards ([Errno 2])
+    assert cli.main(["GRPO", "--out", "/proc/grpo_lab_no_such_dir_test.json"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"{PROG}: error: --out /proc/grpo_lab_no_such_dir_test.json: cannot create a file in /proc")
+
+
+def test_help_documents_import_and_overwrite(capsys):
+    assert cli.main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    assert "--import MODULE" in out and "--overwrite" in out and "refused unless --overwrite" in out
+    assert "register_task" in out  # the example says what the module does
+
+
+def test_cuda_override_without_cuda_is_one_line_naming_the_setting(monkeypatch, tmp_path, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["GRPO", "--set", "device=cuda", "--out", str(tmp_path / "r.json")]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "device='cuda'" in line and "--set device=cpu" in line and "profile='cpu'" not in line
+
+
+TASK_MODULE = '''
+from dataclasses import dataclass
+
+from grpo_lab.tasks import ArithmeticTask, register_task
+
+
+@register_task("{name}")
+@dataclass
+class UserTask(ArithmeticTask):
+    name: str = "{name}"
+    test_size: int = 6
+'''
+
+
+@pytest.fixture
+def user_modules(monkeypatch):
+    """A clean slate for modules a test imports: sys.path, sys.modules and the task registry are put
+    back afterwards."""
+    from grpo_lab import tasks as tasks_mod
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(tasks_mod, "TASKS", dict(tasks_mod.TASKS))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("cli_user_"):
+            del sys.modules[name]
+
+
+def test_import_a_task_file_makes_it_a_task_choice(user_modules, fake_run, tmp_path, capsys):
+    # found by a fresh user: --task only accepted the shipped tasks
+    mod = tmp_path / "mods" / "cli_user_sort.py"
+    mod.parent.mkdir()
+    mod.write_text(TASK_MODULE.format(name="sortletters"))
+    assert cli.main(["list", "--import", str(mod)]) == 0
+    assert any(line.split()[:1] == ["sortletters"] for line in capsys.readouterr().out.splitlines())
+    assert cli.main(["GRPO", "--import", str(mod), "--help"]) == 0
+    assert "sortletters" in capsys.readouterr().out
+    assert cli.main(["GRPO", "--import", str(mod), "--task", "sortletters", "--out", str(tmp_path / "r.json")]) == 0
+    assert fake_run[-1]["task"] == "sortletters"
+    assert sys.modules["cli_user_sort"].__file__ == str(mod.resolve())
+    assert str(mod.parent.resolve()) in sys.path  # where worker processes find it again
+
+
+def test_import_a_module_by_name_from_the_current_directory(user_modules, fake_run, tmp_path, monkeypatch):
+    (tmp_path / "cli_user_words.py").write_text(TASK_MODULE.format(name="words"))
+    monkeypatch.chdir(tmp_path)
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", str(tmp_path))]  # as for the grpo-lab script
+    assert cli.main(["GRPO", "--import=cli_user_words", "--task", "words", "--seeds", "0"]) == 0
+    assert fake_run[-1]["task"] == "words"
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("cli_user_no_such_module", "--import cli_user_no_such_module: no module named 'cli_user_no_such_module'"),
+    ("{tmp}/cli_user_missing.py", "cli_user_missing.py: no such file"),
+    ("{tmp}/cli_user_boom.py", "cli_user_boom.py: importing it failed: RuntimeError: boom at import"),
+    ("{tmp}/cli_user_needs.py", "importing it failed: ModuleNotFoundError: No module named 'cli_user_dependency'"),
+    ("{tmp}/json.py", "the name 'json' is already taken"),
+])
+def test_an_import_that_fails_is_one_line_naming_it(spec, expected, user_modules, tmp_path, no_run, capsys):
+    (tmp_path / "cli_user_boom.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "cli_user_needs.py").write_text("import cli_user_dependency\n")
+    (tmp_path / "json.py").write_text("")
+    spec = spec.replace("{tmp}", str(tmp_path))
+    assert cli.main(["GRPO", "--import", spec, "--seeds", "0"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"{PROG}: error: --import ") and expected in line, line
+
+
+def test_a_model_whose_tokenizer_cannot_read_the_task_warns(tiny_base, fake_run, tmp_path, capsys):
+    # found by a fresh user: arithmetic through a tokenizer without digits (every prompt <unk>),
+    # accuracy 0 -> 0, exit 0 and no word about it
+    letters = tmp_path / "letters-base"
+    tok = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz+= ")
+    tiny_policy(tok, TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=1), seed=0).save_pretrained(letters, safe_serialization=True)
+    tok.save_pretrained(letters)
+    capsys.readouterr()  # (save_pretrained's own bars)
+    assert cli.main(["GRPO", "--model", str(letters), "--seeds", "0", "--out", str(tmp_path / "a.json")]) == 0
+    err = capsys.readouterr().err
+    warning = _one_error_line(err)
+    assert warning.startswith(f"{PROG}: warning: the tokenizer of --model {letters} maps '")
+    unknown = re.search(r" maps '([^']*)'", warning).group(1)
+    assert unknown and unknown.isdigit()  # the prompts' digits, and nothing the tokenizer knows
+    assert "'<unk>'" in warning and "task 'arithmetic'" in warning
+    assert len(fake_run) == 1  # a warning, not an error: the run goes on
+    # the full alphabet reads every prompt: no warning
+    assert cli.main(["GRPO", "--model", str(tiny_base), "--seeds", "0", "--out", str(tmp_path / "b.json")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_import_reaches_the_worker_processes(user_modules, tiny_base, tmp_path, monkeypatch):
+    # a task from a .py file given by path, trained by two worker processes (--jobs 2): each imports
+    # the module by its name, from the directory the command put on sys.path
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "off")
+    mod = tmp_path / "elsewhere" / "cli_user_jobs.py"
+    mod.parent.mkdir()
+    mod.write_text(TASK_MODULE.format(name="jobs_task"))
+    out = tmp_path / "r.json"
+    try:
+        assert cli.main(["GRPO", "--import", str(mod), "--task", "jobs_task", "--model", str(tiny_base), "--jobs", "2",
+                         "--seeds", "0", "1", "--steps", "1", "--set", "prompts_per_step=2", "--set", "group_size=2",
+                         "--set", "max_new_tokens=8", "--set", "eval_every=0", "--no-progress", "--out", str(out)]) == 0
+    finally:
+        experiments.shutdown_workers()
+    res = load_results(out)
+    assert res.provenance["task"] == "jobs_task" and sorted(set(res.history["seed"])) == [0, 1]
+    assert res.history["step"].tolist() == [1, 1]

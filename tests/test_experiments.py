@@ -426,3 +426,59 @@ def test_damaged_cache_entry_is_trained_again(profile, tmp_path, monkeypatch):
     assert again.provenance["cached_seeds"] == []
     pd.testing.assert_frame_equal(again.history.drop(columns=TIMING, errors="ignore"), first.history.drop(columns=TIMING, errors="ignore"),
                                   check_exact=True)
+
+
+# ------------------------------------------------------------------------------------ fresh-user review (issue 15)
+def _tiny_profile(**kwargs):
+    return Profile(**{"name": "t", "base": "no-such-checkpoint", "task": "arithmetic", "steps": 1,
+                      "config": TrainerConfig(prompts_per_step=2, group_size=2), **kwargs})
+
+
+def test_profile_task_must_be_a_name_and_the_error_says_how():
+    # found by a fresh user: Profile(task=SortTask(max_len=4)) was accepted, and run() then said
+    # "task SortTask(...) is not registered" although the class was registered
+    from grpo_lab.tasks import ArithmeticTask
+
+    with pytest.raises(TypeError) as info:
+        _tiny_profile(task=ArithmeticTask(test_size=5))
+    msg = str(info.value)
+    assert "task must be the name (str) of a registered task" in msg
+    # the fix, with the instance's own name and the arguments that differ from the defaults
+    assert "register_task('arithmetic', ArithmeticTask)" in msg
+    assert "task='arithmetic', task_kwargs={'test_size': 5}" in msg
+    with pytest.raises(TypeError, match="registered task"):
+        _tiny_profile(task=ArithmeticTask)  # the class is no name either
+    with pytest.raises(ValueError, match="empty"):
+        _tiny_profile(task=" ")
+    # run(task=...) says the same instead of "unhashable type"
+    with pytest.raises(TypeError, match="task must be the name \\(str\\).*task='arithmetic'"):
+        run("GRPO", profile=_tiny_profile(), seeds=[0], task=ArithmeticTask())
+
+
+def test_profile_task_kwargs_dict_or_pairs_are_one_sorted_tuple(profile):
+    as_dict = _tiny_profile(task_kwargs={"test_size": 5, "digits": 1})
+    as_pairs = _tiny_profile(task_kwargs=(("test_size", 5), ("digits", 1)))
+    as_lists = _tiny_profile(task_kwargs=[["digits", 1], ["test_size", 5]])
+    assert as_dict.task_kwargs == as_pairs.task_kwargs == as_lists.task_kwargs == (("digits", 1), ("test_size", 5))
+    assert as_dict == as_pairs and hash(as_dict) == hash(as_pairs)  # a dict was kept before: unhashable
+    assert config_hash(GRPO, as_dict, 3) == config_hash(GRPO, as_pairs, 3)
+    assert _tiny_profile().task_kwargs == () and profile.task_kwargs == (("test_size", 5),)  # unchanged
+    for bad, err in [(["test_size"], TypeError), ("test_size", TypeError), ({1: 2}, TypeError), (5, TypeError),
+                     ((("a", 1), ("a", 2)), ValueError)]:
+        with pytest.raises(err, match="task_kwargs"):
+            _tiny_profile(task_kwargs=bad)
+
+
+def test_cuda_device_without_cuda_names_the_setting_and_the_fix(profile, monkeypatch):
+    # found by a fresh user: --set device=cuda with profile cpu said "profile 'cpu' needs CUDA ...;
+    # use profile='cpu'", which contradicts itself
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError) as info:
+        run("GRPO", profile=profile, seeds=[0], device="cuda")
+    msg = str(info.value)
+    assert "device='cuda'" in msg and "overrides" in msg and "--set device=cpu" in msg and "CUDA" in msg
+    assert "profile='cpu'" not in msg and "profile 't'" not in msg
+    with pytest.raises(ValueError) as info:
+        run("GRPO", profile="gpu", seeds=[0])
+    msg = str(info.value)
+    assert "device='cuda'" in msg and "profile 'gpu'" in msg and "--set device=cpu" in msg and "profile='cpu'" in msg

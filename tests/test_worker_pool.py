@@ -167,3 +167,43 @@ def test_a_task_registered_by_a_users_module_reaches_the_workers(profile, tmp_pa
         ex._train_one(GRPO, profile, 1, 0, False, None, ("not_a_module_here",))
     with pytest.raises(ValueError, match="task 'unregistered' is not registered.*n_jobs=1"):
         ex._train_one(GRPO, replace(profile, task="unregistered"), 1, 0, False)
+
+
+def test_a_worker_imports_a_module_given_as_a_file_path(profile, tmp_path, monkeypatch):
+    # fresh-user review (issue 15): `python -m grpo_lab --import path/to/task.py` imports a module
+    # whose directory need not be on a worker's sys.path; the worker is given that directory
+    # along with the module's name and puts it on its path when the name alone does not import
+    import sys
+
+    from grpo_lab import cli
+    from grpo_lab import tasks as tasks_mod
+
+    mod = tmp_path / "somewhere" / "pool_file_task.py"
+    mod.parent.mkdir()
+    mod.write_text(
+        "from dataclasses import dataclass\n"
+        "from grpo_lab.tasks import ArithmeticTask, register_task\n\n\n"
+        "@register_task('pool_file_task')\n"
+        "@dataclass\n"
+        "class FileTask(ArithmeticTask):\n"
+        "    name: str = 'pool_file_task'\n"
+        "    test_size: int = 4\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(tasks_mod, "TASKS", dict(tasks_mod.TASKS))
+    root = str(mod.parent.resolve())
+    try:
+        cli.load_user_module(str(mod))  # what --import does in the parent process
+        mine = replace(profile, task="pool_file_task")
+        assert ex._user_modules(GRPO, mine) == ("pool_file_task",)
+        assert ex._module_roots(ex._user_modules(GRPO, mine)) == (("pool_file_task", root),)
+        # a fresh worker: neither the module, nor its task, nor its directory
+        del sys.modules["pool_file_task"]
+        del tasks_mod.TASKS["pool_file_task"]
+        sys.path.remove(root)
+        with pytest.raises(ValueError, match="cannot import 'pool_file_task'"):  # the name alone: not found
+            ex._train_one(GRPO, mine, 0, 0, False, None, ("pool_file_task",))
+        rows = ex._train_one(GRPO, mine, 0, 0, False, None, (("pool_file_task", root),))
+        assert sys.path[0] == root and "pool_file_task" in tasks_mod.TASKS
+        assert rows["step"].tolist() == [0]  # steps=0: the base policy's evaluation only
+    finally:
+        sys.modules.pop("pool_file_task", None)
