@@ -44,7 +44,9 @@ if TYPE_CHECKING:  # algorithms imports this module
     from .algorithms import Algorithm
 
 __all__ = ["group_advantages", "rloo_advantages", "group_stats", "tied_groups", "GroupStats", "SCALES",
-           "TIE_ULPS", "AdvantageBatch", "ADVANTAGE_ESTIMATORS", "GROUP_BASELINE_ESTIMATORS"]
+           "TIE_ULPS", "AdvantageBatch", "ADVANTAGE_ESTIMATORS", "GROUP_BASELINE_ESTIMATORS",
+           "VALUE_BASELINE_ESTIMATORS", "gae_advantages",
+           "outcome_token_rewards", "gae", "length_adaptive_lam", "explained_variance"]
 
 #: The ``scale`` choices of :func:`group_advantages` (divide by the group std, the batch std, or not).
 SCALES = ("group", "batch", "none")
@@ -384,3 +386,286 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageBatch, "Algorithm"], Tensor]]
 #: here when it is registered; one that is not listed (a value-model baseline such as GAE works with
 #: ``G = 1``) is taken to need no group.
 GROUP_BASELINE_ESTIMATORS: set[str] = {"group", "group_mean", "batch", "rloo"}
+
+
+# ------------------------------------------------------------------------------------------------
+# value-based advantages: GAE over tokens (PPO, VAPO)
+# ------------------------------------------------------------------------------------------------
+def _mask_for(mask, b: int, name_b: str = "rewards") -> Tensor:
+    """A ``[B, T]`` mask (bool or 0/1) whose ``B`` matches ``name_b``'s, as a bool tensor."""
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dim() != 2 or mask.shape[0] != b:
+        raise ValueError(f"shape mismatch: mask must have shape [B, T] with B={b} (the length of {name_b}), "
+                         f"got {tuple(mask.shape)}")
+    return _v.mask_bool(mask, mask.shape)
+
+
+def outcome_token_rewards(rewards: RewardsLike, mask: Tensor) -> Tensor:
+    """Per-token rewards ``[B, T]`` of outcome supervision: each sequence's reward on its last real token.
+
+    An outcome reward scores the whole response; as a per-token reward for :func:`gae` it is
+    received when the response ends, i.e. at the last real token (the last ``t`` with
+    ``mask[i, t] != 0``; holes in the mask are allowed), and every other token gets 0. With
+    ``gamma = 1`` and ``lam = 1`` GAE then gives every token the advantage ``R_i - V(s_t)``
+    (DeepSeekMath, arXiv 2402.03300, §4.1.2 "outcome supervision"; PPO-style RLHF as in VAPO,
+    arXiv 2504.05118, §2). A row with no real token gets no reward (all zeros): there is no token
+    to receive it.
+
+    Args:
+        rewards: ``[B]`` scalar rewards (a tensor of any real dtype, or a list of numbers).
+        mask: ``[B, T]`` bool or 0/1, 1 = real token.
+
+    Returns:
+        ``[B, T]`` float32 tensor on the device of ``rewards`` (rewards computed in float64, so the
+        float32 value is the reward rounded once), zero except at each row's last real token.
+
+    Raises:
+        ValueError: ``rewards`` not 1-D or not finite; ``mask`` not a ``[B, T]`` tensor with the
+            same ``B``, or not 0/1.
+    """
+    r = _grouped(rewards, 1)[0]
+    m = _mask_for(mask, r.shape[0]).to(r.device)
+    b, t = m.shape
+    out = torch.zeros(b, t, dtype=torch.float64, device=r.device)
+    if b == 0 or t == 0:
+        return out.to(torch.float32)
+    pos = torch.arange(t, device=r.device).expand(b, t)
+    last = torch.where(m, pos, torch.full_like(pos, -1)).amax(dim=1)  # [B], -1 for an empty row
+    rows = (last >= 0).nonzero().flatten()
+    out[rows, last[rows]] = r[rows]
+    return out.to(torch.float32)
+
+
+def _lam_rows(lam, b: int, device: torch.device) -> Tensor:
+    """``lam`` (a number or a ``[B]`` / 0-d tensor, each in [0, 1]) as a ``[B]`` float64 tensor."""
+    if isinstance(lam, Tensor):
+        if lam.is_complex() or lam.dtype == torch.bool:
+            raise ValueError(f"lam must be a real number or a [B] tensor of reals, got dtype {lam.dtype}")
+        if lam.dim() not in (0, 1) or (lam.dim() == 1 and lam.shape[0] != b):
+            raise ValueError(f"lam must be a number or a [B] tensor with B={b}, got shape {tuple(lam.shape)}")
+        lr = lam.detach().to(device=device, dtype=torch.float64).expand(b)
+        if lr.numel() and not bool((torch.isfinite(lr) & (lr >= 0) & (lr <= 1)).all()):
+            bad = (~(torch.isfinite(lr) & (lr >= 0) & (lr <= 1))).nonzero().flatten()[:5].tolist()
+            raise ValueError(f"lam must lie in [0, 1] (finite); got values outside it at rows {bad}")
+        return lr
+    lf = _v.real_number("lam", lam, minimum=0.0)
+    if lf > 1:
+        raise ValueError(f"lam must be in [0, 1], got {lam!r}")
+    return torch.full((b,), lf, dtype=torch.float64, device=device)
+
+
+def gae(
+    rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: Union[float, Tensor] = 0.95,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over the tokens of each response, and the value targets.
+
+    GAE (Schulman et al., arXiv 1506.02438), Eq. 16: with the TD residual
+    ``delta_t = r_t + gamma V(s_{t+1}) - V(s_t)``,
+    ``A_t = sum_{l >= 0} (gamma lam)^l delta_{t+l}``, computed backwards by the recursion
+    ``A_t = delta_t + gamma lam A_{t+1}`` (PPO, arXiv 1707.06347, Eqs. 11-12, truncated form). The
+    value target is ``R_t = A_t + V(s_t)``; with ``lam = 1`` it is the Monte-Carlo return
+    ``sum_l gamma^l r_{t+l}`` whatever ``V`` is (the critic target of VAPO's decoupled GAE,
+    arXiv 2504.05118 §4.1, ``lam_critic = 1``); ``lam = 0`` gives ``A_t = delta_t``.
+
+    How the mask is read (the contract): in row ``i`` the real positions ``t_1 < ... < t_n``
+    (``mask != 0``) are the steps of the episode, in order. Masked positions are skipped entirely:
+    a hole in the mask is jumped over (the step after ``t_k`` is ``t_{k+1}``), nothing is ever
+    bootstrapped from a masked position, and the value after the last real token is 0 (the
+    response ended: a terminal state, never the value at a padding position). So
+    ``delta_k = r_{t_k} + gamma V_{t_{k+1}} - V_{t_k}`` with ``V_{t_{n+1}} = 0``. A truncated
+    response is treated as terminal too (its outcome reward is final).
+
+    Args:
+        rewards: ``[B, T]`` float per-token rewards (e.g. :func:`outcome_token_rewards`); exactly 0
+            at masked positions.
+        values: ``[B, T]`` float, ``V(s_t)``: the value of the state *before* token ``t`` is
+            emitted. Ignored completely at masked positions (any value there, even NaN or inf,
+            changes nothing).
+        mask: ``[B, T]`` bool or 0/1, 1 = real token.
+        gamma: discount in ``[0, 1]`` (1.0 for LLM RL, as PPO baselines in VAPO §5.1).
+        lam: ``[0, 1]``: a number, or a ``[B]`` tensor of per-sequence values (VAPO's
+            length-adaptive ``lam``, :func:`length_adaptive_lam`).
+
+    Returns:
+        ``(advantages [B, T], returns [B, T])``, float32 on the device of ``values``, detached,
+        0 at masked positions (computed in float64; a Python loop over ``T``, vectorised over ``B``).
+
+    Raises:
+        ValueError: ``rewards`` / ``values`` not floating ``[B, T]`` tensors of one shape; mask not
+            of that shape or not 0/1; ``gamma`` or ``lam`` outside ``[0, 1]`` (or ``lam`` a tensor
+            not of shape ``[B]``); a NaN / inf reward or value at a real token; a non-zero reward
+            at a masked position (it would be silently lost).
+    """
+    shape = _v.bt_tensor(values, "values").shape
+    _v.bt_tensor(rewards, "rewards", shape)
+    m = _v.mask_bool(mask, shape).to(values.device)
+    g = _v.real_number("gamma", gamma, minimum=0.0)
+    if g > 1:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+    b, t = shape
+    f64 = torch.float64
+    lam_b = _lam_rows(lam, b, values.device)
+    r_all = rewards.detach().to(device=values.device, dtype=f64)
+    v_all = values.detach().to(f64)
+    zero = torch.zeros((), dtype=f64, device=values.device)
+    ok = torch.stack([
+        torch.where(m, torch.isfinite(r_all), True).all(),
+        torch.where(m, torch.isfinite(v_all), True).all(),
+        (m | (r_all == 0)).all(),
+    ]).tolist()
+    if not ok[0]:
+        raise ValueError("rewards must be finite at real (mask=1) tokens; got NaN/inf")
+    if not ok[1]:
+        raise ValueError("values must be finite at real (mask=1) tokens; got NaN/inf")
+    if not ok[2]:
+        i, j = (~m & (r_all != 0)).nonzero()[0].tolist()
+        raise ValueError(
+            f"rewards[{i}, {j}] = {float(r_all[i, j]):.6g} is non-zero at a masked (mask=0) position: it would "
+            "be silently lost; put each reward on a real token (e.g. with outcome_token_rewards)")
+    r = torch.where(m, r_all, zero)
+    v = torch.where(m, v_all, zero)  # NaN / inf at padding vanish here
+    adv = torch.zeros_like(v)
+    next_v = torch.zeros(b, dtype=f64, device=values.device)  # V of the next real step (0 after the last)
+    next_a = torch.zeros_like(next_v)  # A of the next real step
+    discount = g * lam_b
+    for k in range(t - 1, -1, -1):
+        mk = m[:, k]
+        a_k = r[:, k] + g * next_v - v[:, k] + discount * next_a
+        adv[:, k] = torch.where(mk, a_k, zero)
+        next_v = torch.where(mk, v[:, k], next_v)  # a masked position carries the next real step over
+        next_a = torch.where(mk, a_k, next_a)
+    returns = torch.where(m, adv + v, zero)
+    return adv.to(torch.float32), returns.to(torch.float32)
+
+
+#: The largest float32 below 1: :func:`length_adaptive_lam` never returns 1.
+_LAM_MAX = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))
+
+
+def length_adaptive_lam(lengths: Union[Tensor, Sequence[float]], alpha: float = 0.05) -> Tensor:
+    """VAPO's length-adaptive GAE lambda for the policy, ``lam = 1 - 1 / (alpha l)``, clamped to [0, 1).
+
+    VAPO (arXiv 2504.05118) §4.2, Eqs. 4-5: the sum of the GAE coefficients is made proportional to
+    the response length ``l``, ``sum_t lam^t = 1 / (1 - lam) = alpha l``, hence
+    ``lam = 1 - 1 / (alpha l)``, with ``alpha = 0.05`` in the paper (§5.1).
+
+    What the formula really sets: the effective horizon ``1 / (1 - lam) = alpha l`` is a fixed
+    fraction ``alpha`` of the response (5% of its tokens for ``alpha = 0.05``). It does not keep
+    the outcome reward's weight at the first token large: that weight is ``lam^(l-1)``, and
+    ``lam^l = (1 - 1/(alpha l))^l -> e^{-1/alpha}`` as ``l`` grows (``e^{-20} ~ 2e-9`` for
+    ``alpha = 0.05``); longer responses get a longer horizon, not more of the reward at their start.
+
+    The clamp (our departure from Eq. 5, which is only meaningful for ``alpha l > 1``): for
+    ``l <= 1 / alpha`` the formula gives ``lam <= 0`` (``-infinity`` at ``l = 0``), which is no GAE
+    lambda; we return 0 there (one-step TD, ``A_t = delta_t``), and 0 for an empty response
+    (``l = 0``). The paper's ``alpha = 0.05`` was chosen for responses thousands of tokens long; at
+    the book's <= 32-token responses it gives 0 for every ``l <= 20`` (``l = 100`` gives 0.8).
+    Above, values that would round to 1.0 in float32 (``alpha l`` beyond about ``1.7e7``) are
+    returned as the largest float32 below 1, so the result always lies in ``[0, 1)``.
+
+    Args:
+        lengths: ``[B]`` response lengths ``l >= 0`` (real-token counts; a tensor of any real dtype
+            or a list of numbers; need not be integers).
+        alpha: the proportionality constant, finite and ``> 0`` (a number or a 1-element tensor).
+
+    Returns:
+        ``[B]`` float32 lambdas in ``[0, 1)``, on the device of ``lengths`` (computed in float64).
+
+    Raises:
+        ValueError: ``lengths`` not 1-D, not real, negative, NaN or inf; ``alpha`` not finite or ``<= 0``.
+    """
+    a = _v.positive_number("alpha", alpha)
+    if not isinstance(lengths, Tensor):
+        try:
+            lengths = torch.as_tensor(lengths, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"lengths must be a 1-D tensor of numbers: {exc}") from None
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D with shape [B], got shape {tuple(lengths.shape)}")
+    if lengths.is_complex() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be real numbers, got dtype {lengths.dtype}")
+    ln = lengths.detach().to(torch.float64)
+    if ln.numel() and not bool((torch.isfinite(ln) & (ln >= 0)).all()):
+        bad = (~(torch.isfinite(ln) & (ln >= 0))).nonzero().flatten()[:5].tolist()
+        raise ValueError(f"lengths must be finite and >= 0; got bad values at positions {bad}")
+    al = a * ln
+    lam = torch.where(al > 1, 1.0 - 1.0 / al.clamp(min=1.0), torch.zeros_like(al))
+    return lam.clamp(max=_LAM_MAX).to(torch.float32)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """How much of the returns' variance the value model explains: ``1 - Var(R - V) / Var(R)``.
+
+    The usual diagnostic of a critic (OpenAI baselines' ``explained_variance``; VAPO, arXiv
+    2504.05118, §4.1 trains the value model "until the value loss and explained variance are good"),
+    over the real tokens only, with population variances (divide by ``n``) in float64. 1 is a
+    perfect prediction, 0 is no better than predicting the mean return, and it is negative (without
+    bound) when the prediction is worse than that.
+
+    Defined, never NaN: with fewer than 2 real tokens, or when all returns at real tokens are equal
+    (``Var(R) = 0``: nothing to explain), it is 0.0.
+
+    Args:
+        values: ``[B, T]`` float value predictions ``V``. returns: ``[B, T]`` float targets ``R``
+            (e.g. the returns of :func:`gae`). Masked positions may hold anything, even NaN.
+        mask: ``[B, T]`` bool or 0/1, 1 = real token.
+
+    Returns:
+        A python float.
+
+    Raises:
+        ValueError: shapes differ or are not ``[B, T]``; inputs not floating; mask not 0/1; NaN /
+            inf in ``values`` or ``returns`` at a real token.
+    """
+    shape = _v.bt_tensor(values, "values").shape
+    _v.bt_tensor(returns, "returns", shape)
+    m = _v.mask_bool(mask, shape).to(values.device)
+    v = values.detach().to(torch.float64)[m]
+    y = returns.detach().to(device=values.device, dtype=torch.float64)[m]
+    if not bool(torch.isfinite(v).all() & torch.isfinite(y).all()):
+        raise ValueError("values and returns must be finite at real (mask=1) tokens; got NaN/inf")
+    if y.numel() < 2 or bool(y.max() == y.min()):
+        return 0.0
+    var_y = y.var(correction=0)
+    if not bool(var_y > 0):  # returns that differ by less than sqrt(min subnormal): Var(R) underflows to 0
+        return 0.0
+    return float(1.0 - (y - v).var(correction=0) / var_y)
+
+
+def gae_advantages(batch: AdvantageBatch, algo: "Algorithm") -> Tensor:
+    """``"gae"``: per-token GAE advantages ``[B, T]`` from a critic's values (PPO, VAPO).
+
+    Each sequence's reward is received at its last real token (:func:`outcome_token_rewards`), and
+    :func:`gae` runs with ``algo.gamma`` and the policy's lambda: ``algo.lam``, or with
+    ``algo.lam_alpha`` set VAPO's length-adaptive ``1 - 1/(alpha l)`` per sequence of ``l`` real
+    tokens (arXiv 2504.05118, Eq. 5; :func:`length_adaptive_lam`). Needs ``batch.values`` and
+    ``batch.mask``; the trainer supplies them when it has a value model.
+
+    Raises:
+        ValueError: the batch has no values or no mask (the message says how to get a critic).
+    """
+    if batch.values is None or batch.mask is None:
+        raise ValueError("advantage estimator 'gae' needs per-token values and a mask (AdvantageBatch.from_groups"
+                         "(..., mask=, values=)); the Trainer computes values with its value model, which it builds "
+                         "for 'gae' (TrainerConfig.value_init)")
+    mask = batch.mask
+    lam = algo.lam
+    if algo.lam_alpha is not None:
+        lam = length_adaptive_lam((mask != 0).sum(-1), algo.lam_alpha)
+    rewards = outcome_token_rewards(batch.rewards, mask)
+    return gae(rewards, batch.values, mask, gamma=algo.gamma, lam=lam)[0]
+
+
+ADVANTAGE_ESTIMATORS["gae"] = gae_advantages
+
+#: The :data:`ADVANTAGE_ESTIMATORS` whose baseline is a learned value model: the trainer builds a
+#: critic for them (:class:`grpo_lab.models.CriticModel`, ``TrainerConfig.value_init``) when none is
+#: passed, and hands its per-token values to the estimator. A new value-based estimator adds its
+#: name here when it is registered.
+VALUE_BASELINE_ESTIMATORS: set[str] = {"gae"}

@@ -61,6 +61,8 @@ __all__ = [
     "CISPO",
     "GSPO",
     "GSPO_TOKEN",
+    "PPO",
+    "VAPO",
     "deepseek_v32",
     "PRESETS",
     "get_algorithm",
@@ -151,6 +153,22 @@ class Algorithm:
             dropped iff its advantage is negative and ``1/|o_i| sum_t log(pi_old / pi_theta) >
             delta`` (see :func:`grpo_lab.objectives.offpolicy_sequence_mask`). ``delta >= 0``
             keeps a purely on-policy step (divergence exactly 0) unmasked.
+        gamma, lam: GAE's discount and lambda, both in ``[0, 1]`` (Schulman et al., arXiv
+            1506.02438, Eq. 16), read by ``advantage="gae"`` (:func:`grpo_lab.advantages.gae_advantages`):
+            ``A_t = sum_l (gamma lam)^l delta_{t+l}``. PPO and VAPO take ``gamma = 1`` (VAPO §5.1).
+        lam_alpha: ``None`` (every response uses ``lam``) or ``alpha > 0``: VAPO (arXiv 2504.05118)
+            Eq. 5, *length-adaptive GAE*: the policy's lambda of a response of ``l`` tokens is
+            ``1 - 1/(alpha l)``, clamped to ``[0, 1)`` (:func:`grpo_lab.advantages.length_adaptive_lam`).
+        critic_lam: ``None`` (the critic's targets use the policy's lambda) or a lambda in ``[0, 1]``
+            for the critic's targets alone: VAPO §4.1 *Decoupled-GAE* (from VC-PPO) takes 1.0, whose
+            targets are the Monte-Carlo returns (unbiased whatever the critic predicts), while the
+            policy keeps ``lam`` / ``lam_alpha``.
+        value_clip_eps: ``None`` or ``>= 0``: the clip range of the critic's loss,
+            ``0.5 max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2)``
+            (:func:`grpo_lab.objectives.value_loss`); ``None`` = the plain squared error.
+        nll_coef: ``mu >= 0``, VAPO Eqs. 9-10: ``L = L_PPO + mu L_NLL``, where ``L_NLL`` is the
+            negative log-likelihood of the *correct* responses of the batch, averaged over their
+            tokens (:func:`grpo_lab.objectives.positive_nll_loss`); 0 = off. VAPO uses 0.1.
 
     Raises:
         ValueError: (in ``__post_init__``) a choice on any axis that is not in its registry, a
@@ -184,6 +202,12 @@ class Algorithm:
     offpolicy_mask_delta: Optional[float] = None
     mask_eps_low: Optional[float] = None
     mask_eps_high: Optional[float] = None
+    gamma: float = 1.0
+    lam: float = 0.95
+    lam_alpha: Optional[float] = None
+    critic_lam: Optional[float] = None
+    value_clip_eps: Optional[float] = None
+    nll_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -231,9 +255,21 @@ class Algorithm:
             raise ValueError("mask_eps_low / mask_eps_high are the token mask of MiniMax-M1's unified form "
                              "(Eqs. 6-7), read by clip='is_weight'; PPO's clip (clip='ppo') already applies that "
                              "mask with eps_low / eps_high, so set those instead")
+        for name in ("gamma", "lam"):
+            if not 0 <= _v.real_number(name, getattr(self, name)) <= 1:
+                raise ValueError(f"{name} (GAE) must be in [0, 1], got {getattr(self, name)!r}")
+        if self.critic_lam is not None and not 0 <= _v.real_number("critic_lam", self.critic_lam) <= 1:
+            raise ValueError(f"critic_lam (the critic's GAE lambda) must be in [0, 1] or None, got {self.critic_lam!r}")
+        if self.lam_alpha is not None and _v.real_number("lam_alpha", self.lam_alpha) <= 0:
+            raise ValueError(f"lam_alpha (VAPO's length-adaptive lambda = 1 - 1/(alpha * length)) must be > 0 or None, "
+                             f"got {self.lam_alpha!r}")
+        if self.value_clip_eps is not None:
+            _v.real_number("value_clip_eps", self.value_clip_eps, minimum=0.0)
+        _v.real_number("nll_coef", self.nll_coef, minimum=0.0)
         # store plain python numbers (numpy / tensor scalars would break JSON provenance later)
         for name in ("adv_eps", "eps_low", "eps_high", "beta", "offpolicy_mask_delta", "mask_eps_low",
-                     "mask_eps_high", "overlong_cache_frac"):
+                     "mask_eps_high", "overlong_cache_frac", "gamma", "lam", "lam_alpha", "critic_lam",
+                     "value_clip_eps", "nll_coef"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
         for name in ("max_tokens", "overlong_cache_len"):
@@ -283,6 +319,35 @@ class Algorithm:
         if adv.numel() and not bool(torch.isfinite(adv).all()):
             raise ValueError(f"advantage estimator {self.advantage!r} returned NaN or inf")
         return adv
+
+    def value_targets(self, batch: AdvantageBatch, advantages: Optional[Tensor] = None) -> Tensor:
+        """The critic's regression targets ``[B, T]`` (float32) for ``batch`` (which has ``values``
+        and a ``mask``).
+
+        * ``critic_lam`` set (VAPO §4.1, *Decoupled-GAE*): the returns of
+          :func:`grpo_lab.advantages.gae` at ``lam = critic_lam``, ``gamma`` (each sequence's
+          reward at its last real token). At ``critic_lam = 1`` they are the Monte-Carlo returns
+          ``sum_l gamma^l r_{t+l}``, which do not depend on the critic's own predictions.
+        * ``critic_lam=None``: ``advantages + values`` (``advantages`` default: this algorithm's own
+          estimate; a ``[B]`` advantage is broadcast over tokens). For GAE that is GAE's return at
+          the policy's lambda, the target of a PPO critic that shares the policy's lambda.
+
+        Raises:
+            ValueError: ``batch`` has no ``values`` or no ``mask``.
+        """
+        from .advantages import gae, outcome_token_rewards
+
+        if batch.values is None or batch.mask is None:
+            raise ValueError("value_targets needs a batch with values and mask (AdvantageBatch.from_groups(..., "
+                             "mask=, values=))")
+        values = batch.values.detach().to(torch.float32)
+        if self.critic_lam is not None:
+            rewards = outcome_token_rewards(batch.rewards, batch.mask)
+            return gae(rewards, values, batch.mask, gamma=self.gamma, lam=self.critic_lam)[1].to(values.device)
+        adv = self.estimate_advantages(batch) if advantages is None else advantages
+        adv = adv.to(values.device, torch.float32)
+        out = (adv if adv.dim() == 2 else adv[:, None]) + values
+        return out * (batch.mask != 0).to(out.dtype)
 
     def advantages(self, rewards: Tensor, group_size: int) -> Tensor:
         """Advantages ``[B]`` (float32) of ``rewards [B]`` in contiguous groups of ``group_size``.
@@ -485,9 +550,62 @@ GSPO = GRPO.replace(
 #: (``[B, T]``, e.g. multi-turn credit), the case the paper introduces it for.
 GSPO_TOKEN = GSPO.replace(name="GSPO_TOKEN", ratio_level="sequence_token")
 
+#: PPO with a learned critic, as VAPO's *vanilla PPO* baseline (arXiv 2504.05118, §5.1):
+#:
+#: * ``advantage="gae"``: GAE (Schulman et al., arXiv 1506.02438, Eq. 16) over per-token values
+#:   of a critic, ``gamma = 1.0``, ``lam = 0.95`` for the policy and for the critic's targets
+#:   (``critic_lam=None``: one lambda, as before VC-PPO);
+#: * token ratio, symmetric clip ``eps = 0.2``;
+#: * sample-level loss: ``1/G sum_i 1/|o_i| sum_t`` (``"seq_mean_token_mean"``);
+#: * no KL term: §5.1 lists none for the baseline;
+#: * the critic's loss clipped at ``value_clip_eps = 0.2`` around its values at sampling time
+#:   (:func:`grpo_lab.objectives.value_loss`). **Our choice**: the paper does not report a value
+#:   clip; 0.2 is the policy's range, the value of OpenAI's baselines implementation of PPO.
+#:
+#: Trainer settings of the paper's baseline: actor lr 1e-6, critic lr 2e-6
+#: (``TrainerConfig.value_lr``), 8,192 prompts sampled once (``group_size=1``), value model
+#: initialised from a reward model (here ``TrainerConfig.value_init="policy"``: the policy's
+#: backbone with a zero head; there is no reward model in this book).
+PPO = GRPO.replace(
+    name="PPO",
+    advantage="gae",
+    gamma=1.0,
+    lam=0.95,
+    eps_low=0.2,
+    eps_high=0.2,
+    aggregation="seq_mean_token_mean",
+    kl=None,
+    beta=0.0,
+    value_clip_eps=0.2,
+)
+
+#: VAPO (Yuan et al., arXiv 2504.05118) is PPO plus the changes of its §4 and §5.1 that live in the loss:
+#:
+#: * *Decoupled-GAE* (§4.1): the critic's targets use ``critic_lam = 1.0`` (Monte-Carlo returns);
+#: * *Length-adaptive GAE*, Eqs. 4-5: the policy's lambda is ``1 - 1/(alpha l)`` for a response of
+#:   ``l`` tokens, with the paper's ``alpha = 0.05`` (``lam_alpha``). Sized for responses
+#:   thousands of tokens long: it is 0 for every response of at most 20 tokens (chapter 6 uses
+#:   ``VAPO.replace(lam_alpha=...)`` sized for its short answers);
+#: * *Clip-Higher*, Eq. 8: ``eps_low = 0.2``, ``eps_high = 0.28``;
+#: * *token-level loss*, Eq. 7: ``1 / sum_i |o_i|`` over the batch (``"token_mean"``);
+#: * *positive-example LM loss*, Eqs. 9-10: ``nll_coef = mu = 0.1``.
+#:
+#: Not in the preset, because they are not the loss: *Value-Pretraining* (§4.1, 50 steps from the
+#: reward model: :meth:`grpo_lab.trainer.Trainer.pretrain_value`, ``TrainerConfig.value_init`` /
+#: ``value_warmup_steps``) and *Group-Sampling* (512 prompts x 16 samples: ``prompts_per_step``
+#: and ``group_size``).
+VAPO = PPO.replace(
+    name="VAPO",
+    lam_alpha=0.05,
+    critic_lam=1.0,
+    eps_high=0.28,
+    aggregation="token_mean",
+    nll_coef=0.1,
+)
+
 #: The presets of this module by name (``python -m grpo_lab NAME`` trains one).
 PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO, "GSPO": GSPO,
-                                 "GSPO_TOKEN": GSPO_TOKEN, "CISPO": CISPO}
+                                 "GSPO_TOKEN": GSPO_TOKEN, "CISPO": CISPO, "PPO": PPO, "VAPO": VAPO}
 
 
 def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Algorithm:

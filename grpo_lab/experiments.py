@@ -41,7 +41,7 @@ import torch
 
 from . import __version__
 from .algorithms import Algorithm, get_algorithm
-from .models import load_policy
+from .models import VALUE_INITS, load_policy
 from .paths import REPO_ROOT, checkpoint_dir, data_dir
 from .tasks import get_task
 from .trainer import Trainer, TrainerConfig, _json_default
@@ -328,6 +328,7 @@ def run_fingerprint(prof: Profile) -> str:
     """sha256 (first 16 hex) of what a run's numbers depend on besides its configuration.
 
     Covers every file of the ``grpo_lab`` package, the base checkpoint's files, ``data/tasks/*``,
+    the files of a saved critic named by ``TrainerConfig.value_init``,
     the versions of python, torch, transformers, tokenizers and numpy, the processor model and
     torch's CPU capability, the thread count the run will use (``TrainerConfig.threads``, else
     torch's current setting) and the environment variables that change CPU kernels or thread
@@ -352,6 +353,9 @@ def run_fingerprint(prof: Profile) -> str:
     _hash_files(h, base, "*")
     if (data_dir() / "tasks").is_dir():
         _hash_files(h, data_dir() / "tasks", "*")
+    critic = Path(prof.config.value_init)
+    if prof.config.value_init not in VALUE_INITS and critic.is_dir():  # a saved critic: its weights, not its path
+        _hash_files(h, critic, "*")
     env = {k: os.environ.get(k) for k in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY",
                                           "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     machine = [processor_name(), platform.machine(), torch.backends.cpu.get_cpu_capability(),

@@ -284,7 +284,8 @@ def _builtin_choices(algo: Algorithm, target: str) -> list:
     """Issues for registry choices that are not this package's own functions (no counterpart)."""
     builtin = [
         ("advantage", _adv.ADVANTAGE_ESTIMATORS, {"group": _adv.group_zscore, "group_mean": _adv.group_mean_baseline,
-                                                 "batch": _adv.batch_std, "rloo": _adv.rloo}),
+                                                 "batch": _adv.batch_std, "rloo": _adv.rloo,
+                                                 "gae": _adv.gae_advantages}),
         ("ratio_level", _obj.RATIOS, {"token": _obj.token_ratio, "sequence": _obj.sequence_ratio,
                                       "sequence_token": _obj.sequence_token_ratio}),
         ("clip", _obj.SURROGATES, {"ppo": _obj.ppo_surrogate, "is_weight": _obj.cispo_surrogate}),
@@ -300,6 +301,16 @@ def _builtin_choices(algo: Algorithm, target: str) -> list:
         if own.get(key) is None or registry.get(key) is not own[key]:
             out.append(Issue("impossible", axis, f"{axis}={key!r} is a function registered from outside grpo_lab (or "
                              f"a built-in name re-registered); {target} has no counterpart to configure"))
+    if not out and algo.advantage in _adv.VALUE_BASELINE_ESTIMATORS:
+        where = ("TRL's GRPOTrainer has no critic (its PPO trainer is another, experimental trainer)"
+                 if target.startswith("TRL") else
+                 "verl's adv_estimator=gae trains a critic with one lam for the policy and the critic; VAPO's decoupled "
+                 "(critic_lam) and length-adaptive (lam_alpha) lambdas have no setting there, and this export does not "
+                 "configure critics")
+        out.append(Issue("impossible", "advantage", f"advantage={algo.advantage!r} needs a value model: {where}"))
+    if algo.nll_coef > 0:
+        out.append(Issue("impossible", "nll_coef", f"nll_coef={algo.nll_coef:g} (VAPO's positive-example LM loss, "
+                         f"Eqs. 9-10): {target} has no such loss term"))
     return out
 
 
@@ -845,6 +856,10 @@ _ROWS = (
     ("advantage", "group_mean", "scale_rewards='none'", "algorithm.norm_adv_by_std_in_grpo=False",
      "r - mean_g (Dr.GRPO §3.2, DeepSeek-V3.2 Eq. 5); exact"),
     ("advantage", "batch", "scale_rewards='batch'", "-", "group mean, batch std; verl has no such estimator"),
+    ("advantage", "gae (PPO, VAPO: gamma, lam, lam_alpha, critic_lam)", "- (GRPOTrainer has no critic)",
+     "algorithm.adv_estimator=gae (one lam for policy and critic; not configured by this export)",
+     "value-model advantages raise for both targets; VAPO's decoupled and length-adaptive lambdas and its "
+     "positive-example NLL (nll_coef) have no counterpart in either"),
     ("advantage", "rloo", "- (trl.RLOOTrainer is another trainer)", "algorithm.adv_estimator=rloo",
      "leave-one-out baseline, G/(G-1) (r - mean_g)"),
     ("ratio_level", "token", "importance_sampling_level='token'", f"{_A_}.policy_loss.loss_mode=vanilla (or cispo)",

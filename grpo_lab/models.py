@@ -33,6 +33,9 @@ __all__ = [
     "FP32LMHead",
     "use_fp32_lm_head",
     "inference_copy",
+    "CriticModel",
+    "SCRATCH_VALUE_CONFIG",
+    "VALUE_INITS",
 ]
 
 #: Characters of the CPU tasks' alphabet. Order is part of the checkpoint format; do not reorder.
@@ -480,3 +483,134 @@ def inference_copy(model, dtype: torch.dtype | str = torch.bfloat16, *, fp32_lm_
     for p in out.parameters():
         p.requires_grad_(False)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the critic of PPO-style algorithms (PPO, VAPO)
+# ------------------------------------------------------------------------------------------------
+#: The "scratch" value model's size (:meth:`CriticModel.scratch`): a 2-layer transformer of width
+#: 64, about a tenth of the book's 4-layer policy, randomly initialised.
+SCRATCH_VALUE_CONFIG = TinyConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2)
+#: What :meth:`CriticModel.build` accepts besides a directory written by :meth:`CriticModel.save`.
+VALUE_INITS = ("policy", "scratch")
+
+
+class CriticModel(torch.nn.Module):
+    """A value model V(s): a transformers decoder backbone with a scalar linear head.
+
+    ``values(rollout)`` scores every completion token's *state*: V(s_t) for completion token
+    ``t`` is read from the hidden state at the position that predicts token ``t`` (the last
+    prompt position for ``t = 0``), i.e. the value of the context before the token is emitted,
+    as GAE's ``delta_t = r_t + gamma V(s_{t+1}) - V(s_t)`` needs (:func:`grpo_lab.advantages.gae`).
+    It implements the trainer's :class:`grpo_lab.trainer.ValueModel` slot.
+
+    Two ways to build one (``TrainerConfig.value_init``), both measured in chapter 6:
+
+    * :meth:`from_policy` (``"policy"``): a copy of the policy's backbone (everything but the LM
+      head) plus a new head. It starts from features that already parse the prompt, and costs
+      one more policy-sized forward and backward per token (PPO's usual choice; VAPO initialises
+      its critic from a reward model of the policy's size);
+    * :meth:`scratch` (``"scratch"``): a randomly initialised small transformer
+      (:data:`SCRATCH_VALUE_CONFIG`).
+
+    The head starts at zero (weights and bias), so an untrained critic predicts V = 0 everywhere.
+
+    Args:
+        backbone: a ``transformers`` base model (e.g. ``Qwen2Model``) returning ``last_hidden_state``.
+        hidden_size: its hidden width.
+    """
+
+    def __init__(self, backbone, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.Linear(int(hidden_size), 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    # ---- construction
+    @classmethod
+    def from_policy(cls, policy) -> "CriticModel":
+        """A critic on a deep copy of ``policy``'s backbone (``policy.base_model``), float32, with a
+        zero head. The policy itself is not touched."""
+        import copy
+
+        backbone = copy.deepcopy(policy.base_model).float()
+        backbone.requires_grad_(True)
+        return cls(backbone, policy.config.hidden_size)
+
+    @classmethod
+    def scratch(cls, tokenizer, config: TinyConfig | None = None, *, seed: int = 0) -> "CriticModel":
+        """A critic on a randomly initialised tiny transformer (default :data:`SCRATCH_VALUE_CONFIG`,
+        a dense ``arch``), seeded by ``seed``."""
+        config = config or SCRATCH_VALUE_CONFIG
+        return cls(tiny_policy(tokenizer, config, seed=seed).base_model, config.hidden_size)
+
+    @classmethod
+    def build(cls, init: str | os.PathLike, policy, tokenizer, *, seed: int = 0) -> "CriticModel":
+        """The critic named by ``init`` (``TrainerConfig.value_init``): ``"policy"`` (:meth:`from_policy`),
+        ``"scratch"`` (:meth:`scratch`) or a directory written by :meth:`save` (a pretrained critic,
+        e.g. after :meth:`grpo_lab.trainer.Trainer.pretrain_value`).
+
+        Raises:
+            FileNotFoundError: ``init`` is neither a known name nor a directory with ``critic.json``.
+        """
+        if init == "policy":
+            return cls.from_policy(policy)
+        if init == "scratch":
+            return cls.scratch(tokenizer, seed=seed)
+        return cls.load(init)
+
+    # ---- the ValueModel protocol
+    def values(self, rollout) -> torch.Tensor:
+        """float32 ``[B, T]``: V(s_t) of every completion token of ``rollout`` (0 on padding); with
+        grad when grad is enabled."""
+        from .rollout import position_ids_from_mask
+
+        ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+        attn = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
+        P, T = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+        hidden = self.backbone(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
+                               use_cache=False).last_hidden_state
+        v = self.head(hidden[:, P - 1:P - 1 + T].float()).squeeze(-1)
+        return v * rollout.completion_mask
+
+    # ---- persistence
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``critic.json`` (the head width), the backbone's ``config.json`` and
+        ``critic.safetensors`` to the directory ``path`` (created). :meth:`load` reads it back."""
+        import json
+
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.backbone.config.to_json_file(path / "config.json")
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
+                  path / "critic.safetensors")
+        (path / "critic.json").write_text(json.dumps({"hidden_size": self.head.in_features}))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CriticModel":
+        """The critic saved at ``path`` by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: ``path`` lacks ``critic.json``, ``config.json`` or
+                ``critic.safetensors`` (the message names it, and the accepted names).
+        """
+        import json
+
+        from safetensors.torch import load_file
+        from transformers import AutoConfig, AutoModel
+
+        path = Path(path)
+        for name in ("critic.json", "config.json", "critic.safetensors"):
+            if not (path / name).is_file():
+                raise FileNotFoundError(
+                    f"CriticModel: value_init={str(path)!r} is neither one of {list(VALUE_INITS)} nor a critic "
+                    f"directory written by CriticModel.save ({path / name} is missing)")
+        meta = json.loads((path / "critic.json").read_text())
+        model = cls(AutoModel.from_config(AutoConfig.from_pretrained(path)), meta["hidden_size"])
+        model.load_state_dict(load_file(path / "critic.safetensors"))
+        return model

@@ -77,6 +77,9 @@ __all__ = [
     "kl_estimate",
     "offpolicy_sequence_mask",
     "policy_loss",
+    "VALUE_LOSS_MODES",
+    "value_loss",
+    "positive_nll_loss",
 ]
 
 #: ``|log r|`` is clamped to this before exp in every importance ratio (e^20 ~ 4.85e8).
@@ -917,6 +920,8 @@ def policy_loss(
     group_size: Optional[int] = None,
     group_tokens: Optional[Tensor] = None,
     num_groups: Optional[Number] = None,
+    correct: Optional[Tensor] = None,
+    num_correct_tokens: Optional[Number] = None,
 ) -> LossOutput:
     """The full per-token objective of ``algo`` as a loss to minimise, plus diagnostics.
 
@@ -927,6 +932,7 @@ def policy_loss(
         pg_it   = M_it * pg_it                                            (V3.2 Eqs. 8-9, if set)
         loss_it = pg_it + beta * KL_ESTIMATORS[algo.kl](logp - ref_logp)  (if algo.uses_kl)
         loss    = AGGREGATIONS[algo.aggregation](loss_it, mask, ...)
+                  + nll_coef * positive_nll_loss(logp, mask, correct)      (if algo.nll_coef > 0)
 
     * ``rho_it``: ``ratio_level="token"`` -> ``r_it = pi_theta/pi_old`` (DeepSeekMath, arXiv
       2402.03300, Eq. 3); ``"sequence"`` -> ``s_i`` of GSPO (arXiv 2507.18071) Eq. 7, the same
@@ -965,6 +971,9 @@ def policy_loss(
         max_tokens: constant normaliser for ``"seq_mean_token_sum_norm"``.
         group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"``
             (see :func:`aggregate`).
+        correct, num_correct_tokens: read only when ``algo.nll_coef > 0`` (VAPO's positive-example
+            LM loss, Eqs. 9-10, :func:`positive_nll_loss`): ``[B]`` bool, which responses are
+            correct, and the global count of their real tokens (micro-batches).
 
     Returns:
         :class:`LossOutput` ``(loss, metrics)``. ``loss``: 0-d float32 tensor with grad (float64 for float64 inputs).
@@ -972,7 +981,8 @@ def policy_loss(
         of *this* batch, never NaN, each with its reduction over micro-batches):
 
         * ``loss``, ``pg_loss`` (the clipped-surrogate part alone, aggregated the same way) —
-          sums; ``kl`` (mean per-token KL estimate over real tokens; 0.0 with weight 0 when not
+          sums; with ``algo.nll_coef > 0`` also ``nll_loss`` (:func:`positive_nll_loss`, unweighted;
+          a sum; ``loss`` includes ``nll_coef`` times it); ``kl`` (mean per-token KL estimate over real tokens; 0.0 with weight 0 when not
           computed);
         * ``clip_frac_low`` — fraction of real tokens with ``A < 0`` and ``rho < 1 - eps_low``;
           ``clip_frac_high`` — ``A > 0`` and ``rho > 1 + eps_high``; ``clip_frac`` — their sum.
@@ -1031,7 +1041,7 @@ def policy_loss(
             (``group_size=`` and ``group_tokens=``/``num_groups=``), ``group_size`` not a positive int
             dividing the rows, ``group_tokens`` not a float ``[B]`` tensor of finite values at least
             each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
-            in the batch.
+            in the batch. ``algo.nll_coef > 0`` without ``correct``, or as :func:`positive_nll_loss`.
     """
     x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens,
                    (group_size, group_tokens, num_groups))
@@ -1045,7 +1055,17 @@ def policy_loss(
     kl_tok = _kl_term(x, algo)
     total = pg_tok + algo.beta * kl_tok if algo.uses_kl else pg_tok
     loss = _reduce(total, x.mask, algo.aggregation, x.norms)
-    return LossOutput(loss, _loss_metrics(x, algo, loss, pg_tok, log_ratio, indicators, keep, kl_tok))
+    nll = None
+    if algo.nll_coef > 0:  # VAPO Eqs. 9-10
+        if correct is None:
+            raise ValueError(f"{algo.name}: nll_coef={algo.nll_coef} (VAPO's positive-example LM loss) needs correct= "
+                             "(a [B] bool tensor: which responses are correct)")
+        nll = positive_nll_loss(x.logp, x.mask, correct, num_tokens=num_correct_tokens)
+        loss = loss + algo.nll_coef * nll.to(loss.dtype)
+    metrics = _loss_metrics(x, algo, loss, pg_tok, log_ratio, indicators, keep, kl_tok)
+    if nll is not None:
+        metrics["nll_loss"] = _metrics.total(float(nll.detach()))
+    return LossOutput(loss, metrics)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1138,3 +1158,156 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
     vals = {k: (v if math.isfinite(v) else 0.0) for k, v in zip(values, host)}
     n, s, n_high = vals["num_tokens"], vals["num_sequences"], vals.pop("clip_high_count")
     return {k: _as_metric(k, v, n, s, kl_tok is not None, n_high) for k, v in vals.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# value model and VAPO's positive-example LM loss
+# --------------------------------------------------------------------------------------------
+#: The aggregation modes that :func:`value_loss` accepts, those that need no constant beyond the
+#: global counts (``"seq_mean_token_sum_norm"`` needs ``max_tokens``, ``"group_token_mean"`` the
+#: group structure, neither of which a value loss is given).
+VALUE_LOSS_MODES = ("token_mean", "seq_mean_token_mean")
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: Optional[float] = None,
+    mode: str = "token_mean",
+    num_tokens: Optional[Number] = None,
+    num_sequences: Optional[Number] = None,
+) -> Tensor:
+    """The critic's loss: PPO's squared-error value loss, optionally with value clipping.
+
+    PPO (Schulman et al., arXiv 1707.06347) Eq. 9 trains the value function with
+    ``L^VF_t = (V_theta(s_t) - V_t^targ)^2``. Per real token this computes::
+
+        clip_eps is None:  0.5 (V - R)^2
+        otherwise:         0.5 max[ (V - R)^2, (V_old + clip(V - V_old, -clip_eps, clip_eps) - R)^2 ]
+
+    with ``V = values`` (grad flows here), ``V_old = old_values`` (the value model's predictions at
+    rollout time, detached) and ``R = returns`` (the targets, e.g. :func:`grpo_lab.advantages.gae`'s
+    returns with ``lam = 1``, detached). The clipped form is not in the PPO paper's text: it is the
+    common implementation (OpenAI baselines' ``ppo2``), a pessimistic bound like the policy clip:
+    once ``V`` has moved more than ``clip_eps`` away from ``V_old`` and the clipped prediction is
+    the worse one, the token's gradient is 0. The factor 0.5 is a convention (the gradient is then
+    ``V - R``). The per-token losses are reduced with :func:`aggregate` (``mode`` and the global
+    ``num_tokens`` / ``num_sequences``, so micro-batch losses sum to the full-batch loss).
+
+    Args:
+        values: ``[B, T]`` current value predictions (any float dtype).
+        old_values: ``[B, T]`` value predictions of the rollout (detached; needed only for
+            clipping, but always validated).
+        returns: ``[B, T]`` value targets (detached).
+        mask: ``[B, T]`` bool or 0/1, 1 = real token. Padded positions may hold anything, even NaN.
+        clip_eps: ``None`` (no clipping) or a finite number ``>= 0``.
+        mode: one of :data:`VALUE_LOSS_MODES` (``"token_mean"`` by default, VAPO's token-level
+            loss).
+        num_tokens, num_sequences: the global real-token / non-empty-row counts for micro-batches
+            (see :func:`aggregate`).
+
+    Returns:
+        0-d float32 tensor (float64 for float64 inputs), differentiable w.r.t. ``values``; 0 for an
+        empty mask.
+
+    Raises:
+        ValueError: inputs not floating ``[B, T]`` tensors of one shape; mask not 0/1; NaN / inf at
+            a real token; ``clip_eps`` negative, NaN / inf or not a number; ``mode`` not in
+            :data:`VALUE_LOSS_MODES`; normalisers not positive or below this batch's counts.
+    """
+    _v.choice("value-loss aggregation mode", mode, VALUE_LOSS_MODES)
+    shape = _v.bt_tensor(values, "values").shape
+    _v.bt_tensor(old_values, "old_values", shape)
+    _v.bt_tensor(returns, "returns", shape)
+    m = _v.mask_bool(mask, shape)
+    eps = None if clip_eps is None else _v.real_number("clip_eps", clip_eps, minimum=0.0)
+    cdt = _v.compute_dtype(values, old_values, returns)
+    v = _masked(values, m, cdt)
+    v_old = _masked(old_values.detach(), m, cdt)
+    ret = _masked(returns.detach(), m, cdt)
+    finite = torch.stack([torch.isfinite(x.detach()).all() for x in (v, v_old, ret)]).tolist()
+    bad = [n for n, ok in zip(("values", "old_values", "returns"), finite) if not ok]
+    if bad:
+        raise ValueError(f"non-finite values (NaN or inf) at real (mask=1) tokens in: {', '.join(bad)}")
+    err = (v - ret).square()
+    if eps is not None:
+        v_clipped = v_old + torch.clamp(v - v_old, -eps, eps)
+        err = torch.maximum(err, (v_clipped - ret).square())
+    return aggregate(0.5 * err, m, mode, num_tokens=num_tokens, num_sequences=num_sequences)
+
+
+def positive_nll_loss(
+    logp: Tensor,
+    mask: Tensor,
+    correct: Tensor,
+    *,
+    num_tokens: Optional[Number] = None,
+) -> Tensor:
+    """VAPO's positive-example LM loss: the token-mean negative log-likelihood of the correct responses.
+
+    VAPO (arXiv 2504.05118) Eq. 9, with ``T`` the set of correct responses in the batch::
+
+        L_NLL = - 1 / sum_{o_i in T} |o_i|  *  sum_{o_i in T} sum_t log pi_theta(a_t | s_t)
+
+    a self-imitation term added to the policy loss with weight ``mu`` (Eq. 10,
+    ``L = L_PPO + mu L_NLL``, ``mu = 0.1`` in §5.1). Only the real tokens of correct responses
+    count, in the sum and in the normaliser; an incorrect response changes neither the loss nor
+    its gradient.
+
+    Args:
+        logp: ``[B, T]`` log pi_theta of the sampled tokens (grad flows here); any float dtype
+            (float32 compute, float64 for float64 input). Positions that do not count (padding,
+            incorrect responses) may hold anything, even NaN.
+        mask: ``[B, T]`` bool or 0/1, 1 = real token.
+        correct: ``[B]`` bool (or 0/1) tensor, True for a correct response (in ``T``).
+        num_tokens: the global count of real tokens of correct responses, when a batch is split
+            into micro-batches (then the micro-batch losses and gradients sum to the full-batch
+            ones); a number or 1-element tensor, at least this batch's count. Default: this
+            batch's count.
+
+    Returns:
+        0-d float32 tensor (float64 for float64 input), differentiable w.r.t. ``logp``. With no
+        correct response (or a count of 0) it is 0, still attached to the graph when ``logp``
+        requires grad (its gradient is 0), never NaN.
+
+    Raises:
+        ValueError: ``logp`` not a floating ``[B, T]`` tensor; mask not of its shape or not 0/1;
+            ``correct`` not a ``[B]`` tensor of bools or 0/1; NaN / inf or a log-prob > 0 at a
+            counted token; ``num_tokens`` negative, NaN / inf, not a number, or smaller than this
+            batch's count of correct-response tokens.
+    """
+    shape = _v.bt_tensor(logp, "logp").shape
+    m = _v.mask_bool(mask, shape)
+    if not isinstance(correct, Tensor) or correct.shape != (shape[0],):
+        got = tuple(correct.shape) if isinstance(correct, Tensor) else type(correct).__name__
+        raise ValueError(f"correct must be a [B] tensor with B={shape[0]} (True = correct response), got {got}")
+    if correct.dtype != torch.bool:
+        if correct.is_complex() or (correct.numel() and not bool(((correct == 0) | (correct == 1)).all())):
+            raise ValueError("correct must hold bools or 0/1 (True = correct response); got other values")
+        correct = correct != 0
+    sel = m & correct.to(m.device).unsqueeze(1)  # the counted tokens: real tokens of correct responses
+    cdt = _v.compute_dtype(logp)
+    nll = _masked(-logp, sel, cdt)  # -log pi at counted tokens, +0 elsewhere (so an empty sum is +0, not -0)
+    finite, nonpos, n = torch.stack([torch.isfinite(nll.detach()).all().to(torch.float64),
+                                     (nll.detach() >= 0).all().to(torch.float64),
+                                     sel.sum().to(torch.float64)]).tolist()  # one device-to-host transfer
+    if not finite:
+        raise ValueError("logp has non-finite values (NaN or inf) at real tokens of correct responses")
+    if not nonpos:
+        raise ValueError("logp must hold log-probabilities (<= 0) at real tokens of correct responses; got a "
+                         "value > 0 (pass log pi of the sampled tokens, not logits)")
+    denom = n
+    if num_tokens is not None:
+        if isinstance(num_tokens, Tensor):
+            if num_tokens.numel() != 1:
+                raise ValueError(f"num_tokens must be a scalar, got a tensor of shape {tuple(num_tokens.shape)}")
+            num_tokens = float(num_tokens.detach().reshape(()))
+        denom = _v.real_number("num_tokens", num_tokens, minimum=0.0)
+        if denom < n:
+            raise ValueError(
+                f"num_tokens={denom:g} is smaller than the {n:g} real tokens of correct responses in this batch; it "
+                "must be the count over the whole batch (all micro-batches together), so at least this batch's")
+    return nll.sum() / max(denom, 1.0)

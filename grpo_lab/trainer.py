@@ -52,17 +52,18 @@ import pandas as pd
 import torch
 
 from . import sampling
-from .advantages import GROUP_BASELINE_ESTIMATORS, AdvantageBatch, tied_groups
+from .advantages import (GROUP_BASELINE_ESTIMATORS, VALUE_BASELINE_ESTIMATORS, AdvantageBatch, explained_variance,
+                         tied_groups)
 from .algorithms import Algorithm, get_algorithm
 from .metrics import reduce_micro_batches, reduce_updates, token_mean, total
-from .models import _progress_bars, inference_copy
+from .models import CriticModel, _progress_bars, inference_copy
 from .moe import RoutingStore, moe_routers, record_routing, replay_routing, routing_changes
-from .objectives import METRIC_KEYS, policy_loss
+from .objectives import METRIC_KEYS, policy_loss, value_loss
 from .rollout import Rollout, evaluate, generate, policy_logprobs
 from .tasks import Problem, validate_task
 from .validation import choice, flag, is_int, non_negative_int, positive_int, positive_number, real_number
 
-__all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel"]
+__all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,17 @@ class TrainerConfig:
             enough mixed groups: ``"warn"`` (a ``RuntimeWarning``; train on the groups collected,
             or skip the update when there are none) or ``"error"`` (``RuntimeError``).
         value_lr: learning rate of the value model's optimiser (``None``: ``lr``); used only
-            when the trainer has a value model.
+            when the trainer has a value model. VAPO (§5.1) runs its critic at twice the actor's
+            learning rate (2e-6 against 1e-6).
+        value_init: the critic the trainer builds when the algorithm's advantage estimator needs
+            values (:data:`grpo_lab.advantages.VALUE_BASELINE_ESTIMATORS`, e.g. ``"gae"``) and no
+            ``value_model`` is passed: ``"policy"`` (a copy of the policy's backbone with a zero
+            scalar head), ``"scratch"`` (a small randomly initialised transformer) or the
+            directory of a saved critic (:meth:`grpo_lab.models.CriticModel.save`, e.g. one
+            pretrained with :meth:`Trainer.pretrain_value`); see :meth:`grpo_lab.models.CriticModel.build`.
+        value_warmup_steps: VAPO §4.1 *Value-Pretraining* inside the run: before the first RL
+            step, this many steps of :meth:`Trainer.pretrain_value` (the critic fitted to
+            Monte-Carlo returns of the initial policy, which is not updated). 0 = none.
         routing_replay: Routing Replay for Mixture-of-Experts policies (GSPO, arXiv 2507.18071,
             §5.3): the experts each token was routed to when π_old was scored (the no-grad π_old
             forward and the first minibatch's on-policy forward, whose detached log-probs are
@@ -162,6 +173,8 @@ class TrainerConfig:
     on_gen_rounds_exhausted: str = "warn"
     value_lr: float | None = None
     routing_replay: bool = False
+    value_init: str = "policy"
+    value_warmup_steps: int = 0
 
     def __post_init__(self):
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds"):
@@ -191,14 +204,18 @@ class TrainerConfig:
         if self.value_lr is not None:
             positive_number("TrainerConfig.value_lr", self.value_lr)
         real_number("TrainerConfig.weight_decay", self.weight_decay, minimum=0)
-        for name in ("warmup", "eval_every", "seed"):
+        if not isinstance(self.value_init, (str, os.PathLike)) or not str(self.value_init).strip():
+            raise ValueError(f"TrainerConfig.value_init must be 'policy', 'scratch' or the directory of a saved critic, "
+                             f"got {self.value_init!r}")
+        object.__setattr__(self, "value_init", str(self.value_init))
+        for name in ("warmup", "eval_every", "seed", "value_warmup_steps"):
             non_negative_int(f"TrainerConfig.{name}", getattr(self, name))
         positive_int("TrainerConfig.threads", self.threads, allow_none=True)
         if len(tuple(self.betas)) != 2 or not all(0 <= real_number("TrainerConfig.betas", b) < 1 for b in self.betas):
             raise ValueError(f"TrainerConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
         # numpy scalars pass the checks above: store python numbers (JSON, hashing, provenance)
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds", "micro_batch_size",
-                     "max_new_tokens", "warmup", "eval_every", "seed", "threads"):
+                     "max_new_tokens", "warmup", "eval_every", "seed", "threads", "value_warmup_steps"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(getattr(self, name)))
         for name in ("temperature", "lr", "grad_clip", "weight_decay", "value_lr"):
@@ -225,21 +242,63 @@ class TrainerConfig:
         return cls(**d)
 
 
+def peak_memory_mb(device: str | torch.device) -> float:
+    """Peak memory in MiB: on CUDA, the largest memory torch allocated on the device since the
+    last ``torch.cuda.reset_peak_memory_stats()`` (the trainer resets it at the start of every
+    step, so the history's ``peak_mem_mb`` is the step's peak); on CPU, the process's peak
+    resident set size since it started (``ru_maxrss``: it only grows, and covers everything the
+    process holds, so compare runs made in fresh processes)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    n = float(mask.sum())
+    return float((x.double() * mask).sum() / n) if n else float("nan")
+
+
+def _value_metrics(batch: "Batch") -> dict:
+    """The advantage and critic columns of a history row (NaN when absent): ``adv_mean``, ``adv_std``
+    (population), ``adv_min``, ``adv_max`` over the tokens of the loss (a per-sequence advantage
+    counts once per token); with a critic, on the step's batch *before* its update,
+    ``explained_variance`` of the targets by the values (:func:`grpo_lab.advantages.explained_variance`),
+    ``value_mean`` and ``return_mean`` (the critic's targets)."""
+    nan = float("nan")
+    out = dict.fromkeys(("adv_mean", "adv_std", "adv_min", "adv_max", "explained_variance", "value_mean",
+                         "return_mean"), nan)
+    if batch.advantages is None or batch.loss_mask is None:
+        return out
+    m = batch.loss_mask.to(batch.advantages.device) != 0
+    a = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None].expand(m.shape)
+    a = a[m].double()
+    if a.numel():
+        out.update(adv_mean=float(a.mean()), adv_std=float(a.std(unbiased=False)), adv_min=float(a.min()),
+                   adv_max=float(a.max()))
+    if batch.values is not None and batch.returns is not None:
+        lm = batch.loss_mask.to(batch.values.device)
+        out.update(explained_variance=explained_variance(batch.values, batch.returns, lm),
+                   value_mean=_masked_mean(batch.values, lm), return_mean=_masked_mean(batch.returns, lm))
+    return out
+
+
 class ValueModel(Protocol):
     """The value-model slot of :class:`Trainer` (filled by PPO-style algorithms with a critic).
 
     ``values(rollout)`` returns float32 ``[B, T]`` value estimates V(s_t) of the completion tokens
-    (called without grad at collect time; handed to the advantage estimator as
-    ``AdvantageBatch.values``). ``loss(rollout, old_values, returns, mask, num_tokens)`` returns a
-    0-d loss with grad for those rows, normalised by the minibatch's global ``num_tokens``, where
-    ``returns = advantages + old_values`` (the GAE identity; per-sequence advantages are broadcast).
-    It is an ``nn.Module`` (``parameters``, ``state_dict``, ``to``, ``eval``).
+    (0 on padding). The trainer calls it without grad at collect time (the values handed to the
+    advantage estimator as ``AdvantageBatch.values``, and the ``old_values`` of the clipped value
+    loss) and with grad in the update, where it minimises
+    :func:`grpo_lab.objectives.value_loss` against the algorithm's critic targets
+    (:meth:`grpo_lab.algorithms.Algorithm.value_targets`), normalised by the minibatch's global
+    token count. It is an ``nn.Module`` (``parameters``, ``state_dict``, ``to``, ``eval``);
+    :class:`grpo_lab.models.CriticModel` is the package's.
     """
 
     def values(self, rollout: Rollout) -> torch.Tensor: ...
-
-    def loss(self, rollout: Rollout, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-             num_tokens: float) -> torch.Tensor: ...
 
 
 @dataclass
@@ -268,8 +327,11 @@ class Batch:
         rollout: the rows kept for the update (groups contiguous), or ``None`` when none was kept.
         rewards: ``[B]`` float32 training rewards of those rows.
         loss_mask: ``[B, T]`` float32, the tokens that enter the loss.
+        correct: ``[B]`` bool raw correctness of those rows (``task.is_correct``).
         values: ``[B, T]`` float32 value estimates when the trainer has a value model, else ``None``.
         advantages: ``[B]`` or ``[B, T]`` float32, filled by the *advantages* stage.
+        returns: ``[B, T]`` float32 critic targets, filled by the *advantages* stage when there are
+            values (:meth:`grpo_lab.algorithms.Algorithm.value_targets`).
         selected_groups: groups the selector kept over all rounds, before the surplus of the
             last round was dropped (the numerator of the running keep rate, :meth:`Trainer.round_size`).
     """
@@ -278,8 +340,10 @@ class Batch:
     rollout: Rollout | None = None
     rewards: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
+    correct: torch.Tensor | None = None
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
     selected_groups: int = 0
 
 
@@ -304,6 +368,9 @@ class Trainer:
         value_model: optional critic (see :class:`ValueModel`): its values are computed at collect
             time and handed to the advantage estimator, its loss is minimised in the update by its
             own AdamW (``TrainerConfig.value_lr``), and it is saved and resumed with the trainer.
+            Default: none, unless the algorithm's advantage estimator needs values
+            (:data:`grpo_lab.advantages.VALUE_BASELINE_ESTIMATORS`): then the critic named by
+            ``TrainerConfig.value_init`` (:meth:`grpo_lab.models.CriticModel.build`).
 
     ``train(steps)`` returns the history DataFrame (one row per step); ``save(path)`` and
     ``Trainer.resume(path)`` checkpoint and continue exactly.
@@ -354,7 +421,10 @@ class Trainer:
             self.ref_policy.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=c.lr, weight_decay=c.weight_decay,
                                            betas=tuple(c.betas))
+        if value_model is None and algo.advantage in VALUE_BASELINE_ESTIMATORS:
+            value_model = CriticModel.build(c.value_init, policy, tokenizer, seed=c.seed)
         self.value_model, self.value_optimizer = value_model, None
+        self.value_warmup_rows: list[dict] = []
         if value_model is not None:
             self.value_model = value_model.to(c.device).eval()
             self.value_optimizer = torch.optim.AdamW(value_model.parameters(), lr=c.value_lr or c.lr,
@@ -411,7 +481,12 @@ class Trainer:
         updates, step 0 the base policy), ``eval_seconds`` (wall time of that evaluation, not
         included in ``step_seconds``); then the sampling & shaping columns of
         :func:`grpo_lab.sampling.sampling_metrics` (``gen_rounds``, ``generated_groups``, ``selected_groups``, ``trained_groups``,
-        ``samples_per_trained``, ``overlong_frac_penalised``), ``value_loss`` with a value model, and
+        ``samples_per_trained``, ``overlong_frac_penalised``); the advantage statistics ``adv_mean``,
+        ``adv_std``, ``adv_min``, ``adv_max`` (over the tokens of the loss) and, with a value model,
+        ``value_loss`` (the critic's loss, summed over micro-batches and averaged over optimiser
+        steps like ``loss``), ``explained_variance``, ``value_mean`` and ``return_mean`` (on the
+        step's batch before the update; NaN without a value model); ``peak_mem_mb``
+        (:func:`peak_memory_mb`: the step's peak on CUDA, the process's peak RSS on CPU); and
         ``routing_change_frac``: for Mixture-of-Experts policies, the fraction of routing
         decisions that the rollout's first optimiser step changed (GSPO, arXiv 2507.18071, §5.3,
         reports ~10% per update in a 48-layer MoE). A decision is the top-k expert set of one real
@@ -435,6 +510,10 @@ class Trainer:
         """
         c = self.config
         end = self.step + non_negative_int("train: steps", steps)
+        if self.step == 0 and c.value_warmup_steps and not self.value_warmup_rows:
+            if self.value_model is None:
+                raise ValueError("Trainer: TrainerConfig.value_warmup_steps > 0 but the trainer has no value model")
+            self.pretrain_value(c.value_warmup_steps)
         if self.step == 0 and c.eval_every and not self.rows:
             self.rows.append(self._eval_row())
         bar = None
@@ -517,20 +596,20 @@ class Trainer:
             batch.selected_groups += len(selected)
             groups = selected[: c.prompts_per_step - n_kept]
             if len(groups) * G == len(s.rollout):
-                parts.append((s.rollout, s.rewards))
+                parts.append((s.rollout, s.rewards, s.correct))
             elif len(groups):
                 rows = (groups[:, None] * G + torch.arange(G)).flatten()
-                parts.append((s.rollout.select(rows), s.rewards[rows]))
+                parts.append((s.rollout.select(rows), s.rewards[rows], s.correct[rows]))
             n_kept += len(groups)
         if n_kept < c.prompts_per_step:
             self._short_of_groups(n_kept)
         if parts:
-            batch.rollout = _concat_rollouts([p for p, _ in parts], self.tokenizer.pad_token_id)
-            batch.rewards = torch.cat([r for _, r in parts])
+            batch.rollout = _concat_rollouts([p[0] for p in parts], self.tokenizer.pad_token_id)
+            batch.rewards = torch.cat([p[1] for p in parts])
+            batch.correct = torch.cat([p[2] for p in parts])
             batch.loss_mask = sampling.loss_mask(self.algo, batch.rollout.completion_mask, batch.rollout.truncated)
             if self.value_model is not None:
-                with torch.no_grad():
-                    batch.values = self.value_model.values(batch.rollout)
+                batch.values = self._values(batch.rollout)
         return batch
 
     def round_size(self, missing: int, batch: Batch) -> int:
@@ -556,11 +635,26 @@ class Trainer:
 
     def compute_advantages(self, batch: Batch) -> torch.Tensor:
         """The *advantages* stage: ``algo``'s estimator on the batch view (rewards, group ids, loss
-        mask, values), on the training device."""
+        mask, values), on the training device; with values, also the critic's targets
+        (``batch.returns``, :meth:`~grpo_lab.algorithms.Algorithm.value_targets`)."""
         view = AdvantageBatch.from_groups(batch.rewards, self.config.group_size, mask=batch.loss_mask,
                                           values=batch.values)
         batch.advantages = self.algo.estimate_advantages(view).to(self.config.device)
+        if batch.values is not None:
+            batch.returns = self.algo.value_targets(view, batch.advantages).to(self.config.device)
         return batch.advantages
+
+    @torch.no_grad()
+    def _values(self, ro: Rollout) -> torch.Tensor:
+        """float32 ``[B, T]`` critic values of ``ro`` without grad, in micro-batches."""
+        c = self.config
+        micro = c.micro_batch_size or len(ro)
+        out = torch.zeros(ro.completion_ids.shape, device=ro.completion_ids.device)
+        for s in range(0, len(ro), micro):
+            idx = torch.arange(s, min(s + micro, len(ro)))
+            v = self.value_model.values(ro.select(idx))
+            out[idx, : v.shape[1]] = v.float()
+        return out
 
     def update(self, batch: Batch) -> tuple[list[dict], list[float], list[tuple[float, float]]]:
         """The *update* stage: ``epochs`` passes of ``minibatches`` optimiser steps, each summing
@@ -589,7 +683,8 @@ class Trainer:
                 idx = order[bounds[m]:bounds[m + 1]]
                 if c.sort_by_length and micro < len(idx):
                     idx = idx[torch.argsort(lengths[idx], stable=True)]
-                counts = dict(num_tokens=float(lm[idx].sum()), num_sequences=float((lm[idx].sum(-1) > 0).sum()))
+                counts = dict(num_tokens=float(lm[idx].sum()), num_sequences=float((lm[idx].sum(-1) > 0).sum()),
+                              num_correct_tokens=float(lm[idx][batch.correct[idx]].sum()))
                 if counts["num_tokens"] == 0:  # every row of this minibatch was filtered out: nothing to learn
                     continue
                 group_tokens = self._group_tokens(lm, idx, counts)
@@ -706,7 +801,8 @@ class Trainer:
         ref = ref_logp[sub, :T] if ref_logp is not None else None
         adv = batch.advantages[sub] if batch.advantages.dim() == 1 else batch.advantages[sub, :T]
         out = policy_loss(logp, old, adv, mask, self.algo, ref_logp=ref, max_tokens=self.max_new_tokens,
-                          group_tokens=group_tokens[sub].to(logp.device), **counts)
+                          group_tokens=group_tokens[sub].to(logp.device), correct=batch.correct[sub].to(logp.device),
+                          **counts)
         out.loss.backward()
         metrics = dict(out.metrics)
         if measure_routing and rec is not None:
@@ -714,8 +810,9 @@ class Trainer:
             changed, compared = routing_changes(store.get(sub, P, P + T), rec.indices, real)
             metrics["routing_change_frac"] = token_mean(changed / compared if compared else float("nan"), compared)
         if self.value_model is not None:
-            returns = adv + batch.values[sub, :T] if adv.dim() == 2 else adv[:, None] + batch.values[sub, :T]
-            vloss = self.value_model.loss(part, batch.values[sub, :T], returns, mask, counts["num_tokens"])
+            values = self.value_model.values(part)[:, :T]
+            vloss = value_loss(values, batch.values[sub, :T], batch.returns[sub, :T], mask,
+                               clip_eps=self.algo.value_clip_eps, num_tokens=counts["num_tokens"])
             vloss.backward()
             metrics["value_loss"] = total(float(vloss.detach()))
         return metrics
@@ -745,6 +842,8 @@ class Trainer:
         return float(gn)
 
     def _train_step(self) -> dict:
+        if torch.device(self.config.device).type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         batch = self.collect()
         updates, grad_norms, entropies = [], [], []
@@ -776,6 +875,8 @@ class Trainer:
         }
         if hasattr(self.task, "is_reasoning"):
             row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
+        row.update(_value_metrics(batch))
+        row["peak_mem_mb"] = peak_memory_mb(self.config.device)
         row.update(reduce_updates(updates))
         row.setdefault("routing_change_frac", float("nan"))  # dense policy, or no second update on the rollout
         if not updates:  # no update this step: the loss metrics exist and are NaN (even if no step ever updated)
@@ -784,6 +885,77 @@ class Trainer:
         row.update(sampling.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G,
                                              n_selected=batch.selected_groups * G))
         return row
+
+    # ------------------------------------------------------------------ value pretraining
+    def pretrain_value(self, steps: int) -> pd.DataFrame:
+        """VAPO (arXiv 2504.05118) §4.1 *Value-Pretraining*: fit the critic to Monte-Carlo returns
+        of the current policy, which is not updated.
+
+        Each step collects a batch as :meth:`collect` does (the same sampling, selection and reward
+        shaping, so it uses the training RNGs), computes the targets with GAE at ``lam = 1`` (the
+        Monte-Carlo returns ``sum_l gamma^l r_{t+l}``, whatever the critic predicts) and takes
+        ``minibatches`` optimiser steps of the plain squared-error :func:`grpo_lab.objectives.value_loss`
+        (no clipping) with the critic's own optimiser. The paper pretrains "until the value loss
+        and explained variance are good" and saves the critic for reuse; save it with
+        ``trainer.value_model.save(path)`` and pass the path as ``TrainerConfig.value_init``.
+
+        Returns:
+            The warm-up history so far (also ``trainer.value_warmup_rows``), one row per step:
+            ``value_step``, ``value_loss`` (the mean over the step's minibatches), and, measured on
+            each step's fresh batch *before* the critic is fitted to it (so on samples it has not
+            seen), ``explained_variance`` (:func:`grpo_lab.advantages.explained_variance`),
+            ``value_mean`` and ``return_mean`` (over real tokens), plus ``seconds``.
+
+        Raises:
+            ValueError: the trainer has no value model, or ``steps`` is negative.
+        """
+        from .advantages import gae, outcome_token_rewards
+
+        if self.value_model is None:
+            raise ValueError("Trainer.pretrain_value: the trainer has no value model (use an algorithm whose advantage "
+                             "estimator needs values, e.g. 'gae', or pass value_model=)")
+        c = self.config
+        for _ in range(non_negative_int("pretrain_value: steps", steps)):
+            t0 = time.perf_counter()
+            batch = self.collect()
+            if batch.rollout is None:
+                continue
+            m = batch.loss_mask
+            returns = gae(outcome_token_rewards(batch.rewards, m), batch.values, m, gamma=self.algo.gamma,
+                          lam=1.0)[1].to(c.device)
+            row = {"value_step": len(self.value_warmup_rows) + 1,
+                   "explained_variance": explained_variance(batch.values, returns, m),
+                   "value_mean": _masked_mean(batch.values, m), "return_mean": _masked_mean(returns, m)}
+            B = len(batch.rollout)
+            n_mb = min(c.minibatches, B)
+            bounds = [(k * B) // n_mb for k in range(n_mb + 1)]
+            gen = torch.Generator().manual_seed(int(self.rng.integers(2**62)))
+            order = torch.randperm(B, generator=gen)
+            micro = c.micro_batch_size or B
+            losses = []
+            for k in range(n_mb):
+                idx = order[bounds[k]:bounds[k + 1]]
+                n_tok = float(m[idx].sum())
+                if n_tok == 0:
+                    continue
+                self.value_optimizer.zero_grad(set_to_none=True)
+                step_loss = 0.0
+                for s0 in range(0, len(idx), micro):
+                    sub = idx[s0:s0 + micro]
+                    part = batch.rollout.select(sub)
+                    T = part.completion_ids.shape[1]
+                    v = self.value_model.values(part)[:, :T]
+                    loss = value_loss(v, batch.values[sub, :T], returns[sub, :T], m[sub, :T], clip_eps=None,
+                                      num_tokens=n_tok)
+                    loss.backward()
+                    step_loss += float(loss.detach())
+                torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), c.grad_clip)
+                self.value_optimizer.step()
+                losses.append(step_loss)
+            row["value_loss"] = float(np.mean(losses)) if losses else float("nan")
+            row["seconds"] = time.perf_counter() - t0
+            self.value_warmup_rows.append(row)
+        return pd.DataFrame(self.value_warmup_rows)
 
     def _short_of_groups(self, n_kept: int) -> None:
         c = self.config
@@ -884,6 +1056,7 @@ class Trainer:
             "task": _task_state(self.task),
             "numpy_rng": self.rng.bit_generator.state,
             "python_rng": _py_state_to_json(random.getstate()),
+            "value_warmup_rows": self.value_warmup_rows,
         }
         state_text = json.dumps(state, indent=2, default=_json_default)
         try:
@@ -903,6 +1076,8 @@ class Trainer:
             if self.value_model is not None:
                 save_file({k: v.contiguous() for k, v in self.value_model.state_dict().items()},
                           tmp / "value.safetensors")
+                if isinstance(self.value_model, CriticModel):  # rebuildable without the caller's help
+                    self.value_model.save(tmp / "critic")
                 torch.save(self.value_optimizer.state_dict(), tmp / "value_optimizer.pt")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save({"torch": torch.random.get_rng_state(),
@@ -929,7 +1104,8 @@ class Trainer:
                 since the run then does not continue as it would have.
             device: override the saved ``TrainerConfig.device``.
             value_model: a freshly built value model of the saved architecture, required when the
-                checkpoint has one (its weights and optimiser state are loaded into it).
+                checkpoint has one of your own (its weights and optimiser state are loaded into
+                it); a :class:`grpo_lab.models.CriticModel` is rebuilt from the checkpoint.
 
         Every file the checkpoint needs is looked for before anything is loaded; transformers'
         loading bars follow the saved ``TrainerConfig.progress`` (as :func:`grpo_lab.models.load_policy`'s
@@ -955,8 +1131,11 @@ class Trainer:
         state = _read_json(path / "state.json", ("step", "config", "algo", "task", "numpy_rng", "python_rng"))
         rows = _read_json(path / "history.json", None)
         has_value = (path / "value.safetensors").is_file()
+        if has_value and value_model is None and (path / "critic" / "critic.json").is_file():
+            value_model = _load_checkpoint_part(path / "critic", lambda: CriticModel.load(path / "critic"))
         if has_value and value_model is None:
-            raise ValueError(f"Trainer.resume: {path} holds a value model; pass value_model= (same architecture)")
+            raise ValueError(f"Trainer.resume: {path} holds a value model of your own; pass value_model= (a fresh one "
+                             "of the same architecture)")
         if not isinstance(rows, list) or not is_int(state["step"]) or state["step"] < 0:
             raise ValueError(f"Trainer.resume: {path} has a corrupt step count or history (state.json, history.json)")
         task = _resume_task(state["task"], task, path)
@@ -996,6 +1175,7 @@ class Trainer:
         trainer.step = int(state["step"])
         trainer.opt_steps = int(state.get("opt_steps", 0))
         trainer.rows = rows
+        trainer.value_warmup_rows = list(state.get("value_warmup_rows", []))
         return trainer
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from grpo_lab import export as E
 from grpo_lab import objectives as obj
-from grpo_lab.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO, GSPO_TOKEN, PRESETS, deepseek_v32
+from grpo_lab.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO, GSPO_TOKEN, PPO, PRESETS, VAPO, deepseek_v32
 from grpo_lab.export import ApproximateExportWarning, ExportError, to_trl, to_verl, translate
 
 V32 = deepseek_v32(beta=0.04, delta=0.05, eps=0.2)
@@ -284,7 +284,7 @@ def test_bad_target_and_algorithm():
     with pytest.raises(ValueError, match="unknown target 'openrlhf'"):
         translate(GRPO, "openrlhf")
     with pytest.raises(ValueError, match="unknown algorithm"):
-        to_trl("vapo")
+        to_trl("reinforce_pp")
     assert to_trl("grpo") == TRL_GOLDEN["GRPO"]  # a preset by name
     with pytest.raises(ValueError, match="strict must be"):
         to_trl(GRPO, strict="no")
@@ -311,7 +311,8 @@ def test_support_table_by_hand():
     assert exact == {("GRPO", "trl"): True, ("GRPO", "verl"): False, ("DR_GRPO", "trl"): True,
                      ("DR_GRPO", "verl"): True, ("DAPO", "trl"): False, ("DAPO", "verl"): False,
                      ("GSPO", "trl"): True, ("GSPO", "verl"): False, ("GSPO_TOKEN", "trl"): True,
-                     ("GSPO_TOKEN", "verl"): False, ("CISPO", "trl"): False, ("CISPO", "verl"): False}
+                     ("GSPO_TOKEN", "verl"): False, ("CISPO", "trl"): False, ("CISPO", "verl"): False,
+                     ("PPO", "trl"): False, ("PPO", "verl"): False, ("VAPO", "trl"): False, ("VAPO", "verl"): False}
     row = table[(table.algorithm == "DAPO") & (table.target == "verl")].iloc[0]
     assert row.exact_alternative == "adv_eps=1e-06, aggregation='token_mean', overlong_filter=False"
 
@@ -324,3 +325,13 @@ def test_notes_say_what_each_field_means():
     notes = " ".join(translate(CISPO.replace(aggregation="token_mean", dynamic_sampling=False), "trl",
                                max_new_tokens=32).notes)
     assert "absolute cap" in notes and "trl_reward_funcs" in notes
+
+
+@pytest.mark.parametrize("target", ["trl", "verl"])
+def test_value_model_algorithms_are_refused_with_the_reason(target):
+    # PPO / VAPO need a critic, and VAPO's NLL term has no counterpart: impossible even with strict=False
+    for algo in (PPO, VAPO):
+        with pytest.raises(E.ExportError, match="needs a value model"):
+            translate(algo, target, strict=False, max_new_tokens=32)
+    with pytest.raises(E.ExportError, match="nll_coef"):
+        translate(GRPO.replace(nll_coef=0.1), target, strict=False, max_new_tokens=32)

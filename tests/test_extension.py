@@ -21,7 +21,7 @@ from grpo_lab.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
-TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds"]
+TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
 
 
 @dataclasses.dataclass
@@ -62,10 +62,6 @@ class TokenValue(torch.nn.Module):
 
     def values(self, rollout):
         return self.v(rollout.completion_ids).squeeze(-1)
-
-    def loss(self, rollout, old_values, returns, mask, num_tokens):
-        err = (self.values(rollout) - returns) ** 2
-        return 0.5 * (err * mask).sum() / num_tokens
 
 
 def reward_minus_value(batch: AdvantageBatch, algo):

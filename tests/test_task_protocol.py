@@ -30,7 +30,7 @@ from grpo_lab.tasks import (TASKS, ArithmeticTask, Problem, get_task, register_t
 from grpo_lab.trainer import Trainer, TrainerConfig
 
 BASE = checkpoint_dir("arithmetic-base")
-TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds"]
+TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
 # 2 prompts x 4 responses, 8 new tokens, two optimiser steps per rollout (the second one off-policy,
 # so the optimiser state matters), greedy evaluation of the 4-problem test set every 2 steps
 CFG = dict(prompts_per_step=2, group_size=4, max_new_tokens=8, minibatches=2, eval_every=2, progress=False,

@@ -18,7 +18,7 @@ from grpo_lab.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
-TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds"]
+TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
 DOCUMENTED = ["step", "reward", "accuracy", "length", "length_correct", "length_incorrect", "entropy", "kl",
               "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "ratio_min", "ratio_max",
               "ratio_q05", "ratio_q50", "ratio_q95", "grad_token_frac", "adv_abs_mean", "grad_norm",

@@ -184,7 +184,9 @@ def test_group_size_one_with_an_estimator_outside_the_list_does_not_warn(tok, mo
 def test_the_group_baseline_list_holds_the_estimators_that_vanish_at_g_1():
     # With G = 1, each listed estimator gives all-zero advantages or refuses; the list is what the
     # trainer's warning reads, so it must hold every such built-in.
-    batch = AdvantageBatch.from_groups(torch.tensor([1.0, 0.0, 2.0]), 1)
+    # value-based estimators get per-token values (a critic's), which is all they need
+    batch = AdvantageBatch.from_groups(torch.tensor([1.0, 0.0, 2.0]), 1, mask=torch.ones(3, 2),
+                                       values=torch.full((3, 2), 0.5))
     for name, fn in ADVANTAGE_ESTIMATORS.items():
         try:
             vanishes = bool((fn(batch, GRPO) == 0).all())

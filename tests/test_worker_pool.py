@@ -20,7 +20,7 @@ from grpo_lab.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
-TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds"]
+TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
 
 
 @pytest.fixture
