@@ -63,7 +63,7 @@ from .rollout import Rollout, evaluate, generate, policy_logprobs
 from .tasks import Problem, validate_task
 from .validation import choice, flag, is_int, non_negative_int, positive_int, positive_number, real_number
 
-__all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb"]
+__all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb", "reset_peak_memory"]
 
 
 @dataclass(frozen=True)
@@ -242,14 +242,41 @@ class TrainerConfig:
         return cls(**d)
 
 
+def reset_peak_memory(device: str | torch.device) -> None:
+    """Start a new window for :func:`peak_memory_mb`: on CUDA ``torch.cuda.reset_peak_memory_stats``;
+    on Linux the process's peak resident set size (``VmHWM``) is reset to its current size by
+    writing ``5`` to ``/proc/self/clear_refs``; elsewhere (or if that file is not writable) nothing
+    can be reset and the peak covers the process's life."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def peak_memory_mb(device: str | torch.device) -> float:
-    """Peak memory in MiB: on CUDA, the largest memory torch allocated on the device since the
-    last ``torch.cuda.reset_peak_memory_stats()`` (the trainer resets it at the start of every
-    step, so the history's ``peak_mem_mb`` is the step's peak); on CPU, the process's peak
-    resident set size since it started (``ru_maxrss``: it only grows, and covers everything the
-    process holds, so compare runs made in fresh processes)."""
+    """Peak memory in MiB since the last :func:`reset_peak_memory` (the trainer resets it at the
+    start of every step, so the history's ``peak_mem_mb`` is that step's peak).
+
+    * CUDA: the most memory torch allocated on the device (``torch.cuda.max_memory_allocated``):
+      tensors only, not the caching allocator's reserve or the CUDA context.
+    * CPU on Linux: the process's peak resident set size (``VmHWM`` of ``/proc/self/status``):
+      everything the process holds (the interpreter, torch, every model in memory, the
+      allocator's caches), so compare algorithms in fresh processes of the same kind.
+    * Other systems: the peak resident set size since the process started (``ru_maxrss``).
+    """
     if torch.device(device).type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**10  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -486,7 +513,8 @@ class Trainer:
         ``value_loss`` (the critic's loss, summed over micro-batches and averaged over optimiser
         steps like ``loss``), ``explained_variance``, ``value_mean`` and ``return_mean`` (on the
         step's batch before the update; NaN without a value model); ``peak_mem_mb``
-        (:func:`peak_memory_mb`: the step's peak on CUDA, the process's peak RSS on CPU); and
+        (:func:`peak_memory_mb`: the step's peak CUDA allocation, or on Linux CPUs the process's peak
+        resident set during the step); and
         ``routing_change_frac``: for Mixture-of-Experts policies, the fraction of routing
         decisions that the rollout's first optimiser step changed (GSPO, arXiv 2507.18071, §5.3,
         reports ~10% per update in a 48-layer MoE). A decision is the top-k expert set of one real
@@ -842,8 +870,7 @@ class Trainer:
         return float(gn)
 
     def _train_step(self) -> dict:
-        if torch.device(self.config.device).type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+        reset_peak_memory(self.config.device)
         t0 = time.perf_counter()
         batch = self.collect()
         updates, grad_norms, entropies = [], [], []

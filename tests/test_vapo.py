@@ -211,3 +211,21 @@ def test_exact_resume_with_a_critic(tok, half, tmp_path):
     pd.testing.assert_frame_equal(straight.history.drop(columns=TIMING, errors="ignore"),
                                   resumed.history.drop(columns=TIMING, errors="ignore"),
                                   check_exact=True, check_dtype=False)
+
+
+def test_peak_memory_is_reset_per_step_on_linux_cpu():
+    import sys
+
+    from grpo_lab.trainer import peak_memory_mb, reset_peak_memory
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM is Linux-only")
+    reset_peak_memory("cpu")
+    low = peak_memory_mb("cpu")
+    big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    big += 1
+    high = peak_memory_mb("cpu")
+    del big
+    reset_peak_memory("cpu")
+    after = peak_memory_mb("cpu")
+    assert high >= low + 48 and after < high - 48  # the window saw the 64 MiB, the next one does not
