@@ -1,0 +1,753 @@
+"""GSM8K: the task (:class:`GSM8KTask`), and the scorer that finds the final answer in a completion
+and judges it against the gold answer.
+
+GSM8K (Cobbe et al., "Training Verifiers to Solve Math Word Problems", arXiv 2110.14168) stores
+each problem as ``{"question": ..., "answer": ...}``; the ``answer`` field is a worked rationale
+with calculator annotations such as ``<<48/2=24>>`` and ends in a line ``#### 24``: the final
+answer, written as plain digits (``#### 57500``, never ``#### 57,500``; commas appear only in the
+rationale's prose). :func:`split_gold` splits that field; :func:`load_fixture` reads the small
+fixture of problems in that schema that ships with the package (``data/tasks/gsm8k_fixture.jsonl``,
+problems written for grpo_lab, not taken from GSM8K). :class:`GSM8KTask` serves those problems,
+or GSM8K itself from the Hugging Face hub or a local copy, to the trainer, with prompts in the
+policy's chat template.
+
+**What counts as the answer** (:func:`extract_answer`): the content of the *last* complete
+``\\boxed{...}`` or ``\\fbox{...}`` (balanced braces, nested braces allowed, ``\\{`` and ``\\}`` not
+counted), or the rest of the line after the *last* ``####``, whichever comes last in the
+completion. The rest of the completion is ignored, however far the answer is from its end. An
+unclosed box (a completion cut off inside ``\\boxed{``) is not an answer.
+
+**How it is judged** (:func:`score`): the extracted answer and the gold are parsed and compared
+with Hugging Face's `math-verify <https://github.com/huggingface/Math-Verify>`_ (``parse``,
+``verify``): a box through ``LatexExtractionConfig`` (so ``\\text{13}``, ``\\$18``,
+``18 \\text{ dollars}``, ``\\frac{1}{2}``, ``1,234`` and signs work), a ``####`` answer through
+``ExprExtractionConfig`` (plain numbers: ``$1,234``, ``-3``, ``18 dollars``; if it finds nothing
+there, the ``####`` text is read as LaTeX instead, so ``#### \\frac{1}{2}`` works), the gold through
+``ExprExtractionConfig`` after a strict check of its form (:data:`GOLD_RE`). Nothing is ever
+``eval``-ed. What math-verify decides, and we keep:
+
+* an equation is judged by the right-hand side of its last ``=``: ``\\boxed{x = 5}`` and
+  ``\\boxed{2+3=5}`` equal 5 (the left side is not checked, so ``\\boxed{2+3=6}`` equals 6),
+  ``\\boxed{5 = x}`` does not (its right side is the symbol ``x``);
+* an unevaluated expression counts by its value: ``\\boxed{2+3}`` equals 5;
+* ``\\boxed{(1,234)}`` is an interval, not 1234; ``\\boxed{18 dollars}`` (no ``\\text``) is 18 times a
+  product of symbols and ``\\boxed{\\text{18 dollars}}`` one symbol: neither equals 18.
+
+What we add before math-verify sees the answer (:data:`FLOAT_ROUNDING` and the normalisation):
+
+* numbers are compared to :data:`FLOAT_ROUNDING` = 10 decimal places, not math-verify's default 6,
+  under which 0.0000001 and 0.0000002 are "equal";
+* thousands grouped with a space or a LaTeX space (``1 234``, ``1\\,234``, ``1~234``) become one
+  number; math-verify reads ``1\\,234`` as the mixed number 1 + 234 = 235;
+* a trailing percent sign is a unit: ``\\boxed{25\\%}`` equals 25 (math-verify cannot parse it and
+  scores it 0; it reads ``\\boxed{25 \\text{ percent}}`` as 25 already);
+* ``−`` (U+2212) is a minus sign (math-verify's plain-number reading of a ``####`` answer, as
+  in ``#### −3 degrees``, does not see it).
+
+**Timeouts and threads.** math-verify bounds its own run time with ``signal.alarm``, which only
+works in the main thread (elsewhere it raises ``ValueError``), and which cancels any alarm the
+caller had set. We switch it off (``parsing_timeout=None``, ``timeout_seconds=None``) and bound the
+work instead by refusing, as 0.0, answers that could make SymPy run for minutes: longer than
+:data:`MAX_ANSWER_CHARS` characters, using a LaTeX command outside :data:`ALLOWED_COMMANDS`, a
+factorial, more than one power, a power whose exponent is not an integer of at most two digits, a
+power together with free letters, or more than :data:`MAX_FREE_LETTERS` letters outside unit
+text such as ``\\text{ dollars}`` (``10^{10^{10}}``, ``(x+y+z+1)^{99}``, ``1000000!``,
+``\\prod_{i=1}^{10^9} i`` all hang math-verify without a timeout). No GSM8K answer needs any of
+these. :func:`score` is therefore the same function in the main thread, in worker threads and in
+worker processes; calls from several threads are serialised by a lock (they are CPU-bound, so
+nothing is lost under the GIL).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import numbers
+import os
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from ..paths import data_dir, missing_data_hint
+from .base import Problem
+
+__all__ = ["GOLD_RE", "FLOAT_ROUNDING", "MAX_ANSWER_CHARS", "MAX_FREE_LETTERS", "ALLOWED_COMMANDS",
+           "extract_answer", "score", "split_gold", "parse_gold", "fixture_path", "load_fixture",
+           "DEFAULT_INSTRUCTION", "GSM8KTask"]
+
+#: The form of a GSM8K final answer (the text after ``####``): an optionally signed decimal
+#: number, with or without comma thousands separators (``18``, ``-3``, ``1234``, ``1,234``, ``0.5``).
+GOLD_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+#: Decimal places to which math-verify rounds floats before comparing them (its default is 6).
+FLOAT_ROUNDING = 10
+
+#: Longest extracted answer (after normalisation) that is judged at all; longer ones score 0.
+MAX_ANSWER_CHARS = 100
+
+#: Most letters a boxed answer may have outside unit text (``x = 5`` has one); more score 0.
+MAX_FREE_LETTERS = 3
+
+#: LaTeX commands (by name) a boxed answer may use; any other command scores 0. Escaped single
+#: characters (``\\$``, ``\\%``, ``\\,``, ``\\{``) are always allowed.
+ALLOWED_COMMANDS = frozenset({
+    "frac", "dfrac", "tfrac", "text", "textbf", "textit", "textrm", "textsf", "textnormal", "mathrm",
+    "mathbf", "mathit", "mbox", "boxed", "fbox", "left", "right", "cdot", "times", "div", "sqrt",
+    "quad", "qquad", "displaystyle", "thinspace",
+})
+
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_MARKER = "####"
+# Text-like groups: a unit (no digit inside) is dropped before letters are counted; a group with a
+# digit (``\text{13}``) is read by math-verify as math, so its letters count.
+_TEXT_GROUP = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|textnormal|mathrm|mathbf|mathit|mbox)"
+                         r"\s*\{([^{}]*)\}")
+_COMMAND = re.compile(r"\\([A-Za-z]+|.)", re.DOTALL)
+# A power: ``^``, or ``**`` between two operands (so that Markdown bold, ``**18**``, is not one).
+_POWER = re.compile(r"\^|(?<=[\w.)}\]])\s*\*\*(?=\s*[-+]?[\w.({\[])")
+_EXPONENT = re.compile(r"\s*(?:\{\s*[-+]?\d{1,2}\s*\}|[-+]?\d{1,2}(?![\d.]))")
+_FACTORIAL = re.compile(r"(?<!\\)!")
+# Thousands grouped by a space or a LaTeX space: 1 234, 1\,234, 1~234, 12\;345\;678.
+_SEP = r"(?:\\[,;: ]|\\thinspace\s?|~|[ \u00a0\u2009\u202f])"
+_GROUPED = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEP}\d{{3}})+(?![\d])")
+_TRAILING_PERCENT = re.compile(r"\s*\\?%\s*$")
+
+_LOCK = threading.Lock()
+_log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ extraction
+def _locate(completion: str) -> tuple[str, str] | None:
+    """``(kind, text)`` of the final answer, kind ``"boxed"`` or ``"####"``; ``None`` if none."""
+    # One pass matches every unescaped "{" with its "}" (a stack), so the scan is linear even for a
+    # completion full of unclosed boxes.
+    closing, stack, i, n = {}, [], 0, len(completion)
+    while i < n:
+        c = completion[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            closing[stack.pop()] = i
+        i += 1
+    box = None  # (start, end, content) of the last complete box
+    for m in _BOX_OPEN.finditer(completion):
+        end = closing.get(m.end() - 1)
+        if end is not None:
+            box = (m.start(), end, completion[m.end():end])
+    marker = completion.rfind(_MARKER)
+    if marker >= 0 and (box is None or marker > box[1]):
+        line = completion[marker + len(_MARKER):].split("\n", 1)[0]
+        return "####", line.strip()
+    if box is not None:
+        return "boxed", box[2].strip()
+    return None
+
+
+def extract_answer(completion: str) -> str | None:
+    """The final answer of a completion, as text.
+
+    It is the content of the last complete ``\\boxed{...}`` or ``\\fbox{...}`` (balanced braces,
+    nested braces allowed; escaped braces ``\\{``, ``\\}`` are not counted; an unclosed box is not
+    an answer), or the rest of the line after the last ``####``, whichever comes last (a ``####``
+    inside the last box belongs to the box). Both are stripped of surrounding whitespace.
+
+    >>> extract_answer(r"3+4=7, so \\boxed{7}. Check: \\boxed{\\frac{14}{2}} holds.")
+    '\\\\frac{14}{2}'
+    >>> extract_answer("9*2 = 18\\n#### 18")
+    '18'
+    >>> extract_answer("no answer here") is None
+    True
+
+    Args:
+        completion: the model's completion only (not the prompt: a prompt that shows a boxed
+            example would otherwise be read as the answer).
+
+    Returns:
+        ``str`` (possibly empty, e.g. for ``\\boxed{}``), or ``None`` if the completion has neither
+        a complete box nor ``####``.
+
+    Raises:
+        TypeError: ``completion`` is not a ``str``.
+    """
+    if not isinstance(completion, str):
+        raise TypeError(f"extract_answer: completion must be a str, got {type(completion).__name__}")
+    found = _locate(completion)
+    return None if found is None else found[1]
+
+
+# ------------------------------------------------------------------------------- the gold
+def split_gold(answer_field: str) -> tuple[str, str]:
+    """Split a GSM8K ``answer`` field at its last ``####`` into ``(rationale, final)``.
+
+    >>> split_gold("She has 6*3=<<6*3=18>>18 eggs.\\n#### 18")
+    ('She has 6*3=<<6*3=18>>18 eggs.', '18')
+
+    Returns:
+        ``(rationale, final)``: the text before the marker without trailing whitespace, and the
+        text after it stripped (GSM8K writes plain digits there, e.g. ``"57500"``).
+
+    Raises:
+        TypeError: ``answer_field`` is not a ``str``.
+        ValueError: it has no ``####``, nothing after the last one, or more than one line after it.
+    """
+    if not isinstance(answer_field, str):
+        raise TypeError(f"split_gold: answer_field must be a str, got {type(answer_field).__name__}")
+    k = answer_field.rfind(_MARKER)
+    if k < 0:
+        raise ValueError(f"split_gold: the GSM8K answer field has no '####' final-answer line: {answer_field!r:.200}")
+    rationale, final = answer_field[:k].rstrip(), answer_field[k + len(_MARKER):].strip()
+    if not final or "\n" in final:
+        raise ValueError(f"split_gold: expected one final answer after the last '####', got {final!r:.200}")
+    return rationale, final
+
+
+def _math_verify():
+    """The ``math_verify`` module, imported on first use (it is the optional ``math`` extra)."""
+    try:
+        import math_verify
+    except ImportError as e:
+        raise ImportError("grpo_lab.tasks.gsm8k needs math-verify to score answers: "
+                          "pip install 'grpo_lab[math]' (or pip install math-verify)") from e
+    _quiet_timeout_warning()
+    return math_verify
+
+
+@lru_cache(maxsize=1)
+def _quiet_timeout_warning() -> None:
+    # math-verify warns once that its timeout is off; ours is replaced by the bounds above.
+    class _DropTimeoutOff(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not str(record.msg).startswith("Timeout is disabled")
+
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_DropTimeoutOff())
+
+
+@lru_cache(maxsize=4096)
+def _parse_gold_cached(text: str) -> tuple:
+    mv = _math_verify()
+    with _LOCK:
+        parsed = mv.parse(text, [mv.ExprExtractionConfig()], fallback_mode="no_fallback", parsing_timeout=None)
+    return tuple(parsed)
+
+
+def parse_gold(gold: str) -> list:
+    """Parse a GSM8K final answer (the text after ``####``) for :func:`score`.
+
+    Args:
+        gold: e.g. ``"18"``, ``"-3"``, ``"1234"``, ``"1,234"``, ``"0.5"``; surrounding whitespace
+            is ignored. It must match :data:`GOLD_RE`.
+
+    Returns:
+        math-verify's parse of it: a one-element ``list`` holding a SymPy number.
+
+    Raises:
+        TypeError: ``gold`` is not a ``str``.
+        ValueError: ``gold`` is not a number of that form (the message names it).
+        ImportError: math-verify is not installed.
+    """
+    if not isinstance(gold, str):
+        raise TypeError(f"gold must be a str such as '18', got {type(gold).__name__} {gold!r:.60}")
+    text = gold.strip()
+    if not GOLD_RE.fullmatch(text):
+        raise ValueError(f"gold {gold!r:.80} is not a GSM8K final answer (a decimal number such as "
+                         "'18', '-3', '1234' or '1,234': the text after '####'; split_gold extracts it)")
+    parsed = list(_parse_gold_cached(text.removeprefix("+")))  # math-verify's number regex has no "+"
+    if len(parsed) != 1:  # cannot happen for GOLD_RE's numbers; kept as a guard against math-verify changes
+        raise ValueError(f"math-verify could not parse the gold {gold!r:.80} (got {parsed!r:.80})")
+    return parsed
+
+
+# -------------------------------------------------------------------------------- scoring
+def _normalize(text: str, kind: str) -> str:
+    """The answer as math-verify should see it (see the module docstring's list)."""
+    text = text.replace("\u2212", "-")
+    text = _GROUPED.sub(lambda m: re.sub(_SEP, "", m.group(0)), text)
+    text = _TRAILING_PERCENT.sub("", text)
+    return text.strip()
+
+
+def _bounded(text: str, latex: bool) -> bool:
+    """Whether math-verify can judge ``text`` in bounded time (the module docstring's rules).
+    ``latex``: the text is read as LaTeX (letters reach SymPy) rather than by math-verify's plain
+    number/expression regexes (which pass only digits and operators)."""
+    if len(text) > MAX_ANSWER_CHARS or _FACTORIAL.search(text):
+        return False
+    powers = list(_POWER.finditer(text))
+    if len(powers) > 1 or any(not _EXPONENT.match(text, p.end()) for p in powers):
+        return False
+    if not latex:
+        return True
+    if any(m.group(1).isalpha() and m.group(1) not in ALLOWED_COMMANDS for m in _COMMAND.finditer(text)):
+        return False
+    plain = _TEXT_GROUP.sub(lambda m: m.group(1) if re.search(r"\d", m.group(1)) else " ", text)
+    plain = re.sub(r"\\[A-Za-z]+", " ", plain)
+    letters = sum(ch.isalpha() for ch in plain)
+    return letters <= MAX_FREE_LETTERS and not (powers and letters)
+
+
+def _judge(kind: str, text: str, gold: list) -> bool:
+    mv = _math_verify()
+    latex = [mv.LatexExtractionConfig(boxed_match_priority=0)]
+    with _LOCK:
+        pred = []
+        if kind == "####" and _bounded(text, latex=False):
+            pred = mv.parse(text, [mv.ExprExtractionConfig()], fallback_mode="no_fallback", parsing_timeout=None)
+        if not pred and _bounded(text, latex=True):  # a box, or a #### answer written in LaTeX
+            pred = mv.parse("\\boxed{" + text + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
+        return bool(pred) and mv.verify(gold, pred, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
+
+
+def score(completion: str, gold: str) -> float:
+    """The GSM8K outcome reward: 1.0 if the completion's final answer equals ``gold``, else 0.0.
+
+    The answer is found by :func:`extract_answer` (last box or ``####`` line) and judged with
+    math-verify as the module docstring describes (equations by their right-hand side, numbers to
+    :data:`FLOAT_ROUNDING` decimal places, units and ``\\$`` ignored, answers that could not be
+    judged in bounded time score 0). Safe in any thread or process; never evaluates the text.
+
+    Args:
+        completion: the completion only, **not** the prompt followed by the completion: a boxed
+            answer in the prompt (a few-shot example, or the instruction ``\\boxed{}``) would
+            otherwise be scored as the model's answer.
+        gold: the GSM8K final answer, the text after ``####`` (``"18"``, ``"-3"``, ``"1,234"``);
+            see :func:`split_gold` and :func:`parse_gold`.
+
+    Returns:
+        ``1.0`` or ``0.0``. A completion with neither a complete box nor ``####`` scores 0.0; so
+        does any answer math-verify cannot parse, or that raises inside it.
+
+    Raises:
+        TypeError: ``completion`` or ``gold`` is not a ``str``.
+        ValueError: ``gold`` is not a GSM8K final answer (the message names it). Nothing about the
+            completion raises.
+        ImportError: math-verify is not installed.
+    """
+    gold_parsed = parse_gold(gold)
+    if not isinstance(completion, str):
+        raise TypeError(f"score: completion must be a str, got {type(completion).__name__}")
+    try:
+        found = _locate(completion)
+        if found is None:
+            return 0.0
+        kind, text = found
+        text = _normalize(text, kind)
+        return 1.0 if text and _judge(kind, text, gold_parsed) else 0.0
+    except Exception:  # math-verify / SymPy errors on odd input (KeyboardInterrupt still propagates)
+        _log.debug("score: error while judging a completion; scored 0", exc_info=True)
+        return 0.0
+
+
+# -------------------------------------------------------------------------------- fixture
+def fixture_path() -> Path:
+    """``<data_dir>/tasks/gsm8k_fixture.jsonl`` (:func:`grpo_lab.paths.data_dir`); it need not
+    exist. Raises nothing."""
+    return data_dir() / "tasks" / "gsm8k_fixture.jsonl"
+
+
+def load_fixture(path: str | Path | None = None) -> list[dict]:
+    """Read GSM8K-schema problems from a JSON-lines file.
+
+    Args:
+        path: the file; ``None`` reads the fixture shipped with grpo_lab, :func:`fixture_path`
+            (24 grade-school word problems written for grpo_lab, not taken from GSM8K).
+
+    Returns:
+        ``list[dict]``, one ``{"question": str, "answer": str}`` per non-empty line, in file
+        order; each ``answer`` ends in a ``####`` final-answer line (:func:`split_gold`).
+
+    Raises:
+        FileNotFoundError: the file does not exist (for the default path, the message says where
+            grpo_lab looked for its data).
+        ValueError: a line is not a JSON object with string ``question`` and ``answer``, or its
+            ``answer`` has no ``####`` final answer (the message gives ``path:line``).
+    """
+    default = path is None
+    path = fixture_path() if default else Path(path)
+    if not path.is_file():
+        hint = f"; {missing_data_hint()}" if default else ""
+        raise FileNotFoundError(f"load_fixture: no GSM8K problem file at {path}{hint}")
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for k, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"load_fixture: {path}:{k} is not JSON ({e})") from None
+            if not isinstance(record, dict) or not all(isinstance(record.get(key), str) for key in ("question", "answer")):
+                raise ValueError(f"load_fixture: {path}:{k} must be a JSON object with string 'question' and 'answer'")
+            try:
+                split_gold(record["answer"])
+            except ValueError as e:
+                raise ValueError(f"load_fixture: {path}:{k}: {e}") from None
+            out.append({"question": record["question"], "answer": record["answer"]})
+    return out
+
+
+# ----------------------------------------------------------------------------------- the task
+#: The instruction :class:`GSM8KTask` appends to each question by default. The empty box is what
+#: the scorer reads (:func:`extract_answer`); it sits in the prompt, never in the completion the
+#: reward scores.
+DEFAULT_INSTRUCTION = "Solve the problem step by step. Put the final answer in \\boxed{}."
+
+#: The sources of :class:`GSM8KTask` that are names rather than paths.
+_NAMED_SOURCES = ("fixture", "hub")
+#: File types a local ``source`` may have (a directory is the third kind).
+_FILE_SUFFIXES = (".jsonl", ".parquet")
+
+
+def _text_field(who: str, value, *, empty: bool = False, none: bool = False):
+    """``value`` as a ``str`` (an ``os.PathLike`` becomes its path text); ``ValueError`` when it is
+    not one, or is empty and ``empty`` is false. ``None`` passes when ``none``."""
+    if value is None and none:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or (not value and not empty):
+        kind = "a str" if empty else "a non-empty str"
+        raise ValueError(f"GSM8KTask: {who} must be {kind}{' or None' if none else ''}, got {value!r:.80}")
+    return value
+
+
+def _split_file_rows(rows: list[dict], where: str) -> dict[str, list[dict]]:
+    """A single file's rows as ``{"train": ..., "test": ...}``: the last ``len(rows) // 3`` rows
+    are the test split, the others (in file order) the train split; the shipped fixture's 24
+    problems give 16 and 8. ``ValueError`` for fewer than 3 rows (``where`` names the file)."""
+    if len(rows) < 3:
+        raise ValueError(f"GSM8KTask: {where} has {len(rows)} problems; a single file is split into train (the "
+                         "first two thirds) and test (the last third) and needs at least 3")
+    k = len(rows) - len(rows) // 3
+    return {"train": rows[:k], "test": rows[k:]}
+
+
+def _datasets_module(why: str):
+    """The ``datasets`` module, imported on first use; ``ImportError`` naming ``why`` without it."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise ImportError(f"GSM8KTask: {why} is read with Hugging Face datasets, which is not installed: "
+                          "pip install datasets (or use source='fixture' or a .jsonl file)") from e
+    return datasets
+
+
+def _rows_of(dataset, where: str) -> list[dict]:
+    """``{"question", "answer"}`` dicts from a ``datasets.Dataset``, each checked
+    (``ValueError`` naming ``where`` and the row otherwise)."""
+    missing = [c for c in ("question", "answer") if c not in dataset.column_names]
+    if missing:
+        raise ValueError(f"GSM8KTask: {where} lacks the column(s) {missing} of GSM8K's schema "
+                         f"(question, answer); it has {dataset.column_names}")
+    rows = []
+    for i, (q, a) in enumerate(zip(dataset["question"], dataset["answer"])):
+        if not isinstance(q, str) or not isinstance(a, str):
+            raise ValueError(f"GSM8KTask: {where} row {i}: question and answer must be strings")
+        try:
+            split_gold(a)
+        except ValueError as e:
+            raise ValueError(f"GSM8KTask: {where} row {i}: {e}") from None
+        rows.append({"question": q, "answer": a})
+    return rows
+
+
+def _reraise(exc: Exception, message: str):
+    """``exc``'s type with ``message`` (``RuntimeError`` when that type cannot take one), from ``exc``."""
+    try:
+        new = type(exc)(message)
+    except Exception:
+        new = RuntimeError(message)
+    raise new from exc
+
+
+@dataclass
+class GSM8KTask:
+    """GSM8K grade-school math word problems, rewarded 1 for the right final answer, else 0.
+
+    GSM8K: Cobbe et al. 2021, arXiv 2110.14168. The reward is the outcome reward of DeepSeekMath
+    (§4.1.2): 1 if the completion's final answer equals the gold answer (:func:`grpo_lab.tasks.gsm8k.score`), else 0.
+
+    **Where the problems come from** (``source``):
+
+    * ``"fixture"`` (the default): the 24 problems shipped with grpo_lab (:func:`grpo_lab.tasks.gsm8k.load_fixture`),
+      split by their order in the file: the first 16 train, the last 8 test;
+    * ``"hub"``: ``datasets.load_dataset(dataset_id, config, split=...)`` for ``train_split`` and
+      ``test_split`` (GSM8K has 7473 and 1319 problems). Offline (``HF_HUB_OFFLINE=1``) it must
+      already be in the datasets cache;
+    * a local **directory** laid out as the hub repository (``main/train-00000-of-00001.parquet``,
+      ``main/test-...``, and the ``README.md`` whose YAML header declares the configs): the same
+      call with the directory in place of the id, ``load_dataset(directory, config, split=...)``
+      (e.g. a copy made by ``huggingface-cli download openai/gsm8k --repo-type dataset --local-dir DIR``);
+    * a **.jsonl** file (read like the fixture) or a **.parquet** file
+      (``load_dataset("parquet", data_files=...)``), with ``question`` and ``answer`` columns: one
+      file holds one list of problems, split like the fixture (the last ``len // 3`` are test).
+
+    ``dataset_id``, ``config`` and the split names apply to the hub and to a directory only.
+    ``datasets`` is imported only for those and for a parquet file. Nothing is read until the first
+    :meth:`sample` or :meth:`test_set` (not at import, not when the task is built); the problems,
+    the tokenizer and the test set are then kept on the instance (not in its fields, so
+    ``task_spec``, equality and pickling see only the settings).
+
+    **Prompts** (:meth:`format_prompt`): ``Problem.prompt`` is the exact text the policy sees. The
+    user turn is the question, a newline and ``instruction``. With ``tokenizer_name`` (a local
+    checkpoint directory or a hub id, normally the one the policy was loaded from) the tokenizer is
+    loaded on first use as :func:`grpo_lab.models.load_policy` loads it, and the prompt is its chat
+    template applied to an optional system turn (``system_prompt``) and the user turn, ending with
+    the assistant's generation prompt (``apply_chat_template(..., tokenize=False,
+    add_generation_prompt=True)``). The template writes any BOS token itself, and
+    :func:`grpo_lab.rollout.generate` encodes prompts with ``add_special_tokens=False``, so none is
+    added twice. The tokenizer is named rather than passed, so that the task stays a dataclass of
+    JSON-able settings: ``Trainer.resume`` rebuilds it, with the same prompts, from a checkpoint.
+    Without ``tokenizer_name`` the prompt is plain text for a base model:
+    ``"[system_prompt\\n\\n]Question: <question>\\n<instruction>\\nAnswer:"``.
+
+    The reward reads the **completion only** (``Rollout.texts`` holds just the decoded response),
+    so an example ``\\boxed{}`` in the prompt is never taken for the answer.
+
+    Args:
+        source: ``"fixture"``, ``"hub"``, or a path (``str`` or ``os.PathLike``) to a directory,
+            a ``.jsonl`` or a ``.parquet`` file, as above.
+        dataset_id: the hub dataset for ``source="hub"``.
+        config: the dataset config (GSM8K: ``"main"`` or ``"socratic"``).
+        train_split, test_split: the split names :meth:`sample` and :meth:`test_set` read.
+        test_size: the test set is the first ``test_size`` problems of the test split; ``None``:
+            all of them.
+        max_new_tokens: the generation budget in tokens (GSM8K solutions with reasoning need a few
+            hundred).
+        system_prompt: the system turn (chat template) or first paragraph (plain prompt); ``None``:
+            none (a chat template may then write its own default system turn, as Qwen2.5's does).
+        instruction: appended to each question on its own line (``""``: nothing).
+        tokenizer_name: the tokenizer whose chat template formats the prompts; ``None``: plain text.
+        name: the registry name, ``"gsm8k"``.
+
+    Raises:
+        ValueError: a setting of the wrong type or value (non-empty strings, ``test_size`` and
+            ``max_new_tokens`` ints ``>= 1``), or a ``source`` path that is not a directory, a
+            ``.jsonl`` or a ``.parquet`` file.
+        FileNotFoundError: a ``source`` path that does not exist.
+    """
+
+    source: str = "fixture"
+    dataset_id: str = "openai/gsm8k"
+    config: str = "main"
+    train_split: str = "train"
+    test_split: str = "test"
+    test_size: int | None = None
+    max_new_tokens: int = 512
+    system_prompt: str | None = None
+    instruction: str = DEFAULT_INSTRUCTION
+    tokenizer_name: str | None = None
+    name: str = "gsm8k"
+
+    def __post_init__(self):
+        self.source = _text_field("source", self.source)
+        for key in ("dataset_id", "config", "train_split", "test_split"):
+            setattr(self, key, _text_field(key, getattr(self, key)))
+        self.system_prompt = _text_field("system_prompt", self.system_prompt, empty=True, none=True)
+        self.instruction = _text_field("instruction", self.instruction, empty=True)
+        self.tokenizer_name = _text_field("tokenizer_name", self.tokenizer_name, none=True)
+        for key, allow_none in (("test_size", True), ("max_new_tokens", False)):
+            value = getattr(self, key)
+            if value is None and allow_none:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"GSM8KTask: {key} must be an int >= 1{' or None' if allow_none else ''}, "
+                                 f"got {value!r}")
+            setattr(self, key, int(value))
+        self.name = _text_field("name", self.name)
+        if self.source not in _NAMED_SOURCES:
+            path = Path(self.source)
+            if not path.exists():
+                raise FileNotFoundError(f"GSM8KTask: source {self.source!r} is neither 'fixture', 'hub' nor an "
+                                        "existing directory or .jsonl / .parquet file")
+            if not path.is_dir() and path.suffix not in _FILE_SUFFIXES:
+                raise ValueError(f"GSM8KTask: source file {self.source!r} must be a .jsonl or a .parquet file "
+                                 "(or a directory laid out as the hub repository)")
+        self._reset_cache()
+
+    def _reset_cache(self) -> None:
+        self._rows = None           # {"train": [...], "test": [...]} of {"question", "answer"} dicts
+        self._tokenizer = None
+        self._train_problems = {}   # train index -> Problem
+        self._test_problems = None
+
+    def __getstate__(self):  # pickled (sent to a worker process) without the data it has read
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reset_cache()
+
+    # ------------------------------------------------------------------ data
+    def rows(self) -> dict[str, list[dict]]:
+        """The problems of the source, read on the first call and kept: ``{"train": [...],
+        "test": [...]}``, each a list of ``{"question": str, "answer": str}`` in source order
+        (the whole test split; :meth:`test_set` takes the first ``test_size``).
+
+        Raises:
+            ImportError: ``datasets`` is needed (hub, directory, parquet file) and not installed.
+            FileNotFoundError: the source file or directory is gone.
+            ValueError: a row outside GSM8K's schema (message names the source and row), a split
+                that ``datasets`` cannot find in a directory, or a single file of fewer than 3 problems.
+            OSError: ``datasets`` could not reach or find the hub dataset (offline and not cached;
+                a ``ConnectionError`` is an ``OSError``); the message names the id and says what to do.
+        """
+        if self._rows is None:
+            self._rows = self._read()
+        return self._rows
+
+    def _read(self) -> dict[str, list[dict]]:
+        if self.source == "fixture":
+            return _split_file_rows(load_fixture(), f"the fixture {fixture_path()}")
+        if self.source == "hub":
+            return {"train": self._load_split(self.dataset_id, self.train_split),
+                    "test": self._load_split(self.dataset_id, self.test_split)}
+        path = Path(self.source)
+        if path.is_dir():
+            return {"train": self._load_split(str(path), self.train_split),
+                    "test": self._load_split(str(path), self.test_split)}
+        if path.suffix == ".jsonl":
+            return _split_file_rows(load_fixture(path), str(path))
+        if not path.is_file():
+            raise FileNotFoundError(f"GSM8KTask: source file {str(path)!r} does not exist")
+        datasets = _datasets_module(f"the parquet file {str(path)!r}")
+        dataset = datasets.load_dataset("parquet", data_files=str(path), split="train")
+        return _split_file_rows(_rows_of(dataset, str(path)), str(path))
+
+    def _load_split(self, path_or_id: str, split: str) -> list[dict]:
+        """One split through ``datasets.load_dataset(path_or_id, config, split=split)``: the same
+        call for the hub id and for a local directory in the hub repository's layout."""
+        where = f"{path_or_id!r} (config {self.config!r}, split {split!r})"
+        datasets = _datasets_module(f"source={self.source!r}")
+        try:
+            dataset = datasets.load_dataset(path_or_id, self.config, split=split)
+        except Exception as exc:
+            hint = ("a directory must be laid out as the hub repository: <config>/<split>-*.parquet and the "
+                    "README.md that declares the configs" if self.source != "hub" else
+                    "offline (HF_HUB_OFFLINE=1) the dataset must already be in the datasets cache; or download "
+                    "it once and pass the directory as source")
+            _reraise(exc, f"GSM8KTask: could not load {where} with datasets.load_dataset: {exc}; {hint}")
+        return _rows_of(dataset, where)
+
+    # ------------------------------------------------------------------ prompts
+    def chat_tokenizer(self):
+        """The tokenizer named by ``tokenizer_name``, loaded on the first call and kept; ``None``
+        without one.
+
+        Raises:
+            ValueError: the tokenizer has no chat template (e.g. a base model's, or the tiny
+                checkpoints' character tokenizer): use ``tokenizer_name=None`` for plain prompts.
+            FileNotFoundError: ``tokenizer_name`` is a path that does not exist.
+            OSError: it could not be loaded (e.g. a hub id offline and not in the cache).
+        """
+        if self.tokenizer_name is None:
+            return None
+        if self._tokenizer is None:
+            from ..models import _load_tokenizer  # the loader load_policy uses, so the same class
+
+            name = self.tokenizer_name
+            if not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") != 1):
+                raise FileNotFoundError(f"GSM8KTask: tokenizer_name {name!r} is neither an existing directory nor "
+                                        "a hub id 'org/name'")
+            try:
+                tokenizer = _load_tokenizer(self.tokenizer_name)
+            except Exception as exc:
+                _reraise(exc, f"GSM8KTask: could not load the tokenizer {self.tokenizer_name!r} (tokenizer_name): "
+                              f"{exc}")
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError(f"GSM8KTask: the tokenizer {self.tokenizer_name!r} has no chat template; leave "
+                                 "tokenizer_name=None for plain-text prompts")
+            self._tokenizer = tokenizer
+        return self._tokenizer
+
+    def format_prompt(self, question: str) -> str:
+        """The prompt for one question: the chat template of ``tokenizer_name`` applied to the
+        system turn (if any) and the user turn ``question + "\\n" + instruction``, with the
+        assistant's generation prompt; without a tokenizer, the plain text
+        ``"[system_prompt\\n\\n]Question: <question>\\n<instruction>\\nAnswer:"`` (an empty
+        ``instruction`` leaves out its line).
+
+        Raises:
+            TypeError: ``question`` is not a ``str``.
+            ValueError: from :meth:`chat_tokenizer`.
+            OSError: from :meth:`chat_tokenizer`.
+        """
+        if not isinstance(question, str):
+            raise TypeError(f"GSM8KTask.format_prompt: question must be a str, got {type(question).__name__}")
+        user = f"{question}\n{self.instruction}" if self.instruction else question
+        tokenizer = self.chat_tokenizer()
+        if tokenizer is None:
+            head = f"{self.system_prompt}\n\n" if self.system_prompt else ""
+            return f"{head}Question: {user}\nAnswer:"
+        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) \
+            + [{"role": "user", "content": user}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _problem(self, row: dict, index: int) -> Problem:
+        return Problem(self.format_prompt(row["question"]), split_gold(row["answer"])[1],
+                       {"question": row["question"], "index": index})
+
+    # ------------------------------------------------------------------ the protocol
+    def sample(self, n: int, rng) -> list[Problem]:
+        """``n`` training problems drawn with ``rng`` (a ``numpy.random.Generator``) from the train
+        split: ``rng.choice(len(train), n, replace=n > len(train))``, so a batch holds ``n``
+        distinct problems when the split has that many.
+
+        Returns:
+            ``list[Problem]``: ``prompt`` (:meth:`format_prompt`), ``answer`` the gold final answer
+            (the text after ``####``, :func:`grpo_lab.tasks.gsm8k.split_gold`), ``meta`` ``{"question", "index"}`` (the
+            row in the train split).
+
+        Raises:
+            ValueError: ``n`` is not an int ``>= 1``; the train split is empty; what :meth:`rows`
+                raises.
+        """
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"GSM8KTask.sample: n must be an int >= 1, got {n!r}")
+        train = self.rows()["train"]
+        if not train:
+            raise ValueError(f"GSM8KTask: the train split {self.train_split!r} of {self.source!r} is empty")
+        out = []
+        for i in rng.choice(len(train), size=int(n), replace=int(n) > len(train)).tolist():
+            if i not in self._train_problems:
+                self._train_problems[i] = self._problem(train[i], i)
+            out.append(self._train_problems[i])
+        return out
+
+    def reward(self, completion: str, problem: Problem) -> float:
+        """``score(completion, problem.answer)``: 1.0 if the completion's final answer (its last
+        ``\\boxed{}`` or ``####`` line) equals the gold answer, else 0.0 (DeepSeekMath §4.1.2
+        outcome reward). ``completion`` is the response only, never the prompt.
+
+        Raises:
+            TypeError: ``completion`` is not a ``str``.
+            ValueError: ``problem.answer`` is not a GSM8K final answer.
+        """
+        return score(completion, problem.answer)
+
+    def is_correct(self, completion: str, problem: Problem) -> bool:
+        """Whether :meth:`reward` is 1.0."""
+        return self.reward(completion, problem) == 1.0
+
+    def test_set(self) -> list[Problem]:
+        """The first ``test_size`` problems (all when ``None``) of the test split, built on the
+        first call and the same list on every later one; ``meta["index"]`` is the row in the test
+        split.
+
+        Raises:
+            ValueError: ``test_size`` exceeds the test split, or the test split is empty; what
+                :meth:`rows` raises.
+        """
+        if self._test_problems is None:
+            test = self.rows()["test"]
+            n = len(test) if self.test_size is None else self.test_size
+            if not test or n > len(test):
+                raise ValueError(f"GSM8KTask: test_size={self.test_size} but the test split {self.test_split!r} of "
+                                 f"{self.source!r} has {len(test)} problems")
+            self._test_problems = [self._problem(row, i) for i, row in enumerate(test[:n])]
+        return self._test_problems

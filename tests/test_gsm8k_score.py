@@ -1,0 +1,459 @@
+"""Tests for grpo_lab.tasks.gsm8k: answer extraction, the math-verify scorer, and the GSM8K fixture.
+
+Every expected score below was decided by hand from the rule stated in its comment (and in the
+module docstring), not read off the code's output.
+"""
+
+import ast
+import json
+import operator
+import re
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("math_verify")
+
+from grpo_lab.paths import ENV_VAR
+from grpo_lab.tasks import gsm8k
+from grpo_lab.tasks.gsm8k import extract_answer, load_fixture, parse_gold, score, split_gold
+
+
+def _score_in_thread(completion, gold, limit_s=30.0):
+    """``score`` run in a worker thread (no signals there); fails if it takes over ``limit_s``.
+
+    The limit catches slow Python-level work only: one long C call (SymPy raising 10 to the power
+    10**10) holds the GIL, so the join cannot time out; test_bounds_are_what_refuse_the_hanging_answers
+    checks that such answers never reach SymPy."""
+    out = {}
+
+    def work():
+        try:
+            out["value"] = score(completion, gold)
+        except BaseException as e:  # reported below
+            out["error"] = e
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(limit_s)
+    assert not t.is_alive(), f"score did not return within {limit_s} s for {completion!r:.80}"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+# ---------------------------------------------------------------------------------- extraction
+def test_several_boxes_the_last_counts():
+    # A model that corrects itself: only its last boxed answer is its answer.
+    text = r"First guess \boxed{3}. Wait, I forgot the tip, so the total is \boxed{5}."
+    assert extract_answer(text) == "5"
+    assert score(text, "5") == 1.0
+    assert score(text, "3") == 0.0
+
+
+def test_nested_braces_inside_a_box():
+    # The box ends at its own closing brace, not at the first "}" (that of \frac's numerator).
+    assert extract_answer(r"so \boxed{\frac{1}{2}} of the cake") == r"\frac{1}{2}"
+    # escaped braces are text, not grouping: the box holds the whole set
+    assert extract_answer(r"\boxed{\{1, 2\}}") == r"\{1, 2\}"
+
+
+def test_box_versus_marker_whichever_comes_last():
+    # "####" after the box wins; a box after "####" (even on its line) wins; "####" inside the last
+    # box belongs to the box.
+    assert extract_answer("\\boxed{5}\n#### 6") == "6"
+    assert extract_answer("#### 6\nActually \\boxed{5}") == "5"
+    assert extract_answer(r"\boxed{#### 7}") == "#### 7"
+    assert score("\\boxed{5}\n#### 6", "6") == 1.0
+    assert score("\\boxed{5}\n#### 6", "5") == 0.0
+
+
+def test_marker_answer_is_the_rest_of_its_line():
+    # The text after the last "####" up to the end of that line; later lines are not the answer.
+    assert extract_answer("9*2 = 18\n#### 18\nQuestion: what is 3+4?") == "18"
+    assert extract_answer("#### 1 2\n#### 18 ") == "18"
+    assert extract_answer("####\n18") == ""   # a marker with an empty line: an empty answer
+    assert score("####\n18", "18") == 0.0
+
+
+def test_unclosed_box_is_not_an_answer():
+    # A completion cut off inside its box has no answer there; an earlier complete box still counts.
+    assert extract_answer(r"the total is \boxed{18") is None
+    assert extract_answer(r"\boxed{18} ... so the total is \boxed{1") == "18"
+    assert score(r"the total is \boxed{18", "18") == 0.0
+
+
+def test_no_answer_scores_zero():
+    # Neither a box nor "####": nothing to judge, even if the right number is in the text.
+    assert extract_answer("She makes 9 * 2 = 18 dollars every day.") is None
+    assert score("She makes 9 * 2 = 18 dollars every day.", "18") == 0.0
+    assert score("", "18") == 0.0
+    assert score(r"\boxed{}", "18") == 0.0
+
+
+def test_answer_far_from_the_end_is_still_found():
+    # A long tail of text (with numbers in it) after the box does not hide the box.
+    tail = " Check: 3 + 4 = 7, and 7 * 6 = 42 again." * 400
+    text = r"The answer is \boxed{42}." + tail
+    assert len(text) > 10_000
+    assert extract_answer(text) == "42"
+    assert score(text, "42") == 1.0
+    assert score(text, "7") == 0.0
+
+
+def test_score_takes_the_completion_only():
+    # The caller must pass the completion alone: a prompt with a worked, boxed example would be
+    # read as the answer. Here the completion has no box, so it scores 0; prompt + completion
+    # would wrongly score 1 on the example's box.
+    prompt = r"Put the final answer in \boxed{}. Example: 9*2 = 18, so \boxed{18}. Now: Janet sells 9 eggs at $2. "
+    completion = "She makes 9*2 = 18 dollars."
+    assert score(completion, "18") == 0.0
+    assert score(prompt + completion, "18") == 1.0  # the hazard score's docstring warns about
+
+
+def test_extract_answer_rejects_non_strings():
+    with pytest.raises(TypeError, match="completion must be a str"):
+        extract_answer(None)
+    with pytest.raises(TypeError, match="completion must be a str"):
+        score(b"\\boxed{18}", "18")
+
+
+# ------------------------------------------------------------------------------------ scoring
+def test_text_wrapper_inside_a_box():
+    # \text{13} is the number 13 (math-verify unwraps text that holds a number).
+    assert score(r"\boxed{\text{13}}", "13") == 1.0
+    assert score(r"\boxed{\text{13}}", "31") == 0.0
+
+
+def test_minus_sign_matters():
+    # Losing the minus sign is a wrong answer; keeping it (also as U+2212) is right.
+    assert score(r"\boxed{3}", "-3") == 0.0
+    assert score(r"\boxed{-3}", "-3") == 1.0
+    assert score("\\boxed{\u22123}", "-3") == 1.0
+    assert score("#### \u22123", "-3") == 1.0
+    assert score("#### \u22123 degrees", "-3") == 1.0
+    assert score(r"\boxed{-3}", "3") == 0.0
+
+
+def test_fbox_counts_like_boxed():
+    assert extract_answer(r"so \fbox{12}") == "12"
+    assert score(r"so \fbox{12}", "12") == 1.0
+
+
+def test_thousands_separator_versus_tuple():
+    # "1,234" in a box is one number; "(1,234)" is an interval (math-verify), not 1234.
+    assert score(r"\boxed{1,234}", "1234") == 1.0
+    assert score(r"\boxed{(1,234)}", "1234") == 0.0
+    assert score(r"\boxed{1{,}234}", "1234") == 1.0
+
+
+def test_thousands_grouped_by_a_space():
+    # math-verify alone reads "1\,234" and "1 234" as the mixed number 1 + 234 = 235; we join
+    # the groups first, so they are 1234 and never 235.
+    for text in (r"\boxed{1\,234}", r"\boxed{1 234}", r"\boxed{1~234}", r"\boxed{12\,345\,678}"):
+        gold = "12345678" if "678" in text else "1234"
+        assert score(text, gold) == 1.0, text
+        assert score(text, "235") == 0.0, text
+    assert score("#### 1 234", "1234") == 1.0
+
+
+def test_equations_are_judged_by_their_right_hand_side():
+    # math-verify judges an equation by the right side of its last "=": "x = 5" is 5, and so is
+    # "2+3=5"; "5 = x" is x, not 5. The left side is not checked: "2+3=6" counts as 6.
+    assert score(r"\boxed{x = 5}", "5") == 1.0
+    assert score(r"\boxed{5 = x}", "5") == 0.0
+    assert score(r"\boxed{2+3=5}", "5") == 1.0
+    assert score(r"\boxed{2+3=6}", "6") == 1.0
+    # an unevaluated expression counts by its value
+    assert score(r"\boxed{2+3}", "5") == 1.0
+
+
+def test_tiny_values_are_not_equal_by_a_loose_tolerance():
+    # Floats are compared to FLOAT_ROUNDING = 10 places. 0.0002 is not 0.0001; nor is 0.0000002
+    # 0.0000001 (math-verify's default of 6 places would call those two equal).
+    assert gsm8k.FLOAT_ROUNDING == 10
+    assert score(r"\boxed{0.0002}", "0.0001") == 0.0
+    assert score(r"\boxed{0.0001}", "0.0001") == 1.0
+    assert score(r"\boxed{0.0000002}", "0.0000001") == 0.0
+    assert score(r"\boxed{0.0000001}", "0.0000001") == 1.0
+
+
+def test_decimal_forms_of_integers():
+    assert score(r"\boxed{3.0}", "3") == 1.0
+    assert score("#### 18.00", "18") == 1.0
+    assert score(r"\boxed{3.5}", "3") == 0.0
+
+
+def test_fractions():
+    # 1/2 = 0.5 exactly, in LaTeX or plain text, after "####" too.
+    assert score(r"\boxed{\frac{1}{2}}", "0.5") == 1.0
+    assert score(r"\boxed{\dfrac{3}{4}}", "0.75") == 1.0
+    assert score("#### 1/2", "0.5") == 1.0
+    assert score(r"#### \frac{1}{2}", "0.5") == 1.0  # no plain number there: read as LaTeX
+    assert score(r"\boxed{\frac{1}{3}}", "0.33") == 0.0
+
+
+def test_gsm8k_marker_answers():
+    # GSM8K's own format, with or without currency, thousands separators, Markdown bold or a unit.
+    assert score("Janet sells 16 - 3 - 4 = 9 eggs.\n#### 18", "18") == 1.0
+    assert score("#### 18", "19") == 0.0
+    assert score("#### $1,234", "1234") == 1.0
+    assert score(r"#### \$18", "18") == 1.0
+    assert score("#### **18**", "18") == 1.0
+    assert score("#### 18 dollars", "18") == 1.0
+
+
+def test_thousands_separators_in_gold():
+    # GSM8K writes plain digits after "####", but a gold with comma separators means the same number.
+    assert score(r"\boxed{1234}", "1,234") == 1.0
+    assert score(r"\boxed{1,234}", "1,234") == 1.0
+    assert score("#### 1234", "1,234") == 1.0
+    assert score(r"\boxed{1234}", "1,235") == 0.0
+
+
+def test_dollar_signs_and_units():
+    # \$ and units in \text are ignored by math-verify.
+    assert score(r"\boxed{\$18}", "18") == 1.0
+    assert score(r"\boxed{18 \text{ dollars}}", "18") == 1.0
+    assert score(r"\boxed{\$18.00}", "18") == 1.0
+    assert score(r"\boxed{50 \text{ m}^2}", "50") == 1.0
+    assert score(r"\boxed{\$18}", "17") == 0.0
+
+
+def test_units_math_verify_does_not_read():
+    # What math-verify makes of a unit outside \text: "18 dollars" in a box is 18 times a product
+    # of symbols (it parses to 18*a*do*l*l*r*s), and \text{18 dollars} one symbol; neither is 18
+    # (documented, kept).
+    assert score(r"\boxed{18 dollars}", "18") == 0.0
+    assert score(r"\boxed{\text{18 dollars}}", "18") == 0.0
+
+
+def test_percent_is_a_unit():
+    # math-verify cannot parse \boxed{25\%} (it would score 0); we drop a trailing percent sign,
+    # so it equals 25, like \boxed{25 \text{ percent}} does in math-verify.
+    assert score(r"\boxed{25\%}", "25") == 1.0
+    assert score(r"\boxed{25 \text{ percent}}", "25") == 1.0
+    assert score("#### 25%", "25") == 1.0
+    assert score(r"\boxed{25\%}", "0.25") == 0.0
+
+
+# ------------------------------------------------------------------------------ bad gold input
+@pytest.mark.parametrize("gold", ["", "abc", "18 dollars", "$18", "1,23", "1/2", "\\frac{1}{2}", "18\n19", "--3"])
+def test_unparseable_gold_raises_naming_it(gold):
+    with pytest.raises(ValueError, match=re.escape(repr(gold)[:60]) + ".*not a GSM8K final answer"):
+        score(r"\boxed{18}", gold)
+
+
+def test_gold_must_be_a_string():
+    with pytest.raises(TypeError, match="gold must be a str"):
+        score(r"\boxed{18}", 18)
+
+
+def test_parse_gold_forms():
+    # the GSM8K forms all parse to one number; surrounding whitespace is ignored
+    for gold in ("18", "-3", "+3", "1234", "1,234", "0.5", " 18 "):
+        assert len(parse_gold(gold)) == 1
+
+
+# ------------------------------------------------------------------ robustness: never raises
+NASTY = [
+    "",
+    "{{{{", "}}}}", r"\boxed{", r"\boxed{{{{", r"\boxed{}}}}", r"\boxed{\frac{1}{", r"\boxed{\frac{}{}}",
+    r"\boxed{" * 5000,                                   # many unclosed boxes: still linear
+    "#" * 10_000, "####", "#### ", "#### \\", "####" * 1000,
+    r"\boxed{10^{10000}}", r"\boxed{10^{10^{10}}}", r"\boxed{9^{9^{9^{9}}}}", r"\boxed{2^{2^{100}}}",
+    r"\boxed{10^{-10^{10}}}", r"\boxed{5+10^{-10^{10}}}", r"\boxed{(x+y+z+1)^{99}}", r"\boxed{x^{x^{x}}}",
+    r"\boxed{1000000!}", r"\boxed{(10^{100})!}", r"\boxed{\prod_{i=1}^{10^{9}} i}",
+    r"\boxed{\sum_{i=1}^{10^{10}} i}", r"\boxed{\binom{10^{10}}{5000}}", r"\boxed{e^{e^{e^{100}}}}",
+    "#### 9**9**9", "#### 10^999999999", "#### " + "9" * 5000, r"\boxed{" + "9" * 5000 + "}",
+    r"\boxed{\frac{1}{0}}", r"\boxed{0^0}", r"\boxed{\infty}", r"\boxed{\sqrt{-1}}", r"\boxed{\int_0^1 x dx}",
+    r"\boxed{a+b+c+d+e+f+g+h+i+j+k+l+m+n+o+p}", r"\boxed{\text{a+b+c+d+e+f+g+h+i+j+k+l+m+n}}",
+    r"\boxed{\frac{a+b}{c+d}+\frac{e+f}{g+h}+\frac{i+j}{k+l}+\frac{m+n}{o+p}}",
+    "\\boxed{\x00\x01\x02}", "\\boxed{\ud800}", "#### \u202e18", r"\boxed{\\\\\\}", r"\boxed{$$$}", r"\boxed{\left(}",
+    r"\boxed{\begin{pmatrix}1&2\\3&4\end{pmatrix}}", r"\boxed{\undefinedmacro{5}}", r"\boxed{__import__('os')}",
+]
+
+
+@pytest.mark.parametrize("completion", NASTY, ids=range(len(NASTY)))
+def test_never_raises_or_hangs_on_garbage(completion):
+    # Each returns 0.0 (none of them is 5), in bounded time, from a worker thread (no signals).
+    assert _score_in_thread(completion, "5") == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(
+    st.sampled_from([r"\boxed{", r"\fbox{", "{", "}", "####", "\n", "^", "**", "!", "-", ",", ".", "=",
+                     r"\frac", r"\text{", r"\$", r"\%", "10", "9", "x", " ", "(", ")", r"\left(", r"\,"]),
+    st.text(max_size=6)), max_size=30).map("".join))
+def test_never_raises_on_random_text(completion):
+    # Any string at all scores exactly 0.0 or 1.0 and never raises.
+    assert score(completion, "10") in (0.0, 1.0)
+
+
+def test_bounds_are_what_refuse_the_hanging_answers():
+    # The guard, not luck, keeps these out of SymPy: math-verify without a timeout runs for minutes on each.
+    for text in (r"10^{10^{10}}", r"(x+y+z+1)^{99}", "1000000!", r"\prod_{i=1}^{10^{9}} i", "9" * 101):
+        assert not gsm8k._bounded(text, latex=True), text
+    assert not gsm8k._bounded("9**9**9", latex=False)
+    assert not gsm8k._bounded("10^999999999", latex=False)
+    # ... while GSM8K answers pass
+    for text in ("18", r"\$1,234.50", r"\frac{1}{2}", r"18 \text{ dollars}", "x = 5", r"50 \text{ m}^2", "10^2"):
+        assert gsm8k._bounded(text, latex=True), text
+
+
+# ----------------------------------------------------------------------- threads and signals
+def test_works_from_a_worker_thread():
+    # math-verify's own timeout uses signal.alarm, which raises ValueError outside the main thread;
+    # with it off, a worker thread gets the same scores as the main thread.
+    assert _score_in_thread(r"\boxed{\frac{1}{2}}", "0.5") == 1.0
+    assert _score_in_thread(r"\boxed{3}", "-3") == 0.0
+    assert _score_in_thread("#### 1,234", "1234") == 1.0
+
+
+def test_concurrent_threads_agree_with_serial_scores():
+    # Many threads at once (the scorer holds a lock around math-verify) give the serial results.
+    cases = [(r"\boxed{\frac{1}{2}}", "0.5"), (r"\boxed{3}", "-3"), ("#### 1,234", "1234"),
+             (r"\boxed{x = 5}", "5"), (r"\boxed{5 = x}", "5"), (r"\boxed{18 \text{ dollars}}", "18")] * 8
+    serial = [score(c, g) for c, g in cases]
+    assert serial[:6] == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert list(pool.map(lambda cg: score(*cg), cases)) == serial
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX interval timers")
+def test_score_leaves_the_callers_alarm_alone():
+    # math-verify with its timeout on would set SIGALRM and then cancel it (signal.alarm(0)),
+    # silently disarming a timer the caller had set; score must not touch it.
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 600.0)
+        assert score(r"\boxed{\frac{1}{2}}", "0.5") == 1.0
+        assert score("#### 18", "18") == 1.0
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert remaining > 500.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert not fired
+
+
+# ------------------------------------------------------------------------------- split_gold
+def test_split_gold():
+    rationale, final = split_gold("He sprints 3*3=<<3*3=9>>9 times\n#### 540")
+    assert (rationale, final) == ("He sprints 3*3=<<3*3=9>>9 times", "540")
+    # the last marker counts
+    assert split_gold("a #### b\n#### 7 ") == ("a #### b", "7")
+
+
+@pytest.mark.parametrize("field", ["no marker", "work\n####", "work\n####   ", "#### 1\n2"])
+def test_split_gold_rejects_fields_without_one_final_answer(field):
+    with pytest.raises(ValueError, match="split_gold"):
+        split_gold(field)
+
+
+# ---------------------------------------------------------------------------------- fixture
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _arith(expr: str) -> Fraction:
+    """Exact value of a calculator annotation's left side: numbers, + - * /, unary minus and
+    parentheses only (an ast walk, never eval)."""
+
+    def walk(node):
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return Fraction(str(node.value))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = walk(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](walk(node.left), walk(node.right))
+        raise ValueError(f"not plain arithmetic: {ast.dump(node)[:60]}")
+
+    return walk(ast.parse(expr, mode="eval"))
+
+
+def test_arith_helper_is_exact_and_refuses_anything_else():
+    # the checker itself: 48/2 = 24, 0.1+0.2 is exactly 3/10, and names/calls/powers are refused
+    assert _arith("48/2") == 24
+    assert _arith("0.1+0.2") == Fraction(3, 10)
+    assert _arith("3*(16.50+22.50+42)") == 243
+    assert _arith("-40+15") == -25
+    for bad in ("__import__('os')", "2**10", "x+1", "[1]"):
+        with pytest.raises(ValueError):
+            _arith(bad)
+
+
+_ANNOTATION = re.compile(r"<<([^<>=]+)=([^<>=]+)>>(-?\d[\d,]*(?:\.\d+)?)?")
+
+
+def test_fixture_schema_and_size():
+    problems = load_fixture()
+    assert 20 <= len(problems) <= 30
+    assert len({p["question"] for p in problems}) == len(problems)
+    for p in problems:
+        assert set(p) == {"question", "answer"}
+        assert p["question"].strip().endswith("?")
+
+
+def test_fixture_arithmetic_checks_out():
+    # Every <<a op b=c>> annotation is right (exact rational arithmetic), the number written after
+    # it shows c, and the final answer equals the last annotation's result.
+    finals = []
+    for k, p in enumerate(load_fixture(), 1):
+        rationale, final = split_gold(p["answer"])
+        notes = _ANNOTATION.findall(rationale)
+        assert notes, f"problem {k} has no calculator annotation"
+        for lhs, rhs, shown in notes:
+            assert _arith(lhs) == Fraction(rhs), f"problem {k}: {lhs} != {rhs}"
+            assert shown and Fraction(shown.replace(",", "")) == Fraction(rhs), f"problem {k}: shows {shown!r} for {rhs}"
+        assert re.fullmatch(r"-?\d+(\.\d+)?", final), f"problem {k}: GSM8K writes plain digits after ####, got {final!r}"
+        assert Fraction(final) == Fraction(notes[-1][1]), f"problem {k}: final {final} != last step {notes[-1][1]}"
+        finals.append(Fraction(final))
+    # the fixture covers thousands, a negative answer and a non-integer one
+    assert sum(f >= 1000 for f in finals) >= 3
+    assert any(f < 0 for f in finals)
+    assert any(f.denominator != 1 for f in finals)
+
+
+def test_fixture_answers_score_as_completions():
+    # A gold rationale, used as a completion, scores 1 on its own final answer, 0 on a neighbour;
+    # a boxed final answer scores 1.
+    for p in load_fixture():
+        _, final = split_gold(p["answer"])
+        wrong = str(Decimal(final) + 1)  # a different number of the same form
+        assert score(p["answer"], final) == 1.0, p["answer"]
+        assert score(p["answer"], wrong) == 0.0, p["answer"]
+        assert score(f"So the answer is \\boxed{{{final}}}.", final) == 1.0
+
+
+def test_load_fixture_default_path_follows_the_data_dir(tmp_path, monkeypatch):
+    # the default path is <data_dir>/tasks/gsm8k_fixture.jsonl; a missing one says where it looked
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "tasks" / "gsm8k_fixture.jsonl"))):
+        load_fixture()
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "gsm8k_fixture.jsonl").write_text(json.dumps({"question": "q?", "answer": "a\n#### 1"}) + "\n")
+    assert load_fixture() == [{"question": "q?", "answer": "a\n#### 1"}]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("not json", "is not JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    (json.dumps({"question": "q?"}), "must be a JSON object"),
+    (json.dumps({"question": "q?", "answer": 18}), "must be a JSON object"),
+    (json.dumps({"question": "q?", "answer": "no marker"}), "no '####'"),
+])
+def test_load_fixture_rejects_bad_lines(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"question": "q?", "answer": "a\n#### 1"}) + "\n\n" + line + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:3") + ".*" + re.escape(message)):
+        load_fixture(path)
