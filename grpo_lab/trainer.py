@@ -63,7 +63,13 @@ from .rollout import Rollout, evaluate, generate, policy_logprobs
 from .tasks import Problem, validate_task
 from .validation import choice, flag, is_int, non_negative_int, positive_int, positive_number, real_number
 
-__all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb", "reset_peak_memory"]
+__all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb", "reset_peak_memory",
+           "MEASURED_COLUMNS"]
+
+#: The history columns that measure the machine rather than the run, namely wall times, throughput and
+#: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another
+#: process), so drop them before comparing histories.
+MEASURED_COLUMNS = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Runs the training experiments of chapters 1-3 exactly as the chapters configure them (CPU profile,
 seeds 0-4, without the run cache) and either writes their histories (``--write FILE``) or compares them with a file written
 earlier (``--compare FILE``), column by column and bit for bit (NaN equals NaN). Wall-clock columns
-(``tokens_per_s``, ``gen_seconds``, ``step_seconds``, ``eval_seconds``) are dropped first: they are the only ones
+(``tokens_per_s``, ``gen_seconds``, ``step_seconds``, ``eval_seconds``) and ``peak_mem_mb`` are dropped first: they are the only ones
 allowed to differ. Used to show that a refactor changed no number; see README "Reproducibility".
 
     python scripts/check_histories.py --write /tmp/before.pkl     # on the old code
@@ -21,7 +21,7 @@ import pandas as pd
 from grpo_lab import experiments
 from grpo_lab.algorithms import DAPO, DR_GRPO, GRPO
 
-TIMING = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds")
+TIMING = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb")
 SEEDS = (0, 1, 2, 3, 4)
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-TIMING = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds")
+TIMING = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb")
 
 #: name -> (environment variables, TrainerConfig overrides). "default" is the reference.
 SETTINGS: dict[str, tuple[dict[str, str], dict]] = {
