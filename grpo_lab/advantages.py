@@ -1,4 +1,4 @@
-"""Outcome-reward advantages for group-sampled RL: GRPO z-scores, Dr.GRPO centring, RLOO.
+"""Advantages: GRPO z-scores, Dr.GRPO centring and RLOO over groups; GAE over a critic's values.
 
 The advantage axis of an :class:`~grpo_lab.algorithms.Algorithm` is the registry
 :data:`ADVANTAGE_ESTIMATORS`: a dict from a choice's name to a function
@@ -8,8 +8,10 @@ model, per-token values), so that one signature fits group baselines and value-b
 
 For every prompt the policy samples a *group* of ``G`` completions; the sequences of one group are
 contiguous in the batch (``[g0 s0, g0 s1, ..., g0 s(G-1), g1 s0, ...]``), so ``rewards.view(-1, G)``
-puts one group per row. Each function returns one scalar advantage per sequence, which the
-objectives broadcast over its tokens (DeepSeekMath §4.1.2 "outcome supervision").
+puts one group per row. The group estimators return one scalar advantage per sequence, which the
+objectives broadcast over its tokens (DeepSeekMath §4.1.2 "outcome supervision"); GAE
+(:func:`gae`, :func:`gae_advantages`, PPO and VAPO) returns one per token, ``[B, T]``, from a
+critic's values and the outcome reward placed at the last real token (:func:`outcome_token_rewards`).
 
 Conventions (callers rely on them):
 

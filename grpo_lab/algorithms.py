@@ -89,7 +89,8 @@ class Algorithm:
         advantage: a key of :data:`grpo_lab.advantages.ADVANTAGE_ESTIMATORS`: ``"group"`` —
             ``(r - mean_g) / (std_g + adv_eps)``, DeepSeekMath (arXiv 2402.03300) §4.1.2;
             ``"group_mean"`` — ``r - mean_g``, Dr.GRPO (arXiv 2503.20783) §3.2; ``"batch"`` —
-            group mean, batch std; ``"rloo"`` — leave-one-out baseline.
+            group mean, batch std; ``"rloo"`` — leave-one-out baseline; ``"gae"`` — per-token GAE
+            advantages from a critic's values (PPO, VAPO; :func:`grpo_lab.advantages.gae_advantages`).
         adv_eps: ``>= 0``, added to the std (``"group"``, ``"batch"``).
         ratio_level: a key of :data:`grpo_lab.objectives.RATIOS`: ``"token"`` —
             ``r_t = pi_theta / pi_old`` per token (DeepSeekMath Eq. 3);
@@ -180,7 +181,9 @@ class Algorithm:
             a non-positive ``max_tokens`` or ``overlong_cache_len``, an ``overlong_cache_frac``
             outside ``(0, 0.5]`` or set together with ``overlong_cache_len``, a non-bool
             ``dynamic_sampling`` / ``overlong_filter`` / ``kl_importance_correction``, a
-            negative or non-finite ``offpolicy_mask_delta``, or an empty ``name``.
+            negative or non-finite ``offpolicy_mask_delta``, an empty ``name``, ``gamma`` / ``lam`` /
+            ``critic_lam`` outside ``[0, 1]``, a ``lam_alpha`` that is not ``> 0``, or a negative
+            ``value_clip_eps`` / ``nll_coef``.
     """
 
     name: str = "custom"
@@ -328,9 +331,15 @@ class Algorithm:
           :func:`grpo_lab.advantages.gae` at ``lam = critic_lam``, ``gamma`` (each sequence's
           reward at its last real token). At ``critic_lam = 1`` they are the Monte-Carlo returns
           ``sum_l gamma^l r_{t+l}``, which do not depend on the critic's own predictions.
-        * ``critic_lam=None``: ``advantages + values`` (``advantages`` default: this algorithm's own
-          estimate; a ``[B]`` advantage is broadcast over tokens). For GAE that is GAE's return at
-          the policy's lambda, the target of a PPO critic that shares the policy's lambda.
+        * ``critic_lam=None`` with a value-based estimator (``advantage`` in
+          :data:`grpo_lab.advantages.VALUE_BASELINE_ESTIMATORS`, e.g. ``"gae"``): ``advantages +
+          values`` (``advantages`` default: this algorithm's own estimate), GAE's return at the
+          policy's lambda: the target of a PPO critic that shares the policy's lambda.
+        * ``critic_lam=None`` with any other estimator (a critic trained beside GRPO, say): the
+          Monte-Carlo returns (GAE at ``lam = 1``), since a group advantage plus the critic's own
+          value is no estimate of the return.
+
+        Values at masked positions are ignored (NaN included); targets there are 0.
 
         Raises:
             ValueError: ``batch`` has no ``values`` or no ``mask``.
@@ -340,14 +349,19 @@ class Algorithm:
         if batch.values is None or batch.mask is None:
             raise ValueError("value_targets needs a batch with values and mask (AdvantageBatch.from_groups(..., "
                              "mask=, values=))")
+        from .advantages import VALUE_BASELINE_ESTIMATORS
+
         values = batch.values.detach().to(torch.float32)
-        if self.critic_lam is not None:
+        lam = self.critic_lam
+        if lam is None and self.advantage not in VALUE_BASELINE_ESTIMATORS:
+            lam = 1.0
+        if lam is not None:
             rewards = outcome_token_rewards(batch.rewards, batch.mask)
-            return gae(rewards, values, batch.mask, gamma=self.gamma, lam=self.critic_lam)[1].to(values.device)
+            return gae(rewards, values, batch.mask, gamma=self.gamma, lam=lam)[1].to(values.device)
         adv = self.estimate_advantages(batch) if advantages is None else advantages
         adv = adv.to(values.device, torch.float32)
         out = (adv if adv.dim() == 2 else adv[:, None]) + values
-        return out * (batch.mask != 0).to(out.dtype)
+        return torch.where(batch.mask.to(out.device) != 0, out, torch.zeros_like(out))
 
     def advantages(self, rewards: Tensor, group_size: int) -> Tensor:
         """Advantages ``[B]`` (float32) of ``rewards [B]`` in contiguous groups of ``group_size``.
@@ -370,8 +384,15 @@ class Algorithm:
         sampling & shaping axis: ``dynamic_sampling``, ``overlong_filter``, ``overlong_cache_len``
         and ``overlong_cache_frac`` (both None when the soft overlong punishment is off),
         ``offpolicy_mask_delta`` (V3.2 Eqs. 8–9;
-        None when off), ``mask_eps_low``, ``mask_eps_high`` (MiniMax-M1 Eq. 7; None when off).
+        None when off), ``mask_eps_low``, ``mask_eps_high`` (MiniMax-M1 Eq. 7; None when off), then
+        the value-model fields ``gamma``, ``lam`` (None when ``lam_alpha`` replaces it),
+        ``lam_alpha``, ``critic_lam``, ``value_clip_eps``, all None unless the advantage estimator is
+        value-based (:data:`grpo_lab.advantages.VALUE_BASELINE_ESTIMATORS`, which alone reads them), and
+        ``nll_coef`` (VAPO's positive-example LM loss, 0.0 when off).
         """
+        from .advantages import VALUE_BASELINE_ESTIMATORS
+
+        value_based = self.advantage in VALUE_BASELINE_ESTIMATORS
         return {
             "advantage": self.advantage,
             "ratio_level": self.ratio_level,
@@ -389,6 +410,12 @@ class Algorithm:
             "offpolicy_mask_delta": self.offpolicy_mask_delta,
             "mask_eps_low": self.mask_eps_low,
             "mask_eps_high": self.mask_eps_high,
+            "gamma": self.gamma if value_based else None,
+            "lam": self.lam if value_based and self.lam_alpha is None else None,
+            "lam_alpha": self.lam_alpha if value_based else None,
+            "critic_lam": self.critic_lam if value_based else None,
+            "value_clip_eps": self.value_clip_eps if value_based else None,
+            "nll_coef": self.nll_coef,
         }
 
     def describe(self) -> dict[str, Any]:

@@ -559,7 +559,10 @@ class CriticModel(torch.nn.Module):
             return cls.from_policy(policy)
         if init == "scratch":
             return cls.scratch(tokenizer, seed=seed)
-        return cls.load(init)
+        if not str(init).strip():
+            raise FileNotFoundError(f"CriticModel: value_init must be one of {list(VALUE_INITS)} or the directory of a "
+                                    "saved critic, got an empty string")
+        return cls.load(Path(init).expanduser())
 
     # ---- the ValueModel protocol
     def values(self, rollout) -> torch.Tensor:
@@ -604,12 +607,14 @@ class CriticModel(torch.nn.Module):
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoModel
 
-        path = Path(path)
+        path = Path(path).expanduser()
         for name in ("critic.json", "config.json", "critic.safetensors"):
             if not (path / name).is_file():
+                hint = (f"; {path} is a trainer checkpoint: its critic is {path / 'critic'}"
+                        if (path / "critic" / "critic.json").is_file() else "")
                 raise FileNotFoundError(
                     f"CriticModel: value_init={str(path)!r} is neither one of {list(VALUE_INITS)} nor a critic "
-                    f"directory written by CriticModel.save ({path / name} is missing)")
+                    f"directory written by CriticModel.save ({path / name} is missing){hint}")
         meta = json.loads((path / "critic.json").read_text())
         model = cls(AutoModel.from_config(AutoConfig.from_pretrained(path)), meta["hidden_size"])
         model.load_state_dict(load_file(path / "critic.safetensors"))

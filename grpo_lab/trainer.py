@@ -83,9 +83,10 @@ class TrainerConfig:
         temperature: sampling temperature (log-probs are computed at the same temperature).
         lr, weight_decay, betas, grad_clip: AdamW and global-norm clipping (``grad_clip > 0``: the
             largest global gradient norm; 0 would zero every update).
-        warmup: optimiser steps of linear learning-rate warm-up (Adam's first steps move every
-            parameter by about ``lr`` whatever its gradient, which can collapse a token's
-            probability in a tiny model; a short warm-up avoids it).
+        warmup: optimiser steps of linear learning-rate warm-up of the policy (Adam's first steps
+            move every parameter by about ``lr`` whatever its gradient, which can collapse a token's
+            probability in a tiny model; a short warm-up avoids it). A value model trains at a
+            constant ``value_lr``.
         epochs: μ passes over each rollout.
         minibatches: optimiser steps per pass (each on ``B / minibatches`` rows).
         micro_batch_size: rows per forward/backward inside a minibatch (gradient accumulation
@@ -140,7 +141,10 @@ class TrainerConfig:
             pretrained with :meth:`Trainer.pretrain_value`); see :meth:`grpo_lab.models.CriticModel.build`.
         value_warmup_steps: VAPO §4.1 *Value-Pretraining* inside the run: before the first RL
             step, this many steps of :meth:`Trainer.pretrain_value` (the critic fitted to
-            Monte-Carlo returns of the initial policy, which is not updated). 0 = none.
+            Monte-Carlo returns of the initial policy, which is not updated). 0 = none. Skipped
+            when the trainer's critic was already pretrained (``pretrain_value`` called before
+            ``train``, or a resumed run). ``Trainer`` raises ``ValueError`` when there is no value
+            model to pretrain.
         routing_replay: Routing Replay for Mixture-of-Experts policies (GSPO, arXiv 2507.18071,
             §5.3): the experts each token was routed to when π_old was scored (the no-grad π_old
             forward and the first minibatch's on-policy forward, whose detached log-probs are
@@ -289,20 +293,43 @@ def peak_memory_mb(device: str | torch.device) -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
 
 
+def _checked_values(v, part: Rollout, grad: bool = False) -> torch.Tensor:
+    """``v`` if it is what :class:`ValueModel` promises for ``part``: a float ``[B, T]`` tensor (``T`` the
+    rollout's completion width), with grad in the update; ``TypeError`` / ``ValueError`` naming the
+    method otherwise."""
+    B, T = part.completion_ids.shape
+    if not isinstance(v, torch.Tensor) or not v.is_floating_point():
+        raise TypeError(f"ValueModel.values(rollout) must return a float tensor [B, T] = [{B}, {T}], got "
+                        f"{type(v).__name__ if not isinstance(v, torch.Tensor) else v.dtype}")
+    if tuple(v.shape) != (B, T):
+        raise ValueError(f"ValueModel.values(rollout) must return one value per completion token, shape [B, T] = "
+                         f"[{B}, {T}], got {tuple(v.shape)}")
+    if grad and not v.requires_grad:
+        raise ValueError("ValueModel.values(rollout) returned a tensor without grad in the update: compute it from the "
+                         "value model's parameters (no torch.no_grad or detach inside values)")
+    return v
+
+
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    n = float(mask.sum())
-    return float((x.double() * mask).sum() / n) if n else float("nan")
+    """Mean of ``x`` over ``mask != 0`` (values elsewhere, NaN included, are ignored); NaN when empty."""
+    keep = mask != 0
+    n = float(keep.sum())
+    return float(torch.where(keep, x.double(), 0.0).sum() / n) if n else float("nan")
 
 
-def _value_metrics(batch: "Batch") -> dict:
+def _value_metrics(batch: "Batch", gamma: float = 1.0) -> dict:
     """The advantage and critic columns of a history row (NaN when absent): ``adv_mean``, ``adv_std``
     (population), ``adv_min``, ``adv_max`` over the tokens of the loss (a per-sequence advantage
     counts once per token); with a critic, on the step's batch *before* its update,
-    ``explained_variance`` of the targets by the values (:func:`grpo_lab.advantages.explained_variance`),
-    ``value_mean`` and ``return_mean`` (the critic's targets)."""
+    ``explained_variance`` of the critic's targets by the values
+    (:func:`grpo_lab.advantages.explained_variance`), ``explained_variance_mc`` of the Monte-Carlo
+    returns (GAE at ``lam = 1``, discount ``gamma``: the same yardstick for every critic, whatever
+    its targets), ``value_mean`` and ``return_mean`` (the critic's targets)."""
+    from .advantages import gae, outcome_token_rewards
+
     nan = float("nan")
-    out = dict.fromkeys(("adv_mean", "adv_std", "adv_min", "adv_max", "explained_variance", "value_mean",
-                         "return_mean"), nan)
+    out = dict.fromkeys(("adv_mean", "adv_std", "adv_min", "adv_max", "explained_variance", "explained_variance_mc",
+                         "value_mean", "return_mean"), nan)
     if batch.advantages is None or batch.loss_mask is None:
         return out
     m = batch.loss_mask.to(batch.advantages.device) != 0
@@ -313,7 +340,9 @@ def _value_metrics(batch: "Batch") -> dict:
                    adv_max=float(a.max()))
     if batch.values is not None and batch.returns is not None:
         lm = batch.loss_mask.to(batch.values.device)
+        mc = gae(outcome_token_rewards(batch.rewards, lm), batch.values, lm, gamma=gamma, lam=1.0)[1]
         out.update(explained_variance=explained_variance(batch.values, batch.returns, lm),
+                   explained_variance_mc=explained_variance(batch.values, mc.to(batch.values.device), lm),
                    value_mean=_masked_mean(batch.values, lm), return_mean=_masked_mean(batch.returns, lm))
     return out
 
@@ -467,6 +496,7 @@ class Trainer:
         self.rows: list[dict] = []
         self.max_new_tokens = c.max_new_tokens or task.max_new_tokens
         sampling.check(algo, group_size=c.group_size, max_new_tokens=self.max_new_tokens)
+        self._check_value_settings()
         if c.group_size == 1 and algo.advantage in GROUP_BASELINE_ESTIMATORS:
             warnings.warn(f"Trainer: group_size=1 with the advantage estimator {algo.advantage!r} of "
                           f"{algo.name!r}: its baseline is the other responses of the same group, so it needs "
@@ -477,6 +507,30 @@ class Trainer:
         random.seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
         torch.manual_seed(c.seed)
+
+    def _check_value_settings(self) -> None:
+        """Refuse or flag value-model settings that would silently do nothing (see :meth:`__init__`)."""
+        c, algo = self.config, self.algo
+        if self.value_model is None:
+            if c.value_warmup_steps:
+                raise ValueError(f"Trainer: TrainerConfig.value_warmup_steps={c.value_warmup_steps} but there is no value "
+                                 f"model to pretrain: {algo.name!r} uses the advantage estimator {algo.advantage!r}, "
+                                 "which needs none (use a value-based one such as 'gae', or pass value_model=)")
+            if c.value_init != "policy":
+                warnings.warn(f"Trainer: TrainerConfig.value_init={c.value_init!r} is ignored: {algo.name!r} builds no "
+                              f"value model (its advantage estimator {algo.advantage!r} uses none)",
+                              RuntimeWarning, stacklevel=3)
+        if algo.advantage in VALUE_BASELINE_ESTIMATORS and algo.lam_alpha is not None:
+            at_budget = 1.0 - 1.0 / (algo.lam_alpha * self.max_new_tokens)
+            if at_budget < 0.5:
+                warnings.warn(
+                    f"Trainer: {algo.name!r} uses the length-adaptive lambda 1 - 1/(lam_alpha * l) with lam_alpha="
+                    f"{algo.lam_alpha:g}, which is below 0.5 even at the generation budget of {self.max_new_tokens} "
+                    f"tokens (0 for every response of at most {1 / algo.lam_alpha:g} tokens: pure TD, the reward "
+                    "reaches only the last tokens). VAPO's alpha = 0.05 was sized for responses thousands of tokens "
+                    "long; size it for yours, e.g. lam_alpha = 1 / (0.05 * typical length) puts lambda = 0.95 at "
+                    "that length (--set lam_alpha=4 for the arithmetic task; chapter 6, section 6.4)",
+                    RuntimeWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -517,8 +571,10 @@ class Trainer:
         ``samples_per_trained``, ``overlong_frac_penalised``); the advantage statistics ``adv_mean``,
         ``adv_std``, ``adv_min``, ``adv_max`` (over the tokens of the loss) and, with a value model,
         ``value_loss`` (the critic's loss, summed over micro-batches and averaged over optimiser
-        steps like ``loss``), ``explained_variance``, ``value_mean`` and ``return_mean`` (on the
-        step's batch before the update; NaN without a value model); ``peak_mem_mb``
+        steps like ``loss``), ``explained_variance`` (of the critic's own targets),
+        ``explained_variance_mc`` (of the Monte-Carlo returns, comparable across critics whose
+        targets differ), ``value_mean`` and ``return_mean`` (on the step's batch before the update;
+        NaN without a value model); ``peak_mem_mb``
         (:func:`peak_memory_mb`: the step's peak CUDA allocation, or on Linux CPUs the process's peak
         resident set during the step); and
         ``routing_change_frac``: for Mixture-of-Experts policies, the fraction of routing
@@ -686,7 +742,8 @@ class Trainer:
         out = torch.zeros(ro.completion_ids.shape, device=ro.completion_ids.device)
         for s in range(0, len(ro), micro):
             idx = torch.arange(s, min(s + micro, len(ro)))
-            v = self.value_model.values(ro.select(idx))
+            part = ro.select(idx)
+            v = _checked_values(self.value_model.values(part), part)
             out[idx, : v.shape[1]] = v.float()
         return out
 
@@ -844,7 +901,7 @@ class Trainer:
             changed, compared = routing_changes(store.get(sub, P, P + T), rec.indices, real)
             metrics["routing_change_frac"] = token_mean(changed / compared if compared else float("nan"), compared)
         if self.value_model is not None:
-            values = self.value_model.values(part)[:, :T]
+            values = _checked_values(self.value_model.values(part), part, grad=True)[:, :T]
             vloss = value_loss(values, batch.values[sub, :T], batch.returns[sub, :T], mask,
                                clip_eps=self.algo.value_clip_eps, num_tokens=counts["num_tokens"])
             vloss.backward()
@@ -908,7 +965,7 @@ class Trainer:
         }
         if hasattr(self.task, "is_reasoning"):
             row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
-        row.update(_value_metrics(batch))
+        row.update(_value_metrics(batch, self.algo.gamma))
         row["peak_mem_mb"] = peak_memory_mb(self.config.device)
         row.update(reduce_updates(updates))
         row.setdefault("routing_change_frac", float("nan"))  # dense policy, or no second update on the rollout

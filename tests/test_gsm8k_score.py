@@ -457,3 +457,9 @@ def test_load_fixture_rejects_bad_lines(tmp_path, line, message):
     path.write_text(json.dumps({"question": "q?", "answer": "a\n#### 1"}) + "\n\n" + line + "\n")
     with pytest.raises(ValueError, match=re.escape(f"{path}:3") + ".*" + re.escape(message)):
         load_fixture(path)
+
+
+def test_a_hash_line_with_several_numbers_counts_its_last():
+    # documented behaviour of math-verify's number reading, kept: the last number of a #### line is the answer
+    assert score("#### 17 18", "18") == 1.0 and score("#### 17 18", "17") == 0.0
+    assert score("#### 18 apples and 3 pears", "3") == 1.0 and score("#### 18 apples and 3 pears", "18") == 0.0

@@ -112,7 +112,7 @@ def test_gae_estimator_uses_the_length_adaptive_lambda():
 
 # ---- the trainer ---------------------------------------------------------------------------------------
 def test_trainer_builds_a_critic_only_when_the_estimator_needs_values(tok, half):
-    assert isinstance(make(tok, VAPO).value_model, CriticModel)
+    assert isinstance(make(tok, VAPO.replace(lam_alpha=1.0)).value_model, CriticModel)
     assert make(tok, GRPO.replace(kl=None, beta=0.0)).value_model is None
 
 
@@ -229,3 +229,89 @@ def test_peak_memory_is_reset_per_step_on_linux_cpu():
     reset_peak_memory("cpu")
     after = peak_memory_mb("cpu")
     assert high >= low + 48 and after < high - 48  # the window saw the 64 MiB, the next one does not
+
+
+# ---- review fixes ------------------------------------------------------------------------------------------
+def test_value_targets_ignore_nan_and_inf_at_padding():
+    b = AdvantageBatch.from_groups(torch.tensor([1.0, 0.0]), 2, mask=torch.tensor([[1, 1, 0], [1, 0, 0.0]]),
+                                   values=torch.tensor([[0.1, 0.2, float("nan")], [0.3, float("inf"), 0.0]]))
+    for algo in (PPO, VAPO, GRPO.replace(kl=None, beta=0.0)):
+        t = algo.value_targets(b)
+        assert torch.isfinite(t).all() and (t[b.mask == 0] == 0).all(), algo.name
+
+
+def test_a_critic_beside_a_group_estimator_regresses_on_monte_carlo_returns():
+    # a group advantage plus the critic's own value is no return: with critic_lam=None and a non-value
+    # estimator the targets are the outcome rewards (gamma = 1), whatever the critic predicts (by hand)
+    b = AdvantageBatch.from_groups(torch.tensor([1.0, 1.0, 0.0, 0.0]), 2, mask=torch.ones(4, 2),
+                                   values=torch.full((4, 2), 5.0))
+    t = GRPO.replace(kl=None, beta=0.0).value_targets(b)
+    assert torch.equal(t, torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]))
+
+
+def test_history_means_ignore_nan_values_at_padding(tok, half):
+    class NanPad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.v = torch.nn.Embedding(len(tok), 1)
+
+        def values(self, rollout):
+            v = self.v(rollout.completion_ids).squeeze(-1)
+            return torch.where(rollout.completion_mask != 0, v, torch.full_like(v, float("nan")))
+
+    cfg = TrainerConfig(prompts_per_step=4, group_size=4, max_new_tokens=8, eval_every=0, progress=False, seed=0)
+    tr = Trainer(tiny_policy(tok, TINY, seed=0), tok, HalfTask(test_size=5), VAPO.replace(lam_alpha=1.0), cfg,
+                 value_model=NanPad())
+    h = tr.train(1)
+    assert h[["value_mean", "return_mean", "explained_variance", "value_loss"]].notna().all().all()
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (lambda ro: torch.zeros(len(ro)), ValueError, r"shape \[B, T\]"),
+    (lambda ro: torch.zeros(ro.completion_ids.shape[0], ro.completion_ids.shape[1] + 2), ValueError, "shape"),
+    (lambda ro: torch.zeros(ro.completion_ids.shape, dtype=torch.long), TypeError, "float tensor"),
+    (lambda ro: torch.zeros(ro.completion_ids.shape), ValueError, "without grad"),
+])
+def test_a_value_model_of_the_wrong_shape_or_without_grad_is_named(tok, half, bad, error, match):
+    class Bad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def values(self, rollout):
+            return bad(rollout)
+
+    cfg = TrainerConfig(prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, progress=False, seed=0)
+    tr = Trainer(tiny_policy(tok, TINY, seed=0), tok, HalfTask(test_size=5), VAPO.replace(lam_alpha=1.0), cfg,
+                 value_model=Bad())
+    with pytest.raises(error, match=match):
+        tr.train(1)
+
+
+def test_settings_that_would_do_nothing_are_refused_or_flagged(tok, half):
+    with pytest.raises(ValueError, match="no value model"):
+        make(tok, GRPO.replace(kl=None, beta=0.0), value_warmup_steps=2)
+    with pytest.warns(RuntimeWarning, match="value_init='scratch' is ignored"):
+        make(tok, GRPO.replace(kl=None, beta=0.0), value_init="scratch")
+    # VAPO's alpha = 0.05 at an 8-token budget: lambda = 0 for every response -> a warning with the fix
+    with pytest.warns(RuntimeWarning, match="lam_alpha=0.05"):
+        make(tok, VAPO)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        make(tok, VAPO.replace(lam_alpha=4.0))
+
+
+def test_value_init_errors_say_what_to_pass(tok, half, tmp_path):
+    tr = make(tok, VAPO.replace(lam_alpha=1.0))
+    tr.save(tmp_path / "ck")
+    with pytest.raises(FileNotFoundError, match="its critic is"):
+        make(tok, VAPO.replace(lam_alpha=1.0), value_init=str(tmp_path / "ck"))
+    assert isinstance(make(tok, VAPO.replace(lam_alpha=1.0), value_init=str(tmp_path / "ck" / "critic")).value_model,
+                      CriticModel)
+
+
+def test_axes_show_value_fields_only_for_value_based_estimators():
+    assert VAPO.axes() != PPO.replace(eps_high=0.28, aggregation="token_mean").axes()
+    assert {k: GRPO.axes()[k] for k in ("gamma", "lam", "lam_alpha", "critic_lam", "value_clip_eps")} == dict.fromkeys(
+        ("gamma", "lam", "lam_alpha", "critic_lam", "value_clip_eps"))
+    assert (VAPO.axes()["lam"], VAPO.axes()["lam_alpha"], PPO.axes()["lam"]) == (None, 0.05, 0.95)

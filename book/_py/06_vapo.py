@@ -253,16 +253,18 @@ print("VAPO critic targets = R on every real token, whatever V; PPO's (lambda = 
 #
 # What this does is easy to misread. It keeps the horizon at a fixed *fraction* $\alpha$ of the
 # response; it does not carry the reward to the first token. The reward's share at the first token
-# is $\lambda^{l-1}=(1-1/(\alpha l))^{l-1}\to e^{-1/\alpha}$, which for $\alpha=0.05$ is $e^{-20}$
-# at every length. At $l=100$ the formula gives $\lambda=${glue:text}`vapo_lam_100`, *lower* than
+# is $\lambda^{l-1}=(1-1/(\alpha l))^{l-1}$, which tends to $e^{-1/\alpha}$ as $l$ grows: for
+# $\alpha=0.05$, $e^{-20}$ for long responses, and less still for those not much longer than
+# $1/\alpha=20$ tokens. At $l=100$ the formula gives $\lambda=${glue:text}`vapo_lam_100`, *lower* than
 # 0.95; it equals 0.95 at {glue:text}`vapo_l_095` tokens and exceeds it beyond. A fixed
 # $\lambda=0.95$ looks 20 tokens ahead in a 20,000-token response (0.1% of it); the adaptive one
 # looks 1,000 tokens ahead (5%).
 #
 # **At our scale.** The formula gives $\lambda\le 0$ whenever $\alpha l\le 1$; `length_adaptive_lam`
 # clamps it to 0 (pure TD). The paper's $\alpha=0.05$ was chosen for responses thousands of tokens
-# long, and gives $\lambda=0$ to every response of at most 20 tokens, which is all of ours (at most
-# {glue:text}`vapo_max_len` tokens; the base policy's median is {glue:text}`vapo_median_len`). We
+# long, and gives $\lambda=0$ to every response of at most 20 tokens: {glue:text}`vapo_frac_le20` of
+# the base policy's responses (median {glue:text}`vapo_median_len` tokens, budget
+# {glue:text}`vapo_max_len`); the longest get at most $\lambda=0.375$. We
 # keep the formula and choose $\alpha=${glue:text}`vapo_alpha` instead: $\lambda=0.95$ at the base
 # policy's median length, as the paper's $\alpha$ reaches 0.95 at 400 tokens, near the short end of
 # its responses. The table shows both.
@@ -297,7 +299,7 @@ with pd.option_context("display.float_format", lambda v: f"{v:.3g}"):
 # %% [markdown]
 # The last column is $\log_{10}$ of the reward's share in the first token's target ($-\infty$: pure TD,
 # the reward reaches only the last token). At our lengths the paper's two properties cannot both
-# hold. Keeping its fraction, $\alpha=0.05$, gives pure TD for every response we sample. Keeping
+# hold. Keeping its fraction, $\alpha=0.05$, gives pure TD to nearly every response we sample. Keeping
 # its $\lambda$ range, as our $\alpha=4$ does, makes the horizon four times the response, so the
 # reward reaches every token with a share near $e^{-1/4}\approx0.78$, where the paper's $\alpha$
 # gives $e^{-20}$. The experiments below use $\alpha=4$; the chapter's claims about the
@@ -306,12 +308,12 @@ with pd.option_context("display.float_format", lambda v: f"{v:.3g}"):
 # %% [markdown]
 # ## 6.5 The other changes: clip-higher, token-level loss, positive examples, groups
 #
-# Three of VAPO's changes come from DAPO ({ref}`sec-dapo`): *clip-higher*, $\epslow=0.2$ and
-# $\epshigh=0.28$ (Eq. 8); the *token-level loss* (Eqs. 6–7), which divides the batch's token sum by
-# its token count $\sum_i\olen{i}$ instead of averaging per-response means, so that long responses
-# weigh by their tokens (`aggregation="token_mean"`); and *group sampling*, 512 prompts × 16
-# samples instead of PPO's 8,192 prompts sampled once, at the same number of responses: "richer
-# contrastive signals". With a critic the group is not a baseline, so a group of one still learns.
+# Two of VAPO's changes are DAPO's ({ref}`sec-dapo`): *clip-higher*, $\epslow=0.2$ and
+# $\epshigh=0.28$ (Eq. 8), and the *token-level loss* (Eqs. 6–7), which divides the batch's token sum
+# by its token count $\sum_i\olen{i}$ instead of averaging per-response means, so that long
+# responses weigh by their tokens (`aggregation="token_mean"`). A third is *group sampling*, 512
+# prompts × 16 samples instead of PPO's 8,192 prompts sampled once, at the same number of
+# responses, for "richer contrastive signals". With a critic the group is not a baseline, so a group of one still learns.
 #
 # The fourth is new, a *positive-example language-modelling loss*: the negative log-likelihood of
 # the batch's correct responses $\mathcal T$, averaged over their tokens, and added with weight
@@ -384,7 +386,8 @@ print(f"L_NLL = {nll_hand:.4f} (by hand) = positive_nll_loss; mu * L_NLL is the 
 # The two presets differ from each other in exactly VAPO's loss-side changes:
 
 # %%
-diff = {k: (PPO.describe()[k], VAPO.describe()[k]) for k in PPO.describe() if PPO.describe()[k] != VAPO.describe()[k]}
+diff = {k: (str(PPO.describe()[k]), str(VAPO.describe()[k])) for k in PPO.describe()
+        if PPO.describe()[k] != VAPO.describe()[k]}
 display(pd.DataFrame(diff, index=["PPO", "VAPO"]).T.rename_axis("field"))
 assert set(diff) == {"name", "critic_lam", "lam_alpha", "eps_high", "aggregation", "nll_coef"}
 vl = value_loss(torch.tensor([[0.9, 0.1]]), torch.tensor([[0.5, 0.5]]), torch.tensor([[1.0, 1.0]]),
@@ -503,6 +506,8 @@ view = AdvantageBatch.from_groups(batch.rewards, probe.config.group_size, mask=b
                                   values=batch.values)
 lens = batch.loss_mask.sum(-1)
 book.glue("vapo_median_len", f"{float(lens.median()):.0f}")
+book.glue("vapo_frac_le20", f"{float((lens <= 20).float().mean()):.0%}")
+assert abs(float(length_adaptive_lam(lens.median()[None], ALPHA)) - 0.95) < 1e-6  # alpha = 4: 0.95 at the median
 book.glue("vapo_max_len", probe.max_new_tokens)
 grpo_adv = GRPO.estimate_advantages(view)
 wrong = (~batch.correct) & (grpo_adv != 0)
@@ -580,8 +585,9 @@ print(f"GRPO: {float(flat.iloc[0]):.2f} on every token; length-adaptive GAE: mos
 # {glue:text}`vapo_credit_first_wrong`. Under the length-adaptive GAE, {glue:text}`vapo_credit_verdict`.
 # That is the catch of per-token credit: it is exactly as good as the critic, and a critic that
 # explains {glue:text}`vapo_ev_policy` of the return variance gives noisy per-token estimates.
-# GRPO's flat advantage is wrong about every token in a known way; GAE's is right on average and
-# wrong about individual tokens in ways that depend on the critic.
+# GRPO's flat advantage is wrong about every token in a known way; GAE's is unbiased only at
+# $\lambda=1$ or with an exact critic, and otherwise wrong about individual tokens in ways that
+# depend on the critic.
 
 # %% [markdown]
 # ## 6.9 Experiment: VAPO's ablation at our scale
@@ -655,7 +661,7 @@ book.glue("vapo_table", table)  # shown below, with its caption
 # ```{glue:} vapo_table
 # ```
 #
-# *VAPO's Table 1 beside ours. Paper: AIME 2024 avg@32, Qwen2.5-32B, one run per row. Ours: greedy
+# *VAPO's Table 1 beside ours. Paper: AIME 2024 avg@32, Qwen2.5-32B. Ours: greedy
 # accuracy on the {glue:text}`vapo_n_test` test questions after {glue:text}`vapo_steps` steps, mean
 # [95% t interval] over {glue:text}`vapo_n_seeds` seeds, and the paired difference from VAPO over
 # the same seeds. At VAPO's accuracy one test set measures a single run to within a binomial
@@ -668,8 +674,8 @@ fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.0))
 plotting.band_plot(axes[0], curves, "step", "test_accuracy", band="ci95", bounds=(0, 1), legend=True,
                    title="greedy test accuracy")
 ev_curves = pd.concat([grid[k].history for k in ("VAPO", "PPO")], ignore_index=True)
-plotting.band_plot(axes[1], ev_curves.dropna(subset=["explained_variance"]), "step", "explained_variance",
-                   band="ci95", title="critic: explained variance")
+plotting.band_plot(axes[1], ev_curves.dropna(subset=["explained_variance_mc"]), "step", "explained_variance_mc",
+                   band="ci95", title="critic: explained variance of MC returns")
 axes[0].set_ylabel("accuracy (fraction of test questions)")
 axes[1].set_ylabel("explained variance (batch before update)")
 axes[1].axhline(0, color="k", lw=0.5)
@@ -677,7 +683,7 @@ for ax in axes:
     ax.set_xlabel("RL step")
 fig.tight_layout()
 book.glue("fig_vapo_curves", fig)
-ev_by_step = {k: grid[k].history.groupby("step")["explained_variance"].mean() for k in ("VAPO", "PPO")}
+ev_by_step = {k: grid[k].history.groupby("step")["explained_variance_mc"].mean() for k in ("VAPO", "PPO")}
 book.glue("vapo_ev_first", f"{ev_by_step['VAPO'].loc[1]:.2f}")
 book.glue("vapo_ev_last", f"{ev_by_step['VAPO'].loc[STEPS]:.2f}")
 book.glue("vapo_ppo_ev_last", f"{ev_by_step['PPO'].loc[STEPS]:.2f}")
@@ -687,9 +693,10 @@ book.glue("vapo_ppo_ev_last", f"{ev_by_step['PPO'].loc[STEPS]:.2f}")
 # :name: fig-vapo-curves
 #
 # Left: greedy test accuracy of VAPO, vanilla PPO, GRPO and DAPO (mean and 95% interval over
-# {glue:text}`vapo_n_seeds` seeds; step 0 is the base policy). Right: the critic's explained
-# variance on each step's batch, before the update: VAPO starts from the pretrained critic, PPO
-# from a fresh one that predicts 0.
+# {glue:text}`vapo_n_seeds` seeds; step 0 is the base policy). Right: the explained variance of
+# the Monte-Carlo returns by the critic, on each step's batch before the update (the same yardstick
+# for both, although PPO's critic is trained on $\lambda=0.95$ targets): VAPO starts from the
+# pretrained critic, PPO from a fresh one that predicts 0.
 # ```
 
 # %% tags=["nbval-ignore-output"]
@@ -727,9 +734,9 @@ print(f"PPO - VAPO {stats.format_interval(d['PPO'])}; rows below VAPO: {worse or
       f"Spearman(paper, ours) over the 9 rows = {spearman:.2f}")
 
 # %% [markdown]
-# **What reproduced, and what did not.** The paper's largest gap reproduces in direction: vanilla
-# PPO ends {glue:text}`vapo_ppo_minus` below VAPO (paired difference in final accuracy), and
-# {glue:text}`vapo_ppo_vs_base` relative to its own starting point, while VAPO gains
+# **What reproduced, and what did not.** The paper's largest gap reproduces in direction: the
+# paired difference in final accuracy PPO − VAPO is {glue:text}`vapo_ppo_minus`, and PPO's own
+# change from its starting point is {glue:text}`vapo_ppo_vs_base`, while VAPO gains
 # {glue:text}`vapo_gain` over the base policy. {glue:text}`vapo_rows_sentence` The rank correlation between the paper's column and our means
 # over the nine rows is {glue:text}`vapo_spearman`. VAPO against GRPO: {glue:text}`vapo_vs_grpo`;
 # against DAPO: {glue:text}`vapo_vs_dapo`.
@@ -739,18 +746,19 @@ print(f"PPO - VAPO {stats.format_interval(d['PPO'])}; rows below VAPO: {worse or
 # length-adaptive $\lambda$ matters when lengths differ by orders of magnitude, and the token-level
 # loss when long responses carry most tokens. Our answers are a few to
 # {glue:text}`vapo_max_len` tokens long, and a bad critic costs little when the reward is at most a
-# few dozen tokens away. The paper's rows are also single runs on a 30-question benchmark (AIME 2024),
-# where one question is 3.3 points of avg@32, so its own gaps between neighbouring rows (53, 54,
-# 55) are within what a rerun could move.
+# few dozen tokens away. The paper's benchmark also has 30 questions (AIME 2024), so one question
+# is 3.3 points of avg@32, and it reports no spread over reruns for its rows: the gaps between
+# neighbouring rows (53, 54, 55) are a question or two.
 #
-# What does transfer is the combined effect, and it comes with a lesson about one-at-a-time
-# ablations: removing any single change from VAPO costs little here, yet vanilla PPO, which lacks
-# all of them at once, does not improve on its starting point in {glue:text}`vapo_steps` steps.
-# The failure is an interaction, and a table that removes one change at a time cannot say which
-# combination causes it (the paper's cannot either). The critic's own curve shows the other half
-# of the story: VAPO's pretrained critic explains {glue:text}`vapo_ev_first` of the return variance
-# at the first step and {glue:text}`vapo_ev_last` at the last, because the policy moves away from
-# the one it was fitted to; PPO's fresh critic reaches {glue:text}`vapo_ppo_ev_last` by then.
+# What does transfer is the combined effect, with a caution about one-at-a-time ablations. No
+# single removal is detectable with five seeds (the intervals still allow losses of up to about
+# 0.2), yet vanilla PPO, which lacks all of them at once, does not improve on its starting point in
+# {glue:text}`vapo_steps` steps. Whether that gap is the sum of small effects or an interaction,
+# a table that removes one change at a time cannot tell (the paper's cannot either). The critic's
+# curve shows the other half of the story, measured against the Monte-Carlo returns for both
+# critics: VAPO's pretrained critic explains {glue:text}`vapo_ev_first` of their variance at the
+# first step and {glue:text}`vapo_ev_last` at the last, because the policy moves away from the one
+# it was fitted to; PPO's fresh critic reaches {glue:text}`vapo_ppo_ev_last` by then.
 
 # %% [markdown]
 # ## 6.10 What the critic costs
@@ -805,7 +813,7 @@ cost = pd.DataFrame({
 book.glue("vapo_cost_table", cost.round(2))
 book.glue("vapo_speed_ratio", stats.format_interval(speed, 2))
 book.glue("vapo_state_ratio", f"{(n_policy + n_critic) / n_policy:.2f}")
-book.glue("vapo_peak_extra", f"{peak['VAPO'][1] - peak['GRPO'][1]:.0f}")
+book.glue("vapo_peak_extra", f"{peak['VAPO'][1] - peak['GRPO'][1]:+.0f}")
 hv = grid["VAPO"].history.dropna(subset=["gen_seconds"])
 book.glue("vapo_gen_share", f"{(hv.gen_seconds / hv.step_seconds).mean():.0%}")
 hidden = critics["policy"].policy.config.hidden_size
@@ -816,16 +824,20 @@ print(cost.round(2).to_string())
 # ```{glue:} vapo_cost_table
 # ```
 #
-# *One policy against a policy and its critic, at {glue:text}`vapo_group` responses per step.
+# *The GRPO preset against VAPO, at {glue:text}`vapo_group` responses per step. The GRPO preset has a
+# KL term ($\beta=0.04$), so its process also holds a frozen reference policy and runs its forward
+# pass on every step, which VAPO does not: the peak and time columns compare a critic with a
+# reference model, the training-state column the trainable parameters alone.
 # Training state: weights, gradients and AdamW's moments in float32. RSS: the resident set of a fresh
 # process (Linux, `/proc/self/status`) that holds the trainer (policy, critic, optimisers), before
 # training and at its peak during a training step (activations and allocator caches included; the
 # interpreter and torch itself take most of it). Seconds per step: mean [95% interval] over seeds,
 # measured in the runs of §6.9.*
 #
-# The critic multiplies the training state by {glue:text}`vapo_state_ratio`, adds
-# {glue:text}`vapo_peak_extra` MiB to the peak of a step, and multiplies each step's time by
-# {glue:text}`vapo_speed_ratio` (VAPO / GRPO, paired geometric mean over seeds). Generation,
+# The critic multiplies the trainable state by {glue:text}`vapo_state_ratio`. Against the GRPO
+# preset with its reference model, VAPO's peak per step minus GRPO's is
+# {glue:text}`vapo_peak_extra` MiB, and its steps take {glue:text}`vapo_speed_ratio` times as long
+# (VAPO / GRPO, paired geometric mean over seeds). Generation,
 # which the critic does not touch, takes {glue:text}`vapo_gen_share` of a VAPO step here; at scale, with responses tens
 # of thousands of tokens long, the critic's forward and backward over every token and its
 # optimiser state on every GPU are what GRPO saved.
@@ -888,8 +900,8 @@ with pd.option_context("display.max_colwidth", None):
 #   $1/\alpha$ tokens: resize $\alpha$ for short answers.
 # * A critic copied from the policy learns the value of partial answers; a random one did not, in
 #   the same budget. Pretrain it on the frozen policy's returns before training.
-# * At this scale the combination matters (vanilla PPO against VAPO); single changes mostly do not
-#   separate within five seeds.
+# * At this scale only the combination shows: vanilla PPO against VAPO; no single change is
+#   detectable within five seeds.
 #
 # ## Exercises
 #

@@ -30,6 +30,8 @@ there, the ``####`` text is read as LaTeX instead, so ``#### \\frac{1}{2}`` work
   ``\\boxed{2+3=5}`` equal 5 (the left side is not checked, so ``\\boxed{2+3=6}`` equals 6),
   ``\\boxed{5 = x}`` does not (its right side is the symbol ``x``);
 * an unevaluated expression counts by its value: ``\\boxed{2+3}`` equals 5;
+* a ``####`` line is read as a number by math-verify, which keeps the *last* number it finds:
+  ``#### 17 18`` and ``#### 18 apples and 3 pears`` equal 18 and 3, not the first number;
 * ``\\boxed{(1,234)}`` is an interval, not 1234; ``\\boxed{18 dollars}`` (no ``\\text``) is 18 times a
   product of symbols and ``\\boxed{\\text{18 dollars}}`` one symbol: neither equals 18.
 
