@@ -66,16 +66,7 @@ def _grouped(rewards: RewardsLike, group_size: int) -> tuple[Tensor, Tensor]:
         raise ValueError(f"group_size must be an int, got {group_size!r}")
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if not isinstance(rewards, Tensor):
-        try:
-            rewards = torch.as_tensor(rewards, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"rewards must be a 1-D tensor of numbers: {exc}") from None
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be 1-D with shape [B], got shape {tuple(rewards.shape)}")
-    if rewards.is_complex():
-        raise ValueError("rewards must be real numbers, got a complex tensor")
-    r = rewards.detach().to(torch.float64)
+    r = _real_vector(rewards, "rewards", allow_bool=True)
     b = r.shape[0]
     if b % group_size != 0:
         raise ValueError(
@@ -86,6 +77,21 @@ def _grouped(rewards: RewardsLike, group_size: int) -> tuple[Tensor, Tensor]:
         bad = (~torch.isfinite(r)).nonzero().flatten()[:5].tolist()
         raise ValueError(f"rewards must be finite; got NaN/inf at positions {bad}")
     return r, r.view(-1, group_size)
+
+
+def _real_vector(x, name: str, *, allow_bool: bool = False) -> Tensor:
+    """``x`` (a tensor or a sequence of numbers) as a detached 1-D float64 tensor; ``ValueError`` naming
+    ``name`` when it is not 1-D or not real (bool only with ``allow_bool``)."""
+    if not isinstance(x, Tensor):
+        try:
+            x = torch.as_tensor(x, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{name} must be a 1-D tensor of numbers: {exc}") from None
+    if x.dim() != 1:
+        raise ValueError(f"{name} must be 1-D with shape [B], got shape {tuple(x.shape)}")
+    if x.is_complex() or (x.dtype == torch.bool and not allow_bool):
+        raise ValueError(f"{name} must be real numbers, got dtype {x.dtype}")
+    return x.detach().to(torch.float64)
 
 
 def _tie_tolerance(rewards: RewardsLike) -> float:
@@ -583,16 +589,7 @@ def length_adaptive_lam(lengths: Union[Tensor, Sequence[float]], alpha: float = 
         ValueError: ``lengths`` not 1-D, not real, negative, NaN or inf; ``alpha`` not finite or ``<= 0``.
     """
     a = _v.positive_number("alpha", alpha)
-    if not isinstance(lengths, Tensor):
-        try:
-            lengths = torch.as_tensor(lengths, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"lengths must be a 1-D tensor of numbers: {exc}") from None
-    if lengths.dim() != 1:
-        raise ValueError(f"lengths must be 1-D with shape [B], got shape {tuple(lengths.shape)}")
-    if lengths.is_complex() or lengths.dtype == torch.bool:
-        raise ValueError(f"lengths must be real numbers, got dtype {lengths.dtype}")
-    ln = lengths.detach().to(torch.float64)
+    ln = _real_vector(lengths, "lengths")
     if ln.numel() and not bool((torch.isfinite(ln) & (ln >= 0)).all()):
         bad = (~(torch.isfinite(ln) & (ln >= 0))).nonzero().flatten()[:5].tolist()
         raise ValueError(f"lengths must be finite and >= 0; got bad values at positions {bad}")
