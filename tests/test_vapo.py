@@ -143,7 +143,8 @@ def test_gae_runs_without_groups(tok, half):
     assert h["adv_std"].gt(0).all()
 
 
-def test_nll_term_changes_the_update_only_through_correct_responses(tok, half, capture_grads):
+def test_nll_term_reaches_the_trainer_update(tok, half, capture_grads):
+    # (that it counts correct responses only is tested on the loss itself in test_vapo_math.py)
     grads = {}
     for mu in (0.0, 0.1):
         tr = make(tok, VAPO.replace(lam_alpha=1.0, nll_coef=mu), minibatches=1)
