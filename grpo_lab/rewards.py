@@ -8,6 +8,9 @@
   §3.4 blames for unstable training).
 * DeepSeekMath-V2's self-verification reward (:func:`self_verification_reward`), which combines
   a proof's score with the score of the generator's own verification of it.
+* RPT's prefix-matching reward (Dong et al., arXiv 2506.08007, Eq. 3,
+  :func:`prefix_match_reward`): a next-token prediction is right when its bytes are a prefix of the
+  ground-truth continuation that ends on a token boundary.
 
 A math module: it imports torch only, no model, tokenizer or trainer code. Lengths are counted
 in tokens, including the EOS token when one was produced (the convention of
@@ -27,7 +30,7 @@ from torch import Tensor
 
 from . import validation as _v
 
-__all__ = ["overlong_penalty", "shape_rewards", "self_verification_reward"]
+__all__ = ["overlong_penalty", "shape_rewards", "self_verification_reward", "prefix_match_reward"]
 
 LengthsLike = Union[Tensor, Sequence[int]]
 
@@ -182,3 +185,66 @@ def self_verification_reward(r_format, r_y, r_z, *, alpha: float = 0.76, beta: f
     except RuntimeError as exc:
         raise ValueError(f"r_format, r_y and r_z must broadcast to one shape: {exc}") from None
     return out.to(torch.float32) if dev is None else out.to(device=dev, dtype=torch.float32)
+
+
+def prefix_match_reward(prediction: str, reference_tokens: Sequence[str]) -> float:
+    """RPT's prefix-matching reward (Dong et al., arXiv 2506.08007, §3.1, Eq. 3)::
+
+        r = 1  if  bytes(y)[0:l] == bytes(x_{>=t})[0:l]  and  l in L_gt,      r = 0 otherwise,
+
+    where ``y`` is the prediction, ``l = len(bytes(y))``, ``x_{>=t}`` the ground-truth
+    continuation and ``L_gt`` the set of its valid token boundaries: the cumulative byte lengths
+    of its tokens. Matching is on UTF-8 bytes, so a prediction may span several tokens, or be a
+    string the vocabulary has no single token for, and still be right; a prediction that stops
+    inside a token (``"Pyth"`` against the tokens ``["Python", " is"]``) gets nothing, even though
+    its bytes match.
+
+    Examples (tokens ``["The", " cat", " sat"]``, boundaries ``{3, 7, 11}``): ``"The"`` → 1.0;
+    ``"The cat"`` → 1.0 (two tokens); ``"The c"`` → 0.0 (inside `` cat``); ``"A"`` → 0.0;
+    ``""`` → 0.0 (``l > 0``: an empty prediction predicts nothing).
+
+    Args:
+        prediction: the predicted continuation as text (the span after the model's delimiter,
+            e.g. :func:`grpo_lab.tasks.next_token.parse_prediction`).
+        reference_tokens: the ground-truth continuation as a sequence of its tokens' text, in
+            order (at least the first token; more tokens allow longer correct predictions). Every
+            token must be a non-empty ``str``: a token that splits a multi-byte character has no
+            text of its own, so the caller joins it with its neighbours (see
+            :func:`grpo_lab.tasks.next_token.token_strings`).
+
+    Returns:
+        ``1.0`` or ``0.0`` (a Python float).
+
+    Raises:
+        TypeError: ``prediction`` is not a ``str``; ``reference_tokens`` is a single ``str`` (pass
+            its tokens, e.g. ``["The", " cat"]``, not the joined text) or holds a non-``str``.
+        ValueError: ``reference_tokens`` is empty or holds an empty string.
+    """
+    if not isinstance(prediction, str):
+        raise TypeError(f"prefix_match_reward: prediction must be a str, got {type(prediction).__name__}")
+    if isinstance(reference_tokens, (str, bytes)):
+        raise TypeError("prefix_match_reward: reference_tokens must be a sequence of token strings (such as "
+                        f"['The', ' cat']), not one {type(reference_tokens).__name__}: the token boundaries "
+                        "are part of the reward")
+    tokens = list(reference_tokens)
+    if not tokens:
+        raise ValueError("prefix_match_reward: reference_tokens is empty; the ground truth needs at least one token")
+    bad = [i for i, t in enumerate(tokens) if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"prefix_match_reward: reference_tokens must hold str, got {type(tokens[bad[0]]).__name__} "
+                        f"at index {bad[0]}")
+    empty = [i for i, t in enumerate(tokens) if not t]
+    if empty:
+        raise ValueError(f"prefix_match_reward: reference_tokens[{empty[0]}] is an empty string; every token has "
+                         "at least one byte")
+    pred = prediction.encode("utf-8")
+    if not pred:
+        return 0.0
+    boundary, ref = 0, b""
+    for tok in tokens:  # walk the boundaries until one reaches the prediction's length
+        piece = tok.encode("utf-8")
+        ref += piece
+        boundary += len(piece)
+        if boundary >= len(pred):
+            return 1.0 if boundary == len(pred) and ref == pred else 0.0
+    return 0.0  # longer than the whole reference: no boundary at l
