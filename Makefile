@@ -61,6 +61,8 @@ pretrain: install
 	$(BIN)/python -m grpo_lab.pretrain arithmetic
 	$(BIN)/python -m grpo_lab.pretrain arithmetic-filler
 	$(BIN)/python -m grpo_lab.pretrain arithmetic-moe
+	$(BIN)/python -m grpo_lab.pretrain corpus-proxy
+	$(BIN)/python -m grpo_lab.pretrain corpus
 
 ## xcheck: equivalence of grpo_lab.export's TRL / verl settings with TRL's and verl's own loss code (issue 16).
 ## Installs requirements/xcheck.txt without dependencies on top of ci.txt (verl's heavy extras are not needed).

@@ -63,6 +63,9 @@ __all__ = [
     "GSPO_TOKEN",
     "PPO",
     "VAPO",
+    "RPT",
+    "RPT_SAMPLING",
+    "RPT_HYBRID",
     "deepseek_v32",
     "PRESETS",
     "get_algorithm",
@@ -170,6 +173,12 @@ class Algorithm:
         nll_coef: ``mu >= 0``, VAPO Eqs. 9-10: ``L = L_PPO + mu L_NLL``, where ``L_NLL`` is the
             negative log-likelihood of the *correct* responses of the batch, averaged over their
             tokens (:func:`grpo_lab.objectives.positive_nll_loss`); 0 = off. VAPO uses 0.1.
+        ntp_coef: ``>= 0``, the weight of a next-token-prediction term on the task's ground truth,
+            ``L = L_RL + ntp_coef L_NTP``, where ``L_NTP`` is the mean negative log-likelihood
+            (temperature 1) of each question's demonstration (``task.demonstration(problem, rng)``
+            followed by EOS) given its prompt, once per question of the minibatch; 0 = off. **No
+            paper's method**: it exists for the "``L_LM + beta RL``" retelling of RPT, which
+            chapter 7 runs as an ablation (:data:`RPT_HYBRID`). RPT itself (Eq. 4) is pure RL.
 
     Raises:
         ValueError: (in ``__post_init__``) a choice on any axis that is not in its registry, a
@@ -183,7 +192,7 @@ class Algorithm:
             ``dynamic_sampling`` / ``overlong_filter`` / ``kl_importance_correction``, a
             negative or non-finite ``offpolicy_mask_delta``, an empty ``name``, ``gamma`` / ``lam`` /
             ``critic_lam`` outside ``[0, 1]``, a ``lam_alpha`` that is not ``> 0``, or a negative
-            ``value_clip_eps`` / ``nll_coef``.
+            ``value_clip_eps`` / ``nll_coef`` / ``ntp_coef``.
     """
 
     name: str = "custom"
@@ -211,6 +220,7 @@ class Algorithm:
     critic_lam: Optional[float] = None
     value_clip_eps: Optional[float] = None
     nll_coef: float = 0.0
+    ntp_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -269,10 +279,11 @@ class Algorithm:
         if self.value_clip_eps is not None:
             _v.real_number("value_clip_eps", self.value_clip_eps, minimum=0.0)
         _v.real_number("nll_coef", self.nll_coef, minimum=0.0)
+        _v.real_number("ntp_coef", self.ntp_coef, minimum=0.0)
         # store plain python numbers (numpy / tensor scalars would break JSON provenance later)
         for name in ("adv_eps", "eps_low", "eps_high", "beta", "offpolicy_mask_delta", "mask_eps_low",
                      "mask_eps_high", "overlong_cache_frac", "gamma", "lam", "lam_alpha", "critic_lam",
-                     "value_clip_eps", "nll_coef"):
+                     "value_clip_eps", "nll_coef", "ntp_coef"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
         for name in ("max_tokens", "overlong_cache_len"):
@@ -388,7 +399,8 @@ class Algorithm:
         the value-model fields ``gamma``, ``lam`` (None when ``lam_alpha`` replaces it),
         ``lam_alpha``, ``critic_lam``, ``value_clip_eps``, all None unless the advantage estimator is
         value-based (:data:`grpo_lab.advantages.VALUE_BASELINE_ESTIMATORS`, which alone reads them), and
-        ``nll_coef`` (VAPO's positive-example LM loss, 0.0 when off).
+        ``nll_coef`` (VAPO's positive-example LM loss, 0.0 when off) and ``ntp_coef`` (the
+        next-token-prediction term of the hybrid ablation, 0.0 when off).
         """
         from .advantages import VALUE_BASELINE_ESTIMATORS
 
@@ -416,6 +428,7 @@ class Algorithm:
             "critic_lam": self.critic_lam if value_based else None,
             "value_clip_eps": self.value_clip_eps if value_based else None,
             "nll_coef": self.nll_coef,
+            "ntp_coef": self.ntp_coef,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -630,9 +643,28 @@ VAPO = PPO.replace(
     nll_coef=0.1,
 )
 
+#: RPT, Reinforcement Pre-Training (Dong et al., arXiv 2506.08007): GRPO on next-token reasoning
+#: with the prefix-matching reward (Eq. 3, :func:`grpo_lab.rewards.prefix_match_reward`, through
+#: :class:`grpo_lab.tasks.NextTokenTask`), and the objective of Eq. 4, pure expected reward: **no KL**
+#: (§3.3 / App. B: KL coefficient 0) and **no language-modelling term**. The clip is 0.2, as in App. B;
+#: the loss aggregation is not stated (the paper trains with verl, whose default is a token mean),
+#: so the preset keeps GRPO's. The sampling settings of App. B, G = 8 and temperature 0.8, are
+#: trainer settings: :data:`RPT_SAMPLING`.
+RPT = GRPO.replace(name="RPT", kl=None, beta=0.0)
+
+#: RPT's sampling (App. B), as :class:`~grpo_lab.trainer.TrainerConfig` fields:
+#: ``TrainerConfig(**RPT_SAMPLING, ...)``.
+RPT_SAMPLING: dict[str, Any] = {"group_size": 8, "temperature": 0.8}
+
+#: **Not the paper's method.** The "``L_LM + beta RL``" retelling of RPT, kept as an ablation: RPT's
+#: loss plus a next-token-prediction term on each question's ground truth, ``L = L_RL + L_NTP``
+#: (``ntp_coef = 1``: the two terms weighted equally).
+RPT_HYBRID = RPT.replace(name="RPT hybrid (not the paper)", ntp_coef=1.0)
+
 #: The presets of this module by name (``python -m grpo_lab NAME`` trains one).
 PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO, "GSPO": GSPO,
-                                 "GSPO_TOKEN": GSPO_TOKEN, "CISPO": CISPO, "PPO": PPO, "VAPO": VAPO}
+                                 "GSPO_TOKEN": GSPO_TOKEN, "CISPO": CISPO, "PPO": PPO, "VAPO": VAPO,
+                                 "RPT": RPT}
 
 
 def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Algorithm:

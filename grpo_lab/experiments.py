@@ -48,7 +48,7 @@ from .trainer import Trainer, TrainerConfig, _json_default
 from .validation import is_int
 
 __all__ = ["Profile", "PROFILES", "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
-           "shutdown_workers", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
+           "shutdown_workers", "map_workers", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
 
 
 @dataclass(frozen=True)
@@ -578,6 +578,39 @@ def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
         return [f.result() for f in futures]
     except BaseException:
         shutdown_workers(now=True)  # a failed or interrupted call leaves no worker busy with its other jobs
+        raise
+
+
+def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
+    """``[fn(item) for item in items]``, in the worker processes that :func:`run` and
+    :func:`run_grid` keep between calls when ``n_jobs > 1`` (no new interpreters to start when a
+    grid has just run). For work that is not a trainer run, e.g. one seed of a baseline per item
+    (chapter 7's continued-NTP runs, :func:`grpo_lab.pretrain.continued_ntp_run`).
+
+    Args:
+        fn: a picklable callable: a module-level function, or a ``functools.partial`` of one
+            (workers are fresh ``spawn`` interpreters: a function defined in a notebook is not
+            importable there).
+        items: one argument per call.
+        n_jobs: worker processes (``1``: in this process).
+
+    Returns:
+        The results, in the order of ``items``.
+
+    Raises:
+        ValueError: ``n_jobs < 1``. Whatever ``fn`` raises (the workers are then stopped).
+    """
+    if not isinstance(n_jobs, int) or n_jobs < 1:
+        raise ValueError(f"map_workers: n_jobs must be an int >= 1, got {n_jobs!r}")
+    items = list(items)
+    if n_jobs == 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    pool = _worker_pool(n_jobs)
+    futures = [pool.submit(fn, item) for item in items]
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        shutdown_workers(now=True)
         raise
 
 

@@ -311,6 +311,10 @@ def _builtin_choices(algo: Algorithm, target: str) -> list:
     if algo.nll_coef > 0:
         out.append(Issue("impossible", "nll_coef", f"nll_coef={algo.nll_coef:g} (VAPO's positive-example LM loss, "
                          f"Eqs. 9-10): {target} has no such loss term"))
+    if algo.ntp_coef > 0:
+        out.append(Issue("impossible", "ntp_coef", f"ntp_coef={algo.ntp_coef:g} (a next-token-prediction term on the "
+                         f"task's demonstrations, the L_LM + beta RL ablation): {target}'s RL trainer has no such "
+                         "loss term"))
     return out
 
 

@@ -25,6 +25,7 @@ from .paths import checkpoint_dir, missing_data_hint, shipped_checkpoints
 __all__ = [
     "CHARS",
     "build_char_tokenizer",
+    "train_bpe_tokenizer",
     "ARCHS",
     "TinyConfig",
     "tiny_policy",
@@ -82,6 +83,42 @@ def build_char_tokenizer(chars: str = CHARS):
         clean_up_tokenization_spaces=False,
     )
     return fast
+
+
+def train_bpe_tokenizer(texts, vocab_size: int = 1024, *, extra_special: tuple[str, ...] = ()):
+    """A byte-level BPE tokenizer trained on ``texts`` with ``tokenizers``, as a
+    ``transformers.PreTrainedTokenizerFast``.
+
+    Byte-level: every string encodes (no ``<unk>`` in practice) and ``decode`` restores it
+    exactly. ``<pad>``=0, ``<bos>``=1, ``<eos>``=2, ``<unk>``=3 come first, then
+    ``extra_special`` (e.g. ``("<think>", "</think>")``), then the 256 bytes and the merges.
+    Special tokens are matched in text before pre-tokenization, and ``decode`` keeps them unless
+    asked to skip them. Padding side is left. Training is deterministic for the same texts.
+
+    Args:
+        texts: iterable of ``str`` (the training corpus).
+        vocab_size: total vocabulary size (specials included), ``> 256 + number of specials``.
+        extra_special: further special tokens, in order.
+
+    Raises:
+        ValueError: ``vocab_size`` too small for the byte alphabet and the specials.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [PAD, BOS, EOS, UNK, *extra_special]
+    if not isinstance(vocab_size, int) or vocab_size <= 256 + len(specials):
+        raise ValueError(f"train_bpe_tokenizer: vocab_size must exceed 256 bytes + {len(specials)} specials, "
+                         f"got {vocab_size!r}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(texts), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+                                   unk_token=UNK, additional_special_tokens=list(extra_special),
+                                   padding_side="left", clean_up_tokenization_spaces=False)
 
 
 #: Architectures :func:`tiny_policy` builds; ``"qwen3_moe"`` is the Mixture-of-Experts one.

@@ -3,6 +3,8 @@
     python -m grpo_lab.pretrain arithmetic            # → data/checkpoints/arithmetic-base/
     python -m grpo_lab.pretrain arithmetic-filler     # → data/checkpoints/arithmetic-filler-base/
     python -m grpo_lab.pretrain arithmetic-moe        # → data/checkpoints/arithmetic-moe-base/
+    python -m grpo_lab.pretrain corpus-proxy          # → data/checkpoints/corpus-proxy-base/ + data/tasks/next_token_*
+    python -m grpo_lab.pretrain corpus                # → data/checkpoints/corpus-base/ (chapter 7, RPT)
     python -m grpo_lab.pretrain arithmetic --out DIR  # anywhere else
 
 The recipe (model size, data mixture, optimiser, steps, seed) is a frozen dataclass; the
@@ -25,6 +27,17 @@ routing (the experts hold the dense MLP's parameters), for the Mixture-of-Expert
 (arXiv 2507.18071, §5.3: routing replay, :mod:`grpo_lab.moe`). Its loss adds transformers'
 load-balancing term (``router_aux_loss_coef`` of the model config, 0.001) so that the experts
 share the tokens.
+
+``corpus`` and ``corpus-proxy`` (chapter 7, RPT) are language models of the Python language
+reference that ships with CPython (:mod:`grpo_lab.tasks.next_token`): a byte-level BPE tokenizer
+of 1,024 tokens trained on the training topics, and a model trained by next-token prediction on
+64-token windows of them. A share ``p_format`` of the windows is written in the next-token
+reasoning format instead (a context, ``<think></think>``, the next 1-3 tokens, EOS: the
+format with an empty thinking span), so that the base model answers in that format, as RPT's
+R1-Distill base already did; every token of every window is scored, so this is still plain
+next-token prediction. ``corpus-proxy`` is a smaller model of the same recipe: RPT's proxy for
+entropy filtering (§3.3), and making it writes the task's data files (the training positions with
+their proxy entropies, and the held-out test positions).
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ from .models import TinyConfig, build_char_tokenizer, count_parameters, tiny_pol
 from .paths import checkpoint_dir
 from .tasks.arithmetic import ArithmeticTask
 
-__all__ = ["PretrainRecipe", "RECIPES", "pretrain", "main"]
+__all__ = ["PretrainRecipe", "RECIPES", "pretrain", "continue_ntp", "continued_ntp_run", "main"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,9 @@ class PretrainRecipe:
     filler_position: str = "end"
     max_new_tokens: int = 32
     init: str = ""
+    vocab_size: int = 1024
+    seq_len: int = 64
+    p_format: float = 0.5
 
     def to_dict(self) -> dict:
         """The recipe as a JSON-able dict, ``model`` expanded. The fields added after the first
@@ -97,6 +113,12 @@ class PretrainRecipe:
                 d.pop(k)
         if not self.init:
             d.pop("init")
+        if self.task != "corpus":  # the corpus fields (added with chapter 7)
+            for k in ("vocab_size", "seq_len", "p_format"):
+                d.pop(k)
+        else:
+            for k in ("p_reason", "min_terms", "max_terms", "digits"):
+                d.pop(k)
         return d
 
 
@@ -116,6 +138,13 @@ RECIPES = {
     "arithmetic-moe": PretrainRecipe(model=TinyConfig(arch="qwen3_moe", hidden_size=96, intermediate_size=288,
                                                       num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
                                                       moe_intermediate_size=36)),
+    "corpus": PretrainRecipe(task="corpus", model=TinyConfig(hidden_size=96, intermediate_size=288,
+                                                             num_hidden_layers=3), steps=800, batch_size=32,
+                             lr=3e-3, warmup=50, max_new_tokens=8),
+    "corpus-proxy": PretrainRecipe(task="corpus", model=TinyConfig(hidden_size=64, intermediate_size=192,
+                                                                   num_hidden_layers=2, num_attention_heads=2,
+                                                                   num_key_value_heads=1),
+                                   steps=600, batch_size=32, lr=3e-3, warmup=50, max_new_tokens=8),
 }
 
 
@@ -127,7 +156,7 @@ def make_task(recipe: PretrainRecipe) -> ArithmeticTask:
             :class:`~grpo_lab.tasks.ArithmeticTask`).
     """
     if recipe.task != "arithmetic":
-        raise ValueError(f"pretrain: unknown task {recipe.task!r}; known: ['arithmetic']")
+        raise ValueError(f"pretrain: make_task: no arithmetic task for task {recipe.task!r}")
     return ArithmeticTask(min_terms=recipe.min_terms, max_terms=recipe.max_terms, digits=recipe.digits,
                           p_reason=recipe.p_reason, max_new_tokens=recipe.max_new_tokens, filler=recipe.filler,
                           p_filler=recipe.p_filler, max_filler=recipe.max_filler,
@@ -149,6 +178,173 @@ def _batch(task: ArithmeticTask, tokenizer, rng: np.random.Generator, n: int):
     attn = torch.tensor([[1] * len(x) + [0] * (L - len(x)) for x in ids])
     lab = torch.tensor([y + [-100] * (L - len(y)) for y in labels])
     return input_ids, attn, lab
+
+
+class _Corpus:
+    """Training windows of the corpus recipes: the tokenizer, the token stream of the ``pretrain``
+    part (``train``) and of the ``test`` part (``held``), and seeded batches of ``train`` (plain
+    windows and next-token-reasoning format windows)."""
+
+    def __init__(self, recipe: PretrainRecipe, tokenizer=None, part: str = "pretrain"):
+        from .models import train_bpe_tokenizer
+        from .tasks import next_token as nt
+
+        self.docs = nt.load_corpus()
+        self.parts = nt.split_corpus(self.docs)
+        self.tokenizer = tokenizer if tokenizer is not None else train_bpe_tokenizer(
+            [text for _, text in self.parts["pretrain"]], recipe.vocab_size,
+            extra_special=(nt.THINK_OPEN, nt.THINK_CLOSE))
+        tok = self.tokenizer
+        self.think = [tok.convert_tokens_to_ids(nt.THINK_OPEN), tok.convert_tokens_to_ids(nt.THINK_CLOSE)]
+        self.train = self.stream(part)
+        self.held = self.stream("test")
+        self.recipe = recipe
+
+    def stream(self, part: str) -> np.ndarray:
+        """The token ids of a part of the split, its chunks in order, each followed by EOS."""
+        tok = self.tokenizer
+        return np.concatenate([tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                               for _, text in self.parts[part]]).astype(np.int64)
+
+    def batch(self, rng: np.random.Generator, n: int):
+        r, L, ctx = self.recipe, self.recipe.seq_len, 32
+        rows = []
+        for _ in range(n):
+            if rng.random() < r.p_format:  # context, <think></think>, the next 1-3 tokens, EOS
+                k = int(rng.choice([1, 2, 3], p=[0.5, 0.3, 0.2]))
+                t = int(rng.integers(ctx, len(self.train) - k))
+                rows.append(list(self.train[t - ctx:t]) + self.think + list(self.train[t:t + k])
+                            + [self.tokenizer.eos_token_id])
+            else:
+                s = int(rng.integers(0, len(self.train) - L))
+                rows.append(list(self.train[s:s + L]))
+        width = max(len(x) for x in rows)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([x + [pad] * (width - len(x)) for x in rows])
+        attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in rows])
+        labels = torch.where(attn.bool(), ids, torch.full_like(ids, -100))
+        return ids, attn, labels
+
+    @torch.no_grad()
+    def held_out_loss(self, model, width: int = 64) -> float:
+        """Mean next-token cross-entropy (nats) over the held-out topics, in windows of ``width``."""
+        n = (len(self.held) - 1) // width
+        x = torch.as_tensor(self.held[: n * width + 1])
+        inp, tgt = x[:-1].view(n, width), x[1:].view(n, width)
+        total = 0.0
+        for s in range(0, n, 256):
+            logits = model(input_ids=inp[s:s + 256], use_cache=False).logits
+            total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[s:s + 256].flatten(),
+                                                             reduction="sum"))
+        return total / (n * width)
+
+
+def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size: int = 32, lr: float = 3e-4,
+                 seed: int = 0, recipe: str = "corpus", progress: bool = False) -> list[float]:
+    """Continue training a corpus model by next-token prediction, in place: chapter 7's
+    *continued NTP* baseline (RPT's Eq. 1 on the text RPT trains on).
+
+    The batches are those of the ``recipe``'s pretraining (``seq_len``-token windows of the
+    ``part`` of the corpus split, a share ``p_format`` of them in the next-token-reasoning format),
+    drawn from ``numpy.random.default_rng(seed)``; AdamW with the recipe's betas and weight decay
+    at a constant learning rate ``lr``, global-norm clipping at the recipe's ``grad_clip``. The
+    policy is left in eval mode.
+
+    Args:
+        policy: a causal LM on the corpus tokenizer (e.g. ``load_policy("corpus-base")[0]``).
+        tokenizer: its tokenizer.
+        steps: optimiser steps (``>= 0``).
+        part: ``"rl"`` (default: the text RPT trains on), ``"pretrain"`` or ``"test"``.
+
+    Returns:
+        ``{"loss": [...], "tokens": [...]}``: per step, the loss (nats per token) and the number of
+        real (non-padding) tokens in the batch (the forward and backward pass's work).
+
+    Raises:
+        ValueError: ``steps < 0``, an unknown ``part`` or ``recipe``, or a recipe that is not a corpus one.
+    """
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"continue_ntp: steps must be an int >= 0, got {steps!r}")
+    r = RECIPES.get(recipe)
+    if r is None or r.task != "corpus":
+        raise ValueError(f"continue_ntp: recipe must name a corpus recipe ('corpus', 'corpus-proxy'), got {recipe!r}")
+    from .tasks.next_token import SPLIT_FRACTIONS
+
+    if part not in SPLIT_FRACTIONS:
+        raise ValueError(f"continue_ntp: unknown part {part!r}; expected one of {list(SPLIT_FRACTIONS)}")
+    corpus = _Corpus(r, tokenizer=tokenizer, part=part)
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=r.weight_decay, betas=(0.9, 0.98))
+    policy.train()
+    out = {"loss": [], "tokens": []}
+    for _ in range(steps):
+        input_ids, attn, labels = corpus.batch(rng, batch_size)
+        input_ids, attn, labels = (x.to(policy.device) for x in (input_ids, attn, labels))
+        loss = policy(input_ids=input_ids, attention_mask=attn, labels=labels, use_cache=False).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), r.grad_clip)
+        opt.step()
+        out["loss"].append(float(loss.detach()))
+        out["tokens"].append(int(attn.sum()))
+    policy.eval()
+    return out
+
+
+def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: float = 3e-4,
+                      temperature: float = 0.8, batch_size: int = 32, threads: int | None = 1) -> dict:
+    """One seed of chapter 7's continued-NTP baseline, in a fresh process or this one: load
+    ``base``, :func:`continue_ntp` for ``steps`` steps on the ``rl`` part, then evaluate on the
+    :class:`~grpo_lab.tasks.NextTokenTask` test positions, greedy and sampled (one sample at
+    ``temperature``, torch seeded with ``seed``).
+
+    Returns:
+        ``{"seed", "steps", "tokens" (total real tokens trained on), "loss_last" (mean loss of
+        the last 10 steps), "frame" (greedy evaluation, one row per test position, with
+        ``correct`` and ``entropy``), "sampled_frame" (the same for the sampled evaluation)}``.
+    """
+    from .models import load_policy
+    from .rollout import evaluate as evaluate_policy
+    from .tasks.next_token import NextTokenTask
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    policy, tokenizer = load_policy(checkpoint_dir(base) if checkpoint_dir(base).exists() else base)
+    log = continue_ntp(policy, tokenizer, steps=steps, seed=seed, lr=lr, batch_size=batch_size)
+    task = NextTokenTask()
+    _, frame = evaluate_policy(policy, tokenizer, task, greedy=True)
+    torch.manual_seed(seed)
+    _, sampled = evaluate_policy(policy, tokenizer, task, greedy=False, temperature=temperature)
+    return {"seed": seed, "steps": steps, "tokens": int(sum(log["tokens"])),
+            "loss_last": float(np.mean(log["loss"][-10:])) if log["loss"] else float("nan"),
+            "frame": frame, "sampled_frame": sampled}
+
+
+def _evaluate_corpus(model, corpus: _Corpus, name: str, out: Path, default_out: Path) -> dict:
+    """Metrics of a corpus checkpoint: held-out loss; for ``corpus-proxy`` written to the default
+    place, the task's data files; for ``corpus``, greedy next-token-reasoning accuracy on the test set."""
+    from .tasks import next_token as nt
+
+    metrics = {"held_out_loss": round(corpus.held_out_loss(model), 4)}
+    if name == "corpus-proxy" and out.resolve() == default_out.resolve():
+        from .paths import data_dir
+
+        summary = nt.build_task_data(model, corpus.tokenizer, data_dir() / "tasks")
+        metrics.update({k: summary[k] for k in ("train_tokens", "train_positions", "test_positions",
+                                                "train_entropy_quantiles")})
+    if name == "corpus":
+        from .rollout import evaluate as evaluate_policy
+
+        task = nt.NextTokenTask()
+        task._tok = lambda: corpus.tokenizer  # type: ignore[method-assign]  # before the checkpoint is saved
+        summary, frame = evaluate_policy(model, corpus.tokenizer, task, greedy=True)
+        metrics["greedy_accuracy"] = round(summary["accuracy"], 4)
+        metrics["greedy_mean_length"] = round(summary["mean_length"], 3)
+        splits = nt.entropy_split(frame["entropy"].to_numpy())
+        metrics["greedy_accuracy_by_split"] = {k: round(float(frame["correct"][m].mean()), 4)
+                                               for k, m in splits.items() if m.any()}
+    return metrics
 
 
 def _lr_at(step: int, r: PretrainRecipe) -> float:
@@ -224,8 +420,9 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
     rng = np.random.default_rng(recipe.seed)
-    task = make_task(recipe)
-    tokenizer = build_char_tokenizer()
+    corpus = _Corpus(recipe) if recipe.task == "corpus" else None
+    task = make_task(recipe) if corpus is None else None
+    tokenizer = build_char_tokenizer() if corpus is None else corpus.tokenizer
     model = tiny_policy(tokenizer, recipe.model, seed=recipe.seed)
     if recipe.init:  # fine-tune a shipped checkpoint of the same architecture and alphabet
         from .models import load_policy
@@ -250,11 +447,12 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
     it = range(recipe.steps)
     if progress:
         from tqdm.auto import tqdm
-        it = tqdm(it, desc=f"pretrain {recipe.task}", mininterval=2.0)
+        it = tqdm(it, desc=f"pretrain {name or recipe.task}", mininterval=2.0)
     for step in it:
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, recipe)
-        input_ids, attn, labels = _batch(task, tokenizer, rng, recipe.batch_size)
+        input_ids, attn, labels = (_batch(task, tokenizer, rng, recipe.batch_size) if corpus is None
+                                   else corpus.batch(rng, recipe.batch_size))
         # a MoE model's loss includes its load-balancing term (router_aux_loss_coef of its config)
         loss = model(input_ids=input_ids, attention_mask=attn, labels=labels, use_cache=False, **moe_kwargs).loss
         opt.zero_grad(set_to_none=True)
@@ -266,11 +464,14 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
             it.set_postfix(loss=f"{np.mean(losses[-100:]):.3f}")
     train_seconds = time.perf_counter() - t0
     model.eval()
-    metrics = evaluate_base(model, tokenizer, task) if evaluate else None
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    if out.resolve() == default_out.resolve():
+    if corpus is not None:
+        metrics = _evaluate_corpus(model, corpus, name or recipe.task, out, default_out) if evaluate else None
+    else:
+        metrics = evaluate_base(model, tokenizer, task) if evaluate else None
+    if task is not None and out.resolve() == default_out.resolve():
         task.write_test_set()  # the fixed test set ships next to the base checkpoint
     import transformers
 
@@ -284,6 +485,13 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
                      "python": platform.python_version()},
         "model_sha256": sha256_file(out / "model.safetensors"),
     }
+    if corpus is not None:
+        from .tasks.next_token import corpus_sha256
+
+        record["corpus"] = {"source": "pydoc_data.topics", "sha256": corpus_sha256(corpus.docs),
+                            "split": {p: [k for k, _ in c] for p, c in corpus.parts.items()},
+                            "pretrain_tokens": int(len(corpus.train)), "test_tokens": int(len(corpus.held))}
+        record["tokenizer_sha256"] = sha256_file(out / "tokenizer.json")
     (out / "recipe.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
 

@@ -409,6 +409,33 @@ class Batch:
     selected_groups: int = 0
 
 
+def _demonstration_rollout(tokenizer, task, problems, rng: np.random.Generator, device) -> Rollout:
+    """A teacher-forced batch of ``task.demonstration(problem, rng)`` + EOS after each prompt
+    (prompts left-padded, demonstrations right-padded), for :attr:`Algorithm.ntp_coef`.
+
+    Raises:
+        TypeError: the task has no ``demonstration(problem, rng) -> str`` method.
+    """
+    demo_fn = getattr(task, "demonstration", None)
+    if not callable(demo_fn):
+        raise TypeError(f"Trainer: ntp_coef > 0 trains on the task's ground truth, but {type(task).__name__} has no "
+                        "demonstration(problem, rng) -> str method")
+    prompts = tokenizer([p.prompt for p in problems], add_special_tokens=False, padding=True, return_tensors="pt")
+    demos = [tokenizer(demo_fn(p, rng), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+             for p in problems]
+    T = max(len(d) for d in demos)
+    comp = torch.full((len(demos), T), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(demos), T)
+    for i, d in enumerate(demos):
+        comp[i, :len(d)] = torch.tensor(d)
+        mask[i, :len(d)] = 1.0
+    return Rollout(prompt_ids=prompts["input_ids"].to(device), prompt_mask=prompts["attention_mask"].to(device),
+                   completion_ids=comp.to(device), completion_mask=mask.to(device),
+                   behaviour_logp=torch.zeros(len(demos), T, device=device),
+                   truncated=torch.zeros(len(demos), dtype=torch.bool), texts=[""] * len(demos),
+                   problems=list(problems), group_size=1, temperature=1.0)
+
+
 class Trainer:
     """GRPO-family trainer for a ``transformers`` causal LM, in stages.
 
@@ -440,6 +467,7 @@ class Trainer:
     Raises:
         TypeError: ``task`` does not implement the task protocol (:func:`grpo_lab.tasks.validate_task`
             names every missing or ill-typed member).
+            Or the algorithm has ``ntp_coef > 0`` and the task no ``demonstration`` method.
         ValueError: the algorithm's sampling choices do not fit the config (:func:`grpo_lab.sampling.check`);
             ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
             layers (:func:`grpo_lab.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
@@ -496,6 +524,10 @@ class Trainer:
         self.rows: list[dict] = []
         self.max_new_tokens = c.max_new_tokens or task.max_new_tokens
         sampling.check(algo, group_size=c.group_size, max_new_tokens=self.max_new_tokens)
+        if algo.ntp_coef > 0 and not callable(getattr(task, "demonstration", None)):
+            raise TypeError(f"Trainer: {algo.name!r} has ntp_coef={algo.ntp_coef:g}, a next-token-prediction term on the "
+                            f"task's ground truth, but {type(task).__name__} has no demonstration(problem, rng) -> str "
+                            "method to provide it")
         self._check_value_settings()
         if c.group_size == 1 and algo.advantage in GROUP_BASELINE_ESTIMATORS:
             warnings.warn(f"Trainer: group_size=1 with the advantage estimator {algo.advantage!r} of "
@@ -541,14 +573,17 @@ class Trainer:
     def evaluate(self, *, greedy: bool = True) -> dict:
         """Test-set accuracy now (does not advance any training RNG: the torch RNG state is
         saved and restored around sampled evaluation)."""
+        return self._evaluate_frame(greedy=greedy)[0]
+
+    def _evaluate_frame(self, *, greedy: bool) -> tuple[dict, pd.DataFrame]:
+        """:meth:`evaluate`, with the per-problem frame of :func:`grpo_lab.rollout.evaluate`."""
         state = torch.random.get_rng_state()
         try:
-            summary, _ = evaluate(self.policy, self.tokenizer, self.task, greedy=greedy,
-                                  temperature=self.config.temperature, max_new_tokens=self.max_new_tokens)
+            return evaluate(self.policy, self.tokenizer, self.task, greedy=greedy,
+                            temperature=self.config.temperature, max_new_tokens=self.max_new_tokens)
         finally:
             torch.random.set_rng_state(state)
             self.policy.eval()
-        return summary
 
     def train(self, steps: int) -> pd.DataFrame:
         """Run ``steps`` more steps; returns the whole history.
@@ -565,7 +600,9 @@ class Trainer:
         ``reasoning_frac`` (tasks that define it), ``tokens_per_s`` (generated tokens / step wall
         time), ``gen_seconds``, ``step_seconds``, ``test_accuracy`` and ``test_length`` (greedy,
         NaN on steps without evaluation; the row of step ``k`` holds the evaluation *after* ``k``
-        updates, step 0 the base policy), ``eval_seconds`` (wall time of that evaluation, not
+        updates, step 0 the base policy), ``test_<name>`` for every entry of the task's optional
+        ``test_metrics(frame) -> dict`` (and ``test_sampled_<name>`` with ``eval_sampled``),
+        ``eval_seconds`` (wall time of that evaluation, not
         included in ``step_seconds``); then the sampling & shaping columns of
         :func:`grpo_lab.sampling.sampling_metrics` (``gen_rounds``, ``generated_groups``, ``selected_groups``, ``trained_groups``,
         ``samples_per_trained``, ``overlong_frac_penalised``); the advantage statistics ``adv_mean``,
@@ -792,6 +829,8 @@ class Trainer:
                                           store=store, measure_routing=store is not None and n_updates == 1)
                          for s in range(0, len(idx), micro)]
                 step_metrics.append(reduce_micro_batches(parts))
+                if self.algo.ntp_coef > 0:  # the L_RL + ntp_coef L_NTP ablation (Algorithm.ntp_coef)
+                    step_metrics[-1]["ntp_loss"] = total(self._ntp_backward(ro, idx))
                 grad_norms.append(self._optimizer_step())
                 n_updates += 1
         return step_metrics, grad_norms, entropies
@@ -907,6 +946,23 @@ class Trainer:
             vloss.backward()
             metrics["value_loss"] = total(float(vloss.detach()))
         return metrics
+
+    def _ntp_backward(self, ro: Rollout, idx: torch.Tensor) -> float:
+        """Backward of ``ntp_coef`` times the next-token-prediction loss of the questions of the
+        minibatch ``idx``: the mean NLL at temperature 1 of each question's demonstration
+        (``task.demonstration(problem, rng)`` and EOS) given its prompt, each question once.
+        Returns the loss (unweighted)."""
+        seen, problems = set(), []
+        for i in idx.tolist():
+            p = ro.problems[i]
+            if id(p) not in seen:
+                seen.add(id(p))
+                problems.append(p)
+        demo = _demonstration_rollout(self.tokenizer, self.task, problems, self.rng, self.config.device)
+        logp = policy_logprobs(self.policy, demo, temperature=1.0)
+        loss = -(logp * demo.completion_mask).sum() / demo.completion_mask.sum()
+        (self.algo.ntp_coef * loss).backward()
+        return float(loss.detach())
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -1059,14 +1115,19 @@ class Trainer:
     def _eval_row(self) -> dict:
         t0 = time.perf_counter()
         row = {"step": self.step}
-        s = self.evaluate(greedy=True)
+        s, frame = self._evaluate_frame(greedy=True)
         row["test_accuracy"] = s["accuracy"]
         row["test_length"] = s["mean_length"]
         if "reasoning_frac" in s:
             row["test_reasoning_frac"] = s["reasoning_frac"]
+        extra = getattr(self.task, "test_metrics", None)
+        if callable(extra):  # optional task member: more columns from the per-problem frame
+            row.update({f"test_{k}": float(v) for k, v in extra(frame).items()})
         if self.config.eval_sampled:
-            s2 = self.evaluate(greedy=False)
+            s2, frame2 = self._evaluate_frame(greedy=False)
             row["test_accuracy_sampled"] = s2["accuracy"]
+            if callable(extra):
+                row.update({f"test_sampled_{k}": float(v) for k, v in extra(frame2).items()})
         row["eval_seconds"] = time.perf_counter() - t0
         return row
 

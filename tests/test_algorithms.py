@@ -38,7 +38,7 @@ def test_dapo_preset_is_the_papers_final_recipe():
     # z-score advantages with the std kept (Eq. 9), dynamic sampling Eq. 11, overlong filtering and
     # soft overlong punishment (§3.4, Eq. 13; L_cache sized for the arithmetic task's budget of 32)
     assert DAPO.name == "DAPO" and PRESETS["DAPO"] is DAPO
-    assert set(PRESETS) == {"GRPO", "DR_GRPO", "DAPO", "GSPO", "GSPO_TOKEN", "CISPO", "PPO", "VAPO"}
+    assert set(PRESETS) == {"GRPO", "DR_GRPO", "DAPO", "GSPO", "GSPO_TOKEN", "CISPO", "PPO", "VAPO", "RPT"}
     assert DAPO.eps_low == 0.2 and DAPO.eps_high == 0.28
     assert DAPO.aggregation == "group_token_mean"  # Eq. 12 as written: per group
     assert DAPO.kl is None and DAPO.beta == 0.0 and not DAPO.uses_kl
@@ -133,7 +133,7 @@ def test_axes_and_describe():
                         "kl_importance_correction", "dynamic_sampling", "overlong_filter", "overlong_cache_len",
                         "overlong_cache_frac",
                         "offpolicy_mask_delta", "mask_eps_low", "mask_eps_high", "gamma", "lam", "lam_alpha",
-                        "critic_lam", "value_clip_eps", "nll_coef"]
+                        "critic_lam", "value_clip_eps", "nll_coef", "ntp_coef"]
     assert ax["kl_importance_correction"] is False and ax["offpolicy_mask_delta"] is None
     assert ax["mask_eps_low"] is None and ax["mask_eps_high"] is None
     assert ax["kl"] == "k3" and ax["beta"] == 0.04
@@ -150,7 +150,7 @@ def test_get_algorithm():
     assert get_algorithm("grpo") is GRPO
     assert get_algorithm(" Grpo ") is GRPO
     assert get_algorithm(GRPO) is GRPO
-    with pytest.raises(ValueError, match=r"known presets: \['CISPO', 'DAPO', 'DR_GRPO', 'GRPO', 'GSPO', 'GSPO_TOKEN', 'PPO', 'VAPO'\]"):
+    with pytest.raises(ValueError, match=r"known presets: \['CISPO', 'DAPO', 'DR_GRPO', 'GRPO', 'GSPO', 'GSPO_TOKEN', 'PPO', 'RPT', 'VAPO'\]"):
         get_algorithm("dapo-v2")
     with pytest.raises(ValueError, match="unknown algorithm"):
         get_algorithm(3)

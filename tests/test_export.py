@@ -307,12 +307,14 @@ def test_support_table_by_hand():
     table = E.support_table()
     assert isinstance(table, pd.DataFrame) and len(table) == 2 * len(PRESETS)
     exact = {(r.algorithm, r.target): bool(r.exact) for r in table.itertuples()}
-    # by hand: TRL computes GRPO, DR_GRPO, GSPO, GSPO_TOKEN exactly; verl only DR_GRPO (its 1e-6 epsilon)
+    # by hand: TRL computes GRPO, DR_GRPO, GSPO, GSPO_TOKEN, RPT exactly; verl only DR_GRPO (its 1e-6 epsilon)
     assert exact == {("GRPO", "trl"): True, ("GRPO", "verl"): False, ("DR_GRPO", "trl"): True,
                      ("DR_GRPO", "verl"): True, ("DAPO", "trl"): False, ("DAPO", "verl"): False,
                      ("GSPO", "trl"): True, ("GSPO", "verl"): False, ("GSPO_TOKEN", "trl"): True,
                      ("GSPO_TOKEN", "verl"): False, ("CISPO", "trl"): False, ("CISPO", "verl"): False,
-                     ("PPO", "trl"): False, ("PPO", "verl"): False, ("VAPO", "trl"): False, ("VAPO", "verl"): False}
+                     ("PPO", "trl"): False, ("PPO", "verl"): False, ("VAPO", "trl"): False, ("VAPO", "verl"): False,
+                     # RPT is GRPO without KL: as GRPO (TRL exact at beta=0; verl's 1e-6 std epsilon)
+                     ("RPT", "trl"): True, ("RPT", "verl"): False}
     row = table[(table.algorithm == "DAPO") & (table.target == "verl")].iloc[0]
     assert row.exact_alternative == "adv_eps=1e-06, aggregation='token_mean', overlong_filter=False"
 

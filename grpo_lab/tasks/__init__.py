@@ -13,13 +13,14 @@ from dataclasses import asdict, is_dataclass
 from .arithmetic import ArithmeticTask
 from .base import Problem, Task, validate_task
 from .gsm8k import GSM8KTask
+from .next_token import NextTokenTask
 
-__all__ = ["ArithmeticTask", "GSM8KTask", "Problem", "Task", "TASKS", "get_task", "register_task", "task_spec",
+__all__ = ["ArithmeticTask", "GSM8KTask", "NextTokenTask", "Problem", "Task", "TASKS", "get_task", "register_task", "task_spec",
            "task_from_spec", "validate_task"]
 
 #: Registry of task classes by name (the ``name`` field of each task). Add to it with
 #: :func:`register_task`, which checks what writing ``TASKS[name] = cls`` directly does not.
-TASKS = {"arithmetic": ArithmeticTask, "gsm8k": GSM8KTask}
+TASKS = {"arithmetic": ArithmeticTask, "gsm8k": GSM8KTask, "next_token": NextTokenTask}
 
 
 def _class_path(obj) -> str:

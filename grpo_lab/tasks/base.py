@@ -68,7 +68,9 @@ class Task(Protocol):
       called at every evaluation, so cache it if it is expensive to build).
 
     Optional: ``is_reasoning(completion: str) -> bool`` adds the ``reasoning_frac`` /
-    ``test_reasoning_frac`` columns. The trainer calls ``reward`` and ``is_correct`` once per
+    ``test_reasoning_frac`` columns; ``test_metrics(frame: pandas.DataFrame) -> dict[str, float]``
+    adds a ``test_<name>`` column per entry, computed at every evaluation from the per-problem
+    frame of :func:`grpo_lab.rollout.evaluate` (e.g. accuracy by difficulty). The trainer calls ``reward`` and ``is_correct`` once per
     response, in rollout order.
 
     Example, a task that asks the policy to reverse a word:
@@ -130,7 +132,8 @@ _METHODS = {
     "is_correct": ("is_correct(completion, problem) -> bool", 2),
     "test_set": ("test_set() -> list[Problem]", 0),
 }
-_OPTIONAL_METHODS = {"is_reasoning": ("is_reasoning(completion) -> bool", 1)}
+_OPTIONAL_METHODS = {"is_reasoning": ("is_reasoning(completion) -> bool", 1),
+                     "test_metrics": ("test_metrics(frame) -> dict[str, float]", 1)}
 
 
 def _method_problems(owner, *, optional: bool) -> list[str]:

@@ -1,0 +1,531 @@
+"""Next-token reasoning on a real English corpus: the task of RPT (Dong et al., arXiv 2506.08007).
+
+**Corpus.** The Python language reference as it ships with CPython (``pydoc_data.topics``: 79
+topics, about 465,000 characters of English prose and code, no download). The topics are cut into
+chunks of whole paragraphs, and each chunk goes to one of three parts by a hash of its key
+(:func:`split_corpus`): ``pretrain`` (60%: the base and proxy models learn the language there),
+``rl`` (20%: the positions RPT and the continued-NTP baseline train on, text the base has not
+seen) and ``test`` (20%: the held-out positions). The split does not depend on the order of a
+dict, on ``PYTHONHASHSEED`` or on the machine.
+
+**Format** (§3.1). The prompt is a context of ``context_tokens`` tokens followed by ``<think>``;
+the policy writes a thinking span, ``</think>``, and its prediction of what comes next, ended by
+EOS::
+
+    prompt:      '... the built-in variables with those<think>'
+    completion:  '</think> names'               (an empty thinking span, the prediction ' names')
+
+The paper takes the prediction from the last ``\\boxed{}`` after ``</think>``; the corpus here is
+full of braces (it documents Python), so the prediction is simply everything after the last
+``</think>`` (:func:`parse_prediction`), whitespace included (a token often starts with a space).
+
+**Reward.** The prefix-matching reward of Eq. 3, :func:`grpo_lab.rewards.prefix_match_reward`,
+against the next ``reference_tokens`` tokens of the ground truth.
+
+**Entropy filter** (§3.3). A small proxy model's entropy over its top-16 next tokens
+(:func:`top_k_entropy`) measures how hard a position is. Training samples only positions whose
+proxy entropy is at least ``min_entropy`` (the paper drops the easy ones), and the held-out test
+positions are split into the paper's easy / medium / hard sets by the thresholds
+:data:`ENTROPY_THRESHOLDS` (:func:`entropy_split`).
+
+**Data files**, written by ``python -m grpo_lab.pretrain corpus-proxy`` (reproducible, and checked
+by the tests): ``data/tasks/next_token_train.safetensors`` (the token ids of the ``rl`` part and
+the proxy entropy of each position) and ``data/tasks/next_token_test.jsonl`` (the fixed held-out
+test positions). The tokenizer is the byte-level BPE of the ``corpus-base`` checkpoint
+(:func:`grpo_lab.models.train_bpe_tokenizer`), trained on the ``pretrain`` part only.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..paths import checkpoint_dir, data_dir, missing_data_hint
+from ..rewards import prefix_match_reward
+from .base import Problem, load_problems
+
+__all__ = ["THINK_OPEN", "THINK_CLOSE", "ENTROPY_THRESHOLDS", "load_corpus", "corpus_sha256", "split_corpus",
+           "token_strings", "char_start_mask", "top_k_entropy", "entropy_split", "next_token_prompt", "parse_prediction",
+           "NextTokenTask", "proxy_entropies", "SPLIT_FRACTIONS", "corpus_chunks", "build_task_data", "TRAIN_FILE", "TEST_FILE"]
+
+#: The delimiters of the thinking span (special tokens of the corpus tokenizer, kept by ``decode``).
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+#: RPT's difficulty thresholds (§4.1, Table 1): a position belongs to a split when the proxy's
+#: top-16 entropy (nats) is at least the split's threshold, so the splits are nested (every hard
+#: position is also medium and easy). Our reading of the paper's "easy / medium / hard"; the tiny
+#: proxy's entropies are on a different scale from a 1.5B model's (chapter 7 shows both).
+ENTROPY_THRESHOLDS: dict[str, float] = {"easy": 0.5, "medium": 1.0, "hard": 1.5}
+
+#: The task's data files, under ``<data_dir>/tasks``.
+TRAIN_FILE, TEST_FILE = "next_token_train.safetensors", "next_token_test.jsonl"
+
+
+def load_corpus() -> dict[str, str]:
+    """The corpus: ``{topic name: text}`` from CPython's ``pydoc_data.topics``, sorted by name.
+
+    Returns:
+        dict of 79 topics (CPython 3.11) of English text; the exact text depends on the CPython
+        release (:func:`corpus_sha256` identifies it).
+    """
+    from pydoc_data.topics import topics
+
+    return {k: topics[k] for k in sorted(topics)}
+
+
+def corpus_sha256(docs: Mapping[str, str]) -> str:
+    """SHA-256 of the corpus (names and texts, in sorted order, UTF-8), hex. Raises nothing."""
+    h = hashlib.sha256()
+    for name in sorted(docs):
+        h.update(name.encode() + b"\0" + docs[name].encode() + b"\0")
+    return h.hexdigest()
+
+
+#: The corpus split (:func:`split_corpus`): pretraining of the base and proxy models, the RL (and
+#: continued-NTP) training positions, and the held-out test positions; fractions of the chunks.
+SPLIT_FRACTIONS: dict[str, float] = {"test": 0.2, "rl": 0.2, "pretrain": 0.6}
+
+
+def corpus_chunks(docs: Mapping[str, str], min_chars: int = 2000) -> list[tuple[str, str]]:
+    """Cut every topic into chunks of whole paragraphs (ending at a blank line) of at least
+    ``min_chars`` characters (a topic's last chunk may be shorter).
+
+    Returns:
+        ``[(key, text)]`` with ``key = "topic#index"``, in topic order; the chunks of a topic join
+        back into its text exactly.
+    """
+    out = []
+    for name in sorted(docs):
+        text, start, k = docs[name], 0, 0
+        while start < len(text):
+            cut = text.find("\n\n", start + min_chars)
+            end = len(text) if cut < 0 else cut + 2
+            out.append((f"{name}#{k}", text[start:end]))
+            start, k = end, k + 1
+    return out
+
+
+def split_corpus(docs: Mapping[str, str], fractions: Mapping[str, float] | None = None, *,
+                 salt: str = "grpo_lab-rpt", min_chars: int = 2000) -> dict[str, list[tuple[str, str]]]:
+    """Split the corpus into chunks (:func:`corpus_chunks`) assigned to ``fractions``' parts.
+
+    A chunk's part is fixed by ``sha256(salt + key)`` read as a number u in [0, 1): the parts take
+    consecutive intervals of u in the order of ``fractions`` (default :data:`SPLIT_FRACTIONS`:
+    test, rl, pretrain). A function of the chunk's key alone: the same split on every machine and
+    under any ``PYTHONHASHSEED``; the chunks themselves follow the text of the CPython release.
+
+    Returns:
+        ``{part: [(key, text), ...]}`` in the order of ``fractions``, chunks in corpus order.
+
+    Raises:
+        ValueError: fractions that are not positive or do not sum to 1, or a part left empty.
+    """
+    fractions = dict(SPLIT_FRACTIONS if fractions is None else fractions)
+    if not fractions or any(not (isinstance(f, (int, float)) and f > 0) for f in fractions.values()) \
+            or abs(sum(fractions.values()) - 1) > 1e-9:
+        raise ValueError(f"split_corpus: fractions must be positive and sum to 1, got {fractions!r}")
+    edges, acc = [], 0.0
+    for part, f in fractions.items():
+        acc += f
+        edges.append((part, acc))
+    out: dict[str, list[tuple[str, str]]] = {part: [] for part in fractions}
+    for key, text in corpus_chunks(docs, min_chars):
+        u = int(hashlib.sha256((salt + key).encode()).hexdigest()[:16], 16) / 2**64
+        out[next((p for p, e in edges if u < e), edges[-1][0])].append((key, text))
+    empty = [p for p, chunks in out.items() if not chunks]
+    if empty:
+        raise ValueError(f"split_corpus: no chunk falls in {empty}; use larger fractions or smaller chunks")
+    return out
+
+
+def token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
+    """The text of each token of ``ids``, for :func:`~grpo_lab.rewards.prefix_match_reward`.
+
+    A byte-level token can end inside a multi-byte UTF-8 character (``’`` is three bytes), and
+    then has no text of its own; such a token is joined with the tokens after it until the text
+    is whole, so the joined string's byte boundaries are exactly the token boundaries that fall
+    between characters. Trailing bytes that never complete a character are dropped.
+
+    Returns:
+        list of non-empty ``str``, ``"".join(out) == tokenizer.decode(ids)`` (up to a dropped
+        incomplete tail).
+    """
+    out, pending = [], []
+    for i in ids:
+        pending.append(int(i))
+        text = tokenizer.decode(pending, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if text and "\ufffd" not in text:
+            out.append(text)
+            pending = []
+    return out
+
+
+def char_start_mask(tokenizer) -> np.ndarray:
+    """bool ``[vocab]``: whether each token's first byte starts a UTF-8 character (is not a
+    continuation byte ``0b10xxxxxx``). A position whose token does not is inside a character: the
+    context before it cannot be written as text, so it is never a problem of the task.
+    Special tokens count as starting one."""
+    from tokenizers import pre_tokenizers  # noqa: F401  (the byte-level alphabet below)
+
+    byte_of = {c: b for b, c in enumerate(_bytes_to_unicode())}
+    special = set(tokenizer.all_special_tokens)
+    out = np.ones(len(tokenizer), dtype=bool)
+    for tok, i in tokenizer.get_vocab().items():
+        if tok in special or not tok:
+            continue
+        first = byte_of.get(tok[0])
+        out[i] = first is None or (first & 0xC0) != 0x80
+    return out
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte 0..255 (the
+    mapping ``tokenizers``' ``ByteLevel`` pre-tokenizer uses)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def top_k_entropy(logits: torch.Tensor, k: int = 16) -> torch.Tensor:
+    """Entropy (nats) of the next-token distribution restricted to its ``k`` most likely tokens
+    and renormalised: RPT's difficulty measure (§3.3, "the entropy of the top-16 next tokens" of
+    a proxy model)::
+
+        p_j = softmax(top_k(logits))_j,     H = -sum_j p_j log p_j  in [0, log k]
+
+    Args:
+        logits: ``[..., V]`` float tensor (any float dtype; computed in float32).
+        k: ``1 <= k``; ``k > V`` uses all ``V`` tokens.
+
+    Returns:
+        float32 ``[...]`` tensor. A 1-token distribution or ties give defined values
+        (0 and ``log k``); ``-inf`` logits (masked tokens) contribute 0.
+
+    Raises:
+        ValueError: ``k < 1``, a 0-d ``logits``, or NaN / ``+inf`` logits.
+    """
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"top_k_entropy: k must be an int >= 1, got {k!r}")
+    if logits.dim() == 0:
+        raise ValueError("top_k_entropy: logits must have a vocabulary dimension [..., V]")
+    x = logits.detach().float()
+    if bool(torch.isnan(x).any()) or bool((x == math.inf).any()):
+        raise ValueError("top_k_entropy: logits contain NaN or +inf")
+    top = x.topk(min(k, x.shape[-1]), dim=-1).values
+    logp = torch.log_softmax(top, dim=-1)
+    p = logp.exp()
+    return -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+
+
+def entropy_split(entropy, thresholds: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
+    """The nested difficulty splits of positions by proxy entropy (RPT Table 1).
+
+    Args:
+        entropy: ``[N]`` array-like of entropies in nats (NaN: not in any split).
+        thresholds: ``{split name: minimum entropy}``; default :data:`ENTROPY_THRESHOLDS`.
+
+    Returns:
+        ``{name: bool [N] mask}`` with ``entropy >= threshold``, in the order of ``thresholds``.
+
+    Raises:
+        ValueError: a non-finite or negative threshold, or ``entropy`` not 1-D.
+    """
+    thresholds = dict(ENTROPY_THRESHOLDS if thresholds is None else thresholds)
+    e = np.asarray(entropy, dtype=np.float64)
+    if e.ndim != 1:
+        raise ValueError(f"entropy_split: entropy must be 1-D, got shape {e.shape}")
+    for name, t in thresholds.items():
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+            raise ValueError(f"entropy_split: threshold {name!r} must be a finite number >= 0, got {t!r}")
+    with np.errstate(invalid="ignore"):
+        return {name: np.nan_to_num(e, nan=-1.0) >= t for name, t in thresholds.items()}
+
+
+def next_token_prompt(context: str) -> str:
+    """The next-token reasoning prompt: the context, then ``<think>`` (RPT §3.1)."""
+    return context + THINK_OPEN
+
+
+def parse_prediction(completion: str) -> str | None:
+    """The prediction of a completion: everything after its last ``</think>``, unstripped;
+    ``None`` when there is no ``</think>`` (no prediction was made)."""
+    if THINK_CLOSE not in completion:
+        return None
+    return completion.rsplit(THINK_CLOSE, 1)[1]
+
+
+@lru_cache(maxsize=4)
+def _load_tokenizer(name: str):
+    from ..models import _load_tokenizer as load
+
+    path = checkpoint_dir(name)
+    if not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"NextTokenTask: the tokenizer of checkpoint {name!r} was not found at {path} "
+                                f"(python -m grpo_lab.pretrain corpus makes it); {missing_data_hint()}")
+    return load(str(path))
+
+
+@lru_cache(maxsize=4)
+def _load_train(path: str):
+    from safetensors.torch import load_file
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"NextTokenTask: the training positions {path} were not found (python -m "
+                                f"grpo_lab.pretrain corpus-proxy writes them); {missing_data_hint()}")
+    d = load_file(path)
+    return d["ids"].numpy(), d["entropy"].numpy()
+
+
+@dataclass
+class NextTokenTask:
+    """Next-token reasoning with RPT's prefix-matching reward (arXiv 2506.08007, §3.1, Eq. 3).
+
+    Each problem is a position ``t`` of the corpus: the prompt is the ``context_tokens`` tokens
+    before it plus ``<think>``, and a completion is rewarded 1.0 when its prediction (after
+    ``</think>``) matches the next tokens up to a token boundary (:func:`~grpo_lab.rewards.prefix_match_reward`).
+
+    Attributes:
+        name: ``"next_token"`` (the registry name).
+        max_new_tokens: generation budget in tokens (thinking, ``</think>``, prediction and EOS).
+        context_tokens: tokens of context before each position (the test set's is fixed at 32).
+        reference_tokens: ground-truth tokens kept per problem (the longest prediction that can
+            be right).
+        min_entropy: training samples only positions whose proxy top-16 entropy is at least this
+            (nats; RPT §3.3 drops low-entropy positions); 0 keeps every position.
+        tokenizer: the checkpoint whose tokenizer splits the corpus (``corpus-base``).
+
+    ``Problem.meta`` holds ``reference_tokens`` (list of str), ``entropy`` (the proxy's, nats) and
+    ``position``; ``Problem.answer`` is the reference continuation's text.
+
+    Raises:
+        ValueError: settings out of range (at construction).
+    """
+
+    name: str = "next_token"
+    max_new_tokens: int = 8
+    context_tokens: int = 32
+    reference_tokens: int = 8
+    min_entropy: float = 0.0
+    tokenizer: str = "corpus-base"
+
+    def __post_init__(self):
+        for f in ("max_new_tokens", "context_tokens", "reference_tokens"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"NextTokenTask: {f} must be an int >= 1, got {v!r}")
+        if not (isinstance(self.min_entropy, (int, float)) and math.isfinite(self.min_entropy)
+                and self.min_entropy >= 0):
+            raise ValueError(f"NextTokenTask: min_entropy must be a finite number >= 0, got {self.min_entropy!r}")
+
+    # ----------------------------------------------------------------- data
+    def _tok(self):
+        return _load_tokenizer(self.tokenizer)
+
+    def _train(self):
+        return _load_train(str(data_dir() / "tasks" / TRAIN_FILE))
+
+    def eligible_positions(self) -> np.ndarray:
+        """Training positions (indices into the training token stream) with a full context and a
+        proxy entropy of at least ``min_entropy``.
+
+        Raises:
+            ValueError: no position qualifies.
+        """
+        return _eligible_cached(self)
+
+    def problem_at(self, ids: Sequence[int], t: int, entropy: float) -> Problem:
+        """The problem for position ``t`` of the token stream ``ids``: the ``context_tokens``
+        tokens before it (a leading partial character dropped) and ``<think>``; the reference is
+        the next ``reference_tokens`` tokens, cut at the end of the chunk (EOS)."""
+        tok = self._tok()
+        # a context that starts inside a character decodes with U+FFFD for the orphan bytes: drop them
+        context = tok.decode(list(ids[t - self.context_tokens:t]), skip_special_tokens=False,
+                             clean_up_tokenization_spaces=False).lstrip("\ufffd")
+        window = [int(i) for i in ids[t:t + self.reference_tokens]]
+        if tok.eos_token_id in window:  # the reference ends with its chunk
+            window = window[:window.index(tok.eos_token_id)]
+        ref = token_strings(tok, window)
+        return Problem(next_token_prompt(context), "".join(ref),
+                       {"reference_tokens": ref, "entropy": round(float(entropy), 4), "position": int(t)})
+
+    # ----------------------------------------------------------------- protocol
+    def sample(self, n: int, rng: np.random.Generator) -> list[Problem]:
+        """``n`` training positions drawn uniformly (with replacement) from :meth:`eligible_positions`."""
+        ids, ent = self._train()
+        pos = self.eligible_positions()
+        picks = pos[rng.integers(0, len(pos), size=n)]
+        return [self.problem_at(ids, int(t), float(ent[t])) for t in picks]
+
+    def reward(self, completion: str, problem: Problem) -> float:
+        """Eq. 3 on the prediction after ``</think>``; 0.0 without one."""
+        pred = parse_prediction(completion)
+        return 0.0 if pred is None else prefix_match_reward(pred, problem.meta["reference_tokens"])
+
+    def is_correct(self, completion: str, problem: Problem) -> bool:
+        """The reward is 1."""
+        return self.reward(completion, problem) == 1.0
+
+    def test_metrics(self, frame) -> dict[str, float]:
+        """Evaluation columns (the trainer adds them as ``test_<name>``): ``accuracy_<split>`` for
+        the nested entropy splits of :data:`ENTROPY_THRESHOLDS`, ``accuracy_low`` / ``_mid`` /
+        ``_high`` for the terciles of the test positions' proxy entropy (disjoint), and
+        ``prediction_tokens_mean`` and ``top_prediction_frac`` (the share of the single most
+        common prediction: a policy that collapses onto a frequent token shows here).
+
+        Args:
+            frame: :func:`grpo_lab.rollout.evaluate`'s frame on this task's problems (columns
+                ``correct``, ``entropy``, ``completion``).
+        """
+        ent = frame["entropy"].to_numpy(dtype=float)
+        correct = frame["correct"].to_numpy(dtype=float)
+        out = {f"accuracy_{k}": float(correct[m].mean()) if m.any() else float("nan")
+               for k, m in entropy_split(ent).items()}
+        lo, hi = np.quantile(ent, [1 / 3, 2 / 3])
+        for name, m in (("low", ent < lo), ("mid", (ent >= lo) & (ent < hi)), ("high", ent >= hi)):
+            out[f"accuracy_{name}"] = float(correct[m].mean()) if m.any() else float("nan")
+        preds = [parse_prediction(c) for c in frame["completion"]]  # None: no prediction
+        tok = self._tok()
+        out["prediction_tokens_mean"] = float(np.mean([len(tok(p, add_special_tokens=False)["input_ids"]) if p else 0
+                                                       for p in preds]))
+        counts = collections.Counter(preds)
+        out["top_prediction_frac"] = float(counts.most_common(1)[0][1] / len(preds)) if preds else float("nan")
+        return out
+
+    def demonstration(self, problem: Problem, rng: np.random.Generator | None = None) -> str:
+        """The ground truth in the task's format, an empty thinking span and the next token:
+        ``"</think>" + reference_tokens[0]`` (the target of Eq. 1's ``log P(x_t | x_<t)``; used by
+        the ``ntp_coef`` ablation, :data:`grpo_lab.algorithms.RPT_HYBRID`). ``rng`` is unused."""
+        return THINK_CLOSE + problem.meta["reference_tokens"][0]
+
+    @staticmethod
+    def is_reasoning(completion: str) -> bool:
+        """Whether the thinking span (before ``</think>``) is non-empty."""
+        return THINK_CLOSE in completion and bool(completion.split(THINK_CLOSE, 1)[0].strip())
+
+    def test_set(self) -> list[Problem]:
+        """The fixed held-out positions of ``data/tasks/next_token_test.jsonl``.
+
+        Raises:
+            FileNotFoundError: the file is missing (the message names the command that writes it).
+        """
+        return list(_load_test(str(data_dir() / "tasks" / TEST_FILE)))
+
+
+@lru_cache(maxsize=8)
+def _eligible_key(path: str, context_tokens: int, reference_tokens: int, min_entropy: float):
+    ids, ent = _load_train(path)
+    ok = np.isfinite(ent) & (ent >= min_entropy)
+    ok[:context_tokens] = False
+    ok[len(ids) - reference_tokens:] = False
+    return np.flatnonzero(ok)
+
+
+def _eligible_cached(task: NextTokenTask) -> np.ndarray:
+    pos = _eligible_key(str(data_dir() / "tasks" / TRAIN_FILE), task.context_tokens, task.reference_tokens,
+                        float(task.min_entropy))
+    if len(pos) == 0:
+        raise ValueError(f"NextTokenTask: no training position has proxy entropy >= {task.min_entropy}")
+    return pos
+
+
+@lru_cache(maxsize=4)
+def _load_test(path: str) -> tuple[Problem, ...]:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"NextTokenTask: the test positions {path} were not found (python -m grpo_lab.pretrain "
+                                f"corpus-proxy writes them); {missing_data_hint()}")
+    return tuple(load_problems(path))
+
+
+# --------------------------------------------------------------------- building the data
+@torch.no_grad()
+def proxy_entropies(model, ids: Sequence[int], positions: Sequence[int], *, context_tokens: int, k: int = 16,
+                    batch_size: int = 512) -> np.ndarray:
+    """The proxy ``model``'s top-``k`` entropy (nats) of the token at each position ``t`` of
+    ``ids``, given the ``context_tokens`` tokens before it (exactly the task's prompt context,
+    without ``<think>``).
+
+    Returns:
+        float32 ``[len(positions)]`` array.
+    """
+    ids_t = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+    positions = np.asarray(positions, dtype=np.int64)
+    out = np.empty(len(positions), dtype=np.float32)
+    offs = torch.arange(-context_tokens, 0)
+    model.eval()
+    for s in range(0, len(positions), batch_size):
+        p = torch.as_tensor(positions[s:s + batch_size])
+        x = ids_t[p[:, None] + offs[None, :]]
+        logits = model(input_ids=x, use_cache=False).logits[:, -1]
+        out[s:s + len(p)] = top_k_entropy(logits, k).numpy()
+    return out
+
+
+def build_task_data(proxy, tokenizer, out: str | Path, *, context_tokens: int = 32, reference_tokens: int = 8,
+                    test_size: int = 600, seed: int = 0) -> dict:
+    """Write the task's data files into ``out`` (normally ``data/tasks``): the ``rl`` part's token
+    stream (its chunks in corpus order, each followed by EOS) with the proxy's entropy at every
+    position that has a full context within its chunk and starts a character (NaN elsewhere), and
+    ``test_size`` positions drawn uniformly (seeded) from the eligible positions of the ``test`` part.
+
+    Returns:
+        a summary (token counts, the split, the corpus hash, entropy quantiles).
+    """
+    from safetensors.torch import save_file
+
+    from .base import save_problems
+
+    docs = load_corpus()
+    parts = split_corpus(docs)
+    starts = char_start_mask(tokenizer)
+
+    def stream(chunks):
+        ids, ok = [], []
+        for _, text in chunks:
+            d = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += d + [tokenizer.eos_token_id]
+            ok += [False] * min(context_tokens, len(d)) + [True] * max(0, len(d) - context_tokens) + [False]
+        ids = np.asarray(ids, dtype=np.int64)
+        return ids, np.asarray(ok) & starts[ids]  # a position inside a character is no problem
+
+    tr_ids, tr_ok = stream(parts["rl"])
+    tr_ok[len(tr_ids) - reference_tokens:] = False
+    ent = np.full(len(tr_ids), np.nan, dtype=np.float32)
+    pos = np.flatnonzero(tr_ok)
+    ent[pos] = proxy_entropies(proxy, tr_ids, pos, context_tokens=context_tokens)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({"ids": torch.as_tensor(tr_ids.astype(np.int32)), "entropy": torch.as_tensor(ent)},
+              str(out / TRAIN_FILE), metadata={"corpus_sha256": corpus_sha256(docs),
+                                               "context_tokens": str(context_tokens)})
+    te_ids, te_ok = stream(parts["test"])
+    te_ok[len(te_ids) - reference_tokens:] = False
+    cand = np.flatnonzero(te_ok)
+    rng = np.random.default_rng(seed)
+    picks = np.sort(rng.choice(cand, size=min(test_size, len(cand)), replace=False))
+    te_ent = proxy_entropies(proxy, te_ids, picks, context_tokens=context_tokens)
+    task = NextTokenTask(context_tokens=context_tokens, reference_tokens=reference_tokens)
+    task._tok = lambda: tokenizer  # type: ignore[method-assign]  # build before the checkpoint exists
+    problems = [task.problem_at(te_ids, int(t), float(e)) for t, e in zip(picks, te_ent)]
+    save_problems(problems, out / TEST_FILE)
+    _load_train.cache_clear()
+    _load_test.cache_clear()
+    _eligible_key.cache_clear()
+    q = np.nanquantile(ent, [0.1, 0.25, 0.5, 0.75, 0.9])
+    return {"corpus_sha256": corpus_sha256(docs), "split": {p: [k for k, _ in c] for p, c in parts.items()},
+            "train_tokens": int(len(tr_ids)), "train_positions": int(len(pos)), "test_positions": len(problems),
+            "train_entropy_quantiles": [round(float(v), 4) for v in q]}
