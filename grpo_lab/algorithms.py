@@ -643,7 +643,7 @@ VAPO = PPO.replace(
     nll_coef=0.1,
 )
 
-#: RPT, Reinforcement Pre-Training (Dong et al., arXiv 2506.08007): GRPO on next-token reasoning
+#: Reinforcement Pre-Training, RPT, of Dong et al. (arXiv 2506.08007) is GRPO on next-token reasoning
 #: with the prefix-matching reward (Eq. 3, :func:`grpo_lab.rewards.prefix_match_reward`, through
 #: :class:`grpo_lab.tasks.NextTokenTask`), and the objective of Eq. 4, pure expected reward: **no KL**
 #: (§3.3 / App. B: KL coefficient 0) and **no language-modelling term**. The clip is 0.2, as in App. B;

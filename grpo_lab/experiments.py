@@ -600,7 +600,7 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
     Raises:
         ValueError: ``n_jobs < 1``. Whatever ``fn`` raises (the workers are then stopped).
     """
-    if not isinstance(n_jobs, int) or n_jobs < 1:
+    if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or n_jobs < 1:
         raise ValueError(f"map_workers: n_jobs must be an int >= 1, got {n_jobs!r}")
     items = list(items)
     if n_jobs == 1 or len(items) <= 1:

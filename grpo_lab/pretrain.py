@@ -263,7 +263,7 @@ def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size:
     Raises:
         ValueError: ``steps < 0``, an unknown ``part`` or ``recipe``, or a recipe that is not a corpus one.
     """
-    if not isinstance(steps, int) or steps < 0:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"continue_ntp: steps must be an int >= 0, got {steps!r}")
     r = RECIPES.get(recipe)
     if r is None or r.task != "corpus":
@@ -297,6 +297,14 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
     ``base``, :func:`continue_ntp` for ``steps`` steps on the ``rl`` part, then evaluate on the
     :class:`~grpo_lab.tasks.NextTokenTask` test positions, greedy and sampled (one sample at
     ``temperature``, torch seeded with ``seed``).
+
+    Args:
+        seed: seeds the NTP batches and the sampled evaluation.
+        steps, lr, batch_size: as :func:`continue_ntp`.
+        base: checkpoint name or directory.
+        temperature: of the sampled evaluation (RPT's 0.8).
+        threads: ``torch.set_num_threads`` for this process (left as set afterwards; ``None``
+            leaves the setting alone).
 
     Returns:
         ``{"seed", "steps", "tokens" (total real tokens trained on), "loss_last" (mean loss of

@@ -59,7 +59,7 @@ __all__ = ["THINK_OPEN", "THINK_CLOSE", "ENTROPY_THRESHOLDS", "load_corpus", "co
 #: The delimiters of the thinking span (special tokens of the corpus tokenizer, kept by ``decode``).
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
-#: RPT's difficulty thresholds (§4.1, Table 1): a position belongs to a split when the proxy's
+#: RPT's difficulty thresholds, from its §4.1 and Table 1. A position belongs to a split when the proxy's
 #: top-16 entropy (nats) is at least the split's threshold, so the splits are nested (every hard
 #: position is also medium and easy). Our reading of the paper's "easy / medium / hard"; the tiny
 #: proxy's entropies are on a different scale from a 1.5B model's (chapter 7 shows both).
@@ -382,10 +382,12 @@ class NextTokenTask:
 
     def test_metrics(self, frame) -> dict[str, float]:
         """Evaluation columns (the trainer adds them as ``test_<name>``): ``accuracy_<split>`` for
-        the nested entropy splits of :data:`ENTROPY_THRESHOLDS`, ``accuracy_low`` / ``_mid`` /
-        ``_high`` for the terciles of the test positions' proxy entropy (disjoint), and
-        ``prediction_tokens_mean`` and ``top_prediction_frac`` (the share of the single most
-        common prediction: a policy that collapses onto a frequent token shows here).
+        the nested entropy splits of :data:`grpo_lab.tasks.next_token.ENTROPY_THRESHOLDS`,
+        ``accuracy_low`` / ``_mid`` / ``_high`` for the terciles of the test positions' proxy entropy (disjoint), and
+        ``prediction_tokens_mean`` (0 for a response without a prediction) and
+        ``top_prediction_frac`` (the share of the single most common prediction among the
+        responses that made one, NaN if none did: a policy that collapses onto a frequent token
+        shows here).
 
         Args:
             frame: :func:`grpo_lab.rollout.evaluate`'s frame on this task's problems (columns
@@ -402,8 +404,9 @@ class NextTokenTask:
         tok = self._tok()
         out["prediction_tokens_mean"] = float(np.mean([len(tok(p, add_special_tokens=False)["input_ids"]) if p else 0
                                                        for p in preds]))
-        counts = collections.Counter(preds)
-        out["top_prediction_frac"] = float(counts.most_common(1)[0][1] / len(preds)) if preds else float("nan")
+        made = [p for p in preds if p is not None]
+        counts = collections.Counter(made)
+        out["top_prediction_frac"] = float(counts.most_common(1)[0][1] / len(made)) if made else float("nan")
         return out
 
     def demonstration(self, problem: Problem, rng: np.random.Generator | None = None) -> str:
