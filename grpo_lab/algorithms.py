@@ -176,9 +176,12 @@ class Algorithm:
         ntp_coef: ``>= 0``, the weight of a next-token-prediction term on the task's ground truth,
             ``L = L_RL + ntp_coef L_NTP``, where ``L_NTP`` is the mean negative log-likelihood
             (temperature 1) of each question's demonstration (``task.demonstration(problem, rng)``
-            followed by EOS) given its prompt, once per question of the minibatch; 0 = off. **No
-            paper's method**: it exists for the "``L_LM + beta RL``" retelling of RPT, which
-            chapter 7 runs as an ablation (:data:`RPT_HYBRID`). RPT itself (Eq. 4) is pure RL.
+            followed by EOS) given its prompt, once per question of the minibatch; 0 = off. Not
+            any paper's method: it exists for the "``L_LM + beta RL``" retelling of RPT, which
+            chapter 7 runs as an ablation (:data:`RPT_HYBRID`); RPT itself (Eq. 4) is pure RL.
+            Works with any task that has ``demonstration`` (the trainer refuses one without);
+            a task that draws its demonstration from ``rng`` (the arithmetic task does) advances
+            the trainer's generator, so its later prompts differ from a run without the term.
 
     Raises:
         ValueError: (in ``__post_init__``) a choice on any axis that is not in its registry, a

@@ -598,13 +598,23 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
         The results, in the order of ``items``.
 
     Raises:
-        ValueError: ``n_jobs < 1``. Whatever ``fn`` raises (the workers are then stopped).
+        ValueError: ``n_jobs < 1``.
+        TypeError: with ``n_jobs > 1``, ``fn`` cannot be pickled (a lambda, a local function).
+        Exception: whatever ``fn`` raises, after the workers are stopped.
     """
     if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or n_jobs < 1:
         raise ValueError(f"map_workers: n_jobs must be an int >= 1, got {n_jobs!r}")
     items = list(items)
     if n_jobs == 1 or len(items) <= 1:
         return [fn(item) for item in items]
+    import pickle
+
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise TypeError(f"map_workers: fn cannot be sent to a worker process ({exc}); use a module-level function "
+                        "or a functools.partial of one (a lambda or a function defined in a notebook is not "
+                        "importable in a fresh interpreter), or n_jobs=1") from None
     pool = _worker_pool(n_jobs)
     futures = [pool.submit(fn, item) for item in items]
     try:

@@ -72,7 +72,10 @@ class PretrainRecipe:
       task (:class:`~grpo_lab.tasks.ArithmeticTask`); ``""`` / 0 is the plain task;
     * ``max_new_tokens``: the task's generation budget (tokens), used to evaluate the checkpoint;
     * ``init``: ``""`` (train from the seeded random initialisation) or the name of a checkpoint
-      under ``data/checkpoints`` with the same architecture and alphabet to fine-tune.
+      under ``data/checkpoints`` with the same architecture and alphabet to fine-tune;
+    * ``vocab_size``, ``seq_len``, ``p_format`` (``task="corpus"`` only): the byte-level BPE
+      vocabulary, the length of the plain training windows in tokens, and the share of windows
+      written in the next-token-reasoning format (context, ``<think></think>``, 1-3 tokens, EOS).
     """
 
     task: str = "arithmetic"
@@ -240,7 +243,7 @@ class _Corpus:
 
 
 def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size: int = 32, lr: float = 3e-4,
-                 seed: int = 0, recipe: str = "corpus", progress: bool = False) -> list[float]:
+                 seed: int = 0, recipe: str = "corpus", progress: bool = False) -> dict[str, list]:
     """Continue training a corpus model by next-token prediction, in place: chapter 7's
     *continued NTP* baseline (RPT's Eq. 1 on the text RPT trains on).
 
@@ -261,18 +264,27 @@ def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size:
         real (non-padding) tokens in the batch (the forward and backward pass's work).
 
     Raises:
-        ValueError: ``steps < 0``, an unknown ``part`` or ``recipe``, or a recipe that is not a corpus one.
+        ValueError: ``steps < 0``, ``batch_size < 1``, an unknown ``part`` or ``recipe``, or a
+            recipe that is not a corpus one.
+
+    Warns:
+        RuntimeWarning: this CPython's corpus (``pydoc_data.topics``) differs from the one the
+            task's data files were built from: the ``part`` is re-split from this corpus, so its
+            text is not exactly the text of the committed positions.
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"continue_ntp: steps must be an int >= 0, got {steps!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"continue_ntp: batch_size must be an int >= 1, got {batch_size!r}")
     r = RECIPES.get(recipe)
     if r is None or r.task != "corpus":
         raise ValueError(f"continue_ntp: recipe must name a corpus recipe ('corpus', 'corpus-proxy'), got {recipe!r}")
     from .tasks.next_token import SPLIT_FRACTIONS
 
-    if part not in SPLIT_FRACTIONS:
+    if not isinstance(part, str) or part not in SPLIT_FRACTIONS:
         raise ValueError(f"continue_ntp: unknown part {part!r}; expected one of {list(SPLIT_FRACTIONS)}")
     corpus = _Corpus(r, tokenizer=tokenizer, part=part)
+    _warn_if_other_corpus(corpus.docs)
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=r.weight_decay, betas=(0.9, 0.98))
     policy.train()
@@ -289,6 +301,26 @@ def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size:
         out["tokens"].append(int(attn.sum()))
     policy.eval()
     return out
+
+
+def _warn_if_other_corpus(docs) -> None:
+    """A ``RuntimeWarning`` when ``docs`` is not the corpus the task's data files record."""
+    import warnings
+
+    from safetensors import safe_open
+
+    from .paths import data_dir
+    from .tasks.next_token import TRAIN_FILE, corpus_sha256
+
+    path = data_dir() / "tasks" / TRAIN_FILE
+    if not path.is_file():
+        return
+    with safe_open(str(path), "pt") as f:
+        recorded = (f.metadata() or {}).get("corpus_sha256")
+    if recorded and recorded != corpus_sha256(docs):
+        warnings.warn("continue_ntp: this CPython's pydoc_data.topics differs from the corpus the next-token task's "
+                      f"data files were built from (sha256 {recorded[:12]}...); the text trained on is re-split from "
+                      "this one, so it is not exactly the text of the committed positions", RuntimeWarning, stacklevel=3)
 
 
 def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: float = 3e-4,
@@ -506,8 +538,12 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
 
 def main(argv=None) -> None:
     """Command line ``python -m grpo_lab.pretrain TASK [--out DIR] [--steps N] [--quiet]`` (see :data:`RECIPES`)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("task", choices=sorted(RECIPES))
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0].replace("``", ""),
+        epilog="corpus-proxy also writes the next-token task's data files (data/tasks/next_token_*) when --out is not "
+               "given; build it before corpus, whose evaluation reads them.")
+    ap.add_argument("task", choices=sorted(RECIPES), metavar="NAME",
+                    help="the recipe: " + ", ".join(sorted(RECIPES)) + " (writes data/checkpoints/NAME-base)")
     ap.add_argument("--out", default=None, help="output directory (default data/checkpoints/TASK-base)")
     ap.add_argument("--steps", type=int, default=None, help="override the recipe's steps (for quick tests)")
     ap.add_argument("--quiet", action="store_true")

@@ -216,12 +216,18 @@ def prefix_match_reward(prediction: str, reference_tokens: Sequence[str]) -> flo
         ``1.0`` or ``0.0`` (a Python float).
 
     Raises:
-        TypeError: ``prediction`` is not a ``str``; ``reference_tokens`` is a single ``str`` (pass
-            its tokens, e.g. ``["The", " cat"]``, not the joined text) or holds a non-``str``.
+        TypeError: ``prediction`` is not a ``str``; ``reference_tokens`` is not a sequence, is a
+            single ``str`` (pass its tokens, e.g. ``["The", " cat"]``, not the joined text) or
+            holds a non-``str``.
         ValueError: ``reference_tokens`` is empty or holds an empty string.
     """
     if not isinstance(prediction, str):
         raise TypeError(f"prefix_match_reward: prediction must be a str, got {type(prediction).__name__}")
+    from collections.abc import Iterable, Mapping, Set
+
+    if not isinstance(reference_tokens, Iterable) or isinstance(reference_tokens, (Mapping, Set)):
+        raise TypeError(f"prefix_match_reward: reference_tokens must be a sequence (list or tuple) of token strings, "
+                        f"got {type(reference_tokens).__name__} (a mapping or a set has no token order)")
     if isinstance(reference_tokens, (str, bytes)):
         raise TypeError("prefix_match_reward: reference_tokens must be a sequence of token strings (such as "
                         f"['The', ' cat']), not one {type(reference_tokens).__name__}: the token boundaries "

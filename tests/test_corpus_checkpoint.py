@@ -349,7 +349,26 @@ def test_map_workers_in_process():
         map_workers(math.sqrt, [4, -1])
 
 
-@pytest.mark.parametrize("n_jobs", [0, -1, 1.0, "2", None])
+def test_map_workers_refuses_what_a_worker_cannot_import():
+    # a lambda cannot be pickled into a spawned worker: a TypeError naming the fix, before any pool starts
+    from grpo_lab import experiments
+    from grpo_lab.experiments import map_workers
+
+    before = experiments._POOL["executor"]
+    with pytest.raises(TypeError, match="module-level function"):
+        map_workers(lambda x: x, [1, 2], n_jobs=2)
+    assert experiments._POOL["executor"] is before
+    assert map_workers(lambda x: -x, [1, 2], n_jobs=1) == [-1, -2]  # in this process it is fine
+
+
+def test_continue_ntp_refuses_an_empty_batch():
+    from grpo_lab.pretrain import continue_ntp
+
+    with pytest.raises(ValueError, match="batch_size"):
+        continue_ntp(None, None, steps=1, batch_size=0)
+
+
+@pytest.mark.parametrize("n_jobs", [0, -1, 1.0, "2", None, True])
 def test_map_workers_rejects_bad_n_jobs(n_jobs):
     from grpo_lab.experiments import map_workers
 

@@ -591,3 +591,55 @@ def test_no_prompt_starts_inside_a_character(corpus_tok):
     pos = task.eligible_positions()
     inside = pos[~starts[ids[pos - task.context_tokens]]][:20]
     assert not any("\ufffd" in task.problem_at(ids, int(t), float(ent[t])).prompt for t in inside)
+
+
+# ---- review findings (fresh-user review of chapter 7), each fixed -------------------------------------------
+def test_top_k_entropy_of_a_row_of_only_minus_inf_is_zero():
+    # by hand: no finite logit, no distribution: defined as 0 (was NaN); an empty vocabulary is refused
+    x = torch.full((2, 5), -math.inf)
+    x[1, 0] = 0.0
+    assert torch.equal(nt.top_k_entropy(x, 3), torch.zeros(2))
+    with pytest.raises(ValueError, match="empty"):
+        nt.top_k_entropy(torch.zeros(2, 0), 3)
+
+
+@pytest.mark.parametrize("min_chars", [0, -100, 1.5, True])
+def test_corpus_chunks_refuses_a_bad_min_chars(min_chars):
+    # -100 used to loop for ever (str.find reads a negative start from the end)
+    with pytest.raises(ValueError, match="min_chars"):
+        nt.corpus_chunks({"a": "x" * 200 + "\n\n" + "y" * 50}, min_chars=min_chars)
+
+
+@pytest.mark.parametrize("refs", [None, {"a": 1}, 3])
+def test_reward_refuses_a_reference_that_is_not_a_sequence(refs):
+    with pytest.raises(TypeError, match="sequence"):
+        prefix_match_reward("a", refs)
+
+
+def test_min_entropy_refuses_a_bool():
+    with pytest.raises(ValueError, match="min_entropy"):
+        NextTokenTask(min_entropy=True)
+
+
+@needs_data
+def test_a_one_token_reference_is_never_empty():
+    # a first token that is part of a multi-byte character has no text alone: the window widens
+    task = NextTokenTask(reference_tokens=1)
+    ids, ent = task._train()
+    pos = task.eligible_positions()
+    tok = task._tok()
+    starts_split = [int(t) for t in pos if "\ufffd" in tok.decode([int(ids[t])])][:10]
+    assert starts_split, "the corpus has multi-byte characters split over tokens"
+    for t in starts_split:
+        ref = task.problem_at(ids, t, float(ent[t])).meta["reference_tokens"]
+        assert ref and "\ufffd" not in ref[0]
+
+
+@needs_data
+def test_settings_the_data_was_not_built_for_are_refused():
+    with pytest.raises(ValueError, match="context_tokens=16"):
+        NextTokenTask(context_tokens=16).sample(1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="context_tokens=16"):
+        NextTokenTask(context_tokens=16).test_set()
+    with pytest.raises(ValueError, match="tokenizer"):
+        NextTokenTask(tokenizer="arithmetic-base").sample(1, np.random.default_rng(0))

@@ -176,7 +176,6 @@ g_q = torch.cat([g.flatten() for g in g_q])
 g_log_q = torch.cat([p.grad.flatten() for p in policy.parameters()])
 assert float((g_q - q * g_log_q).norm() / g_q.norm()) < 1e-4  # float32 round-off only
 policy.zero_grad()
-book.glue("rpt_probe_q", f"{q:.3f}")
 
 # %% [markdown]
 # ## 7.2 The prefix-matching reward
@@ -239,6 +238,8 @@ split_rows = [{"part": p, "share of chunks (target)": f"{SPLIT_FRACTIONS[p]:.0%}
                "tokens": sum(len(tok(t, add_special_tokens=False)["input_ids"]) for _, t in c)} for p, c in parts.items()]
 display(pd.DataFrame(split_rows).set_index("part"))
 book.glue("rpt_corpus_sha", record["corpus"]["sha256"][:12])
+proxy_params = json.loads((checkpoint_dir("corpus-proxy-base") / "recipe.json").read_text())["parameters"]
+book.glue("rpt_proxy_params", f"{proxy_params / 1e6:.2f}M")
 book.glue("rpt_vocab", len(tok))
 book.glue("rpt_heldout_loss", f"{record['metrics']['held_out_loss']:.2f}")
 
@@ -246,8 +247,9 @@ book.glue("rpt_heldout_loss", f"{record['metrics']['held_out_loss']:.2f}")
 # **Tokenizer and base model.** A byte-level BPE tokenizer of {glue:text}`rpt_vocab` tokens
 # trained on the `pretrain` part with the `tokenizers` library, and a
 # {glue:text}`rpt_params`-parameter Qwen2-style model trained on it by next-token prediction
-# (held-out loss {glue:text}`rpt_heldout_loss` nats per token). `python -m grpo_lab.pretrain
-# corpus` rebuilds both, deterministically, into `data/checkpoints/corpus-base` (the tests check
+# (held-out loss {glue:text}`rpt_heldout_loss` nats per token). The corpus is the one of this
+# CPython release (SHA-256 {glue:text}`rpt_corpus_sha`…; another release cuts other chunks).
+# `python -m grpo_lab.pretrain corpus` rebuilds both, deterministically, into `data/checkpoints/corpus-base` (the tests check
 # the recipe, the weights' hash and the accuracy). Half of its training windows are written in the
 # next-token-reasoning format with an empty thinking span, so the base model answers in that format,
 # as the paper's R1-Distill model already did; every token of every window is scored, so this is
@@ -271,7 +273,7 @@ print("prediction: ", repr(parse_prediction(probe_frame["completion"].iloc[0])),
 # distribution at each position; easy positions are dropped from training, and the test positions
 # are split into *easy*, *medium* and *hard* by the thresholds 0.5, 1.0 and 1.5 (Table 1). We read
 # the splits as nested (a position is *hard* when its entropy is at least 1.5, and is then also
-# medium and easy). Our proxy is a 0.16M-parameter model of the same recipe (`corpus-proxy-base`),
+# medium and easy). Our proxy is a {glue:text}`rpt_proxy_params`-parameter model of the same recipe (`corpus-proxy-base`),
 # and a weak model is unsure almost everywhere:
 
 # %% tags=["hide-input"]
@@ -302,7 +304,7 @@ assert split_share["hard"] <= split_share["medium"] <= split_share["easy"]
 # Proxy entropy at the {glue:text}`rpt_n_test` held-out test positions. Dashed: the paper's
 # thresholds; solid: the maximum, $\log 16$. {glue:text}`rpt_easy_share` of our positions pass the
 # easy threshold and {glue:text}`rpt_hard_share` the hard one, so the paper's splits barely
-# differ here: its 1.5B proxy is confident far more often.
+# differ with our proxy.
 # ```
 #
 # We therefore report the paper's splits and, beside them, the terciles of our proxy's entropy
@@ -315,10 +317,12 @@ assert split_share["hard"] <= split_share["medium"] <= split_share["easy"]
 #
 # * the **base** model;
 # * **RPT**: the `RPT` preset (GRPO, no KL, $\varepsilon=0.2$) with $G=8$ samples at temperature
-#   0.8, as in Appendix B;
-# * the **hybrid** $\mathcal L_{\mathrm{RL}}+\mathcal L_{\mathrm{NTP}}$: RPT plus the NTP loss of
-#   the ground-truth next token at every training position (`RPT_HYBRID`, `ntp_coef=1`): the
-#   retelling's objective, not the paper's;
+#   0.8, as in Appendix B, one update per batch (so the ratio is 1 and the clip never binds);
+# * the **hybrid** $\mathcal L_{\mathrm{RL}}+\mathcal L_{\mathrm{NTP}}$: RPT plus, at every
+#   training position, the mean NLL of the ground truth in the task's format (`</think>`, the next
+#   token, EOS; `RPT_HYBRID`, `ntp_coef=1`). One reading of the retelling, not the paper's method;
+#   its extra forward and backward pass (about a tenth of RPT's compute) is not in the matching
+#   below;
 # * **continued NTP**: the base model trained further by next-token prediction on the `rl` part,
 #   with the same compute as RPT.
 #
@@ -366,7 +370,6 @@ ntp_tokens = float(np.mean([x["tokens"] for x in ntp_runs]))
 assert abs(3 * ntp_tokens - rpt_units) / rpt_units < 0.1  # compute matched within 10%
 book.glue("rpt_steps", STEPS)
 book.glue("rpt_P", P)
-book.glue("rpt_rows", P * RPT_SAMPLING["group_size"])
 book.glue("rpt_ntp_steps", NTP_STEPS)
 book.glue("rpt_n_seeds", len(SEEDS))
 book.glue("rpt_lr", f"{LR:g}")
@@ -454,7 +457,6 @@ d_rn_g = paired("RPT", "continued NTP", "greedy")
 book.glue("rpt_d_greedy", stats.format_interval(d_rpt_g))
 book.glue("rpt_d_sampled", stats.format_interval(d_rpt_s))
 book.glue("rpt_d_ntp", stats.format_interval(d_ntp_g))
-book.glue("rpt_d_rpt_ntp", stats.format_interval(d_rn_g))
 book.glue("rpt_d_hyb", stats.format_interval(paired("hybrid (not the paper)", "RPT", "greedy")))
 d_rn_s = paired("RPT", "continued NTP", "sampled T=0.8")
 
@@ -487,13 +489,21 @@ print("paired differences in overall accuracy, mean [95% t interval] over the sa
 # {glue:text}`rpt_d_hyb`.
 #
 # Why the two evaluations can disagree: RPT maximises the expected reward *of samples at
-# temperature 0.8*. Without any reasoning to improve, the way to raise it is to move probability
-# towards the tokens that are right most often, which raises the sampled accuracy and need not
-# move the argmax. Two diagnostics show which way each model moved: the share of the single most
-# common greedy prediction is {glue:text}`rpt_top_base` for the base model,
-# {glue:text}`rpt_top_ntp` after continued NTP and {glue:text}`rpt_top_rpt` after RPT; and
-# predictions average {glue:text}`rpt_ptok_base` tokens before RPT and {glue:text}`rpt_ptok_rpt`
-# after (Eq. (3) pays one correct token as much as three, so a longer prediction is only a risk).
+# temperature 0.8*, not the accuracy of the argmax. With nothing to reason about, the policy can
+# raise that reward only by moving probability towards tokens that are right often, whatever the
+# context. The diagnostics show that it did: the share of the single most common greedy prediction
+# is {glue:text}`rpt_top_base` for the base model, {glue:text}`rpt_top_ntp` after continued NTP
+# and {glue:text}`rpt_top_rpt` after RPT, a drift towards a few frequent tokens that costs the
+# argmax its context, while the sampled accuracy, RPT's objective, barely moves in
+# {glue:text}`rpt_steps` steps. Predictions also shorten, from {glue:text}`rpt_ptok_base` to
+# {glue:text}`rpt_ptok_rpt` tokens: Eq. (3) pays one correct token as much as three, so a longer
+# prediction is only a risk.
+#
+# Continued NTP lowered held-out accuracy too: {glue:text}`rpt_ntp_steps` steps on the `rl` text
+# (a different fifth of the corpus) fit that text at the expense of the test text. The intervals
+# are over seeds, on these {glue:text}`rpt_n_test` test positions: they do not include the
+# sampling of the positions themselves (binomial standard error {glue:text}`rpt_se` for one
+# evaluation).
 #
 # Next-token prediction learns from every token of its batch and from the whole distribution at
 # each; RPT learns one bit per sampled output, and nothing from a group whose eight samples all
@@ -575,11 +585,11 @@ print(f"fit: A={a_fit:.3g} alpha={alpha_fit:.2f} P*={p_fit:.3f}, R^2={r2:.2f} ov
 # evaluation after step 0 of every seed): {glue:text}`rpt_fit`, $R^2$ = {glue:text}`rpt_r2`.
 # ```
 #
-# Four compute points a factor of four apart, and evaluations whose binomial standard error
+# Four compute points spanning a factor of four, and evaluations whose binomial standard error
 # ({glue:text}`rpt_se_sampled` for one sampled evaluation) is larger than any change RPT makes to the
 # sampled accuracy here: the fit says little, and $R^2$, the share of the seed-to-seed scatter that
-# the curve explains, is low because that scatter is mostly evaluation noise. The paper's fits ($R^2$ of 0.989 to 0.995 across its three splits) span 100 to 1,000 steps of a 14B
-# model, where accuracy moves by several points.
+# the curve explains, is low because that scatter is mostly evaluation noise. The paper reports
+# fits with high $R^2$ over the training of a 14B model, whose accuracy moves by several points.
 #
 # ## 7.6 What a tiny model can and cannot show
 #
@@ -600,9 +610,8 @@ print(f"fit: A={a_fit:.3g} alpha={alpha_fit:.2f} P*={p_fit:.3f}, R^2={r2:.2f} ov
 # $\mathcal L=\mathcal L_{LM}+\beta\cdot\mathcal L_{RL}$. The paper's objective, Eq. (4), is the
 # expected prefix-matching reward and nothing else, optimised with GRPO with a KL coefficient of 0
 # (§3.3, Appendix B); there is no log-likelihood term. The paper's own evidence points the other
-# way: continual next-token training on the same OmniMATH data *lowers* the model's reasoning score
-# after RL, from 51.2 to 13.0 (Table 2: R1-Distill-Qwen-14B 51.2 → 52.7 after RL; with continual NTP
-# first 10.7 → 13.0; RPT-14B 56.3 → 58.3). Our hybrid is that retelling implemented
+# way: continual next-token training on the same OmniMATH data *lowers* the model's reasoning score,
+# from 51.2 to 10.7 before RL and from 52.7 to 13.0 after it (Table 2; RPT-14B: 56.3 and 58.3). Our hybrid is that retelling implemented
 # (`RPT_HYBRID`, labelled *not the paper*): against RPT it changes greedy accuracy by
 # {glue:text}`rpt_d_hyb`. `grpo_lab.export` refuses to translate a non-zero `ntp_coef`, since
 # neither TRL nor verl has the term.
@@ -619,7 +628,7 @@ at_scale = pd.DataFrame([
     {"quantity": "data", "paper": "OmniMATH, 4,428 problems and solutions",
      "this chapter": "Python language reference (pydoc_data.topics), 20% of its chunks"},
     {"quantity": "entropy filter", "paper": "R1-Distill-Qwen-1.5B, top-16 entropy",
-     "this chapter": f"corpus-proxy-base (0.16M parameters), top-16 entropy >= {MIN_ENTROPY}"},
+     "this chapter": f"corpus-proxy-base ({proxy_params / 1e6:.2f}M parameters), top-16 entropy >= {MIN_ENTROPY}"},
     {"quantity": "algorithm", "paper": "GRPO, KL 0, clip 0.2, lr 1e-6, entropy coefficient 0",
      "this chapter": f"RPT preset: GRPO, KL 0, clip {RPT.eps_low}, lr {LR:g}"},
     {"quantity": "questions x samples, temperature", "paper": "256 x 8, T = 0.8",
@@ -647,8 +656,9 @@ with pd.option_context("display.max_colwidth", None):
 #
 # **On a GPU.** Set `PROFILE = "gpu"`: 64 positions × 8 samples per step for 200 steps on the same
 # tiny model. A real reproduction needs a reasoning model (the paper's 14B, or a small distilled
-# reasoner) whose thinking can change its prediction; the task, reward and preset here work for any
-# tokenizer. No GPU results for this chapter are stored in `data/results/gpu/`.
+# reasoner) whose thinking can change its prediction. The reward and the preset work with any
+# tokenizer; the task's data files hold `corpus-base`'s token ids and 32-token contexts, so another
+# model needs them rebuilt (`build_task_data` with its proxy and tokenizer). No GPU results for this chapter are stored in `data/results/gpu/`.
 #
 # ## 7.8 Takeaways
 #
@@ -659,8 +669,10 @@ with pd.option_context("display.max_colwidth", None):
 # * Per position, the RPT gradient is the NTP gradient weighted by the probability of being right;
 #   hopeless positions and tied groups teach nothing. The entropy filter decides where the compute
 #   goes.
-# * Without reasoning, RPT sharpens the sampling distribution (its objective) rather than the
-#   argmax, and at equal compute it is a much weaker teacher than next-token prediction.
+# * Without reasoning, RPT drifts towards frequent tokens: greedy accuracy fell
+#   ({glue:text}`rpt_d_greedy`) while its objective, sampled accuracy, barely moved. Continued NTP
+#   at the same compute did not help held-out accuracy either here; neither result says anything
+#   about a model that can think.
 #
 # ## Exercises
 #

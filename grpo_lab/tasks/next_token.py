@@ -54,7 +54,7 @@ from .base import Problem, load_problems
 
 __all__ = ["THINK_OPEN", "THINK_CLOSE", "ENTROPY_THRESHOLDS", "load_corpus", "corpus_sha256", "split_corpus",
            "token_strings", "char_start_mask", "top_k_entropy", "entropy_split", "next_token_prompt", "parse_prediction",
-           "NextTokenTask", "proxy_entropies", "SPLIT_FRACTIONS", "corpus_chunks", "build_task_data", "TRAIN_FILE", "TEST_FILE"]
+           "NextTokenTask", "proxy_entropies", "tokenizer_sha256", "SPLIT_FRACTIONS", "corpus_chunks", "build_task_data", "TRAIN_FILE", "TEST_FILE"]
 
 #: The delimiters of the thinking span (special tokens of the corpus tokenizer, kept by ``decode``).
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -98,10 +98,19 @@ def corpus_chunks(docs: Mapping[str, str], min_chars: int = 2000) -> list[tuple[
     """Cut every topic into chunks of whole paragraphs (ending at a blank line) of at least
     ``min_chars`` characters (a topic's last chunk may be shorter).
 
+    Args:
+        docs: ``{topic: text}`` (:func:`load_corpus`).
+        min_chars: the shortest chunk, in characters (an int >= 1).
+
     Returns:
         ``[(key, text)]`` with ``key = "topic#index"``, in topic order; the chunks of a topic join
         back into its text exactly.
+
+    Raises:
+        ValueError: ``min_chars`` is not an int >= 1.
     """
+    if not isinstance(min_chars, int) or isinstance(min_chars, bool) or min_chars < 1:
+        raise ValueError(f"corpus_chunks: min_chars must be an int >= 1, got {min_chars!r}")
     out = []
     for name in sorted(docs):
         text, start, k = docs[name], 0, 0
@@ -214,10 +223,11 @@ def top_k_entropy(logits: torch.Tensor, k: int = 16) -> torch.Tensor:
 
     Returns:
         float32 ``[...]`` tensor. A 1-token distribution or ties give defined values
-        (0 and ``log k``); ``-inf`` logits (masked tokens) contribute 0.
+        (0 and ``log k``); ``-inf`` logits (masked tokens) contribute 0, and a row of only
+        ``-inf`` has entropy 0.
 
     Raises:
-        ValueError: ``k < 1``, a 0-d ``logits``, or NaN / ``+inf`` logits.
+        ValueError: ``k < 1``, a 0-d ``logits`` or an empty last dimension, or NaN / ``+inf`` logits.
     """
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"top_k_entropy: k must be an int >= 1, got {k!r}")
@@ -226,10 +236,13 @@ def top_k_entropy(logits: torch.Tensor, k: int = 16) -> torch.Tensor:
     x = logits.detach().float()
     if bool(torch.isnan(x).any()) or bool((x == math.inf).any()):
         raise ValueError("top_k_entropy: logits contain NaN or +inf")
+    if x.shape[-1] == 0:
+        raise ValueError("top_k_entropy: logits have an empty vocabulary dimension")
     top = x.topk(min(k, x.shape[-1]), dim=-1).values
     logp = torch.log_softmax(top, dim=-1)
     p = logp.exp()
-    return -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+    h = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+    return torch.nan_to_num(h, nan=0.0) + 0.0  # a row of only -inf logits: no distribution, entropy 0
 
 
 def entropy_split(entropy, thresholds: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
@@ -282,13 +295,22 @@ def _load_tokenizer(name: str):
 
 @lru_cache(maxsize=4)
 def _load_train(path: str):
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"NextTokenTask: the training positions {path} were not found (python -m "
                                 f"grpo_lab.pretrain corpus-proxy writes them); {missing_data_hint()}")
     d = load_file(path)
-    return d["ids"].numpy(), d["entropy"].numpy()
+    with safe_open(path, "pt") as f:
+        meta = dict(f.metadata() or {})
+    return d["ids"].numpy(), d["entropy"].numpy(), meta
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """SHA-256 (hex) of a fast tokenizer's serialised form: identifies the tokenizer that split the
+    corpus into the ids of the task's data files. Raises nothing."""
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
 
 
 @dataclass
@@ -307,13 +329,18 @@ class NextTokenTask:
             be right).
         min_entropy: training samples only positions whose proxy top-16 entropy is at least this
             (nats; RPT §3.3 drops low-entropy positions); 0 keeps every position.
-        tokenizer: the checkpoint whose tokenizer splits the corpus (``corpus-base``).
+        tokenizer: the checkpoint whose tokenizer split the corpus into the data files
+            (``corpus-base``; another tokenizer is refused when the data is first read).
 
     ``Problem.meta`` holds ``reference_tokens`` (list of str), ``entropy`` (the proxy's, nats) and
     ``position``; ``Problem.answer`` is the reference continuation's text.
 
+    A completion cut at the generation budget is scored like any other (there is no closing
+    delimiter to miss, unlike the paper's ``\\boxed{}``).
+
     Raises:
-        ValueError: settings out of range (at construction).
+        ValueError: settings out of range (at construction); a ``context_tokens`` or tokenizer
+            the data files were not built for (when the data is first read).
     """
 
     name: str = "next_token"
@@ -328,8 +355,8 @@ class NextTokenTask:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"NextTokenTask: {f} must be an int >= 1, got {v!r}")
-        if not (isinstance(self.min_entropy, (int, float)) and math.isfinite(self.min_entropy)
-                and self.min_entropy >= 0):
+        if not (isinstance(self.min_entropy, (int, float)) and not isinstance(self.min_entropy, bool)
+                and math.isfinite(self.min_entropy) and self.min_entropy >= 0):
             raise ValueError(f"NextTokenTask: min_entropy must be a finite number >= 0, got {self.min_entropy!r}")
 
     # ----------------------------------------------------------------- data
@@ -337,7 +364,24 @@ class NextTokenTask:
         return _load_tokenizer(self.tokenizer)
 
     def _train(self):
-        return _load_train(str(data_dir() / "tasks" / TRAIN_FILE))
+        ids, ent, meta = _load_train(str(data_dir() / "tasks" / TRAIN_FILE))
+        self._check_data(meta)
+        return ids, ent
+
+    def _check_data(self, meta: Mapping[str, str]) -> None:
+        """Refuse settings the data files were not built for: another context length (the
+        entropies and the eligible positions are those of ``meta["context_tokens"]``-token
+        contexts) or another tokenizer than the one that split the corpus."""
+        want = meta.get("context_tokens")
+        if want is not None and int(want) != self.context_tokens:
+            raise ValueError(f"NextTokenTask: context_tokens={self.context_tokens}, but the task's data files were built "
+                             f"for {want}-token contexts (their proxy entropies and test prompts); rebuild them with "
+                             f"grpo_lab.tasks.next_token.build_task_data(..., context_tokens={self.context_tokens})")
+        sha = meta.get("tokenizer_sha256")
+        if sha is not None and tokenizer_sha256(self._tok()) != sha:
+            raise ValueError(f"NextTokenTask: the tokenizer of checkpoint {self.tokenizer!r} is not the one that split "
+                             "the corpus into the task's data files (tokenizer_sha256 differs); use 'corpus-base' (or "
+                             "a checkpoint with the same tokenizer)")
 
     def eligible_positions(self) -> np.ndarray:
         """Training positions (indices into the training token stream) with a full context and a
@@ -356,10 +400,15 @@ class NextTokenTask:
         # a context that starts inside a character decodes with U+FFFD for the orphan bytes: drop them
         context = tok.decode(list(ids[t - self.context_tokens:t]), skip_special_tokens=False,
                              clean_up_tokenization_spaces=False).lstrip("\ufffd")
-        window = [int(i) for i in ids[t:t + self.reference_tokens]]
-        if tok.eos_token_id in window:  # the reference ends with its chunk
-            window = window[:window.index(tok.eos_token_id)]
-        ref = token_strings(tok, window)
+        n = self.reference_tokens
+        while True:  # a first character split over more tokens than the window: widen it (at most 3 more)
+            window = [int(i) for i in ids[t:t + n]]
+            if tok.eos_token_id in window:  # the reference ends with its chunk
+                window = window[:window.index(tok.eos_token_id)]
+            ref = token_strings(tok, window)
+            if ref or len(window) < n or n >= self.reference_tokens + 3:
+                break
+            n += 1
         return Problem(next_token_prompt(context), "".join(ref),
                        {"reference_tokens": ref, "entropy": round(float(entropy), 4), "position": int(t)})
 
@@ -426,12 +475,13 @@ class NextTokenTask:
         Raises:
             FileNotFoundError: the file is missing (the message names the command that writes it).
         """
+        self._train()  # checks context_tokens and the tokenizer against the data files
         return list(_load_test(str(data_dir() / "tasks" / TEST_FILE)))
 
 
 @lru_cache(maxsize=8)
 def _eligible_key(path: str, context_tokens: int, reference_tokens: int, min_entropy: float):
-    ids, ent = _load_train(path)
+    ids, ent, _ = _load_train(path)
     ok = np.isfinite(ent) & (ent >= min_entropy)
     ok[:context_tokens] = False
     ok[len(ids) - reference_tokens:] = False
@@ -439,6 +489,7 @@ def _eligible_key(path: str, context_tokens: int, reference_tokens: int, min_ent
 
 
 def _eligible_cached(task: NextTokenTask) -> np.ndarray:
+    task._train()  # checks the settings against the data files
     pos = _eligible_key(str(data_dir() / "tasks" / TRAIN_FILE), task.context_tokens, task.reference_tokens,
                         float(task.min_entropy))
     if len(pos) == 0:
@@ -514,7 +565,8 @@ def build_task_data(proxy, tokenizer, out: str | Path, *, context_tokens: int = 
     out.mkdir(parents=True, exist_ok=True)
     save_file({"ids": torch.as_tensor(tr_ids.astype(np.int32)), "entropy": torch.as_tensor(ent)},
               str(out / TRAIN_FILE), metadata={"corpus_sha256": corpus_sha256(docs),
-                                               "context_tokens": str(context_tokens)})
+                                               "context_tokens": str(context_tokens),
+                                               "tokenizer_sha256": tokenizer_sha256(tokenizer)})
     te_ids, te_ok = stream(parts["test"])
     te_ok[len(te_ids) - reference_tokens:] = False
     cand = np.flatnonzero(te_ok)
