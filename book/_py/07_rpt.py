@@ -499,8 +499,9 @@ print("paired differences in overall accuracy, mean [95% t interval] over the sa
 # {glue:text}`rpt_ptok_rpt` tokens: Eq. (3) pays one correct token as much as three, so a longer
 # prediction is only a risk.
 #
-# Continued NTP lowered held-out accuracy too: {glue:text}`rpt_ntp_steps` steps on the `rl` text
-# (a different fifth of the corpus) fit that text at the expense of the test text. The intervals
+# Continued NTP lowered held-out accuracy too, by less: {glue:text}`rpt_ntp_steps` steps on the
+# `rl` text, a different fifth of the corpus. (Argmax accuracy and log-likelihood need not move
+# together; the chapter does not measure the held-out loss of these runs.) The intervals
 # are over seeds, on these {glue:text}`rpt_n_test` test positions: they do not include the
 # sampling of the positions themselves (binomial standard error {glue:text}`rpt_se` for one
 # evaluation).
