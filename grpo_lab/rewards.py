@@ -23,6 +23,7 @@ one that ends with EOS exactly at the budget both have length ``L_max`` (penalty
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Set
 from typing import Sequence, Union
 
 import torch
@@ -223,8 +224,6 @@ def prefix_match_reward(prediction: str, reference_tokens: Sequence[str]) -> flo
     """
     if not isinstance(prediction, str):
         raise TypeError(f"prefix_match_reward: prediction must be a str, got {type(prediction).__name__}")
-    from collections.abc import Iterable, Mapping, Set
-
     if not isinstance(reference_tokens, Iterable) or isinstance(reference_tokens, (Mapping, Set)):
         raise TypeError(f"prefix_match_reward: reference_tokens must be a sequence (list or tuple) of token strings, "
                         f"got {type(reference_tokens).__name__} (a mapping or a set has no token order)")

@@ -182,8 +182,6 @@ def char_start_mask(tokenizer) -> np.ndarray:
     continuation byte ``0b10xxxxxx``). A position whose token does not is inside a character: the
     context before it cannot be written as text, so it is never a problem of the task.
     Special tokens count as starting one."""
-    from tokenizers import pre_tokenizers  # noqa: F401  (the byte-level alphabet below)
-
     byte_of = {c: b for b, c in enumerate(_bytes_to_unicode())}
     special = set(tokenizer.all_special_tokens)
     out = np.ones(len(tokenizer), dtype=bool)
