@@ -64,7 +64,7 @@ from .tasks import Problem, validate_task
 from .validation import choice, flag, is_int, non_negative_int, positive_int, positive_number, real_number
 
 __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb", "reset_peak_memory",
-           "MEASURED_COLUMNS"]
+           "MEASURED_COLUMNS", "PRECISIONS", "resolve_precision"]
 
 #: The history columns that measure the machine rather than the run, namely wall times, throughput and
 #: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another
@@ -154,6 +154,17 @@ class TrainerConfig:
             (``Trainer`` raises ``ValueError`` otherwise) and ``old_logp="recompute"`` (the
             sampler's routing is not recorded). It acts only when a rollout feeds more than one
             optimiser step (``epochs`` × ``minibatches`` > 1).
+        precision: the dtype of the policy's (and critic's, and reference's) forward passes, in
+            generation, scoring and training, through ``torch.autocast``; parameters, gradients,
+            optimiser state and every log-prob the loss sees stay float32 (the usual
+            mixed-precision recipe). ``"float32"``: no autocast. ``"bfloat16"``: autocast to
+            bfloat16. ``"float16"``: autocast to float16 with a ``torch.amp.GradScaler`` (float16's
+            range is too narrow for small gradients without loss scaling; a step whose scaled
+            gradients overflow, in the policy or the critic, is skipped for both and counted in the
+            history's ``amp_skipped_steps``, and the scale is lowered; a forward pass that overflows
+            float16 is not caught by the scaler). ``"auto"``: :func:`resolve_precision`, bfloat16 on a CUDA GPU of
+            compute capability 8.0 or more (A100, H100, L4), float16 on older ones (T4, V100),
+            float32 on CPU. The policy's parameters must be float32 (``Trainer`` raises otherwise).
     """
 
     prompts_per_step: int = 16
@@ -185,6 +196,7 @@ class TrainerConfig:
     routing_replay: bool = False
     value_init: str = "policy"
     value_warmup_steps: int = 0
+    precision: str = "float32"
 
     def __post_init__(self):
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds"):
@@ -209,6 +221,7 @@ class TrainerConfig:
             raise ValueError("TrainerConfig.rollout_fp32_lm_head=True only acts with a low-precision rollout_dtype "
                              "('bfloat16' or 'float16'); the float32 sampler's head is already float32")
         choice("TrainerConfig.on_gen_rounds_exhausted", self.on_gen_rounds_exhausted, ("warn", "error"))
+        choice("TrainerConfig.precision", self.precision, PRECISIONS)
         for name in ("temperature", "lr", "grad_clip"):
             positive_number(f"TrainerConfig.{name}", getattr(self, name))
         if self.value_lr is not None:
@@ -250,6 +263,37 @@ class TrainerConfig:
         if "betas" in d:
             d["betas"] = tuple(d["betas"])
         return cls(**d)
+
+
+#: The values of :attr:`TrainerConfig.precision`.
+PRECISIONS = ("float32", "bfloat16", "float16", "auto")
+
+
+def resolve_precision(precision: str, device: str | torch.device) -> str:
+    """The autocast dtype name that ``precision`` means on ``device``.
+
+    ``"auto"``: ``"bfloat16"`` on a CUDA device of compute capability 8.0 or more (Ampere and
+    later: A100, L4, H100 have bfloat16 tensor cores), ``"float16"`` on an older CUDA device (T4,
+    V100: bfloat16 there is emulated and slow, so float16 with loss scaling is the fast choice),
+    ``"float32"`` on any other device. Anything else is returned as given.
+
+    Args:
+        precision: one of :data:`PRECISIONS`.
+        device: the training device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
+
+    Returns:
+        ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+
+    Raises:
+        ValueError: ``precision`` is not one of :data:`PRECISIONS`.
+    """
+    choice("precision", precision, PRECISIONS)
+    if precision != "auto":
+        return precision
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "float32"
+    return "bfloat16" if torch.cuda.get_device_capability(dev) >= (8, 0) else "float16"
 
 
 def reset_peak_memory(device: str | torch.device) -> None:
@@ -490,6 +534,18 @@ class Trainer:
         self.algo, self.task, self.tokenizer = algo, task, tokenizer
         if c.threads:
             torch.set_num_threads(c.threads)
+        not_fp32 = sorted({str(p.dtype) for p in policy.parameters() if p.dtype != torch.float32})
+        if not_fp32:
+            raise ValueError(f"Trainer: the policy has {', '.join(not_fp32)} parameters; the trainer keeps float32 "
+                             "weights, gradients and optimiser state and runs the forward passes in "
+                             "TrainerConfig.precision (autocast). Load it in float32 (load_policy(..., "
+                             "dtype=torch.float32); hub checkpoints such as Qwen2.5's are stored in bfloat16) and set "
+                             "precision='bfloat16' or 'auto'")
+        #: the autocast dtype this trainer uses (:func:`resolve_precision` of ``config.precision``)
+        self.precision = resolve_precision(c.precision, c.device)
+        self._device_type = torch.device(c.device).type
+        self.scaler = torch.amp.GradScaler(self._device_type, enabled=self.precision == "float16")
+        self.amp_skipped_steps = 0
         self.policy = policy.to(c.device).eval()
         self.moe_routers = moe_routers(self.policy)
         if c.routing_replay and not self.moe_routers:
@@ -579,8 +635,9 @@ class Trainer:
         """:meth:`evaluate`, with the per-problem frame of :func:`grpo_lab.rollout.evaluate`."""
         state = torch.random.get_rng_state()
         try:
-            return evaluate(self.policy, self.tokenizer, self.task, greedy=greedy,
-                            temperature=self.config.temperature, max_new_tokens=self.max_new_tokens)
+            with self._autocast():
+                return evaluate(self.policy, self.tokenizer, self.task, greedy=greedy,
+                                temperature=self.config.temperature, max_new_tokens=self.max_new_tokens)
         finally:
             torch.random.set_rng_state(state)
             self.policy.eval()
@@ -684,8 +741,9 @@ class Trainer:
         sampler = self.policy
         if c.rollout_dtype != "float32":  # an "inference engine": a low-precision copy of the current weights
             sampler = inference_copy(self.policy, c.rollout_dtype, fp32_lm_head=c.rollout_fp32_lm_head)
-        return generate(sampler, self.tokenizer, problems, group_size=c.group_size,
-                        max_new_tokens=self.max_new_tokens, temperature=c.temperature)
+        with self._autocast():
+            return generate(sampler, self.tokenizer, problems, group_size=c.group_size,
+                            max_new_tokens=self.max_new_tokens, temperature=c.temperature)
 
     def score(self, ro: Rollout) -> Scored:
         """Task rewards and correctness of a rollout, and the training reward (:func:`grpo_lab.sampling.shape`).
@@ -780,7 +838,8 @@ class Trainer:
         for s in range(0, len(ro), micro):
             idx = torch.arange(s, min(s + micro, len(ro)))
             part = ro.select(idx)
-            v = _checked_values(self.value_model.values(part), part)
+            with self._autocast():
+                v = _checked_values(self.value_model.values(part), part)
             out[idx, : v.shape[1]] = v.float()
         return out
 
@@ -916,7 +975,7 @@ class Trainer:
             ctx = replay_routing(self.policy, store.get(sub, P, P + T))
         elif store is not None and (routing == "record" or measure_routing):
             ctx = record_routing(self.policy)
-        with ctx as rec:
+        with ctx as rec, self._autocast():
             logp, ent = policy_logprobs(self.policy, part, with_entropy=True)
         if routing == "record" and rec is not None:
             store.put(sub, rec.indices, P)
@@ -933,17 +992,18 @@ class Trainer:
         out = policy_loss(logp, old, adv, mask, self.algo, ref_logp=ref, max_tokens=self.max_new_tokens,
                           group_tokens=group_tokens[sub].to(logp.device), correct=batch.correct[sub].to(logp.device),
                           **counts)
-        out.loss.backward()
+        self._backward(out.loss)
         metrics = dict(out.metrics)
         if measure_routing and rec is not None:
             real = torch.cat([torch.zeros_like(part.prompt_mask, dtype=torch.bool), part.completion_mask != 0], 1)
             changed, compared = routing_changes(store.get(sub, P, P + T), rec.indices, real)
             metrics["routing_change_frac"] = token_mean(changed / compared if compared else float("nan"), compared)
         if self.value_model is not None:
-            values = _checked_values(self.value_model.values(part), part, grad=True)[:, :T]
+            with self._autocast():
+                values = _checked_values(self.value_model.values(part), part, grad=True)[:, :T].float()
             vloss = value_loss(values, batch.values[sub, :T], batch.returns[sub, :T], mask,
                                clip_eps=self.algo.value_clip_eps, num_tokens=counts["num_tokens"])
-            vloss.backward()
+            self._backward(vloss)
             metrics["value_loss"] = total(float(vloss.detach()))
         return metrics
 
@@ -959,10 +1019,21 @@ class Trainer:
                 seen.add(id(p))
                 problems.append(p)
         demo = _demonstration_rollout(self.tokenizer, self.task, problems, self.rng, self.config.device)
-        logp = policy_logprobs(self.policy, demo, temperature=1.0)
+        with self._autocast():
+            logp = policy_logprobs(self.policy, demo, temperature=1.0)
         loss = -(logp * demo.completion_mask).sum() / demo.completion_mask.sum()
-        (self.algo.ntp_coef * loss).backward()
+        self._backward(self.algo.ntp_coef * loss)
         return float(loss.detach())
+
+    def _autocast(self):
+        """The autocast context of :attr:`precision` (a no-op for float32)."""
+        if self.precision == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self._device_type, dtype=getattr(torch, self.precision))
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, through the gradient scaler under float16."""
+        (self.scaler.scale(loss) if self.scaler.is_enabled() else loss).backward()
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -972,7 +1043,21 @@ class Trainer:
     def _optimizer_step(self) -> float:
         """Clip, warm up the learning rate, step every optimiser; returns the policy grad norm."""
         c = self.config
+        if self.scaler.is_enabled():  # true gradients before clipping (GradScaler's recipe)
+            self.scaler.unscale_(self.optimizer)
+            if self.value_optimizer is not None:
+                self.scaler.unscale_(self.value_optimizer)
         gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.grad_clip)
+        if self.scaler.is_enabled():
+            vgn = (torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), c.grad_clip)
+                   if self.value_optimizer is not None else torch.zeros(()))
+            if not (torch.isfinite(gn) and torch.isfinite(vgn)):
+                # float16 overflow in the scaled gradients of the policy or the critic: neither optimiser
+                # steps (GradScaler would skip only the one that overflowed), and update() lowers the
+                # scale from the overflow that unscale_ recorded
+                self.scaler.update()
+                self.amp_skipped_steps += 1
+                return float("nan")
         if not torch.isfinite(gn):
             raise FloatingPointError(
                 f"Trainer: non-finite policy gradient norm ({float(gn)}) at step {self.step + 1}; the update was "
@@ -981,10 +1066,16 @@ class Trainer:
         scale = min(1.0, (self.opt_steps + 1) / c.warmup) if c.warmup else 1.0
         for group in self.optimizer.param_groups:
             group["lr"] = c.lr * scale if c.warmup else c.lr
-        self.optimizer.step()
-        if self.value_optimizer is not None:
-            torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), c.grad_clip)
-            self.value_optimizer.step()
+        if self.scaler.is_enabled():  # finite gradients, unscaled and clipped above
+            self.scaler.step(self.optimizer)
+            if self.value_optimizer is not None:
+                self.scaler.step(self.value_optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+            if self.value_optimizer is not None:
+                torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), c.grad_clip)
+                self.value_optimizer.step()
         self.opt_steps += 1
         return float(gn)
 
@@ -1005,6 +1096,7 @@ class Trainer:
         correct = torch.cat([s.correct for s in gen])
         lengths = torch.cat([s.rollout.lengths.float().cpu() for s in gen])
         n_tok = sum(n for _, n in entropies)
+        applied = [g for g in grad_norms if math.isfinite(g)]  # float16: skipped (overflowed) steps have none
         row = {
             "reward": float(shaped.mean()),
             "accuracy": float(correct.float().mean()),
@@ -1012,7 +1104,7 @@ class Trainer:
             "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
             "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
             "entropy": sum(e for e, _ in entropies) / max(n_tok, 1.0) if entropies else float("nan"),
-            "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
+            "grad_norm": float(np.mean(applied)) if applied else float("nan"),
             "zero_adv_group_frac": float(tied_groups(shaped, G).float().mean()),
             "truncation_rate": float(torch.cat([s.rollout.truncated.cpu() for s in gen]).float().mean()),
             "tokens_per_s": sum(float(s.rollout.completion_mask.sum()) for s in gen) / seconds,
@@ -1023,6 +1115,9 @@ class Trainer:
             row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
         row.update(_value_metrics(batch, self.algo.gamma))
         row["peak_mem_mb"] = peak_memory_mb(self.config.device)
+        if self.scaler.is_enabled():
+            row["amp_skipped_steps"] = self.amp_skipped_steps
+            row["amp_scale"] = float(self.scaler.get_scale())
         row.update(reduce_updates(updates))
         row.setdefault("routing_change_frac", float("nan"))  # dense policy, or no second update on the rollout
         if not updates:  # no update this step: the loss metrics exist and are NaN (even if no step ever updated)
@@ -1090,13 +1185,23 @@ class Trainer:
                     sub = idx[s0:s0 + micro]
                     part = batch.rollout.select(sub)
                     T = part.completion_ids.shape[1]
-                    v = self.value_model.values(part)[:, :T]
+                    with self._autocast():
+                        v = self.value_model.values(part)[:, :T].float()
                     loss = value_loss(v, batch.values[sub, :T], returns[sub, :T], m[sub, :T], clip_eps=None,
                                       num_tokens=n_tok)
-                    loss.backward()
+                    self._backward(loss)
                     step_loss += float(loss.detach())
-                torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), c.grad_clip)
-                self.value_optimizer.step()
+                if self.scaler.is_enabled():
+                    self.scaler.unscale_(self.value_optimizer)
+                vgn = torch.nn.utils.clip_grad_norm_(self.value_model.parameters(), c.grad_clip)
+                if self.scaler.is_enabled():
+                    if torch.isfinite(vgn):
+                        self.scaler.step(self.value_optimizer)
+                    else:  # float16 overflow: no step, a lower scale
+                        self.amp_skipped_steps += 1
+                    self.scaler.update()
+                else:
+                    self.value_optimizer.step()
                 losses.append(step_loss)
             row["value_loss"] = float(np.mean(losses)) if losses else float("nan")
             row["seconds"] = time.perf_counter() - t0
@@ -1147,7 +1252,7 @@ class Trainer:
         for s in range(0, len(rows), micro):
             idx = rows[s:s + micro]
             part = ro.select(idx)
-            with (record_routing(model) if routing is not None else contextlib.nullcontext()) as rec:
+            with (record_routing(model) if routing is not None else contextlib.nullcontext()) as rec, self._autocast():
                 lp = policy_logprobs(model, part)
             if rec is not None:
                 routing.put(idx, rec.indices, part.prompt_ids.shape[1])
@@ -1208,6 +1313,8 @@ class Trainer:
             "numpy_rng": self.rng.bit_generator.state,
             "python_rng": _py_state_to_json(random.getstate()),
             "value_warmup_rows": self.value_warmup_rows,
+            "grad_scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "amp_skipped_steps": self.amp_skipped_steps,
         }
         state_text = json.dumps(state, indent=2, default=_json_default)
         try:
@@ -1327,6 +1434,9 @@ class Trainer:
         trainer.opt_steps = int(state.get("opt_steps", 0))
         trainer.rows = rows
         trainer.value_warmup_rows = list(state.get("value_warmup_rows", []))
+        if state.get("grad_scaler") and trainer.scaler.is_enabled():
+            trainer.scaler.load_state_dict(state["grad_scaler"])
+        trainer.amp_skipped_steps = int(state.get("amp_skipped_steps", 0))
         return trainer
 
 
