@@ -9,7 +9,7 @@ NB     := $(sort $(wildcard book/*.ipynb))
 PYTEST_NBVAL := $(BIN)/python -m pytest --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
 
-.PHONY: install test unit nbval book book-stored execute sync clean pretrain xcheck
+.PHONY: install test unit nbval gpu-dryrun book book-stored execute sync clean pretrain xcheck
 export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
@@ -24,14 +24,20 @@ $(STAMP): requirements/ci.txt pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
-## test: unit tests, notebook regression tests (strict nbval) and a warnings-as-errors book build
-test: install unit nbval
+## test: unit tests, notebook regression tests (strict nbval) and a warnings-as-errors book build, then the
+## dry run of every chapter's GPU profile on CPU (after nbval, so that the run cache holds the toy runs)
+test: install unit nbval gpu-dryrun
 
 unit: install
 	$(BIN)/python -m pytest tests -q -p no:cacheprovider
 
 nbval: install
 	$(PYTEST_NBVAL) -q $(NB)
+
+## gpu-dryrun: chapters 1-6 executed with PROFILE = "gpu" on CPU (a tiny stand-in model, one seed, one step) into
+## _build/gpu_dryrun: the profile switch, the GSM8K cell and its results file, without a GPU
+gpu-dryrun: install
+	GRPO_LAB_PY=$(BIN)/python scripts/gpu_dryrun.sh _build/gpu_dryrun
 
 ## book: execute every chapter (jupyter-cache, CPU profile) and build the HTML book into _build/html.
 ## The committed notebooks are not modified: execution happens in _build/.jupyter_cache, and a

@@ -37,6 +37,8 @@ __all__ = [
     "in_notebook",
     "device",
     "execute_notebook",
+    "show_gpu_results",
+    "gpu_time_table",
 ]
 
 #: Environment variables set by :func:`setup_notebook`. They also take effect for libraries
@@ -243,12 +245,149 @@ def glue(name: str, value: Any, display: bool = False) -> None:
     _close_if_figure(value)
 
 
+def gpu_time_table(runs: int, *, steps: int | None = None, generation_factor: float = 1.0,
+                   train_factor: float = 1.0, too_small: Sequence[str] = ()) -> "Any":
+    """Expected wall time of ``runs`` runs of the ``"gpu"`` profile on a T4-class and an
+    H100-class GPU (:func:`grpo_lab.experiments.expected_gpu_minutes`, from assumed speeds, not
+    measurements), as a one-row DataFrame of hours rounded to 0.1; a GPU class in ``too_small``
+    reads "does not fit" instead (the run needs more memory than it has).
+
+    Raises:
+        ValueError: as :func:`grpo_lab.experiments.expected_gpu_minutes`.
+    """
+    import pandas as pd
+
+    from grpo_lab import experiments
+
+    prof = experiments.get_profile("gpu")
+    row = {f"{gpu}-class GPU (hours, estimated)": "does not fit" if gpu in too_small else
+           round(experiments.expected_gpu_minutes(prof, runs, gpu, steps=steps, generation_factor=generation_factor,
+                                                  train_factor=train_factor) / 60, 1)
+           for gpu in ("T4", "H100")}
+    return pd.DataFrame([{"runs": runs, **row}])
+
+
+def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None = None,
+                     seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = None,
+                     generation_factor: float = 1.0, train_factor: float = 1.0,
+                     columns: Sequence[str] = ("test_accuracy",), too_small: Sequence[str] = (),
+                     directory: str | os.PathLike[str] | None = None) -> Any:
+    """A chapter's GSM8K results on the ``"gpu"`` profile, when they exist.
+
+    With ``<chapter>.json`` in :func:`grpo_lab.experiments.results_dir` (or ``directory``):
+    checks the GPU facts (:func:`grpo_lab.experiments.check_gpu_results`; an ``AssertionError``
+    names the one that failed), prints the provenance in one line, displays
+    :func:`grpo_lab.experiments.summarize_runs` for each history column of ``columns`` (default
+    the greedy test accuracy: base and final, paired changes, differences from ``baseline``),
+    draws test accuracy against step, one colour per algorithm, and returns the summaries,
+    ``{column: DataFrame}``. Without it: prints what ``PROFILE = "gpu"``
+    would train (``algos`` × ``seeds``, ``steps``) and its expected time on a T4-class and an
+    H100-class GPU (:func:`gpu_time_table`), and returns ``None``.
+
+    Raises:
+        ValueError: a malformed ``chapter`` or results file.
+        AssertionError: a GPU fact does not hold for the stored results.
+    """
+    from grpo_lab import experiments
+
+    names = [a if isinstance(a, str) else a.name for a in algos]
+    prof = experiments.get_profile("gpu")
+    steps = prof.steps if steps is None else steps
+    loaded = experiments.load_chapter_gpu(chapter, directory)
+    if loaded is None:
+        from grpo_lab.paths import REPO_ROOT
+
+        where = Path(directory) if directory is not None else experiments.results_dir()
+        try:  # "data/results/gpu" in a source checkout, wherever the kernel runs
+            where = where.resolve().relative_to(REPO_ROOT)
+        except ValueError:
+            pass
+        import textwrap
+
+        table = gpu_time_table(len(names) * len(seeds), steps=steps, generation_factor=generation_factor,
+                               train_factor=train_factor, too_small=too_small)
+        text = (f"No GPU results for this chapter yet ({where}/{chapter}.json is absent). "
+                f"PROFILE = \"gpu\" trains {', '.join(names)} on GSM8K from {prof.base}: {len(seeds)} seeds each, "
+                f"{steps} steps of {prof.config.prompts_per_step} questions x G = {prof.config.group_size}, "
+                f"budget {dict(prof.task_kwargs)['max_new_tokens']} tokens, greedy test accuracy on "
+                f"{dict(prof.task_kwargs)['test_size'] or 'all'} test problems every {prof.config.eval_every} steps. "
+                "Expected time, one run after the other (estimated from assumed speeds, not measured):")
+        print(textwrap.fill(text, width=100))
+        _show(table.set_index("runs"))
+        return None
+    results, prov = loaded
+    experiments.check_gpu_results(results, prov)
+    head = ("DRY RUN of the GPU code path on " + str(prov["device"]) + " (not GPU results)" if prov.get("dry_run")
+            else "GPU results")
+    print(f"{head}: {prov['device_name']}, {prov['precision']}, {prov['base']}, seeds {prov['seeds']}, "
+          f"{prov['steps']} steps, {_duration(prov['wall_seconds'])}, commit {str(prov.get('git_sha'))[:10]}, "
+          f"torch {prov['torch']}, transformers {prov['transformers']}, {prov['date']}")
+    summary = {}
+    for column in columns:
+        summary[column] = experiments.summarize_runs(results, baseline=baseline, column=column)
+        print(f"{column} (mean [95% t interval] over seeds; differences paired by seed):")
+        _show(summary[column])
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from grpo_lab import plotting
+
+    fig, ax = plt.subplots()
+    frame = pd.concat([r.history for r in results.values()], ignore_index=True).dropna(subset=["test_accuracy"])
+    plotting.band_plot(ax, frame, "step", "test_accuracy", band="ci95", bounds=(0, 1), legend=True)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("greedy test accuracy (fraction)")
+    _show(fig)
+    _close_if_figure(fig)
+    return summary
+
+
+def _duration(seconds: float) -> str:
+    """``"2.4 h"``, ``"38 min"`` or ``"45 s"``."""
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 \
+        else f"{seconds:.0f} s"
+
+
+def _show(value: Any) -> None:
+    if _ipython_shell() is not None:
+        from IPython.display import display as ipy_display
+
+        ipy_display(value)
+    else:
+        print(value)
+
+
+def _inject_parameters(nb: Any, params: dict[str, Any]) -> None:
+    """Insert a cell assigning ``params`` right after the cell tagged ``parameters`` (papermill's
+    convention: tagged ``injected-parameters``).
+
+    Raises:
+        ValueError: the notebook has no ``parameters`` cell, or a name is not a parameter it assigns.
+    """
+    import ast
+
+    import nbformat
+
+    index = next((i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if index is None:
+        raise ValueError("execute: --param needs a cell tagged 'parameters' in the notebook")
+    assigned = {t.id for node in ast.parse(nb.cells[index].source).body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    unknown = sorted(set(params) - assigned)
+    if unknown:
+        raise ValueError(f"execute: {unknown} not assigned in the parameters cell (it assigns {sorted(assigned)})")
+    source = "\n".join(f"{k} = {v!r}" for k, v in params.items())
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]}))
+
+
 def execute_notebook(
     path: str | os.PathLike[str],
     *,
     timeout: int = 600,
     kernel_name: str = "python3",
     env: dict[str, str] | None = None,
+    params: dict[str, Any] | None = None,
+    out: str | os.PathLike[str] | None = None,
 ) -> float:
     """Execute a chapter in place from a fresh kernel and return the wall time in seconds.
 
@@ -256,13 +395,20 @@ def execute_notebook(
     a new ``kernel_name`` kernel whose working directory is the notebook's folder, execution
     counts restart at 1, no per-cell timing metadata is recorded, and any cell error aborts
     (the notebook file is then left untouched). ``env`` entries are added to the kernel's
-    environment (``PYTHONHASHSEED=0`` is always set).
+    environment (``PYTHONHASHSEED=0`` is always set). ``params`` (e.g. ``{"PROFILE": "gpu"}``)
+    are assigned in a cell inserted after the ``parameters`` cell; ``out`` writes the executed
+    notebook there instead of in place.
+
+    Raises:
+        ValueError: ``params`` names a variable the parameters cell does not assign.
     """
     import nbformat
     from nbclient import NotebookClient
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
+    if params:
+        _inject_parameters(nb, params)
     nb.metadata["kernelspec"] = {
         "name": kernel_name,
         "display_name": "Python 3 (ipykernel)",
@@ -286,7 +432,7 @@ def execute_notebook(
         os.environ.update(saved_env)
     elapsed = time.perf_counter() - start
     nbformat.validate(nb)
-    nbformat.write(nb, path)
+    nbformat.write(nb, Path(out) if out is not None else path)
     return elapsed
 
 
@@ -298,9 +444,27 @@ def _main(argv: Sequence[str] | None = None) -> int:
     ex.add_argument("notebooks", nargs="+", type=Path)
     ex.add_argument("--timeout", type=int, default=600, help="per-cell timeout in seconds")
     ex.add_argument("--kernel", default="python3", help="kernel name (default python3)")
+    ex.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="assign a parameter after the parameters cell; VALUE is a Python literal "
+                         "(e.g. PROFILE='gpu', GPU_STEPS=3, GPU_SEEDS=(0,)); repeatable")
+    ex.add_argument("--out", type=Path, help="write the executed notebook here (one notebook only)")
     args = parser.parse_args(argv)
+    import ast
+
+    params = {}
+    for item in args.param:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip().isidentifier():
+            parser.error(f"--param {item!r}: expected NAME=VALUE")
+        try:
+            params[name.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            parser.error(f"--param {item!r}: VALUE must be a Python literal (quote strings: PROFILE='gpu')")
+    if args.out is not None and len(args.notebooks) != 1:
+        parser.error("--out takes one notebook")
     for nb_path in args.notebooks:
-        seconds = execute_notebook(nb_path, timeout=args.timeout, kernel_name=args.kernel)
+        seconds = execute_notebook(nb_path, timeout=args.timeout, kernel_name=args.kernel, params=params,
+                                   out=args.out)
         print(f"executed {nb_path} in {seconds:.1f} s")
     return 0
 

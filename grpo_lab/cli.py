@@ -441,7 +441,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "examples:",
         f"  {prog} GRPO --steps 2 --seeds 0",
         f"  {prog} DAPO --seeds 0 1 2 --jobs 2 --set eps_high=0.3 --out runs/dapo.json",
-        f"  {prog} GRPO --profile gpu --seeds 0 1 2 --out data/results/gpu/grpo.json   # on a GPU",
+        f"  {prog} GRPO --profile gpu --seeds 0 1 2 --out runs/grpo_gpu.json   # GSM8K on a GPU",
         f"  {prog} GRPO --import my_task.py --task mytask --seeds 0 1 --jobs 2   # a task of your own",
         "  (my_task.py calls grpo_lab.tasks.register_task('mytask', MyTask); --import also takes a module",
         "  name such as my_package.tasks; give it to 'list' too to see what it registered)",

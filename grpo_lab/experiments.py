@@ -1,12 +1,15 @@
 """Profiles, multi-seed runs and results files with provenance.
 
 A *profile* fixes everything about an experiment's scale: ``cpu`` is what the book executes in
-CI on two cores (minutes), ``gpu`` is the same experiment at a larger scale for a Colab or
-cluster GPU. Chapters call :func:`run`, which trains one algorithm from a base checkpoint for
+CI on two cores (minutes, the tiny arithmetic policy); ``gpu`` (:func:`gpu_profile`) trains the hub
+instruct model :data:`GPU_MODEL` on GSM8K on one CUDA GPU, in bfloat16 or float16 autocast. A
+chapter's GSM8K comparison goes through :func:`run_chapter_gpu`, which writes
+``data/results/gpu/<chapter>.json``; :func:`load_chapter_gpu`, :func:`summarize_runs` and
+:func:`check_gpu_results` read it back. Chapters call :func:`run`, which trains one algorithm from a base checkpoint for
 several seeds and returns a long DataFrame (one row per seed × step) plus a provenance record;
 :func:`save_results` / :func:`load_results` write and read ``data/results/<profile>/*.json``.
 
-    python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 3 4 --out data/results/gpu/grpo.json
+    python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 3 4 --out runs/grpo_gpu.json
 
 Run cache: every (algorithm, profile, steps, seed) run is stored under ``_build/run_cache/`` and
 loaded instead of trained again when an identical run is asked for (chapter 3 re-uses chapter 1's
@@ -36,6 +39,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -47,7 +51,9 @@ from .tasks import get_task
 from .trainer import Trainer, TrainerConfig, _json_default
 from .validation import is_int
 
-__all__ = ["Profile", "PROFILES", "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
+__all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "GPU_SPEEDS",
+           "expected_gpu_minutes", "results_dir", "run_chapter_gpu", "load_chapter_gpu", "summarize_runs", "check_gpu_results",
+           "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
            "shutdown_workers", "map_workers", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
 
 
@@ -155,21 +161,84 @@ PROFILES = {
         config=TrainerConfig(prompts_per_step=16, group_size=8, lr=3e-4, warmup=10, minibatches=2, epochs=1,
                              micro_batch_size=32, eval_every=5, threads=1, device="cpu"),
     ),
-    # One GPU (Colab T4 or better): 4x the questions per step, twice the group, longer runs.
-    "gpu": Profile(
-        name="gpu", base="arithmetic-base", task="arithmetic", steps=150,
-        config=TrainerConfig(prompts_per_step=64, group_size=16, lr=3e-4, warmup=20, minibatches=4, epochs=1,
-                             eval_every=10, device="cuda"),
-    ),
 }
+
+#: The hub instruct model the ``"gpu"`` profile trains: the one place it is named.
+#: ``$GRPO_LAB_GPU_MODEL`` replaces it (a hub id, or a local directory in the hub layout) whenever
+#: :func:`gpu_profile` is called without ``model``.
+GPU_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+#: Where the ``"gpu"`` profile reads GSM8K: ``"hub"`` (``openai/gsm8k`` through ``datasets``).
+#: ``$GRPO_LAB_GSM8K_SOURCE`` replaces it (``"fixture"``, or a directory / .jsonl / .parquet file, as
+#: :class:`grpo_lab.tasks.gsm8k.GSM8KTask` ``source`` takes).
+GPU_GSM8K_SOURCE = "hub"
+
+#: Test problems of the ``"gpu"`` profile (the first 500 of GSM8K's 1319-problem test split: a
+#: binomial standard error of at most 0.022 per evaluation); a non-hub source uses its whole test split.
+GPU_TEST_SIZE = 500
+
+
+def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.PathLike | None = None,
+                test_size: int | None = GPU_TEST_SIZE, steps: int = 60, **config: Any) -> Profile:
+    """The ``"gpu"`` profile: a hub instruct model trained on GSM8K on one CUDA GPU.
+
+    The model is :data:`GPU_MODEL` (``$GRPO_LAB_GPU_MODEL`` if set), loaded in float32 and trained
+    with ``precision="auto"`` (bfloat16 autocast on Ampere or newer, float16 with a gradient
+    scaler on a T4 or V100: :func:`grpo_lab.trainer.resolve_precision`). The task is
+    :class:`grpo_lab.tasks.gsm8k.GSM8KTask` with prompts in the model's own chat template
+    (``tokenizer_name`` = the model) and a generation budget of 512 tokens. The scale is that of a
+    small real GRPO run: 16 questions × G = 8 responses per step (128 completions), two
+    minibatches per rollout (so the second update is off-policy and the clip can act), lr 1e-6
+    (DeepSeekMath §4.2, DAPO §4.1) with 5 optimiser steps of warm-up, micro-batches of 4 rows
+    (sized for a 16 GB T4 by arithmetic, not measured: about 10 GB of float32 weights, gradients,
+    AdamW state and reference copy for 0.5B parameters, plus activations and a 151,936-token
+    vocabulary's logits), 60
+    steps, greedy test accuracy every 10 steps. :func:`expected_gpu_minutes` estimates its wall time.
+
+    Args:
+        model: a hub id or a local directory in the hub layout; ``None``: ``$GRPO_LAB_GPU_MODEL``
+            or :data:`GPU_MODEL`. Also the tokenizer whose chat template formats the prompts.
+        source: GSM8K's source; ``None``: ``$GRPO_LAB_GSM8K_SOURCE`` or :data:`GPU_GSM8K_SOURCE`.
+        test_size: the first this many test problems (``None``: all); applies to the hub source
+            only: any other source (the 8-problem fixture) is evaluated on its whole test split.
+        steps: RL steps per seed.
+        **config: :class:`~grpo_lab.trainer.TrainerConfig` fields that replace the defaults above
+            (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
+            default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
+            run of the GPU code path, which :func:`run_chapter_gpu` marks as one), else ``"cuda"``.
+
+    Returns:
+        A :class:`Profile` named ``"gpu"``.
+
+    Raises:
+        ValueError: an empty ``model`` or ``source``, or an invalid ``TrainerConfig`` field.
+    """
+    model = str(model if model is not None else os.environ.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)
+    source = str(source if source is not None else os.environ.get("GRPO_LAB_GSM8K_SOURCE") or GPU_GSM8K_SOURCE)
+    if not model.strip() or not source.strip():
+        raise ValueError(f"gpu_profile: model and source must be non-empty, got {model!r} and {source!r}")
+    settings = dict(prompts_per_step=16, group_size=8, temperature=1.0, lr=1e-6, warmup=5, minibatches=2,
+                    epochs=1, micro_batch_size=4, eval_every=10,
+                    device=os.environ.get("GRPO_LAB_GPU_DEVICE") or "cuda", precision="auto")
+    settings.update(config)
+    task_kwargs = {"source": source, "tokenizer_name": model, "max_new_tokens": 512,
+                   "test_size": test_size if source == "hub" else None}
+    return Profile(name="gpu", base=model, task="gsm8k", steps=steps, config=TrainerConfig(**settings),
+                   task_kwargs=task_kwargs)
+
+
+PROFILES["gpu"] = gpu_profile()
 
 
 def get_profile(name: str) -> Profile:
-    """The profile called ``name``.
+    """The profile called ``name``; ``"gpu"`` is built afresh by :func:`gpu_profile` (so that
+    ``$GRPO_LAB_GPU_MODEL`` and ``$GRPO_LAB_GSM8K_SOURCE`` set after import count).
 
     Raises:
         ValueError: unknown profile.
     """
+    if name == "gpu":
+        return gpu_profile()
     try:
         return PROFILES[name]
     except KeyError:
@@ -221,8 +290,8 @@ def provenance(algo: Algorithm, profile: Profile, steps: int, seeds: Sequence[in
     import transformers
 
     device = profile.config.device
-    dev_name = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() \
-        else processor_name()
+    on_gpu = device.startswith("cuda") and torch.cuda.is_available()
+    dev_name = torch.cuda.get_device_name(torch.device(device)) if on_gpu else processor_name()
     return {
         "git_sha": _git_sha(), "grpo_lab": __version__, "torch": torch.__version__,
         "transformers": transformers.__version__, "python": platform.python_version(),
@@ -510,7 +579,9 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     except ValueError as exc:
         raise ValueError(f"{exc}. {_FRESH_REGISTRIES}") from None
     base = checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else prof.base
-    policy, tokenizer = load_policy(base, device=prof.config.device)
+    # float32 weights whatever the checkpoint's dtype (hub models ship bfloat16): the trainer keeps
+    # float32 master weights and runs the forward passes in TrainerConfig.precision
+    policy, tokenizer = load_policy(base, device=prof.config.device, dtype=torch.float32)
     from .tasks import TASKS
 
     if prof.task not in TASKS:
@@ -875,6 +946,282 @@ def load_results(path: str | Path) -> RunResult:
         if col not in ("algo",) and frame[col].isna().all():
             frame[col] = frame[col].astype(float)
     return RunResult(frame, d["provenance"])
+
+
+#: Assumed speeds of two GPU classes for the ``"gpu"`` profile's 0.5B-parameter model: the basis of
+#: :func:`expected_gpu_minutes`. They are assumptions, not measurements (no GPU has run this profile
+#: yet; ``scripts/gpu_check.sh`` prints the seconds per step it measures):
+#:
+#: * ``decode_step_s``: seconds per generated position of one batched ``transformers.generate`` call
+#:   (batch of at most 256): at this model size a decoding step costs the kernel launches of 24
+#:   layers more than arithmetic, so it hardly depends on the batch;
+#: * ``train_tokens_per_s``: prompt + completion tokens per second through one forward and backward
+#:   pass plus the two no-grad forwards (π_old, π_ref): about 10 N FLOPs per token at N = 0.5e9,
+#:   at 20 TFLOP/s (T4, float16 tensor cores) and 300 TFLOP/s (H100, bfloat16, about 30% of peak).
+GPU_SPEEDS = {
+    "T4": {"decode_step_s": 0.045, "train_tokens_per_s": 4_000.0},
+    "H100": {"decode_step_s": 0.020, "train_tokens_per_s": 60_000.0},
+}
+
+
+def expected_gpu_minutes(profile: Profile, runs: int, gpu: str, *, steps: int | None = None,
+                         prompt_tokens: int = 150, completion_tokens: int = 250,
+                         generation_factor: float = 1.0, train_factor: float = 1.0) -> float:
+    """Estimated wall time, in minutes, of ``runs`` runs of ``profile`` one after the other on one
+    GPU of class ``gpu``, from the assumed speeds of :data:`GPU_SPEEDS`.
+
+    Per step: ``max_new_tokens`` decoding steps (a batch of 128 samples at temperature 1 usually
+    has one that uses the whole budget) and ``prompts_per_step × G × (prompt_tokens +
+    completion_tokens)`` training tokens; per evaluation (before the first step, every
+    ``eval_every`` steps and after the last): ``ceil(test_size / 256)`` greedy batches of
+    ``max_new_tokens`` steps. An estimate to plan a session with, good to a factor of about two.
+
+    Args:
+        profile: the profile (normally :func:`gpu_profile`).
+        runs: runs (seeds × settings).
+        gpu: a key of :data:`GPU_SPEEDS` (``"T4"``, ``"H100"``).
+        steps: RL steps per run (default: the profile's).
+        prompt_tokens, completion_tokens: assumed mean prompt and completion lengths in tokens
+            (a chat-templated GSM8K question; a Qwen2.5-0.5B-Instruct solution).
+        generation_factor: generation per step relative to one batch (DAPO's dynamic sampling
+            generates about 1.3 batches per trained batch).
+        train_factor: training compute relative to the policy's (a critic of the same size: 2).
+
+    Raises:
+        ValueError: an unknown ``gpu`` or ``runs < 1``.
+    """
+    if gpu not in GPU_SPEEDS:
+        raise ValueError(f"expected_gpu_minutes: unknown GPU class {gpu!r}; known: {sorted(GPU_SPEEDS)}")
+    if not is_int(runs) or runs < 1:
+        raise ValueError(f"expected_gpu_minutes: runs must be an int >= 1, got {runs!r}")
+    speed, c = GPU_SPEEDS[gpu], profile.config
+    steps = profile.steps if steps is None else int(steps)
+    budget = c.max_new_tokens or dict(profile.task_kwargs).get("max_new_tokens") or 512
+    test_size = dict(profile.task_kwargs).get("test_size") or GPU_TEST_SIZE
+    per_step = (generation_factor * budget * speed["decode_step_s"]
+                + train_factor * c.prompts_per_step * c.group_size * (prompt_tokens + completion_tokens)
+                / speed["train_tokens_per_s"])
+    evals = (1 + steps // c.eval_every + (steps % c.eval_every != 0)) if c.eval_every else 0
+    per_eval = -(-test_size // 256) * budget * speed["decode_step_s"]
+    return runs * (steps * per_step + evals * per_eval) / 60.0
+
+
+def results_dir() -> Path:
+    """Where GPU-profile results are written and read: ``$GRPO_LAB_RESULTS_DIR`` if set, else
+    ``data/results/gpu`` under :func:`grpo_lab.paths.data_dir`."""
+    env = os.environ.get("GRPO_LAB_RESULTS_DIR")
+    return Path(env).expanduser() if env else data_dir() / "results" / "gpu"
+
+
+def _chapter_name(chapter: str) -> str:
+    if not isinstance(chapter, str) or not chapter or not all(ch.isalnum() or ch in "_-" for ch in chapter):
+        raise ValueError(f"chapter must be a name such as '02_dapo' (letters, digits, '_', '-'), got {chapter!r}")
+    return chapter
+
+
+def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Sequence[int] = (0, 1, 2, 3, 4),
+                    steps: int | None = None, profile: Profile | None = None, n_jobs: int = 1,
+                    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                    out: str | Path | None = None) -> dict[str, RunResult]:
+    """Train a chapter's algorithms on the ``"gpu"`` profile and write ``<chapter>.json`` with
+    provenance into :func:`results_dir` (or ``out``, a file path).
+
+    Runs go one seed at a time (``n_jobs`` at a time with ``n_jobs > 1``), never from the run
+    cache, and the file is rewritten after each, with ``complete`` false until the last has
+    finished. The file holds the history of every (algorithm, seed) and a provenance record: the commit,
+    library versions, GPU name, resolved precision (:func:`grpo_lab.trainer.resolve_precision`),
+    model, seeds, steps, wall time, ``dry_run`` (the profile's device is not CUDA: a check of the
+    code path, e.g. with ``$GRPO_LAB_GPU_DEVICE=cpu``, not GPU results), and each algorithm's own
+    :func:`provenance`.
+    :func:`load_chapter_gpu` reads it back.
+
+    Args:
+        chapter: the chapter's file stem, e.g. ``"02_dapo"``.
+        algos: presets or their names.
+        seeds: shared by every algorithm (so that differences pair by seed).
+        steps: RL steps per run (default: the profile's).
+        profile: default :func:`gpu_profile` ().
+        n_jobs: runs at a time (processes sharing the GPU).
+        overrides: per-algorithm :class:`~grpo_lab.trainer.TrainerConfig` fields, as
+            :func:`run_grid` takes them (e.g. VAPO's value pretraining and critic learning rate).
+        out: the results file (default ``results_dir() / f"{chapter}.json"``).
+
+    Returns:
+        ``{algo name: RunResult}``, as :func:`run_grid`.
+
+    Raises:
+        ValueError: a malformed ``chapter``; as :func:`run_grid` (CUDA not available for a CUDA profile).
+    """
+    chapter = _chapter_name(chapter)
+    prof = profile if profile is not None else gpu_profile()
+    algos = [get_algorithm(a) if isinstance(a, str) else a for a in algos]
+    seeds = _check_seeds(seeds)
+    overrides = dict(overrides or {})
+    path = Path(out) if out is not None else results_dir() / f"{chapter}.json"
+    t0 = time.perf_counter()
+    grid: dict[str, RunResult] = {}
+    # one seed at a time (n_jobs seeds at a time with n_jobs > 1), the file rewritten after each, so
+    # that a crash hours in (out of memory on the last seed) keeps what finished
+    batches = [seeds[i:i + n_jobs] for i in range(0, len(seeds), n_jobs)]
+    for algo in algos:
+        parts = []
+        for batch in batches:
+            one = {algo.name: overrides[algo.name]} if algo.name in overrides else None
+            parts.append(run_grid([algo], profile=prof, seeds=batch, steps=steps, n_jobs=n_jobs, cache=False,
+                                  overrides=one)[algo.name])
+            done = [s for p in parts for s in p.provenance["seeds"]]
+            grid[algo.name] = RunResult(pd.concat([p.history for p in parts], ignore_index=True),
+                                        {**parts[0].provenance, "seeds": done,
+                                         "wall_seconds": round(sum(p.provenance["wall_seconds"] for p in parts), 1)})
+            complete = algo is algos[-1] and batch is batches[-1]
+            _save_chapter(path, chapter, prof, grid, seeds, time.perf_counter() - t0, complete)
+    return grid
+
+
+def _save_chapter(path: Path, chapter: str, prof: Profile, grid: Mapping[str, RunResult], seeds: list[int],
+                  wall: float, complete: bool) -> None:
+    """Write :func:`run_chapter_gpu`'s results file for the runs in ``grid`` so far."""
+    from .trainer import resolve_precision
+
+    first = next(iter(grid.values())).provenance
+    prov = {k: first[k] for k in ("git_sha", "grpo_lab", "torch", "transformers", "python", "device", "device_name",
+                                   "profile", "base", "task", "steps", "date")}
+    prov.update(chapter=chapter, seeds=list(seeds), complete=complete,
+                precision=resolve_precision(prof.config.precision, prof.config.device),
+                dry_run=not str(prof.config.device).startswith("cuda"),
+                task_kwargs=dict(prof.task_kwargs), wall_seconds=round(wall, 1),
+                runs={name: r.provenance for name, r in grid.items()})
+    try:
+        import datasets
+        prov["datasets"] = datasets.__version__
+    except ImportError:
+        pass
+    history = pd.concat([r.history for r in grid.values()], ignore_index=True)
+    save_results(RunResult(history, prov), path)
+
+
+def load_chapter_gpu(chapter: str, directory: str | Path | None = None) -> tuple[dict[str, RunResult], dict] | None:
+    """The results :func:`run_chapter_gpu` wrote for ``chapter``, or ``None`` when there are none.
+
+    Returns:
+        ``({algo name: RunResult}, provenance)``: each RunResult holds that algorithm's rows and
+        its own provenance; ``provenance`` is the file's common record.
+
+    Raises:
+        ValueError: a malformed ``chapter``, or a file that is not a chapter results file.
+    """
+    path = Path(directory if directory is not None else results_dir()) / f"{_chapter_name(chapter)}.json"
+    if not path.is_file():
+        return None
+    whole = load_results(path)
+    runs = whole.provenance.get("runs")
+    if not isinstance(runs, dict) or "algo" not in whole.history.columns:
+        raise ValueError(f"load_chapter_gpu: {path} is not a chapter results file (no per-algorithm runs)")
+    out = {name: RunResult(whole.history[whole.history["algo"] == name].reset_index(drop=True), prov)
+           for name, prov in runs.items()}
+    return out, whole.provenance
+
+
+def check_gpu_results(results: Mapping[str, RunResult], provenance: Mapping[str, Any]) -> None:
+    """Assert the facts every GPU-profile result must show (a chapter's assertions on the GPU profile,
+    where the CPU profile's are tuned to the toy task and do not apply):
+
+    * it ran on CUDA (unless the provenance marks a ``dry_run`` of the code path on another device),
+      with its precision recorded;
+    * the file is ``complete`` (:func:`run_chapter_gpu` marks a file it is still writing);
+    * every algorithm ran every seed of the provenance, to its last step, with a greedy test
+      accuracy at step 0 and at the end, all in [0, 1];
+    * the base policy's greedy accuracy agrees across algorithms and seeds within 0.02 (the same
+      checkpoint and test set; GPU kernels are not bit-reproducible, so not exactly);
+    * training accuracies are in [0, 1], mean rewards finite (shaped rewards, such as DAPO's overlong
+      penalty, may be negative), gradient norms finite where an update was applied; under float16,
+      fewer than half the optimiser steps were skipped for overflow;
+    * with the profile's default model (:data:`GPU_MODEL`), the base policy solves more than 10% of
+      the test problems (an instruct model that can do grade-school arithmetic at all: below that
+      the prompt or the answer extraction is broken).
+
+    Raises:
+        AssertionError: the first fact that does not hold, named.
+    """
+    def fact(ok, what):
+        if not ok:
+            raise AssertionError(f"GPU results: {what}")
+
+    fact(str(provenance.get("device", "")).startswith("cuda") or provenance.get("dry_run") is True,
+         f"device {provenance.get('device')!r} is not CUDA")
+    fact(provenance.get("complete", True) is not False,
+         "the file is incomplete: the run stopped before every algorithm and seed finished (its runs so far are kept)")
+    fact(provenance.get("precision") in ("bfloat16", "float16", "float32"),
+         f"precision {provenance.get('precision')!r} not recorded")
+    seeds, steps = list(provenance["seeds"]), int(provenance["steps"])
+    bases = []
+    for name, r in results.items():
+        h = r.history
+        fact(sorted(h["seed"].unique().tolist()) == sorted(seeds), f"{name} lacks seeds of {seeds}")
+        fact(int(h["step"].max()) == steps, f"{name} stopped before step {steps}")
+        final, base = r.final(), r.base()
+        fact(final.size == len(seeds) and base.size == len(seeds), f"{name} lacks a base or final test accuracy")
+        fact(bool(((final >= 0) & (final <= 1)).all() and ((base >= 0) & (base <= 1)).all()),
+             f"{name}: a test accuracy outside [0, 1]")
+        bases.extend(base.tolist())
+        trained = h[h["step"] > 0]
+        fact(bool(trained["accuracy"].between(0, 1).all()), f"{name}: a training accuracy outside [0, 1]")
+        fact(bool(np.isfinite(trained["reward"]).all()), f"{name}: a non-finite mean reward")
+        grads = trained["grad_norm"].dropna()
+        fact(bool(np.isfinite(grads).all()), f"{name}: a non-finite gradient norm")
+        if "amp_skipped_steps" in trained:
+            skipped = trained.groupby("seed")["amp_skipped_steps"].max()
+            run_cfg = provenance["runs"][name]["config"]
+            updates = steps * int(run_cfg["minibatches"]) * int(run_cfg.get("epochs", 1))
+            fact(bool((skipped < updates / 2).all()), f"{name}: float16 skipped half the optimiser steps or more")
+    fact(max(bases) - min(bases) <= 0.02, f"the base accuracy differs across runs ({min(bases):.3f} to {max(bases):.3f})")
+    if provenance.get("base") == GPU_MODEL:
+        fact(float(np.mean(bases)) > 0.10, f"{GPU_MODEL} solves only {np.mean(bases):.3f} of the test problems")
+
+
+def summarize_runs(results: Mapping[str, RunResult], *, baseline: str | None = None,
+                   column: str = "test_accuracy", level: float = 0.95) -> pd.DataFrame:
+    """One row per algorithm: its base and final ``column`` (mean and t interval over seeds), the
+    paired change final − base, and (with ``baseline``) the paired difference of its final value
+    from the baseline's over the seeds both share. "Final" is each seed's last measured value;
+    "base" its step-0 value (a training metric such as ``length_incorrect`` has none: "not measured").
+
+    Returns:
+        DataFrame with columns ``algorithm``, ``seeds``, ``base``, ``final``, ``final - base`` and,
+        with a baseline, ``vs <baseline>``; interval columns are strings
+        ``"0.412 [0.398, 0.426]"`` (:func:`grpo_lab.stats.format_interval`).
+
+    Raises:
+        ValueError: ``baseline`` is not among ``results``; no algorithm has ``column``.
+    """
+    from .stats import format_interval, paired_difference, t_interval
+
+    if baseline is not None and baseline not in results:
+        raise ValueError(f"summarize_runs: baseline {baseline!r} is not among {sorted(results)}")
+    rows = []
+    for name, r in results.items():
+        if column not in r.history.columns:
+            continue
+        final, base = r.final(column), r.base(column).dropna()
+        if final.empty:
+            continue
+        row = {"algorithm": name, "seeds": int(final.size),
+               "base": format_interval(t_interval(base.values, level)) if base.size else "not measured",
+               "final": format_interval(t_interval(final.values, level)),
+               "final - base": (format_interval(paired_difference(final, base, level)) if base.size > 1 else
+                                "n/a" if not base.size else "n/a (one seed)")}
+        if baseline is not None and name != baseline:
+            other = results[baseline].final(column)
+            shared = final.index.intersection(other.index)
+            row[f"vs {baseline}"] = (format_interval(paired_difference(final, other, level)) if len(shared) > 1
+                                     else "n/a (fewer than 2 shared seeds)")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"summarize_runs: no result has the column {column!r}")
+    frame = pd.DataFrame(rows)
+    if baseline is not None and f"vs {baseline}" in frame:
+        frame[f"vs {baseline}"] = frame[f"vs {baseline}"].fillna("")
+    return frame
 
 
 def main(argv=None) -> None:

@@ -1,22 +1,52 @@
 #!/usr/bin/env bash
-# GPU check: the CUDA-marked tests, a timed GPU-profile GRPO run (one seed, fewer steps), then the
-# log-prob memory benchmark on CUDA in bfloat16 with a Qwen2.5-size vocabulary (V = 151,936,
-# H = 896 as in Qwen2.5-0.5B; B*T = 8 x 1024 rows): naive vs chunked vs torch.compile'd chunked.
+# GPU check: the CUDA-marked tests; chapter 1 executed on the GPU profile with fewer steps (its toy
+# experiments as on CPU, then its GSM8K cell: GRPO trained on CUDA with precision "auto" through
+# experiments.run_chapter_gpu, the results file written with provenance and checked by
+# experiments.check_gpu_results); then the log-prob memory benchmark on CUDA in bfloat16 with a
+# Qwen2.5-size vocabulary (V = 151,936, H = 896 as in Qwen2.5-0.5B; B*T = 8 x 1024 rows): naive vs
+# chunked vs torch.compile'd chunked.
+#
+# The GSM8K model and data: GRPO_LAB_GPU_MODEL and GRPO_LAB_GSM8K_SOURCE if set (e.g. the real
+# Qwen/Qwen2.5-0.5B-Instruct and "hub" on a machine that can download them or has them cached);
+# otherwise a tiny Qwen2 instruct model in the hub layout is written here (tests/_hub_fixture.py,
+# random weights: its accuracy is 0, so the run checks the code path and the timing, not learning)
+# and the problems are the shipped fixture. CHAPTER_STEPS (default 3) and CHAPTER_SEEDS (default
+# "(0, 1)") size the GSM8K runs; CHAPTER_BUDGET_S (default 360) stops the chapter if it runs longer.
 # Usage (on a machine with a CUDA GPU): bash scripts/gpu_check.sh [OUT_DIR]
-# Writes OUT_DIR/gpu_tests.log, OUT_DIR/grpo_gpu_smoke.json, OUT_DIR/logprobs_memory_cuda.json (+ .txt)
-# and prints a one-line summary per step. Meant to finish in under 8 minutes on one H200: the
-# benchmark gets what is left of LOGPROBS_BUDGET_S (default 450 s, counted from the start of
-# this script; skipped if under 60 s are left) and keeps the cases it finished if it runs out.
+# Writes OUT_DIR/gpu_tests.log, OUT_DIR/01_grpo_gpu.ipynb (the executed chapter),
+# OUT_DIR/results/01_grpo.json, OUT_DIR/logprobs_memory_cuda.json (+ .txt) and prints a one-line
+# summary per step. Meant to finish in under 8 minutes on one H200: the benchmark gets what is left
+# of LOGPROBS_BUDGET_S (default 450 s, counted from the start of this script; skipped if under 60 s
+# are left) and keeps the cases it finished if it runs out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-runs/gpu_check}}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0), torch.__version__)"
-$PY -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log"
+timeout --signal=TERM --kill-after=10 "${TESTS_BUDGET_S:-120}" $PY -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log"
 start=$(date +%s)
-$PY -m grpo_lab.experiments GRPO --profile gpu --seeds 0 --steps 30 --out "$OUT/grpo_gpu_smoke.json"
-echo "GPU-profile smoke run (30 steps, 1 seed): $(( $(date +%s) - start )) s"
+OUT_ABS=$(cd "$OUT" && pwd)  # the chapter's kernel runs in book/: absolute paths only
+if [[ -z "${GRPO_LAB_GPU_MODEL:-}" ]]; then
+  $PY -c "import sys; sys.path.insert(0, 'tests'); import _hub_fixture as H; H.write_tiny_instruct_model('$OUT_ABS/standin')"
+  export GRPO_LAB_GPU_MODEL="$OUT_ABS/standin"
+  export GRPO_LAB_GSM8K_SOURCE="${GRPO_LAB_GSM8K_SOURCE:-fixture}"
+fi
+export GRPO_LAB_RESULTS_DIR="$OUT_ABS/results"
+timeout --signal=TERM --kill-after=10 "${CHAPTER_BUDGET_S:-360}" \
+$PY -m grpo_lab.book execute book/01_grpo.ipynb --timeout 900 --out "$OUT/01_grpo_gpu.ipynb" \
+  --param "PROFILE='gpu'" --param "GPU_STEPS=${CHAPTER_STEPS:-3}" --param "GPU_SEEDS=${CHAPTER_SEEDS:-(0, 1)}"
+$PY - "$OUT/results/01_grpo.json" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+p = d["provenance"]
+rows = [r for r in d["history"] if r.get("step", 0) > 0]
+step_s = sum(r["step_seconds"] for r in rows) / len(rows)
+print(f"chapter 1 on the GPU profile: {p['device_name']}, {p['precision']}, model {p['base']}, seeds {p['seeds']}, "
+      f"{p['steps']} steps, {p['wall_seconds']} s for the GSM8K runs, {step_s:.1f} s per RL step, "
+      f"peak {max(r['peak_mem_mb'] for r in rows):.0f} MB")
+PYEOF
+echo "chapter 1 on the GPU profile: $(( $(date +%s) - start )) s in all"
 
 budget=$(( ${LOGPROBS_BUDGET_S:-450} - SECONDS ))
 if (( budget < 60 )); then
