@@ -28,8 +28,8 @@
 # changes one or two of these choices, so this chapter derives each of them.
 #
 # **Prerequisites:** {ref}`sec-notation`. **Run time:** {glue:text}`grpo_runtime` on two CPU cores
-# (profile `cpu`, measured on the last execution); the GPU profile trains the same policy longer
-# with larger groups.
+# (profile `cpu`, measured on the last execution). With `PROFILE = "gpu"` the chapter also trains GRPO
+# on GSM8K from a hub instruct model ({ref}`sec-grpo-scale`: hours, not minutes).
 
 # %% tags=["remove-cell"]
 # Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
@@ -45,7 +45,10 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, "/content/grpo_lab")
 
 # %% tags=["parameters"]
-PROFILE = "cpu"  # "gpu" on a Colab GPU: larger groups, more steps
+PROFILE = "cpu"  # "gpu": also train §1.8's GSM8K comparison on a hub instruct model (CUDA)
+GPU_SEEDS = (0, 1, 2, 3, 4)  # the GSM8K runs (PROFILE = "gpu" only)
+GPU_STEPS = None  # None: the gpu profile's 60 steps
+GPU_N_JOBS = 1  # GSM8K runs at a time, processes sharing the GPU
 SEEDS = (0, 1, 2, 3, 4)
 N_JOBS = 2  # worker processes, one seed each; results do not depend on it
 
@@ -640,14 +643,14 @@ for text in demo.texts:
 # %%
 from grpo_lab import experiments
 
-profile = experiments.get_profile(PROFILE)
-STEPS = 30 if PROFILE == "cpu" else profile.steps  # CPU: 30 of the profile's 40 steps, for the time budget
+profile = experiments.get_profile("cpu")  # on every machine: the GSM8K runs are §1.8's
+STEPS = 30  # 30 of the profile's 40 steps, for the time budget
 print(f"profile {profile.name}: {STEPS} steps x {profile.config.prompts_per_step} questions "
       f"x G={profile.config.group_size}, lr {profile.config.lr}, {profile.config.minibatches} minibatches/rollout, "
       f"seeds {list(SEEDS)}")
 
 # %% tags=["nbval-ignore-output"]
-result = experiments.run("GRPO", profile=PROFILE, seeds=SEEDS, steps=STEPS, n_jobs=N_JOBS)
+result = experiments.run("GRPO", profile="cpu", seeds=SEEDS, steps=STEPS, n_jobs=N_JOBS)
 hist = result.history
 print(f"trained {len(SEEDS)} seeds in {result.provenance['wall_seconds']:.0f} s")
 
@@ -785,7 +788,7 @@ print("checks passed")
 
 # %% tags=["nbval-ignore-output"]
 MUS = (1, 2, 4, 8)
-STEPS_MU = 10 if PROFILE == "cpu" else profile.steps // 3
+STEPS_MU = 10
 warm_rollouts = profile.config.warmup / (profile.config.minibatches * profile.config.epochs)
 book.glue("mu_rows", profile.config.prompts_per_step * profile.config.group_size)
 book.glue("mu_steps", STEPS_MU)
@@ -797,7 +800,7 @@ if profile.config.minibatches in MUS and profile.config.epochs == 1:  # §1.6's 
 todo = [mu for mu in MUS if mu not in mu_hist]
 # one grid, one pool of N_JOBS workers: the settings differ only in the trainer (per-setting overrides)
 mu_grid = experiments.run_grid(
-    [GRPO.replace(name=f"mu={mu}") for mu in todo], profile=PROFILE, seeds=SEEDS, steps=STEPS_MU, n_jobs=N_JOBS,
+    [GRPO.replace(name=f"mu={mu}") for mu in todo], profile="cpu", seeds=SEEDS, steps=STEPS_MU, n_jobs=N_JOBS,
     overrides={f"mu={mu}": {"minibatches": mu, "epochs": 1, "warmup": round(warm_rollouts * mu)} for mu in todo})
 for mu in todo:
     mu_hist[mu] = mu_grid[f"mu={mu}"].history
@@ -946,6 +949,7 @@ print("checks passed")
 # predicts: the clip is idle on-policy and binds more the further a rollout is reused.
 
 # %% [markdown]
+# (sec-grpo-scale)=
 # ## 1.8 At scale
 #
 # What DeepSeekMath reports for GRPO {cite:p}`shao2024deepseekmath`, beside this chapter:
@@ -972,24 +976,25 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # GRPO results owe nothing to the clip, which only acts off-policy — on the later minibatches of
 # a rollout ({ref}`sec-grpo-mu`), and much more with the 16 updates per batch of
 # {ref}`sec-cispo`.
-#
-# The same experiment at the `gpu` profile (64 questions × 16 samples per step, 150 steps) is run
-# with `python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 --out
-# data/results/gpu/grpo.json`; the cell below shows its results when that file is present.
+
+# %% [markdown]
+# **GSM8K on a GPU.** With `PROFILE = "gpu"` in the parameters cell, the next cell trains GRPO (the
+# base model's accuracy is each seed's step 0, so the change is paired) on GSM8K from the hub
+# instruct model named by `experiments.GPU_MODEL`, with the `gpu` profile
+# (`experiments.gpu_profile`: prompts in the model's chat template, a 512-token budget, 16 questions
+# × 8 responses per step, bfloat16 autocast on Ampere or newer GPUs and float16 with a gradient
+# scaler on older ones), `GPU_SEEDS` seeds each, and writes `data/results/gpu/01_grpo.json` with its
+# provenance. On every machine it then shows that file when it is present, after asserting what any
+# GPU run must show (`experiments.check_gpu_results`: CUDA, every seed to its last step, accuracies
+# in range, finite gradients, a base model that solves more than 10% of the problems); the toy
+# experiments above run the CPU profile on every machine, so their assertions hold on a GPU too.
+# Without the file it prints what the run would train and its expected time.
 
 # %%
-from grpo_lab.paths import data_dir
-
-gpu_file = data_dir() / "results" / "gpu" / "grpo.json"
-if gpu_file.exists():
-    gpu = experiments.load_results(gpu_file)
-    prov = gpu.provenance
-    print(f"{prov['device_name']}, torch {prov['torch']}, commit {str(prov['git_sha'])[:8]}, "
-          f"{prov['wall_seconds']:.0f} s, seeds {prov['seeds']}")
-    print(f"greedy test accuracy: base {gpu.base().mean():.3f} -> "
-          f"{stats.format_interval(stats.t_interval(gpu.final(), bounds=(0, 1)))} (mean [95% t interval])")
-else:
-    print("No GPU-scale results are committed yet (data/results/gpu/grpo.json is absent).")
+GPU_ALGOS = [GRPO]
+if PROFILE == "gpu":
+    experiments.run_chapter_gpu("01_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
+gpu_summary = book.show_gpu_results("01_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS)
 
 # %% [markdown]
 # ## 1.9 Takeaways
@@ -1016,7 +1021,7 @@ else:
 #    $\epsilon$), and check it with `group_advantages`.
 # 2. Show that adding a constant to every reward of a group, or multiplying them all by $c>0$,
 #    leaves {eq}`eq-grpo-adv` unchanged. Which of these invariances does Dr.GRPO's $r-\mean(\mathbf r)$ keep?
-# 3. Rerun the experiment with `experiments.run(GRPO.replace(beta=0.0), profile=PROFILE, seeds=SEEDS)`.
+# 3. Rerun the experiment with `experiments.run(GRPO.replace(beta=0.0), profile="cpu", seeds=SEEDS)`.
 #    Without a KL term the trainer keeps no reference model, so the `kl` column is NaN (not
 #    measured). What happens to accuracy and entropy?
 #

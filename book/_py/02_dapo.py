@@ -29,7 +29,8 @@
 # (§2.3). The advantage keeps GRPO's std (Eq. 9).
 #
 # **Prerequisites:** {ref}`sec-grpo`. **Run time:** {glue:text}`dapo_runtime` on two CPU cores
-# (measured on the last execution; {glue:text}`dapo_n_runs` training runs in two processes).
+# (measured on the last execution; {glue:text}`dapo_n_runs` training runs in two processes). With
+# `PROFILE = "gpu"` it also trains GRPO and DAPO on GSM8K from a hub instruct model (§2.6: hours).
 
 # %% tags=["remove-cell"]
 # Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
@@ -45,7 +46,10 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, "/content/grpo_lab")
 
 # %% tags=["parameters"]
-PROFILE = "cpu"  # "gpu" on a Colab GPU
+PROFILE = "cpu"  # "gpu": also train §2.6's GSM8K comparison on a hub instruct model (CUDA)
+GPU_SEEDS = (0, 1, 2, 3, 4)  # the GSM8K runs (PROFILE = "gpu" only)
+GPU_STEPS = None  # None: the gpu profile's 60 steps
+GPU_N_JOBS = 1  # GSM8K runs at a time, processes sharing the GPU
 SEEDS = (0, 1, 2, 3, 4)
 STEPS = 12  # RL steps per run in the CPU profile (7 settings x 5 seeds; 12 to fit the time budget)
 BUDGET = 20  # generation budget L_max of the experiments (tokens): one that truncates, see 2.5
@@ -229,8 +233,8 @@ print("batch form / Eq. 12, per token, group 1 (10 tokens) and group 2 (4 tokens
       f"{ratio2[0]:.3f} and {ratio2[2]:.3f}")
 
 # %% tags=["nbval-ignore-output"]
-profile = experiments.get_profile(PROFILE)
-budget = BUDGET if PROFILE == "cpu" else profile.config.max_new_tokens
+profile = experiments.get_profile("cpu")  # on every machine: the GSM8K runs are §2.6's
+budget = BUDGET
 policy, tokenizer = load_policy(profile.base)
 task = get_task(profile.task)
 budget = budget or task.max_new_tokens
@@ -413,20 +417,20 @@ settings = [
     DAPO.replace(name="+ dynamic sampling (DAPO)"),
 ]
 assert settings[5] == DAPO.replace(name=settings[5].name)  # the preset itself
-steps = STEPS if PROFILE == "cpu" else profile.steps
+steps = STEPS
 for s_ in settings:
     print(f"{s_.name:28s}", {k: v for k, v in s_.axes().items() if k in (
         "eps_high", "aggregation", "dynamic_sampling", "overlong_filter", "overlong_cache_frac")})
 
 # %% tags=["nbval-ignore-output"]
 # greedy evaluation every 6 steps on the CPU profile (training does not depend on it; it saves time)
-eval_every = 6 if PROFILE == "cpu" else profile.config.eval_every
-grid = experiments.run_grid(settings, profile=PROFILE, seeds=SEEDS, steps=steps, n_jobs=N_JOBS,
+eval_every = 6
+grid = experiments.run_grid(settings, profile="cpu", seeds=SEEDS, steps=steps, n_jobs=N_JOBS,
                             max_new_tokens=budget, eval_every=eval_every)
 dapo_gen = float(grid["+ dynamic sampling (DAPO)"].history["samples_per_trained"].mean())
 P = profile.config.prompts_per_step
 matched_p = int(round(P * dapo_gen))
-control = experiments.run(naive.replace(name="naive GRPO, matched generation"), profile=PROFILE, seeds=SEEDS,
+control = experiments.run(naive.replace(name="naive GRPO, matched generation"), profile="cpu", seeds=SEEDS,
                           steps=steps, n_jobs=N_JOBS, max_new_tokens=budget, prompts_per_step=matched_p,
                           eval_every=eval_every)
 grid[control.history["algo"].iloc[0]] = control
@@ -716,9 +720,29 @@ at_scale
 # budget the soft punishment hurts until dynamic sampling is added, the order in which Table 1
 # adds them). The paper has no compute-matched control for dynamic sampling either. DAPO's headline is a
 # step comparison: 50 on AIME 2024 with 50% of the training steps of DeepSeek-R1-Zero-Qwen-32B,
-# which scores 47. On a GPU, `PROFILE = "gpu"` in the parameters cell runs the same ablation at the
-# GPU profile's scale; no GPU-profile results are stored for this chapter yet.
-#
+# which scores 47.
+
+# %% [markdown]
+# **GSM8K on a GPU.** With `PROFILE = "gpu"` in the parameters cell, the next cell trains GRPO and
+# the DAPO preset (dynamic sampling generates about 1.3 batches per trained batch, counted in the
+# estimate) on GSM8K from the hub instruct model named by `experiments.GPU_MODEL`, with the `gpu`
+# profile (`experiments.gpu_profile`: prompts in the model's chat template, a 512-token budget, 16
+# questions × 8 responses per step, bfloat16 autocast on Ampere or newer GPUs and float16 with a
+# gradient scaler on older ones), `GPU_SEEDS` seeds each, and writes `data/results/gpu/02_dapo.json`
+# with its provenance. On every machine it then shows that file when it is present, after asserting
+# what any GPU run must show (`experiments.check_gpu_results`: CUDA, every seed to its last step,
+# accuracies in range, finite gradients, a base model that solves more than 10% of the problems);
+# the toy experiments above run the CPU profile on every machine, so their assertions hold on a GPU
+# too. Without the file it prints what the run would train and its expected time.
+
+# %%
+GPU_ALGOS = [GRPO, DAPO]
+if PROFILE == "gpu":
+    experiments.run_chapter_gpu("02_dapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
+gpu_summary = book.show_gpu_results("02_dapo", GPU_ALGOS, baseline="GRPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
+                                   generation_factor=1.3)
+
+# %% [markdown]
 # ## 2.7 Takeaways
 #
 # * Clip-higher raises only $\epshigh$: it lets rare tokens grow faster ($0.01\to0.0128$ instead of

@@ -29,7 +29,8 @@
 # (V3.2 Eq. 7); sampling — off-policy sequence masking (V3.2 Eqs. 8–9).
 #
 # **Prerequisites:** {ref}`sec-grpo`. **Run time:** {glue:text}`drgrpo_runtime` on two CPU cores
-# (measured on the last execution).
+# (measured on the last execution). With `PROFILE = "gpu"` it also trains GRPO and Dr.GRPO on GSM8K
+# from a hub instruct model (§3.5: hours).
 
 # %% tags=["remove-cell"]
 # Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
@@ -45,7 +46,10 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, "/content/grpo_lab")
 
 # %% tags=["parameters"]
-PROFILE = "cpu"  # "gpu" on a Colab GPU
+PROFILE = "cpu"  # "gpu": also train §3.5's GSM8K comparison on a hub instruct model (CUDA)
+GPU_SEEDS = (0, 1, 2, 3, 4)  # the GSM8K runs (PROFILE = "gpu" only)
+GPU_STEPS = None  # None: the gpu profile's 60 steps
+GPU_N_JOBS = 1  # GSM8K runs at a time, processes sharing the GPU
 SEEDS = (0, 1, 2, 3, 4)
 N_JOBS = 2  # worker processes; results do not depend on it
 
@@ -388,14 +392,12 @@ from grpo_lab.rollout import evaluate
 from grpo_lab.tasks import ArithmeticTask
 
 FILLER_BUDGET = 64  # generation budget of the filler task, tokens
-base_profile = experiments.get_profile(PROFILE)
-# CPU profile: greedy evaluation every 10 steps (training does not depend on it) and 20 RL steps, to fit
-# the chapter's 3-minute budget
+base_profile = experiments.get_profile("cpu")  # on every machine: the GSM8K runs are §3.5's
+# greedy evaluation every 10 steps (training does not depend on it) and 20 RL steps, to fit the
+# chapter's 3-minute budget
 profile = dataclasses.replace(base_profile, name=f"{base_profile.name}-filler", base="arithmetic-filler-base",
                               task_kwargs=(("filler", "."), ("max_new_tokens", FILLER_BUDGET)),
-                              config=dataclasses.replace(base_profile.config, eval_every=10)
-                              if PROFILE == "cpu" else base_profile.config,
-                              steps=20 if PROFILE == "cpu" else base_profile.steps)  # CPU: 20 steps, for time
+                              config=dataclasses.replace(base_profile.config, eval_every=10), steps=20)
 book.glue("rl_steps", str(profile.steps))
 filler_task = ArithmeticTask(**dict(profile.task_kwargs))
 filler_policy, tokenizer = load_policy(checkpoint_dir(profile.base))
@@ -878,10 +880,29 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # %% [markdown]
 # Table 2's point is about the libraries' *defaults* at the time: each normalised its loss by a
 # length-dependent token count (per response, like the $1/\olen{i}$ of {eq}`eq-drgrpo-weight`, or
-# per batch), instead of a constant. The GPU
-# profile (`PROFILE = "gpu"`) runs this chapter's grid, on the same filler task, at a larger scale
-# (150 steps, 64 questions × 16 samples); no GPU-profile results are stored for it yet.
-#
+# per batch), instead of a constant.
+
+# %% [markdown]
+# **GSM8K on a GPU.** With `PROFILE = "gpu"` in the parameters cell, the next cell trains GRPO and
+# Dr.GRPO (with the response length of incorrect answers, the quantity of Fig. 5) on GSM8K from the
+# hub instruct model named by `experiments.GPU_MODEL`, with the `gpu` profile
+# (`experiments.gpu_profile`: prompts in the model's chat template, a 512-token budget, 16 questions
+# × 8 responses per step, bfloat16 autocast on Ampere or newer GPUs and float16 with a gradient
+# scaler on older ones), `GPU_SEEDS` seeds each, and writes `data/results/gpu/03_dr_grpo.json` with
+# its provenance. On every machine it then shows that file when it is present, after asserting what
+# any GPU run must show (`experiments.check_gpu_results`: CUDA, every seed to its last step,
+# accuracies in range, finite gradients, a base model that solves more than 10% of the problems);
+# the toy experiments above run the CPU profile on every machine, so their assertions hold on a GPU
+# too. Without the file it prints what the run would train and its expected time.
+
+# %%
+GPU_ALGOS = [GRPO, DR_GRPO]
+if PROFILE == "gpu":
+    experiments.run_chapter_gpu("03_dr_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
+gpu_summary = book.show_gpu_results("03_dr_grpo", GPU_ALGOS, baseline="GRPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
+                                   columns=("test_accuracy", "length_incorrect"))
+
+# %% [markdown]
 # ## 3.6 Takeaways
 #
 # * GRPO's length bias comes from $1/\olen{i}$, its difficulty bias from $1/\std$; they are

@@ -31,6 +31,7 @@
 #
 # **Prerequisites:** {ref}`sec-grpo` (the PPO clip) and {ref}`sec-dapo` (clip-higher, token-level
 # loss). **Run time:** {glue:text}`cispo_runtime` on two CPU cores (measured on the last execution).
+# With `PROFILE = "gpu"` it also trains DAPO and CISPO on GSM8K from a hub instruct model (§5.7: hours).
 
 # %% tags=["remove-cell"]
 # Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
@@ -46,7 +47,10 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, "/content/grpo_lab")
 
 # %% tags=["parameters"]
-PROFILE = "cpu"  # "gpu" on a Colab GPU
+PROFILE = "cpu"  # "gpu": also train §5.7's GSM8K comparison on a hub instruct model (CUDA)
+GPU_SEEDS = (0, 1, 2, 3, 4)  # the GSM8K runs (PROFILE = "gpu" only)
+GPU_STEPS = None  # None: the gpu profile's 60 steps
+GPU_N_JOBS = 1  # GSM8K runs at a time, processes sharing the GPU
 SEEDS = (0, 1, 2, 3, 4)
 N_JOBS = 2  # worker processes; results do not depend on it
 
@@ -319,7 +323,7 @@ print("A > 0, r > 1.28: DAPO gradient 0, CISPO gradient 1.28 * A; A < 0, r < 0.8
 # %% tags=["nbval-ignore-output"]
 policy, tokenizer = load_policy("arithmetic-base")
 task = get_task("arithmetic")
-probe = Trainer(policy, tokenizer, task, DAPO, dataclasses.replace(experiments.get_profile(PROFILE).config, seed=0))
+probe = Trainer(policy, tokenizer, task, DAPO, dataclasses.replace(experiments.get_profile("cpu").config, seed=0))
 batch = probe.collect()
 probe.compute_advantages(batch)
 lp_real = policy_logprobs(probe.policy, batch.rollout).detach()
@@ -349,12 +353,12 @@ print(f"{int(m_real.sum())} tokens; both drop the same {grads['DAPO'][1]['clip_f
 
 # %% tags=["nbval-ignore-output"]
 def one_batch_many_updates(seed, n_updates=16):
-    cfg = dataclasses.replace(experiments.get_profile(PROFILE).config, seed=seed, minibatches=n_updates,
+    cfg = dataclasses.replace(experiments.get_profile("cpu").config, seed=seed, minibatches=n_updates,
                               micro_batch_size=None, eval_every=0)
     rows, rare, first = [], [], None
     for algo in (DAPO, CISPO):
-        pol, tok = load_policy(experiments.get_profile(PROFILE).base)
-        tr = Trainer(pol, tok, get_task(experiments.get_profile(PROFILE).task), algo, cfg)
+        pol, tok = load_policy(experiments.get_profile("cpu").base)
+        tr = Trainer(pol, tok, get_task(experiments.get_profile("cpu").task), algo, cfg)
         shared = tr.collect()  # same weights, seed and selector: the same batch, and the same RNG state after
         if first is None:
             first = shared.rollout.completion_ids
@@ -383,8 +387,8 @@ for s in SEEDS:
     per_update += a
     rare_rows += b
 per_update, rare_df = pd.DataFrame(per_update), pd.DataFrame(rare_rows)
-book.glue("cispo_groups", experiments.get_profile(PROFILE).config.prompts_per_step)
-book.glue("cispo_G", experiments.get_profile(PROFILE).config.group_size)
+book.glue("cispo_groups", experiments.get_profile("cpu").config.prompts_per_step)
+book.glue("cispo_G", experiments.get_profile("cpu").config.group_size)
 print(f"{len(SEEDS)} seeds x 2 algorithms x 16 updates in {time.perf_counter() - t0:.0f} s")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
@@ -460,11 +464,11 @@ print("CISPO - DAPO, mean probability of the rare tokens after 16 updates:", sta
 # every two, and measure the steps each needs to reach a target accuracy.
 
 # %% tags=["nbval-ignore-output"]
-prof = experiments.get_profile(PROFILE)
+prof = experiments.get_profile("cpu")  # on every machine: the GSM8K runs are §5.7's
 UPDATES = 2 * prof.config.minibatches  # twice the profile's minibatch updates per batch ...
 LR_B = prof.config.lr / 2  # ... at half the learning rate: the same total step size per batch
-STEPS_B, EVAL_B = (16, 2) if PROFILE == "cpu" else (prof.steps, prof.config.eval_every)
-grid = experiments.run_grid([GRPO, DAPO, CISPO], profile=PROFILE, seeds=SEEDS, n_jobs=N_JOBS, steps=STEPS_B,
+STEPS_B, EVAL_B = 16, 2
+grid = experiments.run_grid([GRPO, DAPO, CISPO], profile="cpu", seeds=SEEDS, n_jobs=N_JOBS, steps=STEPS_B,
                             minibatches=UPDATES, lr=LR_B, eval_every=EVAL_B)
 hist = pd.concat([r.history for r in grid.values()], ignore_index=True)
 print(f"3 algorithms x {len(SEEDS)} seeds in {grid['GRPO'].provenance['wall_seconds']:.0f} s")
@@ -594,7 +598,7 @@ summary
 
 # %% tags=["nbval-ignore-output"]
 def mismatch(seed, fp32_head):
-    cfg = dataclasses.replace(experiments.get_profile(PROFILE).config, seed=seed, rollout_dtype="bfloat16",
+    cfg = dataclasses.replace(experiments.get_profile("cpu").config, seed=seed, rollout_dtype="bfloat16",
                               rollout_fp32_lm_head=fp32_head, old_logp="behaviour")
     tr = Trainer(policy, tokenizer, task, DAPO, cfg)
     b = tr.collect()
@@ -701,9 +705,6 @@ book.glue("fig_cispo_mismatch", fig)
 # What MiniMax-M1 reports {cite:p}`minimax2025m1`, beside what this chapter measured:
 
 # %% tags=["hide-input", "nbval-ignore-output"]
-gp = experiments.get_profile("gpu")
-book.glue("cispo_gpu_shape", f"{gp.config.prompts_per_step} questions × {gp.config.group_size} responses per step, "
-                             f"{gp.steps} steps")
 at_scale = pd.DataFrame([
     {"quantity": "CISPO steps to DAPO's score / DAPO's steps",
      "paper": "0.5 (Fig. 2; Qwen2.5-32B-base zero-RL, DAPO's maths data, AIME 2024)",
@@ -740,12 +741,29 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # `clip_ratio_low=1.0, clip_ratio_high=0.28`. Their clip-fraction metrics differ too: TRL counts
 # capped tokens with $\Ahat>0$ only, verl both sides, ours (`weight_capped_frac`) every capped
 # token.
-#
-# **On a GPU.** Set `PROFILE = "gpu"` in the parameters cell: the same experiments run with the GPU
-# profile ({glue:text}`cispo_gpu_shape`), where `rollout_dtype="bfloat16"` with a
-# real model's large vocabulary is the setting in which the float32 head should matter. No
-# GPU-profile results are stored in `data/results/gpu/` for this chapter yet.
-#
+
+# %% [markdown]
+# **GSM8K on a GPU.** With `PROFILE = "gpu"` in the parameters cell, the next cell trains DAPO and
+# CISPO (MiniMax-M1's comparison; both generate about 1.3 batches per trained batch with dynamic
+# sampling) on GSM8K from the hub instruct model named by `experiments.GPU_MODEL`, with the `gpu`
+# profile (`experiments.gpu_profile`: prompts in the model's chat template, a 512-token budget, 16
+# questions × 8 responses per step, bfloat16 autocast on Ampere or newer GPUs and float16 with a
+# gradient scaler on older ones), `GPU_SEEDS` seeds each, and writes
+# `data/results/gpu/05_cispo.json` with its provenance. On every machine it then shows that file
+# when it is present, after asserting what any GPU run must show (`experiments.check_gpu_results`:
+# CUDA, every seed to its last step, accuracies in range, finite gradients, a base model that solves
+# more than 10% of the problems); the toy experiments above run the CPU profile on every machine, so
+# their assertions hold on a GPU too. Without the file it prints what the run would train and its
+# expected time.
+
+# %%
+GPU_ALGOS = [DAPO, CISPO]
+if PROFILE == "gpu":
+    experiments.run_chapter_gpu("05_cispo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
+gpu_summary = book.show_gpu_results("05_cispo", GPU_ALGOS, baseline="DAPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
+                                   generation_factor=1.3)
+
+# %% [markdown]
 # ## 5.8 Takeaways
 #
 # * CISPO keeps the off-policy REINFORCE gradient of every token and bounds its importance weight

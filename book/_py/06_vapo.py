@@ -33,7 +33,8 @@
 #
 # **Prerequisites:** {ref}`sec-grpo` (the clipped surrogate) and {ref}`sec-dapo` (clip-higher,
 # token-level loss). **Run time:** {glue:text}`vapo_runtime` on two CPU cores (measured on the last
-# execution).
+# execution). With `PROFILE = "gpu"` it also trains DAPO and VAPO on GSM8K from a hub instruct model
+# (§6.11: hours, and a GPU with more than 16 GB).
 
 # %% tags=["remove-cell"]
 # Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
@@ -49,7 +50,10 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, "/content/grpo_lab")
 
 # %% tags=["parameters"]
-PROFILE = "cpu"  # "gpu" on a Colab GPU
+PROFILE = "cpu"  # "gpu": also train §6.11's GSM8K comparison on a hub instruct model (CUDA)
+GPU_SEEDS = (0, 1, 2, 3, 4)  # the GSM8K runs (PROFILE = "gpu" only)
+GPU_STEPS = None  # None: the gpu profile's 60 steps
+GPU_N_JOBS = 1  # GSM8K runs at a time, processes sharing the GPU
 SEEDS = (0, 1, 2, 3, 4)
 N_JOBS = 2  # worker processes; results do not depend on it
 
@@ -81,7 +85,7 @@ from grpo_lab.trainer import Trainer
 
 book.setup_notebook(seed=0)
 CHAPTER_START = time.perf_counter()
-profile = experiments.get_profile(PROFILE)
+profile = experiments.get_profile("cpu")  # on every machine: the GSM8K runs are §6.11's
 
 # %% [markdown]
 # ## 6.1 GAE: an average of k-step advantage estimates
@@ -604,10 +608,10 @@ print(f"GRPO: {float(flat.iloc[0]):.2f} on every token; length-adaptive GAE: mos
 # {glue:text}`vapo_alpha`, the critic's learning rate twice the policy's.
 
 # %% tags=["nbval-ignore-output"]
-STEPS = 8 if PROFILE == "cpu" else profile.steps
-EVAL_EVERY = 4 if PROFILE == "cpu" else profile.config.eval_every
-# CPU: 8 questions x 8 responses per step (half the profile's questions, to fit the time budget)
-P, G = (8 if PROFILE == "cpu" else profile.config.prompts_per_step), profile.config.group_size
+STEPS = 8
+EVAL_EVERY = 4
+# 8 questions x 8 responses per step (half the profile's questions, to fit the time budget)
+P, G = 8, profile.config.group_size
 no_groups = {"prompts_per_step": P * G, "group_size": 1}  # the same number of responses, one per question
 ablation = {
     "PPO": PPO,
@@ -626,7 +630,7 @@ PAPER_AIME = {"PPO": 5, "w/o value pretraining": 11, "w/o decoupled GAE": 33, "w
 overrides = {"PPO": {**no_groups, "value_init": "policy"}, "w/o value pretraining": {"value_init": "policy"},
              "w/o group sampling": no_groups}
 t0 = time.perf_counter()
-grid = experiments.run_grid([*ablation.values(), GRPO, DAPO], profile=PROFILE, seeds=SEEDS, steps=STEPS,
+grid = experiments.run_grid([*ablation.values(), GRPO, DAPO], profile="cpu", seeds=SEEDS, steps=STEPS,
                             n_jobs=N_JOBS, eval_every=EVAL_EVERY, value_init=str(critic_dir), value_lr=VALUE_LR,
                             prompts_per_step=P, overrides=overrides)
 grid_seconds = time.perf_counter() - t0
@@ -793,7 +797,7 @@ print(rss[0] if rss else float("nan"), h["peak_mem_mb"].max())
 def peak_rss_mib(name):
     """A fresh process that builds the trainer of ``name`` and trains two steps; it prints its resident
     set size before training and the largest per-step peak (``peak_mem_mb``), in MiB (Linux)."""
-    return subprocess.Popen([sys.executable, "-c", PEAK_SCRIPT, PROFILE, name, str(ALPHA), str(P)],
+    return subprocess.Popen([sys.executable, "-c", PEAK_SCRIPT, "cpu", name, str(ALPHA), str(P)],
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -884,11 +888,35 @@ with pd.option_context("display.max_colwidth", None):
 # anchors implements VAPO's decoupled or length-adaptive $\lambda$ or its positive-example NLL
 # term, and `grpo_lab.export` refuses to translate `PPO` and `VAPO` for that reason. TRL's
 # `GRPOTrainer` has no critic.
-#
-# **On a GPU.** Set `PROFILE = "gpu"` in the parameters cell: the same experiments run with the GPU
-# profile's batch and step count; the history's `peak_mem_mb` column then holds each step's peak
-# CUDA memory. No GPU-profile results are stored in `data/results/gpu/` for this chapter yet.
-#
+
+# %% [markdown]
+# **GSM8K on a GPU.** With `PROFILE = "gpu"` in the parameters cell, the next cell trains DAPO and
+# VAPO (the paper's comparison; VAPO's critic is a copy of the policy's backbone, so it needs a GPU
+# with more than 16 GB: policy and critic each hold float32 weights, gradients and AdamW state,
+# about 8 GB apiece, and a T4 runs out of memory; the history's `peak_mem_mb` holds each step's peak
+# CUDA memory) on GSM8K from the hub instruct model named by `experiments.GPU_MODEL`, with the `gpu`
+# profile (`experiments.gpu_profile`: prompts in the model's chat template, a 512-token budget, 16
+# questions × 8 responses per step, bfloat16 autocast on Ampere or newer GPUs and float16 with a
+# gradient scaler on older ones), `GPU_SEEDS` seeds each, and writes `data/results/gpu/06_vapo.json`
+# with its provenance. On every machine it then shows that file when it is present, after asserting
+# what any GPU run must show (`experiments.check_gpu_results`: CUDA, every seed to its last step,
+# accuracies in range, finite gradients, a base model that solves more than 10% of the problems);
+# the toy experiments above run the CPU profile on every machine, so their assertions hold on a GPU
+# too. Without the file it prints what the run would train and its expected time.
+
+# %%
+GPU_ALGOS = [DAPO, VAPO]
+if PROFILE == "gpu":
+    # VAPO §4.1 and §5.1: value pretraining before the first step (10 steps, fewer if GPU_STEPS is
+    # smaller), the critic at twice the actor's learning rate
+    gpu_lr = experiments.get_profile("gpu").config.lr
+    warm = min(10, GPU_STEPS or 10)
+    experiments.run_chapter_gpu("06_vapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
+                                overrides={VAPO.name: {"value_warmup_steps": warm, "value_lr": 2 * gpu_lr}})
+gpu_summary = book.show_gpu_results("06_vapo", GPU_ALGOS, baseline="DAPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
+                                   generation_factor=1.3, train_factor=2.0, too_small=("T4",))
+
+# %% [markdown]
 # ## 6.12 Takeaways
 #
 # * GAE's advantage at token $t$ is the (critic-mixed) target minus $V(s_t)$; with one reward at the

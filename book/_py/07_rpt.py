@@ -51,7 +51,7 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, "/content/grpo_lab")
 
 # %% tags=["parameters"]
-PROFILE = "cpu"  # "gpu" on a Colab GPU
+PROFILE = "cpu"  # "gpu" runs the same toy experiment: this chapter has no hub-model run yet (§7.7)
 SEEDS = (0, 1, 2, 3, 4)
 N_JOBS = 2  # worker processes; results do not depend on it
 
@@ -337,14 +337,14 @@ assert split_share["hard"] <= split_share["medium"] <= split_share["easy"]
 # the reward of Eq. (3) over the test positions.
 
 # %% tags=["nbval-ignore-output"]
-STEPS = 16 if PROFILE == "cpu" else 200
-EVAL_EVERY = 4 if PROFILE == "cpu" else 20
-P = 8 if PROFILE == "cpu" else 64  # questions per step; G = 8 (RPT_SAMPLING)
+STEPS = 16
+EVAL_EVERY = 4
+P = 8  # questions per step; G = 8 (RPT_SAMPLING)
 MIN_ENTROPY = ENTROPY_THRESHOLDS["easy"]
-base_profile = experiments.get_profile(PROFILE)
+base_profile = experiments.get_profile("cpu")  # on every machine (§7.7 says why there is no GPU run)
 LR = base_profile.config.lr  # the book's learning rate (every chapter's profile)
 profile = dataclasses.replace(
-    base_profile, name=f"rpt-{PROFILE}", base="corpus-base", task="next_token", steps=STEPS,
+    base_profile, name="rpt-cpu", base="corpus-base", task="next_token", steps=STEPS,
     task_kwargs={"min_entropy": MIN_ENTROPY},
     config=dataclasses.replace(base_profile.config, **RPT_SAMPLING, prompts_per_step=P, minibatches=1, epochs=1,
                                micro_batch_size=None, lr=LR, warmup=2, eval_every=EVAL_EVERY, eval_sampled=True))
@@ -655,11 +655,14 @@ with pd.option_context("display.max_colwidth", None):
 # applies Eq. (3) to token boundaries of the reference. `grpo_lab.export` translates the `RPT`
 # preset like any GRPO variant without KL.
 #
-# **On a GPU.** Set `PROFILE = "gpu"`: 64 positions × 8 samples per step for 200 steps on the same
-# tiny model. A real reproduction needs a reasoning model (the paper's 14B, or a small distilled
-# reasoner) whose thinking can change its prediction. The reward and the preset work with any
-# tokenizer; the task's data files hold `corpus-base`'s token ids and 32-token contexts, so another
-# model needs them rebuilt (`build_task_data` with its proxy and tokenizer). No GPU results for this chapter are stored in `data/results/gpu/`.
+# **On a GPU.** This is the one chapter whose `PROFILE = "gpu"` trains no hub model: it runs the
+# same toy experiment as on CPU (so every assertion above still holds). A real reproduction needs a
+# reasoning model (the paper's 14B, or a small distilled reasoner) whose thinking can change its
+# prediction, and next-token positions in that model's tokens: the reward and the preset work with
+# any tokenizer, but the task's data files hold `corpus-base`'s token ids and 32-token contexts and
+# its entropy filter needs a proxy model that shares the tokenizer, so another model needs them
+# rebuilt (`build_task_data` with its proxy and tokenizer), which `grpo_lab` does not do for hub
+# models yet. No GPU results for this chapter are stored in `data/results/gpu/`.
 #
 # ## 7.8 Takeaways
 #
