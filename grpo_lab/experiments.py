@@ -206,12 +206,16 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
             (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
             default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
             run of the GPU code path, which :func:`run_chapter_gpu` marks as one), else ``"cuda"``.
+            ``$GRPO_LAB_GPU_CONFIG``, a JSON object of ``TrainerConfig`` fields (e.g.
+            ``{"micro_batch_size": 2}`` for a GPU with less memory), is applied after the defaults
+            and before these keyword arguments; it is parsed as JSON, never evaluated.
 
     Returns:
         A :class:`Profile` named ``"gpu"``.
 
     Raises:
-        ValueError: an empty ``model`` or ``source``, or an invalid ``TrainerConfig`` field.
+        ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, or a
+            ``$GRPO_LAB_GPU_CONFIG`` that is not a JSON object of known fields.
     """
     model = str(model if model is not None else os.environ.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)
     source = str(source if source is not None else os.environ.get("GRPO_LAB_GSM8K_SOURCE") or GPU_GSM8K_SOURCE)
@@ -220,6 +224,17 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
     settings = dict(prompts_per_step=16, group_size=8, temperature=1.0, lr=1e-6, warmup=5, minibatches=2,
                     epochs=1, micro_batch_size=4, eval_every=10,
                     device=os.environ.get("GRPO_LAB_GPU_DEVICE") or "cuda", precision="auto")
+    env = os.environ.get("GRPO_LAB_GPU_CONFIG")
+    if env:
+        try:
+            extra = json.loads(env)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"gpu_profile: $GRPO_LAB_GPU_CONFIG is not JSON ({exc}): {env!r}") from None
+        known = {f.name for f in fields(TrainerConfig)}
+        if not isinstance(extra, dict) or set(extra) - known:
+            raise ValueError(f"gpu_profile: $GRPO_LAB_GPU_CONFIG must be a JSON object of TrainerConfig fields, got "
+                             f"{env!r}" + (f" (unknown: {sorted(set(extra) - known)})" if isinstance(extra, dict) else ""))
+        settings.update(extra)
     settings.update(config)
     task_kwargs = {"source": source, "tokenizer_name": model, "max_new_tokens": 512,
                    "test_size": test_size if source == "hub" else None}

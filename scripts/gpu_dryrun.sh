@@ -2,7 +2,8 @@
 # Dry run of the chapters' GPU profile on CPU: each chapter is executed with PROFILE = "gpu" into
 # OUT_DIR (the committed notebooks are not touched), its GSM8K cell training a tiny Qwen2 instruct
 # model in the hub layout (tests/_hub_fixture.py, random weights) on the shipped fixture, one seed
-# and one step, with GRPO_LAB_GPU_DEVICE=cpu. It checks that every chapter switches profile cleanly: the
+# and one step, 4 questions x G = 4 with a 32-token budget in bfloat16 autocast (GRPO_LAB_GPU_CONFIG),
+# with GRPO_LAB_GPU_DEVICE=cpu. It checks that every chapter switches profile cleanly: the
 # parameters reach the notebook, the toy experiments and their assertions run as on CPU, and the
 # GSM8K cell trains through experiments.run_chapter_gpu, writes its results file (marked dry_run) and
 # shows it. With the run cache warm (after `make nbval`), the toy runs are not trained again.
@@ -19,6 +20,8 @@ OUT_ABS=$(cd "$OUT" && pwd)
 [[ -f "$OUT_ABS/standin/config.json" ]] || \
   $PY -c "import sys; sys.path.insert(0, 'tests'); import _hub_fixture as H; H.write_tiny_instruct_model('$OUT_ABS/standin')"
 export GRPO_LAB_GPU_MODEL="$OUT_ABS/standin" GRPO_LAB_GSM8K_SOURCE=fixture GRPO_LAB_GPU_DEVICE=cpu
+# a small batch and budget (the code path, not the scale), in bfloat16 autocast (float32 is what "auto" gives on CPU)
+export GRPO_LAB_GPU_CONFIG='{"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 32, "micro_batch_size": 8, "precision": "bfloat16"}'
 export GRPO_LAB_RESULTS_DIR="$OUT_ABS/results"
 rm -rf "$GRPO_LAB_RESULTS_DIR"
 for ch in "${CHAPTERS[@]}"; do
@@ -30,6 +33,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 p = d["provenance"]
 assert p["dry_run"] is True and p["complete"] is True and p["steps"] == 1 and p["seeds"] == [0], p
+assert p["precision"] == "bfloat16", p["precision"]
 nb = json.load(open(sys.argv[2]))
 shown = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []) if o.get("name") == "stdout")
 assert "DRY RUN of the GPU code path on cpu" in shown, "the chapter did not show its results"

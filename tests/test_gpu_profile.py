@@ -133,7 +133,7 @@ def test_a_float16_overflow_in_the_critic_skips_both_optimisers():
 
 # ------------------------------------------------------------------------- the profile
 def test_the_gpu_profile_names_its_model_in_one_place(monkeypatch):
-    for var in ("GRPO_LAB_GPU_MODEL", "GRPO_LAB_GSM8K_SOURCE", "GRPO_LAB_GPU_DEVICE"):
+    for var in ("GRPO_LAB_GPU_MODEL", "GRPO_LAB_GSM8K_SOURCE", "GRPO_LAB_GPU_DEVICE", "GRPO_LAB_GPU_CONFIG"):
         monkeypatch.delenv(var, raising=False)
     prof = experiments.get_profile("gpu")
     assert experiments.GPU_MODEL == "Qwen/Qwen2.5-0.5B-Instruct"
@@ -151,6 +151,18 @@ def test_the_gpu_profile_names_its_model_in_one_place(monkeypatch):
     assert experiments.gpu_profile("org/other", device="cpu").config.device == "cpu"
     monkeypatch.setenv("GRPO_LAB_GPU_DEVICE", "cpu")  # a dry run of the GPU code path
     assert experiments.get_profile("gpu").config.device == "cpu"
+    monkeypatch.setenv("GRPO_LAB_GPU_CONFIG", '{"micro_batch_size": 2, "precision": "float16"}')
+    c = experiments.get_profile("gpu").config
+    assert (c.micro_batch_size, c.precision, c.group_size) == (2, "float16", 8)
+    assert experiments.gpu_profile(micro_batch_size=1).config.micro_batch_size == 1  # keywords win
+    for bad, why in (("{micro_batch_size: 2}", "not JSON"), ('{"mb": 2}', "unknown: \\['mb'\\]"),
+                     ("[2]", "JSON object")):
+        monkeypatch.setenv("GRPO_LAB_GPU_CONFIG", bad)
+        with pytest.raises(ValueError, match=why):
+            experiments.get_profile("gpu")
+    monkeypatch.setenv("GRPO_LAB_GPU_CONFIG", '{"micro_batch_size": 0}')
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        experiments.get_profile("gpu")
     with pytest.raises(ValueError, match="non-empty"):
         experiments.gpu_profile(" ")
 
@@ -256,7 +268,7 @@ def test_a_summary_by_hand():
 
 
 def test_the_chapter_cell_shows_results_or_what_a_run_would_cost(chapter_run, tmp_path, capsys, monkeypatch):
-    for var in ("GRPO_LAB_GPU_MODEL", "GRPO_LAB_GSM8K_SOURCE", "GRPO_LAB_GPU_DEVICE"):
+    for var in ("GRPO_LAB_GPU_MODEL", "GRPO_LAB_GSM8K_SOURCE", "GRPO_LAB_GPU_DEVICE", "GRPO_LAB_GPU_CONFIG"):
         monkeypatch.delenv(var, raising=False)
     assert book.show_gpu_results("99_test", ["GRPO", "DAPO"], directory=tmp_path, too_small=("T4",)) is None
     text = capsys.readouterr().out
