@@ -462,6 +462,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--param {item!r}: VALUE must be a Python literal (quote strings: PROFILE='gpu')")
     if args.out is not None and len(args.notebooks) != 1:
         parser.error("--out takes one notebook")
+    if args.out is not None and not args.out.resolve().parent.is_dir():  # before hours of execution, not after
+        parser.error(f"--out {args.out}: the folder {args.out.resolve().parent} does not exist")
+    missing = [str(p) for p in args.notebooks if not p.is_file()]
+    if missing:
+        parser.error(f"no such notebook: {', '.join(missing)}")
     for nb_path in args.notebooks:
         seconds = execute_notebook(nb_path, timeout=args.timeout, kernel_name=args.kernel, params=params,
                                    out=args.out)

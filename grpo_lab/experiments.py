@@ -179,7 +179,8 @@ GPU_TEST_SIZE = 500
 
 
 def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.PathLike | None = None,
-                test_size: int | None = GPU_TEST_SIZE, steps: int = 60, **config: Any) -> Profile:
+                test_size: int | None = GPU_TEST_SIZE, steps: int = 60, environ: Mapping[str, str] | None = None,
+                **config: Any) -> Profile:
     """The ``"gpu"`` profile: a hub instruct model trained on GSM8K on one CUDA GPU.
 
     The model is :data:`GPU_MODEL` (``$GRPO_LAB_GPU_MODEL`` if set), loaded in float32 and trained
@@ -202,6 +203,9 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
         test_size: the first this many test problems (``None``: all); applies to the hub source
             only: any other source (the 8-problem fixture) is evaluated on its whole test split.
         steps: RL steps per seed.
+        environ: where the ``$GRPO_LAB_GPU_*`` and ``$GRPO_LAB_GSM8K_SOURCE`` variables are read
+            (default ``os.environ``; ``{}`` ignores them, as the import-time ``PROFILES["gpu"]`` does,
+            so that a bad variable breaks only the GPU profile).
         **config: :class:`~grpo_lab.trainer.TrainerConfig` fields that replace the defaults above
             (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
             default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
@@ -217,14 +221,15 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
         ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, or a
             ``$GRPO_LAB_GPU_CONFIG`` that is not a JSON object of known fields.
     """
-    model = str(model if model is not None else os.environ.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)
-    source = str(source if source is not None else os.environ.get("GRPO_LAB_GSM8K_SOURCE") or GPU_GSM8K_SOURCE)
+    env_ = os.environ if environ is None else environ
+    model = str(model if model is not None else env_.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)
+    source = str(source if source is not None else env_.get("GRPO_LAB_GSM8K_SOURCE") or GPU_GSM8K_SOURCE)
     if not model.strip() or not source.strip():
         raise ValueError(f"gpu_profile: model and source must be non-empty, got {model!r} and {source!r}")
     settings = dict(prompts_per_step=16, group_size=8, temperature=1.0, lr=1e-6, warmup=5, minibatches=2,
                     epochs=1, micro_batch_size=4, eval_every=10,
-                    device=os.environ.get("GRPO_LAB_GPU_DEVICE") or "cuda", precision="auto")
-    env = os.environ.get("GRPO_LAB_GPU_CONFIG")
+                    device=env_.get("GRPO_LAB_GPU_DEVICE") or "cuda", precision="auto")
+    env = env_.get("GRPO_LAB_GPU_CONFIG")
     if env:
         try:
             extra = json.loads(env)
@@ -242,7 +247,7 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
                    task_kwargs=task_kwargs)
 
 
-PROFILES["gpu"] = gpu_profile()
+PROFILES["gpu"] = gpu_profile(environ={})  # the defaults; get_profile("gpu") applies the environment
 
 
 def get_profile(name: str) -> Profile:

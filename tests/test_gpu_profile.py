@@ -163,6 +163,16 @@ def test_the_gpu_profile_names_its_model_in_one_place(monkeypatch):
     monkeypatch.setenv("GRPO_LAB_GPU_CONFIG", '{"micro_batch_size": 0}')
     with pytest.raises(ValueError, match="micro_batch_size"):
         experiments.get_profile("gpu")
+    # a bad variable breaks the GPU profile only: the CPU profile and a fresh import still work
+    monkeypatch.setenv("GRPO_LAB_GPU_CONFIG", "not json")
+    import subprocess
+    import sys
+
+    assert experiments.get_profile("cpu").name == "cpu"
+    assert experiments.gpu_profile(environ={}).config.micro_batch_size == 4
+    code = "import grpo_lab.experiments as e; print(e.PROFILES['gpu'].config.micro_batch_size)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "4", done.stderr
     with pytest.raises(ValueError, match="non-empty"):
         experiments.gpu_profile(" ")
 
@@ -322,6 +332,14 @@ def test_execute_command_line_refuses_a_non_literal_value(tmp_path, capsys):
     assert "Python literal" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         book._main(["execute", "a.ipynb", "b.ipynb", "--out", str(tmp_path / "o.ipynb")])
+    nb = tmp_path / "x.ipynb"
+    nb.write_text("{}")
+    with pytest.raises(SystemExit):  # refused before executing anything
+        book._main(["execute", str(nb), "--out", str(tmp_path / "no" / "such" / "o.ipynb")])
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        book._main(["execute", str(tmp_path / "missing.ipynb")])
+    assert "no such notebook" in capsys.readouterr().err
 
 
 def test_every_chapter_with_a_gsm8k_run_declares_the_gpu_parameters():
