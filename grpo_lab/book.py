@@ -236,12 +236,7 @@ def glue(name: str, value: Any, display: bool = False) -> None:
     if glue_fn is not None:
         glue_fn(name, value, display=display)
     elif display:
-        if _ipython_shell() is not None:
-            from IPython.display import display as ipy_display
-
-            ipy_display(value)
-        else:
-            print(value)
+        _show(value)
     _close_if_figure(value)
 
 
