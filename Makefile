@@ -34,8 +34,8 @@ unit: install
 nbval: install
 	$(PYTEST_NBVAL) -q $(NB)
 
-## gpu-dryrun: chapters 1-6 executed with PROFILE = "gpu" on CPU (a tiny stand-in model, one seed, one step) into
-## _build/gpu_dryrun: the profile switch, the GSM8K cell and its results file, without a GPU
+## gpu-dryrun: chapters 1-7 executed with PROFILE = "gpu" on CPU (a tiny stand-in model, one seed, one step) into
+## _build/gpu_dryrun: the profile switch, the hub-model cell and its results file, without a GPU
 gpu-dryrun: install
 	GRPO_LAB_PY=$(BIN)/python scripts/gpu_dryrun.sh _build/gpu_dryrun
 

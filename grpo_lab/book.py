@@ -39,6 +39,7 @@ __all__ = [
     "execute_notebook",
     "show_gpu_results",
     "gpu_time_table",
+    "CHAPTER_PROFILES",
 ]
 
 #: Environment variables set by :func:`setup_notebook`. They also take effect for libraries
@@ -161,7 +162,11 @@ def _inline_png() -> None:
         pass
 
 
-def setup_notebook(seed: int = 0, *, threads: int | None = None) -> None:
+#: The values of a chapter's ``PROFILE`` parameter.
+CHAPTER_PROFILES = ("cpu", "gpu")
+
+
+def setup_notebook(seed: int = 0, *, threads: int | None = None, profile: str | None = None) -> None:
     """Prepare a chapter's kernel: reproducible, quiet, book-styled. Prints nothing.
 
     Args:
@@ -171,6 +176,11 @@ def setup_notebook(seed: int = 0, *, threads: int | None = None) -> None:
         threads: If given, ``torch.set_num_threads(threads)``. ``None`` (default) leaves torch's
             choice alone; CPU results in this book are bit-identical across thread counts, but
             wall times are not.
+        profile: the chapter's ``PROFILE`` parameter, checked first (``None``: not checked).
+
+    Raises:
+        ValueError: ``profile`` is not one of :data:`CHAPTER_PROFILES` (a misspelled ``"GPU"``
+            would otherwise run the chapter as on CPU without a word).
 
     Effects:
 
@@ -182,6 +192,9 @@ def setup_notebook(seed: int = 0, *, threads: int | None = None) -> None:
 
     Returns ``None`` and writes nothing to stdout/stderr, so the setup cell has no output.
     """
+    if profile is not None and profile not in CHAPTER_PROFILES:
+        raise ValueError(f"PROFILE must be one of {CHAPTER_PROFILES} (set in the chapter's parameters cell), got "
+                         f"{profile!r}")
     _quiet_warnings()
     _quiet_huggingface()
     _seed_everything(seed)
@@ -241,11 +254,11 @@ def glue(name: str, value: Any, display: bool = False) -> None:
 
 
 def gpu_time_table(runs: int, *, steps: int | None = None, generation_factor: float = 1.0,
-                   train_factor: float = 1.0, too_small: Sequence[str] = ()) -> "Any":
-    """Expected wall time of ``runs`` runs of the ``"gpu"`` profile on a T4-class and an
-    H100-class GPU (:func:`grpo_lab.experiments.expected_gpu_minutes`, from assumed speeds, not
-    measurements), as a one-row DataFrame of hours rounded to 0.1; a GPU class in ``too_small``
-    reads "does not fit" instead (the run needs more memory than it has).
+                   train_factor: float = 1.0, too_small: Sequence[str] = (), profile: Any = None) -> "Any":
+    """Expected wall time of ``runs`` runs of the ``"gpu"`` profile (or ``profile``) on a
+    T4-class and an H100-class GPU (:func:`grpo_lab.experiments.expected_gpu_minutes`, from
+    assumed speeds, not measurements), as a one-row DataFrame of hours rounded to 0.1; a GPU class
+    in ``too_small`` reads "does not fit" instead (the run needs more memory than it has).
 
     Raises:
         ValueError: as :func:`grpo_lab.experiments.expected_gpu_minutes`.
@@ -254,7 +267,7 @@ def gpu_time_table(runs: int, *, steps: int | None = None, generation_factor: fl
 
     from grpo_lab import experiments
 
-    prof = experiments.get_profile("gpu")
+    prof = profile if profile is not None else experiments.get_profile("gpu")
     row = {f"{gpu}-class GPU (hours, estimated)": "does not fit" if gpu in too_small else
            round(experiments.expected_gpu_minutes(prof, runs, gpu, steps=steps, generation_factor=generation_factor,
                                                   train_factor=train_factor) / 60, 1)
@@ -266,8 +279,9 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
                      seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = None,
                      generation_factor: float = 1.0, train_factor: float = 1.0,
                      columns: Sequence[str] = ("test_accuracy",), too_small: Sequence[str] = (),
-                     directory: str | os.PathLike[str] | None = None) -> Any:
-    """A chapter's GSM8K results on the ``"gpu"`` profile, when they exist.
+                     directory: str | os.PathLike[str] | None = None, profile: Any = None) -> Any:
+    """A chapter's results on the ``"gpu"`` profile (GSM8K; chapter 7: next-token reasoning, with
+    ``profile=experiments.rpt_gpu_profile()``), when they exist.
 
     With ``<chapter>.json`` in :func:`grpo_lab.experiments.results_dir` (or ``directory``):
     checks the GPU facts (:func:`grpo_lab.experiments.check_gpu_results`; an ``AssertionError``
@@ -286,7 +300,7 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     from grpo_lab import experiments
 
     names = [a if isinstance(a, str) else a.name for a in algos]
-    prof = experiments.get_profile("gpu")
+    prof = profile if profile is not None else experiments.get_profile("gpu")
     steps = prof.steps if steps is None else steps
     loaded = experiments.load_chapter_gpu(chapter, directory)
     if loaded is None:
@@ -300,14 +314,22 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
         import textwrap
 
         table = gpu_time_table(len(names) * len(seeds), steps=steps, generation_factor=generation_factor,
-                               train_factor=train_factor, too_small=too_small)
+                               train_factor=train_factor, too_small=too_small, profile=prof)
+        kw = dict(prof.task_kwargs)
+        if prof.task == "next_token":
+            what = (f"next-token reasoning (the Python reference) from {prof.base}: {len(seeds)} seeds each, {steps} "
+                    f"steps of {prof.config.prompts_per_step} positions x G = {prof.config.group_size}, budget "
+                    f"{kw['max_new_tokens']} tokens, greedy and sampled next-token accuracy on "
+                    f"{experiments.RPT_GPU_TEST_SIZE} held-out positions every {prof.config.eval_every} steps; then "
+                    "continued next-token prediction at the same compute per seed")
+        else:
+            what = (f"GSM8K from {prof.base}: {len(seeds)} seeds each, {steps} steps of {prof.config.prompts_per_step} "
+                    f"questions x G = {prof.config.group_size}, budget {kw['max_new_tokens']} tokens, greedy test "
+                    f"accuracy on {kw['test_size'] or 'all'} test problems every {prof.config.eval_every} steps")
         text = (f"No GPU results for this chapter yet ({where}/{chapter}.json is absent). "
-                f"PROFILE = \"gpu\" trains {', '.join(names)} on GSM8K from {prof.base}: {len(seeds)} seeds each, "
-                f"{steps} steps of {prof.config.prompts_per_step} questions x G = {prof.config.group_size}, "
-                f"budget {dict(prof.task_kwargs)['max_new_tokens']} tokens, greedy test accuracy on "
-                f"{dict(prof.task_kwargs)['test_size'] or 'all'} test problems every {prof.config.eval_every} steps. "
+                f"PROFILE = \"gpu\" trains {', '.join(names)} on {what}. "
                 "Expected time, one run after the other (estimated from assumed speeds, not measured):")
-        print(textwrap.fill(text, width=100))
+        print(textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False))  # paths stay whole
         _show(table.set_index("runs"))
         return None
     results, prov = loaded

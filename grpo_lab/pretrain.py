@@ -48,7 +48,7 @@ import json
 import math
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -243,7 +243,8 @@ class _Corpus:
 
 
 def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size: int = 32, lr: float = 3e-4,
-                 seed: int = 0, recipe: str = "corpus", progress: bool = False) -> dict[str, list]:
+                 seed: int = 0, recipe: str = "corpus", progress: bool = False, p_format: float | None = None,
+                 precision: str = "float32") -> dict[str, list]:
     """Continue training a corpus model by next-token prediction, in place: chapter 7's
     *continued NTP* baseline (RPT's Eq. 1 on the text RPT trains on).
 
@@ -258,6 +259,13 @@ def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size:
         tokenizer: its tokenizer.
         steps: optimiser steps (``>= 0``).
         part: ``"rl"`` (default: the text RPT trains on), ``"pretrain"`` or ``"test"``.
+        p_format: the share of format windows (``None``: the recipe's); ``0`` for plain text only,
+            the continued pretraining of a model that did not learn the format from us (a hub model).
+        precision: the forward's autocast dtype, ``"float32"`` (none), ``"bfloat16"`` or
+            ``"float16"`` (with a gradient scaler; a step whose gradients overflow is skipped), as
+            :class:`~grpo_lab.trainer.TrainerConfig` ``precision`` (``"auto"`` resolved on the
+            policy's device by :func:`~grpo_lab.trainer.resolve_precision`). The weights stay
+            float32.
 
     Returns:
         ``{"loss": [...], "tokens": [...]}``: per step, the loss (nats per token) and the number of
@@ -283,24 +291,44 @@ def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size:
 
     if not isinstance(part, str) or part not in SPLIT_FRACTIONS:
         raise ValueError(f"continue_ntp: unknown part {part!r}; expected one of {list(SPLIT_FRACTIONS)}")
+    if p_format is not None:
+        if not (isinstance(p_format, (int, float)) and not isinstance(p_format, bool) and 0 <= p_format <= 1):
+            raise ValueError(f"continue_ntp: p_format must be a number in [0, 1] or None, got {p_format!r}")
+        r = replace(r, p_format=float(p_format))
+    from .trainer import resolve_precision
+
+    dtype = resolve_precision(precision, policy.device)
     corpus = _Corpus(r, tokenizer=tokenizer, part=part)
     _warn_if_other_corpus(corpus.docs)
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=r.weight_decay, betas=(0.9, 0.98))
+    scaler = torch.amp.GradScaler(policy.device.type, enabled=dtype == "float16")
     policy.train()
     out = {"loss": [], "tokens": []}
     for _ in range(steps):
         input_ids, attn, labels = corpus.batch(rng, batch_size)
         input_ids, attn, labels = (x.to(policy.device) for x in (input_ids, attn, labels))
-        loss = policy(input_ids=input_ids, attention_mask=attn, labels=labels, use_cache=False).loss
+        with _autocast(policy.device, dtype):
+            loss = policy(input_ids=input_ids, attention_mask=attn, labels=labels, use_cache=False).loss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(policy.parameters(), r.grad_clip)
-        opt.step()
+        scaler.step(opt)  # skipped when float16 gradients overflowed
+        scaler.update()
         out["loss"].append(float(loss.detach()))
         out["tokens"].append(int(attn.sum()))
     policy.eval()
     return out
+
+
+def _autocast(device: torch.device, dtype: str):
+    """``torch.autocast`` in ``dtype`` on ``device``'s type; a no-op for float32."""
+    import contextlib
+
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, dtype))
 
 
 def _warn_if_other_corpus(docs) -> None:
@@ -324,7 +352,9 @@ def _warn_if_other_corpus(docs) -> None:
 
 
 def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: float = 3e-4,
-                      temperature: float = 0.8, batch_size: int = 32, threads: int | None = 1) -> dict:
+                      temperature: float = 0.8, batch_size: int = 32, threads: int | None = 1,
+                      task_kwargs: dict | None = None, device: str = "cpu", precision: str = "float32",
+                      p_format: float | None = None) -> dict:
     """One seed of chapter 7's continued-NTP baseline, in a fresh process or this one: load
     ``base``, :func:`continue_ntp` for ``steps`` steps on the ``rl`` part, then evaluate on the
     :class:`~grpo_lab.tasks.NextTokenTask` test positions, greedy and sampled (one sample at
@@ -337,6 +367,10 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
         temperature: of the sampled evaluation (RPT's 0.8).
         threads: ``torch.set_num_threads`` for this process (left as set afterwards; ``None``
             leaves the setting alone).
+        task_kwargs: the :class:`~grpo_lab.tasks.NextTokenTask` settings of the evaluation
+            (default: the shipped task; a hub model's: ``tokenizer``, ``data``, ``chat``, ``max_new_tokens``).
+        device: where the model trains and is evaluated (loaded in float32).
+        precision, p_format: as :func:`continue_ntp` (the evaluation runs under the same autocast).
 
     Returns:
         ``{"seed", "steps", "tokens" (total real tokens trained on), "loss_last" (mean loss of
@@ -347,15 +381,20 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
     from .rollout import evaluate as evaluate_policy
     from .tasks.next_token import NextTokenTask
 
+    from .trainer import resolve_precision
+
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    policy, tokenizer = load_policy(checkpoint_dir(base) if checkpoint_dir(base).exists() else base)
-    log = continue_ntp(policy, tokenizer, steps=steps, seed=seed, lr=lr, batch_size=batch_size)
-    task = NextTokenTask()
-    _, frame = evaluate_policy(policy, tokenizer, task, greedy=True)
-    torch.manual_seed(seed)
-    _, sampled = evaluate_policy(policy, tokenizer, task, greedy=False, temperature=temperature)
+    policy, tokenizer = load_policy(checkpoint_dir(base) if checkpoint_dir(base).exists() else base, device=device,
+                                    dtype=torch.float32)
+    log = continue_ntp(policy, tokenizer, steps=steps, seed=seed, lr=lr, batch_size=batch_size, precision=precision,
+                       p_format=p_format)
+    task = NextTokenTask(**dict(task_kwargs or {}))
+    with _autocast(policy.device, resolve_precision(precision, policy.device)):
+        _, frame = evaluate_policy(policy, tokenizer, task, greedy=True)
+        torch.manual_seed(seed)
+        _, sampled = evaluate_policy(policy, tokenizer, task, greedy=False, temperature=temperature)
     return {"seed": seed, "steps": steps, "tokens": int(sum(log["tokens"])),
             "loss_last": float(np.mean(log["loss"][-10:])) if log["loss"] else float("nan"),
             "frame": frame, "sampled_frame": sampled}

@@ -5,15 +5,16 @@
 # and one step, 4 questions x G = 4 with a 32-token budget in bfloat16 autocast (GRPO_LAB_GPU_CONFIG),
 # with GRPO_LAB_GPU_DEVICE=cpu. It checks that every chapter switches profile cleanly: the
 # parameters reach the notebook, the toy experiments and their assertions run as on CPU, and the
-# GSM8K cell trains through experiments.run_chapter_gpu, writes its results file (marked dry_run) and
-# shows it. With the run cache warm (after `make nbval`), the toy runs are not trained again.
-# Usage: bash scripts/gpu_dryrun.sh [OUT_DIR [CHAPTER...]]   (default: _build/gpu_dryrun, chapters 1-6)
+# GSM8K cell trains through experiments.run_chapter_gpu (chapter 7: its next-token cell through
+# experiments.run_rpt_gpu, the task's data files built from the stand-in), writes its results file
+# (marked dry_run) and shows it. With the run cache warm (after `make nbval`), the toy runs are not trained again.
+# Usage: bash scripts/gpu_dryrun.sh [OUT_DIR [CHAPTER...]]   (default: _build/gpu_dryrun, chapters 1-7)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-_build/gpu_dryrun}
 shift || true
 CHAPTERS=("$@")
-(( ${#CHAPTERS[@]} )) || CHAPTERS=(01_grpo 02_dapo 03_dr_grpo 04_gspo 05_cispo 06_vapo)
+(( ${#CHAPTERS[@]} )) || CHAPTERS=(01_grpo 02_dapo 03_dr_grpo 04_gspo 05_cispo 06_vapo 07_rpt)
 PY=${GRPO_LAB_PY:-.venv/bin/python}  # not $PYTHON: the Makefile uses that name for the interpreter that builds .venv
 mkdir -p "$OUT"
 OUT_ABS=$(cd "$OUT" && pwd)

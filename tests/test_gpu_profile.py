@@ -161,7 +161,7 @@ def test_the_gpu_profile_names_its_model_in_one_place(monkeypatch):
         with pytest.raises(ValueError, match=why):
             experiments.get_profile("gpu")
     monkeypatch.setenv("GRPO_LAB_GPU_CONFIG", '{"micro_batch_size": 0}')
-    with pytest.raises(ValueError, match="micro_batch_size"):
+    with pytest.raises(ValueError, match="micro_batch_size.*GRPO_LAB_GPU_CONFIG"):  # names where the value came from
         experiments.get_profile("gpu")
     # a bad variable breaks the GPU profile only: the CPU profile and a fresh import still work
     monkeypatch.setenv("GRPO_LAB_GPU_CONFIG", "not json")
@@ -191,6 +191,24 @@ def test_expected_gpu_minutes_by_hand():
         experiments.expected_gpu_minutes(prof, 1, "A100")
     with pytest.raises(ValueError, match="runs"):
         experiments.expected_gpu_minutes(prof, 0, "T4")
+    for steps in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="steps"):
+            experiments.expected_gpu_minutes(prof, 1, "T4", steps=steps)
+
+
+def test_a_misspelled_chapter_profile_is_refused():
+    book.setup_notebook(seed=0, profile="gpu")
+    for bad in ("GPU", "cuda", ""):
+        with pytest.raises(ValueError, match="PROFILE must be one of"):
+            book.setup_notebook(seed=0, profile=bad)
+
+
+def test_a_gpu_model_that_cannot_be_loaded_names_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: the hub id cannot be found offline
+    prof = experiments.gpu_profile("grpo-lab-tests/not-a-model", source="fixture", device="cpu", steps=1)
+    with pytest.raises(OSError, match="GRPO_LAB_GPU_MODEL"):
+        experiments._train_one(GRPO, prof, 1, 0, False)
 
 
 # ------------------------------------------------------------------------- end to end on CPU
@@ -342,23 +360,26 @@ def test_execute_command_line_refuses_a_non_literal_value(tmp_path, capsys):
     assert "no such notebook" in capsys.readouterr().err
 
 
-def test_every_chapter_with_a_gsm8k_run_declares_the_gpu_parameters():
+def test_every_chapter_with_a_hub_model_run_declares_the_gpu_parameters():
     import ast
     from pathlib import Path
 
     import nbformat
 
     root = Path(__file__).resolve().parents[1] / "book"
-    for name in ("01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo"):
+    for name in ("01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo", "07_rpt"):
         nb = nbformat.read(root / f"{name}.ipynb", as_version=4)
         params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
         assigned = {t.id for n in ast.parse(params.source).body if isinstance(n, ast.Assign) for t in n.targets}
         assert {"PROFILE", "GPU_SEEDS", "GPU_STEPS", "GPU_N_JOBS"} <= assigned, name
-        calls = [c.source for c in nb.cells if f'run_chapter_gpu("{name}"' in c.source]
+        run = "run_rpt_gpu(" if name == "07_rpt" else f'run_chapter_gpu("{name}"'
+        calls = [c.source for c in nb.cells if c.cell_type == "code" and run in c.source]
         assert len(calls) == 1 and f'show_gpu_results("{name}"' in calls[0], name
-        # the toy experiments never read PROFILE: they are the CPU profile on every machine
+        # the toy experiments never read PROFILE (they are the CPU profile on every machine); the set-up
+        # cell checks its value, the hub-model cell reads it
         code = "\n".join(c.source for c in nb.cells if c.cell_type == "code" and c is not params)
-        assert code.count("PROFILE") == 1 and 'if PROFILE == "gpu":' in code, name
+        assert code.count("PROFILE") == 2 and 'if PROFILE == "gpu":' in code, name
+        assert "book.setup_notebook(seed=0, profile=PROFILE)" in code, name
 
 
 # ------------------------------------------------------------------------- CUDA
@@ -391,7 +412,6 @@ def test_the_readme_gpu_time_table_is_the_estimate():
     root = Path(__file__).resolve().parents[1]
     block = (root / "README.md").read_text().split("<!-- gpu-times:start -->")[1].split("<!-- gpu-times:end -->")[0]
     rows = {m[0]: (int(m[1]), m[2], m[3]) for m in re.findall(r"\| `(\w+)` \| (\d+) \| ([^|]+) \| ([^|]+) \|", block)}
-    prof = experiments.gpu_profile()
     seen = set()
     for twin in sorted((root / "book" / "_py").glob("0*.py")):
         tree = ast.parse(twin.read_text())
@@ -408,6 +428,7 @@ def test_the_readme_gpu_time_table_is_the_estimate():
         if call is None:
             continue
         seen.add(twin.stem)
+        prof = experiments.rpt_gpu_profile() if twin.stem == "07_rpt" else experiments.gpu_profile()
         runs = algos * seeds
         assert rows[twin.stem][0] == runs, twin.stem
         for gpu, shown in (("T4", rows[twin.stem][1]), ("H100", rows[twin.stem][2])):
@@ -417,7 +438,7 @@ def test_the_readme_gpu_time_table_is_the_estimate():
             hours = experiments.expected_gpu_minutes(prof, runs, gpu, generation_factor=call.get("generation_factor", 1.0),
                                                      train_factor=call.get("train_factor", 1.0)) / 60
             assert shown.strip() == f"{hours:.1f} h", (twin.stem, gpu)
-    assert seen == set(rows) == {"01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo"}
+    assert seen == set(rows) == {"01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo", "07_rpt"}
 
 
 def test_a_reward_signal_flows_through_the_gpu_profile_on_the_fixture(tiny_dir, tmp_path):

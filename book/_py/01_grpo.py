@@ -66,7 +66,7 @@ from grpo_lab.advantages import group_advantages
 from grpo_lab.algorithms import GRPO
 from grpo_lab.objectives import kl_estimate, policy_loss
 
-book.setup_notebook(seed=0)
+book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
 torch.set_default_dtype(torch.float32)
 

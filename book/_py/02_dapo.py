@@ -78,7 +78,7 @@ from grpo_lab.tasks.arithmetic import reasoning_response
 from grpo_lab.trainer import Trainer
 from IPython.display import display
 
-book.setup_notebook(seed=0)
+book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
 
 # %% [markdown]

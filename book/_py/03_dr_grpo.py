@@ -69,7 +69,7 @@ from grpo_lab.mhc import product_gain, sinkhorn_knopp
 from grpo_lab.objectives import kl_estimate, offpolicy_sequence_mask, policy_loss
 from grpo_lab.rollout import generate
 
-book.setup_notebook(seed=0)
+book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
 
 # %% [markdown]

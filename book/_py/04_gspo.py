@@ -72,7 +72,7 @@ from grpo_lab.rollout import policy_logprobs
 from grpo_lab.tasks import get_task
 from grpo_lab.trainer import Trainer
 
-book.setup_notebook(seed=0)
+book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
 
 # %% [markdown]

@@ -51,9 +51,12 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, "/content/grpo_lab")
 
 # %% tags=["parameters"]
-PROFILE = "cpu"  # "gpu" runs the same toy experiment: this chapter has no hub-model run yet (§7.7)
+PROFILE = "cpu"  # "gpu": also train §7.7's next-token reasoning run on a hub instruct model (CUDA)
 SEEDS = (0, 1, 2, 3, 4)
 N_JOBS = 2  # worker processes; results do not depend on it
+GPU_SEEDS = (0, 1, 2, 3, 4)  # the hub-model runs (PROFILE = "gpu" only)
+GPU_STEPS = None  # None: the profile's 60 steps
+GPU_N_JOBS = 1  # RPT runs at a time, processes sharing the GPU
 
 # %% tags=["hide-input"]
 import dataclasses
@@ -80,7 +83,7 @@ from grpo_lab.tasks import NextTokenTask
 from grpo_lab.tasks.next_token import (ENTROPY_THRESHOLDS, SPLIT_FRACTIONS, THINK_CLOSE, entropy_split, load_corpus,
                                        parse_prediction, split_corpus)
 
-book.setup_notebook(seed=0)
+book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
 policy, tok = load_policy(checkpoint_dir("corpus-base"))
 task = NextTokenTask()
@@ -341,7 +344,7 @@ STEPS = 16
 EVAL_EVERY = 4
 P = 8  # questions per step; G = 8 (RPT_SAMPLING)
 MIN_ENTROPY = ENTROPY_THRESHOLDS["easy"]
-base_profile = experiments.get_profile("cpu")  # on every machine (§7.7 says why there is no GPU run)
+base_profile = experiments.get_profile("cpu")  # on every machine: the hub-model run is §7.7's
 LR = base_profile.config.lr  # the book's learning rate (every chapter's profile)
 profile = dataclasses.replace(
     base_profile, name="rpt-cpu", base="corpus-base", task="next_token", steps=STEPS,
@@ -655,15 +658,42 @@ with pd.option_context("display.max_colwidth", None):
 # applies Eq. (3) to token boundaries of the reference. `grpo_lab.export` translates the `RPT`
 # preset like any GRPO variant without KL.
 #
-# **On a GPU.** This is the one chapter whose `PROFILE = "gpu"` trains no hub model: it runs the
-# same toy experiment as on CPU (so every assertion above still holds). A real reproduction needs a
-# reasoning model (the paper's 14B, or a small distilled reasoner) whose thinking can change its
-# prediction, and next-token positions in that model's tokens: the reward and the preset work with
-# any tokenizer, but the task's data files hold `corpus-base`'s token ids and 32-token contexts and
-# its entropy filter needs a proxy model that shares the tokenizer, so another model needs them
-# rebuilt (`build_task_data` with its proxy and tokenizer), which `grpo_lab` does not do for hub
-# models yet. No GPU results for this chapter are stored in `data/results/gpu/`.
+# **On a GPU.** With `PROFILE = "gpu"` the next cell runs this chapter's comparison with the hub
+# instruct model of `experiments.GPU_MODEL` (`experiments.run_rpt_gpu`, profile
+# `experiments.rpt_gpu_profile`):
 #
+# 1. **Data.** The same corpus and split, cut into the model's own tokens, with the model as its own
+#    entropy proxy (`next_token.build_hub_task_data`; the paper's proxy is a smaller model of the same
+#    family, and a 0.5B model has none). The files are written next to the results.
+# 2. **Prompt.** An instruct model has never seen the bare `context<think>` format, so the context
+#    goes into its chat template after an instruction that asks for the prediction right after
+#    `</think>` (`next_token.CHAT_INSTRUCTION`). The assistant's turn opens with `<think>`, and the
+#    reward is Eq. {eq}`eq-rpt-reward` unchanged.
+# 3. **RPT.** The `RPT` preset, 16 positions × 8 samples at T = 0.8, lr 1e-6, a 256-token budget,
+#    positions of proxy entropy ≥ 0.5 nats, `GPU_SEEDS` seeds.
+# 4. **Continued NTP.** For each seed, continued next-token prediction on plain 64-token windows
+#    of the same `rl` text at the same compute (`experiments.rl_compute_units`).
+#
+# Both are evaluated greedy and sampled on 500 held-out positions. The run writes
+# `data/results/gpu/07_rpt.json` with its provenance. On every machine the cell then shows that file
+# when it is present, after asserting the facts every GPU run must show
+# (`experiments.check_gpu_results`); the toy experiments above run on the CPU profile on every
+# machine.
+#
+# What the run can show: what the objective does to a real model's next-token accuracy at matched
+# compute, and whether the model takes up the format at all (a group whose eight samples all miss
+# is tied and teaches nothing). What it cannot show: the paper's gains from reasoning, which need a
+# model that reasons (the paper's is R1-Distill-Qwen-14B, with 8,192 tokens to think).
+
+# %%
+GPU_ALGOS = [RPT]
+gpu_rpt_profile = experiments.rpt_gpu_profile()
+if PROFILE == "gpu":
+    experiments.run_rpt_gpu(seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS, profile=gpu_rpt_profile)
+gpu_summary = book.show_gpu_results("07_rpt", GPU_ALGOS, baseline="continued NTP", seeds=GPU_SEEDS, steps=GPU_STEPS,
+                                    columns=("test_accuracy", "test_accuracy_sampled"), profile=gpu_rpt_profile)
+
+# %% [markdown]
 # ## 7.8 Takeaways
 #
 # * RPT's objective is the expected prefix-matching reward, optimised by GRPO with no KL and no

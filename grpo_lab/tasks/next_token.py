@@ -33,13 +33,22 @@ by the tests): ``data/tasks/next_token_train.safetensors`` (the token ids of the
 the proxy entropy of each position) and ``data/tasks/next_token_test.jsonl`` (the fixed held-out
 test positions). The tokenizer is the byte-level BPE of the ``corpus-base`` checkpoint
 (:func:`grpo_lab.models.train_bpe_tokenizer`), trained on the ``pretrain`` part only.
+
+**A hub model** (chapter 7's GPU run). The same corpus, split and files, tokenised by the hub
+model's own tokenizer and scored by the model itself as the proxy: :func:`build_hub_task_data`
+writes them into a directory of their own, which ``NextTokenTask(tokenizer=<model>, data=<dir>)``
+reads. An instruct model has never seen the bare ``context<think>`` format, so ``chat=True`` puts
+the context into its chat template with :data:`CHAT_INSTRUCTION` and opens the assistant's turn with
+``<think>``; the completion, the prediction and the reward are exactly as above.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -52,7 +61,7 @@ from ..paths import checkpoint_dir, data_dir, missing_data_hint
 from ..rewards import prefix_match_reward
 from .base import Problem, load_problems
 
-__all__ = ["THINK_OPEN", "THINK_CLOSE", "ENTROPY_THRESHOLDS", "load_corpus", "corpus_sha256", "split_corpus",
+__all__ = ["THINK_OPEN", "THINK_CLOSE", "ENTROPY_THRESHOLDS", "CHAT_INSTRUCTION", "build_hub_task_data", "load_corpus", "corpus_sha256", "split_corpus",
            "token_strings", "char_start_mask", "top_k_entropy", "entropy_split", "next_token_prompt", "parse_prediction",
            "NextTokenTask", "proxy_entropies", "tokenizer_sha256", "SPLIT_FRACTIONS", "corpus_chunks", "build_task_data", "TRAIN_FILE", "TEST_FILE"]
 
@@ -65,8 +74,18 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 #: proxy's entropies are on a different scale from a 1.5B model's (chapter 7 shows both).
 ENTROPY_THRESHOLDS: dict[str, float] = {"easy": 0.5, "medium": 1.0, "hard": 1.5}
 
-#: The task's data files, under ``<data_dir>/tasks``.
+#: The task's data files, under ``<data_dir>/tasks`` (or ``NextTokenTask.data``).
 TRAIN_FILE, TEST_FILE = "next_token_train.safetensors", "next_token_test.jsonl"
+
+#: The user turn of the chat format (``NextTokenTask(chat=True)``) before the context; ours, written
+#: for an instruct model that has not seen RPT's format (the paper's R1-Distill model is prompted
+#: with the bare text). It asks for the format the reward reads: the prediction right after
+#: ``</think>``, byte for byte, a leading space included.
+CHAT_INSTRUCTION = (
+    "Predict how the passage below continues. Reason inside <think> ... </think> (as briefly as you like), then, "
+    "right after </think>, write the next word or words of the passage exactly as they follow its last "
+    "character, starting with a space if the continuation starts with one, and write nothing else. For the "
+    "passage 'The cat sat on the' the answer is '<think>a place to sit</think> mat'.\n\nPassage:\n")
 
 
 def load_corpus() -> dict[str, str]:
@@ -282,13 +301,24 @@ def parse_prediction(completion: str) -> str | None:
 
 @lru_cache(maxsize=4)
 def _load_tokenizer(name: str):
+    """The tokenizer of a shipped checkpoint (a bare name such as ``"corpus-base"``), of a local
+    directory, or of a hub id ``"org/name"`` (as :func:`grpo_lab.models.load_policy` loads it)."""
+    from ..models import _HUB_ID
     from ..models import _load_tokenizer as load
 
-    path = checkpoint_dir(name)
-    if not (path / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"NextTokenTask: the tokenizer of checkpoint {name!r} was not found at {path} "
-                                f"(python -m grpo_lab.pretrain corpus makes it); {missing_data_hint()}")
-    return load(str(path))
+    local = Path(name).expanduser()
+    if os.sep not in name and "/" not in name and not local.is_dir():
+        path = checkpoint_dir(name)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"NextTokenTask: the tokenizer of checkpoint {name!r} was not found at {path} "
+                                    f"(python -m grpo_lab.pretrain corpus makes it); {missing_data_hint()}")
+        return load(str(path))
+    if local.is_dir():
+        return load(str(local))
+    if _HUB_ID.match(name) and not name.startswith((".", "/", "~")):
+        return load(name)
+    raise FileNotFoundError(f"NextTokenTask: tokenizer {name!r} is neither a shipped checkpoint, an existing directory "
+                            "nor a hub id 'org/name'")
 
 
 @lru_cache(maxsize=4)
@@ -298,7 +328,9 @@ def _load_train(path: str):
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"NextTokenTask: the training positions {path} were not found (python -m "
-                                f"grpo_lab.pretrain corpus-proxy writes them); {missing_data_hint()}")
+                                f"grpo_lab.pretrain corpus-proxy writes the shipped ones, "
+                                f"grpo_lab.tasks.next_token.build_hub_task_data those of a hub model); "
+                                f"{missing_data_hint()}")
     d = load_file(path)
     with safe_open(path, "pt") as f:
         meta = dict(f.metadata() or {})
@@ -328,7 +360,12 @@ class NextTokenTask:
         min_entropy: training samples only positions whose proxy top-16 entropy is at least this
             (nats; RPT §3.3 drops low-entropy positions); 0 keeps every position.
         tokenizer: the checkpoint whose tokenizer split the corpus into the data files
-            (``corpus-base``; another tokenizer is refused when the data is first read).
+            (``corpus-base``; another tokenizer is refused when the data is first read): a shipped
+            checkpoint's name, a local directory or a hub id.
+        data: the directory of the data files (``None``: ``<data_dir>/tasks``, the shipped ones);
+            :func:`grpo_lab.tasks.next_token.build_hub_task_data` writes them for a hub model.
+        chat: prompts in the tokenizer's chat template (:meth:`format_prompt`), for an instruct
+            model; ``False``: the bare ``context<think>`` of RPT §3.1.
 
     ``Problem.meta`` holds ``reference_tokens`` (list of str), ``entropy`` (the proxy's, nats) and
     ``position``; ``Problem.answer`` is the reference continuation's text.
@@ -338,7 +375,8 @@ class NextTokenTask:
 
     Raises:
         ValueError: settings out of range (at construction); a ``context_tokens`` or tokenizer
-            the data files were not built for (when the data is first read).
+            the data files were not built for (when the data is first read); ``chat=True`` with a
+            tokenizer that has no chat template (at the first prompt).
     """
 
     name: str = "next_token"
@@ -347,8 +385,18 @@ class NextTokenTask:
     reference_tokens: int = 8
     min_entropy: float = 0.0
     tokenizer: str = "corpus-base"
+    data: str | None = None
+    chat: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.tokenizer, str) or not self.tokenizer.strip():
+            raise ValueError(f"NextTokenTask: tokenizer must be a non-empty str, got {self.tokenizer!r}")
+        if self.data is not None:
+            if not isinstance(self.data, (str, os.PathLike)) or not str(self.data).strip():
+                raise ValueError(f"NextTokenTask: data must be a directory path or None, got {self.data!r}")
+            self.data = str(self.data)  # a str, so that the task stays a dataclass of JSON-able settings
+        if not isinstance(self.chat, bool):
+            raise ValueError(f"NextTokenTask: chat must be a bool, got {self.chat!r}")
         for f in ("max_new_tokens", "context_tokens", "reference_tokens"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -361,8 +409,28 @@ class NextTokenTask:
     def _tok(self):
         return _load_tokenizer(self.tokenizer)
 
+    def data_path(self) -> Path:
+        """The directory of the task's data files: ``data``, or ``<data_dir>/tasks``."""
+        return Path(self.data).expanduser() if self.data is not None else data_dir() / "tasks"
+
+    def format_prompt(self, context: str) -> str:
+        """The prompt for a context: ``context + "<think>"``; with ``chat``, the tokenizer's chat
+        template applied to the user turn ``CHAT_INSTRUCTION + context``, with the assistant's
+        generation prompt, then ``<think>`` (the assistant's turn opens the thinking span).
+
+        Raises:
+            ValueError: ``chat`` and a tokenizer without a chat template.
+        """
+        if not self.chat:
+            return next_token_prompt(context)
+        tok = self._tok()
+        if not getattr(tok, "chat_template", None):
+            raise ValueError(f"NextTokenTask: chat=True, but the tokenizer {self.tokenizer!r} has no chat template")
+        return tok.apply_chat_template([{"role": "user", "content": CHAT_INSTRUCTION + context}], tokenize=False,
+                                       add_generation_prompt=True) + THINK_OPEN
+
     def _train(self):
-        ids, ent, meta = _load_train(str(data_dir() / "tasks" / TRAIN_FILE))
+        ids, ent, meta = _load_train(str(self.data_path() / TRAIN_FILE))
         self._check_data(meta)
         return ids, ent
 
@@ -407,7 +475,7 @@ class NextTokenTask:
             if ref or len(window) < n or n >= self.reference_tokens + 3:
                 break
             n += 1
-        return Problem(next_token_prompt(context), "".join(ref),
+        return Problem(self.format_prompt(context), "".join(ref),
                        {"reference_tokens": ref, "entropy": round(float(entropy), 4), "position": int(t)})
 
     # ----------------------------------------------------------------- protocol
@@ -468,13 +536,17 @@ class NextTokenTask:
         return THINK_CLOSE in completion and bool(completion.split(THINK_CLOSE, 1)[0].strip())
 
     def test_set(self) -> list[Problem]:
-        """The fixed held-out positions of ``data/tasks/next_token_test.jsonl``.
+        """The fixed held-out positions of ``next_token_test.jsonl`` in :meth:`data_path`. The file
+        stores the bare prompts (``context<think>``); with ``chat`` each is put in the chat format.
 
         Raises:
             FileNotFoundError: the file is missing (the message names the command that writes it).
         """
         self._train()  # checks context_tokens and the tokenizer against the data files
-        return list(_load_test(str(data_dir() / "tasks" / TEST_FILE)))
+        problems = list(_load_test(str(self.data_path() / TEST_FILE)))
+        if self.chat:
+            problems = [Problem(self.format_prompt(p.prompt[:-len(THINK_OPEN)]), p.answer, p.meta) for p in problems]
+        return problems
 
 
 @lru_cache(maxsize=8)
@@ -488,7 +560,7 @@ def _eligible_key(path: str, context_tokens: int, reference_tokens: int, min_ent
 
 def _eligible_cached(task: NextTokenTask) -> np.ndarray:
     task._train()  # checks the settings against the data files
-    pos = _eligible_key(str(data_dir() / "tasks" / TRAIN_FILE), task.context_tokens, task.reference_tokens,
+    pos = _eligible_key(str(task.data_path() / TRAIN_FILE), task.context_tokens, task.reference_tokens,
                         float(task.min_entropy))
     if len(pos) == 0:
         raise ValueError(f"NextTokenTask: no training position has proxy entropy >= {task.min_entropy}")
@@ -499,7 +571,8 @@ def _eligible_cached(task: NextTokenTask) -> np.ndarray:
 def _load_test(path: str) -> tuple[Problem, ...]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"NextTokenTask: the test positions {path} were not found (python -m grpo_lab.pretrain "
-                                f"corpus-proxy writes them); {missing_data_hint()}")
+                                f"corpus-proxy writes the shipped ones, grpo_lab.tasks.next_token.build_hub_task_data "
+                                f"those of a hub model); {missing_data_hint()}")
     return tuple(load_problems(path))
 
 
@@ -511,6 +584,9 @@ def proxy_entropies(model, ids: Sequence[int], positions: Sequence[int], *, cont
     ``ids``, given the ``context_tokens`` tokens before it (exactly the task's prompt context,
     without ``<think>``).
 
+    The contexts go to the model's device in batches of ``batch_size`` (a batch's logits are
+    ``batch_size × context_tokens × V`` floats: use a smaller batch for a large vocabulary).
+
     Returns:
         float32 ``[len(positions)]`` array.
     """
@@ -518,21 +594,24 @@ def proxy_entropies(model, ids: Sequence[int], positions: Sequence[int], *, cont
     positions = np.asarray(positions, dtype=np.int64)
     out = np.empty(len(positions), dtype=np.float32)
     offs = torch.arange(-context_tokens, 0)
+    device = next(model.parameters()).device
     model.eval()
     for s in range(0, len(positions), batch_size):
         p = torch.as_tensor(positions[s:s + batch_size])
-        x = ids_t[p[:, None] + offs[None, :]]
+        x = ids_t[p[:, None] + offs[None, :]].to(device)
         logits = model(input_ids=x, use_cache=False).logits[:, -1]
-        out[s:s + len(p)] = top_k_entropy(logits, k).numpy()
+        out[s:s + len(p)] = top_k_entropy(logits, k).cpu().numpy()
     return out
 
 
 def build_task_data(proxy, tokenizer, out: str | Path, *, context_tokens: int = 32, reference_tokens: int = 8,
-                    test_size: int = 600, seed: int = 0) -> dict:
+                    test_size: int = 600, seed: int = 0, batch_size: int = 512) -> dict:
     """Write the task's data files into ``out`` (normally ``data/tasks``): the ``rl`` part's token
     stream (its chunks in corpus order, each followed by EOS) with the proxy's entropy at every
     position that has a full context within its chunk and starts a character (NaN elsewhere), and
     ``test_size`` positions drawn uniformly (seeded) from the eligible positions of the ``test`` part.
+
+    ``batch_size``: contexts per proxy forward (:func:`proxy_entropies`).
 
     Returns:
         a summary (token counts, the split, the corpus hash, entropy quantiles).
@@ -558,7 +637,7 @@ def build_task_data(proxy, tokenizer, out: str | Path, *, context_tokens: int = 
     tr_ok[len(tr_ids) - reference_tokens:] = False
     ent = np.full(len(tr_ids), np.nan, dtype=np.float32)
     pos = np.flatnonzero(tr_ok)
-    ent[pos] = proxy_entropies(proxy, tr_ids, pos, context_tokens=context_tokens)
+    ent[pos] = proxy_entropies(proxy, tr_ids, pos, context_tokens=context_tokens, batch_size=batch_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file({"ids": torch.as_tensor(tr_ids.astype(np.int32)), "entropy": torch.as_tensor(ent)},
@@ -570,7 +649,7 @@ def build_task_data(proxy, tokenizer, out: str | Path, *, context_tokens: int = 
     cand = np.flatnonzero(te_ok)
     rng = np.random.default_rng(seed)
     picks = np.sort(rng.choice(cand, size=min(test_size, len(cand)), replace=False))
-    te_ent = proxy_entropies(proxy, te_ids, picks, context_tokens=context_tokens)
+    te_ent = proxy_entropies(proxy, te_ids, picks, context_tokens=context_tokens, batch_size=batch_size)
     task = NextTokenTask(context_tokens=context_tokens, reference_tokens=reference_tokens)
     task._tok = lambda: tokenizer  # type: ignore[method-assign]  # build before the checkpoint exists
     problems = [task.problem_at(te_ids, int(t), float(e)) for t, e in zip(picks, te_ent)]
@@ -582,3 +661,37 @@ def build_task_data(proxy, tokenizer, out: str | Path, *, context_tokens: int = 
     return {"corpus_sha256": corpus_sha256(docs), "split": {p: [k for k, _ in c] for p, c in parts.items()},
             "train_tokens": int(len(tr_ids)), "train_positions": int(len(pos)), "test_positions": len(problems),
             "train_entropy_quantiles": [round(float(v), 4) for v in q]}
+
+
+def build_hub_task_data(model: str | os.PathLike, out: str | Path, *, device: str = "cpu", context_tokens: int = 32,
+                        reference_tokens: int = 8, test_size: int = 600, seed: int = 0, batch_size: int = 32) -> dict:
+    """Write the task's data files for a hub model (or a local directory in the hub layout) into
+    ``out``: :func:`build_task_data` with the model's own tokenizer, and the model as its own
+    entropy proxy (RPT §3.3 uses a smaller model of the same family, R1-Distill-Qwen-1.5B for the
+    14B; a 0.5B model has no smaller sibling, and the filter only needs a ranking of positions by
+    difficulty). Also writes ``summary.json`` (the model, the summary). Read the files with
+    ``NextTokenTask(tokenizer=model, data=out, chat=True)``.
+
+    Args:
+        model: a hub id or a local directory, loaded in float32 with :func:`grpo_lab.models.load_policy`.
+        out: the directory (created).
+        device: where the proxy runs (``"cuda"`` on a GPU: the ``rl`` part is tens of thousands of
+            positions of ``context_tokens`` tokens each).
+        context_tokens, reference_tokens, test_size, seed: as :func:`build_task_data`.
+        batch_size: contexts per proxy forward (its logits are ``batch_size × context_tokens × V``
+            floats: 32 × 32 × 151,936 × 4 bytes = 0.6 GB for Qwen2.5).
+
+    Returns:
+        :func:`build_task_data`'s summary, with ``model``.
+
+    Raises:
+        FileNotFoundError, OSError, ValueError: as :func:`grpo_lab.models.load_policy`.
+    """
+    from ..models import load_policy
+
+    proxy, tokenizer = load_policy(model, device=device, dtype=torch.float32)
+    summary = build_task_data(proxy, tokenizer, out, context_tokens=context_tokens, reference_tokens=reference_tokens,
+                              test_size=test_size, seed=seed, batch_size=batch_size)
+    summary = {"model": str(model), "proxy": str(model), **summary}
+    (Path(out) / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "split"}, indent=1))
+    return summary

@@ -1,0 +1,160 @@
+"""Chapter 7 on a hub model: NextTokenTask with a hub-layout tokenizer, its own data directory and
+the chat format; build_hub_task_data; continued NTP in plain text and low precision; run_rpt_gpu
+end to end on CPU with the tiny hub-layout stand-in (tests/_hub_fixture.py, random weights)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _hub_fixture as H  # noqa: E402
+
+from grpo_lab import book, experiments  # noqa: E402
+from grpo_lab.models import load_policy  # noqa: E402
+from grpo_lab.pretrain import continue_ntp  # noqa: E402
+from grpo_lab.tasks.next_token import (CHAT_INSTRUCTION, TEST_FILE, TRAIN_FILE, THINK_OPEN, NextTokenTask,  # noqa: E402
+                                       build_hub_task_data)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """The stand-in model and its next-token data (12 test positions)."""
+    root = tmp_path_factory.mktemp("rpt-hub")
+    model = H.write_tiny_instruct_model(root / "standin")
+    summary = build_hub_task_data(model, root / "data", test_size=12)
+    return model, root / "data", summary
+
+
+def test_build_hub_task_data_writes_the_files_in_the_models_tokens(hub):
+    model, data, summary = hub
+    assert (data / TRAIN_FILE).is_file() and (data / TEST_FILE).is_file()
+    on_disk = json.loads((data / "summary.json").read_text())
+    assert on_disk["model"] == on_disk["proxy"] == str(model) and on_disk["test_positions"] == 12
+    assert summary["train_positions"] > 1000 and "split" not in on_disk
+    q = summary["train_entropy_quantiles"]
+    assert all(0 <= v <= np.log(16) + 1e-6 for v in q) and q == sorted(q)
+    # the shipped task's tokenizer did not cut these ids: refused by the tokenizer hash
+    with pytest.raises(ValueError, match="tokenizer_sha256"):
+        NextTokenTask(data=str(data)).test_set()
+
+
+def test_the_raw_and_chat_formats_of_the_same_position(hub):
+    model, data, _ = hub
+    raw = NextTokenTask(tokenizer=str(model), data=str(data))
+    chat = NextTokenTask(tokenizer=str(model), data=str(data), chat=True)
+    r, c = raw.test_set()[0], chat.test_set()[0]
+    context = r.prompt[:-len(THINK_OPEN)]
+    assert r.prompt.endswith(THINK_OPEN) and r.answer == c.answer and r.meta == c.meta
+    # the ChatML template of the stand-in (Qwen2.5's form: a default system turn), then <think>
+    assert c.prompt == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+                        + CHAT_INSTRUCTION + context + "<|im_end|>\n<|im_start|>assistant\n" + THINK_OPEN)
+    sampled = chat.sample(3, np.random.default_rng(0))
+    assert all(p.prompt.endswith("<|im_start|>assistant\n" + THINK_OPEN) for p in sampled)
+    # the reward reads the completion only, unchanged by the format
+    assert chat.reward("</think>" + c.meta["reference_tokens"][0], c) == 1.0
+    assert chat.reward(c.prompt + "</think>", c) == 0.0
+
+
+def test_bad_settings_are_refused():
+    for kwargs, why in (({"data": ""}, "data must be"), ({"chat": "yes"}, "chat must be a bool"),
+                        ({"tokenizer": ""}, "tokenizer must be")):
+        with pytest.raises(ValueError, match=why):
+            NextTokenTask(**kwargs)
+    with pytest.raises(ValueError, match="no chat template"):  # the shipped corpus tokenizer has none
+        NextTokenTask(chat=True).format_prompt("some text")
+    with pytest.raises(FileNotFoundError, match="build_hub_task_data"):
+        NextTokenTask(data="/nonexistent/dir").test_set()
+    with pytest.raises(FileNotFoundError, match="neither a shipped checkpoint"):
+        NextTokenTask(tokenizer="./no/such/dir")._tok()
+
+
+def test_continued_ntp_in_plain_text_and_bfloat16(hub):
+    model, _, _ = hub
+    policy, tok = load_policy(model)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    log = continue_ntp(policy, tok, steps=2, batch_size=3, lr=1e-3, p_format=0.0, precision="bfloat16")
+    assert log["tokens"] == [3 * 64, 3 * 64]  # plain windows only, all full (no format rows, no padding)
+    assert all(np.isfinite(log["loss"]))
+    assert all(p.dtype == torch.float32 for p in policy.parameters())  # autocast, float32 weights
+    assert any(not torch.equal(before[k], v) for k, v in policy.state_dict().items())
+    with pytest.raises(ValueError, match="p_format"):
+        continue_ntp(policy, tok, steps=1, p_format=1.5)
+
+
+def test_rl_compute_units_by_hand():
+    h = pd.DataFrame({"seed": [0, 0, 0, 1, 1, 1], "step": [0, 1, 2, 0, 1, 2],
+                      "length": [np.nan, 3.0, 5.0, np.nan, 4.0, 4.0]})
+    # seed 0: 4 * 2 * 2 * ((10 + 3) + (10 + 5)) = 448; seed 1: 4 * 4 * (14 + 14) = 448 (hand arithmetic)
+    units = experiments.rl_compute_units(h, 10.0, 2, 2)
+    assert units.to_dict() == {0: 448.0, 1: 448.0}
+
+
+def test_the_rpt_gpu_profile(monkeypatch):
+    for var in ("GRPO_LAB_GPU_MODEL", "GRPO_LAB_GPU_CONFIG", "GRPO_LAB_RPT_DATA", "GRPO_LAB_RESULTS_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    prof = experiments.rpt_gpu_profile()
+    kw = dict(prof.task_kwargs)
+    assert prof.base == experiments.GPU_MODEL and prof.task == "next_token" and prof.steps == 60
+    assert kw["tokenizer"] == experiments.GPU_MODEL and kw["chat"] is True and kw["max_new_tokens"] == 256
+    assert Path(kw["data"]) == experiments.results_dir() / "next_token" / "Qwen--Qwen2.5-0.5B-Instruct"
+    c = prof.config
+    assert (c.group_size, c.temperature, c.lr, c.minibatches, c.eval_sampled) == (8, 0.8, 1e-6, 1, True)
+    monkeypatch.setenv("GRPO_LAB_GPU_CONFIG", '{"group_size": 4}')  # the environment beats the defaults ...
+    assert experiments.rpt_gpu_profile().config.group_size == 4
+    assert experiments.rpt_gpu_profile(group_size=2).config.group_size == 2  # ... and keywords beat both
+    monkeypatch.setenv("GRPO_LAB_RPT_DATA", "/data/rpt")
+    assert dict(experiments.rpt_gpu_profile().task_kwargs)["data"] == "/data/rpt"
+    # the estimate counts the sampled evaluation twice: one more evaluation pass per evaluation
+    prof = experiments.rpt_gpu_profile(eval_every=60)
+    plain = experiments.rpt_gpu_profile(eval_every=60, eval_sampled=False)
+    # 2 evaluations (steps 0 and 60) x ceil(500 / 256) = 2 batches x 256 decoding steps x 0.020 s (H100)
+    extra = experiments.expected_gpu_minutes(prof, 1, "H100") - experiments.expected_gpu_minutes(plain, 1, "H100")
+    assert extra == pytest.approx(2 * 2 * 256 * 0.020 / 60)
+
+
+def test_run_rpt_gpu_end_to_end_on_cpu(hub, tmp_path):
+    model, data, _ = hub
+    prof = experiments.rpt_gpu_profile(model, data=data, device="cpu", steps=2, prompts_per_step=2, group_size=2,
+                                       max_new_tokens=8, eval_every=1, precision="bfloat16", environ={})
+    grid = experiments.run_rpt_gpu(seeds=(0, 1), profile=prof, ntp_batch_size=2, out=tmp_path / "07_rpt.json")
+    assert set(grid) == {"RPT", "continued NTP"}
+    loaded = experiments.load_chapter_gpu("07_rpt", tmp_path)
+    assert loaded is not None
+    results, prov = loaded
+    experiments.check_gpu_results(results, prov)  # the baseline is held to the facts on accuracies only
+    assert prov["complete"] and prov["dry_run"] and prov["task"] == "next_token"
+    assert prov["task_data"]["test_positions"] == 12
+    ntp, rpt = results["continued NTP"], results["RPT"]
+    assert ntp.provenance["baseline"] is True
+    # its base is the RPT run's base evaluation of the same seed; its final row sits at the last RL step
+    assert ntp.base().equals(rpt.base())
+    assert ntp.history.groupby("seed")["step"].max().tolist() == [2, 2]
+    # matched compute: 3 units per NTP token against the RPT run's units, within one NTP step
+    for seed in (0, 1):
+        units = ntp.provenance["rl_units"][str(seed)]
+        tokens = ntp.history.query("seed == @seed and step == 2")["ntp_tokens"].iloc[0]
+        assert abs(3 * tokens - units) <= 3 * 2 * 64 / 2 + 1e-6
+    summary = experiments.summarize_runs(results, baseline="continued NTP", column="test_accuracy_sampled")
+    assert list(summary["algorithm"]) == ["RPT", "continued NTP"]
+    # a baseline row without rewards or gradients would fail the RL facts if it were not marked
+    prov2 = json.loads(json.dumps(prov))
+    prov2["runs"]["continued NTP"].pop("baseline")
+    with pytest.raises(AssertionError, match="continued NTP"):
+        experiments.check_gpu_results(results, prov2)
+
+
+def test_the_chapter_cell_describes_the_hub_run_when_absent(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("GRPO_LAB_GPU_CONFIG", raising=False)
+    from grpo_lab.algorithms import RPT
+
+    assert book.show_gpu_results("07_rpt", [RPT], directory=tmp_path, profile=experiments.rpt_gpu_profile()) is None
+    text = " ".join(capsys.readouterr().out.split())
+    assert "trains RPT on next-token reasoning" in text and "continued next-token prediction" in text
+    assert "500 held-out positions" in text and "GSM8K" not in text
