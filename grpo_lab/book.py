@@ -280,8 +280,9 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
                      generation_factor: float = 1.0, train_factor: float = 1.0,
                      columns: Sequence[str] = ("test_accuracy",), too_small: Sequence[str] = (),
                      directory: str | os.PathLike[str] | None = None, profile: Any = None) -> Any:
-    """A chapter's results on the ``"gpu"`` profile (GSM8K; chapter 7: next-token reasoning, with
-    ``profile=experiments.rpt_gpu_profile()``), when they exist.
+    """A chapter's results on the ``"gpu"`` profile (``profile``, default
+    :func:`grpo_lab.experiments.chapter_gpu_profile`: GSM8K; chapter 7, next-token reasoning), when
+    they exist.
 
     With ``<chapter>.json`` in :func:`grpo_lab.experiments.results_dir` (or ``directory``):
     checks the GPU facts (:func:`grpo_lab.experiments.check_gpu_results`; an ``AssertionError``
@@ -300,7 +301,7 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     from grpo_lab import experiments
 
     names = [a if isinstance(a, str) else a.name for a in algos]
-    prof = profile if profile is not None else experiments.get_profile("gpu")
+    prof = profile if profile is not None else experiments.chapter_gpu_profile(chapter)
     steps = prof.steps if steps is None else steps
     loaded = experiments.load_chapter_gpu(chapter, directory)
     if loaded is None:
@@ -339,6 +340,10 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     print(f"{head}: {prov['device_name']}, {prov['precision']}, {prov['base']}, seeds {prov['seeds']}, "
           f"{prov['steps']} steps, {_duration(prov['wall_seconds'])}, commit {str(prov.get('git_sha'))[:10]}, "
           f"torch {prov['torch']}, transformers {prov['transformers']}, {prov['date']}")
+    data = prov.get("task_data")
+    if data:  # chapter 7: the next-token task's data files, built for the model
+        print(f"task data: built for {data.get('model')} (entropy proxy {data.get('proxy')}), "
+              f"{data.get('train_positions')} training positions, {data.get('test_positions')} test positions")
     summary = {}
     for column in columns:
         summary[column] = experiments.summarize_runs(results, baseline=baseline, column=column)
@@ -366,10 +371,16 @@ def _duration(seconds: float) -> str:
 
 
 def _show(value: Any) -> None:
+    """Display ``value`` in a notebook; print it elsewhere (a DataFrame whole, not cut to the terminal)."""
     if _ipython_shell() is not None:
         from IPython.display import display as ipy_display
 
         ipy_display(value)
+    elif type(value).__name__ == "DataFrame":
+        import pandas as pd
+
+        with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", None):
+            print(value)
     else:
         print(value)
 

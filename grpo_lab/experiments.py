@@ -54,7 +54,7 @@ from .validation import is_int
 
 __all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "GPU_SPEEDS",
            "expected_gpu_minutes", "results_dir", "run_chapter_gpu", "load_chapter_gpu", "summarize_runs", "check_gpu_results",
-           "RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "rl_compute_units", "run_rpt_gpu",
+           "RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "chapter_gpu_profile", "rl_compute_units", "run_rpt_gpu",
            "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
            "shutdown_workers", "map_workers", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
 
@@ -246,18 +246,21 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
     settings.update(config)
     task_kwargs = {"source": source, "tokenizer_name": model, "max_new_tokens": 512,
                    "test_size": test_size if source == "hub" else None}
-    return Profile(name="gpu", base=model, task="gsm8k", steps=steps, config=_gpu_config(settings, env),
+    given = {k: env_[k] for k in ("GRPO_LAB_GPU_DEVICE", "GRPO_LAB_GPU_CONFIG") if env_.get(k)}
+    return Profile(name="gpu", base=model, task="gsm8k", steps=steps, config=_gpu_config(settings, given),
                    task_kwargs=task_kwargs)
 
 
-def _gpu_config(settings: dict, env: str | None) -> TrainerConfig:
-    """``TrainerConfig(**settings)``; a ValueError names ``$GRPO_LAB_GPU_CONFIG`` when it was set
-    (its fields are among ``settings``), since a bad value may come from there."""
+def _gpu_config(settings: dict, given: Mapping[str, str]) -> TrainerConfig:
+    """``TrainerConfig(**settings)``; a ValueError names the environment variables among ``given``
+    (``$GRPO_LAB_GPU_DEVICE``, ``$GRPO_LAB_GPU_CONFIG``) that were set, since a bad value may come
+    from there."""
     try:
         return TrainerConfig(**settings)
     except (TypeError, ValueError) as exc:
-        if env:
-            raise ValueError(f"gpu_profile: {exc} (the settings include $GRPO_LAB_GPU_CONFIG={env!r})") from None
+        if given:
+            where = ", ".join(f"${k}={v!r}" for k, v in given.items())
+            raise ValueError(f"gpu_profile: {exc} (the settings include {where})") from None
         raise
 
 
@@ -316,6 +319,12 @@ def rpt_gpu_profile(model: str | os.PathLike | None = None, *, data: str | os.Pa
     task_kwargs = {"tokenizer": prof.base, "data": str(data if data is not None else rpt_data_dir(prof.base)),
                    "chat": True, "max_new_tokens": 256, "min_entropy": 0.5}
     return replace(prof, task="next_token", task_kwargs=task_kwargs)
+
+
+def chapter_gpu_profile(chapter: str) -> Profile:
+    """The ``"gpu"`` profile a chapter's hub-model cell trains: :func:`rpt_gpu_profile` for
+    ``"07_rpt"``, :func:`gpu_profile` (GSM8K) for the others."""
+    return rpt_gpu_profile() if chapter == "07_rpt" else gpu_profile()
 
 
 def get_profile(name: str) -> Profile:
@@ -672,10 +681,7 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     try:
         policy, tokenizer = load_policy(base, device=prof.config.device, dtype=torch.float32)
     except OSError as exc:  # a hub id offline and not cached, a gated or misspelled repository
-        hint = (" It is the GPU profile's model (experiments.GPU_MODEL); $GRPO_LAB_GPU_MODEL names another, e.g. a "
-                "local directory in the hub layout." if prof.name == "gpu" else "")
-        raise OSError(f"run: could not load the base model {str(base)!r} of profile {prof.name!r}: {exc}.{hint}") \
-            from exc
+        raise _unloadable(prof, exc) from exc
     from .tasks import TASKS
 
     if prof.task not in TASKS:
@@ -692,6 +698,15 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
         _BASE_EVALS[key] = dict(trainer.rows[0])
     _cache_store(cache_path, trainer.rows)
     return pd.DataFrame(trainer.rows)
+
+
+def _unloadable(prof: Profile, exc: BaseException) -> OSError:
+    """The error for a base model that could not be loaded (a hub id offline and not cached, a
+    gated or misspelled repository), naming the profile and, for the GPU profile, the variable
+    that names another model."""
+    hint = (" It is the GPU profile's model (experiments.GPU_MODEL); $GRPO_LAB_GPU_MODEL names another, e.g. a "
+            "local directory in the hub layout." if prof.name == "gpu" else "")
+    return OSError(f"could not load the base model {prof.base!r} of profile {prof.name!r}: {exc}.{hint}")
 
 
 #: Step-0 evaluation rows of base policies, per process (:func:`_train_one`): the greedy evaluation
@@ -1230,14 +1245,31 @@ def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = N
 
     prof = profile if profile is not None else rpt_gpu_profile()
     if prof.task != "next_token":
-        raise ValueError(f"run_rpt_gpu: the profile's task must be 'next_token', got {prof.task!r}")
+        raise ValueError(f"run_rpt_gpu: the profile's task must be 'next_token' (experiments.rpt_gpu_profile), got "
+                         f"{prof.task!r}")
+    if not is_int(ntp_batch_size) or ntp_batch_size < 1:
+        raise ValueError(f"run_rpt_gpu: ntp_batch_size must be an int >= 1, got {ntp_batch_size!r}")
+    try:
+        seeds = _check_seeds(seeds)
+    except ValueError as exc:
+        raise ValueError(f"run_rpt_gpu: {exc}") from None
     kw = dict(prof.task_kwargs)
     data = Path(kw["data"])
-    if not ((data / TRAIN_FILE).is_file() and (data / TEST_FILE).is_file()):
-        build_hub_task_data(prof.base, data, device=prof.config.device, test_size=RPT_GPU_TEST_SIZE)
     summary = data / "summary.json"  # how the data files were built (model, proxy, token counts, entropies)
+    if not ((data / TRAIN_FILE).is_file() and (data / TEST_FILE).is_file()):
+        try:
+            build_hub_task_data(prof.base, data, device=prof.config.device, test_size=RPT_GPU_TEST_SIZE)
+        except OSError as exc:
+            raise _unloadable(prof, exc) from exc
     task_data = json.loads(summary.read_text()) if summary.is_file() else None
-    seeds = _check_seeds(seeds)
+    if task_data is not None and task_data.get("model") != str(prof.base):
+        raise ValueError(f"run_rpt_gpu: the task's data files in {data} were built for {task_data.get('model')!r}, not "
+                         f"for the profile's model {prof.base!r}: unset $GRPO_LAB_RPT_DATA (a directory per model) or "
+                         "point it at an empty directory")
+    if task_data is not None and task_data.get("test_positions") != RPT_GPU_TEST_SIZE:
+        warnings.warn(f"run_rpt_gpu: the task's data files in {data} hold {task_data.get('test_positions')} test "
+                      f"positions, not {RPT_GPU_TEST_SIZE} (they were built by hand); the results file records it",
+                      RuntimeWarning, stacklevel=2)
     path = Path(out) if out is not None else results_dir() / "07_rpt.json"
     t0 = time.perf_counter()
     grid = run_chapter_gpu("07_rpt", [RPT], seeds=seeds, steps=steps, profile=prof, n_jobs=n_jobs, out=path,
@@ -1262,14 +1294,19 @@ def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = N
                      **{k: base_row[k] for k in base_row.index if k.startswith("test_")}})
         final = {"step": last, "seed": seed, "algo": "continued NTP", "ntp_steps": n, "ntp_tokens": x["tokens"],
                  "ntp_loss_last": x["loss_last"], "test_accuracy": float(x["frame"]["correct"].mean()),
+                 "test_length": float(x["summary"]["mean_length"]),
                  "test_accuracy_sampled": float(x["sampled_frame"]["correct"].mean())}
+        if "reasoning_frac" in x["summary"]:
+            final["test_reasoning_frac"] = float(x["summary"]["reasoning_frac"])
         final.update({f"test_{k}": v for k, v in task.test_metrics(x["frame"]).items()})
         final.update({f"test_sampled_{k}": v for k, v in task.test_metrics(x["sampled_frame"]).items()})
         rows.append(final)
         grid["continued NTP"] = RunResult(pd.DataFrame(rows), {
             "baseline": True, "what": "continued next-token prediction at the compute of the RPT run of the same seed",
             "config": {"lr": prof.config.lr, "batch_size": ntp_batch_size, "window_tokens": window, "p_format": 0.0,
-                       "precision": prof.config.precision, "minibatches": 1, "epochs": 1},
+                       "precision": prof.config.precision, "minibatches": 1, "epochs": 1, "warmup": 0,
+                       "optimizer": f"AdamW, betas (0.9, 0.98), weight decay {RECIPES['corpus'].weight_decay}, "
+                                    f"global-norm clip {RECIPES['corpus'].grad_clip} (grpo_lab.pretrain.continue_ntp)"},
             "ntp_steps": {str(k): v for k, v in ntp_steps.items()}, "rl_units": {str(k): float(units.loc[k])
                                                                                  for k in ntp_steps},
             "prompt_tokens_mean": round(prompt_tokens, 2), "seeds": list(ntp_steps),
@@ -1291,6 +1328,7 @@ def _save_chapter(path: Path, chapter: str, prof: Profile, grid: Mapping[str, Ru
                 precision=resolve_precision(prof.config.precision, prof.config.device),
                 dry_run=not str(prof.config.device).startswith("cuda"),
                 task_kwargs=dict(prof.task_kwargs), wall_seconds=round(wall, 1),
+                max_new_tokens=prof.config.max_new_tokens or dict(prof.task_kwargs).get("max_new_tokens"),
                 runs={name: r.provenance for name, r in grid.items()}, **dict(extra or {}))
     try:
         import datasets

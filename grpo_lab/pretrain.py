@@ -375,7 +375,9 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
     Returns:
         ``{"seed", "steps", "tokens" (total real tokens trained on), "loss_last" (mean loss of
         the last 10 steps), "frame" (greedy evaluation, one row per test position, with
-        ``correct`` and ``entropy``), "sampled_frame" (the same for the sampled evaluation)}``.
+        ``correct`` and ``entropy``), "sampled_frame" (the same for the sampled evaluation),
+        "summary", "sampled_summary" (:func:`grpo_lab.rollout.evaluate`'s summaries: accuracy, mean
+        length, reasoning share)}``.
     """
     from .models import load_policy
     from .rollout import evaluate as evaluate_policy
@@ -392,12 +394,12 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
                        p_format=p_format)
     task = NextTokenTask(**dict(task_kwargs or {}))
     with _autocast(policy.device, resolve_precision(precision, policy.device)):
-        _, frame = evaluate_policy(policy, tokenizer, task, greedy=True)
+        summary, frame = evaluate_policy(policy, tokenizer, task, greedy=True)
         torch.manual_seed(seed)
-        _, sampled = evaluate_policy(policy, tokenizer, task, greedy=False, temperature=temperature)
+        sampled_summary, sampled = evaluate_policy(policy, tokenizer, task, greedy=False, temperature=temperature)
     return {"seed": seed, "steps": steps, "tokens": int(sum(log["tokens"])),
             "loss_last": float(np.mean(log["loss"][-10:])) if log["loss"] else float("nan"),
-            "frame": frame, "sampled_frame": sampled}
+            "frame": frame, "sampled_frame": sampled, "summary": summary, "sampled_summary": sampled_summary}
 
 
 def _evaluate_corpus(model, corpus: _Corpus, name: str, out: Path, default_out: Path) -> dict:

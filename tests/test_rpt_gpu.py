@@ -40,9 +40,11 @@ def test_build_hub_task_data_writes_the_files_in_the_models_tokens(hub):
     assert summary["train_positions"] > 1000 and "split" not in on_disk
     q = summary["train_entropy_quantiles"]
     assert all(0 <= v <= np.log(16) + 1e-6 for v in q) and q == sorted(q)
-    # the shipped task's tokenizer did not cut these ids: refused by the tokenizer hash
-    with pytest.raises(ValueError, match="tokenizer_sha256"):
+    # the shipped task's tokenizer did not cut these ids: refused by the tokenizer hash, naming the fix
+    with pytest.raises(ValueError, match="tokenizer_sha256 differs.*build_hub_task_data"):
         NextTokenTask(data=str(data)).test_set()
+    with pytest.raises(NotADirectoryError, match="not a directory"):
+        build_hub_task_data(model, data / "summary.json")
 
 
 def test_the_raw_and_chat_formats_of_the_same_position(hub):
@@ -123,7 +125,8 @@ def test_run_rpt_gpu_end_to_end_on_cpu(hub, tmp_path):
     model, data, _ = hub
     prof = experiments.rpt_gpu_profile(model, data=data, device="cpu", steps=2, prompts_per_step=2, group_size=2,
                                        max_new_tokens=8, eval_every=1, precision="bfloat16", environ={})
-    grid = experiments.run_rpt_gpu(seeds=(0, 1), profile=prof, ntp_batch_size=2, out=tmp_path / "07_rpt.json")
+    with pytest.warns(RuntimeWarning, match="hold 12 test positions, not 500"):
+        grid = experiments.run_rpt_gpu(seeds=(0, 1), profile=prof, ntp_batch_size=2, out=tmp_path / "07_rpt.json")
     assert set(grid) == {"RPT", "continued NTP"}
     loaded = experiments.load_chapter_gpu("07_rpt", tmp_path)
     assert loaded is not None
@@ -136,6 +139,8 @@ def test_run_rpt_gpu_end_to_end_on_cpu(hub, tmp_path):
     # its base is the RPT run's base evaluation of the same seed; its final row sits at the last RL step
     assert ntp.base().equals(rpt.base())
     assert ntp.history.groupby("seed")["step"].max().tolist() == [2, 2]
+    assert ntp.history.query("step == 2")["test_length"].between(1, 8).all()  # its own evaluation, not the base's
+    assert prov["max_new_tokens"] == 8  # the budget the runs used (the config's, not the task's 256)
     # matched compute: 3 units per NTP token against the RPT run's units, within one NTP step
     for seed in (0, 1):
         units = ntp.provenance["rl_units"][str(seed)]
@@ -154,7 +159,57 @@ def test_the_chapter_cell_describes_the_hub_run_when_absent(tmp_path, capsys, mo
     monkeypatch.delenv("GRPO_LAB_GPU_CONFIG", raising=False)
     from grpo_lab.algorithms import RPT
 
-    assert book.show_gpu_results("07_rpt", [RPT], directory=tmp_path, profile=experiments.rpt_gpu_profile()) is None
+    assert book.show_gpu_results("07_rpt", [RPT], directory=tmp_path) is None  # the chapter's profile by default
     text = " ".join(capsys.readouterr().out.split())
     assert "trains RPT on next-token reasoning" in text and "continued next-token prediction" in text
     assert "500 held-out positions" in text and "GSM8K" not in text
+
+
+# ------------------------------------------------------------------------- CUDA
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_run_rpt_gpu_on_cuda_builds_its_data_and_trains_in_auto_precision(hub, tmp_path):
+    model, _, _ = hub
+    prof = experiments.rpt_gpu_profile(model, data=tmp_path / "data", device="cuda", steps=1, prompts_per_step=2,
+                                       group_size=2, max_new_tokens=8, eval_every=1, environ={})
+    experiments.run_rpt_gpu(seeds=(0, 1), profile=prof, ntp_batch_size=2, out=tmp_path / "07_rpt.json")
+    results, prov = experiments.load_chapter_gpu("07_rpt", tmp_path)
+    experiments.check_gpu_results(results, prov)
+    assert prov["dry_run"] is False and prov["precision"] in ("bfloat16", "float16")
+    assert prov["task_data"]["test_positions"] == experiments.RPT_GPU_TEST_SIZE  # built on the GPU, here
+
+
+def test_run_rpt_gpu_refuses_bad_arguments_before_any_work(hub, tmp_path, monkeypatch):
+    model, data, _ = hub
+    fresh = tmp_path / "fresh"
+    prof = experiments.rpt_gpu_profile(model, data=fresh, device="cpu", steps=1, environ={})
+    with pytest.raises(ValueError, match="ntp_batch_size"):
+        experiments.run_rpt_gpu(seeds=(0,), profile=prof, ntp_batch_size=0, out=tmp_path / "r.json")
+    with pytest.raises(ValueError, match="run_rpt_gpu: .*seed"):
+        experiments.run_rpt_gpu(seeds=(), profile=prof, out=tmp_path / "r.json")
+    with pytest.raises(ValueError, match="'next_token'"):
+        experiments.run_rpt_gpu(profile=experiments.gpu_profile(model, device="cpu", environ={}))
+    assert not fresh.exists()  # no data was built for a call that could not run
+    # data files of another model (a shared $GRPO_LAB_RPT_DATA): refused, naming the variable
+    other = H.write_tiny_instruct_model(tmp_path / "other", seed=1)
+    prof = experiments.rpt_gpu_profile(other, data=data, device="cpu", steps=1, environ={})
+    with pytest.raises(ValueError, match="built for .*GRPO_LAB_RPT_DATA"):
+        experiments.run_rpt_gpu(seeds=(0,), profile=prof, out=tmp_path / "r.json")
+    # a hub id that cannot be loaded (offline, not cached): the error names the variable for another model
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    prof = experiments.rpt_gpu_profile("grpo-lab-tests/not-a-model", data=tmp_path / "d2", device="cpu", environ={})
+    with pytest.raises(OSError, match="GRPO_LAB_GPU_MODEL"):
+        experiments.run_rpt_gpu(seeds=(0,), profile=prof, out=tmp_path / "r.json")
+
+
+def test_a_bad_gpu_device_names_the_variable(monkeypatch):
+    monkeypatch.delenv("GRPO_LAB_GPU_CONFIG", raising=False)
+    monkeypatch.setenv("GRPO_LAB_GPU_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="device.*GRPO_LAB_GPU_DEVICE='gpu'"):
+        experiments.rpt_gpu_profile()
+
+
+def test_the_chapter_profile_follows_the_chapter(monkeypatch):
+    monkeypatch.delenv("GRPO_LAB_GPU_CONFIG", raising=False)
+    assert experiments.chapter_gpu_profile("07_rpt").task == "next_token"
+    assert experiments.chapter_gpu_profile("02_dapo").task == "gsm8k"

@@ -80,12 +80,14 @@ TRAIN_FILE, TEST_FILE = "next_token_train.safetensors", "next_token_test.jsonl"
 #: The user turn of the chat format (``NextTokenTask(chat=True)``) before the context; ours, written
 #: for an instruct model that has not seen RPT's format (the paper's R1-Distill model is prompted
 #: with the bare text). It asks for the format the reward reads: the prediction right after
-#: ``</think>``, byte for byte, a leading space included.
+#: ``</think>``, byte for byte, a leading space included, and nothing after it (a trailing space, or
+#: more than the ``reference_tokens`` tokens of the reference, scores 0).
 CHAT_INSTRUCTION = (
     "Predict how the passage below continues. Reason inside <think> ... </think> (as briefly as you like), then, "
-    "right after </think>, write the next word or words of the passage exactly as they follow its last "
-    "character, starting with a space if the continuation starts with one, and write nothing else. For the "
-    "passage 'The cat sat on the' the answer is '<think>a place to sit</think> mat'.\n\nPassage:\n")
+    "right after </think>, write the next word (or the next few words) of the passage exactly as they follow its "
+    "last character, starting with a space if the continuation starts with one, and stop there: no quotes, no "
+    "trailing space or newline, nothing else. For the passage 'The cat sat on the' the answer is "
+    "'<think>a place to sit</think> mat'.\n\nPassage:\n")
 
 
 def load_corpus() -> dict[str, str]:
@@ -445,9 +447,12 @@ class NextTokenTask:
                              f"grpo_lab.tasks.next_token.build_task_data(..., context_tokens={self.context_tokens})")
         sha = meta.get("tokenizer_sha256")
         if sha is not None and tokenizer_sha256(self._tok()) != sha:
-            raise ValueError(f"NextTokenTask: the tokenizer of checkpoint {self.tokenizer!r} is not the one that split "
-                             "the corpus into the task's data files (tokenizer_sha256 differs); use 'corpus-base' (or "
-                             "a checkpoint with the same tokenizer)")
+            fix = ("use 'corpus-base' (or a checkpoint with the same tokenizer)" if self.data is None else
+                   f"build the files for this tokenizer's model (grpo_lab.tasks.next_token.build_hub_task_data(model, "
+                   f"out)) and point data at them (chapter 7's GPU run: $GRPO_LAB_RPT_DATA, or leave it unset for a "
+                   f"directory per model)")
+            raise ValueError(f"NextTokenTask: the tokenizer {self.tokenizer!r} is not the one that split the corpus "
+                             f"into the task's data files in {self.data_path()} (tokenizer_sha256 differs); {fix}")
 
     def eligible_positions(self) -> np.ndarray:
         """Training positions (indices into the training token stream) with a full context and a
@@ -615,8 +620,14 @@ def build_task_data(proxy, tokenizer, out: str | Path, *, context_tokens: int = 
 
     Returns:
         a summary (token counts, the split, the corpus hash, entropy quantiles).
+
+    Raises:
+        NotADirectoryError: ``out`` exists and is not a directory.
     """
     from safetensors.torch import save_file
+
+    if Path(out).exists() and not Path(out).is_dir():
+        raise NotADirectoryError(f"build_task_data: out={str(out)!r} exists and is not a directory")
 
     from .base import save_problems
 
@@ -669,8 +680,10 @@ def build_hub_task_data(model: str | os.PathLike, out: str | Path, *, device: st
     ``out``: :func:`build_task_data` with the model's own tokenizer, and the model as its own
     entropy proxy (RPT §3.3 uses a smaller model of the same family, R1-Distill-Qwen-1.5B for the
     14B; a 0.5B model has no smaller sibling, and the filter only needs a ranking of positions by
-    difficulty). Also writes ``summary.json`` (the model, the summary). Read the files with
-    ``NextTokenTask(tokenizer=model, data=out, chat=True)``.
+    difficulty). Also writes ``summary.json`` (the model, the summary). Chapter 7's profile reads
+    them with ``experiments.rpt_gpu_profile(model, data=out)``; by hand,
+    ``NextTokenTask(tokenizer=model, data=out, chat=True, max_new_tokens=256, min_entropy=0.5)``
+    (the class defaults, 8 tokens and no filter, are the CPU chapter's).
 
     Args:
         model: a hub id or a local directory, loaded in float32 with :func:`grpo_lab.models.load_policy`.
