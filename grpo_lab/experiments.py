@@ -207,7 +207,8 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
         steps: RL steps per seed.
         environ: where the ``$GRPO_LAB_GPU_*`` and ``$GRPO_LAB_GSM8K_SOURCE`` variables are read
             (default ``os.environ``; ``{}`` ignores them, as the import-time ``PROFILES["gpu"]`` does,
-            so that a bad variable breaks only the GPU profile).
+            so that a bad variable breaks only what builds the GPU profile: ``--profile gpu``, and the
+            chapters' GPU cells, which build it on every profile to show the plan and its expected time).
         **config: :class:`~grpo_lab.trainer.TrainerConfig` fields that replace the defaults above
             (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
             default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
@@ -280,8 +281,21 @@ def rpt_data_dir(model: str | os.PathLike) -> Path:
     env = os.environ.get("GRPO_LAB_RPT_DATA")
     if env:
         return Path(env).expanduser()
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", str(model).strip("/\\")) or "model"
+    local = Path(model).expanduser()
+    name = str(local.resolve()) if local.exists() else str(model)  # ./m, m/ and /abs/m: one directory
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", name.strip("/\\")).lstrip(".-") or "model"
     return results_dir() / "next_token" / slug[-100:]
+
+
+def _same_model(a, b) -> bool:
+    """Whether two model names (hub ids or local directories) name the same model: equal, or paths
+    to the same existing directory (``m/``, ``./m`` and the absolute path)."""
+    if a is None or b is None:
+        return False
+    if str(a) == str(b):
+        return True
+    pa, pb = Path(str(a)).expanduser(), Path(str(b)).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
 def rpt_gpu_profile(model: str | os.PathLike | None = None, *, data: str | os.PathLike | None = None,
@@ -437,6 +451,10 @@ def _resolve(profile: str | Profile, config_overrides: dict) -> Profile:
 def _check_seeds(seeds) -> list[int]:
     if isinstance(seeds, (int, str)) or not hasattr(seeds, "__iter__"):
         raise ValueError(f"seeds must be a sequence of ints such as (0, 1, 2), got {seeds!r}")
+    seeds = list(seeds)
+    bad = [s for s in seeds if not is_int(s)]
+    if bad:
+        raise ValueError(f"seeds must be integers such as (0, 1, 2), got {bad[0]!r} in {seeds!r}")
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("need at least one seed")
@@ -706,7 +724,7 @@ def _unloadable(prof: Profile, exc: BaseException) -> OSError:
     that names another model."""
     hint = (" It is the GPU profile's model (experiments.GPU_MODEL); $GRPO_LAB_GPU_MODEL names another, e.g. a "
             "local directory in the hub layout." if prof.name == "gpu" else "")
-    return OSError(f"could not load the base model {prof.base!r} of profile {prof.name!r}: {exc}.{hint}")
+    return OSError(f"could not load the base model {prof.base!r} of profile {prof.name!r}: {str(exc).rstrip('. ')}.{hint}")
 
 
 #: Step-0 evaluation rows of base policies, per process (:func:`_train_one`): the greedy evaluation
@@ -1037,7 +1055,15 @@ def save_results(result: RunResult, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = json.loads(result.history.to_json(orient="records"))
-    path.write_text(json.dumps({"provenance": result.provenance, "history": rows}, indent=1) + "\n")
+    text = json.dumps({"provenance": result.provenance, "history": rows}, indent=1) + "\n"
+    # written beside and renamed over: a process killed mid-write (the GPU runs rewrite their file after
+    # every seed) leaves the previous file whole, never a truncated one
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -1045,9 +1071,14 @@ def load_results(path: str | Path) -> RunResult:
     """Read a file written by :func:`save_results`.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: not a results file.
+        FileNotFoundError: no such file. ValueError: not a results file (not JSON, not UTF-8
+            text, truncated, or JSON of another shape), the message naming the file.
     """
-    d = json.loads(Path(path).read_text())
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"load_results: {path} is not a grpo_lab results file (not valid JSON: {exc}); a run "
+                         "killed while writing it, or another file: delete it and rerun") from None
     if not isinstance(d, dict) or "provenance" not in d or "history" not in d:
         raise ValueError(f"load_results: {path} is not a grpo_lab results file")
     frame = pd.DataFrame(d["history"])
@@ -1130,6 +1161,27 @@ def _chapter_name(chapter: str) -> str:
     return chapter
 
 
+def _gpu_results_path(chapter: str, out, steps, n_jobs) -> Path:
+    """The results file of a GPU chapter run, and the checks that must pass before hours of training:
+    ``steps`` (when given) and ``n_jobs`` at least 1, and a file path that can be written."""
+    if steps is not None and (not is_int(steps) or steps < 1):
+        raise ValueError(f"{chapter}: steps must be an int >= 1 on the GPU profile (a run without an update has "
+                         f"nothing to compare), got {steps!r}")
+    if not is_int(n_jobs) or n_jobs < 1:
+        raise ValueError(f"{chapter}: n_jobs must be an int >= 1, got {n_jobs!r}")
+    path = Path(out) if out is not None else results_dir() / f"{chapter}.json"
+    if path.is_dir():
+        raise ValueError(f"{chapter}: the results file {path} is a directory (out is a file path; "
+                         "$GRPO_LAB_RESULTS_DIR a directory)")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{chapter}: cannot write the results file {path}: {parent} is a file, not a "
+                                 "directory (check out or $GRPO_LAB_RESULTS_DIR)")
+            break
+    return path
+
+
 def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Sequence[int] = (0, 1, 2, 3, 4),
                     steps: int | None = None, profile: Profile | None = None, n_jobs: int = 1,
                     overrides: Mapping[str, Mapping[str, Any]] | None = None,
@@ -1170,7 +1222,7 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
     algos = [get_algorithm(a) if isinstance(a, str) else a for a in algos]
     seeds = _check_seeds(seeds)
     overrides = dict(overrides or {})
-    path = Path(out) if out is not None else results_dir() / f"{chapter}.json"
+    path = _gpu_results_path(chapter, out, steps, n_jobs)
     t0 = time.perf_counter()
     grid: dict[str, RunResult] = {}
     # one seed at a time (n_jobs seeds at a time with n_jobs > 1), the file rewritten after each, so
@@ -1253,24 +1305,31 @@ def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = N
         seeds = _check_seeds(seeds)
     except ValueError as exc:
         raise ValueError(f"run_rpt_gpu: {exc}") from None
+    path = _gpu_results_path("07_rpt", out, steps, n_jobs)
     kw = dict(prof.task_kwargs)
     data = Path(kw["data"])
+    where = "$GRPO_LAB_RPT_DATA" if os.environ.get("GRPO_LAB_RPT_DATA") else "the profile's data"
+    if data.exists() and not data.is_dir():
+        raise ValueError(f"run_rpt_gpu: the task's data directory {data} ({where}) is a file")
     summary = data / "summary.json"  # how the data files were built (model, proxy, token counts, entropies)
     if not ((data / TRAIN_FILE).is_file() and (data / TEST_FILE).is_file()):
         try:
             build_hub_task_data(prof.base, data, device=prof.config.device, test_size=RPT_GPU_TEST_SIZE)
+        except (FileExistsError, NotADirectoryError, PermissionError):
+            raise  # writing the data files failed, not loading the model: the error names the path
         except OSError as exc:
             raise _unloadable(prof, exc) from exc
     task_data = json.loads(summary.read_text()) if summary.is_file() else None
-    if task_data is not None and task_data.get("model") != str(prof.base):
+    if task_data is not None and not _same_model(task_data.get("model"), prof.base):
+        fix = ("unset $GRPO_LAB_RPT_DATA (a directory per model) or point it at an empty directory"
+               if os.environ.get("GRPO_LAB_RPT_DATA") else
+               f"set $GRPO_LAB_RPT_DATA to an empty directory, or delete {data} to rebuild it")
         raise ValueError(f"run_rpt_gpu: the task's data files in {data} were built for {task_data.get('model')!r}, not "
-                         f"for the profile's model {prof.base!r}: unset $GRPO_LAB_RPT_DATA (a directory per model) or "
-                         "point it at an empty directory")
+                         f"for the profile's model {prof.base!r}: {fix}")
     if task_data is not None and task_data.get("test_positions") != RPT_GPU_TEST_SIZE:
         warnings.warn(f"run_rpt_gpu: the task's data files in {data} hold {task_data.get('test_positions')} test "
                       f"positions, not {RPT_GPU_TEST_SIZE} (they were built by hand); the results file records it",
                       RuntimeWarning, stacklevel=2)
-    path = Path(out) if out is not None else results_dir() / "07_rpt.json"
     t0 = time.perf_counter()
     grid = run_chapter_gpu("07_rpt", [RPT], seeds=seeds, steps=steps, profile=prof, n_jobs=n_jobs, out=path,
                            finish=False)

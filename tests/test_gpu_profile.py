@@ -478,3 +478,38 @@ def test_a_reward_signal_flows_through_the_gpu_profile_on_the_fixture(tiny_dir, 
     assert (trained["reward"] > 0).all(), trained["reward"].tolist()  # some \boxed{10} / \boxed{2} were right
     assert (trained["zero_adv_group_frac"] < 1).all()  # so some groups were mixed
     assert (trained["grad_norm"] > 0).all() and np.isfinite(trained["grad_norm"]).all()
+
+
+def test_results_files_are_replaced_whole_and_a_broken_one_is_named(tmp_path, monkeypatch):
+    """The GPU runs rewrite their file after every seed: a write that dies half-way must leave the
+    previous file as it was (written beside, renamed over); a truncated or binary file is refused
+    naming it, not with a bare JSONDecodeError."""
+    path = tmp_path / "01_grpo.json"
+    first = experiments.RunResult(pd.DataFrame([{"step": 0, "seed": 0, "test_accuracy": 0.25}]), {"seeds": [0]})
+    experiments.save_results(first, path)
+    before = path.read_text()
+
+    def dies(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(experiments.os, "replace", dies)
+    second = experiments.RunResult(pd.DataFrame([{"step": 1, "seed": 0, "test_accuracy": 0.5}]), {"seeds": [0]})
+    with pytest.raises(OSError, match="disk full"):
+        experiments.save_results(second, path)
+    monkeypatch.undo()
+    assert path.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["01_grpo.json"]
+    assert experiments.load_results(path).history["test_accuracy"].tolist() == [0.25]
+    path.write_text(before[: len(before) // 2])
+    with pytest.raises(ValueError, match="01_grpo.json is not a grpo_lab results file .not valid JSON"):
+        experiments.load_results(path)
+    path.write_bytes(b"\xff\xfe\x00junk")
+    with pytest.raises(ValueError, match="01_grpo.json is not a grpo_lab results file"):
+        experiments.load_chapter_gpu("01_grpo", tmp_path)
+
+
+def test_run_chapter_gpu_refuses_a_run_without_steps_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match="01_grpo: steps must be an int >= 1"):
+        experiments.run_chapter_gpu("01_grpo", ["GRPO"], seeds=(0,), steps=0, profile="cpu", out=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="is a directory"):
+        experiments.run_chapter_gpu("01_grpo", ["GRPO"], seeds=(0,), steps=1, profile="cpu", out=tmp_path)
+    assert list(tmp_path.iterdir()) == []

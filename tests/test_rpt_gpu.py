@@ -213,3 +213,40 @@ def test_the_chapter_profile_follows_the_chapter(monkeypatch):
     monkeypatch.delenv("GRPO_LAB_GPU_CONFIG", raising=False)
     assert experiments.chapter_gpu_profile("07_rpt").task == "next_token"
     assert experiments.chapter_gpu_profile("02_dapo").task == "gsm8k"
+
+
+def test_run_rpt_gpu_refuses_what_would_fail_after_training(hub, tmp_path, monkeypatch):
+    """Found by a fresh-user run: steps=0 crashed after the RPT runs and left an incomplete results
+    file; n_jobs=0 failed inside range(); a results path under a file failed after the first seed;
+    a data directory that is a file was blamed on the model."""
+    model, data, _ = hub
+    prof = experiments.rpt_gpu_profile(model, data=data, device="cpu", steps=1, environ={})
+    out = tmp_path / "07_rpt.json"
+    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+        experiments.run_rpt_gpu(seeds=(0,), steps=0, profile=prof, out=out)
+    with pytest.raises(ValueError, match="n_jobs must be an int >= 1"):
+        experiments.run_rpt_gpu(seeds=(0,), n_jobs=0, profile=prof, out=out)
+    with pytest.raises(ValueError, match="seeds must be integers.*0.5"):
+        experiments.run_rpt_gpu(seeds=(0.5,), profile=prof, out=out)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="a-file is a file, not a directory"):
+        experiments.run_rpt_gpu(seeds=(0,), profile=prof, out=blocker / "07_rpt.json")
+    monkeypatch.setenv("GRPO_LAB_RPT_DATA", str(blocker))
+    prof = experiments.rpt_gpu_profile(model, device="cpu", steps=1, environ={})
+    with pytest.raises(ValueError, match=r"data directory .*a-file \(\$GRPO_LAB_RPT_DATA\) is a file"):
+        experiments.run_rpt_gpu(seeds=(0,), profile=prof, out=out)
+    assert not out.exists()
+
+
+def test_one_model_directory_however_it_is_written(hub, tmp_path, monkeypatch):
+    model, _, _ = hub
+    monkeypatch.delenv("GRPO_LAB_RPT_DATA", raising=False)
+    monkeypatch.setenv("GRPO_LAB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.chdir(Path(model).parent)
+    names = [str(model), str(model) + "/", "./" + Path(model).name, Path(model).name]
+    assert all(experiments._same_model(n, model) for n in names)
+    assert not experiments._same_model(str(model), "Qwen/Qwen2.5-0.5B-Instruct")
+    assert not experiments._same_model(None, model)
+    dirs = {experiments.rpt_data_dir(n) for n in names}
+    assert len(dirs) == 1 and not dirs.pop().name.startswith(".")  # one directory, not a hidden one
