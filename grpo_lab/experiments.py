@@ -50,7 +50,7 @@ from .models import VALUE_INITS, load_policy
 from .paths import REPO_ROOT, checkpoint_dir, data_dir
 from .tasks import get_task
 from .trainer import Trainer, TrainerConfig, _json_default
-from .validation import is_int
+from .validation import is_int, positive_int
 
 __all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "GPU_SPEEDS",
            "expected_gpu_minutes", "results_dir", "run_chapter_gpu", "load_chapter_gpu", "summarize_runs", "check_gpu_results",
@@ -1164,11 +1164,9 @@ def _chapter_name(chapter: str) -> str:
 def _gpu_results_path(chapter: str, out, steps, n_jobs) -> Path:
     """The results file of a GPU chapter run, and the checks that must pass before hours of training:
     ``steps`` (when given) and ``n_jobs`` at least 1, and a file path that can be written."""
-    if steps is not None and (not is_int(steps) or steps < 1):
-        raise ValueError(f"{chapter}: steps must be an int >= 1 on the GPU profile (a run without an update has "
-                         f"nothing to compare), got {steps!r}")
-    if not is_int(n_jobs) or n_jobs < 1:
-        raise ValueError(f"{chapter}: n_jobs must be an int >= 1, got {n_jobs!r}")
+    # steps >= 1: a GPU run without an update has nothing to compare (and no compute to match)
+    positive_int(f"{chapter}: steps", steps, allow_none=True)
+    positive_int(f"{chapter}: n_jobs", n_jobs)
     path = Path(out) if out is not None else results_dir() / f"{chapter}.json"
     if path.is_dir():
         raise ValueError(f"{chapter}: the results file {path} is a directory (out is a file path; "
@@ -1299,8 +1297,7 @@ def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = N
     if prof.task != "next_token":
         raise ValueError(f"run_rpt_gpu: the profile's task must be 'next_token' (experiments.rpt_gpu_profile), got "
                          f"{prof.task!r}")
-    if not is_int(ntp_batch_size) or ntp_batch_size < 1:
-        raise ValueError(f"run_rpt_gpu: ntp_batch_size must be an int >= 1, got {ntp_batch_size!r}")
+    positive_int("run_rpt_gpu: ntp_batch_size", ntp_batch_size)
     try:
         seeds = _check_seeds(seeds)
     except ValueError as exc:

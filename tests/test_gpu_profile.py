@@ -508,7 +508,7 @@ def test_results_files_are_replaced_whole_and_a_broken_one_is_named(tmp_path, mo
 
 
 def test_run_chapter_gpu_refuses_a_run_without_steps_before_any_work(tmp_path):
-    with pytest.raises(ValueError, match="01_grpo: steps must be an int >= 1"):
+    with pytest.raises(ValueError, match="01_grpo: steps must be a positive int or None, got 0"):
         experiments.run_chapter_gpu("01_grpo", ["GRPO"], seeds=(0,), steps=0, profile="cpu", out=tmp_path / "x.json")
     with pytest.raises(ValueError, match="is a directory"):
         experiments.run_chapter_gpu("01_grpo", ["GRPO"], seeds=(0,), steps=1, profile="cpu", out=tmp_path)

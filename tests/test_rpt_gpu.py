@@ -222,9 +222,9 @@ def test_run_rpt_gpu_refuses_what_would_fail_after_training(hub, tmp_path, monke
     model, data, _ = hub
     prof = experiments.rpt_gpu_profile(model, data=data, device="cpu", steps=1, environ={})
     out = tmp_path / "07_rpt.json"
-    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+    with pytest.raises(ValueError, match="07_rpt: steps must be a positive int or None, got 0"):
         experiments.run_rpt_gpu(seeds=(0,), steps=0, profile=prof, out=out)
-    with pytest.raises(ValueError, match="n_jobs must be an int >= 1"):
+    with pytest.raises(ValueError, match="07_rpt: n_jobs must be a positive int, got 0"):
         experiments.run_rpt_gpu(seeds=(0,), n_jobs=0, profile=prof, out=out)
     with pytest.raises(ValueError, match="seeds must be integers.*0.5"):
         experiments.run_rpt_gpu(seeds=(0.5,), profile=prof, out=out)
