@@ -309,6 +309,11 @@ def test_byte_alphabet_and_char_start_mask(bpe):
 
     table = nt._bytes_to_unicode()
     assert len(table) == len(set(table)) == 256
+    # identical to GPT-2's table (openai/gpt-2 encoder.py, transcribed): the bytes of three printable
+    # ranges stand for themselves, every other byte, in order, for chr(256), chr(257), ...
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in keep]
+    assert table == [chr(b) if b in keep else chr(256 + others.index(b)) for b in range(256)]
     assert set(table) == set(pre_tokenizers.ByteLevel.alphabet())
     # GPT-2's table by hand: printable ASCII maps to itself, space -> "Ġ" (U+0120), newline -> "Ċ" (U+010A)
     assert table[ord("A")] == "A" and table[32] == "\u0120" and table[10] == "\u010a"

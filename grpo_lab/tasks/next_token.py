@@ -216,17 +216,14 @@ def char_start_mask(tokenizer) -> np.ndarray:
 
 def _bytes_to_unicode() -> list[str]:
     """GPT-2's byte-level alphabet: the printable character that stands for each byte 0..255 (the
-    mapping ``tokenizers``' ``ByteLevel`` pre-tokenizer uses)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
+    mapping ``tokenizers``' ``ByteLevel`` pre-tokenizer uses), as a list indexed by byte.
+
+    The table is ``transformers``' own ``bytes_to_unicode`` (in ``transformers.convert_slow_tokenizer``
+    from 5.6, the lowest supported version, to 5.24 at least), which returns it as a ``{byte: char}`` dict."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    table = bytes_to_unicode()
+    return [table[b] for b in range(256)]
 
 
 def top_k_entropy(logits: torch.Tensor, k: int = 16) -> torch.Tensor:
