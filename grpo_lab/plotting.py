@@ -10,21 +10,24 @@
   with one shared legend.
 
 Means and standard deviations are computed with pandas and drawn with plain matplotlib
-(``plot`` + ``fill_between``): no bootstrapping, so figures are deterministic.
+(``plot`` + ``fill_between``): no bootstrapping, so figures are deterministic. The lines and
+bands are exactly the numbers :func:`mean_sd` returns. ``seaborn.lineplot`` (even with
+``errorbar`` given the same t interval as a callable) would draw other numbers: its mean is
+another summation (each x's values sorted by value, where :func:`mean_sd` takes a grouped mean
+in seed order), so about one point in eight differs in the last bit, and it draws no band where an x has a single value (a gap where ``band_plot``
+narrows to zero width, e.g. where one seed's run is shorter).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
-
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 __all__ = [
     "FIGSIZE",
@@ -159,7 +162,7 @@ DEFAULT_SEED: str = "seed"
 
 
 def _resolve_columns(
-    df: "pd.DataFrame", x: str, y: str, hue: str | None, seed: str | None, caller: str
+    df: pd.DataFrame, x: str, y: str, hue: str | None, seed: str | None, caller: str
 ) -> tuple[str | None, str | None]:
     """The ``(hue, seed)`` columns to group by, ``None`` where there is none to group by.
 
@@ -182,14 +185,14 @@ def _resolve_columns(
 
 
 def mean_sd(
-    df: "pd.DataFrame",
+    df: pd.DataFrame,
     x: str,
     y: str,
     hue: str | None = DEFAULT_HUE,
     *,
     seed: str | None = DEFAULT_SEED,
     smooth: int | None = None,
-) -> "pd.DataFrame":
+) -> pd.DataFrame:
     """Mean and sample standard deviation of ``y`` over seeds, per ``hue`` and ``x``.
 
     Input: a long DataFrame with one row per (hue, seed, x) and columns ``x``, ``y``, ``seed``
@@ -208,8 +211,6 @@ def mean_sd(
         KeyError: ``x``, ``y``, or a ``hue`` / ``seed`` other than the defaults, is not a column
             (the message names each missing column and its role).
     """
-    import pandas as pd
-
     hue, seed = _resolve_columns(df, x, y, hue, seed, "mean_sd")
     keys = [hue] if hue is not None else []
     runs = [*keys, seed] if seed is not None else keys
@@ -228,8 +229,8 @@ def mean_sd(
 
 
 def band_plot(
-    ax: "Axes",
-    df: "pd.DataFrame",
+    ax: Axes,
+    df: pd.DataFrame,
     x: str,
     y: str,
     hue: str | None = DEFAULT_HUE,
@@ -244,7 +245,7 @@ def band_plot(
     title: str | None = None,
     band: str = "sd",
     bounds: tuple[float, float] | None = None,
-) -> "pd.DataFrame":
+) -> pd.DataFrame:
     """Draw mean ``y`` against ``x`` with a band over seeds, one line per ``hue`` value.
 
     ``band="sd"`` (default): mean ± one sample standard deviation; ``band="ci95"``: the 95%
@@ -284,7 +285,7 @@ def band_plot(
         stats["half"] = q * stats["sd"].to_numpy(dtype=float) / np.sqrt(n)
     else:
         stats["half"] = stats["sd"]
-    groups: list[tuple[Any, "pd.DataFrame"]]
+    groups: list[tuple[Any, pd.DataFrame]]
     if hue is None:
         groups = [(label if label is not None else y, stats)]
     else:
@@ -315,7 +316,7 @@ def band_plot(
 
 
 def curves_grid(
-    df: "pd.DataFrame",
+    df: pd.DataFrame,
     metrics: Sequence[tuple[str, str]],
     *,
     ncols: int = 3,
@@ -329,7 +330,7 @@ def curves_grid(
     xlabel: str | None = None,
     suptitle: str | None = None,
     band: str = "sd",
-) -> "Figure":
+) -> Figure:
     """A grid of :func:`band_plot` panels, one per metric, with one shared legend below.
 
     Input: the same long DataFrame as :func:`band_plot`; ``metrics`` is a list of

@@ -223,6 +223,18 @@ def test_algo_colours_are_fixed_distinct_and_cover_the_order():
     assert plotting.algo_color("my_variant", extra=extra) == c1
 
 
+def test_plotting_annotations_resolve_at_run_time():
+    # the signatures' types are imported for real (no TYPE_CHECKING block), so they resolve
+    import typing
+
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    assert typing.get_type_hints(plotting.band_plot)["ax"] is Axes
+    assert typing.get_type_hints(plotting.mean_sd)["return"] is pd.DataFrame
+    assert typing.get_type_hints(plotting.curves_grid)["return"] is Figure
+
+
 def test_set_style_fixes_size_and_resolution():
     plotting.set_style()
     assert tuple(matplotlib.rcParams["figure.figsize"]) == plotting.FIGSIZE
