@@ -2,9 +2,11 @@
 
 The advantage axis of an :class:`~grpo_lab.algorithms.Algorithm` is the registry
 :data:`ADVANTAGE_ESTIMATORS`: a dict from a choice's name to a function
-``(batch: AdvantageBatch, algo) -> advantages [B] or [B, T]`` (float32). :class:`AdvantageBatch`
-carries everything an estimator may need (rewards, group ids, the token mask and, for a value
-model, per-token values), so that one signature fits group baselines and value-based ones alike.
+``(batch: AdvantageBatch, *, hyper-parameters) -> advantages [B] or [B, T]`` (float32).
+:class:`AdvantageBatch` carries everything an estimator may need (rewards, group ids, the token mask
+and, for a value model, per-token values), so that one signature fits group baselines and
+value-based ones alike. An estimator's keyword-only parameters are its hyper-parameters
+(:mod:`grpo_lab.hparams`): the algorithm passes their values (``adv_eps``, ``gamma``, ``lam``, ...).
 
 For every prompt the policy samples a *group* of ``G`` completions; the sequences of one group are
 contiguous in the batch (``[g0 s0, g0 s1, ..., g0 s(G-1), g1 s0, ...]``), so ``rewards.view(-1, G)``
@@ -35,15 +37,12 @@ gets exactly 0 instead of ``0 / (0 + eps)`` rounding noise, and "equal" allows r
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from . import validation as _v
-
-if TYPE_CHECKING:  # algorithms imports this module
-    from .algorithms import Algorithm
 
 __all__ = ["group_advantages", "rloo_advantages", "group_stats", "tied_groups", "GroupStats", "SCALES",
            "TIE_ULPS", "AdvantageBatch", "ADVANTAGE_ESTIMATORS", "GROUP_BASELINE_ESTIMATORS",
@@ -357,30 +356,31 @@ class AdvantageBatch(NamedTuple):
         return int(sizes[0])
 
 
-def group_zscore(batch: AdvantageBatch, algo: "Algorithm") -> Tensor:
+def group_zscore(batch: AdvantageBatch, *, adv_eps: float = 1e-4) -> Tensor:
     """``"group"``: ``(r - mean_g) / (std_g + adv_eps)``, GRPO (DeepSeekMath §4.1.2)."""
-    return group_advantages(batch.rewards, batch.group_size, scale="group", eps=algo.adv_eps)
+    return group_advantages(batch.rewards, batch.group_size, scale="group", eps=adv_eps)
 
 
-def group_mean_baseline(batch: AdvantageBatch, algo: "Algorithm") -> Tensor:
+def group_mean_baseline(batch: AdvantageBatch) -> Tensor:
     """``"group_mean"``: ``r - mean_g``, Dr.GRPO §3.2 and DeepSeek-V3.2 Eq. 5."""
-    return group_advantages(batch.rewards, batch.group_size, scale="none", eps=algo.adv_eps)
+    return group_advantages(batch.rewards, batch.group_size, scale="none")
 
 
-def batch_std(batch: AdvantageBatch, algo: "Algorithm") -> Tensor:
+def batch_std(batch: AdvantageBatch, *, adv_eps: float = 1e-4) -> Tensor:
     """``"batch"``: ``(r - mean_g) / (std_batch + adv_eps)``, the group mean over the batch's std."""
-    return group_advantages(batch.rewards, batch.group_size, scale="batch", eps=algo.adv_eps)
+    return group_advantages(batch.rewards, batch.group_size, scale="batch", eps=adv_eps)
 
 
-def rloo(batch: AdvantageBatch, algo: "Algorithm") -> Tensor:
+def rloo(batch: AdvantageBatch) -> Tensor:
     """``"rloo"``: ``r_i`` minus the mean of the other ``G - 1`` rewards of its group."""
     if len(batch.rewards) == 0:  # no groups, hence no group size to check
         return batch.rewards.detach().to(torch.float32)
     return rloo_advantages(batch.rewards, batch.group_size)
 
 
-#: advantage estimator -> ``(batch: AdvantageBatch, algo) -> [B] or [B, T]`` float32
-ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageBatch, "Algorithm"], Tensor]] = {
+#: advantage estimator -> ``(batch: AdvantageBatch, *, hyper-parameters) -> [B] or [B, T]`` float32.
+#: (The earlier form ``(batch, algo)``, which receives the whole algorithm, is still accepted.)
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "group": group_zscore,
     "group_mean": group_mean_baseline,
     "batch": batch_std,
@@ -637,14 +637,16 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     return float(1.0 - (y - v).var(correction=0) / var_y)
 
 
-def gae_advantages(batch: AdvantageBatch, algo: "Algorithm") -> Tensor:
+def gae_advantages(batch: AdvantageBatch, *, gamma: float = 1.0, lam: float = 0.95,
+                   lam_alpha: Optional[float] = None) -> Tensor:
     """``"gae"``: per-token GAE advantages ``[B, T]`` from a critic's values (PPO, VAPO).
 
     Each sequence's reward is received at its last real token (:func:`outcome_token_rewards`), and
-    :func:`gae` runs with ``algo.gamma`` and the policy's lambda: ``algo.lam``, or with
-    ``algo.lam_alpha`` set VAPO's length-adaptive ``1 - 1/(alpha l)`` per sequence of ``l`` real
-    tokens (arXiv 2504.05118, Eq. 5; :func:`length_adaptive_lam`). Needs ``batch.values`` and
-    ``batch.mask``; the trainer supplies them when it has a value model.
+    :func:`gae` runs with ``gamma`` and the policy's lambda: ``lam``, or with ``lam_alpha`` set
+    VAPO's length-adaptive ``1 - 1/(alpha l)`` per sequence of ``l`` real tokens (arXiv 2504.05118,
+    Eq. 5; :func:`length_adaptive_lam`). Needs ``batch.values`` and ``batch.mask``; the trainer
+    supplies them when it has a value model. The three hyper-parameters are the ``Algorithm``
+    fields of the same names.
 
     Raises:
         ValueError: the batch has no values or no mask (the message says how to get a critic).
@@ -654,11 +656,10 @@ def gae_advantages(batch: AdvantageBatch, algo: "Algorithm") -> Tensor:
                          "(..., mask=, values=)); the Trainer computes values with its value model, which it builds "
                          "for 'gae' (TrainerConfig.value_init)")
     mask = batch.mask
-    lam = algo.lam
-    if algo.lam_alpha is not None:
-        lam = length_adaptive_lam((mask != 0).sum(-1), algo.lam_alpha)
+    if lam_alpha is not None:
+        lam = length_adaptive_lam((mask != 0).sum(-1), lam_alpha)
     rewards = outcome_token_rewards(batch.rewards, mask)
-    return gae(rewards, batch.values, mask, gamma=algo.gamma, lam=lam)[0]
+    return gae(rewards, batch.values, mask, gamma=gamma, lam=lam)[0]
 
 
 ADVANTAGE_ESTIMATORS["gae"] = gae_advantages

@@ -38,15 +38,18 @@ punishment is sized in tokens for this book's 32-token budget with the paper's p
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch import Tensor
 
+from . import hparams as _hp
 from . import objectives as _obj
+from . import sampling
 from . import validation as _v
-from .advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
+from .advantages import (ADVANTAGE_ESTIMATORS, VALUE_BASELINE_ESTIMATORS, AdvantageBatch, gae,
+                         outcome_token_rewards)
 
 __all__ = [
     "Algorithm",
@@ -66,6 +69,10 @@ __all__ = [
     "RPT",
     "RPT_SAMPLING",
     "RPT_HYBRID",
+    "GMPO",
+    "SAPO",
+    "KL_COV",
+    "CLIP_COV",
     "deepseek_v32",
     "PRESETS",
     "get_algorithm",
@@ -182,6 +189,12 @@ class Algorithm:
             Works with any task that has ``demonstration`` (the trainer refuses one without);
             a task that draws its demonstration from ``rng`` (the arithmetic task does) advances
             the trainer's generator, so its later prompts differ from a run without the term.
+        params: the values of the hyper-parameters that the functions this algorithm names declare
+            (their keyword-only parameters, :mod:`grpo_lab.hparams`) and that are not fields above,
+            e.g. ``{"tau_pos": 1.0, "tau_neg": 1.05}`` for SAPO's surrogate. Missing ones are filled
+            in with the functions' defaults when the algorithm is built, so ``params`` always shows
+            every value used; ``replace(tau_neg=1.2)`` sets one. A variant's own hyper-parameters
+            are stored only in the algorithms that name its function. Read-only by convention.
 
     Raises:
         ValueError: (in ``__post_init__``) a choice on any axis that is not in its registry, a
@@ -195,7 +208,10 @@ class Algorithm:
             ``dynamic_sampling`` / ``overlong_filter`` / ``kl_importance_correction``, a
             negative or non-finite ``offpolicy_mask_delta``, an empty ``name``, ``gamma`` / ``lam`` /
             ``critic_lam`` outside ``[0, 1]``, a ``lam_alpha`` that is not ``> 0``, or a negative
-            ``value_clip_eps`` / ``nll_coef`` / ``ntp_coef``.
+            ``value_clip_eps`` / ``nll_coef`` / ``ntp_coef``; a key of ``params`` that no named
+            function declares, or a value of the wrong type; a constraint a named function declares
+            on another axis (``requires``), or its ``validate`` (e.g. ``eps_low > 1`` with a
+            ratio-space clip, ``"ppo"`` and ``"is_weight"``).
     """
 
     name: str = "custom"
@@ -224,6 +240,7 @@ class Algorithm:
     value_clip_eps: Optional[float] = None
     nll_coef: float = 0.0
     ntp_coef: float = 0.0
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -235,12 +252,18 @@ class Algorithm:
         _v.choice("kl", self.kl, _obj.KL_ESTIMATORS, extra=(None,))
         for name in ("adv_eps", "eps_high", "beta"):
             _v.real_number(name, getattr(self, name), minimum=0.0)
-        if not 0 <= _v.real_number("eps_low", self.eps_low) <= 1:
-            raise ValueError(
-                f"eps_low must be in [0, 1] (the ratio floor 1 - eps_low must be >= 0), got {self.eps_low!r}")
+        _v.real_number("eps_low", self.eps_low)
         _v.positive_int("max_tokens", self.max_tokens, allow_none=True)
         for name in ("dynamic_sampling", "overlong_filter", "kl_importance_correction"):
             _v.flag(name, getattr(self, name))
+        self._check_overlong()
+        self._check_masks()
+        self._check_value_fields()
+        self._coerce()
+        object.__setattr__(self, "params", self._checked_params())
+
+    def _check_overlong(self) -> None:
+        """DAPO's soft overlong punishment: ``overlong_cache_len`` or ``overlong_cache_frac``."""
         _v.positive_int("overlong_cache_len (L_cache, tokens)", self.overlong_cache_len, allow_none=True)
         if self.overlong_cache_frac is not None:
             if not 0 < _v.real_number("overlong_cache_frac", self.overlong_cache_frac) <= 0.5:
@@ -256,6 +279,9 @@ class Algorithm:
                     "the fraction: DAPO.replace(overlong_cache_frac=None, "
                     f"overlong_cache_len={self.overlong_cache_len}) in Python, or --set overlong_cache_frac=none "
                     f"--set overlong_cache_len={self.overlong_cache_len} on the command line")
+
+    def _check_masks(self) -> None:
+        """V3.2's ``offpolicy_mask_delta`` and MiniMax-M1's ``mask_eps_low`` / ``mask_eps_high``."""
         if self.offpolicy_mask_delta is not None and _v.real_number(
                 "offpolicy_mask_delta", self.offpolicy_mask_delta) < 0:
             raise ValueError(
@@ -271,6 +297,9 @@ class Algorithm:
             raise ValueError("mask_eps_low / mask_eps_high are the token mask of MiniMax-M1's unified form "
                              "(Eqs. 6-7), read by clip='is_weight'; PPO's clip (clip='ppo') already applies that "
                              "mask with eps_low / eps_high, so set those instead")
+
+    def _check_value_fields(self) -> None:
+        """GAE's ``gamma`` / ``lam`` / ``critic_lam`` / ``lam_alpha``, the critic's clip, the NLL / NTP weights."""
         for name in ("gamma", "lam"):
             if not 0 <= _v.real_number(name, getattr(self, name)) <= 1:
                 raise ValueError(f"{name} (GAE) must be in [0, 1], got {getattr(self, name)!r}")
@@ -283,7 +312,9 @@ class Algorithm:
             _v.real_number("value_clip_eps", self.value_clip_eps, minimum=0.0)
         _v.real_number("nll_coef", self.nll_coef, minimum=0.0)
         _v.real_number("ntp_coef", self.ntp_coef, minimum=0.0)
-        # store plain python numbers (numpy / tensor scalars would break JSON provenance later)
+
+    def _coerce(self) -> None:
+        """Store plain python numbers (numpy / tensor scalars would break JSON provenance later)."""
         for name in ("adv_eps", "eps_low", "eps_high", "beta", "offpolicy_mask_delta", "mask_eps_low",
                      "mask_eps_high", "overlong_cache_frac", "gamma", "lam", "lam_alpha", "critic_lam",
                      "value_clip_eps", "nll_coef", "ntp_coef"):
@@ -292,6 +323,53 @@ class Algorithm:
         for name in ("max_tokens", "overlong_cache_len"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(getattr(self, name)))
+
+    # ---------------------------------------------------------------- hyper-parameters of functions
+    def _checked_params(self) -> dict:
+        """``params`` checked against the hyper-parameters the named functions declare, with every
+        default filled in; then each function's constraints on the other axes and its ``validate``."""
+        if not isinstance(self.params, Mapping):
+            raise ValueError(f"params must be a mapping {{hyper-parameter: value}}, got {type(self.params).__name__}")
+        named = _named_functions(self.advantage, self.ratio_level, self.clip, self.aggregation, self.kl)
+        own = _own_hyperparameters(named)
+        unknown = sorted(k for k in self.params if k not in own)
+        if unknown:
+            raise ValueError(_unknown_message(unknown, own, named))
+        out = {}
+        for k, default in own.items():
+            if k in self.params:
+                out[k] = _typed(k, self.params[k], default)
+            elif default is _hp.REQUIRED:
+                raise ValueError(f"hyper-parameter {k!r} (declared without a default) needs a value: params={{{k!r}: ...}}")
+            else:
+                out[k] = default
+        for axis, key, fn in named:
+            _check_declaration(self, axis, key, fn, out)
+        return out
+
+    def values_for(self, fn: Callable) -> dict[str, Any]:
+        """The values of ``fn``'s hyper-parameters under this algorithm (:mod:`grpo_lab.hparams`):
+        ``{name: value}`` from :attr:`params`, else the field of that name, else ``fn``'s default;
+        what :func:`grpo_lab.objectives.policy_loss` and :meth:`estimate_advantages` pass as keywords.
+        A name with neither a value nor a default is left out (the call then raises ``TypeError``)."""
+        out = {}
+        for k, default in _hp.hyperparameters(fn).items():
+            if k in self.params:
+                out[k] = self.params[k]
+            elif k in _FIELD_NAMES:
+                out[k] = getattr(self, k)
+            elif default is not _hp.REQUIRED:
+                out[k] = default
+        return out
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """``{name: value}`` of every hyper-parameter the functions this algorithm names declare
+        (fields such as ``eps_low`` included), in declaration order."""
+        out: dict[str, Any] = {}
+        for _, _, fn in _named_functions(self.advantage, self.ratio_level, self.clip, self.aggregation, self.kl):
+            for k, v in self.values_for(fn).items():
+                out.setdefault(k, v)
+        return out
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -304,8 +382,6 @@ class Algorithm:
         estimator, ratio, surrogate, aggregation, group selector (:data:`grpo_lab.sampling.SELECTORS`)
         and, when the loss has a KL term, its KL estimator. Raises nothing (the keys were
         validated when the algorithm was built; an entry removed since then maps to ``None``)."""
-        from . import sampling  # sampling's functions take an Algorithm: imported late
-
         used = [("ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS, self.advantage),
                 ("RATIOS", _obj.RATIOS, self.ratio_level), ("SURROGATES", _obj.SURROGATES, self.clip),
                 ("AGGREGATIONS", _obj.AGGREGATIONS, self.aggregation),
@@ -326,7 +402,8 @@ class Algorithm:
         """
         if not isinstance(batch, AdvantageBatch):
             raise ValueError(f"batch must be a grpo_lab.advantages.AdvantageBatch, got {type(batch).__name__}")
-        adv = ADVANTAGE_ESTIMATORS[self.advantage](batch, self)
+        fn = ADVANTAGE_ESTIMATORS[self.advantage]
+        adv = fn(batch, self) if _hp.positional_count(fn) == 2 else fn(batch, **self.values_for(fn))
         B = batch.rewards.shape[0]
         shapes = [(B,)] + ([tuple(batch.mask.shape)] if batch.mask is not None else [])
         if not isinstance(adv, Tensor) or tuple(adv.shape) not in shapes or not adv.is_floating_point():
@@ -358,13 +435,9 @@ class Algorithm:
         Raises:
             ValueError: ``batch`` has no ``values`` or no ``mask``.
         """
-        from .advantages import gae, outcome_token_rewards
-
         if batch.values is None or batch.mask is None:
             raise ValueError("value_targets needs a batch with values and mask (AdvantageBatch.from_groups(..., "
                              "mask=, values=))")
-        from .advantages import VALUE_BASELINE_ESTIMATORS
-
         values = batch.values.detach().to(torch.float32)
         lam = self.critic_lam
         if lam is None and self.advantage not in VALUE_BASELINE_ESTIMATORS:
@@ -403,10 +476,9 @@ class Algorithm:
         ``lam_alpha``, ``critic_lam``, ``value_clip_eps``, all None unless the advantage estimator is
         value-based (:data:`grpo_lab.advantages.VALUE_BASELINE_ESTIMATORS`, which alone reads them), and
         ``nll_coef`` (VAPO's positive-example LM loss, 0.0 when off) and ``ntp_coef`` (the
-        next-token-prediction term of the hybrid ablation, 0.0 when off).
+        next-token-prediction term of the hybrid ablation, 0.0 when off), then the hyper-parameters in
+        :attr:`params` (those of a variant's own functions, e.g. SAPO's ``tau_pos`` / ``tau_neg``).
         """
-        from .advantages import VALUE_BASELINE_ESTIMATORS
-
         value_based = self.advantage in VALUE_BASELINE_ESTIMATORS
         return {
             "advantage": self.advantage,
@@ -432,15 +504,111 @@ class Algorithm:
             "value_clip_eps": self.value_clip_eps if value_based else None,
             "nll_coef": self.nll_coef,
             "ntp_coef": self.ntp_coef,
+            **self.params,
         }
 
     def describe(self) -> dict[str, Any]:
-        """Every field (``name`` first) as a plain dict; suitable for JSON and provenance."""
+        """Every field (``name`` first, ``params`` last) as a plain dict; suitable for JSON and provenance."""
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> "Algorithm":
-        """A copy with some fields changed (validated again), e.g. ``GRPO.replace(beta=0.0)``."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields or hyper-parameters changed (validated again), e.g.
+        ``GRPO.replace(beta=0.0)`` or ``SAPO.replace(tau_neg=1.2)``.
+
+        A key that is not a field is a hyper-parameter of a function the result names and goes into
+        :attr:`params` (``SAPO.replace(tau_neg=1.2)`` is ``SAPO.replace(params={**SAPO.params,
+        "tau_neg": 1.2})``). Hyper-parameters that the result's functions no longer declare are
+        dropped (``SAPO.replace(clip="ppo")`` keeps no temperatures).
+
+        Raises:
+            ValueError: a key that is neither a field nor a hyper-parameter of the result's functions
+                (the message lists both), or as :class:`Algorithm`.
+        """
+        fields = {k: v for k, v in changes.items() if k in _FIELD_NAMES}
+        extra = {k: v for k, v in changes.items() if k not in _FIELD_NAMES}
+        axes = {a: fields.get(a, getattr(self, a)) for a in _AXES}
+        try:
+            named = _named_functions(**axes)
+        except (KeyError, TypeError):  # an unknown choice: the dataclass names it
+            return dataclasses.replace(self, **fields)
+        own = _own_hyperparameters(named)
+        unknown = sorted(k for k in extra if k not in own)
+        if unknown:
+            raise ValueError(_unknown_message(unknown, own, named))
+        params = dict(fields.pop("params")) if "params" in fields else {
+            k: v for k, v in self.params.items() if k in own}
+        return dataclasses.replace(self, **fields, params={**params, **extra})
+
+
+#: the axis fields, in the order :func:`_named_functions` takes them
+_AXES = ("advantage", "ratio_level", "clip", "aggregation", "kl")
+
+
+def _named_functions(advantage: str, ratio_level: str, clip: str, aggregation: str,
+                     kl: Optional[str]) -> list[tuple[str, str, Callable]]:
+    """``[(axis field, choice, function)]`` of the registry functions these choices name (the KL
+    estimator only when ``kl`` is set). Raises ``KeyError`` for a choice not in its registry."""
+    out = [("advantage", advantage, ADVANTAGE_ESTIMATORS[advantage]),
+           ("ratio_level", ratio_level, _obj.RATIOS[ratio_level]), ("clip", clip, _obj.SURROGATES[clip]),
+           ("aggregation", aggregation, _obj.AGGREGATIONS[aggregation])]
+    if kl is not None:
+        out.append(("kl", kl, _obj.KL_ESTIMATORS[kl]))
+    return out
+
+
+def _own_hyperparameters(named: list) -> dict[str, Any]:
+    """``{name: default}`` of the hyper-parameters ``named``'s functions declare that are not
+    :class:`Algorithm` fields: the ones :attr:`Algorithm.params` holds."""
+    out: dict[str, Any] = {}
+    for _, _, fn in named:
+        for k, d in _hp.hyperparameters(fn).items():
+            if k not in _FIELD_NAMES:
+                out.setdefault(k, d)
+    return out
+
+
+def _unknown_message(unknown: list, own: dict, named: list) -> str:
+    choices = ", ".join(f"{axis}={key!r}" for axis, key, _ in named)
+    return (f"unknown key(s) {unknown}: neither an Algorithm field nor a hyper-parameter of this algorithm's "
+            f"functions ({choices}), which declare {sorted(own) or 'none'} beyond the fields; fields: "
+            f"{sorted(_FIELD_NAMES - {'params'})}")
+
+
+def _typed(name: str, value: Any, default: Any) -> Any:
+    """``value`` checked against the type of the declared ``default`` (float: a finite real number,
+    stored as float; int: an integer; bool: a bool); with no typed default, a number, bool, string or None."""
+    if isinstance(default, bool):
+        return _v.flag(name, value)
+    if isinstance(default, int):
+        if not _v.is_int(value):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        return int(value)
+    if isinstance(default, float):
+        return float(_v.real_number(name, value))
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if _v.is_int(value):
+        return int(value)
+    return float(_v.real_number(name, value))
+
+
+def _check_declaration(algo: "Algorithm", axis: str, key: str, fn: Callable, own: dict) -> None:
+    """What ``fn`` (the choice ``key`` on ``axis``) declares: its constraints on the other axes and
+    the ``validate`` of its hyper-parameters' values."""
+    spec = _hp.spec(fn)
+    for other, allowed in spec.requires.items():
+        if getattr(algo, other, None) not in allowed:
+            want = " or ".join(repr(a) for a in allowed)
+            raise ValueError(f"{axis}={key!r} ({getattr(fn, '__name__', fn)}) requires {other}={want}, "
+                             f"got {other}={getattr(algo, other, None)!r}")
+    if spec.validate is not None:
+        values = {k: own[k] if k in own else getattr(algo, k, d)
+                  for k, d in _hp.hyperparameters(fn).items()}
+        spec.validate(values)
+
+
+#: the names of :class:`Algorithm`'s fields (hyper-parameters shared by several functions live there)
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Algorithm))
 
 
 #: GRPO as in DeepSeekMath (arXiv 2402.03300) Eq. 3-4 and §4.1.2 / §4.2 — token ratio, symmetric
@@ -664,10 +832,43 @@ RPT_SAMPLING: dict[str, Any] = {"group_size": 8, "temperature": 0.8}
 #: (``ntp_coef = 1``: the two terms weighted equally).
 RPT_HYBRID = RPT.replace(name="RPT hybrid (not the paper)", ntp_coef=1.0)
 
+#: GMPO, Geometric-Mean Policy Optimization (Zhao et al., arXiv 2507.20673; official code ``callsys/GMPO``):
+#: GRPO with the arithmetic mean of token ratios replaced by their geometric mean, each token clipped
+#: in log space on the side its advantage pushes (:func:`grpo_lab.objectives.gmpo_surrogate`).
+#: ``eps_low = eps_high = 0.4``: the paper's range ``(e^-0.4, e^0.4)``, read by the surrogate in log
+#: space (its no-clip ablation is ``GMPO.replace(eps_low=1000, eps_high=1000)``); group z-score
+#: advantages; no KL (the official script's ``--beta 0``); the mean over responses of Eq. 4
+#: (``"seq_mean_token_mean"``, which the surrogate requires, as it requires ``ratio_level="token"``).
+GMPO = GRPO.replace(name="GMPO", clip="gmpo", eps_low=0.4, eps_high=0.4, kl=None, beta=0.0)
+
+#: SAPO, Soft Adaptive Policy Optimization (Gao et al., Qwen, arXiv 2511.20347): a smooth gate
+#: ``4/tau sigmoid(tau (r - 1))`` instead of the hard clip (:func:`grpo_lab.objectives.sapo_surrogate`),
+#: with the paper's temperatures ``tau_pos = 1.0`` and ``tau_neg = 1.05`` (the surrogate's defaults,
+#: held in ``params``; ``SAPO.replace(tau_neg=...)``); token ratio, ``1/G sum_i 1/|y_i| sum_t``
+#: aggregation, group z-score advantages, no KL term.
+SAPO = GRPO.replace(name="SAPO", clip="sapo", kl=None, beta=0.0)
+
+#: KL-Cov (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+#: arXiv 2505.22617, §4.2): the unclipped policy gradient plus ``kl_cov_coef |log r|`` on the
+#: ``kl_cov_ratio`` share of the minibatch's tokens with the largest covariance between advantage and
+#: log-probability (:func:`grpo_lab.objectives.kl_cov_surrogate`): ``kl_cov_ratio = 2e-3`` (the
+#: paper's Qwen2.5-7B setting; 2e-4 for 32B) and ``kl_cov_coef = 1``, token-mean aggregation as in its
+#: verl recipe, no KL to a reference, group z-score advantages. ``eps_low`` / ``eps_high`` are unused.
+#: At toy scale ``floor(2e-3 N)`` is often 0 tokens, and at least one token is selected: the
+#: effective share is then ``1/N``.
+KL_COV = GRPO.replace(name="KL_COV", clip="kl_cov", aggregation="token_mean", kl=None, beta=0.0)
+
+#: Clip-Cov (arXiv 2505.22617, §4.2): PPO's clipped surrogate with the gradient of a random
+#: ``clip_cov_ratio`` share of the tokens whose covariance lies in ``(clip_cov_lb, clip_cov_ub)``
+#: removed (:func:`grpo_lab.objectives.clip_cov_surrogate`): the paper's 2e-4, 1 and 5; symmetric clip
+#: 0.2, token-mean aggregation, no KL term. The draw uses torch's global generator, which the
+#: trainer's checkpoints save.
+CLIP_COV = GRPO.replace(name="CLIP_COV", clip="clip_cov", aggregation="token_mean", kl=None, beta=0.0)
+
 #: The presets of this module by name (``python -m grpo_lab NAME`` trains one).
 PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO, "GSPO": GSPO,
                                  "GSPO_TOKEN": GSPO_TOKEN, "CISPO": CISPO, "PPO": PPO, "VAPO": VAPO,
-                                 "RPT": RPT}
+                                 "RPT": RPT, "GMPO": GMPO, "SAPO": SAPO, "KL_COV": KL_COV, "CLIP_COV": CLIP_COV}
 
 
 def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Algorithm:

@@ -15,12 +15,15 @@ returns *losses* (``-J`` terms), to be minimised. Each axis of an
 function with that axis's signature:
 
 * :data:`RATIOS` ``(logp, old_logp, mask) -> log_ratio [B, T]``;
-* :data:`SURROGATES` ``(log_ratio, advantages, mask, algo) -> (per_token_loss [B, T], indicators)``;
+* :data:`SURROGATES` ``(ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)``;
 * :data:`KL_ESTIMATORS` ``(delta [B, T]) -> [B, T]`` with ``delta = log pi_theta - log pi_ref``;
 * :data:`AGGREGATIONS` ``(values, mask, norms) -> scalar``.
 
 :func:`policy_loss` composes them like the equation above; registering a function under a new
-name (``SURROGATES["mine"] = f``) makes ``algo.replace(clip="mine")`` valid.
+name (``SURROGATES["mine"] = f``) makes ``algo.replace(clip="mine")`` valid. A function's keyword-only
+parameters are its hyper-parameters, and it may declare constraints on the other axes and statistics
+over the whole minibatch (:mod:`grpo_lab.hparams`); a surrogate sees the whole :class:`LossContext`
+(log pi_theta, log pi_old, the log-ratio, advantages, mask, group structure, those statistics).
 
 Where the code departs from the papers, and why:
 
@@ -45,19 +48,18 @@ Numerical conventions (callers rely on them):
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor
 
+from . import hparams as _hp
 from . import metrics as _metrics
 from . import validation as _v
 
-if TYPE_CHECKING:  # algorithms imports this module, so no import at run time
-    from .algorithms import Algorithm
-
 __all__ = [
     "LossOutput",
+    "LossContext",
     "Normalisers",
     "LOG_RATIO_CLAMP",
     "KL_LOG_RATIO_CLAMP",
@@ -73,6 +75,8 @@ __all__ = [
     "sequence_token_ratio",
     "ppo_clip_loss",
     "cispo_weight",
+    "token_covariance",
+    "batch_statistics",
     "aggregate",
     "kl_estimate",
     "offpolicy_sequence_mask",
@@ -314,29 +318,84 @@ def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# surrogates: (log_ratio, advantages, mask, algo) -> (per_token_loss [B, T], indicators)
+# surrogates: (ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)
 # --------------------------------------------------------------------------------------------
+class LossContext(NamedTuple):
+    """What a surrogate (and a whole-minibatch statistic) sees of one batch or micro-batch.
+
+    Every ``[B, T]`` tensor is in the compute dtype (float32; float64 for float64 inputs), with
+    padded positions (mask 0) set to 0.
+
+    Attributes:
+        logp: ``[B, T]`` log pi_theta of the sampled tokens; gradient flows.
+        old_logp: ``[B, T]`` log pi_old (detached).
+        log_ratio: ``[B, T]`` the log-ratio of the algorithm's ratio axis (:data:`RATIOS`); gradient
+            flows (through ``logp``).
+        advantages: ``[B, T]`` (detached; broadcast from ``[B]`` when given per sequence).
+        mask: ``[B, T]`` bool, True = real token.
+        ref_logp: ``[B, T]`` log pi_ref (detached) or None.
+        group_size: contiguous group size when the caller gave one, else None.
+        group_tokens: ``[B]`` float, each row's group's real-token count, or None.
+        num_tokens, num_sequences: the global normalisers when the batch is a micro-batch, else None.
+        stats: ``{name: Tensor [B, ...]}``: the whole-minibatch statistics the surrogate declares
+            (:func:`grpo_lab.hparams.declare`), the rows of this batch; empty when it declares none.
+    """
+
+    logp: Tensor
+    old_logp: Tensor
+    log_ratio: Tensor
+    advantages: Tensor
+    mask: Tensor
+    ref_logp: Optional[Tensor] = None
+    group_size: Optional[int] = None
+    group_tokens: Optional[Tensor] = None
+    num_tokens: Optional[float] = None
+    num_sequences: Optional[float] = None
+    stats: Mapping[str, Tensor] = {}
+
+
+def _ratio_floor(values: dict) -> None:
+    """``eps_low`` of a ratio clipped in ratio space: the floor ``1 - eps_low`` must be >= 0."""
+    if not 0 <= values["eps_low"] <= 1:
+        raise ValueError(
+            f"eps_low must be in [0, 1] (the ratio floor 1 - eps_low must be >= 0), got {values['eps_low']!r}")
+
+
+def _ratio(log_ratio: Tensor) -> Tensor:
+    """``r = exp(clamp(log r, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))``."""
+    return torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
 def _ppo_clip(log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
     """``(-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r)`` with ``r = exp(clamp(log r))``."""
-    ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio = _ratio(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     return -torch.minimum(ratio * adv, clipped * adv), ratio
 
 
-def ppo_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, algo: Algorithm) -> tuple[Tensor, dict]:
+def _ppo_indicators(ctx: LossContext, ratio: Tensor, eps_low: float, eps_high: float) -> dict:
+    """PPO-clip's per-token indicators: ``clip_low``, ``clip_high``, ``grad`` (see :func:`ppo_surrogate`)."""
+    with torch.no_grad():
+        r, a = ratio.detach(), ctx.advantages
+        low = (a < 0) & (r < 1.0 - eps_low)
+        high = (a > 0) & (r > 1.0 + eps_high)
+        grad = (a != 0) & ~low & ~high & (ctx.log_ratio.detach().abs() <= LOG_RATIO_CLAMP)
+    return {"clip_low": low, "clip_high": high, "grad": grad}
+
+
+@_hp.declare(validate=_ratio_floor)
+def ppo_surrogate(ctx: LossContext, *, eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[Tensor, dict]:
     """PPO's clipped surrogate (DeepSeekMath Eq. 3, DAPO Eq. 10) and which tokens the clip cuts.
+
+    ``loss_it = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, ``r = exp(ctx.log_ratio)``.
+    Hyper-parameters: ``eps_low`` in ``[0, 1]``, ``eps_high >= 0`` (the ``Algorithm`` fields).
 
     Indicators (bool ``[B, T]``): ``clip_low`` — ``A < 0`` and ``r < 1 - eps_low``; ``clip_high``
     — ``A > 0`` and ``r > 1 + eps_high`` (exactly the tokens whose gradient the clip sets to 0);
     ``grad`` — ``A != 0``, not clipped, ``|log r|`` inside the clamp (a non-zero gradient).
     """
-    loss, ratio = _ppo_clip(log_ratio, advantages, float(algo.eps_low), float(algo.eps_high))
-    with torch.no_grad():
-        r, a = ratio.detach(), advantages
-        low = (a < 0) & (r < 1.0 - algo.eps_low)
-        high = (a > 0) & (r > 1.0 + algo.eps_high)
-        grad = (a != 0) & ~low & ~high & (log_ratio.detach().abs() <= LOG_RATIO_CLAMP)
-    return loss, {"clip_low": low, "clip_high": high, "grad": grad}
+    loss, ratio = _ppo_clip(ctx.log_ratio, ctx.advantages, float(eps_low), float(eps_high))
+    return loss, _ppo_indicators(ctx, ratio, eps_low, eps_high)
 
 
 def cispo_weight(log_ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
@@ -368,24 +427,26 @@ def cispo_weight(log_ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
     return torch.clamp(r, 1.0 - el, 1.0 + eh)
 
 
-def cispo_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, algo: Algorithm) -> tuple[Tensor, dict]:
+@_hp.declare(validate=_ratio_floor)
+def cispo_surrogate(ctx: LossContext, *, eps_low: float = 1.0, eps_high: float = 0.28,
+                    mask_eps_low: Optional[float] = None, mask_eps_high: Optional[float] = None
+                    ) -> tuple[Tensor, dict]:
     """CISPO (MiniMax-M1, arXiv 2506.13585, Eqs. 4-5), and its unified masked form (Eqs. 6-7).
 
     Per token, to minimise::
 
         loss_it = - M_it * sg(w_it) * A_it * log r_it,     w_it = clip(r_it, 1 - eps_low, 1 + eps_high)
 
-    with ``w`` from :func:`cispo_weight` (``eps_low`` / ``eps_high`` of ``algo`` are the paper's
+    with ``w`` from :func:`cispo_weight` (``eps_low`` / ``eps_high`` are the paper's
     ``eps^IS_low`` / ``eps^IS_high``). Its gradient is Eq. 4's, ``-M w A grad log pi_theta``:
     ``log r = log pi_theta - log pi_old`` and ``log pi_old`` is a constant. The *value* differs from
-    Eq. 4's ``-w A log pi_theta`` by ``+M w A log pi_old``, a term without gradient that this
-    signature (log-ratios, not log-probs) cannot add; it makes the value 0 on a purely on-policy
-    step (log r = 0) while the gradient is the REINFORCE gradient ``-A grad log pi_theta``.
-    The clip never removes a token's gradient: a token whose ratio left the range keeps the
-    capped weight (PPO-clip would drop it). The gradient does not pass through ``exp``, so the
-    log-ratio clamp does not cut it either.
+    Eq. 4's ``-w A log pi_theta`` by ``+M w A log pi_old``, a term without gradient; it makes the
+    value 0 on a purely on-policy step (log r = 0) while the gradient is the REINFORCE gradient
+    ``-A grad log pi_theta``. The clip never removes a token's gradient: a token whose ratio left
+    the range keeps the capped weight (PPO-clip would drop it). The gradient does not pass through
+    ``exp``, so the log-ratio clamp does not cut it either.
 
-    ``M_it`` (Eq. 7) is 1 unless ``algo.mask_eps_low`` / ``algo.mask_eps_high`` are set: then
+    ``M_it`` (Eq. 7) is 1 unless ``mask_eps_low`` / ``mask_eps_high`` are set: then
     ``M_it = 0`` where ``A > 0`` and ``r > 1 + mask_eps_high``, or ``A < 0`` and
     ``r < 1 - mask_eps_low`` (an unset side never masks). That is the mask PPO-clip applies
     implicitly: with ``eps_low = 1`` and ``eps_high >= e^20`` (an unclipped weight) the gradient
@@ -399,29 +460,243 @@ def cispo_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, algo: A
     zero advantages included; TRL's ``cispo_clip_ratio`` counts only ``A > 0``, verl's
     ``pg_clipfrac`` counts both sides); ``weight_floored_frac`` — ``r < 1 - eps_low``.
     """
-    el, eh = float(algo.eps_low), float(algo.eps_high)
+    el, eh, log_ratio, advantages = float(eps_low), float(eps_high), ctx.log_ratio, ctx.advantages
     w = cispo_weight(log_ratio, el, eh)
     with torch.no_grad():
         lr = log_ratio.detach().to(_v.compute_dtype(log_ratio))  # the same float32 r as the weight's
         r, a = torch.exp(torch.clamp(lr, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), advantages
         none = torch.zeros_like(r, dtype=torch.bool)
-        low = (a < 0) & (r < 1.0 - algo.mask_eps_low) if algo.mask_eps_low is not None else none
-        high = (a > 0) & (r > 1.0 + algo.mask_eps_high) if algo.mask_eps_high is not None else none
+        low = (a < 0) & (r < 1.0 - mask_eps_low) if mask_eps_low is not None else none
+        high = (a > 0) & (r > 1.0 + mask_eps_high) if mask_eps_high is not None else none
         keep = ~(low | high)
         indicators = {"clip_low": low, "clip_high": high, "grad": (a != 0) & keep,
                       "weight_capped_frac": r > 1.0 + eh, "weight_floored_frac": r < 1.0 - el}
     loss = -(w * advantages) * log_ratio
-    if algo.mask_eps_low is not None or algo.mask_eps_high is not None:
+    if mask_eps_low is not None or mask_eps_high is not None:
         loss = torch.where(keep, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
     return loss, indicators
 
 
-#: clipping object -> ``(log_ratio, advantages, mask, algo) -> (per_token_loss, indicators)``.
+def _row_mean(x: Tensor, m: Tensor) -> Tensor:
+    """``[B]`` mean of ``x`` over each row's real tokens (0 for a row without one)."""
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    return torch.where(m, x, zero).sum(-1) / m.sum(-1).clamp(min=1).to(x.dtype)
+
+
+def _log_space_range(values: dict) -> None:
+    """GMPO clips ``log r`` to ``[-eps_low, eps_high]``: any size >= 0 (1000 = no clip)."""
+    if values["eps_low"] < 0:
+        raise ValueError(f"eps_low must be >= 0: GMPO clips log r to [-eps_low, eps_high] in log space (any size; "
+                         f"its no-clip ablation uses 1000), got {values['eps_low']!r}")
+
+
+@_hp.declare(requires={"ratio_level": "token", "aggregation": "seq_mean_token_mean"}, validate=_log_space_range)
+def gmpo_surrogate(ctx: LossContext, *, eps_low: float = 0.4, eps_high: float = 0.4) -> tuple[Tensor, dict]:
+    """GMPO, Geometric-Mean Policy Optimization (Zhao et al., arXiv 2507.20673, Eq. 4 / Alg. 1).
+
+    Maximised per response ``i`` (``sgn = sign(A_i)``, ``l_it = log r_it`` the token log-ratio)::
+
+        J_i = A_i * exp( 1/|o_i| sum_t sgn * min(sgn * l_it, sgn * clip(l_it, -eps_low, eps_high)) )
+
+    the geometric mean of the token ratios, each clipped **in log space** and only on the side the
+    advantage pushes (``l <= eps_high`` for ``A > 0``, ``l >= -eps_low`` for ``A < 0``). The loss
+    is ``-J_i`` on every real token of row ``i``; with ``aggregation="seq_mean_token_mean"``
+    (required) the batch loss is ``-1/G sum_i J_i``. The paper's ``eps = 0.4`` (a range of
+    ``[e^-0.4, e^0.4]`` for the ratio). Requires ``ratio_level="token"``: the surrogate takes the
+    geometric mean itself. With ``[B, T]`` advantages ``A_i`` is their mean over the row's real
+    tokens and ``sgn`` is taken per token (as verl's ``geo_mean``). The mean log-ratio is clamped to
+    ``+-LOG_RATIO_CLAMP`` before ``exp``.
+
+    Indicators (bool ``[B, T]``): ``clip_high`` — ``A > 0`` and ``l > eps_high``; ``clip_low`` —
+    ``A < 0`` and ``l < -eps_low`` (the tokens whose gradient the clip removes); ``grad`` —
+    ``A != 0`` and not clipped.
+    """
+    lr, a, m = ctx.log_ratio, ctx.advantages, ctx.mask
+    sgn = torch.sign(a)
+    kept = sgn * torch.minimum(sgn * lr, sgn * torch.clamp(lr, -eps_low, eps_high))
+    log_w = torch.clamp(_row_mean(kept, m), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    loss = -(_row_mean(a, m) * torch.exp(log_w))[:, None].expand_as(lr)
+    with torch.no_grad():
+        low, high = (a < 0) & (lr.detach() < -eps_low), (a > 0) & (lr.detach() > eps_high)
+    return loss, {"clip_low": low, "clip_high": high, "grad": (a != 0) & ~low & ~high}
+
+
+def _positive_temperatures(values: dict) -> None:
+    """SAPO's temperatures must be > 0 (the gate divides by them)."""
+    for k in ("tau_pos", "tau_neg"):
+        if not values[k] > 0:
+            raise ValueError(f"{k} (a SAPO gate temperature) must be > 0, got {values[k]!r}")
+
+
+@_hp.declare(validate=_positive_temperatures)
+def sapo_surrogate(ctx: LossContext, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> tuple[Tensor, dict]:
+    """SAPO, Soft Adaptive Policy Optimization (Gao et al., Qwen, arXiv 2511.20347, §3).
+
+    A soft gate replaces the hard clip. Per token, to minimise::
+
+        loss_it = -f(r_it) A_it,      f(r) = 4/tau * sigmoid(tau (r - 1)),
+        tau = tau_pos if A_it > 0 else tau_neg
+
+    with the paper's ``tau_pos = 1.0``, ``tau_neg = 1.05`` (``tau_neg > tau_pos``: negative
+    advantages are damped faster off-policy). The gradient weight is ``f'(r) r = 4 s (1 - s) r``,
+    ``s = sigmoid(tau (r - 1))``: exactly 1 on-policy (``r = 1``, the REINFORCE gradient) and
+    decaying smoothly as ``r`` leaves 1; no token's gradient is cut to 0. The paper averages as
+    ``1/G sum_i 1/|y_i| sum_t`` (``"seq_mean_token_mean"``). ``r = exp(clamp(log r, +-20))``.
+
+    Indicators: ``clip_low`` / ``clip_high`` — none (nothing is cut); ``grad`` — ``A != 0`` and
+    ``|log r|`` inside the clamp; ``sapo_weight`` — the gradient weight ``4 s (1 - s) r`` (float).
+    """
+    lr, a = ctx.log_ratio, ctx.advantages
+    ratio = _ratio(lr)
+    tau = torch.where(a > 0, torch.full_like(a, tau_pos), torch.full_like(a, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(4.0 / tau) * gate * a
+    with torch.no_grad():
+        none = torch.zeros_like(a, dtype=torch.bool)
+        s, r = gate.detach(), ratio.detach()
+        grad = (a != 0) & (lr.detach().abs() <= LOG_RATIO_CLAMP)
+    return loss, {"clip_low": none, "clip_high": none, "grad": grad, "sapo_weight": 4.0 * s * (1.0 - s) * r}
+
+
+def token_covariance(ctx: LossContext) -> Tensor:
+    """``Cov_t = (A_t - mean A) (log pi_theta,t - mean log pi_theta)`` per real token, both means over
+    the batch's real tokens (Cui et al., arXiv 2505.22617, Eq. 11 / §4.2); ``[B, T]``, 0 at padding,
+    no gradient. Called on the whole minibatch (a statistic, :func:`batch_statistics`)."""
+    m = ctx.mask
+    with torch.no_grad():
+        n = m.sum().clamp(min=1).to(ctx.logp.dtype)
+        a, lp = ctx.advantages, ctx.logp.detach()
+        zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+        cov = (a - torch.where(m, a, zero).sum() / n) * (lp - torch.where(m, lp, zero).sum() / n)
+        return torch.where(m, cov, zero)
+
+
+def _pick(candidates: Tensor, order: Tensor, k: int) -> Tensor:
+    """A bool mask like ``candidates`` with the first ``k`` candidates in ``order`` (indices into
+    ``candidates.nonzero()``) set."""
+    where = candidates.nonzero()[order[:k].to(candidates.device)]
+    out = torch.zeros_like(candidates)
+    out[where[:, 0], where[:, 1]] = True
+    return out
+
+
+def kl_cov_selection(ctx: LossContext, *, kl_cov_ratio: float = 2e-3) -> Tensor:
+    """KL-Cov's tokens (arXiv 2505.22617, §4.2): the ``k = max(1, floor(kl_cov_ratio N))`` real tokens
+    of largest :func:`token_covariance` among the batch's ``N`` real tokens; bool ``[B, T]`` (none when
+    ``N = 0``). A whole-minibatch statistic of :func:`kl_cov_surrogate`."""
+    m = ctx.mask
+    n = int(m.sum())
+    if n == 0:
+        return torch.zeros_like(m)
+    cov = token_covariance(ctx)[m]
+    return _pick(m, torch.topk(cov, max(1, int(n * kl_cov_ratio))).indices, n)
+
+
+def _cov_ratio(name: str, value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} (the share of the batch's tokens selected by covariance) must be in (0, 1], "
+                         f"got {value!r}")
+
+
+def _kl_cov_values(values: dict) -> None:
+    """``kl_cov_ratio`` in ``(0, 1]``, ``kl_cov_coef >= 0``."""
+    _cov_ratio("kl_cov_ratio", values["kl_cov_ratio"])
+    if values["kl_cov_coef"] < 0:
+        raise ValueError(f"kl_cov_coef must be >= 0, got {values['kl_cov_coef']!r}")
+
+
+@_hp.declare(requires={"ratio_level": "token"}, validate=_kl_cov_values,
+             batch_statistics={"kl_cov_selected": kl_cov_selection})
+def kl_cov_surrogate(ctx: LossContext, *, kl_cov_coef: float = 1.0) -> tuple[Tensor, dict]:
+    """KL-Cov (Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617, §4.2, Eq. 13).
+
+    Per token, to minimise (no clip)::
+
+        loss_t = -r_t A_t + kl_cov_coef * |log r_t| * [t in I_KL]
+
+    where ``I_KL`` (:func:`kl_cov_selection`, hyper-parameter ``kl_cov_ratio``) holds the tokens of
+    largest covariance between advantage and log-probability **over the whole minibatch** (a
+    statistic computed once before micro-batching, so the gradient does not depend on the split).
+    The paper: ``kl_cov_ratio = 2e-3`` (Qwen2.5-7B; 2e-4 for 32B), ``kl_cov_coef = 1``, token-mean
+    aggregation. ``|log r|`` has zero gradient at ``r = 1``: on an exactly on-policy minibatch the
+    penalty is inert. Requires ``ratio_level="token"``.
+
+    Indicators: ``clip_low`` / ``clip_high`` — none; ``grad`` — ``A != 0`` (inside the log-ratio
+    clamp) or a selected token with ``log r != 0``; ``kl_cov_selected`` — the token is in ``I_KL``.
+    """
+    lr, a = ctx.log_ratio, ctx.advantages
+    sel = ctx.stats["kl_cov_selected"]
+    pg = -_ratio(lr) * a
+    loss = torch.where(sel, pg + kl_cov_coef * lr.abs(), pg)
+    with torch.no_grad():
+        none = torch.zeros_like(sel)
+        inside = lr.detach().abs() <= LOG_RATIO_CLAMP
+        grad = ((a != 0) & inside) | (sel & (lr.detach() != 0))
+    return loss, {"clip_low": none, "clip_high": none, "grad": grad, "kl_cov_selected": sel}
+
+
+def clip_cov_selection(ctx: LossContext, *, eps_low: float = 0.2, eps_high: float = 0.2,
+                       clip_cov_ratio: float = 2e-4, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0) -> Tensor:
+    """Clip-Cov's tokens (arXiv 2505.22617, §4.2, Eq. 12): among the real tokens that PPO's clip
+    leaves alone and whose :func:`token_covariance` lies in ``(clip_cov_lb, clip_cov_ub)``, draw
+    ``min(max(1, floor(clip_cov_ratio N)), #candidates)`` uniformly at random (``torch.randperm`` on
+    the global CPU generator, which the trainer's checkpoints save); bool ``[B, T]``. A
+    whole-minibatch statistic of :func:`clip_cov_surrogate`."""
+    m, a = ctx.mask, ctx.advantages
+    with torch.no_grad():
+        ratio = _ratio(ctx.log_ratio.detach())
+        clipped = -a * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) > -a * ratio
+        cov = token_covariance(ctx)
+        cand = m & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        n_cand = int(cand.sum())
+        k = min(max(1, int(clip_cov_ratio * int(m.sum()))), n_cand)
+        return _pick(cand, torch.randperm(n_cand), k) if n_cand else cand
+
+
+def _clip_cov_values(values: dict) -> None:
+    """PPO's ``eps_low`` in ``[0, 1]``, ``clip_cov_ratio`` in ``(0, 1]``, ``clip_cov_lb < clip_cov_ub``."""
+    _ratio_floor(values)
+    _cov_ratio("clip_cov_ratio", values["clip_cov_ratio"])
+    if not values["clip_cov_lb"] < values["clip_cov_ub"]:
+        raise ValueError(f"clip_cov_lb must be below clip_cov_ub, got ({values['clip_cov_lb']!r}, "
+                         f"{values['clip_cov_ub']!r})")
+
+
+@_hp.declare(requires={"ratio_level": "token"}, validate=_clip_cov_values,
+             batch_statistics={"clip_cov_detached": clip_cov_selection})
+def clip_cov_surrogate(ctx: LossContext, *, eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[Tensor, dict]:
+    """Clip-Cov (Cui et al., arXiv 2505.22617, §4.2, Eq. 12): PPO's clipped surrogate
+    (:func:`ppo_surrogate`) with the tokens of :func:`clip_cov_selection` (hyper-parameters
+    ``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``; the paper's 2e-4, 1 and 5) removed from the
+    loss: their term and gradient are 0. The selection is drawn once per minibatch, before
+    micro-batching. Requires ``ratio_level="token"``.
+
+    Indicators: PPO's ``clip_low`` / ``clip_high``; ``grad`` — PPO's, less the removed tokens;
+    ``clip_cov_detached`` — the removed tokens (the clip never touches them, so they add to
+    ``clip_frac``'s count of tokens without gradient).
+    """
+    loss, ratio = _ppo_clip(ctx.log_ratio, ctx.advantages, float(eps_low), float(eps_high))
+    det = ctx.stats["clip_cov_detached"]
+    loss = torch.where(det, torch.zeros((), dtype=loss.dtype, device=loss.device), loss)
+    ind = _ppo_indicators(ctx, ratio, eps_low, eps_high)
+    return loss, {**ind, "grad": ind["grad"] & ~det, "clip_cov_detached": det}
+
+
+#: clipping object (the surrogate, what the trust region acts on) ->
+#: ``(ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)``.
 #: ``indicators`` maps a name to a per-token ``[B, T]`` bool or float tensor; :func:`policy_loss`
 #: reports its mean over the tokens whose policy term counts. It must hold the keys of
 #: :data:`SURROGATE_METRICS` (``clip_low``, ``clip_high``, ``grad``); any other key becomes a
-#: metric of that name.
-SURROGATES: dict[str, Callable[..., tuple[Tensor, dict]]] = {"ppo": ppo_surrogate, "is_weight": cispo_surrogate}
+#: metric of that name (a name of :data:`METRIC_KEYS` is refused). The earlier form
+#: ``(log_ratio, advantages, mask, algo)`` is still accepted.
+SURROGATES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
+    "ppo": ppo_surrogate,
+    "is_weight": cispo_surrogate,
+    "gmpo": gmpo_surrogate,
+    "sapo": sapo_surrogate,
+    "kl_cov": kl_cov_surrogate,
+    "clip_cov": clip_cov_surrogate,
+}
 
 
 def ppo_clip_loss(
@@ -847,13 +1122,95 @@ class _Inputs(NamedTuple):
     norms: Normalisers
 
 
+def _check_algorithm(algo: Any) -> None:
+    """``algo`` must be a :class:`grpo_lab.algorithms.Algorithm` (checked by what the loss reads of it,
+    so that this module needs no import of :mod:`grpo_lab.algorithms`, which imports it)."""
+    if not all(callable(getattr(algo, k, None)) for k in ("values_for", "axes")) or not hasattr(algo, "clip"):
+        raise ValueError(f"algo must be a grpo_lab.algorithms.Algorithm, got {type(algo).__name__}")
+
+
+def _context(x: "_Inputs", algo: Algorithm, groups: tuple, stats: Optional[Mapping[str, Tensor]]) -> LossContext:
+    """The :class:`LossContext` of validated inputs: the ratio axis' log-ratio and the surrogate's
+    whole-batch statistics (``stats``, or computed here over this batch when ``None``)."""
+    ratio_fn = RATIOS[algo.ratio_level]
+    log_ratio = ratio_fn(x.logp, x.old, x.mask, **algo.values_for(ratio_fn))
+    group_size, group_tokens, _ = groups
+    norms = x.norms
+    ctx = LossContext(x.logp, x.old, log_ratio, x.adv, x.mask, x.ref, group_size, group_tokens,
+                      norms.num_tokens, norms.num_sequences, {})
+    fn = SURROGATES[algo.clip]
+    declared = _hp.spec(fn).batch_statistics
+    if not declared:
+        return ctx
+    if stats is None:
+        return ctx._replace(stats=_statistics(ctx, fn, algo))
+    missing = [k for k in declared if k not in stats]
+    bad = [k for k in declared if k in stats and (not isinstance(stats[k], Tensor) or stats[k].dim() == 0
+                                                  or stats[k].shape[0] != x.mask.shape[0])]
+    if missing or bad:
+        raise ValueError(f"stats must hold the whole-batch statistics {sorted(declared)} of clip={algo.clip!r}, each a "
+                         f"tensor with one row per sequence ({x.mask.shape[0]}); missing {missing}, wrong {bad}")
+    return ctx._replace(stats={k: stats[k].to(x.mask.device) for k in declared})
+
+
+def _statistics(ctx: LossContext, fn: Callable, algo: Algorithm) -> dict:
+    """Each whole-batch statistic ``fn`` declares, over ``ctx``, without gradient."""
+    values = algo.values_for(fn)
+    out = {}
+    with torch.no_grad():
+        for name, stat in _hp.spec(fn).batch_statistics.items():
+            own = {k: values[k] for k in _hp.own_hyperparameters(stat) if k in values}
+            out[name] = stat(ctx, **own)
+    return out
+
+
+def batch_statistics(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    algo: Algorithm,
+    *,
+    group_size: Optional[int] = None,
+    group_tokens: Optional[Tensor] = None,
+) -> dict:
+    """The statistics over a whole minibatch that ``algo``'s surrogate declares
+    (:func:`grpo_lab.hparams.declare`), e.g. KL-Cov's covariance top-k: ``{name: Tensor [B, ...]}``
+    without gradient, ``{}`` when it declares none.
+
+    The trainer calls this once per minibatch, before micro-batching (with ``logp`` from a forward
+    pass without gradient over the minibatch), and passes each micro-batch its rows as
+    ``policy_loss(..., stats=)``: the selection is then that of the whole minibatch, whatever
+    ``micro_batch_size`` and ``sort_by_length``. :func:`policy_loss` without ``stats`` computes them
+    over the batch it is given.
+
+    Args:
+        logp, old_logp, advantages, mask: as :func:`policy_loss` (``advantages`` ``[B]`` or ``[B, T]``).
+        algo: a :class:`grpo_lab.algorithms.Algorithm`.
+        group_size, group_tokens: the group structure, as :func:`policy_loss`.
+
+    Raises:
+        ValueError: as :func:`policy_loss` for the inputs.
+    """
+    _check_algorithm(algo)
+    fn = SURROGATES[algo.clip]
+    if not _hp.spec(fn).batch_statistics:
+        return {}
+    shape = _v.bt_tensor(logp, "logp").shape
+    _v.bt_tensor(old_logp, "old_logp", shape)
+    m = _v.mask_bool(mask, shape)
+    cdt = _v.compute_dtype(logp, old_logp, advantages if isinstance(advantages, Tensor) else None)
+    x = _Inputs(_masked(logp.detach(), m, cdt), _masked(old_logp.detach(), m, cdt),
+                _masked(_broadcast_adv(advantages, shape, cdt), m, cdt), None, m,
+                torch.zeros((), dtype=cdt, device=logp.device), Normalisers())
+    with torch.no_grad():
+        return _context(x, algo, (group_size, group_tokens, None), None).stats
+
+
 def _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens,
                groups=(None, None, None)) -> _Inputs:
     """Check every input of :func:`policy_loss` once (one device-to-host transfer for the values)."""
-    from .algorithms import Algorithm  # not at module level: algorithms imports this module
-
-    if not isinstance(algo, Algorithm):
-        raise ValueError(f"algo must be a grpo_lab.algorithms.Algorithm, got {type(algo).__name__}")
+    _check_algorithm(algo)
     shape = _v.bt_tensor(logp, "logp").shape
     _v.bt_tensor(old_logp, "old_logp", shape)
     if ref_logp is not None:
@@ -922,13 +1279,14 @@ def policy_loss(
     num_groups: Optional[Number] = None,
     correct: Optional[Tensor] = None,
     num_correct_tokens: Optional[Number] = None,
+    stats: Optional[Mapping[str, Tensor]] = None,
 ) -> LossOutput:
     """The full per-token objective of ``algo`` as a loss to minimise, plus diagnostics.
 
     Per token (each step is ``algo``'s choice on one axis, a function of a registry)::
 
         rho_it  = RATIOS[algo.ratio_level](logp, old_logp, mask)         (as log rho)
-        pg_it   = SURROGATES[algo.clip](log rho, A, mask, algo)           (PPO: -min(rho A, clip(rho) A))
+        pg_it   = SURROGATES[algo.clip](ctx, **hyper-parameters)           (PPO: -min(rho A, clip(rho) A))
         pg_it   = M_it * pg_it                                            (V3.2 Eqs. 8-9, if set)
         loss_it = pg_it + beta * KL_ESTIMATORS[algo.kl](logp - ref_logp)  (if algo.uses_kl)
         loss    = AGGREGATIONS[algo.aggregation](loss_it, mask, ...)
@@ -974,6 +1332,9 @@ def policy_loss(
         correct, num_correct_tokens: read only when ``algo.nll_coef > 0`` (VAPO's positive-example
             LM loss, Eqs. 9-10, :func:`positive_nll_loss`): ``[B]`` bool, which responses are
             correct, and the global count of their real tokens (micro-batches).
+        stats: the whole-minibatch statistics of ``algo``'s surrogate for the rows of this batch
+            (``{name: Tensor [B, ...]}``, from :func:`batch_statistics` over the minibatch, rows
+            selected); ``None``: computed over this batch. Ignored when the surrogate declares none.
 
     Returns:
         :class:`LossOutput` ``(loss, metrics)``. ``loss``: 0-d float32 tensor with grad (float64 for float64 inputs).
@@ -1043,10 +1404,11 @@ def policy_loss(
             each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
             in the batch. ``algo.nll_coef > 0`` without ``correct``, or as :func:`positive_nll_loss`.
     """
-    x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens,
-                   (group_size, group_tokens, num_groups))
-    log_ratio = RATIOS[algo.ratio_level](x.logp, x.old, x.mask)
-    pg_tok, indicators = SURROGATES[algo.clip](log_ratio, x.adv, x.mask, algo)
+    groups = (group_size, group_tokens, num_groups)
+    x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens, groups)
+    ctx = _context(x, algo, groups, stats)
+    log_ratio = ctx.log_ratio
+    pg_tok, indicators = _surrogate(ctx, algo)
     keep = None
     if algo.offpolicy_mask_delta is not None:  # DeepSeek-V3.2 Eqs. 8-9
         with torch.no_grad():
@@ -1066,6 +1428,15 @@ def policy_loss(
     if nll is not None:
         metrics["nll_loss"] = _metrics.total(float(nll.detach()))
     return LossOutput(loss, metrics)
+
+
+def _surrogate(ctx: LossContext, algo: Algorithm) -> tuple[Tensor, dict]:
+    """``SURROGATES[algo.clip]`` on ``ctx`` with its hyper-parameters' values (the earlier form,
+    ``(log_ratio, advantages, mask, algo)``, gets the whole algorithm)."""
+    fn = SURROGATES[algo.clip]
+    if _hp.positional_count(fn) == 4:
+        return fn(ctx.log_ratio, ctx.advantages, ctx.mask, algo)
+    return fn(ctx, **algo.values_for(fn))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1101,6 +1472,10 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
     if missing:
         raise ValueError(f"surrogate {algo.clip!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
                          f"missing {missing}")
+    clash = sorted(set(indicators) & set(METRIC_KEYS))
+    if clash:
+        raise ValueError(f"surrogate {algo.clip!r} returns indicators named like built-in metrics {clash}; "
+                         "rename them (they would replace those metrics)")
     m, zero = x.mask, x.zero
     with torch.no_grad():
         n_tok = m.sum()

@@ -25,7 +25,7 @@ from grpo_lab.algorithms import CISPO as CISPO_PRESET
 from grpo_lab.algorithms import DAPO, GRPO, PRESETS, Algorithm, get_algorithm
 from grpo_lab.metrics import reduce_micro_batches
 from grpo_lab.models import FP32LMHead, TinyConfig, inference_copy, load_policy, tiny_policy, use_fp32_lm_head
-from grpo_lab.objectives import LOG_RATIO_CLAMP, SURROGATES, cispo_surrogate, cispo_weight, policy_loss
+from grpo_lab.objectives import LOG_RATIO_CLAMP, SURROGATES, LossContext, cispo_surrogate, cispo_weight, policy_loss
 from grpo_lab.tasks import ArithmeticTask
 from grpo_lab.trainer import Trainer, TrainerConfig
 
@@ -107,7 +107,8 @@ def test_hand_example_per_token_loss_value_and_gradient(eps_low):
     logp, old, adv, mask = _hand_batch()
     # the surrogate alone, per token ([B, T] advantages; the padded slot has r = 1, so loss 0 there)
     log_ratio = (logp - old).requires_grad_()
-    tok_loss, _ = SURROGATES[CLIP](log_ratio, adv[:, None].expand(2, 3), mask.bool(), algo)
+    ctx = LossContext(logp, old, log_ratio, adv[:, None].expand(2, 3), mask.bool())
+    tok_loss, _ = SURROGATES[CLIP](ctx, **algo.values_for(SURROGATES[CLIP]))
     torch.testing.assert_close(tok_loss.detach(), hand_tok, rtol=1e-12, atol=1e-13)
     # the aggregated loss (token_mean: sum / 5) and its gradient -w A / N_tok
     out, g = _grad(logp, old, adv, mask, algo)
@@ -153,7 +154,7 @@ def test_weight_is_detached_gradient_is_minus_w_a(eps_low, eps_high):
     torch.testing.assert_close(g, expected, rtol=1e-12, atol=1e-15)
     # the surrogate alone: d loss_t / d log r_t = -w A
     lr = (logp - old).requires_grad_()
-    loss, _ = cispo_surrogate(lr, adv, mask.bool(), algo)
+    loss, _ = cispo_surrogate(LossContext(logp, old, lr, adv, mask.bool()), **algo.values_for(cispo_surrogate))
     (g_lr,) = torch.autograd.grad(loss.sum(), lr)
     torch.testing.assert_close(g_lr, -w * adv, rtol=1e-12, atol=1e-15)
 

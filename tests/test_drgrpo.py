@@ -46,6 +46,7 @@ def test_dr_grpo_preset_values():
         "offpolicy_mask_delta": None, "mask_eps_low": None, "mask_eps_high": None,
         "gamma": 1.0, "lam": 0.95, "lam_alpha": None, "critic_lam": None, "value_clip_eps": None, "nll_coef": 0.0,
         "ntp_coef": 0.0,
+        "params": {},
     }
     assert not DR_GRPO.uses_kl  # the paper takes beta = 0 throughout
     assert PRESETS["DR_GRPO"] is DR_GRPO and get_algorithm("dr_grpo") is DR_GRPO
@@ -59,7 +60,7 @@ def test_dr_grpo_preset_values():
 def test_grpo_and_dapo_presets_unchanged():
     common = {"kl_importance_correction": False, "offpolicy_mask_delta": None, "mask_eps_low": None,
               "mask_eps_high": None, "gamma": 1.0, "lam": 0.95, "lam_alpha": None, "critic_lam": None,
-              "value_clip_eps": None, "nll_coef": 0.0, "ntp_coef": 0.0}
+              "value_clip_eps": None, "nll_coef": 0.0, "ntp_coef": 0.0, "params": {}}
     assert GRPO.describe() == {
         "name": "GRPO", "advantage": "group", "adv_eps": 1e-4, "ratio_level": "token", "clip": "ppo",
         "eps_low": 0.2, "eps_high": 0.2, "aggregation": "seq_mean_token_mean", "max_tokens": None,

@@ -756,7 +756,8 @@ def test_registries_hold_the_package_functions():
         norms = obj.Normalisers(max_tokens=7)
         assert torch.equal(obj.AGGREGATIONS[mode](v.masked_fill(~m, 0.0), m, norms),
                            aggregate(v, m, mode, max_tokens=7))
-    loss, ind = obj.SURROGATES["ppo"](lp - ol, adv[:, None].expand_as(lp), mask, GRPO)
+    ctx = obj.LossContext(lp, ol, lp - ol, adv[:, None].expand_as(lp), mask)
+    loss, ind = obj.SURROGATES["ppo"](ctx, **GRPO.values_for(obj.SURROGATES["ppo"]))
     assert torch.equal(loss, ppo_clip_loss(lp - ol, adv))
     assert set(ind) == {"clip_low", "clip_high", "grad"} and all(t.dtype == torch.bool for t in ind.values())
 
