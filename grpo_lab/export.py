@@ -57,13 +57,20 @@ alternative (``preset.replace(...)``, which the target does compute exactly). ``
 returns the nearest mapping and issues each difference as an :class:`ApproximateExportWarning`
 (:attr:`Translation.issues` lists them). A choice with no counterpart at all (a registry function
 from outside the package, RLOO in TRL's GRPO trainer, Routing Replay) raises either way.
+
+The export fails closed: each registry axis (advantage, ratio level, surrogate, aggregation, KL
+estimator) maps through a table per target keyed by the choice's name (the surrogates:
+``_TRL_SURROGATES`` and ``_VERL_SURROGATES``, name -> a small mapping function), and a choice a
+table lacks raises, naming the axis, the choice and the target, whatever ``strict`` says. A new
+surrogate is exported once its entry is written in each table (a mapping, or a refusal with its
+reason); it is never exported as another surrogate's settings.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from . import advantages as _adv
@@ -280,9 +287,31 @@ def _cache_tokens(algo: Algorithm, b: dict) -> Optional[int]:
 # ---------------------------------------------------------------------------------------------
 # shared checks
 # ---------------------------------------------------------------------------------------------
-def _builtin_choices(algo: Algorithm, target: str) -> list:
-    """Issues for registry choices that are not this package's own functions (no counterpart)."""
-    builtin = [
+#: the target names of :data:`TARGETS` as messages write them
+_LABELS = {"trl": f"TRL {TRL_VERSION}", "verl": f"verl {VERL_VERSION}"}
+
+
+@dataclass
+class _Draft:
+    """A translation being built: the target's settings, the notes and the issues, in the order found."""
+
+    config: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    issues: list = field(default_factory=list)
+
+    def impossible(self) -> bool:
+        """True when an issue has no counterpart at all (the export raises whatever ``strict`` says)."""
+        return any(i.kind == "impossible" for i in self.issues)
+
+
+def _package_functions(algo: Algorithm) -> list:
+    """``(axis, registry, {name: this package's function})`` for each registry axis that ``algo`` uses.
+
+    A name listed here is exported only while the registry holds this very function (a built-in name
+    re-registered to another function is refused); a grpo_lab function not listed is exported when
+    the target's table (:data:`_MAPPED`) has an entry for its name.
+    """
+    own = [
         ("advantage", _adv.ADVANTAGE_ESTIMATORS, {"group": _adv.group_zscore, "group_mean": _adv.group_mean_baseline,
                                                  "batch": _adv.batch_std, "rloo": _adv.rloo,
                                                  "gae": _adv.gae_advantages}),
@@ -294,26 +323,52 @@ def _builtin_choices(algo: Algorithm, target: str) -> list:
                                              "group_token_mean")}),
     ]
     if algo.uses_kl:
-        builtin.append(("kl", _obj.KL_ESTIMATORS, {"k1": _obj.k1, "k2": _obj.k2, "k3": _obj.k3}))
-    out = []
-    for axis, registry, own in builtin:
-        key = getattr(algo, axis)
-        if own.get(key) is None or registry.get(key) is not own[key]:
-            out.append(Issue("impossible", axis, f"{axis}={key!r} is a function registered from outside grpo_lab (or "
-                             f"a built-in name re-registered); {target} has no counterpart to configure"))
+        own.append(("kl", _obj.KL_ESTIMATORS, {"k1": _obj.k1, "k2": _obj.k2, "k3": _obj.k3}))
+    return own
+
+
+def _is_foreign(fn: Any, own_fn: Any) -> bool:
+    """True when a registry entry is a function from outside grpo_lab, or a built-in name re-registered."""
+    if own_fn is not None:
+        return fn is not own_fn
+    return not getattr(fn, "__module__", "").startswith("grpo_lab.")
+
+
+def _builtin_choices(algo: Algorithm, target: str) -> list:
+    """Issues for the choices ``target`` has no counterpart for: the export fails closed.
+
+    A registry choice is exported only when it is this package's own function (see
+    :func:`_package_functions`) *and* the target's mapping table (:data:`_MAPPED`) has an entry for
+    it; any other is ``"impossible"`` (raises whatever ``strict`` says, naming the axis, the choice
+    and the target). A new surrogate is thus refused until its mapping (or its refusal, with the
+    reason) is one entry of ``_TRL_SURROGATES`` and of ``_VERL_SURROGATES``.
+    """
+    label = _LABELS[target]
+    axes = _package_functions(algo)
+    out = [Issue("impossible", axis, f"{axis}={getattr(algo, axis)!r} is a function registered from outside grpo_lab "
+                 f"(or a built-in name re-registered); {label} has no counterpart to configure")
+           for axis, registry, own in axes
+           if _is_foreign(registry.get(getattr(algo, axis)), own.get(getattr(algo, axis)))]
     if not out and algo.advantage in _adv.VALUE_BASELINE_ESTIMATORS:
         where = ("TRL's GRPOTrainer has no critic (its PPO trainer is another, experimental trainer)"
-                 if target.startswith("TRL") else
+                 if target == "trl" else
                  "verl's adv_estimator=gae trains a critic with one lam for the policy and the critic; VAPO's decoupled "
                  "(critic_lam) and length-adaptive (lam_alpha) lambdas have no setting there, and this export does not "
                  "configure critics")
         out.append(Issue("impossible", "advantage", f"advantage={algo.advantage!r} needs a value model: {where}"))
+    elif not out:
+        for axis, _, _ in axes:
+            key, mapped = getattr(algo, axis), _MAPPED[target][axis]
+            if key not in mapped:
+                out.append(Issue("impossible", axis, f"{axis}={key!r} is not mapped to {label}: grpo_lab.export maps "
+                                 f"{axis} {list(mapped)} only, and exporting it as one of them would train another "
+                                 "objective under its name"))
     if algo.nll_coef > 0:
         out.append(Issue("impossible", "nll_coef", f"nll_coef={algo.nll_coef:g} (VAPO's positive-example LM loss, "
-                         f"Eqs. 9-10): {target} has no such loss term"))
+                         f"Eqs. 9-10): {label} has no such loss term"))
     if algo.ntp_coef > 0:
         out.append(Issue("impossible", "ntp_coef", f"ntp_coef={algo.ntp_coef:g} (a next-token-prediction term on the "
-                         f"task's demonstrations, the L_LM + beta RL ablation): {target}'s RL trainer has no such "
+                         f"task's demonstrations, the L_LM + beta RL ablation): {label}'s RL trainer has no such "
                          "loss term"))
     return out
 
@@ -346,150 +401,211 @@ def _fix_text(algo: Algorithm, issues: list) -> str:
 # ---------------------------------------------------------------------------------------------
 # TRL
 # ---------------------------------------------------------------------------------------------
-def _trl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
-    kw: dict = {}
-    notes: list = []
-    issues: list = _builtin_choices(algo, f"TRL {TRL_VERSION}")
-    if any(i.kind == "impossible" for i in issues):
-        return kw, notes, issues
-    # --- advantage ------------------------------------------------------------------------
-    if algo.advantage in ("group", "batch"):
-        kw["scale_rewards"] = algo.advantage
-        if algo.adv_eps != TRL_ADV_EPS:
-            issues.append(Issue("approximate", "adv_eps",
-                                f"TRL adds a hard-coded 1e-4 to the reward std (no setting); adv_eps={algo.adv_eps:g} "
-                                "gives advantages that differ by a relative ~|adv_eps - 1e-4| / std",
-                                fix={"adv_eps": TRL_ADV_EPS}))
-        else:
-            notes.append(f"advantage {algo.advantage!r}: scale_rewards={algo.advantage!r}, (r - mean_g) / (std + 1e-4) "
-                         "with the unbiased std, TRL's hard-coded epsilon = adv_eps (exact)")
-    elif algo.advantage == "group_mean":
-        kw["scale_rewards"] = "none"
-        notes.append("advantage 'group_mean' (Dr.GRPO §3.2, V3.2 Eq. 5): scale_rewards='none', r - mean_g (exact)")
-    else:  # rloo
-        issues.append(Issue("impossible", "advantage",
-                            "TRL's GRPOTrainer has no leave-one-out baseline (trl.RLOOTrainer is another trainer, "
-                            "not mapped); use advantage='group_mean' (RLOO up to the factor G/(G-1))"))
-    kw["multi_objective_aggregation"] = "sum_then_normalize"
-    # --- ratio ------------------------------------------------------------------------------
-    if algo.ratio_level == "token":
-        kw["importance_sampling_level"] = "token"
+# Each axis maps through a table keyed by the algorithm's choice; a choice missing from a table is
+# refused by _builtin_choices before any mapping runs (see _MAPPED).
+def _trl_scaled_advantage(algo: Algorithm, d: _Draft) -> None:
+    """``"group"`` / ``"batch"``: ``scale_rewards`` of the same name; TRL's epsilon is a fixed 1e-4."""
+    d.config["scale_rewards"] = algo.advantage
+    if algo.adv_eps != TRL_ADV_EPS:
+        d.issues.append(Issue("approximate", "adv_eps",
+                              f"TRL adds a hard-coded 1e-4 to the reward std (no setting); adv_eps={algo.adv_eps:g} "
+                              "gives advantages that differ by a relative ~|adv_eps - 1e-4| / std",
+                              fix={"adv_eps": TRL_ADV_EPS}))
     else:
-        kw["importance_sampling_level"] = "sequence"
-        notes.append(f"ratio {algo.ratio_level!r}: importance_sampling_level='sequence', s_i = exp(mean_t log r_it) "
-                     "(GSPO Eq. 7, unclamped in TRL); "
-                     + ("GSPO-token (Eq. 14) equals it in value and gradient because TRL's advantages are one "
-                        "per response" if algo.ratio_level == "sequence_token" else "exact"))
-    # --- clip and aggregation -> loss_type -------------------------------------------------
+        d.notes.append(f"advantage {algo.advantage!r}: scale_rewards={algo.advantage!r}, (r - mean_g) / (std + 1e-4) "
+                       "with the unbiased std, TRL's hard-coded epsilon = adv_eps (exact)")
+
+
+def _trl_group_mean_advantage(algo: Algorithm, d: _Draft) -> None:
+    d.config["scale_rewards"] = "none"
+    d.notes.append("advantage 'group_mean' (Dr.GRPO §3.2, V3.2 Eq. 5): scale_rewards='none', r - mean_g (exact)")
+
+
+def _trl_no_rloo(algo: Algorithm, d: _Draft) -> None:
+    d.issues.append(Issue("impossible", "advantage",
+                          "TRL's GRPOTrainer has no leave-one-out baseline (trl.RLOOTrainer is another trainer, "
+                          "not mapped); use advantage='group_mean' (RLOO up to the factor G/(G-1))"))
+
+
+#: advantage estimator -> its TRL mapping (or its refusal, with the reason)
+_TRL_ADVANTAGES = {"group": _trl_scaled_advantage, "batch": _trl_scaled_advantage,
+                   "group_mean": _trl_group_mean_advantage, "rloo": _trl_no_rloo}
+#: ratio level -> TRL's ``importance_sampling_level``
+_TRL_IS_LEVELS = {"token": "token", "sequence": "sequence", "sequence_token": "sequence"}
+
+
+def _trl_ratio(algo: Algorithm, d: _Draft) -> None:
+    level = _TRL_IS_LEVELS[algo.ratio_level]
+    d.config["importance_sampling_level"] = level
+    if level == "sequence":
+        d.notes.append(f"ratio {algo.ratio_level!r}: importance_sampling_level='sequence', s_i = exp(mean_t log r_it) "
+                       "(GSPO Eq. 7, unclamped in TRL); "
+                       + ("GSPO-token (Eq. 14) equals it in value and gradient because TRL's advantages are one "
+                          "per response" if algo.ratio_level == "sequence_token" else "exact"))
+
+
+#: aggregation -> TRL's ``loss_type`` under the PPO clip (DAPO Eq. 12, group_token_mean, has none: nearest 'dapo')
+_TRL_PPO_LOSS_TYPES = {"seq_mean_token_mean": "grpo", "token_mean": "dapo", "seq_mean_token_sum_norm": "dr_grpo",
+                       "group_token_mean": "dapo"}
+
+
+def _trl_ppo_clip(algo: Algorithm, d: _Draft) -> str:
+    loss_type = _TRL_PPO_LOSS_TYPES[algo.aggregation]
+    d.config.update(loss_type=loss_type, epsilon=algo.eps_low, epsilon_high=algo.eps_high, delta=None)
+    d.notes.append(f"PPO clip: epsilon={algo.eps_low:g} (1 - epsilon is the floor), epsilon_high={algo.eps_high:g} "
+                   "(DAPO's clip-higher); delta=None keeps INTELLECT-2's two-sided clip off")
+    return loss_type
+
+
+def _trl_cispo(algo: Algorithm, d: _Draft) -> str:
+    d.config.update(loss_type="cispo", epsilon=algo.eps_low, epsilon_high=1.0 + algo.eps_high, delta=None)
+    d.notes.append(f"CISPO: TRL's epsilon_high is an absolute cap on the weight, min(r, epsilon_high): "
+                   f"1 + eps_high = {1.0 + algo.eps_high:g} (TRL's docs recommend 5.0, ScaleRL's eps_max); TRL has no "
+                   "floor. TRL's loss is -sg(w) A log pi_theta (MiniMax-M1 Eq. 4), ours -sg(w) A log r: the same "
+                   "gradient, values that differ by sg(w) A log pi_old")
+    if algo.ratio_level != "token":
+        d.issues.append(Issue("impossible", "ratio_level",
+                              f"clip='is_weight' with ratio_level={algo.ratio_level!r} is not mapped (untested)"))
+    if algo.eps_low < 1.0:
+        d.issues.append(Issue("lost", "eps_low", f"TRL's CISPO weight has no floor; eps_low={algo.eps_low:g} "
+                              f"(floor {1 - algo.eps_low:g}) would be lost", fix={"eps_low": 1.0}))
+    if algo.mask_eps_low is not None or algo.mask_eps_high is not None:
+        d.issues.append(Issue("lost", "mask_eps", "TRL's CISPO has no token mask M (MiniMax-M1 Eq. 7)",
+                              fix={"mask_eps_low": None, "mask_eps_high": None}))
+    return "cispo"
+
+
+#: surrogate (``Algorithm.clip``) -> its TRL mapping: ``f(algo, draft)`` sets ``loss_type`` and the clip fields and
+#: returns the ``loss_type`` (a key of :data:`_TRL_NORMALISERS`). A surrogate without an entry is refused (an
+#: ExportError naming it and TRL): map a new one here, or refuse it here with the reason (an "impossible" Issue).
+_TRL_SURROGATES = {"ppo": _trl_ppo_clip, "is_weight": _trl_cispo}
+
+
+def _trl_token_count(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> None:
+    """``dapo`` / ``cispo``: the generation batch's token count, one minibatch's only with one minibatch."""
+    if b.get("minibatches", 1) > 1:
+        d.issues.append(Issue("approximate", "minibatches",
+                              "TRL divides each minibatch's token sum by the generation batch's token count / "
+                              "minibatches (the mean minibatch count, trl PR #6024), grpo_lab by that minibatch's own "
+                              "count: each step's gradient differs by a positive factor", budget_fix={"minibatches": 1}))
+    else:
+        d.notes.append(f"aggregation: loss_type={loss_type!r} divides by the token count of the generation batch "
+                       "(num_items_in_batch), which is one minibatch here: token_mean (exact)")
+
+
+def _trl_sequence_mean(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> None:
+    d.notes.append("aggregation: loss_type='grpo', 1/G sum_i 1/|o_i| sum_t (DeepSeekMath Eq. 3); TRL counts fully "
+                   "masked rows in G, grpo_lab does not (equal unless a row is empty)")
+
+
+def _trl_dr_grpo_constant(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> None:
+    if "max_new_tokens" not in b:
+        raise ValueError(f"{algo.name}: TRL's dr_grpo normaliser is max_completion_length; pass max_new_tokens= "
+                         "(the generation budget, Dr.GRPO's MAX_TOKENS)")
+    if algo.max_tokens is not None and algo.max_tokens != b["max_new_tokens"]:
+        d.issues.append(Issue("approximate", "max_tokens",
+                              f"TRL's dr_grpo constant is max_completion_length={b['max_new_tokens']}, not "
+                              f"max_tokens={algo.max_tokens}", fix={"max_tokens": None}))
+    d.notes.append(f"aggregation: loss_type='dr_grpo' divides the token sum by B * max_completion_length "
+                   f"(= {b['max_new_tokens']}, Dr.GRPO's constant) and counts fully masked rows in B, grpo_lab does "
+                   "not (equal unless a row is empty)")
+
+
+#: TRL ``loss_type`` -> how it normalises the token sum (its notes and issues)
+_TRL_NORMALISERS = {"dapo": _trl_token_count, "cispo": _trl_token_count, "grpo": _trl_sequence_mean,
+                    "dr_grpo": _trl_dr_grpo_constant}
+
+
+def _trl_aggregation(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> None:
     agg = algo.aggregation
-    if algo.clip == "ppo":
-        loss_type = {"seq_mean_token_mean": "grpo", "token_mean": "dapo", "seq_mean_token_sum_norm": "dr_grpo",
-                     "group_token_mean": "dapo"}[agg]
-        kw.update(loss_type=loss_type, epsilon=algo.eps_low, epsilon_high=algo.eps_high, delta=None)
-        notes.append(f"PPO clip: epsilon={algo.eps_low:g} (1 - epsilon is the floor), epsilon_high={algo.eps_high:g} "
-                     "(DAPO's clip-higher); delta=None keeps INTELLECT-2's two-sided clip off")
-    else:  # is_weight
-        loss_type = "cispo"
-        kw.update(loss_type="cispo", epsilon=algo.eps_low, epsilon_high=1.0 + algo.eps_high, delta=None)
-        notes.append(f"CISPO: TRL's epsilon_high is an absolute cap on the weight, min(r, epsilon_high): "
-                     f"1 + eps_high = {1.0 + algo.eps_high:g} (TRL's docs recommend 5.0, ScaleRL's eps_max); TRL has no "
-                     "floor. TRL's loss is -sg(w) A log pi_theta (MiniMax-M1 Eq. 4), ours -sg(w) A log r: the same "
-                     "gradient, values that differ by sg(w) A log pi_old")
-        if algo.ratio_level != "token":
-            issues.append(Issue("impossible", "ratio_level",
-                                f"clip='is_weight' with ratio_level={algo.ratio_level!r} is not mapped (untested)"))
-        if algo.eps_low < 1.0:
-            issues.append(Issue("lost", "eps_low", f"TRL's CISPO weight has no floor; eps_low={algo.eps_low:g} "
-                                f"(floor {1 - algo.eps_low:g}) would be lost", fix={"eps_low": 1.0}))
-        if algo.mask_eps_low is not None or algo.mask_eps_high is not None:
-            issues.append(Issue("lost", "mask_eps", "TRL's CISPO has no token mask M (MiniMax-M1 Eq. 7)",
-                                fix={"mask_eps_low": None, "mask_eps_high": None}))
     if agg == "group_token_mean":
-        issues.append(Issue("approximate", "aggregation",
-                            "DAPO Eq. 12 as written (a token mean per group, then the mean over groups) is not in TRL; "
-                            f"loss_type={loss_type!r} divides by the whole batch's token count ('token_mean'), which "
-                            "weighs each group by its share of the tokens", fix={"aggregation": "token_mean"}))
+        d.issues.append(Issue("approximate", "aggregation",
+                              "DAPO Eq. 12 as written (a token mean per group, then the mean over groups) is not in "
+                              f"TRL; loss_type={loss_type!r} divides by the whole batch's token count ('token_mean'), "
+                              "which weighs each group by its share of the tokens", fix={"aggregation": "token_mean"}))
     elif loss_type == "cispo" and agg != "token_mean":
-        issues.append(Issue("approximate", "aggregation", f"TRL's cispo aggregates as 'token_mean', not {agg!r}",
-                            fix={"aggregation": "token_mean"}))
-    if loss_type in ("dapo", "cispo"):
-        if b.get("minibatches", 1) > 1:
-            issues.append(Issue("approximate", "minibatches",
-                                "TRL divides each minibatch's token sum by the generation batch's token count / "
-                                "minibatches (the mean minibatch count, trl PR #6024), grpo_lab by that minibatch's own "
-                                "count: each step's gradient differs by a positive factor", budget_fix={"minibatches": 1}))
-        else:
-            notes.append(f"aggregation: loss_type={loss_type!r} divides by the token count of the generation batch "
-                         "(num_items_in_batch), which is one minibatch here: token_mean (exact)")
-    elif loss_type == "grpo":
-        notes.append("aggregation: loss_type='grpo', 1/G sum_i 1/|o_i| sum_t (DeepSeekMath Eq. 3); TRL counts fully "
-                     "masked rows in G, grpo_lab does not (equal unless a row is empty)")
-    elif loss_type == "dr_grpo":
-        if "max_new_tokens" not in b:
-            raise ValueError(f"{algo.name}: TRL's dr_grpo normaliser is max_completion_length; pass max_new_tokens= "
-                             "(the generation budget, Dr.GRPO's MAX_TOKENS)")
-        if algo.max_tokens is not None and algo.max_tokens != b["max_new_tokens"]:
-            issues.append(Issue("approximate", "max_tokens",
-                                f"TRL's dr_grpo constant is max_completion_length={b['max_new_tokens']}, not "
-                                f"max_tokens={algo.max_tokens}", fix={"max_tokens": None}))
-        notes.append(f"aggregation: loss_type='dr_grpo' divides the token sum by B * max_completion_length "
-                     f"(= {b['max_new_tokens']}, Dr.GRPO's constant) and counts fully masked rows in B, grpo_lab does "
-                     "not (equal unless a row is empty)")
-    # --- KL ----------------------------------------------------------------------------------
-    if algo.uses_kl:
-        kw["beta"] = algo.beta
-        kw["use_bias_correction_kl"] = bool(algo.kl_importance_correction)
-        if algo.kl != "k3":
-            issues.append(Issue("approximate", "kl", f"TRL has the k3 estimator only, not {algo.kl!r}",
-                                fix={"kl": "k3"}))
-        if algo.kl_importance_correction:
-            notes.append("KL: k3 times the importance ratio, use_bias_correction_kl=True (DeepSeek-V3.2 Eq. 7; "
-                         "TRL does not clamp the ratio, grpo_lab clamps log r to +-20)")
-            if algo.ratio_level != "token":
-                issues.append(Issue("approximate", "kl_importance_correction",
-                                    "with importance_sampling_level='sequence' TRL multiplies the KL by the sequence "
-                                    "ratio s_i, grpo_lab by the token ratio", fix={"kl_importance_correction": False}))
-        else:
-            notes.append("KL: k3 (DeepSeekMath Eq. 4) with use_bias_correction_kl=False; TRL's default True would be "
-                         "DeepSeek-V3.2 Eq. 7 instead")
+        d.issues.append(Issue("approximate", "aggregation", f"TRL's cispo aggregates as 'token_mean', not {agg!r}",
+                              fix={"aggregation": "token_mean"}))
+    if loss_type not in _TRL_NORMALISERS:
+        raise ValueError(f"grpo_lab.export: TRL loss_type {loss_type!r} (clip={algo.clip!r}) has no entry in "
+                         "_TRL_NORMALISERS")
+    _TRL_NORMALISERS[loss_type](algo, b, loss_type, d)
+
+
+#: KL estimator -> the one TRL computes for it (TRL has k3 only: another is an "approximate" issue)
+_TRL_KL = {"k1": "k3", "k2": "k3", "k3": "k3"}
+
+
+def _trl_kl(algo: Algorithm, d: _Draft) -> None:
+    if not algo.uses_kl:
+        d.config["beta"] = 0.0
+        d.config["use_bias_correction_kl"] = False
+        return
+    d.config["beta"] = algo.beta
+    d.config["use_bias_correction_kl"] = bool(algo.kl_importance_correction)
+    if _TRL_KL[algo.kl] != algo.kl:
+        d.issues.append(Issue("approximate", "kl", f"TRL has the k3 estimator only, not {algo.kl!r}",
+                              fix={"kl": "k3"}))
+    if algo.kl_importance_correction:
+        d.notes.append("KL: k3 times the importance ratio, use_bias_correction_kl=True (DeepSeek-V3.2 Eq. 7; "
+                       "TRL does not clamp the ratio, grpo_lab clamps log r to +-20)")
+        if algo.ratio_level != "token":
+            d.issues.append(Issue("approximate", "kl_importance_correction",
+                                  "with importance_sampling_level='sequence' TRL multiplies the KL by the sequence "
+                                  "ratio s_i, grpo_lab by the token ratio", fix={"kl_importance_correction": False}))
     else:
-        kw["beta"] = 0.0
-        kw["use_bias_correction_kl"] = False
-    # --- V3.2 masking ---------------------------------------------------------------------------
-    kw["off_policy_mask_threshold"] = algo.offpolicy_mask_delta
+        d.notes.append("KL: k3 (DeepSeekMath Eq. 4) with use_bias_correction_kl=False; TRL's default True would be "
+                       "DeepSeek-V3.2 Eq. 7 instead")
+
+
+def _trl_masking_and_shaping(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> None:
+    """V3.2's Off-Policy Sequence Masking, DAPO's dynamic sampling, Overlong Filtering and soft punishment."""
+    d.config["off_policy_mask_threshold"] = algo.offpolicy_mask_delta
     if algo.offpolicy_mask_delta is not None:
-        notes.append(f"Off-Policy Sequence Masking (V3.2 Eqs. 8-9): off_policy_mask_threshold={algo.offpolicy_mask_delta:g}; "
-                     "with vLLM TRL measures the divergence against the sampler's log-probs, grpo_lab against "
-                     "old_logp (TrainerConfig.old_logp)")
-    # --- sampling & shaping ---------------------------------------------------------------------
+        d.notes.append(f"Off-Policy Sequence Masking (V3.2 Eqs. 8-9): off_policy_mask_threshold="
+                       f"{algo.offpolicy_mask_delta:g}; with vLLM TRL measures the divergence against the sampler's "
+                       "log-probs, grpo_lab against old_logp (TrainerConfig.old_logp)")
     if algo.dynamic_sampling:
-        issues.append(Issue("lost", "dynamic_sampling", "TRL 1.16 has no dynamic sampling (DAPO Eq. 11; trl issue "
-                            "#3708): groups of equal accuracy would train with zero advantage",
-                            fix={"dynamic_sampling": False}))
-    kw["mask_truncated_completions"] = bool(algo.overlong_filter)
+        d.issues.append(Issue("lost", "dynamic_sampling", "TRL 1.16 has no dynamic sampling (DAPO Eq. 11; trl issue "
+                              "#3708): groups of equal accuracy would train with zero advantage",
+                              fix={"dynamic_sampling": False}))
+    d.config["mask_truncated_completions"] = bool(algo.overlong_filter)
     if algo.overlong_filter:
         if loss_type in ("grpo", "dr_grpo"):
-            issues.append(Issue("approximate", "overlong_filter",
-                                f"mask_truncated_completions leaves empty rows that TRL's {loss_type!r} counts in its "
-                                "sequence mean (grpo_lab does not): the loss is scaled by non-empty/all rows",
-                                fix={"overlong_filter": False}))
+            d.issues.append(Issue("approximate", "overlong_filter",
+                                  f"mask_truncated_completions leaves empty rows that TRL's {loss_type!r} counts in "
+                                  "its sequence mean (grpo_lab does not): the loss is scaled by non-empty/all rows",
+                                  fix={"overlong_filter": False}))
         else:
-            notes.append("Overlong Filtering (DAPO §3.4): mask_truncated_completions=True; masked rows add no token to "
-                         "the token count (exact)")
+            d.notes.append("Overlong Filtering (DAPO §3.4): mask_truncated_completions=True; masked rows add no token "
+                           "to the token count (exact)")
     cache = _cache_tokens(algo, b)
     if cache is not None:
-        notes.append(f"soft overlong punishment: not a GRPOConfig field; pass reward_funcs=[your_reward, "
-                     f"*grpo_lab.export.trl_reward_funcs(algo, max_new_tokens={b['max_new_tokens']})] "
-                     f"(trl.rewards.get_soft_overlong_punishment({b['max_new_tokens']}, {cache})); "
-                     "sum_then_normalize adds it before the advantage")
-    notes += _common_sampling_notes(algo, cache, b)
+        d.notes.append(f"soft overlong punishment: not a GRPOConfig field; pass reward_funcs=[your_reward, "
+                       f"*grpo_lab.export.trl_reward_funcs(algo, max_new_tokens={b['max_new_tokens']})] "
+                       f"(trl.rewards.get_soft_overlong_punishment({b['max_new_tokens']}, {cache})); "
+                       "sum_then_normalize adds it before the advantage")
+    d.notes += _common_sampling_notes(algo, cache, b)
+
+
+def _trl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
+    """``GRPOConfig`` keyword arguments, notes and issues for ``algo``, axis by axis."""
+    d = _Draft(issues=_builtin_choices(algo, "trl"))
+    if d.impossible():
+        return d.config, d.notes, d.issues
+    _TRL_ADVANTAGES[algo.advantage](algo, d)
+    d.config["multi_objective_aggregation"] = "sum_then_normalize"
+    _trl_ratio(algo, d)
+    loss_type = _TRL_SURROGATES[algo.clip](algo, d)
+    _trl_aggregation(algo, b, loss_type, d)
+    _trl_kl(algo, d)
+    _trl_masking_and_shaping(algo, b, loss_type, d)
     # --- what grpo_lab does not have -------------------------------------------------------------
-    kw.update(top_entropy_quantile=1.0, entropy_coef=0.0, vllm_importance_sampling_correction=False)
-    notes.append("off: top_entropy_quantile=1.0, entropy_coef=0.0, vllm_importance_sampling_correction=False (TRL's "
-                 "default True reweights by the vLLM sampler's ratio, which grpo_lab's loss does not)")
-    # --- budget ------------------------------------------------------------------------------------
-    _trl_budget(kw, b, notes)
-    return kw, notes, issues
+    d.config.update(top_entropy_quantile=1.0, entropy_coef=0.0, vllm_importance_sampling_correction=False)
+    d.notes.append("off: top_entropy_quantile=1.0, entropy_coef=0.0, vllm_importance_sampling_correction=False (TRL's "
+                   "default True reweights by the vLLM sampler's ratio, which grpo_lab's loss does not)")
+    _trl_budget(d.config, b, d.notes)
+    return d.config, d.notes, d.issues
 
 
 def _trl_budget(kw: dict, b: dict, notes: list) -> None:
@@ -520,139 +636,185 @@ def _trl_budget(kw: dict, b: dict, notes: list) -> None:
 _A = "actor_rollout_ref.actor."
 
 
-def _verl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
-    ov: dict = {}
-    notes: list = []
-    issues: list = _builtin_choices(algo, f"verl {VERL_VERSION}")
-    if any(i.kind == "impossible" for i in issues):
-        return ov, notes, issues
-    # --- advantage ------------------------------------------------------------------------------
-    if algo.advantage in ("group", "group_mean"):
-        ov["algorithm.adv_estimator"] = "grpo"
-        ov["algorithm.norm_adv_by_std_in_grpo"] = algo.advantage == "group"
-        if algo.advantage == "group" and algo.adv_eps != VERL_ADV_EPS:
-            issues.append(Issue("approximate", "adv_eps",
-                                f"verl's GRPO estimator adds a hard-coded 1e-6 to the std (no setting), adv_eps="
-                                f"{algo.adv_eps:g}: advantages differ by a relative ~|adv_eps - 1e-6| / std "
-                                f"({abs(algo.adv_eps - VERL_ADV_EPS) / 0.5:.1g} for one success in a group of 4, "
-                                "std 0.5)", fix={"adv_eps": VERL_ADV_EPS}))
-        else:
-            notes.append("advantage: algorithm.adv_estimator=grpo (not grpo_vectorized, which gives an all-equal "
-                         "float64 group 0.0119 instead of 0), "
-                         + ("norm_adv_by_std_in_grpo=True, (r - mean_g) / (std + 1e-6), unbiased std (exact)"
-                            if algo.advantage == "group" else
-                            "norm_adv_by_std_in_grpo=False, r - mean_g (Dr.GRPO §3.2; exact)"))
-    elif algo.advantage == "rloo":
-        ov["algorithm.adv_estimator"] = "rloo"
-        notes.append("advantage: algorithm.adv_estimator=rloo, G/(G-1) (r - mean_g) (exact up to rounding)")
-    else:  # batch
-        issues.append(Issue("impossible", "advantage", "verl has no group-mean / batch-std estimator "
-                            "(reinforce_plus_plus_baseline also subtracts the batch mean)"))
-    ov["algorithm.use_kl_in_reward"] = False
-    ov["algorithm.rollout_correction.rollout_is"] = None
-    # --- ratio, clip ---------------------------------------------------------------------------------
-    if algo.clip == "ppo":
-        loss_mode = "vanilla" if algo.ratio_level == "token" else "gspo"
-        ov[_A + "policy_loss.loss_mode"] = loss_mode
-        ov[_A + "clip_ratio_low"] = algo.eps_low
-        ov[_A + "clip_ratio_high"] = algo.eps_high
-        ov[_A + "clip_ratio_c"] = VERL_DUAL_CLIP_OFF
-        notes.append(f"PPO clip: clip_ratio_low={algo.eps_low:g}, clip_ratio_high={algo.eps_high:g} (verl's clip_ratio "
-                     "is only their default); clip_ratio_c=1e10 switches off verl's dual clip (default 3: the loss of "
-                     "an A<0 token capped at 3|A|, in neither DeepSeekMath nor DAPO) exactly, since verl clamps log r "
-                     "to +-20")
-        if loss_mode == "gspo":
-            notes.append("GSPO: policy_loss.loss_mode=gspo computes GSPO-token (Eq. 14), equal to GSPO (Eq. 5, 10) in "
-                         "value and gradient with one advantage per response, which verl's GRPO estimator gives; verl "
-                         "clamps log s_i at 10")
-    else:  # is_weight
-        ov[_A + "policy_loss.loss_mode"] = "cispo"
-        ov[_A + "clip_ratio_low"] = algo.eps_low
-        ov[_A + "clip_ratio_high"] = algo.eps_high
-        notes.append(f"CISPO: policy_loss.loss_mode=cispo, clip(r, 1 - {algo.eps_low:g}, 1 + {algo.eps_high:g}) "
-                     "relative, as ours (clip_ratio_low=1 removes the floor). verl's loss is -sg(w) A log pi_theta "
-                     "(MiniMax-M1 Eq. 4), ours -sg(w) A log r: the same gradient, values that differ by "
-                     "sg(w) A log pi_old")
-        if algo.ratio_level != "token":
-            issues.append(Issue("impossible", "ratio_level",
-                                f"clip='is_weight' with ratio_level={algo.ratio_level!r}: verl's cispo is token-level"))
-        if algo.mask_eps_low is not None or algo.mask_eps_high is not None:
-            issues.append(Issue("lost", "mask_eps", "verl's cispo has no token mask M (MiniMax-M1 Eq. 7)",
-                                fix={"mask_eps_low": None, "mask_eps_high": None}))
-    # --- aggregation ----------------------------------------------------------------------------------
+def _verl_grpo_advantage(algo: Algorithm, d: _Draft) -> None:
+    """``"group"`` / ``"group_mean"``: verl's GRPO estimator, with or without the std (epsilon fixed at 1e-6)."""
+    d.config["algorithm.adv_estimator"] = "grpo"
+    d.config["algorithm.norm_adv_by_std_in_grpo"] = algo.advantage == "group"
+    if algo.advantage == "group" and algo.adv_eps != VERL_ADV_EPS:
+        d.issues.append(Issue("approximate", "adv_eps",
+                              f"verl's GRPO estimator adds a hard-coded 1e-6 to the std (no setting), adv_eps="
+                              f"{algo.adv_eps:g}: advantages differ by a relative ~|adv_eps - 1e-6| / std "
+                              f"({abs(algo.adv_eps - VERL_ADV_EPS) / 0.5:.1g} for one success in a group of 4, "
+                              "std 0.5)", fix={"adv_eps": VERL_ADV_EPS}))
+    else:
+        d.notes.append("advantage: algorithm.adv_estimator=grpo (not grpo_vectorized, which gives an all-equal "
+                       "float64 group 0.0119 instead of 0), "
+                       + ("norm_adv_by_std_in_grpo=True, (r - mean_g) / (std + 1e-6), unbiased std (exact)"
+                          if algo.advantage == "group" else
+                          "norm_adv_by_std_in_grpo=False, r - mean_g (Dr.GRPO §3.2; exact)"))
+
+
+def _verl_rloo_advantage(algo: Algorithm, d: _Draft) -> None:
+    d.config["algorithm.adv_estimator"] = "rloo"
+    d.notes.append("advantage: algorithm.adv_estimator=rloo, G/(G-1) (r - mean_g) (exact up to rounding)")
+
+
+def _verl_no_batch_std(algo: Algorithm, d: _Draft) -> None:
+    d.issues.append(Issue("impossible", "advantage", "verl has no group-mean / batch-std estimator "
+                          "(reinforce_plus_plus_baseline also subtracts the batch mean)"))
+
+
+#: advantage estimator -> its verl mapping (or its refusal, with the reason)
+_VERL_ADVANTAGES = {"group": _verl_grpo_advantage, "group_mean": _verl_grpo_advantage, "rloo": _verl_rloo_advantage,
+                    "batch": _verl_no_batch_std}
+#: ratio level -> verl's ``policy_loss.loss_mode`` under the PPO clip
+_VERL_PPO_LOSS_MODES = {"token": "vanilla", "sequence": "gspo", "sequence_token": "gspo"}
+
+
+def _verl_ppo_clip(algo: Algorithm, d: _Draft) -> None:
+    loss_mode = _VERL_PPO_LOSS_MODES[algo.ratio_level]
+    d.config[_A + "policy_loss.loss_mode"] = loss_mode
+    d.config[_A + "clip_ratio_low"] = algo.eps_low
+    d.config[_A + "clip_ratio_high"] = algo.eps_high
+    d.config[_A + "clip_ratio_c"] = VERL_DUAL_CLIP_OFF
+    d.notes.append(f"PPO clip: clip_ratio_low={algo.eps_low:g}, clip_ratio_high={algo.eps_high:g} (verl's clip_ratio "
+                   "is only their default); clip_ratio_c=1e10 switches off verl's dual clip (default 3: the loss of "
+                   "an A<0 token capped at 3|A|, in neither DeepSeekMath nor DAPO) exactly, since verl clamps log r "
+                   "to +-20")
+    if loss_mode == "gspo":
+        d.notes.append("GSPO: policy_loss.loss_mode=gspo computes GSPO-token (Eq. 14), equal to GSPO (Eq. 5, 10) in "
+                       "value and gradient with one advantage per response, which verl's GRPO estimator gives; verl "
+                       "clamps log s_i at 10")
+
+
+def _verl_cispo(algo: Algorithm, d: _Draft) -> None:
+    d.config[_A + "policy_loss.loss_mode"] = "cispo"
+    d.config[_A + "clip_ratio_low"] = algo.eps_low
+    d.config[_A + "clip_ratio_high"] = algo.eps_high
+    d.notes.append(f"CISPO: policy_loss.loss_mode=cispo, clip(r, 1 - {algo.eps_low:g}, 1 + {algo.eps_high:g}) "
+                   "relative, as ours (clip_ratio_low=1 removes the floor). verl's loss is -sg(w) A log pi_theta "
+                   "(MiniMax-M1 Eq. 4), ours -sg(w) A log r: the same gradient, values that differ by "
+                   "sg(w) A log pi_old")
+    if algo.ratio_level != "token":
+        d.issues.append(Issue("impossible", "ratio_level",
+                              f"clip='is_weight' with ratio_level={algo.ratio_level!r}: verl's cispo is token-level"))
+    if algo.mask_eps_low is not None or algo.mask_eps_high is not None:
+        d.issues.append(Issue("lost", "mask_eps", "verl's cispo has no token mask M (MiniMax-M1 Eq. 7)",
+                              fix={"mask_eps_low": None, "mask_eps_high": None}))
+
+
+#: surrogate (``Algorithm.clip``) -> its verl mapping: ``f(algo, draft)`` sets ``policy_loss.loss_mode`` and the
+#: clip ratios. A surrogate without an entry is refused (an ExportError naming it and verl): map a new one here,
+#: or refuse it here with the reason (an "impossible" Issue).
+_VERL_SURROGATES = {"ppo": _verl_ppo_clip, "is_weight": _verl_cispo}
+#: aggregation -> verl's ``loss_agg_mode`` (DAPO Eq. 12, group_token_mean, has none: nearest token-mean)
+_VERL_AGG_MODES = {"seq_mean_token_mean": "seq-mean-token-mean", "token_mean": "token-mean",
+                   "seq_mean_token_sum_norm": "seq-mean-token-sum-norm", "group_token_mean": "token-mean"}
+
+
+def _verl_aggregation(algo: Algorithm, b: dict, d: _Draft) -> None:
     agg = algo.aggregation
-    mode = {"seq_mean_token_mean": "seq-mean-token-mean", "token_mean": "token-mean",
-            "seq_mean_token_sum_norm": "seq-mean-token-sum-norm", "group_token_mean": "token-mean"}[agg]
-    ov[_A + "loss_agg_mode"] = mode
+    d.config[_A + "loss_agg_mode"] = _VERL_AGG_MODES[agg]
     if agg == "group_token_mean":
-        issues.append(Issue("approximate", "aggregation",
-                            "DAPO Eq. 12 as written (a token mean per group, then the mean over groups) is not in verl; "
-                            "token-mean divides by the minibatch's token count ('token_mean'), which weighs each group "
-                            "by its share of the tokens", fix={"aggregation": "token_mean"}))
+        d.issues.append(Issue("approximate", "aggregation",
+                              "DAPO Eq. 12 as written (a token mean per group, then the mean over groups) is not in "
+                              "verl; token-mean divides by the minibatch's token count ('token_mean'), which weighs "
+                              "each group by its share of the tokens", fix={"aggregation": "token_mean"}))
     elif agg == "token_mean":
-        notes.append("aggregation: loss_agg_mode=token-mean divides by the minibatch's token count over all devices "
-                     "(batch_num_tokens): token_mean (exact)")
+        d.notes.append("aggregation: loss_agg_mode=token-mean divides by the minibatch's token count over all devices "
+                       "(batch_num_tokens): token_mean (exact)")
     elif agg == "seq_mean_token_mean":
-        notes.append("aggregation: loss_agg_mode=seq-mean-token-mean (DeepSeekMath Eq. 3); verl divides each row by "
-                     "|o_i| + 1e-8, computed in float32 from its bool mask, i.e. |o_i| (exact); its trainer counts every row "
-                     "of the minibatch in G "
-                     "(ppo_mini_batch_size x n), grpo_lab only non-empty rows (equal unless a row is empty)")
-    else:  # seq_mean_token_sum_norm
+        d.notes.append("aggregation: loss_agg_mode=seq-mean-token-mean (DeepSeekMath Eq. 3); verl divides each row by "
+                       "|o_i| + 1e-8, computed in float32 from its bool mask, i.e. |o_i| (exact); its trainer counts "
+                       "every row of the minibatch in G (ppo_mini_batch_size x n), grpo_lab only non-empty rows (equal "
+                       "unless a row is empty)")
+    elif agg == "seq_mean_token_sum_norm":
         constant = algo.max_tokens if algo.max_tokens is not None else b.get("max_new_tokens")
         if constant is None:
             raise ValueError(f"{algo.name}: Dr.GRPO's constant normaliser must be given: pass max_new_tokens= (the "
                              "generation budget) or set Algorithm.max_tokens; without loss_scale_factor verl divides "
                              "by the padded width of each micro-batch")
-        ov[_A + "loss_scale_factor"] = int(constant)
-        notes.append(f"aggregation: seq-mean-token-sum-norm with loss_scale_factor={constant} (Dr.GRPO's constant; "
-                     "without it verl divides by the padded width of each micro-batch); rows counted as in "
-                     "seq-mean-token-mean")
-    # --- KL -------------------------------------------------------------------------------------------
-    if algo.uses_kl:
-        ov[_A + "use_kl_loss"] = True
-        ov[_A + "kl_loss_type"] = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}[algo.kl]
-        ov[_A + "kl_loss_coef"] = algo.beta
-        notes.append(f"KL: use_kl_loss=True, kl_loss_type={ov[_A + 'kl_loss_type']}, kl_loss_coef={algo.beta:g}, "
-                     "aggregated with the same loss_agg_mode and added to the policy loss (as inside DeepSeekMath Eq. 3)"
-                     + ("; verl clamps its value to [-10, 10] (gradient 0 beyond) and log(pi_ref/pi) to +-20"
-                        if algo.kl == "k3" else ""))
-        if algo.kl_importance_correction:
-            issues.append(Issue("lost", "kl_importance_correction",
-                                "verl has no importance-corrected KL (DeepSeek-V3.2 Eq. 7); its KL loss is the plain "
-                                "estimator", fix={"kl_importance_correction": False}))
-    else:
-        ov[_A + "use_kl_loss"] = False
-    ov[_A + "entropy_coeff"] = 0
-    if algo.offpolicy_mask_delta is not None:
-        issues.append(Issue("lost", "offpolicy_mask_delta",
-                            "verl has no Off-Policy Sequence Masking (DeepSeek-V3.2 Eqs. 8-9); its rollout rejection "
-                            "sampling compares the sampler with pi_old and ignores the advantage's sign",
-                            fix={"offpolicy_mask_delta": None}))
-    # --- sampling & shaping ------------------------------------------------------------------------
+        d.config[_A + "loss_scale_factor"] = int(constant)
+        d.notes.append(f"aggregation: seq-mean-token-sum-norm with loss_scale_factor={constant} (Dr.GRPO's constant; "
+                       "without it verl divides by the padded width of each micro-batch); rows counted as in "
+                       "seq-mean-token-mean")
+
+
+#: KL estimator -> verl's ``kl_loss_type``
+_VERL_KL_TYPES = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}
+
+
+def _verl_kl(algo: Algorithm, d: _Draft) -> None:
+    if not algo.uses_kl:
+        d.config[_A + "use_kl_loss"] = False
+        return
+    d.config[_A + "use_kl_loss"] = True
+    d.config[_A + "kl_loss_type"] = _VERL_KL_TYPES[algo.kl]
+    d.config[_A + "kl_loss_coef"] = algo.beta
+    d.notes.append(f"KL: use_kl_loss=True, kl_loss_type={_VERL_KL_TYPES[algo.kl]}, kl_loss_coef={algo.beta:g}, "
+                   "aggregated with the same loss_agg_mode and added to the policy loss (as inside DeepSeekMath Eq. 3)"
+                   + ("; verl clamps its value to [-10, 10] (gradient 0 beyond) and log(pi_ref/pi) to +-20"
+                      if algo.kl == "k3" else ""))
+    if algo.kl_importance_correction:
+        d.issues.append(Issue("lost", "kl_importance_correction",
+                              "verl has no importance-corrected KL (DeepSeek-V3.2 Eq. 7); its KL loss is the plain "
+                              "estimator", fix={"kl_importance_correction": False}))
+
+
+def _verl_sampling_and_shaping(algo: Algorithm, b: dict, d: _Draft) -> None:
+    """DAPO's dynamic sampling, Overlong Filtering (lost) and soft overlong punishment (the dapo reward manager)."""
     if algo.dynamic_sampling:
-        ov["algorithm.filter_groups.enable"] = True
-        ov["algorithm.filter_groups.metric"] = "acc"
-        notes.append("dynamic sampling (DAPO Eq. 11): algorithm.filter_groups.enable=True, metric=acc (the raw "
-                     "correctness score, as grpo_lab filters on task.is_correct; 'reward' would include the overlong "
-                     "penalty); verl's V1 replay buffer refills groups prompt by prompt, grpo_lab in rounds")
+        d.config["algorithm.filter_groups.enable"] = True
+        d.config["algorithm.filter_groups.metric"] = "acc"
+        d.notes.append("dynamic sampling (DAPO Eq. 11): algorithm.filter_groups.enable=True, metric=acc (the raw "
+                       "correctness score, as grpo_lab filters on task.is_correct; 'reward' would include the overlong "
+                       "penalty); verl's V1 replay buffer refills groups prompt by prompt, grpo_lab in rounds")
     if algo.overlong_filter:
-        issues.append(Issue("lost", "overlong_filter", "verl 0.9.1 has no Overlong Filtering (DAPO §3.4): truncated "
-                            "responses would train", fix={"overlong_filter": False}))
+        d.issues.append(Issue("lost", "overlong_filter", "verl 0.9.1 has no Overlong Filtering (DAPO §3.4): truncated "
+                              "responses would train", fix={"overlong_filter": False}))
     cache = _cache_tokens(algo, b)
     if cache is not None:
-        ov["reward.reward_manager.name"] = "dapo"
-        ov["++reward.reward_kwargs.max_resp_len"] = b["max_new_tokens"]
-        ov["++reward.reward_kwargs.overlong_buffer_cfg.enable"] = True
-        ov["++reward.reward_kwargs.overlong_buffer_cfg.len"] = cache
-        ov["++reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"] = 1.0
-        ov["++reward.reward_kwargs.overlong_buffer_cfg.log"] = False
-        notes.append("soft overlong punishment: the 'dapo' reward manager with overlong_buffer_cfg.len = L_cache and "
-                     "penalty_factor=1.0 adds min(-(|y| - (L_max - L_cache)) / L_cache, 0), Eq. 13 (exact); it calls "
-                     "your compute_score as the naive manager does")
-    notes += _common_sampling_notes(algo, cache, b)
-    # --- budget -----------------------------------------------------------------------------------------
-    _verl_budget(ov, b, notes)
-    return ov, notes, issues
+        d.config["reward.reward_manager.name"] = "dapo"
+        d.config["++reward.reward_kwargs.max_resp_len"] = b["max_new_tokens"]
+        d.config["++reward.reward_kwargs.overlong_buffer_cfg.enable"] = True
+        d.config["++reward.reward_kwargs.overlong_buffer_cfg.len"] = cache
+        d.config["++reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"] = 1.0
+        d.config["++reward.reward_kwargs.overlong_buffer_cfg.log"] = False
+        d.notes.append("soft overlong punishment: the 'dapo' reward manager with overlong_buffer_cfg.len = L_cache and "
+                       "penalty_factor=1.0 adds min(-(|y| - (L_max - L_cache)) / L_cache, 0), Eq. 13 (exact); it calls "
+                       "your compute_score as the naive manager does")
+    d.notes += _common_sampling_notes(algo, cache, b)
+
+
+def _verl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
+    """verl overrides (``{key: python value}``, in order), notes and issues for ``algo``, axis by axis."""
+    d = _Draft(issues=_builtin_choices(algo, "verl"))
+    if d.impossible():
+        return d.config, d.notes, d.issues
+    _VERL_ADVANTAGES[algo.advantage](algo, d)
+    d.config["algorithm.use_kl_in_reward"] = False
+    d.config["algorithm.rollout_correction.rollout_is"] = None
+    _VERL_SURROGATES[algo.clip](algo, d)
+    _verl_aggregation(algo, b, d)
+    _verl_kl(algo, d)
+    d.config[_A + "entropy_coeff"] = 0
+    if algo.offpolicy_mask_delta is not None:
+        d.issues.append(Issue("lost", "offpolicy_mask_delta",
+                              "verl has no Off-Policy Sequence Masking (DeepSeek-V3.2 Eqs. 8-9); its rollout rejection "
+                              "sampling compares the sampler with pi_old and ignores the advantage's sign",
+                              fix={"offpolicy_mask_delta": None}))
+    _verl_sampling_and_shaping(algo, b, d)
+    _verl_budget(d.config, b, d.notes)
+    return d.config, d.notes, d.issues
+
+
+#: per target, per registry axis: the table whose keys are the choices the export maps (see _builtin_choices)
+_MAPPED = {
+    "trl": {"advantage": _TRL_ADVANTAGES, "ratio_level": _TRL_IS_LEVELS, "clip": _TRL_SURROGATES,
+            "aggregation": _TRL_PPO_LOSS_TYPES, "kl": _TRL_KL},
+    "verl": {"advantage": _VERL_ADVANTAGES, "ratio_level": _VERL_PPO_LOSS_MODES, "clip": _VERL_SURROGATES,
+             "aggregation": _VERL_AGG_MODES, "kl": _VERL_KL_TYPES},
+}
 
 
 def _verl_budget(ov: dict, b: dict, notes: list) -> None:
@@ -720,8 +882,9 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
     Raises:
         ExportError: (a ``ValueError``) with ``strict=True`` when any difference exists (the message
             lists each one and the exact alternative, ``preset.replace(...)``, when there is one);
-            always when a choice has no counterpart (a registry function from outside grpo_lab,
-            RLOO in TRL, the batch-std advantage in verl, ``routing_replay=True``).
+            always when a choice has no counterpart (a registry function from outside grpo_lab, a
+            choice that this module does not map to ``target``, e.g. a new surrogate, RLOO in TRL, the
+            batch-std advantage in verl, ``routing_replay=True``).
         ValueError: unknown ``target``, unknown or invalid budget keys, a budget that does not split
             (``minibatches`` not dividing ``prompts_per_step``, ...), ``max_new_tokens`` missing where
             the algorithm needs it (Dr.GRPO's constant, DAPO's L_max), or an invalid ``algo``.
@@ -740,7 +903,7 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
                             "GSPO's Routing Replay (TrainerConfig.routing_replay) is not exported: TRL 1.16 has none, "
                             "verl 0.9.1's actor.router_replay (modes R2/R3) belongs to its Megatron/VeOmni engines and "
                             "is not checked against grpo_lab; without it a MoE policy's ratios mix routing changes in"))
-    label = f"{'TRL ' + TRL_VERSION if target == 'trl' else 'verl ' + VERL_VERSION}"
+    label = _LABELS[target]
     call = f"to_{target}({algo.name})"
     impossible = [i for i in issues if i.kind == "impossible"]
     if impossible:

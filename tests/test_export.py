@@ -201,6 +201,55 @@ def test_functions_registered_from_outside_have_no_counterpart(monkeypatch):
         to_trl(DAPO.replace(aggregation="token_mean", dynamic_sampling=False), strict=False, max_new_tokens=32)
 
 
+def mine_surrogate(log_ratio, advantages, mask, algo):
+    """A new surrogate, as a contributor or a user module would register it: REINFORCE with the ratio, -r * A."""
+    none = mask & False
+    return -log_ratio.exp() * advantages, {"clip_low": none, "clip_high": none, "grad": mask & (advantages != 0)}
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["user_module", "in_package"])
+def test_a_surrogate_no_table_maps_is_refused_naming_it_and_the_target(monkeypatch, inside):
+    # the export used to treat every clip other than "ppo" as CISPO: a new surrogate must never export as another's
+    if inside:  # a contributor's new function in grpo_lab.objectives, registered but not mapped
+        monkeypatch.setattr(mine_surrogate, "__module__", "grpo_lab.objectives")
+    monkeypatch.setitem(obj.SURROGATES, "mine", mine_surrogate)
+    mine = GRPO.replace(clip="mine", kl=None, adv_eps=1e-6)  # exact in both targets with clip="ppo"
+    for to, label in ((to_trl, "TRL 1.16.0"), (to_verl, "verl 0.9.1")):
+        for strict in (True, False):
+            with pytest.raises(ExportError) as info:
+                to(mine, strict=strict, max_new_tokens=32)
+            msg = str(info.value)
+            assert isinstance(info.value, ValueError)
+            assert "[impossible] clip: clip='mine'" in msg and label in msg, msg
+            assert ("is not mapped to " + label if inside else "registered from outside grpo_lab") in msg, msg
+
+
+def test_a_new_surrogate_exports_once_its_table_entry_is_written(monkeypatch):
+    # one entry per target makes a (package) surrogate exportable; here it borrows PPO's mapping to show the path
+    monkeypatch.setattr(mine_surrogate, "__module__", "grpo_lab.objectives")
+    monkeypatch.setitem(obj.SURROGATES, "mine", mine_surrogate)
+    monkeypatch.setitem(E._TRL_SURROGATES, "mine", E._TRL_SURROGATES["ppo"])
+    mine = GRPO.replace(clip="mine")
+    assert to_trl(mine) == TRL_GOLDEN["GRPO"]
+    with pytest.raises(ExportError, match=r"\[impossible\] clip: clip='mine' is not mapped to verl 0.9.1"):
+        to_verl(mine.replace(adv_eps=1e-6))
+
+
+@pytest.mark.parametrize("target,axis,registry,value", [
+    ("trl", "advantage", "ADVANTAGE_ESTIMATORS", "group_mean"), ("verl", "kl", "KL_ESTIMATORS", "k3"),
+    ("trl", "aggregation", "AGGREGATIONS", "token_mean"), ("verl", "ratio_level", "RATIOS", "token"),
+])
+def test_every_registry_axis_fails_closed(monkeypatch, target, axis, registry, value):
+    # a package function under a name the target's table lacks: refused naming it, not exported as its nearest
+    from grpo_lab import advantages as adv
+    module = adv if registry == "ADVANTAGE_ESTIMATORS" else obj
+    monkeypatch.setitem(getattr(module, registry), "mine", getattr(module, registry)[value])
+    algo = GRPO.replace(**{axis: "mine"})
+    for strict in (True, False):
+        with pytest.raises(ExportError, match=rf"\[impossible\] {axis}: {axis}='mine' is not mapped to"):
+            translate(algo, target, strict=strict, max_new_tokens=32)
+
+
 @pytest.mark.parametrize("target,algo,axis", [
     ("trl", GRPO.replace(kl="k2"), "kl"),                                  # TRL has k3 only
     ("trl", GRPO.replace(adv_eps=1e-6), "adv_eps"),                        # TRL's epsilon is 1e-4
