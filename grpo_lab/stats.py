@@ -60,6 +60,11 @@ def _values(values, name: str) -> np.ndarray:
 def t_interval(values: Sequence[float], level: float = 0.95, *, bounds: tuple[float, float] | None = None) -> Interval:
     """Mean and Student-t interval ``mean ± t_{(1+level)/2, n-1} * sd / sqrt(n)``.
 
+    The quantile is ``scipy.stats.t.ppf`` (bit for bit the upper end of ``scipy.stats.t.interval(level,
+    n - 1)``). The interval itself is written out: ``scipy.stats.t.interval(level, n - 1, loc=mean,
+    scale=sem)`` is the same interval only up to rounding (it takes the lower quantile for the lower
+    end and rounds the scale first), which would move the last bits of the book's numbers.
+
     Args:
         values: one value per seed (finite).
         level: confidence level in (0, 1).

@@ -126,3 +126,42 @@ def test_band_plot_ci95_band_and_bounds():
 def test_t_interval_rejects_reversed_bounds():
     with pytest.raises(ValueError, match="bounds"):
         stats.t_interval([0.2, 0.3], bounds=(1, 0))
+
+
+LEVELS = [0.5, 0.6827, 0.8, 0.9, 0.95, 0.975, 0.99, 0.999]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_t_interval_quantile_is_scipys_for_every_n(level):
+    # the quantile is scipy.stats.t's, bit for bit: t.ppf((1 + level) / 2, n - 1), which is also the upper end
+    # of scipy's standard interval t.interval(level, n - 1); the interval is mean ± q * sd / sqrt(n) exactly
+    from scipy import stats as sps
+
+    rng = np.random.default_rng(int(level * 1e4))
+    for n in [*range(2, 41), 50, 64, 100, 200]:
+        x = rng.normal(rng.uniform(-2, 2), rng.uniform(1e-3, 3), n)
+        q = sps.t.ppf((1 + level) / 2, n - 1)
+        assert sps.t.interval(level, n - 1)[1] == q
+        mean, half = float(x.mean()), float(q * x.std(ddof=1) / math.sqrt(n))
+        iv = stats.t_interval(x, level)
+        assert (iv.mean, iv.lo, iv.hi, iv.n, iv.level) == (mean, mean - half, mean + half, n, level)
+        # scipy's whole interval, t.interval(level, n - 1, loc=mean, scale=sem), is the same interval up to
+        # rounding (its lower end is the lower quantile and the scale is rounded first), not bit for bit,
+        # so the arithmetic above stays written out
+        lo, hi = sps.t.interval(level, n - 1, loc=mean, scale=sps.sem(x))
+        assert (iv.lo, iv.hi) == pytest.approx((lo, hi), rel=1e-12, abs=1e-12 * half)
+
+
+def test_band_plot_ci95_is_the_t_interval_at_every_step():
+    rng = np.random.default_rng(3)
+    seeds = [0, 1, 2, 3, 4]
+    df = pd.DataFrame([{"algo": "GRPO", "seed": s, "step": t, "y": float(rng.random())}
+                       for s in seeds for t in range(6) if not (t == 5 and s > 1)])  # step 5: two seeds only
+    fig, ax = plt.subplots()
+    plotting.band_plot(ax, df, "step", "y", band="ci95")
+    verts = np.concatenate([p.vertices for p in ax.collections[0].get_paths()])
+    for t, part in df.groupby("step"):
+        iv = stats.t_interval(part["y"])
+        at = verts[verts[:, 0] == t, 1]
+        assert np.isclose(at.min(), iv.lo, rtol=0, atol=1e-15) and np.isclose(at.max(), iv.hi, rtol=0, atol=1e-15)
+    plt.close(fig)
