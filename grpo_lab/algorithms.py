@@ -348,12 +348,13 @@ class Algorithm:
         return out
 
     def values_for(self, fn: Callable) -> dict[str, Any]:
-        """The values of ``fn``'s hyper-parameters under this algorithm (:mod:`grpo_lab.hparams`):
-        ``{name: value}`` from :attr:`params`, else the field of that name, else ``fn``'s default;
-        what :func:`grpo_lab.objectives.policy_loss` and :meth:`estimate_advantages` pass as keywords.
-        A name with neither a value nor a default is left out (the call then raises ``TypeError``)."""
+        """The values of ``fn``'s own hyper-parameters (its keyword-only parameters) under this
+        algorithm (:mod:`grpo_lab.hparams`): ``{name: value}`` from :attr:`params`, else the field of
+        that name, else ``fn``'s default; what :func:`grpo_lab.objectives.policy_loss` and
+        :meth:`estimate_advantages` pass as keywords (to a whole-batch statistic too). A name with
+        neither a value nor a default is left out (the call then raises ``TypeError``)."""
         out = {}
-        for k, default in _hp.hyperparameters(fn).items():
+        for k, default in _hp.own_hyperparameters(fn).items():
             if k in self.params:
                 out[k] = self.params[k]
             elif k in _FIELD_NAMES:
@@ -367,8 +368,9 @@ class Algorithm:
         (fields such as ``eps_low`` included), in declaration order."""
         out: dict[str, Any] = {}
         for _, _, fn in _named_functions(self.advantage, self.ratio_level, self.clip, self.aggregation, self.kl):
-            for k, v in self.values_for(fn).items():
-                out.setdefault(k, v)
+            for part in (fn, *_hp.spec(fn).batch_statistics.values()):
+                for k, v in self.values_for(part).items():
+                    out.setdefault(k, v)
         return out
 
     # ----------------------------------------------------------------------------------------

@@ -539,8 +539,9 @@ def sapo_surrogate(ctx: LossContext, *, tau_pos: float = 1.0, tau_neg: float = 1
 
     with the paper's ``tau_pos = 1.0``, ``tau_neg = 1.05`` (``tau_neg > tau_pos``: negative
     advantages are damped faster off-policy). The gradient weight is ``f'(r) r = 4 s (1 - s) r``,
-    ``s = sigmoid(tau (r - 1))``: exactly 1 on-policy (``r = 1``, the REINFORCE gradient) and
-    decaying smoothly as ``r`` leaves 1; no token's gradient is cut to 0. The paper averages as
+    ``s = sigmoid(tau (r - 1))``: exactly 1 on-policy (``r = 1``, the REINFORCE gradient), at most
+    ``r``, and decaying smoothly to 0 as ``r`` moves far from 1 (just above 1 the factor ``r`` lifts
+    it slightly over 1); no token's gradient is cut to 0 by a hard bound. The paper averages as
     ``1/G sum_i 1/|y_i| sum_t`` (``"seq_mean_token_mean"``). ``r = exp(clamp(log r, +-20))``.
 
     Indicators: ``clip_low`` / ``clip_high`` — none (nothing is cut); ``grad`` — ``A != 0`` and
@@ -1155,12 +1156,10 @@ def _context(x: "_Inputs", algo: Algorithm, groups: tuple, stats: Optional[Mappi
 
 def _statistics(ctx: LossContext, fn: Callable, algo: Algorithm) -> dict:
     """Each whole-batch statistic ``fn`` declares, over ``ctx``, without gradient."""
-    values = algo.values_for(fn)
     out = {}
     with torch.no_grad():
         for name, stat in _hp.spec(fn).batch_statistics.items():
-            own = {k: values[k] for k in _hp.own_hyperparameters(stat) if k in values}
-            out[name] = stat(ctx, **own)
+            out[name] = stat(ctx, **algo.values_for(stat))
     return out
 
 
