@@ -1,0 +1,13 @@
+"""The rooms of :class:`grpo_lab.trainer.Trainer`, one concern per module; :mod:`grpo_lab.trainer`
+assembles the trainer from them and is where every public name is imported from.
+
+* :mod:`grpo_lab.training.config`: ``TrainerConfig``, how a run samples and updates.
+* :mod:`grpo_lab.training.precision`: the autocast dtype (``resolve_precision``) and float16 loss scaling.
+* :mod:`grpo_lab.training.collection`: the *collect* stage: rollout, scoring, selection (``Batch``, ``Scored``).
+* :mod:`grpo_lab.training.update`: the *update* stage: π_old / π_ref log-probs, minibatches,
+  micro-batches, the optimiser step.
+* :mod:`grpo_lab.training.value_model`: the critic: its slot (``ValueModel``), values, pretraining, metrics.
+* :mod:`grpo_lab.training.history`: the history rows and test-set evaluation.
+* :mod:`grpo_lab.training.checkpoints`: save and exact resume.
+* :mod:`grpo_lab.training.memory`: the peak memory of a step.
+"""

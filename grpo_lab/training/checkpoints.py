@@ -1,0 +1,433 @@
+"""Checkpoints: :meth:`~grpo_lab.trainer.Trainer.save` writes everything a run needs to continue exactly
+(weights, optimiser states, every RNG state, step counts, history, the task) atomically, and
+:meth:`~grpo_lab.trainer.Trainer.resume` rebuilds the trainer from it, checking every file first.
+Both live in the mixin ``Checkpointing``, with the file helpers they share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import warnings
+from dataclasses import asdict, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+import torch
+
+from ..algorithms import Algorithm
+from ..models import CriticModel, _progress_bars
+from ..tasks import validate_task
+from ..validation import is_int
+from .config import TrainerConfig
+
+__all__: list[str] = []
+
+
+class Checkpointing:
+    """:meth:`save` and :meth:`resume` of :class:`grpo_lab.trainer.Trainer`. Reads and restores ``config``,
+    ``algo``, ``task``, ``policy``, ``tokenizer``, ``ref_policy``, ``value_model``, ``optimizer``,
+    ``value_optimizer``, ``rng``, ``step``, ``opt_steps``, ``rows``, ``value_warmup_rows``, ``scaler`` and
+    ``amp_skipped_steps``; calls ``_show_progress``."""
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint directory atomically: ``policy/`` (safetensors + tokenizer), ``ref/``
+        (safetensors, when a KL reference exists), ``value.safetensors`` and
+        ``value_optimizer.pt`` (with a value model), ``optimizer.pt``, ``rng.pt``, ``state.json``
+        (step, config, algorithm, task, numpy and python RNG states) and ``history.json``.
+
+        Everything that can be checked is checked before anything is written: the task (still a
+        task, :func:`grpo_lab.tasks.validate_task`), ``state.json`` and ``history.json`` are
+        serialised in memory, and the destination must be absent, empty or a trainer checkpoint.
+        The files then go to a sibling ``.NAME.saving`` directory, which replaces ``path`` only
+        once it is complete (the previous checkpoint is moved aside to ``.NAME.old`` and deleted
+        after the new one is in place; if that move fails, the previous one is put back). A
+        failure at any point (an exception, a full disk, Ctrl-C) deletes the temporary directory
+        and leaves ``path`` as it was: absent, or the previous checkpoint. Only a process killed
+        between the two renames leaves the previous checkpoint at ``.NAME.old``.
+
+        Any task can be saved. A registered dataclass task (:func:`grpo_lab.tasks.task_spec`) is
+        stored so that :meth:`resume` rebuilds it; any other task is stored by name, class and (a
+        dataclass with JSON-able fields) its fields, and :meth:`resume` takes it as ``task=``
+        unless its class has been registered under its name by then.
+
+        transformers' progress bar (``Writing model shards``) shows only when the trainer's
+        progress bars do (``TrainerConfig.progress``; ``None``: stderr is a terminal, ``$CI`` unset).
+
+        Returns:
+            ``path`` (a :class:`pathlib.Path`).
+
+        Raises:
+            TypeError: the trainer's task no longer implements the task protocol.
+            ValueError: the history holds a value that cannot be written as JSON.
+            FileExistsError: ``path`` is a file, or a non-empty directory that is not a trainer
+                checkpoint (no ``state.json``): it is never replaced.
+            OSError: writing failed (nothing is left behind, see above).
+        """
+        validate_task(self.task)
+        final = Path(path)
+        where = Path(os.path.abspath(final))
+        if where.exists() and not where.is_dir():
+            raise FileExistsError(f"Trainer.save: {final} is a file; a checkpoint is a directory")
+        if where.is_dir() and not (where / "state.json").is_file() and any(where.iterdir()):
+            raise FileExistsError(f"Trainer.save: {final} is a non-empty directory that is not a trainer checkpoint "
+                                  "(no state.json); refusing to replace it: choose a new path or an empty directory")
+        state_text = json.dumps(self._checkpoint_state(), indent=2, default=_json_default)
+        try:
+            history_text = json.dumps(self.rows, default=_json_default)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"Trainer.save: the history cannot be written as JSON ({exc}); "
+                             "nothing was written") from None
+        tmp = where.with_name(f".{where.name}.saving")
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed while saving
+        try:
+            tmp.mkdir(parents=True)
+            self._write_checkpoint_files(tmp)
+            (tmp / "state.json").write_text(state_text)
+            (tmp / "history.json").write_text(history_text)
+            _replace_dir(tmp, where)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+
+    def _checkpoint_state(self) -> dict:
+        """The content of ``state.json``: step, optimiser steps, config, algorithm, task, the numpy and python
+        RNG states, the value-warm-up rows and the float16 gradient scaler's state."""
+        return {
+            "step": self.step,
+            "opt_steps": self.opt_steps,
+            "config": self.config.to_dict(),
+            "algo": asdict(self.algo),
+            "task": _task_state(self.task),
+            "numpy_rng": self.rng.bit_generator.state,
+            "python_rng": _py_state_to_json(random.getstate()),
+            "value_warmup_rows": self.value_warmup_rows,
+            "grad_scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "amp_skipped_steps": self.amp_skipped_steps,
+        }
+
+    def _write_checkpoint_files(self, tmp: Path) -> None:
+        """Write the weights, the tokenizer, the optimiser states and the torch RNG states into the new
+        checkpoint directory ``tmp`` (:meth:`save` adds ``state.json`` and ``history.json``)."""
+        from safetensors.torch import save_file
+
+        with _progress_bars(self._show_progress()):  # transformers' "Writing model shards" bar
+            self.policy.save_pretrained(tmp / "policy", safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp / "policy")
+            if self.ref_policy is not None:
+                self.ref_policy.save_pretrained(tmp / "ref", safe_serialization=True)
+        if self.value_model is not None:
+            save_file({k: v.contiguous() for k, v in self.value_model.state_dict().items()},
+                      tmp / "value.safetensors")
+            if isinstance(self.value_model, CriticModel):  # rebuildable without the caller's help
+                self.value_model.save(tmp / "critic")
+            torch.save(self.value_optimizer.state_dict(), tmp / "value_optimizer.pt")
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save({"torch": torch.random.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
+
+    @classmethod
+    def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None) -> Self:
+        """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly.
+
+        Args:
+            path: the checkpoint directory.
+            task: the task to continue with. Needed when the checkpoint's task cannot be rebuilt
+                from the registry (its class was not registered under its name in this process,
+                :func:`grpo_lab.tasks.register_task`, or it is not a dataclass with JSON-able
+                fields); otherwise it overrides the rebuilt task. Pass the same task as saved: a
+                ``RuntimeWarning`` names what differs from the saved one (name, class, fields),
+                since the run then does not continue as it would have.
+            device: override the saved ``TrainerConfig.device``.
+            value_model: a freshly built value model of the saved architecture, required when the
+                checkpoint has one of your own (its weights and optimiser state are loaded into
+                it); a :class:`grpo_lab.models.CriticModel` is rebuilt from the checkpoint.
+
+        Every file the checkpoint needs is looked for before anything is loaded; transformers'
+        loading bars follow the saved ``TrainerConfig.progress`` (as :func:`grpo_lab.models.load_policy`'s
+        ``progress``).
+
+        Raises:
+            FileNotFoundError: ``path`` is not a checkpoint directory.
+            TypeError: ``task`` does not implement the task protocol.
+            ValueError: a file of the checkpoint is missing or corrupt (the message names it:
+                ``optimizer.pt``, ``rng.pt``, ``policy/model.safetensors``, ``policy/tokenizer.json``, ...), the
+                algorithm has a KL term but ``ref/`` is missing, the checkpoint has a value model
+                and none was passed, or its task cannot be rebuilt and no ``task=`` was passed (the
+                message says why and shows both remedies).
+        """
+        path = Path(path)
+        state, rows, has_value, value_model = _read_checkpoint_state(path, value_model)
+        task = _resume_task(state["task"], task, path)
+        config = TrainerConfig.from_dict(state["config"])
+        if device is not None:
+            config = replace(config, device=device)
+        algo = Algorithm(**state["algo"])
+        if algo.uses_kl and not (path / "ref").is_dir():
+            raise ValueError(f"Trainer.resume: {path} has no ref/ but {algo.name!r} has a KL term; the reference "
+                             "policy cannot be rebuilt from the trained weights")
+        missing = _missing_checkpoint_files(path, ref=algo.uses_kl, value=has_value)
+        if missing:
+            raise ValueError(f"Trainer.resume: corrupt checkpoint, {path} lacks " + ", ".join(missing)
+                             + " (Trainer.save writes them all)")
+        policy, tokenizer, ref = _load_checkpoint_models(path, config, algo, value_model if has_value else None)
+        trainer = cls(policy, tokenizer, task, algo, config, ref_policy=ref, value_model=value_model)
+        trainer._restore_training_state(path, state, rows, has_value)
+        return trainer
+
+    def _restore_training_state(self, path: Path, state: dict, rows: list, has_value: bool) -> None:
+        """Load what a freshly built trainer lacks from the checkpoint ``path``: the optimiser states, the
+        torch, CUDA, numpy and python RNG states, step counts, history, value-warm-up rows and the float16
+        gradient scaler (``state`` is ``state.json``, ``rows`` ``history.json``).
+
+        Raises:
+            ValueError: ``optimizer.pt``, ``value_optimizer.pt`` or ``rng.pt`` is missing or corrupt.
+        """
+        self.optimizer.load_state_dict(_load_pt(path / "optimizer.pt"))
+        if has_value:
+            self.value_optimizer.load_state_dict(_load_pt(path / "value_optimizer.pt"))
+        rng = _load_pt(path / "rng.pt")
+        torch.random.set_rng_state(rng["torch"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.rng.bit_generator.state = state["numpy_rng"]
+        random.setstate(_py_state_from_json(state["python_rng"]))
+        self.step = int(state["step"])
+        self.opt_steps = int(state.get("opt_steps", 0))
+        self.rows = rows
+        self.value_warmup_rows = list(state.get("value_warmup_rows", []))
+        if state.get("grad_scaler") and self.scaler.is_enabled():
+            self.scaler.load_state_dict(state["grad_scaler"])
+        self.amp_skipped_steps = int(state.get("amp_skipped_steps", 0))
+
+
+def _read_checkpoint_state(path: Path, value_model):
+    """``state.json`` and ``history.json`` of the checkpoint ``path``, whether it has a value model, and the
+    value model to load it into (``value_model``, or the :class:`~grpo_lab.models.CriticModel` the
+    checkpoint rebuilds). Returns ``(state, rows, has_value, value_model)``.
+
+    Raises:
+        FileNotFoundError: ``path`` has no ``state.json``.
+        ValueError: either file is corrupt, or the checkpoint holds a value model of the caller's own
+            and ``value_model`` is ``None``.
+    """
+    if not (path / "state.json").is_file():
+        raise FileNotFoundError(f"Trainer.resume: {path} has no state.json (not a trainer checkpoint)")
+    state = _read_json(path / "state.json", ("step", "config", "algo", "task", "numpy_rng", "python_rng"))
+    rows = _read_json(path / "history.json", None)
+    has_value = (path / "value.safetensors").is_file()
+    if has_value and value_model is None and (path / "critic" / "critic.json").is_file():
+        value_model = _load_checkpoint_part(path / "critic", lambda: CriticModel.load(path / "critic"))
+    if has_value and value_model is None:
+        raise ValueError(f"Trainer.resume: {path} holds a value model of your own; pass value_model= (a fresh one "
+                         "of the same architecture)")
+    if not isinstance(rows, list) or not is_int(state["step"]) or state["step"] < 0:
+        raise ValueError(f"Trainer.resume: {path} has a corrupt step count or history (state.json, history.json)")
+    return state, rows, has_value, value_model
+
+
+def _load_checkpoint_models(path: Path, config: TrainerConfig, algo: Algorithm, value_model):
+    """The weights of the checkpoint ``path``: loads ``value.safetensors`` into ``value_model`` (when not
+    ``None``), then the policy and its tokenizer from ``policy/`` and, when ``algo`` has a KL term, the
+    reference policy from ``ref/``, on ``config.device``. Returns ``(policy, tokenizer, ref or None)``.
+
+    Raises:
+        ValueError: a file is missing or damaged (named in the message).
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from ..models import load_policy
+
+    if value_model is not None:
+        value_model.load_state_dict(_load_checkpoint_part(path / "value.safetensors",
+                                                          lambda: load_file(path / "value.safetensors")))
+    policy, tokenizer = _load_checkpoint_part(
+        path / "policy", lambda: load_policy(path / "policy", device=config.device, progress=config.progress))
+    ref = None
+    if algo.uses_kl:
+        def load_ref():
+            with _progress_bars(config.progress):
+                return AutoModelForCausalLM.from_pretrained(path / "ref", use_safetensors=True)
+
+        ref = _load_checkpoint_part(path / "ref", load_ref).to(config.device)
+    return policy, tokenizer, ref
+
+
+
+def _task_state(task) -> dict:
+    """The ``task`` entry of ``state.json``: :func:`grpo_lab.tasks.task_spec` plus ``"registered":
+    True`` for a registered dataclass task; otherwise ``{"name", "class", "params",
+    "registered": False}`` with ``params`` the dataclass fields, or ``None`` (not a dataclass).
+    ``params`` that JSON cannot hold are stored as ``None`` (``resume`` then needs ``task=``).
+    Never raises for a task that passes :func:`grpo_lab.tasks.validate_task`."""
+    from ..tasks import _class_path, task_spec
+
+    try:
+        spec = dict(task_spec(task), registered=True)
+    except ValueError:
+        try:
+            params = asdict(task) if is_dataclass(task) else None
+        except Exception:  # a field that cannot be copied (a lock, a file handle): described by name only
+            params = None
+        spec = {"name": task.name, "class": _class_path(type(task)), "params": params, "registered": False}
+    if spec["params"] is not None:
+        try:
+            spec["params"] = json.loads(json.dumps(spec["params"], default=_json_default))
+        except (TypeError, ValueError):
+            spec["params"] = None
+    return spec
+
+
+def _resume_task(spec, task, path: Path):
+    """The task a resumed trainer continues with: ``task`` when given (a ``RuntimeWarning`` names
+    what differs from the saved ``spec``), else the saved task rebuilt from the registry.
+
+    Raises:
+        ValueError: ``spec`` is corrupt, or the saved task cannot be rebuilt and ``task`` is ``None``
+            (the message says why and names ``task=`` and ``register_task``).
+    """
+    from ..tasks import TASKS, _class_path, task_from_spec
+
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"Trainer.resume: {path / 'state.json'} has no valid task entry ({spec!r:.80}); "
+                         "the checkpoint is corrupt")
+    name, stored, params = spec["name"], spec.get("class"), spec.get("params")
+    if task is not None:
+        validate_task(task)
+        diffs = []
+        if task.name != name:
+            diffs.append(f"name {task.name!r} (saved {name!r})")
+        if stored is not None and _class_path(type(task)) != stored:
+            diffs.append(f"class {_class_path(type(task))} (saved {stored})")
+        elif isinstance(params, dict) and is_dataclass(task):
+            now = _task_state(task)["params"] or {}
+            changed = sorted(k for k in set(now) | set(params) if now.get(k) != params.get(k))
+            if changed:
+                diffs.append("fields " + ", ".join(f"{k}={now.get(k)!r} (saved {params.get(k)!r})" for k in changed))
+        if diffs:
+            warnings.warn(f"Trainer.resume: the task passed as task= differs from the one saved in {path}: "
+                          + "; ".join(diffs) + "; the run continues with the task passed, not as it would have",
+                          RuntimeWarning, stacklevel=3)
+        return task
+    registered = TASKS.get(name)
+    if registered is None:
+        reason = f"no task named {name!r} is registered in this process (registered: {sorted(TASKS)})"
+    elif stored is not None and _class_path(registered) != stored:
+        reason = f"{name!r} is registered to {_class_path(registered)}, not to {stored}"
+    elif not isinstance(params, dict):
+        reason = "its fields were not stored (it is not a dataclass with fields JSON can hold)"
+    else:
+        try:
+            return task_from_spec(spec)
+        except Exception as exc:  # the class's own constructor rejected the stored fields
+            reason = f"rebuilding it from the stored fields failed ({type(exc).__name__}: {exc})"
+    short = stored.rsplit(".", 1)[-1] if stored else "YourTask"
+    raise ValueError(f"Trainer.resume: {path} was saved with the task {name!r}" + (f" ({stored})" if stored else "")
+                     + f", which cannot be rebuilt here: {reason}. Pass the task object: "
+                     f"Trainer.resume(path, task={short}(...)), or register its class first: "
+                     f"grpo_lab.tasks.register_task({name!r}, {short})")
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    """Move the finished directory ``new`` to ``final``. An older ``final`` is first renamed to
+    ``.NAME.old`` and deleted once ``new`` is in place; if moving ``new`` fails, it is renamed back."""
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if not final.exists():
+        new.rename(final)
+        return
+    final.rename(old)
+    try:
+        new.rename(final)
+    except BaseException:
+        old.rename(final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+#: Weight files of a ``save_pretrained`` directory (one file, or the index of a sharded one).
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def _missing_checkpoint_files(path: Path, *, ref: bool, value: bool) -> list[str]:
+    """The files of a :meth:`Trainer.save` checkpoint that ``path`` lacks (relative names, ``[]``
+    when none): ``optimizer.pt``, ``rng.pt``, ``value_optimizer.pt`` (``value``), and for ``policy/``
+    (and ``ref/`` when ``ref``) ``config.json`` and the safetensors weights; for ``policy/`` also the
+    tokenizer (``grpo_lab.models._missing_tokenizer_files``). Reads nothing but the directory."""
+    from ..models import _missing_tokenizer_files
+
+    names = ["optimizer.pt", "rng.pt"] + (["value_optimizer.pt"] if value else [])
+    missing = [n for n in names if not (path / n).is_file()]
+    for sub in ["policy"] + (["ref"] if ref else []):
+        if not (path / sub / "config.json").is_file():
+            missing.append(f"{sub}/config.json")
+        if not any((path / sub / n).is_file() for n in _WEIGHT_FILES):
+            missing.append(f"{sub}/model.safetensors")
+    if (path / "policy").is_dir():
+        missing += [f"policy/{n}" for n in _missing_tokenizer_files(path / "policy")]
+    return missing
+
+
+def _load_checkpoint_part(what: Path, load):
+    """``load()``; a ``ValueError`` naming ``what`` when it fails because a file is missing or
+    damaged (``OSError``, a safetensors or JSON decoding error). Other errors pass unchanged (a
+    CUDA device without CUDA is the caller's mistake, not a corrupt checkpoint)."""
+    from safetensors import SafetensorError
+
+    try:
+        return load()
+    except (OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise ValueError(f"Trainer.resume: {what} cannot be loaded ({type(exc).__name__}: {detail}); "
+                         "the checkpoint is corrupt") from None
+
+
+def _load_pt(path: Path):
+    """``torch.load(path, weights_only=True)``; ``ValueError`` naming the file when it is missing or corrupt."""
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"Trainer.resume: corrupt checkpoint, {path} is missing") from None
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for a damaged file
+        raise ValueError(f"Trainer.resume: {path} cannot be read as a checkpoint tensor file "
+                         f"({type(exc).__name__}); the checkpoint is corrupt") from None
+
+
+def _read_json(path: Path, keys: tuple | None):
+    """Parse a checkpoint's JSON file; ``ValueError`` naming the file when it is corrupt or lacks ``keys``."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"Trainer.resume: corrupt checkpoint, {path} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"Trainer.resume: {path} is not valid JSON ({exc}); the checkpoint is corrupt") from None
+    if keys is not None:
+        missing = [k for k in keys if not isinstance(data, dict) or k not in data]
+        if missing:
+            raise ValueError(f"Trainer.resume: {path} lacks {missing}; the checkpoint is corrupt")
+    return data
+
+
+def _json_default(o: Any):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, tuple):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def _py_state_to_json(state):
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _py_state_from_json(state):
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
