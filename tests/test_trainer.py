@@ -557,3 +557,27 @@ def test_save_is_atomic(tok, tmp_path, monkeypatch):
     tr.save(ck)  # a later save replaces it and leaves no temporary directory behind
     assert Trainer.resume(ck).step == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+# ------------------------------------------------------------------------------------ layout
+def test_functions_replaced_on_grpo_lab_trainer_reach_the_training_module_that_calls_them(monkeypatch):
+    # the trainer lives in grpo_lab.training; the book (chapter 3) and the tests replace the functions it
+    # calls on grpo_lab.trainer, and undoing the replacement restores them where they are called
+    from grpo_lab.training import collection, update
+
+    real_loss, real_copy = update.policy_loss, collection.inference_copy
+    with monkeypatch.context() as m:
+        m.setattr(trainer_mod, "policy_loss", "patched")
+        m.setattr(trainer_mod, "inference_copy", "copy")
+        assert update.policy_loss == "patched" and collection.inference_copy == "copy"
+    assert update.policy_loss is real_loss and trainer_mod.policy_loss is real_loss
+    assert collection.inference_copy is real_copy
+    trainer_mod.some_new_name = 1  # a name no training module holds is only set here
+    del trainer_mod.some_new_name
+
+
+def test_public_names_keep_their_import_path():
+    # documented, pickled and shown under grpo_lab.trainer, wherever they are defined
+    for name in ("Trainer", "TrainerConfig", "Batch", "Scored", "ValueModel"):
+        assert getattr(trainer_mod, name).__module__ == "grpo_lab.trainer", name
+    assert set(trainer_mod.__all__) <= set(vars(trainer_mod))

@@ -401,7 +401,12 @@ class Update:
 
     def _warm_up_learning_rate(self) -> None:
         """Set the policy's learning rate for the next optimiser step: ``lr`` times
-        ``min(1, (opt_steps + 1) / warmup)``, the linear warm-up of ``TrainerConfig.warmup`` (``lr`` without one)."""
+        ``min(1, (opt_steps + 1) / warmup)``, the linear warm-up of ``TrainerConfig.warmup`` (``lr`` without one).
+
+        Written out rather than through ``transformers.get_constant_schedule_with_warmup``: that schedule
+        gives the k-th step (from 0) ``lr * k / warmup``, the first at 0. Its values equal these bit for bit
+        only when the scheduler is stepped once before the first optimiser step (which torch warns about)
+        and its state is saved in checkpoints, for a three-line formula."""
         c = self.config
         scale = min(1.0, (self.opt_steps + 1) / c.warmup) if c.warmup else 1.0
         for group in self.optimizer.param_groups:
