@@ -65,7 +65,7 @@ from .training import checkpoints, collection, history, update, value_model
 from .training.checkpoints import Checkpointing
 from .training.collection import Batch, Collection, Scored
 from .training.config import TrainerConfig
-from .training.history import MEASURED_COLUMNS, History
+from .training.history import History
 from .training.memory import peak_memory_mb, reset_peak_memory
 from .training.precision import PRECISIONS, MixedPrecision, resolve_precision
 from .training.update import Update
@@ -83,6 +83,14 @@ from .training.collection import _concat_rollouts  # noqa: F401
 
 __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb", "reset_peak_memory",
            "MEASURED_COLUMNS", "PRECISIONS", "resolve_precision"]
+
+#: The history columns that measure the machine rather than the run, namely wall times, throughput and
+#: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another
+#: process), so drop them before comparing histories.
+MEASURED_COLUMNS = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb")
+
+#: The values of :attr:`TrainerConfig.precision` (defined in :mod:`grpo_lab.training.precision`).
+PRECISIONS = PRECISIONS
 
 
 class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPrecision):

@@ -1,4 +1,5 @@
-"""How a run samples and updates: :class:`TrainerConfig` (everything that is not the algorithm or the task)."""
+"""How a run samples and updates: :class:`~grpo_lab.trainer.TrainerConfig` (everything that is not the
+algorithm or the task)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ test-set evaluations that join them.
 
 The mixin ``History`` gives :class:`~grpo_lab.trainer.Trainer` its
 :attr:`~grpo_lab.trainer.Trainer.history`, :meth:`~grpo_lab.trainer.Trainer.evaluate` and the rows
-:meth:`~grpo_lab.trainer.Trainer.train` appends; :data:`~grpo_lab.trainer.MEASURED_COLUMNS` names the
-columns that measure the machine rather than the run.
+:meth:`~grpo_lab.trainer.Trainer.train` appends (:data:`~grpo_lab.trainer.MEASURED_COLUMNS` names the
+columns that measure the machine rather than the run).
 """
 
 from __future__ import annotations
@@ -25,12 +25,7 @@ from .collection import Batch
 from .memory import peak_memory_mb
 from .value_model import value_metrics
 
-__all__ = ["MEASURED_COLUMNS"]
-
-#: The history columns that measure the machine rather than the run, namely wall times, throughput and
-#: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another
-#: process), so drop them before comparing histories.
-MEASURED_COLUMNS = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb")
+__all__: list[str] = []
 
 
 class History:

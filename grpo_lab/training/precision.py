@@ -1,8 +1,8 @@
 """Mixed precision: the autocast dtype a run uses and the loss scaling float16 needs.
 
-:data:`PRECISIONS` are the values of ``TrainerConfig.precision``; :func:`resolve_precision` turns
-``"auto"`` into a dtype for the device. :class:`MixedPrecision` gives the trainer its autocast context
-and its (scaled) backward pass.
+:data:`~grpo_lab.trainer.PRECISIONS` are the values of ``TrainerConfig.precision``;
+:func:`~grpo_lab.trainer.resolve_precision` turns ``"auto"`` into a dtype for the device. The mixin
+``MixedPrecision`` gives the trainer its autocast context and its (scaled) backward pass.
 """
 
 from __future__ import annotations
