@@ -8,13 +8,18 @@
 * ``_minibatch``: one optimiser step's rows (length-sorted with ``sort_by_length``) and the
   whole-minibatch quantities every micro-batch's loss shares, a :class:`Minibatch`, computed once
   before the minibatch is cut into micro-batches;
+* ``_minibatch_statistics``: when the algorithm's surrogate declares statistics over the whole
+  minibatch (:func:`grpo_lab.hparams.declare`, e.g. KL-Cov's covariance top-k), a forward without
+  gradient over the minibatch and :func:`grpo_lab.objectives.batch_statistics`, once, before the
+  micro-batches; each micro-batch's loss gets its rows;
 * ``_minibatch_step``: zero the gradients, forward and backward of each micro-batch
   (``_micro_step``: the policy forward with MoE routing record / replay, the policy loss, the
   critic's loss), the next-token-prediction term (``_ntp_backward``), the optimiser step
   (``_optimizer_step``: loss unscaling, clipping, learning-rate warm-up).
 
-Every normaliser of the loss is a whole-minibatch quantity of :class:`Minibatch`, so the gradient
-does not depend on ``TrainerConfig.micro_batch_size`` or ``sort_by_length`` (up to float rounding).
+Every normaliser of the loss, and every statistic a surrogate declares, is a whole-minibatch quantity
+of :class:`Minibatch`, so the gradient does not depend on ``TrainerConfig.micro_batch_size`` or
+``sort_by_length`` (up to float rounding).
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import hparams
 from ..metrics import reduce_micro_batches, token_mean, total
 from ..moe import RoutingStore, record_routing, replay_routing, routing_changes
-from ..objectives import policy_loss, value_loss
+from ..objectives import SURROGATES, batch_statistics, policy_loss, value_loss
 from ..rollout import Rollout, policy_logprobs
 from .collection import Batch
 from .value_model import checked_values
@@ -82,11 +88,15 @@ class Minibatch:
             ``num_sequences``, ``num_correct_tokens`` and ``num_groups`` (floats).
         group_tokens: ``[B]`` float64, per row of the batch the loss-token count of its group within
             this minibatch (0 outside it), for the ``"group_token_mean"`` aggregation.
+        stats: the whole-minibatch statistics of the algorithm's surrogate
+            (:func:`grpo_lab.objectives.batch_statistics`), ``{name: Tensor [B] or [B, T]}`` indexed by the
+            batch's rows (filled on this minibatch's rows); empty when the surrogate declares none.
     """
 
     rows: torch.Tensor
     counts: dict
     group_tokens: torch.Tensor
+    stats: dict = field(default_factory=dict)
 
 
 class Update:
@@ -161,6 +171,8 @@ class Update:
         # measures how much routing moved (routing_change_frac).
         routing = None if store is None else "record" if on_policy else "replay" if c.routing_replay else None
         measure = store is not None and run.n_updates == 1
+        if hparams.spec(SURROGATES[self.algo.clip]).batch_statistics:
+            mb.stats = self._minibatch_statistics(run, mb, on_policy=on_policy, replay=routing == "replay")
         self._zero_grad()
         parts = [self._micro_step(run, mb, mb.rows[s:s + run.micro], on_policy=on_policy, routing=routing,
                                   measure_routing=measure, entropies=run.entropies if epoch == 0 else None)
@@ -171,6 +183,33 @@ class Update:
         grad_norm = self._optimizer_step()
         run.n_updates += 1
         return metrics, grad_norm
+
+    def _minibatch_statistics(self, run: RolloutUpdate, mb: Minibatch, *, on_policy: bool, replay: bool) -> dict:
+        """The surrogate's whole-minibatch statistics (:func:`grpo_lab.objectives.batch_statistics`) over the
+        rows of ``mb``, indexed by batch row: π_θ scored without gradient at the current weights (the same
+        micro-batches as the training forward; with ``replay`` π_old's MoE routing forced), π_old as the
+        micro-batches will see it (``sg(π_θ)`` on an on-policy step), the advantages and the loss mask, with
+        the rows in batch order (so a random draw or a tie in a top-k does not depend on the split either)."""
+        batch = run.batch
+        rows = torch.sort(mb.rows).values  # batch order, whatever the micro-batch order: the same draw or top-k
+        B, T = batch.loss_mask.shape
+        logp = torch.zeros(B, T, device=batch.loss_mask.device)
+        with torch.no_grad():
+            for s in range(0, len(rows), run.micro):
+                sub = rows[s:s + run.micro]
+                part = batch.rollout.select(sub)
+                t = part.completion_ids.shape[1]
+                lp, _, _ = self._policy_forward(part, sub, batch.loss_mask[sub, :t], run.routing,
+                                                "replay" if replay else None, False)
+                logp[sub, :t] = lp.float()
+        old = logp[rows] if on_policy or run.old_logp is None else run.old_logp[rows]
+        stats = batch_statistics(logp[rows], old, batch.advantages[rows].to(logp.device), batch.loss_mask[rows],
+                                 self.algo, group_tokens=mb.group_tokens[rows].to(logp.device))
+        full = {}
+        for name, v in stats.items():
+            full[name] = torch.zeros((B, *v.shape[1:]), dtype=v.dtype, device=v.device)
+            full[name][rows] = v
+        return full
 
     def _micro_step(self, run: RolloutUpdate, mb: Minibatch, sub: torch.Tensor, *, on_policy: bool = False,
                     routing: str | None = None, measure_routing: bool = False, entropies: list | None = None) -> dict:
@@ -241,9 +280,10 @@ class Update:
             old = run.old_logp[sub, :T]
         ref = run.ref_logp[sub, :T] if run.ref_logp is not None else None
         adv = batch.advantages[sub] if batch.advantages.dim() == 1 else batch.advantages[sub, :T]
+        stats = {k: (v[sub, :T] if v.dim() == 2 else v[sub]) for k, v in mb.stats.items()} if mb.stats else None
         out = policy_loss(logp, old, adv, mask, self.algo, ref_logp=ref, max_tokens=self.max_new_tokens,
                           group_tokens=mb.group_tokens[sub].to(logp.device), correct=batch.correct[sub].to(logp.device),
-                          **mb.counts)
+                          stats=stats, **mb.counts)
         self._backward(out.loss)
         return out
 
