@@ -506,20 +506,48 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
     tokenizer = build_char_tokenizer() if corpus is None else corpus.tokenizer
     model = tiny_policy(tokenizer, recipe.model, seed=recipe.seed)
     if recipe.init:  # fine-tune a shipped checkpoint of the same architecture and alphabet
-        from .models import load_policy
+        _load_init(model, tokenizer, recipe.init)
+    losses, train_seconds = _train(model, recipe, task, tokenizer, corpus, rng,
+                                   progress=progress, label=name or recipe.task)
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    if corpus is not None:
+        metrics = _evaluate_corpus(model, corpus, name or recipe.task, out, default_out) if evaluate else None
+    else:
+        metrics = evaluate_base(model, tokenizer, task) if evaluate else None
+    if task is not None and out.resolve() == default_out.resolve():
+        task.write_test_set()  # the fixed test set ships next to the base checkpoint
+    record = _record(recipe, model, losses, metrics, train_seconds, out, corpus)
+    (out / "recipe.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
 
-        init_dir = checkpoint_dir(recipe.init)
-        if not (init_dir / "model.safetensors").is_file():
-            raise ValueError(f"pretrain: init checkpoint {recipe.init!r} not found at {init_dir}; make it first "
-                             f"(python -m grpo_lab.pretrain {recipe.init.removesuffix('-base')})")
-        start, init_tok = load_policy(init_dir)
-        if init_tok.get_vocab() != tokenizer.get_vocab():
-            raise ValueError(f"pretrain: init checkpoint {recipe.init!r} has another alphabet")
-        try:
-            model.load_state_dict(start.state_dict())
-        except RuntimeError as exc:
-            raise ValueError(f"pretrain: init checkpoint {recipe.init!r} does not match recipe.model ({exc})") from None
-        del start
+
+def _load_init(model, tokenizer, init: str) -> None:
+    """Load the shipped checkpoint ``init`` (same architecture and alphabet) into ``model``, or raise ValueError."""
+    from .models import load_policy
+
+    init_dir = checkpoint_dir(init)
+    if not (init_dir / "model.safetensors").is_file():
+        raise ValueError(f"pretrain: init checkpoint {init!r} not found at {init_dir}; make it first "
+                         f"(python -m grpo_lab.pretrain {init.removesuffix('-base')})")
+    start, init_tok = load_policy(init_dir)
+    if init_tok.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"pretrain: init checkpoint {init!r} has another alphabet")
+    try:
+        model.load_state_dict(start.state_dict())
+    except RuntimeError as exc:
+        raise ValueError(f"pretrain: init checkpoint {init!r} does not match recipe.model ({exc})") from None
+    del start
+
+
+def _train(model, recipe: PretrainRecipe, task, tokenizer, corpus, rng, *, progress: bool,
+           label: str) -> tuple[list, float]:
+    """``recipe.steps`` AdamW steps of next-token loss on the task's (or the corpus's) batches drawn from ``rng``.
+
+    Returns the loss of every step (floats) and the seconds the loop took.
+    """
     moe_kwargs = {"output_router_logits": True} if recipe.model.is_moe else {}
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.98))
@@ -528,7 +556,7 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
     it = range(recipe.steps)
     if progress:
         from tqdm.auto import tqdm
-        it = tqdm(it, desc=f"pretrain {name or recipe.task}", mininterval=2.0)
+        it = tqdm(it, desc=f"pretrain {label}", mininterval=2.0)
     for step in it:
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, recipe)
@@ -543,17 +571,11 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
         losses.append(float(loss.detach()))
         if progress and step % 100 == 0:
             it.set_postfix(loss=f"{np.mean(losses[-100:]):.3f}")
-    train_seconds = time.perf_counter() - t0
-    model.eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    if corpus is not None:
-        metrics = _evaluate_corpus(model, corpus, name or recipe.task, out, default_out) if evaluate else None
-    else:
-        metrics = evaluate_base(model, tokenizer, task) if evaluate else None
-    if task is not None and out.resolve() == default_out.resolve():
-        task.write_test_set()  # the fixed test set ships next to the base checkpoint
+    return losses, time.perf_counter() - t0
+
+
+def _record(recipe: PretrainRecipe, model, losses: list, metrics, train_seconds: float, out: Path, corpus) -> dict:
+    """What ``recipe.json`` holds: the recipe, sizes, final loss, metrics, versions and checksums."""
     import transformers
 
     record = {
@@ -573,7 +595,6 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
                             "split": {p: [k for k, _ in c] for p, c in corpus.parts.items()},
                             "pretrain_tokens": int(len(corpus.train)), "test_tokens": int(len(corpus.held))}
         record["tokenizer_sha256"] = sha256_file(out / "tokenizer.json")
-    (out / "recipe.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
 
 
