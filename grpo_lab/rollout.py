@@ -235,8 +235,31 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
             ``n_positions``), where ``generate`` would fail with an ``IndexError`` in the position
             embedding.
     """
-    from transformers import GenerationConfig
+    _check_generate_args(problems, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                         greedy=greedy)
+    rows = [p for p in problems for _ in range(group_size)]
+    tokenizer.padding_side = "left"
+    enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    device = next(model.parameters()).device
+    input_ids, attn = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    _check_position_limit(model, enc["attention_mask"], max_new_tokens)
+    stops = stop_token_ids(model, tokenizer)
+    config = _generation_config(model, tokenizer, stops, max_new_tokens=max_new_tokens, temperature=temperature,
+                                greedy=greedy, top_p=top_p, top_k=top_k, cache_implementation=cache_implementation)
+    out, gen_seconds = _generate_with(model, input_ids, attn, config)
+    temp = 1.0 if greedy else float(temperature)
+    comp, mask, blogp, end, has_stop = _cut_at_stop(out, input_ids.shape[1], stops, temp, tokenizer.pad_token_id)
+    texts = [tokenizer.decode(ids[:n], skip_special_tokens=False) for ids, n in zip(comp.tolist(), end.tolist())]
+    return Rollout(
+        prompt_ids=input_ids, prompt_mask=attn.long(), completion_ids=comp, completion_mask=mask,
+        behaviour_logp=blogp, truncated=~has_stop, texts=texts, problems=rows, group_size=group_size,
+        temperature=temp, gen_seconds=gen_seconds,
+    )
 
+
+def _check_generate_args(problems: Sequence[Problem], *, group_size: int, max_new_tokens: int, temperature: float,
+                         greedy: bool) -> None:
+    """:func:`generate`'s argument checks (ValueError, messages starting ``generate:``)."""
     if len(problems) == 0:
         raise ValueError("generate: no problems given")
     positive_int("generate: group_size", group_size)
@@ -245,14 +268,13 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     positive_int("generate: max_new_tokens", max_new_tokens)
     if any(len(p.prompt) == 0 for p in problems):
         raise ValueError("generate: empty prompt")
-    rows = [p for p in problems for _ in range(group_size)]
-    tokenizer.padding_side = "left"
-    enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
-    device = next(model.parameters()).device
-    input_ids, attn = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def _check_position_limit(model, prompt_mask: torch.Tensor, max_new_tokens: int) -> None:
+    """ValueError when the longest prompt plus ``max_new_tokens`` passes the model's hard position limit."""
     limit = position_limit(model)
     if limit is not None:
-        longest = int(enc["attention_mask"].sum(-1).max())
+        longest = int(prompt_mask.sum(-1).max())
         if longest + max_new_tokens > limit:
             raise ValueError(
                 f"generate: the longest prompt ({longest} tokens) plus max_new_tokens={max_new_tokens} is "
@@ -260,17 +282,32 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
                 f"({type(model).__name__}: config.{_limit_name(model.config)}={limit}; its position embedding "
                 "has no entry beyond that). Lower max_new_tokens (TrainerConfig.max_new_tokens or the task's), "
                 "shorten the prompts, or use a model with more positions")
-    stops = stop_token_ids(model, tokenizer)
+
+
+def _generation_config(model, tokenizer, stops: list, *, max_new_tokens: int, temperature: float, greedy: bool,
+                       top_p: float, top_k: int, cache_implementation: str | None):
+    """The ``GenerationConfig`` of one :func:`generate` call; warns (attributed to ``generate``'s caller)
+    about the checkpoint's generation settings it leaves out."""
+    from transformers import GenerationConfig
+
     sampling = {} if greedy else dict(temperature=float(temperature), top_p=top_p, top_k=top_k)
     config = GenerationConfig(do_sample=not greedy, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                               eos_token_id=stops or None, return_dict_in_generate=True, output_logits=True,
                               cache_implementation=cache_implementation, disable_compile=True, **sampling)
-    checkpoint_config = model.generation_config
-    ignored = _ignored_settings(checkpoint_config, config)
+    ignored = _ignored_settings(model.generation_config, config)
     if ignored:
         warnings.warn("generate: neutralised settings of the checkpoint's generation_config, so that the "
                       "behaviour log-probs describe the distribution sampled from: " + ", ".join(ignored),
-                      stacklevel=2)
+                      stacklevel=3)  # as stacklevel=2 from generate itself
+    return config
+
+
+def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config) -> tuple:
+    """``model.generate`` in eval mode under ``config`` alone; the output and its wall seconds. The model's
+    training mode and generation config are restored afterwards, also on error."""
+    from transformers import GenerationConfig
+
+    checkpoint_config = model.generation_config
     was_training = model.training
     model.eval()
     # transformers fills every unset field of `config` from `model.generation_config`: give it an
@@ -282,25 +319,26 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     finally:
         model.generation_config = checkpoint_config
         model.train(was_training)
-    gen_seconds = time.perf_counter() - t0
-    P = input_ids.shape[1]
-    comp = out.sequences[:, P:]
+    return out, time.perf_counter() - t0
+
+
+def _cut_at_stop(out, prompt_len: int, stops: list, temperature: float, pad_token_id: int) -> tuple:
+    """Completions of ``generate``'s output cut after their first stop token.
+
+    Returns ``comp`` (padded with ``pad_token_id`` after the stop), ``mask`` float ``[B, T]``, the behaviour
+    log-probs at ``temperature`` (0 on padding), ``end`` (the stop's index, ``T`` when truncated) and
+    ``has_stop`` bool ``[B]``.
+    """
+    comp = out.sequences[:, prompt_len:]
     logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
-    temp = 1.0 if greedy else float(temperature)
-    blogp = token_logprobs(logits, comp, temperature=temp)
+    blogp = token_logprobs(logits, comp, temperature=temperature)
     T = comp.shape[1]
     is_stop = torch.isin(comp, torch.tensor(stops, device=comp.device))
     has_stop = is_stop.any(-1)
     end = torch.where(has_stop, is_stop.float().argmax(-1), T)  # first stop token, T when truncated
     mask = (torch.arange(T, device=comp.device)[None, :] <= end[:, None]).float()
-    comp = comp.masked_fill(mask == 0, tokenizer.pad_token_id)
-    blogp = blogp * mask
-    texts = [tokenizer.decode(ids[:n], skip_special_tokens=False) for ids, n in zip(comp.tolist(), end.tolist())]
-    return Rollout(
-        prompt_ids=input_ids, prompt_mask=attn.long(), completion_ids=comp, completion_mask=mask,
-        behaviour_logp=blogp, truncated=~has_stop, texts=texts, problems=rows, group_size=group_size,
-        temperature=temp, gen_seconds=gen_seconds,
-    )
+    comp = comp.masked_fill(mask == 0, pad_token_id)
+    return comp, mask, blogp * mask, end, has_stop
 
 
 def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None,
