@@ -422,14 +422,25 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The ``train`` parser (the default command), its help listing the presets
     (:data:`grpo_lab.algorithms.PRESETS`), tasks (:data:`grpo_lab.tasks.TASKS`), profiles
     (:data:`grpo_lab.experiments.PROFILES`), shipped models and ``--set`` keys."""
-    from . import __version__
+    prog = prog or _default_prog()
+    ap = _Parser(
+        prog=prog, formatter_class=_Formatter, epilog=_epilog(prog),
+        usage=f"{prog} [train] PRESET [options]\n       {prog} list",
+        description="Train an algorithm preset for one or more seeds from a base checkpoint and write the "
+                    "results (one row per seed and step, with provenance) to a JSON file.",
+    )
+    _add_train_arguments(ap)
+    return ap
+
+
+def _epilog(prog: str) -> str:
+    """The help's epilog: the choices (presets, tasks, profiles, models, ``--set`` keys), examples, exit status."""
     from .algorithms import PRESETS
     from .experiments import PROFILES
     from .tasks import TASKS
 
-    prog = prog or _default_prog()
     profiles = [f"{p.name} ({p.base}, {p.task}, {p.steps} steps, {p.config.device})" for p in PROFILES.values()]
-    epilog = "\n".join([
+    return "\n".join([
         "choices:",
         _wrap("presets", list(PRESETS)) + "  (case-insensitive)",
         _wrap("tasks", sorted(TASKS)),
@@ -449,12 +460,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "exit status: 0 done, 2 a mistake in the command line or a file/model problem (one line on",
         "stderr; --debug adds the traceback), 1 any other error, 130 interrupted.",
     ])
-    ap = _Parser(
-        prog=prog, formatter_class=_Formatter, epilog=epilog,
-        usage=f"{prog} [train] PRESET [options]\n       {prog} list",
-        description="Train an algorithm preset for one or more seeds from a base checkpoint and write the "
-                    "results (one row per seed and step, with provenance) to a JSON file.",
-    )
+
+
+def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
+    """The ``train`` command's positional PRESET and its options."""
+    from . import __version__
+    from .experiments import PROFILES
+    from .tasks import TASKS
+
     ap.add_argument("preset", metavar="PRESET", help="algorithm preset, e.g. GRPO (see 'choices' below)")
     ap.add_argument("--profile", default="cpu", choices=list(PROFILES),
                     help="scale of the experiment: base model, task, steps, trainer settings")
@@ -485,7 +498,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                          "(default: the training bar only when stderr is a terminal, no loading bars)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     ap.add_argument("--version", action="version", version=f"grpo_lab {__version__}")
-    return ap
 
 
 def _list(prog: str) -> str:
