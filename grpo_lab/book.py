@@ -305,36 +305,57 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     steps = prof.steps if steps is None else steps
     loaded = experiments.load_chapter_gpu(chapter, directory)
     if loaded is None:
-        from grpo_lab.paths import REPO_ROOT
-
-        where = Path(directory) if directory is not None else experiments.results_dir()
-        try:  # "data/results/gpu" in a source checkout, wherever the kernel runs
-            where = where.resolve().relative_to(REPO_ROOT)
-        except ValueError:
-            pass
-        import textwrap
-
-        table = gpu_time_table(len(names) * len(seeds), steps=steps, generation_factor=generation_factor,
-                               train_factor=train_factor, too_small=too_small, profile=prof)
-        kw = dict(prof.task_kwargs)
-        if prof.task == "next_token":
-            what = (f"next-token reasoning (the Python reference) from {prof.base}: {len(seeds)} seeds each, {steps} "
-                    f"steps of {prof.config.prompts_per_step} positions x G = {prof.config.group_size}, budget "
-                    f"{kw['max_new_tokens']} tokens, greedy and sampled next-token accuracy on "
-                    f"{experiments.RPT_GPU_TEST_SIZE} held-out positions every {prof.config.eval_every} steps; then "
-                    "continued next-token prediction at the same compute per seed")
-        else:
-            what = (f"GSM8K from {prof.base}: {len(seeds)} seeds each, {steps} steps of {prof.config.prompts_per_step} "
-                    f"questions x G = {prof.config.group_size}, budget {kw['max_new_tokens']} tokens, greedy test "
-                    f"accuracy on {kw['test_size'] or 'all'} test problems every {prof.config.eval_every} steps")
-        text = (f"No GPU results for this chapter yet ({where}/{chapter}.json is absent). "
-                f"PROFILE = \"gpu\" trains {', '.join(names)} on {what}. "
-                "Expected time, one run after the other (estimated from assumed speeds, not measured):")
-        print(textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False))  # paths stay whole
-        _show(table.set_index("runs"))
+        _print_gpu_plan(chapter, names, seeds, steps, prof, directory, generation_factor=generation_factor,
+                        train_factor=train_factor, too_small=too_small)
         return None
     results, prov = loaded
     experiments.check_gpu_results(results, prov)
+    _print_gpu_provenance(prov)
+    summary = {}
+    for column in columns:
+        summary[column] = experiments.summarize_runs(results, baseline=baseline, column=column)
+        print(f"{column} (mean [95% t interval] over seeds; differences paired by seed):")
+        _show(summary[column])
+    _show_accuracy_by_step(results)
+    return summary
+
+
+def _print_gpu_plan(chapter: str, names: Sequence[str], seeds: Sequence[int], steps: int, prof: Any,
+                    directory: str | os.PathLike[str] | None, *, generation_factor: float, train_factor: float,
+                    too_small: Sequence[str]) -> None:
+    """Without a chapter's GPU results: what ``PROFILE = "gpu"`` would train, and its expected time."""
+    import textwrap
+
+    from grpo_lab import experiments
+    from grpo_lab.paths import REPO_ROOT
+
+    where = Path(directory) if directory is not None else experiments.results_dir()
+    try:  # "data/results/gpu" in a source checkout, wherever the kernel runs
+        where = where.resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        pass
+    table = gpu_time_table(len(names) * len(seeds), steps=steps, generation_factor=generation_factor,
+                           train_factor=train_factor, too_small=too_small, profile=prof)
+    kw = dict(prof.task_kwargs)
+    if prof.task == "next_token":
+        what = (f"next-token reasoning (the Python reference) from {prof.base}: {len(seeds)} seeds each, {steps} "
+                f"steps of {prof.config.prompts_per_step} positions x G = {prof.config.group_size}, budget "
+                f"{kw['max_new_tokens']} tokens, greedy and sampled next-token accuracy on "
+                f"{experiments.RPT_GPU_TEST_SIZE} held-out positions every {prof.config.eval_every} steps; then "
+                "continued next-token prediction at the same compute per seed")
+    else:
+        what = (f"GSM8K from {prof.base}: {len(seeds)} seeds each, {steps} steps of {prof.config.prompts_per_step} "
+                f"questions x G = {prof.config.group_size}, budget {kw['max_new_tokens']} tokens, greedy test "
+                f"accuracy on {kw['test_size'] or 'all'} test problems every {prof.config.eval_every} steps")
+    text = (f"No GPU results for this chapter yet ({where}/{chapter}.json is absent). "
+            f"PROFILE = \"gpu\" trains {', '.join(names)} on {what}. "
+            "Expected time, one run after the other (estimated from assumed speeds, not measured):")
+    print(textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False))  # paths stay whole
+    _show(table.set_index("runs"))
+
+
+def _print_gpu_provenance(prov: dict) -> None:
+    """One line of the stored GPU results' provenance (and one of chapter 7's task data)."""
     head = ("DRY RUN of the GPU code path on " + str(prov["device"]) + " (not GPU results)" if prov.get("dry_run")
             else "GPU results")
     print(f"{head}: {prov['device_name']}, {prov['precision']}, {prov['base']}, seeds {prov['seeds']}, "
@@ -344,11 +365,10 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     if data:  # chapter 7: the next-token task's data files, built for the model
         print(f"task data: built for {data.get('model')} (entropy proxy {data.get('proxy')}), "
               f"{data.get('train_positions')} training positions, {data.get('test_positions')} test positions")
-    summary = {}
-    for column in columns:
-        summary[column] = experiments.summarize_runs(results, baseline=baseline, column=column)
-        print(f"{column} (mean [95% t interval] over seeds; differences paired by seed):")
-        _show(summary[column])
+
+
+def _show_accuracy_by_step(results: dict) -> None:
+    """Greedy test accuracy against RL step, one colour per algorithm (95% t band over seeds)."""
     import matplotlib.pyplot as plt
     import pandas as pd
 
@@ -361,7 +381,6 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     ax.set_ylabel("greedy test accuracy (fraction)")
     _show(fig)
     _close_if_figure(fig)
-    return summary
 
 
 def _duration(seconds: float) -> str:
