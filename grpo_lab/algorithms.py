@@ -834,8 +834,8 @@ RPT_SAMPLING: dict[str, Any] = {"group_size": 8, "temperature": 0.8}
 #: (``ntp_coef = 1``: the two terms weighted equally).
 RPT_HYBRID = RPT.replace(name="RPT hybrid (not the paper)", ntp_coef=1.0)
 
-#: GMPO, Geometric-Mean Policy Optimization (Zhao et al., arXiv 2507.20673; official code ``callsys/GMPO``):
-#: GRPO with the arithmetic mean of token ratios replaced by their geometric mean, each token clipped
+#: GMPO, Geometric-Mean Policy Optimization (Zhao et al., arXiv 2507.20673; official code ``callsys/GMPO``)
+#: is GRPO with the arithmetic mean of token ratios replaced by their geometric mean, each token clipped
 #: in log space on the side its advantage pushes (:func:`grpo_lab.objectives.gmpo_surrogate`).
 #: ``eps_low = eps_high = 0.4``: the paper's range ``(e^-0.4, e^0.4)``, read by the surrogate in log
 #: space (its no-clip ablation is ``GMPO.replace(eps_low=1000, eps_high=1000)``); group z-score
@@ -843,7 +843,7 @@ RPT_HYBRID = RPT.replace(name="RPT hybrid (not the paper)", ntp_coef=1.0)
 #: (``"seq_mean_token_mean"``, which the surrogate requires, as it requires ``ratio_level="token"``).
 GMPO = GRPO.replace(name="GMPO", clip="gmpo", eps_low=0.4, eps_high=0.4, kl=None, beta=0.0)
 
-#: SAPO, Soft Adaptive Policy Optimization (Gao et al., Qwen, arXiv 2511.20347): a smooth gate
+#: SAPO, Soft Adaptive Policy Optimization (Gao et al., Qwen, arXiv 2511.20347), puts a smooth gate
 #: ``4/tau sigmoid(tau (r - 1))`` instead of the hard clip (:func:`grpo_lab.objectives.sapo_surrogate`),
 #: with the paper's temperatures ``tau_pos = 1.0`` and ``tau_neg = 1.05`` (the surrogate's defaults,
 #: held in ``params``; ``SAPO.replace(tau_neg=...)``); token ratio, ``1/G sum_i 1/|y_i| sum_t``
@@ -851,7 +851,7 @@ GMPO = GRPO.replace(name="GMPO", clip="gmpo", eps_low=0.4, eps_high=0.4, kl=None
 SAPO = GRPO.replace(name="SAPO", clip="sapo", kl=None, beta=0.0)
 
 #: KL-Cov (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-#: arXiv 2505.22617, §4.2): the unclipped policy gradient plus ``kl_cov_coef |log r|`` on the
+#: arXiv 2505.22617, §4.2) is the unclipped policy gradient plus ``kl_cov_coef |log r|`` on the
 #: ``kl_cov_ratio`` share of the minibatch's tokens with the largest covariance between advantage and
 #: log-probability (:func:`grpo_lab.objectives.kl_cov_surrogate`): ``kl_cov_ratio = 2e-3`` (the
 #: paper's Qwen2.5-7B setting; 2e-4 for 32B) and ``kl_cov_coef = 1``, token-mean aggregation as in its
@@ -860,7 +860,7 @@ SAPO = GRPO.replace(name="SAPO", clip="sapo", kl=None, beta=0.0)
 #: effective share is then ``1/N``.
 KL_COV = GRPO.replace(name="KL_COV", clip="kl_cov", aggregation="token_mean", kl=None, beta=0.0)
 
-#: Clip-Cov (arXiv 2505.22617, §4.2): PPO's clipped surrogate with the gradient of a random
+#: Clip-Cov (arXiv 2505.22617, §4.2) is PPO's clipped surrogate with the gradient of a random
 #: ``clip_cov_ratio`` share of the tokens whose covariance lies in ``(clip_cov_lb, clip_cov_ub)``
 #: removed (:func:`grpo_lab.objectives.clip_cov_surrogate`): the paper's 2e-4, 1 and 5; symmetric clip
 #: 0.2, token-mean aggregation, no KL term. The draw uses torch's global generator, which the

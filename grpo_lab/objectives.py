@@ -1465,16 +1465,21 @@ def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured:
     return _metrics.token_mean(value, n_tok)
 
 
-def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicators, keep, kl_tok) -> dict:
-    """The diagnostics of :func:`policy_loss`, by name, with one device-to-host transfer."""
+def _check_indicators(indicators: dict, clip: str) -> None:
+    """A surrogate's indicators hold :data:`SURROGATE_METRICS`' keys and no name of :data:`METRIC_KEYS`."""
     missing = [k for k in SURROGATE_METRICS if k not in indicators]
     if missing:
-        raise ValueError(f"surrogate {algo.clip!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
+        raise ValueError(f"surrogate {clip!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
                          f"missing {missing}")
     clash = sorted(set(indicators) & set(METRIC_KEYS))
     if clash:
-        raise ValueError(f"surrogate {algo.clip!r} returns indicators named like built-in metrics {clash}; "
+        raise ValueError(f"surrogate {clip!r} returns indicators named like built-in metrics {clash}; "
                          "rename them (they would replace those metrics)")
+
+
+def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicators, keep, kl_tok) -> dict:
+    """The diagnostics of :func:`policy_loss`, by name, with one device-to-host transfer."""
+    _check_indicators(indicators, algo.clip)
     m, zero = x.mask, x.zero
     with torch.no_grad():
         n_tok = m.sum()
