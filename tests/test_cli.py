@@ -291,13 +291,15 @@ def test_loading_bars_leave_the_users_setting_alone(fake_run, tmp_path, monkeypa
 
 # ------------------------------------------------------------------------------------ python -m grpo_lab.experiments
 def test_experiments_module_forwards_to_the_cli(fake_run, tmp_path, capsys):
+    from grpo_lab.experiments.__main__ import main  # (not in the package: it imports cli, which imports it)
+
     out = tmp_path / "r.json"
-    assert experiments.main(["GRPO", "--seeds", "0", "--steps", "1", "--set", "lr=1e-4", "--out", str(out)]) is None
+    assert main(["GRPO", "--seeds", "0", "--steps", "1", "--set", "lr=1e-4", "--out", str(out)]) is None
     assert fake_run[0]["lr"] == 1e-4 and out.is_file()
-    assert experiments.main(["--help"]) is None
+    assert main(["--help"]) is None
     assert capsys.readouterr().out.count("usage: python -m grpo_lab.experiments [train] PRESET") == 1
     with pytest.raises(SystemExit) as info:
-        experiments.main(["NOPE"])
+        main(["NOPE"])
     assert info.value.code == 2
     assert _one_error_line(capsys.readouterr().err).startswith("python -m grpo_lab.experiments: error: unknown preset")
 
@@ -325,7 +327,7 @@ def test_run_takes_base_and_task(tiny_base, monkeypatch):
         made.append((name, kwargs))
         return ArithmeticTask(**kwargs)
 
-    monkeypatch.setattr(experiments, "get_task", get_task)
+    monkeypatch.setattr(experiments.runs, "get_task", get_task)  # where the run looks it up
     monkeypatch.setitem(TASKS, "arith2", ArithmeticTask)
     # another task: the profile's task_kwargs (for its own task) are dropped
     res = run("GRPO", profile=PROFILE, seeds=[0], cache=False, progress=False, base=str(tiny_base), task="arith2",

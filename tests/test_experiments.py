@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -249,7 +250,7 @@ def test_run_cache_returns_the_identical_history_without_training(profile, tmp_p
     def no_training(*a, **k):
         raise AssertionError("a cached run was trained again")
 
-    monkeypatch.setattr(ex, "_train_one", no_training)
+    monkeypatch.setattr(ex.runs, "_train_one", no_training)  # where run looks it up
     again = run("GRPO", profile=profile, seeds=[1, 0], progress=False)
     assert again.provenance["cached_seeds"] == [1, 0]
     # bit for bit, dtypes included, in the order asked for
@@ -272,15 +273,15 @@ def test_run_cache_key_changes_with_the_package_source(profile, tmp_path, monkey
 
     a = ex.run_fingerprint(profile)
     assert a == ex.run_fingerprint(profile)
-    real = ex._hash_files
+    real = ex.run_cache._hash_files
 
     def edited(h, root, pattern):  # as if one byte of the package changed
         real(h, root, pattern)
         h.update(b"#")
 
-    monkeypatch.setattr(ex, "_hash_files", edited)
+    monkeypatch.setattr(ex.run_cache, "_hash_files", edited)
     assert ex.run_fingerprint(profile) != a
-    monkeypatch.setattr(ex, "_hash_files", real)
+    monkeypatch.setattr(ex.run_cache, "_hash_files", real)
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")  # a kernel choice that changes the numbers
     assert ex.run_fingerprint(profile) != a
 
@@ -296,7 +297,7 @@ def test_run_cache_can_be_turned_off(value, monkeypatch):
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "on")
     assert ex.run_cache_dir().parts[-2:] == ("_build", "run_cache")
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "~/runs")
-    assert ex.run_cache_dir() == (ex.Path.home() / "runs").resolve()
+    assert ex.run_cache_dir() == (Path.home() / "runs").resolve()
 
 
 def test_run_cache_default_is_off_outside_a_source_checkout(monkeypatch, tmp_path):
@@ -304,7 +305,7 @@ def test_run_cache_default_is_off_outside_a_source_checkout(monkeypatch, tmp_pat
     import grpo_lab.experiments as ex
 
     monkeypatch.delenv("GRPO_LAB_RUN_CACHE", raising=False)
-    monkeypatch.setattr(ex, "REPO_ROOT", tmp_path / "site-packages")
+    monkeypatch.setattr(ex.run_cache, "REPO_ROOT", tmp_path / "site-packages")
     assert ex.run_cache_dir() is None
 
 
@@ -382,7 +383,7 @@ def test_run_grid_trains_one_configuration_once(profile, monkeypatch):
         calls.append(a[0].name)
         return real(*a, **k)
 
-    monkeypatch.setattr(ex, "_train_one", counting)
+    monkeypatch.setattr(ex.runs, "_train_one", counting)
     grid = ex.run_grid([GRPO, GRPO.replace(name="GRPO copy")], profile=profile, seeds=[0], cache=False)
     assert calls == ["GRPO"]
     assert (grid["GRPO copy"].history["algo"] == "GRPO copy").all()

@@ -44,7 +44,7 @@ def count_evals(monkeypatch):
         return original(self)
 
     monkeypatch.setattr(Trainer, "_eval_row", counting)
-    monkeypatch.setattr(ex, "_BASE_EVALS", {})
+    monkeypatch.setattr(ex.runs, "_BASE_EVALS", {})  # the memo _train_one reads
     return calls
 
 
@@ -57,7 +57,7 @@ def test_the_base_policy_is_evaluated_once_per_process(profile, count_evals):
     pd.testing.assert_series_equal(first.iloc[0], second.iloc[0], check_names=False)  # ... the same row
 
     # ... and it is the row a run that shares nothing computes: clear the memo and train again
-    ex._BASE_EVALS.clear()
+    ex.runs._BASE_EVALS.clear()
     fresh = ex._train_one(other, profile, 2, 1, False)
     assert count_evals[-3:] == [0, 1, 2]
     pd.testing.assert_frame_equal(second.drop(columns=TIMING), fresh.drop(columns=TIMING), check_exact=True)

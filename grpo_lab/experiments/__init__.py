@@ -1,0 +1,98 @@
+"""Profiles, multi-seed runs and results files with provenance.
+
+A *profile* fixes everything about an experiment's scale: ``cpu`` is what the book executes in
+CI on two cores (minutes, the tiny arithmetic policy); ``gpu`` (:func:`gpu_profile`) trains the hub
+instruct model :data:`GPU_MODEL` on GSM8K on one CUDA GPU, in bfloat16 or float16 autocast. A
+chapter's GSM8K comparison goes through :func:`run_chapter_gpu`, which writes
+``data/results/gpu/<chapter>.json``; :func:`load_chapter_gpu`, :func:`summarize_runs` and
+:func:`check_gpu_results` read it back. Chapters call :func:`run`, which trains one algorithm from a base checkpoint for
+several seeds and returns a long DataFrame (one row per seed × step) plus a provenance record;
+:func:`save_results` / :func:`load_results` write and read ``data/results/<profile>/*.json``.
+
+    python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 3 4 --out runs/grpo_gpu.json
+
+Run cache: every (algorithm, profile, steps, seed) run is stored under ``_build/run_cache/`` and
+loaded instead of trained again when an identical run is asked for (chapter 3 re-uses chapter 1's
+GRPO seeds); one configuration asked for under two names is trained once. The key covers the
+algorithm (not its display name), the profile and its trainer configuration, the step count and
+seed, and a fingerprint of everything else the numbers depend on (:func:`run_fingerprint`): the
+source of every file of the package, the base checkpoint's files, the task files under
+``data/tasks``, the library versions, the processor and the thread count. Any code change therefore
+invalidates it, and ``make book`` from a clean tree trains every run once. A run whose algorithm
+or task uses code from outside the package (a registered choice, a monkeypatched entry) is never
+cached, since that code is not in the fingerprint; neither is a run from a hub checkpoint.
+``GRPO_LAB_RUN_CACHE`` moves the cache (a directory) or turns it off (``off``); installed outside
+a source checkout, the package caches only when it is set. ``provenance["run_cache"]`` says whether
+the cache was used, ``provenance["cached_seeds"]`` which seeds it supplied.
+
+The package holds one concern per module: :mod:`~grpo_lab.experiments.profiles` (profiles and the
+GPU profile's settings), :mod:`~grpo_lab.experiments.runs` (:func:`run`, :func:`run_grid`),
+:mod:`~grpo_lab.experiments.results` (:class:`RunResult`, provenance, results files, summaries),
+:mod:`~grpo_lab.experiments.run_cache`, :mod:`~grpo_lab.experiments.workers` (the worker pool),
+:mod:`~grpo_lab.experiments.gpu_runs` (a chapter's GPU runs and their checks) and
+:mod:`~grpo_lab.experiments.rpt_gpu` (chapter 7 on a hub model). Every public name is imported
+from here (``from grpo_lab import experiments; experiments.run(...)``) and documented here.
+"""
+
+from __future__ import annotations
+
+from . import profiles as _profiles
+from . import rpt_gpu as _rpt_gpu
+from .gpu_runs import check_gpu_results, load_chapter_gpu, results_dir, run_chapter_gpu
+from .profiles import Profile, expected_gpu_minutes, get_profile, gpu_profile
+from .results import RunResult, config_hash, load_results, processor_name, provenance, save_results, summarize_runs
+from .rpt_gpu import chapter_gpu_profile, rl_compute_units, rpt_data_dir, rpt_gpu_profile, run_rpt_gpu
+from .run_cache import run_cache_dir, run_fingerprint
+from .runs import run, run_grid
+from .workers import map_workers, shutdown_workers
+
+# Private helpers that tests call through this package (``experiments._train_one(...)``). Each lives
+# in the module named here, and the code that calls it looks it up there: a test that replaces one
+# patches that module (``monkeypatch.setattr(runs, "_train_one", ...)``), not this package.
+from .rpt_gpu import _same_model  # noqa: F401
+from .run_cache import _cache_load, _cache_store, _uncacheable  # noqa: F401
+from .runs import _base_eval_key, _train_one  # noqa: F401
+from .workers import _POOL, _module_roots, _user_modules, _worker_pool  # noqa: F401
+
+__all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "GPU_SPEEDS",
+           "expected_gpu_minutes", "results_dir", "run_chapter_gpu", "load_chapter_gpu", "summarize_runs", "check_gpu_results",
+           "RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "chapter_gpu_profile", "rl_compute_units", "run_rpt_gpu",
+           "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
+           "shutdown_workers", "map_workers", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
+
+# The constants are the objects of the modules that use them, bound again here so that these
+# doc-comments are the ones the API reference shows.
+
+#: The experiment scales by name, ``"cpu"`` (what the book executes, minutes on two CPU cores) and
+#: ``"gpu"`` (one GPU, larger batches and longer runs); :func:`get_profile` looks one up.
+PROFILES = _profiles.PROFILES
+
+#: The hub instruct model the ``"gpu"`` profile trains: the one place it is named.
+#: ``$GRPO_LAB_GPU_MODEL`` replaces it (a hub id, or a local directory in the hub layout) whenever
+#: :func:`gpu_profile` is called without ``model``.
+GPU_MODEL = _profiles.GPU_MODEL
+
+#: Where the ``"gpu"`` profile reads GSM8K: ``"hub"`` (``openai/gsm8k`` through ``datasets``).
+#: ``$GRPO_LAB_GSM8K_SOURCE`` replaces it (``"fixture"``, or a directory / .jsonl / .parquet file, as
+#: :class:`grpo_lab.tasks.gsm8k.GSM8KTask` ``source`` takes).
+GPU_GSM8K_SOURCE = _profiles.GPU_GSM8K_SOURCE
+
+#: Test problems of the ``"gpu"`` profile (the first 500 of GSM8K's 1319-problem test split: a
+#: binomial standard error of at most 0.022 per evaluation); a non-hub source uses its whole test split.
+GPU_TEST_SIZE = _profiles.GPU_TEST_SIZE
+
+#: Assumed speeds of two GPU classes for the ``"gpu"`` profile's 0.5B-parameter model: the basis of
+#: :func:`expected_gpu_minutes`. They are assumptions, not measurements (no GPU has run this profile
+#: yet; ``scripts/gpu_check.sh`` prints the seconds per step it measures):
+#:
+#: * ``decode_step_s``: seconds per generated position of one batched ``transformers.generate`` call
+#:   (batch of at most 256): at this model size a decoding step costs the kernel launches of 24
+#:   layers more than arithmetic, so it hardly depends on the batch;
+#: * ``train_tokens_per_s``: prompt + completion tokens per second through one forward and backward
+#:   pass plus the two no-grad forwards (π_old, π_ref): about 10 N FLOPs per token at N = 0.5e9,
+#:   at 20 TFLOP/s (T4, float16 tensor cores) and 300 TFLOP/s (H100, bfloat16, about 30% of peak).
+GPU_SPEEDS = _profiles.GPU_SPEEDS
+
+#: Held-out positions of chapter 7's hub-model run (:func:`rpt_gpu_profile`): a binomial standard
+#: error of at most 0.022 per evaluation, as :data:`GPU_TEST_SIZE` for GSM8K.
+RPT_GPU_TEST_SIZE = _rpt_gpu.RPT_GPU_TEST_SIZE

@@ -1,0 +1,294 @@
+"""Profiles: the scale of an experiment, by name.
+
+:class:`~grpo_lab.experiments.Profile` fixes the base checkpoint, the task, the step count and the
+trainer configuration; ``PROFILES`` holds the ``"cpu"`` profile the book executes and the defaults
+of the ``"gpu"`` one, which :func:`~grpo_lab.experiments.gpu_profile` builds (a hub instruct model
+on GSM8K, the settings read from ``$GRPO_LAB_GPU_*``) and
+:func:`~grpo_lab.experiments.expected_gpu_minutes` prices. The names are documented, and
+imported by users, under :mod:`grpo_lab.experiments`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from ..trainer import TrainerConfig
+from ..validation import is_int
+
+__all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "get_profile",
+           "GPU_SPEEDS", "expected_gpu_minutes"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The scale of an experiment.
+
+    Attributes:
+        name: ``"cpu"`` or ``"gpu"`` (any label for a profile of your own).
+        base: checkpoint name under ``data/checkpoints`` (or a hub id / path).
+        task: the *name* of a registered task (a key of :data:`grpo_lab.tasks.TASKS`, e.g.
+            ``"arithmetic"``), not a task object: every run builds its own task with
+            ``get_task(task, **dict(task_kwargs))``, in worker processes too. A task class of
+            your own is registered first (``register_task("sortletters", SortTask)``) and named
+            here (``task="sortletters"``).
+        steps: RL steps per seed.
+        config: the :class:`~grpo_lab.trainer.TrainerConfig`.
+        task_kwargs: the task's keyword arguments, as a dict (``{"max_len": 4}``) or as
+            ``(key, value)`` pairs (``(("max_len", 4),)``); stored as a tuple of pairs sorted by
+            key, so that equal arguments give equal (and equally hashed) profiles.
+
+    Raises:
+        TypeError: ``task`` is not a ``str`` (e.g. a task instance: the message says how to name
+            it instead), or ``task_kwargs`` is neither a mapping nor ``(key, value)`` pairs with
+            ``str`` keys.
+        ValueError: ``task`` is empty, or a key repeats in ``task_kwargs``.
+    """
+
+    name: str
+    base: str
+    task: str
+    steps: int
+    config: TrainerConfig
+    task_kwargs: tuple = ()
+
+    def __post_init__(self):
+        if not isinstance(self.task, str):
+            raise TypeError(f"Profile: task must be the name (str) of a registered task, got {self.task!r}; "
+                            f"{_task_fix(self.task)}")
+        if not self.task.strip():
+            raise ValueError("Profile: task must be the name of a registered task, got an empty string")
+        object.__setattr__(self, "task_kwargs", _task_kwargs(self.task_kwargs))
+
+
+def _task_fix(task: Any) -> str:
+    """How to pass the task object ``task`` to :class:`Profile` or :func:`run` instead: register its
+    class and give its name, its arguments (the dataclass fields that differ from their defaults) in
+    ``task_kwargs``."""
+    import dataclasses
+
+    name = getattr(task, "name", None)
+    name = name if isinstance(name, str) and name else "mytask"
+    cls = task.__name__ if isinstance(task, type) else type(task).__name__
+    kwargs = "{...}"
+    if dataclasses.is_dataclass(task) and not isinstance(task, type):
+        changed = {}
+        for f in dataclasses.fields(task):
+            if f.name == "name" or not f.init:
+                continue
+            value = getattr(task, f.name)
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+            if default is dataclasses.MISSING or value != default:
+                changed[f.name] = value
+        kwargs = repr(changed)
+    return (f"register the class (grpo_lab.tasks.register_task({name!r}, {cls})) and pass its name and arguments: "
+            f"task={name!r}, task_kwargs={kwargs}")
+
+
+def _task_kwargs(value: Any) -> tuple:
+    """``Profile.task_kwargs`` as a tuple of ``(key, value)`` pairs sorted by key; from a mapping or pairs.
+
+    Raises:
+        TypeError: not a mapping or pairs, or a key that is not a ``str``. ValueError: a key repeats.
+    """
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        try:
+            pairs = [tuple(kv) for kv in value]
+        except TypeError:
+            pairs = None
+        if isinstance(value, (str, bytes)) or pairs is None or any(len(kv) != 2 for kv in pairs):
+            raise TypeError(f"Profile: task_kwargs must be a dict such as {{'max_len': 4}} or (key, value) pairs "
+                            f"such as (('max_len', 4),), got {value!r}")
+    keys = [k for k, _ in pairs]
+    bad = [k for k in keys if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"Profile: task_kwargs keys must be argument names (str), got {bad!r}")
+    if len(set(keys)) != len(keys):
+        twice = sorted(k for k in set(keys) if keys.count(k) > 1)
+        raise ValueError(f"Profile: task_kwargs names an argument twice: {twice}")
+    return tuple(sorted(pairs, key=lambda kv: kv[0]))
+
+
+# PROFILES: documented where it is exported, in grpo_lab/experiments/__init__.py.
+PROFILES = {
+    # One thread per run, two runs at a time on two cores (the book's n_jobs=2): the tiny model gains
+    # little from more threads, and a fixed count keeps the numbers identical on machines with more
+    # cores. Micro-batches of 32 rows, cut in order of length (TrainerConfig.sort_by_length): the
+    # same gradient as whole 64-row minibatches, with less padding.
+    "cpu": Profile(
+        name="cpu", base="arithmetic-base", task="arithmetic", steps=40,
+        config=TrainerConfig(prompts_per_step=16, group_size=8, lr=3e-4, warmup=10, minibatches=2, epochs=1,
+                             micro_batch_size=32, eval_every=5, threads=1, device="cpu"),
+    ),
+}
+
+
+# GPU_MODEL: documented where it is exported, in grpo_lab/experiments/__init__.py.
+GPU_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+# GPU_GSM8K_SOURCE: documented where it is exported, in grpo_lab/experiments/__init__.py.
+GPU_GSM8K_SOURCE = "hub"
+
+
+# GPU_TEST_SIZE: documented where it is exported, in grpo_lab/experiments/__init__.py.
+GPU_TEST_SIZE = 500
+
+
+def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.PathLike | None = None,
+                test_size: int | None = GPU_TEST_SIZE, steps: int = 60, environ: Mapping[str, str] | None = None,
+                **config: Any) -> Profile:
+    """The ``"gpu"`` profile: a hub instruct model trained on GSM8K on one CUDA GPU.
+
+    The model is :data:`GPU_MODEL` (``$GRPO_LAB_GPU_MODEL`` if set), loaded in float32 and trained
+    with ``precision="auto"`` (bfloat16 autocast on Ampere or newer, float16 with a gradient
+    scaler on a T4 or V100: :func:`grpo_lab.trainer.resolve_precision`). The task is
+    :class:`grpo_lab.tasks.gsm8k.GSM8KTask` with prompts in the model's own chat template
+    (``tokenizer_name`` = the model) and a generation budget of 512 tokens. The scale is that of a
+    small real GRPO run: 16 questions × G = 8 responses per step (128 completions), two
+    minibatches per rollout (so the second update is off-policy and the clip can act), lr 1e-6
+    (DeepSeekMath §4.2, DAPO §4.1) with 5 optimiser steps of warm-up, micro-batches of 4 rows
+    (sized for a 16 GB T4 by arithmetic, not measured: about 10 GB of float32 weights, gradients,
+    AdamW state and reference copy for 0.5B parameters, plus activations and a 151,936-token
+    vocabulary's logits), 60
+    steps, greedy test accuracy every 10 steps. :func:`expected_gpu_minutes` estimates its wall time.
+
+    Args:
+        model: a hub id or a local directory in the hub layout; ``None``: ``$GRPO_LAB_GPU_MODEL``
+            or :data:`GPU_MODEL`. Also the tokenizer whose chat template formats the prompts.
+        source: GSM8K's source; ``None``: ``$GRPO_LAB_GSM8K_SOURCE`` or :data:`GPU_GSM8K_SOURCE`.
+        test_size: the first this many test problems (``None``: all); applies to the hub source
+            only: any other source (the 8-problem fixture) is evaluated on its whole test split.
+        steps: RL steps per seed.
+        environ: where the ``$GRPO_LAB_GPU_*`` and ``$GRPO_LAB_GSM8K_SOURCE`` variables are read
+            (default ``os.environ``; ``{}`` ignores them, as the import-time ``PROFILES["gpu"]`` does,
+            so that a bad variable breaks only what builds the GPU profile: ``--profile gpu``, and the
+            chapters' GPU cells, which build it on every profile to show the plan and its expected time).
+        **config: :class:`~grpo_lab.trainer.TrainerConfig` fields that replace the defaults above
+            (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
+            default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
+            run of the GPU code path, which :func:`run_chapter_gpu` marks as one), else ``"cuda"``.
+            ``$GRPO_LAB_GPU_CONFIG``, a JSON object of ``TrainerConfig`` fields (e.g.
+            ``{"micro_batch_size": 2}`` for a GPU with less memory), is applied after the defaults
+            and before these keyword arguments; it is parsed as JSON, never evaluated.
+
+    Returns:
+        A :class:`Profile` named ``"gpu"``.
+
+    Raises:
+        ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, or a
+            ``$GRPO_LAB_GPU_CONFIG`` that is not a JSON object of known fields.
+    """
+    env_ = os.environ if environ is None else environ
+    model = str(model if model is not None else env_.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)
+    source = str(source if source is not None else env_.get("GRPO_LAB_GSM8K_SOURCE") or GPU_GSM8K_SOURCE)
+    if not model.strip() or not source.strip():
+        raise ValueError(f"gpu_profile: model and source must be non-empty, got {model!r} and {source!r}")
+    settings = dict(prompts_per_step=16, group_size=8, temperature=1.0, lr=1e-6, warmup=5, minibatches=2,
+                    epochs=1, micro_batch_size=4, eval_every=10,
+                    device=env_.get("GRPO_LAB_GPU_DEVICE") or "cuda", precision="auto")
+    settings.update(config.pop("_defaults", {}))  # rpt_gpu_profile's own defaults, before the environment
+    env = env_.get("GRPO_LAB_GPU_CONFIG")
+    if env:
+        try:
+            extra = json.loads(env)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"gpu_profile: $GRPO_LAB_GPU_CONFIG is not JSON ({exc}): {env!r}") from None
+        known = {f.name for f in fields(TrainerConfig)}
+        if not isinstance(extra, dict) or set(extra) - known:
+            raise ValueError(f"gpu_profile: $GRPO_LAB_GPU_CONFIG must be a JSON object of TrainerConfig fields, got "
+                             f"{env!r}" + (f" (unknown: {sorted(set(extra) - known)})" if isinstance(extra, dict) else ""))
+        settings.update(extra)
+    settings.update(config)
+    task_kwargs = {"source": source, "tokenizer_name": model, "max_new_tokens": 512,
+                   "test_size": test_size if source == "hub" else None}
+    given = {k: env_[k] for k in ("GRPO_LAB_GPU_DEVICE", "GRPO_LAB_GPU_CONFIG") if env_.get(k)}
+    return Profile(name="gpu", base=model, task="gsm8k", steps=steps, config=_gpu_config(settings, given),
+                   task_kwargs=task_kwargs)
+
+
+def _gpu_config(settings: dict, given: Mapping[str, str]) -> TrainerConfig:
+    """``TrainerConfig(**settings)``; a ValueError names the environment variables among ``given``
+    (``$GRPO_LAB_GPU_DEVICE``, ``$GRPO_LAB_GPU_CONFIG``) that were set, since a bad value may come
+    from there."""
+    try:
+        return TrainerConfig(**settings)
+    except (TypeError, ValueError) as exc:
+        if given:
+            where = ", ".join(f"${k}={v!r}" for k, v in given.items())
+            raise ValueError(f"gpu_profile: {exc} (the settings include {where})") from None
+        raise
+
+
+PROFILES["gpu"] = gpu_profile(environ={})  # the defaults; get_profile("gpu") applies the environment
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called ``name``; ``"gpu"`` is built afresh by :func:`gpu_profile` (so that
+    ``$GRPO_LAB_GPU_MODEL`` and ``$GRPO_LAB_GSM8K_SOURCE`` set after import count).
+
+    Raises:
+        ValueError: unknown profile.
+    """
+    if name == "gpu":
+        return gpu_profile()
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; known: {sorted(PROFILES)}") from None
+
+
+# GPU_SPEEDS: documented where it is exported, in grpo_lab/experiments/__init__.py.
+GPU_SPEEDS = {
+    "T4": {"decode_step_s": 0.045, "train_tokens_per_s": 4_000.0},
+    "H100": {"decode_step_s": 0.020, "train_tokens_per_s": 60_000.0},
+}
+
+
+def expected_gpu_minutes(profile: Profile, runs: int, gpu: str, *, steps: int | None = None,
+                         prompt_tokens: int = 150, completion_tokens: int = 250,
+                         generation_factor: float = 1.0, train_factor: float = 1.0) -> float:
+    """Estimated wall time, in minutes, of ``runs`` runs of ``profile`` one after the other on one
+    GPU of class ``gpu``, from the assumed speeds of :data:`GPU_SPEEDS`.
+
+    Per step: ``max_new_tokens`` decoding steps (a batch of 128 samples at temperature 1 usually
+    has one that uses the whole budget) and ``prompts_per_step × G × (prompt_tokens +
+    completion_tokens)`` training tokens; per evaluation (before the first step, every
+    ``eval_every`` steps and after the last): ``ceil(test_size / 256)`` greedy batches of
+    ``max_new_tokens`` steps, twice that with ``eval_sampled``. An estimate to plan a session with, good to a factor of about two.
+
+    Args:
+        profile: the profile (normally :func:`gpu_profile`).
+        runs: runs (seeds × settings).
+        gpu: a key of :data:`GPU_SPEEDS` (``"T4"``, ``"H100"``).
+        steps: RL steps per run (default: the profile's).
+        prompt_tokens, completion_tokens: assumed mean prompt and completion lengths in tokens
+            (a chat-templated GSM8K question; a Qwen2.5-0.5B-Instruct solution).
+        generation_factor: generation per step relative to one batch (DAPO's dynamic sampling
+            generates about 1.3 batches per trained batch).
+        train_factor: training compute relative to the policy's (a critic of the same size: 2).
+
+    Raises:
+        ValueError: an unknown ``gpu``, ``runs < 1`` or ``steps < 1``.
+    """
+    if gpu not in GPU_SPEEDS:
+        raise ValueError(f"expected_gpu_minutes: unknown GPU class {gpu!r}; known: {sorted(GPU_SPEEDS)}")
+    if not is_int(runs) or runs < 1:
+        raise ValueError(f"expected_gpu_minutes: runs must be an int >= 1, got {runs!r}")
+    if steps is not None and (not is_int(steps) or steps < 1):
+        raise ValueError(f"expected_gpu_minutes: steps must be an int >= 1 or None, got {steps!r}")
+    speed, c = GPU_SPEEDS[gpu], profile.config
+    steps = profile.steps if steps is None else int(steps)
+    budget = c.max_new_tokens or dict(profile.task_kwargs).get("max_new_tokens") or 512
+    test_size = dict(profile.task_kwargs).get("test_size") or GPU_TEST_SIZE
+    per_step = (generation_factor * budget * speed["decode_step_s"]
+                + train_factor * c.prompts_per_step * c.group_size * (prompt_tokens + completion_tokens)
+                / speed["train_tokens_per_s"])
+    evals = (1 + steps // c.eval_every + (steps % c.eval_every != 0)) if c.eval_every else 0
+    per_eval = -(-test_size // 256) * budget * speed["decode_step_s"] * (2 if c.eval_sampled else 1)
+    return runs * (steps * per_step + evals * per_eval) / 60.0

@@ -1,0 +1,291 @@
+"""Chapter 7 on a hub model: RPT's next-token reasoning against continued next-token prediction
+at matched compute.
+
+:func:`~grpo_lab.experiments.rpt_gpu_profile` is the profile (the GPU profile's model, the
+next-token task in its chat template, data files in :func:`~grpo_lab.experiments.rpt_data_dir`),
+:func:`~grpo_lab.experiments.run_rpt_gpu` the run (written to ``07_rpt.json``), and
+:func:`~grpo_lab.experiments.rl_compute_units` the compute that matches them.
+:func:`~grpo_lab.experiments.chapter_gpu_profile` picks a chapter's ``"gpu"`` profile. Documented
+under :mod:`grpo_lab.experiments`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..tasks import get_task
+from ..validation import positive_int
+from .gpu_runs import _gpu_results_path, _save_chapter, results_dir, run_chapter_gpu
+from .profiles import Profile, gpu_profile
+from .results import RunResult
+from .runs import _check_seeds, _unloadable
+
+__all__ = ["RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "chapter_gpu_profile", "rl_compute_units",
+           "run_rpt_gpu"]
+
+
+# RPT_GPU_TEST_SIZE: documented where it is exported, in grpo_lab/experiments/__init__.py.
+RPT_GPU_TEST_SIZE = 500
+
+
+def rpt_data_dir(model: str | os.PathLike) -> Path:
+    """Where :func:`run_rpt_gpu` keeps the next-token task's data files for ``model`` (built by
+    :func:`grpo_lab.tasks.next_token.build_hub_task_data`): ``$GRPO_LAB_RPT_DATA`` if set, else
+    ``<results_dir()>/next_token/<model as a file name>`` (so the data travels with the results
+    that were measured on it)."""
+    env = os.environ.get("GRPO_LAB_RPT_DATA")
+    if env:
+        return Path(env).expanduser()
+    local = Path(model).expanduser()
+    name = str(local.resolve()) if local.exists() else str(model)  # ./m, m/ and /abs/m: one directory
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", name.strip("/\\")).lstrip(".-") or "model"
+    return results_dir() / "next_token" / slug[-100:]
+
+
+def _same_model(a, b) -> bool:
+    """Whether two model names (hub ids or local directories) name the same model: equal, or paths
+    to the same existing directory (``m/``, ``./m`` and the absolute path)."""
+    if a is None or b is None:
+        return False
+    if str(a) == str(b):
+        return True
+    pa, pb = Path(str(a)).expanduser(), Path(str(b)).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+def rpt_gpu_profile(model: str | os.PathLike | None = None, *, data: str | os.PathLike | None = None,
+                    steps: int = 60, environ: Mapping[str, str] | None = None, **config: Any) -> Profile:
+    """Chapter 7's ``"gpu"`` profile: RPT's next-token reasoning with a hub instruct model.
+
+    The model, device, precision and ``$GRPO_LAB_GPU_*`` variables are those of :func:`gpu_profile`
+    (one place names the model); the task is :class:`grpo_lab.tasks.NextTokenTask` on the model's
+    own tokenizer, in its chat template (``chat=True``), reading the data files of ``data``
+    (default :func:`rpt_data_dir`), with a 256-token budget for the thinking span and the
+    prediction, and the positions of proxy entropy >= 0.5 nats (the ``easy`` threshold, as the
+    chapter's CPU run). The trainer settings are RPT's where the paper gives them
+    (:data:`grpo_lab.algorithms.RPT_SAMPLING`: G = 8 at temperature 0.8; lr 1e-6) at the GPU
+    profile's scale: 16 positions × 8 per step, one update per rollout, greedy and sampled test
+    accuracy every 10 steps on :data:`RPT_GPU_TEST_SIZE` positions.
+
+    Args:
+        model, environ: as :func:`gpu_profile`.
+        data: the data directory (``None``: :func:`rpt_data_dir` of the model).
+        steps: RL steps per seed.
+        **config: :class:`~grpo_lab.trainer.TrainerConfig` fields that replace these defaults
+            (``$GRPO_LAB_GPU_CONFIG`` replaces them too, and these replace it, as in :func:`gpu_profile`).
+
+    Returns:
+        A :class:`Profile` named ``"gpu"`` with ``task="next_token"``.
+
+    Raises:
+        ValueError: as :func:`gpu_profile`.
+    """
+    from ..algorithms import RPT_SAMPLING
+
+    defaults = dict(RPT_SAMPLING, prompts_per_step=16, lr=1e-6, warmup=5, minibatches=1, epochs=1, eval_every=10,
+                    eval_sampled=True)
+    prof = gpu_profile(model, steps=steps, environ=environ, _defaults=defaults, **config)
+    task_kwargs = {"tokenizer": prof.base, "data": str(data if data is not None else rpt_data_dir(prof.base)),
+                   "chat": True, "max_new_tokens": 256, "min_entropy": 0.5}
+    return replace(prof, task="next_token", task_kwargs=task_kwargs)
+
+
+def chapter_gpu_profile(chapter: str) -> Profile:
+    """The ``"gpu"`` profile a chapter's hub-model cell trains: :func:`rpt_gpu_profile` for
+    ``"07_rpt"``, :func:`gpu_profile` (GSM8K) for the others."""
+    return rpt_gpu_profile() if chapter == "07_rpt" else gpu_profile()
+
+
+def rl_compute_units(history: pd.DataFrame, prompt_tokens: float, prompts_per_step: int, group_size: int) -> pd.Series:
+    """Training compute of RL steps, per seed, in token-forward units (one unit: a forward pass
+    over one token, 2N FLOPs for N parameters), as chapter 7 counts it: per step, the ``P × G``
+    sampled sequences of ``prompt_tokens + length`` tokens cost one forward to generate and three
+    (a forward and a backward) to train on, 4 units a token; next-token prediction costs 3.
+
+    Args:
+        history: rows of RL steps (``step > 0``) with ``seed`` and ``length`` (mean completion tokens).
+        prompt_tokens: mean prompt length in tokens.
+        prompts_per_step, group_size: P and G.
+
+    Returns:
+        units summed over each seed's steps, indexed by seed.
+    """
+    h = history[history["step"] > 0]
+    units = 4 * prompts_per_step * group_size * (prompt_tokens + h["length"])
+    return units.groupby(h["seed"]).sum()
+
+
+def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = None, profile: Profile | None = None,
+                n_jobs: int = 1, ntp_batch_size: int = 16, out: str | Path | None = None) -> dict[str, RunResult]:
+    """Chapter 7 on a hub model: RPT trained on next-token reasoning, and continued next-token
+    prediction on the same text at the same compute, per seed; written to ``07_rpt.json`` with
+    provenance (:func:`run_chapter_gpu`).
+
+    1. The task's data files for the model are built if :func:`rpt_data_dir` lacks them
+       (:func:`grpo_lab.tasks.next_token.build_hub_task_data`, the model as its own entropy proxy,
+       :data:`RPT_GPU_TEST_SIZE` test positions, on the profile's device).
+    2. The ``RPT`` preset is trained on :func:`rpt_gpu_profile` (or ``profile``) for every seed.
+    3. For each seed, the base model is trained by plain next-token prediction
+       (:func:`grpo_lab.pretrain.continued_ntp_run`, ``p_format=0``: 64-token windows of the ``rl``
+       part, at RPT's learning rate) for the number of steps whose compute (3 units a token) equals
+       that seed's RPT run (:func:`rl_compute_units`), and evaluated greedy and sampled on the same
+       test positions. It is stored as the algorithm ``"continued NTP"``: its step-0 row is the RPT
+       run's base evaluation of that seed (the same model), its last row (at the RPT run's last
+       step) the evaluation after training, and its provenance is marked ``baseline``.
+
+    Args:
+        seeds, steps, n_jobs, out: as :func:`run_chapter_gpu`.
+        profile: default :func:`rpt_gpu_profile` ().
+        ntp_batch_size: windows per next-token-prediction step.
+
+    Returns:
+        ``{"RPT": RunResult, "continued NTP": RunResult}``.
+
+    Raises:
+        ValueError: as :func:`run_chapter_gpu`; a profile whose task is not ``"next_token"``.
+    """
+    from ..algorithms import RPT
+
+    prof, seeds = _rpt_arguments(profile, seeds, ntp_batch_size)
+    path = _gpu_results_path("07_rpt", out, steps, n_jobs)
+    task_data = _rpt_task_data(prof)
+    t0 = time.perf_counter()
+    grid = run_chapter_gpu("07_rpt", [RPT], seeds=seeds, steps=steps, profile=prof, n_jobs=n_jobs, out=path,
+                           finish=False)
+    rpt = grid[RPT.name]
+    task = get_task("next_token", **dict(prof.task_kwargs))
+    prompt_tokens = _mean_prompt_tokens(task)
+    units = rl_compute_units(rpt.history, prompt_tokens, prof.config.prompts_per_step, prof.config.group_size)
+    rows, ntp_steps, t1 = [], {}, time.perf_counter()
+    for seed in seeds:
+        ntp_steps[seed], seed_rows = _continued_ntp_seed(seed, prof, task, rpt.history, float(units.loc[seed]),
+                                                         ntp_batch_size)
+        rows.extend(seed_rows)
+        grid["continued NTP"] = RunResult(pd.DataFrame(rows), _continued_ntp_provenance(
+            prof, ntp_batch_size, ntp_steps, units, prompt_tokens, time.perf_counter() - t1))
+        _save_chapter(path, "07_rpt", prof, grid, seeds, time.perf_counter() - t0, seed == seeds[-1],
+                      extra={"task_data": task_data})
+    return grid
+
+
+def _rpt_arguments(profile: Profile | None, seeds: Sequence[int], ntp_batch_size: int) -> tuple[Profile, list[int]]:
+    """:func:`run_rpt_gpu`'s profile (default :func:`rpt_gpu_profile`) and seeds, checked before any work.
+
+    Raises:
+        ValueError: a profile whose task is not ``"next_token"``, ``ntp_batch_size < 1``, bad seeds.
+    """
+    prof = profile if profile is not None else rpt_gpu_profile()
+    if prof.task != "next_token":
+        raise ValueError(f"run_rpt_gpu: the profile's task must be 'next_token' (experiments.rpt_gpu_profile), got "
+                         f"{prof.task!r}")
+    positive_int("run_rpt_gpu: ntp_batch_size", ntp_batch_size)
+    try:
+        seeds = _check_seeds(seeds)
+    except ValueError as exc:
+        raise ValueError(f"run_rpt_gpu: {exc}") from None
+    return prof, seeds
+
+
+def _rpt_task_data(prof: Profile) -> dict | None:
+    """The next-token task's data files for ``prof``, built if its data directory lacks them
+    (:func:`grpo_lab.tasks.next_token.build_hub_task_data`); returns their ``summary.json`` (how they
+    were built: model, proxy, token counts, entropies), ``None`` when there is none. Warns when they
+    hold another number of test positions than :data:`RPT_GPU_TEST_SIZE` (built by hand).
+
+    Raises:
+        ValueError: the data directory is a file, or its files were built for another model.
+        OSError: the model cannot be loaded (named as :func:`run` names it), or the files cannot be written.
+    """
+    from ..tasks.next_token import TEST_FILE, TRAIN_FILE, build_hub_task_data
+
+    data = Path(dict(prof.task_kwargs)["data"])
+    where = "$GRPO_LAB_RPT_DATA" if os.environ.get("GRPO_LAB_RPT_DATA") else "the profile's data"
+    if data.exists() and not data.is_dir():
+        raise ValueError(f"run_rpt_gpu: the task's data directory {data} ({where}) is a file")
+    summary = data / "summary.json"  # how the data files were built (model, proxy, token counts, entropies)
+    if not ((data / TRAIN_FILE).is_file() and (data / TEST_FILE).is_file()):
+        try:
+            build_hub_task_data(prof.base, data, device=prof.config.device, test_size=RPT_GPU_TEST_SIZE)
+        except (FileExistsError, NotADirectoryError, PermissionError):
+            raise  # writing the data files failed, not loading the model: the error names the path
+        except OSError as exc:
+            raise _unloadable(prof, exc) from exc
+    task_data = json.loads(summary.read_text()) if summary.is_file() else None
+    if task_data is not None and not _same_model(task_data.get("model"), prof.base):
+        fix = ("unset $GRPO_LAB_RPT_DATA (a directory per model) or point it at an empty directory"
+               if os.environ.get("GRPO_LAB_RPT_DATA") else
+               f"set $GRPO_LAB_RPT_DATA to an empty directory, or delete {data} to rebuild it")
+        raise ValueError(f"run_rpt_gpu: the task's data files in {data} were built for {task_data.get('model')!r}, not "
+                         f"for the profile's model {prof.base!r}: {fix}")
+    if task_data is not None and task_data.get("test_positions") != RPT_GPU_TEST_SIZE:
+        warnings.warn(f"run_rpt_gpu: the task's data files in {data} hold {task_data.get('test_positions')} test "
+                      f"positions, not {RPT_GPU_TEST_SIZE} (they were built by hand); the results file records it",
+                      RuntimeWarning, stacklevel=3)
+    return task_data
+
+
+def _mean_prompt_tokens(task: Any) -> float:
+    """Mean length in tokens of the test prompts of a next-token ``task``, counted with the tokenizer
+    its data files were cut with (the model's)."""
+    tok = task._tok()
+    return float(np.mean([len(tok(p.prompt, add_special_tokens=False)["input_ids"]) for p in task.test_set()]))
+
+
+def _continued_ntp_seed(seed: int, prof: Profile, task: Any, rpt_history: pd.DataFrame, rl_units: float,
+                        batch_size: int) -> tuple[int, list[dict]]:
+    """One seed of :func:`run_rpt_gpu`'s baseline: the base model trained by continued next-token
+    prediction for the steps whose compute (3 units a token) equals ``rl_units``, then evaluated.
+
+    Returns:
+        ``(steps, rows)``: the NTP steps taken, and two rows of the ``"continued NTP"`` history: step 0
+        (the RPT run's base evaluation of ``seed``: the same model) and the RPT run's last step (the
+        evaluation after training, greedy and sampled).
+    """
+    from ..pretrain import RECIPES, continued_ntp_run
+
+    kw = dict(prof.task_kwargs)
+    n = max(1, round(rl_units / (3 * batch_size * RECIPES["corpus"].seq_len)))
+    x = continued_ntp_run(seed, steps=n, base=prof.base, lr=prof.config.lr, temperature=prof.config.temperature,
+                          batch_size=batch_size, threads=None, device=prof.config.device,
+                          task_kwargs={**kw, "max_new_tokens": prof.config.max_new_tokens or kw["max_new_tokens"]},
+                          precision=prof.config.precision, p_format=0.0)
+    base_row = rpt_history[(rpt_history["seed"] == seed) & (rpt_history["step"] == 0)].iloc[0]
+    first = {"step": 0, "seed": seed, "algo": "continued NTP",
+             **{k: base_row[k] for k in base_row.index if k.startswith("test_")}}
+    final = {"step": int(rpt_history["step"].max()), "seed": seed, "algo": "continued NTP", "ntp_steps": n,
+             "ntp_tokens": x["tokens"], "ntp_loss_last": x["loss_last"],
+             "test_accuracy": float(x["frame"]["correct"].mean()),
+             "test_length": float(x["summary"]["mean_length"]),
+             "test_accuracy_sampled": float(x["sampled_frame"]["correct"].mean())}
+    if "reasoning_frac" in x["summary"]:
+        final["test_reasoning_frac"] = float(x["summary"]["reasoning_frac"])
+    final.update({f"test_{k}": v for k, v in task.test_metrics(x["frame"]).items()})
+    final.update({f"test_sampled_{k}": v for k, v in task.test_metrics(x["sampled_frame"]).items()})
+    return n, [first, final]
+
+
+def _continued_ntp_provenance(prof: Profile, batch_size: int, ntp_steps: Mapping[int, int], units: pd.Series,
+                              prompt_tokens: float, wall: float) -> dict:
+    """The provenance of :func:`run_rpt_gpu`'s ``"continued NTP"`` baseline over the seeds of ``ntp_steps``
+    so far (marked ``baseline``: :func:`check_gpu_results` holds it to the facts on seeds and test accuracies)."""
+    from ..pretrain import RECIPES
+
+    return {"baseline": True, "what": "continued next-token prediction at the compute of the RPT run of the same seed",
+            "config": {"lr": prof.config.lr, "batch_size": batch_size, "window_tokens": RECIPES["corpus"].seq_len,
+                       "p_format": 0.0, "precision": prof.config.precision, "minibatches": 1, "epochs": 1,
+                       "warmup": 0,
+                       "optimizer": f"AdamW, betas (0.9, 0.98), weight decay {RECIPES['corpus'].weight_decay}, "
+                                    f"global-norm clip {RECIPES['corpus'].grad_clip} (grpo_lab.pretrain.continue_ntp)"},
+            "ntp_steps": {str(k): v for k, v in ntp_steps.items()},
+            "rl_units": {str(k): float(units.loc[k]) for k in ntp_steps},
+            "prompt_tokens_mean": round(prompt_tokens, 2), "seeds": list(ntp_steps), "wall_seconds": round(wall, 1)}

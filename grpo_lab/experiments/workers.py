@@ -1,0 +1,211 @@
+"""The worker pool: ``spawn`` processes kept between calls, and what a worker must import.
+
+:func:`~grpo_lab.experiments.map_workers` maps a picklable function over items in the pool that
+:func:`~grpo_lab.experiments.run` and :func:`~grpo_lab.experiments.run_grid` keep when
+``n_jobs > 1``; :func:`~grpo_lab.experiments.shutdown_workers` stops it. A pool is reused while
+the registries and the package's files are unchanged. The user modules that define a run's
+registered choices and task are imported by each worker before it trains. Documented under
+:mod:`grpo_lab.experiments`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..algorithms import Algorithm
+from .profiles import Profile
+
+__all__ = ["map_workers", "shutdown_workers"]
+
+#: The package's source tree (``grpo_lab/``): a reused worker must have imported these files as they are.
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+_FRESH_REGISTRIES = ("Worker processes (n_jobs > 1) start with fresh registries: a choice or task registered in a "
+                     "notebook cell or under `if __name__ == '__main__'` does not reach them. Register it at the top "
+                     "level of a module (a .py file the notebook or script imports), or use n_jobs=1")
+
+
+def _user_modules(algo: Algorithm, prof: Profile) -> tuple[str, ...]:
+    """The importable modules outside ``grpo_lab`` that define the registry entries ``algo`` calls
+    and the task class of ``prof`` (e.g. ``("reverse_task",)`` for a task registered by a module
+    of the user's): a worker process imports them before it builds the run, which registers them
+    there too. Code defined in ``__main__`` (a notebook cell, a script's main block) is left out."""
+    from ..tasks import TASKS
+
+    owners = [*algo.functions().values(), TASKS.get(prof.task)]
+    names = {getattr(f, "__module__", None) for f in owners if f is not None}
+    return tuple(sorted(m for m in names if m and m not in ("__main__", "__mp_main__")
+                        and not (m == "grpo_lab" or m.startswith("grpo_lab."))))
+
+
+def _module_roots(modules: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
+    """``(name, root)`` for each module name: ``root`` the ``sys.path`` directory this process imported
+    it from (the directory of ``reverse_task.py`` for ``reverse_task``, the parent of ``pkg/`` for
+    ``pkg.mod``), ``None`` when unknown (not imported, or no file). A worker puts ``root`` on its
+    ``sys.path`` when it cannot import the name otherwise: a module the caller imported from a file
+    path (``python -m grpo_lab --import path/to/my_task.py``) whose directory is not on the
+    worker's path."""
+    import sys
+
+    out = []
+    for name in modules:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        root = None
+        if file:
+            path = Path(os.path.abspath(file))
+            depth = name.count(".") + (1 if path.name == "__init__.py" else 0)
+            root = str(path.parents[depth])
+        out.append((name, root))
+    return tuple(out)
+
+
+def _import_user_module(module: str | tuple[str, str | None]) -> None:
+    """Import ``module`` (a name, or ``(name, root)`` from :func:`_module_roots`): by name, and if
+    that module itself is not found, once more with ``root`` put first on ``sys.path``.
+
+    Raises:
+        ValueError: the module cannot be imported (the message names it and says what to do).
+    """
+    import importlib
+    import sys
+
+    name, root = (module, None) if isinstance(module, str) else module
+    try:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if root is None or root in sys.path or exc.name not in (name, name.split(".")[0]):
+                raise
+            sys.path.insert(0, root)
+            importlib.invalidate_caches()
+            importlib.import_module(name)
+    except ImportError as exc:
+        raise ValueError(f"run: cannot import {name!r}, which defines the task or a choice of this run, in a "
+                         f"worker process ({exc}). {_FRESH_REGISTRIES}") from None
+
+
+def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
+    """``[fn(item) for item in items]``, in the worker processes that :func:`run` and
+    :func:`run_grid` keep between calls when ``n_jobs > 1`` (no new interpreters to start when a
+    grid has just run). For work that is not a trainer run, e.g. one seed of a baseline per item
+    (chapter 7's continued-NTP runs, :func:`grpo_lab.pretrain.continued_ntp_run`).
+
+    Args:
+        fn: a picklable callable: a module-level function, or a ``functools.partial`` of one
+            (workers are fresh ``spawn`` interpreters: a function defined in a notebook is not
+            importable there).
+        items: one argument per call.
+        n_jobs: worker processes (``1``: in this process).
+
+    Returns:
+        The results, in the order of ``items``.
+
+    Raises:
+        ValueError: ``n_jobs < 1``.
+        TypeError: with ``n_jobs > 1``, ``fn`` cannot be pickled (a lambda, a local function).
+        Exception: whatever ``fn`` raises, after the workers are stopped.
+    """
+    if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or n_jobs < 1:
+        raise ValueError(f"map_workers: n_jobs must be an int >= 1, got {n_jobs!r}")
+    items = list(items)
+    if n_jobs == 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    import pickle
+
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise TypeError(f"map_workers: fn cannot be sent to a worker process ({exc}); use a module-level function "
+                        "or a functools.partial of one (a lambda or a function defined in a notebook is not "
+                        "importable in a fresh interpreter), or n_jobs=1") from None
+    pool = _worker_pool(n_jobs)
+    futures = [pool.submit(fn, item) for item in items]
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        shutdown_workers(now=True)
+        raise
+
+
+def _worker_init() -> None:
+    """Worker processes ignore SIGINT: a Ctrl-C (or a Jupyter kernel's interrupt or shutdown, sent
+    to the whole process group) reaches the caller, which stops the workers itself
+    (:func:`shutdown_workers`), instead of every idle worker printing a traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_POOL: dict[str, Any] = {"executor": None, "key": None, "atexit": False}
+
+
+def _pool_key(n_jobs: int) -> str:
+    """What a reused worker must share with this process: the worker count, every registry's entries
+    (workers start with the registries their imports make, so a choice registered here since the
+    pool started must get fresh workers, which then fail with the clear message of
+    :func:`_train_one` if it is not importable) and the package's source files (size and
+    modification time: an edited package must not be run by workers that imported the old one)."""
+    from .. import advantages, objectives, sampling
+    from ..tasks import TASKS
+
+    regs = {name: sorted((k, getattr(v, "__module__", "?"), getattr(v, "__qualname__", repr(v)))
+                         for k, v in reg.items())
+            for name, reg in (("advantages", advantages.ADVANTAGE_ESTIMATORS), ("ratios", objectives.RATIOS),
+                              ("surrogates", objectives.SURROGATES), ("aggregations", objectives.AGGREGATIONS),
+                              ("kl", objectives.KL_ESTIMATORS), ("selectors", sampling.SELECTORS), ("tasks", TASKS))}
+    src = _PACKAGE
+    files = [(str(f.relative_to(src)), f.stat().st_size, f.stat().st_mtime_ns)
+             for f in sorted(src.rglob("*.py")) if "__pycache__" not in f.parts]
+    return json.dumps([n_jobs, regs, files], sort_keys=True)
+
+
+def _worker_pool(n_jobs: int):
+    """The process pool of :func:`_map`, kept between calls: starting a worker (a fresh ``spawn``
+    interpreter importing torch and transformers, then loading its first checkpoint) costs several
+    seconds, once per worker instead of once per call. A pool is reused only while
+    :func:`_pool_key` is unchanged; otherwise it is shut down and a new one started."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    key = _pool_key(n_jobs)
+    pool = _POOL["executor"]
+    if pool is not None and (_POOL["key"] != key or getattr(pool, "_broken", False)):
+        shutdown_workers()
+        pool = None
+    if pool is None:
+        pool = ProcessPoolExecutor(max_workers=n_jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init)
+        _POOL.update(executor=pool, key=key)
+        if not _POOL.get("atexit"):  # stop the workers while the interpreter is still whole
+            import atexit
+
+            atexit.register(shutdown_workers)
+            _POOL["atexit"] = True
+    return pool
+
+
+def shutdown_workers(now: bool = False) -> None:
+    """Stop the worker processes that :func:`run` and :func:`run_grid` keep between calls with
+    ``n_jobs > 1`` (they also stop when this interpreter exits). Frees their memory; the next
+    parallel call starts new ones.
+
+    Args:
+        now: terminate the workers at once, abandoning the runs they are training (what a failed
+            or interrupted call does); by default, wait for them to finish their current run.
+    """
+    pool, _POOL["executor"], _POOL["key"] = _POOL["executor"], None, None
+    if pool is None:
+        return
+    if now:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in processes:
+            proc.join(timeout=10)
+    else:
+        pool.shutdown(wait=True, cancel_futures=True)
