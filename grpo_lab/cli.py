@@ -78,7 +78,9 @@ class UsageError(ValueError):
 def settable_fields() -> dict[str, tuple[str, Any, Any]]:
     """The keys ``--set`` accepts: every field of :class:`~grpo_lab.trainer.TrainerConfig` and of
     :class:`~grpo_lab.algorithms.Algorithm`, except ``seed`` and ``progress`` (``--seeds``,
-    ``--progress``).
+    ``--progress``) and ``params``, then every hyper-parameter that a registered function declares
+    beyond those fields (:func:`hyperparameter_keys`, owner ``"Algorithm.params"``; the preset's
+    functions must declare it, which ``preset.replace`` checks).
 
     Returns:
         ``{key: (owner, type_hint, default)}``, ``owner`` ``"TrainerConfig"`` or ``"Algorithm"``,
@@ -92,14 +94,46 @@ def settable_fields() -> dict[str, tuple[str, Any, Any]]:
     for cls in (TrainerConfig, Algorithm):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if f.name in _RESERVED or not f.init:
+            if f.name in _RESERVED or not f.init or (cls is Algorithm and f.name == "params"):
                 continue
             if f.name in out:  # a field of both would be ambiguous: refuse rather than guess
                 raise RuntimeError(f"settable_fields: {f.name!r} is a field of both {out[f.name][0]} and "
                                    f"{cls.__name__}")
             default = f.default if f.default is not dataclasses.MISSING else None
             out[f.name] = (cls.__name__, hints[f.name], default)
+    for key, (_, hint, default) in hyperparameter_keys().items():
+        out.setdefault(key, ("Algorithm.params", hint, default))
     return out
+
+
+def hyperparameter_keys() -> dict[str, tuple[str, Any, Any]]:
+    """The hyper-parameters that the functions registered on the algorithm's axes declare beyond the
+    :class:`~grpo_lab.algorithms.Algorithm` fields (:mod:`grpo_lab.hparams`; SAPO's ``tau_pos``, a user
+    module's own): ``{name: (where, type_hint, default)}``, ``where`` the first choice declaring it
+    (``"clip='sapo'"``), ``type_hint`` from the function's annotation (else the default's type)."""
+    from . import hparams
+    from .advantages import ADVANTAGE_ESTIMATORS
+    from .algorithms import Algorithm
+    from .objectives import AGGREGATIONS, KL_ESTIMATORS, RATIOS, SURROGATES
+
+    fields = {f.name for f in dataclasses.fields(Algorithm)}
+    out: dict[str, tuple[str, Any, Any]] = {}
+    for axis, registry in (("advantage", ADVANTAGE_ESTIMATORS), ("ratio_level", RATIOS), ("clip", SURROGATES),
+                           ("aggregation", AGGREGATIONS), ("kl", KL_ESTIMATORS)):
+        for choice, fn in registry.items():
+            for part in (fn, *hparams.spec(fn).batch_statistics.values()):
+                for name, default in hparams.own_hyperparameters(part).items():
+                    if name not in fields and name not in out:
+                        out[name] = (f"{axis}={choice!r}", _hint_of(part, name, default), default)
+    return out
+
+
+def _hint_of(fn, name: str, default: Any):
+    """The annotation of ``fn``'s parameter ``name`` (evaluated), else the type of ``default`` (float when none)."""
+    try:
+        return typing.get_type_hints(fn)[name]
+    except Exception:  # an annotation that cannot be evaluated, or none
+        return type(default) if isinstance(default, (bool, int, float, str)) else typing.Optional[float]
 
 
 def _split_hint(hint) -> tuple[list, bool]:
@@ -511,8 +545,9 @@ def _list(prog: str) -> str:
         if algo is GRPO:
             text = " ".join(f"{k}={v}" for k, v in GRPO.axes().items() if v not in (None, False))
         else:
-            diff = {k: v for k, v in dataclasses.asdict(algo).items() if k != "name" and getattr(GRPO, k) != v}
-            text = "GRPO with " + " ".join(f"{k}={v}" for k, v in diff.items())
+            diff = {k: v for k, v in dataclasses.asdict(algo).items()
+                    if k not in ("name", "params") and getattr(GRPO, k) != v}
+            text = "GRPO with " + " ".join(f"{k}={v}" for k, v in {**diff, **algo.params}.items())
         lines.append(f"  {name:<11} {text}")
     lines.append("tasks (--task; --import MODULE adds your own):")
     for name, cls in sorted(TASKS.items()):
@@ -525,7 +560,11 @@ def _list(prog: str) -> str:
     lines.append("models (--model): " + ", ".join(_shipped_models()) + ", a checkpoint directory, or a hub id org/name")
     cpu = PROFILES["cpu"].config
     lines.append("--set KEY=VALUE (type, field of, value in profile cpu / preset GRPO):")
-    for key, (owner, hint, _) in sorted(settable_fields().items()):
+    where = hyperparameter_keys()
+    for key, (owner, hint, default) in sorted(settable_fields().items()):
+        if owner == "Algorithm.params":  # a hyper-parameter of some choices only: its default, where declared
+            lines.append(f"  {key:<26} {_type_name(hint):<22} {'hyper-param.':<14} {default!r} ({where[key][0]})")
+            continue
         value = getattr(cpu if owner == "TrainerConfig" else GRPO, key)
         lines.append(f"  {key:<26} {_type_name(hint):<22} {owner:<14} {value!r}")
     return "\n".join(lines)
@@ -637,8 +676,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     try:
         if argv[:1] == ["list"]:
             imports, extra = _import_options(argv[1:], prog)
+            extra = [a for a in extra if a != "--debug"]
             if extra:
-                raise UsageError(f"list takes no arguments but --import MODULE, got {' '.join(extra)}")
+                raise UsageError(f"list takes no arguments but --import MODULE and --debug, got {' '.join(extra)}")
             for spec in imports:
                 load_user_module(spec)
             print(_list(prog))

@@ -174,8 +174,21 @@ def test_errors_from_the_run_one_line_or_traceback_with_debug(monkeypatch, tmp_p
 # ------------------------------------------------------------------------------------ --set
 def test_set_keys_are_every_trainer_and_algorithm_field_but_seed_and_progress():
     fields = {f.name for f in dataclasses.fields(TrainerConfig)} | {f.name for f in dataclasses.fields(Algorithm)}
-    assert set(cli.settable_fields()) == fields - {"seed", "progress"}
+    hyper = set(cli.hyperparameter_keys())  # the functions' own hyper-parameters (SAPO's tau_pos, ...)
+    assert {"tau_pos", "tau_neg", "kl_cov_ratio", "clip_cov_lb"} <= hyper and not hyper & fields
+    assert set(cli.settable_fields()) == (fields - {"seed", "progress", "params"}) | hyper
     assert cli.settable_fields()["lr"][0] == "TrainerConfig" and cli.settable_fields()["eps_high"][0] == "Algorithm"
+    assert cli.settable_fields()["tau_neg"][:2] == ("Algorithm.params", float)
+
+
+def test_set_reaches_a_presets_own_hyperparameter(capsys):
+    cfg, algo = cli.parse_set(["tau_neg=1.2", "lr=1e-4"])
+    assert cfg == {"lr": 1e-4} and algo == {"tau_neg": 1.2}
+    from grpo_lab.algorithms import SAPO
+
+    assert SAPO.replace(**algo).params["tau_neg"] == 1.2
+    assert cli.main(["GRPO", "--set", "tau_neg=1.2", "--steps", "1"]) == 2  # GRPO's functions declare no tau_neg
+    assert "unknown key(s) ['tau_neg']" in capsys.readouterr().err
 
 
 def test_parse_set_types_each_value_by_its_field():
