@@ -475,10 +475,36 @@ def _trl_cispo(algo: Algorithm, d: _Draft) -> str:
     return "cispo"
 
 
+def _trl_sapo(algo: Algorithm, d: _Draft) -> str:
+    tau_pos, tau_neg = algo.params["tau_pos"], algo.params["tau_neg"]
+    d.config.update(loss_type="sapo", sapo_temperature_pos=tau_pos, sapo_temperature_neg=tau_neg)
+    d.notes.append(f"SAPO: loss_type='sapo', gate 4/tau sigmoid(tau (r - 1)) with sapo_temperature_pos={tau_pos:g}, "
+                   f"sapo_temperature_neg={tau_neg:g} (tau_neg where A <= 0, as grpo_lab); TRL does not clamp log r "
+                   "(grpo_lab at +-20: equal inside) and holds the temperatures in float32 (1.05 is 1.0499999523), "
+                   "which a float32 loss does anyway")
+    return "sapo"
+
+
+def _trl_refuse(reason: str):
+    """A TRL surrogate entry that refuses the surrogate with ``reason`` (an "impossible" Issue)."""
+    def refuse(algo: Algorithm, d: _Draft) -> str:
+        d.issues.append(Issue("impossible", "clip", f"clip={algo.clip!r}: {reason}"))
+        return ""
+    return refuse
+
+
 #: surrogate (``Algorithm.clip``) -> its TRL mapping: ``f(algo, draft)`` sets ``loss_type`` and the clip fields and
 #: returns the ``loss_type`` (a key of :data:`_TRL_NORMALISERS`). A surrogate without an entry is refused (an
 #: ExportError naming it and TRL): map a new one here, or refuse it here with the reason (an "impossible" Issue).
-_TRL_SURROGATES = {"ppo": _trl_ppo_clip, "is_weight": _trl_cispo}
+_TRL_SURROGATES = {
+    "ppo": _trl_ppo_clip, "is_weight": _trl_cispo, "sapo": _trl_sapo,
+    "gmpo": _trl_refuse(f"TRL {TRL_VERSION} has GMPO only as a separate experimental trainer (trl.experimental.gmpo), "
+                        "which this export does not configure; verl's loss_mode=geo_mean computes it"),
+    "kl_cov": _trl_refuse(f"TRL {TRL_VERSION} has no covariance-based token selection (KL-Cov, arXiv 2505.22617); "
+                          "verl's loss_mode=kl_cov computes it"),
+    "clip_cov": _trl_refuse(f"TRL {TRL_VERSION} has no covariance-based token selection (Clip-Cov, arXiv 2505.22617); "
+                            "verl's loss_mode=clip_cov computes it"),
+}
 
 
 def _trl_token_count(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> None:
@@ -494,7 +520,7 @@ def _trl_token_count(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> Non
 
 
 def _trl_sequence_mean(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> None:
-    d.notes.append("aggregation: loss_type='grpo', 1/G sum_i 1/|o_i| sum_t (DeepSeekMath Eq. 3); TRL counts fully "
+    d.notes.append(f"aggregation: loss_type={loss_type!r}, 1/G sum_i 1/|o_i| sum_t (DeepSeekMath Eq. 3); TRL counts fully "
                    "masked rows in G, grpo_lab does not (equal unless a row is empty)")
 
 
@@ -513,6 +539,7 @@ def _trl_dr_grpo_constant(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -
 
 #: TRL ``loss_type`` -> how it normalises the token sum (its notes and issues)
 _TRL_NORMALISERS = {"dapo": _trl_token_count, "cispo": _trl_token_count, "grpo": _trl_sequence_mean,
+                    "sapo": _trl_sequence_mean,
                     "dr_grpo": _trl_dr_grpo_constant}
 
 
@@ -526,6 +553,9 @@ def _trl_aggregation(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> Non
     elif loss_type == "cispo" and agg != "token_mean":
         d.issues.append(Issue("approximate", "aggregation", f"TRL's cispo aggregates as 'token_mean', not {agg!r}",
                               fix={"aggregation": "token_mean"}))
+    elif loss_type == "sapo" and agg != "seq_mean_token_mean":
+        d.issues.append(Issue("approximate", "aggregation", f"TRL's sapo aggregates as 'seq_mean_token_mean', not "
+                              f"{agg!r}", fix={"aggregation": "seq_mean_token_mean"}))
     if loss_type not in _TRL_NORMALISERS:
         raise ValueError(f"grpo_lab.export: TRL loss_type {loss_type!r} (clip={algo.clip!r}) has no entry in "
                          "_TRL_NORMALISERS")
@@ -597,6 +627,8 @@ def _trl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
     d.config["multi_objective_aggregation"] = "sum_then_normalize"
     _trl_ratio(algo, d)
     loss_type = _TRL_SURROGATES[algo.clip](algo, d)
+    if d.impossible():  # a surrogate TRL has no counterpart for (its entry says why)
+        return d.config, d.notes, d.issues
     _trl_aggregation(algo, b, loss_type, d)
     _trl_kl(algo, d)
     _trl_masking_and_shaping(algo, b, loss_type, d)
@@ -703,10 +735,81 @@ def _verl_cispo(algo: Algorithm, d: _Draft) -> None:
                               fix={"mask_eps_low": None, "mask_eps_high": None}))
 
 
+def _verl_token_level(algo: Algorithm, d: _Draft, loss_mode: str) -> None:
+    d.config[_A + "policy_loss.loss_mode"] = loss_mode
+    if algo.ratio_level != "token":
+        d.issues.append(Issue("impossible", "ratio_level", f"clip={algo.clip!r} with ratio_level={algo.ratio_level!r}: "
+                              f"verl's {loss_mode} is token-level"))
+
+
+def _verl_gmpo(algo: Algorithm, d: _Draft) -> None:
+    _verl_token_level(algo, d, "geo_mean")
+    d.config[_A + "clip_ratio_low"] = algo.eps_low
+    d.config[_A + "clip_ratio_high"] = algo.eps_high
+    d.notes.append(f"GMPO: policy_loss.loss_mode=geo_mean clips log r to [-{algo.eps_low:g}, {algo.eps_high:g}] on the "
+                   "side of sign(A) (clip_ratio_low / _high read in log space), exp of each row's mean, times the row's "
+                   "mean advantage; verl ignores loss_agg_mode and averages over every row of the call (an empty row "
+                   "counts, with loss 0) and does not clamp the mean log-ratio (grpo_lab at +-20)")
+
+
+def _verl_sapo(algo: Algorithm, d: _Draft) -> None:
+    _verl_token_level(algo, d, "sapo")
+    d.config[_A + "tau_pos"] = algo.params["tau_pos"]
+    d.config[_A + "tau_neg"] = algo.params["tau_neg"]
+    d.notes.append(f"SAPO: policy_loss.loss_mode=sapo with tau_pos={algo.params['tau_pos']:g}, "
+                   f"tau_neg={algo.params['tau_neg']:g}; verl clamps log r to +-20 (as grpo_lab) and always aggregates "
+                   "as seq-mean-token-mean, whatever loss_agg_mode says")
+    if algo.aggregation != "seq_mean_token_mean":
+        d.issues.append(Issue("approximate", "aggregation", f"verl's sapo aggregates as 'seq_mean_token_mean', not "
+                              f"{algo.aggregation!r}", fix={"aggregation": "seq_mean_token_mean"}))
+
+
+_PER_CALL = ("verl selects the tokens within each call of the policy loss, i.e. per micro-batch: the same tokens "
+             "as grpo_lab, which selects over the whole minibatch, when ppo_micro_batch_size_per_gpu covers a "
+             "device's whole minibatch (micro_batch_size unset) on one device")
+
+
+def _verl_kl_cov(algo: Algorithm, d: _Draft) -> None:
+    _verl_token_level(algo, d, "kl_cov")
+    d.config[_A + "policy_loss.kl_cov_ratio"] = algo.params["kl_cov_ratio"]
+    d.config[_A + "policy_loss.ppo_kl_coef"] = algo.params["kl_cov_coef"]
+    d.notes.append(f"KL-Cov: policy_loss.loss_mode=kl_cov, kl_cov_ratio={algo.params['kl_cov_ratio']:g}, "
+                   f"ppo_kl_coef={algo.params['kl_cov_coef']:g} (verl's default 0.1 is not the paper's 1); {_PER_CALL}")
+
+
+def _verl_clip_cov(algo: Algorithm, d: _Draft) -> None:
+    _verl_token_level(algo, d, "clip_cov")
+    d.config[_A + "clip_ratio_low"] = algo.eps_low
+    d.config[_A + "clip_ratio_high"] = algo.eps_high
+    for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"):
+        d.config[_A + "policy_loss." + k] = algo.params[k]
+    d.notes.append("Clip-Cov: policy_loss.loss_mode=clip_cov (PPO clip without verl's dual clip, as grpo_lab); the "
+                   f"random draw uses torch's global generator in both, so the same tokens only from the same state; "
+                   f"{_PER_CALL}")
+
+
+#: the surrogates whose token selection verl computes per call of the policy loss (per micro-batch)
+_VERL_PER_CALL = ("kl_cov", "clip_cov")
+
+
+def _verl_per_call_statistics(algo: Algorithm, b: dict, d: _Draft) -> None:
+    """KL-Cov / Clip-Cov select tokens over the whole minibatch in grpo_lab, per micro-batch call in verl."""
+    sizes = _sizes(b)
+    if algo.clip not in _VERL_PER_CALL or sizes is None:
+        return
+    if sizes["world"] > 1 or sizes["micro"] < sizes["per_device"]:
+        d.issues.append(Issue("approximate", "micro_batch_size",
+                              f"{_PER_CALL}; here a call sees {sizes['micro']} of the minibatch's "
+                              f"{sizes['rows_minibatch']} rows, so the selections (and the gradient) differ",
+                              budget_fix={"micro_batch_size": sizes["per_device"], "nnodes": 1,
+                                          "n_gpus_per_node": 1}))
+
+
 #: surrogate (``Algorithm.clip``) -> its verl mapping: ``f(algo, draft)`` sets ``policy_loss.loss_mode`` and the
 #: clip ratios. A surrogate without an entry is refused (an ExportError naming it and verl): map a new one here,
 #: or refuse it here with the reason (an "impossible" Issue).
-_VERL_SURROGATES = {"ppo": _verl_ppo_clip, "is_weight": _verl_cispo}
+_VERL_SURROGATES = {"ppo": _verl_ppo_clip, "is_weight": _verl_cispo, "gmpo": _verl_gmpo, "sapo": _verl_sapo,
+                    "kl_cov": _verl_kl_cov, "clip_cov": _verl_clip_cov}
 #: aggregation -> verl's ``loss_agg_mode`` (DAPO Eq. 12, group_token_mean, has none: nearest token-mean)
 _VERL_AGG_MODES = {"seq_mean_token_mean": "seq-mean-token-mean", "token_mean": "token-mean",
                    "seq_mean_token_sum_norm": "seq-mean-token-sum-norm", "group_token_mean": "token-mean"}
@@ -795,6 +898,7 @@ def _verl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
     d.config["algorithm.use_kl_in_reward"] = False
     d.config["algorithm.rollout_correction.rollout_is"] = None
     _VERL_SURROGATES[algo.clip](algo, d)
+    _verl_per_call_statistics(algo, b, d)
     _verl_aggregation(algo, b, d)
     _verl_kl(algo, d)
     d.config[_A + "entropy_coeff"] = 0
@@ -1045,6 +1149,21 @@ _ROWS = (
      "sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi (MiniMax-M1 Eqs. 4-5); TRL's epsilon_high is the cap itself "
      "(its docs recommend 5.0), verl's is relative like ours; both compute -w A log pi_theta, we -w A log r: same "
      "gradient, values differ by w A log pi_old; the token mask of Eq. 7 (mask_eps_*) is in neither"),
+    ("clip", "gmpo (GMPO: eps_low, eps_high in log space)", "- (trl.experimental.gmpo is another trainer)",
+     f"{_A_}.policy_loss.loss_mode=geo_mean, clip_ratio_low=eps_low, clip_ratio_high=eps_high",
+     "A_i exp(mean_t of the sign-aware log-space clip of log r) (GMPO Eq. 4); verl ignores loss_agg_mode and averages "
+     "over every row of a call (an empty row counts with loss 0)"),
+    ("clip", "sapo (SAPO: tau_pos, tau_neg)", "loss_type='sapo', sapo_temperature_pos / _neg",
+     f"{_A_}.policy_loss.loss_mode=sapo, {_A_}.tau_pos / tau_neg",
+     "-4/tau sigmoid(tau (r - 1)) A (SAPO §3); both aggregate as seq_mean_token_mean whatever else is set"),
+    ("clip", "kl_cov (KL-Cov: kl_cov_ratio, kl_cov_coef)", "-",
+     f"{_A_}.policy_loss.loss_mode=kl_cov, policy_loss.kl_cov_ratio, policy_loss.ppo_kl_coef",
+     "-r A + coef |log r| on the top-covariance tokens (arXiv 2505.22617 §4.2); verl selects per micro-batch call, "
+     "grpo_lab over the minibatch (equal with one call per minibatch)"),
+    ("clip", "clip_cov (Clip-Cov: clip_cov_ratio, clip_cov_lb, clip_cov_ub)", "-",
+     f"{_A_}.policy_loss.loss_mode=clip_cov, clip_ratio_low / _high, policy_loss.clip_cov_ratio / _lb / _ub",
+     "PPO clip with a random draw of covariance-band tokens detached (§4.2); per-call selection as kl_cov; the draw "
+     "uses torch's global generator in both"),
     ("aggregation", "seq_mean_token_mean", "loss_type='grpo'", f"{_A_}.loss_agg_mode=seq-mean-token-mean",
      "1/G sum_i 1/|o_i| sum_t (DeepSeekMath Eq. 3); both count fully masked rows in G (grpo_lab does not); verl divides "
      "by |o_i| + 1e-8, which its bool mask makes a float32 sum equal to |o_i|"),

@@ -49,6 +49,22 @@ ALGORITHMS = {**{name: algo for name, algo in PRESETS.items()
 BUDGET = dict(group_size=G, prompts_per_step=B // G, max_new_tokens=MAX_NEW_TOKENS)
 
 
+def exportable(target: str) -> dict:
+    """The :data:`ALGORITHMS` that ``target`` can express (their ``strict=False`` export does not raise);
+    the others are refused with the reason, which tests/test_export.py checks (TRL has no GMPO, KL-Cov or
+    Clip-Cov). Derived from the registry: a new preset is cross-checked as soon as the export maps it."""
+    out = {}
+    for name, algo in ALGORITHMS.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", E.ApproximateExportWarning)
+                E.translate(algo, target, strict=False, **BUDGET)
+        except E.ExportError:
+            continue
+        out[name] = algo
+    return out
+
+
 def batch(seed: int = 0) -> dict:
     """The float64 batch described in the module docstring (``logp`` is not a leaf: clone it)."""
     g = torch.Generator().manual_seed(seed)
@@ -85,6 +101,7 @@ def advantages(algo, rewards) -> torch.Tensor:
 def lab_loss(algo, b: dict, adv: torch.Tensor, *, num_sequences=None):
     """grpo_lab's ``policy_loss`` and its gradient w.r.t. ``logp``: ``(loss, grad, metrics)``."""
     logp = b["logp"].clone().requires_grad_()
+    torch.manual_seed(0)  # Clip-Cov's draw: the same global-generator state as the target's loss call
     out = policy_loss(logp, b["old"], adv, b["mask"], algo, ref_logp=b["ref"], max_tokens=MAX_NEW_TOKENS,
                       group_size=G, num_sequences=num_sequences)
     out.loss.backward()

@@ -354,9 +354,17 @@ def test_mapping_table_covers_every_preset_choice():
 
 def test_support_table_by_hand():
     table = E.support_table()
-    assert isinstance(table, pd.DataFrame) and len(table) == 2 * len(PRESETS)
+    assert isinstance(table, pd.DataFrame) and len(table) == 2 * len(PRESETS)  # a row per preset and target
     exact = {(r.algorithm, r.target): bool(r.exact) for r in table.itertuples()}
-    # by hand: TRL computes GRPO, DR_GRPO, GSPO, GSPO_TOKEN, RPT exactly; verl only DR_GRPO (its 1e-6 epsilon)
+    # by hand: TRL computes GRPO, DR_GRPO, GSPO, GSPO_TOKEN, RPT, SAPO exactly; verl only DR_GRPO (its 1e-6
+    # epsilon); TRL refuses GMPO, KL_COV, CLIP_COV (no counterpart). Presets added later are pinned by their own tests.
+    by_hand = {("GMPO", "trl"): False, ("GMPO", "verl"): False, ("SAPO", "trl"): True, ("SAPO", "verl"): False,
+               ("KL_COV", "trl"): False, ("KL_COV", "verl"): False, ("CLIP_COV", "trl"): False,
+               ("CLIP_COV", "verl"): False}
+    exact = {k: v for k, v in exact.items() if k[0] in {"GRPO", "DR_GRPO", "DAPO", "GSPO", "GSPO_TOKEN", "CISPO",
+                                                          "PPO", "VAPO", "RPT"} or k in by_hand}
+    for key, value in by_hand.items():
+        assert exact.pop(key) == value, key
     assert exact == {("GRPO", "trl"): True, ("GRPO", "verl"): False, ("DR_GRPO", "trl"): True,
                      ("DR_GRPO", "verl"): True, ("DAPO", "trl"): False, ("DAPO", "verl"): False,
                      ("GSPO", "trl"): True, ("GSPO", "verl"): False, ("GSPO_TOKEN", "trl"): True,
@@ -386,3 +394,42 @@ def test_value_model_algorithms_are_refused_with_the_reason(target):
             translate(algo, target, strict=False, max_new_tokens=32)
     with pytest.raises(E.ExportError, match="nll_coef"):
         translate(GRPO.replace(nll_coef=0.1), target, strict=False, max_new_tokens=32)
+
+
+# ---------------------------------------------------------------------------------- the 2025 variants
+def test_2025_variants_to_trl_sapo_mapped_the_others_refused_with_the_reason():
+    from grpo_lab.algorithms import CLIP_COV, GMPO, KL_COV, SAPO
+
+    cfg = to_trl(SAPO.replace(tau_neg=1.2), group_size=4, prompts_per_step=2, max_new_tokens=8)
+    assert cfg["loss_type"] == "sapo" and cfg["sapo_temperature_pos"] == 1.0 and cfg["sapo_temperature_neg"] == 1.2
+    with pytest.warns(E.ApproximateExportWarning, match="TRL's sapo aggregates as 'seq_mean_token_mean'"):
+        to_trl(SAPO.replace(aggregation="token_mean"), strict=False)
+    for algo, reason in ((GMPO, "trl.experimental.gmpo"), (KL_COV, "no covariance-based"),
+                         (CLIP_COV, "no covariance-based")):
+        for strict in (True, False):
+            with pytest.raises(E.ExportError, match=reason):
+                to_trl(algo, strict=strict)
+
+
+def test_2025_variants_to_verl():
+    from grpo_lab.algorithms import CLIP_COV, GMPO, KL_COV, SAPO
+
+    def ov(algo, **budget):
+        return dict(line.split("=", 1) for line in to_verl(algo.replace(adv_eps=1e-6), **budget))
+
+    a = "actor_rollout_ref.actor."
+    g = ov(GMPO)
+    assert g[a + "policy_loss.loss_mode"] == "geo_mean" and g[a + "clip_ratio_low"] == "0.4"
+    s = ov(SAPO.replace(tau_pos=0.9))
+    assert s[a + "policy_loss.loss_mode"] == "sapo" and s[a + "tau_pos"] == "0.9" and s[a + "tau_neg"] == "1.05"
+    k = ov(KL_COV)
+    assert (k[a + "policy_loss.loss_mode"], k[a + "policy_loss.kl_cov_ratio"], k[a + "policy_loss.ppo_kl_coef"]) == (
+        "kl_cov", "0.002", "1.0")
+    c = ov(CLIP_COV)
+    assert c[a + "policy_loss.clip_cov_ub"] == "5.0" and c[a + "clip_ratio_high"] == "0.2"
+    # verl selects per micro-batch call: exact only when a call sees a device's whole minibatch
+    tr = E.translate(KL_COV.replace(adv_eps=1e-6), "verl", strict=False, group_size=4, prompts_per_step=2,
+                     micro_batch_size=2)
+    assert [i.axis for i in tr.issues] == ["micro_batch_size"] and tr.issues[0].budget_fix["micro_batch_size"] == 8
+    with pytest.raises(E.ExportError, match="verl's sapo is token-level"):
+        to_verl(SAPO.replace(ratio_level="sequence", adv_eps=1e-6), strict=False)
