@@ -317,7 +317,7 @@ def test_run_cache_skips_code_outside_the_package(profile, tmp_path, monkeypatch
 
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path))
     ppo = SURROGATES["ppo"]
-    monkeypatch.setitem(SURROGATES, "mine", lambda log_ratio, adv, mask, algo: ppo(log_ratio, adv, mask, algo))
+    monkeypatch.setitem(SURROGATES, "mine", lambda ctx: ppo(ctx))
     algo = GRPO.replace(name="mine", clip="mine")
     assert ex._uncacheable(algo, profile) == [f"SURROGATES['mine'] from {__name__}"]
     r = run(algo, profile=profile, seeds=[0], progress=False)
