@@ -63,8 +63,8 @@ import typing
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "default_out", "resolve_model",
-           "load_user_module", "unknown_characters", "UsageError"]
+__all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "hyperparameter_keys", "default_out",
+           "resolve_model", "load_user_module", "unknown_characters", "UsageError"]
 
 #: ``--set`` keys that exist as fields but are set by an option of their own
 _RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}

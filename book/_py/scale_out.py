@@ -19,7 +19,8 @@
 # `grpo_lab` trains on one device. Past a few billion parameters you move to
 # [verl](https://github.com/volcengine/verl) (Ray, many GPUs and nodes) or
 # [TRL](https://github.com/huggingface/trl) (accelerate, DeepSpeed). Both implement GRPO, DAPO,
-# Dr.GRPO, GSPO and CISPO under those names, and both compute, given the same settings, exactly
+# Dr.GRPO, GSPO, CISPO and SAPO under those names (verl GMPO, KL-Cov and Clip-Cov as well, and
+# it selects their tokens per micro-batch, not per minibatch), and both compute, given the same settings, exactly
 # what `grpo_lab` computes: on identical float64 batches their own loss code and
 # {py:func}`grpo_lab.objectives.policy_loss` agree to within $10^{-16}$ in loss and gradient
 # (`tests/test_xcheck_trl.py`, `tests/test_xcheck_verl.py`, run by `make xcheck`). But their
@@ -79,7 +80,9 @@ def table(df: pd.DataFrame) -> Markdown:
 # DeepSeek-V3.2's objective is not a fixed preset; the row uses $\beta = 0.01$, $\delta = 0.02$,
 # $\varepsilon = 0.2$ (chapter 3's choice).
 
-# %%
+# %% tags=["nbval-ignore-output"]
+# Built from the registry (every preset of grpo_lab.algorithms.PRESETS), so a new preset changes this table: its
+# content is tested in tests/test_export.py, and nbval does not compare it (no re-execution for a new preset).
 algorithms = {**PRESETS, "DeepSeek-V3.2": deepseek_v32(beta=0.01, delta=0.02, eps=0.2)}
 support = export.support_table(algorithms, group_size=16, max_new_tokens=1024)
 
@@ -102,7 +105,8 @@ display(table(shown[["algorithm", "target", "exact", "issues", "exact_alternativ
 # One row per choice on each axis: the `grpo_lab` value, TRL's and verl's settings, and what is
 # exact and what is not.
 
-# %%
+# %% tags=["nbval-ignore-output"]
+# (tested in tests/test_export.py: a row for every choice the export maps; not compared by nbval)
 mapping = export.mapping_table()
 display(table(mapping))
 
