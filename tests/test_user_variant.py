@@ -108,3 +108,12 @@ def test_it_is_listed_and_set_on_the_command_line(tmp_path):
     assert run.returncode == 0, run.stderr
     prov = json.loads(res.read_text())["provenance"]
     assert prov["algo"]["params"] == {"dual_clip_c": 2.5} and prov["algo"]["clip"] == "dual_clip"
+
+
+def test_resume_without_the_module_says_to_import_it(tok, variant, tmp_path):
+    tr = _trainer(tok, variant.DUAL_CLIP)
+    tr.train(1)
+    tr.save(tmp_path / "ckpt")
+    objectives.SURROGATES.pop("dual_clip")  # a fresh process that has not imported the module
+    with pytest.raises(ValueError, match="import it before Trainer.resume"):
+        Trainer.resume(tmp_path / "ckpt")

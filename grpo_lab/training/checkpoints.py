@@ -166,7 +166,7 @@ class Checkpointing:
         config = TrainerConfig.from_dict(state["config"])
         if device is not None:
             config = replace(config, device=device)
-        algo = Algorithm(**state["algo"])
+        algo = _saved_algorithm(state["algo"], path)
         if algo.uses_kl and not (path / "ref").is_dir():
             raise ValueError(f"Trainer.resume: {path} has no ref/ but {algo.name!r} has a KL term; the reference "
                              "policy cannot be rebuilt from the trained weights")
@@ -352,6 +352,21 @@ def _replace_dir(new: Path, final: Path) -> None:
 
 #: Weight files of a ``save_pretrained`` directory (one file, or the index of a sharded one).
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def _saved_algorithm(fields: dict, path) -> Algorithm:
+    """The :class:`~grpo_lab.algorithms.Algorithm` a checkpoint stored (its fields and ``params``).
+
+    Raises:
+        ValueError: a choice or hyper-parameter the registries do not know, with the hint that the
+            module registering it must be imported first (a variant from outside the package).
+    """
+    try:
+        return Algorithm(**fields)
+    except ValueError as exc:
+        raise ValueError(f"Trainer.resume: {path} was saved with an algorithm this process cannot rebuild: {exc}. "
+                         "If a module of yours registered that choice (or declared that hyper-parameter), import it "
+                         "before Trainer.resume (on the command line: --import MODULE)") from None
 
 
 def _missing_checkpoint_files(path: Path, *, ref: bool, value: bool) -> list[str]:
