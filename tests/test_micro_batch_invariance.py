@@ -5,31 +5,13 @@ policy has moved and ratios differ from 1, so clips, gates and covariance select
 whole-minibatch statistics of KL-Cov / Clip-Cov are computed once before micro-batching
 (grpo_lab.training.update), which this test would catch if they were computed per micro-batch."""
 
-import dataclasses
-
 import pytest
 import torch
 
+from _toys import TINY, HalfTask
 from grpo_lab.algorithms import PRESETS
-from grpo_lab.models import TinyConfig, tiny_policy
-from grpo_lab.tasks import ArithmeticTask
+from grpo_lab.models import tiny_policy
 from grpo_lab.trainer import Trainer, TrainerConfig
-
-TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1)
-
-
-@dataclasses.dataclass
-class HalfTask(ArithmeticTask):
-    """A reward a random policy earns about half the time, so groups are mixed and every preset learns."""
-
-    name: str = "half"
-
-    def is_correct(self, completion, problem):
-        return len(completion) > 0 and completion[0] in "0123456789+-*=#;.,:? abcd"
-
-    def reward(self, completion, problem):
-        return 1.0 if self.is_correct(completion, problem) else 0.0
 
 
 #: selections large enough to act on a 8-row batch (the papers' 2e-3 and 2e-4 pick one token here)

@@ -16,14 +16,13 @@ import torch
 
 from grpo_lab import algorithms, objectives
 from grpo_lab.experiments import config_hash, get_profile
-from grpo_lab.models import TinyConfig, tiny_policy
+from _toys import TINY
+from grpo_lab.models import tiny_policy
 from grpo_lab.tasks import ArithmeticTask
 from grpo_lab.trainer import Trainer, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = ROOT / "book" / "examples" / "dual_clip_variant.py"
-TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1)
 TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
 
 
