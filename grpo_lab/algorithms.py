@@ -194,7 +194,8 @@ class Algorithm:
             e.g. ``{"tau_pos": 1.0, "tau_neg": 1.05}`` for SAPO's surrogate. Missing ones are filled
             in with the functions' defaults when the algorithm is built, so ``params`` always shows
             every value used; ``replace(tau_neg=1.2)`` sets one. A variant's own hyper-parameters
-            are stored only in the algorithms that name its function. Read-only by convention.
+            are stored only in the algorithms that name its function. Read-only
+            (:class:`grpo_lab.hparams.Params`).
 
     Raises:
         ValueError: (in ``__post_init__``) a choice on any axis that is not in its registry, a
@@ -345,7 +346,7 @@ class Algorithm:
                 out[k] = default
         for axis, key, fn in named:
             _check_declaration(self, axis, key, fn, out)
-        return out
+        return _hp.Params(out)
 
     def values_for(self, fn: Callable) -> dict[str, Any]:
         """The values of ``fn``'s own hyper-parameters (its keyword-only parameters) under this

@@ -38,10 +38,31 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-__all__ = ["Spec", "declare", "spec", "hyperparameters", "own_hyperparameters", "positional_count", "REQUIRED"]
+__all__ = ["Spec", "Params", "declare", "spec", "hyperparameters", "own_hyperparameters", "positional_count",
+           "REQUIRED"]
 
 #: the default of a hyper-parameter declared without one (the algorithm must give a value)
 REQUIRED = inspect.Parameter.empty
+
+
+class Params(dict):
+    """A read-only ``dict`` of hyper-parameter values (``Algorithm.params``): a frozen algorithm's values
+    cannot change under it (``SAPO.params["tau_neg"] = 2`` raises ``TypeError``; use ``SAPO.replace(tau_neg=2)``).
+    Still a ``dict`` for JSON, ``dataclasses.asdict``, copying and pickling."""
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("Algorithm.params is read-only: use algo.replace(name=value) for another value")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only
+
+    def __reduce__(self):
+        return (type(self), (dict(self),))
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ References (goldens are these float64 loop transcriptions, not package output):
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -137,6 +138,9 @@ def test_sapo_temperatures_live_in_params_only():
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['tau_neg'\]"):
         type(GRPO)(name="x", params={"tau_neg": 1.2})
     assert type(SAPO)(**SAPO.describe()) == SAPO  # rebuilt from its description (checkpoints, provenance)
+    with pytest.raises(TypeError, match="read-only"):
+        SAPO.params["tau_neg"] = 2.0  # a frozen algorithm's values cannot change under it
+    assert SAPO.params["tau_neg"] == 1.05 and pickle.loads(pickle.dumps(SAPO)) == SAPO
 
 
 # ----------------------------------------------------------------------------------- KL-Cov, Clip-Cov
