@@ -38,6 +38,8 @@ punishment is sized in tokens for this book's 32-token budget with the paper's p
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -339,7 +341,8 @@ class Algorithm:
         out = {}
         for k, default in own.items():
             if k in self.params:
-                out[k] = _typed(k, self.params[k], default)
+                hint = next((h for _, _, fn in named if (h := _hp.annotation(fn, k)) is not None), None)
+                out[k] = _typed(k, self.params[k], default, hint)
             elif default is _hp.REQUIRED:
                 raise ValueError(f"hyper-parameter {k!r} (declared without a default) needs a value: params={{{k!r}: ...}}")
             else:
@@ -577,28 +580,41 @@ def _unknown_message(unknown: list, own: dict, named: list) -> str:
             f"{sorted(_FIELD_NAMES - {'params'})}")
 
 
-def _typed(name: str, value: Any, default: Any) -> Any:
-    """``value`` checked against the type of the declared ``default`` (float: a finite real number,
-    stored as float; int: an integer; bool: a bool); with no typed default, a number, bool, string or None."""
-    if isinstance(default, bool):
+def _typed(name: str, value: Any, default: Any, hint: Any = None) -> Any:
+    """``value`` checked against the declared type: the annotation ``hint`` (``float``, ``int``, ``bool``,
+    ``str``, or one of them ``Optional``), else the type of ``default``. float: a finite real number, stored
+    as float; int: an integer; bool: a bool; str: a string; None where the annotation or a ``None``
+    default allows it. Without either, a number, bool, string or None."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kinds = [a for a in args if a is not type(None) and a is not None]
+    kind = kinds[0] if len(kinds) == 1 and kinds[0] in (bool, int, float, str) else None
+    kind = kind or next((t for t in (bool, int, float, str) if isinstance(default, t)), None)
+    if value is None and (type(None) in args or default is None):
+        return None
+    if kind is bool:
         return _v.flag(name, value)
-    if isinstance(default, int):
+    if kind is int:
         if not _v.is_int(value):
             raise ValueError(f"{name} must be an integer, got {value!r}")
         return int(value)
-    if isinstance(default, float):
+    if kind is float:
         return float(_v.real_number(name, value))
-    if value is None or isinstance(value, (bool, str)):
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}")
         return value
-    if _v.is_int(value):
-        return int(value)
-    return float(_v.real_number(name, value))
+    if isinstance(value, (bool, str)):
+        return value
+    return int(value) if _v.is_int(value) else float(_v.real_number(name, value))
 
 
 def _check_declaration(algo: "Algorithm", axis: str, key: str, fn: Callable, own: dict) -> None:
     """What ``fn`` (the choice ``key`` on ``axis``) declares: its constraints on the other axes and
     the ``validate`` of its hyper-parameters' values."""
     spec = _hp.spec(fn)
+    if spec.batch_statistics and axis != "clip":
+        raise ValueError(f"{axis}={key!r} ({getattr(fn, '__name__', fn)}) declares whole-batch statistics, which only a "
+                         "surrogate (the clip axis) may: the trainer computes them for the loss")
     for other, allowed in spec.requires.items():
         if getattr(algo, other, None) not in allowed:
             want = " or ".join(repr(a) for a in allowed)
@@ -852,7 +868,7 @@ GMPO = GRPO.replace(name="GMPO", clip="gmpo", eps_low=0.4, eps_high=0.4, kl=None
 SAPO = GRPO.replace(name="SAPO", clip="sapo", kl=None, beta=0.0)
 
 #: KL-Cov (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-#: arXiv 2505.22617, §4.2) is the unclipped policy gradient plus ``kl_cov_coef |log r|`` on the
+#: arXiv 2505.22617, "Suppressing Tokens with High Covariances") is the unclipped policy gradient plus ``kl_cov_coef |log r|`` on the
 #: ``kl_cov_ratio`` share of the minibatch's tokens with the largest covariance between advantage and
 #: log-probability (:func:`grpo_lab.objectives.kl_cov_surrogate`): ``kl_cov_ratio = 2e-3`` (the
 #: paper's Qwen2.5-7B setting; 2e-4 for 32B) and ``kl_cov_coef = 1``, token-mean aggregation as in its
@@ -861,12 +877,18 @@ SAPO = GRPO.replace(name="SAPO", clip="sapo", kl=None, beta=0.0)
 #: effective share is then ``1/N``.
 KL_COV = GRPO.replace(name="KL_COV", clip="kl_cov", aggregation="token_mean", kl=None, beta=0.0)
 
-#: Clip-Cov (arXiv 2505.22617, §4.2) is PPO's clipped surrogate with the gradient of a random
+#: Clip-Cov (arXiv 2505.22617, same section) is PPO's clipped surrogate with the gradient of a random
 #: ``clip_cov_ratio`` share of the tokens whose covariance lies in ``(clip_cov_lb, clip_cov_ub)``
-#: removed (:func:`grpo_lab.objectives.clip_cov_surrogate`): the paper's 2e-4, 1 and 5; symmetric clip
-#: 0.2, token-mean aggregation, no KL term. The draw uses torch's global generator, which the
-#: trainer's checkpoints save.
-CLIP_COV = GRPO.replace(name="CLIP_COV", clip="clip_cov", aggregation="token_mean", kl=None, beta=0.0)
+#: removed (:func:`grpo_lab.objectives.clip_cov_surrogate`): the paper's 2e-4, 1 and 5, token-mean
+#: aggregation, no KL term. ``eps_low = eps_high = 1``: the authors' verl scripts set
+#: ``clip_ratio_low = clip_ratio_high = 1``, so PPO's clip acts only outside ``[0, 2]`` and the
+#: covariance-selected detachment is the trust region. Those scripts run in verl's DAPO recipe,
+#: whose trainer filters groups (DAPO's dynamic sampling); the preset leaves that off so that only
+#: the loss differs from GRPO (``CLIP_COV.replace(dynamic_sampling=True)`` for the scripts' setting;
+#: the same holds for :data:`KL_COV`). The draw uses torch's global generator, which the trainer's
+#: checkpoints save.
+CLIP_COV = GRPO.replace(name="CLIP_COV", clip="clip_cov", eps_low=1.0, eps_high=1.0, aggregation="token_mean",
+                        kl=None, beta=0.0)
 
 #: The presets of this module by name (``python -m grpo_lab NAME`` trains one).
 PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO, "GSPO": GSPO,

@@ -52,6 +52,7 @@ import contextlib
 import dataclasses
 import difflib
 import importlib
+import inspect
 import os
 import sys
 import tempfile
@@ -207,6 +208,7 @@ def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             that is not of the field's type (:func:`parse_value`).
     """
     known = settable_fields()
+    hyper = hyperparameter_keys()
     cfg: dict[str, Any] = {}
     algo: dict[str, Any] = {}
     for item in items:
@@ -216,6 +218,9 @@ def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             raise UsageError(f"--set expects KEY=VALUE, got {item!r} (e.g. --set lr=1e-4)")
         if key in _RESERVED:
             raise UsageError(f"--set {key}: {_RESERVED[key]}")
+        if key in hyper and known.get(key, ("",))[0] == "TrainerConfig":
+            raise UsageError(f"--set {key}: ambiguous, both a TrainerConfig field and a hyper-parameter that "
+                             f"{hyper[key][0]} declares; rename that function's parameter")
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -563,7 +568,8 @@ def _list(prog: str) -> str:
     where = hyperparameter_keys()
     for key, (owner, hint, default) in sorted(settable_fields().items()):
         if owner == "Algorithm.params":  # a hyper-parameter of some choices only: its default, where declared
-            lines.append(f"  {key:<26} {_type_name(hint):<22} {'hyper-param.':<14} {default!r} ({where[key][0]})")
+            shown = "required" if default is inspect.Parameter.empty else repr(default)
+            lines.append(f"  {key:<26} {_type_name(hint):<22} {'hyper-param.':<14} {shown} ({where[key][0]})")
             continue
         value = getattr(cpu if owner == "TrainerConfig" else GRPO, key)
         lines.append(f"  {key:<26} {_type_name(hint):<22} {owner:<14} {value!r}")

@@ -1158,11 +1158,11 @@ _ROWS = (
      "-4/tau sigmoid(tau (r - 1)) A (SAPO §3); both aggregate as seq_mean_token_mean whatever else is set"),
     ("clip", "kl_cov (KL-Cov: kl_cov_ratio, kl_cov_coef)", "-",
      f"{_A_}.policy_loss.loss_mode=kl_cov, policy_loss.kl_cov_ratio, policy_loss.ppo_kl_coef",
-     "-r A + coef |log r| on the top-covariance tokens (arXiv 2505.22617 §4.2); verl selects per micro-batch call, "
+     "-r A + coef |log r| on the top-covariance tokens (arXiv 2505.22617); verl selects per micro-batch call, "
      "grpo_lab over the minibatch (equal with one call per minibatch)"),
     ("clip", "clip_cov (Clip-Cov: clip_cov_ratio, clip_cov_lb, clip_cov_ub)", "-",
      f"{_A_}.policy_loss.loss_mode=clip_cov, clip_ratio_low / _high, policy_loss.clip_cov_ratio / _lb / _ub",
-     "PPO clip with a random draw of covariance-band tokens detached (§4.2); per-call selection as kl_cov; the draw "
+     "PPO clip with a random draw of covariance-band tokens detached (same paper); per-call selection as kl_cov; the draw "
      "uses torch's global generator in both"),
     ("aggregation", "seq_mean_token_mean", "loss_type='grpo'", f"{_A_}.loss_agg_mode=seq-mean-token-mean",
      "1/G sum_i 1/|o_i| sum_t (DeepSeekMath Eq. 3); both count fully masked rows in G (grpo_lab does not); verl divides "

@@ -35,11 +35,12 @@ use it.
 from __future__ import annotations
 
 import inspect
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-__all__ = ["Spec", "Params", "declare", "spec", "hyperparameters", "own_hyperparameters", "positional_count",
-           "REQUIRED"]
+__all__ = ["Spec", "Params", "declare", "spec", "hyperparameters", "own_hyperparameters", "annotation",
+           "positional_count", "REQUIRED"]
 
 #: the default of a hyper-parameter declared without one (the algorithm must give a value)
 REQUIRED = inspect.Parameter.empty
@@ -135,6 +136,19 @@ def hyperparameters(fn: Callable) -> dict[str, Any]:
         for k, v in own_hyperparameters(stat).items():
             out.setdefault(k, v)
     return out
+
+
+def annotation(fn: Callable, name: str) -> Any:
+    """The evaluated annotation of hyper-parameter ``name`` of ``fn`` (or of the whole-batch statistic
+    of ``fn`` that declares it), e.g. ``float`` or ``Optional[float]``; ``None`` when it has none or it
+    cannot be evaluated."""
+    for part in (fn, *spec(fn).batch_statistics.values()):
+        if name in own_hyperparameters(part):
+            try:
+                return typing.get_type_hints(part).get(name)
+            except Exception:  # an annotation naming something not importable here
+                return None
+    return None
 
 
 def positional_count(fn: Callable) -> int:

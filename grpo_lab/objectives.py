@@ -561,7 +561,8 @@ def sapo_surrogate(ctx: LossContext, *, tau_pos: float = 1.0, tau_neg: float = 1
 
 def token_covariance(ctx: LossContext) -> Tensor:
     """``Cov_t = (A_t - mean A) (log pi_theta,t - mean log pi_theta)`` per real token, both means over
-    the batch's real tokens (Cui et al., arXiv 2505.22617, Eq. 11 / §4.2); ``[B, T]``, 0 at padding,
+    the batch's real tokens (Cui et al., arXiv 2505.22617, the covariance of its entropy-dynamics analysis, which
+    "Suppressing Tokens with High Covariances" ranks tokens by); ``[B, T]``, 0 at padding,
     no gradient. Called on the whole minibatch (a statistic, :func:`batch_statistics`)."""
     m = ctx.mask
     with torch.no_grad():
@@ -582,7 +583,8 @@ def _pick(candidates: Tensor, order: Tensor, k: int) -> Tensor:
 
 
 def kl_cov_selection(ctx: LossContext, *, kl_cov_ratio: float = 2e-3) -> Tensor:
-    """KL-Cov's tokens (arXiv 2505.22617, §4.2): the ``k = max(1, floor(kl_cov_ratio N))`` real tokens
+    """KL-Cov's tokens (arXiv 2505.22617, "Suppressing Tokens with High Covariances"): the
+    ``k = max(1, floor(kl_cov_ratio N))`` real tokens
     of largest :func:`token_covariance` among the batch's ``N`` real tokens; bool ``[B, T]`` (none when
     ``N = 0``). A whole-minibatch statistic of :func:`kl_cov_surrogate`."""
     m = ctx.mask
@@ -609,7 +611,8 @@ def _kl_cov_values(values: dict) -> None:
 @_hp.declare(requires={"ratio_level": "token"}, validate=_kl_cov_values,
              batch_statistics={"kl_cov_selected": kl_cov_selection})
 def kl_cov_surrogate(ctx: LossContext, *, kl_cov_coef: float = 1.0) -> tuple[Tensor, dict]:
-    """KL-Cov (Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617, §4.2, Eq. 13).
+    """KL-Cov (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+    arXiv 2505.22617, section "Suppressing Tokens with High Covariances"; verl's ``kl_cov``).
 
     Per token, to minimise (no clip)::
 
@@ -638,7 +641,8 @@ def kl_cov_surrogate(ctx: LossContext, *, kl_cov_coef: float = 1.0) -> tuple[Ten
 
 def clip_cov_selection(ctx: LossContext, *, eps_low: float = 0.2, eps_high: float = 0.2,
                        clip_cov_ratio: float = 2e-4, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0) -> Tensor:
-    """Clip-Cov's tokens (arXiv 2505.22617, §4.2, Eq. 12): among the real tokens that PPO's clip
+    """Clip-Cov's tokens (arXiv 2505.22617, "Suppressing Tokens with High Covariances"): among the real
+    tokens that PPO's clip
     leaves alone and whose :func:`token_covariance` lies in ``(clip_cov_lb, clip_cov_ub)``, draw
     ``min(max(1, floor(clip_cov_ratio N)), #candidates)`` uniformly at random (``torch.randperm`` on
     the global CPU generator, which the trainer's checkpoints save); bool ``[B, T]``. A
@@ -666,15 +670,16 @@ def _clip_cov_values(values: dict) -> None:
 @_hp.declare(requires={"ratio_level": "token"}, validate=_clip_cov_values,
              batch_statistics={"clip_cov_detached": clip_cov_selection})
 def clip_cov_surrogate(ctx: LossContext, *, eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[Tensor, dict]:
-    """Clip-Cov (Cui et al., arXiv 2505.22617, §4.2, Eq. 12): PPO's clipped surrogate
+    """Clip-Cov (Cui et al., arXiv 2505.22617, "Suppressing Tokens with High Covariances"; verl's
+    ``clip_cov``): PPO's clipped surrogate
     (:func:`ppo_surrogate`) with the tokens of :func:`clip_cov_selection` (hyper-parameters
     ``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``; the paper's 2e-4, 1 and 5) removed from the
     loss: their term and gradient are 0. The selection is drawn once per minibatch, before
     micro-batching. Requires ``ratio_level="token"``.
 
     Indicators: PPO's ``clip_low`` / ``clip_high``; ``grad`` — PPO's, less the removed tokens;
-    ``clip_cov_detached`` — the removed tokens (the clip never touches them, so they add to
-    ``clip_frac``'s count of tokens without gradient).
+    ``clip_cov_detached`` — the removed tokens (counted there, not in ``clip_frac``: the clip leaves
+    them alone, so the tokens without gradient are ``clip_frac + clip_cov_detached``).
     """
     loss, ratio = _ppo_clip(ctx.log_ratio, ctx.advantages, float(eps_low), float(eps_high))
     det = ctx.stats["clip_cov_detached"]
@@ -1159,7 +1164,13 @@ def _statistics(ctx: LossContext, fn: Callable, algo: Algorithm) -> dict:
     out = {}
     with torch.no_grad():
         for name, stat in _hp.spec(fn).batch_statistics.items():
-            out[name] = stat(ctx, **algo.values_for(stat))
+            v = stat(ctx, **algo.values_for(stat))
+            if not isinstance(v, Tensor) or tuple(v.shape) not in (tuple(ctx.mask.shape[:1]), tuple(ctx.mask.shape)):
+                got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+                raise ValueError(f"whole-batch statistic {name!r} of clip={algo.clip!r} must be a tensor of shape [B] = "
+                                 f"{tuple(ctx.mask.shape[:1])} or [B, T] = {tuple(ctx.mask.shape)} (the trainer hands "
+                                 f"each micro-batch its rows and tokens), got {got}")
+            out[name] = v
     return out
 
 

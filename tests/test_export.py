@@ -426,7 +426,7 @@ def test_2025_variants_to_verl():
     assert (k[a + "policy_loss.loss_mode"], k[a + "policy_loss.kl_cov_ratio"], k[a + "policy_loss.ppo_kl_coef"]) == (
         "kl_cov", "0.002", "1.0")
     c = ov(CLIP_COV)
-    assert c[a + "policy_loss.clip_cov_ub"] == "5.0" and c[a + "clip_ratio_high"] == "0.2"
+    assert c[a + "policy_loss.clip_cov_ub"] == "5.0" and c[a + "clip_ratio_high"] == "1.0"  # the authors' scripts
     # verl selects per micro-batch call: exact only when a call sees a device's whole minibatch
     tr = E.translate(KL_COV.replace(adv_eps=1e-6), "verl", strict=False, group_size=4, prompts_per_step=2,
                      micro_batch_size=2)

@@ -116,3 +116,16 @@ def test_resume_without_the_module_says_to_import_it(tok, variant, tmp_path):
     objectives.SURROGATES.pop("dual_clip")  # a fresh process that has not imported the module
     with pytest.raises(ValueError, match="import it before Trainer.resume"):
         Trainer.resume(tmp_path / "ckpt")
+
+
+def test_a_hyperparameter_named_like_a_trainer_setting_is_refused_on_the_command_line(monkeypatch, capsys):
+    # a surrogate's own `temperature` would be hidden by TrainerConfig.temperature: --set says so
+    from grpo_lab import cli
+
+    def warm(ctx, *, temperature: float = 2.0):
+        return objectives.ppo_surrogate(ctx)
+
+    monkeypatch.setitem(objectives.SURROGATES, "warm", warm)
+    with pytest.raises(cli.UsageError, match="ambiguous, both a TrainerConfig field and a hyper-parameter"):
+        cli.parse_set(["temperature=0.5"])
+    assert algorithms.GRPO.replace(clip="warm", temperature=0.5).params == {"temperature": 0.5}

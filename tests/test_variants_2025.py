@@ -8,7 +8,7 @@ References (goldens are these float64 loop transcriptions, not package output):
   J_i = A_i exp(1/|o_i| sum_t sgn(A_i) min(sgn(A_i) l_t, sgn(A_i) clip(l_t, -eps, eps))).
 * SAPO, Gao et al., arXiv 2511.20347, §3: per token f(r) A with f(r) = 4/tau sigmoid(tau (r - 1)),
   tau = tau_pos if A > 0 else tau_neg, averaged 1/G sum_i 1/|y_i| sum_t.
-* KL-Cov / Clip-Cov, Cui et al., arXiv 2505.22617, §4.2, Eqs. 11-13: Cov_t = (A_t - mean A)(log pi_t -
+* KL-Cov / Clip-Cov, Cui et al., arXiv 2505.22617, "Suppressing Tokens with High Covariances": Cov_t = (A_t - mean A)(log pi_t -
   mean log pi) over the batch's tokens; KL-Cov adds k |log r| on the top ratio * N tokens by Cov and
   does not clip; Clip-Cov removes the gradient of a random ratio * N tokens with Cov in (lb, ub).
 """
@@ -145,7 +145,7 @@ def test_sapo_temperatures_live_in_params_only():
 
 # ----------------------------------------------------------------------------------- KL-Cov, Clip-Cov
 def _covariances(logp, adv, mask):
-    """[(i, t, cov)] over real tokens, row-major, from Eq. 11 with means over the batch's tokens."""
+    """[(i, t, cov)] over real tokens, row-major, with means over the batch's tokens."""
     toks = [(i, t) for i in range(logp.shape[0]) for t in range(logp.shape[1]) if mask[i, t]]
     a_mean = sum(float(adv[i]) for i, _ in toks) / len(toks)
     l_mean = sum(float(logp[i, t]) for i, t in toks) / len(toks)
@@ -228,6 +228,7 @@ def test_covariance_variants_check_their_hyperparameters():
         KL_COV.replace(ratio_level="sequence")
     assert KL_COV.params == {"kl_cov_coef": 1.0, "kl_cov_ratio": 2e-3}
     assert CLIP_COV.params == {"clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}
+    assert CLIP_COV.eps_low == CLIP_COV.eps_high == 1.0  # the authors' verl scripts: PPO's clip off inside [0, 2]
 
 
 # ---------------------------------------------------------------------------- on-policy and invariance
