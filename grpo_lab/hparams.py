@@ -52,6 +52,7 @@ class Params(dict):
     Still a ``dict`` for JSON, ``dataclasses.asdict``, copying and pickling."""
 
     def _read_only(self, *args, **kwargs):
+        """Raises ``TypeError``: the values are read-only."""
         raise TypeError("Algorithm.params is read-only: use algo.replace(name=value) for another value")
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only

@@ -180,8 +180,11 @@ def test_package_metadata_builds_without_deprecation_warning(tmp_path):
         shutil.copy(REPO_ROOT / name, tmp_path / name)
     (tmp_path / "grpo_lab").mkdir()
     (tmp_path / "grpo_lab" / "__init__.py").touch()
-    for pkg_dir in ("grpo_lab/tasks", "data/checkpoints", "data/tasks"):  # [tool.setuptools] packages' directories
-        (tmp_path / pkg_dir).mkdir(parents=True)
+    # [tool.setuptools] packages' directories, read from pyproject.toml (grpo_lab._data is data/)
+    packages = re.findall(r'"([\w.]+)"', re.search(r"^packages\s*=\s*\[(.*?)\]", toml, re.M | re.S).group(1))
+    assert {"grpo_lab.experiments", "grpo_lab.training", "grpo_lab.tasks"} <= set(packages)
+    for pkg in packages:
+        (tmp_path / pkg.replace("grpo_lab._data", "data").replace(".", "/")).mkdir(parents=True, exist_ok=True)
     (tmp_path / "md").mkdir()
     code = "from setuptools.build_meta import prepare_metadata_for_build_wheel as p; print(p('md'))"
     res = subprocess.run([sys.executable, "-W", "default", "-c", code], cwd=tmp_path, capture_output=True,
