@@ -5,7 +5,6 @@ The math of each piece (GAE, length-adaptive lambda, value loss, NLL) is tested 
 references in ``test_vapo_math.py``; here we check that the trainer wires them as the papers say.
 """
 
-import dataclasses
 import warnings
 
 import pandas as pd
@@ -13,28 +12,15 @@ import pytest
 import torch
 
 import grpo_lab.tasks as tasks_mod
+from _toys import TINY, HalfTask
 from grpo_lab.advantages import AdvantageBatch, gae, outcome_token_rewards
 from grpo_lab.algorithms import GRPO, PPO, PRESETS, VAPO, get_algorithm
-from grpo_lab.models import CriticModel, TinyConfig, tiny_policy
-from grpo_lab.tasks import ArithmeticTask
+from grpo_lab.models import CriticModel, tiny_policy
 from grpo_lab.trainer import Trainer, TrainerConfig
 
-TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1)
 TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
 
 
-@dataclasses.dataclass
-class HalfTask(ArithmeticTask):
-    """A reward a random policy earns about half the time, so the critic has something to fit."""
-
-    name: str = "half"
-
-    def is_correct(self, completion, problem):
-        return len(completion) > 0 and completion[0] in "0123456789+-*=#;.,:? abcd"
-
-    def reward(self, completion, problem):
-        return 1.0 if self.is_correct(completion, problem) else 0.0
 
 
 @pytest.fixture
