@@ -14,11 +14,22 @@ clipping only acts when the same rollout is used for more than one optimiser ste
 ``minibatches`` > 1) or when π_old differs from the training forward (``old_logp="behaviour"``
 uses the log-probs recorded by ``generate``).
 
-Every forward pass (generation, π_old, π_ref, the loss, evaluation) runs in **eval mode**, so
-dropout is off throughout. The papers' importance ratio π_θ/π_old compares one function of the
-weights at two points; with dropout active in the loss forward only, even an on-policy ratio
-would be a ratio of two random dropout masks (a checkpoint with attention dropout 0.1 gave
-ratios down to 0 and clip fractions of 0.16 on a purely on-policy step).
+Dropout is off throughout: the trainer sets every dropout probability (and MoE router jitter) of
+the policy to 0 at construction (:func:`grpo_lab.training.dropout.disable_dropout`, TRL's
+``disable_dropout``), then keeps it in **train mode**, which then computes the same function as
+eval mode and lets gradient checkpointing (``TrainerConfig.gradient_checkpointing``) engage;
+generation switches to eval mode for the call. The papers' importance ratio π_θ/π_old compares one
+function of the weights at two points; with dropout active in the loss forward only, even an
+on-policy ratio would be a ratio of two random dropout masks (a checkpoint with attention dropout
+0.1 gave ratios down to 0 and clip fractions of 0.16 on a purely on-policy step). The KL reference
+and the critic stay in eval mode.
+
+π_old is scored in the layout of the update: the same micro-batches (rows, order, padding) as the
+training forward that will compare against it, one no-grad forward per distinct layout (with
+``minibatches > 1`` and ``epochs > 1`` each epoch's reshuffle is a new layout). Under bfloat16
+autocast a row's log-probs depend on the rows that share its forward (its padding width): scored
+in other chunks, GSPO's 3e-4 / 4e-4 range clipped about 3% of sequences of a policy whose weights
+had not moved.
 
 Mixture-of-Experts policies (:mod:`grpo_lab.moe`): every step records the experts π_old chose
 for each token (in the π_old forwards above) and logs ``routing_change_frac``, the fraction of
@@ -65,6 +76,7 @@ from .training import checkpoints, collection, history, update, value_model
 from .training.checkpoints import Checkpointing
 from .training.collection import Batch, Collection, Scored
 from .training.config import TrainerConfig
+from .training.dropout import disable_dropout
 from .training.history import History
 from .training.memory import peak_memory_mb, reset_peak_memory
 from .training.precision import PRECISIONS, MixedPrecision, resolve_precision
@@ -104,7 +116,8 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
     :mod:`grpo_lab.sampling`.
 
     Args:
-        policy: the causal LM to train (updated in place; put in eval mode, see the module docstring).
+        policy: the causal LM to train (updated in place; its dropout is set to 0 and it is put in train
+            mode, see the module docstring).
         tokenizer: its tokenizer.
         task: a :class:`grpo_lab.tasks.base.Task`.
         algo: the :class:`grpo_lab.algorithms.Algorithm`.
@@ -126,6 +139,7 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
             names every missing or ill-typed member).
             Or the algorithm has ``ntp_coef > 0`` and the task no ``demonstration`` method.
         ValueError: the algorithm's sampling choices do not fit the config (:func:`grpo_lab.sampling.check`);
+            ``TrainerConfig.gradient_checkpointing=True`` with a policy that does not support it;
             ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
             layers (:func:`grpo_lab.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
             or differ in ``top_k``.
@@ -173,10 +187,19 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         self.amp_skipped_steps = 0
 
     def _init_policy(self, policy) -> None:
-        """The policy on the device in eval mode, its Mixture-of-Experts routers, and the checks of
-        ``routing_replay`` against them (``ValueError``, see the class docstring)."""
+        """The policy on the device, its dropout off and in train mode (gradient checkpointing on when the config
+        asks), its Mixture-of-Experts routers, and the checks of ``routing_replay`` against them (``ValueError``,
+        see the class docstring)."""
         c = self.config
-        self.policy = policy.to(c.device).eval()
+        self.policy = policy.to(c.device)
+        disable_dropout(self.policy)
+        self.policy.train()
+        if c.gradient_checkpointing:
+            if not getattr(self.policy, "supports_gradient_checkpointing", False):
+                raise ValueError(f"Trainer: TrainerConfig.gradient_checkpointing=True but the policy "
+                                 f"({type(self.policy).__name__}) does not support gradient checkpointing "
+                                 "(supports_gradient_checkpointing is not True); set gradient_checkpointing=False")
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.moe_routers = moe_routers(self.policy)
         if c.routing_replay and not self.moe_routers:
             raise ValueError(f"Trainer: TrainerConfig.routing_replay=True but the policy "

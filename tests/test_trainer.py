@@ -126,7 +126,7 @@ def test_evaluate_does_not_advance_torch_rng(tok):
     s = tr.evaluate(greedy=False)
     assert torch.equal(torch.random.get_rng_state(), state)
     assert 0 <= s["accuracy"] <= 1
-    assert not tr.policy.training  # every forward runs in eval mode (dropout off)
+    assert tr.policy.training  # evaluation hands the policy back in train mode (generate switches to eval)
 
 
 def test_on_policy_ratio_exactly_one(tok):
@@ -170,8 +170,9 @@ def test_second_update_is_off_policy(tok, monkeypatch, kw):
 def test_old_policy_forward_skips_the_first_minibatch(tok, monkeypatch, kw):
     # The old-policy forward runs only on rows that are trained after the first optimiser step;
     # the first minibatch's pi_old is sg(pi_theta) of its own training forward. Hand count: 8 rows,
-    # m minibatches -> 8 - 8/m rows of no-grad forward (GRPO's default beta adds the reference
-    # forward over all 8 rows, so beta=0 here).
+    # m minibatches -> 8 - 8/m rows of no-grad forward in the first epoch's layout, plus all 8 rows
+    # again for a second epoch (reshuffled: a new micro-batch layout, scored in its own layout)
+    # (GRPO's default beta adds the reference forward over all 8 rows, so beta=0 here).
     no_grad_rows = []
     orig = trainer_mod.policy_logprobs
 
@@ -184,7 +185,7 @@ def test_old_policy_forward_skips_the_first_minibatch(tok, monkeypatch, kw):
     rec = _Recorder(monkeypatch)
     t = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=0.05, **kw)
     t.train(1)
-    assert sum(no_grad_rows) == 8 - 8 // kw["minibatches"]
+    assert sum(no_grad_rows) == 8 - 8 // kw["minibatches"] + 8 * (kw.get("epochs", 1) - 1)
     first_step = rec.metrics[: 8 // kw["minibatches"] // (kw.get("micro_batch_size") or 8 // kw["minibatches"])]
     assert all(m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0 for m in first_step)
 
@@ -202,7 +203,7 @@ def test_skipped_rows_keep_their_old_logp_for_later_epochs(tok, monkeypatch):
 
     t = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=0.05, epochs=2, minibatches=2)
     batch = t.collect()
-    reference = t._logp_batched(t.policy, batch.rollout)  # pi_old over every row, before any update
+    reference = t._logp_chunks(t.policy, batch.rollout, [torch.arange(8)])  # pi_old over every row, before any update
     t.compute_advantages(batch)
     monkeypatch.setattr(trainer_mod, "policy_loss", wrapped)
     t.update(batch)
@@ -365,13 +366,16 @@ def test_warmup_schedule(tok):
 
 
 # ------------------------------------------------------------------------------------ reliability (issue 8)
-@pytest.mark.parametrize("old_logp", ["recompute", "behaviour"])
-def test_dropout_is_off_in_every_forward(tok, tmp_path, old_logp):
-    # A checkpoint with attention dropout 0.1, GRPO with one minibatch (on-policy). Before the fix
-    # the loss forward ran in train mode while pi_old/pi_ref were scored in eval mode: the first
-    # update saw KL 5.6e-5 instead of 0 here, and with the sampler's log-probs as pi_old ratios
-    # from 0.941 to 1.016 (the issue's larger model: ratio_min 0.0, clip_frac 0.16, KL 1e8). It
-    # must see ratio 1, no clip and KL 0.
+@pytest.mark.parametrize("old_logp,minibatches", [("recompute", 1), ("behaviour", 1), ("recompute", 2)])
+def test_dropout_is_off_in_every_forward(tok, tmp_path, old_logp, minibatches):
+    # A checkpoint with attention dropout 0.1, GRPO. Before issue 8's fix the loss forward ran in
+    # train mode while pi_old/pi_ref were scored in eval mode: the first update saw KL 5.6e-5
+    # instead of 0 here, and with the sampler's log-probs as pi_old ratios from 0.941 to 1.016 (the
+    # issue's larger model: ratio_min 0.0, clip_frac 0.16, KL 1e8). Since issue 31 the policy trains
+    # in train mode (for gradient checkpointing) with its dropout set to 0. It must see ratio 1, no
+    # clip and KL 0: on the on-policy step, and (minibatches=2, lr=1e-30: the weights do not move)
+    # on the second minibatch, whose pi_old comes from the no-grad forward, where live dropout would
+    # show as ratio != 1.
     from grpo_lab.models import load_policy
 
     model = tiny_policy(tok, TINY, seed=0)
@@ -382,15 +386,18 @@ def test_dropout_is_off_in_every_forward(tok, tmp_path, old_logp):
     assert policy.config.attention_dropout == 0.1
     policy.train()  # as a user might hand it over
     cfg = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=0, progress=False,
-                        lr=1e-2, seed=0, old_logp=old_logp)
+                        lr=1e-2 if minibatches == 1 else 1e-30, seed=0, old_logp=old_logp, minibatches=minibatches)
     tr = Trainer(policy, tokenizer, ToyTask(test_size=5), GRPO, cfg)
+    # the dropout is off in the modules and in the config (a checkpoint saved from it reloads without it)
+    assert tr.policy.config.attention_dropout == 0.0
+    assert all(layer.self_attn.attention_dropout == 0.0 for layer in tr.policy.model.layers)
     h = tr.train(1)
     # recompute: exactly 1; behaviour: generate's cached forward vs the full forward, rounding only
     tol = 0.0 if old_logp == "recompute" else 1e-5
     assert abs(h.loc[0, "ratio_min"] - 1.0) <= tol and abs(h.loc[0, "ratio_max"] - 1.0) <= tol
     assert h.loc[0, "clip_frac"] == 0.0
     assert h.loc[0, "kl"] == 0.0  # the first update: pi_theta == pi_ref exactly
-    assert not tr.policy.training and not tr.ref_policy.training
+    assert tr.policy.training and not tr.ref_policy.training
 
 
 @pytest.mark.parametrize("bad", [None, "1.0", [1.0]])

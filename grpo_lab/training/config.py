@@ -107,6 +107,14 @@ class TrainerConfig:
             float16 is not caught by the scaler). ``"auto"``: :func:`resolve_precision`, bfloat16 on a CUDA GPU of
             compute capability 8.0 or more (A100, H100, L4), float16 on older ones (T4, V100),
             float32 on CPU. The policy's parameters must be float32 (``Trainer`` raises otherwise).
+        gradient_checkpointing: recompute each decoder layer's activations in the backward pass
+            instead of keeping them (``transformers``' ``gradient_checkpointing_enable`` with
+            ``use_reentrant=False``): the training forward keeps about one hidden state per layer
+            instead of every intermediate, for about one more forward's compute. The gradient is
+            the same (tested). Needs a policy that supports it (``supports_gradient_checkpointing``;
+            ``Trainer`` raises ``ValueError`` otherwise) and is refused with ``routing_replay``
+            (the recomputed forward runs after the replay context has closed, so it would route as
+            the router chooses, not as π_old did).
     """
 
     prompts_per_step: int = 16
@@ -139,6 +147,7 @@ class TrainerConfig:
     value_init: str = "policy"
     value_warmup_steps: int = 0
     precision: str = "float32"
+    gradient_checkpointing: bool = False
 
     def __post_init__(self):
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds"):
@@ -153,6 +162,12 @@ class TrainerConfig:
         flag("TrainerConfig.sort_by_length", self.sort_by_length)
         flag("TrainerConfig.topup", self.topup)
         flag("TrainerConfig.routing_replay", self.routing_replay)
+        flag("TrainerConfig.gradient_checkpointing", self.gradient_checkpointing)
+        if self.gradient_checkpointing and self.routing_replay:
+            raise ValueError("TrainerConfig.gradient_checkpointing=True cannot be combined with routing_replay=True: "
+                             "the backward pass recomputes each layer's forward after the replay of π_old's experts "
+                             "has ended, so the recomputed forward would route differently from the one that was "
+                             "scored; turn one of them off")
         if self.routing_replay and self.old_logp != "recompute":
             raise ValueError("TrainerConfig.routing_replay=True needs old_logp='recompute': routing replay forces the "
                              "experts π_old chose, which the trainer records when it scores π_old; the sampler's "

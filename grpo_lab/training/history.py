@@ -52,7 +52,6 @@ class History:
                                 temperature=self.config.temperature, max_new_tokens=self.max_new_tokens)
         finally:
             torch.random.set_rng_state(state)
-            self.policy.eval()
 
     def _eval_row(self) -> dict:
         t0 = time.perf_counter()

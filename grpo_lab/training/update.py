@@ -3,11 +3,12 @@
 :meth:`~grpo_lab.trainer.Trainer.update` trains on one rollout for ``epochs`` passes of
 ``minibatches`` optimiser steps, in small steps (methods of the mixin ``Update``):
 
-* ``_plan_update``: the row order of every epoch (one draw from the trainer's numpy RNG) and the
-  no-grad π_old / π_ref log-probs (``_reference_logps``), held by a :class:`RolloutUpdate`;
-* ``_minibatch``: one optimiser step's rows (length-sorted with ``sort_by_length``) and the
-  whole-minibatch quantities every micro-batch's loss shares, a :class:`Minibatch`, computed once
-  before the minibatch is cut into micro-batches;
+* ``_plan_update``: the row order of every epoch (one draw from the trainer's numpy RNG), the
+  micro-batch layout of every epoch (``_layouts``: minibatches, length-sorted with ``sort_by_length``,
+  cut into micro-batches) and the no-grad π_old / π_ref log-probs scored in that layout
+  (``_reference_logps``), held by a :class:`RolloutUpdate`;
+* ``_minibatch``: one optimiser step's micro-batches and the whole-minibatch quantities every
+  micro-batch's loss shares, a :class:`Minibatch`, computed once before the micro-batches run;
 * ``_minibatch_statistics``: when the algorithm's surrogate declares statistics over the whole
   minibatch (:func:`grpo_lab.hparams.declare`, e.g. KL-Cov's covariance top-k), a forward without
   gradient over the minibatch and :func:`grpo_lab.objectives.batch_statistics`, once, before the
@@ -51,10 +52,15 @@ class RolloutUpdate:
         bounds: minibatch ``m`` of an epoch is ``order[bounds[m]:bounds[m + 1]]``.
         micro: rows per micro-batch.
         lengths: ``[B]`` real tokens per row (prompt and completion), what ``sort_by_length`` sorts by.
-        old_logp: ``[B, T]`` float32 π_old log-probs, or ``None`` when the rollout feeds a single
-            optimiser step (π_old = sg(π_θ) of each micro-batch's own forward). With
-            ``old_logp="recompute"`` the rows of the first minibatch are written during its step.
-        ref_logp: ``[B, T]`` float32 π_ref log-probs, or ``None`` when the algorithm has no KL term.
+        layouts: per epoch, per minibatch, the micro-batches as ``[b]`` int64 row indices, in the order
+            and with the companions the training forward will see (:meth:`Update._layouts`).
+        old_by_epoch: per epoch, the ``[B, T]`` float32 π_old log-probs scored in that epoch's layout (epochs
+            with the same layout share one tensor), or ``None`` when the rollout feeds a single optimiser
+            step (π_old = sg(π_θ) of each micro-batch's own forward). With ``old_logp="recompute"`` the rows
+            of the first minibatch are written during its step.
+        old_logp: the entry of ``old_by_epoch`` of the epoch being trained (set by :meth:`Update.update`).
+        ref_logp: ``[B, T]`` float32 π_ref log-probs (scored in the first epoch's layout), or ``None`` when
+            the algorithm has no KL term.
         routing: the rollout's :class:`~grpo_lab.moe.RoutingStore` (Mixture-of-Experts policies whose
             rollout feeds several optimiser steps), or ``None``.
         entropies: ``(entropy sum, token count)`` of each first-epoch micro-batch, filled in as they run.
@@ -66,9 +72,11 @@ class RolloutUpdate:
     bounds: list
     micro: int
     lengths: torch.Tensor
-    old_logp: torch.Tensor | None
+    layouts: list
+    old_by_epoch: list | None
     ref_logp: torch.Tensor | None
     routing: RoutingStore | None
+    old_logp: torch.Tensor | None = None
     entropies: list = field(default_factory=list)
     n_updates: int = 0
 
@@ -84,6 +92,7 @@ class Minibatch:
     Attributes:
         rows: ``[n]`` int64 indices into the batch, in the order micro-batches are cut from them
             (by length with ``sort_by_length`` when there are several micro-batches).
+        micro_batches: ``rows`` cut into the micro-batches the training forwards run on (``[b]`` int64 each).
         counts: the global normalisers, passed to ``policy_loss`` as keywords: ``num_tokens``,
             ``num_sequences``, ``num_correct_tokens`` and ``num_groups`` (floats).
         group_tokens: ``[B]`` float64, per row of the batch the loss-token count of its group within
@@ -97,6 +106,7 @@ class Minibatch:
     counts: dict
     group_tokens: torch.Tensor
     stats: dict = field(default_factory=dict)
+    micro_batches: list = field(default_factory=list)
 
 
 class Update:
@@ -117,9 +127,10 @@ class Update:
         """
         run = self._plan_update(batch)
         step_metrics, grad_norms = [], []
-        for epoch, order in enumerate(run.orders):
-            for m in range(len(run.bounds) - 1):
-                mb = self._minibatch(run, order[run.bounds[m]:run.bounds[m + 1]])
+        for epoch, layout in enumerate(run.layouts):
+            run.old_logp = run.old_by_epoch[epoch] if run.old_by_epoch is not None else None
+            for m, micro_batches in enumerate(layout):
+                mb = self._minibatch(run, micro_batches)
                 if mb is None:  # every row of this minibatch was filtered out: nothing to learn
                     continue
                 metrics, grad_norm = self._minibatch_step(run, mb, first=epoch == 0 and m == 0, epoch=epoch)
@@ -129,8 +140,9 @@ class Update:
 
     def _plan_update(self, batch: Batch) -> RolloutUpdate:
         """The :class:`RolloutUpdate` of ``batch``: minibatch bounds, the row order of every epoch (a
-        permutation seeded by one draw from the trainer's numpy RNG), π_old and π_ref scored without grad
-        (:meth:`_reference_logps`) and an empty routing store for MoE policies (:meth:`_routing_store`)."""
+        permutation seeded by one draw from the trainer's numpy RNG), the micro-batch layout of every epoch
+        (:meth:`_layouts`), π_old and π_ref scored without grad in those layouts (:meth:`_reference_logps`)
+        and an empty routing store for MoE policies (:meth:`_routing_store`)."""
         c, ro = self.config, batch.rollout
         B = len(ro)
         n_mb = min(c.minibatches, B)  # fewer rows than configured only when dynamic sampling fell short
@@ -139,23 +151,39 @@ class Update:
         gen = torch.Generator().manual_seed(int(self.rng.integers(2**62)))
         orders = [torch.randperm(B, generator=gen) if c.minibatches > 1 else torch.arange(B) for _ in range(c.epochs)]
         lengths = ro.token_counts()
+        layouts = self._layouts(orders, bounds, micro, lengths)
         store = self._routing_store(ro, n_mb)
-        old_logp, ref_logp = self._reference_logps(ro, n_mb, skip_rows=orders[0][:bounds[1]], routing=store)
-        return RolloutUpdate(batch, orders, bounds, micro, lengths, old_logp, ref_logp, store)
+        old_by_epoch, ref_logp = self._reference_logps(ro, layouts, routing=store)
+        return RolloutUpdate(batch, orders, bounds, micro, lengths, layouts, old_by_epoch, ref_logp, store)
 
-    def _minibatch(self, run: RolloutUpdate, idx: torch.Tensor) -> Minibatch | None:
-        """The :class:`Minibatch` of the rows ``idx``: sorted by length when they make several micro-batches
-        (``sort_by_length``), with the minibatch's global counts; ``None`` when no row has a loss token."""
-        c, batch = self.config, run.batch
+    def _layouts(self, orders: list, bounds: list, micro: int, lengths: torch.Tensor) -> list:
+        """Per epoch, per minibatch, its micro-batches (``[b]`` int64 row indices): the minibatch's rows
+        ``order[bounds[m]:bounds[m + 1]]``, sorted by ``lengths`` (stable) when they make several
+        micro-batches and ``sort_by_length`` is on, cut every ``micro`` rows. What the training forwards
+        will see, and so what π_old is scored in."""
+        layouts = []
+        for order in orders:
+            epoch = []
+            for m in range(len(bounds) - 1):
+                idx = order[bounds[m]:bounds[m + 1]]
+                if self.config.sort_by_length and micro < len(idx):
+                    idx = idx[torch.argsort(lengths[idx], stable=True)]
+                epoch.append([idx[s:s + micro] for s in range(0, len(idx), micro)])
+            layouts.append(epoch)
+        return layouts
+
+    def _minibatch(self, run: RolloutUpdate, micro_batches: list) -> Minibatch | None:
+        """The :class:`Minibatch` of the rows of ``micro_batches`` (one minibatch of :meth:`_layouts`), with
+        the minibatch's global counts; ``None`` when no row has a loss token."""
+        batch = run.batch
         lm = batch.loss_mask
-        if c.sort_by_length and run.micro < len(idx):
-            idx = idx[torch.argsort(run.lengths[idx], stable=True)]
+        idx = torch.cat(micro_batches)
         counts = dict(num_tokens=float(lm[idx].sum()), num_sequences=float((lm[idx].sum(-1) > 0).sum()),
                       num_correct_tokens=float(lm[idx][batch.correct[idx]].sum()))
         if counts["num_tokens"] == 0:
             return None
         group_tokens = self._group_tokens(lm, idx, counts)
-        return Minibatch(idx, counts, group_tokens)
+        return Minibatch(idx, counts, group_tokens, micro_batches=micro_batches)
 
     def _minibatch_step(self, run: RolloutUpdate, mb: Minibatch, *, first: bool, epoch: int) -> tuple[dict, float]:
         """One optimiser step on ``mb``: zero the gradients, forward and backward of each micro-batch (their
@@ -174,9 +202,9 @@ class Update:
         if hparams.spec(SURROGATES[self.algo.clip]).batch_statistics:
             mb.stats = self._minibatch_statistics(run, mb, on_policy=on_policy, replay=routing == "replay")
         self._zero_grad()
-        parts = [self._micro_step(run, mb, mb.rows[s:s + run.micro], on_policy=on_policy, routing=routing,
+        parts = [self._micro_step(run, mb, sub, on_policy=on_policy, routing=routing,
                                   measure_routing=measure, entropies=run.entropies if epoch == 0 else None)
-                 for s in range(0, len(mb.rows), run.micro)]
+                 for sub in mb.micro_batches]
         metrics = reduce_micro_batches(parts)
         if self.algo.ntp_coef > 0:  # the L_RL + ntp_coef L_NTP ablation (Algorithm.ntp_coef)
             metrics["ntp_loss"] = total(self._ntp_backward(run.batch.rollout, mb.rows))
@@ -186,17 +214,17 @@ class Update:
 
     def _minibatch_statistics(self, run: RolloutUpdate, mb: Minibatch, *, on_policy: bool, replay: bool) -> dict:
         """The surrogate's whole-minibatch statistics (:func:`grpo_lab.objectives.batch_statistics`) over the
-        rows of ``mb``, indexed by batch row: π_θ scored without gradient at the current weights (the same
-        micro-batches as the training forward; with ``replay`` π_old's MoE routing forced), π_old as the
-        micro-batches will see it (``sg(π_θ)`` on an on-policy step), the advantages and the loss mask, with
-        the rows in batch order (so a random draw or a tie in a top-k does not depend on the split either)."""
+        rows of ``mb``, indexed by batch row: π_θ scored without gradient at the current weights (in the
+        micro-batches of the training forward, so the values are those the loss will see; with ``replay``
+        π_old's MoE routing forced), π_old as the micro-batches will see it (``sg(π_θ)`` on an on-policy
+        step), the advantages and the loss mask, with the rows in batch order (so a random draw or a tie in a
+        top-k does not depend on the split either)."""
         batch = run.batch
         rows = torch.sort(mb.rows).values  # batch order, whatever the micro-batch order: the same draw or top-k
         B, T = batch.loss_mask.shape
         logp = torch.zeros(B, T, device=batch.loss_mask.device)
         with torch.no_grad():
-            for s in range(0, len(rows), run.micro):
-                sub = rows[s:s + run.micro]
+            for sub in mb.micro_batches:
                 part = batch.rollout.select(sub)
                 t = part.completion_ids.shape[1]
                 lp, _, _ = self._policy_forward(part, sub, batch.loss_mask[sub, :t], run.routing,
@@ -313,36 +341,45 @@ class Update:
         return RoutingStore(len(self.moe_routers), len(ro), ro.prompt_ids.shape[1], ro.completion_ids.shape[1],
                             ks.pop(), device=ro.completion_ids.device)
 
-    def _reference_logps(self, ro: Rollout, n_mb: int, skip_rows: torch.Tensor | None = None,
-                         routing: RoutingStore | None = None):
-        """π_old and π_ref log-probs of the batch.
+    def _reference_logps(self, ro: Rollout, layouts: list, routing: RoutingStore | None = None):
+        """π_old log-probs per epoch and π_ref log-probs of the batch, scored without grad in the training layout.
 
-        π_old: the sampler's log-probs (``old_logp="behaviour"``); ``None`` when the rollout feeds
-        a single optimiser step (on-policy: ``sg(π_θ)`` per micro-batch); otherwise recomputed by a
-        no-grad forward before the first update, **except** on ``skip_rows``, the rows of the
-        rollout's first minibatch. Those are trained before any weight changes, with the weights,
-        dtype and eval mode of this forward, so their π_old is exactly ``sg(π_θ)`` of their own
-        training forward; :meth:`update` uses that (ratio exactly 1) and writes it into these rows
-        (0 until then) for the later epochs.
-        This skips ``1 / (epochs × minibatches)`` of the rows' old-policy forward (half of them at
-        two minibatches and one epoch, the book's setting). With a ``routing`` store (MoE policies)
-        the π_old forward records the experts of every row it scores into it.
+        π_old: the sampler's log-probs (``old_logp="behaviour"``) for every epoch; ``None`` when the rollout
+        feeds a single optimiser step (on-policy: ``sg(π_θ)`` per micro-batch); otherwise recomputed before
+        the first update in exactly the micro-batches of :meth:`_layouts` (rows, order, padding), once per
+        distinct epoch layout, so that on unchanged weights each row's π_old equals, bit for bit, its
+        π_θ in the training forward that compares against it (under bfloat16 autocast a row's log-probs
+        depend on the rows beside it). **Except** the first epoch's first minibatch: it is trained before any
+        weight changes, so its π_old is ``sg(π_θ)`` of its own training forward; :meth:`update` uses that
+        (ratio exactly 1) and writes it into these rows (0 until then), which later epochs of the same
+        layout read. With a ``routing`` store (MoE policies) the first epoch's π_old forward records the
+        experts of every row it scores into it.
+
+        π_ref: scored in the first epoch's micro-batches (so that the first update's KL is exactly 0); later
+        epochs of another layout read these values.
+
+        Returns:
+            ``(old_by_epoch, ref_logp)``: a list of ``epochs`` float32 ``[B, T]`` tensors (shared between
+            epochs of the same layout) or ``None``, and a float32 ``[B, T]`` tensor or ``None``.
         """
         c = self.config
+        n_updates = sum(len(epoch) for epoch in layouts)
         with torch.no_grad():
             if c.old_logp == "behaviour":
-                old_logp = ro.behaviour_logp
-            elif c.epochs * n_mb > 1:
-                rows = torch.arange(len(ro))
-                if skip_rows is not None:
-                    keep = torch.ones(len(ro), dtype=torch.bool)
-                    keep[skip_rows] = False
-                    rows = rows[keep]
-                old_logp = self._logp_batched(self.policy, ro, rows, routing=routing)
+                old_by_epoch = [ro.behaviour_logp] * len(layouts)
+            elif n_updates > 1:
+                scored, old_by_epoch = {}, []
+                for e, layout in enumerate(layouts):
+                    key = tuple(tuple(sub.tolist()) for mb in layout for sub in mb)
+                    if key not in scored:
+                        chunks = [sub for m, mb in enumerate(layout) for sub in mb if e > 0 or m > 0]
+                        scored[key] = self._logp_chunks(self.policy, ro, chunks, routing=routing if e == 0 else None)
+                    old_by_epoch.append(scored[key])
             else:
-                old_logp = None
-            ref_logp = self._logp_batched(self.ref_policy, ro) if self.uses_kl else None
-        return old_logp, ref_logp
+                old_by_epoch = None
+            ref_chunks = [sub for mb in layouts[0] for sub in mb]
+            ref_logp = self._logp_chunks(self.ref_policy, ro, ref_chunks) if self.uses_kl else None
+        return old_by_epoch, ref_logp
 
     def _group_tokens(self, lm: torch.Tensor, idx: torch.Tensor, counts: dict) -> torch.Tensor:
         """Per row of the batch, the loss-mask token count of its group within the minibatch ``idx``
@@ -357,20 +394,14 @@ class Update:
         return out
 
     @torch.no_grad()
-    def _logp_batched(self, model, ro: Rollout, rows: torch.Tensor | None = None,
-                      routing: RoutingStore | None = None) -> torch.Tensor:
-        """float32 ``[B, T]`` log-probs of ``model`` on ``rows`` (default all) of ``ro``, in
-        micro-batches of ``micro_batch_size``; 0 on the other rows. With a ``routing`` store (a
-        MoE ``model``), the experts of every row scored are recorded into it."""
-        c = self.config
+    def _logp_chunks(self, model, ro: Rollout, chunks: list, routing: RoutingStore | None = None) -> torch.Tensor:
+        """float32 ``[B, T]`` log-probs of ``model`` on the rows of ``ro`` that ``chunks`` (``[b]`` int64 row
+        indices each) name, one no-grad forward per chunk, the chunk's rows side by side in its order; 0 on
+        the other rows. With a ``routing`` store (a MoE ``model``), the experts of every row scored are
+        recorded into it."""
         B, T = len(ro), ro.completion_ids.shape[1]
-        rows = torch.arange(B) if rows is None else rows
-        micro = c.micro_batch_size or B
-        if c.sort_by_length and micro < len(rows):
-            rows = rows[torch.argsort(ro.token_counts()[rows], stable=True)]
         out = torch.zeros(B, T, device=ro.completion_ids.device)
-        for s in range(0, len(rows), micro):
-            idx = rows[s:s + micro]
+        for idx in chunks:
             part = ro.select(idx)
             with (record_routing(model) if routing is not None else contextlib.nullcontext()) as rec, self._autocast():
                 lp = policy_logprobs(model, part)
