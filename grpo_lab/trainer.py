@@ -199,7 +199,11 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
                 raise ValueError(f"Trainer: TrainerConfig.gradient_checkpointing=True but the policy "
                                  f"({type(self.policy).__name__}) does not support gradient checkpointing "
                                  "(supports_gradient_checkpointing is not True); set gradient_checkpointing=False")
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable = getattr(self.policy, "activation_checkpointing_enable", None)  # transformers >= 5.x's name
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.moe_routers = moe_routers(self.policy)
         if c.routing_replay and not self.moe_routers:
             raise ValueError(f"Trainer: TrainerConfig.routing_replay=True but the policy "
