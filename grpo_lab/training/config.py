@@ -32,10 +32,11 @@ class TrainerConfig:
         epochs: μ passes over each rollout.
         minibatches: optimiser steps per pass (each on ``B / minibatches`` rows).
         micro_batch_size: rows per forward/backward inside a minibatch (gradient accumulation
-            with global token counts), and per chunk of the no-grad π_old / π_ref forwards;
-            ``None`` = the whole minibatch (the whole rollout for the no-grad forwards).
-        sort_by_length: cut micro-batches from the rows of a minibatch (and chunks of the no-grad
-            forwards) in order of length when there are several, so that each is trimmed to its own
+            with global token counts); the no-grad π_old / π_ref forwards run on exactly the same
+            micro-batches (rows, order, padding), so that a row's π_old and its π_θ in training
+            come from forwards of the same shape; ``None`` = the whole minibatch.
+        sort_by_length: cut micro-batches from the rows of a minibatch in order of length when
+            there are several, so that each is trimmed to its own
             longest row: the same gradient (a sum over micro-batches with global normalisers, up to
             float rounding), less padding. With 16 × 8 rows of the arithmetic task, 46% of a
             minibatch's prompt + completion positions are real tokens; two length-sorted
