@@ -206,3 +206,70 @@ def test_a_moved_lora_checkpoint_resumes(tmp_path):
     shutil.copytree(tmp_path / "ck", tmp_path / "moved")
     shutil.rmtree(tmp_path / "ck")
     assert Trainer.resume(tmp_path / "moved").step == 1
+
+
+# ------------------------------------------------------------------------------------ profiles, run, CLI
+def test_profile_lora_keys_the_config_hash_and_provenance():
+    import dataclasses
+    import hashlib
+
+    from grpo_lab.experiments import PROFILES, Profile, gpu_profile
+    from grpo_lab.experiments.results import config_hash
+    from grpo_lab.experiments.run_cache import _run_key
+
+    cpu = PROFILES["cpu"]
+    assert cpu.lora is None and gpu_profile(environ={}).lora is None
+    with_lora = dataclasses.replace(cpu, lora=dict(r=8, alpha=16, target_modules=["q_proj", "v_proj"]))
+    assert with_lora.lora == SPEC
+    assert config_hash(GRPO, with_lora, 3) != config_hash(GRPO, cpu, 3)
+    assert _run_key("fp", GRPO, with_lora, 3, 0) != _run_key("fp", GRPO, cpu, 3, 0)
+    # without LoRA the hash is what it was before the field existed (results files keep their hashes)
+    payload = {"algo": dataclasses.asdict(GRPO), "profile": cpu.name, "base": cpu.base, "task": cpu.task,
+               "task_kwargs": dict(cpu.task_kwargs), "config": cpu.config.to_dict(), "steps": 3}
+    old = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    assert config_hash(GRPO, cpu, 3) == old
+    assert gpu_profile(environ={}, lora=SPEC).lora == SPEC
+    with pytest.raises(ValueError, match="alpha"):
+        Profile(name="x", base="arithmetic-base", task="arithmetic", steps=1, config=cpu.config,
+                lora=dict(r=8, alpha=-1, target_modules=["q_proj"]))
+
+
+def test_run_with_lora_trains_adapters_and_records_them():
+    from grpo_lab.experiments import Profile, run
+
+    prof = Profile(name="t", base="arithmetic-base", task="arithmetic", steps=1,
+                   config=TrainerConfig(prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, lr=1e-2),
+                   task_kwargs={"test_size": 5})
+    res = run("GRPO", profile=prof, seeds=[0], cache=False, progress=False, lora=dict(r=4, alpha=8,
+                                                                                       target_modules=["q_proj"]))
+    assert res.provenance["lora"] == {"r": 4, "alpha": 8, "target_modules": ["q_proj"], "dropout": 0.0}
+    assert res.provenance["peft"] and res.history["step"].tolist() == [1]
+    assert "lora" not in run("GRPO", profile=prof, seeds=[0], steps=0, cache=False, progress=False).provenance
+
+
+def test_cli_lora_options_reach_run(monkeypatch, tmp_path, capsys):
+    from grpo_lab import cli, experiments
+    from grpo_lab.experiments import RunResult
+
+    calls = []
+
+    def fake(algo, **kwargs):
+        calls.append(kwargs)
+        return RunResult(pd.DataFrame([{"algo": algo.name, "seed": 0, "step": 1}]),
+                         {"steps": 1, "seeds": [0], "wall_seconds": 0.1, "cached_seeds": []})
+
+    monkeypatch.setattr(experiments, "run", fake)
+    out = tmp_path / "r.json"
+    assert cli.main(["GRPO", "--lora-r", "8", "--lora-alpha", "16", "--lora-targets", "q_proj", "v_proj",
+                     "--out", str(out)]) == 0
+    assert calls[-1]["lora"] == SPEC
+    assert cli.main(["GRPO", "--lora-r", "4", "--out", str(out), "--overwrite"]) == 0
+    assert calls[-1]["lora"] == LoraSpec(4, 8, ("q_proj", "v_proj"))  # alpha 2r, the query and value projections
+    assert cli.main(["GRPO", "--out", str(out), "--overwrite"]) == 0 and calls[-1]["lora"] is None
+    for args, message in ((["--lora-alpha", "4"], "--lora-alpha without --lora-r"),
+                          (["--lora-r", "0"], "r (the rank) must be an int >= 1"),
+                          (["--lora-r", "4", "--lora-dropout", "1.5"], "dropout must be in")):
+        capsys.readouterr()
+        assert cli.main(["GRPO", *args, "--out", str(out), "--overwrite"]) == 2
+        assert message in capsys.readouterr().err
+    assert len(calls) == 3
