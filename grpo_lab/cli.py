@@ -6,6 +6,7 @@ Train one algorithm preset for several seeds and write a results file with its p
     python -m grpo_lab DAPO --seeds 0 1 2 --jobs 2 --set eps_high=0.3 --out runs/dapo.json
     python -m grpo_lab GSPO --model arithmetic-moe-base --set routing_replay=true --set minibatches=2
     python -m grpo_lab GRPO --import my_task.py --task mytask   # a task of your own (register_task)
+    python -m grpo_lab GRPO --lora-r 8 --lora-alpha 16 --lora-targets q_proj v_proj --set lr=1e-3   # LoRA (peft)
     python -m grpo_lab list                                     # presets, tasks, profiles, models, --set keys
 
 ``train`` may be written before the preset (``python -m grpo_lab train GRPO``); it is the default.
@@ -14,7 +15,9 @@ Everything is a thin layer over :func:`grpo_lab.experiments.run` and
 and ``--task`` replace its base checkpoint and task (``run(base=..., task=...)``), and each
 ``--set KEY=VALUE`` overrides one field of :class:`~grpo_lab.trainer.TrainerConfig` (passed to ``run``
 as ``**config_overrides``) or of the preset's :class:`~grpo_lab.algorithms.Algorithm`
-(``preset.replace(...)``), the value parsed with the field's type.
+(``preset.replace(...)``), the value parsed with the field's type. ``--lora-r R`` (with
+``--lora-alpha``, ``--lora-targets``, ``--lora-dropout``) trains LoRA adapters instead of the whole model
+(``run(lora=...)``, :class:`grpo_lab.lora.LoraSpec`; needs peft); the KL reference is then the base model.
 
 ``--import MODULE`` (repeatable) imports a module of the user's before the choices are built: a
 module name importable from the current directory or ``PYTHONPATH`` (``my_tasks``,
@@ -65,7 +68,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "hyperparameter_keys", "default_out",
-           "resolve_model", "load_user_module", "unknown_characters", "UsageError"]
+           "resolve_model", "load_user_module", "unknown_characters", "UsageError", "lora_option", "LORA_TARGETS"]
 
 #: ``--set`` keys that exist as fields but are set by an option of their own
 _RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}
@@ -267,6 +270,35 @@ def resolve_model(model: str) -> str:
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise UsageError(f"--model {model}: no such checkpoint{hint}; give a shipped one ({', '.join(shipped) or 'none'}), "
                      "a checkpoint directory, or a hub id org/name")
+
+
+#: ``--lora-targets``' default: the attention's query and value projections (the LoRA paper's choice, §7.1).
+LORA_TARGETS = ("q_proj", "v_proj")
+
+
+def lora_option(r: int | None, alpha: float | None, targets: Sequence[str] | None, dropout: float | None):
+    """The :class:`grpo_lab.lora.LoraSpec` of ``--lora-r R [--lora-alpha A] [--lora-targets M ...]
+    [--lora-dropout P]`` (alpha default ``2 R``, targets :data:`LORA_TARGETS`, dropout 0); ``None``
+    without ``--lora-r``.
+
+    Raises:
+        UsageError: another ``--lora-*`` option without ``--lora-r``, a bad value (named), or peft is
+            not installed.
+    """
+    from .lora import LoraSpec, require_peft
+
+    if r is None:
+        given = [f"--lora-{k}" for k, v in (("alpha", alpha), ("targets", targets), ("dropout", dropout)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} without --lora-r: give the adapters' rank, e.g. --lora-r 8")
+        return None
+    try:
+        spec = LoraSpec(r=r, alpha=2 * r if alpha is None else alpha, target_modules=tuple(targets or LORA_TARGETS),
+                        dropout=0.0 if dropout is None else dropout)
+        require_peft("--lora-r")
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"--lora-*: {exc}") from None
+    return spec
 
 
 def default_out(preset: str, profile: str, now: time.struct_time | None = None) -> Path:
@@ -515,6 +547,13 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", metavar="NAME|DIR|ORG/NAME",
                     help="base checkpoint: a shipped name, a local directory or a hub id (default: the profile's)")
     ap.add_argument("--steps", type=int, help="RL steps per seed (default: the profile's)")
+    ap.add_argument("--lora-r", type=int, metavar="R",
+                    help="train LoRA adapters of rank R instead of the whole model (needs peft: pip install "
+                         "'grpo_lab[lora]'); the KL reference is then the base model itself")
+    ap.add_argument("--lora-alpha", type=float, metavar="ALPHA", help="LoRA's scale numerator (default: 2 x R)")
+    ap.add_argument("--lora-targets", nargs="+", metavar="MODULE",
+                    help=f"modules that get adapters (default: {' '.join(LORA_TARGETS)})")
+    ap.add_argument("--lora-dropout", type=float, metavar="P", help="dropout on the adapters' input (default: 0)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="SEED",
                     help="one run per seed")
     ap.add_argument("--jobs", type=int, default=1, metavar="N",
@@ -643,6 +682,7 @@ def _train(argv: list[str], prog: str) -> int:
     if args.steps is not None and args.steps < 0:
         raise UsageError(f"--steps must be >= 0, got {args.steps}")
     model = resolve_model(args.model) if args.model is not None else None
+    lora = lora_option(args.lora_r, args.lora_alpha, args.lora_targets, args.lora_dropout)
     out = Path(args.out).expanduser() if args.out else default_out(preset, args.profile)
     _check_out(out, overwrite=args.overwrite)
     if model is not None:
@@ -656,7 +696,7 @@ def _train(argv: list[str], prog: str) -> int:
     # inherit the environment); put back afterwards for callers that run main() in-process.
     with _loading_bars(args.progress is True):
         res = experiments.run(algo, profile=args.profile, seeds=args.seeds, steps=args.steps, progress=args.progress,
-                              n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, **cfg_over)
+                              n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, lora=lora, **cfg_over)
     experiments.save_results(res, out)
     print(_summary(res, algo.name, args.profile, out))
     return 0

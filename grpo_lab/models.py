@@ -34,6 +34,8 @@ __all__ = [
     "FP32LMHead",
     "use_fp32_lm_head",
     "inference_copy",
+    "is_peft_model",
+    "plain_copy",
     "CriticModel",
     "SCRATCH_VALUE_CONFIG",
     "VALUE_INITS",
@@ -360,6 +362,9 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
 
     Returns:
         ``(model, tokenizer)``: a ``transformers`` causal LM in eval mode and its tokenizer.
+        ``model.grpo_lab_source`` records where it came from (the shipped checkpoint's name, the
+        directory or hub id, the revision and dtype), so that a LoRA checkpoint can name its base
+        (:mod:`grpo_lab.lora`).
 
     Raises:
         FileNotFoundError: a local path that does not exist, has no ``config.json`` or has no
@@ -415,7 +420,42 @@ def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device
     model.to(device or "cpu")
     _eager_experts_below_float32(model)
     model.eval()
+    model.grpo_lab_source = _source_record(path_or_hub_id, p, source, revision, model)
     return model, tokenizer
+
+
+def _source_record(given, path: Path, source: str, revision: str | None, model) -> dict:
+    """Where :func:`load_policy` found ``model``, kept on it as ``model.grpo_lab_source`` so that a LoRA
+    checkpoint can name its base (:mod:`grpo_lab.lora`): ``checkpoint`` the shipped checkpoint's name
+    (``"arithmetic-base"``, also when given as its directory, else ``None``), ``path_or_hub_id`` the
+    directory (absolute) or hub id, ``revision`` and ``dtype`` (e.g. ``"float32"``). Raises nothing."""
+    name = None
+    if path.exists() and _CHECKPOINT_NAME.match(path.name) and checkpoint_dir(path.name).is_dir():
+        try:
+            name = path.name if checkpoint_dir(path.name).resolve() == path.resolve() else None
+        except OSError:
+            name = None
+    local = path.exists()
+    return {"checkpoint": name, "path_or_hub_id": str(path.resolve()) if local else str(given),
+            "revision": None if local else revision, "dtype": str(model.dtype).removeprefix("torch.")}
+
+
+def is_peft_model(model) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel`` (a LoRA policy, :mod:`grpo_lab.lora`). Never imports
+    ``peft``: a model can only be one if ``peft`` was imported already. Raises nothing."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, getattr(peft, "PeftModel", ()))
+
+
+def plain_copy(model):
+    """A deep copy of ``model`` as a plain ``transformers`` model: for a ``peft.PeftModel``, the copy's
+    adapters merged into its weights (``merge_and_unload``: the same function, one set of weights, no
+    ``peft`` layer left); any other model is copied as it is. ``model`` is unchanged. Raises nothing
+    of its own."""
+    import copy
+
+    out = copy.deepcopy(model)
+    return out.merge_and_unload() if is_peft_model(out) else out
 
 
 def _eager_experts_below_float32(model) -> None:
@@ -499,8 +539,12 @@ def inference_copy(model, dtype: torch.dtype | str = torch.bfloat16, *, fp32_lm_
     ``model``'s own (unrounded) head weights (:func:`use_fp32_lm_head`), the paper's fix. The
     copy is in eval mode with ``requires_grad=False``; ``model`` is unchanged.
 
+    A LoRA policy (a ``peft.PeftModel``, :mod:`grpo_lab.lora`) is copied with its adapters merged into
+    the weights (:func:`plain_copy`) before the cast: the copy is a plain ``transformers`` model
+    computing the same function, rounded once to ``dtype``, as an engine that serves merged weights.
+
     Args:
-        model: a ``transformers`` causal LM.
+        model: a ``transformers`` causal LM, or a ``peft.PeftModel`` of one.
         dtype: ``torch.bfloat16`` (default), ``torch.float16``, ``torch.float32`` or their names.
         fp32_lm_head: compute the output head in float32.
 
@@ -513,10 +557,11 @@ def inference_copy(model, dtype: torch.dtype | str = torch.bfloat16, *, fp32_lm_
     dt = names.get(dtype, dtype) if isinstance(dtype, str) else dtype
     if dt not in names.values():
         raise ValueError(f"inference_copy: dtype must be one of {sorted(names)}, got {dtype!r}")
-    out = copy.deepcopy(model).to(dt).eval()
+    source = plain_copy(model) if is_peft_model(model) else model  # LoRA: merged, as an engine serves it
+    out = (copy.deepcopy(source) if source is model or fp32_lm_head else source).to(dt).eval()
     _eager_experts_below_float32(out)
     if fp32_lm_head:
-        use_fp32_lm_head(out, source=model)
+        use_fp32_lm_head(out, source=source)
     for p in out.parameters():
         p.requires_grad_(False)
     return out
@@ -569,12 +614,15 @@ class CriticModel(torch.nn.Module):
     @classmethod
     def from_policy(cls, policy) -> "CriticModel":
         """A critic on a deep copy of ``policy``'s backbone (``policy.base_model``), float32, with a
-        zero head. The policy itself is not touched."""
+        zero head. The policy itself is not touched. A LoRA policy (``peft.PeftModel``) gives a full
+        critic: the backbone of a copy with the adapters merged (:func:`plain_copy`), every weight
+        trainable (the critic is not a LoRA model; it holds its own full set of weights)."""
         import copy
 
-        backbone = copy.deepcopy(policy.base_model).float()
+        source = plain_copy(policy) if is_peft_model(policy) else policy
+        backbone = (source.base_model if source is not policy else copy.deepcopy(policy.base_model)).float()
         backbone.requires_grad_(True)
-        return cls(backbone, policy.config.hidden_size)
+        return cls(backbone, source.config.hidden_size)
 
     @classmethod
     def scratch(cls, tokenizer, config: TinyConfig | None = None, *, seed: int = 0) -> "CriticModel":

@@ -36,6 +36,10 @@ for each token (in the π_old forwards above) and logs ``routing_change_frac``, 
 routing decisions that one optimiser step changed; ``TrainerConfig.routing_replay`` replays
 π_old's experts whenever π_θ is scored on the same rollout (GSPO, arXiv 2507.18071, §5.3).
 
+LoRA policies (``peft.PeftModel``, :mod:`grpo_lab.lora`): the KL reference is the policy with its
+adapters disabled (the base model, no copy of its weights, as in TRL), and checkpoints hold the
+adapters and the name of the base.
+
 Where the code departs from the papers: the KL reference is a frozen copy of the initial policy
 (DeepSeekMath §4.2 also resets it periodically in iterative GRPO; we do not), and learning-rate
 warm-up is linear (``TrainerConfig.warmup``).
@@ -69,7 +73,8 @@ import torch
 from . import sampling
 from .advantages import GROUP_BASELINE_ESTIMATORS, VALUE_BASELINE_ESTIMATORS, AdvantageBatch
 from .algorithms import Algorithm, get_algorithm
-from .models import CriticModel
+from .lora import AdapterDisabled
+from .models import CriticModel, is_peft_model
 from .moe import moe_routers
 from .tasks import validate_task
 from .training import checkpoints, collection, history, update, value_model
@@ -123,7 +128,9 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         algo: the :class:`grpo_lab.algorithms.Algorithm`.
         config: a :class:`TrainerConfig`.
         ref_policy: the KL reference; default a frozen copy of ``policy`` at construction
-            (only created when ``algo`` has a KL term).
+            (only created when ``algo`` has a KL term). For a LoRA policy (a ``peft.PeftModel``,
+            :mod:`grpo_lab.lora`) the default is the policy with its adapters disabled, i.e. the
+            frozen base model, without a second copy of its weights.
         value_model: optional critic (see :class:`ValueModel`): its values are computed at collect
             time and handed to the advantage estimator, its loss is minimised in the update by its
             own AdamW (``TrainerConfig.value_lr``), and it is saved and resumed with the trainer.
@@ -219,12 +226,15 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
                              "number of experts (top_k)")
 
     def _init_reference(self, policy, ref_policy) -> None:
-        """The frozen KL reference (``ref_policy``, default a copy of ``policy``) when the algorithm has a
-        KL term; ``None`` otherwise."""
+        """The frozen KL reference when the algorithm has a KL term, ``None`` otherwise: ``ref_policy``, or
+        by default a copy of ``policy``; for a LoRA policy (a ``peft.PeftModel``) the policy itself with
+        its adapters disabled (:class:`grpo_lab.lora.AdapterDisabled`: the base model, no copy)."""
         c = self.config
         self.uses_kl = self.algo.uses_kl
         self.ref_policy = None
-        if self.uses_kl:
+        if self.uses_kl and ref_policy is None and is_peft_model(self.policy):
+            self.ref_policy = AdapterDisabled(self.policy)
+        elif self.uses_kl:
             self.ref_policy = (ref_policy if ref_policy is not None else copy.deepcopy(policy)).to(c.device).eval()
             self.ref_policy.requires_grad_(False)
 
@@ -378,14 +388,17 @@ def _checked_algorithm(algo) -> Algorithm:
 
 
 def _check_float32(policy) -> None:
-    """``ValueError`` unless every parameter of ``policy`` is float32 (the trainer's mixed-precision recipe)."""
+    """``ValueError`` unless every parameter of ``policy`` is float32 (the trainer's mixed-precision recipe);
+    for a LoRA policy both the frozen base weights and the adapters."""
     not_fp32 = sorted({str(p.dtype) for p in policy.parameters() if p.dtype != torch.float32})
     if not_fp32:
+        lora = (" A LoRA policy's adapters take the base model's dtype when peft creates them: load the base "
+                "in float32 before adding them.") if is_peft_model(policy) else ""
         raise ValueError(f"Trainer: the policy has {', '.join(not_fp32)} parameters; the trainer keeps float32 "
                          "weights, gradients and optimiser state and runs the forward passes in "
                          "TrainerConfig.precision (autocast). Load it in float32 (load_policy(..., "
                          "dtype=torch.float32); hub checkpoints such as Qwen2.5's are stored in bfloat16) and set "
-                         "precision='bfloat16' or 'auto'")
+                         "precision='bfloat16' or 'auto'." + lora)
 
 
 def _under_ci() -> bool:

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from ..lora import LoraSpec
 from ..trainer import TrainerConfig
 from ..validation import is_int
 
@@ -39,12 +40,16 @@ class Profile:
         task_kwargs: the task's keyword arguments, as a dict (``{"max_len": 4}``) or as
             ``(key, value)`` pairs (``(("max_len", 4),)``); stored as a tuple of pairs sorted by
             key, so that equal arguments give equal (and equally hashed) profiles.
+        lora: LoRA adapters to train instead of the whole model (:class:`grpo_lab.lora.LoraSpec`, or a
+            dict such as ``dict(r=8, alpha=16, target_modules=("q_proj", "v_proj"))``, stored as a
+            ``LoraSpec``); ``None`` (default): full fine-tuning. Each run puts them on the base with
+            its seed (:meth:`~grpo_lab.lora.LoraSpec.apply`); part of the run's configuration hash.
 
     Raises:
         TypeError: ``task`` is not a ``str`` (e.g. a task instance: the message says how to name
             it instead), or ``task_kwargs`` is neither a mapping nor ``(key, value)`` pairs with
-            ``str`` keys.
-        ValueError: ``task`` is empty, or a key repeats in ``task_kwargs``.
+            ``str`` keys, or ``lora`` is neither ``None``, a ``LoraSpec`` nor a dict.
+        ValueError: ``task`` is empty, a key repeats in ``task_kwargs``, or ``lora`` has a bad value.
     """
 
     name: str
@@ -53,6 +58,7 @@ class Profile:
     steps: int
     config: TrainerConfig
     task_kwargs: tuple = ()
+    lora: LoraSpec | None = None
 
     def __post_init__(self):
         if not isinstance(self.task, str):
@@ -61,6 +67,7 @@ class Profile:
         if not self.task.strip():
             raise ValueError("Profile: task must be the name of a registered task, got an empty string")
         object.__setattr__(self, "task_kwargs", _task_kwargs(self.task_kwargs))
+        object.__setattr__(self, "lora", LoraSpec.from_value(self.lora))
 
 
 def _task_fix(task: Any) -> str:
@@ -142,7 +149,7 @@ GPU_TEST_SIZE = 500
 
 def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.PathLike | None = None,
                 test_size: int | None = GPU_TEST_SIZE, steps: int = 60, environ: Mapping[str, str] | None = None,
-                **config: Any) -> Profile:
+                lora: LoraSpec | Mapping[str, Any] | None = None, **config: Any) -> Profile:
     """The ``"gpu"`` profile: a hub instruct model trained on GSM8K on one CUDA GPU.
 
     The model is :data:`GPU_MODEL` (``$GRPO_LAB_GPU_MODEL`` if set), loaded in float32 and trained
@@ -169,6 +176,10 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
             (default ``os.environ``; ``{}`` ignores them, as the import-time ``PROFILES["gpu"]`` does,
             so that a bad variable breaks only what builds the GPU profile: ``--profile gpu``, and the
             chapters' GPU cells, which build it on every profile to show the plan and its expected time).
+        lora: train LoRA adapters instead of the whole model (:attr:`Profile.lora`), e.g.
+            ``dict(r=16, alpha=32, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))``; ``None``
+            (default): full fine-tuning. LoRA usually wants a larger learning rate than the default
+            1e-6 (pass ``lr=...`` too). The KL reference is then the base itself (no reference copy).
         **config: :class:`~grpo_lab.trainer.TrainerConfig` fields that replace the defaults above
             (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
             default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
@@ -181,8 +192,8 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
         A :class:`Profile` named ``"gpu"``.
 
     Raises:
-        ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, or a
-            ``$GRPO_LAB_GPU_CONFIG`` that is not a JSON object of known fields.
+        ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, a
+            ``$GRPO_LAB_GPU_CONFIG`` that is not a JSON object of known fields, or a bad ``lora``.
     """
     env_ = os.environ if environ is None else environ
     model = str(model if model is not None else env_.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)
@@ -209,7 +220,7 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
                    "test_size": test_size if source == "hub" else None}
     given = {k: env_[k] for k in ("GRPO_LAB_GPU_DEVICE", "GRPO_LAB_GPU_CONFIG") if env_.get(k)}
     return Profile(name="gpu", base=model, task="gsm8k", steps=steps, config=_gpu_config(settings, given),
-                   task_kwargs=task_kwargs)
+                   task_kwargs=task_kwargs, lora=lora)
 
 
 def _gpu_config(settings: dict, given: Mapping[str, str]) -> TrainerConfig:

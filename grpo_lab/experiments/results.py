@@ -64,9 +64,13 @@ def _git_sha() -> str | None:
 
 
 def config_hash(algo: Algorithm, profile: Profile, steps: int) -> str:
-    """sha256 (first 12 hex) of the algorithm, profile and step count — identifies a results file."""
+    """sha256 (first 12 hex) of the algorithm, profile and step count — identifies a results file.
+    The profile's LoRA adapters (:attr:`Profile.lora`) count when set (a run without them hashes as
+    before they existed)."""
     payload = {"algo": asdict(algo), "profile": profile.name, "base": profile.base, "task": profile.task,
                "task_kwargs": dict(profile.task_kwargs), "config": profile.config.to_dict(), "steps": steps}
+    if getattr(profile, "lora", None) is not None:
+        payload["lora"] = profile.lora.to_dict()
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -86,7 +90,18 @@ def provenance(algo: Algorithm, profile: Profile, steps: int, seeds: Sequence[in
         "config": profile.config.to_dict(), "steps": steps, "seeds": list(seeds),
         "config_hash": config_hash(algo, profile, steps), "wall_seconds": round(wall_seconds, 1),
         "date": time.strftime("%Y-%m-%d"),
+        **({"lora": profile.lora.to_dict(), "peft": _version("peft")} if getattr(profile, "lora", None) else {}),
     }
+
+
+def _version(package: str) -> str | None:
+    """The installed version of ``package``, ``None`` when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def processor_name() -> str:

@@ -66,7 +66,7 @@ def run_fingerprint(prof: Profile) -> str:
 
     Covers every file of the ``grpo_lab`` package, the base checkpoint's files, ``data/tasks/*``,
     the files of a saved critic named by ``TrainerConfig.value_init``,
-    the versions of python, torch, transformers, tokenizers and numpy, the processor model and
+    the versions of python, torch, transformers, tokenizers and numpy (and peft for a LoRA profile), the processor model and
     torch's CPU capability, the thread count the run will use (``TrainerConfig.threads``, else
     torch's current setting) and the environment variables that change CPU kernels or thread
     counts (``MKL_CBWR``, ``MKL_ENABLE_INSTRUCTIONS``, ``ATEN_CPU_CAPABILITY``, ``OMP_NUM_THREADS``,
@@ -101,8 +101,13 @@ def run_fingerprint(prof: Profile) -> str:
         machine += [torch.cuda.get_device_name(0), torch.version.cuda, torch.backends.cudnn.version(),
                     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
                     torch.get_float32_matmul_precision()]
-    h.update(json.dumps([platform.python_version(), torch.__version__, transformers.__version__,
-                         tokenizers.__version__, numpy.__version__, machine, env], default=str).encode())
+    versions = [platform.python_version(), torch.__version__, transformers.__version__, tokenizers.__version__,
+                numpy.__version__]
+    if prof.lora is not None:  # LoRA runs also depend on peft (how it initialises and applies the adapters)
+        from .results import _version
+
+        versions.append(("peft", _version("peft")))
+    h.update(json.dumps([*versions, machine, env], default=str).encode())
     return h.hexdigest()[:16]
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from ..algorithms import Algorithm, get_algorithm
+from ..lora import require_peft
 from ..models import load_policy
 from ..paths import checkpoint_dir
 from ..tasks import get_task
@@ -105,6 +106,8 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
         policy, tokenizer = load_policy(base, device=prof.config.device, dtype=torch.float32)
     except OSError as exc:  # a hub id offline and not cached, a gated or misspelled repository
         raise _unloadable(prof, exc) from exc
+    if prof.lora is not None:  # the adapters, initialised with the run's seed (the base is the same for every seed)
+        policy = prof.lora.apply(policy, seed=int(seed))
     from ..tasks import TASKS
 
     if prof.task not in TASKS:
@@ -146,10 +149,10 @@ def _base_eval_key(base, prof: Profile, cfg: TrainerConfig) -> str | None:
     that a rebuilt checkpoint is evaluated again), the task and its arguments, and the trainer
     configuration without its seed and progress flag (the generation budget, the device and the
     dtypes are in it). Not shared: no evaluation (``eval_every=0``), sampled evaluation
-    (``eval_sampled``: it depends on the seed's random numbers), or a base that is not a local
-    directory (a hub id).
+    (``eval_sampled``: it depends on the seed's random numbers), a base that is not a local
+    directory (a hub id), or a LoRA profile (its adapters are drawn with each run's seed).
     """
-    if not cfg.eval_every or cfg.eval_sampled or not Path(base).is_dir():
+    if not cfg.eval_every or cfg.eval_sampled or not Path(base).is_dir() or prof.lora is not None:
         return None
     root = Path(base).resolve()
     stamp = [(str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
@@ -226,7 +229,7 @@ def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: 
 
 def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
         steps: int | None = None, progress: bool | None = None, n_jobs: int = 1, cache: bool = True,
-        base: str | os.PathLike | None = None, task: str | None = None, **config_overrides) -> RunResult:
+        base: str | os.PathLike | None = None, task: str | None = None, lora=None, **config_overrides) -> RunResult:
     """Train ``algo`` from the profile's base checkpoint once per seed.
 
     Every seed starts from the same base weights; the seed fixes prompt sampling, generation
@@ -247,6 +250,10 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         task: a key of :data:`grpo_lab.tasks.TASKS` (a name, not a task object) instead of the
             profile's ``task``; the profile's ``task_kwargs`` are kept only when it names the
             profile's own task.
+        lora: train LoRA adapters (:class:`grpo_lab.lora.LoraSpec` or a dict such as ``dict(r=8,
+            alpha=16, target_modules=("q_proj", "v_proj"))``) instead of the profile's
+            :attr:`~grpo_lab.experiments.Profile.lora`; ``None`` keeps the profile's. Needs peft.
+            Recorded in the provenance and the run cache's key.
         **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
             (e.g. ``minibatches=4``).
 
@@ -257,6 +264,8 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         ValueError: no seeds, unknown profile/algorithm/task, an empty ``base``, an invalid
             override, ``n_jobs < 1``, a CUDA device without CUDA.
         TypeError: ``task`` is not a ``str`` (a task object: the message says how to name it).
+            Or ``lora`` is neither a ``LoraSpec`` nor a dict (a bad value in it: ``ValueError``).
+        ImportError: ``lora`` is set and peft is not installed.
     """
     algo = get_algorithm(algo) if isinstance(algo, str) else algo
     seeds = _check_seeds(seeds)
@@ -265,6 +274,10 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         if not isinstance(base, (str, os.PathLike)) or not str(base).strip():
             raise ValueError(f"run: base must be a checkpoint name, a directory or a hub id, got {base!r}")
         prof = replace(prof, base=str(base))
+    if lora is not None:
+        prof = replace(prof, lora=lora)
+    if prof.lora is not None:
+        require_peft(f"run(lora=...) (profile {prof.name!r}: LoRA adapters {prof.lora.to_dict()})")
     if task is not None:
         from ..tasks import TASKS
 

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ..algorithms import Algorithm
-from ..models import CriticModel, _progress_bars
+from ..lora import BASE_FILE, AdapterDisabled, BaseModelNotFound, adapter_checkpoint_missing, base_record
+from ..models import CriticModel, _progress_bars, is_peft_model
 from ..tasks import validate_task
 from ..validation import is_int
 from .config import TrainerConfig
@@ -38,6 +39,13 @@ class Checkpointing:
         (safetensors, when a KL reference exists), ``value.safetensors`` and
         ``value_optimizer.pt`` (with a value model), ``optimizer.pt``, ``rng.pt``, ``state.json``
         (step, config, algorithm, task, numpy and python RNG states) and ``history.json``.
+
+        A LoRA policy (a ``peft.PeftModel``, :mod:`grpo_lab.lora`) is saved as its adapters
+        (``policy/adapter_config.json``, ``policy/adapter_model.safetensors``, as peft writes them, and
+        the tokenizer) plus ``policy/grpo_lab_base.json``, which names the base model
+        (:func:`grpo_lab.lora.base_record`: its shipped checkpoint name, directory or hub id, dtype and
+        parameter count); :meth:`resume` loads that base again. Its default KL reference (the base,
+        adapters disabled) writes no ``ref/``.
 
         Everything that can be checked is checked before anything is written: the task (still a
         task, :func:`grpo_lab.tasks.validate_task`), ``state.json`` and ``history.json`` are
@@ -62,7 +70,8 @@ class Checkpointing:
 
         Raises:
             TypeError: the trainer's task no longer implements the task protocol.
-            ValueError: the history holds a value that cannot be written as JSON.
+            ValueError: the history holds a value that cannot be written as JSON; a LoRA policy whose base
+                was built in memory (no checkpoint to load it from) or trains base parameters.
             FileExistsError: ``path`` is a file, or a non-empty directory that is not a trainer
                 checkpoint (no ``state.json``): it is never replaced.
             OSError: writing failed (nothing is left behind, see above).
@@ -76,6 +85,7 @@ class Checkpointing:
             raise FileExistsError(f"Trainer.save: {final} is a non-empty directory that is not a trainer checkpoint "
                                   "(no state.json); refusing to replace it: choose a new path or an empty directory")
         state_text = json.dumps(self._checkpoint_state(), indent=2, default=_json_default)
+        base = base_record(self.policy) if is_peft_model(self.policy) else None  # LoRA: what resume loads again
         try:
             history_text = json.dumps(self.rows, default=_json_default)
         except (TypeError, ValueError) as exc:
@@ -86,6 +96,8 @@ class Checkpointing:
         try:
             tmp.mkdir(parents=True)
             self._write_checkpoint_files(tmp)
+            if base is not None:
+                (tmp / "policy" / BASE_FILE).write_text(json.dumps(base, indent=2))
             (tmp / "state.json").write_text(state_text)
             (tmp / "history.json").write_text(history_text)
             _replace_dir(tmp, where)
@@ -118,7 +130,7 @@ class Checkpointing:
         with _progress_bars(self._show_progress()):  # transformers' "Writing model shards" bar
             self.policy.save_pretrained(tmp / "policy", safe_serialization=True)
             self.tokenizer.save_pretrained(tmp / "policy")
-            if self.ref_policy is not None:
+            if self.ref_policy is not None and not isinstance(self.ref_policy, AdapterDisabled):
                 self.ref_policy.save_pretrained(tmp / "ref", safe_serialization=True)
         if self.value_model is not None:
             save_file({k: v.contiguous() for k, v in self.value_model.state_dict().items()},
@@ -159,6 +171,9 @@ class Checkpointing:
                 algorithm has a KL term but ``ref/`` is missing, the checkpoint has a value model
                 and none was passed, or its task cannot be rebuilt and no ``task=`` was passed (the
                 message says why and shows both remedies).
+            BaseModelNotFound: (:mod:`grpo_lab.lora`, a ``FileNotFoundError``) a LoRA checkpoint's base
+                model cannot be loaded on this machine (the message names it).
+            ImportError: a LoRA checkpoint and peft is not installed.
         """
         path = Path(path)
         state, rows, has_value, value_model = _read_checkpoint_state(path, value_model)
@@ -167,14 +182,17 @@ class Checkpointing:
         if device is not None:
             config = replace(config, device=device)
         algo = _saved_algorithm(state["algo"], path)
-        if algo.uses_kl and not (path / "ref").is_dir():
+        adapter = (path / "policy" / "adapter_config.json").is_file()  # LoRA: the reference is the base (no ref/)
+        if algo.uses_kl and not adapter and not (path / "ref").is_dir():
             raise ValueError(f"Trainer.resume: {path} has no ref/ but {algo.name!r} has a KL term; the reference "
                              "policy cannot be rebuilt from the trained weights")
-        missing = _missing_checkpoint_files(path, ref=algo.uses_kl, value=has_value)
+        missing = _missing_checkpoint_files(path, ref=algo.uses_kl and (path / "ref").is_dir(), value=has_value,
+                                            adapter=adapter)
         if missing:
             raise ValueError(f"Trainer.resume: corrupt checkpoint, {path} lacks " + ", ".join(missing)
                              + " (Trainer.save writes them all)")
-        policy, tokenizer, ref = _load_checkpoint_models(path, config, algo, value_model if has_value else None)
+        policy, tokenizer, ref = _load_checkpoint_models(path, config, algo, value_model if has_value else None,
+                                                         adapter=adapter)
         trainer = cls(policy, tokenizer, task, algo, config, ref_policy=ref, value_model=value_model)
         trainer._restore_training_state(path, state, rows, has_value)
         return trainer
@@ -230,13 +248,15 @@ def _read_checkpoint_state(path: Path, value_model):
     return state, rows, has_value, value_model
 
 
-def _load_checkpoint_models(path: Path, config: TrainerConfig, algo: Algorithm, value_model):
+def _load_checkpoint_models(path: Path, config: TrainerConfig, algo: Algorithm, value_model, *, adapter: bool = False):
     """The weights of the checkpoint ``path``: loads ``value.safetensors`` into ``value_model`` (when not
-    ``None``), then the policy and its tokenizer from ``policy/`` and, when ``algo`` has a KL term, the
-    reference policy from ``ref/``, on ``config.device``. Returns ``(policy, tokenizer, ref or None)``.
+    ``None``), then the policy and its tokenizer from ``policy/`` (with ``adapter``, a LoRA policy:
+    :func:`grpo_lab.lora.load_adapter_policy`) and, when ``algo`` has a KL term and ``ref/`` exists, the
+    reference policy from it, on ``config.device``. Returns ``(policy, tokenizer, ref or None)``.
 
     Raises:
         ValueError: a file is missing or damaged (named in the message).
+        BaseModelNotFound: the base model of a LoRA checkpoint cannot be loaded here.
     """
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -246,10 +266,13 @@ def _load_checkpoint_models(path: Path, config: TrainerConfig, algo: Algorithm, 
     if value_model is not None:
         value_model.load_state_dict(_load_checkpoint_part(path / "value.safetensors",
                                                           lambda: load_file(path / "value.safetensors")))
+    from ..lora import load_adapter_policy
+
+    load = load_adapter_policy if adapter else load_policy
     policy, tokenizer = _load_checkpoint_part(
-        path / "policy", lambda: load_policy(path / "policy", device=config.device, progress=config.progress))
+        path / "policy", lambda: load(path / "policy", device=config.device, progress=config.progress))
     ref = None
-    if algo.uses_kl:
+    if algo.uses_kl and (path / "ref").is_dir():
         def load_ref():
             with _progress_bars(config.progress):
                 return AutoModelForCausalLM.from_pretrained(path / "ref", use_safetensors=True)
@@ -369,21 +392,25 @@ def _saved_algorithm(fields: dict, path) -> Algorithm:
                          "before Trainer.resume (on the command line: --import MODULE)") from None
 
 
-def _missing_checkpoint_files(path: Path, *, ref: bool, value: bool) -> list[str]:
+def _missing_checkpoint_files(path: Path, *, ref: bool, value: bool, adapter: bool = False) -> list[str]:
     """The files of a :meth:`Trainer.save` checkpoint that ``path`` lacks (relative names, ``[]``
     when none): ``optimizer.pt``, ``rng.pt``, ``value_optimizer.pt`` (``value``), and for ``policy/``
     (and ``ref/`` when ``ref``) ``config.json`` and the safetensors weights; for ``policy/`` also the
-    tokenizer (``grpo_lab.models._missing_tokenizer_files``). Reads nothing but the directory."""
+    tokenizer (``grpo_lab.models._missing_tokenizer_files``). With ``adapter`` (a LoRA checkpoint)
+    ``policy/`` holds the adapters instead (:func:`grpo_lab.lora.adapter_checkpoint_missing`). Reads
+    nothing but the directory."""
     from ..models import _missing_tokenizer_files
 
     names = ["optimizer.pt", "rng.pt"] + (["value_optimizer.pt"] if value else [])
     missing = [n for n in names if not (path / n).is_file()]
-    for sub in ["policy"] + (["ref"] if ref else []):
+    if adapter:
+        missing += adapter_checkpoint_missing(path / "policy")
+    for sub in (["policy"] if not adapter else []) + (["ref"] if ref else []):
         if not (path / sub / "config.json").is_file():
             missing.append(f"{sub}/config.json")
         if not any((path / sub / n).is_file() for n in _WEIGHT_FILES):
             missing.append(f"{sub}/model.safetensors")
-    if (path / "policy").is_dir():
+    if (path / "policy").is_dir() and not adapter:
         missing += [f"policy/{n}" for n in _missing_tokenizer_files(path / "policy")]
     return missing
 
@@ -396,6 +423,8 @@ def _load_checkpoint_part(what: Path, load):
 
     try:
         return load()
+    except BaseModelNotFound:  # not a damaged file: the LoRA checkpoint's base is elsewhere (its message says where)
+        raise
     except (OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         detail = " ".join(str(exc).split())[:300]
         raise ValueError(f"Trainer.resume: {what} cannot be loaded ({type(exc).__name__}: {detail}); "
