@@ -16,7 +16,7 @@ and ``--task`` replace its base checkpoint and task (``run(base=..., task=...)``
 ``--set KEY=VALUE`` overrides one field of :class:`~grpo_lab.trainer.TrainerConfig` (passed to ``run``
 as ``**config_overrides``) or of the preset's :class:`~grpo_lab.algorithms.Algorithm`
 (``preset.replace(...)``), the value parsed with the field's type. ``--lora-r R`` (with
-``--lora-alpha``, ``--lora-targets``, ``--lora-dropout``) trains LoRA adapters instead of the whole model
+``--lora-alpha``, ``--lora-targets``) trains LoRA adapters instead of the whole model
 (``run(lora=...)``, :class:`grpo_lab.lora.LoraSpec`; needs peft); the KL reference is then the base model.
 
 ``--import MODULE`` (repeatable) imports a module of the user's before the choices are built: a
@@ -276,10 +276,10 @@ def resolve_model(model: str) -> str:
 LORA_TARGETS = ("q_proj", "v_proj")
 
 
-def lora_option(r: int | None, alpha: float | None, targets: Sequence[str] | None, dropout: float | None):
-    """The :class:`grpo_lab.lora.LoraSpec` of ``--lora-r R [--lora-alpha A] [--lora-targets M ...]
-    [--lora-dropout P]`` (alpha default ``2 R``, targets :data:`LORA_TARGETS`, dropout 0); ``None``
-    without ``--lora-r``.
+def lora_option(r: int | None, alpha: float | None, targets: Sequence[str] | None):
+    """The :class:`grpo_lab.lora.LoraSpec` of ``--lora-r R [--lora-alpha A] [--lora-targets M ...]``
+    (alpha default ``2 R``, targets :data:`LORA_TARGETS`, no dropout: the trainer switches dropout off);
+    ``None`` without ``--lora-r``.
 
     Raises:
         UsageError: another ``--lora-*`` option without ``--lora-r``, a bad value (named), or peft is
@@ -288,13 +288,12 @@ def lora_option(r: int | None, alpha: float | None, targets: Sequence[str] | Non
     from .lora import LoraSpec, require_peft
 
     if r is None:
-        given = [f"--lora-{k}" for k, v in (("alpha", alpha), ("targets", targets), ("dropout", dropout)) if v is not None]
+        given = [f"--lora-{k}" for k, v in (("alpha", alpha), ("targets", targets)) if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} without --lora-r: give the adapters' rank, e.g. --lora-r 8")
         return None
     try:
-        spec = LoraSpec(r=r, alpha=2 * r if alpha is None else alpha, target_modules=tuple(targets or LORA_TARGETS),
-                        dropout=0.0 if dropout is None else dropout)
+        spec = LoraSpec(r=r, alpha=2 * r if alpha is None else alpha, target_modules=tuple(targets or LORA_TARGETS))
         require_peft("--lora-r")
     except (ValueError, ImportError) as exc:
         raise UsageError(f"--lora-*: {exc}") from None
@@ -553,7 +552,6 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lora-alpha", type=float, metavar="ALPHA", help="LoRA's scale numerator (default: 2 x R)")
     ap.add_argument("--lora-targets", nargs="+", metavar="MODULE",
                     help=f"modules that get adapters (default: {' '.join(LORA_TARGETS)})")
-    ap.add_argument("--lora-dropout", type=float, metavar="P", help="dropout on the adapters' input (default: 0)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="SEED",
                     help="one run per seed")
     ap.add_argument("--jobs", type=int, default=1, metavar="N",
@@ -682,7 +680,7 @@ def _train(argv: list[str], prog: str) -> int:
     if args.steps is not None and args.steps < 0:
         raise UsageError(f"--steps must be >= 0, got {args.steps}")
     model = resolve_model(args.model) if args.model is not None else None
-    lora = lora_option(args.lora_r, args.lora_alpha, args.lora_targets, args.lora_dropout)
+    lora = lora_option(args.lora_r, args.lora_alpha, args.lora_targets)
     out = Path(args.out).expanduser() if args.out else default_out(preset, args.profile)
     _check_out(out, overwrite=args.overwrite)
     if model is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -67,8 +68,10 @@ class LoraSpec:
         alpha: the scaling numerator (> 0): the update is ``(alpha / r) · B A``.
         target_modules: the names of the linear modules that get adapters (``("q_proj", "v_proj")``:
             every module whose name ends with one), at least one; a list is stored as a tuple.
-        dropout: LoRA's dropout on the adapters' input, in [0, 1). Default 0: the trainer's ratio
-            compares one function of the weights at two points (see :mod:`grpo_lab.trainer`).
+        dropout: LoRA's dropout on the adapters' input: must be 0. The trainer switches every dropout of
+            the policy off (:func:`grpo_lab.training.dropout.disable_dropout`): its ratio compares one
+            function of the weights at two points (see :mod:`grpo_lab.trainer`), so a LoRA dropout
+            would be zeroed anyway; it is refused rather than silently dropped.
 
     Raises:
         ValueError: a value out of range or of the wrong type (the message names the field).
@@ -90,8 +93,10 @@ class LoraSpec:
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0 \
                 or not math.isfinite(self.alpha):
             raise ValueError(f"LoraSpec: alpha must be a number > 0, got {self.alpha!r}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"LoraSpec: dropout must be in [0, 1), got {self.dropout!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or self.dropout != 0:
+            raise ValueError(f"LoraSpec: dropout must be 0, got {self.dropout!r}: the trainer switches every dropout "
+                             "of the policy off, so that the ratio pi_theta / pi_old compares one deterministic "
+                             "function (grpo_lab.training.dropout.disable_dropout)")
 
     @classmethod
     def from_value(cls, value: "LoraSpec | Mapping[str, Any] | None") -> "LoraSpec | None":
@@ -135,7 +140,10 @@ class LoraSpec:
         state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         try:
-            return peft.get_peft_model(model, config)
+            with warnings.catch_warnings():  # peft reads transformers' renamed property: not the user's to fix
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated",
+                                        category=FutureWarning)
+                return peft.get_peft_model(model, config)
         except ValueError as exc:
             raise ValueError(f"LoraSpec: target_modules={list(self.target_modules)} do not fit the model "
                              f"({type(model).__name__}): {exc}") from None
@@ -244,7 +252,9 @@ def load_adapter_policy(directory: Path, *, device: str | torch.device | None = 
     if record.get("parameters") is not None and count != record["parameters"]:
         raise ValueError(f"Trainer.resume: the base model found at {source!r} has {count:,} parameters, but the "
                          f"adapters in {directory} were trained on one with {record['parameters']:,}")
-    policy = peft.PeftModel.from_pretrained(base, str(directory), is_trainable=True)
+    with warnings.catch_warnings():  # peft reads transformers' renamed property: not the user's to fix
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        policy = peft.PeftModel.from_pretrained(base, str(directory), is_trainable=True)
     tokenizer = _load_tokenizer(str(directory))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
