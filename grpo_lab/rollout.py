@@ -199,10 +199,10 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     untruncated log-probs, as inference engines report them). Greedy decoding records
     log-probs at temperature 1. They are recorded step by step while ``generate`` runs (a
     logits processor, :class:`_BehaviourLogprobs`, that sees the raw float32 logits before the
-    temperature / top-k / top-p warpers and keeps one step's ``[B, V]`` logits until the next
-    step reveals the token drawn from them), with :func:`grpo_lab.logprobs.token_logprobs`'s
-    arithmetic: memory ``O(B·V)``, not the ``O(B·T·V)`` of stacking every step's logits (37 GiB
-    in float32 for 128 rows × 512 tokens of a 151,936-token vocabulary).
+    temperature / top-k / top-p warpers, and a stopping criterion that reads the token drawn from
+    them in the same step), with :func:`grpo_lab.logprobs.token_logprobs`'s arithmetic: no
+    ``[B, V]`` tensor outlives its decoding step, instead of the ``O(B·T·V)`` of stacking every
+    step's logits (37 GiB in float32 for 128 rows × 512 tokens of a 151,936-token vocabulary).
 
     The call uses a generation config built here (sampling or greedy, the arguments above, pad
     and stop ids) and nothing else: whatever the checkpoint's ``generation_config`` sets that
@@ -315,10 +315,10 @@ def _generation_config(model, tokenizer, stops: list, *, max_new_tokens: int, te
 
 
 def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config, recorder=None) -> tuple:
-    """``model.generate`` in eval mode under ``config`` alone (plus the logits processor ``recorder`` when
-    given); the output and its wall seconds. The model's training mode and generation config are restored
-    afterwards, also on error."""
-    from transformers import LogitsProcessorList
+    """``model.generate`` in eval mode under ``config`` alone (plus the hooks of ``recorder``, a
+    :class:`_BehaviourLogprobs`, when given); the output and its wall seconds. The model's training mode
+    and generation config are restored afterwards, also on error."""
+    from transformers import LogitsProcessorList, StoppingCriteriaList
 
     from transformers import GenerationConfig
 
@@ -330,8 +330,9 @@ def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config, r
     model.generation_config = GenerationConfig()
     t0 = time.perf_counter()
     try:
-        out = model.generate(input_ids=input_ids, attention_mask=attn, generation_config=config,
-                             logits_processor=LogitsProcessorList([recorder] if recorder is not None else []))
+        hooks = dict(logits_processor=LogitsProcessorList([recorder.processor]),
+                     stopping_criteria=StoppingCriteriaList([recorder.criterion])) if recorder is not None else {}
+        out = model.generate(input_ids=input_ids, attention_mask=attn, generation_config=config, **hooks)
     finally:
         model.generation_config = checkpoint_config
         model.train(was_training)
@@ -354,55 +355,86 @@ def _cut_at_stop(comp: torch.Tensor, stops: list, pad_token_id: int) -> tuple:
 
 
 class _BehaviourLogprobs:
-    """A ``transformers`` logits processor that records ``log softmax(logits / temperature)`` of each
-    token ``generate`` picks, step by step, leaving the scores unchanged.
+    """Records ``log softmax(logits / temperature)`` of each token ``generate`` picks, step by step, through
+    two hooks of ``transformers``' decoding loop (``GenerationMixin._sample``, transformers 5.24), neither of
+    which changes what is generated.
 
-    ``generate`` (transformers 5, ``GenerationMixin._sample``) calls its processors once per decoding step
-    with the ids so far (long ``[B, P + k]`` at step ``k``) and that step's logits (float32 ``[B, V]``, a
-    fresh copy of the model's, upcast from a low-precision model). Processors passed by the caller run
-    after generate's own non-sampling processors (none under :func:`_generation_config`'s settings) and
-    before the temperature / top-k / top-p warpers, so ``scores`` here are the raw logits, the same
-    tensors ``output_logits=True`` would return. Rows that have already stopped still get logits (and
-    then the pad token), as before: they are masked afterwards.
+    * :attr:`processor` (a logits processor) receives each step's ids so far (long ``[B, P + k]`` at step
+      ``k``) and logits (float32 ``[B, V]``, ``generate``'s fresh float32 copy of the model's, upcast
+      from a low-precision model) and keeps a reference to the logits. Processors passed by the caller run
+      after ``generate``'s own non-sampling processors (none under :func:`_generation_config`'s settings)
+      and before the temperature / top-k / top-p warpers, so these are the raw logits, the tensors
+      ``output_logits=True`` would return. The warpers return new tensors rather than writing into
+      these (transformers 5.24; ``tests/test_rollout_logprobs.py`` would catch a change).
+    * :attr:`criterion` (a stopping criterion that never stops a row) runs in the same step after the
+      drawn token was appended (``input_ids[:, -1]``): it computes that token's log-prob with
+      :func:`grpo_lab.logprobs.token_logprobs` (the arithmetic of the former ``[B, T, V]`` computation,
+      row by row, over chunks of ``ceil(B / 8)`` rows) and drops the logits.
 
-    The token drawn from step ``k``'s logits is known only at step ``k + 1`` (``input_ids[:, -1]``) or,
-    for the last step, from ``generate``'s output (:meth:`finish`): one step's logits (a float32 copy,
-    ``[B, V]``) are kept in between, plus the log-probs so far (``[B]`` per step). Each log-prob is
-    :func:`grpo_lab.logprobs.token_logprobs` of one ``[B, 1, V]`` step, the arithmetic the former
-    ``[B, T, V]`` computation used row by row.
+    So no ``[B, V]`` tensor of this class outlives its step (none is alive during the next forward pass),
+    the temporaries are ``ceil(B / 8)`` rows of logits, and what is kept across steps is the log-probs so
+    far, float32 ``[B]`` per step. Rows that have already stopped still get logits (and then the pad
+    token), as before: they are masked afterwards.
     """
 
     def __init__(self, prompt_len: int, temperature: float):
         self.prompt_len, self.temperature = int(prompt_len), float(temperature)
-        self.logp: list[torch.Tensor] = []  # float32 [B] per step whose token is known
-        self.pending: torch.Tensor | None = None  # float32 [B, V]: the latest step's logits
+        self.logp: list[torch.Tensor] = []  # float32 [B] per step
+        self.pending: torch.Tensor | None = None  # float32 [B, V]: this step's logits, until its token is known
+        self.processor, self.criterion = _SeeLogits(self), _PickToken(self)
 
-    def _pick(self, ids: torch.Tensor) -> torch.Tensor:
-        """float32 ``[B]``: log-probs of ``ids`` (long ``[B]``) under the pending step's logits."""
-        return token_logprobs(self.pending[:, None, :], ids[:, None], temperature=self.temperature)[:, 0]
+    def _check_step(self, input_ids: torch.Tensor, drawn: bool) -> None:
+        """RuntimeError unless ``input_ids`` are those of the step the hooks expect (logits seen or token drawn)."""
+        want = len(self.logp) + drawn
+        if input_ids.shape[1] - self.prompt_len != want or (self.pending is None) == drawn:
+            raise RuntimeError(f"generate: the behaviour log-prob recorder expected the ids of decoding step {want} "
+                               f"({self.prompt_len} prompt columns + {want}) {'after' if drawn else 'before'} "
+                               f"drawing, got {input_ids.shape[1]} columns (an unsupported transformers version?)")
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        step = input_ids.shape[1] - self.prompt_len
-        if step != len(self.logp) + (self.pending is not None):
-            raise RuntimeError(f"generate: the behaviour log-prob recorder expected decoding step "
-                               f"{len(self.logp) + (self.pending is not None)}, got ids of {input_ids.shape[1]} "
-                               f"columns for a prompt of {self.prompt_len} (an unsupported transformers version?)")
-        if self.pending is not None:
-            self.logp.append(self._pick(input_ids[:, -1]))
-        self.pending = scores.detach().clone()  # the warpers after this processor must not change it
+    def see(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Keep ``scores`` (float32 ``[B, V]``) until the token drawn from them is known; returns them unchanged."""
+        self._check_step(input_ids, drawn=False)
+        self.pending = scores
         return scores
+
+    def pick(self, input_ids: torch.Tensor) -> None:
+        """Record the log-prob of ``input_ids[:, -1]`` (long ``[B]``) under the kept logits, then drop them."""
+        self._check_step(input_ids, drawn=True)
+        B = self.pending.shape[0]
+        lp = token_logprobs(self.pending[None], input_ids[None, :, -1], temperature=self.temperature,
+                            chunk_size=-(-B // 8))
+        self.logp.append(lp[0])
+        self.pending = None
 
     def finish(self, comp: torch.Tensor) -> torch.Tensor:
         """float32 ``[B, T]``: the log-prob of each token of ``comp`` (long ``[B, T]``, the new tokens
         ``generate`` returned). Steps ``generate`` ran and then undid (its deferred stop check) are
         dropped. Raises RuntimeError when fewer steps were recorded than ``comp`` has tokens."""
         T = comp.shape[1]
-        if self.pending is not None and len(self.logp) < T:
-            self.logp.append(self._pick(comp[:, len(self.logp)]))
-        self.pending = None
         if len(self.logp) < T:
             raise RuntimeError(f"generate: {len(self.logp)} decoding steps recorded for {T} new tokens")
         return torch.stack(self.logp[:T], dim=1) if T else torch.zeros(comp.shape, device=comp.device)
+
+
+class _SeeLogits:
+    """The logits-processor hook of :class:`_BehaviourLogprobs` (``transformers`` calls it with ids and scores)."""
+
+    def __init__(self, recorder: _BehaviourLogprobs):
+        self.recorder = recorder
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return self.recorder.see(input_ids, scores)
+
+
+class _PickToken:
+    """The stopping-criterion hook of :class:`_BehaviourLogprobs`: records, and stops no row (bool ``[B]``, False)."""
+
+    def __init__(self, recorder: _BehaviourLogprobs):
+        self.recorder = recorder
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.recorder.pick(input_ids)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None,

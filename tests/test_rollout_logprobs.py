@@ -72,17 +72,18 @@ def test_behaviour_logp_equals_stacked_logits_path(model, tok, case, low_precisi
 
 
 def test_recorder_goldens_and_undone_steps():
-    """The recorder alone, driven as ``generate`` drives it: log-probs of the token each step's logits gave,
-    at the temperature; a step run and then undone (transformers' deferred stop check) is dropped; a step
-    out of order is refused."""
+    """The recorder alone, driven as ``generate`` drives it (the processor sees a step's logits, the criterion
+    then sees the ids with the drawn token appended): log-probs of each drawn token at the temperature; a step
+    run and then undone (transformers' deferred stop check) is dropped; hooks called out of order are refused."""
     logits = [torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]), torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 5.0]]),
               torch.tensor([[9.0, 0.0, 0.0], [0.0, 9.0, 0.0]])]
     tokens = torch.tensor([[2, 0, 1], [0, 2, 1]])
     ids = torch.zeros(2, 4, dtype=torch.long)  # a 4-token prompt
     rec = rollout_mod._BehaviourLogprobs(4, 0.5)
     for k, z in enumerate(logits):
-        assert rec(ids, z) is z  # scores pass through unchanged
+        assert rec.processor(ids, z) is z  # scores pass through unchanged
         ids = torch.cat([ids, tokens[:, k:k + 1]], 1)
+        assert not rec.criterion(ids, None).any() and rec.pending is None  # no row stopped; logits dropped
     got = rec.finish(tokens[:, :2])  # generate returned 2 tokens: the third step was undone
     want = torch.stack([torch.log_softmax(z.double() / 0.5, -1) for z in logits[:2]], 1)
     want = want.gather(-1, tokens[:, :2, None])[..., 0]
@@ -91,9 +92,12 @@ def test_recorder_goldens_and_undone_steps():
     assert abs(float(got[0, 0]) + math.log(1 + math.exp(-2) + math.exp(-4))) < 1e-6
     assert abs(float(got[1, 1]) + math.log(1 + 2 * math.exp(-10))) < 1e-6
     rec = rollout_mod._BehaviourLogprobs(4, 1.0)
-    rec(torch.zeros(2, 4, dtype=torch.long), logits[0])
-    with pytest.raises(RuntimeError, match="expected decoding step 1"):
-        rec(torch.zeros(2, 6, dtype=torch.long), logits[1])
+    with pytest.raises(RuntimeError, match="expected the ids of decoding step 1"):
+        rec.criterion(torch.zeros(2, 5, dtype=torch.long), None)  # no logits seen yet
+    rec.processor(torch.zeros(2, 4, dtype=torch.long), logits[0])
+    with pytest.raises(RuntimeError, match="expected the ids of decoding step 1"):
+        rec.criterion(torch.zeros(2, 6, dtype=torch.long), None)  # two tokens appended
+    rec.criterion(torch.zeros(2, 5, dtype=torch.long), None)
     with pytest.raises(RuntimeError, match="1 decoding steps recorded for 3 new tokens"):
         rec.finish(tokens)
 
