@@ -29,3 +29,14 @@ def test_rollout_logprobs_memory_is_not_btv():
 def test_measure_refuses_unknown_case():
     with pytest.raises(ValueError, match="unknown case 'nope'"):
         rollout_memory.measure("nope", 1, 1)
+
+
+def test_readme_table_is_the_committed_results():
+    """README's rollout-memory table is what ``benchmarks/rollout_memory.py`` prints from the committed results."""
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "benchmarks/results/rollout_memory.json").read_text())
+    block = (root / "README.md").read_text().split("<!-- rollout-memory:start -->")[1].split("<!-- rollout-memory:end -->")[0]
+    assert rollout_memory._table(data["results"]) in block and data["target_met"]
+    assert f"commit {data['git_commit'][:7]}" in block and not data["git_dirty"]
