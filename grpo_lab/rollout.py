@@ -189,14 +189,20 @@ def _ignored_settings(checkpoint_config, config) -> list[str]:
 @torch.no_grad()
 def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int = 1,
              max_new_tokens: int = 48, temperature: float = 1.0, greedy: bool = False,
-             top_p: float = 1.0, top_k: int = 0, cache_implementation: str | None = None) -> Rollout:
+             top_p: float = 1.0, top_k: int = 0, cache_implementation: str | None = None,
+             with_logprobs: bool = True) -> Rollout:
     """Sample ``group_size`` responses per problem with ``model.generate``.
 
     Behaviour log-probs are ``log softmax(logits / temperature)`` of the sampled tokens, taken
-    from the raw logits ``generate`` returns, i.e. the distribution actually sampled from when
+    from the raw logits of each decoding step, i.e. the distribution actually sampled from when
     ``top_p=1`` and ``top_k=0`` (the defaults; with truncation samplers they are the
     untruncated log-probs, as inference engines report them). Greedy decoding records
-    log-probs at temperature 1.
+    log-probs at temperature 1. They are recorded step by step while ``generate`` runs (a
+    logits processor, :class:`_BehaviourLogprobs`, that sees the raw float32 logits before the
+    temperature / top-k / top-p warpers, and a stopping criterion that reads the token drawn from
+    them in the same step), with :func:`grpo_lab.logprobs.token_logprobs`'s arithmetic: no
+    ``[B, V]`` tensor outlives its decoding step, instead of the ``O(B·T·V)`` of stacking every
+    step's logits (37 GiB in float32 for 128 rows × 512 tokens of a 151,936-token vocabulary).
 
     The call uses a generation config built here (sampling or greedy, the arguments above, pad
     and stop ids) and nothing else: whatever the checkpoint's ``generation_config`` sets that
@@ -224,6 +230,8 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
         top_p, top_k: nucleus and top-k truncation of the sampler (1.0 and 0: none).
         cache_implementation: ``None`` (default: transformers' dynamic cache), ``"static"`` or any
             other value ``GenerationConfig.cache_implementation`` accepts.
+        with_logprobs: record the behaviour log-probs; ``False`` (what :func:`evaluate` uses)
+            skips them and the rollout's ``behaviour_logp`` is all zeros.
 
     Returns:
         Rollout with ``B = n * group_size`` rows and ``T ≤ max_new_tokens`` completion columns.
@@ -246,9 +254,13 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     stops = stop_token_ids(model, tokenizer)
     config = _generation_config(model, tokenizer, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                                 greedy=greedy, top_p=top_p, top_k=top_k, cache_implementation=cache_implementation)
-    out, gen_seconds = _generate_with(model, input_ids, attn, config)
     temp = 1.0 if greedy else float(temperature)
-    comp, mask, blogp, end, has_stop = _cut_at_stop(out, input_ids.shape[1], stops, temp, tokenizer.pad_token_id)
+    recorder = _BehaviourLogprobs(input_ids.shape[1], temp) if with_logprobs else None
+    out, gen_seconds = _generate_with(model, input_ids, attn, config, recorder)
+    raw = out.sequences[:, input_ids.shape[1]:]
+    blogp = recorder.finish(raw) if recorder is not None else torch.zeros(raw.shape, device=raw.device)
+    comp, mask, end, has_stop = _cut_at_stop(raw, stops, tokenizer.pad_token_id)
+    blogp = blogp * mask
     texts = [tokenizer.decode(ids[:n], skip_special_tokens=False) for ids, n in zip(comp.tolist(), end.tolist())]
     return Rollout(
         prompt_ids=input_ids, prompt_mask=attn.long(), completion_ids=comp, completion_mask=mask,
@@ -292,7 +304,7 @@ def _generation_config(model, tokenizer, stops: list, *, max_new_tokens: int, te
 
     sampling = {} if greedy else dict(temperature=float(temperature), top_p=top_p, top_k=top_k)
     config = GenerationConfig(do_sample=not greedy, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                              eos_token_id=stops or None, return_dict_in_generate=True, output_logits=True,
+                              eos_token_id=stops or None, return_dict_in_generate=True,
                               cache_implementation=cache_implementation, disable_compile=True, **sampling)
     ignored = _ignored_settings(model.generation_config, config)
     if ignored:
@@ -302,9 +314,12 @@ def _generation_config(model, tokenizer, stops: list, *, max_new_tokens: int, te
     return config
 
 
-def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config) -> tuple:
-    """``model.generate`` in eval mode under ``config`` alone; the output and its wall seconds. The model's
-    training mode and generation config are restored afterwards, also on error."""
+def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config, recorder=None) -> tuple:
+    """``model.generate`` in eval mode under ``config`` alone (plus the hooks of ``recorder``, a
+    :class:`_BehaviourLogprobs`, when given); the output and its wall seconds. The model's training mode
+    and generation config are restored afterwards, also on error."""
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
     from transformers import GenerationConfig
 
     checkpoint_config = model.generation_config
@@ -315,30 +330,111 @@ def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config) -
     model.generation_config = GenerationConfig()
     t0 = time.perf_counter()
     try:
-        out = model.generate(input_ids=input_ids, attention_mask=attn, generation_config=config)
+        hooks = dict(logits_processor=LogitsProcessorList([recorder.processor]),
+                     stopping_criteria=StoppingCriteriaList([recorder.criterion])) if recorder is not None else {}
+        out = model.generate(input_ids=input_ids, attention_mask=attn, generation_config=config, **hooks)
     finally:
         model.generation_config = checkpoint_config
         model.train(was_training)
     return out, time.perf_counter() - t0
 
 
-def _cut_at_stop(out, prompt_len: int, stops: list, temperature: float, pad_token_id: int) -> tuple:
-    """Completions of ``generate``'s output cut after their first stop token.
+def _cut_at_stop(comp: torch.Tensor, stops: list, pad_token_id: int) -> tuple:
+    """Completions ``comp`` (long ``[B, T]``, ``generate``'s new tokens) cut after their first stop token.
 
-    Returns ``comp`` (padded with ``pad_token_id`` after the stop), ``mask`` float ``[B, T]``, the behaviour
-    log-probs at ``temperature`` (0 on padding), ``end`` (the stop's index, ``T`` when truncated) and
-    ``has_stop`` bool ``[B]``.
+    Returns ``comp`` (padded with ``pad_token_id`` after the stop), ``mask`` float ``[B, T]``, ``end`` (the
+    stop's index, ``T`` when truncated) and ``has_stop`` bool ``[B]``.
     """
-    comp = out.sequences[:, prompt_len:]
-    logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
-    blogp = token_logprobs(logits, comp, temperature=temperature)
     T = comp.shape[1]
     is_stop = torch.isin(comp, torch.tensor(stops, device=comp.device))
     has_stop = is_stop.any(-1)
     end = torch.where(has_stop, is_stop.float().argmax(-1), T)  # first stop token, T when truncated
     mask = (torch.arange(T, device=comp.device)[None, :] <= end[:, None]).float()
     comp = comp.masked_fill(mask == 0, pad_token_id)
-    return comp, mask, blogp * mask, end, has_stop
+    return comp, mask, end, has_stop
+
+
+class _BehaviourLogprobs:
+    """Records ``log softmax(logits / temperature)`` of each token ``generate`` picks, step by step, through
+    two hooks of ``transformers``' decoding loop (``GenerationMixin._sample``, transformers 5.24), neither of
+    which changes what is generated.
+
+    * :attr:`processor` (a logits processor) receives each step's ids so far (long ``[B, P + k]`` at step
+      ``k``) and logits (float32 ``[B, V]``, ``generate``'s fresh float32 copy of the model's, upcast
+      from a low-precision model) and keeps a reference to the logits. Processors passed by the caller run
+      after ``generate``'s own non-sampling processors (none under :func:`_generation_config`'s settings)
+      and before the temperature / top-k / top-p warpers, so these are the raw logits, the tensors
+      ``output_logits=True`` would return. The warpers return new tensors rather than writing into
+      these (transformers 5.24; ``tests/test_rollout_logprobs.py`` would catch a change).
+    * :attr:`criterion` (a stopping criterion that never stops a row) runs in the same step after the
+      drawn token was appended (``input_ids[:, -1]``): it computes that token's log-prob with
+      :func:`grpo_lab.logprobs.token_logprobs` (the arithmetic of the former ``[B, T, V]`` computation,
+      row by row, over chunks of ``ceil(B / 8)`` rows) and drops the logits.
+
+    So no ``[B, V]`` tensor of this class outlives its step (none is alive during the next forward pass),
+    the temporaries are ``ceil(B / 8)`` rows of logits, and what is kept across steps is the log-probs so
+    far, float32 ``[B]`` per step. Rows that have already stopped still get logits (and then the pad
+    token), as before: they are masked afterwards.
+    """
+
+    def __init__(self, prompt_len: int, temperature: float):
+        self.prompt_len, self.temperature = int(prompt_len), float(temperature)
+        self.logp: list[torch.Tensor] = []  # float32 [B] per step
+        self.pending: torch.Tensor | None = None  # float32 [B, V]: this step's logits, until its token is known
+        self.processor, self.criterion = _SeeLogits(self), _PickToken(self)
+
+    def _check_step(self, input_ids: torch.Tensor, drawn: bool) -> None:
+        """RuntimeError unless ``input_ids`` are those of the step the hooks expect (logits seen or token drawn)."""
+        want = len(self.logp) + drawn
+        if input_ids.shape[1] - self.prompt_len != want or (self.pending is None) == drawn:
+            raise RuntimeError(f"generate: the behaviour log-prob recorder expected the ids of decoding step {want} "
+                               f"({self.prompt_len} prompt columns + {want}) {'after' if drawn else 'before'} "
+                               f"drawing, got {input_ids.shape[1]} columns (an unsupported transformers version?)")
+
+    def see(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Keep ``scores`` (float32 ``[B, V]``) until the token drawn from them is known; returns them unchanged."""
+        self._check_step(input_ids, drawn=False)
+        self.pending = scores
+        return scores
+
+    def pick(self, input_ids: torch.Tensor) -> None:
+        """Record the log-prob of ``input_ids[:, -1]`` (long ``[B]``) under the kept logits, then drop them."""
+        self._check_step(input_ids, drawn=True)
+        B = self.pending.shape[0]
+        lp = token_logprobs(self.pending[None], input_ids[None, :, -1], temperature=self.temperature,
+                            chunk_size=-(-B // 8))
+        self.logp.append(lp[0])
+        self.pending = None
+
+    def finish(self, comp: torch.Tensor) -> torch.Tensor:
+        """float32 ``[B, T]``: the log-prob of each token of ``comp`` (long ``[B, T]``, the new tokens
+        ``generate`` returned). Steps ``generate`` ran and then undid (its deferred stop check) are
+        dropped. Raises RuntimeError when fewer steps were recorded than ``comp`` has tokens."""
+        T = comp.shape[1]
+        if len(self.logp) < T:
+            raise RuntimeError(f"generate: {len(self.logp)} decoding steps recorded for {T} new tokens")
+        return torch.stack(self.logp[:T], dim=1) if T else torch.zeros(comp.shape, device=comp.device)
+
+
+class _SeeLogits:
+    """The logits-processor hook of :class:`_BehaviourLogprobs` (``transformers`` calls it with ids and scores)."""
+
+    def __init__(self, recorder: _BehaviourLogprobs):
+        self.recorder = recorder
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return self.recorder.see(input_ids, scores)
+
+
+class _PickToken:
+    """The stopping-criterion hook of :class:`_BehaviourLogprobs`: records, and stops no row (bool ``[B]``, False)."""
+
+    def __init__(self, recorder: _BehaviourLogprobs):
+        self.recorder = recorder
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.recorder.pick(input_ids)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None,
@@ -376,6 +472,17 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
              max_new_tokens: int | None = None):
     """Accuracy of ``model`` on ``problems`` (default: the task's fixed test set).
 
+    Generation runs ``batch_size`` problems (times ``n_samples`` when sampling) at a time, without
+    behaviour log-probs (:func:`generate`'s ``with_logprobs=False``): its memory is that of
+    ``transformers``' ``generate`` on that batch.
+
+    Args:
+        greedy, n_samples, temperature: argmax decoding, or ``n_samples`` samples per problem at
+            ``temperature``.
+        batch_size: problems per ``generate`` call (positive int; the trainer passes
+            ``TrainerConfig.eval_batch_size``).
+        max_new_tokens: generation budget (default: the task's).
+
     Returns:
         ``(summary, frame)``: ``summary`` is a dict with ``accuracy``, ``mean_length`` (tokens,
         EOS included), ``truncation_rate`` and, when the task defines ``is_reasoning``,
@@ -385,10 +492,11 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
     Raises:
         ValueError: no problems to evaluate: ``task.test_set()`` returned an empty list (the
             message names the task), or ``problems`` is empty. An accuracy over no problems is
-            undefined.
+            undefined. A ``batch_size`` that is not a positive int.
     """
     import pandas as pd
 
+    positive_int("evaluate: batch_size", batch_size)
     if problems is None:
         problems = list(task.test_set())
         if not problems:
@@ -404,7 +512,7 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
     for start in range(0, len(problems), batch_size):
         chunk = problems[start:start + batch_size]
         ro = generate(model, tokenizer, chunk, group_size=1 if greedy else n_samples,
-                      max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy)
+                      max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, with_logprobs=False)
         lens = ro.lengths.tolist()
         for i, (p, text) in enumerate(zip(ro.problems, ro.texts)):
             row = {"prompt": p.prompt, "answer": p.answer, "completion": text,

@@ -274,7 +274,8 @@ def test_evaluate_accounting_with_scripted_generate(monkeypatch, tok):
     }
     calls = []
 
-    def fake_generate(model, tokenizer, chunk, *, group_size, max_new_tokens, temperature, greedy):
+    def fake_generate(model, tokenizer, chunk, *, group_size, max_new_tokens, temperature, greedy, with_logprobs):
+        assert with_logprobs is False  # evaluation records no log-probs (issue 31)
         calls.append((len(chunk), group_size, max_new_tokens, greedy))
         rows = [p for p in chunk for _ in range(group_size)]
         T = max(script[p.prompt][1] for p in rows)

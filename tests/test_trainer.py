@@ -588,3 +588,26 @@ def test_public_names_keep_their_import_path():
     for name in ("Trainer", "TrainerConfig", "Batch", "Scored", "ValueModel"):
         assert getattr(trainer_mod, name).__module__ == "grpo_lab.trainer", name
     assert set(trainer_mod.__all__) <= set(vars(trainer_mod))
+
+
+def test_eval_batch_size_reaches_evaluate(tok, monkeypatch):
+    """TrainerConfig.eval_batch_size (default 256, evaluate's own default) is the batch of every evaluation the
+    trainer runs, greedy and sampled; the GPU profile sets 64; a non-positive or non-int value is refused."""
+    import grpo_lab.training.history as history_mod
+    from grpo_lab.experiments import gpu_profile
+
+    assert TrainerConfig().eval_batch_size == 256 and gpu_profile(environ={}).config.eval_batch_size == 64
+    for bad in (0, -3, 2.5, True, None):
+        with pytest.raises(ValueError, match="eval_batch_size must be a positive int"):
+            TrainerConfig(eval_batch_size=bad)
+    seen = []
+    real = history_mod.evaluate
+
+    def spy(*args, **kw):
+        seen.append((kw["greedy"], kw["batch_size"]))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(history_mod, "evaluate", spy)
+    tr = make_trainer(tok, eval_every=1, eval_sampled=True, eval_batch_size=2)
+    tr.train(1)
+    assert seen == [(True, 2), (False, 2)] * 2  # before step 1 and after it

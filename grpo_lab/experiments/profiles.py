@@ -163,7 +163,9 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
     (sized for a 16 GB T4 by arithmetic, not measured: about 10 GB of float32 weights, gradients,
     AdamW state and reference copy for 0.5B parameters, plus activations and a 151,936-token
     vocabulary's logits), 60
-    steps, greedy test accuracy every 10 steps. :func:`expected_gpu_minutes` estimates its wall time.
+    steps, greedy test accuracy every 10 steps, generated 64 test problems at a time
+    (``eval_batch_size``; a placeholder, not yet sized from a memory model).
+    :func:`expected_gpu_minutes` estimates its wall time.
 
     Args:
         model: a hub id or a local directory in the hub layout; ``None``: ``$GRPO_LAB_GPU_MODEL``
@@ -201,7 +203,7 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
     if not model.strip() or not source.strip():
         raise ValueError(f"gpu_profile: model and source must be non-empty, got {model!r} and {source!r}")
     settings = dict(prompts_per_step=16, group_size=8, temperature=1.0, lr=1e-6, warmup=5, minibatches=2,
-                    epochs=1, micro_batch_size=4, eval_every=10,
+                    epochs=1, micro_batch_size=4, eval_every=10, eval_batch_size=64,
                     device=env_.get("GRPO_LAB_GPU_DEVICE") or "cuda", precision="auto")
     settings.update(config.pop("_defaults", {}))  # rpt_gpu_profile's own defaults, before the environment
     env = env_.get("GRPO_LAB_GPU_CONFIG")

@@ -55,6 +55,11 @@ class TrainerConfig:
         eval_every: greedy test accuracy every this many steps (and before the first and after
             the last step); 0 disables.
         eval_sampled: also measure sampled accuracy (temperature ``temperature``, 1 sample).
+        eval_batch_size: test problems per ``generate`` call of an evaluation
+            (:func:`grpo_lab.rollout.evaluate`'s ``batch_size``; positive int). An evaluation's
+            memory grows with it (the KV cache, and a few ``[rows, vocabulary]`` float32 tensors
+            per decoding step). Changing it regroups the problems, so the left padding and the
+            kernels' rounding change and a greedy completion can change at a near-tie.
         seed: seeds python, numpy (prompt sampling) and torch (initial state, sampling).
         device: ``"cpu"`` / ``"cuda"``.
         threads: torch intra-op threads (``None`` leaves the setting alone).
@@ -136,6 +141,7 @@ class TrainerConfig:
     rollout_fp32_lm_head: bool = False
     eval_every: int = 10
     eval_sampled: bool = False
+    eval_batch_size: int = 256
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None
@@ -151,7 +157,7 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
 
     def __post_init__(self):
-        for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds"):
+        for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds", "eval_batch_size"):
             positive_int(f"TrainerConfig.{name}", getattr(self, name))
         positive_int("TrainerConfig.micro_batch_size", self.micro_batch_size, allow_none=True)
         positive_int("TrainerConfig.max_new_tokens", self.max_new_tokens, allow_none=True)
@@ -196,7 +202,7 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
         # numpy scalars pass the checks above: store python numbers (JSON, hashing, provenance)
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds", "micro_batch_size",
-                     "max_new_tokens", "warmup", "eval_every", "seed", "threads", "value_warmup_steps"):
+                     "eval_batch_size", "max_new_tokens", "warmup", "eval_every", "seed", "threads", "value_warmup_steps"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(getattr(self, name)))
         for name in ("temperature", "lr", "grad_clip", "weight_decay", "value_lr"):

@@ -49,7 +49,8 @@ class History:
         try:
             with self._autocast():
                 return evaluate(self.policy, self.tokenizer, self.task, greedy=greedy,
-                                temperature=self.config.temperature, max_new_tokens=self.max_new_tokens)
+                                temperature=self.config.temperature, max_new_tokens=self.max_new_tokens,
+                                batch_size=self.config.eval_batch_size)
         finally:
             torch.random.set_rng_state(state)
 
