@@ -318,9 +318,7 @@ def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config, r
     """``model.generate`` in eval mode under ``config`` alone (plus the hooks of ``recorder``, a
     :class:`_BehaviourLogprobs`, when given); the output and its wall seconds. The model's training mode
     and generation config are restored afterwards, also on error."""
-    from transformers import LogitsProcessorList, StoppingCriteriaList
-
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
     checkpoint_config = model.generation_config
     was_training = model.training
