@@ -112,3 +112,10 @@ def test_prediction_within_25_percent_of_cpu_measurement(case):
         predicted = res["predicted"][phase]
         assert measured > 50 * 2**20, (phase, measured)  # large enough for RSS noise not to matter
         assert abs(predicted - measured) <= 0.25 * measured, (phase, predicted / 2**20, measured / 2**20)
+
+
+def test_the_readme_gpu_memory_table_is_the_model():
+    """README's table between the gpu-memory markers is what benchmarks/memory_model.py --readme-table prints."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("<!-- gpu-memory:start -->")[1].split("<!-- gpu-memory:end -->")[0]
+    assert block.strip() == _bench().readme_table().strip()

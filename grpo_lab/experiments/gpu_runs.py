@@ -21,7 +21,7 @@ from ..algorithms import Algorithm, get_algorithm
 from ..paths import data_dir
 from ..validation import positive_int
 from .memory_fit import check_algorithms_fit
-from .profiles import GPU_MODEL, Profile, gpu_profile
+from .profiles import GPU_MODEL, Profile, get_profile, gpu_profile
 from .results import RunResult, load_results, save_results
 from .runs import _check_seeds, run_grid
 
@@ -100,10 +100,11 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
     chapter = _chapter_name(chapter)
     prof = profile if profile is not None else gpu_profile()
     algos = [get_algorithm(a) if isinstance(a, str) else a for a in algos]
-    check_algorithms_fit(prof, algos)  # before any weight is loaded: the reference copy, the critic
     seeds = _check_seeds(seeds)
     overrides = dict(overrides or {})
     path = _gpu_results_path(chapter, out, steps, n_jobs)
+    # before any weight is loaded: the reference copy, the critic
+    check_algorithms_fit(get_profile(prof) if isinstance(prof, str) else prof, algos)
     t0 = time.perf_counter()
     grid: dict[str, RunResult] = {}
     # one seed at a time (n_jobs seeds at a time with n_jobs > 1), the file rewritten after each, so
