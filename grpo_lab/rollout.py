@@ -39,7 +39,7 @@ from .tasks.base import Problem
 from .validation import positive_int
 
 __all__ = ["Rollout", "generate", "stop_token_ids", "policy_logprobs", "evaluate", "position_ids_from_mask",
-           "position_limit"]
+           "position_limit", "logprob_chunk_rows", "AUTO_CHUNK_ELEMENTS"]
 
 
 @dataclass
@@ -435,14 +435,35 @@ class _PickToken:
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
+#: Above this many logits (rows × tokens × vocabulary) :func:`policy_logprobs` computes the log-probs and
+#: entropies in chunks (:func:`logprob_chunk_rows`): 2**24 float32 elements are 64 MiB per block.
+AUTO_CHUNK_ELEMENTS = 2**24
+
+
+def logprob_chunk_rows(rows: int, tokens: int, vocab: int) -> int | None:
+    """The ``chunk_size`` :func:`policy_logprobs` uses by default: ``None`` (one pass) when
+    ``rows · tokens · vocab`` is at most :data:`AUTO_CHUNK_ELEMENTS`, else ``AUTO_CHUNK_ELEMENTS // vocab``
+    rows (at least 1), so that each float32 block of :func:`grpo_lab.logprobs.token_logprobs` /
+    :func:`~grpo_lab.logprobs.entropy_from_logits` is at most 64 MiB. The entropy pass holds four such
+    blocks: at 4 rows × 512 tokens of a 151,936-token vocabulary, 4.6 GiB in one pass, 256 MiB chunked.
+    Small vocabularies (every CPU chapter) stay in one pass. Raises nothing."""
+    if rows * tokens * vocab <= AUTO_CHUNK_ELEMENTS:
+        return None
+    return max(1, AUTO_CHUNK_ELEMENTS // max(1, vocab))
+
+
 def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None,
-                    with_entropy: bool = False, chunk_size: int | None = None):
+                    with_entropy: bool = False, chunk_size: int | None | str = "auto"):
     """Per-token log-probs (and optionally entropy) of the rollout's completions under ``model``.
 
     Runs one forward pass over ``prompt + completion`` with the same attention mask and
     position ids as generation, keeping only the logits that predict completion tokens
     (``logits_to_keep``), then :func:`grpo_lab.logprobs.token_logprobs` at the sampling
     temperature.
+
+    Args:
+        chunk_size: rows per block of the log-prob and entropy passes (:func:`grpo_lab.logprobs.token_logprobs`);
+            ``None``: one pass; ``"auto"`` (default): :func:`logprob_chunk_rows` of the logits' shape.
 
     Returns:
         ``logp`` float32 ``[B, T]`` (0 on padding), and ``entropy`` float32 ``[B, T]`` (nats,
@@ -455,6 +476,8 @@ def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None
     T = rollout.completion_ids.shape[1]
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=T + 1, use_cache=False)
     logits = out.logits[:, :-1]  # position P-1+t predicts completion token t
+    if chunk_size == "auto":
+        chunk_size = logprob_chunk_rows(*logits.shape)
     logp = token_logprobs(logits, rollout.completion_ids, temperature=temperature, chunk_size=chunk_size)
     logp = logp * rollout.completion_mask
     if with_entropy:

@@ -11,7 +11,16 @@
 # otherwise a tiny Qwen2 instruct model in the hub layout is written here (tests/_hub_fixture.py,
 # random weights: its accuracy is 0, so the run checks the code path and the timing, not learning)
 # and the problems are the shipped fixture. CHAPTER_STEPS (default 3) and CHAPTER_SEEDS (default
-# "(0, 1)") size the GSM8K runs; CHAPTER_BUDGET_S (default 360) stops the chapter if it runs longer.
+# "(0, 1)") size the GSM8K runs; CHAPTER_BUDGET_S (default 360, at most what is left of 450 s from the start) stops the chapter if it runs longer.
+# Then the memory model (grpo_lab/memory_model.py) against torch.cuda.max_memory_allocated, phase by
+# phase, on a random stand-in with Qwen2.5-0.5B's config (V = 151,936) at the GPU profile's shapes
+# (benchmarks/memory_model.py --scale gpu: rollout of 128 rows x 256 prompt + 512 new tokens,
+# greedy evaluation of 256 rows, the state after one AdamW step, one training micro-batch of 4 rows
+# with and without gradient checkpointing, one no-grad scoring micro-batch; bfloat16 autocast),
+# within MEMORY_BUDGET_S (default 180 s), written to OUT_DIR/memory_model_cuda.json (+ .txt) with
+# provenance.
+# CPU mode (no GPU): bash scripts/gpu_check.sh --cpu-memory [OUT_DIR] runs the same benchmark at tiny
+# shapes (--scale test) on CPU and exits.
 # Usage (on a machine with a CUDA GPU): bash scripts/gpu_check.sh [OUT_DIR]
 # Writes OUT_DIR/gpu_tests.log, OUT_DIR/01_grpo_gpu.ipynb (the executed chapter),
 # OUT_DIR/results/01_grpo.json, OUT_DIR/logprobs_memory_cuda.json (+ .txt) and prints a one-line
@@ -20,11 +29,24 @@
 # are left) and keeps the cases it finished if it runs out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CPU_MEMORY=0
+if [[ "${1:-}" == "--cpu-memory" ]]; then CPU_MEMORY=1; shift; fi
 OUT=${1:-${OUT:-runs/gpu_check}}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
+if (( CPU_MEMORY )); then
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} $PY benchmarks/memory_model.py --scale test --cases state,train,rollout \
+    --out "$OUT/memory_model_cpu.json" 2>&1 | tee "$OUT/memory_model_cpu.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0), torch.__version__)"
 timeout --signal=TERM --kill-after=10 "${TESTS_BUDGET_S:-120}" $PY -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log"
+mem_rc=0
+timeout --signal=TERM --kill-after=10 "${MEMORY_BUDGET_S:-180}" \
+  $PY benchmarks/memory_model.py --device cuda --scale gpu --cases rollout,evaluation,state,train,train_ckpt,score \
+    --out "$OUT/memory_model_cuda.json" 2>&1 | tee "$OUT/memory_model_cuda.txt" || mem_rc=$?
+echo "memory model vs CUDA max_memory_allocated (V=151936, GPU-profile shapes): exit ${mem_rc}, see $OUT/memory_model_cuda.txt"
+
 start=$(date +%s)
 OUT_ABS=$(cd "$OUT" && pwd)  # the chapter's kernel runs in book/: absolute paths only
 if [[ -z "${GRPO_LAB_GPU_MODEL:-}" ]]; then
@@ -33,7 +55,8 @@ if [[ -z "${GRPO_LAB_GPU_MODEL:-}" ]]; then
   export GRPO_LAB_GSM8K_SOURCE="${GRPO_LAB_GSM8K_SOURCE:-fixture}"
 fi
 export GRPO_LAB_RESULTS_DIR="$OUT_ABS/results"
-timeout --signal=TERM --kill-after=10 "${CHAPTER_BUDGET_S:-360}" \
+chapter_budget=$(( ${CHAPTER_BUDGET_S:-360} < 450 - SECONDS ? ${CHAPTER_BUDGET_S:-360} : 450 - SECONDS ))
+timeout --signal=TERM --kill-after=10 "$chapter_budget" \
 $PY -m grpo_lab.book execute book/01_grpo.ipynb --timeout 900 --out "$OUT/01_grpo_gpu.ipynb" \
   --param "PROFILE='gpu'" --param "GPU_STEPS=${CHAPTER_STEPS:-3}" --param "GPU_SEEDS=${CHAPTER_SEEDS:-(0, 1)}"
 $PY - "$OUT/results/01_grpo.json" <<'PYEOF'

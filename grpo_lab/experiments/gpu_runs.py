@@ -20,7 +20,8 @@ import pandas as pd
 from ..algorithms import Algorithm, get_algorithm
 from ..paths import data_dir
 from ..validation import positive_int
-from .profiles import GPU_MODEL, Profile, gpu_profile
+from .memory_fit import check_algorithms_fit
+from .profiles import GPU_MODEL, Profile, get_profile, gpu_profile
 from .results import RunResult, load_results, save_results
 from .runs import _check_seeds, run_grid
 
@@ -92,7 +93,9 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
         ``{algo name: RunResult}``, as :func:`run_grid`.
 
     Raises:
-        ValueError: a malformed ``chapter``; as :func:`run_grid` (CUDA not available for a CUDA profile).
+        ValueError: a malformed ``chapter``; an algorithm that the memory model says will not fit
+            the CUDA card (:func:`grpo_lab.experiments.memory_fit.check_algorithms_fit`); as
+            :func:`run_grid` (CUDA not available for a CUDA profile).
     """
     chapter = _chapter_name(chapter)
     prof = profile if profile is not None else gpu_profile()
@@ -100,6 +103,8 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
     seeds = _check_seeds(seeds)
     overrides = dict(overrides or {})
     path = _gpu_results_path(chapter, out, steps, n_jobs)
+    # before any weight is loaded: the reference copy, the critic
+    check_algorithms_fit(get_profile(prof) if isinstance(prof, str) else prof, algos)
     t0 = time.perf_counter()
     grid: dict[str, RunResult] = {}
     # one seed at a time (n_jobs seeds at a time with n_jobs > 1), the file rewritten after each, so

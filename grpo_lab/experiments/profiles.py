@@ -149,7 +149,8 @@ GPU_TEST_SIZE = 500
 
 def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.PathLike | None = None,
                 test_size: int | None = GPU_TEST_SIZE, steps: int = 60, environ: Mapping[str, str] | None = None,
-                lora: LoraSpec | Mapping[str, Any] | None = None, **config: Any) -> Profile:
+                lora: LoraSpec | Mapping[str, Any] | None = None, gpu_memory: int | bool | None = None,
+                **config: Any) -> Profile:
     """The ``"gpu"`` profile: a hub instruct model trained on GSM8K on one CUDA GPU.
 
     The model is :data:`GPU_MODEL` (``$GRPO_LAB_GPU_MODEL`` if set), loaded in float32 and trained
@@ -159,13 +160,16 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
     (``tokenizer_name`` = the model) and a generation budget of 512 tokens. The scale is that of a
     small real GRPO run: 16 questions × G = 8 responses per step (128 completions), two
     minibatches per rollout (so the second update is off-policy and the clip can act), lr 1e-6
-    (DeepSeekMath §4.2, DAPO §4.1) with 5 optimiser steps of warm-up, micro-batches of 4 rows
-    (sized for a 16 GB T4 by arithmetic, not measured: about 10 GB of float32 weights, gradients,
-    AdamW state and reference copy for 0.5B parameters, plus activations and a 151,936-token
-    vocabulary's logits), 60
-    steps, greedy test accuracy every 10 steps, generated 64 test problems at a time
-    (``eval_batch_size``; a placeholder, not yet sized from a memory model).
-    :func:`expected_gpu_minutes` estimates its wall time.
+    (DeepSeekMath §4.2, DAPO §4.1) with 5 optimiser steps of warm-up, 60 steps, greedy test accuracy
+    every 10 steps. :func:`expected_gpu_minutes` estimates its wall time.
+
+    Micro-batches (4 rows) and evaluation batches (64 problems) are defaults for a device that is not
+    CUDA (a dry run). On a CUDA device both are fitted to the card by the memory model
+    (:func:`grpo_lab.experiments.memory_fit.fit_gpu_config`: the largest power of two up to a minibatch,
+    resp. up to 64, whose phases fit, assuming a KL reference copy unless ``lora`` is set; with
+    ``gradient_checkpointing`` switched on when the step fits only with it), from the model's
+    ``config.json`` alone, before any weight is loaded; a size the user chose is kept, and one that will
+    not fit fails here, naming the phase and the setting that would fit.
 
     Args:
         model: a hub id or a local directory in the hub layout; ``None``: ``$GRPO_LAB_GPU_MODEL``
@@ -189,13 +193,18 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
             ``$GRPO_LAB_GPU_CONFIG``, a JSON object of ``TrainerConfig`` fields (e.g.
             ``{"micro_batch_size": 2}`` for a GPU with less memory), is applied after the defaults
             and before these keyword arguments; it is parsed as JSON, never evaluated.
+        gpu_memory: the card's memory in bytes to fit the batch sizes to (a test's fake card);
+            ``None``: the CUDA device's, when the device is CUDA and CUDA is available; ``False``:
+            no fit (the import-time ``PROFILES["gpu"]``, which must not read a config from the hub).
 
     Returns:
         A :class:`Profile` named ``"gpu"``.
 
     Raises:
         ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, a
-            ``$GRPO_LAB_GPU_CONFIG`` that is not a JSON object of known fields, or a bad ``lora``.
+            ``$GRPO_LAB_GPU_CONFIG`` that is not a JSON object of known fields, or a bad ``lora``;
+            a phase of the step that the memory model says will not fit the card (its name, and the
+            ``micro_batch_size``, ``eval_batch_size``, ``gradient_checkpointing`` or LoRA that would).
     """
     env_ = os.environ if environ is None else environ
     model = str(model if model is not None else env_.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)
@@ -217,12 +226,19 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
             raise ValueError(f"gpu_profile: $GRPO_LAB_GPU_CONFIG must be a JSON object of TrainerConfig fields, got "
                              f"{env!r}" + (f" (unknown: {sorted(set(extra) - known)})" if isinstance(extra, dict) else ""))
         settings.update(extra)
+    explicit = set(extra if env else ()) | set(config)
     settings.update(config)
     task_kwargs = {"source": source, "tokenizer_name": model, "max_new_tokens": 512,
                    "test_size": test_size if source == "hub" else None}
     given = {k: env_[k] for k in ("GRPO_LAB_GPU_DEVICE", "GRPO_LAB_GPU_CONFIG") if env_.get(k)}
-    return Profile(name="gpu", base=model, task="gsm8k", steps=steps, config=_gpu_config(settings, given),
-                   task_kwargs=task_kwargs, lora=lora)
+    cfg = _gpu_config(settings, given)
+    if gpu_memory is not False:
+        from .memory_fit import fit_gpu_config
+
+        cfg = fit_gpu_config(model, cfg, max_new_tokens=512, explicit=explicit, total_memory=gpu_memory,
+                             lora=LoraSpec.from_value(lora))
+    return Profile(name="gpu", base=model, task="gsm8k", steps=steps, config=cfg, task_kwargs=task_kwargs,
+                   lora=lora)
 
 
 def _gpu_config(settings: dict, given: Mapping[str, str]) -> TrainerConfig:
@@ -238,7 +254,7 @@ def _gpu_config(settings: dict, given: Mapping[str, str]) -> TrainerConfig:
         raise
 
 
-PROFILES["gpu"] = gpu_profile(environ={})  # the defaults; get_profile("gpu") applies the environment
+PROFILES["gpu"] = gpu_profile(environ={}, gpu_memory=False)  # the defaults; get_profile("gpu") applies the environment
 
 
 def get_profile(name: str) -> Profile:
