@@ -13,9 +13,9 @@ that phase added over what was held before it:
   under no-grad, as :func:`grpo_lab.rollout.policy_logprobs` calls them; ``_ckpt`` with HF gradient
   checkpointing (``use_reentrant=False``), ``_bf16`` under bfloat16 autocast;
 * ``score``: the same forward under no-grad, log-probs only (π_old / π_ref scoring);
-* ``rollout``: HF ``generate`` sampling ``rows`` rows to the budget (no EOS can stop them), with a
-  logits processor that keeps the behaviour log-probs per step (``O(rows·V)``; no ``[B, T, V]``
-  logits are returned); ``evaluation``: greedy, no processor.
+* ``rollout``: grpo_lab's sampling path (``rollout._generate_with`` and its per-step behaviour
+  log-prob recorder, as :func:`grpo_lab.rollout.generate` runs it) on ``rows`` rows to the budget (no
+  EOS can stop them); ``evaluation``: greedy, without the recorder (as :func:`grpo_lab.rollout.evaluate`).
 
 Memory: on CPU the peak resident set (``VmHWM`` after writing ``5`` to ``/proc/self/clear_refs``,
 as :mod:`grpo_lab.training.memory` does) minus the resident set before the phase, with glibc's
@@ -235,20 +235,13 @@ def _case_train(case, config, scale, device, mem) -> dict:
 
 
 def _case_generate(case, config, scale, device, mem) -> dict:
+    """``rollout``: grpo_lab's sampling path (:func:`grpo_lab.rollout._generate_with` with its per-step
+    behaviour log-prob recorder, what :func:`grpo_lab.rollout.generate` runs after tokenising);
+    ``evaluation``: the same greedy, without the recorder (what :func:`grpo_lab.rollout.evaluate` runs)."""
     import torch
-    from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+    from transformers import GenerationConfig
 
-    class BehaviourLogp(LogitsProcessor):
-        """Per step: the log-prob of the token sampled at the previous step; holds one [rows, V] block."""
-
-        def __init__(self):
-            self.prev, self.out = None, []
-
-        def __call__(self, input_ids, scores):
-            if self.prev is not None:
-                self.out.append(self.prev.gather(1, input_ids[:, -1:]))
-            self.prev = torch.log_softmax(scores.float(), -1)
-            return scores
+    from grpo_lab.rollout import _BehaviourLogprobs, _generate_with
 
     shape = run_shape(case, scale)
     greedy = case == "evaluation"
@@ -261,13 +254,15 @@ def _case_generate(case, config, scale, device, mem) -> dict:
                           **({} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}))
     small = _inputs(2, 4, 0, config["vocab_size"], device)
     with torch.no_grad(), _autocast(device, shape.autocast):  # warm-up
-        model.generate(input_ids=small[0], attention_mask=small[1], generation_config=GenerationConfig(
-            **{**gc.to_dict(), "max_new_tokens": 2}))
+        _generate_with(model, small[0], small[1], GenerationConfig(**{**gc.to_dict(), "max_new_tokens": 2}),
+                       None if greedy else _BehaviourLogprobs(4, 1.0))
     ids, mask, _ = _inputs(rows, shape.prompt_len, 0, config["vocab_size"], device)
-    procs = LogitsProcessorList([] if greedy else [BehaviourLogp()])
+    recorder = None if greedy else _BehaviourLogprobs(shape.prompt_len, 1.0)
     base = mem.reset()
     with torch.no_grad(), _autocast(device, shape.autocast):
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, logits_processor=procs)
+        out, _ = _generate_with(model, ids, mask, gc, recorder)
+        if recorder is not None:
+            recorder.finish(out.sequences[:, shape.prompt_len:])
     assert out.sequences.shape[1] == shape.prompt_len + shape.max_new_tokens, out.sequences.shape
     return {case: mem.peak() - base}
 
