@@ -377,7 +377,7 @@ def _fit_cell(total: int, autocast: str, kl: bool, critic: bool, new: int, max_m
     from grpo_lab.memory_model import QWEN25_05B_CONFIG, RunShape, fit_batch_sizes
 
     for ckpt in (False, True):
-        shape = RunShape(rows=128, prompt_len=256, max_new_tokens=new, micro_batch_size=1, eval_batch_size=256,
+        shape = RunShape(rows=128, prompt_len=256, max_new_tokens=new, micro_batch_size=1, eval_batch_size=64,
                          autocast=autocast, kl_reference=kl, critic=critic, gradient_checkpointing=ckpt)
         try:
             micro, ev = fit_batch_sizes(QWEN25_05B_CONFIG, shape, total, max_micro=max_micro)
@@ -391,7 +391,8 @@ def _fit_cell(total: int, autocast: str, kl: bool, critic: bool, new: int, max_m
 
 def readme_table() -> str:
     """The README's GPU fit table: per chapter and card, the micro-batch and evaluation batch the
-    memory model lets fit (Qwen2.5-0.5B, 128 rows, prompts of 256 tokens), predicted, not measured."""
+    memory model lets fit (Qwen2.5-0.5B, 128 rows, prompts of 256 tokens, evaluation batches up to the
+    profile's 64), predicted, not measured."""
     head = "| chapter | algorithms | " + " | ".join(CARDS) + " |"
     rows = [head, "|" + "---|" * (2 + len(CARDS))]
     for ch, (names, kl, critic, new, max_micro) in chapter_runs().items():

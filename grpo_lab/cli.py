@@ -272,8 +272,8 @@ def resolve_model(model: str) -> str:
                      "a checkpoint directory, or a hub id org/name")
 
 
-#: ``--lora-targets``' default: the attention's query and value projections (the LoRA paper's choice, §7.1).
-LORA_TARGETS = ("q_proj", "v_proj")
+#: ``--lora-targets``' default: :data:`grpo_lab.lora.DEFAULT_TARGETS`, the attention's query and value projections.
+LORA_TARGETS = ("q_proj", "v_proj")  # = grpo_lab.lora.DEFAULT_TARGETS (not imported here: it imports torch)
 
 
 def lora_option(r: int | None, alpha: float | None, targets: Sequence[str] | None):

@@ -35,7 +35,7 @@ from .models import _load_tokenizer, _missing_tokenizer_files, is_peft_model, lo
 from .paths import checkpoint_dir
 from .validation import is_int
 
-__all__ = ["LoraSpec", "AdapterDisabled", "require_peft", "base_record", "BASE_FILE", "adapter_checkpoint_missing",
+__all__ = ["LoraSpec", "DEFAULT_TARGETS", "AdapterDisabled", "require_peft", "base_record", "BASE_FILE", "adapter_checkpoint_missing",
            "load_adapter_policy", "BaseModelNotFound"]
 
 #: The file of a LoRA checkpoint's ``policy/`` directory that names the base model (:func:`base_record`).
@@ -58,6 +58,10 @@ def require_peft(what: str):
     return peft
 
 
+#: :class:`LoraSpec`'s default ``target_modules``: the attention's query and value projections.
+DEFAULT_TARGETS = ("q_proj", "v_proj")
+
+
 @dataclass(frozen=True)
 class LoraSpec:
     """The LoRA adapters to put on a policy: ``peft.LoraConfig(r, lora_alpha=alpha, target_modules,
@@ -65,9 +69,12 @@ class LoraSpec:
 
     Attributes:
         r: the rank (int ≥ 1).
-        alpha: the scaling numerator (> 0): the update is ``(alpha / r) · B A``.
-        target_modules: the names of the linear modules that get adapters (``("q_proj", "v_proj")``:
-            every module whose name ends with one), at least one; a list is stored as a tuple.
+        alpha: the scaling numerator (> 0): the update is ``(alpha / r) · B A``; default ``2 r``.
+        target_modules: the names of the linear modules that get adapters (every module whose name ends
+            with one), at least one, each of which must match a module of the model
+            (:meth:`apply` refuses a name that matches none); a list is stored as a tuple. Default
+            :data:`DEFAULT_TARGETS`, the attention's query and value projections (the LoRA paper's
+            choice, arXiv 2106.09685, §7.1).
         dropout: LoRA's dropout on the adapters' input: must be 0. The trainer switches every dropout of
             the policy off (:func:`grpo_lab.training.dropout.disable_dropout`): its ratio compares one
             function of the weights at two points (see :mod:`grpo_lab.trainer`), so a LoRA dropout
@@ -78,11 +85,13 @@ class LoraSpec:
     """
 
     r: int
-    alpha: float
-    target_modules: tuple[str, ...]
+    alpha: float | None = None
+    target_modules: tuple[str, ...] = DEFAULT_TARGETS
     dropout: float = 0.0
 
     def __post_init__(self):
+        if self.alpha is None and is_int(self.r):
+            object.__setattr__(self, "alpha", 2 * self.r)
         targets = self.target_modules
         if isinstance(targets, str) or not all(isinstance(t, str) and t.strip() for t in (targets or ())) or not targets:
             raise ValueError(f"LoraSpec: target_modules must be module names such as ('q_proj', 'v_proj'), "
@@ -101,7 +110,7 @@ class LoraSpec:
     @classmethod
     def from_value(cls, value: "LoraSpec | Mapping[str, Any] | None") -> "LoraSpec | None":
         """``value`` as a :class:`LoraSpec`: ``None`` stays ``None`` (no LoRA); a mapping with the keys
-        ``r``, ``alpha``, ``target_modules`` and optionally ``dropout``.
+        ``r`` and optionally ``alpha``, ``target_modules``, ``dropout`` (the defaults of the class).
 
         Raises:
             TypeError: neither ``None``, a :class:`LoraSpec` nor a mapping.
@@ -112,10 +121,10 @@ class LoraSpec:
         if not isinstance(value, Mapping):
             raise TypeError(f"lora must be None, a LoraSpec or a dict such as dict(r=8, alpha=16, "
                             f"target_modules=('q_proj', 'v_proj')), got {value!r}")
-        known, need = {"r", "alpha", "target_modules", "dropout"}, {"r", "alpha", "target_modules"}
+        known, need = {"r", "alpha", "target_modules", "dropout"}, {"r"}
         if set(value) - known or need - set(value):
             raise ValueError(f"lora: unknown keys {sorted(set(value) - known)}, missing keys {sorted(need - set(value))}; "
-                             f"expected r, alpha, target_modules and optionally dropout")
+                             f"expected r and optionally alpha, target_modules, dropout")
         return cls(**value)
 
     def to_dict(self) -> dict:
@@ -132,13 +141,20 @@ class LoraSpec:
 
         Raises:
             ImportError: peft is not installed.
-            ValueError: no module of ``model`` matches ``target_modules`` (peft's message, with the names).
+            ValueError: a name of ``target_modules`` matches no module of ``model`` (named, with the
+                model's linear layers), or none does (peft's message, with the names).
         """
         peft = require_peft("LoRA (LoraSpec.apply)")
         config = peft.LoraConfig(r=int(self.r), lora_alpha=self.alpha, target_modules=list(self.target_modules),
                                  lora_dropout=float(self.dropout), task_type="CAUSAL_LM")
         state = torch.random.get_rng_state()
         torch.manual_seed(seed)
+        names = [n for n, _ in model.named_modules()]
+        unmatched = [t for t in self.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+        if unmatched and len(unmatched) < len(self.target_modules):  # none matching: peft's own message below
+            raise ValueError(f"LoraSpec: target_modules {unmatched} match no module of the model "
+                             f"({type(model).__name__}); its linear layers end with "
+                             f"{sorted({n.rsplit('.', 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})}")
         try:
             with warnings.catch_warnings():  # peft reads transformers' renamed property: not the user's to fix
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated",

@@ -88,7 +88,8 @@ class ModelDims:
 
         Raises:
             ValueError: a required field (hidden_size, num_hidden_layers, num_attention_heads,
-                intermediate_size, vocab_size) is missing or not a positive int, naming it; a
+                intermediate_size, vocab_size) is missing or not a positive int, naming it;
+                ``num_key_value_heads`` that does not divide ``num_attention_heads``; a
                 Mixture-of-Experts config (``num_experts`` / ``num_local_experts``), which this
                 dense model does not describe.
         """
@@ -103,6 +104,9 @@ class ModelDims:
             need[key] = v
         heads = need["num_attention_heads"]
         kv = get("num_key_value_heads") or heads
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or heads % kv:
+            raise ValueError(f"ModelDims: num_key_value_heads must be a positive int dividing num_attention_heads "
+                             f"({heads}), got {kv!r}")
         head_dim = get("head_dim") or need["hidden_size"] // heads
         bias = get("model_type") == "qwen2" or bool(get("attention_bias", False))
         return cls(need["hidden_size"], need["num_hidden_layers"], heads, int(kv), int(head_dim),
@@ -327,10 +331,13 @@ def _autocast_copies(d: ModelDims, s: RunShape) -> int:
 def _generation(d: ModelDims, s: RunShape, rows: int, prompt: int, buffers: int) -> dict[str, int]:
     """Terms of one ``generate`` call of ``rows`` rows, ``prompt`` prompt tokens, ``max_new_tokens``:
 
-    * ``kv_cache``: keys and values of every layer for every position, 2·L·rows·(P+T)·kv_heads·head_dim
-      in the autocast dtype (the projections' output dtype);
+    * ``kv_cache``: keys and values of every layer for every position, L·rows·(P+T)·kv_heads·head_dim·(4 + e):
+      values in the autocast dtype (``e`` bytes, the projection's output), keys in float32 (4 bytes)
+      because the rotary embedding multiplies the autocast keys by the float32 cos / sin of a float32
+      model (type promotion, outside autocast's op list; measured on CPU: keys float32, values
+      bfloat16);
     * ``cache_growth``: HF's ``DynamicCache`` appends by ``torch.cat``: one layer's new keys and
-      values exist beside the old ones, 2·rows·(P+T)·kv_heads·head_dim;
+      values exist beside the old ones, rows·(P+T)·kv_heads·head_dim·(4 + e);
     * ``step_buffers``: ``buffers`` float32 ``[rows, V]`` tensors of a decoding step (the last
       position's logits upcast by ``generate``, the temperature-scaled copy, the per-step
       log-softmax of the behaviour log-probs, the softmax probabilities, ...);
@@ -341,10 +348,11 @@ def _generation(d: ModelDims, s: RunShape, rows: int, prompt: int, buffers: int)
     e = _LOW[s.autocast]
     kv = d.kv_heads * d.head_dim
     total = prompt + s.max_new_tokens
-    cache = 2 * d.layers * rows * total * kv * e
-    growth = 2 * rows * total * kv * e
+    per_position = kv * (4 + e)  # float32 keys (rotary embedding of a float32 model), values in the autocast dtype
+    cache = d.layers * rows * total * per_position
+    growth = rows * total * per_position
     step = buffers * rows * d.vocab * 4
-    prefill = 2 * d.layers * rows * prompt * kv * e + rows * prompt * (3 * d.intermediate * e + 4 * d.hidden * 4)
+    prefill = d.layers * rows * prompt * per_position + rows * prompt * (3 * d.intermediate * e + 4 * d.hidden * 4)
     return {"kv_cache": cache, "cache_growth": growth, "step_buffers": step, "prefill": prefill,
             "autocast_copies": _autocast_copies(d, s)}
 
@@ -511,13 +519,17 @@ def fit_batch_sizes(config: Any, shape: RunShape, total_memory: int, *, max_micr
     usable = usable_memory(total_memory)
     est = predict_memory(config, shape)
     card = f"a {_gib(total_memory)} card ({_gib(usable)} usable)"
+    lora = "LoRA (gpu_profile(lora=...), --lora-r), " if not shape.lora_rank else ""
     if est.persistent > usable:
-        raise ValueError(f"{what}: the weights, gradients and optimiser state alone take {_gib(est.persistent)} on "
-                         f"{card}: use LoRA (gpu_profile(lora=...), --lora-r) or a larger GPU")
+        held = ("the weights, gradients and optimiser state" if not shape.lora_rank else
+                "the float32 weights of the frozen base (4 bytes per parameter: the trainer keeps float32 weights) "
+                "with the adapters' gradients and optimiser state")
+        raise ValueError(f"{what}: {held} alone take {_gib(est.persistent)} on {card}: use {lora}a smaller model "
+                         "or a larger GPU")
     if est.persistent + est.phases["rollout"] > usable:
         raise ValueError(f"{what}: the rollout of {shape.rows} rows x {shape.prompt_len}+{shape.max_new_tokens} tokens "
-                         f"needs {_gib(est.persistent + est.phases['rollout'])} on {card}: use LoRA or fewer rows "
-                         "(prompts_per_step x group_size)")
+                         f"needs {_gib(est.persistent + est.phases['rollout'])} on {card}: use {lora}fewer rows "
+                         "(prompts_per_step x group_size) or a shorter budget (max_new_tokens)")
     max_micro = max_micro or shape.rows
     micro_phases = ("train_micro", "score_micro")
     if fixed_micro:
@@ -552,18 +564,22 @@ def _fit_eval(config: Any, shape: RunShape, usable: int, fixed: bool, what: str,
 def main(argv: list | None = None) -> int:
     """``python -m grpo_lab.memory_model``: the phases of the GPU profile's shapes on Qwen2.5-0.5B
     (:data:`QWEN25_05B_CONFIG`), as a Markdown table: 128 rows, 256 prompt + 512 new tokens,
-    micro-batches of 4, evaluation batches of 256, bfloat16 autocast, a KL reference."""
+    micro-batches of 4, evaluation batches of 64 (the profile's defaults), bfloat16 autocast, a KL reference."""
     import argparse
 
     p = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
     p.add_argument("--micro", type=int, default=4)
-    p.add_argument("--eval-batch", type=int, default=256)
+    p.add_argument("--eval-batch", type=int, default=64)
     p.add_argument("--autocast", default="bfloat16", choices=sorted(_LOW))
     p.add_argument("--checkpointing", action="store_true")
     args = p.parse_args(argv)
     shape = RunShape(rows=128, prompt_len=256, max_new_tokens=512, micro_batch_size=args.micro,
                      eval_batch_size=args.eval_batch, autocast=args.autocast, kl_reference=True,
                      gradient_checkpointing=args.checkpointing)
+    print(f"Qwen2.5-0.5B, {shape.rows} rows x {shape.prompt_len} prompt + {shape.max_new_tokens} new tokens, "
+          f"micro-batches of {shape.micro_batch_size}, evaluation batches of {shape.eval_batch_size}, "
+          f"{shape.autocast} autocast, float32 weights, a KL reference copy"
+          f"{', gradient checkpointing' if shape.gradient_checkpointing else ''} (predicted, bytes in GiB):\n")
     print(predict_memory(QWEN25_05B_CONFIG, shape).table())
     return 0
 

@@ -92,3 +92,25 @@ def test_lora_needs_no_reference_copy_nor_optimiser_state_for_the_base(qwen_dir)
                     gradient_checkpointing=prof.config.gradient_checkpointing, lora_rank=8,
                     lora_targets=("q_proj", "v_proj"))
     assert mm.predict_memory(QWEN05, shape).peak <= mm.usable_memory(6 * GIB)
+
+
+def test_a_fit_that_cannot_be_made_warns_and_keeps_the_defaults(tmp_path):
+    with pytest.warns(RuntimeWarning, match="config.json could not be read"):
+        prof = experiments.gpu_profile(tmp_path / "no_such_model", environ={}, gpu_memory=4 * GIB)
+    assert prof.config.micro_batch_size == 4
+    (tmp_path / "moe").mkdir()
+    (tmp_path / "moe" / "config.json").write_text(json.dumps({**QWEN05, "model_type": "qwen2_moe", "num_experts": 8}))
+    with pytest.warns(RuntimeWarning, match="Mixture-of-Experts"):
+        experiments.gpu_profile(tmp_path / "moe", environ={}, gpu_memory=4 * GIB)
+
+
+def test_with_lora_the_state_error_names_the_float32_base_not_lora(qwen_dir):
+    lora = dict(r=8, alpha=16, target_modules=("q_proj", "v_proj"))
+    with pytest.raises(ValueError, match="float32 weights of the frozen base") as err:
+        experiments.gpu_profile(qwen_dir, environ={}, gpu_memory=2 * GIB, lora=lora)
+    assert "use LoRA" not in str(err.value)
+
+
+def test_key_value_heads_must_divide_the_heads():
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        mm.ModelDims.from_config({**QWEN05, "num_key_value_heads": 28})

@@ -289,3 +289,25 @@ def test_gradient_checkpointing_with_lora_gives_the_same_training():
     for (n, p), (_, q) in zip(runs[False][1].named_parameters(), runs[True][1].named_parameters()):
         if "lora_" in n:
             torch.testing.assert_close(q, p, atol=1e-7, rtol=1e-5)
+
+
+def test_lora_spec_defaults_and_a_misspelled_target():
+    from grpo_lab.cli import LORA_TARGETS
+    from grpo_lab.lora import DEFAULT_TARGETS
+
+    assert LoraSpec(r=4) == LoraSpec(4, 8, ("q_proj", "v_proj")) and LORA_TARGETS == DEFAULT_TARGETS
+    assert LoraSpec.from_value({"r": 4}) == LoraSpec(r=4)
+    base, _ = load_policy("arithmetic-base", progress=False)
+    with pytest.raises(ValueError, match=r"\['qproj_typo'\] match no module"):
+        LoraSpec(r=4, target_modules=("q_proj", "qproj_typo")).apply(base)
+
+
+def test_a_peft_lora_dropout_is_zeroed_in_the_saved_adapter_config(tmp_path):
+    import peft
+
+    base, tok = load_policy("arithmetic-base", progress=False)
+    policy = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], lora_dropout=0.1))
+    tr = Trainer(policy, tok, ArithmeticTask(test_size=5), GRPO,
+                 TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=0, progress=False))
+    assert tr.policy.peft_config["default"].lora_dropout == 0.0
+    assert all(m.p == 0 for m in tr.policy.modules() if isinstance(m, torch.nn.Dropout))

@@ -50,7 +50,8 @@ def test_reference_critic_and_lora_state():
 def test_kv_cache_activations_and_logits_by_hand():
     est = mm.predict_memory(QWEN05, SHAPE)
     gen = est.notes["rollout"]
-    assert gen["kv_cache"] == 2 * 24 * 128 * 768 * 2 * 64 * 2  # k and v, layers, rows, positions, kv dims, bf16
+    # layers, rows, positions, kv dims, float32 keys + bf16 values (test_the_kv_cache_dtypes_the_model_assumes)
+    assert gen["kv_cache"] == 24 * 128 * 768 * 2 * 64 * (4 + 2)
     assert gen["step_buffers"] == 5 * 128 * 151936 * 4
     # float32: 2 norms x 3H + 5 attention tensors of H + 4 of I, 4 bytes each
     small = mm.ModelDims.from_config({**QWEN05, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024})
@@ -119,3 +120,23 @@ def test_the_readme_gpu_memory_table_is_the_model():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = readme.split("<!-- gpu-memory:start -->")[1].split("<!-- gpu-memory:end -->")[0]
     assert block.strip() == _bench().readme_table().strip()
+
+
+def test_the_kv_cache_dtypes_the_model_assumes():
+    """Under bfloat16 autocast a float32 Qwen2 caches float32 keys (the rotary embedding multiplies the
+    bfloat16 projection by float32 cos / sin) and bfloat16 values: the (4 + e) bytes per position of
+    memory_model._generation. A transformers change would show here."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=50)).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = model(input_ids=torch.randint(0, 50, (2, 5)), use_cache=True).past_key_values
+    layer = cache.layers[0]
+    assert (layer.keys.dtype, layer.values.dtype) == (torch.float32, torch.bfloat16)
+    d = mm.ModelDims.from_config({"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                  "num_key_value_heads": 1, "intermediate_size": 64, "vocab_size": 50})
+    shape = mm.RunShape(rows=2, prompt_len=5, max_new_tokens=1, micro_batch_size=1, autocast="bfloat16")
+    kv = mm._generation(d, shape, 2, 5, 1)["kv_cache"]
+    assert kv == 2 * 6 * 16 * (4 + 2)  # rows x positions x kv_heads*head_dim x (float32 key + bf16 value), 1 layer

@@ -63,6 +63,22 @@ def _model_config(model: str | os.PathLike):
         return None
 
 
+def _fit_skipped(hf, model, what: str) -> bool:
+    """True (with a ``RuntimeWarning`` saying why) when the memory model cannot judge ``model``: its
+    ``config.json`` could not be read (offline and not cached, a wrong path) or it is a
+    Mixture-of-Experts model (the memory model covers dense decoders)."""
+    import warnings
+
+    why = ("its config.json could not be read (offline and not cached, or a wrong path)" if hf is None else
+           "it is a Mixture-of-Experts model, which the memory model does not cover" if
+           getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None) else None)
+    if why is None:
+        return False
+    warnings.warn(f"{what}: the batch sizes were not fitted to the GPU's memory for {model}: {why}; the defaults "
+                  "(or your settings) are used as they are", RuntimeWarning, stacklevel=4)
+    return True
+
+
 def fit_gpu_config(model: str | os.PathLike, config, *, max_new_tokens: int, explicit: Collection[str] = (),
                    total_memory: int | None = None, kl_reference: bool = True, critic: bool = False, lora=None):
     """``config`` with the largest ``micro_batch_size`` (and ``eval_batch_size``) that the memory model
@@ -83,7 +99,8 @@ def fit_gpu_config(model: str | os.PathLike, config, *, max_new_tokens: int, exp
 
     Returns:
         The config, unchanged when there is no card to fit (not CUDA, CUDA not available, no
-        ``total_memory``) or the model's config cannot be read.
+        ``total_memory``), or, with a ``RuntimeWarning``, when the model's config cannot be read or
+        describes a Mixture-of-Experts model.
 
     Raises:
         ValueError: a phase does not fit: its name, and the setting that would make it fit
@@ -91,7 +108,7 @@ def fit_gpu_config(model: str | os.PathLike, config, *, max_new_tokens: int, exp
     """
     total = _card_memory(config, total_memory)
     hf = _model_config(model) if total is not None else None
-    if hf is None or getattr(hf, "num_experts", None):
+    if total is None or _fit_skipped(hf, model, "gpu_profile"):
         return config
     max_micro = max(1, config.prompts_per_step * config.group_size // max(1, config.minibatches))
     tries = [config]
@@ -123,8 +140,8 @@ def check_algorithms_fit(profile, algos, *, total_memory: int | None = None) -> 
     cfg = profile.config
     total = _card_memory(cfg, total_memory)
     hf = _model_config(profile.base) if total is not None else None
-    if hf is None or getattr(hf, "num_experts", None):
-        return
+    if hf is None or getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None):
+        return  # not fitted: gpu_profile warned when it built the profile
     budget = int(dict(profile.task_kwargs).get("max_new_tokens") or 512)
     for algo in algos:
         critic = algo.advantage in VALUE_BASELINE_ESTIMATORS and getattr(cfg, "value_init", "policy") == "policy"

@@ -36,8 +36,9 @@ def disable_dropout(model: torch.nn.Module) -> list[str]:
       ``p = 0``;
     * every positive float attribute of a module whose name contains one of :data:`TRAIN_NOISE_KEYS`
       (Qwen2 / Llama attention's ``attention_dropout``, Mixtral's ``jitter_noise``): ``0.0``;
-    * the same entries of ``model.config`` (and of nested configs such as ``text_config``), so that
-      modules built later from the config and a checkpoint saved from ``model`` carry no dropout.
+    * the same entries of ``model.config`` (and of nested configs such as ``text_config``), and a
+      ``peft`` model's ``lora_dropout`` in its ``peft_config``, so that modules built later from the
+      config and a checkpoint saved from ``model`` carry no dropout.
 
     After this, ``model.train()`` and ``model.eval()`` compute the same function (for the models of
     ``transformers`` and :mod:`grpo_lab.models`; a custom module with another kind of train-mode
@@ -64,6 +65,10 @@ def disable_dropout(model: torch.nn.Module) -> list[str]:
             if _is_noise_level(attr, value):
                 changed.append(f"{name or type(model).__name__}.{attr}={value:g}")
                 setattr(module, attr, 0.0)
+    for name, config in getattr(model, "peft_config", {}).items():  # a peft model's adapter configs (saved with it)
+        if _is_noise_level("lora_dropout", getattr(config, "lora_dropout", None)):
+            changed.append(f"peft_config[{name!r}].lora_dropout={config.lora_dropout:g}")
+            config.lora_dropout = 0.0
     seen = set()
     for _, module in model.named_modules():
         config = getattr(module, "config", None)
