@@ -171,7 +171,7 @@ class Checkpointing:
                 algorithm has a KL term but ``ref/`` is missing, the checkpoint has a value model
                 and none was passed, or its task cannot be rebuilt and no ``task=`` was passed (the
                 message says why and shows both remedies).
-            BaseModelNotFound: (:mod:`grpo_lab.lora`, a ``FileNotFoundError``) a LoRA checkpoint's base
+            grpo_lab.lora.BaseModelNotFound: (a ``FileNotFoundError``) a LoRA checkpoint's base
                 model cannot be loaded on this machine (the message names it).
             ImportError: a LoRA checkpoint and peft is not installed.
         """
@@ -256,7 +256,7 @@ def _load_checkpoint_models(path: Path, config: TrainerConfig, algo: Algorithm, 
 
     Raises:
         ValueError: a file is missing or damaged (named in the message).
-        BaseModelNotFound: the base model of a LoRA checkpoint cannot be loaded here.
+        grpo_lab.lora.BaseModelNotFound: the base model of a LoRA checkpoint cannot be loaded here.
     """
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
