@@ -236,7 +236,7 @@ class MemoryEstimate:
 
     @property
     def persistent(self) -> int:
-        """Bytes held through the step: the sum of the :data:`PERSISTENT` phases."""
+        """The sum of the :data:`PERSISTENT` phases (bytes held through the whole step)."""
         return sum(self.phases[k] for k in PERSISTENT)
 
     @property
@@ -246,7 +246,7 @@ class MemoryEstimate:
 
     @property
     def peak(self) -> int:
-        """The step's peak, in bytes: :attr:`persistent` + the largest transient phase."""
+        """:attr:`persistent` plus the largest transient phase (the step's peak, in bytes)."""
         return self.persistent + self.phases[self.peak_phase]
 
     def table(self) -> str:
@@ -416,7 +416,7 @@ def predict_memory(config: Any, shape: RunShape) -> MemoryEstimate:
 
     Returns:
         A :class:`MemoryEstimate`: ``phases`` has ``weights``, ``gradients``, ``adam``, ``reference``,
-        ``critic`` (held, :func:`_state_phases`) and ``rollout`` (``rows`` rows), ``evaluation``
+        ``critic`` (held, ``_state_phases``) and ``rollout`` (``rows`` rows), ``evaluation``
         (``eval_batch_size`` rows, greedy), ``train_micro``, ``score_micro``, ``optimizer_step``
         (AdamW's float32 temporary, 4 bytes per trainable parameter) (transient), each in bytes;
         ``notes`` their terms; ``peak`` the step's peak.

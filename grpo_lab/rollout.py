@@ -198,7 +198,7 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     ``top_p=1`` and ``top_k=0`` (the defaults; with truncation samplers they are the
     untruncated log-probs, as inference engines report them). Greedy decoding records
     log-probs at temperature 1. They are recorded step by step while ``generate`` runs (a
-    logits processor, :class:`_BehaviourLogprobs`, that sees the raw float32 logits before the
+    logits processor, ``_BehaviourLogprobs``, that sees the raw float32 logits before the
     temperature / top-k / top-p warpers, and a stopping criterion that reads the token drawn from
     them in the same step), with :func:`grpo_lab.logprobs.token_logprobs`'s arithmetic: no
     ``[B, V]`` tensor outlives its decoding step, instead of the ``O(B·T·V)`` of stacking every

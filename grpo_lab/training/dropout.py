@@ -18,7 +18,7 @@ import torch
 
 __all__ = ["disable_dropout", "TRAIN_NOISE_KEYS"]
 
-#: Substrings of config entries and module attributes that hold a train-mode noise level: dropout
+#: The substrings that mark a config entry or module attribute as a train-mode noise level, namely dropout
 #: probabilities (``attention_dropout``, ``hidden_dropout``, GPT-2's ``attn_pdrop``, ...) and router
 #: jitter (``router_jitter_noise``, ``jitter_noise``).
 TRAIN_NOISE_KEYS = ("dropout", "pdrop", "jitter_noise")

@@ -53,12 +53,12 @@ class RolloutUpdate:
         micro: rows per micro-batch.
         lengths: ``[B]`` real tokens per row (prompt and completion), what ``sort_by_length`` sorts by.
         layouts: per epoch, per minibatch, the micro-batches as ``[b]`` int64 row indices, in the order
-            and with the companions the training forward will see (:meth:`Update._layouts`).
+            and with the companions the training forward will see (``Update._layouts``).
         old_by_epoch: per epoch, the ``[B, T]`` float32 π_old log-probs scored in that epoch's layout (epochs
             with the same layout share one tensor), or ``None`` when the rollout feeds a single optimiser
             step (π_old = sg(π_θ) of each micro-batch's own forward). With ``old_logp="recompute"`` the rows
             of the first minibatch are written during its step.
-        old_logp: the entry of ``old_by_epoch`` of the epoch being trained (set by :meth:`Update.update`).
+        old_logp: the entry of ``old_by_epoch`` of the epoch being trained (set by :meth:`~grpo_lab.trainer.Trainer.update`).
         ref_logp: ``[B, T]`` float32 π_ref log-probs (scored in the first epoch's layout), or ``None`` when
             the algorithm has no KL term.
         routing: the rollout's :class:`~grpo_lab.moe.RoutingStore` (Mixture-of-Experts policies whose
