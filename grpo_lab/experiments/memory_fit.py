@@ -111,21 +111,19 @@ def fit_gpu_config(model: str | os.PathLike, config, *, max_new_tokens: int, exp
     if total is None or _fit_skipped(hf, model, "gpu_profile"):
         return config
     max_micro = max(1, config.prompts_per_step * config.group_size // max(1, config.minibatches))
-    tries = [config]
-    if not config.gradient_checkpointing and "gradient_checkpointing" not in explicit:
-        tries.append(replace(config, gradient_checkpointing=True))
-    for i, cfg in enumerate(tries):
-        shape = _shape(cfg, max_new_tokens, kl_reference=kl_reference, critic=critic, lora=lora)
-        try:
-            micro, ev = fit_batch_sizes(hf, shape, total, max_micro=max_micro,
-                                        fixed_micro="micro_batch_size" in explicit,
-                                        fixed_eval="eval_batch_size" in explicit, what=f"gpu_profile ({model})")
-        except ValueError:
-            if i + 1 == len(tries):
-                raise
-            continue
-        return replace(cfg, micro_batch_size=micro, eval_batch_size=ev)
-    raise AssertionError("unreachable")
+    fixed = dict(fixed_micro="micro_batch_size" in explicit, fixed_eval="eval_batch_size" in explicit,
+                 what=f"gpu_profile ({model})")
+    may_checkpoint = not config.gradient_checkpointing and "gradient_checkpointing" not in explicit
+    try:
+        shape = _shape(config, max_new_tokens, kl_reference=kl_reference, critic=critic, lora=lora)
+        micro, ev = fit_batch_sizes(hf, shape, total, max_micro=max_micro, **fixed)
+    except ValueError:
+        if not may_checkpoint:
+            raise
+        config = replace(config, gradient_checkpointing=True)  # fits only with it, or raises naming what would
+        shape = _shape(config, max_new_tokens, kl_reference=kl_reference, critic=critic, lora=lora)
+        micro, ev = fit_batch_sizes(hf, shape, total, max_micro=max_micro, **fixed)
+    return replace(config, micro_batch_size=micro, eval_batch_size=ev)
 
 
 def check_algorithms_fit(profile, algos, *, total_memory: int | None = None) -> None:
