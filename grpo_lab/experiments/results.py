@@ -65,10 +65,11 @@ def _git_sha() -> str | None:
 
 def config_hash(algo: Algorithm, profile: Profile, steps: int) -> str:
     """sha256 (first 12 hex) of the algorithm, profile and step count — identifies a results file.
-    The profile's LoRA adapters (:attr:`Profile.lora`) count when set (a run without them hashes as
+    The trainer configuration counts without its output fields (:data:`grpo_lab.training.config.OUTPUT_FIELDS`:
+    where the run writes and what it shows do not change its numbers). The profile's LoRA adapters (:attr:`Profile.lora`) count when set (a run without them hashes as
     before they existed)."""
     payload = {"algo": asdict(algo), "profile": profile.name, "base": profile.base, "task": profile.task,
-               "task_kwargs": dict(profile.task_kwargs), "config": profile.config.to_dict(), "steps": steps}
+               "task_kwargs": dict(profile.task_kwargs), "config": profile.config.run_identity(), "steps": steps}
     if getattr(profile, "lora", None) is not None:
         payload["lora"] = profile.lora.to_dict()
     blob = json.dumps(payload, sort_keys=True, default=str).encode()

@@ -147,7 +147,7 @@ def _base_eval_key(base, prof: Profile, cfg: TrainerConfig) -> str | None:
 
     The base checkpoint directory (resolved path, and every file's size and modification time, so
     that a rebuilt checkpoint is evaluated again), the task and its arguments, and the trainer
-    configuration without its seed and progress flag (the generation budget, the device and the
+    configuration without its seed and output fields (the generation budget, the device and the
     dtypes are in it). Not shared: no evaluation (``eval_every=0``), sampled evaluation
     (``eval_sampled``: it depends on the seed's random numbers), a base that is not a local
     directory (a hub id), or a LoRA profile (its adapters are drawn with each run's seed).
@@ -158,7 +158,7 @@ def _base_eval_key(base, prof: Profile, cfg: TrainerConfig) -> str | None:
     stamp = [(str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
              for f in sorted(root.rglob("*")) if f.is_file()]
     return json.dumps([str(root), stamp, prof.task, [list(kv) for kv in prof.task_kwargs],
-                       replace(cfg, seed=0, progress=None).to_dict()], sort_keys=True, default=str)
+                       replace(cfg, seed=0).run_identity()], sort_keys=True, default=str)
 
 
 def _label(h: pd.DataFrame, algo: Algorithm, seed: int) -> pd.DataFrame:

@@ -11,7 +11,13 @@ import torch
 from ..validation import choice, flag, non_negative_int, positive_int, positive_number, real_number
 from .precision import PRECISIONS
 
-__all__ = ["TrainerConfig"]
+__all__ = ["TrainerConfig", "OUTPUT_FIELDS"]
+
+#: The :class:`TrainerConfig` fields that decide what a run shows and writes (its progress bar, its
+#: output directory, its trackers, its periodic checkpoints), never its numbers: two runs that differ
+#: only in these are the same run. They are left out of :meth:`TrainerConfig.run_identity`, hence out of
+#: the run cache's key, the results file's ``config_hash`` and the check a resumed run makes.
+OUTPUT_FIELDS = ("progress", "output_dir", "report_to", "save_every", "save_total_limit")
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,16 @@ class TrainerConfig:
             ``Trainer`` raises ``ValueError`` otherwise) and is refused with ``routing_replay``
             (the recomputed forward runs after the replay context has closed, so it would route as
             the router chooses, not as π_old did).
+        output_dir: the directory this run writes into (its step log ``metrics.jsonl``, its trackers'
+            files, its periodic checkpoints); ``None``: nothing is written. :func:`grpo_lab.experiments.run`
+            gives each seed its own directory under the one it is given.
+        report_to: where each step's metrics go, a tuple of tracker names: ``"jsonl"`` (one JSON line per
+            step in ``output_dir``, written and flushed as the step ends), ``"tensorboard"``, ``"wandb"``
+            (see :mod:`grpo_lab.training.callbacks`); ``()`` for none. Only acts with an ``output_dir``.
+        save_every: write a checkpoint (:meth:`Trainer.save`) under ``output_dir/checkpoints`` every this
+            many steps (0: never); a run killed mid-way resumes from the latest one
+            (``experiments.run(..., resume=True)``).
+        save_total_limit: keep only the newest this many periodic checkpoints (``None``: all).
     """
 
     prompts_per_step: int = 16
@@ -155,6 +171,10 @@ class TrainerConfig:
     value_warmup_steps: int = 0
     precision: str = "float32"
     gradient_checkpointing: bool = False
+    output_dir: str | None = None
+    report_to: tuple = ("jsonl",)
+    save_every: int = 0
+    save_total_limit: int | None = 2
 
     def __post_init__(self):
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds", "eval_batch_size"):
@@ -195,6 +215,7 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.value_init must be 'policy', 'scratch' or the directory of a saved critic, "
                              f"got {self.value_init!r}")
         object.__setattr__(self, "value_init", str(self.value_init))
+        self._check_outputs()
         for name in ("warmup", "eval_every", "seed", "value_warmup_steps"):
             non_negative_int(f"TrainerConfig.{name}", getattr(self, name))
         positive_int("TrainerConfig.threads", self.threads, allow_none=True)
@@ -215,10 +236,31 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.device must be a torch device such as 'cpu' or 'cuda', "
                              f"got {self.device!r}") from None
 
+    def _check_outputs(self) -> None:
+        """Validate and normalise :data:`OUTPUT_FIELDS` (``ValueError`` naming the field)."""
+        if self.output_dir is not None:
+            if not isinstance(self.output_dir, (str, os.PathLike)) or not str(self.output_dir).strip():
+                raise ValueError(f"TrainerConfig.output_dir must be a directory path or None, got {self.output_dir!r}")
+            object.__setattr__(self, "output_dir", str(self.output_dir))
+        report = (self.report_to,) if isinstance(self.report_to, str) else self.report_to
+        if not isinstance(report, (tuple, list)) or not all(isinstance(r, str) and r for r in report):
+            raise ValueError(f"TrainerConfig.report_to must be a list of tracker names, got {self.report_to!r}")
+        object.__setattr__(self, "report_to", tuple(dict.fromkeys(report)))
+        non_negative_int("TrainerConfig.save_every", self.save_every)
+        positive_int("TrainerConfig.save_total_limit", self.save_total_limit, allow_none=True)
+        object.__setattr__(self, "save_every", int(self.save_every))
+        if self.save_total_limit is not None:
+            object.__setattr__(self, "save_total_limit", int(self.save_total_limit))
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["betas"] = list(self.betas)
+        d["report_to"] = list(self.report_to)
         return d
+
+    def run_identity(self) -> dict:
+        """:meth:`to_dict` without :data:`OUTPUT_FIELDS`: the fields a run's numbers depend on."""
+        return {k: v for k, v in self.to_dict().items() if k not in OUTPUT_FIELDS}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainerConfig":
@@ -226,6 +268,8 @@ class TrainerConfig:
         d = {k: v for k, v in d.items() if k in known}
         if "betas" in d:
             d["betas"] = tuple(d["betas"])
+        if "report_to" in d and isinstance(d["report_to"], list):
+            d["report_to"] = tuple(d["report_to"])
         return cls(**d)
 
 
