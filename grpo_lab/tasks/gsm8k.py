@@ -41,10 +41,38 @@ What we add before math-verify sees the answer (:data:`FLOAT_ROUNDING` and the n
   under which 0.0000001 and 0.0000002 are "equal";
 * thousands grouped with a space or a LaTeX space (``1 234``, ``1\\,234``, ``1~234``) become one
   number; math-verify reads ``1\\,234`` as the mixed number 1 + 234 = 235;
-* a trailing percent sign is a unit: ``\\boxed{25\\%}`` equals 25 (math-verify cannot parse it and
-  scores it 0; it reads ``\\boxed{25 \\text{ percent}}`` as 25 already);
 * ``−`` (U+2212) is a minus sign (math-verify's plain-number reading of a ``####`` answer, as
-  in ``#### −3 degrees``, does not see it).
+  in ``#### −3 degrees``, does not see it), and ``°`` is ``^{\\circ}`` (math-verify reads
+  ``\\boxed{30^\\circ}`` as 30 but finds nothing in ``\\boxed{30°}``).
+
+**The percent rule: a percent sign is a unit, so "p %" equals the gold p.** GSM8K writes the
+answer to a percent question as the plain number before the sign (a question whose answer is
+28% has the gold ``28``). math-verify reads ``25\\%``, ``25%``, ``25 percent``, ``25 pct`` and
+``25\\text{percent}`` as the number 25 marked as a percentage (25·(1/100)); :func:`score` compares the
+number before the sign (25, and 12.5 for ``12.5\\%``) with the gold, wherever the percentage stands
+(``x = 25\\%`` too); a trailing sign is also dropped from the text first, so that ``1,234\\%`` is
+read as 1234 (math-verify reads ``1,234\\%`` as the set {1, 2.34}). ``25 \\text{ percent}`` is 25 in
+math-verify already. Where math-verify's own verdict differs, deliberately:
+
+* math-verify lets an integer percentage equal its number (``25\\%`` equals 25) but compares a
+  decimal one by its value (``12.5\\%`` is 0.125, so it does not equal the gold 12.5): here both
+  equal their number, as GSM8K's golds need;
+* math-verify lets ``25\\%`` equal the gold 0.25 too (a percentage against a decimal gold is
+  compared by value); here it does not: one answer has one reading, and a GSM8K gold 0.25 is the
+  answer "0.25", not "25%".
+
+**Decorations.** Degrees (``30^\\circ``, ``30^{\\circ}``, ``30^\\circ\\text{C}``), percent signs,
+``\\text{...}`` / ``\\mbox{...}`` unit words (``\\text{ dollars}``, ``\\text{ cm}^2``, ``\\text{ km/h}``)
+and the relations ``\\approx``, ``\\sim``, ``\\simeq`` (``x \\approx 11``) cannot make SymPy hang: they
+pass the guard below and get math-verify's own verdict (apart from the percent rule): so
+``\\boxed{30^\\circ}`` equals 30, ``\\boxed{30^\\circ C}`` does not (math-verify reads 30·c; the
+``C`` is outside ``\\text``), ``\\boxed{x \\approx 11}`` equals 11, and ``\\boxed{\\sim 11}`` does not
+(math-verify finds nothing in it). The tests compare :func:`score` with math-verify called
+directly on a table of such answers.
+
+**Known false positives** (math-verify's readings, kept): a mixed number after ``####`` is read
+as its whole part, so ``#### 4 4/9`` and ``#### 4 \\frac{4}{9}`` equal 4 (in a box,
+``4 \\frac{4}{9}`` is 40/9, and ``4 4/9`` is 4·4/9).
 
 **Timeouts and threads.** math-verify bounds its own run time with ``signal.alarm``, which only
 works in the main thread (elsewhere it raises ``ValueError``), and which cancels any alarm the
@@ -53,7 +81,7 @@ work instead by refusing, as 0.0, answers that could make SymPy run for minutes:
 :data:`MAX_ANSWER_CHARS` characters, using a LaTeX command outside :data:`ALLOWED_COMMANDS`, a
 factorial, more than one power, a power whose exponent is not an integer of at most two digits, a
 power together with free letters, or more than :data:`MAX_FREE_LETTERS` letters outside unit
-text such as ``\\text{ dollars}`` (``10^{10^{10}}``, ``(x+y+z+1)^{99}``, ``1000000!``,
+text such as ``\\text{ dollars}`` (a degree sign ``^\\circ`` is not counted as a power; ``10^{10^{10}}``, ``(x+y+z+1)^{99}``, ``1000000!``,
 ``\\prod_{i=1}^{10^9} i`` all hang math-verify without a timeout). No GSM8K answer needs any of
 these. :func:`score` is therefore the same function in the main thread, in worker threads and in
 worker processes; calls from several threads are serialised by a lock (they are CPU-bound, so
@@ -97,7 +125,7 @@ MAX_FREE_LETTERS = 3
 ALLOWED_COMMANDS = frozenset({
     "frac", "dfrac", "tfrac", "text", "textbf", "textit", "textrm", "textsf", "textnormal", "mathrm",
     "mathbf", "mathit", "mbox", "boxed", "fbox", "left", "right", "cdot", "times", "div", "sqrt",
-    "quad", "qquad", "displaystyle", "thinspace",
+    "quad", "qquad", "displaystyle", "thinspace", "approx", "sim", "simeq",
 })
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -115,6 +143,8 @@ _FACTORIAL = re.compile(r"(?<!\\)!")
 _SEP = r"(?:\\[,;: ]|\\thinspace\s?|~|[ \u00a0\u2009\u202f])"
 _GROUPED = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEP}\d{{3}})+(?![\d])")
 _TRAILING_PERCENT = re.compile(r"\s*\\?%\s*$")
+# A degree sign written as a power (``^\circ``, ``^{\circ}``): not a power for the guard.
+_DEGREE = re.compile(r"\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})")
 
 _LOCK = threading.Lock()
 _log = logging.getLogger(__name__)
@@ -268,7 +298,7 @@ def parse_gold(gold: str) -> list:
 # -------------------------------------------------------------------------------- scoring
 def _normalize(text: str, kind: str) -> str:
     """The answer as math-verify should see it (see the module docstring's list)."""
-    text = text.replace("\u2212", "-")
+    text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}")
     text = _GROUPED.sub(lambda m: re.sub(_SEP, "", m.group(0)), text)
     text = _TRAILING_PERCENT.sub("", text)
     return text.strip()
@@ -280,6 +310,7 @@ def _bounded(text: str, latex: bool) -> bool:
     number/expression regexes (which pass only digits and operators)."""
     if len(text) > MAX_ANSWER_CHARS or _FACTORIAL.search(text):
         return False
+    text = _DEGREE.sub(" ", text)
     powers = list(_POWER.finditer(text))
     if len(powers) > 1 or any(not _EXPONENT.match(text, p.end()) for p in powers):
         return False
@@ -302,7 +333,24 @@ def _judge(kind: str, text: str, gold: list) -> bool:
             pred = mv.parse(text, [mv.ExprExtractionConfig()], fallback_mode="no_fallback", parsing_timeout=None)
         if not pred and _bounded(text, latex=True):  # a box, or a #### answer written in LaTeX
             pred = mv.parse("\\boxed{" + text + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
+        pred = [_percent_as_number(p) for p in pred]
         return bool(pred) and mv.verify(gold, pred, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
+
+
+def _percent_as_number(expr):
+    """``expr`` with each percentage math-verify parsed (``X * UnevaluatedExpr(1/100)``, its form of
+    ``X%``) replaced by ``X``: the module docstring's percent rule. Anything else (math-verify's
+    string form of the answer) is returned as it is."""
+    from sympy import Basic, Mul, Rational, UnevaluatedExpr
+
+    if not isinstance(expr, Basic):
+        return expr
+    percent = UnevaluatedExpr(Rational(1, 100))
+
+    def is_percentage(e) -> bool:
+        return isinstance(e, Mul) and len(e.args) == 2 and e.args[1] == percent
+
+    return expr.replace(is_percentage, lambda e: e.args[0])
 
 
 def score(completion: str, gold: str) -> float:
