@@ -5,7 +5,9 @@ setting is summarised by the mean over seeds with a two-sided Student-t interval
 independent draws of the whole training run), and two settings that share seeds are compared by
 the **paired** difference per seed: the seed fixes the prompts drawn, so the difference removes
 the part of the spread the two settings share. A test-set accuracy has its own sampling error,
-the binomial standard error ``sqrt(p (1 - p) / n)``, reported beside the intervals.
+the binomial standard error ``sqrt(p (1 - p) / n)``, reported beside the intervals, or the Wilson
+score interval of a count of successes (:func:`wilson_interval`), which stays inside [0, 1] and
+keeps its coverage near 0 and 1, where ``p ± 1.96 se`` does not.
 
 Quantiles come from :mod:`scipy.stats`. Everything here takes plain sequences, numpy arrays or
 pandas Series (indexed by seed for the paired functions) and returns python floats.
@@ -19,7 +21,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["Interval", "t_interval", "paired_difference", "paired_ratio", "binomial_se", "format_interval"]
+__all__ = ["Interval", "t_interval", "paired_difference", "paired_ratio", "binomial_se", "wilson_interval",
+           "format_interval"]
 
 
 class Interval(NamedTuple):
@@ -27,8 +30,9 @@ class Interval(NamedTuple):
 
     Attributes:
         mean: the sample mean.
-        lo, hi: interval bounds (``lo == hi == mean`` when ``n == 1``: no spread is measurable).
-        n: number of values.
+        lo, hi: interval bounds (for :func:`t_interval`, ``lo == hi == mean`` when ``n == 1``: no
+            spread is measurable; :func:`wilson_interval` gives a proper interval for any ``n``).
+        n: number of values (trials, for :func:`wilson_interval`).
         level: confidence level of the interval.
     """
 
@@ -140,6 +144,44 @@ def binomial_se(p: float, n: int) -> float:
     if int(n) < 1:
         raise ValueError(f"binomial_se: n must be >= 1, got {n!r}")
     return math.sqrt(float(p) * (1 - float(p)) / int(n))
+
+
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> Interval:
+    """The Wilson score interval (Wilson 1927, "Probable inference, the law of succession, and
+    statistical inference", JASA 22) of a binomial proportion: ``successes`` out of ``n``
+    independent trials (e.g. problems answered correctly out of a test set of ``n``).
+
+    The bounds are ``(p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)`` with ``p = successes / n``
+    and ``z`` the ``(1 + level) / 2`` normal quantile, computed by
+    ``scipy.stats.binomtest(successes, n).proportion_ci(level, method="wilson")`` (no continuity
+    correction).
+
+    Args:
+        successes: ``int`` in ``[0, n]``.
+        n: ``int >= 0`` trials. ``n = 0`` (nothing measured) gives ``mean`` NaN and the whole range
+            ``[0, 1]`` (the limit of the interval as the data vanish).
+        level: confidence level in (0, 1).
+
+    Returns:
+        :class:`Interval` ``(successes / n, lo, hi, n, level)``.
+
+    Raises:
+        ValueError: ``successes`` or ``n`` not an integer, ``n < 0``, ``successes`` outside
+            ``[0, n]``, ``level`` outside (0, 1).
+    """
+    from scipy import stats
+
+    for name, value in (("successes", successes), ("n", n)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"wilson_interval: {name} must be an int, got {type(value).__name__} {value!r}")
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: needs 0 <= successes <= n, got successes={successes}, n={n}")
+    if not 0 < level < 1:
+        raise ValueError(f"wilson_interval: level must be in (0, 1), got {level!r}")
+    if n == 0:
+        return Interval(math.nan, 0.0, 1.0, 0, level)
+    ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence_level=level, method="wilson")
+    return Interval(int(successes) / int(n), float(ci.low), float(ci.high), int(n), level)
 
 
 def format_interval(iv: Interval, digits: int = 3) -> str:

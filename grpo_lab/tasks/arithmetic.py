@@ -253,6 +253,11 @@ class ArithmeticTask:
         """Outcome reward in {0, 1} (DeepSeekMath §4.1.2 outcome supervision)."""
         return 1.0 if self.is_correct(completion, problem) else 0.0
 
+    def extract_answer(self, completion: str) -> str | None:
+        """The answer of a well-formed completion (:func:`~grpo_lab.tasks.arithmetic.parse_answer`, with this task's
+        filler), ``None`` for a malformed one: what maj@k votes on (:func:`grpo_lab.evaluation.maj_at_k`)."""
+        return parse_answer(completion, self.filler)
+
     @staticmethod
     def is_reasoning(completion: str) -> bool:
         """Whether a completion chose to reason: it does not open with ``#`` and writes at least

@@ -70,7 +70,10 @@ class Task(Protocol):
     Optional: ``is_reasoning(completion: str) -> bool`` adds the ``reasoning_frac`` /
     ``test_reasoning_frac`` columns; ``test_metrics(frame: pandas.DataFrame) -> dict[str, float]``
     adds a ``test_<name>`` column per entry, computed at every evaluation from the per-problem
-    frame of :func:`grpo_lab.rollout.evaluate` (e.g. accuracy by difficulty). The trainer calls ``reward`` and ``is_correct`` once per
+    frame of :func:`grpo_lab.rollout.evaluate` (e.g. accuracy by difficulty);
+    ``extract_answer(completion: str) -> str | None``, the final answer a completion gives (``None``
+    when it gives none), lets :func:`grpo_lab.evaluation.evaluate_at_k` report maj@k (majority
+    vote over sampled answers, compared as strings). The trainer calls ``reward`` and ``is_correct`` once per
     response, in rollout order.
 
     Example, a task that asks the policy to reverse a word:
@@ -133,7 +136,8 @@ _METHODS = {
     "test_set": ("test_set() -> list[Problem]", 0),
 }
 _OPTIONAL_METHODS = {"is_reasoning": ("is_reasoning(completion) -> bool", 1),
-                     "test_metrics": ("test_metrics(frame) -> dict[str, float]", 1)}
+                     "test_metrics": ("test_metrics(frame) -> dict[str, float]", 1),
+                     "extract_answer": ("extract_answer(completion) -> str | None", 1)}
 
 
 def _method_problems(owner, *, optional: bool) -> list[str]:

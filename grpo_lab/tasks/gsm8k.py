@@ -784,6 +784,16 @@ class GSM8KTask:
         """Whether :meth:`reward` is 1.0."""
         return self.reward(completion, problem) == 1.0
 
+    def extract_answer(self, completion: str) -> str | None:
+        """:func:`grpo_lab.tasks.gsm8k.extract_answer`: the last box's content or ``####`` line, as
+        text (what maj@k votes on, :func:`grpo_lab.evaluation.maj_at_k`; ``"18"`` and ``"\\$18"``
+        are different votes).
+
+        Raises:
+            TypeError: ``completion`` is not a ``str``.
+        """
+        return extract_answer(completion)
+
     def test_set(self) -> list[Problem]:
         """The first ``test_size`` problems (all when ``None``) of the test split, built on the
         first call and the same list on every later one; ``meta["index"]`` is the row in the test
