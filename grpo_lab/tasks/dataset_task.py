@@ -1,6 +1,6 @@
 """A task over a dataset of your own, scored by reward functions written in TRL's shape.
 
-:class:`DatasetTask` turns rows of a :class:`datasets.Dataset` (or of a local ``.jsonl`` /
+:class:`~grpo_lab.tasks.DatasetTask` turns rows of a ``datasets.Dataset`` (or of a local ``.jsonl`` /
 ``.json`` / ``.parquet`` / ``.csv`` file) into :class:`~grpo_lab.tasks.Problem` and scores
 responses with reward functions of the signature TRL's ``GRPOTrainer`` documents::
 
@@ -8,7 +8,7 @@ responses with reward functions of the signature TRL's ``GRPOTrainer`` documents
 
 called once per generation round on the whole batch, with every other column of the dataset as a
 keyword list (one value per completion). A dataset and reward functions written for TRL run here
-unchanged: see :class:`DatasetTask` for what is passed and how several functions combine.
+unchanged: see :class:`~grpo_lab.tasks.DatasetTask` for what is passed and how several functions combine.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = ["DatasetTask", "reward_func_name"]
 #: The keyword arguments a reward function gets besides the columns (TRL's names).
 _RESERVED = ("prompts", "completions", "completion_ids", "trainer_state")
 
-#: File suffixes :class:`DatasetTask` reads, and the ``datasets.load_dataset`` builder of each.
+#: File suffixes :class:`~grpo_lab.tasks.DatasetTask` reads, and the ``datasets.load_dataset`` builder of each.
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -68,7 +68,7 @@ def _resolve_func(spec, position: int) -> Callable:
 
 
 def _load_file(path: Path):
-    """A local data file as a :class:`datasets.Dataset`, offline, through
+    """A local data file as a ``datasets.Dataset``, offline, through
     ``datasets.load_dataset(<format>, data_files=path, split="train")``."""
     if not path.is_file():
         raise FileNotFoundError(f"DatasetTask: the data file {str(path)!r} does not exist")
@@ -141,7 +141,7 @@ def _number(value, func: str, index: int, prompt) -> float | None:
 class DatasetTask:
     """A task over the rows of a dataset, rewarded by functions in TRL's ``GRPOTrainer`` shape.
 
-    **Data.** ``data`` is a :class:`datasets.Dataset`, a :class:`datasets.DatasetDict` (its
+    **Data.** ``data`` is a ``datasets.Dataset``, a ``datasets.DatasetDict`` (its
     ``train_split`` is trained on), or a path to a local ``.jsonl`` / ``.json`` / ``.parquet`` /
     ``.csv`` file, read with ``datasets.load_dataset(<format>, data_files=path, split="train")``
     (offline; nothing is downloaded). Each row becomes a :class:`~grpo_lab.tasks.Problem`: the
