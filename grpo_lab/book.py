@@ -48,6 +48,7 @@ QUIET_ENV = {
     "TRANSFORMERS_VERBOSITY": "error",
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",  # read when datasets is imported
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
@@ -124,7 +125,7 @@ def _quiet_warnings() -> None:
 
 
 def _quiet_huggingface() -> None:
-    """Silence transformers / huggingface_hub logs and progress bars, if they are installed."""
+    """Silence transformers / huggingface_hub logs, and their and datasets' progress bars, if installed."""
     for key, value in QUIET_ENV.items():
         os.environ[key] = value
     if importlib.util.find_spec("transformers") is not None:
@@ -140,6 +141,11 @@ def _quiet_huggingface() -> None:
             from huggingface_hub.utils import disable_progress_bars
 
             disable_progress_bars()
+        except Exception:  # pragma: no cover
+            pass
+    if "datasets" in sys.modules:  # imported before the environment variable was set
+        try:
+            sys.modules["datasets"].disable_progress_bars()
         except Exception:  # pragma: no cover
             pass
 

@@ -4,6 +4,8 @@ The protocol a task implements is :class:`Task` (:mod:`grpo_lab.tasks.base`), ch
 :func:`validate_task`. Tasks are registered by name in :data:`TASKS` with :func:`register_task`;
 a registered dataclass task is described in a checkpoint by :func:`task_spec` and rebuilt by
 :func:`task_from_spec` (``Trainer.resume`` does both), and built by name with :func:`get_task`.
+:class:`DatasetTask` (``"dataset"``) is a task over a dataset of your own, scored by reward
+functions in TRL's shape.
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ from dataclasses import asdict, is_dataclass
 
 from .arithmetic import ArithmeticTask
 from .base import Problem, Task, validate_task
+from .dataset_task import DatasetTask
 from .gsm8k import GSM8KTask
 from .next_token import NextTokenTask
 
-__all__ = ["ArithmeticTask", "GSM8KTask", "NextTokenTask", "Problem", "Task", "TASKS", "get_task", "register_task", "task_spec",
+__all__ = ["ArithmeticTask", "DatasetTask", "GSM8KTask", "NextTokenTask", "Problem", "Task", "TASKS", "get_task", "register_task", "task_spec",
            "task_from_spec", "validate_task"]
 
 #: Registry of task classes by name (the ``name`` field of each task). Add to it with
 #: :func:`register_task`, which checks what writing ``TASKS[name] = cls`` directly does not.
-TASKS = {"arithmetic": ArithmeticTask, "gsm8k": GSM8KTask, "next_token": NextTokenTask}
+TASKS = {"arithmetic": ArithmeticTask, "dataset": DatasetTask, "gsm8k": GSM8KTask, "next_token": NextTokenTask}
 
 
 def _class_path(obj) -> str:

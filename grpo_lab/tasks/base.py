@@ -73,8 +73,16 @@ class Task(Protocol):
     frame of :func:`grpo_lab.rollout.evaluate` (e.g. accuracy by difficulty);
     ``extract_answer(completion: str) -> str | None``, the final answer a completion gives (``None``
     when it gives none), lets :func:`grpo_lab.evaluation.evaluate_at_k` report maj@k (majority
-    vote over sampled answers, compared as strings). The trainer calls ``reward`` and ``is_correct`` once per
-    response, in rollout order.
+    vote over sampled answers, compared as strings).
+    ``rewards(completions: list[str], problems: list[Problem]) -> list[float]``, the batched form of
+    ``reward``: one finite real per response, in order. When a task has it, the trainer calls it
+    once per generation round with the whole rollout (for reward functions that score a batch at
+    once, such as TRL's, :class:`grpo_lab.tasks.DatasetTask`) instead of ``reward`` once per
+    response; ``Trainer.score`` raises ``TypeError`` for a list of the wrong length or a value that
+    is not a real number and ``ValueError`` for a NaN or infinity, naming the sample. ``reward``
+    must still give the same value for a batch of one (:func:`grpo_lab.tasks.validate_task` with
+    ``call=True`` checks that they agree). The trainer calls ``is_correct`` (and, without
+    ``rewards``, ``reward``) once per response, in rollout order.
 
     Example, a task that asks the policy to reverse a word:
 
@@ -137,7 +145,8 @@ _METHODS = {
 }
 _OPTIONAL_METHODS = {"is_reasoning": ("is_reasoning(completion) -> bool", 1),
                      "test_metrics": ("test_metrics(frame) -> dict[str, float]", 1),
-                     "extract_answer": ("extract_answer(completion) -> str | None", 1)}
+                     "extract_answer": ("extract_answer(completion) -> str | None", 1),
+                     "rewards": ("rewards(completions, problems) -> list[float]", 2)}
 
 
 def _method_problems(owner, *, optional: bool) -> list[str]:
@@ -186,14 +195,15 @@ def validate_task(task, *, call: bool = False):
 
     The default check is cheap and runs none of the task's code: ``name`` is a non-empty ``str``,
     ``max_new_tokens`` an ``int >= 1`` (not a bool), and ``sample``, ``reward``, ``is_correct``,
-    ``test_set`` (and ``is_reasoning`` when present) are callables that accept the arguments the
+    ``test_set`` (and ``is_reasoning``, ``test_metrics``, ``rewards`` when present) are callables that accept the arguments the
     trainer passes (checked on their signatures). ``Trainer(...)`` runs it.
 
     With ``call=True`` (for the author of a task; the trainer never does it) it also calls the
     methods once: ``sample(2, rng)`` twice with a fresh ``numpy.random.default_rng(0)`` (two
     :class:`Problem` with non-empty ``str`` prompts and ``str`` answers, the same both times,
     i.e. drawn from ``rng`` alone), ``reward`` (a finite real) and ``is_correct`` (a bool) on the
-    first problem's answer, and ``test_set()`` (a non-empty list of :class:`Problem`). A task that
+    first problem's answer (and, when the task has it, ``rewards([answer], [problem])``: a list of
+    one finite real equal to ``reward``'s), and ``test_set()`` (a non-empty list of :class:`Problem`). A task that
     draws from a global RNG in ``sample`` advances it here.
 
     Args:
@@ -258,6 +268,8 @@ def _call_problems(task) -> list[str]:
             real = isinstance(r, numbers.Real) or (hasattr(r, "numel") and r.numel() == 1 and not isinstance(r, str))
             if not real or not math.isfinite(float(r)):
                 out.append(f"reward(completion, problem) returned {r!r} ({type(r).__name__}), not a finite real number")
+            elif hasattr(task, "rewards"):
+                out += _batched_problems(task, p, float(r), attempt)
         ok, c = attempt("is_correct(problem.answer, problem)", lambda: task.is_correct(p.answer, p))
         if ok and not isinstance(c, (bool, np.bool_)):
             out.append(f"is_correct(completion, problem) returned {c!r} ({type(c).__name__}), not a bool")
@@ -267,6 +279,22 @@ def _call_problems(task) -> list[str]:
         if wrong:
             out.append(f"test_set() {wrong}")
     return out
+
+
+def _batched_problems(task, p: Problem, single: float, attempt) -> list[str]:
+    """What is wrong with ``task.rewards([p.answer], [p])`` (the optional batched reward), given
+    ``single``, the value of ``task.reward(p.answer, p)``."""
+    ok, rs = attempt("rewards([problem.answer], [problem])", lambda: task.rewards([p.answer], [p]))
+    if not ok:
+        return []
+    if not isinstance(rs, (list, tuple)) or len(rs) != 1 or not isinstance(rs[0], numbers.Real) \
+            or not math.isfinite(float(rs[0])):
+        return [f"rewards(completions, problems) returned {rs!r:.80} for one completion, not a list of one finite "
+                "real number"]
+    if float(rs[0]) != single:
+        return [f"rewards([completion], [problem]) gave {float(rs[0])} but reward(completion, problem) {single}: "
+                "the batched and the per-sample reward must agree"]
+    return []
 
 
 def save_problems(problems: Sequence[Problem], path: str | Path) -> None:

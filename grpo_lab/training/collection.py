@@ -16,6 +16,7 @@ import numbers
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .. import sampling
@@ -104,13 +105,21 @@ class Collection:
     def score(self, ro: Rollout) -> Scored:
         """Task rewards and correctness of a rollout, and the training reward (:func:`grpo_lab.sampling.shape`).
 
+        The rewards come from the task's optional batched ``rewards(texts, problems)``, called once
+        for the rollout, when it has one; otherwise from ``reward(text, problem)``, once per response.
+
         Raises:
             TypeError: the task returned a reward that is not a real number (e.g. ``None`` or a
-                string); the message names the sample index, its problem and its text.
+                string), or ``rewards`` returned a list of the wrong length; the message names the
+                sample index, its problem and its text.
             ValueError: a NaN or infinite reward (same details).
         """
-        raw = torch.tensor([_check_reward(self.task.reward(t, p), i, t, p)
-                            for i, (t, p) in enumerate(zip(ro.texts, ro.problems))], dtype=torch.float32)
+        if hasattr(self.task, "rewards"):  # the optional batched reward: one call per round
+            raw = torch.tensor(_check_rewards(self.task.rewards(list(ro.texts), list(ro.problems)), ro),
+                               dtype=torch.float32)
+        else:
+            raw = torch.tensor([_check_reward(self.task.reward(t, p), i, t, p)
+                                for i, (t, p) in enumerate(zip(ro.texts, ro.problems))], dtype=torch.float32)
         correct = torch.tensor([bool(self.task.is_correct(t, p)) for t, p in zip(ro.texts, ro.problems)])
         shaped = sampling.shape(self.algo, raw, ro.lengths.cpu(), self.max_new_tokens)
         return Scored(ro, raw, correct, shaped)
@@ -204,17 +213,30 @@ def _check_sampled(task, problems, n: int) -> None:
                     "with a non-empty str prompt each, e.g. [Problem(prompt='2+3=', answer='5'), ...]")
 
 
-def _check_reward(value, index: int, text: str, problem) -> float:
+def _check_reward(value, index: int, text: str, problem, method: str = "reward") -> float:
     """A task's reward as a python float; a clear error naming the sample when it is not a real number."""
     if not isinstance(value, numbers.Real):
         if not (torch.is_tensor(value) and value.numel() == 1 and not value.dtype.is_complex):
-            raise TypeError(f"task.reward returned {value!r} ({type(value).__name__}) for sample {index} "
+            raise TypeError(f"task.{method} returned {value!r} ({type(value).__name__}) for sample {index} "
                             f"(prompt {problem.prompt!r}, completion {text!r}); a reward must be a real number")
     r = float(value)
     if not math.isfinite(r):
-        raise ValueError(f"task.reward returned {r} for sample {index} (prompt {problem.prompt!r}, "
+        raise ValueError(f"task.{method} returned {r} for sample {index} (prompt {problem.prompt!r}, "
                          f"completion {text!r}); a reward must be finite")
     return r
+
+
+def _check_rewards(values, ro: Rollout) -> list[float]:
+    """What a task's batched ``rewards(texts, problems)`` returned for the rollout ``ro``, as python
+    floats: ``TypeError`` unless it is a sequence of one real number per response, ``ValueError``
+    for a NaN or infinity (both naming the sample)."""
+    if torch.is_tensor(values) or isinstance(values, np.ndarray):
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)) or len(values) != len(ro.texts):
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"{type(values).__name__} {values!r:.60}"
+        raise TypeError(f"task.rewards returned {got} for {len(ro.texts)} completions; it must return a list of one "
+                        "real number per completion, in order")
+    return [_check_reward(v, i, t, p, "rewards") for i, (v, t, p) in enumerate(zip(values, ro.texts, ro.problems))]
 
 
 def _concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:

@@ -1,0 +1,468 @@
+"""A task over a dataset of your own, scored by reward functions written in TRL's shape.
+
+:class:`~grpo_lab.tasks.DatasetTask` turns rows of a ``datasets.Dataset`` (or of a local ``.jsonl`` /
+``.json`` / ``.parquet`` / ``.csv`` file) into :class:`~grpo_lab.tasks.Problem` and scores
+responses with reward functions of the signature TRL's ``GRPOTrainer`` documents::
+
+    def reward_func(prompts, completions, **kwargs) -> list[float | None]
+
+called once per generation round on the whole batch, with every other column of the dataset as a
+keyword list (one value per completion). A dataset and reward functions written for TRL run here
+unchanged: see :class:`~grpo_lab.tasks.DatasetTask` for what is passed and how several functions combine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import math
+import numbers
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .base import Problem
+
+__all__ = ["DatasetTask", "reward_func_name"]
+
+#: The keyword arguments a reward function gets besides the columns (TRL's names).
+_RESERVED = ("prompts", "completions", "completion_ids", "trainer_state")
+
+#: File suffixes :class:`~grpo_lab.tasks.DatasetTask` reads, and the ``datasets.load_dataset`` builder of each.
+FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def reward_func_name(func: Callable) -> str:
+    """The name a reward function is reported under: its ``__name__`` (a ``functools.partial``:
+    the wrapped function's; any other callable: its class name)."""
+    inner = getattr(func, "func", func)
+    return getattr(inner, "__name__", None) or type(inner).__name__
+
+
+def _resolve_func(spec, position: int) -> Callable:
+    """A reward function from a callable or an import path ``"module:name"`` / ``"module.name"``.
+
+    Raises:
+        TypeError: neither a callable nor a ``str``.
+        ValueError: the path cannot be imported or names nothing callable.
+    """
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"DatasetTask: reward_funcs[{position}] must be a callable (prompts, completions, **kwargs) "
+                        f"-> list[float | None] or an import path 'module:function', got {type(spec).__name__} "
+                        f"{spec!r:.60}")
+    module, sep, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    try:
+        func = getattr(importlib.import_module(module), attr) if module and sep and attr else None
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"DatasetTask: reward_funcs[{position}] {spec!r} cannot be imported ({exc})") from None
+    if not callable(func):
+        raise ValueError(f"DatasetTask: reward_funcs[{position}] {spec!r} names no callable; write it as "
+                         "'package.module:function' (a module-level function, importable in a new process)")
+    return func
+
+
+def _load_file(path: Path):
+    """A local data file as a ``datasets.Dataset``, offline, through
+    ``datasets.load_dataset(<format>, data_files=path, split="train")``."""
+    if not path.is_file():
+        raise FileNotFoundError(f"DatasetTask: the data file {str(path)!r} does not exist")
+    fmt = FILE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"DatasetTask: cannot read {str(path)!r}: a data file must end in one of "
+                         f"{sorted(FILE_FORMATS)}")
+    import datasets
+
+    return datasets.load_dataset(fmt, data_files=str(path), split="train")
+
+
+def _as_dataset(data, split: str, what: str):
+    """``data`` (a ``Dataset``, a ``DatasetDict`` and its ``split``, or a file path) as a ``Dataset``."""
+    import datasets
+
+    if isinstance(data, (str, os.PathLike)):
+        return _load_file(Path(data).expanduser())
+    if isinstance(data, datasets.DatasetDict):
+        if split not in data:
+            near = difflib.get_close_matches(split, list(data), n=1)
+            raise ValueError(f"DatasetTask: {what} has no split {split!r}"
+                             + (f"; did you mean {near[0]!r}?" if near else "") + f" (splits: {sorted(data)})")
+        return data[split]
+    if isinstance(data, datasets.Dataset):
+        return data
+    raise TypeError(f"DatasetTask: {what} must be a datasets.Dataset, a DatasetDict or a path to a "
+                    f"{'/'.join(sorted(FILE_FORMATS))} file, got {type(data).__name__}")
+
+
+def _check_columns(dataset, columns: dict[str, str | None], what: str) -> None:
+    """``ValueError`` naming every named column ``dataset`` lacks (with a did-you-mean)."""
+    have = list(dataset.column_names)
+    for role, col in columns.items():
+        if col is not None and col not in have:
+            near = difflib.get_close_matches(col, have, n=1)
+            raise ValueError(f"DatasetTask: {what} has no column {col!r} ({role})"
+                             + (f"; did you mean {near[0]!r}?" if near else "") + f"; its columns: {have}")
+
+
+def _is_conversation(value) -> bool:
+    """A prompt in TRL's conversational format: a list of ``{"role", "content"}`` dicts."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m and "content" in m
+                                                           for m in value)
+
+
+def _number(value, func: str, index: int, prompt) -> float | None:
+    """One value a reward function returned: ``None`` stays ``None``, a real number becomes a
+    finite ``float``; anything else is a ``TypeError`` / ``ValueError`` naming the function and the
+    sample."""
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Real) and hasattr(value, "item") and not isinstance(value, str):
+        try:
+            value = value.item()  # a one-element tensor or numpy array
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    where = f"for sample {index} (prompt {prompt!r:.120})"
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"reward function {func!r} returned {value!r:.60} ({type(value).__name__}) {where}; a reward "
+                        "must be a real number, or None where the function does not apply")
+    r = float(value)
+    if not math.isfinite(r):
+        raise ValueError(f"reward function {func!r} returned {r} {where}; a reward must be finite (return None where "
+                         "the function does not apply)")
+    return r
+
+
+@dataclass(eq=False)
+class DatasetTask:
+    """A task over the rows of a dataset, rewarded by functions in TRL's ``GRPOTrainer`` shape.
+
+    **Data.** ``data`` is a ``datasets.Dataset``, a ``datasets.DatasetDict`` (its
+    ``train_split`` is trained on), or a path to a local ``.jsonl`` / ``.json`` / ``.parquet`` /
+    ``.csv`` file, read with ``datasets.load_dataset(<format>, data_files=path, split="train")``
+    (offline; nothing is downloaded). Each row becomes a :class:`~grpo_lab.tasks.Problem`: the
+    prompt from ``prompt_column``, the answer ``str(row[answer_column])`` (``""`` without an answer
+    column or for a ``None`` value) and ``meta`` = every column but the prompt (the answer column
+    included, as TRL passes it). :meth:`sample` draws rows with replacement,
+    ``rng.integers(len(train), size=n)``, from the generator it is given only.
+
+    **Test set.** ``test`` is a fraction in (0, 1) of the rows held out with
+    ``Dataset.train_test_split(test_size=test, seed=split_seed)`` (training then samples only the
+    rest), a split name of a ``DatasetDict`` ``data``, another file path, or a ``Dataset``;
+    ``test_size`` keeps its first ``test_size`` rows.
+
+    **Prompts.** A prompt cell holds plain text or a conversation, TRL's conversational format (a
+    list of ``{"role", "content"}`` dicts). A conversation is written out with the tokenizer's
+    chat template, ``tokenizer.apply_chat_template(messages, tokenize=False,
+    add_generation_prompt=True)`` (:func:`grpo_lab.rollout.generate` encodes prompts with
+    ``add_special_tokens=False``, so the template's own BOS is not doubled). ``chat_template=True``
+    also wraps plain text as one user message; ``None`` (default) templates conversations only;
+    ``False`` templates nothing (a conversation is then an error). ``tokenizer`` is a tokenizer
+    object or the name of one (a local directory or a hub id, loaded as
+    :func:`grpo_lab.models.load_policy` loads it, on first use); only templating needs it.
+
+    **Reward functions** (TRL's signature). Each is called once per batch (a generation round of
+    the trainer, :meth:`rewards`) as ``func(prompts=..., completions=..., completion_ids=...,
+    trainer_state=None, **columns)``: ``prompts`` the raw prompt cells (text or conversations),
+    ``completions`` the decoded responses (for a conversational prompt as TRL writes them,
+    ``[{"role": "assistant", "content": text}]``), ``completion_ids`` the responses re-encoded by
+    the tokenizer (``None`` without one; they can differ from the sampled ids where a text has
+    several encodings, and have no EOS), and each other column as a list with one value per
+    completion (a prompt's value repeated for each of its G responses). ``trainer_state`` is
+    ``None``: the task does not see the trainer. A function returns one value per completion: a
+    real number, or ``None`` where it does not apply.
+
+    **Combination** (as TRL 1.16's ``GRPOTrainer``): the reward of a sample is the weighted sum
+    over the functions that applied, ``sum_f w_f r_f`` with ``None`` left out (TRL's ``nansum``).
+    A sample to which no function applies gets 0 and a ``RuntimeWarning`` (TRL warns too, and its
+    ``nansum`` of an all-NaN row is 0). Unlike TRL, a returned NaN or infinity is an error, not a
+    silent "does not apply": ``None`` says that.
+
+    **Correctness** (:meth:`is_correct`, the ``accuracy`` columns and DAPO's filter): a response
+    is correct when the reward of the function named ``correct_reward`` (default: the weighted
+    total) is at least ``correct_threshold``; a ``None`` from that function is not correct. Name
+    the function that checks the answer (e.g. ``correct_reward="accuracy_reward"``): a format
+    bonus must not count as a right answer.
+
+    **Checkpoints.** The task is registered as ``"dataset"``. ``Trainer.resume`` rebuilds it by
+    itself when every field is JSON: ``data`` (and ``test``) a file path or split name,
+    ``reward_funcs`` import paths ``"module:function"``, ``tokenizer`` a name. With a ``Dataset``
+    object or function objects, resume with ``Trainer.resume(path, task=DatasetTask(...))``.
+
+    Args:
+        data: the rows, as above.
+        reward_funcs: a reward function or a sequence of them (callables or import paths).
+        prompt_column, answer_column: column names (``answer_column=None``: no answer).
+        reward_weights: one finite weight per function; ``None``: 1 each.
+        test: the evaluation rows, as above (default: 10% held out).
+        test_size: at most this many test rows (the first ones); ``None``: all.
+        split_seed: the seed of the held-out split.
+        train_split: the ``DatasetDict`` split trained on.
+        max_new_tokens: the generation budget in tokens.
+        chat_template: as above.
+        tokenizer: as above.
+        correct_reward, correct_threshold: the correctness rule above.
+        name: the registry name, ``"dataset"``.
+
+    Raises:
+        TypeError: a field of the wrong type (a reward function neither callable nor a path,
+            ``data`` of an unknown type).
+        ValueError: a missing column (with a did-you-mean), a missing split, an unknown file
+            suffix, weights that do not match the functions, a ``test`` fraction outside (0, 1),
+            an unknown ``correct_reward``, a conversational prompt with ``chat_template=False``,
+            a prompt cell that is neither text nor a conversation.
+        FileNotFoundError: a data file that does not exist.
+    """
+
+    data: Any
+    reward_funcs: Any
+    prompt_column: str = "prompt"
+    answer_column: str | None = "answer"
+    reward_weights: Sequence[float] | None = None
+    test: Any = 0.1
+    test_size: int | None = None
+    split_seed: int = 0
+    train_split: str = "train"
+    max_new_tokens: int = 64
+    chat_template: bool | None = None
+    tokenizer: Any = None
+    correct_reward: str | None = None
+    correct_threshold: float = 1.0
+    name: str = "dataset"
+
+    def __post_init__(self):
+        funcs = self.reward_funcs
+        funcs = list(funcs) if isinstance(funcs, (list, tuple)) else [funcs]
+        if not funcs:
+            raise ValueError("DatasetTask: reward_funcs is empty; give at least one reward function")
+        self._funcs = [_resolve_func(f, i) for i, f in enumerate(funcs)]
+        self._names = self._unique_names()
+        self._weights = self._check_weights()
+        if self.correct_reward is not None and self.correct_reward not in self._names:
+            near = difflib.get_close_matches(str(self.correct_reward), self._names, n=1)
+            raise ValueError(f"DatasetTask: correct_reward={self.correct_reward!r} is none of the reward functions"
+                             + (f"; did you mean {near[0]!r}?" if near else "") + f" ({self._names})")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, numbers.Integral) \
+                or self.max_new_tokens < 1:
+            raise ValueError(f"DatasetTask: max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if self.chat_template not in (None, True, False):
+            raise ValueError(f"DatasetTask: chat_template must be None, True or False, got {self.chat_template!r}")
+        self._train, self._test = self._load_splits()
+        self._raw_prompts: dict[str, Any] = {}
+        self._chat_tokenizer = None if isinstance(self.tokenizer, str) else self.tokenizer
+        self._test_problems: list[Problem] | None = None
+
+    def _unique_names(self) -> list[str]:
+        """The functions' names; a repeated name gets ``#2``, ``#3``... (two lambdas, say)."""
+        names = []
+        for f in self._funcs:
+            base, k = reward_func_name(f), 2
+            name = base
+            while name in names:
+                name, k = f"{base}#{k}", k + 1
+            names.append(name)
+        return names
+
+    def _check_weights(self) -> list[float]:
+        """The weights as floats, one per function (1 each when ``reward_weights`` is ``None``)."""
+        if self.reward_weights is None:
+            return [1.0] * len(self._funcs)
+        w = list(self.reward_weights) if isinstance(self.reward_weights, (list, tuple, np.ndarray)) else None
+        if w is None or len(w) != len(self._funcs):
+            raise ValueError(f"DatasetTask: reward_weights must be a list of {len(self._funcs)} numbers, one per "
+                             f"reward function ({self._names}), got {self.reward_weights!r}")
+        bad = [x for x in w if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x)]
+        if bad:
+            raise ValueError(f"DatasetTask: reward_weights must be finite numbers, got {bad[0]!r}")
+        return [float(x) for x in w]
+
+    def _load_splits(self):
+        """The train and test ``Dataset``s, with their columns checked."""
+        import datasets
+
+        train = _as_dataset(self.data, self.train_split, "data")
+        columns = {"prompt_column": self.prompt_column, "answer_column": self.answer_column}
+        _check_columns(train, columns, "data")
+        t = self.test
+        if isinstance(t, numbers.Real) and not isinstance(t, bool):
+            if not 0 < t < 1:
+                raise ValueError(f"DatasetTask: a test fraction must be in (0, 1), got {t!r}")
+            if len(train) < 2:
+                raise ValueError(f"DatasetTask: data has {len(train)} row(s): too few to hold out a test set")
+            parts = train.train_test_split(test_size=float(t), seed=self.split_seed)
+            train, test = parts["train"], parts["test"]
+        elif isinstance(t, str) and Path(t).suffix.lower() not in FILE_FORMATS:
+            if not isinstance(self.data, datasets.DatasetDict):
+                raise ValueError(f"DatasetTask: test={t!r} is neither a file ending in {sorted(FILE_FORMATS)} nor a "
+                                 "split (data is not a DatasetDict)")
+            test = _as_dataset(self.data, t, "data")
+        else:
+            test = _as_dataset(t, "test", "test")
+        _check_columns(test, columns, "the test rows")
+        clash = sorted(set(train.column_names) & set(_RESERVED))
+        if clash:
+            raise ValueError(f"DatasetTask: the column(s) {clash} would clash with the reward functions' own "
+                             f"arguments {_RESERVED}; rename them (Dataset.rename_column)")
+        if self.test_size is not None:
+            if isinstance(self.test_size, bool) or not isinstance(self.test_size, numbers.Integral) \
+                    or self.test_size < 1:
+                raise ValueError(f"DatasetTask: test_size must be an int >= 1 or None, got {self.test_size!r}")
+            test = test.select(range(min(int(self.test_size), len(test))))
+        for what, ds in (("the training rows", train), ("the test rows", test)):
+            if len(ds) == 0:
+                raise ValueError(f"DatasetTask: {what} are empty")
+        return train, test
+
+    # ------------------------------------------------------------------ prompts
+    def chat_tokenizer(self):
+        """The tokenizer that applies chat templates: ``tokenizer`` itself, or the one it names,
+        loaded on first use with the loader :func:`grpo_lab.models.load_policy` uses.
+
+        Raises:
+            ValueError: no tokenizer was given, or it has no chat template.
+        """
+        if self._chat_tokenizer is None and isinstance(self.tokenizer, str):
+            from ..models import _load_tokenizer
+
+            self._chat_tokenizer = _load_tokenizer(self.tokenizer)
+        tok = self._chat_tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise ValueError("DatasetTask: a chat template is needed (conversational prompts or chat_template=True) "
+                             + ("but no tokenizer was given: pass tokenizer=<the policy's tokenizer or its name>"
+                                if tok is None else f"but the tokenizer {type(tok).__name__} has none"))
+        return tok
+
+    def format_prompt(self, cell, index: int | None = None) -> str:
+        """The text the policy sees for one prompt cell (see the class docstring).
+
+        Raises:
+            ValueError: a conversation with ``chat_template=False``, or a cell that is neither
+                text nor a conversation (``index`` names the row).
+        """
+        row = f" (row {index})" if index is not None else ""
+        if isinstance(cell, str) and cell and not self.chat_template:
+            return cell
+        if isinstance(cell, str) and cell:
+            messages = [{"role": "user", "content": cell}]
+        elif _is_conversation(cell):
+            if self.chat_template is False:
+                raise ValueError(f"DatasetTask: the prompt{row} is a conversation, which needs a chat template; "
+                                 "leave chat_template=None (or True) and pass tokenizer=")
+            messages = cell
+        else:
+            raise ValueError(f"DatasetTask: the prompt{row} in column {self.prompt_column!r} must be non-empty text "
+                             f"or a list of {{'role', 'content'}} messages, got {cell!r:.80}")
+        return self.chat_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _problem(self, row: dict, index: int) -> Problem:
+        cell = row[self.prompt_column]
+        text = self.format_prompt(cell, index)
+        if text is not cell:
+            self._raw_prompts[text] = cell
+        answer = row.get(self.answer_column) if self.answer_column is not None else None
+        meta = {k: v for k, v in row.items() if k != self.prompt_column}
+        return Problem(text, "" if answer is None else str(answer), meta)
+
+    # ------------------------------------------------------------------ the protocol
+    def sample(self, n: int, rng: np.random.Generator) -> list[Problem]:
+        """``n`` training rows drawn with replacement with ``rng.integers(len(train), size=n)``."""
+        idx = rng.integers(len(self._train), size=n)
+        return [self._problem(self._train[int(i)], int(i)) for i in idx]
+
+    def test_set(self) -> list[Problem]:
+        """The fixed test rows, in order (built once and kept)."""
+        if self._test_problems is None:
+            self._test_problems = [self._problem(self._test[i], i) for i in range(len(self._test))]
+        return list(self._test_problems)
+
+    def function_rewards(self, completions: Sequence[str], problems: Sequence[Problem]) -> dict[str, list]:
+        """Every reward function's values on a batch, before weighting.
+
+        Args:
+            completions: ``B`` decoded responses.
+            problems: the ``B`` problems they answer (from :meth:`sample` / :meth:`test_set`).
+
+        Returns:
+            ``{function name: [B] list of float or None}``, in the order of ``reward_funcs``.
+
+        Raises:
+            TypeError: a function returned something other than a list of ``B`` values, or a
+                value that is neither a real number nor ``None`` (the message names the function,
+                the sample index and its prompt).
+            ValueError: a NaN or infinite value (same details), or ``B`` differs between the
+                arguments.
+        """
+        if len(completions) != len(problems):
+            raise ValueError(f"DatasetTask: {len(completions)} completions for {len(problems)} problems")
+        kwargs = self._reward_kwargs(list(completions), list(problems))
+        out = {}
+        for name, func in zip(self._names, self._funcs):
+            values = func(**kwargs)
+            if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+                values = values.tolist()  # a tensor or numpy array
+            if not isinstance(values, (list, tuple)) or len(values) != len(problems):
+                got = f"{len(values)} values" if isinstance(values, (list, tuple)) else \
+                    f"{type(values).__name__} {values!r:.60}"
+                raise TypeError(f"reward function {name!r} returned {got} for a batch of {len(problems)} "
+                                "completions; it must return a list with one float (or None) per completion")
+            out[name] = [_number(v, name, i, kwargs["prompts"][i]) for i, v in enumerate(values)]
+        return out
+
+    def _reward_kwargs(self, completions: list[str], problems: list[Problem]) -> dict:
+        """The keyword arguments of a reward function call (TRL's names; see the class docstring)."""
+        prompts = [self._raw_prompts.get(p.prompt, p.prompt) for p in problems]
+        conv = [_is_conversation(c) for c in prompts]
+        comps = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(completions, conv)]
+        ids = None
+        if self._chat_tokenizer is not None:
+            ids = [self._chat_tokenizer(t, add_special_tokens=False).input_ids for t in completions]
+        kwargs = {"prompts": prompts, "completions": comps, "completion_ids": ids, "trainer_state": None}
+        for col in dict.fromkeys(k for p in problems for k in p.meta):
+            kwargs[col] = [p.meta.get(col) for p in problems]
+        return kwargs
+
+    def rewards(self, completions: Sequence[str], problems: Sequence[Problem]) -> list[float]:
+        """The batched reward (the optional batched method of :class:`~grpo_lab.tasks.Task`): per
+        sample, ``sum_f w_f r_f`` over the functions that returned a number (``None``: left out,
+        as TRL's ``nansum``); a sample for which every function returned ``None`` gets 0.0 and a
+        ``RuntimeWarning`` naming the first such sample.
+
+        Returns:
+            ``[B]`` list of finite floats.
+
+        Raises:
+            TypeError, ValueError: as :meth:`function_rewards`.
+        """
+        table = self.function_rewards(completions, problems)
+        totals, unscored = [], []
+        for i in range(len(problems)):
+            vals = [(w, col[i]) for w, col in zip(self._weights, table.values()) if col[i] is not None]
+            if not vals:
+                unscored.append(i)
+            totals.append(float(sum(w * v for w, v in vals)))
+        if unscored:
+            i = unscored[0]
+            warnings.warn(f"DatasetTask: every reward function returned None for {len(unscored)} of {len(problems)} "
+                          f"samples, e.g. sample {i} (prompt {problems[i].prompt!r:.80}, completion "
+                          f"{completions[i]!r:.80}); they get the reward 0 (as TRL's nansum)", RuntimeWarning,
+                          stacklevel=2)
+        return totals
+
+    def reward(self, completion: str, problem: Problem) -> float:
+        """:meth:`rewards` of one response (a batch of one)."""
+        return self.rewards([completion], [problem])[0]
+
+    def is_correct(self, completion: str, problem: Problem) -> bool:
+        """Whether the reward of ``correct_reward`` (default: the weighted total) is at least
+        ``correct_threshold`` (a ``None`` from that function: ``False``)."""
+        if self.correct_reward is None:
+            with warnings.catch_warnings():  # the trainer's batched call has already warned
+                warnings.simplefilter("ignore", RuntimeWarning)
+                value = self.reward(completion, problem)
+        else:
+            value = self.function_rewards([completion], [problem])[self.correct_reward][0]
+        return value is not None and value >= self.correct_threshold
