@@ -143,7 +143,7 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
             ``on_train_begin``, ``on_step``, ``on_evaluate``, ``on_save``, ``on_train_end``), called after the
             trackers of ``TrainerConfig.report_to``. They run whether or not the config has an ``output_dir``,
             cannot change the run's numbers (the random states are restored around each hook) and are not
-            saved in checkpoints. The trainer keeps them all in its list :attr:`callbacks` (append to it
+            saved in checkpoints. The trainer keeps them all in its list ``callbacks`` (append to it
             after :meth:`resume`).
 
     Trackers: with ``TrainerConfig.output_dir`` set, the trainer builds the trackers ``TrainerConfig.report_to``
@@ -160,7 +160,8 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
             Or ``callbacks`` is not a list of callback objects (:func:`grpo_lab.training.callbacks.check_callbacks`).
         ImportError: ``TrainerConfig.report_to`` names a tracker whose package is not installed (with an
             ``output_dir``).
-        ValueError: ``TrainerConfig.report_to`` names an unknown tracker; the algorithm's sampling choices do not fit the config (:func:`grpo_lab.sampling.check`);
+        ValueError: ``TrainerConfig.report_to`` names an unknown tracker; the algorithm's sampling choices
+            do not fit the config (:func:`grpo_lab.sampling.check`);
             ``TrainerConfig.gradient_checkpointing=True`` with a policy that does not support it;
             ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
             layers (:func:`grpo_lab.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
@@ -353,7 +354,7 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         A step whose dynamic sampling kept no group (``on_gen_rounds_exhausted="warn"``) makes no
         update: ``trained_groups`` is 0 and the update columns are NaN.
 
-        Callbacks (:attr:`callbacks`): ``on_train_begin`` first; each row, once complete (its evaluation
+        Callbacks (the list ``callbacks``): ``on_train_begin`` first; each row, once complete (its evaluation
         merged in), goes to ``on_step`` (the step-0 row of the base policy's evaluation too), then, when
         the step evaluated, to ``on_evaluate`` with the evaluation's sample completions; ``on_train_end``
         last, also when a step raised.

@@ -278,7 +278,8 @@ def test_unknown_tracker_is_named_with_a_suggestion(tok, tmp_path):
 
 def test_missing_tracker_package_names_it(tmp_path, monkeypatch):
     real = cb_mod.importlib.util.find_spec
-    monkeypatch.setattr(cb_mod.importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(cb_mod.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ImportError, match="pip install wandb"):
         make_callbacks(("jsonl", "wandb"), tmp_path)
 

@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-__all__ = ["TrainerCallback", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "TRACKERS", "HOOKS",
-           "SAMPLE_ROWS", "make_callbacks", "check_callbacks", "call_hooks", "samples_table", "markdown_table"]
+__all__ = ["TrainerCallback", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "TRACKERS", "HOOKS", "SAMPLE_ROWS",
+           "SAMPLE_COLUMNS", "make_callbacks", "check_callbacks", "call_hooks", "samples_table", "markdown_table"]
 
 #: The hooks a callback may implement, in the order a run calls them.
 HOOKS = ("on_train_begin", "on_step", "on_evaluate", "on_save", "on_train_end")
@@ -106,7 +106,8 @@ def check_callbacks(callbacks) -> list:
         if isinstance(cb, str):
             raise TypeError(f"Trainer: callbacks=[{cb!r}] is a name; trackers are named in TrainerConfig.report_to")
         if isinstance(cb, type):
-            raise TypeError(f"Trainer: callbacks holds the class {cb.__name__}, not an instance; pass {cb.__name__}(...)")
+            raise TypeError(f"Trainer: callbacks holds the class {cb.__name__}, not an instance; "
+                            f"pass {cb.__name__}(...)")
         if not any(callable(getattr(cb, h, None)) for h in HOOKS):
             raise TypeError(f"Trainer: the callback {cb!r:.80} has none of the hooks {', '.join(HOOKS)}")
     return out
@@ -213,7 +214,8 @@ class JsonlLogger(TrainerCallback):
             logged.setdefault(record["step"], line)
         _rewrite(self.path, [logged.get(row["step"]) or _dumps(row) for row in trainer.rows])
         steps = {row["step"] for row in trainer.rows}
-        _rewrite(self.samples_path, [line for record, line in _read_lines(self.samples_path) if record["step"] in steps])
+        kept = [line for record, line in _read_lines(self.samples_path) if record["step"] in steps]
+        _rewrite(self.samples_path, kept)
         self._files = (open(self.path, "a"), open(self.samples_path, "a"))
 
     def _write(self, which: int, trainer, lines: list[str]) -> None:

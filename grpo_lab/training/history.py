@@ -60,8 +60,9 @@ class History:
         return self._evaluation()[0]
 
     def _evaluation(self) -> tuple[dict, pd.DataFrame]:
-        """:meth:`_eval_row` and the samples table of that evaluation (:func:`~grpo_lab.training.callbacks.samples_table`
-        of the greedy evaluation's frame), which :meth:`train` hands to the callbacks' ``on_evaluate``."""
+        """:meth:`_eval_row` and the samples table of that evaluation
+        (:func:`~grpo_lab.training.callbacks.samples_table` of the greedy evaluation's frame), which
+        :meth:`train` hands to the callbacks' ``on_evaluate``."""
         t0 = time.perf_counter()
         row = {"step": self.step}
         s, frame = self._evaluate_frame(greedy=True)
