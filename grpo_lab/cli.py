@@ -19,6 +19,10 @@ as ``**config_overrides``) or of the preset's :class:`~grpo_lab.algorithms.Algor
 ``--lora-alpha``, ``--lora-targets``) trains LoRA adapters instead of the whole model
 (``run(lora=...)``, :class:`grpo_lab.lora.LoraSpec`; needs peft); the KL reference is then the base model.
 
+``--report-to NAME [NAME ...]`` chooses the trackers of each seed's steps (``TrainerConfig.report_to``:
+``jsonl``, ``tensorboard``, ``wandb``, or ``none``; :mod:`grpo_lab.training.callbacks`); they write into the
+seed's output directory.
+
 ``--import MODULE`` (repeatable) imports a module of the user's before the choices are built: a
 module name importable from the current directory or ``PYTHONPATH`` (``my_tasks``,
 ``pkg.tasks``), or the path of a ``.py`` file (imported as a top-level module named after the
@@ -68,10 +72,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "hyperparameter_keys", "default_out",
-           "resolve_model", "load_user_module", "unknown_characters", "UsageError", "lora_option", "LORA_TARGETS"]
+           "resolve_model", "load_user_module", "unknown_characters", "UsageError", "lora_option", "LORA_TARGETS",
+           "report_to_option"]
 
 #: ``--set`` keys that exist as fields but are set by an option of their own
 _RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}
+_RESERVED["report_to"] = "use --report-to NAME [NAME ...] (or --report-to none)"
 
 
 class UsageError(ValueError):
@@ -234,6 +240,21 @@ def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------- models, paths
+def report_to_option(names: Sequence[str] | None) -> dict[str, tuple]:
+    """The ``TrainerConfig`` override of ``--report-to NAME [NAME ...]``: ``{}`` when the option is absent
+    (the config's default, ``("jsonl",)``), ``{"report_to": ()}`` for ``none``, else the names in order
+    (repeats dropped).
+
+    Raises:
+        UsageError: ``none`` given together with tracker names.
+    """
+    if names is None:
+        return {}
+    if "none" in names and len(set(names)) > 1:
+        raise UsageError(f"--report-to: 'none' cannot be combined with tracker names, got {' '.join(names)}")
+    return {"report_to": () if "none" in names else tuple(dict.fromkeys(names))}
+
+
 def _shipped_models() -> list[str]:
     from .paths import data_dir
 
@@ -537,6 +558,7 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
     from . import __version__
     from .experiments import PROFILES
     from .tasks import TASKS
+    from .training.callbacks import TRACKERS
 
     ap.add_argument("preset", metavar="PRESET", help="algorithm preset, e.g. GRPO (see 'choices' below)")
     ap.add_argument("--profile", default="cpu", choices=list(PROFILES),
@@ -569,6 +591,10 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
                          "PYTHONPATH, or the path of a .py file (repeatable)")
     ap.add_argument("--no-cache", dest="cache", action="store_false",
                     help="train every seed again instead of loading identical runs from the run cache")
+    ap.add_argument("--report-to", nargs="+", metavar="NAME", choices=[*TRACKERS, "none"],
+                    help="trackers of each seed's steps (TrainerConfig.report_to; written into the seed's output "
+                         "directory): jsonl (the default), tensorboard, wandb (offline unless $WANDB_MODE says "
+                         "otherwise); 'none' for none")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="show the model-loading bars and a per-step training bar; --no-progress: no bars "
                          "(default: the training bar only when stderr is a terminal, no loading bars)")
@@ -670,6 +696,7 @@ def _train(argv: list[str], prog: str) -> int:
         raise UsageError(f"unknown preset {args.preset!r}{hint}; known: {', '.join(PRESETS)}") from None
     preset = next(k for k, v in PRESETS.items() if v is algo)
     cfg_over, algo_over = parse_set(args.overrides)
+    cfg_over.update(report_to_option(args.report_to))
     if algo_over:
         try:
             algo = algo.replace(**algo_over)

@@ -49,7 +49,8 @@ from one part per module of :mod:`grpo_lab.training`: :mod:`~grpo_lab.training.c
 (rollout, scoring, selection), :mod:`~grpo_lab.training.update` (π_old / π_ref, minibatches,
 micro-batches, the optimiser step), :mod:`~grpo_lab.training.value_model` (the critic),
 :mod:`~grpo_lab.training.history` (the history rows, evaluation), :mod:`~grpo_lab.training.checkpoints`
-(save, resume) and :mod:`~grpo_lab.training.precision` (autocast, loss scaling), with
+(save, resume), :mod:`~grpo_lab.training.callbacks` (callbacks, trackers) and
+:mod:`~grpo_lab.training.precision` (autocast, loss scaling), with
 :mod:`~grpo_lab.training.config` and :mod:`~grpo_lab.training.memory`. Every public name stays
 importable from here. The functions the trainer calls (``policy_loss``, ``policy_logprobs``,
 ``inference_copy``, ``replay_routing``, ...) can be replaced on this module, as chapter 3 does to
@@ -78,6 +79,7 @@ from .models import CriticModel, is_peft_model
 from .moe import moe_routers
 from .tasks import validate_task
 from .training import checkpoints, collection, history, update, value_model
+from .training.callbacks import call_hooks, check_callbacks, make_callbacks
 from .training.checkpoints import Checkpointing
 from .training.collection import Batch, Collection, Scored
 from .training.config import TrainerConfig
@@ -137,6 +139,16 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
             Default: none, unless the algorithm's advantage estimator needs values
             (:data:`grpo_lab.advantages.VALUE_BASELINE_ESTIMATORS`): then the critic named by
             ``TrainerConfig.value_init`` (:meth:`grpo_lab.models.CriticModel.build`).
+        callbacks: a list of callback objects of your own (:class:`grpo_lab.training.callbacks.TrainerCallback`:
+            ``on_train_begin``, ``on_step``, ``on_evaluate``, ``on_save``, ``on_train_end``), called after the
+            trackers of ``TrainerConfig.report_to``. They run whether or not the config has an ``output_dir``,
+            cannot change the run's numbers (the random states are restored around each hook) and are not
+            saved in checkpoints. The trainer keeps them all in its list ``callbacks`` (append to it
+            after :meth:`resume`).
+
+    Trackers: with ``TrainerConfig.output_dir`` set, the trainer builds the trackers ``TrainerConfig.report_to``
+    names (:func:`grpo_lab.training.callbacks.make_callbacks`; by default ``"jsonl"``, ``output_dir/metrics.jsonl``);
+    without one it builds none and writes nothing.
 
     ``train(steps)`` returns the history DataFrame (one row per step); ``save(path)`` and
     ``Trainer.resume(path)`` checkpoint and continue exactly.
@@ -145,7 +157,11 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         TypeError: ``task`` does not implement the task protocol (:func:`grpo_lab.tasks.validate_task`
             names every missing or ill-typed member).
             Or the algorithm has ``ntp_coef > 0`` and the task no ``demonstration`` method.
-        ValueError: the algorithm's sampling choices do not fit the config (:func:`grpo_lab.sampling.check`);
+            Or ``callbacks`` is not a list of callback objects (:func:`grpo_lab.training.callbacks.check_callbacks`).
+        ImportError: ``TrainerConfig.report_to`` names a tracker whose package is not installed (with an
+            ``output_dir``).
+        ValueError: ``TrainerConfig.report_to`` names an unknown tracker; the algorithm's sampling choices
+            do not fit the config (:func:`grpo_lab.sampling.check`);
             ``TrainerConfig.gradient_checkpointing=True`` with a policy that does not support it;
             ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
             layers (:func:`grpo_lab.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
@@ -157,10 +173,12 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
     """
 
     def __init__(self, policy, tokenizer, task, algo: Algorithm, config: TrainerConfig | None = None,
-                 *, ref_policy=None, value_model=None):
+                 *, ref_policy=None, value_model=None, callbacks=None):
         validate_task(task)  # cheap: attributes and signatures only, no call into the task (no RNG is touched)
         self.config = c = config or TrainerConfig()
         algo = _checked_algorithm(algo)
+        #: the callbacks :meth:`train` and :meth:`save` call: the trackers of ``config.report_to``, then ``callbacks``
+        self.callbacks: list = make_callbacks(c.report_to, c.output_dir) + check_callbacks(callbacks)
         if torch.device(c.device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"Trainer: TrainerConfig.device={c.device!r} but CUDA is not available")
         self.algo, self.task, self.tokenizer = algo, task, tokenizer
@@ -335,6 +353,11 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         the shaped reward (task reward + overlong penalty), ``accuracy`` the raw correctness.
         A step whose dynamic sampling kept no group (``on_gen_rounds_exhausted="warn"``) makes no
         update: ``trained_groups`` is 0 and the update columns are NaN.
+
+        Callbacks (the list ``callbacks``): ``on_train_begin`` first; each row, once complete (its evaluation
+        merged in), goes to ``on_step`` (the step-0 row of the base policy's evaluation too), then, when
+        the step evaluated, to ``on_evaluate`` with the evaluation's sample completions; ``on_train_end``
+        last, also when a step raised.
         """
         c = self.config
         end = self.step + non_negative_int("train: steps", steps)
@@ -342,25 +365,43 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
             if self.value_model is None:
                 raise ValueError("Trainer: TrainerConfig.value_warmup_steps > 0 but the trainer has no value model")
             self.pretrain_value(c.value_warmup_steps)
-        if self.step == 0 and c.eval_every and not self.rows:
-            self.rows.append(self._eval_row())
         bar = None
-        if self._show_progress():
-            from tqdm.auto import tqdm
-            bar = tqdm(total=steps, desc=f"{self.algo.name} seed {c.seed}", mininterval=1.0)
-        while self.step < end:
-            row = self._train_step()
-            self.step += 1
-            row["step"] = self.step
-            if c.eval_every and (self.step % c.eval_every == 0 or self.step == end):
-                row.update({k: v for k, v in self._eval_row().items() if k != "step"})
-            self.rows.append(row)
+        self._notify("on_train_begin")
+        try:
+            if self.step == 0 and c.eval_every and not self.rows:
+                self._log_row(*self._evaluation())
+            if self._show_progress():
+                from tqdm.auto import tqdm
+                bar = tqdm(total=steps, desc=f"{self.algo.name} seed {c.seed}", mininterval=1.0)
+            while self.step < end:
+                row, samples = self._train_step(), None
+                self.step += 1
+                row["step"] = self.step
+                if c.eval_every and (self.step % c.eval_every == 0 or self.step == end):
+                    evaluation, samples = self._evaluation()
+                    row.update({k: v for k, v in evaluation.items() if k != "step"})
+                self._log_row(row, samples)
+                # periodic checkpoint (save_every): see Checkpointing
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['length']:.1f}")
+        finally:
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['length']:.1f}")
-        if bar is not None:
-            bar.close()
+                bar.close()
+            self._notify("on_train_end")
         return self.history
+
+    def _log_row(self, row: dict, samples: pd.DataFrame | None) -> None:
+        """Append the complete history ``row`` and hand it to the callbacks: ``on_step``, then ``on_evaluate``
+        with ``samples`` when the row's step evaluated (``samples`` not ``None``)."""
+        self.rows.append(row)
+        self._notify("on_step", row)
+        if samples is not None:
+            self._notify("on_evaluate", row, samples)
+
+    def _notify(self, hook: str, *args) -> None:
+        """Call ``hook`` of every callback (:func:`grpo_lab.training.callbacks.call_hooks`: the random states kept)."""
+        call_hooks(self.callbacks, hook, self, *args)
 
     def _show_progress(self) -> bool:
         """Whether progress bars show: ``TrainerConfig.progress``, or with ``None`` only when stderr

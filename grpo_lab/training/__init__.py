@@ -9,5 +9,7 @@ assembles the trainer from them and is where every public name is imported from.
 * :mod:`grpo_lab.training.value_model`: the critic: its slot (``ValueModel``), values, pretraining, metrics.
 * :mod:`grpo_lab.training.history`: the history rows and test-set evaluation.
 * :mod:`grpo_lab.training.checkpoints`: save and exact resume.
+* :mod:`grpo_lab.training.callbacks`: the callbacks' hooks and the trackers of ``report_to`` (JSONL,
+  TensorBoard, wandb).
 * :mod:`grpo_lab.training.memory`: the peak memory of a step.
 """

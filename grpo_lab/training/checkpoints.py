@@ -104,6 +104,7 @@ class Checkpointing:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        self._notify("on_save", final)  # the callbacks' on_save (grpo_lab.training.callbacks)
         return final
 
     def _checkpoint_state(self) -> dict:

@@ -21,6 +21,7 @@ from ..advantages import tied_groups
 from ..metrics import reduce_updates
 from ..objectives import METRIC_KEYS
 from ..rollout import evaluate
+from .callbacks import samples_table
 from .collection import Batch
 from .memory import peak_memory_mb
 from .value_model import value_metrics
@@ -55,6 +56,13 @@ class History:
             torch.random.set_rng_state(state)
 
     def _eval_row(self) -> dict:
+        """The ``test_*`` columns of an evaluation now, with ``step`` and ``eval_seconds``."""
+        return self._evaluation()[0]
+
+    def _evaluation(self) -> tuple[dict, pd.DataFrame]:
+        """:meth:`_eval_row` and the samples table of that evaluation
+        (:func:`~grpo_lab.training.callbacks.samples_table` of the greedy evaluation's frame), which
+        :meth:`train` hands to the callbacks' ``on_evaluate``."""
         t0 = time.perf_counter()
         row = {"step": self.step}
         s, frame = self._evaluate_frame(greedy=True)
@@ -71,7 +79,7 @@ class History:
             if callable(extra):
                 row.update({f"test_sampled_{k}": float(v) for k, v in extra(frame2).items()})
         row["eval_seconds"] = time.perf_counter() - t0
-        return row
+        return row, samples_table(frame)
 
     def _row(self, batch: Batch, updates: list[dict], grad_norms: list, entropies: list, seconds: float) -> dict:
         """The history row of one step (see :meth:`train` for the columns)."""
