@@ -29,7 +29,7 @@ processes of ``--jobs`` too (they import the module that defines a run's task or
 
 The results file: ``--out`` refuses a file that exists unless ``--overwrite`` (or ``--resume``) is
 given, and an ``--out`` whose directory cannot be created or written fails before training. Next to
-it, the run directory (``--out`` without ``.json``, :func:`run_directory`) holds one directory per
+it, the run directory (``--out`` without ``.json``, :func:`grpo_lab.experiments.run_dirs.run_directory`) holds one directory per
 seed, ``<preset>/seed-<k>`` (``TrainerConfig.output_dir``: the step log, trackers, ``run.json``,
 ``result.json``, and with ``--save-every N`` a checkpoint every N steps). ``--resume`` continues a run
 killed mid-way (or reads back a finished one) with the same preset and settings, ending with the
@@ -75,8 +75,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "hyperparameter_keys", "default_out",
-           "resolve_model", "load_user_module", "unknown_characters", "UsageError", "lora_option", "LORA_TARGETS",
-           "run_directory"]
+           "resolve_model", "load_user_module", "unknown_characters", "UsageError", "lora_option", "LORA_TARGETS"]
 
 #: ``--set`` keys that exist as fields but are set by an option of their own
 _RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}
@@ -349,15 +348,9 @@ def _check_out(out: Path, overwrite: bool = False) -> None:
         raise UsageError(f"--out {out}: cannot create a file in {out.parent} ({exc.strerror or exc})") from None
 
 
-def run_directory(out: Path) -> Path:
-    """The run directory of the results file ``out``: ``out`` without its ``.json`` suffix
-    (``runs/grpo.json`` -> ``runs/grpo``), or ``out`` with ``.d`` appended when it has no such suffix.
-    Each seed writes into ``<run directory>/<preset>/seed-<k>`` (:func:`grpo_lab.experiments.run_dirs.seed_dir`)."""
-    return out.with_suffix("") if out.suffix == ".json" else out.with_name(out.name + ".d")
-
-
 def _output_overrides(args, out: Path, algo_name: str, cfg_over: dict) -> dict:
-    """The output fields the command line passes to ``run``: ``output_dir`` (:func:`run_directory`, unless
+    """The output fields the command line passes to ``run``: ``output_dir``
+    (:func:`grpo_lab.experiments.run_dirs.run_directory` of ``out``, unless
     ``--set output_dir=...`` names another) and ``save_every`` (``--save-every``), after checking the run
     directory: without ``--resume`` it must hold no earlier run (``--overwrite`` deletes its seed
     directories); with ``--resume`` it must hold a run of this preset.
@@ -366,7 +359,7 @@ def _output_overrides(args, out: Path, algo_name: str, cfg_over: dict) -> dict:
         UsageError: ``--save-every`` below 0; an earlier run without ``--resume`` or ``--overwrite``; with
             ``--resume`` no run to continue, or a run of another preset (both named).
     """
-    from .experiments.run_dirs import _remove_seed_dirs, _runs_in
+    from .experiments.run_dirs import _remove_seed_dirs, _runs_in, run_directory
 
     over: dict[str, Any] = {}
     if args.save_every is not None:

@@ -225,3 +225,38 @@ def test_cli_writes_per_seed_directories_and_resumes(profile, tmp_path, capsys):
     assert cli.main(args + ["--overwrite"]) == 0  # replaces the run and its directory
     assert cli.main(args[:-3] + ["--out", str(tmp_path / "none.json"), "--resume"]) == 2
     assert "nothing to resume" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- GPU chapter runs
+def test_a_chapter_run_resumes_after_a_crash_and_starts_afresh_once_complete(profile, tmp_path, monkeypatch):
+    from grpo_lab import experiments
+    from grpo_lab.experiments import runs
+
+    kw = dict(seeds=(0, 1), steps=3, profile=profile, save_every=1, progress=False)
+    whole = experiments.run_chapter_gpu("99_whole", ["GRPO"], out=tmp_path / "whole.json", **kw)["GRPO"].history
+    assert not checkpoints_dir(seed_dir(tmp_path / "whole", "GRPO", 0)).exists()  # deleted once finished
+    assert (seed_dir(tmp_path / "whole", "GRPO", 1) / "result.json").is_file()
+
+    save = Trainer._periodic_save
+
+    def crash(self, final=False):  # seed 1 dies right after its step-2 checkpoint
+        out = save(self, final)
+        if self.config.seed == 1 and self.step == 2:
+            raise RuntimeError("killed")
+        return out
+
+    monkeypatch.setattr(Trainer, "_periodic_save", crash)
+    path = tmp_path / "99_crash.json"
+    with pytest.raises(RuntimeError, match="killed"):
+        experiments.run_chapter_gpu("99_crash", ["GRPO"], out=path, **kw)
+    assert experiments.load_results(path).provenance["complete"] is False  # seed 0 finished and was written
+    monkeypatch.setattr(Trainer, "_periodic_save", save)
+    fresh, resumed = [], []
+    monkeypatch.setattr(runs, "_fresh_trainer", lambda *a, _f=runs._fresh_trainer: fresh.append(1) or _f(*a))
+    monkeypatch.setattr(runs.Trainer, "resume", lambda *a, _r=Trainer.resume, **k: resumed.append(a[0]) or _r(*a, **k))
+    again = experiments.run_chapter_gpu("99_crash", ["GRPO"], out=path, **kw)["GRPO"].history
+    assert fresh == [] and [p.name for p in resumed] == ["step-000002"]  # seed 0 read back, seed 1 resumed
+    pd.testing.assert_frame_equal(_numbers(again), _numbers(whole))
+    assert experiments.load_results(path).provenance["complete"] is True
+    experiments.run_chapter_gpu("99_crash", ["GRPO"], out=path, **kw)  # complete: trained afresh
+    assert len(fresh) == 2

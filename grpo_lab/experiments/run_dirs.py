@@ -31,7 +31,7 @@ from ..training.checkpoints import CHECKPOINTS_DIR, _json_default, periodic_chec
 from ..training.config import TrainerConfig
 from ..validation import is_int
 
-__all__ = ["seed_dir", "checkpoints_dir", "latest_checkpoint"]
+__all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint"]
 
 #: The file of a seed's directory that records what it trains (:func:`_run_record`).
 RUN_FILE = "run.json"
@@ -50,6 +50,15 @@ def _dir_name(algo_name: str) -> str:
         return safe
     digest = hashlib.sha256(algo_name.encode()).hexdigest()[:8]
     return f"{safe or 'algo'}-{digest}"
+
+
+def run_directory(results_file: str | os.PathLike) -> Path:
+    """The run directory that goes with a results file (the ``output_dir`` the command line and
+    :func:`grpo_lab.experiments.run_chapter_gpu` give :func:`grpo_lab.experiments.run`): the file's path
+    without its ``.json`` suffix (``runs/grpo.json`` -> ``runs/grpo``), or with ``.d`` appended when it
+    has no such suffix (``runs/grpo`` -> ``runs/grpo.d``, never the file itself)."""
+    path = Path(results_file)
+    return path.with_suffix("") if path.suffix == ".json" else path.with_name(path.name + ".d")
 
 
 def seed_dir(output_dir: str | os.PathLike, algo_name: str, seed: int) -> Path:
