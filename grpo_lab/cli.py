@@ -606,15 +606,7 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
                          "is refused unless --overwrite is given")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the --out file if it exists, and the earlier run in its run directory")
-    # periodic checkpoints and resume (experiments.run(..., resume=True)): kept together
-    ap.add_argument("--save-every", type=int, metavar="N",
-                    help="write a checkpoint of each seed every N steps (and after the last) into the run "
-                         "directory (--out without .json), the newest save_total_limit kept; same as --set "
-                         "save_every=N")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue the run of --out (killed or finished) from its run directory: finished seeds "
-                         "are read back, the others continue from their latest checkpoint; the same preset and "
-                         "settings are required (an error names what differs)")
+    _add_checkpoint_arguments(ap)
     ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                     help="import MODULE first, so that the tasks and registry entries it registers are valid "
                          "--task and --set values: a module name importable from the current directory or "
@@ -626,6 +618,19 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
                          "(default: the training bar only when stderr is a terminal, no loading bars)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     ap.add_argument("--version", action="version", version=f"grpo_lab {__version__}")
+
+
+def _add_checkpoint_arguments(ap: argparse.ArgumentParser) -> None:
+    """The ``train`` command's periodic checkpoints and resume: ``--save-every N`` and ``--resume``
+    (:func:`grpo_lab.experiments.run`'s ``save_every`` and ``resume``)."""
+    ap.add_argument("--save-every", type=int, metavar="N",
+                    help="write a checkpoint of each seed every N steps (and after the last) into the run "
+                         "directory (--out without .json), the newest save_total_limit kept; same as --set "
+                         "save_every=N")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run of --out (killed or finished) from its run directory: finished seeds "
+                         "are read back, the others continue from their latest checkpoint; the same preset and "
+                         "settings are required (an error names what differs)")
 
 
 def _list(prog: str) -> str:

@@ -28,7 +28,8 @@ the cache was used, ``provenance["cached_seeds"]`` which seeds it supplied.
 The package holds one concern per module: :mod:`~grpo_lab.experiments.profiles` (profiles and the
 GPU profile's settings), :mod:`~grpo_lab.experiments.runs` (:func:`run`, :func:`run_grid`),
 :mod:`~grpo_lab.experiments.results` (:class:`RunResult`, provenance, results files, summaries),
-:mod:`~grpo_lab.experiments.run_cache`, :mod:`~grpo_lab.experiments.workers` (the worker pool),
+:mod:`~grpo_lab.experiments.run_cache`, :mod:`~grpo_lab.experiments.run_dirs` (where each seed of a
+run writes, its checkpoints, resuming), :mod:`~grpo_lab.experiments.workers` (the worker pool),
 :mod:`~grpo_lab.experiments.gpu_runs` (a chapter's GPU runs and their checks) and
 :mod:`~grpo_lab.experiments.rpt_gpu` (chapter 7 on a hub model). Every public name is imported
 from here (``from grpo_lab import experiments; experiments.run(...)``) and documented here.

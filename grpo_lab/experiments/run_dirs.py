@@ -33,7 +33,7 @@ from ..validation import is_int
 
 __all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint"]
 
-#: The file of a seed's directory that records what it trains (:func:`_run_record`).
+#: The file of a seed's directory that records what it trains (``_run_record``).
 RUN_FILE = "run.json"
 #: The file of a seed's directory that holds its history once every step has trained.
 RESULT_FILE = "result.json"
@@ -68,7 +68,7 @@ def seed_dir(output_dir: str | os.PathLike, algo_name: str, seed: int) -> Path:
 
     Args:
         output_dir: the run's output directory (need not exist).
-        algo_name: the algorithm's display name (:attr:`grpo_lab.algorithms.Algorithm.name`); a name with
+        algo_name: the algorithm's display name (``Algorithm.name``); a name with
             other characters than letters, digits, ``.``, ``_``, ``-`` gets them replaced by ``_`` and a
             short hash of the name appended (two names never share a directory).
         seed: the run's seed (int).
@@ -110,7 +110,7 @@ def _plain(value: Any) -> Any:
 
 def _run_record(algo, prof, seed: int) -> dict:
     """What one seed trains, as ``run.json`` holds it: the algorithm (every field), the trainer
-    configuration with the run's seed and without its output fields (:meth:`TrainerConfig.run_identity`),
+    configuration with the run's seed and without its output fields (``TrainerConfig.run_identity``),
     the profile's name, base checkpoint, task and task arguments, and its LoRA adapters when set."""
     record = {"algo": asdict(algo), "config": replace(prof.config, seed=int(seed)).run_identity(),
               "profile": prof.name, "base": prof.base, "task": prof.task, "task_kwargs": dict(prof.task_kwargs)}

@@ -121,7 +121,7 @@ class Checkpointing:
 
         With ``TrainerConfig.save_every`` and ``output_dir`` set, :meth:`train` calls it itself every
         ``save_every`` steps and after its last step, into ``output_dir/checkpoints/step-NNNNNN``
-        (:func:`checkpoint_name`), keeping the newest ``save_total_limit``; a run killed at any point
+        (six digits at least), keeping the newest ``save_total_limit``; a run killed at any point
         continues from the latest (:func:`grpo_lab.experiments.run` with ``resume=True``).
 
         Any task can be saved. A registered dataclass task (:func:`grpo_lab.tasks.task_spec`) is
@@ -226,7 +226,7 @@ class Checkpointing:
             value_model: a freshly built value model of the saved architecture, required when the
                 checkpoint has one of your own (its weights and optimiser state are loaded into
                 it); a :class:`grpo_lab.models.CriticModel` is rebuilt from the checkpoint.
-            output: fields of :data:`grpo_lab.training.config.OUTPUT_FIELDS` to replace in the saved
+            output: fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` to replace in the saved
                 configuration (where the resumed run writes, its trackers, its periodic checkpoints,
                 its progress bar: e.g. ``{"output_dir": "runs/x/GRPO/seed-0"}`` for a run directory
                 that was moved); they never change the run's numbers.
@@ -300,10 +300,10 @@ class Checkpointing:
 
 
 def _with_outputs(config: TrainerConfig, output: dict[str, Any] | None) -> TrainerConfig:
-    """``config`` with the output fields ``output`` replaced (:meth:`Checkpointing.resume`'s ``output``).
+    """``config`` with the output fields ``output`` replaced (``Trainer.resume``'s ``output``).
 
     Raises:
-        ValueError: a key of ``output`` is not in :data:`~grpo_lab.training.config.OUTPUT_FIELDS`.
+        ValueError: a key of ``output`` is not in ``OUTPUT_FIELDS``.
     """
     if not output:
         return config
