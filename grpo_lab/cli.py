@@ -31,8 +31,15 @@ file, its directory put first on ``sys.path``). Whatever it registers
 :data:`grpo_lab.objectives.SURROGATES`) becomes a valid ``--task`` or ``--set`` value, in the worker
 processes of ``--jobs`` too (they import the module that defines a run's task or choices).
 
-The results file: ``--out`` refuses a file that exists unless ``--overwrite`` is given, and an
-``--out`` whose directory cannot be created or written fails before training.
+The results file: ``--out`` refuses a file that exists unless ``--overwrite`` (or ``--resume``) is
+given, and an ``--out`` whose directory cannot be created or written fails before training. Next to
+it, the run directory (``--out`` without ``.json``, :func:`grpo_lab.experiments.run_dirs.run_directory`) holds one directory per
+seed, ``<preset>/seed-<k>`` (``TrainerConfig.output_dir``: the step log, trackers, ``run.json``,
+``result.json``, and with ``--save-every N`` a checkpoint every N steps). ``--resume`` continues a run
+killed mid-way (or reads back a finished one) with the same preset and settings, ending with the
+history an uninterrupted run has; a run directory of another preset or with other settings is refused,
+the message naming what differs. Without ``--resume`` an earlier run there is refused unless
+``--overwrite`` is given. A run writing its files is never served from the run cache.
 
 Errors: a user mistake (an unknown preset, task, profile or ``--set`` key, a value of the wrong
 type or out of range, a model that does not exist, an output path that cannot be written or a file
@@ -362,6 +369,41 @@ def _check_out(out: Path, overwrite: bool = False) -> None:
         raise UsageError(f"--out {out}: cannot create a file in {out.parent} ({exc.strerror or exc})") from None
 
 
+def _output_overrides(args, out: Path, algo_name: str, cfg_over: dict) -> dict:
+    """The output fields the command line passes to ``run``: ``output_dir``
+    (:func:`grpo_lab.experiments.run_dirs.run_directory` of ``out``, unless
+    ``--set output_dir=...`` names another) and ``save_every`` (``--save-every``), after checking the run
+    directory: without ``--resume`` it must hold no earlier run (``--overwrite`` deletes its seed
+    directories); with ``--resume`` it must hold a run of this preset.
+
+    Raises:
+        UsageError: ``--save-every`` below 0; an earlier run without ``--resume`` or ``--overwrite``; with
+            ``--resume`` no run to continue, or a run of another preset (both named).
+    """
+    from .experiments.run_dirs import _remove_seed_dirs, _runs_in, run_directory
+
+    over: dict[str, Any] = {}
+    if args.save_every is not None:
+        if args.save_every < 0:
+            raise UsageError(f"--save-every must be >= 0 (0: no checkpoints), got {args.save_every}")
+        over["save_every"] = args.save_every
+    where = Path(cfg_over.get("output_dir") or run_directory(out))
+    over["output_dir"] = str(where)
+    runs = _runs_in(where)
+    if args.resume and not runs:
+        raise UsageError(f"--resume: nothing to resume at {where} (no seed directory with a run.json; a run writes "
+                         "it next to its --out file when it starts)")
+    if args.resume and algo_name not in runs:
+        raise UsageError(f"--resume: {where} holds a run of {', '.join(sorted(runs))}, not of {algo_name}; give "
+                         "the same preset (and settings) as the run to continue")
+    if runs and not args.resume:
+        if not args.overwrite:
+            raise UsageError(f"--out {out}: {where} holds an earlier run ({', '.join(sorted(runs))}); --resume "
+                             "continues it, --overwrite replaces it")
+        _remove_seed_dirs(where)
+    return over
+
+
 # ---------------------------------------------------------------------------------------- --import
 def load_user_module(spec: str) -> types.ModuleType:
     """Import the module ``spec`` names (``--import``), so that what it registers (a task with
@@ -584,7 +626,9 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", metavar="FILE",
                     help="results file (default: runs/PRESET-PROFILE-YYYYmmdd-HHMMSS.json); a file that exists "
                          "is refused unless --overwrite is given")
-    ap.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the --out file if it exists, and the earlier run in its run directory")
+    _add_checkpoint_arguments(ap)
     ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                     help="import MODULE first, so that the tasks and registry entries it registers are valid "
                          "--task and --set values: a module name importable from the current directory or "
@@ -600,6 +644,19 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
                          "(default: the training bar only when stderr is a terminal, no loading bars)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     ap.add_argument("--version", action="version", version=f"grpo_lab {__version__}")
+
+
+def _add_checkpoint_arguments(ap: argparse.ArgumentParser) -> None:
+    """The ``train`` command's periodic checkpoints and resume: ``--save-every N`` and ``--resume``
+    (:func:`grpo_lab.experiments.run`'s ``save_every`` and ``resume``)."""
+    ap.add_argument("--save-every", type=int, metavar="N",
+                    help="write a checkpoint of each seed every N steps (and after the last) into the run "
+                         "directory (--out without .json), the newest save_total_limit kept; same as --set "
+                         "save_every=N")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run of --out (killed or finished) from its run directory: finished seeds "
+                         "are read back, the others continue from their latest checkpoint; the same preset and "
+                         "settings are required (an error names what differs)")
 
 
 def _list(prog: str) -> str:
@@ -708,8 +765,11 @@ def _train(argv: list[str], prog: str) -> int:
         raise UsageError(f"--steps must be >= 0, got {args.steps}")
     model = resolve_model(args.model) if args.model is not None else None
     lora = lora_option(args.lora_r, args.lora_alpha, args.lora_targets)
+    if args.resume and not args.out:
+        raise UsageError("--resume needs --out, the results file of the run to continue")
     out = Path(args.out).expanduser() if args.out else default_out(preset, args.profile)
-    _check_out(out, overwrite=args.overwrite)
+    _check_out(out, overwrite=args.overwrite or args.resume)
+    cfg_over.update(_output_overrides(args, out, algo.name, cfg_over))
     if model is not None:
         profile = experiments.get_profile(args.profile)
         task = args.task or profile.task
@@ -721,7 +781,8 @@ def _train(argv: list[str], prog: str) -> int:
     # inherit the environment); put back afterwards for callers that run main() in-process.
     with _loading_bars(args.progress is True):
         res = experiments.run(algo, profile=args.profile, seeds=args.seeds, steps=args.steps, progress=args.progress,
-                              n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, lora=lora, **cfg_over)
+                              n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, lora=lora,
+                              resume=args.resume, **cfg_over)
     experiments.save_results(res, out)
     print(_summary(res, algo.name, args.profile, out))
     return 0

@@ -165,7 +165,7 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
             ``TrainerConfig.gradient_checkpointing=True`` with a policy that does not support it;
             ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
             layers (:func:`grpo_lab.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
-            or differ in ``top_k``.
+            or differ in ``top_k``; ``TrainerConfig.save_every > 0`` without an ``output_dir``.
 
     Warns:
         RuntimeWarning: ``group_size=1`` with an advantage estimator whose baseline is the group
@@ -199,6 +199,7 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         self.max_new_tokens = c.max_new_tokens or task.max_new_tokens
         self._check_algorithm_fits()
         self._check_value_settings()
+        self._check_checkpointing()
         self._warn_group_size()
         random.seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
@@ -381,7 +382,7 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
                     evaluation, samples = self._evaluation()
                     row.update({k: v for k, v in evaluation.items() if k != "step"})
                 self._log_row(row, samples)
-                # periodic checkpoint (save_every): see Checkpointing
+                self._periodic_save(final=self.step == end)  # save_every: see Checkpointing
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['length']:.1f}")

@@ -23,12 +23,15 @@ or task uses code from outside the package (a registered choice, a monkeypatched
 cached, since that code is not in the fingerprint; neither is a run from a hub checkpoint.
 ``GRPO_LAB_RUN_CACHE`` moves the cache (a directory) or turns it off (``off``); installed outside
 a source checkout, the package caches only when it is set. ``provenance["run_cache"]`` says whether
-the cache was used, ``provenance["cached_seeds"]`` which seeds it supplied.
+the cache was used, ``provenance["cached_seeds"]`` which seeds it supplied. A run with an ``output_dir`` (its own
+directory per seed, periodic checkpoints, ``resume=True``: :mod:`~grpo_lab.experiments.run_dirs`) is
+stored but never loaded from the cache, since it must write its files.
 
 The package holds one concern per module: :mod:`~grpo_lab.experiments.profiles` (profiles and the
 GPU profile's settings), :mod:`~grpo_lab.experiments.runs` (:func:`run`, :func:`run_grid`),
 :mod:`~grpo_lab.experiments.results` (:class:`RunResult`, provenance, results files, summaries),
-:mod:`~grpo_lab.experiments.run_cache`, :mod:`~grpo_lab.experiments.workers` (the worker pool),
+:mod:`~grpo_lab.experiments.run_cache`, :mod:`~grpo_lab.experiments.run_dirs` (where each seed of a
+run writes, its checkpoints, resuming), :mod:`~grpo_lab.experiments.workers` (the worker pool),
 :mod:`~grpo_lab.experiments.gpu_runs` (a chapter's GPU runs and their checks) and
 :mod:`~grpo_lab.experiments.rpt_gpu` (chapter 7 on a hub model). Every public name is imported
 from here (``from grpo_lab import experiments; experiments.run(...)``) and documented here.

@@ -10,6 +10,7 @@ back and :func:`~grpo_lab.experiments.check_gpu_results` asserts those facts. Do
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -19,10 +20,11 @@ import pandas as pd
 
 from ..algorithms import Algorithm, get_algorithm
 from ..paths import data_dir
-from ..validation import positive_int
+from ..validation import non_negative_int, positive_int
 from .memory_fit import check_algorithms_fit
 from .profiles import GPU_MODEL, Profile, get_profile, gpu_profile
 from .results import RunResult, load_results, save_results
+from .run_dirs import _remove_seed_dirs, checkpoints_dir, run_directory, seed_dir
 from .runs import _check_seeds, run_grid
 
 __all__ = ["results_dir", "run_chapter_gpu", "load_chapter_gpu", "check_gpu_results"]
@@ -63,13 +65,21 @@ def _gpu_results_path(chapter: str, out, steps, n_jobs) -> Path:
 def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Sequence[int] = (0, 1, 2, 3, 4),
                     steps: int | None = None, profile: Profile | None = None, n_jobs: int = 1,
                     overrides: Mapping[str, Mapping[str, Any]] | None = None,
-                    out: str | Path | None = None, finish: bool = True) -> dict[str, RunResult]:
+                    out: str | Path | None = None, finish: bool = True, save_every: int | None = None,
+                    keep_checkpoints: bool = False, progress: bool | None = True) -> dict[str, RunResult]:
     """Train a chapter's algorithms on the ``"gpu"`` profile and write ``<chapter>.json`` with
     provenance into :func:`results_dir` (or ``out``, a file path).
 
     Runs go one seed at a time (``n_jobs`` at a time with ``n_jobs > 1``), never from the run
     cache, and the file is rewritten after each, with ``complete`` false until the last has
-    finished. The file holds the history of every (algorithm, seed) and a provenance record: the commit,
+    finished. Each seed writes into the run directory next to the file
+    (:func:`~grpo_lab.experiments.run_dirs.run_directory`: ``<chapter>/<algorithm>/seed-<k>``, with
+    its step log ``metrics.jsonl``), checkpoints every ``save_every`` steps there (the newest one
+    kept), and shows a progress bar of its steps. Run again after a crash or a kill (the file
+    absent or not ``complete``), with the same arguments, it resumes: finished seeds are read back,
+    the seed that was training continues from its latest checkpoint (:func:`run` with
+    ``resume=True``; another configuration is refused, naming what differs). Run again after a
+    ``complete`` file, it trains everything afresh (the earlier seed directories are deleted). The file holds the history of every (algorithm, seed) and a provenance record: the commit,
     library versions, GPU name, resolved precision (:func:`grpo_lab.trainer.resolve_precision`),
     model, seeds, steps, wall time, ``dry_run`` (the profile's device is not CUDA: a check of the
     code path, e.g. with ``$GRPO_LAB_GPU_DEVICE=cpu``, not GPU results), and each algorithm's own
@@ -88,14 +98,21 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
         out: the results file (default ``results_dir() / f"{chapter}.json"``).
         finish: mark the file ``complete`` after the last run; ``False`` leaves that to a caller
             that adds more runs (:func:`run_rpt_gpu`'s continued-NTP baseline).
+        save_every: steps between checkpoints (default: the profile's ``save_every``, else 10; 0: none,
+            a killed seed then starts over). A checkpoint of the 0.5B model with its KL reference and
+            AdamW state is about 8 GB; only the newest of each seed is kept.
+        keep_checkpoints: keep each seed's last checkpoint once it has finished (default: delete it,
+            keeping ``run.json``, ``result.json`` and the step log).
+        progress: a tqdm bar per seed (``None``: only in an interactive terminal).
 
     Returns:
         ``{algo name: RunResult}``, as :func:`run_grid`.
 
     Raises:
         ValueError: a malformed ``chapter``; an algorithm that the memory model says will not fit
-            the CUDA card (:func:`grpo_lab.experiments.memory_fit.check_algorithms_fit`); as
-            :func:`run_grid` (CUDA not available for a CUDA profile).
+            the CUDA card (:func:`grpo_lab.experiments.memory_fit.check_algorithms_fit`); ``save_every``
+            below 0; as :func:`run_grid` (CUDA not available for a CUDA profile; resuming a run
+            directory that holds another configuration).
     """
     chapter = _chapter_name(chapter)
     prof = profile if profile is not None else gpu_profile()
@@ -105,6 +122,7 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
     path = _gpu_results_path(chapter, out, steps, n_jobs)
     # before any weight is loaded: the reference copy, the critic
     check_algorithms_fit(get_profile(prof) if isinstance(prof, str) else prof, algos)
+    outputs = _chapter_outputs(path, prof, save_every)
     t0 = time.perf_counter()
     grid: dict[str, RunResult] = {}
     # one seed at a time (n_jobs seeds at a time with n_jobs > 1), the file rewritten after each, so
@@ -115,7 +133,10 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
         for batch in batches:
             one = {algo.name: overrides[algo.name]} if algo.name in overrides else None
             parts.append(run_grid([algo], profile=prof, seeds=batch, steps=steps, n_jobs=n_jobs, cache=False,
-                                  overrides=one)[algo.name])
+                                  overrides=one, progress=progress, **outputs)[algo.name])
+            if not keep_checkpoints:  # finished: its results are in its result.json and the file
+                for s in batch:
+                    shutil.rmtree(checkpoints_dir(seed_dir(outputs["output_dir"], algo.name, s)), ignore_errors=True)
             done = [s for p in parts for s in p.provenance["seeds"]]
             grid[algo.name] = RunResult(pd.concat([p.history for p in parts], ignore_index=True),
                                         {**parts[0].provenance, "seeds": done,
@@ -123,6 +144,27 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
             complete = finish and algo is algos[-1] and batch is batches[-1]
             _save_chapter(path, chapter, prof, grid, seeds, time.perf_counter() - t0, complete)
     return grid
+
+
+def _chapter_outputs(path: Path, prof: Profile | str, save_every: int | None) -> dict[str, Any]:
+    """The output settings :func:`run_chapter_gpu` passes to :func:`run_grid`: ``output_dir`` (the run
+    directory of ``path``), ``save_every``, ``save_total_limit=1`` and ``resume``, true unless ``path`` is a
+    ``complete`` results file (then the earlier seed directories are deleted: a fresh start).
+
+    Raises:
+        ValueError: ``save_every`` below 0.
+    """
+    config = (get_profile(prof) if isinstance(prof, str) else prof).config
+    every = non_negative_int("run_chapter_gpu: save_every",
+                             save_every if save_every is not None else (config.save_every or 10))
+    root = run_directory(path)
+    try:
+        complete = path.is_file() and load_results(path).provenance.get("complete") is True
+    except ValueError:  # a damaged results file: the run directories (checked on resume) decide
+        complete = False
+    if complete:
+        _remove_seed_dirs(root)
+    return {"output_dir": str(root), "save_every": int(every), "save_total_limit": 1, "resume": not complete}
 
 
 def _save_chapter(path: Path, chapter: str, prof: Profile, grid: Mapping[str, RunResult], seeds: list[int],

@@ -22,9 +22,12 @@ from ..models import load_policy
 from ..paths import checkpoint_dir
 from ..tasks import get_task
 from ..trainer import Trainer, TrainerConfig
+from ..training.config import OUTPUT_FIELDS
 from ..validation import is_int
 from .profiles import PROFILES, Profile, _task_fix, get_profile
 from .results import RunResult, provenance
+from .run_dirs import (_check_run_dirs, _check_seed_dir, _finish_seed, _finished_rows, _run_record, _start_seed,
+                       latest_checkpoint, seed_dir)
 from .run_cache import _cache_load, _cache_path, _cache_store, _run_key, _uncacheable, run_cache_dir, run_fingerprint
 from .workers import _FRESH_REGISTRIES, _import_user_module, _module_roots, _user_modules, _worker_pool, shutdown_workers
 
@@ -88,18 +91,81 @@ def _check_steps(steps) -> int:
 
 def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None,
                cache_path: Path | None = None,
-               modules: Sequence[str | tuple[str, str | None]] = ()) -> pd.DataFrame:
+               modules: Sequence[str | tuple[str, str | None]] = (), resume: bool = False) -> pd.DataFrame:
     """One seed of one algorithm from the profile's base checkpoint (a process-pool task); the
     history is stored at ``cache_path`` when given. ``modules`` (:func:`_user_modules`, as names or
     as the ``(name, root)`` pairs of :func:`_module_roots`) are imported first, so that a worker
-    registers the user's choices and task as the caller did."""
+    registers the user's choices and task as the caller did.
+
+    With a ``TrainerConfig.output_dir`` in the profile, the seed writes into its own directory under it
+    (:func:`~grpo_lab.experiments.run_dirs.seed_dir`): ``run.json`` first, its trackers' files and periodic
+    checkpoints while it trains, ``result.json`` at the end. With ``resume`` a seed whose
+    ``result.json`` holds ``steps`` steps is read back instead of trained, and one with a periodic
+    checkpoint continues from the latest (:meth:`~grpo_lab.trainer.Trainer.resume`), after the checks of
+    ``_check_seed_dir`` (``ValueError`` naming what differs)."""
     for module in modules:
         _import_user_module(module)
     try:  # validate again here: a spawned worker has only the registry entries its imports made
         algo = algo.replace()
     except ValueError as exc:
         raise ValueError(f"{exc}. {_FRESH_REGISTRIES}") from None
-    base = checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else prof.base
+    cfg = replace(prof.config, seed=int(seed), progress=progress)
+    directory = None
+    if cfg.output_dir is not None:
+        directory = seed_dir(cfg.output_dir, algo.name, seed)
+        cfg = replace(cfg, output_dir=str(directory))
+        record = _run_record(algo, prof, seed)
+        _check_seed_dir(directory, record, steps, resume)
+        if resume and (rows := _finished_rows(directory, steps)) is not None:
+            _cache_store(cache_path, rows)
+            return pd.DataFrame(rows)
+        _start_seed(directory, record)
+    ckpt = latest_checkpoint(directory) if resume and directory is not None else None
+    if ckpt is not None:
+        trainer = Trainer.resume(ckpt, task=_profile_task(prof), device=cfg.device,
+                                 output={k: getattr(cfg, k) for k in OUTPUT_FIELDS})
+    else:
+        trainer = _fresh_trainer(algo, prof, cfg)
+    key = _base_eval_key(_base_of(prof), prof, cfg)
+    if ckpt is None and key in _BASE_EVALS:  # this process already evaluated this base policy: the same numbers
+        trainer.rows.append(dict(_BASE_EVALS[key]))
+    trainer.train(steps - trainer.step)
+    if key is not None and key not in _BASE_EVALS and trainer.rows and trainer.rows[0].get("step") == 0:
+        _BASE_EVALS[key] = dict(trainer.rows[0])
+    if directory is not None:
+        _finish_seed(directory, steps, trainer.rows)
+    _cache_store(cache_path, trainer.rows)
+    return pd.DataFrame(trainer.rows)
+
+
+def _base_of(prof: Profile) -> str:
+    """The profile's base as :func:`~grpo_lab.models.load_policy` is given it: the shipped checkpoint's
+    directory when ``data/checkpoints`` has one of that name, else the name (a directory or a hub id)."""
+    return checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else prof.base
+
+
+def _profile_task(prof: Profile):
+    """The profile's task object (``get_task(prof.task, **prof.task_kwargs)``).
+
+    Raises:
+        ValueError: the task is not registered in this process (a worker that did not import its module).
+    """
+    from ..tasks import TASKS
+
+    if prof.task not in TASKS:
+        raise ValueError(f"run: task {prof.task!r} is not registered in this process; known tasks: "
+                         f"{sorted(TASKS)}. {_FRESH_REGISTRIES}")
+    return get_task(prof.task, **dict(prof.task_kwargs))
+
+
+def _fresh_trainer(algo: Algorithm, prof: Profile, cfg: TrainerConfig) -> Trainer:
+    """A trainer of ``algo`` from the profile's base checkpoint (LoRA adapters drawn with ``cfg.seed``).
+
+    Raises:
+        OSError: the base cannot be loaded (:func:`_unloadable`).
+        ValueError: the task is not registered in this process.
+    """
+    base = _base_of(prof)
     # float32 weights whatever the checkpoint's dtype (hub models ship bfloat16): the trainer keeps
     # float32 master weights and runs the forward passes in TrainerConfig.precision
     try:
@@ -107,23 +173,8 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     except OSError as exc:  # a hub id offline and not cached, a gated or misspelled repository
         raise _unloadable(prof, exc) from exc
     if prof.lora is not None:  # the adapters, initialised with the run's seed (the base is the same for every seed)
-        policy = prof.lora.apply(policy, seed=int(seed))
-    from ..tasks import TASKS
-
-    if prof.task not in TASKS:
-        raise ValueError(f"run: task {prof.task!r} is not registered in this process; known tasks: "
-                         f"{sorted(TASKS)}. {_FRESH_REGISTRIES}")
-    task = get_task(prof.task, **dict(prof.task_kwargs))
-    cfg = replace(prof.config, seed=int(seed), progress=progress)
-    trainer = Trainer(policy, tokenizer, task, algo, cfg)
-    key = _base_eval_key(base, prof, cfg)
-    if key in _BASE_EVALS:  # this process already evaluated this base policy: the same numbers, bit for bit
-        trainer.rows.append(dict(_BASE_EVALS[key]))
-    trainer.train(steps)
-    if key is not None and key not in _BASE_EVALS and trainer.rows and trainer.rows[0].get("step") == 0:
-        _BASE_EVALS[key] = dict(trainer.rows[0])
-    _cache_store(cache_path, trainer.rows)
-    return pd.DataFrame(trainer.rows)
+        policy = prof.lora.apply(policy, seed=int(cfg.seed))
+    return Trainer(policy, tokenizer, _profile_task(prof), algo, cfg)
 
 
 def _unloadable(prof: Profile, exc: BaseException) -> OSError:
@@ -188,22 +239,23 @@ def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
 
 
 def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: bool | None, n_jobs: int,
-              cache: bool) -> tuple[list[pd.DataFrame], list[tuple[str, int]], str | None]:
+              cache: bool, resume: bool = False) -> tuple[list[pd.DataFrame], list[tuple[str, int]], str | None]:
     """Histories of every ``(algo, seed, profile)`` job, in order, each configuration trained once
-    (two names for the same configuration share one run), from the run cache where possible.
+    (two names for the same configuration share one run, unless the runs write into an
+    ``output_dir``: each name then has its own directory), from the run cache where possible (never
+    for a run with an ``output_dir``, which must write its files: it is only stored).
 
     Returns:
         ``(frames, hits, note)``: the histories, the pairs loaded from the cache, and why the cache
         was not used (``None`` when it was).
+
+    Raises:
+        ValueError: ``n_jobs < 1``; a seed directory that does not fit ``resume`` (``_check_run_dirs``).
     """
     if n_jobs < 1:
         raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
-    root, note = (run_cache_dir(), None) if cache else (None, "off (cache=False)")
-    if cache and root is None:
-        note = "off (GRPO_LAB_RUN_CACHE, or not a source checkout)"
-    outside = sorted({x for a, _, p in jobs for x in _uncacheable(a, p)})
-    if root is not None and outside:
-        root, note = None, "off: code outside grpo_lab, " + ", ".join(outside)
+    _check_run_dirs(jobs, steps, resume)  # every seed's directory before any trains
+    root, note = _cache_root(jobs, cache)
     prints: dict[str, str] = {}  # one fingerprint per distinct profile (base checkpoint, threads, device)
     if root is not None:
         try:
@@ -213,23 +265,56 @@ def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: 
         except (ValueError, OSError) as exc:
             root, note = None, f"off: {exc}"
     fps = [prints.get(repr(p), "") for _, _, p in jobs]
-    keys = [_run_key(fp, a, p, steps, s) for fp, (a, s, p) in zip(fps, jobs)]
+    keys = [_run_key(fp, a, p, steps, s) + (f"/{a.name}" if p.config.output_dir is not None else "")
+            for fp, (a, s, p) in zip(fps, jobs)]
     paths = {k: (_cache_path(root, fp, a, p, steps, s) if root is not None else None)
              for k, fp, (a, s, p) in zip(keys, fps, jobs)}
-    loaded = {k: _cache_load(path, steps) for k, path in paths.items()}
+    writes = {k: p.config.output_dir is not None for k, (_, _, p) in zip(keys, jobs)}
+    loaded = {k: None if writes[k] else _cache_load(path, steps) for k, path in paths.items()}
     hits = [(a.name, s) for (a, s, _), k in zip(jobs, keys) if loaded[k] is not None]
     todo = [k for k in dict.fromkeys(keys) if loaded[k] is None]
     first = {k: jobs[keys.index(k)] for k in todo}
     fresh = _map([(first[k][0], first[k][2], steps, first[k][1], progress, paths[k],
-                   _module_roots(_user_modules(first[k][0], first[k][2]))) for k in todo], n_jobs)
+                   _module_roots(_user_modules(first[k][0], first[k][2])), resume) for k in todo], n_jobs)
     loaded.update(zip(todo, fresh))
     frames = [_label(loaded[k].copy(), a, s) for (a, s, _), k in zip(jobs, keys)]
     return frames, hits, note
 
 
+def _cache_root(jobs: list[tuple[Algorithm, int, Profile]], cache: bool) -> tuple[Path | None, str | None]:
+    """The run cache's directory for these jobs, or ``None`` and why not (``cache=False``,
+    ``$GRPO_LAB_RUN_CACHE``, code outside the package); a note that runs with an ``output_dir`` are stored
+    but not loaded."""
+    root, note = (run_cache_dir(), None) if cache else (None, "off (cache=False)")
+    if cache and root is None:
+        note = "off (GRPO_LAB_RUN_CACHE, or not a source checkout)"
+    outside = sorted({x for a, _, p in jobs for x in _uncacheable(a, p)})
+    if root is not None and outside:
+        root, note = None, "off: code outside grpo_lab, " + ", ".join(outside)
+    if root is not None and any(p.config.output_dir is not None for _, _, p in jobs):
+        note = "store only (the runs write into output_dir, so none is loaded from the cache)"
+    return root, note
+
+
+def _check_outputs(prof: Profile, resume: bool, where: str = "run") -> None:
+    """``resume`` and ``save_every`` need an ``output_dir``.
+
+    Raises:
+        ValueError: ``resume=True`` or ``save_every > 0`` without ``output_dir`` (naming both).
+    """
+    c = prof.config
+    if resume and c.output_dir is None:
+        raise ValueError(f"{where}: resume=True continues the runs in output_dir, which is None; pass "
+                         "output_dir=... (the directory of the run to resume)")
+    if c.save_every and c.output_dir is None:
+        raise ValueError(f"{where}: save_every={c.save_every} writes checkpoints under output_dir, which is None; "
+                         "pass output_dir=... or save_every=0")
+
+
 def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
         steps: int | None = None, progress: bool | None = None, n_jobs: int = 1, cache: bool = True,
-        base: str | os.PathLike | None = None, task: str | None = None, lora=None, **config_overrides) -> RunResult:
+        base: str | os.PathLike | None = None, task: str | None = None, lora=None, resume: bool = False,
+        **config_overrides) -> RunResult:
     """Train ``algo`` from the profile's base checkpoint once per seed.
 
     Every seed starts from the same base weights; the seed fixes prompt sampling, generation
@@ -254,15 +339,30 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
             alpha=16, target_modules=("q_proj", "v_proj"))``) instead of the profile's
             :attr:`~grpo_lab.experiments.Profile.lora`; ``None`` keeps the profile's. Needs peft.
             Recorded in the provenance and the run cache's key.
+        resume: continue the runs in ``output_dir`` (see below) instead of refusing a directory that
+            holds one: each seed that finished (its ``result.json`` holds ``steps`` steps) is read back, each
+            with a periodic checkpoint continues from the latest, the others train from the start.
         **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
-            (e.g. ``minibatches=4``).
+            (e.g. ``minibatches=4``). ``output_dir=DIR``: every seed writes into its own directory
+            ``DIR/<algorithm name>/seed-<k>`` (:func:`~grpo_lab.experiments.run_dirs.seed_dir`; its
+            ``run.json``, ``result.json``, trackers' files (``report_to``) and, with ``save_every=N``,
+            a checkpoint every ``N`` steps and after the last, the newest ``save_total_limit`` kept).
+            Such runs are never loaded from the run cache (they would write nothing), only stored.
+
+    A run killed mid-way (even by SIGKILL) and run again with ``resume=True`` and the same arguments
+    ends with the same history, bit for bit (but for :data:`grpo_lab.trainer.MEASURED_COLUMNS`), as
+    if it had not stopped: a checkpoint holds every RNG state, optimiser state and history row.
 
     Returns:
         RunResult.
 
     Raises:
         ValueError: no seeds, unknown profile/algorithm/task, an empty ``base``, an invalid
-            override, ``n_jobs < 1``, a CUDA device without CUDA.
+            override, ``n_jobs < 1``, a CUDA device without CUDA; ``resume=True`` or ``save_every``
+            without ``output_dir``; a seed directory that holds an earlier run when ``resume`` is
+            false; with ``resume``, a seed directory that holds another run (the message names every
+            field that differs, e.g. ``lr: 0.0003 in the checkpoint, 0.0001 requested``, or the
+            algorithm's, the profile's, the base's or the task's) or a checkpoint past ``steps``.
         TypeError: ``task`` is not a ``str`` (a task object: the message says how to name it).
             Or ``lora`` is neither a ``LoraSpec`` nor a dict (a bad value in it: ``ValueError``).
         ImportError: ``lora`` is set and peft is not installed.
@@ -287,8 +387,9 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
             raise ValueError(f"run: unknown task {task!r}; known tasks: {sorted(TASKS)}")
         prof = replace(prof, task=task, task_kwargs=prof.task_kwargs if task == prof.task else ())
     steps = _check_steps(prof.steps if steps is None else steps)
+    _check_outputs(prof, resume)
     t0 = time.perf_counter()
-    frames, hits, note = _run_jobs([(algo, s, prof) for s in seeds], steps, progress, n_jobs, cache)
+    frames, hits, note = _run_jobs([(algo, s, prof) for s in seeds], steps, progress, n_jobs, cache, resume)
     wall = time.perf_counter() - t0
     prov = provenance(algo, prof, steps, seeds, wall)
     prov["cached_seeds"] = [s for _, s in hits]
@@ -298,15 +399,17 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
 
 def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
              steps: int | None = None, n_jobs: int = 1, cache: bool = True,
-             overrides: Mapping[str, Mapping[str, Any]] | None = None,
-             **config_overrides) -> dict[str, RunResult]:
+             overrides: Mapping[str, Mapping[str, Any]] | None = None, resume: bool = False,
+             progress: bool | None = False, **config_overrides) -> dict[str, RunResult]:
     """:func:`run` for several algorithms, all (algorithm, seed) pairs spread over ``n_jobs`` processes.
 
     Args:
         overrides: per-setting :class:`~grpo_lab.trainer.TrainerConfig` fields, by algorithm name,
             applied on top of ``**config_overrides`` (e.g. ``{"mu=4": {"minibatches": 4}}``): settings
             that differ in the trainer rather than the algorithm share one pool of processes.
-        profile, seeds, steps, n_jobs, cache, config_overrides: as :func:`run`.
+        progress: a tqdm bar per run (``None``: only in an interactive terminal); off by default.
+        profile, seeds, steps, n_jobs, cache, resume, config_overrides: as :func:`run` (with an
+            ``output_dir``, each algorithm's seeds write into ``output_dir/<algorithm name>/seed-<k>``).
 
     Returns:
         ``{algo.name: RunResult}`` in the order given (each ``provenance`` records the wall time
@@ -315,7 +418,7 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
 
     Raises:
         ValueError: duplicate algorithm names, no algorithms or seeds, an ``overrides`` name that
-            is not one of the algorithms, or as :func:`run`.
+            is not one of the algorithms, or as :func:`run` (resuming included).
     """
     algos = [get_algorithm(a) if isinstance(a, str) else a for a in algos]
     names = [a.name for a in algos]
@@ -331,9 +434,11 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
     profs = {a.name: _resolve(profile, {**config_overrides, **dict(overrides.get(a.name, {}))}) for a in algos}
     default = _resolve(profile, config_overrides)
     steps = _check_steps(default.steps if steps is None else steps)
+    for p in profs.values():
+        _check_outputs(p, resume, "run_grid")
     t0 = time.perf_counter()
-    frames, hits, note = _run_jobs([(a, s, profs[a.name]) for a in algos for s in seeds], steps, False, n_jobs,
-                                   cache)
+    frames, hits, note = _run_jobs([(a, s, profs[a.name]) for a in algos for s in seeds], steps, progress, n_jobs,
+                                   cache, resume)
     wall = time.perf_counter() - t0
     out, k = {}, 0
     for a in algos:

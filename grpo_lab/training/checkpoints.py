@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import warnings
 from dataclasses import asdict, is_dataclass, replace
@@ -23,9 +24,34 @@ from ..lora import BASE_FILE, AdapterDisabled, BaseModelNotFound, adapter_checkp
 from ..models import CriticModel, _progress_bars, is_peft_model
 from ..tasks import validate_task
 from ..validation import is_int
-from .config import TrainerConfig
+from .config import OUTPUT_FIELDS, TrainerConfig
 
 __all__: list[str] = []
+
+#: The subdirectory of ``TrainerConfig.output_dir`` that periodic checkpoints go to
+#: (``TrainerConfig.save_every``), one directory ``step-NNNNNN`` per checkpoint.
+CHECKPOINTS_DIR = "checkpoints"
+
+_STEP_DIR = re.compile(r"step-(\d{6,})")
+
+
+def checkpoint_name(step: int) -> str:
+    """The directory name of the periodic checkpoint after ``step`` steps: ``step-000010`` (six digits at
+    least, so that the names sort by step)."""
+    return f"step-{int(step):06d}"
+
+
+def periodic_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
+    """The finished periodic checkpoints in ``directory`` (a ``checkpoints/`` folder) as ``(step, path)``,
+    oldest first: the ``step-NNNNNN`` directories that hold a ``state.json``. The hidden ``.step-*.saving``
+    directory a save killed mid-way leaves behind is not one (:meth:`~grpo_lab.trainer.Trainer.save` writes there
+    and renames it only once complete). ``[]`` when ``directory`` does not exist."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), d) for d in directory.iterdir()
+             if (m := _STEP_DIR.fullmatch(d.name)) and (d / "state.json").is_file()]
+    return sorted(found)
 
 
 class Checkpointing:
@@ -33,6 +59,42 @@ class Checkpointing:
     ``algo``, ``task``, ``policy``, ``tokenizer``, ``ref_policy``, ``value_model``, ``optimizer``,
     ``value_optimizer``, ``rng``, ``step``, ``opt_steps``, ``rows``, ``value_warmup_rows``, ``scaler`` and
     ``amp_skipped_steps``; calls ``_show_progress``."""
+
+    def _check_checkpointing(self) -> None:
+        """At construction: ``TrainerConfig.save_every > 0`` needs an ``output_dir`` to write to.
+
+        Raises:
+            ValueError: ``save_every`` is set and ``output_dir`` is ``None`` (the message names both).
+        """
+        c = self.config
+        if c.save_every and c.output_dir is None:
+            raise ValueError(f"Trainer: TrainerConfig.save_every={c.save_every} writes checkpoints under "
+                             "TrainerConfig.output_dir, which is None; set output_dir (a directory) or save_every=0")
+
+    def _periodic_save(self, final: bool = False) -> Path | None:
+        """After a training step: write a periodic checkpoint when ``TrainerConfig.save_every`` says so.
+
+        Every ``save_every`` steps, and after the last step of a :meth:`train` call (``final``: a run
+        that ends between two multiples, or a longer run started later from it, continues from its
+        end), :meth:`save` writes ``output_dir/checkpoints/step-NNNNNN`` (atomically: a process killed
+        while saving leaves the previous checkpoints as they were), then only the newest
+        ``save_total_limit`` checkpoints are kept, and any half-written one a killed save left
+        behind is deleted. Nothing happens with ``save_every=0`` or without an ``output_dir``.
+
+        Args:
+            final: this is the last step of the :meth:`train` call.
+
+        Returns:
+            The checkpoint written, or ``None``.
+        """
+        c = self.config
+        if not c.save_every or c.output_dir is None or (self.step % c.save_every and not final):
+            return None
+        directory = Path(c.output_dir) / CHECKPOINTS_DIR
+        path = directory / checkpoint_name(self.step)
+        self.save(path)
+        _prune_checkpoints(directory, c.save_total_limit)
+        return path
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint directory atomically: ``policy/`` (safetensors + tokenizer), ``ref/``
@@ -56,6 +118,11 @@ class Checkpointing:
         failure at any point (an exception, a full disk, Ctrl-C) deletes the temporary directory
         and leaves ``path`` as it was: absent, or the previous checkpoint. Only a process killed
         between the two renames leaves the previous checkpoint at ``.NAME.old``.
+
+        With ``TrainerConfig.save_every`` and ``output_dir`` set, :meth:`train` calls it itself every
+        ``save_every`` steps and after its last step, into ``output_dir/checkpoints/step-NNNNNN``
+        (six digits at least), keeping the newest ``save_total_limit``; a run killed at any point
+        continues from the latest (:func:`grpo_lab.experiments.run` with ``resume=True``).
 
         Any task can be saved. A registered dataclass task (:func:`grpo_lab.tasks.task_spec`) is
         stored so that :meth:`resume` rebuilds it; any other task is stored by name, class and (a
@@ -144,7 +211,8 @@ class Checkpointing:
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
 
     @classmethod
-    def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None) -> Self:
+    def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None,
+               output: dict[str, Any] | None = None) -> Self:
         """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly.
 
         Args:
@@ -159,6 +227,13 @@ class Checkpointing:
             value_model: a freshly built value model of the saved architecture, required when the
                 checkpoint has one of your own (its weights and optimiser state are loaded into
                 it); a :class:`grpo_lab.models.CriticModel` is rebuilt from the checkpoint.
+            output: fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` to replace in the saved
+                configuration (where the resumed run writes, its trackers, its periodic checkpoints,
+                its progress bar: e.g. ``{"output_dir": "runs/x/GRPO/seed-0"}`` for a run directory
+                that was moved); they never change the run's numbers.
+
+        A periodic checkpoint (``TrainerConfig.save_every``, written under ``output_dir/checkpoints``) resumes like any
+        other; :func:`grpo_lab.experiments.run` (``resume=True``) finds the latest one of each seed.
 
         Every file the checkpoint needs is looked for before anything is loaded; transformers'
         loading bars follow the saved ``TrainerConfig.progress`` (as :func:`grpo_lab.models.load_policy`'s
@@ -167,7 +242,7 @@ class Checkpointing:
         Raises:
             FileNotFoundError: ``path`` is not a checkpoint directory.
             TypeError: ``task`` does not implement the task protocol.
-            ValueError: a file of the checkpoint is missing or corrupt (the message names it:
+            ValueError: ``output`` names a field that is not an output field; a file of the checkpoint is missing or corrupt (the message names it:
                 ``optimizer.pt``, ``rng.pt``, ``policy/model.safetensors``, ``policy/tokenizer.json``, ...), the
                 algorithm has a KL term but ``ref/`` is missing, the checkpoint has a value model
                 and none was passed, or its task cannot be rebuilt and no ``task=`` was passed (the
@@ -182,6 +257,7 @@ class Checkpointing:
         config = TrainerConfig.from_dict(state["config"])
         if device is not None:
             config = replace(config, device=device)
+        config = _with_outputs(config, output)
         algo = _saved_algorithm(state["algo"], path)
         adapter = (path / "policy" / "adapter_config.json").is_file()  # LoRA: the reference is the base (no ref/)
         if algo.uses_kl and not adapter and not (path / "ref").is_dir():
@@ -222,6 +298,21 @@ class Checkpointing:
         if state.get("grad_scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["grad_scaler"])
         self.amp_skipped_steps = int(state.get("amp_skipped_steps", 0))
+
+
+def _with_outputs(config: TrainerConfig, output: dict[str, Any] | None) -> TrainerConfig:
+    """``config`` with the output fields ``output`` replaced (``Trainer.resume``'s ``output``).
+
+    Raises:
+        ValueError: a key of ``output`` is not in ``OUTPUT_FIELDS``.
+    """
+    if not output:
+        return config
+    bad = sorted(set(output) - set(OUTPUT_FIELDS))
+    if bad:
+        raise ValueError(f"Trainer.resume: output= may replace only the output fields {list(OUTPUT_FIELDS)}, got "
+                         f"{bad}; the other fields are the run's own and come from the checkpoint")
+    return replace(config, **output)
 
 
 def _read_checkpoint_state(path: Path, value_model):
@@ -355,6 +446,17 @@ def _resume_task(spec, task, path: Path):
                      + f", which cannot be rebuilt here: {reason}. Pass the task object: "
                      f"Trainer.resume(path, task={short}(...)), or register its class first: "
                      f"grpo_lab.tasks.register_task({name!r}, {short})")
+
+
+def _prune_checkpoints(directory: Path, keep: int | None) -> None:
+    """Delete all but the newest ``keep`` periodic checkpoints of ``directory`` (``None``: keep all),
+    and the hidden ``.step-*.saving`` directories that saves killed mid-way left there."""
+    found = periodic_checkpoints(directory)
+    stale = [d for _, d in found[:-keep]] if keep is not None and len(found) > keep else []
+    stale += [d for d in directory.iterdir()
+              if d.is_dir() and d.name.startswith(".step-") and d.name.endswith(".saving")]
+    for d in stale:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _replace_dir(new: Path, final: Path) -> None:

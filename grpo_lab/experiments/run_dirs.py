@@ -1,0 +1,262 @@
+"""Run directories: where each seed of a run writes (its step log, its trackers' files, its periodic
+checkpoints), and the records that let a run killed mid-way resume exactly where it stopped.
+
+The layout under a run's ``output_dir`` (the CLI's ``--out`` without its ``.json``)::
+
+    <output_dir>/<algorithm name>/seed-<k>/     = TrainerConfig.output_dir of that seed (seed_dir)
+        run.json                                what the seed trains: algorithm, trainer configuration
+                                                (run_identity), profile, base, task, LoRA adapters
+        result.json                             its history, once it has trained every step
+        metrics.jsonl, tensorboard/, wandb/     its trackers (TrainerConfig.report_to)
+        checkpoints/step-000010/ ...            periodic checkpoints (TrainerConfig.save_every)
+
+:func:`grpo_lab.experiments.run` writes ``run.json`` before a seed trains and ``result.json`` after; with
+``resume=True`` a seed whose ``result.json`` holds its ``steps`` is not trained again, one with a
+checkpoint continues from the latest (:func:`latest_checkpoint`), and a ``run.json`` that differs from
+the run asked for is refused, naming every field that differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..training.checkpoints import CHECKPOINTS_DIR, _json_default, periodic_checkpoints
+from ..training.config import TrainerConfig
+from ..validation import is_int
+
+__all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint"]
+
+#: The file of a seed's directory that records what it trains (``_run_record``).
+RUN_FILE = "run.json"
+#: The file of a seed's directory that holds its history once every step has trained.
+RESULT_FILE = "result.json"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _dir_name(algo_name: str) -> str:
+    """``algo_name`` as a directory name: itself when it is made of letters, digits, ``.``, ``_`` and ``-``
+    (and does not start with a dot); otherwise the other characters replaced by ``_`` and the first 8 hex
+    digits of its sha256 appended, so that two names never share a directory (``"mu=4"`` -> ``mu_4-...``)."""
+    safe = _UNSAFE.sub("_", algo_name).strip("._")
+    if safe == algo_name:
+        return safe
+    digest = hashlib.sha256(algo_name.encode()).hexdigest()[:8]
+    return f"{safe or 'algo'}-{digest}"
+
+
+def run_directory(results_file: str | os.PathLike) -> Path:
+    """The run directory that goes with a results file (the ``output_dir`` the command line and
+    :func:`grpo_lab.experiments.run_chapter_gpu` give :func:`grpo_lab.experiments.run`): the file's path
+    without its ``.json`` suffix (``runs/grpo.json`` -> ``runs/grpo``), or with ``.d`` appended when it
+    has no such suffix (``runs/grpo`` -> ``runs/grpo.d``, never the file itself)."""
+    path = Path(results_file)
+    return path.with_suffix("") if path.suffix == ".json" else path.with_name(path.name + ".d")
+
+
+def seed_dir(output_dir: str | os.PathLike, algo_name: str, seed: int) -> Path:
+    """The directory one seed of one algorithm writes into: ``output_dir / <algo_name, made
+    filesystem-safe> / f"seed-{seed}"`` (the ``TrainerConfig.output_dir`` that
+    :func:`grpo_lab.experiments.run` gives that seed).
+
+    Args:
+        output_dir: the run's output directory (need not exist).
+        algo_name: the algorithm's display name (``Algorithm.name``); a name with
+            other characters than letters, digits, ``.``, ``_``, ``-`` gets them replaced by ``_`` and a
+            short hash of the name appended (two names never share a directory).
+        seed: the run's seed (int).
+
+    Raises:
+        ValueError: ``algo_name`` is not a non-empty string, or ``seed`` is not an integer.
+    """
+    if not isinstance(algo_name, str) or not algo_name:
+        raise ValueError(f"seed_dir: algo_name must be a non-empty string, got {algo_name!r}")
+    if not is_int(seed):
+        raise ValueError(f"seed_dir: seed must be an integer, got {seed!r}")
+    return Path(output_dir) / _dir_name(algo_name) / f"seed-{int(seed)}"
+
+
+def checkpoints_dir(seed_directory: str | os.PathLike) -> Path:
+    """Where a seed's periodic checkpoints go (``TrainerConfig.save_every``): ``seed_directory / "checkpoints"``,
+    one ``step-NNNNNN`` directory per checkpoint."""
+    return Path(seed_directory) / CHECKPOINTS_DIR
+
+
+def latest_checkpoint(seed_directory: str | os.PathLike) -> Path | None:
+    """The newest finished periodic checkpoint of a seed's directory (the highest step whose directory
+    holds a ``state.json``; a half-written one that a killed save left behind is ignored), or ``None``."""
+    found = periodic_checkpoints(checkpoints_dir(seed_directory))
+    return found[-1][1] if found else None
+
+
+# ------------------------------------------------------------------------------- records of a seed's run
+def _plain(value: Any) -> Any:
+    """``value`` as JSON gives it back (tuples as lists, numpy scalars as python numbers)."""
+    def default(o):
+        try:
+            return _json_default(o)
+        except TypeError:
+            return str(o)
+
+    return json.loads(json.dumps(value, sort_keys=True, default=default))
+
+
+def _run_record(algo, prof, seed: int) -> dict:
+    """What one seed trains, as ``run.json`` holds it: the algorithm (every field), the trainer
+    configuration with the run's seed and without its output fields (``TrainerConfig.run_identity``),
+    the profile's name, base checkpoint, task and task arguments, and its LoRA adapters when set."""
+    record = {"algo": asdict(algo), "config": replace(prof.config, seed=int(seed)).run_identity(),
+              "profile": prof.name, "base": prof.base, "task": prof.task, "task_kwargs": dict(prof.task_kwargs)}
+    if getattr(prof, "lora", None) is not None:
+        record["lora"] = prof.lora.to_dict()
+    return _plain(record)
+
+
+def _flat(record: dict) -> dict:
+    """A record's fields by the names a user sets them with: the algorithm's and the trainer
+    configuration's fields by their own names (an algorithm's ``params`` by the hyper-parameters'
+    names, its ``name`` as ``"algorithm name"``), the rest as they are."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if key not in ("algo", "config") or not isinstance(value, dict):
+            out[key] = value
+            continue
+        for k, v in value.items():
+            if key == "algo" and k == "params" and isinstance(v, dict):
+                out.update(v)
+            else:
+                out["algorithm name" if (key, k) == ("algo", "name") else k] = v
+    return out
+
+
+def _record_diffs(saved: dict, requested: dict) -> list[str]:
+    """``"lr: 0.0003 in the checkpoint, 0.0001 requested"`` for every field that differs between two
+    records (:func:`_run_record`; a field only ``saved`` lacks counts only when ``saved`` has its group)."""
+    a, b = _flat(saved), _flat(requested)
+    out = []
+    for key in list(b) + [k for k in a if k not in b]:
+        if a.get(key, "absent") != b.get(key, "absent"):
+            was = repr(a[key]) if key in a else "absent"
+            now = repr(b[key]) if key in b else "absent"
+            out.append(f"{key}: {was} in the checkpoint, {now} requested")
+    return out
+
+
+def _saved_record(directory: Path) -> dict | None:
+    """The record of the run in a seed's directory: its ``run.json``, else what its latest checkpoint's
+    ``state.json`` says (algorithm and trainer configuration), else ``None``.
+
+    Raises:
+        ValueError: ``run.json`` or that ``state.json`` is not valid JSON.
+    """
+    path = directory / RUN_FILE
+    if not path.is_file():
+        ckpt = latest_checkpoint(directory)
+        if ckpt is None:
+            return None
+        path = ckpt / "state.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"run: {path} cannot be read ({exc}); delete {directory} to start that seed over") from None
+    if path.name == RUN_FILE:
+        return data
+    return _plain({"algo": data["algo"], "config": TrainerConfig.from_dict(data["config"]).run_identity()})
+
+
+def _check_seed_dir(directory: Path, record: dict, steps: int, resume: bool) -> None:
+    """Before a seed trains into ``directory``: without ``resume`` it must hold no earlier run; with
+    ``resume`` an earlier run there must be this one and its latest checkpoint no later than ``steps``.
+
+    Raises:
+        ValueError: an earlier run without ``resume`` (the message says how to continue or start over); a
+            run that differs from ``record`` (naming every field that differs, e.g. ``lr: 0.0003 in the
+            checkpoint, 0.0001 requested``); a checkpoint past ``steps``.
+    """
+    saved = _saved_record(directory)
+    if saved is None:
+        return
+    if not resume:
+        raise ValueError(f"run: {directory} holds an earlier run; pass resume=True (command line: --resume) to "
+                         "continue it, or delete that directory (or choose another output_dir) to start over")
+    diffs = _record_diffs(saved, record)
+    if diffs:
+        raise ValueError(f"run: cannot resume {directory}: it holds another run than the one requested; "
+                         + "; ".join(diffs))
+    found = periodic_checkpoints(checkpoints_dir(directory))
+    if found and found[-1][0] > steps and _finished_rows(directory, steps) is None:
+        raise ValueError(f"run: cannot resume {directory} to steps={steps}: its latest checkpoint "
+                         f"{found[-1][1].name} is past it; ask for at least {found[-1][0]} steps")
+
+
+def _check_run_dirs(jobs: Sequence[tuple], steps: int, resume: bool) -> None:
+    """:func:`_check_seed_dir` for every ``(algo, seed, profile)`` job that has an ``output_dir``, before
+    any trains (the same errors)."""
+    for algo, seed, prof in jobs:
+        if prof.config.output_dir is not None:
+            _check_seed_dir(seed_dir(prof.config.output_dir, algo.name, seed), _run_record(algo, prof, seed),
+                            steps, resume)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=_json_default))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _start_seed(directory: Path, record: dict) -> None:
+    """Write the seed's ``run.json`` (its :func:`_run_record`) unless it is there already."""
+    if not (directory / RUN_FILE).is_file():
+        _write_json(directory / RUN_FILE, record)
+
+
+def _finished_rows(directory: Path, steps: int) -> list[dict] | None:
+    """The history in the seed's ``result.json`` when it holds a run of exactly ``steps`` steps, else ``None``."""
+    try:
+        data = json.loads((directory / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("steps") != steps or not isinstance(data.get("rows"), list):
+        return None
+    return data["rows"]
+
+
+def _finish_seed(directory: Path, steps: int, rows: list[dict]) -> None:
+    """Write the seed's ``result.json``: its ``steps`` and history."""
+    _write_json(directory / RESULT_FILE, {"steps": steps, "rows": rows})
+
+
+def _runs_in(output_dir: str | os.PathLike) -> dict[str, list[int]]:
+    """The runs an output directory holds: ``{algorithm name: [seeds]}`` from each seed's ``run.json``."""
+    found: dict[str, list[int]] = {}
+    for path in sorted(Path(output_dir).glob(f"*/seed-*/{RUN_FILE}")):
+        try:
+            record = json.loads(path.read_text())
+            name, seed = record["algo"]["name"], record["config"]["seed"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found.setdefault(name, []).append(seed)
+    return found
+
+
+def _remove_seed_dirs(output_dir: str | os.PathLike) -> None:
+    """Delete the seed directories of ``output_dir`` that hold a run (a ``run.json``), and the algorithm
+    directories that leaves empty; nothing else is touched."""
+    for path in Path(output_dir).glob(f"*/seed-*/{RUN_FILE}"):
+        shutil.rmtree(path.parent, ignore_errors=True)
+        try:
+            path.parent.parent.rmdir()
+        except OSError:
+            pass
