@@ -52,8 +52,8 @@ __all__ = ["RunConfig", "read_config_file", "check_value", "check_fields", "load
 
 #: argparse destinations that are not options of a run, hence not keys of a config file
 NOT_IN_FILE = ("help", "version", "config", "overrides", "debug", "overwrite")
-#: TrainerConfig fields the resolved configuration leaves out: one per run (``seed``), how it shows
-#: (``progress``, a top-level option) and where it writes (``output_dir``, decided by ``out``)
+#: the ``TrainerConfig`` fields the resolved configuration leaves out, which are one per run (``seed``), a
+#: top-level option (``progress``) or decided by ``out`` (``output_dir``)
 DERIVED_TRAINER_FIELDS = ("seed", "progress", "output_dir")
 #: the two sections of a run's file
 SECTIONS = ("trainer", "algorithm")

@@ -193,8 +193,7 @@ class TrainerConfig:
             positive_int(f"TrainerConfig.{name}", getattr(self, name))
         positive_int("TrainerConfig.micro_batch_size", self.micro_batch_size, allow_none=True)
         positive_int("TrainerConfig.max_new_tokens", self.max_new_tokens, allow_none=True)
-        choice("TrainerConfig.lr_schedule", self.lr_schedule, tuple(LR_SCHEDULES))
-        positive_int("TrainerConfig.lr_schedule_steps", self.lr_schedule_steps, allow_none=True)
+        self._check_lr_schedule()
         if (self.prompts_per_step * self.group_size) % self.minibatches:
             raise ValueError(
                 f"TrainerConfig: minibatches={self.minibatches} does not divide the rollout size "
@@ -237,8 +236,7 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
         # numpy scalars pass the checks above: store python numbers (JSON, hashing, provenance)
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds", "micro_batch_size",
-                     "eval_batch_size", "max_new_tokens", "warmup", "eval_every", "seed", "threads", "value_warmup_steps",
-                     "lr_schedule_steps"):
+                     "eval_batch_size", "max_new_tokens", "warmup", "eval_every", "seed", "threads", "value_warmup_steps"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(getattr(self, name)))
         for name in ("temperature", "lr", "grad_clip", "weight_decay", "value_lr"):
@@ -250,6 +248,14 @@ class TrainerConfig:
         except (RuntimeError, TypeError):
             raise ValueError(f"TrainerConfig.device must be a torch device such as 'cpu' or 'cuda', "
                              f"got {self.device!r}") from None
+
+    def _check_lr_schedule(self) -> None:
+        """Validate ``lr_schedule`` (a key of :data:`~grpo_lab.training.lr_schedule.LR_SCHEDULES`) and
+        ``lr_schedule_steps`` (``None`` or a positive int, stored as a python int); ``ValueError`` naming the field."""
+        choice("TrainerConfig.lr_schedule", self.lr_schedule, tuple(LR_SCHEDULES))
+        positive_int("TrainerConfig.lr_schedule_steps", self.lr_schedule_steps, allow_none=True)
+        if self.lr_schedule_steps is not None:
+            object.__setattr__(self, "lr_schedule_steps", int(self.lr_schedule_steps))
 
     def _check_outputs(self) -> None:
         """Validate and normalise :data:`OUTPUT_FIELDS` (``ValueError`` naming the field)."""

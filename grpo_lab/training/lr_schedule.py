@@ -1,7 +1,7 @@
 """The policy's learning-rate schedule (``TrainerConfig.lr_schedule``): constant, linear or cosine decay after a
 linear warm-up, through transformers' schedulers (:func:`transformers.get_scheduler`).
 
-The trainer sets the learning rate by hand before every optimiser step (:meth:`policy_lr`): update ``k``
+The trainer sets the learning rate by hand before every optimiser step (:func:`policy_lr`): update ``k``
 (0-based, the trainer's ``opt_steps``, the optimiser steps actually taken) gets ``lr * f(k + 1)``, where ``f``
 is the multiplier (``lr_lambda``) of transformers' scheduler of the same name built with ``num_warmup_steps =
 warmup`` and ``num_training_steps = H + 1``, ``H`` the horizon in optimiser updates (:func:`schedule_updates`).
