@@ -7,6 +7,7 @@ Train one algorithm preset for several seeds and write a results file with its p
     python -m grpo_lab GSPO --model arithmetic-moe-base --set routing_replay=true --set minibatches=2
     python -m grpo_lab GRPO --import my_task.py --task mytask   # a task of your own (register_task)
     python -m grpo_lab GRPO --lora-r 8 --lora-alpha 16 --lora-targets q_proj v_proj --set lr=1e-3   # LoRA (peft)
+    python -m grpo_lab --config run.yaml --steps 5              # options from a YAML file, a flag on top
     python -m grpo_lab list                                     # presets, tasks, profiles, models, --set keys
 
 ``train`` may be written before the preset (``python -m grpo_lab train GRPO``); it is the default.
@@ -31,15 +32,26 @@ file, its directory put first on ``sys.path``). Whatever it registers
 :data:`grpo_lab.objectives.SURROGATES`) becomes a valid ``--task`` or ``--set`` value, in the worker
 processes of ``--jobs`` too (they import the module that defines a run's task or choices).
 
+``--config run.yaml`` reads the run's options from a YAML (or JSON) file (:mod:`grpo_lab.run_config`):
+top-level keys named as the options (``preset``, ``profile``, ``task``, ``model``, ``steps``, ``seeds``,
+``jobs``, ``out``, ``import``, ``lora_r``, ...), a ``trainer:`` section of
+:class:`~grpo_lab.trainer.TrainerConfig` fields and an ``algorithm:`` section of
+:class:`~grpo_lab.algorithms.Algorithm` fields and hyper-parameters. Flags given on the command line win
+over the file, ``--set`` over its sections. An unknown key is one error naming the file, the key, the
+closest known key and the known keys.
+
 The results file: ``--out`` refuses a file that exists unless ``--overwrite`` (or ``--resume``) is
 given, and an ``--out`` whose directory cannot be created or written fails before training. Next to
-it, the run directory (``--out`` without ``.json``, :func:`grpo_lab.experiments.run_dirs.run_directory`) holds one directory per
-seed, ``<preset>/seed-<k>`` (``TrainerConfig.output_dir``: the step log, trackers, ``run.json``,
+it, the run directory (``--out`` without ``.json``,
+:func:`grpo_lab.experiments.run_dirs.run_directory`) holds one directory per seed, ``<preset>/seed-<k>`` (``TrainerConfig.output_dir``: the step log, trackers, ``run.json``,
 ``result.json``, and with ``--save-every N`` a checkpoint every N steps). ``--resume`` continues a run
 killed mid-way (or reads back a finished one) with the same preset and settings, ending with the
 history an uninterrupted run has; a run directory of another preset or with other settings is refused,
 the message naming what differs. Without ``--resume`` an earlier run there is refused unless
-``--overwrite`` is given. A run writing its files is never served from the run cache.
+``--overwrite`` is given. A run writing its files is never served from the run cache. Before
+training, the resolved configuration (every option after file and flags, the whole ``TrainerConfig``
+and ``Algorithm`` used) is written to ``<out>/config.yaml`` (:func:`grpo_lab.run_config.config_path`);
+``--config`` that file repeats the run.
 
 Errors: a user mistake (an unknown preset, task, profile or ``--set`` key, a value of the wrong
 type or out of range, a model that does not exist, an output path that cannot be written or a file
@@ -85,6 +97,11 @@ __all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields"
 #: ``--set`` keys that exist as fields but are set by an option of their own
 _RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}
 _RESERVED["report_to"] = "use --report-to NAME [NAME ...] (or --report-to none)"
+
+
+#: the same fields in a ``--config`` file: where they go instead
+_FILE_RESERVED = {"seed": "use seeds: [0, 1, 2] at the top level (one run per seed)",
+                  "progress": "use progress: true/false at the top level"}
 
 
 class UsageError(ValueError):
@@ -587,6 +604,7 @@ def _epilog(prog: str) -> str:
         f"  {prog} DAPO --seeds 0 1 2 --jobs 2 --set eps_high=0.3 --out runs/dapo.json",
         f"  {prog} GRPO --profile gpu --seeds 0 1 2 --out runs/grpo_gpu.json   # GSM8K on a GPU",
         f"  {prog} GRPO --import my_task.py --task mytask --seeds 0 1 --jobs 2   # a task of your own",
+        f"  {prog} --config run.yaml --steps 5   # options from a YAML file, a flag on top",
         "  (my_task.py calls grpo_lab.tasks.register_task('mytask', MyTask); --import also takes a module",
         "  name such as my_package.tasks; give it to 'list' too to see what it registered)",
         "",
@@ -602,7 +620,12 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
     from .tasks import TASKS
     from .training.callbacks import TRACKERS
 
-    ap.add_argument("preset", metavar="PRESET", help="algorithm preset, e.g. GRPO (see 'choices' below)")
+    ap.add_argument("preset", metavar="PRESET", nargs="?",
+                    help="algorithm preset, e.g. GRPO (see 'choices' below); may come from --config")
+    ap.add_argument("--config", metavar="FILE.yaml",
+                    help="read the run's options from a YAML (or JSON) file: top-level keys named as the options "
+                         "(preset, steps, seeds, out, ...), a trainer: section of TrainerConfig fields and an "
+                         "algorithm: section of Algorithm fields; flags given here win over the file")
     ap.add_argument("--profile", default="cpu", choices=list(PROFILES),
                     help="scale of the experiment: base model, task, steps, trainer settings")
     ap.add_argument("--task", choices=sorted(TASKS),
@@ -738,13 +761,72 @@ def _loading_bars(show: bool):
             hf_logging.enable_progress_bar()
 
 
-def _train(argv: list[str], prog: str) -> int:
-    for spec in _import_options(argv, prog)[0]:  # before the parser: its choices include what they register
+def _parser_with_config(argv: list[str], prog: str):
+    """``(the train parser, the --config file checked or None)``: the modules of ``--import`` and of the file's
+    ``import`` are imported first (the parser's choices include what they register), and the file's options
+    become the parser's defaults, so that the flags given win over them."""
+    from . import run_config
+
+    imports, rest = _import_options(argv, prog)
+    pre = _Parser(prog=prog, add_help=False)
+    pre.add_argument("--config")
+    path = pre.parse_known_args(rest)[0].config
+    try:
+        data = run_config.read_config_file(path) if path is not None else {}
+        file_imports = run_config.file_imports(data, path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for spec in [*file_imports, *imports]:
         load_user_module(spec)
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    if path is None:
+        return parser, None
+    try:
+        conf = run_config.load_run_config(data, path, parser, settable_fields(), _FILE_RESERVED)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    parser.set_defaults(**conf.options)
+    return parser, conf
+
+
+def _origin(conf, from_file: dict, from_set: dict) -> str:
+    """Where overrides came from, for an error: ``--set``, ``--config FILE`` or both."""
+    parts = (["--set"] if from_set else []) + ([f"--config {conf.path}"] if conf is not None and from_file else [])
+    return " / ".join(parts) or "--set"
+
+
+def _write_resolved(args, preset: str, algo, cfg_over: dict, model: str | None, out: Path, origin: str) -> Path:
+    """Write the run's resolved configuration to ``<out>/config.yaml`` (:func:`grpo_lab.run_config.config_path`):
+    every option (the profile's task, model and steps where none was given), the profile's
+    :class:`~grpo_lab.trainer.TrainerConfig` with the overrides (and the learning-rate horizon
+    :func:`grpo_lab.experiments.run` gives it) and ``algo``. Raises :class:`UsageError` for overrides the
+    ``TrainerConfig`` refuses (named after ``origin``)."""
+    from . import __version__, experiments, run_config
+    from .experiments.runs import _lr_horizon
+
+    profile = experiments.get_profile(args.profile)
+    steps = profile.steps if args.steps is None else args.steps
+    try:
+        profile = _lr_horizon(dataclasses.replace(profile, config=dataclasses.replace(profile.config, **cfg_over)),
+                              steps)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{origin}: {exc}") from None
+    options = dict(vars(args), preset=preset, task=args.task or profile.task, model=model or profile.base,
+                   steps=steps, out=str(out))
+    path = run_config.config_path(out)
+    header = (f"The resolved configuration of a grpo_lab {__version__} run, {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
+              f"{_default_prog()} --config {path} repeats it (give another --out, or --overwrite).")
+    return run_config.write_config(path, run_config.resolved_config(options, profile.config, algo), header)
+
+
+def _train(argv: list[str], prog: str) -> int:
+    parser, conf = _parser_with_config(argv, prog)
+    args = parser.parse_args(argv)
     from . import experiments
     from .algorithms import PRESETS, get_algorithm
 
+    if args.preset is None:
+        raise UsageError(f"give a PRESET such as GRPO, or preset: in a --config file (see {prog} --help)")
     try:
         algo = get_algorithm(args.preset)
     except ValueError:
@@ -752,13 +834,15 @@ def _train(argv: list[str], prog: str) -> int:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise UsageError(f"unknown preset {args.preset!r}{hint}; known: {', '.join(PRESETS)}") from None
     preset = next(k for k, v in PRESETS.items() if v is algo)
-    cfg_over, algo_over = parse_set(args.overrides)
+    set_cfg, set_algo = parse_set(args.overrides)
+    cfg_over = {**(conf.trainer if conf else {}), **set_cfg}  # --set wins over the file's sections
+    algo_over = {**(conf.algorithm if conf else {}), **set_algo}
     cfg_over.update(report_to_option(args.report_to))
     if algo_over:
         try:
             algo = algo.replace(**algo_over)
         except ValueError as exc:
-            raise UsageError(f"--set: {exc}") from None
+            raise UsageError(f"{_origin(conf, conf and conf.algorithm, set_algo)}: {exc}") from None
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     if args.steps is not None and args.steps < 0:
@@ -776,6 +860,8 @@ def _train(argv: list[str], prog: str) -> int:
         warning = _check_tokenizer(model, task, profile.task_kwargs if task == profile.task else (), prog)
         if warning:
             print(warning, file=sys.stderr)
+    config_file = _write_resolved(args, preset, algo, cfg_over, model, out,
+                                  _origin(conf, conf and conf.trainer, set_cfg))
 
     # transformers' loading bars: off unless --progress, in this process and in spawned workers (which
     # inherit the environment); put back afterwards for callers that run main() in-process.
@@ -784,7 +870,7 @@ def _train(argv: list[str], prog: str) -> int:
                               n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, lora=lora,
                               resume=args.resume, **cfg_over)
     experiments.save_results(res, out)
-    print(_summary(res, algo.name, args.profile, out))
+    print(_summary(res, algo.name, args.profile, out) + f"\nconfiguration: {config_file}")
     return 0
 
 

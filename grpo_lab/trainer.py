@@ -165,7 +165,8 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
             ``TrainerConfig.gradient_checkpointing=True`` with a policy that does not support it;
             ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
             layers (:func:`grpo_lab.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
-            or differ in ``top_k``; ``TrainerConfig.save_every > 0`` without an ``output_dir``.
+            or differ in ``top_k``; ``TrainerConfig.save_every > 0`` without an ``output_dir``; a ``"linear"``
+            or ``"cosine"`` ``TrainerConfig.lr_schedule`` without ``lr_schedule_steps``.
 
     Warns:
         RuntimeWarning: ``group_size=1`` with an advantage estimator whose baseline is the group
@@ -181,6 +182,9 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         self.callbacks: list = make_callbacks(c.report_to, c.output_dir) + check_callbacks(callbacks)
         if torch.device(c.device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"Trainer: TrainerConfig.device={c.device!r} but CUDA is not available")
+        if c.lr_schedule != "constant" and c.lr_schedule_steps is None:
+            raise ValueError(f"Trainer: TrainerConfig.lr_schedule={c.lr_schedule!r} needs lr_schedule_steps, the RL "
+                             "steps its decay spans (experiments.run sets it to the run's steps)")
         self.algo, self.task, self.tokenizer = algo, task, tokenizer
         if c.threads:
             torch.set_num_threads(c.threads)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from ..lora import LoraSpec
+from ..run_config import check_fields, read_config_file
 from ..trainer import TrainerConfig
 from ..validation import is_int
 
@@ -190,9 +192,10 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
             (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
             default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
             run of the GPU code path, which :func:`run_chapter_gpu` marks as one), else ``"cuda"``.
-            ``$GRPO_LAB_GPU_CONFIG``, a JSON object of ``TrainerConfig`` fields (e.g.
-            ``{"micro_batch_size": 2}`` for a GPU with less memory), is applied after the defaults
-            and before these keyword arguments; it is parsed as JSON, never evaluated.
+            ``$GRPO_LAB_GPU_CONFIG``, the path of a YAML (or JSON) file of ``TrainerConfig`` fields
+            (e.g. ``micro_batch_size: 2`` for a GPU with less memory; an inline JSON object such as
+            ``{"micro_batch_size": 2}`` is still accepted), is applied after the
+            defaults and before these keyword arguments; it is parsed, never evaluated.
         gpu_memory: the card's memory in bytes to fit the batch sizes to (a test's fake card);
             ``None``: the CUDA device's, when the device is CUDA and CUDA is available; ``False``:
             no fit (the import-time ``PROFILES["gpu"]``, which must not read a config from the hub).
@@ -202,7 +205,7 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
 
     Raises:
         ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, a
-            ``$GRPO_LAB_GPU_CONFIG`` that is not a JSON object of known fields, or a bad ``lora``;
+            ``$GRPO_LAB_GPU_CONFIG`` that is not a file (or inline JSON object) of known fields, or a bad ``lora``;
             a phase of the step that the memory model says will not fit the card (its name, and the
             ``micro_batch_size``, ``eval_batch_size``, ``gradient_checkpointing`` or LoRA that would).
     """
@@ -217,14 +220,7 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
     settings.update(config.pop("_defaults", {}))  # rpt_gpu_profile's own defaults, before the environment
     env = env_.get("GRPO_LAB_GPU_CONFIG")
     if env:
-        try:
-            extra = json.loads(env)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"gpu_profile: $GRPO_LAB_GPU_CONFIG is not JSON ({exc}): {env!r}") from None
-        known = {f.name for f in fields(TrainerConfig)}
-        if not isinstance(extra, dict) or set(extra) - known:
-            raise ValueError(f"gpu_profile: $GRPO_LAB_GPU_CONFIG must be a JSON object of TrainerConfig fields, got "
-                             f"{env!r}" + (f" (unknown: {sorted(set(extra) - known)})" if isinstance(extra, dict) else ""))
+        extra = _gpu_config_fields(env)
         settings.update(extra)
     explicit = set(extra if env else ()) | set(config)
     settings.update(config)
@@ -239,6 +235,37 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
                              lora=LoraSpec.from_value(lora))
     return Profile(name="gpu", base=model, task="gsm8k", steps=steps, config=cfg, task_kwargs=task_kwargs,
                    lora=lora)
+
+
+def _gpu_config_fields(value: str) -> dict[str, Any]:
+    """The :class:`~grpo_lab.trainer.TrainerConfig` fields ``$GRPO_LAB_GPU_CONFIG`` gives: the path of a YAML
+    (or JSON) file holding a mapping of fields to values, e.g. ``micro_batch_size: 2`` (read with
+    :func:`grpo_lab.run_config.read_config_file`, never evaluated), or, for compatibility with the form it
+    had first, an inline JSON object (a value starting with ``{`` or ``[``), e.g. ``{"micro_batch_size": 2}``.
+
+    Raises:
+        ValueError: no such file, not YAML / JSON, not a mapping, an unknown field (with a did-you-mean and
+            the known fields) or a value of the wrong type; each message names the file or the variable.
+    """
+    hints = typing.get_type_hints(TrainerConfig)
+    known = {f.name: hints[f.name] for f in fields(TrainerConfig)}
+    inline = value.lstrip().startswith(("{", "["))
+    where = f"$GRPO_LAB_GPU_CONFIG={value!r}" if inline else f"$GRPO_LAB_GPU_CONFIG file {value}"
+    try:
+        if inline:
+            extra = json.loads(value)
+            if not isinstance(extra, dict):
+                raise ValueError(f"{where} must be a JSON object of TrainerConfig fields")
+            unknown = sorted(set(extra) - set(known))
+            where += f" (unknown: {unknown})" if unknown else ""
+        else:
+            extra = read_config_file(value, what="$GRPO_LAB_GPU_CONFIG")
+        return check_fields(extra, known, where)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"gpu_profile: {where} is not JSON ({exc}); it names a YAML file of TrainerConfig fields, "
+                         "or is an inline JSON object") from None
+    except ValueError as exc:
+        raise ValueError(f"gpu_profile: {exc}") from None
 
 
 def _gpu_config(settings: dict, given: Mapping[str, str]) -> TrainerConfig:

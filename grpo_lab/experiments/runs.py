@@ -68,6 +68,16 @@ def _resolve(profile: str | Profile, config_overrides: dict) -> Profile:
     return prof
 
 
+def _lr_horizon(prof: Profile, steps: int) -> Profile:
+    """``prof`` with ``TrainerConfig.lr_schedule_steps`` set to the run's ``steps`` (at least 1) when its
+    ``lr_schedule`` decays (``"linear"``, ``"cosine"``) and no horizon is given; otherwise ``prof`` itself
+    (a constant schedule keeps ``None``: its runs are the runs made before schedules existed)."""
+    c = prof.config
+    if c.lr_schedule == "constant" or c.lr_schedule_steps is not None:
+        return prof
+    return replace(prof, config=replace(c, lr_schedule_steps=max(1, int(steps))))
+
+
 def _check_seeds(seeds) -> list[int]:
     if isinstance(seeds, (int, str)) or not hasattr(seeds, "__iter__"):
         raise ValueError(f"seeds must be a sequence of ints such as (0, 1, 2), got {seeds!r}")
@@ -348,6 +358,8 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
             ``run.json``, ``result.json``, trackers' files (``report_to``) and, with ``save_every=N``,
             a checkpoint every ``N`` steps and after the last, the newest ``save_total_limit`` kept).
             Such runs are never loaded from the run cache (they would write nothing), only stored.
+            A decaying ``lr_schedule`` (``"linear"``, ``"cosine"``) without ``lr_schedule_steps`` spans
+            the run's ``steps``.
 
     A run killed mid-way (even by SIGKILL) and run again with ``resume=True`` and the same arguments
     ends with the same history, bit for bit (but for :data:`grpo_lab.trainer.MEASURED_COLUMNS`), as
@@ -387,6 +399,7 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
             raise ValueError(f"run: unknown task {task!r}; known tasks: {sorted(TASKS)}")
         prof = replace(prof, task=task, task_kwargs=prof.task_kwargs if task == prof.task else ())
     steps = _check_steps(prof.steps if steps is None else steps)
+    prof = _lr_horizon(prof, steps)
     _check_outputs(prof, resume)
     t0 = time.perf_counter()
     frames, hits, note = _run_jobs([(algo, s, prof) for s in seeds], steps, progress, n_jobs, cache, resume)
@@ -434,6 +447,7 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
     profs = {a.name: _resolve(profile, {**config_overrides, **dict(overrides.get(a.name, {}))}) for a in algos}
     default = _resolve(profile, config_overrides)
     steps = _check_steps(default.steps if steps is None else steps)
+    profs = {name: _lr_horizon(p, steps) for name, p in profs.items()}
     for p in profs.values():
         _check_outputs(p, resume, "run_grid")
     t0 = time.perf_counter()

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from ..validation import choice, flag, non_negative_int, positive_int, positive_number, real_number
+from .lr_schedule import LR_SCHEDULES
 from .precision import PRECISIONS
 
 __all__ = ["TrainerConfig", "OUTPUT_FIELDS"]
@@ -35,6 +36,15 @@ class TrainerConfig:
             move every parameter by about ``lr`` whatever its gradient, which can collapse a token's
             probability in a tiny model; a short warm-up avoids it). A value model trains at a
             constant ``value_lr``.
+        lr_schedule: the policy's learning rate after the warm-up, through transformers' schedulers
+            (:mod:`grpo_lab.training.lr_schedule`): ``"constant"`` (``lr``), ``"linear"`` (decays linearly
+            towards 0) or ``"cosine"`` (half a cosine towards 0), over ``lr_schedule_steps``. Update ``k``
+            (0-based) gets transformers' multiplier at ``k + 1``, so the first update is not at 0 and the
+            last one not at 0 either (:func:`grpo_lab.training.lr_schedule.policy_lr`).
+        lr_schedule_steps: the RL steps the decay spans (``None`` or a positive int); the horizon in
+            optimiser updates is ``lr_schedule_steps × epochs × minibatches``. Needed by ``"linear"`` and
+            ``"cosine"`` (``Trainer`` raises without it); :func:`grpo_lab.experiments.run` sets it to the
+            run's steps when it is ``None``. Ignored by ``"constant"``.
         epochs: μ passes over each rollout.
         minibatches: optimiser steps per pass (each on ``B / minibatches`` rows).
         micro_batch_size: rows per forward/backward inside a minibatch (gradient accumulation
@@ -148,6 +158,8 @@ class TrainerConfig:
     betas: tuple = (0.9, 0.99)
     grad_clip: float = 1.0
     warmup: int = 0
+    lr_schedule: str = "constant"
+    lr_schedule_steps: int | None = None
     epochs: int = 1
     minibatches: int = 1
     micro_batch_size: int | None = None
@@ -181,6 +193,7 @@ class TrainerConfig:
             positive_int(f"TrainerConfig.{name}", getattr(self, name))
         positive_int("TrainerConfig.micro_batch_size", self.micro_batch_size, allow_none=True)
         positive_int("TrainerConfig.max_new_tokens", self.max_new_tokens, allow_none=True)
+        self._check_lr_schedule()
         if (self.prompts_per_step * self.group_size) % self.minibatches:
             raise ValueError(
                 f"TrainerConfig: minibatches={self.minibatches} does not divide the rollout size "
@@ -235,6 +248,14 @@ class TrainerConfig:
         except (RuntimeError, TypeError):
             raise ValueError(f"TrainerConfig.device must be a torch device such as 'cpu' or 'cuda', "
                              f"got {self.device!r}") from None
+
+    def _check_lr_schedule(self) -> None:
+        """Validate ``lr_schedule`` (a key of :data:`~grpo_lab.training.lr_schedule.LR_SCHEDULES`) and
+        ``lr_schedule_steps`` (``None`` or a positive int, stored as a python int); ``ValueError`` naming the field."""
+        choice("TrainerConfig.lr_schedule", self.lr_schedule, tuple(LR_SCHEDULES))
+        positive_int("TrainerConfig.lr_schedule_steps", self.lr_schedule_steps, allow_none=True)
+        if self.lr_schedule_steps is not None:
+            object.__setattr__(self, "lr_schedule_steps", int(self.lr_schedule_steps))
 
     def _check_outputs(self) -> None:
         """Validate and normalise :data:`OUTPUT_FIELDS` (``ValueError`` naming the field)."""

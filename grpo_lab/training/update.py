@@ -37,6 +37,7 @@ from ..moe import RoutingStore, record_routing, replay_routing, routing_changes
 from ..objectives import SURROGATES, batch_statistics, policy_loss, value_loss
 from ..rollout import Rollout, policy_logprobs
 from .collection import Batch
+from .lr_schedule import policy_lr
 from .value_model import checked_values
 
 __all__ = ["Minibatch", "RolloutUpdate"]
@@ -471,17 +472,14 @@ class Update:
         return float(gn)
 
     def _warm_up_learning_rate(self) -> None:
-        """Set the policy's learning rate for the next optimiser step: ``lr`` times
-        ``min(1, (opt_steps + 1) / warmup)``, the linear warm-up of ``TrainerConfig.warmup`` (``lr`` without one).
-
-        Written out rather than through ``transformers.get_constant_schedule_with_warmup``: that schedule
-        gives the k-th step (from 0) ``lr * k / warmup``, the first at 0. Its values equal these bit for bit
-        only when the scheduler is stepped once before the first optimiser step (which torch warns about)
-        and its state is saved in checkpoints, for a three-line formula."""
-        c = self.config
-        scale = min(1.0, (self.opt_steps + 1) / c.warmup) if c.warmup else 1.0
+        """Set the policy's learning rate for the next optimiser step: ``TrainerConfig.lr_schedule`` at update
+        ``opt_steps`` (:func:`grpo_lab.training.lr_schedule.policy_lr`: transformers' multiplier at
+        ``opt_steps + 1``; the default ``"constant"`` is ``lr * min(1, (opt_steps + 1) / warmup)``, ``lr``
+        without a warm-up). The position is the trainer's ``opt_steps``, saved in checkpoints, so a resumed
+        run continues its schedule. The value model's optimiser keeps its constant ``value_lr``."""
+        lr = policy_lr(self.config, self.opt_steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = c.lr * scale if c.warmup else c.lr
+            group["lr"] = lr
 
 
 def _routing_change_frac(store: RoutingStore, part: Rollout, sub: torch.Tensor, rec):
