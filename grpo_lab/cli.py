@@ -101,7 +101,8 @@ _RESERVED["report_to"] = "use --report-to NAME [NAME ...] (or --report-to none)"
 
 #: the same fields in a ``--config`` file: where they go instead
 _FILE_RESERVED = {"seed": "use seeds: [0, 1, 2] at the top level (one run per seed)",
-                  "progress": "use progress: true/false at the top level"}
+                  "progress": "use progress: true/false at the top level",
+                  "report_to": "use report_to: [jsonl, tensorboard] at the top level (or report_to: [none])"}
 
 
 class UsageError(ValueError):

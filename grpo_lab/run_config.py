@@ -53,8 +53,8 @@ __all__ = ["RunConfig", "read_config_file", "check_value", "check_fields", "load
 #: argparse destinations that are not options of a run, hence not keys of a config file
 NOT_IN_FILE = ("help", "version", "config", "overrides", "debug", "overwrite", "resume")
 #: the ``TrainerConfig`` fields the resolved configuration leaves out, which are one per run (``seed``), a
-#: top-level option (``progress``) or decided by ``out`` (``output_dir``)
-DERIVED_TRAINER_FIELDS = ("seed", "progress", "output_dir")
+#: top-level option (``progress``, ``report_to``) or decided by ``out`` (``output_dir``)
+DERIVED_TRAINER_FIELDS = ("seed", "progress", "report_to", "output_dir")
 #: the two sections of a run's file
 SECTIONS = ("trainer", "algorithm")
 _KEY_OF_DEST = {"imports": "import"}

@@ -147,7 +147,9 @@ def test_the_resolved_configuration_round_trips(fake_run, tmp_path, capsys):
     assert {**again, "out": None} == {**resolved, "out": None}
     one, two = fake_run
     assert two["algo"] == one["algo"] == SAPO.replace(eps_high=0.3, tau_neg=1.2)
-    assert {**_effective(two), "lr_schedule_steps": None} == _effective(one)  # run() fills the horizon of one
+    # run() fills the horizon of one; each run writes into the directory of its own results file
+    assert {**_effective(two), "lr_schedule_steps": None, "output_dir": None} == {**_effective(one), "output_dir": None}
+    assert (one["output_dir"], two["output_dir"]) == (str(tmp_path / "a" / "first"), str(tmp_path / "b"))
     assert (two["seeds"], two["steps"], two["n_jobs"], two["cache"]) == (one["seeds"], one["steps"], 2, False)
 
 
