@@ -224,9 +224,10 @@ def test_profile_lora_keys_the_config_hash_and_provenance():
     assert with_lora.lora == SPEC
     assert config_hash(GRPO, with_lora, 3) != config_hash(GRPO, cpu, 3)
     assert _run_key("fp", GRPO, with_lora, 3, 0) != _run_key("fp", GRPO, cpu, 3, 0)
-    # without LoRA the hash is what it was before the field existed (results files keep their hashes)
+    # without LoRA the payload has no lora key: the hash is what it was before the field existed (the trainer
+    # configuration counted without its output fields, TrainerConfig.run_identity)
     payload = {"algo": dataclasses.asdict(GRPO), "profile": cpu.name, "base": cpu.base, "task": cpu.task,
-               "task_kwargs": dict(cpu.task_kwargs), "config": cpu.config.to_dict(), "steps": 3}
+               "task_kwargs": dict(cpu.task_kwargs), "config": cpu.config.run_identity(), "steps": 3}
     old = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
     assert config_hash(GRPO, cpu, 3) == old
     assert gpu_profile(environ={}, lora=SPEC).lora == SPEC
