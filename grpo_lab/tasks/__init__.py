@@ -10,6 +10,8 @@ functions in TRL's shape.
 
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import asdict, is_dataclass
 
 from .arithmetic import ArithmeticTask
@@ -90,13 +92,31 @@ def get_task(name: str, **kwargs) -> Task:
     """Instantiate a registered task by name.
 
     Raises:
-        ValueError: unknown name (the message lists the known ones).
+        ValueError: unknown name (the message lists the known ones); a task whose constructor needs
+            arguments that ``kwargs`` does not give (e.g. ``"dataset"``'s data and reward functions,
+            which a command line ``--task`` cannot pass): the message names them and how to bind them.
     """
     try:
         cls = TASKS[name]
     except KeyError:
         raise ValueError(f"get_task: unknown task {name!r}; known tasks: {sorted(TASKS)}") from None
+    missing = _missing_arguments(cls, kwargs)
+    if missing:
+        raise ValueError(f"get_task: task {name!r} needs {', '.join(missing)}, which were not given; build it in "
+                         f"python ({cls.__name__}(...)), or, for --task, register a subclass of yours whose fields give "
+                         f"them defaults (a dataclass subclass of {cls.__name__} with its own name) in a module "
+                         "passed with --import")
     return cls(**kwargs)
+
+
+def _missing_arguments(cls, kwargs: dict) -> list[str]:
+    """The required parameters of ``cls``'s constructor that ``kwargs`` lacks (``[]`` when unknowable)."""
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in kwargs
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def task_spec(task) -> dict:

@@ -149,7 +149,7 @@ def _json_value(o):
 
 def _dumps(record: dict) -> str:
     """One JSON line: floats as ``repr`` (they read back bit for bit), NaN and infinities as ``NaN`` /
-    ``Infinity`` (what :mod:`json` writes and reads by default, as the checkpoints' ``history.json``)."""
+    ``Infinity`` (what ``json`` writes and reads by default, as the checkpoints' ``history.json``)."""
     return json.dumps(record, default=_json_value, allow_nan=True)
 
 
@@ -185,7 +185,7 @@ class JsonlLogger(TrainerCallback):
     Each line is written and flushed when its step ends (``fsync=True`` also forces it to the disk, against
     a power cut rather than a killed process). Floats are written with ``repr`` and read back bit for bit;
     NaN (a column not measured that step: ``test_accuracy`` between evaluations, ``kl`` without a KL term)
-    as ``NaN``, infinities as ``Infinity``, as Python's :mod:`json` and ``pandas.read_json(lines=True)``
+    as ``NaN``, infinities as ``Infinity``, as Python's ``json`` and ``pandas.read_json(lines=True)``
     read them (strict JSON parsers such as ``jq`` do not).
 
     When a :meth:`~grpo_lab.trainer.Trainer.train` call begins, the file is made to agree with the trainer's

@@ -274,13 +274,15 @@ class TrainerConfig:
             object.__setattr__(self, "save_total_limit", int(self.save_total_limit))
 
     def to_dict(self) -> dict:
+        """Every field as plain JSON/YAML values (tuples as lists), as checkpoints and results files store them."""
         d = asdict(self)
         d["betas"] = list(self.betas)
         d["report_to"] = list(self.report_to)
         return d
 
     def run_identity(self) -> dict:
-        """:meth:`to_dict` without :data:`OUTPUT_FIELDS`: the fields a run's numbers depend on."""
+        """:meth:`~grpo_lab.trainer.TrainerConfig.to_dict` without
+        :data:`~grpo_lab.training.config.OUTPUT_FIELDS`: the fields a run's numbers depend on."""
         return {k: v for k, v in self.to_dict().items() if k not in OUTPUT_FIELDS}
 
     @classmethod
