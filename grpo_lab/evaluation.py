@@ -234,7 +234,9 @@ def _per_problem(responses, *, n: int, ks: Sequence[int], voting: bool):
     table["c"] = groups["correct"].sum().astype(np.int64)
     table["mean_length"] = groups["length"].mean()
     table["truncation_rate"] = groups["truncated"].mean()
-    answers = groups["extracted"].agg(list).tolist() if voting else None
+    # pandas may turn a None of the object column into NaN when it groups it: None again (no vote)
+    answers = ([[a if isinstance(a, str) else None for a in votes] for votes in groups["extracted"].agg(list)]
+               if voting else None)
     correct = groups["correct"].agg(list).tolist()
     for k in ks:
         table[f"pass@{k}"] = pass_at_k(table["n"].to_numpy(), table["c"].to_numpy(), k)

@@ -185,6 +185,15 @@ def test_evaluate_at_k_extract_and_bad_arguments(base):
     kw = dict(problems=problems[:2], max_new_tokens=8)
     summary, _, responses = evaluate_at_k(policy, tokenizer, task, n=2, extract=lambda text: "same", **kw)
     assert set(responses["extracted"]) == {"same"} and "maj@1" in summary.index
+    # problem 0's samples give no answer, problem 1's do: pandas 3 stores the column as strings, where None
+    # becomes NaN when grouped; the vote must still see "no answer" (maj@k 0), not a NaN it refuses
+    calls = []
+    summary, per_problem, responses = evaluate_at_k(
+        policy, tokenizer, task, n=2, ks=(1, 2), **kw, extract=lambda text: calls.append(text) or
+        (None if len(calls) <= 2 else "7"))
+    assert responses["extracted"].isna().tolist() == [True, True, False, False]
+    # problem 1: both samples vote "7", and the vote is scored by the first such sample's own correctness
+    assert per_problem["maj@2"].tolist() == [0.0, float(responses["correct"].iloc[2])]
     no_vote = types.SimpleNamespace(**{k: getattr(task, k) for k in ("name", "max_new_tokens", "is_correct")})
     summary = evaluate_at_k(policy, tokenizer, no_vote, n=2, **kw)[0]
     assert "maj@1" not in summary.index and "pass@1" in summary.index
