@@ -37,13 +37,13 @@ def profile(tmp_path):
 @pytest.fixture
 def count_evals(monkeypatch):
     calls = []
-    original = Trainer._eval_row
+    original = Trainer._evaluation  # what train() calls for each evaluation (the row and its sample table)
 
     def counting(self):
         calls.append(self.step)
         return original(self)
 
-    monkeypatch.setattr(Trainer, "_eval_row", counting)
+    monkeypatch.setattr(Trainer, "_evaluation", counting)
     monkeypatch.setattr(ex.runs, "_BASE_EVALS", {})  # the memo _train_one reads
     return calls
 

@@ -14,10 +14,10 @@ from .precision import PRECISIONS
 
 __all__ = ["TrainerConfig", "OUTPUT_FIELDS"]
 
-#: The :class:`TrainerConfig` fields that decide what a run shows and writes (its progress bar, its
-#: output directory, its trackers, its periodic checkpoints), never its numbers: two runs that differ
-#: only in these are the same run. They are left out of :meth:`TrainerConfig.run_identity`, hence out of
-#: the run cache's key, the results file's ``config_hash`` and the check a resumed run makes.
+#: The :class:`~grpo_lab.trainer.TrainerConfig` fields that decide what a run shows and writes (its progress
+#: bar, its output directory, its trackers, its periodic checkpoints), never its numbers: two runs that differ
+#: only in these are the same run. They are left out of :meth:`~grpo_lab.trainer.TrainerConfig.run_identity`,
+#: hence out of the run cache's key, the results file's ``config_hash`` and the check a resumed run makes.
 OUTPUT_FIELDS = ("progress", "output_dir", "report_to", "save_every", "save_total_limit")
 
 
