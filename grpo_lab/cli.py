@@ -658,7 +658,8 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
                          "--task and --set values: a module name importable from the current directory or "
                          "PYTHONPATH, or the path of a .py file (repeatable)")
     ap.add_argument("--no-cache", dest="cache", action="store_false",
-                    help="train every seed again instead of loading identical runs from the run cache")
+                    help="do not store the runs in the run cache (a command line run writes its run directory, so it "
+                         "always trains; experiments.run reads what it stores)")
     ap.add_argument("--report-to", nargs="+", metavar="NAME", choices=[*TRACKERS, "none"],
                     help="trackers of each seed's steps (TrainerConfig.report_to; written into the seed's output "
                          "directory): jsonl (the default), tensorboard, wandb (offline unless $WANDB_MODE says "
