@@ -47,6 +47,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from .files import write_text_atomically
+
 __all__ = ["RunConfig", "read_config_file", "check_value", "check_fields", "load_run_config", "file_imports",
            "resolved_config", "write_config", "run_dir", "config_path", "NOT_IN_FILE", "DERIVED_TRAINER_FIELDS"]
 
@@ -354,14 +356,6 @@ def write_config(path: str | os.PathLike, resolved: Mapping[str, Any], header: s
     Raises:
         OSError: the directory cannot be created or the file written.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(f"# {line}\n" for line in header.splitlines())
     text += yaml.dump(dict(resolved), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_text_atomically(path, text)

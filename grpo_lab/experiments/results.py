@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import subprocess
 import time
@@ -24,6 +23,7 @@ import torch
 
 from .. import __version__
 from ..algorithms import Algorithm
+from ..files import write_text_atomically
 from ..paths import REPO_ROOT
 from .profiles import Profile
 
@@ -118,19 +118,11 @@ def processor_name() -> str:
 
 def save_results(result: RunResult, path: str | Path) -> Path:
     """Write ``{"provenance": …, "history": [rows]}`` as JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rows = json.loads(result.history.to_json(orient="records"))
     text = json.dumps({"provenance": result.provenance, "history": rows}, indent=1) + "\n"
     # written beside and renamed over: a process killed mid-write (the GPU runs rewrite their file after
     # every seed) leaves the previous file whole, never a truncated one
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_text_atomically(path, text)
 
 
 def load_results(path: str | Path) -> RunResult:

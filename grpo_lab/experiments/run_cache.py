@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from ..algorithms import Algorithm
+from ..files import write_text_atomically
 from ..models import VALUE_INITS
 from ..paths import REPO_ROOT, checkpoint_dir, data_dir
 from ..training.checkpoints import _json_default
@@ -160,15 +161,8 @@ def _cache_store(path: Path | None, rows: list[dict]) -> None:
     A failed write warns and loses only the cache entry, never the run."""
     if path is None:
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"rows": rows}, default=_json_default))
-        os.replace(tmp, path)
+        write_text_atomically(path, json.dumps({"rows": rows}, default=_json_default))
     except OSError as exc:
         warnings.warn(f"run cache: could not store the run at {path} ({exc}); the result is returned but not "
                       "cached (GRPO_LAB_RUN_CACHE=off silences this)", RuntimeWarning, stacklevel=2)
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass

@@ -27,6 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..files import write_text_atomically
 from ..training.checkpoints import CHECKPOINTS_DIR, _json_default, periodic_checkpoints
 from ..training.config import TrainerConfig
 from ..validation import is_int
@@ -207,13 +208,7 @@ def _check_run_dirs(jobs: Sequence[tuple], steps: int, resume: bool) -> None:
 
 def _write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` atomically (a temporary file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, default=_json_default))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomically(path, json.dumps(data, indent=1, default=_json_default))
 
 
 def _start_seed(directory: Path, record: dict) -> None:

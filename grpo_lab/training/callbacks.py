@@ -36,6 +36,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..files import write_text_atomically
+
 __all__ = ["TrainerCallback", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "TRACKERS", "HOOKS", "SAMPLE_ROWS",
            "SAMPLE_COLUMNS", "make_callbacks", "check_callbacks", "call_hooks", "samples_table", "markdown_table"]
 
@@ -173,9 +175,7 @@ def _rewrite(path: Path, lines: list[str]) -> None:
     text = "".join(line + "\n" for line in lines)
     if path.is_file() and path.read_text() == text:
         return
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomically(path, text)
 
 
 class JsonlLogger(TrainerCallback):
