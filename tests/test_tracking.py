@@ -58,6 +58,7 @@ class Recorder(TrainerCallback):
 
     def __init__(self):
         self.calls = []
+        self.rows = []
 
     def _draw(self):
         random.random(), np.random.rand(), torch.rand(3)
@@ -68,8 +69,9 @@ class Recorder(TrainerCallback):
 
     def on_step(self, trainer, row):
         self._draw()
-        assert row is trainer.rows[-1]
+        assert row == trainer.rows[-1] and row is not trainer.rows[-1]  # a copy of the complete row
         self.calls.append(("step", row["step"]))
+        self.rows.append(("step", row["step"], row))
 
     def on_evaluate(self, trainer, row, samples):
         self._draw()
@@ -115,6 +117,28 @@ def test_history_identical_with_and_without_trackers(tok, tmp_path):
     for a, b in zip(plain.policy.parameters(), tracked.policy.parameters()):
         assert torch.equal(a, b)
     assert plain.rng.bit_generator.state == tracked.rng.bit_generator.state
+
+
+class Vandal:
+    """A callback that writes into what it is given."""
+
+    def on_step(self, trainer, row):
+        row["reward"] = 999.0
+
+    def on_evaluate(self, trainer, row, samples):
+        samples["completion"] = "x"
+
+
+def test_a_callback_writing_into_its_row_changes_nothing(tok):
+    plain = make_trainer(tok, None)
+    plain.train(2)
+    rec = Recorder()
+    vandalised = make_trainer(tok, None, callbacks=[Vandal(), rec])
+    vandalised.train(2)
+    pd.testing.assert_frame_equal(plain.history.drop(columns=list(MEASURED_COLUMNS)),
+                                  vandalised.history.drop(columns=list(MEASURED_COLUMNS)), check_exact=True)
+    assert 999.0 not in [c[2]["reward"] for c in rec.rows if c[0] == "step" and "reward" in c[2]]
+    assert all((c[2]["completion"] != "x").all() for c in rec.calls if c[0] == "evaluate")
 
 
 def test_no_output_dir_writes_nothing_but_callbacks_run(tok, tmp_path, monkeypatch):

@@ -15,9 +15,11 @@ of ``TrainerConfig.report_to`` are callbacks too, built by :func:`make_callbacks
   unless ``$WANDB_MODE`` says otherwise (no network, no account needed).
 
 Trackers write only when the run has an ``output_dir`` (``TrainerConfig.output_dir``); callbacks passed
-as ``Trainer(callbacks=[...])`` always run. No hook can change a number of the run: the trainer calls
+as ``Trainer(callbacks=[...])`` always run. Observing a run does not change its numbers: the trainer calls
 every hook with the python, numpy, torch (and CUDA) random states saved and restored around it
-(:func:`call_hooks`), and the hooks get the history row after it is complete.
+(:func:`call_hooks`), and each hook gets its own copy of the history row (after it is complete) and of
+the samples table, so writing into them changes neither the history nor what the next callback sees.
+The trainer itself is handed as it is: a hook that sets its weights or optimiser does change the run.
 """
 
 from __future__ import annotations
@@ -132,13 +134,16 @@ def _random_states_kept():
 
 def call_hooks(callbacks, hook: str, trainer, *args) -> None:
     """Call ``cb.<hook>(trainer, *args)`` for each callback that has the hook, in order, with the random
-    states kept (:class:`TrainerCallback`); an exception of a hook propagates (a broken tracker stops
-    the run rather than losing its log silently)."""
+    states kept (:class:`TrainerCallback`) and each ``dict`` / ``DataFrame`` argument copied for each call
+    (the history row stays the trainer's); an exception of a hook propagates (a broken tracker stops the
+    run rather than losing its log silently)."""
     for cb in callbacks:
         method = getattr(cb, hook, None)
         if callable(method):
+            own = tuple(dict(a) if isinstance(a, dict) else a.copy() if isinstance(a, pd.DataFrame) else a
+                        for a in args)
             with _random_states_kept():
-                method(trainer, *args)
+                method(trainer, *own)
 
 
 # --------------------------------------------------------------------------------------------- JSONL
