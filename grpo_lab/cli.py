@@ -800,17 +800,16 @@ def _origin(conf, from_file: dict, from_set: dict) -> str:
 def _write_resolved(args, preset: str, algo, cfg_over: dict, model: str | None, out: Path, origin: str) -> Path:
     """Write the run's resolved configuration to ``<out>/config.yaml`` (:func:`grpo_lab.run_config.config_path`):
     every option (the profile's task, model and steps where none was given), the profile's
-    :class:`~grpo_lab.trainer.TrainerConfig` with the overrides (and the learning-rate horizon
-    :func:`grpo_lab.experiments.run` gives it) and ``algo``. Raises :class:`UsageError` for overrides the
-    ``TrainerConfig`` refuses (named after ``origin``)."""
+    :class:`~grpo_lab.trainer.TrainerConfig` with the overrides, and ``algo``. A learning-rate horizon
+    (``lr_schedule_steps``) that was not given stays ``null``: the run's ``steps``, also when the file is
+    reused with another ``--steps``. Raises :class:`UsageError` for overrides the ``TrainerConfig`` refuses
+    (named after ``origin``)."""
     from . import __version__, experiments, run_config
-    from .experiments.runs import _lr_horizon
 
     profile = experiments.get_profile(args.profile)
     steps = profile.steps if args.steps is None else args.steps
     try:
-        profile = _lr_horizon(dataclasses.replace(profile, config=dataclasses.replace(profile.config, **cfg_over)),
-                              steps)
+        profile = dataclasses.replace(profile, config=dataclasses.replace(profile.config, **cfg_over))
     except (TypeError, ValueError) as exc:
         raise UsageError(f"{origin}: {exc}") from None
     options = dict(vars(args), preset=preset, task=args.task or profile.task, model=model or profile.base,

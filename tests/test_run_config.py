@@ -137,7 +137,7 @@ def test_the_resolved_configuration_round_trips(fake_run, tmp_path, capsys):
     assert resolved["task"] == "arithmetic" and resolved["model"] == "arithmetic-base" and resolved["profile"] == "cpu"
     assert resolved["out"] == str(first) and resolved["cache"] is False
     assert not {"seed", "progress", "output_dir"} & set(resolved["trainer"])
-    assert resolved["trainer"]["lr_schedule_steps"] == 7  # the horizon experiments.run gives a decaying schedule
+    assert resolved["trainer"]["lr_schedule_steps"] is None  # not given: the run's steps (experiments.run fills it)
     assert resolved["trainer"]["prompts_per_step"] == PROFILES["cpu"].config.prompts_per_step
     assert resolved["algorithm"]["tau_neg"] == 1.2 and resolved["algorithm"]["eps_high"] == 0.3
 
@@ -147,10 +147,16 @@ def test_the_resolved_configuration_round_trips(fake_run, tmp_path, capsys):
     assert {**again, "out": None} == {**resolved, "out": None}
     one, two = fake_run
     assert two["algo"] == one["algo"] == SAPO.replace(eps_high=0.3, tau_neg=1.2)
-    # run() fills the horizon of one; each run writes into the directory of its own results file
-    assert {**_effective(two), "lr_schedule_steps": None, "output_dir": None} == {**_effective(one), "output_dir": None}
+    # the same configuration; each run writes into the directory of its own results file
+    assert {**_effective(two), "output_dir": None} == {**_effective(one), "output_dir": None}
     assert (one["output_dir"], two["output_dir"]) == (str(tmp_path / "a" / "first"), str(tmp_path / "b"))
     assert (two["seeds"], two["steps"], two["n_jobs"], two["cache"]) == (one["seeds"], one["steps"], 2, False)
+    # reused with another --steps, the decaying schedule spans the new steps (run() fills the null horizon)
+    assert cli.main(["--config", str(written), "--out", str(tmp_path / "c.json"), "--steps", "4"]) == 0
+    three = fake_run[-1]
+    assert three["steps"] == 4 and _effective(three)["lr_schedule_steps"] is None
+    cosine = dataclasses.replace(PROFILES["cpu"], config=dataclasses.replace(PROFILES["cpu"].config, lr_schedule="cosine"))
+    assert experiments.runs._lr_horizon(cosine, 4).config.lr_schedule_steps == 4
 
 
 def test_a_config_file_imports_a_users_module(fake_run, tmp_path, monkeypatch):
