@@ -290,7 +290,7 @@ def load_run_config(data: Mapping[str, Any], path: str | os.PathLike, parser, se
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: {key} must be a mapping of fields to values, got {value!r}")
             known = {k: settable[k][1] for k, sec in owners.items() if sec == key}
-            other = {k: f"it is an {sec} key: put it under {sec}:" for k, sec in owners.items() if sec != key}
+            other = {k: f"it belongs in the {sec}: section" for k, sec in owners.items() if sec != key}
             out[key] = check_fields(value, known, f"{where}: {key}", {**other, **(reserved or {})})
         elif key in options:
             action, hint = options[key]

@@ -96,7 +96,7 @@ def test_flags_and_set_win_over_the_file(fake_run, tmp_path):
                                                 "known keys: betas", "warmup"]),
     ("preset: GRPO\nalgorithm: {eps_hihg: 0.3}\n", ["algorithm: unknown key 'eps_hihg'", "did you mean 'eps_high'"]),
     ("preset: GRPO\nlr: 1.0e-4\n", ["'lr' is not a top-level key", "put it under trainer:"]),
-    ("preset: GRPO\ntrainer: {eps_high: 0.3}\n", ["it is an algorithm key: put it under algorithm:"]),
+    ("preset: GRPO\ntrainer: {eps_high: 0.3}\n", ["it belongs in the algorithm: section"]),
     ("preset: GRPO\ntrainer: {seed: 1}\n", ["'seed' does not belong here", "seeds:"]),
     ("preset: GRPO\ntrainer: {group_size: 2.5}\n", ["trainer: group_size must be int", "2.5"]),
     ("preset: GRPO\ntrainer: {sort_by_length: 1}\n", ["sort_by_length must be bool", "got 1"]),

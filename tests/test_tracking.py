@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import warnings
 import signal
 import struct
 import subprocess
@@ -291,6 +292,14 @@ def test_wandb_offline_run_read_back(tok, tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------- errors
+def test_trackers_without_an_output_dir_warn(tok):
+    with pytest.warns(RuntimeWarning, match=r"output_dir is None: tensorboard write nothing"):
+        make_trainer(tok, None, report_to=("jsonl", "tensorboard"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_trainer(tok, None)  # the default ("jsonl",) without a directory: the usual case, silent
+
+
 def test_unknown_tracker_is_named_with_a_suggestion(tok, tmp_path):
     with pytest.raises(ValueError, match=r"unknown tracker 'tensorbord' \(did you mean 'tensorboard'\?\); known: "
                                          r"jsonl, tensorboard, wandb"):

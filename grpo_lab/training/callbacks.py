@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -405,7 +406,8 @@ def make_callbacks(report_to, output_dir: str | os.PathLike | None) -> list:
     Args:
         report_to: a sequence of tracker names (``TrainerConfig.report_to``); ``()`` for none.
         output_dir: the run's directory; ``None``: no tracker (nothing is written), the names are
-            still checked.
+            still checked, and a ``RuntimeWarning`` says so when ``report_to`` names more than the
+            default ``"jsonl"``.
 
     Returns:
         A list of callbacks, in the order of ``report_to``.
@@ -422,5 +424,10 @@ def make_callbacks(report_to, output_dir: str | os.PathLike | None) -> list:
             raise ValueError(f"TrainerConfig.report_to: unknown tracker {name!r}{hint}; known: "
                              f"{', '.join(TRACKERS)} (or () for none)")
     if output_dir is None:
+        asked = [name for name in names if name != "jsonl"]  # "jsonl" is the default: silent without a directory
+        if asked:
+            warnings.warn(f"TrainerConfig.report_to={list(names)} but output_dir is None: {', '.join(asked)} "
+                          "write nothing. Set TrainerConfig.output_dir (experiments.run(..., output_dir=...) and "
+                          "the command line give each seed its own)", RuntimeWarning, stacklevel=3)
         return []
     return [TRACKERS[name](Path(output_dir)) for name in names]
