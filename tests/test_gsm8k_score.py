@@ -275,12 +275,28 @@ DECORATED = [
     (r"5\text{ cm}^2", ("5",)), (r"25\text{ km/h}", ("25",)), (r"\$25", ("25",)), (r"25 \text{ hours}", ("25", "24")),
     (r"x\approx 11", ("11",)), (r"x \sim 11", ("11",)), (r"\approx 11", ("11",)), (r"\sim 11", ("11",)),
     (r"11.2 \approx 11", ("11", "11.2")), (r"x \simeq 11", ("11",)), (r"\text{25\%}", ("25",)),
+    # unit and percent words (UNIT_WORDS) ending the answer, bare: their letters are not free letters
+    ("25 percent", ("25", "24", "0.25")), ("12.5 percent", ("12.5", "0.125")), ("25 pct", ("25", "26")),
+    ("25 percentage", ("25",)), ("25 Percent", ("25",)), ("x = 25 percent", ("25", "24")),
+    ("30 degrees", ("30", "31")), ("30 degree", ("30",)), ("5 cm", ("5", "6")), ("5 km", ("5",)),
+    ("5 kg", ("5", "6")), ("5 hours", ("5", "6")), ("12 minutes", ("12", "13")), ("50 cents", ("50",)),
+    ("18 dollars", ("18", "17")), ("3 miles per hour", ("3",)), ("25 km/h", ("25",)), ("4 inches", ("4",)),
+    # ... and inside text: a number and a percent marker is the percent rule, anything else one symbol
+    (r"\text{28 percent}", ("28", "27", "0.28")), (r"\text{28\%}", ("28", "27", "0.28")),
+    (r"\mbox{12.5 pct}", ("12.5", "0.125")), (r"\text{30 degrees}", ("30",)), (r"\text{5 hours}", ("5",)),
 ]
 # The module docstring's deliberate differences from math-verify: the percent rule (p % equals the
-# gold p, never p / 100) and the degree sign ° read as ^\circ.
+# gold p, never p / 100; a text group of one number and a percent marker is p %) and the degree
+# sign ° read as ^\circ.
 DELIBERATE = {("boxed", r"25\%", "0.25"): 0.0, ("boxed", "25%", "0.25"): 0.0, ("####", "25%", "0.25"): 0.0,
               ("boxed", r"25\text{percent}", "0.25"): 0.0, ("boxed", r"12.5\%", "12.5"): 1.0,
-              ("boxed", r"12.5\%", "0.125"): 0.0}
+              ("boxed", r"12.5\%", "0.125"): 0.0,
+              **{(kind, "25 percent", "0.25"): 0.0 for kind in ("boxed", "####")},
+              **{(kind, "12.5 percent", "12.5"): 1.0 for kind in ("boxed", "####")},
+              **{(kind, "12.5 percent", "0.125"): 0.0 for kind in ("boxed", "####")},
+              **{(kind, text, text[6:8]): 1.0 for kind in ("boxed", "####")
+                 for text in (r"\text{28 percent}", r"\text{28\%}", r"\text{25\%}")},
+              **{(kind, r"\mbox{12.5 pct}", "12.5"): 1.0 for kind in ("boxed", "####")}}
 CASES = [(kind, answer, gold) for answer, golds in DECORATED for gold in golds for kind in ("boxed", "####")]
 
 
@@ -319,6 +335,37 @@ def test_mixed_numbers_after_the_marker_are_false_positives():
     assert score("#### 4 4/9", "4") == 1.0 and score(r"#### 4 \frac{4}{9}", "4") == 1.0
 
 
+@pytest.mark.parametrize("completion", ["#### 18 (not 20)", "#### 18, 20", "#### 18 or 20", "#### 18 -> 20",
+                                        r"\boxed{3 \cdot 6 = 20}"])
+def test_known_false_positives_of_math_verify(completion):
+    # documented, kept for now: a #### line counts its last number, an equation its right-hand side,
+    # whatever else the answer says; so each equals 20 and not 18. A fix must update the docstring.
+    assert score(completion, "20") == 1.0 and score(completion, "18") == 0.0
+
+
+def test_a_text_group_of_a_number_and_a_percent_marker_is_that_percentage():
+    # the percent rule reaches \text{28 percent} and \text{28\%} (math-verify reads each as one
+    # symbol): equal to the number written, and never to another number
+    for text in (r"\text{28 percent}", r"\text{28\%}", r"\mbox{28 pct}", r"\text{28 Percent}", r"x = \text{28\%}"):
+        for form in (r"\boxed{%s}", "#### %s"):
+            completion = form % text
+            assert score(completion, "28") == 1.0, completion
+            for wrong in ("27", "0.28", "2.8", "280"):
+                assert score(completion, wrong) == 0.0, (completion, wrong)
+    assert score(r"\boxed{\text{12.5 percent}}", "12.5") == 1.0 and score(r"\boxed{\text{12.5 percent}}", "12") == 0.0
+    assert score(r"\boxed{\text{1,234\%}}", "1234") == 1.0 and score(r"\boxed{\text{-3 percent}}", "3") == 0.0
+
+
+def test_unit_words_end_the_answer_to_be_exempt():
+    # the letters of a final run of UNIT_WORDS are not free letters; elsewhere they count
+    assert "percent" in gsm8k.UNIT_WORDS and "hour" in gsm8k.UNIT_WORDS
+    for text in ("25 percent", "12.5 percent", "30 degrees", "3 miles per hour", "5 Hours", "x = 4 inches",
+                 r"\text{30 degrees}", "2 km / hr", "25 pct."):
+        assert gsm8k._bounded(text, latex=True), text
+    for text in ("20 hours, not 18 hours", "percent + 5", r"\secant 5 percent", "5 hourglass"):
+        assert not gsm8k._bounded(text, latex=True), text
+
+
 # ------------------------------------------------------------------------------ bad gold input
 @pytest.mark.parametrize("gold", ["", "abc", "18 dollars", "$18", "1,23", "1/2", "\\frac{1}{2}", "18\n19", "--3"])
 def test_unparseable_gold_raises_naming_it(gold):
@@ -350,6 +397,8 @@ NASTY = [
     "#### 9**9**9", "#### 10^999999999", "#### " + "9" * 5000, r"\boxed{" + "9" * 5000 + "}",
     r"\boxed{\frac{1}{0}}", r"\boxed{0^0}", r"\boxed{\infty}", r"\boxed{\sqrt{-1}}", r"\boxed{\int_0^1 x dx}",
     r"\boxed{a+b+c+d+e+f+g+h+i+j+k+l+m+n+o+p}", r"\boxed{\text{a+b+c+d+e+f+g+h+i+j+k+l+m+n}}",
+    r"\boxed{(cm+km+kg+1)^{99}}", r"\boxed{5 (cm+km+kg+mm)^{99} \text{ percent}}",  # unit words in a power base
+    r"\boxed{\frac{(cm+km)(kg+mm)(cm+km)(kg+mm)}{(cm+mm)(kg+km)(hr+km)(kg+mg)(cm+oz)}}",  # seconds in SymPy
     r"\boxed{\frac{a+b}{c+d}+\frac{e+f}{g+h}+\frac{i+j}{k+l}+\frac{m+n}{o+p}}",
     "\\boxed{\x00\x01\x02}", "\\boxed{\ud800}", "#### \u202e18", r"\boxed{\\\\\\}", r"\boxed{$$$}", r"\boxed{\left(}",
     r"\boxed{\begin{pmatrix}1&2\\3&4\end{pmatrix}}", r"\boxed{\undefinedmacro{5}}", r"\boxed{__import__('os')}",
@@ -374,7 +423,8 @@ def test_never_raises_on_random_text(completion):
 
 def test_bounds_are_what_refuse_the_hanging_answers():
     # The guard, not luck, keeps these out of SymPy: math-verify without a timeout runs for minutes on each.
-    for text in (r"10^{10^{10}}", r"(x+y+z+1)^{99}", "1000000!", r"\prod_{i=1}^{10^{9}} i", "9" * 101):
+    for text in (r"10^{10^{10}}", r"(x+y+z+1)^{99}", "1000000!", r"\prod_{i=1}^{10^{9}} i", "9" * 101,
+                 r"(cm+km+kg+1)^{99}", r"(cm + km + kg + 1)^{99} percent", r"(1\text{cm}+km+kg+1)^{99}"):
         assert not gsm8k._bounded(text, latex=True), text
     assert not gsm8k._bounded("9**9**9", latex=False)
     assert not gsm8k._bounded("10^999999999", latex=False)

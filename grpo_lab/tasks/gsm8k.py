@@ -52,7 +52,9 @@ answer to a percent question as the plain number before the sign (a question who
 number before the sign (25, and 12.5 for ``12.5\\%``) with the gold, wherever the percentage stands
 (``x = 25\\%`` too); a trailing sign is also dropped from the text first, so that ``1,234\\%`` is
 read as 1234 (math-verify reads ``1,234\\%`` as the set {1, 2.34}). ``25 \\text{ percent}`` is 25 in
-math-verify already. Where math-verify's own verdict differs, deliberately:
+math-verify already. So ``\\boxed{25 percent}``, ``\\boxed{12.5 percent}``, ``\\boxed{25 pct}`` and
+``#### 25 percent`` equal the golds 25 and 12.5, and no other gold. Where math-verify's own verdict
+differs, deliberately:
 
 * math-verify lets an integer percentage equal its number (``25\\%`` equals 25) but compares a
   decimal one by its value (``12.5\\%`` is 0.125, so it does not equal the gold 12.5): here both
@@ -60,19 +62,40 @@ math-verify already. Where math-verify's own verdict differs, deliberately:
 * math-verify lets ``25\\%`` equal the gold 0.25 too (a percentage against a decimal gold is
   compared by value); here it does not: one answer has one reading, and a GSM8K gold 0.25 is the
   answer "0.25", not "25%".
+* a text group that holds exactly one number and a percent marker, ``\\text{28 percent}``,
+  ``\\text{28\\%}``, ``\\mbox{12.5 pct}`` (``%``, ``\\%``, ``percent``, ``percentage``, ``pct``;
+  ``Percent`` too), is rewritten to ``28\\%`` before math-verify sees it, so it equals the gold 28
+  (math-verify reads the whole group as one symbol, ``28\\%``, equal to no number). This cannot
+  create a false positive: the rewrite keeps the written number digit for digit, and the answer
+  is then judged as ``28\\%`` is, equal to the gold 28 and to nothing else (not 27, not 0.28).
+  Other text groups with a number inside (``\\text{18 dollars}``, ``\\text{30 degrees}``) keep
+  math-verify's verdict: one symbol, equal to no number.
 
 **Decorations.** Degrees (``30^\\circ``, ``30^{\\circ}``, ``30^\\circ\\text{C}``), percent signs,
-``\\text{...}`` / ``\\mbox{...}`` unit words (``\\text{ dollars}``, ``\\text{ cm}^2``, ``\\text{ km/h}``)
-and the relations ``\\approx``, ``\\sim``, ``\\simeq`` (``x \\approx 11``) cannot make SymPy hang: they
-pass the guard below and get math-verify's own verdict (apart from the percent rule): so
+``\\text{...}`` / ``\\mbox{...}`` unit words (``\\text{ dollars}``, ``\\text{ cm}^2``, ``\\text{ km/h}``),
+the words of :data:`UNIT_WORDS` (percent, pct, degrees, dollars, cents, cm, km, kg, hours,
+minutes, miles per hour, ...) ending the answer, bare (``25 percent``, ``30 degrees``) or in text
+(``\\text{30 degrees}``), and the relations ``\\approx``, ``\\sim``, ``\\simeq``
+(``x \\approx 11``) cannot make SymPy hang: they pass the guard below and get math-verify's own
+verdict (apart from the percent rule): so
 ``\\boxed{30^\\circ}`` equals 30, ``\\boxed{30^\\circ C}`` does not (math-verify reads 30·c; the
 ``C`` is outside ``\\text``), ``\\boxed{x \\approx 11}`` equals 11, and ``\\boxed{\\sim 11}`` does not
-(math-verify finds nothing in it). The tests compare :func:`score` with math-verify called
-directly on a table of such answers.
+(math-verify finds nothing in it); ``\\boxed{30 degrees}``, ``\\boxed{5 hours}`` and ``\\boxed{50 cents}``
+equal 30, 5 and 50 (math-verify strips these units), while ``\\boxed{18 dollars}``,
+``\\boxed{3 miles per hour}`` and ``\\boxed{25 km/h}`` do not (it reads them as products of symbols;
+the same after ``####``, read as a plain number, equal 18, 3 and 25). The tests compare
+:func:`score` with math-verify called directly on a table of such answers, boxed and after
+``####``, against right and wrong golds.
 
-**Known false positives** (math-verify's readings, kept): a mixed number after ``####`` is read
-as its whole part, so ``#### 4 4/9`` and ``#### 4 \\frac{4}{9}`` equal 4 (in a box,
-``4 \\frac{4}{9}`` is 40/9, and ``4 4/9`` is 4·4/9).
+**Known false positives** (math-verify's readings, kept; left for a later change):
+
+* a mixed number after ``####`` is read as its whole part, so ``#### 4 4/9`` and
+  ``#### 4 \\frac{4}{9}`` equal 4 (in a box, ``4 \\frac{4}{9}`` is 40/9, and ``4 4/9`` is 4·4/9);
+* a ``####`` line with several numbers counts its last, whatever the words around it say:
+  ``#### 18 (not 20)``, ``#### 18, 20``, ``#### 18 or 20`` and ``#### 18 -> 20`` all equal the gold
+  20 (and not 18);
+* an equation is judged by its right-hand side alone, so a wrong left side is not caught:
+  ``\\boxed{3 \\cdot 6 = 20}`` equals the gold 20 (and not 18).
 
 **Timeouts and threads.** math-verify bounds its own run time with ``signal.alarm``, which only
 works in the main thread (elsewhere it raises ``ValueError``), and which cancels any alarm the
@@ -80,10 +103,12 @@ caller had set. We switch it off (``parsing_timeout=None``, ``timeout_seconds=No
 work instead by refusing, as 0.0, answers that could make SymPy run for minutes: longer than
 :data:`MAX_ANSWER_CHARS` characters, using a LaTeX command outside :data:`ALLOWED_COMMANDS`, a
 factorial, more than one power, a power whose exponent is not an integer of at most two digits, a
-power together with free letters, or more than :data:`MAX_FREE_LETTERS` letters outside unit
-text such as ``\\text{ dollars}`` (a degree sign ``^\\circ`` is not counted as a power; ``10^{10^{10}}``, ``(x+y+z+1)^{99}``, ``1000000!``,
-``\\prod_{i=1}^{10^9} i`` all hang math-verify without a timeout). No GSM8K answer needs any of
-these. :func:`score` is therefore the same function in the main thread, in worker threads and in
+power together with letters (unit words included, so ``(cm+km+kg+1)^{99}`` is refused), or more
+than :data:`MAX_FREE_LETTERS` letters outside unit text such as ``\\text{ dollars}`` and outside the
+final run of :data:`UNIT_WORDS` (``25 percent`` has none; ``20 hours, not 18`` has eight). A
+degree sign ``^\\circ`` is not counted as a power. ``10^{10^{10}}``, ``(x+y+z+1)^{99}``,
+``1000000!``, ``\\prod_{i=1}^{10^9} i`` all hang math-verify without a timeout. No GSM8K answer
+needs any of these. :func:`score` is therefore the same function in the main thread, in worker threads and in
 worker processes; calls from several threads are serialised by a lock (they are CPU-bound, so
 nothing is lost under the GIL).
 """
@@ -103,7 +128,8 @@ from pathlib import Path
 from ..paths import data_dir, missing_data_hint
 from .base import Problem
 
-__all__ = ["GOLD_RE", "FLOAT_ROUNDING", "MAX_ANSWER_CHARS", "MAX_FREE_LETTERS", "ALLOWED_COMMANDS",
+__all__ = ["GOLD_RE", "FLOAT_ROUNDING", "MAX_ANSWER_CHARS", "MAX_FREE_LETTERS", "UNIT_WORDS",
+           "ALLOWED_COMMANDS",
            "extract_answer", "score", "split_gold", "parse_gold", "fixture_path", "load_fixture",
            "DEFAULT_INSTRUCTION", "GSM8KTask"]
 
@@ -117,8 +143,26 @@ FLOAT_ROUNDING = 10
 #: Longest extracted answer (after normalisation) that is judged at all; longer ones score 0.
 MAX_ANSWER_CHARS = 100
 
-#: Most letters a boxed answer may have outside unit text (``x = 5`` has one); more score 0.
+#: Most letters a boxed answer may have outside unit text and :data:`UNIT_WORDS` (``x = 5`` has
+#: one); more score 0.
 MAX_FREE_LETTERS = 3
+
+#: Unit and percent words whose letters :data:`MAX_FREE_LETTERS` does not count when they end the
+#: answer, bare (``25 percent``, ``3 miles per hour``) or inside ``\\text{...}`` / ``\\mbox{...}``
+#: (``\\text{30 degrees}``): whole words, in any case, also with a plural ``s`` or ``es``
+#: (``hours``, ``inches``), separated by spaces, ``/`` or ``.``. A unit word elsewhere
+#: (``20 hours, not 18``) counts. Whether the answer is then right is math-verify's verdict (plus
+#: the percent rule), not ours.
+UNIT_WORDS = frozenset({
+    "percent", "percentage", "pct",                                           # percent
+    "degree", "deg",                                                          # angle, temperature
+    "dollar", "cent", "euro", "pound", "usd",                                 # money
+    "second", "sec", "minute", "min", "hour", "hr", "day", "week", "month", "year", "yr",  # time
+    "mm", "cm", "km", "meter", "metre", "inch", "foot", "feet", "ft", "yard", "yd", "mile",  # length
+    "sq", "acre", "ml", "liter", "litre", "gallon", "gal",                    # area, volume
+    "mg", "gram", "kg", "ounce", "oz", "lb", "ton",                           # mass
+    "mph", "kmh", "per",                                                      # speed
+})
 
 #: LaTeX commands (by name) a boxed answer may use; any other command scores 0. Escaped single
 #: characters (``\\$``, ``\\%``, ``\\,``, ``\\{``) are always allowed.
@@ -145,6 +189,14 @@ _GROUPED = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEP}\d{{3}})+(?![\d])")
 _TRAILING_PERCENT = re.compile(r"\s*\\?%\s*$")
 # A degree sign written as a power (``^\circ``, ``^{\circ}``): not a power for the guard.
 _DEGREE = re.compile(r"\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})")
+# The unit words that end an answer (``5 hours``, ``3 miles per hour``, ``2 km / h`` leaves ``h``):
+# whole words, not the tail of a command (\sec) or of a longer word. Only a final run is exempt, so
+# unit words cannot build a long product of sums, (cm+km)(kg+mm)..., that SymPy takes seconds on.
+_UNIT_TAIL = re.compile(r"(?<![A-Za-z\\])(?:(?:" + "|".join(sorted(UNIT_WORDS, key=len, reverse=True))
+                        + r")(?:e?s)?(?![A-Za-z])[\s/.]*)+$", re.IGNORECASE)
+# A text group that is exactly one number and a percent marker: \text{28 percent}, \mbox{12.5\%}.
+_TEXT_PERCENT = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|textnormal|mathrm|mathbf|mathit|mbox)\s*"
+                           rf"\{{\s*({GOLD_RE.pattern})\s*(?:\\?%|[Pp]ercent(?:age)?|[Pp]ct)\s*\}}")
 
 _LOCK = threading.Lock()
 _log = logging.getLogger(__name__)
@@ -300,6 +352,7 @@ def _normalize(text: str, kind: str) -> str:
     """The answer as math-verify should see it (see the module docstring's list)."""
     text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}")
     text = _GROUPED.sub(lambda m: re.sub(_SEP, "", m.group(0)), text)
+    text = _TEXT_PERCENT.sub(lambda m: m.group(1) + "\\%", text)
     text = _TRAILING_PERCENT.sub("", text)
     return text.strip()
 
@@ -320,8 +373,9 @@ def _bounded(text: str, latex: bool) -> bool:
         return False
     plain = _TEXT_GROUP.sub(lambda m: m.group(1) if re.search(r"\d", m.group(1)) else " ", text)
     plain = re.sub(r"\\[A-Za-z]+", " ", plain)
-    letters = sum(ch.isalpha() for ch in plain)
-    return letters <= MAX_FREE_LETTERS and not (powers and letters)
+    letters = sum(ch.isalpha() for ch in plain)  # unit words too: (cm+km+kg+1)^{99} hangs SymPy
+    free_letters = sum(ch.isalpha() for ch in _UNIT_TAIL.sub(" ", plain.rstrip()))
+    return free_letters <= MAX_FREE_LETTERS and not (powers and letters)
 
 
 def _judge(kind: str, text: str, gold: list) -> bool:
