@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .logprobs import entropy_from_logits, token_logprobs
-from .tasks.base import Problem
+from .tasks.base import Problem, correctness
 from .validation import positive_int
 
 __all__ = ["Rollout", "generate", "stop_token_ids", "policy_logprobs", "evaluate", "position_ids_from_mask",
@@ -511,6 +511,8 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
         (prompt, answer, completion, correct, length, and the problem's ``meta`` fields).
 
     Raises:
+        TypeError: the task's optional batched ``correct`` returned a list of the wrong length or
+            kind (:func:`grpo_lab.tasks.correctness`; without it, ``is_correct`` is called per response).
         ValueError: no problems to evaluate: ``task.test_set()`` returned an empty list (the
             message names the task), or ``problems`` is empty. An accuracy over no problems is
             undefined. A ``batch_size`` that is not a positive int.
@@ -535,9 +537,10 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
         ro = generate(model, tokenizer, chunk, group_size=1 if greedy else n_samples,
                       max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, with_logprobs=False)
         lens = ro.lengths.tolist()
+        correct = correctness(task, ro.texts, ro.problems)  # the task's batched `correct` once, when offered
         for i, (p, text) in enumerate(zip(ro.problems, ro.texts)):
             row = {"prompt": p.prompt, "answer": p.answer, "completion": text,
-                   "correct": bool(task.is_correct(text, p)), "length": lens[i],
+                   "correct": correct[i], "length": lens[i],
                    "truncated": bool(ro.truncated[i])}
             row.update({k: v for k, v in p.meta.items() if np.isscalar(v)})
             if hasattr(task, "is_reasoning"):

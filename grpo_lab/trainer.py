@@ -150,6 +150,9 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
     names (:func:`grpo_lab.training.callbacks.make_callbacks`; by default ``"jsonl"``, ``output_dir/metrics.jsonl``);
     without one it builds none and writes nothing.
 
+    A task with the protocol's optional ``bind_tokenizer`` is handed ``tokenizer`` when the trainer
+    is built (:class:`grpo_lab.tasks.Task`).
+
     ``train(steps)`` returns the history DataFrame (one row per step); ``save(path)`` and
     ``Trainer.resume(path)`` checkpoint and continue exactly.
 
@@ -186,6 +189,8 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
             raise ValueError(f"Trainer: TrainerConfig.lr_schedule={c.lr_schedule!r} needs lr_schedule_steps, the RL "
                              "steps its decay spans (experiments.run sets it to the run's steps)")
         self.algo, self.task, self.tokenizer = algo, task, tokenizer
+        if hasattr(task, "bind_tokenizer"):  # the task protocol's optional hook (DatasetTask's completion_ids)
+            task.bind_tokenizer(tokenizer)
         if c.threads:
             torch.set_num_threads(c.threads)
         _check_float32(policy)

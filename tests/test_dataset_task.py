@@ -137,19 +137,68 @@ def test_weighted_combination_matches_a_hand_computed_golden():
     assert all(v is None for v, p in zip(table["reverse_only_reward"], problems) if p.meta["kind"] == "echo")
 
 
-def test_reward_functions_get_trls_arguments():
+def test_reward_functions_get_trls_arguments(tok):
     seen = {}
 
     def spy(prompts, completions, completion_ids, trainer_state, **kwargs):
         seen.update(prompts=prompts, completions=completions, ids=completion_ids, state=trainer_state, **kwargs)
         return [0.0] * len(completions)
 
-    task = make(reward_funcs=[spy], correct_reward=None)
+    task = make(reward_funcs=[spy], correct_reward=None, tokenizer=tok)
     problems = [p for p in task.sample(2, np.random.default_rng(0)) for _ in range(3)]  # G = 3 per prompt
     task.rewards(["1", "2", "3", "4", "5", "6"], problems)
     assert seen["prompts"] == [p.prompt for p in problems] and seen["completions"] == list("123456")
     assert seen["solution"] == [p.answer for p in problems] and seen["kind"] == [p.meta["kind"] for p in problems]
-    assert seen["ids"] is None and seen["state"] is None and "prompt" not in seen
+    assert seen["ids"] == [tok(c, add_special_tokens=False).input_ids for c in "123456"]
+    assert seen["state"] is None and "prompt" not in seen
+
+
+def test_completion_ids_without_a_tokenizer():
+    seen = []
+
+    def optional_ids(completions, completion_ids=None, **kwargs):  # asks with a default: gets None
+        seen.append(completion_ids)
+        return [0.0] * len(completions)
+
+    def needs_ids(completions, completion_ids, **kwargs):
+        return [float(len(i)) for i in completion_ids]
+
+    p = make().test_set()[0]
+    assert make(reward_funcs=[optional_ids], correct_reward=None).rewards(["1"], [p]) == [0.0] and seen == [None]
+    with pytest.raises(ValueError, match=r"reward function 'needs_ids' requires completion_ids, but the task has no "
+                                         r"tokenizer.*pass tokenizer=.*Trainer"):
+        make(reward_funcs=[needs_ids], correct_reward=None).rewards(["1"], [p])
+
+
+def test_a_shipped_checkpoint_names_the_tokenizer(base):
+    def n_tokens(completions, completion_ids, **kwargs):
+        return [float(len(i)) for i in completion_ids]
+
+    task = make(reward_funcs=[n_tokens], correct_reward=None, tokenizer="arithmetic-base")  # as load_policy takes it
+    p = task.test_set()[0]
+    assert task.rewards(["12+3"], [p]) == [float(len(base[1]("12+3", add_special_tokens=False).input_ids))]
+    with pytest.raises(FileNotFoundError, match=r"tokenizer='arithmetic-bsae' is neither an existing directory nor "
+                                                r"a shipped checkpoint \(shipped: .*arithmetic-base"):
+        make(reward_funcs=[n_tokens], correct_reward=None, tokenizer="arithmetic-bsae").rewards(["1"], [p])
+    with pytest.raises(FileNotFoundError, match=r"tokenizer='\./nowhere/tok' is neither"):
+        make(tokenizer="./nowhere/tok", chat_template=True).test_set()
+
+
+@pytest.mark.parametrize("func, message", [
+    (lambda completions, answer, **kw: [0.0] * len(completions),
+     r"reward function '<lambda>' requires the parameter 'answer', which is neither one of TRL's arguments "
+     r"\['prompts', 'completions', 'completion_ids', 'trainer_state'\] nor a column of the data "
+     r"\(\['solution', 'kind'\]\); give it a default"),
+    (lambda completions, soluton, **kw: [0.0] * len(completions), r"'soluton'.*did you mean 'solution'\?"),
+    (lambda completion, **kw: [0.0], r"'completion'.*did you mean 'completions'\?"),
+    (lambda completions, solution: [0.0] * len(completions), r"takes no \*\*kwargs.*\['prompts', 'completion_ids'"),
+    (lambda completions, /, **kw: [0.0] * len(completions), r"'completions', which is positional-only"),
+])
+def test_reward_function_signatures_are_checked_when_the_task_is_built(func, message):
+    with pytest.raises(ValueError, match=message):
+        make(reward_funcs=[format_reward, func], correct_reward=None)
+    ok = make(reward_funcs=[lambda completions, answer=None, **kw: [0.0] * len(completions)], correct_reward=None)
+    assert ok.rewards(["1"], ok.test_set()[:1]) == [0.0]
 
 
 def test_every_function_none_warns_and_gives_zero():
@@ -157,6 +206,31 @@ def test_every_function_none_warns_and_gives_zero():
     echo = [p for p in task.sample(40, np.random.default_rng(0)) if p.meta["kind"] == "echo"][:2]
     with pytest.warns(RuntimeWarning, match="every reward function returned None for 2 of 2 samples"):
         assert task.rewards(["1", "2"], echo) == [0.0, 0.0]
+
+
+def counted(func, calls):
+    """``func`` recording ``(its name, the batch size)`` in ``calls`` at every call."""
+    def wrapper(prompts, completions, **kwargs):
+        calls.append((func.__name__, len(completions)))
+        return func(prompts=prompts, completions=completions, **kwargs)
+    wrapper.__name__ = func.__name__
+    return wrapper
+
+
+def test_is_correct_calls_only_the_named_function_and_correct_reuses_the_rewards():
+    calls = []
+    task = make(reward_funcs=[counted(f, calls) for f in FUNCS])
+    problems = task.test_set()
+    assert task.is_correct(problems[0].answer, problems[0]) and calls == [("accuracy_reward", 1)]
+    calls.clear()
+    completions = [p.answer if i % 2 else "0" for i, p in enumerate(problems)]
+    assert task.correct(completions, problems) == [False, True, False] and calls == [("accuracy_reward", 3)]
+    calls.clear()
+    task.rewards(completions, problems)
+    assert task.correct(completions, problems) == [False, True, False]
+    assert calls == [(f.__name__, 3) for f in FUNCS]  # correct reused the values rewards computed
+    assert task.correct(completions[::-1], problems[::-1]) == [False, True, False] and len(calls) == 5
+    assert task.correct(["0"] * 3, problems) == [False] * 3 and len(calls) == 6  # other completions: called again
 
 
 def test_is_correct_reads_the_named_function():
@@ -300,6 +374,89 @@ def test_training_uses_the_combined_reward_once_per_round(base):
         assert trainer.history.loc[trainer.history.step == step, "reward"].item() == pytest.approx(
             float(torch.tensor(per_sample, dtype=torch.float32).mean()), abs=1e-6)
     assert trainer.history["test_accuracy"].notna().sum() == 2  # evaluate ran with is_correct (steps 0 and 2)
+
+
+def test_training_and_evaluation_score_each_batch_once(base):
+    calls = []
+    task = make(reward_funcs=[counted(f, calls) for f in FUNCS], reward_weights=[0.5, 2.0, 0.1, 1.0])
+    policy, tok = base
+    trainer = Trainer(copy.deepcopy(policy), tok, task, GRPO, TrainerConfig(**CFG))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        trainer.train(2)
+    # two rounds of 8 (every function once: correctness reuses the rewards), two evaluations of the 3
+    # test rows (the correct_reward function only); never a batch of one
+    assert sorted(calls) == sorted([(f.__name__, 8) for f in FUNCS] * 2 + [("accuracy_reward", 3)] * 2)
+
+
+def test_a_trl_length_reward_reads_the_trainers_tokenizer(base):
+    seen = []
+
+    def token_count_reward(completions, completion_ids, solution, **kwargs):  # a TRL length reward over token ids
+        seen.append((list(completions), completion_ids, solution))
+        return [-float(len(ids)) for ids in completion_ids]
+
+    policy, tok = base
+    task = make(reward_funcs=[accuracy_reward, token_count_reward], reward_weights=[1.0, 0.1])  # no tokenizer=
+    trainer = Trainer(copy.deepcopy(policy), tok, task, GRPO, TrainerConfig(**{**CFG, "eval_every": 0}))
+    trainer.train(1)
+    completions, ids, solution = seen[0]
+    assert len(completions) == 8 and ids == [tok(c, add_special_tokens=False).input_ids for c in completions]
+    expected = [float(c.strip() == s) - 0.1 * len(i) for c, i, s in zip(completions, ids, solution)]
+    assert trainer.history["reward"].dropna().item() == pytest.approx(float(torch.tensor(expected).mean()), abs=1e-6)
+
+
+class BatchedCorrectTask:
+    """A task with the optional batched ``correct`` that returns ``values`` (to check the trainer)."""
+
+    name, max_new_tokens = "batched-correct", 4
+
+    def __init__(self, values):
+        self.values, self.sizes = values, []
+
+    def sample(self, n, rng):
+        return [Problem(f"{int(rng.integers(10))}=", "1") for _ in range(n)]
+
+    def reward(self, completion, problem):
+        return 0.0
+
+    def correct(self, completions, problems):
+        self.sizes.append(len(completions))
+        return self.values(len(completions))
+
+    def is_correct(self, completion, problem):
+        raise AssertionError("the trainer must call correct, not is_correct")
+
+    def test_set(self):
+        return self.sample(3, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("values, exc, message", [
+    (lambda n: [True] * (n + 1), TypeError, r"task.correct returned 9 values for 8 completions"),
+    (lambda n: [True] * (n - 1) + [1], TypeError, r"task.correct returned 1 \(int\) for sample 7 \(prompt '"),
+])
+def test_trainer_calls_a_batched_correct_once_per_round(base, values, exc, message):
+    policy, tok = base
+    good = BatchedCorrectTask(lambda n: [True, False] * (n // 2) + [True] * (n % 2))
+    trainer = Trainer(copy.deepcopy(policy), tok, good, GRPO, TrainerConfig(**CFG))
+    trainer.train(2)
+    assert good.sizes == [3, 8, 8, 3] and trainer.history["accuracy"].dropna().tolist() == [0.5, 0.5]
+    assert trainer.history["test_accuracy"].dropna().tolist() == pytest.approx([2 / 3, 2 / 3])
+    bad = Trainer(copy.deepcopy(policy), tok, BatchedCorrectTask(values), GRPO, TrainerConfig(**{**CFG, "eval_every": 0}))
+    with pytest.raises(exc, match=message):
+        bad.train(1)
+
+
+def test_validate_task_checks_that_batched_and_single_correctness_agree():
+    class Disagreeing(BatchedCorrectTask):
+        def is_correct(self, completion, problem):
+            return True
+
+    with pytest.raises(TypeError, match=r"correct\(\[completion\], \[problem\]\) gave False but is_correct"):
+        validate_task(Disagreeing(lambda n: [False] * n), call=True)
+    assert validate_task(Disagreeing(lambda n: [True] * n), call=True)
+    with pytest.raises(TypeError, match=r"correct\(completions, problems\) returned \[1\] for one completion"):
+        validate_task(Disagreeing(lambda n: [1] * n), call=True)
 
 
 def test_same_seed_same_run(base):

@@ -444,7 +444,8 @@ assert scored.raw.tolist() == torch.tensor(hand, dtype=torch.float32).tolist()
 #   `DatasetTask(..., tokenizer=tok)` takes the tokenizer object or its name.
 #   `chat_template=True` also wraps plain-text prompts as a user message.
 # * **Other arguments.** `completion_ids` are the completions re-encoded by that tokenizer
-#   (`None` without one). `trainer_state` is `None`: the task does not see the trainer.
+#   (without one, by the tokenizer the `Trainer` hands the task). `trainer_state` is `None`:
+#   the task does not see the trainer.
 # * **Resuming.** Resuming needs either `task=`, as for the reverse task above, or a task that
 #   JSON can describe. For the second, `data` is a file path and the functions are import paths
 #   (`reward_funcs=["my_rewards:accuracy_reward"]`). `Trainer.resume(path)` then rebuilds the

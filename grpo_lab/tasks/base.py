@@ -12,7 +12,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Problem", "Task", "validate_task", "save_problems", "load_problems"]
+__all__ = ["Problem", "Task", "validate_task", "correctness", "save_problems", "load_problems"]
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,19 @@ class Task(Protocol):
     response; ``Trainer.score`` raises ``TypeError`` for a list of the wrong length or a value that
     is not a real number and ``ValueError`` for a NaN or infinity, naming the sample. ``reward``
     must still give the same value for a batch of one (:func:`grpo_lab.tasks.validate_task` with
-    ``call=True`` checks that they agree). The trainer calls ``is_correct`` (and, without
-    ``rewards``, ``reward``) once per response, in rollout order.
+    ``call=True`` checks that they agree).
+    ``correct(completions: list[str], problems: list[Problem]) -> list[bool]``, the batched form of
+    ``is_correct``: one bool per response, in order. When a task has it, the trainer calls it once
+    per generation round (after ``rewards``/``reward``, on the same lists) and
+    :func:`grpo_lab.rollout.evaluate` once per generation batch, instead of ``is_correct`` once per
+    response (:func:`correctness` is that choice; it raises ``TypeError`` for a list of the wrong
+    length or a value that is not a bool). ``is_correct`` must still agree for a batch of one
+    (``validate_task(call=True)`` checks it). Without ``rewards`` / ``correct`` the trainer calls
+    ``reward`` / ``is_correct`` once per response, in rollout order.
+    ``bind_tokenizer(tokenizer) -> None``: ``Trainer(...)`` calls it once, before anything else,
+    with the trainer's tokenizer, for a task that needs the policy's tokenizer without being given
+    one (:class:`grpo_lab.tasks.DatasetTask` re-encodes completions into TRL's ``completion_ids``
+    and applies its chat template). It must not touch a random generator.
 
     Example, a task that asks the policy to reverse a word:
 
@@ -146,7 +157,9 @@ _METHODS = {
 _OPTIONAL_METHODS = {"is_reasoning": ("is_reasoning(completion) -> bool", 1),
                      "test_metrics": ("test_metrics(frame) -> dict[str, float]", 1),
                      "extract_answer": ("extract_answer(completion) -> str | None", 1),
-                     "rewards": ("rewards(completions, problems) -> list[float]", 2)}
+                     "rewards": ("rewards(completions, problems) -> list[float]", 2),
+                     "correct": ("correct(completions, problems) -> list[bool]", 2),
+                     "bind_tokenizer": ("bind_tokenizer(tokenizer) -> None", 1)}
 
 
 def _method_problems(owner, *, optional: bool) -> list[str]:
@@ -195,15 +208,17 @@ def validate_task(task, *, call: bool = False):
 
     The default check is cheap and runs none of the task's code: ``name`` is a non-empty ``str``,
     ``max_new_tokens`` an ``int >= 1`` (not a bool), and ``sample``, ``reward``, ``is_correct``,
-    ``test_set`` (and ``is_reasoning``, ``test_metrics``, ``rewards`` when present) are callables that accept the arguments the
-    trainer passes (checked on their signatures). ``Trainer(...)`` runs it.
+    ``test_set`` (and ``is_reasoning``, ``test_metrics``, ``extract_answer``, ``rewards``, ``correct``,
+    ``bind_tokenizer`` when present) are callables that accept the arguments the trainer passes
+    (checked on their signatures). ``Trainer(...)`` runs it.
 
     With ``call=True`` (for the author of a task; the trainer never does it) it also calls the
     methods once: ``sample(2, rng)`` twice with a fresh ``numpy.random.default_rng(0)`` (two
     :class:`Problem` with non-empty ``str`` prompts and ``str`` answers, the same both times,
     i.e. drawn from ``rng`` alone), ``reward`` (a finite real) and ``is_correct`` (a bool) on the
     first problem's answer (and, when the task has it, ``rewards([answer], [problem])``: a list of
-    one finite real equal to ``reward``'s), and ``test_set()`` (a non-empty list of :class:`Problem`). A task that
+    one finite real equal to ``reward``'s; with ``correct``, ``correct([answer], [problem])``: a
+    list of one bool equal to ``is_correct``'s), and ``test_set()`` (a non-empty list of :class:`Problem`). A task that
     draws from a global RNG in ``sample`` advances it here.
 
     Args:
@@ -273,6 +288,8 @@ def _call_problems(task) -> list[str]:
         ok, c = attempt("is_correct(problem.answer, problem)", lambda: task.is_correct(p.answer, p))
         if ok and not isinstance(c, (bool, np.bool_)):
             out.append(f"is_correct(completion, problem) returned {c!r} ({type(c).__name__}), not a bool")
+        elif ok and hasattr(task, "correct"):
+            out += _batched_correct_problems(task, p, bool(c), attempt)
     ok, test = attempt("test_set()", task.test_set)
     if ok:
         wrong = _is_problem_list(test) or (None if len(test) else "returned no problems")
@@ -295,6 +312,54 @@ def _batched_problems(task, p: Problem, single: float, attempt) -> list[str]:
         return [f"rewards([completion], [problem]) gave {float(rs[0])} but reward(completion, problem) {single}: "
                 "the batched and the per-sample reward must agree"]
     return []
+
+
+def _batched_correct_problems(task, p: Problem, single: bool, attempt) -> list[str]:
+    """What is wrong with ``task.correct([p.answer], [p])`` (the optional batched correctness),
+    given ``single``, the value of ``task.is_correct(p.answer, p)``."""
+    ok, cs = attempt("correct([problem.answer], [problem])", lambda: task.correct([p.answer], [p]))
+    if not ok:
+        return []
+    if not isinstance(cs, (list, tuple)) or len(cs) != 1 or not isinstance(cs[0], (bool, np.bool_)):
+        return [f"correct(completions, problems) returned {cs!r:.80} for one completion, not a list of one bool"]
+    if bool(cs[0]) != single:
+        return [f"correct([completion], [problem]) gave {bool(cs[0])} but is_correct(completion, problem) {single}: "
+                "the batched and the per-sample correctness must agree"]
+    return []
+
+
+def correctness(task, completions: Sequence[str], problems: Sequence[Problem]) -> list[bool]:
+    """Whether each completion is correct: the task's optional batched ``correct(completions,
+    problems)`` called once when it has one, else ``is_correct`` once per completion, in order
+    (what the trainer and :func:`grpo_lab.rollout.evaluate` use).
+
+    Args:
+        task: a :class:`Task`.
+        completions: ``B`` decoded responses.
+        problems: the ``B`` problems they answer.
+
+    Returns:
+        ``[B]`` list of python bools.
+
+    Raises:
+        TypeError: ``correct`` returned something other than a sequence of ``B`` bools (the
+            message names the sample, its prompt and its completion).
+    """
+    completions, problems = list(completions), list(problems)
+    if not hasattr(task, "correct"):
+        return [bool(task.is_correct(t, p)) for t, p in zip(completions, problems)]
+    values = task.correct(completions, problems)
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+        values = values.tolist()  # a tensor or numpy array
+    if not isinstance(values, (list, tuple)) or len(values) != len(completions):
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"{type(values).__name__} {values!r:.60}"
+        raise TypeError(f"task.correct returned {got} for {len(completions)} completions; it must return a list of "
+                        "one bool per completion, in order")
+    for i, v in enumerate(values):
+        if not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"task.correct returned {v!r:.60} ({type(v).__name__}) for sample {i} (prompt "
+                            f"{problems[i].prompt!r:.80}, completion {completions[i]!r:.80}); it must be a bool")
+    return [bool(v) for v in values]
 
 
 def save_problems(problems: Sequence[Problem], path: str | Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import math
 import numbers
 import os
@@ -65,6 +66,74 @@ def _resolve_func(spec, position: int) -> Callable:
         raise ValueError(f"DatasetTask: reward_funcs[{position}] {spec!r} names no callable; write it as "
                          "'package.module:function' (a module-level function, importable in a new process)")
     return func
+
+
+def _check_signature(func: Callable, name: str, columns: list[str]) -> bool:
+    """Check that ``func`` can be called as the task calls it, with ``prompts``, ``completions``,
+    ``completion_ids``, ``trainer_state`` and the ``columns`` as keywords; return whether it
+    requires ``completion_ids`` (a parameter of that name without a default). A callable without
+    a readable signature passes (calling it will tell).
+
+    Raises:
+        ValueError: a required parameter that is none of those names (naming the function, the
+            parameter, the columns and a did-you-mean), a required positional-only parameter, or
+            no ``**kwargs`` while some of those keywords are not parameters.
+    """
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return False
+    known = list(_RESERVED) + [c for c in columns if c not in _RESERVED]
+    params = list(sig.parameters.values())
+    for prm in params:
+        if prm.kind in (prm.VAR_POSITIONAL, prm.VAR_KEYWORD) or prm.default is not prm.empty:
+            continue
+        if prm.kind is prm.POSITIONAL_ONLY or prm.name not in known:
+            near = difflib.get_close_matches(prm.name, known, n=1)
+            why = ("is positional-only, but every argument is passed by keyword" if prm.kind is prm.POSITIONAL_ONLY
+                   else f"is neither one of TRL's arguments {list(_RESERVED)} nor a column of the data ({columns})")
+            raise ValueError(f"DatasetTask: reward function {name!r} requires the parameter {prm.name!r}, which {why}"
+                             + (f"; did you mean {near[0]!r}?" if near else "")
+                             + "; give it a default or read the column through **kwargs")
+    if not any(prm.kind is prm.VAR_KEYWORD for prm in params):
+        extra = [k for k in known if k not in sig.parameters]
+        if extra:
+            raise ValueError(f"DatasetTask: reward function {name!r} takes no **kwargs, but it is called with the "
+                             f"keywords {known}, and {extra} are not among its parameters; write it as TRL does, "
+                             "def f(prompts, completions, **kwargs)")
+    ids = sig.parameters.get("completion_ids")
+    return ids is not None and ids.default is ids.empty and ids.kind is not ids.VAR_KEYWORD
+
+
+def _load_tokenizer_named(name: str):
+    """The tokenizer ``name`` names, resolved as :func:`grpo_lab.models.load_policy` resolves a
+    model: an existing directory, the name of a checkpoint shipped in ``data/checkpoints``
+    (e.g. ``"arithmetic-base"``), or a hub id ``"org/name"``; loaded with the loader
+    ``load_policy`` uses (so the same tokenizer class).
+
+    Raises:
+        FileNotFoundError: ``name`` is none of those (the message lists the shipped checkpoints).
+        OSError: it could not be loaded (e.g. a hub id offline and not in the cache).
+    """
+    from ..models import _CHECKPOINT_NAME, _HUB_ID, _load_tokenizer
+    from ..paths import checkpoint_dir, missing_data_hint, shipped_checkpoints
+
+    path = Path(name).expanduser()
+    if not path.exists() and _CHECKPOINT_NAME.match(name):
+        path = checkpoint_dir(name)  # a shipped checkpoint by name, as load_policy reads one
+        if not path.is_dir():
+            shipped = shipped_checkpoints()
+            raise FileNotFoundError(f"DatasetTask: tokenizer={name!r} is neither an existing directory nor a shipped "
+                                    f"checkpoint (shipped: {', '.join(shipped) if shipped else 'none found'}); "
+                                    f"{missing_data_hint()}. A hub tokenizer is named 'org/name'")
+    elif not path.exists() and not _HUB_ID.match(name):
+        raise FileNotFoundError(f"DatasetTask: tokenizer={name!r} is neither an existing directory, a shipped "
+                                "checkpoint nor a hub id 'org/name'")
+    source = str(path) if path.exists() else name
+    try:
+        return _load_tokenizer(source)
+    except OSError as exc:
+        raise OSError(f"DatasetTask: could not load the tokenizer {name!r} ({source}): {exc}") from exc
 
 
 def _load_file(path: Path):
@@ -162,19 +231,28 @@ class DatasetTask:
     ``add_special_tokens=False``, so the template's own BOS is not doubled). ``chat_template=True``
     also wraps plain text as one user message; ``None`` (default) templates conversations only;
     ``False`` templates nothing (a conversation is then an error). ``tokenizer`` is a tokenizer
-    object or the name of one (a local directory or a hub id, loaded as
-    :func:`grpo_lab.models.load_policy` loads it, on first use); only templating needs it.
+    object or the name of one (a local directory, a shipped checkpoint such as
+    ``"arithmetic-base"`` or a hub id, resolved and loaded as :func:`grpo_lab.models.load_policy`
+    does, on first use). Without one, the task uses the tokenizer a
+    :class:`~grpo_lab.trainer.Trainer` hands it (:meth:`bind_tokenizer`, called when the trainer
+    is built), for templating and for ``completion_ids``.
 
     **Reward functions** (TRL's signature). Each is called once per batch (a generation round of
     the trainer, :meth:`rewards`) as ``func(prompts=..., completions=..., completion_ids=...,
     trainer_state=None, **columns)``: ``prompts`` the raw prompt cells (text or conversations),
     ``completions`` the decoded responses (for a conversational prompt as TRL writes them,
     ``[{"role": "assistant", "content": text}]``), ``completion_ids`` the responses re-encoded by
-    the tokenizer (``None`` without one; they can differ from the sampled ids where a text has
-    several encodings, and have no EOS), and each other column as a list with one value per
-    completion (a prompt's value repeated for each of its G responses). ``trainer_state`` is
-    ``None``: the task does not see the trainer. A function returns one value per completion: a
-    real number, or ``None`` where it does not apply.
+    the tokenizer (the task's own or the trainer's; they can differ from the sampled ids where a
+    text has several encodings, and have no EOS; ``None`` when the task has no tokenizer at all,
+    e.g. outside a trainer without ``tokenizer=``, and then a function that *requires* a
+    ``completion_ids`` parameter is an error naming it, while one that reads it through
+    ``**kwargs`` gets ``None``), and each other column as a list with one value per completion (a
+    prompt's value repeated for each of its G responses). ``trainer_state`` is ``None``: the task
+    does not see the trainer. A function returns one value per completion: a real number, or
+    ``None`` where it does not apply. The signatures are checked when the task is built: a
+    required parameter that is neither one of those names nor a column (of both the training and
+    the test rows) is a ``ValueError`` with a did-you-mean, and so is a function without
+    ``**kwargs`` that does not take every one of them.
 
     **Combination** (as TRL 1.16's ``GRPOTrainer``): the reward of a sample is the weighted sum
     over the functions that applied, ``sum_f w_f r_f`` with ``None`` left out (TRL's ``nansum``).
@@ -182,11 +260,15 @@ class DatasetTask:
     ``nansum`` of an all-NaN row is 0). Unlike TRL, a returned NaN or infinity is an error, not a
     silent "does not apply": ``None`` says that.
 
-    **Correctness** (:meth:`is_correct`, the ``accuracy`` columns and DAPO's filter): a response
-    is correct when the reward of the function named ``correct_reward`` (default: the weighted
-    total) is at least ``correct_threshold``; a ``None`` from that function is not correct. Name
-    the function that checks the answer (e.g. ``correct_reward="accuracy_reward"``): a format
-    bonus must not count as a right answer.
+    **Correctness** (:meth:`correct`, batched, which the trainer and
+    :func:`grpo_lab.rollout.evaluate` call once per batch, and :meth:`is_correct`; the
+    ``accuracy`` columns and DAPO's filter): a response is correct when the reward of the function
+    named ``correct_reward`` (default: the weighted total) is at least ``correct_threshold``; a
+    ``None`` from that function is not correct. Name the function that checks the answer (e.g.
+    ``correct_reward="accuracy_reward"``): a format bonus must not count as a right answer, and
+    only that function is then called. The functions' values of the last batch are kept: the
+    trainer's ``correct`` call on the batch it has just scored with :meth:`rewards` reuses them,
+    so each function runs once per generation round, as in TRL.
 
     **Checkpoints.** The task is registered as ``"dataset"``. ``Trainer.resume`` rebuilds it by
     itself when every field is JSON: ``data`` (and ``test``) a file path or split name,
@@ -213,9 +295,11 @@ class DatasetTask:
             ``data`` of an unknown type).
         ValueError: a missing column (with a did-you-mean), a missing split, an unknown file
             suffix, weights that do not match the functions, a ``test`` fraction outside (0, 1),
-            an unknown ``correct_reward``, a conversational prompt with ``chat_template=False``,
-            a prompt cell that is neither text nor a conversation.
-        FileNotFoundError: a data file that does not exist.
+            an unknown ``correct_reward``, a reward function whose signature does not fit (above),
+            a conversational prompt with ``chat_template=False``, a prompt cell that is neither
+            text nor a conversation.
+        FileNotFoundError: a data file that does not exist; a ``tokenizer`` name that is no
+            directory, shipped checkpoint or hub id (when it is first needed).
     """
 
     data: Any
@@ -252,8 +336,12 @@ class DatasetTask:
         if self.chat_template not in (None, True, False):
             raise ValueError(f"DatasetTask: chat_template must be None, True or False, got {self.chat_template!r}")
         self._train, self._test = self._load_splits()
+        columns = [c for c in self._train.column_names if c != self.prompt_column and c in self._test.column_names]
+        self._needs_ids = {n: _check_signature(f, n, columns) for n, f in zip(self._names, self._funcs)}
         self._raw_prompts: dict[str, Any] = {}
         self._chat_tokenizer = None if isinstance(self.tokenizer, str) else self.tokenizer
+        self._bound_tokenizer = None  # the trainer's (bind_tokenizer), used when tokenizer is None
+        self._last: tuple | None = None  # (completions, problems, values) of the last call of every function
         self._test_problems: list[Problem] | None = None
 
     def _unique_names(self) -> list[str]:
@@ -318,21 +406,33 @@ class DatasetTask:
         return train, test
 
     # ------------------------------------------------------------------ prompts
+    def bind_tokenizer(self, tokenizer) -> None:
+        """Keep ``tokenizer`` (the policy's; ``Trainer(...)`` calls this, the task protocol's
+        optional hook) for chat templates and ``completion_ids`` when the task was given no
+        ``tokenizer`` of its own; with one, the task's own is used. Raises nothing."""
+        self._bound_tokenizer = tokenizer
+
+    def _tokenizer(self):
+        """The tokenizer in use: ``tokenizer`` itself, the one it names (loaded on first use,
+        :func:`_load_tokenizer_named`), else the bound one (:meth:`bind_tokenizer`), else ``None``."""
+        if self._chat_tokenizer is None and isinstance(self.tokenizer, str):
+            self._chat_tokenizer = _load_tokenizer_named(self.tokenizer)
+        return self._chat_tokenizer if self._chat_tokenizer is not None else self._bound_tokenizer
+
     def chat_tokenizer(self):
-        """The tokenizer that applies chat templates: ``tokenizer`` itself, or the one it names,
-        loaded on first use with the loader :func:`grpo_lab.models.load_policy` uses.
+        """The tokenizer that applies chat templates: ``tokenizer`` itself, the one it names
+        (resolved and loaded as :func:`grpo_lab.models.load_policy` does, on first use), or the
+        one a trainer bound (:meth:`bind_tokenizer`).
 
         Raises:
             ValueError: no tokenizer was given, or it has no chat template.
+            FileNotFoundError, OSError: a ``tokenizer`` name that cannot be resolved or loaded.
         """
-        if self._chat_tokenizer is None and isinstance(self.tokenizer, str):
-            from ..models import _load_tokenizer
-
-            self._chat_tokenizer = _load_tokenizer(self.tokenizer)
-        tok = self._chat_tokenizer
+        tok = self._tokenizer()
         if tok is None or not getattr(tok, "chat_template", None):
             raise ValueError("DatasetTask: a chat template is needed (conversational prompts or chat_template=True) "
-                             + ("but no tokenizer was given: pass tokenizer=<the policy's tokenizer or its name>"
+                             + ("but no tokenizer was given: pass tokenizer=<the policy's tokenizer or its name> "
+                                "(a Trainer hands the task its own)"
                                 if tok is None else f"but the tokenizer {type(tok).__name__} has none"))
         return tok
 
@@ -380,7 +480,7 @@ class DatasetTask:
         return list(self._test_problems)
 
     def function_rewards(self, completions: Sequence[str], problems: Sequence[Problem]) -> dict[str, list]:
-        """Every reward function's values on a batch, before weighting.
+        """Every reward function's values on a batch, before weighting (each function called once).
 
         Args:
             completions: ``B`` decoded responses.
@@ -393,15 +493,26 @@ class DatasetTask:
             TypeError: a function returned something other than a list of ``B`` values, or a
                 value that is neither a real number nor ``None`` (the message names the function,
                 the sample index and its prompt).
-            ValueError: a NaN or infinite value (same details), or ``B`` differs between the
-                arguments.
+            ValueError: a NaN or infinite value (same details), ``B`` differs between the
+                arguments, or a function requires ``completion_ids`` and the task has no tokenizer.
         """
+        table = self._values(completions, problems, self._names)
+        self._last = (list(completions), list(problems), {k: list(v) for k, v in table.items()})
+        return table
+
+    def _values(self, completions: Sequence[str], problems: Sequence[Problem], names: Sequence[str]) -> dict:
+        """The values of the functions ``names`` on a batch (see :meth:`function_rewards`)."""
         if len(completions) != len(problems):
             raise ValueError(f"DatasetTask: {len(completions)} completions for {len(problems)} problems")
+        funcs = dict(zip(self._names, self._funcs))
         kwargs = self._reward_kwargs(list(completions), list(problems))
         out = {}
-        for name, func in zip(self._names, self._funcs):
-            values = func(**kwargs)
+        for name in names:
+            if kwargs["completion_ids"] is None and self._needs_ids[name]:
+                raise ValueError(f"DatasetTask: reward function {name!r} requires completion_ids, but the task has no "
+                                 "tokenizer to encode the completions with: pass tokenizer=<the policy's tokenizer or "
+                                 "its name>, or use the task through a Trainer (which hands it its own)")
+            values = funcs[name](**kwargs)
             if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
                 values = values.tolist()  # a tensor or numpy array
             if not isinstance(values, (list, tuple)) or len(values) != len(problems):
@@ -412,24 +523,47 @@ class DatasetTask:
             out[name] = [_number(v, name, i, kwargs["prompts"][i]) for i, v in enumerate(values)]
         return out
 
+    def _cached(self, completions: Sequence[str], problems: Sequence[Problem]) -> dict | None:
+        """The values of the last :meth:`function_rewards` call when it was on these very problems
+        (the same objects, in order) and equal completions, else ``None``."""
+        if self._last is None:
+            return None
+        texts, probs, table = self._last
+        if len(probs) != len(problems) or any(a is not b for a, b in zip(probs, problems)) \
+                or list(completions) != texts:
+            return None
+        return table
+
     def _reward_kwargs(self, completions: list[str], problems: list[Problem]) -> dict:
         """The keyword arguments of a reward function call (TRL's names; see the class docstring)."""
         prompts = [self._raw_prompts.get(p.prompt, p.prompt) for p in problems]
         conv = [_is_conversation(c) for c in prompts]
         comps = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(completions, conv)]
-        ids = None
-        if self._chat_tokenizer is not None:
-            ids = [self._chat_tokenizer(t, add_special_tokens=False).input_ids for t in completions]
+        tok = self._tokenizer()
+        ids = None if tok is None else [tok(t, add_special_tokens=False).input_ids for t in completions]
         kwargs = {"prompts": prompts, "completions": comps, "completion_ids": ids, "trainer_state": None}
         for col in dict.fromkeys(k for p in problems for k in p.meta):
             kwargs[col] = [p.meta.get(col) for p in problems]
         return kwargs
 
+    def _totals(self, table: dict) -> tuple[list[float], list[int]]:
+        """Per sample, ``sum_f w_f r_f`` over the functions that returned a number, and the
+        indices of the samples for which none did (they get 0.0)."""
+        n = len(next(iter(table.values())))
+        totals, unscored = [], []
+        for i in range(n):
+            vals = [(w, col[i]) for w, col in zip(self._weights, table.values()) if col[i] is not None]
+            if not vals:
+                unscored.append(i)
+            totals.append(float(sum(w * v for w, v in vals)))
+        return totals, unscored
+
     def rewards(self, completions: Sequence[str], problems: Sequence[Problem]) -> list[float]:
         """The batched reward (the optional batched method of :class:`~grpo_lab.tasks.Task`): per
         sample, ``sum_f w_f r_f`` over the functions that returned a number (``None``: left out,
         as TRL's ``nansum``); a sample for which every function returned ``None`` gets 0.0 and a
-        ``RuntimeWarning`` naming the first such sample.
+        ``RuntimeWarning`` naming the first such sample. Calls every function once
+        (:meth:`function_rewards`, whose values :meth:`correct` then reuses for the same batch).
 
         Returns:
             ``[B]`` list of finite floats.
@@ -437,13 +571,7 @@ class DatasetTask:
         Raises:
             TypeError, ValueError: as :meth:`function_rewards`.
         """
-        table = self.function_rewards(completions, problems)
-        totals, unscored = [], []
-        for i in range(len(problems)):
-            vals = [(w, col[i]) for w, col in zip(self._weights, table.values()) if col[i] is not None]
-            if not vals:
-                unscored.append(i)
-            totals.append(float(sum(w * v for w, v in vals)))
+        totals, unscored = self._totals(self.function_rewards(completions, problems))
         if unscored:
             i = unscored[0]
             warnings.warn(f"DatasetTask: every reward function returned None for {len(unscored)} of {len(problems)} "
@@ -456,13 +584,27 @@ class DatasetTask:
         """:meth:`rewards` of one response (a batch of one)."""
         return self.rewards([completion], [problem])[0]
 
+    def correct(self, completions: Sequence[str], problems: Sequence[Problem]) -> list[bool]:
+        """Batched correctness (the optional batched method of :class:`~grpo_lab.tasks.Task`):
+        whether the value of ``correct_reward`` (default: the weighted total, without the warning
+        :meth:`rewards` gives) is at least ``correct_threshold`` (a ``None`` from that function:
+        ``False``). Reuses the values of the last :meth:`rewards` / :meth:`function_rewards` call
+        when it was on the same problems (the same objects) and completions; otherwise calls
+        ``correct_reward`` alone (every function for the weighted total), once.
+
+        Returns:
+            ``[B]`` list of bools.
+
+        Raises:
+            TypeError, ValueError: as :meth:`function_rewards`.
+        """
+        table = self._cached(completions, problems)
+        if table is None:
+            names = self._names if self.correct_reward is None else [self.correct_reward]
+            table = self._values(completions, problems, names)
+        values = self._totals(table)[0] if self.correct_reward is None else table[self.correct_reward]
+        return [v is not None and v >= self.correct_threshold for v in values]
+
     def is_correct(self, completion: str, problem: Problem) -> bool:
-        """Whether the reward of ``correct_reward`` (default: the weighted total) is at least
-        ``correct_threshold`` (a ``None`` from that function: ``False``)."""
-        if self.correct_reward is None:
-            with warnings.catch_warnings():  # the trainer's batched call has already warned
-                warnings.simplefilter("ignore", RuntimeWarning)
-                value = self.reward(completion, problem)
-        else:
-            value = self.function_rewards([completion], [problem])[self.correct_reward][0]
-        return value is not None and value >= self.correct_threshold
+        """:meth:`correct` of one response (a batch of one)."""
+        return self.correct([completion], [problem])[0]

@@ -22,7 +22,7 @@ import torch
 from .. import sampling
 from ..models import inference_copy
 from ..rollout import Rollout, generate
-from ..tasks import Problem
+from ..tasks import Problem, correctness
 
 __all__ = ["Scored", "Batch"]
 
@@ -107,11 +107,14 @@ class Collection:
 
         The rewards come from the task's optional batched ``rewards(texts, problems)``, called once
         for the rollout, when it has one; otherwise from ``reward(text, problem)``, once per response.
+        Correctness likewise comes from the optional batched ``correct(texts, problems)``, called once
+        after the rewards on the same lists, else from ``is_correct`` once per response
+        (:func:`grpo_lab.tasks.correctness`).
 
         Raises:
             TypeError: the task returned a reward that is not a real number (e.g. ``None`` or a
-                string), or ``rewards`` returned a list of the wrong length; the message names the
-                sample index, its problem and its text.
+                string), or ``rewards`` / ``correct`` returned a list of the wrong length or of the
+                wrong kind; the message names the sample index, its problem and its text.
             ValueError: a NaN or infinite reward (same details).
         """
         if hasattr(self.task, "rewards"):  # the optional batched reward: one call per round
@@ -120,7 +123,7 @@ class Collection:
         else:
             raw = torch.tensor([_check_reward(self.task.reward(t, p), i, t, p)
                                 for i, (t, p) in enumerate(zip(ro.texts, ro.problems))], dtype=torch.float32)
-        correct = torch.tensor([bool(self.task.is_correct(t, p)) for t, p in zip(ro.texts, ro.problems)])
+        correct = torch.tensor(correctness(self.task, ro.texts, ro.problems))  # batched `correct` when offered
         shaped = sampling.shape(self.algo, raw, ro.lengths.cpu(), self.max_new_tokens)
         return Scored(ro, raw, correct, shaped)
 
