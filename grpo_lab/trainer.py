@@ -324,7 +324,8 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         says (:mod:`grpo_lab.metrics`): ``loss``, ``pg_loss``, ``kl`` (NaN when the algorithm has
         no KL term: no reference model is kept), ``clip_frac_low``, ``clip_frac_high``,
         ``clip_frac``, ``ratio_mean/min/max``, ``ratio_q05/q50/q95``, ``grad_token_frac``,
-        ``adv_abs_mean``, ...; ``grad_norm`` (before clipping), ``zero_adv_group_frac`` (tied
+        ``adv_abs_mean``, ...; ``grad_norm`` (before clipping), ``lr`` (the policy's learning rate in the
+        step's last optimiser update, :attr:`TrainerConfig.lr_schedule`; NaN when the step made none), ``zero_adv_group_frac`` (tied
         groups, :func:`grpo_lab.advantages.tied_groups`), ``truncation_rate``,
         ``reasoning_frac`` (tasks that define it), ``tokens_per_s`` (generated tokens / step wall
         time), ``gen_seconds``, ``step_seconds``, ``test_accuracy`` and ``test_length`` (greedy,

@@ -125,6 +125,8 @@ def test_the_trainer_uses_the_schedule_and_a_resume_continues_it(tok, tmp_path, 
     seen = _record_lrs(straight)
     straight.train(3)
     assert seen == [policy_lr(straight.config, k) for k in range(6)]
+    # the history's lr column: the rate of each step's last update (two updates per step here)
+    assert straight.history["lr"].tolist() == [seen[1], seen[3], seen[5]]
     first = _trainer(tok, **kw)
     first.train(1)
     first.save(tmp_path)

@@ -111,6 +111,8 @@ class History:
             row["amp_skipped_steps"] = self.amp_skipped_steps
             row["amp_scale"] = float(self.scaler.get_scale())
         row.update(reduce_updates(updates))
+        # the learning rate of the step's last optimiser update (TrainerConfig.lr_schedule), NaN without one
+        row["lr"] = float(self.optimizer.param_groups[0]["lr"]) if updates else float("nan")
         row.setdefault("routing_change_frac", float("nan"))  # dense policy, or no second update on the rollout
         if not updates:  # no update this step: the loss metrics exist and are NaN (even if no step ever updated)
             row.update({k: float("nan") for k in METRIC_KEYS if k not in row})
