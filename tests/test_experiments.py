@@ -13,23 +13,16 @@ import torch
 from grpo_lab.algorithms import GRPO
 from grpo_lab.experiments import (PROFILES, Profile, RunResult, config_hash, get_profile, load_results, provenance,
                                   run, save_results)
-from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
 from grpo_lab.trainer import TrainerConfig
 
-TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1)
+from _toys import tiny_profile
+
 TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
-    base = tmp_path_factory.mktemp("base")
-    tok = build_char_tokenizer()
-    tiny_policy(tok, TINY, seed=0).save_pretrained(base, safe_serialization=True)
-    tok.save_pretrained(base)
-    return Profile(name="t", base=str(base), task="arithmetic", steps=2,
-                   config=TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=1),
-                   task_kwargs=(("test_size", 5),))
+    return tiny_profile(tmp_path_factory.mktemp("base"), steps=2, eval_every=1)
 
 
 @pytest.fixture(scope="module")

@@ -19,25 +19,19 @@ from grpo_lab import cli
 from grpo_lab.algorithms import DAPO, GRPO
 from grpo_lab.experiments import Profile, run
 from grpo_lab.experiments.run_dirs import checkpoints_dir, latest_checkpoint, seed_dir
-from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
+from grpo_lab.models import build_char_tokenizer, tiny_policy
 from grpo_lab.tasks import get_task
 from grpo_lab.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
 
+from _toys import TINY, tiny_profile
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1)
 STEPS = 6
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
-    base = tmp_path_factory.mktemp("base")
-    tok = build_char_tokenizer()
-    tiny_policy(tok, TINY, seed=0).save_pretrained(base, safe_serialization=True)
-    tok.save_pretrained(base)
-    return Profile(name="t", base=str(base), task="arithmetic", steps=STEPS,
-                   config=TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=2),
-                   task_kwargs=(("test_size", 5),))
+    return tiny_profile(tmp_path_factory.mktemp("base"), steps=STEPS, eval_every=2)
 
 
 @pytest.fixture(scope="module")
