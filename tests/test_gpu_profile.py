@@ -492,7 +492,9 @@ def test_results_files_are_replaced_whole_and_a_broken_one_is_named(tmp_path, mo
     def dies(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(experiments.results.os, "replace", dies)
+    import grpo_lab.files
+
+    monkeypatch.setattr(grpo_lab.files.os, "replace", dies)  # save_results writes through files.write_text_atomically
     second = experiments.RunResult(pd.DataFrame([{"step": 1, "seed": 0, "test_accuracy": 0.5}]), {"seeds": [0]})
     with pytest.raises(OSError, match="disk full"):
         experiments.save_results(second, path)
