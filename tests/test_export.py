@@ -228,7 +228,7 @@ def test_a_new_surrogate_exports_once_its_table_entry_is_written(monkeypatch):
     # one entry per target makes a (package) surrogate exportable; here it borrows PPO's mapping to show the path
     monkeypatch.setattr(mine_surrogate, "__module__", "grpo_lab.objectives")
     monkeypatch.setitem(obj.SURROGATES, "mine", mine_surrogate)
-    monkeypatch.setitem(E._TRL_SURROGATES, "mine", E._TRL_SURROGATES["ppo"])
+    monkeypatch.setitem(E.translation._TRL_SURROGATES, "mine", E.translation._TRL_SURROGATES["ppo"])
     mine = GRPO.replace(clip="mine")
     assert to_trl(mine) == TRL_GOLDEN["GRPO"]
     with pytest.raises(ExportError, match=r"\[impossible\] clip: clip='mine' is not mapped to verl 0.9.1"):

@@ -73,11 +73,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from . import advantages as _adv
-from . import objectives as _obj
-from . import sampling as _sampling
-from . import validation as _v
-from .algorithms import PRESETS, Algorithm, get_algorithm
+from .. import advantages as _adv
+from .. import objectives as _obj
+from .. import sampling as _sampling
+from .. import validation as _v
+from ..algorithms import PRESETS, Algorithm, get_algorithm
 
 __all__ = [
     "TRL_VERSION",
