@@ -348,8 +348,9 @@ def test_exact_resume_mid_warmup(tok, tmp_path, monkeypatch):
 
 
 def test_warmup_schedule(tok):
-    # lr_k = lr * min(1, k / warmup) for optimiser step k = 1, 2, ...: with lr 1e-2 and warmup 4,
-    # two RL steps of two minibatches each use 2.5e-3, 5e-3, 7.5e-3, 1e-2.
+    # lr_k = lr * min(1, k / warmup) for optimiser step k = 0, 1, ... (transformers' convention, as TRL and verl):
+    # with lr 1e-2 and warmup 4, three RL steps of two minibatches each use 0, 2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2
+    # (hand-computed).
     tr = make_trainer(tok, lr=1e-2, minibatches=2, warmup=4)
     seen = []
     orig = tr.optimizer.step
@@ -359,8 +360,8 @@ def test_warmup_schedule(tok):
         return orig(*a, **k)
 
     tr.optimizer.step = step
-    tr.train(2)
-    assert seen == pytest.approx([2.5e-3, 5e-3, 7.5e-3, 1e-2])
+    tr.train(3)
+    assert seen == pytest.approx([0.0, 2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2])
     with pytest.raises(ValueError, match="warmup"):
         TrainerConfig(warmup=-1)
 

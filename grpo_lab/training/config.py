@@ -34,13 +34,14 @@ class TrainerConfig:
             largest global gradient norm; 0 would zero every update).
         warmup: optimiser steps of linear learning-rate warm-up of the policy (Adam's first steps
             move every parameter by about ``lr`` whatever its gradient, which can collapse a token's
-            probability in a tiny model; a short warm-up avoids it). A value model trains at a
+            probability in a tiny model; a short warm-up avoids it). Update ``k`` gets ``lr * k / warmup``
+            while ``k < warmup`` (transformers' convention: the first update at 0). A value model trains at a
             constant ``value_lr``.
         lr_schedule: the policy's learning rate after the warm-up, through transformers' schedulers
             (:mod:`grpo_lab.training.lr_schedule`): ``"constant"`` (``lr``), ``"linear"`` (decays linearly
             towards 0) or ``"cosine"`` (half a cosine towards 0), over ``lr_schedule_steps``. Update ``k``
-            (0-based) gets transformers' multiplier at ``k + 1``, so the first update is not at 0 and the
-            last one not at 0 either (:func:`grpo_lab.training.lr_schedule.policy_lr`).
+            (0-based) gets transformers' multiplier at ``k``, as in TRL and verl: with a warm-up the first
+            update runs at learning rate 0 (:func:`grpo_lab.training.lr_schedule.policy_lr`).
         lr_schedule_steps: the RL steps the decay spans (``None`` or a positive int); the horizon in
             optimiser updates is ``lr_schedule_steps × epochs × minibatches``. Needed by ``"linear"`` and
             ``"cosine"`` (``Trainer`` raises without it); :func:`grpo_lab.experiments.run` sets it to the

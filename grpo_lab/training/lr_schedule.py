@@ -2,26 +2,26 @@
 linear warm-up, through transformers' schedulers (:func:`transformers.get_scheduler`).
 
 The trainer sets the learning rate by hand before every optimiser step (:func:`policy_lr`): update ``k``
-(0-based, the trainer's ``opt_steps``, the optimiser steps actually taken) gets ``lr * f(k + 1)``, where ``f``
-is the multiplier (``lr_lambda``) of transformers' scheduler of the same name built with ``num_warmup_steps =
-warmup`` and ``num_training_steps = H + 1``, ``H`` the horizon in optimiser updates (:func:`schedule_updates`).
+(0-based, the trainer's ``opt_steps``, the optimiser steps actually taken) gets ``lr * f(k)``, where ``f`` is
+the multiplier (``lr_lambda``) of transformers' scheduler of the same name built with ``num_warmup_steps =
+warmup`` and ``num_training_steps = H``, ``H`` the horizon in optimiser updates (:func:`schedule_updates`).
 
-Why ``k + 1`` and ``H + 1`` rather than transformers' own convention (update ``k`` gets ``f(k)`` with
-``num_training_steps = H``):
+This is transformers' own convention (a ``LambdaLR`` is at position 0 for the first optimiser step and is
+stepped after each), hence TRL's (``GRPOTrainer`` builds its scheduler with ``get_scheduler``), OpenRLHF's, and
+verl 0.9.1's (``verl.utils.torch_functional.get_constant_schedule_with_warmup`` and its cosine/WSD schedulers
+have the same ``current_step / num_warmup_steps`` warm-up), so that a run exported with
+:mod:`grpo_lab.export` trains at the same learning rate, update for update:
 
-* the first update gets ``lr / warmup`` (with a warm-up) or ``lr``, not 0: an update at learning rate 0 is a
-  wasted rollout in RL, where every update costs a generation. This is the warm-up this package always used
-  (``min(1, (k + 1) / warmup)``, bit for bit: :func:`policy_lr` for ``"constant"`` equals it exactly), so runs
-  without a schedule keep their numbers;
-* the peak ``lr`` is reached at update ``warmup - 1`` (the ``warmup``-th update); without a warm-up a
-  decaying schedule starts one position into its decay (``"linear"``: ``lr × H / (H + 1)``);
-* counting ``H + 1`` training steps puts transformers' final point (multiplier 0) one update after the last
-  one: the last update (``k = H - 1``) gets ``f(H) > 0``, ``lr / (H + 1 - warmup)`` for ``"linear"``, and the
-  decay spans the whole run. Equivalently: our update ``k`` gets exactly what transformers' scheduler gives
-  its step ``k + 1`` of a run of ``H + 1`` steps, whose step 0 (at multiplier 0) is dropped.
+* with a warm-up of ``W`` updates the first update gets learning rate 0 (Adam's moments still take its
+  gradient) and the full ``lr`` is reached at update ``W`` (the ``W + 1``-th);
+* a decaying schedule over ``H`` updates gives the last one (``k = H - 1``) ``f(H - 1) > 0``:
+  ``lr / (H - warmup)`` for ``"linear"``.
+
+Before grpo_lab issue 33 the package gave update ``k`` the multiplier at ``k + 1`` instead, so that no
+update ran at learning rate 0; it was dropped because no library the runs are exported to can express it.
 
 Updates beyond the horizon (a run longer than ``lr_schedule_steps``, or a resumed run continued) keep the last
-value ``f(H)`` (the position is clamped), rather than transformers' 0 (linear) or a cosine rising again.
+value ``f(H - 1)`` (the position is clamped), rather than transformers' 0 (linear) or a cosine rising again.
 
 Only the policy's learning rate follows the schedule: a value model (critic) trains at its constant
 ``TrainerConfig.value_lr``.
@@ -87,24 +87,26 @@ def schedule_updates(config) -> int | None:
 
 
 def policy_lr(config, opt_steps: int) -> float:
-    """The policy's learning rate for update ``opt_steps`` (0-based): ``config.lr * f(min(opt_steps + 1, H))``
-    with ``f = lr_lambda(config.lr_schedule, config.warmup, H + 1)`` and ``H = schedule_updates(config)`` (see
-    the module docstring for this convention; ``"constant"`` has no horizon and equals
-    ``lr * min(1, (opt_steps + 1) / warmup)``, or ``lr`` without warm-up, bit for bit).
+    """The policy's learning rate for update ``opt_steps`` (0-based): ``config.lr * f(min(opt_steps, H - 1))``
+    with ``f = lr_lambda(config.lr_schedule, config.warmup, H)`` and ``H = schedule_updates(config)``,
+    transformers' convention (see the module docstring); ``"constant"`` has no horizon and is
+    ``lr * min(1, opt_steps / warmup)``, ``lr`` without warm-up.
 
     Args:
         config: a :class:`~grpo_lab.trainer.TrainerConfig` (``lr``, ``warmup``, ``lr_schedule``,
             ``lr_schedule_steps``, ``epochs``, ``minibatches``).
         opt_steps: optimiser updates made before this one (``>= 0``).
 
+    Returns:
+        the learning rate (a python float, in the units of ``config.lr``).
+
     Raises:
         ValueError: ``"linear"`` / ``"cosine"`` without ``lr_schedule_steps``.
     """
     horizon = schedule_updates(config)
-    position = opt_steps + 1
     if config.lr_schedule == "constant":
-        return config.lr * lr_lambda("constant", config.warmup, None)(position)
+        return config.lr * lr_lambda("constant", config.warmup, None)(opt_steps)
     if horizon is None:
         raise ValueError(f"TrainerConfig.lr_schedule={config.lr_schedule!r} needs lr_schedule_steps, the RL steps "
                          "its decay spans (experiments.run sets it to the run's steps)")
-    return config.lr * lr_lambda(config.lr_schedule, config.warmup, horizon + 1)(min(position, horizon))
+    return config.lr * lr_lambda(config.lr_schedule, config.warmup, horizon)(min(opt_steps, horizon - 1))

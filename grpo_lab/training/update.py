@@ -474,7 +474,7 @@ class Update:
     def _warm_up_learning_rate(self) -> None:
         """Set the policy's learning rate for the next optimiser step: ``TrainerConfig.lr_schedule`` at update
         ``opt_steps`` (:func:`grpo_lab.training.lr_schedule.policy_lr`: transformers' multiplier at
-        ``opt_steps + 1``; the default ``"constant"`` is ``lr * min(1, (opt_steps + 1) / warmup)``, ``lr``
+        ``opt_steps``, as TRL and verl; the default ``"constant"`` is ``lr * min(1, opt_steps / warmup)``, ``lr``
         without a warm-up). The position is the trainer's ``opt_steps``, saved in checkpoints, so a resumed
         run continues its schedule. The value model's optimiser keeps its constant ``value_lr``."""
         lr = policy_lr(self.config, self.opt_steps)
