@@ -185,8 +185,38 @@ _EXPONENT = re.compile(r"\s*(?:\{\s*[-+]?\d{1,2}\s*\}|[-+]?\d{1,2}(?![\d.]))")
 _FACTORIAL = re.compile(r"(?<!\\)!")
 # Thousands grouped by a space or a LaTeX space: 1 234, 1\,234, 1~234, 12\;345\;678.
 _SEP = r"(?:\\[,;: ]|\\thinspace\s?|~|[ \u00a0\u2009\u202f])"
-_GROUPED = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEP}\d{{3}})+(?![\d])")
+# (not before a "/": in "4 400/900" the 400 is a numerator, the mixed number 4 + 400/900)
+_GROUPED = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEP}\d{{3}})+(?![\d]|\s*/)")
 _TRAILING_PERCENT = re.compile(r"\s*\\?%\s*$")
+# Sentence punctuation ending the answer (``42.``, ``5 \text{ cm}.``); not an ellipsis.
+_TRAILING_PUNCT = re.compile(r"(?<!\.)\s*[.,;:]\s*$")
+# Thousands written ``14{,}916`` or ``16,\!386``: a plain comma.
+_LATEX_COMMA = re.compile(r"(?<=\d)(?:\{,\}|,\\!\s*)(?=\d)")
+# A mixed number: a whole part, a space (or a LaTeX space), a fraction ``b/c`` or ``\frac{b}{c}``
+# (no space needed before ``\frac``); not inside a longer number, a fraction or a command.
+_MIXED_HEAD = r"(?<![\w.,/}^\\])([-+]?)(\d+)"
+_MIXED_GAP = r"(?:[ \t\u00a0]|\\[,;: ]|~)"
+_MIXED = re.compile(_MIXED_HEAD + _MIXED_GAP + r"+(0|[1-9]\d*)[ \t]*/[ \t]*(\d+)(?![\w.,/])"
+                    + "|" + _MIXED_HEAD + _MIXED_GAP + r"*\\[dt]?frac\s*\{\s*(0|[1-9]\d*)\s*\}\s*\{\s*(\d+)\s*\}")
+# What :func:`_one_answer` reads: arrows (a change of mind, ``18 -> 20``), fractions in LaTeX
+# (``\frac12``, ``\frac{1}{2}``), numbers (``1,234.5`` and the decimal comma ``2,74`` are one
+# number), and what may join two numbers of one answer: an operator or a relation.
+_ARROW = re.compile(r"->|=>|\u2192|\u21d2|\\(?:to|rightarrow|Rightarrow|longrightarrow|implies)(?![A-Za-z])")
+_FRAC_SKELETON = re.compile(r"\\[dtc]?frac\s*(\{[^{}]*\}|\d)\s*(\{[^{}]*\}|\d)")
+_NUMBER = re.compile(r"[0-9]+(?:[.,][0-9]+)*")
+_JOINER = re.compile(r"[-+*/\u00d7\u00f7^=]|\\(?:cdot|times|div|approx|sim|simeq|sqrt)(?![A-Za-z])")
+# LaTeX that changes the value of a number written before it (``4\sqrt{2}``, ``2^{10}``,
+# ``3 \cdot 6``): a ``####`` answer holding it is read as LaTeX, not by math-verify's plain-number
+# reading (which reads ``4\sqrt{2}`` as 4). A degree sign is not such a power.
+_VALUE_LATEX = re.compile(r"\\(?:[dtc]?frac|sqrt|cdot|times|div)(?![A-Za-z])|\^(?!\s*(?:\\circ|\{\s*\\circ))")
+# Currency signs math-verify's LaTeX reading does not drop (it drops ``\$``).
+_CURRENCY = str.maketrans("", "", "\u20ac\u00a3\u00a5")
+# An ``=`` of an equation (not ``<=``, ``>=``, ``!=``, ``==``).
+_EQUALS = re.compile(r"(?<![<>!=\\])=(?!=)")
+# What a side of an equation may hold and still be a plain number (no letters are left after
+# dropping these): unit text, ``\$``, spaces and arithmetic commands.
+_NUMERIC_NOISE = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|textnormal|mathrm|mathbf|mathit|mbox)\s*\{[^{}\d]*\}"
+                            r"|\\(?:frac|dfrac|tfrac|cdot|times|div|sqrt|left|right)(?![A-Za-z])|\\.")
 # A degree sign written as a power (``^\circ``, ``^{\circ}``): not a power for the guard.
 _DEGREE = re.compile(r"\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})")
 # The unit words that end an answer (``5 hours``, ``3 miles per hour``, ``2 km / h`` leaves ``h``):
@@ -348,13 +378,19 @@ def parse_gold(gold: str) -> list:
 
 
 # -------------------------------------------------------------------------------- scoring
-def _normalize(text: str, kind: str) -> str:
-    """The answer as math-verify should see it (see the module docstring's list)."""
-    text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}")
+def _normalize(text: str, kind: str) -> tuple[str, bool]:
+    """``(answer, percent)``: the answer as math-verify should see it (see the module docstring's
+    list), ``""`` for one that is refused (an invalid mixed number), and whether a trailing percent
+    sign was dropped from it."""
+    text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}").translate(_CURRENCY)
+    text = _LATEX_COMMA.sub(",", text)
     text = _GROUPED.sub(lambda m: re.sub(_SEP, "", m.group(0)), text)
+    text = _mixed_numbers(text)
     text = _TEXT_PERCENT.sub(lambda m: m.group(1) + "\\%", text)
+    text = _TRAILING_PUNCT.sub("", text)
+    percent = bool(_TRAILING_PERCENT.search(text))
     text = _TRAILING_PERCENT.sub("", text)
-    return text.strip()
+    return text.strip(), percent
 
 
 def _bounded(text: str, latex: bool) -> bool:
@@ -378,33 +414,102 @@ def _bounded(text: str, latex: bool) -> bool:
     return free_letters <= MAX_FREE_LETTERS and not (powers and letters)
 
 
-def _judge(kind: str, text: str, gold: list) -> bool:
+def _mixed_numbers(text: str) -> str:
+    """``text`` with each mixed number ``a b/c`` or ``a \\frac{b}{c}`` written as the one fraction
+    ``(a*c+b)/c`` (``\\frac{..}{..}`` for the LaTeX form), its sign in front; ``""`` (refused) if one
+    is not a proper fraction (``c = 0`` or ``b >= c``: ``4 0/0``, ``11 7/6``)."""
+    refused = []
+
+    def rewrite(m: re.Match) -> str:
+        latex = m.group(1) is None
+        sign, whole, num, den = m.groups()[4:] if latex else m.groups()[:4]
+        whole, num, den = int(whole), int(num), int(den)
+        if den == 0 or num >= den:
+            refused.append(m.group(0))
+            return m.group(0)
+        top = whole * den + num
+        return f"{sign}\\frac{{{top}}}{{{den}}}" if latex else f"{sign}{top}/{den}"
+
+    text = _MIXED.sub(rewrite, text)
+    return "" if refused else text
+
+
+def _one_answer(text: str) -> bool:
+    """Whether ``text`` states one answer: every two neighbouring numbers in it are joined by an
+    operator or a relation (``3 \\cdot 6 = 18``, ``\\frac{1}{2}``, ``50 \\text{ cm}^2``), not by
+    words, commas or arrows alone (``18 or 20``, ``18, 20``, ``18 (not 20)``, ``18 -> 20``,
+    ``17 18``): those list several candidates, and a hedge is not an answer."""
+    skeleton = _FRAC_SKELETON.sub(r"(\1)/(\2)", _ARROW.sub(" ; ", text))
+    numbers = list(_NUMBER.finditer(skeleton))
+    for left, right in zip(numbers, numbers[1:]):
+        between = skeleton[left.end():right.start()]
+        if "," in between or ";" in between or not _JOINER.search(between):
+            return False
+    return True
+
+
+def _sides_agree(mv, text: str, latex: list) -> bool:
+    """Whether every side of an equation in ``text`` that is a plain number (no letters, no
+    percent) equals the last such side: ``3 \\cdot 6 = 18`` agrees, ``3 \\cdot 6 = 20`` does not
+    (math-verify alone judges an equation by its right-hand side only). Text without ``=``
+    agrees. Called under :data:`_LOCK` on an answer that passed :func:`_bounded`."""
+    sides = [side.strip() for side in _EQUALS.split(text)]
+    numeric = [side for side in sides if side and "%" not in side
+               and not re.search(r"[A-Za-z]", _NUMERIC_NOISE.sub(" ", side))]
+    if len(sides) < 2 or len(numeric) < 2:
+        return True
+    values = [mv.parse("\\boxed{" + side + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
+              for side in numeric]
+    return all(values) and all(mv.verify(values[-1], value, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
+                               for value in values[:-1])
+
+
+def _judge(kind: str, text: str, gold: list, percent: bool) -> bool:
+    """math-verify's verdict on the normalised answer ``text`` against the parsed ``gold``, with
+    the module docstring's rules: one answer (:func:`_one_answer`), consistent equations
+    (:func:`_sides_agree`), and the percent rule (``percent``: a trailing percent sign was dropped)."""
+    if not _one_answer(text):
+        return False
     mv = _math_verify()
     latex = [mv.LatexExtractionConfig(boxed_match_priority=0)]
     with _LOCK:
         pred = []
-        if kind == "####" and _bounded(text, latex=False):
+        if kind == "####" and not _VALUE_LATEX.search(text) and _bounded(text, latex=False):
             pred = mv.parse(text, [mv.ExprExtractionConfig()], fallback_mode="no_fallback", parsing_timeout=None)
         if not pred and _bounded(text, latex=True):  # a box, or a #### answer written in LaTeX
             pred = mv.parse("\\boxed{" + text + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
-        pred = [_percent_as_number(p) for p in pred]
-        return bool(pred) and mv.verify(gold, pred, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
+        if not pred or not _sides_agree(mv, text, latex):  # its numeric sides pass the guard: no letters
+            return False
+        return any(mv.verify(gold, reading, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
+                   for reading in _percent_readings(pred, percent))
 
 
-def _percent_as_number(expr):
-    """``expr`` with each percentage math-verify parsed (``X * UnevaluatedExpr(1/100)``, its form of
-    ``X%``) replaced by ``X``: the module docstring's percent rule. Anything else (math-verify's
-    string form of the answer) is returned as it is."""
+def _percent_readings(pred: list, percent: bool) -> list[list]:
+    """The readings of math-verify's parse ``pred`` under the percent rule: ``[pred]`` when it holds
+    no percentage; else ``[number, value]``, each percentage ``X%`` (math-verify's
+    ``X * UnevaluatedExpr(1/100)``; with ``percent``, the whole answer) read as ``X`` and as
+    ``X/100``. Items that are not SymPy expressions (math-verify's string form) are kept as they are."""
     from sympy import Basic, Mul, Rational, UnevaluatedExpr
+    from sympy.core.relational import Relational
 
-    if not isinstance(expr, Basic):
-        return expr
-    percent = UnevaluatedExpr(Rational(1, 100))
+    mark = UnevaluatedExpr(Rational(1, 100))
 
     def is_percentage(e) -> bool:
-        return isinstance(e, Mul) and len(e.args) == 2 and e.args[1] == percent
+        return isinstance(e, Mul) and len(e.args) == 2 and e.args[1] == mark
 
-    return expr.replace(is_percentage, lambda e: e.args[0])
+    def read(expr, scale):
+        if not isinstance(expr, Basic):
+            return expr
+        expr = expr.replace(is_percentage, lambda e: e.args[0] * scale)
+        if not percent or scale == 1:
+            return expr
+        if isinstance(expr, Relational):
+            return expr.func(expr.lhs, expr.rhs * scale, evaluate=False)
+        return expr * scale
+
+    if not percent and not any(isinstance(p, Basic) and p.has(mark) for p in pred):
+        return [pred]
+    return [[read(p, 1) for p in pred], [read(p, Rational(1, 100)) for p in pred]]
 
 
 def score(completion: str, gold: str) -> float:
@@ -440,8 +545,8 @@ def score(completion: str, gold: str) -> float:
         if found is None:
             return 0.0
         kind, text = found
-        text = _normalize(text, kind)
-        return 1.0 if text and _judge(kind, text, gold_parsed) else 0.0
+        text, percent = _normalize(text, kind)
+        return 1.0 if text and _judge(kind, text, gold_parsed, percent) else 0.0
     except Exception:  # math-verify / SymPy errors on odd input (KeyboardInterrupt still propagates)
         _log.debug("score: error while judging a completion; scored 0", exc_info=True)
         return 0.0
