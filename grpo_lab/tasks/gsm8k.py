@@ -385,9 +385,8 @@ def _normalize(text: str, kind: str) -> tuple[str, bool]:
     text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}").translate(_CURRENCY)
     text = _LATEX_COMMA.sub(",", text)
     text = _GROUPED.sub(lambda m: re.sub(_SEP, "", m.group(0)), text)
-    text = _mixed_numbers(text)
+    text = _mixed_numbers(_TRAILING_PUNCT.sub("", text))
     text = _TEXT_PERCENT.sub(lambda m: m.group(1) + "\\%", text)
-    text = _TRAILING_PUNCT.sub("", text)
     percent = bool(_TRAILING_PERCENT.search(text))
     text = _TRAILING_PERCENT.sub("", text)
     return text.strip(), percent
