@@ -74,7 +74,7 @@ def test_every_form_scores_one_with_the_right_value(form):
             assert score(_completion(form, text), gold) == 1.0, (form, text, gold)
 
 
-_GOLDS = st.one_of(st.integers(-50, 20000).map(str),
+_GOLDS = st.one_of(st.integers(1, 60).map(str), st.integers(-50, 20000).map(str),
                    st.decimals(min_value=0, max_value=1000, places=2).map(lambda d: format(d, "f")))
 _STEPS = st.sampled_from([Fraction(1), Fraction(-1), Fraction(1, 100), Fraction(-1, 100), Fraction(1, 2),
                           Fraction(10), Fraction(-10), Fraction(1000), Fraction(1, 10)])
@@ -99,7 +99,12 @@ def _wrong_answers(draw):
     else:
         den = draw(st.integers(2, 60))
         num = draw(st.integers(1, den - 1))
-        whole = int(g) if g.denominator == 1 and g >= 0 and draw(st.booleans()) else draw(st.integers(0, 300))
+        whole = draw(st.integers(0, 300))
+        role = draw(st.sampled_from(["whole", "numerator", "neither"])) if g.denominator == 1 and g >= 1 else "neither"
+        if role == "whole":  # the gold as the whole part: 4 4/9 against 4
+            whole = int(g)
+        elif role == "numerator":  # the gold as the numerator (math-verify 0.9.0 reads 2 1/2 as 1)
+            num, den = int(g), int(g) + draw(st.integers(1, 60))
         extra = (whole, num, den)
     form = draw(st.sampled_from(FORMS))
     texts = _texts(kind, w, extra, form)
