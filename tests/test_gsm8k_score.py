@@ -380,7 +380,7 @@ def test_unit_words_end_the_answer_to_be_exempt():
 
 
 # ------------------------------------------------------------------------------ bad gold input
-@pytest.mark.parametrize("gold", ["", "abc", "18 dollars", "$18", "1,23", "1/2", "\\frac{1}{2}", "18\n19", "--3"])
+@pytest.mark.parametrize("gold", ["", "abc", "18 dollars", "$18", "1,23", "0,111", "1/2", "\\frac{1}{2}", "18\n19", "--3"])
 def test_unparseable_gold_raises_naming_it(gold):
     with pytest.raises(ValueError, match=re.escape(repr(gold)[:60]) + ".*not a GSM8K final answer"):
         score(r"\boxed{18}", gold)

@@ -27,15 +27,33 @@ there, the ``####`` text is read as LaTeX instead, so ``#### \\frac{1}{2}`` work
 ``eval``-ed. What math-verify decides, and we keep:
 
 * an equation is judged by the right-hand side of its last ``=``: ``\\boxed{x = 5}`` and
-  ``\\boxed{2+3=5}`` equal 5 (the left side is not checked, so ``\\boxed{2+3=6}`` equals 6),
-  ``\\boxed{5 = x}`` does not (its right side is the symbol ``x``);
+  ``\\boxed{2+3=5}`` equal 5, ``\\boxed{5 = x}`` does not (its right side is the symbol ``x``);
 * an unevaluated expression counts by its value: ``\\boxed{2+3}`` equals 5;
-* a ``####`` line is read as a number by math-verify, which keeps the *last* number it finds:
-  ``#### 17 18`` and ``#### 18 apples and 3 pears`` equal 18 and 3, not the first number;
 * ``\\boxed{(1,234)}`` is an interval, not 1234; ``\\boxed{18 dollars}`` (no ``\\text``) is 18 times a
   product of symbols and ``\\boxed{\\text{18 dollars}}`` one symbol: neither equals 18.
 
 What we add before math-verify sees the answer (:data:`FLOAT_ROUNDING` and the normalisation):
+
+* **one answer**: every two neighbouring numbers of the answer must be joined by an operator or a
+  relation (``3 \\cdot 6 = 18``, ``\\frac{1}{2}``, ``50 \\text{ cm}^2``); numbers joined only by words,
+  commas, spaces or arrows list several candidates, a hedge, and score 0 against every gold:
+  ``#### 18 or 20``, ``#### 18, 20``, ``#### 18 (not 20)``, ``#### 18 -> 20``, ``#### 17 18``,
+  ``#### 18 apples and 3 pears`` (math-verify alone counts the last number of a ``####`` line, so
+  each of these equalled its last number);
+* **true equations**: sides of an equation that are plain numbers (no letters, no percent) must
+  all equal the last one, so ``\\boxed{3 \\cdot 6 = 20}`` and ``\\boxed{2+3=6}`` score 0 (math-verify
+  alone judges the right-hand side only), while ``\\boxed{3 \\cdot 6 = 18}`` and ``x = 5`` count;
+* **mixed numbers**: ``a b/c`` and ``a \\frac{b}{c}`` (also ``a\\frac{b}{c}``, a LaTeX space between)
+  are ``a + b/c``, written as the one fraction before math-verify sees them (``-4 4/9`` is
+  ``-40/9``); one whose fraction is not proper (``4 0/0``, ``4 4/0``, ``11 6/6``, ``11 7/6``)
+  scores 0. math-verify 0.9.0 reads ``#### 4 4/9`` as 4 and ``#### 2 1/2`` as 1 (a false
+  positive each), and ``\\boxed{4 4/9}`` as 4·4/9;
+* sentence punctuation ending the answer is dropped (``\\boxed{42.}``, ``5 \\text{ cm}.``; not an
+  ellipsis); ``14{,}916`` and ``16,\\!386`` are thousands separators; ``€``, ``£``, ``¥`` are dropped
+  as ``\\$`` is;
+* a ``####`` answer holding LaTeX that changes a number's value (``\\frac``, ``\\sqrt``, ``\\cdot``,
+  ``\\times``, ``\\div``, a power other than a degree sign) is read as LaTeX: math-verify's
+  plain-number reading finds 4 in ``4\\sqrt{2}`` and 2 in ``2^{10}``;
 
 * numbers are compared to :data:`FLOAT_ROUNDING` = 10 decimal places, not math-verify's default 6,
   under which 0.0000001 and 0.0000002 are "equal";
@@ -45,31 +63,29 @@ What we add before math-verify sees the answer (:data:`FLOAT_ROUNDING` and the n
   in ``#### −3 degrees``, does not see it), and ``°`` is ``^{\\circ}`` (math-verify reads
   ``\\boxed{30^\\circ}`` as 30 but finds nothing in ``\\boxed{30°}``).
 
-**The percent rule: a percent sign is a unit, so "p %" equals the gold p.** GSM8K writes the
-answer to a percent question as the plain number before the sign (a question whose answer is
-28% has the gold ``28``). math-verify reads ``25\\%``, ``25%``, ``25 percent``, ``25 pct`` and
-``25\\text{percent}`` as the number 25 marked as a percentage (25·(1/100)); :func:`score` compares the
-number before the sign (25, and 12.5 for ``12.5\\%``) with the gold, wherever the percentage stands
-(``x = 25\\%`` too); a trailing sign is also dropped from the text first, so that ``1,234\\%`` is
-read as 1234 (math-verify reads ``1,234\\%`` as the set {1, 2.34}). ``25 \\text{ percent}`` is 25 in
-math-verify already. So ``\\boxed{25 percent}``, ``\\boxed{12.5 percent}``, ``\\boxed{25 pct}`` and
-``#### 25 percent`` equal the golds 25 and 12.5, and no other gold. Where math-verify's own verdict
-differs, deliberately:
+**The percent rule: "p %" equals the gold p and the gold p/100, and no other gold.** GSM8K
+writes the answer to a percent question as the plain number before the sign (a question whose
+answer is 28% has the gold ``28``); math-verify 0.9.0 parses ``28\\%``, ``28%``, ``28 percent``,
+``28 pct``, ``28 percentage`` and ``28\\text{percent}`` as the number 28 marked as a percentage
+(``28 * UnevaluatedExpr(1/100)``), which it lets equal the gold 0.28 (its value) and, for an
+integer, the gold 28. :func:`score` reads every such percentage both ways, integer or decimal,
+wherever it stands (``x = 25\\%`` too): ``\\boxed{28\\%}`` and ``#### 28%`` equal the golds 28 and
+0.28; ``\\boxed{12.5\\%}`` equals 12.5 and 0.125; none equals 27, 2.8 or 280. A trailing sign is
+dropped from the text first (and the two readings applied to the whole answer), so that
+``1,234\\%`` is read as 1234 % (math-verify reads ``1,234\\%`` as the set {1, 2.34}).
+``25 \\text{ percent}`` is 25 in math-verify already (a unit), and also equals 0.25 here. Where
+math-verify's own verdict differs, deliberately:
 
-* math-verify lets an integer percentage equal its number (``25\\%`` equals 25) but compares a
-  decimal one by its value (``12.5\\%`` is 0.125, so it does not equal the gold 12.5): here both
-  equal their number, as GSM8K's golds need;
-* math-verify lets ``25\\%`` equal the gold 0.25 too (a percentage against a decimal gold is
-  compared by value); here it does not: one answer has one reading, and a GSM8K gold 0.25 is the
-  answer "0.25", not "25%".
+* a decimal percentage equals its number too (``12.5\\%`` equals the gold 12.5; math-verify
+  compares a decimal percentage by its value only), as GSM8K's golds need;
 * a text group that holds exactly one number and a percent marker, ``\\text{28 percent}``,
   ``\\text{28\\%}``, ``\\mbox{12.5 pct}`` (``%``, ``\\%``, ``percent``, ``percentage``, ``pct``;
-  ``Percent`` too), is rewritten to ``28\\%`` before math-verify sees it, so it equals the gold 28
-  (math-verify reads the whole group as one symbol, ``28\\%``, equal to no number). This cannot
-  create a false positive: the rewrite keeps the written number digit for digit, and the answer
-  is then judged as ``28\\%`` is, equal to the gold 28 and to nothing else (not 27, not 0.28).
-  Other text groups with a number inside (``\\text{18 dollars}``, ``\\text{30 degrees}``) keep
-  math-verify's verdict: one symbol, equal to no number.
+  ``Percent`` too), is rewritten to ``28\\%`` before math-verify sees it, so it equals the golds 28
+  and 0.28 (math-verify reads the whole group as one symbol, equal to no number). The rewrite
+  keeps the written number digit for digit. Other text groups with a number inside
+  (``\\text{18 dollars}``, ``\\text{30 degrees}``) keep math-verify's verdict: one symbol, equal to
+  no number;
+* a percent sign outside the box is not read: ``\\boxed{28} pct`` is 28, not 0.28.
 
 **Decorations.** Degrees (``30^\\circ``, ``30^{\\circ}``, ``30^\\circ\\text{C}``), percent signs,
 ``\\text{...}`` / ``\\mbox{...}`` unit words (``\\text{ dollars}``, ``\\text{ cm}^2``, ``\\text{ km/h}``),
@@ -87,15 +103,21 @@ the same after ``####``, read as a plain number, equal 18, 3 and 25). The tests 
 :func:`score` with math-verify called directly on a table of such answers, boxed and after
 ``####``, against right and wrong golds.
 
-**Known false positives** (math-verify's readings, kept; left for a later change):
+**Math-Verify's own tests** (``tests/test_gsm8k_math_verify_table.py``): every
+gold-versus-prediction case of huggingface/Math-Verify's test suite whose gold is a decimal
+number, written as a boxed and as a ``####`` completion, gets the verdict Math-Verify's test
+expects, except these deliberate differences:
 
-* a mixed number after ``####`` is read as its whole part, so ``#### 4 4/9`` and
-  ``#### 4 \\frac{4}{9}`` equal 4 (in a box, ``4 \\frac{4}{9}`` is 40/9, and ``4 4/9`` is 4·4/9);
-* a ``####`` line with several numbers counts its last, whatever the words around it say:
-  ``#### 18 (not 20)``, ``#### 18, 20``, ``#### 18 or 20`` and ``#### 18 -> 20`` all equal the gold
-  20 (and not 18);
-* an equation is judged by its right-hand side alone, so a wrong left side is not caught:
-  ``\\boxed{3 \\cdot 6 = 20}`` equals the gold 20 (and not 18).
+* in a box, a comma that is not a thousands separator separates a list (math-verify's LaTeX
+  reading), so the decimal commas ``\\boxed{1000,99}`` and ``\\boxed{2,74 $}`` are not 1000.99 and
+  2.74 (after ``####`` they are);
+* in a box, a unit outside ``\\text`` is a symbol: ``\\boxed{1,000.99m²}`` is not 1000.99 (after
+  ``####`` it is), as ``\\boxed{18 dollars}`` is not 18;
+* the answer is the box's content or the ``####`` line, not a ``$...$`` span: Math-Verify's rule
+  that inline math may not span lines does not apply to ``\\boxed{\\n 9 \\n}`` (it is 9);
+* a ``####`` answer ends at its line break, and a box is read as LaTeX: ``11\\n5/6`` is 11
+  (``####``) or 55/6 (box), not 5 as math-verify's plain-number reading has it;
+* one answer: ``4 4/9 2`` (a mixed number and another number) is a hedge, not 2.
 
 **Timeouts and threads.** math-verify bounds its own run time with ``signal.alarm``, which only
 works in the main thread (elsewhere it raises ``ValueError``), and which cancels any alarm the
@@ -134,8 +156,9 @@ __all__ = ["GOLD_RE", "FLOAT_ROUNDING", "MAX_ANSWER_CHARS", "MAX_FREE_LETTERS", 
            "DEFAULT_INSTRUCTION", "GSM8KTask"]
 
 #: The form of a GSM8K final answer (the text after ``####``): an optionally signed decimal
-#: number, with or without comma thousands separators (``18``, ``-3``, ``1234``, ``1,234``, ``0.5``).
-GOLD_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+#: number, with or without comma thousands separators (``18``, ``-3``, ``1234``, ``1,234``, ``0.5``;
+#: not ``0,111``, which math-verify would read as the decimal 0.111).
+GOLD_RE = re.compile(r"[+-]?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
 #: Decimal places to which math-verify rounds floats before comparing them (its default is 6).
 FLOAT_ROUNDING = 10
@@ -515,9 +538,10 @@ def score(completion: str, gold: str) -> float:
     """The GSM8K outcome reward: 1.0 if the completion's final answer equals ``gold``, else 0.0.
 
     The answer is found by :func:`extract_answer` (last box or ``####`` line) and judged with
-    math-verify as the module docstring describes (equations by their right-hand side, numbers to
-    :data:`FLOAT_ROUNDING` decimal places, units and ``\\$`` ignored, answers that could not be
-    judged in bounded time score 0). Safe in any thread or process; never evaluates the text.
+    math-verify as the module docstring describes (equations by their right-hand side, their
+    numeric sides checked; one answer, not a hedge; mixed numbers as ``a + b/c``; percents by the
+    percent rule; numbers to :data:`FLOAT_ROUNDING` decimal places, units and ``\\$`` ignored;
+    answers that could not be judged in bounded time score 0). Safe in any thread or process; never evaluates the text.
 
     Args:
         completion: the completion only, **not** the prompt followed by the completion: a boxed
