@@ -165,11 +165,13 @@ def test_thousands_grouped_by_a_space():
 
 def test_equations_are_judged_by_their_right_hand_side():
     # math-verify judges an equation by the right side of its last "=": "x = 5" is 5, and so is
-    # "2+3=5"; "5 = x" is x, not 5. The left side is not checked: "2+3=6" counts as 6.
+    # "2+3=5"; "5 = x" is x, not 5. Sides that are plain numbers must agree: "2+3=6" is refused
+    # (math-verify alone would count it as 6).
     assert score(r"\boxed{x = 5}", "5") == 1.0
     assert score(r"\boxed{5 = x}", "5") == 0.0
     assert score(r"\boxed{2+3=5}", "5") == 1.0
-    assert score(r"\boxed{2+3=6}", "6") == 1.0
+    assert score(r"\boxed{2+3=6}", "6") == 0.0 and score(r"\boxed{2+3=6}", "5") == 0.0
+    assert score("#### 9*2 = 18", "18") == 1.0 and score("#### 9*2 = 19", "19") == 0.0
     # an unevaluated expression counts by its value
     assert score(r"\boxed{2+3}", "5") == 1.0
 
@@ -236,15 +238,17 @@ def test_units_math_verify_does_not_read():
 
 def test_percent_is_a_unit():
     # The module's percent rule: "p %" equals the gold p (GSM8K writes a percent answer as its
-    # number), in every form math-verify reads as a percentage, integer or decimal, and only p.
+    # number) and the gold p/100 (its value, as math-verify reads it), in every form math-verify
+    # reads as a percentage, integer or decimal, and no other gold.
     for answer in (r"\boxed{25\%}", r"\boxed{25 \text{ percent}}", "#### 25%", r"\boxed{25\text{percent}}",
                    "#### 25 percent", r"\boxed{x = 25\%}", r"\boxed{25\%\text{ off}}", r"\boxed{1,234\%}"):
         gold = "1234" if "1,234" in answer else "25"
         assert score(answer, gold) == 1.0, answer
     assert score(r"\boxed{12.5\%}", "12.5") == 1.0 and score("#### 12.5%", "12.5") == 1.0
-    assert score(r"\boxed{25\%}", "0.25") == 0.0 and score("#### 25%", "0.25") == 0.0
-    assert score(r"\boxed{12.5\%}", "0.125") == 0.0
-    assert score(r"\boxed{25\%}", "26") == 0.0
+    assert score(r"\boxed{25\%}", "0.25") == 1.0 and score("#### 25%", "0.25") == 1.0
+    assert score(r"\boxed{12.5\%}", "0.125") == 1.0 and score(r"\boxed{x = 25\%}", "0.25") == 1.0
+    for wrong in ("26", "2.5", "0.025", "2500", "0.26"):
+        assert score(r"\boxed{25\%}", wrong) == 0.0 and score("#### 25 percent", wrong) == 0.0, wrong
 
 
 # -------------------------------------------------- decorations: math-verify's own verdict
@@ -286,17 +290,16 @@ DECORATED = [
     (r"\mbox{12.5 pct}", ("12.5", "0.125")), (r"\text{30 degrees}", ("30",)), (r"\text{5 hours}", ("5",)),
 ]
 # The module docstring's deliberate differences from math-verify: the percent rule (p % equals the
-# gold p, never p / 100; a text group of one number and a percent marker is p %) and the degree
-# sign ° read as ^\circ.
-DELIBERATE = {("boxed", r"25\%", "0.25"): 0.0, ("boxed", "25%", "0.25"): 0.0, ("####", "25%", "0.25"): 0.0,
-              ("boxed", r"25\text{percent}", "0.25"): 0.0, ("boxed", r"12.5\%", "12.5"): 1.0,
-              ("boxed", r"12.5\%", "0.125"): 0.0,
-              **{(kind, "25 percent", "0.25"): 0.0 for kind in ("boxed", "####")},
+# gold p and the gold p / 100, a decimal p too; a text group of one number and a percent marker
+# is p %) and the degree sign ° read as ^\circ.
+DELIBERATE = {("boxed", r"12.5\%", "12.5"): 1.0,
+              # math-verify's plain-number reading of a #### line does not see an escaped percent sign
+              ("####", r"25\%", "0.25"): 1.0, ("####", r"12.5\%", "0.125"): 1.0,
               **{(kind, "12.5 percent", "12.5"): 1.0 for kind in ("boxed", "####")},
-              **{(kind, "12.5 percent", "0.125"): 0.0 for kind in ("boxed", "####")},
-              **{(kind, text, text[6:8]): 1.0 for kind in ("boxed", "####")
-                 for text in (r"\text{28 percent}", r"\text{28\%}", r"\text{25\%}")},
-              **{(kind, r"\mbox{12.5 pct}", "12.5"): 1.0 for kind in ("boxed", "####")}}
+              **{(kind, text, gold): 1.0 for kind in ("boxed", "####")
+                 for text in (r"\text{28 percent}", r"\text{28\%}", r"\text{25\%}")
+                 for gold in (text[6:8], "0." + text[6:8])},
+              **{(kind, r"\mbox{12.5 pct}", gold): 1.0 for kind in ("boxed", "####") for gold in ("12.5", "0.125")}}
 CASES = [(kind, answer, gold) for answer, golds in DECORATED for gold in golds for kind in ("boxed", "####")]
 
 
@@ -330,17 +333,26 @@ def test_decorations_pass_the_guard_but_powers_still_do_not():
         assert not gsm8k._bounded(text, latex=True), text
 
 
-def test_mixed_numbers_after_the_marker_are_false_positives():
-    # known, documented (issue 37): math-verify reads a mixed number on a #### line as its whole part
-    assert score("#### 4 4/9", "4") == 1.0 and score(r"#### 4 \frac{4}{9}", "4") == 1.0
+def test_mixed_numbers_are_whole_plus_fraction():
+    # issue 37: math-verify 0.9.0 reads a mixed number on a #### line as its whole part (4 4/9 = 4) and
+    # 4 4/9 in a box as 4*4/9; here both are 4 + 4/9, and an improper one is refused
+    for text in ("4 4/9", r"4 \frac{4}{9}", r"4\frac{4}{9}", r"4\,\tfrac{4}{9}"):
+        for completion in ("#### " + text, r"\boxed{%s}" % text):
+            assert score(completion, "4") == 0.0 and score(completion, "4.4444444444") == 1.0, completion
+    assert score("#### -2 1/2", "-2.5") == 1.0 and score("#### 2 1/2", "1") == 0.0
+    assert score("#### 1 000 1/2", "1000.5") == 1.0 and score("#### 4 400/800", "4.5") == 1.0
+    for bad, golds in (("4 0/0", ("4", "0")), ("0 0/0", ("0",)), ("4 4/0", ("4", "0")), ("11 7/6", ("11", "12"))):
+        assert all(score("#### " + bad, g) == 0.0 for g in golds), bad
 
 
 @pytest.mark.parametrize("completion", ["#### 18 (not 20)", "#### 18, 20", "#### 18 or 20", "#### 18 -> 20",
-                                        r"\boxed{3 \cdot 6 = 20}"])
-def test_known_false_positives_of_math_verify(completion):
-    # documented, kept for now: a #### line counts its last number, an equation its right-hand side,
-    # whatever else the answer says; so each equals 20 and not 18. A fix must update the docstring.
-    assert score(completion, "20") == 1.0 and score(completion, "18") == 0.0
+                                        r"\boxed{3 \cdot 6 = 20}", r"\boxed{18 \text{ or } 20}", "#### 18 20",
+                                        r"\boxed{x = 18, x = 20}", r"#### 18 \Rightarrow 20", "#### 18 => 20"])
+def test_hedges_and_false_equations_score_zero(completion):
+    # the previous session's pinned false positives (math-verify counts a #### line's last number and
+    # an equation's right-hand side): a hedge between two numbers is not one answer, and an equation
+    # whose numeric sides differ is false; neither equals 18 nor 20
+    assert score(completion, "20") == 0.0 and score(completion, "18") == 0.0
 
 
 def test_a_text_group_of_a_number_and_a_percent_marker_is_that_percentage():
@@ -350,7 +362,8 @@ def test_a_text_group_of_a_number_and_a_percent_marker_is_that_percentage():
         for form in (r"\boxed{%s}", "#### %s"):
             completion = form % text
             assert score(completion, "28") == 1.0, completion
-            for wrong in ("27", "0.28", "2.8", "280"):
+            assert score(completion, "0.28") == 1.0, completion  # its value, as the percent rule reads it
+            for wrong in ("27", "2.8", "280", "0.27"):
                 assert score(completion, wrong) == 0.0, (completion, wrong)
     assert score(r"\boxed{\text{12.5 percent}}", "12.5") == 1.0 and score(r"\boxed{\text{12.5 percent}}", "12") == 0.0
     assert score(r"\boxed{\text{1,234\%}}", "1234") == 1.0 and score(r"\boxed{\text{-3 percent}}", "3") == 0.0
@@ -367,7 +380,7 @@ def test_unit_words_end_the_answer_to_be_exempt():
 
 
 # ------------------------------------------------------------------------------ bad gold input
-@pytest.mark.parametrize("gold", ["", "abc", "18 dollars", "$18", "1,23", "1/2", "\\frac{1}{2}", "18\n19", "--3"])
+@pytest.mark.parametrize("gold", ["", "abc", "18 dollars", "$18", "1,23", "0,111", "1/2", "\\frac{1}{2}", "18\n19", "--3"])
 def test_unparseable_gold_raises_naming_it(gold):
     with pytest.raises(ValueError, match=re.escape(repr(gold)[:60]) + ".*not a GSM8K final answer"):
         score(r"\boxed{18}", gold)
@@ -585,7 +598,9 @@ def test_load_fixture_rejects_bad_lines(tmp_path, line, message):
         load_fixture(path)
 
 
-def test_a_hash_line_with_several_numbers_counts_its_last():
-    # documented behaviour of math-verify's number reading, kept: the last number of a #### line is the answer
-    assert score("#### 17 18", "18") == 1.0 and score("#### 17 18", "17") == 0.0
-    assert score("#### 18 apples and 3 pears", "3") == 1.0 and score("#### 18 apples and 3 pears", "18") == 0.0
+def test_a_hash_line_with_several_numbers_is_no_answer():
+    # math-verify's number reading counts the last number of a #### line; several numbers not joined
+    # by an operator are a hedge here, so none of them counts (issue 37)
+    for completion in ("#### 17 18", "#### 18 apples and 3 pears"):
+        assert score(completion, "18") == 0.0 and score(completion, "17") == 0.0 and score(completion, "3") == 0.0
+    assert score("#### 18 apples", "18") == 1.0 and score("#### 3 * 6 = 18 apples", "18") == 1.0

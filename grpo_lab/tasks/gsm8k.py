@@ -27,15 +27,33 @@ there, the ``####`` text is read as LaTeX instead, so ``#### \\frac{1}{2}`` work
 ``eval``-ed. What math-verify decides, and we keep:
 
 * an equation is judged by the right-hand side of its last ``=``: ``\\boxed{x = 5}`` and
-  ``\\boxed{2+3=5}`` equal 5 (the left side is not checked, so ``\\boxed{2+3=6}`` equals 6),
-  ``\\boxed{5 = x}`` does not (its right side is the symbol ``x``);
+  ``\\boxed{2+3=5}`` equal 5, ``\\boxed{5 = x}`` does not (its right side is the symbol ``x``);
 * an unevaluated expression counts by its value: ``\\boxed{2+3}`` equals 5;
-* a ``####`` line is read as a number by math-verify, which keeps the *last* number it finds:
-  ``#### 17 18`` and ``#### 18 apples and 3 pears`` equal 18 and 3, not the first number;
 * ``\\boxed{(1,234)}`` is an interval, not 1234; ``\\boxed{18 dollars}`` (no ``\\text``) is 18 times a
   product of symbols and ``\\boxed{\\text{18 dollars}}`` one symbol: neither equals 18.
 
 What we add before math-verify sees the answer (:data:`FLOAT_ROUNDING` and the normalisation):
+
+* **one answer**: every two neighbouring numbers of the answer must be joined by an operator or a
+  relation (``3 \\cdot 6 = 18``, ``\\frac{1}{2}``, ``50 \\text{ cm}^2``); numbers joined only by words,
+  commas, spaces or arrows list several candidates, a hedge, and score 0 against every gold:
+  ``#### 18 or 20``, ``#### 18, 20``, ``#### 18 (not 20)``, ``#### 18 -> 20``, ``#### 17 18``,
+  ``#### 18 apples and 3 pears`` (math-verify alone counts the last number of a ``####`` line, so
+  each of these equalled its last number);
+* **true equations**: sides of an equation that are plain numbers (no letters, no percent) must
+  all equal the last one, so ``\\boxed{3 \\cdot 6 = 20}`` and ``\\boxed{2+3=6}`` score 0 (math-verify
+  alone judges the right-hand side only), while ``\\boxed{3 \\cdot 6 = 18}`` and ``x = 5`` count;
+* **mixed numbers**: ``a b/c`` and ``a \\frac{b}{c}`` (also ``a\\frac{b}{c}``, a LaTeX space between)
+  are ``a + b/c``, written as the one fraction before math-verify sees them (``-4 4/9`` is
+  ``-40/9``); one whose fraction is not proper (``4 0/0``, ``4 4/0``, ``11 6/6``, ``11 7/6``)
+  scores 0. math-verify 0.9.0 reads ``#### 4 4/9`` as 4 and ``#### 2 1/2`` as 1 (a false
+  positive each), and ``\\boxed{4 4/9}`` as 4·4/9;
+* sentence punctuation ending the answer is dropped (``\\boxed{42.}``, ``5 \\text{ cm}.``; not an
+  ellipsis); ``14{,}916`` and ``16,\\!386`` are thousands separators; ``€``, ``£``, ``¥`` are dropped
+  as ``\\$`` is;
+* a ``####`` answer holding LaTeX that changes a number's value (``\\frac``, ``\\sqrt``, ``\\cdot``,
+  ``\\times``, ``\\div``, a power other than a degree sign) is read as LaTeX: math-verify's
+  plain-number reading finds 4 in ``4\\sqrt{2}`` and 2 in ``2^{10}``;
 
 * numbers are compared to :data:`FLOAT_ROUNDING` = 10 decimal places, not math-verify's default 6,
   under which 0.0000001 and 0.0000002 are "equal";
@@ -45,31 +63,29 @@ What we add before math-verify sees the answer (:data:`FLOAT_ROUNDING` and the n
   in ``#### −3 degrees``, does not see it), and ``°`` is ``^{\\circ}`` (math-verify reads
   ``\\boxed{30^\\circ}`` as 30 but finds nothing in ``\\boxed{30°}``).
 
-**The percent rule: a percent sign is a unit, so "p %" equals the gold p.** GSM8K writes the
-answer to a percent question as the plain number before the sign (a question whose answer is
-28% has the gold ``28``). math-verify reads ``25\\%``, ``25%``, ``25 percent``, ``25 pct`` and
-``25\\text{percent}`` as the number 25 marked as a percentage (25·(1/100)); :func:`score` compares the
-number before the sign (25, and 12.5 for ``12.5\\%``) with the gold, wherever the percentage stands
-(``x = 25\\%`` too); a trailing sign is also dropped from the text first, so that ``1,234\\%`` is
-read as 1234 (math-verify reads ``1,234\\%`` as the set {1, 2.34}). ``25 \\text{ percent}`` is 25 in
-math-verify already. So ``\\boxed{25 percent}``, ``\\boxed{12.5 percent}``, ``\\boxed{25 pct}`` and
-``#### 25 percent`` equal the golds 25 and 12.5, and no other gold. Where math-verify's own verdict
-differs, deliberately:
+**The percent rule: "p %" equals the gold p and the gold p/100, and no other gold.** GSM8K
+writes the answer to a percent question as the plain number before the sign (a question whose
+answer is 28% has the gold ``28``); math-verify 0.9.0 parses ``28\\%``, ``28%``, ``28 percent``,
+``28 pct``, ``28 percentage`` and ``28\\text{percent}`` as the number 28 marked as a percentage
+(``28 * UnevaluatedExpr(1/100)``), which it lets equal the gold 0.28 (its value) and, for an
+integer, the gold 28. :func:`score` reads every such percentage both ways, integer or decimal,
+wherever it stands (``x = 25\\%`` too): ``\\boxed{28\\%}`` and ``#### 28%`` equal the golds 28 and
+0.28; ``\\boxed{12.5\\%}`` equals 12.5 and 0.125; none equals 27, 2.8 or 280. A trailing sign is
+dropped from the text first (and the two readings applied to the whole answer), so that
+``1,234\\%`` is read as 1234 % (math-verify reads ``1,234\\%`` as the set {1, 2.34}).
+``25 \\text{ percent}`` is 25 in math-verify already (a unit), and also equals 0.25 here. Where
+math-verify's own verdict differs, deliberately:
 
-* math-verify lets an integer percentage equal its number (``25\\%`` equals 25) but compares a
-  decimal one by its value (``12.5\\%`` is 0.125, so it does not equal the gold 12.5): here both
-  equal their number, as GSM8K's golds need;
-* math-verify lets ``25\\%`` equal the gold 0.25 too (a percentage against a decimal gold is
-  compared by value); here it does not: one answer has one reading, and a GSM8K gold 0.25 is the
-  answer "0.25", not "25%".
+* a decimal percentage equals its number too (``12.5\\%`` equals the gold 12.5; math-verify
+  compares a decimal percentage by its value only), as GSM8K's golds need;
 * a text group that holds exactly one number and a percent marker, ``\\text{28 percent}``,
   ``\\text{28\\%}``, ``\\mbox{12.5 pct}`` (``%``, ``\\%``, ``percent``, ``percentage``, ``pct``;
-  ``Percent`` too), is rewritten to ``28\\%`` before math-verify sees it, so it equals the gold 28
-  (math-verify reads the whole group as one symbol, ``28\\%``, equal to no number). This cannot
-  create a false positive: the rewrite keeps the written number digit for digit, and the answer
-  is then judged as ``28\\%`` is, equal to the gold 28 and to nothing else (not 27, not 0.28).
-  Other text groups with a number inside (``\\text{18 dollars}``, ``\\text{30 degrees}``) keep
-  math-verify's verdict: one symbol, equal to no number.
+  ``Percent`` too), is rewritten to ``28\\%`` before math-verify sees it, so it equals the golds 28
+  and 0.28 (math-verify reads the whole group as one symbol, equal to no number). The rewrite
+  keeps the written number digit for digit. Other text groups with a number inside
+  (``\\text{18 dollars}``, ``\\text{30 degrees}``) keep math-verify's verdict: one symbol, equal to
+  no number;
+* a percent sign outside the box is not read: ``\\boxed{28} pct`` is 28, not 0.28.
 
 **Decorations.** Degrees (``30^\\circ``, ``30^{\\circ}``, ``30^\\circ\\text{C}``), percent signs,
 ``\\text{...}`` / ``\\mbox{...}`` unit words (``\\text{ dollars}``, ``\\text{ cm}^2``, ``\\text{ km/h}``),
@@ -87,15 +103,21 @@ the same after ``####``, read as a plain number, equal 18, 3 and 25). The tests 
 :func:`score` with math-verify called directly on a table of such answers, boxed and after
 ``####``, against right and wrong golds.
 
-**Known false positives** (math-verify's readings, kept; left for a later change):
+**Math-Verify's own tests** (``tests/test_gsm8k_math_verify_table.py``): every
+gold-versus-prediction case of huggingface/Math-Verify's test suite whose gold is a decimal
+number, written as a boxed and as a ``####`` completion, gets the verdict Math-Verify's test
+expects, except these deliberate differences:
 
-* a mixed number after ``####`` is read as its whole part, so ``#### 4 4/9`` and
-  ``#### 4 \\frac{4}{9}`` equal 4 (in a box, ``4 \\frac{4}{9}`` is 40/9, and ``4 4/9`` is 4·4/9);
-* a ``####`` line with several numbers counts its last, whatever the words around it say:
-  ``#### 18 (not 20)``, ``#### 18, 20``, ``#### 18 or 20`` and ``#### 18 -> 20`` all equal the gold
-  20 (and not 18);
-* an equation is judged by its right-hand side alone, so a wrong left side is not caught:
-  ``\\boxed{3 \\cdot 6 = 20}`` equals the gold 20 (and not 18).
+* in a box, a comma that is not a thousands separator separates a list (math-verify's LaTeX
+  reading), so the decimal commas ``\\boxed{1000,99}`` and ``\\boxed{2,74 $}`` are not 1000.99 and
+  2.74 (after ``####`` they are);
+* in a box, a unit outside ``\\text`` is a symbol: ``\\boxed{1,000.99m²}`` is not 1000.99 (after
+  ``####`` it is), as ``\\boxed{18 dollars}`` is not 18;
+* the answer is the box's content or the ``####`` line, not a ``$...$`` span: Math-Verify's rule
+  that inline math may not span lines does not apply to ``\\boxed{\\n 9 \\n}`` (it is 9);
+* a ``####`` answer ends at its line break, and a box is read as LaTeX: ``11\\n5/6`` is 11
+  (``####``) or 55/6 (box), not 5 as math-verify's plain-number reading has it;
+* one answer: ``4 4/9 2`` (a mixed number and another number) is a hedge, not 2.
 
 **Timeouts and threads.** math-verify bounds its own run time with ``signal.alarm``, which only
 works in the main thread (elsewhere it raises ``ValueError``), and which cancels any alarm the
@@ -134,8 +156,9 @@ __all__ = ["GOLD_RE", "FLOAT_ROUNDING", "MAX_ANSWER_CHARS", "MAX_FREE_LETTERS", 
            "DEFAULT_INSTRUCTION", "GSM8KTask"]
 
 #: The form of a GSM8K final answer (the text after ``####``): an optionally signed decimal
-#: number, with or without comma thousands separators (``18``, ``-3``, ``1234``, ``1,234``, ``0.5``).
-GOLD_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+#: number, with or without comma thousands separators (``18``, ``-3``, ``1234``, ``1,234``, ``0.5``;
+#: not ``0,111``, which math-verify would read as the decimal 0.111).
+GOLD_RE = re.compile(r"[+-]?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
 #: Decimal places to which math-verify rounds floats before comparing them (its default is 6).
 FLOAT_ROUNDING = 10
@@ -185,8 +208,38 @@ _EXPONENT = re.compile(r"\s*(?:\{\s*[-+]?\d{1,2}\s*\}|[-+]?\d{1,2}(?![\d.]))")
 _FACTORIAL = re.compile(r"(?<!\\)!")
 # Thousands grouped by a space or a LaTeX space: 1 234, 1\,234, 1~234, 12\;345\;678.
 _SEP = r"(?:\\[,;: ]|\\thinspace\s?|~|[ \u00a0\u2009\u202f])"
-_GROUPED = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEP}\d{{3}})+(?![\d])")
+# (not before a "/": in "4 400/900" the 400 is a numerator, the mixed number 4 + 400/900)
+_GROUPED = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEP}\d{{3}})+(?![\d]|\s*/)")
 _TRAILING_PERCENT = re.compile(r"\s*\\?%\s*$")
+# Sentence punctuation ending the answer (``42.``, ``5 \text{ cm}.``); not an ellipsis.
+_TRAILING_PUNCT = re.compile(r"(?<!\.)\s*[.,;:]\s*$")
+# Thousands written ``14{,}916`` or ``16,\!386``: a plain comma.
+_LATEX_COMMA = re.compile(r"(?<=\d)(?:\{,\}|,\\!\s*)(?=\d)")
+# A mixed number: a whole part, a space (or a LaTeX space), a fraction ``b/c`` or ``\frac{b}{c}``
+# (no space needed before ``\frac``); not inside a longer number, a fraction or a command.
+_MIXED_HEAD = r"(?<![\w.,/}^\\])([-+]?)(\d+)"
+_MIXED_GAP = r"(?:[ \t\u00a0]|\\[,;: ]|~)"
+_MIXED = re.compile(_MIXED_HEAD + _MIXED_GAP + r"+(0|[1-9]\d*)[ \t]*/[ \t]*(\d+)(?![\w.,/])"
+                    + "|" + _MIXED_HEAD + _MIXED_GAP + r"*\\[dt]?frac\s*\{\s*(0|[1-9]\d*)\s*\}\s*\{\s*(\d+)\s*\}")
+# What :func:`_one_answer` reads: arrows (a change of mind, ``18 -> 20``), fractions in LaTeX
+# (``\frac12``, ``\frac{1}{2}``), numbers (``1,234.5`` and the decimal comma ``2,74`` are one
+# number), and what may join two numbers of one answer: an operator or a relation.
+_ARROW = re.compile(r"->|=>|\u2192|\u21d2|\\(?:to|rightarrow|Rightarrow|longrightarrow|implies)(?![A-Za-z])")
+_FRAC_SKELETON = re.compile(r"\\[dtc]?frac\s*(\{[^{}]*\}|\d)\s*(\{[^{}]*\}|\d)")
+_NUMBER = re.compile(r"[0-9]+(?:[.,][0-9]+)*")
+_JOINER = re.compile(r"[-+*/\u00d7\u00f7^=]|\\(?:cdot|times|div|approx|sim|simeq|sqrt)(?![A-Za-z])")
+# LaTeX that changes the value of a number written before it (``4\sqrt{2}``, ``2^{10}``,
+# ``3 \cdot 6``): a ``####`` answer holding it is read as LaTeX, not by math-verify's plain-number
+# reading (which reads ``4\sqrt{2}`` as 4). A degree sign is not such a power.
+_VALUE_LATEX = re.compile(r"\\(?:[dtc]?frac|sqrt|cdot|times|div)(?![A-Za-z])|\^(?!\s*(?:\\circ|\{\s*\\circ))")
+# Currency signs math-verify's LaTeX reading does not drop (it drops ``\$``).
+_CURRENCY = str.maketrans("", "", "\u20ac\u00a3\u00a5")
+# An ``=`` of an equation (not ``<=``, ``>=``, ``!=``, ``==``).
+_EQUALS = re.compile(r"(?<![<>!=\\])=(?!=)")
+# What a side of an equation may hold and still be a plain number (no letters are left after
+# dropping these): unit text, ``\$``, spaces and arithmetic commands.
+_NUMERIC_NOISE = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|textnormal|mathrm|mathbf|mathit|mbox)\s*\{[^{}\d]*\}"
+                            r"|\\(?:frac|dfrac|tfrac|cdot|times|div|sqrt|left|right)(?![A-Za-z])|\\.")
 # A degree sign written as a power (``^\circ``, ``^{\circ}``): not a power for the guard.
 _DEGREE = re.compile(r"\^\s*(?:\\circ(?![A-Za-z])|\{\s*\\circ\s*\})")
 # The unit words that end an answer (``5 hours``, ``3 miles per hour``, ``2 km / h`` leaves ``h``):
@@ -348,13 +401,18 @@ def parse_gold(gold: str) -> list:
 
 
 # -------------------------------------------------------------------------------- scoring
-def _normalize(text: str, kind: str) -> str:
-    """The answer as math-verify should see it (see the module docstring's list)."""
-    text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}")
+def _normalize(text: str, kind: str) -> tuple[str, bool]:
+    """``(answer, percent)``: the answer as math-verify should see it (see the module docstring's
+    list), ``""`` for one that is refused (an invalid mixed number), and whether a trailing percent
+    sign was dropped from it."""
+    text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}").translate(_CURRENCY)
+    text = _LATEX_COMMA.sub(",", text)
     text = _GROUPED.sub(lambda m: re.sub(_SEP, "", m.group(0)), text)
+    text = _mixed_numbers(_TRAILING_PUNCT.sub("", text))
     text = _TEXT_PERCENT.sub(lambda m: m.group(1) + "\\%", text)
+    percent = bool(_TRAILING_PERCENT.search(text))
     text = _TRAILING_PERCENT.sub("", text)
-    return text.strip()
+    return text.strip(), percent
 
 
 def _bounded(text: str, latex: bool) -> bool:
@@ -378,42 +436,112 @@ def _bounded(text: str, latex: bool) -> bool:
     return free_letters <= MAX_FREE_LETTERS and not (powers and letters)
 
 
-def _judge(kind: str, text: str, gold: list) -> bool:
+def _mixed_numbers(text: str) -> str:
+    """``text`` with each mixed number ``a b/c`` or ``a \\frac{b}{c}`` written as the one fraction
+    ``(a*c+b)/c`` (``\\frac{..}{..}`` for the LaTeX form), its sign in front; ``""`` (refused) if one
+    is not a proper fraction (``c = 0`` or ``b >= c``: ``4 0/0``, ``11 7/6``)."""
+    refused = []
+
+    def rewrite(m: re.Match) -> str:
+        latex = m.group(1) is None
+        sign, whole, num, den = m.groups()[4:] if latex else m.groups()[:4]
+        whole, num, den = int(whole), int(num), int(den)
+        if den == 0 or num >= den:
+            refused.append(m.group(0))
+            return m.group(0)
+        top = whole * den + num
+        return f"{sign}\\frac{{{top}}}{{{den}}}" if latex else f"{sign}{top}/{den}"
+
+    text = _MIXED.sub(rewrite, text)
+    return "" if refused else text
+
+
+def _one_answer(text: str) -> bool:
+    """Whether ``text`` states one answer: every two neighbouring numbers in it are joined by an
+    operator or a relation (``3 \\cdot 6 = 18``, ``\\frac{1}{2}``, ``50 \\text{ cm}^2``), not by
+    words, commas or arrows alone (``18 or 20``, ``18, 20``, ``18 (not 20)``, ``18 -> 20``,
+    ``17 18``): those list several candidates, and a hedge is not an answer."""
+    skeleton = _FRAC_SKELETON.sub(r"(\1)/(\2)", _ARROW.sub(" ; ", text))
+    numbers = list(_NUMBER.finditer(skeleton))
+    for left, right in zip(numbers, numbers[1:]):
+        between = skeleton[left.end():right.start()]
+        if "," in between or ";" in between or not _JOINER.search(between):
+            return False
+    return True
+
+
+def _sides_agree(mv, text: str, latex: list) -> bool:
+    """Whether every side of an equation in ``text`` that is a plain number (no letters, no
+    percent) equals the last such side: ``3 \\cdot 6 = 18`` agrees, ``3 \\cdot 6 = 20`` does not
+    (math-verify alone judges an equation by its right-hand side only). Text without ``=``
+    agrees. Called under :data:`_LOCK` on an answer that passed :func:`_bounded`."""
+    sides = [side.strip() for side in _EQUALS.split(text)]
+    numeric = [side for side in sides if side and "%" not in side
+               and not re.search(r"[A-Za-z]", _NUMERIC_NOISE.sub(" ", side))]
+    if len(sides) < 2 or len(numeric) < 2:
+        return True
+    values = [mv.parse("\\boxed{" + side + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
+              for side in numeric]
+    return all(values) and all(mv.verify(values[-1], value, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
+                               for value in values[:-1])
+
+
+def _judge(kind: str, text: str, gold: list, percent: bool) -> bool:
+    """math-verify's verdict on the normalised answer ``text`` against the parsed ``gold``, with
+    the module docstring's rules: one answer (:func:`_one_answer`), consistent equations
+    (:func:`_sides_agree`), and the percent rule (``percent``: a trailing percent sign was dropped)."""
+    if not _one_answer(text):
+        return False
     mv = _math_verify()
     latex = [mv.LatexExtractionConfig(boxed_match_priority=0)]
     with _LOCK:
         pred = []
-        if kind == "####" and _bounded(text, latex=False):
+        if kind == "####" and not _VALUE_LATEX.search(text) and _bounded(text, latex=False):
             pred = mv.parse(text, [mv.ExprExtractionConfig()], fallback_mode="no_fallback", parsing_timeout=None)
         if not pred and _bounded(text, latex=True):  # a box, or a #### answer written in LaTeX
             pred = mv.parse("\\boxed{" + text + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
-        pred = [_percent_as_number(p) for p in pred]
-        return bool(pred) and mv.verify(gold, pred, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
+        if not pred or not _sides_agree(mv, text, latex):  # its numeric sides pass the guard: no letters
+            return False
+        return any(mv.verify(gold, reading, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
+                   for reading in _percent_readings(pred, percent))
 
 
-def _percent_as_number(expr):
-    """``expr`` with each percentage math-verify parsed (``X * UnevaluatedExpr(1/100)``, its form of
-    ``X%``) replaced by ``X``: the module docstring's percent rule. Anything else (math-verify's
-    string form of the answer) is returned as it is."""
+def _percent_readings(pred: list, percent: bool) -> list[list]:
+    """The readings of math-verify's parse ``pred`` under the percent rule: ``[pred]`` when it holds
+    no percentage; else ``[number, value]``, each percentage ``X%`` (math-verify's
+    ``X * UnevaluatedExpr(1/100)``; with ``percent``, the whole answer) read as ``X`` and as
+    ``X/100``. Items that are not SymPy expressions (math-verify's string form) are kept as they are."""
     from sympy import Basic, Mul, Rational, UnevaluatedExpr
+    from sympy.core.relational import Relational
 
-    if not isinstance(expr, Basic):
-        return expr
-    percent = UnevaluatedExpr(Rational(1, 100))
+    mark = UnevaluatedExpr(Rational(1, 100))
 
     def is_percentage(e) -> bool:
-        return isinstance(e, Mul) and len(e.args) == 2 and e.args[1] == percent
+        return isinstance(e, Mul) and len(e.args) == 2 and e.args[1] == mark
 
-    return expr.replace(is_percentage, lambda e: e.args[0])
+    def read(expr, scale):
+        if not isinstance(expr, Basic):
+            return expr
+        expr = expr.replace(is_percentage, lambda e: e.args[0] * scale)
+        if not percent or scale == 1:
+            return expr
+        if isinstance(expr, Relational):
+            return expr.func(expr.lhs, expr.rhs * scale, evaluate=False)
+        return expr * scale
+
+    if not percent and not any(isinstance(p, Basic) and p.has(mark) for p in pred):
+        return [pred]
+    return [[read(p, 1) for p in pred], [read(p, Rational(1, 100)) for p in pred]]
 
 
 def score(completion: str, gold: str) -> float:
     """The GSM8K outcome reward: 1.0 if the completion's final answer equals ``gold``, else 0.0.
 
     The answer is found by :func:`extract_answer` (last box or ``####`` line) and judged with
-    math-verify as the module docstring describes (equations by their right-hand side, numbers to
-    :data:`FLOAT_ROUNDING` decimal places, units and ``\\$`` ignored, answers that could not be
-    judged in bounded time score 0). Safe in any thread or process; never evaluates the text.
+    math-verify as the module docstring describes (equations by their right-hand side, their
+    numeric sides checked; one answer, not a hedge; mixed numbers as ``a + b/c``; percents by the
+    percent rule; numbers to :data:`FLOAT_ROUNDING` decimal places, units and ``\\$`` ignored;
+    answers that could not be judged in bounded time score 0). Safe in any thread or process; never evaluates the text.
 
     Args:
         completion: the completion only, **not** the prompt followed by the completion: a boxed
@@ -440,8 +568,8 @@ def score(completion: str, gold: str) -> float:
         if found is None:
             return 0.0
         kind, text = found
-        text = _normalize(text, kind)
-        return 1.0 if text and _judge(kind, text, gold_parsed) else 0.0
+        text, percent = _normalize(text, kind)
+        return 1.0 if text and _judge(kind, text, gold_parsed, percent) else 0.0
     except Exception:  # math-verify / SymPy errors on odd input (KeyboardInterrupt still propagates)
         _log.debug("score: error while judging a completion; scored 0", exc_info=True)
         return 0.0
