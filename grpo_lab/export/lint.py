@@ -164,31 +164,40 @@ def _aspects(a: Algorithm, l_max: int) -> dict:
     return out
 
 
+#: how much a departure on each aspect weighs when the nearest paper is chosen: the surrogate is the loss's
+#: family (the clip range and the hyper-parameters then differ with it and are not counted again); no paper fixes
+#: adv_eps; sampling settings count half (TRL cannot express dynamic sampling, nor show a reward function)
+_WEIGHTS = {"surrogate": 4.0, "ratio": 2.0, "advantage": 2.0, "adv_eps": 0.0, "dynamic sampling": 0.5,
+            "overlong filtering": 0.5, "soft overlong punishment": 0.5}
+
+
 def _departures(algo: Algorithm, paper: Algorithm, eq: str, l_max: int) -> list:
-    """One line per aspect in which ``algo`` differs from ``paper`` (``"X instead of Y"``)."""
+    """``[(weight, "X instead of Y")]``, one per aspect in which ``algo`` differs from ``paper``."""
     mine, theirs = _aspects(algo, l_max), _aspects(paper, l_max)
+    same_family = algo.clip == paper.clip
     out = []
     for aspect, (value, text) in mine.items():
-        if aspect not in theirs:
+        if aspect not in theirs or (aspect in ("clip range", "hyper-parameters") and not same_family):
             continue
         if aspect == "aggregation" and value[0] == theirs[aspect][0][0] and paper.max_tokens is None:
             continue  # the paper's constant is the generation budget, whatever it is
         if value != theirs[aspect][0]:
             other = theirs[aspect][1]
-            out.append(f"{text} instead of {eq}'s {other}" if aspect == "aggregation" else f"{text} instead of {other}")
+            line = f"{text} instead of {eq}'s {other}" if aspect == "aggregation" else f"{text} instead of {other}"
+            out.append((_WEIGHTS.get(aspect, 1.0), line))
     return out
 
 
 def _match(algo: Algorithm, named: Optional[tuple], l_max: int) -> tuple:
-    """``(preset key, departures, departures from the named paper or None)``: the fewest departures wins
-    (``adv_eps`` is listed but not counted: no paper fixes it), then the paper the config names."""
+    """``(preset key, departures, departures from the named paper or None)``: the paper with the fewest
+    departures (weighted by :data:`_WEIGHTS`) wins, then the paper the config names."""
     scored = []
     for i, key in enumerate(_PAPERS):
         deps = _departures(algo, _candidate(key, algo), _PAPERS[key][1], l_max)
-        count = sum(1 for dep in deps if not dep.startswith("std + "))
-        scored.append((count, 0 if named and named[0] == key else 1, i, key, deps))
+        scored.append((sum(w for w, _ in deps), 0 if named and named[0] == key else 1, i, key,
+                       [line for _, line in deps]))
     best = min(scored)
-    named_count = next((s[0] for s in scored if named and s[3] == named[0]), None)
+    named_count = next((len(s[4]) for s in scored if named and s[3] == named[0]), None)
     return best[3], best[4], named_count
 
 

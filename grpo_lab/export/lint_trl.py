@@ -29,7 +29,9 @@ def _advantage(v: Values, d: Draft) -> None:
         scale = v.text("scale_rewards", ("group", "batch", "none"))
     elif not isinstance(scale, bool):
         raise ValueError(f"trl config: scale_rewards must be 'group', 'batch', 'none', true or false, got {scale!r}")
-    d.fields.update(advantage=_SCALE[scale], adv_eps=_tr.TRL_ADV_EPS)
+    d.fields["advantage"] = _SCALE[scale]
+    if d.fields["advantage"] != "group_mean":
+        d.fields["adv_eps"] = _tr.TRL_ADV_EPS
     d.explained.add("scale_rewards")
 
 

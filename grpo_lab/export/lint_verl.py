@@ -38,7 +38,9 @@ def _advantage(v: Values, d: Draft) -> None:
     est = v.text("algorithm.adv_estimator", VERL_ADV_ESTIMATORS)
     std = v.flag("algorithm.norm_adv_by_std_in_grpo")
     if est == "grpo":
-        d.fields.update(advantage="group" if std else "group_mean", adv_eps=_tr.VERL_ADV_EPS)
+        d.fields["advantage"] = "group" if std else "group_mean"
+        if std:
+            d.fields["adv_eps"] = _tr.VERL_ADV_EPS
     elif est == "rloo":
         d.fields["advantage"] = "rloo"
     elif est == "gae":
