@@ -126,5 +126,5 @@ VERL_OTHER_KEYS = frozenset([_A + k for k in (
 VERL_OPEN_PREFIXES = _OPEN
 #: the top-level sections of verl 0.9.1's trainer config
 VERL_SECTIONS = ("actor_rollout_ref", "algorithm", "critic", "custom_reward_function", "data", "distillation",
-                 "global_profiler", "ray_kwargs", "reward", "reward_model", "sandbox_fusion", "skip", "trainer",
-                 "transfer_queue")
+                 "global_profiler", "model_engine", "ray_kwargs", "reward", "reward_model", "sandbox_fusion", "skip",
+                 "trainer", "transfer_queue")
