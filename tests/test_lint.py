@@ -83,6 +83,7 @@ def test_trl_default_config_reads_as_grpo_with_a_token_mean_and_no_kl():
                             "no KL term instead of k3 KL with beta = 0.04")
     assert r.named == ("DAPO", "loss_type='dapo'") and r.named_departures == 5
     text = r.report()
+    assert "use_bias_correction_kl=True (TRL's default; DeepSeek-V3.2 Eq. 7) has no effect" in text
     assert "lr_scheduler_type = 'linear'" in text and "bf16 = True (TRL's default)" in text
 
 
@@ -102,6 +103,7 @@ def test_verl_default_grpo_has_the_dual_clip():
     assert (a.advantage, a.adv_eps, a.aggregation, a.kl, a.clip) == ("group", 1e-6, "token_mean", None, "ppo")
     assert len(r.inexact) == 1 and r.inexact[0].startswith("dual clip c = 3: ")
     assert "[nearest: not exact" in r.report()
+    assert "kl_loss_type = 'low_var_kl' would be k3 clamped to [-10, 10]" in r.report()
     off = L.from_verl(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.clip_ratio_c=1e10"])
     assert off.exact and off.algorithm == a
 

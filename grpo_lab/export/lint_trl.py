@@ -103,6 +103,9 @@ def _kl(v: Values, d: Draft) -> None:
                            "corrected k3 (Eq. 7), not DeepSeekMath's (Eqs. 3-4)")
     else:
         d.fields.update(kl=None, beta=0.0)
+        if corrected:
+            d.notes.append("beta = 0: no KL term, so use_bias_correction_kl=True (TRL's default; DeepSeek-V3.2 Eq. 7) "
+                           "has no effect; with beta > 0 it would make the KL V3.2's, not DeepSeekMath's")
 
 
 def _extras(v: Values, d: Draft) -> None:

@@ -127,6 +127,10 @@ def _kl(v: Values, d: Draft) -> None:
     coef = v.number(_A + "kl_loss_coef")
     if not v.flag(_A + "use_kl_loss") or coef == 0:
         d.fields.update(kl=None, beta=0.0)
+        d.notes.append(f"no KL loss (use_kl_loss = {v.get(_A + 'use_kl_loss')}, kl_loss_coef = {coef:g}); switched on, "
+                       f"kl_loss_type = {v.get(_A + 'kl_loss_type')!r} would be "
+                       + ("k3 clamped to [-10, 10]" if v.get(_A + "kl_loss_type") in ("low_var_kl", "k3")
+                          else "verl's " + repr(v.get(_A + "kl_loss_type"))))
         return
     name = v.text(_A + "kl_loss_type")
     base = _KL_ALIASES.get(name.rstrip("+"), name.rstrip("+"))
