@@ -9,8 +9,12 @@ Train one algorithm preset for several seeds and write a results file with its p
     python -m grpo_lab GRPO --lora-r 8 --lora-alpha 16 --lora-targets q_proj v_proj --set lr=1e-3   # LoRA (peft)
     python -m grpo_lab --config run.yaml --steps 5              # options from a YAML file, a flag on top
     python -m grpo_lab list                                     # presets, tasks, profiles, models, --set keys
+    python -m grpo_lab check-config grpo.yaml                   # what a TRL / verl config computes (the linter)
 
 ``train`` may be written before the preset (``python -m grpo_lab train GRPO``); it is the default.
+``check-config FILE [--library trl|verl]`` prints what a TRL ``GRPOConfig`` or verl trainer config computes in
+grpo_lab's terms (:func:`grpo_lab.export.lint.check_config`: the Algorithm, the nearest paper, the departures);
+the library is guessed from the keys when not given.
 Everything is a thin layer over :func:`grpo_lab.experiments.run` and
 :func:`grpo_lab.experiments.save_results`: the profile (``--profile``) fixes the scale, ``--model``
 and ``--task`` replace its base checkpoint and task (``run(base=..., task=...)``), and each
@@ -576,7 +580,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     prog = prog or _default_prog()
     ap = _Parser(
         prog=prog, formatter_class=_Formatter, epilog=_epilog(prog),
-        usage=f"{prog} [train] PRESET [options]\n       {prog} list",
+        usage=f"{prog} [train] PRESET [options]\n       {prog} list\n       {prog} check-config FILE [--library trl|verl]",
         description="Train an algorithm preset for one or more seeds from a base checkpoint and write the "
                     "results (one row per seed and step, with provenance) to a JSON file.",
     )
@@ -875,13 +879,28 @@ def _train(argv: list[str], prog: str) -> int:
     return 0
 
 
+def _check_config(argv: list[str], prog: str) -> int:
+    """``check-config FILE [--library trl|verl]``: print :meth:`grpo_lab.export.lint.Reading.report`; 0."""
+    from .export.lint import LIBRARIES, check_config
+
+    ap = _Parser(prog=f"{prog} check-config", description="Read a TRL GRPOConfig or a verl trainer config (a YAML "
+                 "file) and print the grpo_lab Algorithm it computes, the paper it is nearest to and its departures.")
+    ap.add_argument("file", help="YAML file: GRPOConfig fields (TRL), or a verl config mapping / override list")
+    ap.add_argument("--library", choices=LIBRARIES, help="the library (default: guessed from the keys)")
+    ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    args = ap.parse_args(argv)
+    print(check_config(args.file, args.library).report())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Run the command line (``python -m grpo_lab --help`` describes it); never raises for user
     mistakes.
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``). A first argument ``list`` prints the
-            choices (after the modules of its ``--import`` options); ``train`` (optional) trains.
+            choices (after the modules of its ``--import`` options); ``check-config FILE`` prints what a TRL /
+            verl config computes; ``train`` (optional) trains.
         prog: the program name in messages (default ``grpo-lab`` when run as that script, else
             ``python -m grpo_lab``).
 
@@ -902,6 +921,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                 load_user_module(spec)
             print(_list(prog))
             return 0
+        if argv[:1] == ["check-config"]:
+            return _check_config(argv[1:], prog)
         return _train(argv[1:] if argv[:1] == ["train"] else argv, prog)
     except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else 0

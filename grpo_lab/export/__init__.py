@@ -6,13 +6,17 @@ One package, one room per job:
   :func:`trl_reward_funcs`, :func:`mapping_table`, :func:`support_table` (what TRL 1.16.0 and verl 0.9.1
   compute, axis by axis, and where each differs from the paper; its docstring is the reference);
 * :mod:`grpo_lab.export.optimisation` — the budget (sizes, optimiser, schedule) read from a ``TrainerConfig``:
-  :func:`budget_from_config`.
+  :func:`budget_from_config`;
+* :mod:`grpo_lab.export.lint` — the way back: :func:`from_trl`, :func:`from_verl`, :func:`check_config` read a
+  TRL / verl configuration as the grpo_lab Algorithm it computes, the paper it is nearest to and its
+  departures (a :class:`Reading`; ``python -m grpo_lab check-config FILE``).
 
 Everything public is importable from ``grpo_lab.export`` itself.
 """
 
 from __future__ import annotations
 
+from .lint import Reading, check_config, from_trl, from_verl
 from .optimisation import budget_from_config
 from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_ADV_EPS, VERL_DUAL_CLIP_OFF,
                           VERL_VERSION, ApproximateExportWarning, ExportError, Issue, Translation, mapping_table,
@@ -37,4 +41,8 @@ __all__ = [
     "mapping_table",
     "support_table",
     "budget_from_config",
+    "Reading",
+    "from_trl",
+    "from_verl",
+    "check_config",
 ]
