@@ -5,18 +5,22 @@ One package, one room per job:
 * :mod:`grpo_lab.export.translation` — the loss: :func:`translate`, :func:`to_trl`, :func:`to_verl`,
   :func:`trl_reward_funcs`, :func:`mapping_table`, :func:`support_table` (what TRL 1.16.0 and verl 0.9.1
   compute, axis by axis, and where each differs from the paper; its docstring is the reference);
-* :mod:`grpo_lab.export.optimisation` — the budget (sizes, optimiser, schedule) read from a ``TrainerConfig``:
-  :func:`budget_from_config`.
+* :mod:`grpo_lab.export.optimisation` — the budget (sizes, optimiser, schedule, precision) read from a
+  ``TrainerConfig``: :func:`budget_from_config`; the optimiser / schedule / precision settings of each target
+  (:func:`horizon`, :func:`precision_resolution`, :data:`EXPORT_PRECISIONS`);
+* :mod:`grpo_lab.export.versions` — the verified releases (:data:`TRL_VERSION`, :data:`VERL_VERSION`) and
+  :class:`LibraryVersionWarning` when another is installed (:func:`installed_version`, :func:`check_installed`).
 
 Everything public is importable from ``grpo_lab.export`` itself.
 """
 
 from __future__ import annotations
 
-from .optimisation import budget_from_config
+from .optimisation import EXPORT_PRECISIONS, budget_from_config, horizon, precision_resolution
 from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_ADV_EPS, VERL_DUAL_CLIP_OFF,
                           VERL_VERSION, ApproximateExportWarning, ExportError, Issue, Translation, mapping_table,
                           support_table, to_trl, to_verl, translate, trl_reward_funcs)
+from .versions import LibraryVersionWarning, check_installed, installed_version
 
 __all__ = [
     "TRL_VERSION",
@@ -37,4 +41,10 @@ __all__ = [
     "mapping_table",
     "support_table",
     "budget_from_config",
+    "horizon",
+    "precision_resolution",
+    "EXPORT_PRECISIONS",
+    "LibraryVersionWarning",
+    "installed_version",
+    "check_installed",
 ]
