@@ -102,8 +102,13 @@ def budget_from_config(config: Any, **extra: Any) -> dict:
 
 
 def check_optimisation(budget: dict, b: dict) -> None:
-    """Validate the budget's schedule and precision keys into ``b`` and give every key of :data:`_ALWAYS` a value
-    (TrainerConfig's default when the budget lacks it). Used by the export's budget check.
+    """Validate the budget's schedule and precision keys into ``b`` and give each of ``lr_schedule``, ``warmup``,
+    ``betas``, ``weight_decay`` and ``precision`` a value (TrainerConfig's default when the budget lacks it). Used
+    by the export's budget check.
+
+    Args:
+        budget: the budget as given (dict of budget keys).
+        b: the validated budget being built (dict, updated in place).
 
     Raises:
         ValueError: an unknown ``lr_schedule`` or ``precision`` (naming the known ones), a ``lr_schedule_steps``
@@ -175,7 +180,8 @@ def trl_optimisation(algo: Any, b: dict) -> tuple[dict, list, list]:
 
     Args:
         algo: the :class:`~grpo_lab.algorithms.Algorithm` (its clip range against the precision).
-        b: the budget, validated by the export (every key of :data:`_ALWAYS` present).
+        b: the budget, validated by the export (``lr_schedule``, ``warmup``, ``betas``, ``weight_decay`` and
+            ``precision`` always present).
     """
     bf16, fp16, _ = EXPORT_PRECISIONS[b["precision"]]
     kw = {"learning_rate": b["lr"]} if "lr" in b else {}
@@ -204,7 +210,8 @@ def verl_optimisation(algo: Any, b: dict) -> tuple[dict, list, list]:
 
     Args:
         algo: the :class:`~grpo_lab.algorithms.Algorithm` (its clip range against the precision).
-        b: the budget, validated by the export (every key of :data:`_ALWAYS` present).
+        b: the budget, validated by the export (``lr_schedule``, ``warmup``, ``betas``, ``weight_decay`` and
+            ``precision`` always present).
     """
     o, issues = _VERL_ACTOR + "optim.", []
     schedule = _VERL_SCHEDULES.get(b["lr_schedule"], "cosine")

@@ -1002,7 +1002,10 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
             :class:`ApproximateExportWarning` per difference (still raises for an impossible one).
         **budget: the run's sizes, keys of :data:`BUDGET_KEYS` (``group_size``, ``max_new_tokens``,
             ``prompts_per_step``, ``minibatches``, ``epochs``, ``micro_batch_size``, ``lr``, ...).
-            Only the keys given are exported; the target's defaults hold for the rest.
+            Only the keys given are exported and the target's defaults hold for the rest, except ``lr_schedule``,
+            ``warmup``, ``betas``, ``weight_decay`` and ``precision``, always written (TrainerConfig's defaults
+            when absent) because TRL's and verl's defaults differ from grpo_lab's
+            (:mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.budget_from_config` gives them all.
 
     Returns:
         :class:`Translation` (``config`` is a dict for TRL, a list of ``key=value`` strings for verl).
