@@ -74,4 +74,4 @@ def test_not_a_module_is_one_clear_error():
     with pytest.raises(TypeError, match="torch.nn.Module"):
         decay_parameter_names([torch.zeros(2)])
     with pytest.raises(TypeError, match="torch.nn.Module"):
-        build_adamw([torch.zeros(2)], lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99))
+        build_adamw([torch.zeros(2)], lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99))

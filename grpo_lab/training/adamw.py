@@ -64,11 +64,9 @@ def build_adamw(module: torch.nn.Module, *, lr: float, weight_decay: float, beta
         the optimiser.
 
     Raises:
-        TypeError: ``module`` is not a ``torch.nn.Module``.
+        TypeError: ``weight_decay > 0`` and ``module`` is not a ``torch.nn.Module`` (its parameter names are needed).
     """
-    if not weight_decay:
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"build_adamw: expected a torch.nn.Module, got {type(module).__name__}")
+    if not weight_decay:  # anything with .parameters(), as before
         return torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay, betas=tuple(betas))
     decayed = set(decay_parameter_names(module))
     named = list(module.named_parameters())
