@@ -86,6 +86,7 @@ from .training.config import TrainerConfig
 from .training.dropout import disable_dropout
 from .training.history import History
 from .training.memory import peak_memory_mb, reset_peak_memory
+from .training.adamw import build_adamw
 from .training.precision import PRECISIONS, MixedPrecision, resolve_precision
 from .training.update import Update
 from .training.value_model import ValueModel, ValueTraining
@@ -199,8 +200,7 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         self._init_precision()
         self._init_policy(policy)
         self._init_reference(policy, ref_policy)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=c.lr, weight_decay=c.weight_decay,
-                                           betas=tuple(c.betas))
+        self.optimizer = build_adamw(self.policy, lr=c.lr, weight_decay=c.weight_decay, betas=tuple(c.betas))
         self._init_value_model(policy, value_model)
         self.step = 0
         self.opt_steps = 0
@@ -276,8 +276,8 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         self.value_warmup_rows: list[dict] = []
         if value_model is not None:
             self.value_model = value_model.to(c.device).eval()
-            self.value_optimizer = torch.optim.AdamW(value_model.parameters(), lr=c.value_lr or c.lr,
-                                                     weight_decay=c.weight_decay, betas=tuple(c.betas))
+            self.value_optimizer = build_adamw(value_model, lr=c.value_lr or c.lr, weight_decay=c.weight_decay,
+                                               betas=tuple(c.betas))
 
     def _check_algorithm_fits(self) -> None:
         """The algorithm's sampling choices against the config (:func:`grpo_lab.sampling.check`), and a

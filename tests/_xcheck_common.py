@@ -19,6 +19,7 @@ metrics.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -27,6 +28,28 @@ from grpo_lab import export as E
 from grpo_lab.advantages import VALUE_BASELINE_ESTIMATORS
 from grpo_lab.algorithms import PRESETS, deepseek_v32
 from grpo_lab.objectives import policy_loss
+
+#: set by ``make xcheck``, which installs the pinned TRL / verl: a missing or other version then FAILS the
+#: equivalence tests (a skip there would hide a broken check); a plain ``pytest tests`` skips them
+STRICT_ENV = "GRPO_LAB_XCHECK"
+
+
+def unavailable(why: str) -> None:
+    """Skip the calling test module because ``why`` (the library is missing, another version, ...), or fail it
+    when :data:`STRICT_ENV` is ``1`` (``make xcheck``)."""
+    import pytest
+
+    if os.environ.get(STRICT_ENV) == "1":
+        pytest.fail(f"xcheck ({STRICT_ENV}=1): {why}", pytrace=False)
+    pytest.skip(f"xcheck: {why}", allow_module_level=True)
+
+
+def require_version(name: str, installed: str, pinned: str) -> None:
+    """:func:`unavailable` unless ``installed`` is the ``pinned`` release that grpo_lab.export was verified against."""
+    if installed != pinned:
+        unavailable(f"the {name} mapping was read from {name} {pinned}, installed {installed} (make xcheck installs "
+                    "requirements/xcheck.txt)")
+
 
 G, T, MAX_NEW_TOKENS = 4, 8, 10
 LENGTHS = [8, 5, 3, 7, 6, 8, 2, 4, 8, 0, 5, 1]

@@ -347,6 +347,17 @@ def test_exact_resume_mid_warmup(tok, tmp_path, monkeypatch):
     _check_exact_resume(tok, tmp_path, monkeypatch, warmup=6)
 
 
+def test_exact_resume_with_weight_decay_two_param_groups(tok, tmp_path, monkeypatch):
+    # weight_decay > 0: two AdamW groups (biases and norm weights undecayed), saved and resumed exactly
+    _check_exact_resume(tok, tmp_path, monkeypatch, weight_decay=0.1)
+    tr = make_trainer(tok, weight_decay=0.1)
+    assert [g["weight_decay"] for g in tr.optimizer.param_groups] == [0.1, 0.0]
+    undecayed = {id(p) for p in tr.optimizer.param_groups[1]["params"]}
+    names = {n for n, p in tr.policy.named_parameters() if id(p) in undecayed}
+    assert names and all(n.endswith("bias") or "norm" in n for n in names)
+    assert len(make_trainer(tok).optimizer.param_groups) == 1  # weight_decay = 0: one group, as before
+
+
 def test_warmup_schedule(tok):
     # lr_k = lr * min(1, k / warmup) for optimiser step k = 0, 1, ... (transformers' convention, as TRL and verl):
     # with lr 1e-2 and warmup 4, three RL steps of two minibatches each use 0, 2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2

@@ -28,10 +28,11 @@ import _xcheck_common as X
 # GRPOConfig (transformers TrainingArguments) warns about its own deprecated fields on construction
 pytestmark = [pytest.mark.xcheck, pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")]
 
-trl = pytest.importorskip("trl", reason="xcheck: trl is not installed (pip install '.[xcheck]', see make xcheck)")
-if trl.__version__ != E.TRL_VERSION:
-    pytest.skip(f"xcheck: the TRL mapping was read from trl {E.TRL_VERSION}, installed {trl.__version__}",
-                allow_module_level=True)
+try:
+    import trl
+except ImportError as exc:
+    X.unavailable(f"trl does not import ({exc}); pip install '.[xcheck]', see make xcheck")
+X.require_version("trl", trl.__version__, E.TRL_VERSION)
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 

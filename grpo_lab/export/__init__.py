@@ -5,8 +5,11 @@ One package, one room per job:
 * :mod:`grpo_lab.export.translation` — the loss: :func:`translate`, :func:`to_trl`, :func:`to_verl`,
   :func:`trl_reward_funcs`, :func:`mapping_table`, :func:`support_table` (what TRL 1.16.0 and verl 0.9.1
   compute, axis by axis, and where each differs from the paper; its docstring is the reference);
-* :mod:`grpo_lab.export.optimisation` — the budget (sizes, optimiser, schedule) read from a ``TrainerConfig``:
-  :func:`budget_from_config`;
+* :mod:`grpo_lab.export.optimisation` — the budget (sizes, optimiser, schedule, precision) read from a
+  ``TrainerConfig``: :func:`budget_from_config`; the optimiser / schedule / precision settings of each target
+  (:func:`horizon`, :func:`precision_resolution`, :data:`EXPORT_PRECISIONS`);
+* :mod:`grpo_lab.export.versions` — the verified releases (:data:`TRL_VERSION`, :data:`VERL_VERSION`) and
+  :class:`LibraryVersionWarning` when another is installed (:func:`installed_version`, :func:`check_installed`);
 * :mod:`grpo_lab.export.lint` — the way back: :func:`from_trl`, :func:`from_verl`, :func:`check_config` read a
   TRL / verl configuration as the grpo_lab Algorithm it computes, the paper it is nearest to and its
   departures (a :class:`Reading`; ``python -m grpo_lab check-config FILE``).
@@ -17,10 +20,11 @@ Everything public is importable from ``grpo_lab.export`` itself.
 from __future__ import annotations
 
 from .lint import Reading, check_config, from_trl, from_verl
-from .optimisation import budget_from_config
+from .optimisation import EXPORT_PRECISIONS, budget_from_config, horizon, precision_resolution
 from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_ADV_EPS, VERL_DUAL_CLIP_OFF,
                           VERL_VERSION, ApproximateExportWarning, ExportError, Issue, Translation, mapping_table,
                           support_table, to_trl, to_verl, translate, trl_reward_funcs)
+from .versions import LibraryVersionWarning, check_installed, installed_version
 
 __all__ = [
     "TRL_VERSION",
@@ -45,4 +49,10 @@ __all__ = [
     "from_trl",
     "from_verl",
     "check_config",
+    "horizon",
+    "precision_resolution",
+    "EXPORT_PRECISIONS",
+    "LibraryVersionWarning",
+    "installed_version",
+    "check_installed",
 ]

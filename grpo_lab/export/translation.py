@@ -50,6 +50,14 @@ What differs between the three, read from TRL 1.16.0 (``trl/trainer/grpo_trainer
   Overlong Filtering: TRL ``mask_truncated_completions``, not in verl; soft overlong punishment:
   verl's ``dapo`` reward manager, TRL's ``trl.rewards.get_soft_overlong_punishment`` reward function
   (:func:`trl_reward_funcs`).
+* **Optimisation** (:mod:`grpo_lab.export.optimisation`). Learning-rate schedule and warm-up (transformers'
+  convention on all three sides), AdamW betas and weight decay (always written: the libraries' defaults
+  differ), gradient clipping and precision (TRL's ``bf16`` defaults to True); verl steps its scheduler per RL
+  step, has no linear decay and decays biases and norm weights; a 16-bit precision coarser than the clip
+  range is approximate.
+
+The installed TRL / verl is compared with the verified releases (:mod:`grpo_lab.export.versions`): another
+one gives a :class:`~grpo_lab.export.versions.LibraryVersionWarning` naming both.
 
 Policy: an export is *strict* by default. Anything a target computes differently raises
 ``ValueError`` (:class:`ExportError`) naming what would be lost and, where one exists, the exact
@@ -78,6 +86,8 @@ from .. import objectives as _obj
 from .. import sampling as _sampling
 from .. import validation as _v
 from ..algorithms import PRESETS, Algorithm, get_algorithm
+from . import optimisation as _opt
+from .versions import TRL_VERSION, VERL_VERSION, check_installed
 
 __all__ = [
     "TRL_VERSION",
@@ -99,10 +109,6 @@ __all__ = [
     "support_table",
 ]
 
-#: the TRL release the mapping was read from and is tested against (``trl.GRPOConfig`` fields)
-TRL_VERSION = "1.16.0"
-#: the verl release the mapping was read from and is tested against (``ppo_trainer.yaml`` keys)
-VERL_VERSION = "0.9.1"
 #: the libraries this module exports to, as the ``target`` argument of :func:`translate` names them
 TARGETS = ("trl", "verl")
 #: TRL adds this to the reward std (``advantages / (std_rewards + 1e-4)``, hard-coded)
@@ -126,10 +132,24 @@ BUDGET_KEYS: dict[str, str] = {
     "micro_batch_size": "rows per forward/backward on one device (TRL per_device_train_batch_size, "
                         "verl ppo_micro_batch_size_per_gpu); default: a device's whole share of a minibatch",
     "lr": "AdamW learning rate (TRL learning_rate, verl actor.optim.lr)",
-    "weight_decay": "AdamW weight decay (TRL weight_decay, verl actor.optim.weight_decay)",
-    "betas": "AdamW (beta1, beta2) (TRL adam_beta1/adam_beta2, verl actor.optim.betas)",
+    "weight_decay": "AdamW decoupled weight decay, not on biases and norm weights (TRL weight_decay, verl "
+                    "actor.optim.weight_decay, which decays every parameter); always written, default 0",
+    "betas": "AdamW (beta1, beta2) (TRL adam_beta1/adam_beta2, verl actor.optim.betas); always written, default "
+             "(0.9, 0.99) (both targets default to beta2 = 0.999)",
     "grad_clip": "global gradient-norm clip (TRL max_grad_norm, verl actor.optim.clip_grad)",
-    "warmup": "linear warm-up steps (TRL warmup_steps, verl actor.optim.lr_warmup_steps)",
+    "warmup": "linear warm-up, in optimiser updates (TRL warmup_steps, verl actor.optim.lr_warmup_steps, which "
+              "counts RL steps); always written, default 0",
+    "lr_schedule": "the learning rate after the warm-up, 'constant' / 'linear' / 'cosine' (TrainerConfig.lr_schedule; "
+                   "TRL lr_scheduler_type constant_with_warmup / linear / cosine, verl actor.optim.lr_scheduler_type "
+                   "constant / cosine, no linear); update k gets lr * f(k), transformers' convention; always written, "
+                   "default 'constant' (TRL's default 'linear' decays to 0)",
+    "lr_schedule_steps": "RL steps the schedule spans (TrainerConfig.lr_schedule_steps); H = lr_schedule_steps x epochs "
+                         "x minibatches optimiser updates (TRL max_steps = H, verl trainer.total_training_steps = "
+                         "lr_schedule_steps); needed by 'linear' and 'cosine'",
+    "precision": "autocast dtype with float32 master weights, 'float32' / 'bfloat16' / 'float16' "
+                 "(TrainerConfig.precision, 'auto' resolved: budget_from_config; TRL bf16 / fp16, verl "
+                 "fsdp_config.mixed_precision.param_dtype); always written, default 'float32' (TRL's bf16 defaults "
+                 "to True); a clip range finer than its resolution is an approximate issue",
     "temperature": "sampling temperature (TRL temperature, verl actor_rollout_ref.rollout.temperature)",
     "nnodes": "machines (verl trainer.nnodes; TRL: sizes the per-device batch, launch with accelerate)",
     "n_gpus_per_node": "GPUs per machine (verl trainer.n_gpus_per_node; TRL: as nnodes)",
@@ -244,6 +264,7 @@ def _check_budget(budget: dict) -> dict:
         b["betas"] = (float(betas[0]), float(betas[1]))
     if budget.get("routing_replay") is not None:
         b["routing_replay"] = _v.flag("routing_replay", budget["routing_replay"])
+    _opt.check_optimisation(budget, b)
     if b.get("group_size") == 1:
         raise ValueError("group_size must be >= 2: a group of one has no baseline (TRL requires num_generations >= 2)")
     return b
@@ -637,7 +658,16 @@ def _trl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
     d.notes.append("off: top_entropy_quantile=1.0, entropy_coef=0.0, vllm_importance_sampling_correction=False (TRL's "
                    "default True reweights by the vLLM sampler's ratio, which grpo_lab's loss does not)")
     _trl_budget(d.config, b, d.notes)
+    _optimisation(algo, b, d, _opt.trl_optimisation)
     return d.config, d.notes, d.issues
+
+
+def _optimisation(algo: Algorithm, b: dict, d: _Draft, build) -> None:
+    """The optimiser, schedule and precision settings (:mod:`grpo_lab.export.optimisation`) into the draft."""
+    config, notes, issues = build(algo, b)
+    d.config.update(config)
+    d.notes.extend(notes)
+    d.issues.extend(Issue(**i) for i in issues)
 
 
 def _trl_budget(kw: dict, b: dict, notes: list) -> None:
@@ -654,12 +684,9 @@ def _trl_budget(kw: dict, b: dict, notes: list) -> None:
                      f"per_device_train_batch_size ({sizes['micro']}) x {sizes['world']} processes x "
                      f"steps_per_generation ({kw['steps_per_generation']}) rows; {sizes['minibatches']} optimiser "
                      f"step(s) per generation. Launch with accelerate on {sizes['world']} process(es)")
-    for ours, theirs in (("epochs", "num_iterations"), ("lr", "learning_rate"), ("weight_decay", "weight_decay"),
-                         ("grad_clip", "max_grad_norm"), ("warmup", "warmup_steps"), ("temperature", "temperature")):
+    for ours, theirs in (("epochs", "num_iterations"), ("temperature", "temperature")):
         if ours in b:
             kw[theirs] = b[ours]
-    if "betas" in b:
-        kw["adam_beta1"], kw["adam_beta2"] = b["betas"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -909,6 +936,7 @@ def _verl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
                               fix={"offpolicy_mask_delta": None}))
     _verl_sampling_and_shaping(algo, b, d)
     _verl_budget(d.config, b, d.notes)
+    _optimisation(algo, b, d, _opt.verl_optimisation)
     return d.config, d.notes, d.issues
 
 
@@ -937,13 +965,9 @@ def _verl_budget(ov: dict, b: dict, notes: list) -> None:
     if "nnodes" in b or "n_gpus_per_node" in b:
         ov["trainer.nnodes"] = b.get("nnodes", 1)
         ov["trainer.n_gpus_per_node"] = b.get("n_gpus_per_node", 1)
-    for ours, theirs in (("epochs", _A + "ppo_epochs"), ("lr", _A + "optim.lr"),
-                         ("weight_decay", _A + "optim.weight_decay"), ("grad_clip", _A + "optim.clip_grad"),
-                         ("warmup", _A + "optim.lr_warmup_steps"), ("temperature", "actor_rollout_ref.rollout.temperature")):
+    for ours, theirs in (("epochs", _A + "ppo_epochs"), ("temperature", "actor_rollout_ref.rollout.temperature")):
         if ours in b:
             ov[theirs] = b[ours]
-    if "betas" in b:
-        ov[_A + "optim.betas"] = list(b["betas"])
 
 
 def _hydra_value(v: Any) -> str:
@@ -978,12 +1002,17 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
             :class:`ApproximateExportWarning` per difference (still raises for an impossible one).
         **budget: the run's sizes, keys of :data:`BUDGET_KEYS` (``group_size``, ``max_new_tokens``,
             ``prompts_per_step``, ``minibatches``, ``epochs``, ``micro_batch_size``, ``lr``, ...).
-            Only the keys given are exported; the target's defaults hold for the rest.
+            Only the keys given are exported and the target's defaults hold for the rest, except ``lr_schedule``,
+            ``warmup``, ``betas``, ``weight_decay`` and ``precision``, always written (TrainerConfig's defaults
+            when absent) because TRL's and verl's defaults differ from grpo_lab's
+            (:mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.budget_from_config` gives them all.
 
     Returns:
         :class:`Translation` (``config`` is a dict for TRL, a list of ``key=value`` strings for verl).
 
     Raises:
+        LibraryVersionWarning: (a warning, once per version) the target's installed release is not
+            :data:`TRL_VERSION` / :data:`VERL_VERSION`.
         ExportError: (a ``ValueError``) with ``strict=True`` when any difference exists (the message
             lists each one and the exact alternative, ``preset.replace(...)``, when there is one);
             always when a choice has no counterpart (a registry function from outside grpo_lab, a
@@ -1001,6 +1030,7 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
     if not isinstance(algo, Algorithm):
         raise ValueError(f"algo must be a grpo_lab Algorithm or a preset name, got {type(algo).__name__}")
     b = _check_budget(budget)
+    check_installed(target)
     config, notes, issues = (_trl if target == "trl" else _verl)(algo, b)
     if b.get("routing_replay"):
         issues.append(Issue("impossible", "routing_replay",
@@ -1211,7 +1241,23 @@ _ROWS = (
      "rows per forward/backward on one device"),
     ("budget", "lr, weight_decay, betas, grad_clip, warmup",
      "learning_rate, weight_decay, adam_beta1/adam_beta2, max_grad_norm, warmup_steps",
-     f"{_A_}.optim.lr, optim.weight_decay, optim.betas, optim.clip_grad, optim.lr_warmup_steps", "AdamW"),
+     f"{_A_}.optim.lr, optim.weight_decay, optim.betas, optim.clip_grad, optim.lr_warmup_steps (+ "
+     "lr_warmup_steps_ratio=0)",
+     "AdamW; betas, weight_decay and warm-up always written (TRL's beta2 0.999, verl's 0.999 and weight decay 0.01); "
+     "grpo_lab and TRL do not decay biases and norm weights, verl decays every parameter (approximate when "
+     "weight_decay > 0); verl counts the warm-up in RL steps"),
+    ("budget", "lr_schedule (constant, linear, cosine), lr_schedule_steps",
+     "lr_scheduler_type (constant_with_warmup, linear, cosine), max_steps = lr_schedule_steps x epochs x minibatches",
+     f"{_A_}.optim.lr_scheduler_type (constant, cosine; no linear), min_lr_ratio=0, num_cycles=0.5, "
+     "zero_indexed_step=True, trainer.total_training_steps = lr_schedule_steps",
+     "update k gets lr * f(k) (transformers' scheduler, num_training_steps = H updates): exact in TRL; verl steps its "
+     "scheduler once per RL step (exact with epochs x minibatches = 1) and has no linear decay. Always written: TRL's "
+     "default 'linear' decays to 0"),
+    ("budget", "precision (float32, bfloat16, float16)", "bf16, fp16 (always written: bf16 defaults to True)",
+     f"{_A_}.fsdp_config.model_dtype=fp32, ++fsdp_config.mixed_precision.param_dtype (fp32, bf16, fp16), "
+     "actor and ref",
+     "autocast with float32 master weights; approximate when the clip range is finer than the dtype's resolution "
+     "near 1 (finfo.eps / 2: 2^-8 for bfloat16), e.g. GSPO's 3e-4 / 4e-4"),
     ("budget", "temperature", "temperature", "actor_rollout_ref.rollout.temperature", "sampling temperature"),
     ("budget", "nnodes, n_gpus_per_node", "(processes launched by accelerate)", "trainer.nnodes, trainer.n_gpus_per_node",
      "devices"),

@@ -2,6 +2,7 @@
 assembles the trainer from them and is where every public name is imported from.
 
 * :mod:`grpo_lab.training.config`: ``TrainerConfig``, how a run samples and updates.
+* :mod:`grpo_lab.training.adamw`: the AdamW, weight decay on weight matrices only (``build_adamw``).
 * :mod:`grpo_lab.training.precision`: the autocast dtype (``resolve_precision``) and float16 loss scaling.
 * :mod:`grpo_lab.training.collection`: the *collect* stage: rollout, scoring, selection (``Batch``, ``Scored``).
 * :mod:`grpo_lab.training.update`: the *update* stage: π_old / π_ref log-probs, minibatches,

@@ -31,7 +31,9 @@ class TrainerConfig:
         max_new_tokens: generation budget (default: the task's).
         temperature: sampling temperature (log-probs are computed at the same temperature).
         lr, weight_decay, betas, grad_clip: AdamW and global-norm clipping (``grad_clip > 0``: the
-            largest global gradient norm; 0 would zero every update).
+            largest global gradient norm; 0 would zero every update). ``weight_decay`` is decoupled and
+            applies to the weight matrices only, not to biases and norm weights (transformers' rule,
+            :mod:`grpo_lab.training.adamw`).
         warmup: optimiser steps of linear learning-rate warm-up of the policy (Adam's first steps
             move every parameter by about ``lr`` whatever its gradient, which can collapse a token's
             probability in a tiny model; a short warm-up avoids it). Update ``k`` gets ``lr * k / warmup``
