@@ -119,5 +119,4 @@ def test_verl_builds_grpo_labs_schedule_betas_and_precision(schedule, warmup, st
     assert tuple(optim.betas) == cfg.betas and optim.weight_decay == cfg.weight_decay and optim.clip_grad == 1.0
     actor = composed.actor_rollout_ref.actor.fsdp_config
     assert actor.mixed_precision.param_dtype == "bf16" and actor.model_dtype == "fp32"
-    if convention_switched():
-        assert lrs == pytest.approx([policy_lr(cfg, k) for k in range(steps)], rel=1e-12, abs=0)
+    assert lrs == pytest.approx([policy_lr(cfg, k) for k in range(steps)], rel=1e-12, abs=0)

@@ -167,8 +167,16 @@ def verify(algo, d: Draft, config: dict, budget: dict, moot: Callable[[str], boo
 
 
 def budget_keys(library: str) -> frozenset:
-    """The keys the export writes from the budget (sizes and optimiser), not from the algorithm."""
+    """The keys the export writes from the budget (sizes, optimiser, schedule, precision), not from the algorithm:
+    the optimisation keys are those :func:`grpo_lab.export.optimisation.trl_optimisation` /
+    ``verl_optimisation`` write for a full budget (their values are read as notes, not as the loss)."""
+    from ..algorithms import GRPO
+    from . import optimisation as _opt
+
+    full = {"lr": 1e-6, "grad_clip": 1.0, "lr_schedule": "cosine", "lr_schedule_steps": 2, "warmup": 0,
+            "betas": (0.9, 0.99), "weight_decay": 0.0, "precision": "float32", "epochs": 1, "minibatches": 1}
     if library == "trl":
-        return frozenset({"num_generations", "max_completion_length"})
-    return frozenset({"actor_rollout_ref.rollout.n", "data.max_response_length"})
+        return frozenset({"num_generations", "max_completion_length", *_opt.trl_optimisation(GRPO, full)[0]})
+    written = _opt.verl_optimisation(GRPO, full)[0]
+    return frozenset({"actor_rollout_ref.rollout.n", "data.max_response_length", *(k.lstrip("+") for k in written)})
 
