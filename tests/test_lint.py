@@ -12,6 +12,7 @@ import torch
 
 from grpo_lab import cli
 from grpo_lab import export as E
+from grpo_lab.algorithms import GSPO
 from grpo_lab.export import lint as L
 
 import _xcheck_common as X
@@ -117,14 +118,15 @@ def test_verl_default_is_ppo_with_a_critic():
 @pytest.mark.parametrize("name,library,preset,exact,expected", [
     ("trl_dapo.yaml", "trl", "DAPO", True, ["token mean over the whole batch instead of Eq. 12's per-group token mean",
                                              "no dynamic sampling instead of dynamic sampling"]),
-    ("trl_gspo.yaml", "trl", "GSPO", True, []),
+    # GSPO's 3e-4 / 4e-4 range is finer than bfloat16 resolves near 1 (TRL's default bf16): not exact
+    ("trl_gspo.yaml", "trl", "GSPO", False, []),
     ("trl_dr_grpo.yaml", "trl", "DR_GRPO", True, ["group z-score advantages instead of r - mean advantages (no std)"]),
     ("trl_cispo.yaml", "trl", "CISPO", True, ["group-mean / batch-std advantages instead of group z-score advantages",
                                                "clip range eps_low = 1, eps_high = 4 instead of clip range eps_low = "
                                                "1, eps_high = 0.28"]),
     ("verl_dapo.yaml", "verl", "DAPO", False, ["token mean over the whole batch instead of Eq. 12's per-group token "
                                                "mean", "no Overlong Filtering instead of Overlong Filtering"]),
-    ("verl_gspo.yaml", "verl", "GSPO", True, ["std + 1e-06 instead of std + 0.0001"]),
+    ("verl_gspo.yaml", "verl", "GSPO", False, ["std + 1e-06 instead of std + 0.0001"]),
     ("verl_dr_grpo.yaml", "verl", "DR_GRPO", False, []),
     ("verl_cispo.yaml", "verl", "CISPO", True, ["k3 KL with beta = 0.001 instead of no KL term"]),
 ])
@@ -134,6 +136,19 @@ def test_the_docs_example_configs(name, library, preset, exact, expected):
     for line in expected:
         assert line in r.departures
     assert r.summary.startswith(L._PAPERS[preset][0])
+
+
+@pytest.mark.parametrize("library,key,value", [("trl", "bf16", None), ("trl", "fp16", True),
+                                               ("verl", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
+                                                "bf16")])
+def test_a_clip_range_finer_than_the_precision_is_a_departure(library, key, value):
+    # GSPO's clip range (3e-4 / 4e-4) against 16-bit precision: grpo_lab.export.optimisation's precision check
+    exact = E.to_trl(GSPO) if library == "trl" else E.to_verl(GSPO.replace(adv_eps=1e-6))
+    read = L.from_trl if library == "trl" else L.from_verl
+    assert read(exact).exact
+    changed = {**exact, key: value} if library == "trl" else [*exact, f"{key}={value}"]
+    r = read(changed)
+    assert not r.exact and any(line.startswith("precision=") and "clip range" in line for line in r.inexact)
 
 
 def test_verl_dapo_recipe_keys_verl_091_no_longer_reads():
@@ -234,7 +249,9 @@ def test_cli_check_config(capsys, tmp_path):
     assert cli.main(["check-config", str(DATA / "verl_default_grpo.yaml")], prog="grpo") == 0
     out = capsys.readouterr().out
     assert out.startswith("verl 0.9.1 trainer config (") and "dual clip c = 3" in out
-    assert cli.main(["check-config", str(DATA / "trl_gspo.yaml"), "--library", "trl"], prog="grpo") == 0
+    float32 = tmp_path / "gspo_fp32.yaml"
+    float32.write_text((DATA / "trl_gspo.yaml").read_text() + "bf16: false\n")
+    assert cli.main(["check-config", str(float32), "--library", "trl"], prog="grpo") == 0
     assert "computes: GSPO (arXiv 2507.18071), exactly" in capsys.readouterr().out
     (tmp_path / "both.yaml").write_text("loss_type: grpo\nalgorithm:\n  adv_estimator: grpo\n")
     assert cli.main(["check-config", str(tmp_path / "both.yaml")], prog="grpo") == 2

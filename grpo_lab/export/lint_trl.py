@@ -186,13 +186,21 @@ def read_trl(values: dict) -> tuple:
     _kl(v, d)
     _extras(v, d)
     _notes(v, d)
-    budget = {"max_new_tokens": v.integer("max_completion_length")}
+    budget = {"max_new_tokens": v.integer("max_completion_length"), "precision": _precision(values)}
     if (v.integer("num_generations", none=True) or 0) >= 2:
         budget["group_size"] = v.integer("num_generations")
     norm = dict(values)
     if norm.get("epsilon_high") is None:
         norm["epsilon_high"] = norm.get("epsilon")
     return d, budget, norm
+
+
+def _precision(values: dict) -> str:
+    """The autocast precision of a TRL config as grpo_lab names it: ``fp16=True`` is float16; ``bf16`` True or
+    None (TRL 1.16's default: True unless ``fp16``) is bfloat16; else float32."""
+    if values.get("fp16"):
+        return "float16"
+    return "bfloat16" if values.get("bf16") in (None, True) else "float32"
 
 
 def verify_trl(algo, d: Draft, budget: dict, norm: dict) -> None:

@@ -226,13 +226,28 @@ def read_verl(values: dict) -> tuple:
     _notes(v, d)
     if d.named is None and v.get("algorithm.adv_estimator") == "grpo":
         d.named = ("GRPO", "algorithm.adv_estimator=grpo")
-    budget = {"max_new_tokens": v.integer("data.max_response_length")}
+    budget = {"max_new_tokens": v.integer("data.max_response_length"), "precision": _precision(values)}
     if (v.integer("actor_rollout_ref.rollout.n", none=True) or 0) >= 2:
         budget["group_size"] = v.integer("actor_rollout_ref.rollout.n")
     norm = dict(values)
     if isinstance(norm.get(_A + "kl_loss_type"), str):
         norm[_A + "kl_loss_type"] = _KL_ALIASES.get(norm[_A + "kl_loss_type"], norm[_A + "kl_loss_type"])
     return d, budget, norm
+
+
+#: verl's FSDP ``mixed_precision.param_dtype`` names -> grpo_lab's precision names
+_PARAM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+                 "fp32": "float32", "float32": "float32"}
+
+
+def _precision(values: dict) -> str:
+    """The actor's compute precision as grpo_lab names it: ``actor.fsdp_config.mixed_precision.param_dtype``,
+    bfloat16 when unset (verl 0.9.1's FSDP workers default to ``bf16``)."""
+    dtype = values.get(_A + "fsdp_config.mixed_precision.param_dtype") or "bf16"
+    if dtype not in _PARAM_DTYPES:
+        raise ValueError(f"{_A}fsdp_config.mixed_precision.param_dtype={dtype!r}: expected one of "
+                         f"{sorted(_PARAM_DTYPES)}")
+    return _PARAM_DTYPES[dtype]
 
 
 def verify_verl(algo, d: Draft, budget: dict, norm: dict) -> None:
