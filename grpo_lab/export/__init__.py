@@ -6,13 +6,17 @@ One package, one room per job:
   :func:`trl_reward_funcs`, :func:`mapping_table`, :func:`support_table` (what TRL 1.16.0 and verl 0.9.1
   compute, axis by axis, and where each differs from the paper; its docstring is the reference);
 * :mod:`grpo_lab.export.optimisation` — the budget (sizes, optimiser, schedule) read from a ``TrainerConfig``:
-  :func:`budget_from_config`.
+  :func:`budget_from_config`;
+* :mod:`grpo_lab.export.jobs` — a runnable job: :func:`trl_job` (script, dataset, reward adapter) and
+  :func:`verl_job` (parquet data, ``custom_reward_function`` file, Hydra overrides, command line); the
+  text of the files they write is in :mod:`grpo_lab.export.job_scripts`.
 
 Everything public is importable from ``grpo_lab.export`` itself.
 """
 
 from __future__ import annotations
 
+from .jobs import DEFAULT_STEPS, trl_job, verl_job
 from .optimisation import budget_from_config
 from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_ADV_EPS, VERL_DUAL_CLIP_OFF,
                           VERL_VERSION, ApproximateExportWarning, ExportError, Issue, Translation, mapping_table,
@@ -37,4 +41,7 @@ __all__ = [
     "mapping_table",
     "support_table",
     "budget_from_config",
+    "DEFAULT_STEPS",
+    "trl_job",
+    "verl_job",
 ]
