@@ -74,7 +74,7 @@ pretrain: install
 ## Installs requirements/xcheck.txt without dependencies on top of ci.txt (verl's heavy extras are not needed).
 xcheck: install
 	$(BIN)/python -m pip install -q --no-deps -r requirements/xcheck.txt
-	$(BIN)/python -m pytest -m xcheck tests/test_xcheck_trl.py tests/test_xcheck_verl.py -q -s -p no:cacheprovider
+	$(BIN)/python -m pytest -m xcheck tests/test_xcheck_trl.py tests/test_xcheck_verl.py tests/test_xcheck_trl_job.py -q -s -p no:cacheprovider
 
 clean:
 	rm -rf _build .pytest_cache

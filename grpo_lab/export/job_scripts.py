@@ -148,10 +148,11 @@ def build_trainer(argv=None):
 
 
 def main(argv=None):
-    """Train, then save the model to the output directory."""
+    """Train, then save the model to the output directory; returns the trainer."""
     trainer = build_trainer(argv)
     trainer.train()
     trainer.save_model()
+    return trainer
 
 
 if __name__ == "__main__":
