@@ -16,7 +16,8 @@ grpo_lab (the task's own scorer), so the job runs where grpo_lab is installed.
 
 from __future__ import annotations
 
-__all__ = ["TASK_SCORER", "TRL_REWARDS", "TRL_TRAIN", "VERL_REWARD"]
+#: the templates are the export's own material, read through grpo_lab.export.trl_job / verl_job: nothing public
+__all__: list[str] = []
 
 #: shared head of both reward files; fields: ``doc`` (the module docstring), ``spec`` (task_spec literal)
 TASK_SCORER = '''"""{doc}"""
