@@ -140,3 +140,18 @@ def test_bad_arguments_get_one_clear_error(tmp_path):
         warnings.simplefilter("error")
         with pytest.raises(E.ExportError, match="adv_eps"):
             E.verl_job(GRPO, "arithmetic", "arithmetic-base", tmp_path, **BUDGET)
+
+
+def test_the_command_line_writes_a_job(tmp_path, capsys):
+    from grpo_lab.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["export", "grpo", "--to", "trl", "--model", "arithmetic-base", "--out", str(out), "--steps", "2",
+                 "--set", "lr=3e-4", "--set", "group_size=4", "--set", "prompts_per_step=2", "--set", "beta=0.01"]) == 0
+    settings = literal(out / "train.py", "SETTINGS")
+    assert (settings["learning_rate"], settings["num_generations"], settings["beta"]) == (3e-4, 4, 0.01)
+    assert str(out) in capsys.readouterr().out
+    assert main(["export", "DAPPO", "--to", "verl", "--model", "arithmetic-base", "--out", str(tmp_path / "v")]) == 2
+    assert "did you mean 'DAPO'" in capsys.readouterr().err
+    assert main(["export", "DAPO", "--to", "verl", "--model", "arithmetic-base", "--out", str(tmp_path / "v")]) == 2
+    assert "Exact alternative" in capsys.readouterr().err and not (tmp_path / "v" / "run.sh").exists()
