@@ -45,6 +45,22 @@ DEFAULT_STEPS = 100
 VERL_ROLLOUT = "vllm"
 
 
+#: what a TRL job's README says about what it does not reproduce
+_TRL_CAVEATS = [
+    "`prompt` is the exact text grpo_lab's policy sees; TRL encodes it with the tokenizer's special tokens "
+    "(`add_special_tokens=True`), grpo_lab without them: a tokenizer that adds a BOS token gives TRL's prompts one "
+    "more token.",
+    "The reward files import grpo_lab (the task's own scorer): install it wherever the job runs.",
+]
+#: what a verl job's README says about what it does not reproduce
+_VERL_CAVEATS = [
+    "verl applies the model's chat template to each `prompt` (a list of messages): a model without one (a base "
+    "model, the tiny shipped checkpoints) cannot train with this job; its configuration is still valid.",
+    "Paths in `overrides.txt` and `run.sh` are absolute: write the job again if the directory moves.",
+    "The reward file imports grpo_lab (the task's own scorer): install it on every node.",
+]
+
+
 @dataclass(frozen=True)
 class _Job:
     """What both jobs are built from: the algorithm, task, model, translation and sizes, all checked."""
@@ -166,12 +182,14 @@ def _issue_lines(translation: Translation) -> list[str]:
     return [exact, "", *issues, *notes]
 
 
-def _readme(job: _Job, title: str, files: list[tuple[str, str]], commands: list[str], version: str) -> str:
+def _readme(job: _Job, title: str, files: list[tuple[str, str]], commands: list[str], version: str,
+            caveats: list[str]) -> str:
     lines = [f"# {title}", "",
              f"Written by `grpo_lab.export` for {version}: the algorithm **{job.algo.name}** on the grpo_lab task "
              f"**{job.spec['name']}** (`{job.spec['class']}`), model `{job.model}`, {job.steps} steps, seed {job.seed}.",
              "", "## Files", "", *[f"- `{name}`: {what}" for name, what in files], "", "## Run", "", "```sh",
-             *commands, "```", "", "## The translation", "", *_issue_lines(job.translation), ""]
+             *commands, "```", "", "## Caveats", "", *[f"- {c}" for c in caveats], "", "## The translation", "",
+             *_issue_lines(job.translation), ""]
     return "\n".join(lines)
 
 
@@ -243,7 +261,7 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
     commands = ["pip install grpo_lab trl==" + TRL_VERSION, *launch,
                 "python train.py --cpu --max-steps 2  # a smoke test on the CPU"]
     (job.out / "README.md").write_text(_readme(job, f"TRL job: {job.algo.name} on {job.spec['name']}", files,
-                                               commands, f"TRL {TRL_VERSION}"), encoding="utf-8")
+                                               commands, f"TRL {TRL_VERSION}", _TRL_CAVEATS), encoding="utf-8")
     return job.out
 
 
@@ -360,5 +378,6 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
     commands = [f"pip install grpo_lab verl=={VERL_VERSION} vllm   # on every node", "ray start --head   # then "
                 "ray start --address=HEAD:6379 on the other nodes", "bash run.sh"]
     title = f"verl job: {job.algo.name} on {job.spec['name']}, {nnodes} x {n_gpus_per_node} GPUs"
-    (job.out / "README.md").write_text(_readme(job, title, files, commands, f"verl {VERL_VERSION}"), encoding="utf-8")
+    (job.out / "README.md").write_text(_readme(job, title, files, commands, f"verl {VERL_VERSION}", _VERL_CAVEATS),
+                                       encoding="utf-8")
     return job.out
