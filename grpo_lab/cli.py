@@ -12,7 +12,7 @@ Train one algorithm preset for several seeds and write a results file with its p
     python -m grpo_lab export DAPO --to verl --task gsm8k --model Qwen/Qwen2.5-0.5B-Instruct --out job/ --approximate
 
 ``export PRESET --to trl|verl --model M --out DIR [--task T] [--steps N] [--set KEY=VALUE ...]`` writes a runnable
-TRL or verl job instead of training (:func:`grpo_lab.export.trl_job` / :func:`grpo_lab.export.verl_job`; the
+TRL or verl job instead of training (:func:`~grpo_lab.export.jobs.trl_job` / :func:`~grpo_lab.export.jobs.verl_job`; the
 budget is the ``TrainerConfig`` the ``--set`` keys make; ``--approximate`` exports what the target cannot
 compute exactly, each difference a warning).
 
@@ -930,8 +930,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
 # ---------------------------------------------------------------------------------------- export
 def _export_parser(prog: str) -> argparse.ArgumentParser:
-    """The ``export`` command's parser: a runnable TRL or verl job (:func:`grpo_lab.export.trl_job` /
-    :func:`grpo_lab.export.verl_job`)."""
+    """The ``export`` command's parser: a runnable TRL or verl job (:func:`~grpo_lab.export.jobs.trl_job` /
+    :func:`~grpo_lab.export.jobs.verl_job`)."""
     ap = _Parser(prog=f"{prog} export", formatter_class=_Formatter,
                  description="Write a runnable TRL or verl job (script or command line, data, a reward adapter "
                              "wrapping the task's scorer, README) for a preset, its budget read from TrainerConfig "

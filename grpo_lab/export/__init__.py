@@ -7,9 +7,9 @@ One package, one room per job:
   compute, axis by axis, and where each differs from the paper; its docstring is the reference);
 * :mod:`grpo_lab.export.optimisation` — the budget (sizes, optimiser, schedule) read from a ``TrainerConfig``:
   :func:`budget_from_config`;
-* :mod:`grpo_lab.export.jobs` — a runnable job: :func:`trl_job` (script, dataset, reward adapter) and
-  :func:`verl_job` (parquet data, ``custom_reward_function`` file, Hydra overrides, command line); the
-  text of the files they write is in :mod:`grpo_lab.export.job_scripts`.
+* :mod:`grpo_lab.export.jobs` — a runnable job: :func:`~grpo_lab.export.jobs.trl_job` (script, dataset,
+  reward adapter) and :func:`~grpo_lab.export.jobs.verl_job` (parquet data, ``custom_reward_function`` file,
+  Hydra overrides, command line); the text of the files they write is in :mod:`grpo_lab.export.job_scripts`.
 
 Everything public is importable from ``grpo_lab.export`` itself.
 """

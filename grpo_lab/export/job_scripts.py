@@ -1,16 +1,16 @@
-"""The text of the files that :func:`grpo_lab.export.trl_job` and :func:`grpo_lab.export.verl_job` write.
+"""The text of the files that :func:`grpo_lab.export.jobs.trl_job` and :func:`grpo_lab.export.jobs.verl_job` write.
 
 Each constant is a ``str.format`` template of a python file; the values filled in are python literals
-(``repr`` / :func:`pprint.pformat` of plain data), so the written files are plain, editable python and
-their settings can be read back with :func:`ast.literal_eval`. The written reward files import
+(``repr`` / ``pprint.pformat`` of plain data), so the written files are plain, editable python and
+their settings can be read back with ``ast.literal_eval``. The written reward files import
 grpo_lab (the task's own scorer), so the job runs where grpo_lab is installed.
 
-* :data:`TASK_SCORER` — the part shared by both reward files: the task rebuilt from its
+* ``TASK_SCORER`` — the part shared by both reward files: the task rebuilt from its
   :func:`grpo_lab.tasks.task_spec`, and ``score`` / ``correct``, grpo_lab's reward and correctness of
   a batch of completions;
-* :data:`TRL_REWARDS` — ``rewards.py``: TRL's ``reward(completions, **columns)`` and ``reward_funcs()``;
-* :data:`TRL_TRAIN` — ``train.py``: ``GRPOConfig(**SETTINGS, **RUN)`` and ``GRPOTrainer(...).train()``;
-* :data:`VERL_REWARD` — ``reward.py``: verl's ``compute_score(data_source, solution_str, ground_truth,
+* ``TRL_REWARDS`` — ``rewards.py``: TRL's ``reward(completions, **columns)`` and ``reward_funcs()``;
+* ``TRL_TRAIN`` — ``train.py``: ``GRPOConfig(**SETTINGS, **RUN)`` and ``GRPOTrainer(...).train()``;
+* ``VERL_REWARD`` — ``reward.py``: verl's ``compute_score(data_source, solution_str, ground_truth,
   extra_info)``.
 """
 

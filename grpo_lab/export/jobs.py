@@ -1,17 +1,17 @@
 """A runnable job, not a fragment: the files that train a grpo_lab algorithm on a grpo_lab task in TRL or verl.
 
-* :func:`trl_job` writes ``train.py`` (``trl.GRPOConfig`` built from :func:`~grpo_lab.export.to_trl`'s
+* :func:`trl_job` writes ``train.py`` (``trl.GRPOConfig`` built from :func:`~grpo_lab.export.translation.to_trl`'s
   settings, written as a literal dict, and ``trl.GRPOTrainer(...).train()``; it runs with ``python train.py``
   and ``accelerate launch train.py``), ``dataset.jsonl`` (the task's prompts in TRL's form), ``rewards.py``
   (a TRL reward function that calls the task's own scorer, plus DAPO's soft overlong punishment through
-  :func:`~grpo_lab.export.trl_reward_funcs` when the algorithm has it) and ``README.md``;
+  :func:`~grpo_lab.export.translation.trl_reward_funcs` when the algorithm has it) and ``README.md``;
 * :func:`verl_job` writes ``train.parquet`` / ``test.parquet`` in verl's RL dataset schema, ``reward.py``
   (verl's ``custom_reward_function``, ``compute_score``, wrapping the task's scorer: verl's built-in GSM8K
   scorer reads only ``#### <n>``, so grpo_lab's ``\\boxed{}`` answers would score 0 with it),
-  ``overrides.txt`` (the Hydra overrides: :func:`~grpo_lab.export.to_verl` plus data, reward, model and
+  ``overrides.txt`` (the Hydra overrides: :func:`~grpo_lab.export.translation.to_verl` plus data, reward, model and
   trainer keys), ``run.sh`` (``python -m verl.trainer.main_ppo ...``) and ``README.md``.
 
-The budget is :func:`~grpo_lab.export.budget_from_config` of ``config`` (``TrainerConfig()`` when none is
+The budget is :func:`~grpo_lab.export.optimisation.budget_from_config` of ``config`` (``TrainerConfig()`` when none is
 given) with the keyword arguments on top, and ``max_new_tokens`` from the task when neither sets it, so
 nothing is typed twice and the target's defaults never stand in for grpo_lab's. The reward files rebuild
 the task from :func:`grpo_lab.tasks.task_spec` and import grpo_lab: the job runs where grpo_lab is
@@ -37,7 +37,7 @@ from . import job_scripts as _scripts
 from .optimisation import budget_from_config
 from .translation import TRL_VERSION, VERL_VERSION, Translation, translate
 
-__all__ = ["DEFAULT_STEPS", "trl_job", "verl_job"]
+__all__ = ["DEFAULT_STEPS", "VERL_ROLLOUT", "trl_job", "verl_job"]
 
 #: training steps of a job when neither ``steps`` nor ``config.lr_schedule_steps`` gives them
 DEFAULT_STEPS = 100
@@ -199,7 +199,7 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
 
     Files written into ``out`` (created if needed, files of the same name replaced):
 
-    * ``train.py``: ``trl.GRPOConfig(**SETTINGS, **RUN)`` where ``SETTINGS`` is :func:`~grpo_lab.export.to_trl`
+    * ``train.py``: ``trl.GRPOConfig(**SETTINGS, **RUN)`` where ``SETTINGS`` is :func:`~grpo_lab.export.translation.to_trl`
       of the algorithm and budget, written as a literal dict (read it, edit it), and ``RUN`` the run's own
       keys (``max_steps``, ``seed``, ``logging_steps``, ``output_dir``, ``report_to``); the policy loaded by
       :func:`grpo_lab.models.load_policy`; ``trl.GRPOTrainer(...).train()``. ``python train.py`` or
@@ -211,7 +211,7 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
     * ``rewards.py``: ``reward(completions, **columns) -> list[float]``, the task's own reward
       (``task.rewards`` / ``task.reward`` on :class:`~grpo_lab.tasks.Problem` rows rebuilt from the
       columns), and ``reward_funcs()``: that reward plus DAPO's soft overlong punishment when the algorithm
-      has one (:func:`~grpo_lab.export.trl_reward_funcs`).
+      has one (:func:`~grpo_lab.export.translation.trl_reward_funcs`).
     * ``README.md``: what was exported, the translation's notes and issues, one per line, and the commands.
 
     Args:
@@ -219,12 +219,12 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
         task: a registered dataclass task (:func:`grpo_lab.tasks.task_spec` describes it) or its name.
         model: a checkpoint directory, the name of a shipped checkpoint (``"arithmetic-base"``) or a hub id.
         out: the job's directory.
-        config: a :class:`~grpo_lab.trainer.TrainerConfig` whose budget (:func:`~grpo_lab.export.budget_from_config`)
+        config: a :class:`~grpo_lab.trainer.TrainerConfig` whose budget (:func:`~grpo_lab.export.optimisation.budget_from_config`)
             and seed the job uses; ``None``: ``TrainerConfig()``.
         steps: training steps (``GRPOConfig.max_steps``); ``None``: ``config.lr_schedule_steps``, else
             :data:`DEFAULT_STEPS`.
-        strict: as :func:`~grpo_lab.export.translate`: raise unless TRL computes the algorithm exactly.
-        **budget: budget keys (:data:`~grpo_lab.export.BUDGET_KEYS`) over the config's.
+        strict: as :func:`~grpo_lab.export.translation.translate`: raise unless TRL computes the algorithm exactly.
+        **budget: budget keys (:data:`~grpo_lab.export.translation.BUDGET_KEYS`) over the config's.
 
     Returns:
         ``Path`` of ``out`` (absolute).
@@ -293,7 +293,7 @@ def _hydra_value(text: str) -> str:
 
 
 def _verl_overrides(job: _Job) -> list[str]:
-    """:func:`~grpo_lab.export.to_verl`'s overrides plus the job's files, model, engine and trainer keys."""
+    """:func:`~grpo_lab.export.translation.to_verl`'s overrides plus the job's files, model, engine and trainer keys."""
     exported = list(job.translation.config)
     micro = next((o.split("=", 1)[1] for o in exported
                   if o.startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=")), "8")
@@ -335,7 +335,7 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
       ``index``, ``prompt``: grpo_lab's prompt text, ``meta``: the problem's facts as JSON).
     * ``reward.py``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, the task's
       own reward (``{"score": reward, "acc": correctness}``); verl's built-in scorers are never used.
-    * ``overrides.txt``: one Hydra override a line: :func:`~grpo_lab.export.to_verl` of the algorithm and budget
+    * ``overrides.txt``: one Hydra override a line: :func:`~grpo_lab.export.translation.to_verl` of the algorithm and budget
       (with ``nnodes`` / ``n_gpus_per_node``), then ``data.train_files`` / ``val_files``,
       ``reward.custom_reward_function.path`` / ``name``, ``actor_rollout_ref.model.path``, the rollout engine
       (:data:`VERL_ROLLOUT`) and its log-prob micro-batch, ``trainer.total_training_steps``, logger and names.
@@ -346,7 +346,7 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
     Args:
         preset, task, model, out, config, steps, strict: as :func:`trl_job`.
         nnodes: machines; n_gpus_per_node: GPUs on each (budget keys: they size verl's micro-batches).
-        **budget: budget keys (:data:`~grpo_lab.export.BUDGET_KEYS`) over the config's.
+        **budget: budget keys (:data:`~grpo_lab.export.translation.BUDGET_KEYS`) over the config's.
 
     Returns:
         ``Path`` of ``out`` (absolute).
