@@ -10,6 +10,12 @@ Train one algorithm preset for several seeds and write a results file with its p
     python -m grpo_lab --config run.yaml --steps 5              # options from a YAML file, a flag on top
     python -m grpo_lab list                                     # presets, tasks, profiles, models, --set keys
     python -m grpo_lab check-config grpo.yaml                   # what a TRL / verl config computes (the linter)
+    python -m grpo_lab export DAPO --to verl --task gsm8k --model Qwen/Qwen2.5-0.5B-Instruct --out job/ --approximate
+
+``export PRESET --to trl|verl --model M --out DIR [--task T] [--steps N] [--set KEY=VALUE ...]`` writes a runnable
+TRL or verl job instead of training (:func:`~grpo_lab.export.jobs.trl_job` / :func:`~grpo_lab.export.jobs.verl_job`; the
+budget is the ``TrainerConfig`` the ``--set`` keys make; ``--approximate`` exports what the target cannot
+compute exactly, each difference a warning).
 
 ``train`` may be written before the preset (``python -m grpo_lab train GRPO``); it is the default.
 ``check-config FILE [--library trl|verl]`` prints what a TRL ``GRPOConfig`` or verl trainer config computes in
@@ -923,6 +929,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             return 0
         if argv[:1] == ["check-config"]:
             return _check_config(argv[1:], prog)
+        if argv[:1] == ["export"]:
+            return _export(argv[1:], prog)
         return _train(argv[1:] if argv[:1] == ["train"] else argv, prog)
     except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else 0
@@ -939,3 +947,55 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         hint = "" if debug or isinstance(exc, UsageError) else " (--debug shows the traceback)"
         print(f"{prog}: error: {message}{hint}", file=sys.stderr)
         return 2 if user else 1
+
+
+# ---------------------------------------------------------------------------------------- export
+def _export_parser(prog: str) -> argparse.ArgumentParser:
+    """The ``export`` command's parser: a runnable TRL or verl job (:func:`~grpo_lab.export.jobs.trl_job` /
+    :func:`~grpo_lab.export.jobs.verl_job`)."""
+    ap = _Parser(prog=f"{prog} export", formatter_class=_Formatter,
+                 description="Write a runnable TRL or verl job (script or command line, data, a reward adapter "
+                             "wrapping the task's scorer, README) for a preset, its budget read from TrainerConfig "
+                             "(--set) as training would use it.")
+    ap.add_argument("preset", help="an algorithm preset (case-insensitive)")
+    ap.add_argument("--to", required=True, choices=("trl", "verl"), help="the target library")
+    ap.add_argument("--task", default="arithmetic", help="a registered task")
+    ap.add_argument("--model", required=True, help="a shipped checkpoint, a checkpoint directory or a hub id")
+    ap.add_argument("--out", required=True, help="the job's directory")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: grpo_lab.export.DEFAULT_STEPS)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a TrainerConfig field or an Algorithm field / hyper-parameter, as for training")
+    ap.add_argument("--nnodes", type=int, default=1, help="machines")
+    ap.add_argument("--gpus-per-node", type=int, default=None, help="devices per machine (verl default 8, TRL 1)")
+    ap.add_argument("--approximate", action="store_true",
+                    help="export the nearest mapping when the target cannot compute the preset exactly "
+                         "(strict=False: each difference is a warning and a line of the README)")
+    ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    return ap
+
+
+def _export(argv: list[str], prog: str) -> int:
+    """``export PRESET --to trl|verl --task T --model M --out DIR [--set k=v ...]``: write the job, print its path."""
+    args = _export_parser(prog).parse_args(argv)
+    from . import export
+    from .algorithms import PRESETS, get_algorithm
+    from .training.config import TrainerConfig
+
+    try:
+        algo = get_algorithm(args.preset)
+    except ValueError:
+        close = difflib.get_close_matches(args.preset.upper(), list(PRESETS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"unknown preset {args.preset!r}{hint}; known: {', '.join(PRESETS)}") from None
+    set_cfg, set_algo = parse_set(args.overrides)
+    algo = algo.replace(**set_algo) if set_algo else algo
+    gpus = args.gpus_per_node if args.gpus_per_node is not None else (8 if args.to == "verl" else 1)
+    common = dict(config=TrainerConfig(**set_cfg), steps=args.steps, strict=not args.approximate)
+    if args.to == "trl":
+        devices = {} if args.nnodes * gpus == 1 else {"nnodes": args.nnodes, "n_gpus_per_node": gpus}
+        out = export.trl_job(algo, args.task, resolve_model(args.model), args.out, **common, **devices)
+    else:
+        out = export.verl_job(algo, args.task, resolve_model(args.model), args.out, nnodes=args.nnodes,
+                              n_gpus_per_node=gpus, **common)
+    print(f"wrote the {args.to} job of {algo.name} on {args.task} to {out} (README.md says how to run it)")
+    return 0

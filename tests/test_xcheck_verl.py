@@ -237,3 +237,29 @@ def test_verl_seq_mean_epsilon_vanishes_with_its_bool_mask():
             rows = rows + out.loss * n / (n + 1e-8)
     verl_float = pg + actor.kl_loss_coef * kl
     assert abs(float(verl_float.detach() - rows.detach() / X.B)) <= 1e-14
+
+
+def test_verl_validates_the_jobs_configuration_and_loads_its_reward_function(tmp_path):
+    """``grpo_lab.export.verl_job``: its overrides, composed with verl's ``ppo_trainer.yaml``, pass verl's own
+    ``validate_config`` (what ``main_ppo`` runs first), and verl's own loader (``get_custom_reward_fn``) loads
+    its ``reward.py``, which scores a ``\\boxed{}`` answer 1 (verl's built-in GSM8K scorer reads only ``####``)."""
+    import pandas as pd
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    out = E.verl_job(GRPO.replace(adv_eps=E.VERL_ADV_EPS), "gsm8k", "arithmetic-base", tmp_path / "job", steps=2,
+                     nnodes=1, n_gpus_per_node=2, group_size=X.G, prompts_per_step=4)
+    overrides = (out / "overrides.txt").read_text().splitlines()
+    actor, _, cfg = compose(overrides)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    assert actor.use_kl_loss and cfg.trainer.n_gpus_per_node == 2 and cfg.trainer.total_training_steps == 2
+    assert cfg.data.train_files == str(out / "train.parquet")
+    score = get_custom_reward_fn(cfg)
+    row = pd.read_parquet(cfg.data.val_files).iloc[0]
+    gold, info = row["reward_model"]["ground_truth"], dict(row["extra_info"])
+    got = score(data_source=row["data_source"], solution_str=f"... so \\boxed{{{gold}}}", ground_truth=gold,
+                extra_info=info)
+    assert got == {"score": 1.0, "acc": 1.0}
+    assert score(data_source=row["data_source"], solution_str=f"#### {gold}0", ground_truth=gold,
+                 extra_info=info)["score"] == 0.0

@@ -13,12 +13,16 @@ One package, one room per job:
 * :mod:`grpo_lab.export.lint` — the way back: :func:`from_trl`, :func:`from_verl`, :func:`check_config` read a
   TRL / verl configuration as the grpo_lab Algorithm it computes, the paper it is nearest to and its
   departures (a :class:`Reading`; ``python -m grpo_lab check-config FILE``).
+* :mod:`grpo_lab.export.jobs` — a runnable job: :func:`~grpo_lab.export.jobs.trl_job` (script, dataset,
+  reward adapter) and :func:`~grpo_lab.export.jobs.verl_job` (parquet data, ``custom_reward_function`` file,
+  Hydra overrides, command line); the text of the files they write is in :mod:`grpo_lab.export.job_scripts`.
 
 Everything public is importable from ``grpo_lab.export`` itself.
 """
 
 from __future__ import annotations
 
+from .jobs import DEFAULT_STEPS, trl_job, verl_job
 from .lint import Reading, check_config, from_trl, from_verl
 from .optimisation import EXPORT_PRECISIONS, budget_from_config, horizon, precision_resolution
 from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_ADV_EPS, VERL_DUAL_CLIP_OFF,
@@ -55,4 +59,7 @@ __all__ = [
     "LibraryVersionWarning",
     "installed_version",
     "check_installed",
+    "DEFAULT_STEPS",
+    "trl_job",
+    "verl_job",
 ]

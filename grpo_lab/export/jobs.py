@@ -1,0 +1,383 @@
+"""A runnable job, not a fragment: the files that train a grpo_lab algorithm on a grpo_lab task in TRL or verl.
+
+* :func:`trl_job` writes ``train.py`` (``trl.GRPOConfig`` built from :func:`~grpo_lab.export.translation.to_trl`'s
+  settings, written as a literal dict, and ``trl.GRPOTrainer(...).train()``; it runs with ``python train.py``
+  and ``accelerate launch train.py``), ``dataset.jsonl`` (the task's prompts in TRL's form), ``rewards.py``
+  (a TRL reward function that calls the task's own scorer, plus DAPO's soft overlong punishment through
+  :func:`~grpo_lab.export.translation.trl_reward_funcs` when the algorithm has it) and ``README.md``;
+* :func:`verl_job` writes ``train.parquet`` / ``test.parquet`` in verl's RL dataset schema, ``reward.py``
+  (verl's ``custom_reward_function``, ``compute_score``, wrapping the task's scorer: verl's built-in GSM8K
+  scorer reads only ``#### <n>``, so grpo_lab's ``\\boxed{}`` answers would score 0 with it),
+  ``overrides.txt`` (the Hydra overrides: :func:`~grpo_lab.export.translation.to_verl` plus data, reward, model and
+  trainer keys), ``run.sh`` (``python -m verl.trainer.main_ppo ...``) and ``README.md``.
+
+The budget is :func:`~grpo_lab.export.optimisation.budget_from_config` of ``config`` (``TrainerConfig()`` when none is
+given) with the keyword arguments on top, and ``max_new_tokens`` from the task when neither sets it, so
+nothing is typed twice and the target's defaults never stand in for grpo_lab's. The reward files rebuild
+the task from :func:`grpo_lab.tasks.task_spec` and import grpo_lab: the job runs where grpo_lab is
+installed (``pip install grpo_lab``), and a task of your own must be a registered dataclass task whose
+module registers it on import.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import pprint
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from ..algorithms import Algorithm, get_algorithm
+from . import job_scripts as _scripts
+from .optimisation import budget_from_config
+from .translation import TRL_VERSION, VERL_VERSION, Translation, translate
+
+__all__ = ["DEFAULT_STEPS", "VERL_ROLLOUT", "trl_job", "verl_job"]
+
+#: training steps of a job when neither ``steps`` nor ``config.lr_schedule_steps`` gives them
+DEFAULT_STEPS = 100
+#: the verl rollout engine a job names (``actor_rollout_ref.rollout.name``; ``sglang`` works as well)
+VERL_ROLLOUT = "vllm"
+
+
+#: what a TRL job's README says about what it does not reproduce
+_TRL_CAVEATS = [
+    "`prompt` is the exact text grpo_lab's policy sees; TRL encodes it with the tokenizer's special tokens "
+    "(`add_special_tokens=True`), grpo_lab without them: a tokenizer that adds a BOS token gives TRL's prompts one "
+    "more token.",
+    "The reward files import grpo_lab (the task's own scorer): install it wherever the job runs.",
+]
+#: what a verl job's README says about what it does not reproduce
+_VERL_CAVEATS = [
+    "verl applies the model's chat template to each `prompt` (a list of messages): a model without one (a base "
+    "model, the tiny shipped checkpoints) cannot train with this job; its configuration is still valid.",
+    "Paths in `overrides.txt` and `run.sh` are absolute: write the job again if the directory moves.",
+    "The reward file imports grpo_lab (the task's own scorer): install it on every node.",
+]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What both jobs are built from: the algorithm, task, model, translation and sizes, all checked."""
+
+    algo: Algorithm
+    task: Any
+    spec: dict
+    model: str
+    out: Path
+    translation: Translation
+    steps: int
+    seed: int
+
+
+def _task(task) -> tuple[Any, dict]:
+    """``(task object, its task_spec)``; a name is built with :func:`grpo_lab.tasks.get_task`."""
+    from ..tasks import TASKS, get_task, task_spec
+
+    if isinstance(task, str):
+        if task not in TASKS:
+            close = difflib.get_close_matches(task, list(TASKS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown task {task!r}{hint}; known tasks: {sorted(TASKS)}")
+        task = get_task(task)
+    try:
+        spec = task_spec(task)
+    except ValueError as exc:
+        raise ValueError(f"the job's reward files rebuild the task from its task_spec, and {exc}") from None
+    json.dumps(spec)  # the spec is written as a literal: it must be plain data
+    return task, spec
+
+
+def _model(model) -> str:
+    """A checkpoint directory (absolute), a shipped checkpoint's directory, or a hub id ``org/name``."""
+    from ..paths import data_dir
+
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a checkpoint directory or a hub id (str), got {type(model).__name__}")
+    text = os.fspath(model)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model {text!r}: not a checkpoint directory (no config.json in it)")
+        return str(path.resolve())
+    shipped = data_dir() / "checkpoints" / text
+    if "/" not in text and (shipped / "config.json").is_file():
+        return str(shipped.resolve())
+    parts = text.split("/")
+    if len(parts) == 2 and all(parts) and not text.startswith((".", "~")) and " " not in text:
+        return text  # a hub id: the job's machine downloads it
+    names = sorted(p.name for p in (data_dir() / "checkpoints").glob("*") if (p / "config.json").is_file())
+    close = difflib.get_close_matches(text, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise FileNotFoundError(f"model {text!r}: no such checkpoint directory{hint}; give a directory, a shipped "
+                            f"checkpoint ({', '.join(names) or 'none'}) or a hub id org/name")
+
+
+def _budget(config, task, budget: dict) -> dict:
+    """``budget_from_config(config)`` with ``budget`` on top and the task's ``max_new_tokens`` as the default."""
+    from ..training.config import TrainerConfig
+
+    if config is None:
+        config = TrainerConfig()
+    merged = {**budget_from_config(config), **budget}
+    merged.setdefault("max_new_tokens", int(task.max_new_tokens))
+    return merged
+
+
+def _steps(steps, config) -> int:
+    if steps is None:
+        steps = getattr(config, "lr_schedule_steps", None) or DEFAULT_STEPS
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    return steps
+
+
+def _prepare(preset, task, model, out, config, steps, strict, target, budget) -> _Job:
+    """Check every argument and translate; nothing is written yet."""
+    algo = get_algorithm(preset) if isinstance(preset, str) else preset
+    if not isinstance(algo, Algorithm):
+        raise TypeError(f"preset must be a preset name or an Algorithm, got {type(algo).__name__}")
+    task, spec = _task(task)
+    model = _model(model)
+    merged = _budget(config, task, budget)
+    translation = translate(algo, target, strict=strict, **merged)
+    out = Path(out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"out {str(out)!r} is a file; the job is a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    seed = int(getattr(config, "seed", 0) or 0)
+    return _Job(algo, task, spec, model, out, translation, _steps(steps, config), seed)
+
+
+def _problems(job: _Job, n: int) -> list:
+    """``n`` training problems drawn as the trainer draws them, with ``numpy.random.default_rng(seed)``."""
+    return list(job.task.sample(n, np.random.default_rng(job.seed)))
+
+
+def _literal(value: Any) -> str:
+    """``value`` as a python literal, one key per line (read back by :func:`ast.literal_eval`)."""
+    return pprint.pformat(value, indent=1, width=110, sort_dicts=False)
+
+
+def _scorer(job: _Job, doc: str) -> str:
+    return _scripts.TASK_SCORER.format(doc=doc, spec=_literal(job.spec))
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _issue_lines(translation: Translation) -> list[str]:
+    notes = [f"- note: {n}" for n in translation.notes]
+    issues = [f"- {i.text()}" for i in translation.issues]
+    exact = ("The exported settings compute this algorithm exactly." if translation.exact else
+             "NOT EXACT: the target computes something else; each difference is listed below.")
+    return [exact, "", *issues, *notes]
+
+
+def _readme(job: _Job, title: str, files: list[tuple[str, str]], commands: list[str], version: str,
+            caveats: list[str]) -> str:
+    lines = [f"# {title}", "",
+             f"Written by `grpo_lab.export` for {version}: the algorithm **{job.algo.name}** on the grpo_lab task "
+             f"**{job.spec['name']}** (`{job.spec['class']}`), model `{job.model}`, {job.steps} steps, seed {job.seed}.",
+             "", "## Files", "", *[f"- `{name}`: {what}" for name, what in files], "", "## Run", "", "```sh",
+             *commands, "```", "", "## Caveats", "", *[f"- {c}" for c in caveats], "", "## The translation", "",
+             *_issue_lines(job.translation), ""]
+    return "\n".join(lines)
+
+
+def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike], out: Union[str, os.PathLike], *,
+            config=None, steps: Optional[int] = None, strict: bool = True, **budget: Any) -> Path:
+    """Write a TRL job that trains ``preset`` on ``task`` from ``model``: script, dataset, reward adapter, README.
+
+    Files written into ``out`` (created if needed, files of the same name replaced):
+
+    * ``train.py``: ``trl.GRPOConfig(**SETTINGS, **RUN)`` where ``SETTINGS`` is :func:`~grpo_lab.export.translation.to_trl`
+      of the algorithm and budget, written as a literal dict (read it, edit it), and ``RUN`` the run's own
+      keys (``max_steps``, ``seed``, ``logging_steps``, ``output_dir``, ``report_to``); the policy loaded by
+      :func:`grpo_lab.models.load_policy`; ``trl.GRPOTrainer(...).train()``. ``python train.py`` or
+      ``accelerate launch train.py``; ``--max-steps N``, ``--cpu`` (``use_cpu=True, bf16=False``),
+      ``--output-dir``, ``--report-to``. Its ``build_trainer(argv)`` returns the trainer without training.
+    * ``dataset.jsonl``: ``steps * prompts_per_step`` training problems of the task (drawn with
+      ``numpy.random.default_rng(seed)``), in TRL's standard (not conversational) form: ``prompt`` (the exact
+      text the grpo_lab policy sees), ``answer`` (the gold answer) and ``meta`` (the problem's facts, JSON).
+    * ``rewards.py``: ``reward(completions, **columns) -> list[float]``, the task's own reward
+      (``task.rewards`` / ``task.reward`` on :class:`~grpo_lab.tasks.Problem` rows rebuilt from the
+      columns), and ``reward_funcs()``: that reward plus DAPO's soft overlong punishment when the algorithm
+      has one (:func:`~grpo_lab.export.translation.trl_reward_funcs`).
+    * ``README.md``: what was exported, the translation's notes and issues, one per line, and the commands.
+
+    Args:
+        preset: an :class:`~grpo_lab.algorithms.Algorithm` or a preset name.
+        task: a registered dataclass task (:func:`grpo_lab.tasks.task_spec` describes it) or its name.
+        model: a checkpoint directory, the name of a shipped checkpoint (``"arithmetic-base"``) or a hub id.
+        out: the job's directory.
+        config: a :class:`~grpo_lab.trainer.TrainerConfig` whose budget (:func:`~grpo_lab.export.optimisation.budget_from_config`)
+            and seed the job uses; ``None``: ``TrainerConfig()``.
+        steps: training steps (``GRPOConfig.max_steps``); ``None``: ``config.lr_schedule_steps``, else
+            :data:`DEFAULT_STEPS`.
+        strict: as :func:`~grpo_lab.export.translation.translate`: raise unless TRL computes the algorithm exactly.
+        **budget: budget keys (:data:`~grpo_lab.export.translation.BUDGET_KEYS`) over the config's.
+
+    Returns:
+        ``Path`` of ``out`` (absolute).
+
+    Raises:
+        ExportError: (strict) TRL does not compute the algorithm exactly; the message names the alternative.
+        ValueError: an unknown task (did-you-mean), a task without a spec, bad ``steps``, a bad budget.
+        FileNotFoundError: a model that is no directory, shipped checkpoint or hub id.
+        FileExistsError: ``out`` is a file.
+    """
+    job = _prepare(preset, task, model, out, config, steps, strict, "trl", budget)
+    b = job.translation.budget
+    problems = _problems(job, job.steps * int(b.get("prompts_per_step", 1)))
+    _write_jsonl(job.out / "dataset.jsonl", [{"prompt": p.prompt, "answer": p.answer, "meta": json.dumps(p.meta)}
+                                              for p in problems])
+    doc = f"TRL reward functions for the grpo_lab task {job.spec['name']!r}, written by grpo_lab.export.trl_job."
+    rewards = _scorer(job, doc) + _scripts.TRL_REWARDS.format(algorithm=_literal(job.algo.describe()),
+                                                              max_new_tokens=int(b["max_new_tokens"]))
+    (job.out / "rewards.py").write_text(rewards, encoding="utf-8")
+    run = {"output_dir": str(job.out / "output"), "max_steps": job.steps, "seed": job.seed, "logging_steps": 1,
+           "save_strategy": "no", "report_to": "none"}
+    doc = (f"Train {job.algo.name} on the grpo_lab task {job.spec['name']!r} with TRL {TRL_VERSION} "
+           "(written by grpo_lab.export.trl_job).\n\nRun: python train.py [--max-steps N] [--cpu], or "
+           "accelerate launch train.py")
+    (job.out / "train.py").write_text(_scripts.TRL_TRAIN.format(doc=doc, model=repr(job.model),
+                                                                settings=_literal(job.translation.config),
+                                                                run=_literal(run)), encoding="utf-8")
+    files = [("train.py", "the script: GRPOConfig(**SETTINGS, **RUN), GRPOTrainer(...).train()"),
+             ("dataset.jsonl", f"{len(problems)} training prompts (columns prompt, answer, meta)"),
+             ("rewards.py", "the reward adapter: grpo_lab's own scorer of the task as a TRL reward function")]
+    world = int(b.get("nnodes", 1)) * int(b.get("n_gpus_per_node", 1))
+    launch = (["python train.py                       # one device"] if world == 1 else
+              [f"accelerate launch --num_processes {world} train.py   # the {world} devices the budget was sized for"])
+    commands = ["pip install grpo_lab trl==" + TRL_VERSION, *launch,
+                "python train.py --cpu --max-steps 2  # a smoke test on the CPU"]
+    (job.out / "README.md").write_text(_readme(job, f"TRL job: {job.algo.name} on {job.spec['name']}", files,
+                                               commands, f"TRL {TRL_VERSION}", _TRL_CAVEATS), encoding="utf-8")
+    return job.out
+
+
+def _messages(task, problem) -> list[dict]:
+    """verl's ``prompt``: the chat messages. A task that formats a question with a system prompt and an
+    instruction (GSM8K) gives its turns; any other task's prompt text is the user turn."""
+    question = problem.meta.get("question") if isinstance(problem.meta, dict) else None
+    if question is None or not hasattr(task, "instruction"):
+        return [{"role": "user", "content": problem.prompt}]
+    user = f"{question}\n{task.instruction}" if task.instruction else question
+    system = getattr(task, "system_prompt", None)
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
+def _verl_rows(job: _Job, problems: list, split: str) -> list[dict]:
+    """Rows of verl's RL dataset schema (``verl.utils.dataset.rl_dataset``, its GSM8K example's layout)."""
+    source = f"grpo_lab/{job.spec['name']}"
+    ability = "math" if job.spec["name"] in ("arithmetic", "gsm8k") else job.spec["name"]
+    return [{"data_source": source, "prompt": _messages(job.task, p), "ability": ability,
+             "reward_model": {"style": "rule", "ground_truth": p.answer},
+             "extra_info": {"split": split, "index": i, "prompt": p.prompt, "meta": json.dumps(p.meta)}}
+            for i, p in enumerate(problems)]
+
+
+def _hydra_value(text: str) -> str:
+    """``text`` as a Hydra override value: quoted when it holds a character Hydra's grammar reads."""
+    safe = all(c.isalnum() or c in "/._-+:@" for c in text)
+    return text if safe else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _verl_overrides(job: _Job) -> list[str]:
+    """:func:`~grpo_lab.export.translation.to_verl`'s overrides plus the job's files, model, engine and trainer keys."""
+    exported = list(job.translation.config)
+    micro = next((o.split("=", 1)[1] for o in exported
+                  if o.startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=")), "8")
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{job.algo.name}-{job.spec['name']}")
+    return exported + [
+        f"data.train_files={_hydra_value(str(job.out / 'train.parquet'))}",
+        f"data.val_files={_hydra_value(str(job.out / 'test.parquet'))}",
+        f"reward.custom_reward_function.path={_hydra_value(str(job.out / 'reward.py'))}",
+        "reward.custom_reward_function.name=compute_score",
+        f"actor_rollout_ref.model.path={_hydra_value(job.model)}",
+        f"actor_rollout_ref.rollout.name={VERL_ROLLOUT}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
+        f"trainer.total_training_steps={job.steps}",
+        "trainer.logger=[console]",
+        "trainer.project_name=grpo_lab",
+        f"trainer.experiment_name={name}",
+    ]
+
+
+def _write_parquet(path: Path, rows: list[dict]) -> None:
+    import pandas as pd
+
+    pd.DataFrame(rows).to_parquet(path, index=False)
+
+
+def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike], out: Union[str, os.PathLike], *,
+             config=None, steps: Optional[int] = None, nnodes: int = 1, n_gpus_per_node: int = 8, strict: bool = True,
+             **budget: Any) -> Path:
+    """Write a verl job that trains ``preset`` on ``task`` from ``model``: data, reward function, overrides, command.
+
+    Files written into ``out`` (created if needed, files of the same name replaced):
+
+    * ``train.parquet`` (``steps * prompts_per_step`` problems drawn with ``numpy.random.default_rng(seed)``)
+      and ``test.parquet`` (the task's test set) in verl's RL dataset schema: ``data_source``
+      (``"grpo_lab/<task>"``), ``prompt`` (chat messages: for GSM8K the system prompt and the question with
+      its instruction, otherwise the task's prompt as the user turn; verl applies the model's chat template),
+      ``ability``, ``reward_model = {"style": "rule", "ground_truth": answer}``, ``extra_info`` (``split``,
+      ``index``, ``prompt``: grpo_lab's prompt text, ``meta``: the problem's facts as JSON).
+    * ``reward.py``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, the task's
+      own reward (``{"score": reward, "acc": correctness}``); verl's built-in scorers are never used.
+    * ``overrides.txt``: one Hydra override a line: :func:`~grpo_lab.export.translation.to_verl` of the algorithm and budget
+      (with ``nnodes`` / ``n_gpus_per_node``), then ``data.train_files`` / ``val_files``,
+      ``reward.custom_reward_function.path`` / ``name``, ``actor_rollout_ref.model.path``, the rollout engine
+      (:data:`VERL_ROLLOUT`) and its log-prob micro-batch, ``trainer.total_training_steps``, logger and names.
+      Paths are absolute: write the job again if the directory moves.
+    * ``run.sh``: ``python3 -m verl.trainer.main_ppo <overrides> "$@"`` (on the Ray cluster's head node).
+    * ``README.md``: what was exported, the translation's notes and issues, one per line, and the commands.
+
+    Args:
+        preset, task, model, out, config, steps, strict: as :func:`trl_job`.
+        nnodes: machines; n_gpus_per_node: GPUs on each (budget keys: they size verl's micro-batches).
+        **budget: budget keys (:data:`~grpo_lab.export.translation.BUDGET_KEYS`) over the config's.
+
+    Returns:
+        ``Path`` of ``out`` (absolute).
+
+    Raises:
+        ExportError: (strict) verl does not compute the algorithm exactly; the message names the alternative.
+        ValueError, FileNotFoundError, FileExistsError: as :func:`trl_job`.
+    """
+    job = _prepare(preset, task, model, out, config, steps, strict, "verl",
+                   {**budget, "nnodes": nnodes, "n_gpus_per_node": n_gpus_per_node})
+    train = _problems(job, job.steps * int(job.translation.budget.get("prompts_per_step", 1)))
+    test = list(job.task.test_set())
+    _write_parquet(job.out / "train.parquet", _verl_rows(job, train, "train"))
+    _write_parquet(job.out / "test.parquet", _verl_rows(job, test, "test"))
+    doc = f"verl custom reward function for the grpo_lab task {job.spec['name']!r}, written by grpo_lab.export.verl_job."
+    (job.out / "reward.py").write_text(_scorer(job, doc) + _scripts.VERL_REWARD.format(), encoding="utf-8")
+    overrides = _verl_overrides(job)
+    (job.out / "overrides.txt").write_text("\n".join(overrides) + "\n", encoding="utf-8")
+    script = ["#!/usr/bin/env bash", f"# {job.algo.name} on the grpo_lab task {job.spec['name']!r} with verl "
+              f"{VERL_VERSION}, written by grpo_lab.export.verl_job. Extra Hydra overrides may follow.",
+              "set -euo pipefail", "python3 -m verl.trainer.main_ppo \\",
+              *[f"    {shlex.quote(o)} \\" for o in overrides], '    "$@"', ""]
+    (job.out / "run.sh").write_text("\n".join(script), encoding="utf-8")
+    (job.out / "run.sh").chmod(0o755)
+    files = [("train.parquet", f"{len(train)} training prompts in verl's RL dataset schema"),
+             ("test.parquet", f"{len(test)} test prompts (the task's test set)"),
+             ("reward.py", "custom_reward_function compute_score: grpo_lab's own scorer of the task"),
+             ("overrides.txt", "the Hydra overrides, one a line"), ("run.sh", "the command line")]
+    commands = [f"pip install grpo_lab verl=={VERL_VERSION} vllm   # on every node", "ray start --head   # then "
+                "ray start --address=HEAD:6379 on the other nodes", "bash run.sh"]
+    title = f"verl job: {job.algo.name} on {job.spec['name']}, {nnodes} x {n_gpus_per_node} GPUs"
+    (job.out / "README.md").write_text(_readme(job, title, files, commands, f"verl {VERL_VERSION}", _VERL_CAVEATS),
+                                       encoding="utf-8")
+    return job.out

@@ -1,0 +1,157 @@
+"""grpo_lab.export.trl_job / verl_job: the files a job writes, read back (no trl / verl needed).
+
+The reward files are imported as the targets import them (a module loaded from its path) and score a
+right and a wrong completion of the task; the settings and overrides written are read back with
+``ast.literal_eval`` / line by line and compared with ``to_trl`` / ``to_verl`` of the same budget. The
+end-to-end runs (TRL trains the job for 2 steps; verl's own config code loads the overrides) are in
+``tests/test_xcheck_trl_job.py`` and ``tests/test_xcheck_verl.py``.
+"""
+
+import ast
+import importlib.util
+import json
+import warnings
+
+import pandas as pd
+import pytest
+
+from grpo_lab import export as E
+from grpo_lab.algorithms import DAPO, GRPO, Algorithm
+from grpo_lab.tasks import ArithmeticTask, GSM8KTask
+from grpo_lab.training.config import TrainerConfig
+
+BUDGET = dict(group_size=4, prompts_per_step=2)
+
+
+def load(path, name):
+    """Import the python file ``path`` as module ``name`` (how TRL's script and verl's loader import them)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def literal(path, name):
+    """The value of the module-level assignment ``name = <literal>`` in the python file ``path``."""
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{name} not assigned in {path}")
+
+
+@pytest.fixture(scope="module")
+def trl_dir(tmp_path_factory):
+    config = TrainerConfig(lr=3e-4, betas=(0.9, 0.95), seed=7)
+    return E.trl_job(GRPO, "arithmetic", "arithmetic-base", tmp_path_factory.mktemp("trl") / "job", config=config,
+                     steps=3, **BUDGET)
+
+
+def test_trl_job_writes_its_files_and_to_trls_settings(trl_dir):
+    assert sorted(p.name for p in trl_dir.iterdir()) == ["README.md", "dataset.jsonl", "rewards.py", "train.py"]
+    config = TrainerConfig(lr=3e-4, betas=(0.9, 0.95), seed=7)
+    want = E.to_trl(GRPO, **{**E.budget_from_config(config), **BUDGET, "max_new_tokens": 32})
+    assert literal(trl_dir / "train.py", "SETTINGS") == want
+    run = literal(trl_dir / "train.py", "RUN")
+    assert run["max_steps"] == 3 and run["seed"] == 7
+    assert literal(trl_dir / "train.py", "MODEL").endswith("checkpoints/arithmetic-base")
+    rows = [json.loads(line) for line in (trl_dir / "dataset.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * 2 and set(rows[0]) == {"prompt", "answer", "meta"}
+    assert all(str(sum(json.loads(r["meta"])["terms"])) == r["answer"] for r in rows)
+    readme = (trl_dir / "README.md").read_text()
+    assert "exactly" in readme and "python train.py" in readme and "accelerate" in readme
+    assert sum(line.startswith("- note:") for line in readme.splitlines()) == len(E.translate(GRPO, "trl", **BUDGET).notes)
+
+
+def test_the_trl_reward_adapter_scores_with_the_tasks_own_scorer(trl_dir):
+    rewards = load(trl_dir / "rewards.py", "job_rewards_trl")
+    row = json.loads((trl_dir / "dataset.jsonl").read_text().splitlines()[0])
+    right, wrong = f"#{row['answer']}", f"#{int(row['answer']) + 1}"
+    cols = dict(prompts=[row["prompt"]] * 3, answer=[row["answer"]] * 3, meta=[row["meta"]] * 3)
+    assert rewards.reward([right, wrong, "#0" + row["answer"]], **cols, trainer_state=None) == [1.0, 0.0, 0.0]
+    conversational = [[{"role": "assistant", "content": c}] for c in (wrong, right, right)]
+    assert rewards.reward(conversational, **cols) == [0.0, 1.0, 1.0]
+    assert rewards.reward_funcs() == [rewards.reward]  # GRPO shapes nothing: TRL is not imported
+    assert Algorithm(**rewards.ALGORITHM) == GRPO
+
+
+def test_a_dapo_job_carries_the_algorithm_for_its_overlong_punishment(tmp_path):
+    algo = DAPO.replace(aggregation="token_mean", dynamic_sampling=False)
+    out = E.trl_job(algo, ArithmeticTask(max_new_tokens=24), "arithmetic-base", tmp_path / "dapo", steps=1, **BUDGET)
+    assert Algorithm(**literal(out / "rewards.py", "ALGORITHM")) == algo
+    assert literal(out / "rewards.py", "MAX_NEW_TOKENS") == 24 == literal(out / "train.py", "SETTINGS")[
+        "max_completion_length"]
+    with pytest.raises(E.ExportError, match="dynamic_sampling"):
+        E.trl_job(DAPO, "arithmetic", "arithmetic-base", tmp_path / "strict", steps=1, **BUDGET)
+
+
+@pytest.fixture(scope="module")
+def verl_dir(tmp_path_factory):
+    return E.verl_job(GRPO.replace(adv_eps=1e-6), "gsm8k", "arithmetic-base", tmp_path_factory.mktemp("verl") / "job",
+                      steps=2, n_gpus_per_node=2, **BUDGET)
+
+
+def test_verl_job_writes_parquet_in_verls_schema(verl_dir):
+    train, test = pd.read_parquet(verl_dir / "train.parquet"), pd.read_parquet(verl_dir / "test.parquet")
+    assert list(train.columns) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    assert len(train) == 2 * 2 and len(test) == len(GSM8KTask().test_set())
+    row = test.iloc[0]
+    task = GSM8KTask()
+    problem = task.test_set()[0]
+    assert row["data_source"] == "grpo_lab/gsm8k" and row["ability"] == "math"
+    assert [dict(m) for m in row["prompt"]] == [{"role": "user",
+                                                  "content": f"{problem.meta['question']}\n{task.instruction}"}]
+    assert dict(row["reward_model"]) == {"style": "rule", "ground_truth": problem.answer}
+    assert row["extra_info"]["split"] == "test" and row["extra_info"]["prompt"] == problem.prompt
+
+
+def test_verl_overrides_are_to_verls_plus_the_jobs_files(verl_dir):
+    lines = (verl_dir / "overrides.txt").read_text().splitlines()
+    exported = E.to_verl(GRPO.replace(adv_eps=1e-6), **{**E.budget_from_config(TrainerConfig()), **BUDGET,
+                                                        "max_new_tokens": 512, "nnodes": 1, "n_gpus_per_node": 2})
+    assert lines[:len(exported)] == exported
+    extra = dict(line.split("=", 1) for line in lines[len(exported):])
+    assert extra["reward.custom_reward_function.path"] == str(verl_dir / "reward.py")
+    assert extra["data.train_files"] == str(verl_dir / "train.parquet")
+    assert extra["trainer.total_training_steps"] == "2"
+    run = (verl_dir / "run.sh").read_text()
+    assert "python3 -m verl.trainer.main_ppo" in run and all(line.split("=")[0] in run for line in lines)
+
+
+def test_the_verl_reward_function_scores_boxed_answers(verl_dir):
+    reward = load(verl_dir / "reward.py", "job_reward_verl")
+    row = pd.read_parquet(verl_dir / "test.parquet").iloc[0]
+    gold, info = row["reward_model"]["ground_truth"], dict(row["extra_info"])
+    right = reward.compute_score("grpo_lab/gsm8k", f"So the answer is \\boxed{{{gold}}}.", gold, info)
+    wrong = reward.compute_score("grpo_lab/gsm8k", f"So the answer is \\boxed{{{gold}1}}.", gold, info)
+    assert right == {"score": 1.0, "acc": 1.0} and wrong == {"score": 0.0, "acc": 0.0}
+
+
+def test_bad_arguments_get_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="did you mean 'arithmetic'"):
+        E.trl_job(GRPO, "arithmetik", "arithmetic-base", tmp_path, **BUDGET)
+    with pytest.raises(FileNotFoundError, match="did you mean 'arithmetic-base'"):
+        E.trl_job(GRPO, "arithmetic", "arithmetic-bas", tmp_path, **BUDGET)
+    with pytest.raises(ValueError, match="steps must be an int"):
+        E.trl_job(GRPO, "arithmetic", "arithmetic-base", tmp_path, steps=0, **BUDGET)
+    with pytest.raises(ValueError, match="task_spec"):
+        E.trl_job(GRPO, object(), "arithmetic-base", tmp_path, **BUDGET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(E.ExportError, match="adv_eps"):
+            E.verl_job(GRPO, "arithmetic", "arithmetic-base", tmp_path, **BUDGET)
+
+
+def test_the_command_line_writes_a_job(tmp_path, capsys):
+    from grpo_lab.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["export", "grpo", "--to", "trl", "--model", "arithmetic-base", "--out", str(out), "--steps", "2",
+                 "--set", "lr=3e-4", "--set", "group_size=4", "--set", "prompts_per_step=2", "--set", "beta=0.01"]) == 0
+    settings = literal(out / "train.py", "SETTINGS")
+    assert (settings["learning_rate"], settings["num_generations"], settings["beta"]) == (3e-4, 4, 0.01)
+    assert str(out) in capsys.readouterr().out
+    assert main(["export", "DAPPO", "--to", "verl", "--model", "arithmetic-base", "--out", str(tmp_path / "v")]) == 2
+    assert "did you mean 'DAPO'" in capsys.readouterr().err
+    assert main(["export", "DAPO", "--to", "verl", "--model", "arithmetic-base", "--out", str(tmp_path / "v")]) == 2
+    assert "Exact alternative" in capsys.readouterr().err and not (tmp_path / "v" / "run.sh").exists()
