@@ -102,10 +102,12 @@ def test_verl_default_grpo_has_the_dual_clip():
     assert r.library == "verl" and not r.exact and r.preset == "GRPO"
     a = r.algorithm
     assert (a.advantage, a.adv_eps, a.aggregation, a.kl, a.clip) == ("group", 1e-6, "token_mean", None, "ppo")
-    assert len(r.inexact) == 1 and r.inexact[0].startswith("dual clip c = 3: ")
+    assert len(r.inexact) == 2 and r.inexact[0].startswith("dual clip c = 3: ")
+    assert r.inexact[1].startswith("rollout.n = 1: a group of one response has no baseline")
     assert "[nearest: not exact" in r.report()
     assert "kl_loss_type = 'low_var_kl' would be k3 clamped to [-10, 10]" in r.report()
-    off = L.from_verl(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.clip_ratio_c=1e10"])
+    off = L.from_verl(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.clip_ratio_c=1e10",
+                       "actor_rollout_ref.rollout.n=8"])
     assert off.exact and off.algorithm == a
 
 
@@ -128,7 +130,8 @@ def test_verl_default_is_ppo_with_a_critic():
                                                "mean", "no Overlong Filtering instead of Overlong Filtering"]),
     ("verl_gspo.yaml", "verl", "GSPO", False, ["std + 1e-06 instead of std + 0.0001"]),
     ("verl_dr_grpo.yaml", "verl", "DR_GRPO", False, []),
-    ("verl_cispo.yaml", "verl", "CISPO", True, ["k3 KL with beta = 0.001 instead of no KL term"]),
+    # the README's core settings omit rollout.n, so verl's default n = 1 holds: a group of one, flagged as not exact
+    ("verl_cispo.yaml", "verl", "CISPO", False, ["k3 KL with beta = 0.001 instead of no KL term"]),
 ])
 def test_the_docs_example_configs(name, library, preset, exact, expected):
     r = L.check_config(DATA / name)
@@ -143,7 +146,7 @@ def test_the_docs_example_configs(name, library, preset, exact, expected):
                                                 "bf16")])
 def test_a_clip_range_finer_than_the_precision_is_a_departure(library, key, value):
     # GSPO's clip range (3e-4 / 4e-4) against 16-bit precision: grpo_lab.export.optimisation's precision check
-    exact = E.to_trl(GSPO) if library == "trl" else E.to_verl(GSPO.replace(adv_eps=1e-6))
+    exact = E.to_trl(GSPO) if library == "trl" else E.to_verl(GSPO.replace(adv_eps=1e-6), group_size=8)
     read = L.from_trl if library == "trl" else L.from_verl
     assert read(exact).exact
     changed = {**exact, key: value} if library == "trl" else [*exact, f"{key}={value}"]

@@ -169,12 +169,21 @@ def _sampling(v: Values, d: Draft) -> None:
     d.fields["overlong_filter"] = False  # verl 0.9.1 has no Overlong Filtering
 
 
+#: verl advantage estimators that compare a response with the other responses of its prompt's group
+_GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "drgrpo", "gpg", "grpo_vectorized")
+
+
 def _notes(v: Values, d: Draft) -> None:
     ent = v.number(_A + "entropy_coeff")
     if ent != 0:
         d.inexact.append(f"entropy bonus entropy_coeff = {ent:g}: grpo_lab's loss has no entropy term")
     d.explained.add(_A + "entropy_coeff")
     g = lambda k: v.get(k)  # noqa: E731
+    n = v.integer("actor_rollout_ref.rollout.n", none=True)
+    if v.get("algorithm.adv_estimator") in _GROUP_ESTIMATORS and n is not None and n < 2:
+        d.inexact.append(f"rollout.n = {n}: a group of one response has no baseline, so every group-relative "
+                         "advantage is 0 and nothing trains (verl's default n is 1; set actor_rollout_ref.rollout.n "
+                         ">= 2)")
     d.notes.append(f"sizes: rollout.n (G) = {g('actor_rollout_ref.rollout.n')}, data.train_batch_size = "
                    f"{g('data.train_batch_size')} prompts, ppo_mini_batch_size = {g(_A + 'ppo_mini_batch_size')}, "
                    f"ppo_epochs = {g(_A + 'ppo_epochs')}, data.max_response_length = {g('data.max_response_length')}"
