@@ -39,9 +39,9 @@
 # these pinned, and **raises** where the library would train something else, naming what would be
 # lost and the exact alternative. It exports the optimisation too (learning-rate schedule and warm-up
 # with the same step-0 convention as grpo_lab, Adam's betas, weight decay, gradient clipping,
-# precision), writes runnable jobs ({py:func}`grpo_lab.export.trl_job`,
-# {py:func}`grpo_lab.export.verl_job`), and reads the libraries' configs back
-# ({py:func}`grpo_lab.export.from_trl`, {py:func}`grpo_lab.export.from_verl`). The tables on this page
+# precision), writes runnable jobs ({py:func}`grpo_lab.export.jobs.trl_job`,
+# {py:func}`grpo_lab.export.jobs.verl_job`), and reads the libraries' configs back
+# ({py:func}`grpo_lab.export.lint.from_trl`, {py:func}`grpo_lab.export.lint.from_verl`). The tables on this page
 # are generated from it.
 
 # %% tags=["remove-cell"]
@@ -187,18 +187,18 @@ print("GRPOConfig(output_dir=..., " + ", ".join(f"{k}={v!r}" for k, v in kwargs.
 
 # %% [markdown]
 # The soft overlong punishment is a reward function in TRL, not a `GRPOConfig` field:
-# {py:func}`grpo_lab.export.trl_reward_funcs` returns TRL's own, sized with the budget's
+# {py:func}`grpo_lab.export.translation.trl_reward_funcs` returns TRL's own, sized with the budget's
 # $L_{\mathrm{cache}}$, to add to your task's reward functions.
 #
 # ## A runnable job, not a fragment
 #
-# {py:func}`grpo_lab.export.trl_job` writes everything a TRL run needs into one folder: `train.py`
+# {py:func}`grpo_lab.export.jobs.trl_job` writes everything a TRL run needs into one folder: `train.py`
 # (the settings above as a literal dict you can read and edit, the model, `trl.GRPOTrainer`),
 # `dataset.jsonl` (the task's prompts exactly as the grpo_lab policy sees them, with the gold
 # answers), `rewards.py` (a TRL reward function that calls grpo_lab's own scorer, plus DAPO's soft
 # overlong punishment) and a README with every note and difference of the translation. The budget
 # comes from a {py:class}`~grpo_lab.trainer.TrainerConfig`
-# ({py:func}`grpo_lab.export.budget_from_config`), so nothing is typed twice. `tests/test_xcheck_trl_job.py`
+# ({py:func}`grpo_lab.export.optimisation.budget_from_config`), so nothing is typed twice. `tests/test_xcheck_trl_job.py`
 # runs such a job for 2 steps on the CPU in CI and checks that its first step's advantages, loss and
 # gradient equal grpo_lab's on the same batch.
 
@@ -229,7 +229,7 @@ assert scores == [1.0, 0.0]
 print(f"rewards.reward of a right and a wrong boxed answer to the first problem (gold {gold}): {scores}")
 
 # %% [markdown]
-# {py:func}`grpo_lab.export.verl_job` does the same for verl: `train.parquet` / `test.parquet` in
+# {py:func}`grpo_lab.export.jobs.verl_job` does the same for verl: `train.parquet` / `test.parquet` in
 # verl's RL dataset schema, `reward.py` with the `compute_score` that verl's
 # `custom_reward_function` calls, the Hydra overrides and `run.sh`. The reward file matters more
 # than it looks: verl's built-in GSM8K scorer reads only a `#### <number>` line, so a policy that
@@ -255,8 +255,8 @@ for answer in (right, f"... {gold} in all.\n#### {gold}", wrong):
 # %% [markdown]
 # ## Reading a TRL or verl config back
 #
-# The reverse direction, for a run that already has a config: {py:func}`grpo_lab.export.from_trl`
-# and {py:func}`grpo_lab.export.from_verl` return the grpo_lab `Algorithm` the config computes, the
+# The reverse direction, for a run that already has a config: {py:func}`grpo_lab.export.lint.from_trl`
+# and {py:func}`grpo_lab.export.lint.from_verl` return the grpo_lab `Algorithm` the config computes, the
 # paper it is nearest to, and every place it departs from that paper; `python -m grpo_lab
 # check-config FILE` prints the same report. The readings go through the export's own tables
 # backwards and are exported again to check them, and `tests/test_xcheck_lint.py` checks each

@@ -2,17 +2,17 @@
 
 One package, one room per job:
 
-* :mod:`grpo_lab.export.translation` — the loss: :func:`translate`, :func:`to_trl`, :func:`to_verl`,
-  :func:`trl_reward_funcs`, :func:`mapping_table`, :func:`support_table` (what TRL 1.16.0 and verl 0.9.1
+* :mod:`grpo_lab.export.translation` — the loss: :func:`~grpo_lab.export.translation.translate`, :func:`~grpo_lab.export.translation.to_trl`, :func:`~grpo_lab.export.translation.to_verl`,
+  :func:`~grpo_lab.export.translation.trl_reward_funcs`, :func:`~grpo_lab.export.translation.mapping_table`, :func:`~grpo_lab.export.translation.support_table` (what TRL 1.16.0 and verl 0.9.1
   compute, axis by axis, and where each differs from the paper; its docstring is the reference);
 * :mod:`grpo_lab.export.optimisation` — the budget (sizes, optimiser, schedule, precision) read from a
-  ``TrainerConfig``: :func:`budget_from_config`; the optimiser / schedule / precision settings of each target
-  (:func:`horizon`, :func:`precision_resolution`, :data:`EXPORT_PRECISIONS`);
-* :mod:`grpo_lab.export.versions` — the verified releases (:data:`TRL_VERSION`, :data:`VERL_VERSION`) and
-  :class:`LibraryVersionWarning` when another is installed (:func:`installed_version`, :func:`check_installed`);
-* :mod:`grpo_lab.export.lint` — the way back: :func:`from_trl`, :func:`from_verl`, :func:`check_config` read a
+  ``TrainerConfig``: :func:`~grpo_lab.export.optimisation.budget_from_config`; the optimiser / schedule / precision settings of each target
+  (:func:`~grpo_lab.export.optimisation.horizon`, :func:`~grpo_lab.export.optimisation.precision_resolution`, :data:`~grpo_lab.export.optimisation.EXPORT_PRECISIONS`);
+* :mod:`grpo_lab.export.versions` — the verified releases (:data:`~grpo_lab.export.versions.TRL_VERSION`, :data:`~grpo_lab.export.versions.VERL_VERSION`) and
+  :class:`~grpo_lab.export.versions.LibraryVersionWarning` when another is installed (:func:`~grpo_lab.export.versions.installed_version`, :func:`~grpo_lab.export.versions.check_installed`);
+* :mod:`grpo_lab.export.lint` — the way back: :func:`~grpo_lab.export.lint.from_trl`, :func:`~grpo_lab.export.lint.from_verl`, :func:`~grpo_lab.export.lint.check_config` read a
   TRL / verl configuration as the grpo_lab Algorithm it computes, the paper it is nearest to and its
-  departures (a :class:`Reading`; ``python -m grpo_lab check-config FILE``).
+  departures (a :class:`~grpo_lab.export.lint.Reading`; ``python -m grpo_lab check-config FILE``).
 * :mod:`grpo_lab.export.jobs` — a runnable job: :func:`~grpo_lab.export.jobs.trl_job` (script, dataset,
   reward adapter) and :func:`~grpo_lab.export.jobs.verl_job` (parquet data, ``custom_reward_function`` file,
   Hydra overrides, command line); the text of the files they write is in :mod:`grpo_lab.export.job_scripts`.

@@ -104,8 +104,8 @@ VERL_DEFAULTS: dict = {
     "reward.reward_manager.name": "naive", "trainer.nnodes": 1, "trainer.n_gpus_per_node": 8,
 }
 
-#: the sections whose every key must be known: the actor (but its engine, checkpoint, profiler and optimiser
-#: subsections), the algorithm and the custom reward function
+#: the sections whose every key must be known, which are the actor (but its engine, checkpoint, profiler and
+#: optimiser subsections), the algorithm and the custom reward function
 VERL_STRICT_SECTIONS = (_A, "algorithm.", "custom_reward_function.")
 _OPEN = tuple(_A + s for s in ("fsdp_config.", "checkpoint.", "profiler.", "optim.", "qat.")) + (
     "algorithm.pf_ppo.",)

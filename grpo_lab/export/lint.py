@@ -1,7 +1,7 @@
 """The linter: read a TRL or verl configuration back as the grpo_lab Algorithm it computes, and say which
 paper's objective that is and where it departs.
 
-:func:`grpo_lab.export.to_trl` / :func:`~grpo_lab.export.to_verl` go from an algorithm to a library's
+:func:`grpo_lab.export.translation.to_trl` / :func:`~grpo_lab.export.translation.to_verl` go from an algorithm to a library's
 settings; this module goes back:
 
 * :func:`from_trl` — a ``trl.GRPOConfig``, a dict of its fields or a YAML file of them (TRL 1.16.0);
@@ -302,7 +302,7 @@ def from_verl(config: Any) -> Reading:
 
     Args:
         config: a nested dict (as ``ppo_trainer.yaml``) or a dict of dotted keys, a list of Hydra
-            overrides ``key=value`` (what :func:`grpo_lab.export.to_verl` returns; ``+`` / ``++`` allowed),
+            overrides ``key=value`` (what :func:`grpo_lab.export.translation.to_verl` returns; ``+`` / ``++`` allowed),
             or the path of a YAML file holding a mapping or such a list. Keys left out take verl 0.9.1's
             defaults (:data:`grpo_lab.export.library_defaults.VERL_DEFAULTS`): ``adv_estimator=gae``,
             ``loss_agg_mode=token-mean``, ``clip_ratio_c=3``, ``use_kl_loss=False``, ...

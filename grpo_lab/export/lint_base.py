@@ -3,7 +3,7 @@ access to a configuration's values, and the check of a reading against the expor
 
 A reader turns a configuration (library defaults filled in) into the keyword arguments of a grpo_lab
 :class:`~grpo_lab.algorithms.Algorithm` plus what no Algorithm field expresses. :func:`verify` then
-exports that Algorithm back with :func:`grpo_lab.export.translate` and compares, key by key, the loss
+exports that Algorithm back with :func:`grpo_lab.export.translation.translate` and compares, key by key, the loss
 settings the export writes with the configuration's: the mapping tables of
 :mod:`grpo_lab.export.translation` stay the one source of truth, and a reading the export would not
 reproduce is reported rather than trusted.
@@ -144,7 +144,7 @@ def verify(algo, d: Draft, config: dict, budget: dict, moot: Callable[[str], boo
     Args:
         algo: the reading's :class:`~grpo_lab.algorithms.Algorithm`.
         d: the draft (its ``inexact`` grows).
-        config: ``{key: value}``, keys as :func:`grpo_lab.export.translate` writes them (verl: dotted,
+        config: ``{key: value}``, keys as :func:`grpo_lab.export.translation.translate` writes them (verl: dotted,
             without ``+``).
         budget: the budget passed to the export (``max_new_tokens``, ``group_size``).
         moot: ``key -> True`` when the library ignores ``key`` in this configuration.

@@ -3,7 +3,7 @@
 * TRL: a ``trl.GRPOConfig`` (its dataclass fields), a dict of its fields, or the path of a YAML file of
   them (TRL's ``--config`` form);
 * verl: a nested dict (as ``ppo_trainer.yaml``), a dict of dotted keys, a list of Hydra overrides
-  (``key=value``, ``+key=value``, ``++key=value``: what :func:`grpo_lab.export.to_verl` returns), or the
+  (``key=value``, ``+key=value``, ``++key=value``: what :func:`grpo_lab.export.translation.to_verl` returns), or the
   path of a YAML file holding either a mapping or such a list.
 """
 

@@ -1,6 +1,6 @@
 """Read a TRL 1.16.0 ``GRPOConfig`` back as a grpo_lab Algorithm (the TRL half of :mod:`grpo_lab.export.lint`).
 
-The choices invert the export's own tables (:data:`grpo_lab.export.translation._TRL_PPO_LOSS_TYPES`,
+The choices invert the export's own tables (``grpo_lab.export.translation._TRL_PPO_LOSS_TYPES``,
 ``_TRL_IS_LEVELS``, ``_TRL_KL``); what the tables cannot say (the other ``loss_type`` values, TRL's
 absolute CISPO cap, the entropy terms, the vLLM correction) is read here, and
 :func:`grpo_lab.export.lint_base.verify` checks the reading against the export.

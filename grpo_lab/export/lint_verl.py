@@ -1,6 +1,6 @@
 """Read a verl 0.9.1 trainer config back as a grpo_lab Algorithm (the verl half of :mod:`grpo_lab.export.lint`).
 
-The choices invert the export's own tables (:data:`grpo_lab.export.translation._VERL_PPO_LOSS_MODES`,
+The choices invert the export's own tables (``grpo_lab.export.translation._VERL_PPO_LOSS_MODES``,
 ``_VERL_AGG_MODES``, ``_VERL_KL_TYPES``); what the tables cannot say (the dual clip, the other
 estimators and loss modes, verl's aliases of the KL names, the width normaliser of
 ``seq-mean-token-sum-norm`` without ``loss_scale_factor``) is read here, and

@@ -1,9 +1,9 @@
 """The optimisation half of an export: the run's budget read from a ``TrainerConfig``, and the optimiser,
 learning-rate schedule and precision settings of TRL and verl that reproduce grpo_lab's.
 
-:func:`budget_from_config` returns the keyword arguments that :func:`~grpo_lab.export.translate`,
-:func:`~grpo_lab.export.to_trl` and :func:`~grpo_lab.export.to_verl` take as ``**budget``
-(:data:`~grpo_lab.export.BUDGET_KEYS`), so nothing is typed twice. :func:`trl_optimisation` and
+:func:`budget_from_config` returns the keyword arguments that :func:`~grpo_lab.export.translation.translate`,
+:func:`~grpo_lab.export.translation.to_trl` and :func:`~grpo_lab.export.translation.to_verl` take as ``**budget``
+(:data:`~grpo_lab.export.translation.BUDGET_KEYS`), so nothing is typed twice. :func:`trl_optimisation` and
 :func:`verl_optimisation` are the optimisation part of each translation (the export calls them).
 
 What is matched, and how (TRL 1.16.0 with transformers' ``Trainer``; verl 0.9.1's FSDP engine,
@@ -76,7 +76,7 @@ def budget_from_config(config: Any, **extra: Any) -> dict:
             also sets raises.
 
     Returns:
-        dict of budget keys (:data:`~grpo_lab.export.BUDGET_KEYS`) to python values; ``None`` fields of the
+        dict of budget keys (:data:`~grpo_lab.export.translation.BUDGET_KEYS`) to python values; ``None`` fields of the
         config (``max_new_tokens``, ``micro_batch_size``, ``lr_schedule_steps``) are left out. ``grad_clip`` is
         left out when it is 0. ``precision`` is the dtype the grpo_lab run computes in:
         ``"auto"`` is resolved for ``config.device`` (:func:`grpo_lab.trainer.resolve_precision`).
@@ -175,7 +175,7 @@ def _precision_issues(algo: Any, b: dict) -> list:
 
 
 def trl_optimisation(algo: Any, b: dict) -> tuple[dict, list, list]:
-    """``GRPOConfig`` keyword arguments, notes and issues (as dicts of :class:`~grpo_lab.export.Issue` fields) of
+    """``GRPOConfig`` keyword arguments, notes and issues (as dicts of :class:`~grpo_lab.export.translation.Issue` fields) of
     the optimiser, schedule and precision of the validated budget ``b``.
 
     Args:
@@ -205,7 +205,7 @@ def trl_optimisation(algo: Any, b: dict) -> tuple[dict, list, list]:
 
 
 def verl_optimisation(algo: Any, b: dict) -> tuple[dict, list, list]:
-    """verl overrides (``{key: python value}``), notes and issues (as dicts of :class:`~grpo_lab.export.Issue`
+    """verl overrides (``{key: python value}``), notes and issues (as dicts of :class:`~grpo_lab.export.translation.Issue`
     fields) of the optimiser, schedule and precision of the validated budget ``b``.
 
     Args:

@@ -1005,14 +1005,14 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
             Only the keys given are exported and the target's defaults hold for the rest, except ``lr_schedule``,
             ``warmup``, ``betas``, ``weight_decay`` and ``precision``, always written (TrainerConfig's defaults
             when absent) because TRL's and verl's defaults differ from grpo_lab's
-            (:mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.budget_from_config` gives them all.
+            (:mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.optimisation.budget_from_config` gives them all.
 
     Returns:
         :class:`Translation` (``config`` is a dict for TRL, a list of ``key=value`` strings for verl).
 
     Raises:
         LibraryVersionWarning: (a warning, once per version) the target's installed release is not
-            :data:`TRL_VERSION` / :data:`VERL_VERSION`.
+            :data:`~grpo_lab.export.versions.TRL_VERSION` / :data:`~grpo_lab.export.versions.VERL_VERSION`.
         ExportError: (a ``ValueError``) with ``strict=True`` when any difference exists (the message
             lists each one and the exact alternative, ``preset.replace(...)``, when there is one);
             always when a choice has no counterpart (a registry function from outside grpo_lab, a

@@ -5,7 +5,7 @@ was read from and which ``make xcheck`` installs (``requirements/xcheck.txt``) t
 Libraries change defaults between releases (TRL's main branch already changed ``use_bias_correction_kl``'s),
 so an export for another installed release may train another objective: :func:`check_installed` warns once
 (:class:`LibraryVersionWarning`) naming both releases. It reads the installed version from the package
-metadata (:func:`importlib.metadata.version`), never imports the library, and is silent when it is not
+metadata (``importlib.metadata.version``), never imports the library, and is silent when it is not
 installed (the export is usually written on one machine and run on another).
 """
 
