@@ -834,16 +834,11 @@ def _train(argv: list[str], prog: str) -> int:
     parser, conf = _parser_with_config(argv, prog)
     args = parser.parse_args(argv)
     from . import experiments
-    from .algorithms import PRESETS, get_algorithm
+    from .algorithms import PRESETS
 
     if args.preset is None:
         raise UsageError(f"give a PRESET such as GRPO, or preset: in a --config file (see {prog} --help)")
-    try:
-        algo = get_algorithm(args.preset)
-    except ValueError:
-        close = difflib.get_close_matches(args.preset.upper(), list(PRESETS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UsageError(f"unknown preset {args.preset!r}{hint}; known: {', '.join(PRESETS)}") from None
+    algo = _preset(args.preset)
     preset = next(k for k, v in PRESETS.items() if v is algo)
     set_cfg, set_algo = parse_set(args.overrides)
     cfg_over = {**(conf.trainer if conf else {}), **set_cfg}  # --set wins over the file's sections
@@ -897,6 +892,19 @@ def _check_config(argv: list[str], prog: str) -> int:
     args = ap.parse_args(argv)
     print(check_config(args.file, args.library).report())
     return 0
+
+
+def _preset(name: str):
+    """The preset called ``name`` (:func:`grpo_lab.algorithms.get_algorithm`), or a :class:`UsageError` naming the
+    closest preset and every known one."""
+    from .algorithms import PRESETS, get_algorithm
+
+    try:
+        return get_algorithm(name)
+    except ValueError:
+        close = difflib.get_close_matches(name.upper(), list(PRESETS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"unknown preset {name!r}{hint}; known: {', '.join(PRESETS)}") from None
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -978,15 +986,9 @@ def _export(argv: list[str], prog: str) -> int:
     """``export PRESET --to trl|verl --task T --model M --out DIR [--set k=v ...]``: write the job, print its path."""
     args = _export_parser(prog).parse_args(argv)
     from . import export
-    from .algorithms import PRESETS, get_algorithm
     from .training.config import TrainerConfig
 
-    try:
-        algo = get_algorithm(args.preset)
-    except ValueError:
-        close = difflib.get_close_matches(args.preset.upper(), list(PRESETS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UsageError(f"unknown preset {args.preset!r}{hint}; known: {', '.join(PRESETS)}") from None
+    algo = _preset(args.preset)
     set_cfg, set_algo = parse_set(args.overrides)
     algo = algo.replace(**set_algo) if set_algo else algo
     gpus = args.gpus_per_node if args.gpus_per_node is not None else (8 if args.to == "verl" else 1)
