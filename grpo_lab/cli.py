@@ -90,6 +90,7 @@ import difflib
 import importlib
 import inspect
 import os
+import re
 import sys
 import tempfile
 import textwrap
@@ -881,7 +882,9 @@ def _train(argv: list[str], prog: str) -> int:
 
 
 def _check_config(argv: list[str], prog: str) -> int:
-    """``check-config FILE [--library trl|verl]``: print :meth:`grpo_lab.export.lint.Reading.report`; 0."""
+    """``check-config FILE [--library trl|verl]``: print :meth:`grpo_lab.export.lint.Reading.report`; exit status 0,
+    or 1 when the file has keys the library does not know (a typo: the reading then holds the library's default for
+    the key meant, so it may describe another objective), which stderr names."""
     from .export.lint import LIBRARIES, check_config
 
     ap = _Parser(prog=f"{prog} check-config", description="Read a TRL GRPOConfig or a verl trainer config (a YAML "
@@ -890,8 +893,28 @@ def _check_config(argv: list[str], prog: str) -> int:
     ap.add_argument("--library", choices=LIBRARIES, help="the library (default: guessed from the keys)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     args = ap.parse_args(argv)
-    print(check_config(args.file, args.library).report())
+    reading = check_config(args.file, args.library)
+    print(reading.report())
+    if reading.unknown:
+        print(f"{prog} check-config: {len(reading.unknown)} unknown key(s), read as absent (the library's default "
+              f"holds): {'; '.join(reading.unknown)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _command_line_words(message: str) -> str:
+    """An export error in the command line's words: ``Pass --approximate`` for ``strict=False``, and each
+    ``X.replace(k=v, ...)`` / ``budget k=v`` alternative also as ``--set k=v`` options."""
+    message = message.replace("Pass strict=False to get this mapping with these differences as warnings.",
+                              "Pass --approximate to write the job with these differences as warnings (each listed in "
+                              "its README).")
+
+    def as_options(match: re.Match) -> str:
+        pairs = re.findall(r"(\w+)=((?:\([^)]*\))|[^,()]+)", match.group(2))
+        return match.group(0) + " On the command line: " + " ".join(f"--set {k}={v.strip().strip(chr(39))}"
+                                                                    for k, v in pairs) + "."
+
+    return re.sub(r"(\w+\.replace|budget) *\(?([^.\n]*?)\)?\.$", as_options, message, flags=re.M)
 
 
 def _preset(name: str):
@@ -993,11 +1016,14 @@ def _export(argv: list[str], prog: str) -> int:
     algo = algo.replace(**set_algo) if set_algo else algo
     gpus = args.gpus_per_node if args.gpus_per_node is not None else (8 if args.to == "verl" else 1)
     common = dict(config=TrainerConfig(**set_cfg), steps=args.steps, strict=not args.approximate)
-    if args.to == "trl":
-        devices = {} if args.nnodes * gpus == 1 else {"nnodes": args.nnodes, "n_gpus_per_node": gpus}
-        out = export.trl_job(algo, args.task, resolve_model(args.model), args.out, **common, **devices)
-    else:
-        out = export.verl_job(algo, args.task, resolve_model(args.model), args.out, nnodes=args.nnodes,
-                              n_gpus_per_node=gpus, **common)
+    try:
+        if args.to == "trl":
+            devices = {} if args.nnodes * gpus == 1 else {"nnodes": args.nnodes, "n_gpus_per_node": gpus}
+            out = export.trl_job(algo, args.task, resolve_model(args.model), args.out, **common, **devices)
+        else:
+            out = export.verl_job(algo, args.task, resolve_model(args.model), args.out, nnodes=args.nnodes,
+                                  n_gpus_per_node=gpus, **common)
+    except export.ExportError as err:
+        raise UsageError(_command_line_words(str(err))) from None
     print(f"wrote the {args.to} job of {algo.name} on {args.task} to {out} (README.md says how to run it)")
     return 0

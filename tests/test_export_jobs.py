@@ -54,7 +54,8 @@ def test_trl_job_writes_its_files_and_to_trls_settings(trl_dir):
     assert literal(trl_dir / "train.py", "SETTINGS") == want
     run = literal(trl_dir / "train.py", "RUN")
     assert run["max_steps"] == 3 and run["seed"] == 7
-    assert literal(trl_dir / "train.py", "MODEL").endswith("checkpoints/arithmetic-base")
+    # a shipped checkpoint by its name: load_policy finds it wherever grpo_lab is installed (no absolute path)
+    assert literal(trl_dir / "train.py", "MODEL") == "arithmetic-base" and run["output_dir"] == "output"
     rows = [json.loads(line) for line in (trl_dir / "dataset.jsonl").read_text().splitlines()]
     assert len(rows) == 3 * 2 and set(rows[0]) == {"prompt", "answer", "meta"}
     assert all(str(sum(json.loads(r["meta"])["terms"])) == r["answer"] for r in rows)
@@ -155,3 +156,34 @@ def test_the_command_line_writes_a_job(tmp_path, capsys):
     assert "did you mean 'DAPO'" in capsys.readouterr().err
     assert main(["export", "DAPO", "--to", "verl", "--model", "arithmetic-base", "--out", str(tmp_path / "v")]) == 2
     assert "Exact alternative" in capsys.readouterr().err and not (tmp_path / "v" / "run.sh").exists()
+
+
+def test_a_jobs_length_is_its_schedules_horizon_and_trl_counts_updates(tmp_path):
+    # TRL's max_steps counts optimiser updates: 3 RL steps x 2 epochs x 2 minibatches = 12 (hand count)
+    config = TrainerConfig(epochs=2, minibatches=2, prompts_per_step=4, group_size=2, lr_schedule="linear")
+    job = E.trl_job(GRPO, "arithmetic", "arithmetic-base", tmp_path / "trl", config=config, steps=3)
+    assert literal(job / "train.py", "RUN")["max_steps"] == 12
+    assert literal(job / "train.py", "SETTINGS")["max_steps"] == 12  # the decay's horizon: the same updates
+    with pytest.raises(ValueError, match="steps=200 but lr_schedule_steps=50"):
+        E.trl_job(GRPO, "arithmetic", "arithmetic-base", tmp_path / "x",
+                  config=TrainerConfig(lr_schedule="cosine", lr_schedule_steps=50), steps=200)
+    with pytest.raises(ValueError, match="MAX_JOB_PROMPTS"):
+        E.trl_job(GRPO, "arithmetic", "arithmetic-base", tmp_path / "y", steps=10**8)
+    verl = E.verl_job(GRPO.replace(adv_eps=1e-6), "arithmetic", "arithmetic-base", tmp_path / "verl",
+                      config=TrainerConfig(lr_schedule="cosine", prompts_per_step=4, group_size=2), steps=3,
+                      n_gpus_per_node=1)
+    lines = (verl / "overrides.txt").read_text().split()
+    assert [line for line in lines if line.startswith("trainer.total_training_steps=")] == [
+        "trainer.total_training_steps=3"]
+
+
+def test_the_command_line_names_its_own_options_in_an_export_error(tmp_path, capsys):
+    from grpo_lab import cli
+
+    argv = ["export", "GRPO", "--to", "verl", "--task", "arithmetic", "--model", "arithmetic-base", "--out",
+            str(tmp_path / "job")]
+    assert cli.main(argv, prog="grpo") == 2
+    err = capsys.readouterr().err
+    assert "On the command line: --set adv_eps=1e-06." in err and "Pass --approximate" in err
+    assert "strict=False" not in err
+    assert cli.main([*argv, "--set", "adv_eps=1e-06"], prog="grpo") == 0

@@ -263,3 +263,12 @@ def test_cli_check_config(capsys, tmp_path):
     assert cli.main(["check-config", str(tmp_path / "nope.yaml")], prog="grpo") == 2
     assert "does not exist" in capsys.readouterr().err
     assert cli.main(["check-config"], prog="grpo") == 2
+
+
+def test_cli_check_config_exits_1_on_an_unknown_key(capsys, tmp_path):
+    # a typo leaves the library's default in place: the reading may describe another objective, so CI can stop on it
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("loss_type: grpo\nbetaa: 0.04\n")
+    assert cli.main(["check-config", str(typo)], prog="grpo") == 1
+    captured = capsys.readouterr()
+    assert "betaa (did you mean 'beta'?)" in captured.err and "computes: " in captured.out

@@ -108,7 +108,8 @@ RUN = {run}
 def parse_args(argv=None):
     """The command line: --max-steps, --output-dir, --cpu (use_cpu=True, bf16=False), --report-to."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-steps", type=int, default=None, help="training steps (default: RUN's max_steps)")
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="optimiser updates, TRL's max_steps (default: RUN's: the RL steps x updates per rollout)")
     ap.add_argument("--output-dir", default=None, help="where TRL writes (default: RUN's output_dir)")
     ap.add_argument("--cpu", action="store_true", help="train on the CPU in float32 (use_cpu=True, bf16=False)")
     ap.add_argument("--report-to", nargs="+", default=None, help="trackers (none, tensorboard, wandb, ...)")
@@ -124,6 +125,7 @@ def grpo_config(args):
         run["max_steps"] = args.max_steps
     if args.output_dir is not None:
         run["output_dir"] = args.output_dir
+    run["output_dir"] = str(HERE / run["output_dir"])  # a relative output_dir is the job folder's
     if args.report_to is not None:
         run["report_to"] = args.report_to
     if args.cpu:
@@ -133,6 +135,7 @@ def grpo_config(args):
 
 def build_trainer(argv=None):
     """The ``trl.GRPOTrainer`` of this job: the dataset file, the reward adapter, the model and the settings."""
+    import torch
     from datasets import load_dataset
     from trl import GRPOTrainer
 
@@ -143,7 +146,8 @@ def build_trainer(argv=None):
 
     args = parse_args(argv)
     dataset = load_dataset("json", data_files=str(HERE / "dataset.jsonl"), split="train")
-    model, tokenizer = load_policy(MODEL)
+    # float32 weights whatever the checkpoint stores: bf16 / fp16 is autocast over float32 master weights, as grpo_lab
+    model, tokenizer = load_policy(MODEL, dtype=torch.float32)
     return GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_funcs(), args=grpo_config(args),
                        train_dataset=dataset)
 

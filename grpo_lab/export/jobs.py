@@ -15,7 +15,7 @@ The budget is :func:`~grpo_lab.export.optimisation.budget_from_config` of ``conf
 given) with the keyword arguments on top, and ``max_new_tokens`` from the task when neither sets it, so
 nothing is typed twice and the target's defaults never stand in for grpo_lab's. The reward files rebuild
 the task from :func:`grpo_lab.tasks.task_spec` and import grpo_lab: the job runs where grpo_lab is
-installed (``pip install grpo_lab``), and a task of your own must be a registered dataclass task whose
+installed (``pip install`` of this checkout), and a task of your own must be a registered dataclass task whose
 module registers it on import.
 """
 
@@ -118,6 +118,15 @@ def _model(model) -> str:
                             f"checkpoint ({', '.join(names) or 'none'}) or a hub id org/name")
 
 
+def _portable_model(model: str) -> str:
+    """A checkpoint shipped in ``data/checkpoints`` by its name (``load_policy`` finds it wherever grpo_lab is
+    installed), anything else as given."""
+    from ..paths import data_dir
+
+    shipped = (data_dir() / "checkpoints").resolve()
+    return Path(model).name if Path(model).parent == shipped else model
+
+
 def _budget(config, task, budget: dict) -> dict:
     """``budget_from_config(config)`` with ``budget`` on top and the task's ``max_new_tokens`` as the default."""
     from ..training.config import TrainerConfig
@@ -129,11 +138,27 @@ def _budget(config, task, budget: dict) -> dict:
     return merged
 
 
-def _steps(steps, config) -> int:
+#: the most training prompts a job's data file may hold (steps x prompts_per_step): the file is written in memory
+MAX_JOB_PROMPTS = 2_000_000
+
+
+def _steps(steps, budget: dict) -> int:
+    """The job's RL steps: ``steps``, else the budget's ``lr_schedule_steps``, else :data:`DEFAULT_STEPS`; a
+    decaying schedule's horizon must be the run's length (the target's ``max_steps`` / ``total_training_steps`` is
+    both), and the data file must stay below :data:`MAX_JOB_PROMPTS` prompts."""
+    horizon = budget.get("lr_schedule_steps")
     if steps is None:
-        steps = getattr(config, "lr_schedule_steps", None) or DEFAULT_STEPS
+        steps = horizon or DEFAULT_STEPS
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if horizon is not None and horizon != steps and budget.get("lr_schedule", "constant") != "constant":
+        raise ValueError(f"steps={steps} but lr_schedule_steps={horizon}: TRL's max_steps and verl's "
+                         "total_training_steps are both the run's length and the decay's horizon, so a job cannot "
+                         "decay over another length; give the same number (or leave lr_schedule_steps unset)")
+    prompts = steps * int(budget.get("prompts_per_step", 1))
+    if prompts > MAX_JOB_PROMPTS:
+        raise ValueError(f"steps={steps} x prompts_per_step={budget.get('prompts_per_step', 1)} = {prompts} training "
+                         f"prompts, more than a job's data file holds (MAX_JOB_PROMPTS = {MAX_JOB_PROMPTS})")
     return steps
 
 
@@ -145,18 +170,27 @@ def _prepare(preset, task, model, out, config, steps, strict, target, budget) ->
     task, spec = _task(task)
     model = _model(model)
     merged = _budget(config, task, budget)
+    steps = _steps(steps, merged)
+    if merged.get("lr_schedule", "constant") != "constant":
+        merged["lr_schedule_steps"] = steps
     translation = translate(algo, target, strict=strict, **merged)
     out = Path(out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"out {str(out)!r} is a file; the job is a directory")
     out.mkdir(parents=True, exist_ok=True)
     seed = int(getattr(config, "seed", 0) or 0)
-    return _Job(algo, task, spec, model, out, translation, _steps(steps, config), seed)
+    return _Job(algo, task, spec, model, out, translation, steps, seed)
 
 
 def _problems(job: _Job, n: int) -> list:
     """``n`` training problems drawn as the trainer draws them, with ``numpy.random.default_rng(seed)``."""
     return list(job.task.sample(n, np.random.default_rng(job.seed)))
+
+
+def _distinct(problems: list) -> str:
+    """``"N distinct problems"``: a small task set (GSM8K's shipped fixture: 16 training problems) repeats."""
+    n = len({p.prompt for p in problems})
+    return f"{n} distinct problem{'s' if n != 1 else ''}" + (", drawn with repetition" if n < len(problems) else "")
 
 
 def _literal(value: Any) -> str:
@@ -244,21 +278,23 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
     rewards = _scorer(job, doc) + _scripts.TRL_REWARDS.format(algorithm=_literal(job.algo.describe()),
                                                               max_new_tokens=int(b["max_new_tokens"]))
     (job.out / "rewards.py").write_text(rewards, encoding="utf-8")
-    run = {"output_dir": str(job.out / "output"), "max_steps": job.steps, "seed": job.seed, "logging_steps": 1,
+    updates = job.steps * int(b.get("epochs", 1)) * int(b.get("minibatches", 1))
+    run = {"output_dir": "output", "max_steps": updates, "seed": job.seed, "logging_steps": 1,
            "save_strategy": "no", "report_to": "none"}
     doc = (f"Train {job.algo.name} on the grpo_lab task {job.spec['name']!r} with TRL {TRL_VERSION} "
            "(written by grpo_lab.export.trl_job).\n\nRun: python train.py [--max-steps N] [--cpu], or "
            "accelerate launch train.py")
-    (job.out / "train.py").write_text(_scripts.TRL_TRAIN.format(doc=doc, model=repr(job.model),
+    (job.out / "train.py").write_text(_scripts.TRL_TRAIN.format(doc=doc, model=repr(_portable_model(job.model)),
                                                                 settings=_literal(job.translation.config),
                                                                 run=_literal(run)), encoding="utf-8")
     files = [("train.py", "the script: GRPOConfig(**SETTINGS, **RUN), GRPOTrainer(...).train()"),
-             ("dataset.jsonl", f"{len(problems)} training prompts (columns prompt, answer, meta)"),
+             ("dataset.jsonl", f"{len(problems)} training prompts ({_distinct(problems)}; columns prompt, answer, "
+                               "meta)"),
              ("rewards.py", "the reward adapter: grpo_lab's own scorer of the task as a TRL reward function")]
     world = int(b.get("nnodes", 1)) * int(b.get("n_gpus_per_node", 1))
     launch = (["python train.py                       # one device"] if world == 1 else
               [f"accelerate launch --num_processes {world} train.py   # the {world} devices the budget was sized for"])
-    commands = ["pip install grpo_lab trl==" + TRL_VERSION, *launch,
+    commands = ["pip install /path/to/grpo_lab trl==" + TRL_VERSION + "   # this grpo_lab checkout", *launch,
                 "python train.py --cpu --max-steps 2  # a smoke test on the CPU"]
     (job.out / "README.md").write_text(_readme(job, f"TRL job: {job.algo.name} on {job.spec['name']}", files,
                                                commands, f"TRL {TRL_VERSION}", _TRL_CAVEATS), encoding="utf-8")
@@ -294,7 +330,7 @@ def _hydra_value(text: str) -> str:
 
 def _verl_overrides(job: _Job) -> list[str]:
     """:func:`~grpo_lab.export.translation.to_verl`'s overrides plus the job's files, model, engine and trainer keys."""
-    exported = list(job.translation.config)
+    exported = [o for o in job.translation.config if not o.startswith("trainer.total_training_steps=")]
     micro = next((o.split("=", 1)[1] for o in exported
                   if o.startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=")), "8")
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{job.algo.name}-{job.spec['name']}")
@@ -371,11 +407,11 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
               *[f"    {shlex.quote(o)} \\" for o in overrides], '    "$@"', ""]
     (job.out / "run.sh").write_text("\n".join(script), encoding="utf-8")
     (job.out / "run.sh").chmod(0o755)
-    files = [("train.parquet", f"{len(train)} training prompts in verl's RL dataset schema"),
+    files = [("train.parquet", f"{len(train)} training prompts ({_distinct(train)}) in verl's RL dataset schema"),
              ("test.parquet", f"{len(test)} test prompts (the task's test set)"),
              ("reward.py", "custom_reward_function compute_score: grpo_lab's own scorer of the task"),
              ("overrides.txt", "the Hydra overrides, one a line"), ("run.sh", "the command line")]
-    commands = [f"pip install grpo_lab verl=={VERL_VERSION} vllm   # on every node", "ray start --head   # then "
+    commands = [f"pip install /path/to/grpo_lab verl=={VERL_VERSION} vllm   # this grpo_lab checkout, on every node", "ray start --head   # then "
                 "ray start --address=HEAD:6379 on the other nodes", "bash run.sh"]
     title = f"verl job: {job.algo.name} on {job.spec['name']}, {nnodes} x {n_gpus_per_node} GPUs"
     (job.out / "README.md").write_text(_readme(job, title, files, commands, f"verl {VERL_VERSION}", _VERL_CAVEATS),

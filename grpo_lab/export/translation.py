@@ -568,7 +568,8 @@ def _trl_aggregation(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> Non
     agg = algo.aggregation
     if agg == "group_token_mean":
         d.issues.append(Issue("approximate", "aggregation",
-                              "DAPO Eq. 12 as written (a token mean per group, then the mean over groups) is not in "
+                              "the per-group token mean (DAPO Eq. 12 as written, CISPO Eq. 4: a token mean per group, "
+                              "then the mean over groups) is not in "
                               f"TRL; loss_type={loss_type!r} divides by the whole batch's token count ('token_mean'), "
                               "which weighs each group by its share of the tokens", fix={"aggregation": "token_mean"}))
     elif loss_type == "cispo" and agg != "token_mean":
@@ -847,7 +848,8 @@ def _verl_aggregation(algo: Algorithm, b: dict, d: _Draft) -> None:
     d.config[_A + "loss_agg_mode"] = _VERL_AGG_MODES[agg]
     if agg == "group_token_mean":
         d.issues.append(Issue("approximate", "aggregation",
-                              "DAPO Eq. 12 as written (a token mean per group, then the mean over groups) is not in "
+                              "the per-group token mean (DAPO Eq. 12 as written, CISPO Eq. 4: a token mean per group, "
+                              "then the mean over groups) is not in "
                               "verl; token-mean divides by the minibatch's token count ('token_mean'), which weighs "
                               "each group by its share of the tokens", fix={"aggregation": "token_mean"}))
     elif agg == "token_mean":
