@@ -30,36 +30,9 @@ from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_A
                           support_table, to_trl, to_verl, translate, trl_reward_funcs)
 from .versions import LibraryVersionWarning, check_installed, installed_version
 
-__all__ = [
-    "TRL_VERSION",
-    "VERL_VERSION",
-    "TARGETS",
-    "TRL_ADV_EPS",
-    "VERL_ADV_EPS",
-    "VERL_DUAL_CLIP_OFF",
-    "BUDGET_KEYS",
-    "ExportError",
-    "ApproximateExportWarning",
-    "Issue",
-    "Translation",
-    "translate",
-    "to_trl",
-    "to_verl",
-    "trl_reward_funcs",
-    "mapping_table",
-    "support_table",
-    "budget_from_config",
-    "Reading",
-    "from_trl",
-    "from_verl",
-    "check_config",
-    "horizon",
-    "precision_resolution",
-    "EXPORT_PRECISIONS",
-    "LibraryVersionWarning",
-    "installed_version",
-    "check_installed",
-    "DEFAULT_STEPS",
-    "trl_job",
-    "verl_job",
-]
+from . import translation as _translation
+
+#: the translation's public names, then the other rooms'
+__all__ = [*_translation.__all__, "budget_from_config", "horizon", "precision_resolution", "EXPORT_PRECISIONS",
+           "LibraryVersionWarning", "installed_version", "check_installed", "Reading", "from_trl", "from_verl",
+           "check_config", "DEFAULT_STEPS", "trl_job", "verl_job"]
