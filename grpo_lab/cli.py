@@ -249,13 +249,18 @@ def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 
     Raises:
         UsageError: an item without ``=``, an unknown key (the message names it, suggests a close
-            key and lists the valid ones), ``seed`` / ``progress`` (their own options), or a value
-            that is not of the field's type (:func:`parse_value`).
+            key and lists the valid ones), a TRL / verl option name (one error for all of them: each
+            with the grpo_lab field and value that mean the same, :mod:`grpo_lab.export.vocabulary`,
+            and the linter ``check-config`` named when there are several), ``seed`` / ``progress``
+            (their own options), or a value that is not of the field's type (:func:`parse_value`).
     """
+    from .export.vocabulary import combine, explain
+
     known = settable_fields()
     hyper = hyperparameter_keys()
     cfg: dict[str, Any] = {}
     algo: dict[str, Any] = {}
+    foreign: list[tuple[str, str]] = []
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -267,11 +272,17 @@ def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             raise UsageError(f"--set {key}: ambiguous, both a TrainerConfig field and a hyper-parameter that "
                              f"{hyper[key][0]} declares; rename that function's parameter")
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UsageError(f"--set: unknown key {key!r}{hint}; valid keys: {', '.join(sorted(known))}")
+            said = explain(key, text, style="set")  # a TRL / verl name, or None for a plain typo
+            if said is None:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise UsageError(f"--set: unknown key {key!r}{hint}; valid keys: {', '.join(sorted(known))}")
+            foreign.append((key, f"--set {key}={text}: {said}"))
+            continue
         owner, type_hint, _ = known[key]
         (cfg if owner == "TrainerConfig" else algo)[key] = parse_value(key, text, type_hint)
+    if foreign:
+        raise UsageError(combine(foreign))
     return cfg, algo
 
 

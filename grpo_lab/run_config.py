@@ -170,7 +170,25 @@ def check_value(name: str, value: Any, hint: Any) -> Any:
     raise ValueError(f"{name} must be {_describe(kinds, nullable)}, got {value!r}")
 
 
-def _unknown(where: str, key: str, known: list[str], extra: str = "") -> ValueError:
+def _foreign(where: str, key: str, value: Any, top: bool) -> str | None:
+    """The error text for a TRL / verl option name (:func:`grpo_lab.export.vocabulary.explain`, fixes written as
+    file lines; at the file's top level the linter named too), or None for a key neither library has."""
+    from .export.vocabulary import NO_VALUE, explain
+
+    said = explain(key, NO_VALUE if value is ... else value, style="file")
+    if said is None:
+        return None
+    hint = "; a whole TRL GRPOConfig or verl config file is read by: python -m grpo_lab check-config FILE" if top else ""
+    return f"{where}: {key}: {said}{hint}"
+
+
+def _unknown(where: str, key: str, known: list[str], extra: str = "", value: Any = ...,
+             top: bool = False) -> ValueError:
+    """The error for an unknown key: what a TRL / verl option name means in grpo_lab (:func:`_foreign`; ``value``
+    the file's value, ``...`` when not known), else the closest known key (difflib) and every known key."""
+    said = _foreign(where, key, value, top)
+    if said is not None:
+        return ValueError(said)
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ValueError(f"{where}: unknown key {key!r}{hint}{extra}; known keys: {', '.join(sorted(known))}")
@@ -188,16 +206,25 @@ def check_fields(values: Mapping[str, Any], known: Mapping[str, Any], where: str
             unknown key found here gets that reason instead of a did-you-mean.
 
     Raises:
-        ValueError: an unknown key (naming it, the closest known key and every known key), or a value of the
-            wrong type.
+        ValueError: an unknown key (naming it, the closest known key and every known key); TRL / verl option
+            names (one error for all of them, each with the grpo_lab field and value that mean the same, and the
+            linter ``check-config`` named when there are several); or a value of the wrong type.
     """
-    out = {}
+    from .export.vocabulary import combine
+
+    out, foreign = {}, []
     for key, value in values.items():
         if key not in known:
             if elsewhere and key in elsewhere:
                 raise ValueError(f"{where}: {key!r} does not belong here: {elsewhere[key]}")
-            raise _unknown(where, key, list(known))
+            said = _foreign(where, key, value, top=False)
+            if said is None:
+                raise _unknown(where, key, list(known))
+            foreign.append((key, said))
+            continue
         out[key] = check_value(f"{where}: {key}", value, known[key])
+    if foreign:
+        raise ValueError(combine(foreign))
     return out
 
 
@@ -298,7 +325,7 @@ def load_run_config(data: Mapping[str, Any], path: str | os.PathLike, parser, se
         elif key in moved:
             raise ValueError(f"{where}: {raw_key!r} is not a top-level key: {moved[key]}")
         else:
-            raise _unknown(where, raw_key, [*options, *SECTIONS])
+            raise _unknown(where, raw_key, [*options, *SECTIONS], value=value, top=True)
     return RunConfig(Path(path), **out)
 
 

@@ -16,6 +16,9 @@ One package, one room per job:
 * :mod:`grpo_lab.export.jobs` — a runnable job: :func:`~grpo_lab.export.jobs.trl_job` (script, dataset,
   reward adapter) and :func:`~grpo_lab.export.jobs.verl_job` (parquet data, ``custom_reward_function`` file,
   Hydra overrides, command line); the text of the files they write is in :mod:`grpo_lab.export.job_scripts`.
+* :mod:`grpo_lab.export.vocabulary` — the field's names: :func:`~grpo_lab.export.vocabulary.explain` says which
+  grpo_lab field and value a TRL ``GRPOConfig`` or verl option means (``num_generations`` is ``group_size``),
+  derived from the translation's tables (what ``--set`` and config files say when given a TRL / verl name).
 
 Everything public is importable from ``grpo_lab.export`` itself.
 """
@@ -29,10 +32,11 @@ from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_A
                           VERL_VERSION, ApproximateExportWarning, ExportError, Issue, Translation, mapping_table,
                           support_table, to_trl, to_verl, translate, trl_reward_funcs)
 from .versions import LibraryVersionWarning, check_installed, installed_version
+from .vocabulary import explain
 
 from . import translation as _translation
 
 #: the translation's public names, then the other rooms'
 __all__ = [*_translation.__all__, "budget_from_config", "horizon", "precision_resolution", "EXPORT_PRECISIONS",
            "LibraryVersionWarning", "installed_version", "check_installed", "Reading", "from_trl", "from_verl",
-           "check_config", "DEFAULT_STEPS", "trl_job", "verl_job"]
+           "check_config", "DEFAULT_STEPS", "trl_job", "verl_job", "explain"]
