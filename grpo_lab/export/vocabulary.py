@@ -80,6 +80,7 @@ class Term:
     pinned_known: bool = False
     linter: bool = False
 
+
 # ---------------------------------------------------------------------------------------------
 # the probes
 # ---------------------------------------------------------------------------------------------
@@ -117,14 +118,15 @@ def _choices(target: str, name: str) -> list:
 
 def _alternatives(target: str, name: str, hint: Any, value: Any) -> list:
     """Values other than ``value`` for a probe of ``name`` (each tried; those the export refuses are skipped)."""
-    kinds = [k for k in typing.get_args(hint) if k is not type(None)] or [hint]
-    nullable = type(None) in typing.get_args(hint)
+    union = typing.get_origin(hint) is typing.Union or type(hint).__name__ == "UnionType"
+    kinds = [k for k in typing.get_args(hint) if k is not type(None)] if union else [hint]
+    nullable = union and type(None) in typing.get_args(hint)
     kind = typing.get_origin(kinds[0]) or kinds[0]
     if isinstance(value, bool) or kind is bool:
         out = [not value]
     elif kind is str:
         out = _choices(target, name) + ([None] if nullable else [])
-    elif kind is tuple:
+    elif isinstance(value, tuple) or kind is tuple:
         out = [tuple(v * 0.5 if j == i else v for j, v in enumerate(value)) for i in range(len(value))]
     elif value is None:
         out = [64, 8] if kind is int else [0.5, 0.25]
@@ -379,8 +381,13 @@ def _one(term: Term, typed: str, value: Any, style: str) -> str:
         return _see_also(term, head, value, style)
     if not term.names:
         if term.pinned_known:
+            from .lint_io import parse_value
+
+            given = parse_value(value) if isinstance(value, str) else value
+            drop = "; the value given is that one: drop the key" if value is not _UNSET and _same(given, term.pinned) \
+                else ""
             return (f"{head}; grpo_lab has no such setting: it computes what {term.key}={_text(term.pinned)} "
-                    "does (what the export writes)")
+                    f"does (what the export writes){drop}")
         return f"{head}; grpo_lab has no such setting (its linter reads it as outside the loss)"
     if value is _UNSET:
         return f"{head}; grpo_lab calls it {' / '.join(term.same or term.names)}"
