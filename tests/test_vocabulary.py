@@ -161,6 +161,16 @@ def test_a_key_added_to_the_translation_appears_without_retyping(fresh_vocabular
     assert "--set ratio_level=sequence_token" in said and "exactly" in said and "unknown" not in said, said
 
 
+def test_building_the_vocabulary_warns_nothing(fresh_vocabulary):
+    """The probes run the export's mapping without its version check: no warning, and a later export's
+    once-per-process LibraryVersionWarning is not spent."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(voc.vocabulary()) > 50
+
+
 def test_the_vocabulary_is_the_exports_table_read_backwards():
     """Every loss_type / loss_agg_mode / importance_sampling_level the export writes reads back to a grpo_lab
     choice that the export maps to that very value."""

@@ -10,7 +10,8 @@ and read back through the linter (:mod:`grpo_lab.export.lint`):
 
 * **which key**: each grpo_lab name that the export writes from (every :class:`~grpo_lab.algorithms.Algorithm`
   field, every budget key that is a ``TrainerConfig`` field) is perturbed in turn, the GRPO preset exported
-  to each library with and without the change (:func:`~grpo_lab.export.translation.translate`), and every
+  to each library with and without the change (the mapping :func:`~grpo_lab.export.translation.translate`
+  runs), and every
   library key whose value changes is that name's (:func:`vocabulary`). A key whose value is the grpo_lab
   value in every probe carries it over unchanged (``num_generations`` = ``group_size``); a key the export
   writes whatever the algorithm is a setting grpo_lab does not have, pinned at the value the export writes
@@ -138,18 +139,21 @@ def _alternatives(target: str, name: str, hint: Any, value: Any) -> list:
 
 
 def _export(target: str, algo, budget: dict) -> Optional[dict]:
-    """``{library key: value}`` the export writes (verl's overrides parsed), or None when it refuses."""
-    from .lint_io import parse_override
-    from .translation import ApproximateExportWarning, translate
+    """``{library key: value}`` the export writes (verl's keys without Hydra's ``+``), or None when it refuses.
+
+    The export's own axis-by-axis mapping (what :func:`~grpo_lab.export.translation.translate` runs after its
+    checks), called without the installed-version check, so that a probe neither warns nor spends the
+    once-per-process :class:`~grpo_lab.export.versions.LibraryVersionWarning` of a later export.
+    """
+    from . import translation as _tr
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ApproximateExportWarning)
-            warnings.simplefilter("ignore", UserWarning)  # a LibraryVersionWarning: the mapping is the same
-            tr = translate(algo, target, strict=False, **budget)
-    except ValueError:  # ExportError, or a combination the export does not split
+        config, _, issues = (_tr._trl if target == "trl" else _tr._verl)(algo, _tr._check_budget(budget))
+    except ValueError:  # a combination the export does not split, or a size it needs
         return None
-    return tr.config if isinstance(tr.config, dict) else dict(parse_override(line) for line in tr.config)
+    if any(i.kind == "impossible" for i in issues):
+        return None
+    return {k.lstrip("+"): v for k, v in config.items()}
 
 
 def _probe(target: str) -> tuple:
