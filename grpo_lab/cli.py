@@ -73,10 +73,23 @@ well.
 With ``--model``, one warning line on stderr when the model's tokenizer maps a character of
 the task's first test prompts to its unknown token (a tokenizer that cannot read the task).
 
+What a run prints (:mod:`grpo_lab.cli_report`): while it trains, one line per step and seed on stdout
+(``GRPO seed 0 step 2/40 | reward 0.523 | accuracy 0.523 | kl 0.0031 | clip_frac 0.014 | length 8.3 | 1.3 s
+| test_accuracy 0.409``), read from each seed's ``metrics.jsonl`` (so also for seeds trained by ``--jobs``
+worker processes; none with ``--quiet``, or when ``--report-to`` leaves out ``jsonl``: a note says so); a
+resumed seed prints the steps after its checkpoint, a finished one says it was read back. Then the summary:
+the test accuracy (greedy, N problems) from base to final as mean ± sd over the seeds with the 95% Student-t
+interval, each seed's value and the test set's binomial standard error (one seed: no ±); the last step's
+metrics; each seed's trained model, ``<run dir>/<preset>/seed-<k>/final`` (``save_pretrained`` weights and
+tokenizer, LoRA adapters merged into the base weights; ``--no-save-model`` skips it); the figure of test
+accuracy and reward against the step next to the results file (``--out`` with ``.png``); and the lines
+``results: PATH`` and ``configuration: PATH``.
+
 Progress bars: transformers' model-loading bars only with ``--progress`` (unless the user's own
 ``HF_HUB_DISABLE_PROGRESS_BARS`` says otherwise: it is left alone when set); the per-step training
-bar with ``--progress``, never with ``--no-progress``, and by default only when stderr is a
-terminal and ``$CI`` is unset (:class:`~grpo_lab.trainer.TrainerConfig`'s ``progress=None``).
+bar (tqdm, stderr) with ``--progress``, never with ``--no-progress``; by default the step lines replace
+it, and with ``--quiet`` it shows only when stderr is a terminal and ``$CI`` is unset
+(:class:`~grpo_lab.trainer.TrainerConfig`'s ``progress=None``).
 
 ``python -m grpo_lab.experiments`` (the older entry point) runs this same command line.
 """
@@ -619,6 +632,11 @@ def _epilog(prog: str) -> str:
         f"  {prog} --config run.yaml --steps 5   # options from a YAML file, a flag on top",
         "  (my_task.py calls grpo_lab.tasks.register_task('mytask', MyTask); --import also takes a module",
         "  name such as my_package.tasks; give it to 'list' too to see what it registered)",
+        "",
+        "output: a line per step and seed while training (--quiet: none), then the test accuracy from base to",
+        "  final (mean ± sd over seeds, 95% t interval, per seed, binomial standard error), each seed's model",
+        "  (<run dir>/PRESET/seed-K/final; --no-save-model: none), a figure FILE.png next to the results FILE.json,",
+        "  and the lines 'results: FILE.json' and 'configuration: FILE/config.yaml'.",
         "",
         "exit status: 0 done, 2 a mistake in the command line or a file/model problem (one line on",
         "stderr; --debug adds the traceback), 1 any other error, 130 interrupted.",

@@ -297,6 +297,9 @@ def save_curves(history: pd.DataFrame, path: str | os.PathLike, *, title: str | 
         fig = curves_grid(history, panels, ncols=len(panels), panel_size=(4.0, 2.8), suptitle=title)
         for ax in fig.axes:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+            for line in ax.get_lines():  # the steps measured (evaluations are a few steps only)
+                line.set_marker("o")
+                line.set_markersize(3)
         try:
             fig.savefig(path, dpi=DPI)
         finally:
