@@ -22,7 +22,7 @@ from scipy import stats as scipy_stats
 from grpo_lab import cli, experiments
 from grpo_lab.cli_report import StepPrinter, count_test_problems, figure_path, save_curves, step_line, summary_lines
 from grpo_lab.experiments import RunResult, load_results
-from grpo_lab.experiments.run_dirs import final_model_dir, save_final_model, seed_dir
+from grpo_lab.experiments.run_dirs import _finish_seed, final_model_dir, save_final_model, seed_dir
 from grpo_lab.models import TinyConfig, build_char_tokenizer, load_policy, tiny_policy
 
 ROW = {"step": 3, "reward": 0.5234, "accuracy": 0.5, "kl": 0.00309, "clip_frac": 0.0136, "length": 8.34,
@@ -212,6 +212,8 @@ def writing_run(monkeypatch):
                 rows.append({"algo": algo.name, "seed": s, **row})
             if kwargs.get("save_model"):
                 save_final_model(_Holder(policy, tok), directory)
+            _finish_seed(directory, steps, [r for r in rows if r["seed"] == s])
+            (directory / "run.json").write_text(json.dumps({"algo": {"name": algo.name}, "config": {"seed": s}}))
         prov = {"steps": steps, "seeds": seeds, "wall_seconds": 0.1, "cached_seeds": [],
                 "algo": dataclasses.asdict(algo)}
         return RunResult(pd.DataFrame(rows), prov)
@@ -251,3 +253,33 @@ def test_cli_quiet_no_save_model_and_trackers_without_jsonl(writing_run, tmp_pat
                      "--out", str(tmp_path / "t.json")]) == 0
     stdout = capsys.readouterr().out
     assert stdout.startswith("(no per-step lines: they are read from each seed's metrics.jsonl, which --report-to")
+
+
+def test_cli_resume_of_a_finished_run_says_it_is_read_back_and_prints_no_step(writing_run, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert cli.main(["GRPO", "--steps", "1", "--seeds", "0", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["GRPO", "--steps", "1", "--seeds", "0", "--out", str(out), "--resume"]) == 0
+    stdout = capsys.readouterr().out
+    directory = tmp_path / "r" / "GRPO" / "seed-0"
+    assert stdout.startswith(f"seed 0: finished earlier, read back from {directory / 'result.json'} (nothing to train)")
+    assert "GRPO seed 0 step" not in stdout and f"  seed 0: {directory / 'final'}" in stdout
+
+
+def test_saving_the_models_changes_no_number(tmp_path):
+    from grpo_lab.experiments import Profile, run
+    from grpo_lab.trainer import MEASURED_COLUMNS, TrainerConfig
+
+    policy, tok = _tiny()
+    policy.save_pretrained(tmp_path / "base", safe_serialization=True)
+    tok.save_pretrained(tmp_path / "base")
+    profile = Profile(name="t", base=str(tmp_path / "base"), task="arithmetic", steps=2,
+                      config=TrainerConfig(prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0))
+    histories = []
+    for save in (False, True):  # two seeds in this process: the second trains after the first one's save
+        res = run("GRPO", profile=profile, seeds=[0, 1], cache=False, progress=False, save_model=save,
+                  output_dir=str(tmp_path / f"out-{save}"))
+        histories.append(res.history.drop(columns=[c for c in MEASURED_COLUMNS if c in res.history.columns]))
+    pd.testing.assert_frame_equal(histories[0], histories[1], check_exact=True)
+    assert (tmp_path / "out-True" / "GRPO" / "seed-1" / "final" / "model.safetensors").is_file()
+    assert not (tmp_path / "out-False" / "GRPO" / "seed-1" / "final").exists()
