@@ -73,10 +73,23 @@ well.
 With ``--model``, one warning line on stderr when the model's tokenizer maps a character of
 the task's first test prompts to its unknown token (a tokenizer that cannot read the task).
 
+What a run prints (:mod:`grpo_lab.cli_report`): while it trains, one line per step and seed on stdout
+(``GRPO seed 0 step 2/40 | reward 0.523 | accuracy 0.523 | kl 0.0031 | clip_frac 0.014 | length 8.3 | 1.3 s
+| test_accuracy 0.409``), read from each seed's ``metrics.jsonl`` (so also for seeds trained by ``--jobs``
+worker processes; none with ``--quiet``, or when ``--report-to`` leaves out ``jsonl``: a note says so); a
+resumed seed prints the steps after its checkpoint, a finished one says it was read back. Then the summary:
+the test accuracy (greedy, N problems) from base to final as mean ± sd over the seeds with the 95% Student-t
+interval, each seed's value and the test set's binomial standard error (one seed: no ±); the last step's
+metrics; each seed's trained model, ``<run dir>/<preset>/seed-<k>/final`` (``save_pretrained`` weights and
+tokenizer, LoRA adapters merged into the base weights; ``--no-save-model`` skips it); the figure of test
+accuracy and reward against the step next to the results file (``--out`` with ``.png``); and the lines
+``results: PATH`` and ``configuration: PATH``.
+
 Progress bars: transformers' model-loading bars only with ``--progress`` (unless the user's own
 ``HF_HUB_DISABLE_PROGRESS_BARS`` says otherwise: it is left alone when set); the per-step training
-bar with ``--progress``, never with ``--no-progress``, and by default only when stderr is a
-terminal and ``$CI`` is unset (:class:`~grpo_lab.trainer.TrainerConfig`'s ``progress=None``).
+bar (tqdm, stderr) with ``--progress``, never with ``--no-progress``; by default the step lines replace
+it, and with ``--quiet`` it shows only when stderr is a terminal and ``$CI`` is unset
+(:class:`~grpo_lab.trainer.TrainerConfig`'s ``progress=None``).
 
 ``python -m grpo_lab.experiments`` (the older entry point) runs this same command line.
 """
@@ -631,6 +644,11 @@ def _epilog(prog: str) -> str:
         "  (my_task.py calls grpo_lab.tasks.register_task('mytask', MyTask); --import also takes a module",
         "  name such as my_package.tasks; give it to 'list' too to see what it registered)",
         "",
+        "output: a line per step and seed while training (--quiet: none), then the test accuracy from base to",
+        "  final (mean ± sd over seeds, 95% t interval, per seed, binomial standard error), each seed's model",
+        "  (<run dir>/PRESET/seed-K/final; --no-save-model: none), a figure FILE.png next to the results FILE.json,",
+        "  and the lines 'results: FILE.json' and 'configuration: FILE/config.yaml'.",
+        "",
         "exit status: 0 done, 2 a mistake in the command line or a file/model problem (one line on",
         "stderr; --debug adds the traceback), 1 any other error, 130 interrupted.",
     ])
@@ -686,9 +704,15 @@ def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
                     help="trackers of each seed's steps (TrainerConfig.report_to; written into the seed's output "
                          "directory): jsonl (the default), tensorboard, wandb (offline unless $WANDB_MODE says "
                          "otherwise); 'none' for none")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no line per step and seed while training (the summary and the paths only)")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                    help="show the model-loading bars and a per-step training bar; --no-progress: no bars "
-                         "(default: the training bar only when stderr is a terminal, no loading bars)")
+                    help="show the model-loading bars and a tqdm bar per seed on stderr (the step lines too, unless "
+                         "--quiet); --no-progress: no bars (default: no loading bars, and the training bar only "
+                         "with --quiet when stderr is a terminal)")
+    ap.add_argument("--no-save-model", dest="save_model", action="store_false",
+                    help="do not save each seed's trained model (by default it goes to <run dir>/PRESET/seed-K/final: "
+                         "save_pretrained weights, LoRA adapters merged, and the tokenizer)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     ap.add_argument("--version", action="version", version=f"grpo_lab {__version__}")
 
@@ -744,20 +768,43 @@ def _list(prog: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------- main
-def _summary(res, name: str, profile: str, out: Path) -> str:
-    prov = res.provenance
-    seeds = prov.get("seeds", [])
-    head = f"{name} [{profile}] {prov.get('steps')} steps x {len(seeds)} seed(s), {prov.get('wall_seconds')} s"
-    if "test_accuracy" in res.history and res.history["test_accuracy"].notna().any():
-        fin, base = res.final(), res.base()
-        sd = f" ± {fin.std():.3f}" if len(fin) > 1 else ""
-        start = f"base {base.mean():.3f} -> " if len(base) and base.notna().any() else ""
-        head += f": test accuracy {start}{fin.mean():.3f}{sd}"
-    else:
-        head += " (no evaluation: eval_every=0)"
-    if prov.get("cached_seeds"):
-        head += f"; seeds {prov['cached_seeds']} from the run cache (--no-cache trains them again)"
-    return head + f"\nresults: {out}"
+def _report(res, args, name: str, out: Path, config_file: Path, output_dir: Path) -> list[str]:
+    """What a finished run prints: the labelled summary (:func:`grpo_lab.cli_report.summary_lines`, the test
+    set's size from the task), each seed's saved model, the figure (:func:`grpo_lab.cli_report.save_curves`,
+    next to the results file; a failure to draw is a warning on stderr, the results are kept), and the
+    ``results:`` and ``configuration:`` paths (other tools read the line ``results: PATH``)."""
+    from . import experiments
+    from .cli_report import count_test_problems, figure_path, save_curves, summary_lines
+
+    profile = experiments.get_profile(args.profile)
+    task = args.task or profile.task
+    n_test = count_test_problems(task, profile.task_kwargs if task == profile.task else ())
+    lines = summary_lines(res, name=name, profile=args.profile, n_test=n_test)
+    if args.save_model:
+        lines += _model_lines(res, name, output_dir)
+    figure = figure_path(out)
+    seeds = len(res.provenance.get("seeds", []))
+    try:
+        save_curves(res.history, figure, title=f"{name}: mean ± sd over {seeds} seed{'s' if seeds != 1 else ''}")
+        lines.append(f"figure: {figure} (test accuracy and reward against the step, mean ± sd over seeds)")
+    except Exception as exc:  # noqa: BLE001 -- the results are saved; a figure that cannot be drawn is a warning
+        print(f"{_default_prog()}: warning: no figure written ({type(exc).__name__}: {exc})", file=sys.stderr)
+    return lines + [f"results: {out}", f"configuration: {config_file}"]
+
+
+def _model_lines(res, name: str, output_dir: Path) -> list[str]:
+    """The saved models' lines: what they hold (LoRA runs: adapters merged into the base weights) and each
+    seed's ``final/`` directory, or why a seed has none (read back from a run that saved none)."""
+    from .experiments.run_dirs import final_model_dir, seed_dir
+
+    kind = "LoRA adapters merged into the base weights" if res.provenance.get("lora") else "full weights"
+    lines = [f"final models ({kind}, and the tokenizer; grpo_lab.models.load_policy(PATH) loads one, "
+             "--model PATH trains on from it):"]
+    for seed in res.provenance.get("seeds", []):
+        path = final_model_dir(seed_dir(output_dir, name, seed))
+        lines.append(f"  seed {seed}: {path}" if (path / "config.json").is_file()
+                     else f"  seed {seed}: none (read back from a finished run that saved no model)")
+    return lines
 
 
 @contextlib.contextmanager
@@ -880,16 +927,65 @@ def _train(argv: list[str], prog: str) -> int:
             print(warning, file=sys.stderr)
     config_file = _write_resolved(args, preset, algo, cfg_over, model, out,
                                   _origin(conf, conf and conf.trainer, set_cfg))
+    res = _run_and_follow(args, algo, cfg_over, model, lora)
+    experiments.save_results(res, out)
+    print("\n".join(_report(res, args, algo.name, out, config_file, Path(cfg_over["output_dir"]))))
+    return 0
 
+
+def _run_and_follow(args, algo, cfg_over: dict, model: str | None, lora):
+    """:func:`grpo_lab.experiments.run` as the command line asks, printing a line per step and seed while it
+    trains (:class:`grpo_lab.cli_report.StepPrinter` on each seed's ``metrics.jsonl``) unless ``--quiet`` or the
+    trackers (``--report-to``) write no ``jsonl``. The per-step tqdm bar shows with ``--progress`` (and by
+    default, in a terminal, only with ``--quiet``: the lines replace it); transformers' loading bars only with
+    ``--progress``. Seeds resumed from a checkpoint print the steps after it; finished seeds read back say so."""
+    from . import experiments
+    from .cli_report import StepPrinter
+    from .experiments.run_dirs import seed_dir
+
+    profile = experiments.get_profile(args.profile)
+    steps = profile.steps if args.steps is None else args.steps
+    report_to = cfg_over.get("report_to", profile.config.report_to)
+    lines = not args.quiet and "jsonl" in report_to
+    if not args.quiet and not lines:
+        print("(no per-step lines: they are read from each seed's metrics.jsonl, which --report-to without jsonl "
+              "does not write)", flush=True)
+    dirs = {s: seed_dir(cfg_over["output_dir"], algo.name, s) for s in args.seeds}
+    after = _resume_points(dirs, steps) if args.resume else {}
+    bar = args.progress if (args.quiet or args.progress is not None) else False
+    printer = StepPrinter(dirs if lines else {}, name=algo.name, steps=steps, after=after, emit=_line_printer(bar))
     # transformers' loading bars: off unless --progress, in this process and in spawned workers (which
     # inherit the environment); put back afterwards for callers that run main() in-process.
-    with _loading_bars(args.progress is True):
-        res = experiments.run(algo, profile=args.profile, seeds=args.seeds, steps=args.steps, progress=args.progress,
-                              n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, lora=lora,
-                              resume=args.resume, **cfg_over)
-    experiments.save_results(res, out)
-    print(_summary(res, algo.name, args.profile, out) + f"\nconfiguration: {config_file}")
-    return 0
+    with _loading_bars(args.progress is True), printer:
+        return experiments.run(algo, profile=args.profile, seeds=args.seeds, steps=args.steps, progress=bar,
+                               n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, lora=lora,
+                               resume=args.resume, save_model=args.save_model, **cfg_over)
+
+
+def _line_printer(bar: bool | None):
+    """How a step line is printed: ``print`` (flushed, so a pipe shows it at once), or ``tqdm.write`` when tqdm
+    bars may show in this process (it keeps the bar below the lines)."""
+    if bar is False:
+        return lambda line: print(line, flush=True)
+    from tqdm.auto import tqdm
+
+    return lambda line: tqdm.write(line)
+
+
+def _resume_points(dirs: dict, steps: int) -> dict[int, int]:
+    """``{seed: step}`` after which a resumed seed's step lines are new: its latest checkpoint's step, or
+    ``steps`` for a seed whose ``result.json`` holds the whole run (read back, not trained: printed as such)."""
+    from .experiments.run_dirs import _finished_rows, latest_checkpoint
+
+    after = {}
+    for seed, directory in dirs.items():
+        if _finished_rows(directory, steps) is not None:
+            after[seed] = steps
+            print(f"seed {seed}: finished earlier, read back from {directory / 'result.json'} (nothing to train)",
+                  flush=True)
+        elif (ckpt := latest_checkpoint(directory)) is not None:
+            after[seed] = int(ckpt.name.split("-")[-1])
+    return after
 
 
 def _check_config(argv: list[str], prog: str) -> int:

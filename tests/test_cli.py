@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from grpo_lab import cli, experiments
 from grpo_lab.algorithms import GRPO, PRESETS, Algorithm
 from grpo_lab.experiments import PROFILES, Profile, RunResult, load_results, run
-from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
+from grpo_lab.models import TinyConfig, build_char_tokenizer, load_policy, tiny_policy
 from grpo_lab.tasks import TASKS, ArithmeticTask
 from grpo_lab.trainer import TrainerConfig
 
@@ -239,14 +240,17 @@ def test_options_and_overrides_reach_run(fake_run, tmp_path, capsys):
     assert call["algo"] == GRPO.replace(eps_high=0.28)  # the preset, one field changed, its name kept
     assert call["lr"] == 1e-4 and call["base"] == "arithmetic-moe-base" and call["task"] == "arithmetic"
     assert call["n_jobs"] == 2 and call["seeds"] == [3, 4] and call["steps"] == 5 and call["cache"] is False
-    assert call["profile"] == "cpu" and call["progress"] is None
+    # the step lines replace the training bar: progress False unless --progress (or --quiet, see below)
+    assert call["profile"] == "cpu" and call["progress"] is False and call["save_model"] is True
     res = load_results(out)
     assert res.history["seed"].tolist() == [3, 3, 4, 4]
     assert res.provenance["algo"]["eps_high"] == 0.28
     stdout = capsys.readouterr().out
     assert f"results: {out}" in stdout
     # hand computation: the fake run ends each seed at accuracy 0.5, starting from 0.25
-    assert "test accuracy base 0.250 -> 0.500 ± 0.000" in stdout
+    assert ("test accuracy (greedy, 198 problems): base 0.250 -> final 0.500 ± 0.000 (mean ± sd over 2 seeds), "
+            "95% interval [0.500, 0.500]") in stdout
+    assert "per seed: s3 0.500 (99/198), s4 0.500 (99/198) (every seed ended at the same accuracy" in stdout
 
 
 def test_defaults_reach_run(fake_run, tmp_path, monkeypatch):
@@ -280,8 +284,9 @@ def test_without_out_results_go_to_runs(fake_run, tmp_path, monkeypatch, capsys)
 
 
 # ------------------------------------------------------------------------------------ progress
-@pytest.mark.parametrize("flag, progress, bars_off", [([], None, True), (["--progress"], True, False),
-                                                      (["--no-progress"], False, True)])
+@pytest.mark.parametrize("flag, progress, bars_off", [([], False, True), (["--progress"], True, False),
+                                                      (["--no-progress"], False, True), (["--quiet"], None, True),
+                                                      (["--quiet", "--no-progress"], False, True)])
 def test_loading_bars_only_with_progress(flag, progress, bars_off, fake_run, tmp_path, monkeypatch):
     from transformers.utils import logging as hf_logging
 
@@ -379,6 +384,20 @@ def test_a_real_run_end_to_end(tmp_path):
     assert prov["steps"] == 1 and prov["seeds"] == [0] and prov["base"] == "arithmetic-base"
     assert prov["config"]["prompts_per_step"] == 2 and prov["config"]["group_size"] == 2
     assert prov["algo"] == dataclasses.asdict(GRPO)
+    # what it printed (issue 36): a line per step, the labelled summary (its numbers the file's), the paths
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("GRPO seed 0 step 0/1 | base policy | test_accuracy ")
+    assert lines[1].startswith("GRPO seed 0 step 1/1 | reward ") and "| kl " in lines[1] and "| length " in lines[1]
+    final, base = res.final()[0], res.base()[0]
+    assert (f"test accuracy (greedy, 198 problems): base {base:.3f} -> final {final:.3f} (1 seed: no spread over "
+            "seeds, no interval)") in lines
+    assert f"  per seed: s0 {final:.3f} ({round(final * 198)}/198)" in lines
+    model = Path("runs") / path.stem / "GRPO" / "seed-0" / "final"
+    assert f"  seed 0: {model}" in lines
+    policy, _ = load_policy(tmp_path / model, progress=False)  # the trained policy, not the base
+    trained = dict(policy.named_parameters())
+    assert any(not torch.equal(trained[k], v) for k, v in load_policy("arithmetic-base")[0].named_parameters())
+    assert f"figure: {Path('runs') / (path.stem + '.png')}" in p.stdout and path.with_suffix(".png").is_file()
 
 
 # ------------------------------------------------------------------------------------ fresh-user review (issue 15)
@@ -515,7 +534,7 @@ def test_a_model_whose_tokenizer_cannot_read_the_task_warns(tiny_base, fake_run,
     assert capsys.readouterr().err == ""
 
 
-def test_cli_import_reaches_the_worker_processes(user_modules, tiny_base, tmp_path, monkeypatch):
+def test_cli_import_reaches_the_worker_processes(user_modules, tiny_base, tmp_path, monkeypatch, capsys):
     # a task from a .py file given by path, trained by two worker processes (--jobs 2): each imports
     # the module by its name, from the directory the command put on sys.path
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "off")
@@ -532,3 +551,6 @@ def test_cli_import_reaches_the_worker_processes(user_modules, tiny_base, tmp_pa
     res = load_results(out)
     assert res.provenance["task"] == "jobs_task" and sorted(set(res.history["seed"])) == [0, 1]
     assert res.history["step"].tolist() == [1, 1]
+    # the step lines of both workers' seeds reach this process's output (read from their metrics.jsonl)
+    stdout = capsys.readouterr().out
+    assert stdout.count("GRPO seed 0 step 1/1 | reward ") == 1 and stdout.count("GRPO seed 1 step 1/1 | reward ") == 1

@@ -9,6 +9,8 @@ The layout under a run's ``output_dir`` (the CLI's ``--out`` without its ``.json
         result.json                             its history, once it has trained every step
         metrics.jsonl, tensorboard/, wandb/     its trackers (TrainerConfig.report_to)
         checkpoints/step-000010/ ...            periodic checkpoints (TrainerConfig.save_every)
+        final/                                  the trained policy and its tokenizer (save_pretrained), when
+                                                run(..., save_model=True) asked for it (save_final_model)
 
 :func:`grpo_lab.experiments.run` writes ``run.json`` before a seed trains and ``result.json`` after; with
 ``resume=True`` a seed whose ``result.json`` holds its ``steps`` is not trained again, one with a
@@ -32,12 +34,15 @@ from ..training.checkpoints import CHECKPOINTS_DIR, _json_default, periodic_chec
 from ..training.config import TrainerConfig
 from ..validation import is_int
 
-__all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint"]
+__all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint", "FINAL_MODEL_DIR", "final_model_dir",
+           "save_final_model"]
 
 #: The file of a seed's directory that records what it trains (``_run_record``).
 RUN_FILE = "run.json"
 #: The file of a seed's directory that holds its history once every step has trained.
 RESULT_FILE = "result.json"
+#: The subdirectory of a seed's directory that holds its trained model (:func:`save_final_model`).
+FINAL_MODEL_DIR = "final"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -95,6 +100,54 @@ def latest_checkpoint(seed_directory: str | os.PathLike) -> Path | None:
     holds a ``state.json``; a half-written one that a killed save left behind is ignored), or ``None``."""
     found = periodic_checkpoints(checkpoints_dir(seed_directory))
     return found[-1][1] if found else None
+
+
+def final_model_dir(seed_directory: str | os.PathLike) -> Path:
+    """Where a seed's trained model goes (:func:`save_final_model`): ``seed_directory / "final"``."""
+    return Path(seed_directory) / FINAL_MODEL_DIR
+
+
+def save_final_model(trainer, seed_directory: str | os.PathLike) -> tuple[Path, str]:
+    """Write the trained policy of ``trainer`` and its tokenizer to :func:`final_model_dir` of
+    ``seed_directory`` with ``save_pretrained`` (safetensors), so that
+    :func:`grpo_lab.models.load_policy` (or ``transformers.AutoModelForCausalLM.from_pretrained``) loads it
+    and ``--model DIR`` trains from it. A LoRA policy (a ``peft.PeftModel``) is written as a copy with its
+    adapters merged into the base weights (:func:`grpo_lab.models.plain_copy`: one plain checkpoint, the
+    same function). The weights are the trainer's (float32 master weights). Nothing the run computes
+    changes: the policy is only read (the LoRA merge happens on the copy).
+
+    The files go to a sibling ``.final.saving`` directory first, renamed into place once complete (an
+    earlier ``final/`` is replaced), so a killed save never leaves half a model at ``final/``.
+
+    Args:
+        trainer: a :class:`~grpo_lab.trainer.Trainer` (its ``policy`` and ``tokenizer`` are written).
+        seed_directory: the seed's directory (:func:`seed_dir`); created if missing.
+
+    Returns:
+        ``(path, kind)``: the model's directory and ``"full weights"`` or ``"LoRA adapters merged into the
+        base weights"``.
+
+    Raises:
+        OSError: writing failed (the temporary directory is removed; an earlier ``final/`` stays).
+    """
+    from ..models import _progress_bars, is_peft_model, plain_copy
+    from ..training.checkpoints import _replace_dir
+
+    final = Path(os.path.abspath(final_model_dir(seed_directory)))
+    lora = is_peft_model(trainer.policy)
+    model = plain_copy(trainer.policy) if lora else trainer.policy
+    tmp = final.with_name(f".{final.name}.saving")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed while saving
+    try:
+        tmp.mkdir(parents=True)
+        with _progress_bars(trainer._show_progress()):  # transformers' "Writing model shards" bar
+            model.save_pretrained(tmp, safe_serialization=True)
+            trainer.tokenizer.save_pretrained(tmp)
+        _replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final_model_dir(seed_directory), ("LoRA adapters merged into the base weights" if lora else "full weights")
 
 
 # ------------------------------------------------------------------------------- records of a seed's run

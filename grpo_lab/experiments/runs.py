@@ -27,7 +27,7 @@ from ..validation import is_int
 from .profiles import PROFILES, Profile, _task_fix, get_profile
 from .results import RunResult, provenance
 from .run_dirs import (_check_run_dirs, _check_seed_dir, _finish_seed, _finished_rows, _run_record, _start_seed,
-                       latest_checkpoint, seed_dir)
+                       latest_checkpoint, save_final_model, seed_dir)
 from .run_cache import _cache_load, _cache_path, _cache_store, _run_key, _uncacheable, run_cache_dir, run_fingerprint
 from .workers import _FRESH_REGISTRIES, _import_user_module, _module_roots, _user_modules, _worker_pool, shutdown_workers
 
@@ -101,7 +101,8 @@ def _check_steps(steps) -> int:
 
 def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: bool | None,
                cache_path: Path | None = None,
-               modules: Sequence[str | tuple[str, str | None]] = (), resume: bool = False) -> pd.DataFrame:
+               modules: Sequence[str | tuple[str, str | None]] = (), resume: bool = False,
+               save_model: bool = False) -> pd.DataFrame:
     """One seed of one algorithm from the profile's base checkpoint (a process-pool task); the
     history is stored at ``cache_path`` when given. ``modules`` (:func:`_user_modules`, as names or
     as the ``(name, root)`` pairs of :func:`_module_roots`) are imported first, so that a worker
@@ -112,7 +113,9 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     checkpoints while it trains, ``result.json`` at the end. With ``resume`` a seed whose
     ``result.json`` holds ``steps`` steps is read back instead of trained, and one with a periodic
     checkpoint continues from the latest (:meth:`~grpo_lab.trainer.Trainer.resume`), after the checks of
-    ``_check_seed_dir`` (``ValueError`` naming what differs)."""
+    ``_check_seed_dir`` (``ValueError`` naming what differs). With ``save_model`` (and a seed directory) the
+    trained policy is written to its ``final/`` (:func:`~grpo_lab.experiments.run_dirs.save_final_model`)
+    before ``result.json``; a seed read back from its ``result.json`` writes none."""
     for module in modules:
         _import_user_module(module)
     try:  # validate again here: a spawned worker has only the registry entries its imports made
@@ -143,6 +146,8 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     if key is not None and key not in _BASE_EVALS and trainer.rows and trainer.rows[0].get("step") == 0:
         _BASE_EVALS[key] = dict(trainer.rows[0])
     if directory is not None:
+        if save_model:
+            save_final_model(trainer, directory)
         _finish_seed(directory, steps, trainer.rows)
     _cache_store(cache_path, trainer.rows)
     return pd.DataFrame(trainer.rows)
@@ -249,7 +254,8 @@ def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
 
 
 def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: bool | None, n_jobs: int,
-              cache: bool, resume: bool = False) -> tuple[list[pd.DataFrame], list[tuple[str, int]], str | None]:
+              cache: bool, resume: bool = False,
+              save_model: bool = False) -> tuple[list[pd.DataFrame], list[tuple[str, int]], str | None]:
     """Histories of every ``(algo, seed, profile)`` job, in order, each configuration trained once
     (two names for the same configuration share one run, unless the runs write into an
     ``output_dir``: each name then has its own directory), from the run cache where possible (never
@@ -285,7 +291,7 @@ def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: 
     todo = [k for k in dict.fromkeys(keys) if loaded[k] is None]
     first = {k: jobs[keys.index(k)] for k in todo}
     fresh = _map([(first[k][0], first[k][2], steps, first[k][1], progress, paths[k],
-                   _module_roots(_user_modules(first[k][0], first[k][2])), resume) for k in todo], n_jobs)
+                   _module_roots(_user_modules(first[k][0], first[k][2])), resume, save_model) for k in todo], n_jobs)
     loaded.update(zip(todo, fresh))
     frames = [_label(loaded[k].copy(), a, s) for (a, s, _), k in zip(jobs, keys)]
     return frames, hits, note
@@ -324,7 +330,7 @@ def _check_outputs(prof: Profile, resume: bool, where: str = "run") -> None:
 def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequence[int] = (0, 1, 2),
         steps: int | None = None, progress: bool | None = None, n_jobs: int = 1, cache: bool = True,
         base: str | os.PathLike | None = None, task: str | None = None, lora=None, resume: bool = False,
-        **config_overrides) -> RunResult:
+        save_model: bool = False, **config_overrides) -> RunResult:
     """Train ``algo`` from the profile's base checkpoint once per seed.
 
     Every seed starts from the same base weights; the seed fixes prompt sampling, generation
@@ -352,6 +358,10 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         resume: continue the runs in ``output_dir`` (see below) instead of refusing a directory that
             holds one: each seed that finished (its ``result.json`` holds ``steps`` steps) is read back, each
             with a periodic checkpoint continues from the latest, the others train from the start.
+        save_model: with an ``output_dir``, write each seed's trained policy and tokenizer to
+            ``DIR/<algorithm name>/seed-<k>/final`` (:func:`~grpo_lab.experiments.run_dirs.save_final_model`;
+            LoRA adapters merged), loadable with :func:`~grpo_lab.models.load_policy`; the run's numbers do
+            not change.
         **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
             (e.g. ``minibatches=4``). ``output_dir=DIR``: every seed writes into its own directory
             ``DIR/<algorithm name>/seed-<k>`` (:func:`~grpo_lab.experiments.run_dirs.seed_dir`; its
@@ -372,8 +382,9 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         ValueError: no seeds, unknown profile/algorithm/task, an empty ``base``, an invalid
             override, ``n_jobs < 1``, a CUDA device without CUDA; ``resume=True`` or ``save_every``
             without ``output_dir``; a seed directory that holds an earlier run when ``resume`` is
-            false; with ``resume``, a seed directory that holds another run (the message names every
-            field that differs, e.g. ``lr: 0.0003 in the checkpoint, 0.0001 requested``, or the
+            false; ``save_model=True`` without ``output_dir``; with ``resume``, a seed directory that
+            holds another run (the message names every field that differs, e.g. ``lr: 0.0003 in the
+            checkpoint, 0.0001 requested``, or the
             algorithm's, the profile's, the base's or the task's) or a checkpoint past ``steps``.
         TypeError: ``task`` is not a ``str`` (a task object: the message says how to name it).
             Or ``lora`` is neither a ``LoraSpec`` nor a dict (a bad value in it: ``ValueError``).
@@ -401,8 +412,12 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     steps = _check_steps(prof.steps if steps is None else steps)
     prof = _lr_horizon(prof, steps)
     _check_outputs(prof, resume)
+    if save_model and prof.config.output_dir is None:
+        raise ValueError("run: save_model=True writes each seed's model under output_dir, which is None; pass "
+                         "output_dir=... (a directory) or save_model=False")
     t0 = time.perf_counter()
-    frames, hits, note = _run_jobs([(algo, s, prof) for s in seeds], steps, progress, n_jobs, cache, resume)
+    frames, hits, note = _run_jobs([(algo, s, prof) for s in seeds], steps, progress, n_jobs, cache, resume,
+                                   save_model)
     wall = time.perf_counter() - t0
     prov = provenance(algo, prof, steps, seeds, wall)
     prov["cached_seeds"] = [s for _, s in hits]
