@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-grpo)=
-# # 1. GRPO: group-relative policy optimisation
+# # GRPO: group-relative policy optimisation
 #
 # **The problem.** PPO fine-tunes a language model with a learned value function as its baseline: a
 # second network as large as the policy, trained alongside it, whose errors leak into every

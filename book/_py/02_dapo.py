@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-dapo)=
-# # 2. DAPO: clip-higher, dynamic sampling, token-level loss, overlong shaping
+# # DAPO: clip-higher, dynamic sampling, token-level loss, overlong shaping
 #
 # **The problem.** Run naive GRPO long enough on long reasoning and four things go wrong, says DAPO
 # {cite:p}`yu2025dapo`: entropy collapses (the policy stops exploring), more and more groups are

@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-drgrpo)=
-# # 3. Dr.GRPO and DeepSeek-V3.2: the normalisation route
+# # Dr.GRPO and DeepSeek-V3.2: the normalisation route
 #
 # **The problem.** GRPO's objective divides twice: by the length $\olen{i}$ of each response and by
 # the standard deviation of each group's rewards. Dr.GRPO {cite:p}`liu2025drgrpo` shows that each

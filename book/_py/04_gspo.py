@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-gspo)=
-# # 4. GSPO: one importance ratio per response
+# # GSPO: one importance ratio per response
 #
 # **The problem.** GRPO rewards a whole response but corrects for off-policy sampling token by
 # token: each token's ratio $r_{i,t}=\pitheta/\piold$ is an importance weight computed from a

@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-cispo)=
-# # 5. CISPO: clip the importance weight, keep every token's gradient
+# # CISPO: clip the importance weight, keep every token's gradient
 #
 # **The problem.** PPO's clip, in GRPO and DAPO, switches a token's gradient *off* once its
 # ratio $r=\pitheta/\piold$ has left the trust region in the direction the advantage pushes. With

@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-vapo)=
-# # 6. VAPO: the value model returns
+# # VAPO: the value model returns
 #
 # **The problem.** GRPO's advantage is one number per response. Every token of a wrong answer is
 # pushed down by the same amount: the correct first steps and the slip that made the answer wrong

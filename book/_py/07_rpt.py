@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-rpt)=
-# # 7. RPT: reinforcement learning on next-token prediction
+# # RPT: reinforcement learning on next-token prediction
 #
 # **The problem.** RL with verifiable rewards needs questions with checkable answers, and there
 # are few of them next to the text a model is pretrained on. Reinforcement Pre-Training (RPT)
