@@ -33,6 +33,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
+from matplotlib.transforms import Bbox, IdentityTransform
 
 __all__ = [
     "FIGSIZE",
@@ -340,6 +342,35 @@ def _handles_labels(axes: Iterable[Axes]) -> tuple[list[Any], list[str]]:
     return list(seen.values()), list(seen)
 
 
+class _LegendBelowPanels(Legend):
+    """A figure legend that hangs below the lowest panel decoration, measured at every draw.
+
+    Its anchor is the bottom of the lowest panel's tick numbers and axis label, recomputed with the renderer each time the legend is drawn or measured, so a
+    layout applied after :func:`legend_below` (``tight_layout``, constrained layout, the tight
+    bounding box of ``savefig``) moves the legend with the panels.
+    """
+
+    def _anchor_below(self, renderer: Any) -> None:
+        fig = self.figure
+        if renderer is None:
+            renderer = fig._get_renderer()
+        # (not the figure's own bottom edge: savefig's tight bounding box moves that edge to
+        # include this legend, so measuring from it would push the legend out of the image)
+        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
+        y = min([b.y0 for b in boxes if b is not None], default=fig.bbox.y0)
+        self.set_bbox_to_anchor(Bbox([[fig.bbox.x0, y], [fig.bbox.x1, y]]), transform=IdentityTransform())
+
+    def draw(self, renderer: Any) -> None:
+        """Re-anchor below the panels, then draw (matplotlib's Legend.draw)."""
+        self._anchor_below(renderer)
+        super().draw(renderer)
+
+    def get_window_extent(self, renderer: Any = None) -> Any:
+        """Re-anchor below the panels, then measure (matplotlib's Legend.get_window_extent)."""
+        self._anchor_below(renderer)
+        return super().get_window_extent(renderer)
+
+
 def legend_below(
     fig: Figure, axes: Sequence[Axes] | None = None, *, ncols: int | None = None, title: str | None = None
 ) -> Any:
@@ -352,10 +383,10 @@ def legend_below(
         ncols: legend columns (default: all entries in one row, up to 4 per row).
         title: an optional legend title.
 
-    The legend hangs from the figure's bottom edge (``loc="upper center"`` at figure coordinates
-    ``(0.5, 0)``), or from the lowest panel's axis label where that hangs lower (the figure is
-    drawn once, without rendering, to measure it), so it is below every axis label and tick
-    number; the book saves and displays figures with
+    The legend hangs from the lowest panel's tick numbers and axis label (``loc="upper center"``),
+    measured whenever the figure is drawn (so call it before or after ``tight_layout``, as
+    convenient): it is below every axis label and tick number. The book saves and displays
+    figures with
     ``bbox_inches="tight"`` (:func:`set_style`), which grows the image to include it. Any
     layout works (plain, ``tight_layout``, constrained). A legend earlier placed by this
     function on the same figure is replaced, so calling it twice never stacks two.
@@ -369,14 +400,13 @@ def legend_below(
     handles, labels = _handles_labels(fig.axes if axes is None else axes)
     if not handles:
         raise ValueError("legend_below: no labelled line, band or marker in the given panels")
-    for old in [leg for leg in fig.legends if getattr(leg, "_grpo_lab_below", False)]:
+    for old in [leg for leg in fig.legends if isinstance(leg, _LegendBelowPanels)]:
         old.remove()
-    fig.draw_without_rendering()  # lay out and measure: an axis label may hang below the figure
-    renderer = fig.canvas.get_renderer()
-    lowest = min([0.0, *(ax.get_tightbbox(renderer).y0 / fig.bbox.height for ax in fig.axes if ax.get_visible())])
-    legend = fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, lowest),
-                        ncols=ncols or min(len(labels), 4), title=title, frameon=False)
-    legend._grpo_lab_below = True
+    legend = _LegendBelowPanels(fig, handles, labels, loc="upper center", ncols=ncols or min(len(labels), 4),
+                                title=title, frameon=False)
+    fig.legends.append(legend)
+    legend._remove_method = fig.legends.remove
+    fig.stale = True
     return legend
 
 

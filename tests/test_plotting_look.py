@@ -151,3 +151,28 @@ def test_curves_grid_gives_every_panel_its_x_numbers():
         assert shown, f"panel {ax.get_title()!r} has no x tick numbers"
     legend_box = _bbox(fig.legends[0], fig)
     assert all(legend_box.y1 <= ax.get_tightbbox().y0 for ax in visible)
+
+
+def test_legend_below_is_drawn_in_the_saved_tight_image():
+    """savefig's tight bounding box grows to the legend, and the legend is drawn there (not cut off)."""
+    import io
+
+    from matplotlib.image import imread
+
+    def saved(fig) -> np.ndarray:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", bbox_inches="tight", facecolor="white")
+        return imread(io.BytesIO(buffer.getvalue()))[..., :3]
+
+    fig, axes = plt.subplots(1, 2, figsize=(6.4, 2.4))
+    for ax in axes:
+        plotting.band_plot(ax, _frame(), "step", "reward")
+        ax.set_xlabel("RL step")
+    fig.tight_layout()
+    plain = saved(fig)
+    legend = plotting.legend_below(fig, [axes[0]])
+    fig.tight_layout()  # again, after the legend: the legend follows the panels
+    image = saved(fig)
+    assert image.shape[0] > plain.shape[0] + 0.5 * _bbox(legend, fig).height, "the image did not grow to the legend"
+    added = image[plain.shape[0]:]  # the rows the legend added at the bottom
+    assert (added.mean(axis=2) < 0.6).mean() > 0.002, "the legend is not drawn in the rows added for it"
