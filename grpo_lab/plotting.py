@@ -11,8 +11,8 @@
   one legend for a row or grid of panels under the whole figure, or one panel's legend to the
   right of a panel with nothing to its right.
 * :func:`band_plot` draws one mean line and a band per algorithm (±1 sd, or the 95% t interval
-  of the mean with ``band="ci95"``) from a long DataFrame with one row per (algorithm, seed, x); :func:`curves_grid` lays several metrics out as panels
-  with one shared legend.
+  of the mean with ``band="ci95"``) from a long DataFrame with one row per (algorithm, seed, x);
+  :func:`curves_grid` lays several metrics out as panels with one shared legend below them.
 
 Means and standard deviations are computed with pandas and drawn with plain matplotlib
 (``plot`` + ``fill_between``): no bootstrapping, so figures are deterministic. The lines and
@@ -64,12 +64,12 @@ DPI: int = 110
 ALGO_ORDER: tuple[str, ...] = ("GRPO", "DR_GRPO", "DAPO", "GSPO", "CISPO", "VAPO", "PPO", "RPT", "DEEPSEEK_V32",
                                 "base")
 
-#: One fixed colour per algorithm, each at least 3:1 in WCAG contrast against white (GRPO blue,
+#: One fixed colour per algorithm, each with a WCAG contrast of 3 or more against white (GRPO blue,
 #: DAPO bluish green, GSPO vermillion as in seaborn's colour-blind palette; the lighter colours of
 #: that palette, below 3:1, replaced: Dr.GRPO wine, CISPO pink, VAPO brown, PPO teal,
 #: DeepSeek-V3.2's objective, :func:`grpo_lab.algorithms.deepseek_v32`, indigo; ``RPT`` black;
 #: ``base``, the untrained policy, dark grey and dashed). Chosen so that every pair stays apart
-#: also under simulated deuteranopia and protanopia (tests/test_plotting_book.py checks both).
+#: also under simulated deuteranopia and protanopia (tests/test_plotting_look.py checks both).
 ALGO_COLORS: dict[str, str] = {
     "GRPO": "#0173b2",
     "DR_GRPO": "#a0306a",
@@ -345,14 +345,15 @@ def _handles_labels(axes: Iterable[Axes]) -> tuple[list[Any], list[str]]:
 class _LegendBelowPanels(Legend):
     """A figure legend that hangs below the lowest panel decoration, measured at every draw.
 
-    Its anchor is the bottom of the lowest panel's tick numbers and axis label, recomputed with the renderer each time the legend is drawn or measured, so a
-    layout applied after :func:`legend_below` (``tight_layout``, constrained layout, the tight
-    bounding box of ``savefig``) moves the legend with the panels.
+    Its anchor is the bottom of the lowest panel's tick numbers and axis label, recomputed with
+    the renderer each time the legend is drawn or measured, so a layout applied after
+    :func:`legend_below` (``tight_layout``, constrained layout, the tight bounding box of
+    ``savefig``) moves the legend with the panels.
     """
 
     def _anchor_below(self, renderer: Any) -> None:
         fig = self.figure
-        if renderer is None:
+        if renderer is None:  # as matplotlib's own Legend.get_window_extent does
             renderer = fig._get_renderer()
         # (not the figure's own bottom edge: savefig's tight bounding box moves that edge to
         # include this legend, so measuring from it would push the legend out of the image)
@@ -386,9 +387,8 @@ def legend_below(
     The legend hangs from the lowest panel's tick numbers and axis label (``loc="upper center"``),
     measured whenever the figure is drawn (so call it before or after ``tight_layout``, as
     convenient): it is below every axis label and tick number. The book saves and displays
-    figures with
-    ``bbox_inches="tight"`` (:func:`set_style`), which grows the image to include it. Any
-    layout works (plain, ``tight_layout``, constrained). A legend earlier placed by this
+    figures with ``bbox_inches="tight"`` (:func:`set_style`), which grows the image to include
+    it. Any layout works (plain, ``tight_layout``, constrained). A legend earlier placed by this
     function on the same figure is replaced, so calling it twice never stacks two.
 
     Returns:
