@@ -4,10 +4,15 @@
   size (:data:`FIGSIZE`, inches) and resolution (:data:`DPI`), so every inline PNG in every
   chapter has the same size and the ``<Figure size WxH ...>`` text stored next to it is stable.
 * :data:`ALGO_COLORS` / :data:`ALGO_ORDER` give each algorithm the same colour and legend
-  position in every chapter (GRPO is always blue, DAPO always green, ...).
+  position in every chapter (GRPO is always blue, DAPO always green, ...). Every colour, and
+  every colour of :data:`EXTRA_COLORS` for other labels, has a WCAG contrast ratio of at least
+  3:1 against the white page, so thin lines stay readable.
+* :func:`legend_below` and :func:`legend_right` put a legend outside the axes, never on the data:
+  one legend for a row or grid of panels under the whole figure, or one panel's legend to the
+  right of a panel with nothing to its right.
 * :func:`band_plot` draws one mean line and a band per algorithm (±1 sd, or the 95% t interval
-  of the mean with ``band="ci95"``) from a long DataFrame with one row per (algorithm, seed, x); :func:`curves_grid` lays several metrics out as panels
-  with one shared legend.
+  of the mean with ``band="ci95"``) from a long DataFrame with one row per (algorithm, seed, x);
+  :func:`curves_grid` lays several metrics out as panels with one shared legend below them.
 
 Means and standard deviations are computed with pandas and drawn with plain matplotlib
 (``plot`` + ``fill_between``): no bootstrapping, so figures are deterministic. The lines and
@@ -28,6 +33,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
+from matplotlib.transforms import Bbox, IdentityTransform
 
 __all__ = [
     "FIGSIZE",
@@ -38,6 +45,9 @@ __all__ = [
     "DEFAULT_SEED",
     "canonical_algo",
     "algo_color",
+    "EXTRA_COLORS",
+    "legend_below",
+    "legend_right",
     "set_style",
     "mean_sd",
     "band_plot",
@@ -54,26 +64,32 @@ DPI: int = 110
 ALGO_ORDER: tuple[str, ...] = ("GRPO", "DR_GRPO", "DAPO", "GSPO", "CISPO", "VAPO", "PPO", "RPT", "DEEPSEEK_V32",
                                 "base")
 
-#: One fixed colour per algorithm (seaborn's colour-blind palette; ``RPT`` black; ``base`` grey;
-#: DeepSeek-V3.2's objective, :func:`grpo_lab.algorithms.deepseek_v32`, olive).
+#: One fixed colour per algorithm, each with a WCAG contrast of 3 or more against white (GRPO blue,
+#: DAPO bluish green, GSPO vermillion as in seaborn's colour-blind palette; the lighter colours of
+#: that palette, below 3:1, replaced: Dr.GRPO wine, CISPO pink, VAPO brown, PPO teal,
+#: DeepSeek-V3.2's objective, :func:`grpo_lab.algorithms.deepseek_v32`, indigo; ``RPT`` black;
+#: ``base``, the untrained policy, dark grey and dashed). Chosen so that every pair stays apart
+#: also under simulated deuteranopia and protanopia (tests/test_plotting_look.py checks both).
 ALGO_COLORS: dict[str, str] = {
     "GRPO": "#0173b2",
-    "DR_GRPO": "#de8f05",
+    "DR_GRPO": "#a0306a",
     "DAPO": "#029e73",
     "GSPO": "#d55e00",
-    "CISPO": "#cc78bc",
-    "VAPO": "#ca9161",
-    "PPO": "#56b4e9",
+    "CISPO": "#d36fbb",
+    "VAPO": "#8c564b",
+    "PPO": "#0f8fa8",
     "RPT": "#000000",
-    "DEEPSEEK_V32": "#bcbd22",
-    "base": "#949494",
+    "DEEPSEEK_V32": "#332288",
+    "base": "#767676",
 }
 
 #: Line styles that differ from solid (the untrained reference is dashed).
 ALGO_LINESTYLES: dict[str, str] = {"base": "--"}
 
-# Colours for names outside ALGO_COLORS (ablations, user variants), assigned in sorted order.
-_EXTRA_COLORS: tuple[str, ...] = ("#fbafe4", "#ece133", "#7f3c8d", "#11a579", "#3969ac", "#e73f74")
+#: Colours for labels outside :data:`ALGO_COLORS` (ablations, user variants), none of them an
+#: algorithm's, each at least 3:1 against white: purple, ochre, rose, navy, dark grey. Assigned in
+#: sorted label order by :func:`algo_color`; a chapter may also take them in its own order.
+EXTRA_COLORS: tuple[str, ...] = ("#7f3c8d", "#997700", "#e73f74", "#1f4e79", "#555555")
 
 _ALIASES: dict[str, str] = {"DRGRPO": "DR_GRPO", "BASE": "base", "BASELINE": "base", "SFT": "base",
                              "DEEPSEEKV32": "DEEPSEEK_V32", "V32": "DEEPSEEK_V32"}
@@ -99,13 +115,14 @@ def algo_color(name: Any, *, extra: Sequence[str] = ()) -> str:
 
     A label outside :data:`ALGO_COLORS` gets a colour from a small reserve palette, chosen by
     its position among the sorted unknown labels in ``extra`` (pass all labels of the figure for
-    a stable assignment), so the same figure always gets the same colours.
+    a stable assignment), so the same figure always gets the same colours: :data:`EXTRA_COLORS`,
+    repeating after its five colours.
     """
     key = canonical_algo(name)
     if key in ALGO_COLORS:
         return ALGO_COLORS[key]
     unknown = sorted({str(x) for x in extra if canonical_algo(x) not in ALGO_COLORS} | {key})
-    return _EXTRA_COLORS[unknown.index(key) % len(_EXTRA_COLORS)]
+    return EXTRA_COLORS[unknown.index(key) % len(EXTRA_COLORS)]
 
 
 def set_style() -> None:
@@ -266,7 +283,8 @@ def band_plot(
     band (see :func:`mean_sd` for the rule).
 
     Sets the axis labels to the column names unless they are already set, the title if given,
-    and draws a legend if ``legend``. Returns the plotted statistics (:func:`mean_sd`).
+    and, if ``legend``, draws this panel's legend under the whole figure (:func:`legend_below`),
+    off every panel's data. Returns the plotted statistics (:func:`mean_sd`).
 
     Raises:
         KeyError: a column named by ``x``, ``y``, or a non-default ``hue`` / ``seed`` is missing
@@ -311,8 +329,105 @@ def band_plot(
     if title is not None:
         ax.set_title(title)
     if legend:
-        ax.legend()
+        legend_below(ax.figure, [ax])
     return stats.drop(columns="half")
+
+
+def _handles_labels(axes: Iterable[Axes]) -> tuple[list[Any], list[str]]:
+    """The legend entries of ``axes`` in order, each label once (its first handle)."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(text, handle)
+    return list(seen.values()), list(seen)
+
+
+class _LegendBelowPanels(Legend):
+    """A figure legend that hangs below the lowest panel decoration, measured at every draw.
+
+    Its anchor is the bottom of the lowest panel's tick numbers and axis label, recomputed with
+    the renderer each time the legend is drawn or measured, so a layout applied after
+    :func:`legend_below` (``tight_layout``, constrained layout, the tight bounding box of
+    ``savefig``) moves the legend with the panels.
+    """
+
+    def _anchor_below(self, renderer: Any) -> None:
+        fig = self.figure
+        if renderer is None:  # as matplotlib's own Legend.get_window_extent does
+            renderer = fig._get_renderer()
+        # (not the figure's own bottom edge: savefig's tight bounding box moves that edge to
+        # include this legend, so measuring from it would push the legend out of the image)
+        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
+        y = min([b.y0 for b in boxes if b is not None], default=fig.bbox.y0)
+        self.set_bbox_to_anchor(Bbox([[fig.bbox.x0, y], [fig.bbox.x1, y]]), transform=IdentityTransform())
+
+    def draw(self, renderer: Any) -> None:
+        """Re-anchor below the panels, then draw (matplotlib's Legend.draw)."""
+        self._anchor_below(renderer)
+        super().draw(renderer)
+
+    def get_window_extent(self, renderer: Any = None) -> Any:
+        """Re-anchor below the panels, then measure (matplotlib's Legend.get_window_extent)."""
+        self._anchor_below(renderer)
+        return super().get_window_extent(renderer)
+
+
+def legend_below(
+    fig: Figure, axes: Sequence[Axes] | None = None, *, ncols: int | None = None, title: str | None = None
+) -> Any:
+    """One legend for the figure, centred under all its panels, so it never covers data.
+
+    Args:
+        fig: the Figure.
+        axes: the panels whose labelled artists form the legend, each label once, in order
+            (default: every panel of ``fig``).
+        ncols: legend columns (default: all entries in one row, up to 4 per row).
+        title: an optional legend title.
+
+    The legend hangs from the lowest panel's tick numbers and axis label (``loc="upper center"``),
+    measured whenever the figure is drawn (so call it before or after ``tight_layout``, as
+    convenient): it is below every axis label and tick number. The book saves and displays
+    figures with ``bbox_inches="tight"`` (:func:`set_style`), which grows the image to include
+    it. Any layout works (plain, ``tight_layout``, constrained). A legend earlier placed by this
+    function on the same figure is replaced, so calling it twice never stacks two.
+
+    Returns:
+        The :class:`matplotlib.legend.Legend`.
+
+    Raises:
+        ValueError: the panels have no labelled artist (nothing to put in a legend).
+    """
+    handles, labels = _handles_labels(fig.axes if axes is None else axes)
+    if not handles:
+        raise ValueError("legend_below: no labelled line, band or marker in the given panels")
+    for old in [leg for leg in fig.legends if isinstance(leg, _LegendBelowPanels)]:
+        old.remove()
+    legend = _LegendBelowPanels(fig, handles, labels, loc="upper center", ncols=ncols or min(len(labels), 4),
+                                title=title, frameon=False)
+    fig.legends.append(legend)
+    legend._remove_method = fig.legends.remove
+    fig.stale = True
+    return legend
+
+
+def legend_right(ax: Axes, *, title: str | None = None) -> Any:
+    """The legend of one panel, outside it on the right (for a panel with nothing to its right).
+
+    Args:
+        ax: the panel; its labelled artists form the legend.
+        title: an optional legend title.
+
+    Returns:
+        The :class:`matplotlib.legend.Legend` (placed at axes coordinates ``(1.02, 0.5)``,
+        vertically centred; the tight bounding box of the saved figure includes it).
+
+    Raises:
+        ValueError: the panel has no labelled artist.
+    """
+    handles, labels = _handles_labels([ax])
+    if not handles:
+        raise ValueError("legend_right: no labelled line, band or marker in the panel")
+    return ax.legend(handles, labels, loc="center left", bbox_to_anchor=(1.02, 0.5), title=title, frameon=False)
 
 
 def curves_grid(
@@ -332,6 +447,9 @@ def curves_grid(
     band: str = "sd",
 ) -> Figure:
     """A grid of :func:`band_plot` panels, one per metric, with one shared legend below.
+
+    Every panel shows its own x tick numbers (the panels share the x range, but a panel above a
+    hidden one, or any upper row, would otherwise lose them); the legend is :func:`legend_below`.
 
     Input: the same long DataFrame as :func:`band_plot`; ``metrics`` is a list of
     ``(column, panel title)`` pairs, e.g. ``[("reward", "reward"), ("entropy", "entropy (nats)")]``.
@@ -368,9 +486,10 @@ def curves_grid(
         ax.set_xlabel(xlabel if xlabel is not None else x)
     for ax in flat[len(metrics):]:
         ax.set_visible(False)
-    handles, labels = flat[0].get_legend_handles_labels()
-    if hue is not None and handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6))
+    for ax in flat[:len(metrics)]:
+        ax.tick_params(labelbottom=True)  # sharex would keep the numbers of the bottom row only
+    if hue is not None and flat[0].get_legend_handles_labels()[0]:
+        legend_below(fig, [flat[0]], ncols=min(len(flat[0].get_legend_handles_labels()[1]), 6))
     if suptitle:
         fig.suptitle(suptitle)
     return fig

@@ -20,6 +20,9 @@ Chromium is driven by Selenium through Debian's ``chromedriver`` (packages ``chr
 ``chromium-driver``; ``.ci/run`` installs them). Without them the tests skip, except under CI
 (``CI`` set), where they fail. ``BOOK_RENDER_HTML=_build/html pytest tests/test_book_render.py``
 checks an existing build instead (e.g. the executed book of ``make book``).
+
+The same build also checks the numbering: chapter k's figures, tables and equations are k.1, k.2,
+... (numbered parts of ``book/_toc.yml``), and the front and back matter shift no number.
 """
 
 from __future__ import annotations
@@ -141,6 +144,46 @@ def test_exec_config_keeps_offline_mathjax():
         assert "sphinx-mathjax-offline" in config["sphinx"].get("extra_extensions", [])
         assert "mathjax_path" not in config["sphinx"]["config"], "mathjax_path would replace the bundled MathJax"
     assert derived["sphinx"]["config"]["mathjax3_config"] == committed["sphinx"]["config"]["mathjax3_config"]
+
+
+def _toc_parts() -> list[dict]:
+    import yaml
+
+    return yaml.safe_load((BOOK / "_toc.yml").read_text(encoding="utf-8"))["parts"]
+
+
+#: Pages that are not chapters: they must sit in unnumbered parts so that no chapter's number
+#: (and so no figure or equation number) shifts because of them.
+UNNUMBERED_PAGES = ("notation", "api", "api_algorithms", "api_experiments", "api_training", "references")
+
+
+def _numbered_chapters() -> list[str]:
+    """The chapters of the numbered parts of book/_toc.yml in order: chapter k is the k-th."""
+    return [c["file"] for part in _toc_parts() if part.get("numbered") for c in part["chapters"]]
+
+
+def test_toc_numbers_the_chapters_and_only_them():
+    """Numbering per chapter (Fig. 3.2, (1.4)) needs numbered toc parts of depth 1, and numfig depth 1.
+
+    The hand-written number left in a chapter title would print twice ("1. 1. GRPO"), since Sphinx
+    now prints the number; the front and back matter must be in unnumbered parts.
+    """
+    import yaml
+
+    config = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))["sphinx"]["config"]
+    assert config.get("numfig") and config.get("math_numfig") and config.get("numfig_secnum_depth") == 1
+    for part in _toc_parts():
+        if part.get("numbered"):
+            assert part["numbered"] == 1, f"part {part.get('caption')!r}: number the chapter titles only (depth 1)"
+    chapters = _numbered_chapters()
+    assert chapters[:1] == ["01_grpo"], f"chapter 1 must be 01_grpo, the numbered parts start with {chapters[:3]}"
+    slugs = [c for c in chapters if re.match(r"\d\d_", c)]
+    assert [int(c[:2]) for c in slugs] == list(range(1, len(slugs) + 1)), f"NN_slug out of order: {slugs}"
+    assert not set(UNNUMBERED_PAGES) & set(chapters) and set(UNNUMBERED_PAGES) <= set(PAGES)
+    for name in slugs:
+        twin = (BOOK / "_py" / f"{name}.py").read_text(encoding="utf-8")
+        title = re.search(r"^# # (.*)$", twin, re.M).group(1)
+        assert not re.match(r"\d+\.\s", title), f"{name}: title {title!r} repeats the number Sphinx prints"
 
 
 # ---------------------------------------------------------------------------- build and browser
@@ -288,3 +331,61 @@ def test_page_renders_offline(browser, html_dir: Path, page: str):
     if errors:
         problems.append("console errors:\n    " + "\n    ".join(errors))
     assert not problems, f"{page}.html (opened offline, {elapsed:.1f} s):\n  " + "\n  ".join(problems)
+
+
+# ---------------------------------------------------------------------------- numbering
+
+
+def _numbers(html: str, pattern: str) -> list[str]:
+    return [m.strip() for m in re.findall(pattern, html)]
+
+
+_H1_NUMBER = r'<h1><span class="section-number">([^<]*)</span>'
+_EQNO = r'<span class="eqno">\(([^)]*)\)'
+_CAPTION_NUMBER = r'<span class="caption-number">(?:Fig\.|Table|Listing)\s*([^<]*?)\s*</span>'
+
+
+def test_figures_and_equations_are_numbered_per_chapter(html_dir: Path):
+    """Chapter k's figures, tables and equations are k.1, k.2, ... and other pages shift no number.
+
+    (Before, numbers ran on across the book: chapter 1 began at Eq. 11, after the notation page's
+    ten; the own-task page showed Fig. 29.)
+    """
+    chapters = _numbered_chapters()
+    seen_figures = 0
+    for k, name in enumerate(chapters, start=1):
+        html = (html_dir / f"{name}.html").read_text(encoding="utf-8")
+        assert _numbers(html, _H1_NUMBER) == [f"{k}."], f"{name}.html: title not numbered {k}."
+        for what, pattern in (("equation", _EQNO), ("figure/table", _CAPTION_NUMBER)):
+            found = _numbers(html, pattern)
+            expected = [f"{k}.{i}" for i in range(1, len(found) + 1)]
+            assert found == expected, f"{name}.html: {what} numbers {found}, expected {expected}"
+            seen_figures += len(found) if what != "equation" else 0
+    assert seen_figures > 0, "no numbered figure in any chapter: the check above checked nothing"
+    first = _numbers((html_dir / "01_grpo.html").read_text(encoding="utf-8"), _EQNO)
+    assert first[:1] == ["1.1"], f"chapter 1's first equation is {first[:1]}, expected (1.1)"
+    for name in ("own_task",):
+        figures = _numbers((html_dir / f"{name}.html").read_text(encoding="utf-8"), _CAPTION_NUMBER)
+        k = chapters.index(name) + 1
+        assert figures and all(f.startswith(f"{k}.") for f in figures), f"{name}.html figures: {figures}"
+    for name in UNNUMBERED_PAGES:
+        html = (html_dir / f"{name}.html").read_text(encoding="utf-8")
+        assert not _numbers(html, _H1_NUMBER), f"{name}.html got a chapter number"
+        assert all("." not in n for n in _numbers(html, _EQNO)), f"{name}.html has chapter-style equation numbers"
+
+
+def test_equation_references_show_the_chapter_number(html_dir: Path):
+    """{eq} references resolve, and show the per-chapter number of the equation they link to."""
+    chapters = _numbered_chapters()
+    checked = 0
+    for page in chapters:
+        html = (html_dir / f"{page}.html").read_text(encoding="utf-8")
+        refs = re.findall(r'<a class="reference internal" href="([^"#]*)#equation-[^"]*">\(([^)]*)\)</a>', html)
+        for target, number in refs:
+            target = target.removesuffix(".html") or page
+            if target in chapters:
+                assert number.startswith(f"{chapters.index(target) + 1}."), f"{page}: {target} equation ({number})"
+            else:
+                assert "." not in number, f"{page}: equation of the unnumbered page {target} shows ({number})"
+            checked += 1
+    assert checked > 10, f"only {checked} equation references found in the chapters"

@@ -209,7 +209,7 @@ def test_algo_colours_are_fixed_distinct_and_cover_the_order():
     assert set(plotting.ALGO_ORDER) == set(plotting.ALGO_COLORS)
     assert len(set(plotting.ALGO_COLORS.values())) == len(plotting.ALGO_COLORS)
     # the reserve palette for unknown labels never repeats an algorithm's colour
-    assert not set(plotting._EXTRA_COLORS) & set(plotting.ALGO_COLORS.values())
+    assert not set(plotting.EXTRA_COLORS) & set(plotting.ALGO_COLORS.values())
     for label in ("DeepSeek-V3.2", "deepseek_v32", "V3.2"):
         assert plotting.algo_color(label) == plotting.ALGO_COLORS["DEEPSEEK_V32"], label
     for alias in ("Dr.GRPO", "dr_grpo", "dr-grpo", "DrGRPO"):

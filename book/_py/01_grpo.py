@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-grpo)=
-# # 1. GRPO: group-relative policy optimisation
+# # GRPO: group-relative policy optimisation
 #
 # **The problem.** PPO fine-tunes a language model with a learned value function as its baseline: a
 # second network as large as the policy, trained alongside it, whose errors leak into every
@@ -482,8 +482,8 @@ for ax, a in zip(axes, (1.0, -1.0)):
     ax.set_title(rf"$\hat A = {a:+.0f}$")
     ax.set_xlabel(r"ratio $r = \pi_\theta / \pi_{\theta_{old}}$")
 axes[0].set_ylabel("per-token objective")
-axes[1].legend(loc="lower left", fontsize=7)
 fig.tight_layout()
+plotting.legend_below(fig, [axes[1]], ncols=3)  # the same three entries in both panels
 book.glue("fig_grpo_clip", fig)
 
 # %% [markdown]
@@ -666,7 +666,7 @@ ci = dict(band="ci95")
 plotting.band_plot(axes[0, 0], evals, "step", "test_accuracy", title="greedy test accuracy", bounds=(0, 1), **ci)
 plotting.band_plot(axes[0, 1], train, "step", "reward", title="train reward (sampled)", bounds=(0, 1), **ci)
 plotting.band_plot(axes[0, 2], lengths_long, "step", "length", colors={"correct": "C2", "incorrect": "C3"},
-                   title="response length", legend=True, bounds=(0, math.inf), **ci)
+                   title="response length", bounds=(0, math.inf), **ci)
 plotting.band_plot(axes[1, 0], train, "step", "entropy", title="entropy", bounds=(0, math.inf), **ci)
 plotting.band_plot(axes[1, 1], train, "step", "kl", title=r"KL to $\pi_{ref}$ ($k_3$)", bounds=(0, math.inf), **ci)
 plotting.band_plot(axes[1, 2], train, "step", "clip_frac", title="clipped-token fraction", bounds=(0, 1), **ci)
@@ -675,6 +675,7 @@ for ax, unit in zip(axes.flat, units):
     ax.set_xlabel("RL step")
     ax.set_ylabel(unit)
 fig.tight_layout()
+plotting.legend_right(axes[0, 2])  # correct / incorrect: that panel's only, beside it
 book.glue("fig_grpo_curves", fig)
 
 # %% [markdown]
@@ -811,7 +812,7 @@ print(f"{len(todo)} settings x {len(SEEDS)} seeds x {STEPS_MU} steps in {time.pe
 # %% tags=["hide-input", "nbval-ignore-output"]
 from matplotlib.colors import to_hex
 
-mu_colors = {f"μ = {mu}": to_hex(plt.cm.Blues(v)) for mu, v in zip(MUS, (0.45, 0.6, 0.8, 1.0))}
+mu_colors = {f"μ = {mu}": to_hex(plt.cm.Blues(v)) for mu, v in zip(MUS, (0.6, 0.72, 0.86, 1.0))}
 mu_train = mu_long[mu_long["step"] > 0]
 sides = pd.concat([
     mu_train.groupby(["mu", "seed"], as_index=False)[col].mean().rename(columns={col: "frac"}).assign(algo=label)

@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-dapo)=
-# # 2. DAPO: clip-higher, dynamic sampling, token-level loss, overlong shaping
+# # DAPO: clip-higher, dynamic sampling, token-level loss, overlong shaping
 #
 # **The problem.** Run naive GRPO long enough on long reasoning and four things go wrong, says DAPO
 # {cite:p}`yu2025dapo`: entropy collapses (the policy stops exploring), more and more groups are
@@ -157,8 +157,8 @@ ax.bar(x + 0.2, weights["group_token_mean"], 0.4, label="group_token_mean (DAPO 
 ax.axhline(0, color="k", lw=0.6)
 ax.set_xticks(x, [f"{l}\n|o|={n}" for l, n in zip(labels, lengths)])
 ax.set_ylabel("gradient per token")
-ax.legend(fontsize=8)
 fig.tight_layout()
+plotting.legend_below(fig)
 book.glue("fig_dapo_token_weights", fig)
 
 # %%
@@ -329,7 +329,7 @@ L_max, L_cache = 20480, 4096
 ys = torch.arange(0, 22001, 16)
 pen = overlong_penalty(ys, max_len=L_max, cache_len=L_cache)
 fig, ax = plt.subplots(figsize=(6.4, 2.6))
-ax.plot(ys, pen, color="C1")
+ax.plot(ys, pen, color=plotting.algo_color("DAPO"))
 ax.axvline(L_max - L_cache, color="k", lw=0.6, ls="--")
 ax.axvline(L_max, color="k", lw=0.6, ls="--")
 ax.set_xlabel("response length |y| (tokens)")
@@ -444,9 +444,9 @@ print(f"{len(grid)} settings x {len(SEEDS)} seeds x {steps} steps; control at {m
 # %% tags=["hide-input", "nbval-ignore-output"]
 order = list(grid)
 # GRPO and DAPO in the book's colours (grpo_lab.plotting.ALGO_COLORS); the intermediate rows and the
-# controls in colours no algorithm uses
-colors = dict(zip(order, [plotting.algo_color("GRPO"), "#555555", "#ece133", "#fbafe4", "#8c564b",
-                          plotting.algo_color("DAPO"), "#999999"]))
+# control in colours no algorithm uses (plotting.EXTRA_COLORS, all readable on white)
+extra = plotting.EXTRA_COLORS
+colors = dict(zip(order, [plotting.algo_color("GRPO"), *extra[:4], plotting.algo_color("DAPO"), extra[4]]))
 pair = hist[hist["algo"].isin(["+ overlong filtering", "+ clip-higher"])]
 fig, axes = plt.subplots(1, 3, figsize=(9.6, 2.9))
 plotting.band_plot(axes[0], pair[pair.step > 0], "step", "entropy", colors=colors, title="entropy",
@@ -486,9 +486,8 @@ plotting.band_plot(axes[2], hist[hist["algo"].isin(ds_rows)].dropna(subset=["tes
 for ax, unit in zip(axes, ("fraction of groups", "responses per response", "fraction correct")):
     ax.set_xlabel("RL step")
     ax.set_ylabel(unit)
-handles, labels = axes[2].get_legend_handles_labels()
-fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-fig.tight_layout(rect=(0, 0.08, 1, 1))
+fig.tight_layout()
+plotting.legend_below(fig, [axes[2]], ncols=3)
 book.glue("fig_dapo_dynamic", fig)
 
 # %% [markdown]

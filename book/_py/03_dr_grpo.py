@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-drgrpo)=
-# # 3. Dr.GRPO and DeepSeek-V3.2: the normalisation route
+# # Dr.GRPO and DeepSeek-V3.2: the normalisation route
 #
 # **The problem.** GRPO's objective divides twice: by the length $\olen{i}$ of each response and by
 # the standard deviation of each group's rewards. Dr.GRPO {cite:p}`liu2025drgrpo` shows that each
@@ -287,8 +287,8 @@ ax.plot(gains["L"], gains["Sinkhorn-projected"], color="C0", label="Sinkhorn-pro
 ax.set_yscale("log")
 ax.set_xlabel("depth L")
 ax.set_ylabel(r"spectral norm of $\prod H^{res}$")
-ax.legend(fontsize=8)
 fig.tight_layout()
+plotting.legend_below(fig)
 book.glue("fig_mhc_gain", fig)
 
 # %%
@@ -488,8 +488,8 @@ ax.hist(neg["d"].clip(bins[0], bins[-1]), bins=bins, color="C3", alpha=0.7, labe
 ax.axvline(V32_DELTA, color="k", linestyle="--", linewidth=1, label=f"$\\delta = {V32_DELTA}$")
 ax.set_xlabel(r"$d_i$, mean $\log\pi_{old}-\log\pi_\theta$ per token (nats; clipped to the axis)")
 ax.set_ylabel("sequences")
-ax.legend(fontsize=8)
 fig.tight_layout()
+plotting.legend_below(fig, ncols=3)
 book.glue("fig_drgrpo_drift", fig)
 
 # %% [markdown]
@@ -534,7 +534,7 @@ print(f"{len(settings)} settings x {len(SEEDS)} seeds x {profile.steps} steps in
       f"{next(iter(grid.values())).provenance['wall_seconds']:.0f} s")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
-# the book's colours (grpo_lab.plotting.ALGO_COLORS); V3.2 has none of its own, so a reserve colour
+# the book's colours (grpo_lab.plotting.ALGO_COLORS, DeepSeek-V3.2's included)
 names = [s.name for s in settings]
 colors = {"GRPO (beta=0)": plotting.algo_color("GRPO"), "Dr.GRPO": plotting.algo_color("DR_GRPO"),
           "DeepSeek-V3.2": plotting.algo_color("DeepSeek-V3.2", extra=names)}
@@ -552,8 +552,9 @@ plotting.band_plot(axes[1, 1], train, "step", "length_correct", colors=colors, s
 for ax, unit in zip(axes.flat, ("tokens", "fraction correct", "tokens", "tokens")):
     ax.set_xlabel("RL step")
     ax.set_ylabel(unit)
-axes[0, 1].legend(fontsize=8)
+    ax.tick_params(labelbottom=True)  # the upper row keeps its step numbers (sharex hides them)
 fig.tight_layout()
+plotting.legend_below(fig, [axes[0, 1]], ncols=3)
 book.glue("fig_drgrpo_lengths", fig)
 
 # %% [markdown]
@@ -789,7 +790,7 @@ n_groups = pd.Series((groups.sum(1)[mixed]).numpy().astype(int)).value_counts().
 fig, ax = plt.subplots(figsize=(6.0, 2.8))
 ax.plot(ks / 8, analytic, linestyle="none", marker="o", markersize=10, markerfacecolor="none", color="C0",
         label=r"analytic $\sqrt{(G-1)/(G\,p(1-p))}$ at $p=k/G$")
-ax.scatter(p_hat[mixed], measured, color="C1", s=16, zorder=3, label="measured groups (base policy)")
+ax.scatter(p_hat[mixed], measured, color="C3", s=16, zorder=3, label="measured groups (base policy)")
 for k, y in zip(ks, analytic):
     ax.annotate(f"{n_groups[k]}", (k / 8, y), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
 ax.set_xticks(np.arange(0, 9) / 8, [f"{k}/8" for k in range(9)])
@@ -797,8 +798,8 @@ ax.set_xlim(-0.04, 1.04)
 ax.set_ylim(0, 3.4)
 ax.set_xlabel("group success rate p = k/G")
 ax.set_ylabel("GRPO weight / Dr.GRPO weight")
-ax.legend(fontsize=8, loc="lower center")
 fig.tight_layout()
+plotting.legend_below(fig, ncols=2)
 book.glue("fig_drgrpo_difficulty", fig)
 print(f"{int(mixed.sum())} mixed groups, {int((~mixed).sum())} all-equal groups (weight exactly 0 in both)")
 expected = torch.sqrt(7 / (8 * p_hat[mixed] * (1 - p_hat[mixed])))

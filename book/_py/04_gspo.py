@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-gspo)=
-# # 4. GSPO: one importance ratio per response
+# # GSPO: one importance ratio per response
 #
 # **The problem.** GRPO rewards a whole response but corrects for off-policy sampling token by
 # token: each token's ratio $r_{i,t}=\pitheta/\piold$ is an importance weight computed from a
@@ -141,8 +141,8 @@ ax.plot(prefix_var["t"], prefix_var["var_log_geomean"], marker=".", color=plotti
 ax.set_yscale("log")
 ax.set_xlabel("prefix length t (tokens)")
 ax.set_ylabel("variance over responses (nats²)")
-ax.legend(fontsize=8)
 fig.tight_layout()
+plotting.legend_below(fig, ncols=1)
 book.glue("fig_gspo_prefix_var", fig)
 
 # %%
@@ -367,8 +367,8 @@ for x, style, lab in ((GRPO_NOKL.eps_low, "-", "GRPO's 0.2"), (eps_match, "--", 
 ax.set_xscale("log")
 ax.set_xlabel("|ratio − 1| after one rollout's four updates")
 ax.set_ylabel("count")
-ax.legend(fontsize=7, ncol=2)
 fig.tight_layout()
+plotting.legend_below(fig, ncols=3)
 book.glue("fig_gspo_clip_scale", fig)
 
 # %% [markdown]
@@ -461,8 +461,8 @@ def training_panels(hist, colors, panels):
             ax.set_yscale("log")
     for ax in axes:
         ax.set_xlabel("RL step")
-    axes[0].legend(fontsize=7)
     fig.tight_layout()
+    plotting.legend_below(fig, [axes[0]])
     return fig
 
 

@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-cispo)=
-# # 5. CISPO: clip the importance weight, keep every token's gradient
+# # CISPO: clip the importance weight, keep every token's gradient
 #
 # **The problem.** PPO's clip, in GRPO and DAPO, switches a token's gradient *off* once its
 # ratio $r=\pitheta/\piold$ has left the trust region in the direction the advantage pushes. With
@@ -172,8 +172,8 @@ for r in sorted(ratios.numpy()):
         ax.axvline(r - 1, color="0.7", lw=0.6)
 ax.set_xlabel("$\\varepsilon^{\\mathrm{IS}}_{high}$ (cap of the weight minus 1)")
 ax.set_ylabel("relative gradient error")
-ax.legend(fontsize=8)
 fig.tight_layout()
+plotting.legend_below(fig, ncols=1)
 book.glue("fig_cispo_enumeration", fig)
 
 # %%
@@ -278,8 +278,8 @@ for ax, a in zip(axes, (1.0, -1.0)):
     ax.set_xlabel("ratio $r=\\pi_\\theta/\\pi_{old}$")
     ax.set_title(f"advantage $\\hat A = {a:+.0f}$")
 axes[0].set_ylabel("$-\\partial\\,\\mathrm{loss}/\\partial\\log\\pi_\\theta$")
-axes[0].legend(fontsize=8)
 fig.tight_layout()
+plotting.legend_below(fig, [axes[0]])
 book.glue("fig_cispo_token_gradient", fig)
 
 # %%
@@ -661,6 +661,7 @@ for ax, (head, g) in zip(axes, mm[mm.seed == SEEDS[0]].groupby("LM head")):
     ax.set_title(f"bfloat16 sampler, {head} head (correlation {row['correlation']:.4f})", fontsize=9)
     ax.set_xlabel("training probability (float32)")
 axes[0].set_ylabel("inference probability")
+axes[1].tick_params(labelleft=True)  # both panels keep their probability numbers (sharey hides them)
 fig.tight_layout()
 book.glue("fig_cispo_mismatch", fig)
 

@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-vapo)=
-# # 6. VAPO: the value model returns
+# # VAPO: the value model returns
 #
 # **The problem.** GRPO's advantage is one number per response. Every token of a wrong answer is
 # pushed down by the same amount: the correct first steps and the slip that made the answer wrong
@@ -459,8 +459,8 @@ axes[1].set_ylabel("value loss, $\\frac{1}{2}(V-R)^2$ per token")
 for ax in axes:
     ax.set_xlabel("pretraining step (policy frozen)")
 axes[0].axhline(0, color="k", lw=0.5)
-axes[0].legend(fontsize=8)
 fig.tight_layout()
+plotting.legend_below(fig, [axes[0]])
 book.glue("fig_vapo_pretrain", fig)
 
 # %%
@@ -538,7 +538,6 @@ fig, (ax_v, ax_h) = plt.subplots(2, 1, figsize=(8.4, 3.8), sharex=True,
 ax_v.plot(range(L_i), values_i, color=plotting.algo_color("VAPO"), marker="o", label="critic $V(s_t)$")
 ax_v.axhline(float(batch.rewards[i]), color="k", ls="--", lw=1, label="reward $R$")
 ax_v.set_ylabel("value")
-ax_v.legend(fontsize=8, loc="upper right")
 lim = float(np.abs(heat.values).max())
 im = ax_h.imshow(heat.values, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
 ax_h.set_yticks(range(len(heat)), heat.index, fontsize=8)
@@ -547,6 +546,7 @@ ax_h.set_xlabel("completion token $t$")
 ax_h.grid(False)
 fig.colorbar(im, ax=ax_h, label="advantage", fraction=0.03)
 fig.tight_layout()
+plotting.legend_right(ax_v)  # beside the values, above the colour bar
 book.glue("fig_vapo_credit", fig)
 
 # %%

@@ -14,7 +14,7 @@
 
 # %% [markdown]
 # (sec-rpt)=
-# # 7. RPT: reinforcement learning on next-token prediction
+# # RPT: reinforcement learning on next-token prediction
 #
 # **The problem.** RL with verifiable rewards needs questions with checkable answers, and there
 # are few of them next to the text a model is pretrained on. Reinforcement Pre-Training (RPT)
@@ -527,8 +527,8 @@ for ax, mode in zip(axes, ("sampled T=0.8", "greedy")):
                ls="--", lw=1.2, label="continued NTP (matched compute)")
     ax.set_xlabel("RPT step")
     ax.set_ylabel("next-token accuracy (held-out)")
-axes[0].legend(fontsize=8, loc="lower right")
 fig.tight_layout()
+plotting.legend_below(fig, [axes[0]])
 book.glue("fig_rpt_curves", fig)
 
 # %% [markdown]
@@ -572,8 +572,8 @@ xx = np.linspace(x.min(), x.max(), 100)
 ax.plot(xx, power_law(xx, a_fit, alpha_fit, p_fit), color="k", lw=1, label="fit of Eq. (5)")
 ax.set_xlabel("training compute (millions of token-forward units, 2N FLOPs each)")
 ax.set_ylabel("sampled accuracy (held-out)")
-ax.legend(fontsize=8)
 fig.tight_layout()
+plotting.legend_below(fig, ncols=1)
 book.glue("fig_rpt_scaling", fig)
 book.glue("rpt_fit", f"A = {a_fit:.3g}, α = {alpha_fit:.2f}, P* = {p_fit:.3f}")
 book.glue("rpt_r2", f"{r2:.2f}")

@@ -332,10 +332,10 @@ fig, ax = plt.subplots(figsize=(4.2, 2.6))
 single = "GRPO, seed 0 (resumed at step 4)"
 plotting.band_plot(ax, resumed.history.dropna(subset=["test_accuracy"]), "step", "test_accuracy",
                    label=single, colors={single: plotting.algo_color("GRPO")}, bounds=(0, 1))
-ax.legend(loc="lower right", fontsize=8)
 ax.set_xlabel("RL step")
 ax.set_ylabel("greedy test accuracy")
 fig.tight_layout()
+plotting.legend_below(fig)
 book.glue("fig_own_single", fig)
 
 # %% [markdown]
