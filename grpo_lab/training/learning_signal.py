@@ -4,9 +4,9 @@ With a group baseline (:data:`grpo_lab.advantages.GROUP_BASELINE_ESTIMATORS`: GR
 :math:`(R_i - \\mathrm{mean})/\\mathrm{std}`, Dr. GRPO's :math:`R_i - \\mathrm{mean}`, RLOO, ...) a group whose
 :math:`G` responses all score alike gets advantage 0 for every response (DeepSeekMath §4.1.2), and a step
 whose groups are *all* tied (history column ``zero_adv_group_frac == 1``) has no policy-gradient signal at
-all. One such step happens by chance; :data:`NO_SIGNAL_STEPS` in a row mean the base policy never (or always)
-solves the prompts, as RL from ``arithmetic-base`` on another task. :class:`~grpo_lab.trainer.Trainer` then
-warns once per run with :class:`NoLearningSignalWarning` (:func:`no_signal_warning`), and
+all. One such step happens by chance; :data:`~grpo_lab.training.learning_signal.NO_SIGNAL_STEPS` in a row
+mean the base policy never (or always) solves the prompts, as RL from ``arithmetic-base`` on another task.
+:class:`~grpo_lab.trainer.Trainer` then warns once per run with :class:`NoLearningSignalWarning` (:func:`no_signal_warning`), and
 :func:`grpo_lab.experiments.run` once per call over its seeds, also for seeds trained in worker
 processes (their histories come back to the caller). The warning changes no number.
 """
@@ -17,16 +17,17 @@ from typing import Iterable, Mapping, Sequence
 
 __all__ = ["NoLearningSignalWarning", "NO_SIGNAL_STEPS", "no_signal_step", "no_signal_warning"]
 
-#: Steps in a row whose groups are all tied before the warning: 5. Over the 341 critic-free runs of the book's
-#: chapters (their run cache, 2026-12-02) the longest such streak is 2 steps (chapter 7's next-token task, at
-#: a sampled accuracy near 2%), so 5 leaves a margin over chance streaks; RL from a policy that never solves
-#: the task (every step tied) is told at step 5, an eighth of the CPU profile's 40 steps.
+#: How many steps in a row must have every group tied before the warning (5). Over the 341 runs without a
+#: value model in the book's run cache (2026-12-02) the longest such streak is 2 steps (in four 16-step runs
+#: at a sampled accuracy of a few percent), so 5 leaves a margin over chance streaks; RL from a policy that
+#: never solves the task (every step tied) is told at step 5, an eighth of the CPU profile's 40 steps.
 NO_SIGNAL_STEPS = 5
 
 
 class NoLearningSignalWarning(RuntimeWarning):
-    """Every group of :data:`NO_SIGNAL_STEPS` steps in a row was tied: every advantage was 0, the policy
-    gradient empty. Filter it like any warning (``warnings.simplefilter("ignore", NoLearningSignalWarning)``)."""
+    """Every group of :data:`~grpo_lab.training.learning_signal.NO_SIGNAL_STEPS` steps in a row was tied:
+    every advantage was 0, the policy gradient empty. Filter it like any warning
+    (``warnings.simplefilter("ignore", NoLearningSignalWarning)``)."""
 
 
 def no_signal_step(rows: Iterable[Mapping], steps: int = NO_SIGNAL_STEPS) -> int | None:
@@ -59,7 +60,7 @@ def no_signal_warning(algo_name: str, group_size: int, at_step: int,
     Args:
         algo_name: the algorithm's name (``"GRPO"``).
         group_size: responses per prompt (``TrainerConfig.group_size``, G).
-        at_step: the step that completed :data:`NO_SIGNAL_STEPS` tied steps in a row.
+        at_step: the step that completed :data:`~grpo_lab.training.learning_signal.NO_SIGNAL_STEPS` tied steps in a row.
         seeds: the seeds concerned (``None``: one run, no seed named).
         base_accuracy: the base policy's greedy test accuracy (step 0), when known.
     """
