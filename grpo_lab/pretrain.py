@@ -5,6 +5,7 @@
     python -m grpo_lab.pretrain arithmetic-moe        # → data/checkpoints/arithmetic-moe-base/
     python -m grpo_lab.pretrain corpus-proxy          # → data/checkpoints/corpus-proxy-base/ + data/tasks/next_token_*
     python -m grpo_lab.pretrain corpus                # → data/checkpoints/corpus-base/ (chapter 7, RPT)
+    python -m grpo_lab.pretrain reverse               # → data/checkpoints/reverse-base/ (the README's own task)
     python -m grpo_lab.pretrain arithmetic --out DIR  # anywhere else
 
 The recipe (model size, data mixture, optimiser, steps, seed) is a frozen dataclass; the
@@ -38,6 +39,15 @@ R1-Distill base already did; every token of every window is scored, so this is s
 next-token prediction. ``corpus-proxy`` is a smaller model of the same recipe: RPT's proxy for
 entropy filtering (§3.3), and making it writes the task's data files (the training positions with
 their proxy entropies, and the held-out test positions).
+
+``reverse`` is the warm start of the book's page "Use it on your own problem" for its example task,
+``book/examples/reverse_task.py`` (reverse a word of 3-5 letters ``a``-``h``; read from the source
+checkout, so this recipe needs one): the page's two-layer GPT-2 (0.1 M parameters) and character
+tokenizer, 50 supervised steps on reversed words (``build_policy`` and ``warm_start`` of that file),
+stopped early so that it is right about a quarter of the time. RL from ``arithmetic-base`` cannot
+learn that task (it never writes a reversed word: every group is tied and every advantage 0); from
+``reverse-base`` the README's command (``python -m grpo_lab GRPO --import book/examples/reverse_task.py
+--task reverse --model reverse-base --set lr=1e-3 ...``) does.
 """
 
 from __future__ import annotations
@@ -58,7 +68,15 @@ from .models import TinyConfig, build_char_tokenizer, count_parameters, tiny_pol
 from .paths import checkpoint_dir
 from .tasks.arithmetic import ArithmeticTask
 
-__all__ = ["PretrainRecipe", "RECIPES", "pretrain", "continue_ntp", "continued_ntp_run", "main"]
+__all__ = ["PretrainRecipe", "RECIPES", "REVERSE_TASK_FILE", "reverse_example", "pretrain", "continue_ntp", "continued_ntp_run", "main"]
+
+
+#: The example task the ``reverse`` recipe trains on (a source checkout's ``book/examples/reverse_task.py``).
+REVERSE_TASK_FILE = Path(__file__).resolve().parents[1] / "book" / "examples" / "reverse_task.py"
+
+#: Supervised steps of the ``reverse`` recipe (the own-task page's ``WARM_STEPS``): stopped early, so that
+#: the base policy is right only part of the time.
+REVERSE_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -75,7 +93,10 @@ class PretrainRecipe:
       under ``data/checkpoints`` with the same architecture and alphabet to fine-tune;
     * ``vocab_size``, ``seq_len``, ``p_format`` (``task="corpus"`` only): the byte-level BPE
       vocabulary, the length of the plain training windows in tokens, and the share of windows
-      written in the next-token-reasoning format (context, ``<think></think>``, 1-3 tokens, EOS).
+      written in the next-token-reasoning format (context, ``<think></think>``, 1-3 tokens, EOS);
+    * ``task="reverse"``: the own-task page's GPT-2 and warm start from ``book/examples/reverse_task.py``
+      (:data:`REVERSE_TASK_FILE`); only ``steps``, ``batch_size``, ``lr`` (constant), ``seed`` and ``threads``
+      are used and recorded.
     """
 
     task: str = "arithmetic"
@@ -119,7 +140,9 @@ class PretrainRecipe:
         if self.task != "corpus":  # the corpus fields (added with chapter 7)
             for k in ("vocab_size", "seq_len", "p_format"):
                 d.pop(k)
-        else:
+        if self.task == "reverse":  # the own-task page's warm start: a constant lr, AdamW's defaults otherwise
+            return {k: d[k] for k in ("task", "steps", "batch_size", "lr", "seed", "threads")}
+        if self.task != "arithmetic":
             for k in ("p_reason", "min_terms", "max_terms", "digits"):
                 d.pop(k)
         return d
@@ -148,6 +171,7 @@ RECIPES = {
                                                                    num_hidden_layers=2, num_attention_heads=2,
                                                                    num_key_value_heads=1),
                                    steps=600, batch_size=32, lr=3e-3, warmup=50, max_new_tokens=8),
+    "reverse": PretrainRecipe(task="reverse", steps=REVERSE_STEPS, batch_size=64, lr=3e-3, threads=1),
 }
 
 
@@ -164,6 +188,30 @@ def make_task(recipe: PretrainRecipe) -> ArithmeticTask:
                           p_reason=recipe.p_reason, max_new_tokens=recipe.max_new_tokens, filler=recipe.filler,
                           p_filler=recipe.p_filler, max_filler=recipe.max_filler,
                           filler_position=recipe.filler_position)
+
+
+def reverse_example():
+    """The example module ``book/examples/reverse_task.py`` (:data:`REVERSE_TASK_FILE`: ``ReverseTask``,
+    ``build_policy``, ``warm_start``), imported under the module name ``reverse_task`` as ``--import``
+    imports it (importing it registers the task ``"reverse"``); the module already imported under that
+    name is reused.
+
+    Raises:
+        FileNotFoundError: the file is not there (an installed package without the repository's ``book/``).
+    """
+    import importlib.util
+    import sys
+
+    module = sys.modules.get("reverse_task")
+    if module is None:
+        if not REVERSE_TASK_FILE.is_file():
+            raise FileNotFoundError(f"pretrain reverse: the example task {REVERSE_TASK_FILE} is not there; the reverse "
+                                    "recipe runs in a source checkout of grpo_lab (it reads book/examples/)")
+        spec = importlib.util.spec_from_file_location("reverse_task", REVERSE_TASK_FILE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["reverse_task"] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 def _batch(task: ArithmeticTask, tokenizer, rng: np.random.Generator, n: int):
@@ -472,6 +520,20 @@ def evaluate_base(model, tokenizer, task) -> dict:
     }
 
 
+def evaluate_reverse(model, tokenizer, task) -> dict:
+    """Greedy and sampled (T=1, 4 samples) test accuracy and mean length (tokens) of a ``reverse``
+    checkpoint on ``task``'s test set, greedy accuracy by word length (letters)."""
+    from .rollout import evaluate
+
+    torch.manual_seed(0)
+    g, gframe = evaluate(model, tokenizer, task, greedy=True)
+    s, _ = evaluate(model, tokenizer, task, greedy=False, n_samples=4, temperature=1.0)
+    by_len = gframe.groupby(gframe["prompt"].str.len() - 1)["correct"].mean().round(4)
+    return {"greedy_accuracy": round(g["accuracy"], 4), "greedy_mean_length": round(g["mean_length"], 3),
+            "greedy_accuracy_by_length": {int(k): float(v) for k, v in by_len.items()},
+            "sampled_accuracy": round(s["accuracy"], 4), "sampled_mean_length": round(s["mean_length"], 3)}
+
+
 def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress: bool = True,
              evaluate: bool = True, name: str | None = None) -> dict:
     """Train the base policy of ``recipe`` and save it (model, tokenizer, ``recipe.json``).
@@ -498,6 +560,8 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
         raise ValueError(f"pretrain: name must be a non-empty string, got {name!r}")
     default_out = checkpoint_dir(f"{name or recipe.task}-base")
     out = Path(out) if out is not None else default_out
+    if recipe.task == "reverse":
+        return _pretrain_reverse(recipe, out, evaluate=evaluate)
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
     rng = np.random.default_rng(recipe.seed)
@@ -520,6 +584,33 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
     if task is not None and out.resolve() == default_out.resolve():
         task.write_test_set()  # the fixed test set ships next to the base checkpoint
     record = _record(recipe, model, losses, metrics, train_seconds, out, corpus)
+    (out / "recipe.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
+def _pretrain_reverse(recipe: PretrainRecipe, out: Path, *, evaluate: bool) -> dict:
+    """The ``reverse`` recipe: the own-task page's GPT-2 and warm start (``build_policy``, ``warm_start`` of
+    :func:`reverse_example`) with the recipe's seed, steps, batch size and learning rate, saved to ``out``
+    with its ``recipe.json`` (the model's config in ``model_config``)."""
+    example = reverse_example()
+    torch.set_num_threads(recipe.threads)
+    model, tokenizer = example.build_policy(seed=recipe.seed)
+    t0 = time.perf_counter()
+    model.train()
+    losses = example.warm_start(model, tokenizer, example.ReverseTask(), steps=recipe.steps,
+                                batch_size=recipe.batch_size, lr=recipe.lr, seed=recipe.seed)
+    train_seconds = time.perf_counter() - t0
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    metrics = evaluate_reverse(model, tokenizer, example.ReverseTask()) if evaluate else None
+    record = _record(recipe, model, losses[-10:], metrics, train_seconds, out, None)
+    record.pop("final_loss_mean_last100")
+    record["final_loss_mean_last10"] = round(float(np.mean(losses[-10:])), 4)
+    record["model_config"] = {k: getattr(model.config, k) for k in ("model_type", "vocab_size", "n_positions",
+                                                                    "n_embd", "n_layer", "n_head")}
+    record["source"] = "book/examples/reverse_task.py: build_policy, warm_start (the own-task page's warm start)"
     (out / "recipe.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
 
@@ -615,7 +706,8 @@ def main(argv=None) -> None:
         from dataclasses import replace
         recipe = replace(recipe, steps=a.steps)
     rec = pretrain(recipe, a.out, progress=not a.quiet, name=a.task)
-    print(json.dumps({k: rec[k] for k in ("parameters", "final_loss_mean_last100", "metrics", "train_seconds")}, indent=2))
+    print(json.dumps({k: rec[k] for k in ("parameters", "final_loss_mean_last100", "final_loss_mean_last10", "metrics",
+                                         "train_seconds") if k in rec}, indent=2))
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ from .training.collection import Batch, Collection, Scored
 from .training.config import TrainerConfig
 from .training.dropout import disable_dropout
 from .training.history import History
+from .training.learning_signal import NO_SIGNAL_STEPS, NoLearningSignalWarning, no_signal_step, no_signal_warning
 from .training.memory import peak_memory_mb, reset_peak_memory
 from .training.adamw import build_adamw
 from .training.precision import PRECISIONS, MixedPrecision, resolve_precision
@@ -102,7 +103,7 @@ from .training.checkpoints import _json_default  # noqa: F401
 from .training.collection import _concat_rollouts  # noqa: F401
 
 __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb", "reset_peak_memory",
-           "MEASURED_COLUMNS", "PRECISIONS", "resolve_precision"]
+           "MEASURED_COLUMNS", "PRECISIONS", "resolve_precision", "NoLearningSignalWarning"]
 
 #: The history columns that measure the machine rather than the run, namely wall times, throughput and
 #: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another
@@ -392,6 +393,7 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
                     evaluation, samples = self._evaluation()
                     row.update({k: v for k, v in evaluation.items() if k != "step"})
                 self._log_row(row, samples)
+                self._check_learning_signal()
                 self._periodic_save(final=self.step == end)  # save_every: see Checkpointing
                 if bar is not None:
                     bar.update(1)
@@ -409,6 +411,22 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         self._notify("on_step", row)
         if samples is not None:
             self._notify("on_evaluate", row, samples)
+
+    def _check_learning_signal(self) -> None:
+        """:class:`~grpo_lab.training.learning_signal.NoLearningSignalWarning`, once per trainer, when each of
+        the last :data:`~grpo_lab.training.learning_signal.NO_SIGNAL_STEPS` steps had every group tied (a group
+        baseline's advantages all 0); nothing for a value baseline or ``group_size`` 1 (warned when built)."""
+        if (getattr(self, "_no_signal_warned", False) or self.config.group_size < 2
+                or self.algo.advantage not in GROUP_BASELINE_ESTIMATORS):
+            return
+        at = no_signal_step(self.rows[-NO_SIGNAL_STEPS:])
+        if at is None:
+            return
+        self._no_signal_warned = True
+        first = self.rows[0] if self.rows and self.rows[0].get("step") == 0 else {}
+        warnings.warn(no_signal_warning(self.algo.name, self.config.group_size, at,
+                                        base_accuracy=first.get("test_accuracy")),
+                      NoLearningSignalWarning, stacklevel=3)
 
     def _notify(self, hook: str, *args) -> None:
         """Call ``hook`` of every callback (:func:`grpo_lab.training.callbacks.call_hooks`: the random states kept)."""

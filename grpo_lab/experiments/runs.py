@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import torch
 
+from ..advantages import GROUP_BASELINE_ESTIMATORS
 from ..algorithms import Algorithm, get_algorithm
 from ..lora import require_peft
 from ..models import load_policy
@@ -23,6 +25,7 @@ from ..paths import checkpoint_dir
 from ..tasks import get_task
 from ..trainer import Trainer, TrainerConfig
 from ..training.config import OUTPUT_FIELDS
+from ..training.learning_signal import NoLearningSignalWarning, no_signal_step, no_signal_warning
 from ..validation import is_int
 from .profiles import PROFILES, Profile, _task_fix, get_profile
 from .results import RunResult, provenance
@@ -142,7 +145,9 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     key = _base_eval_key(_base_of(prof), prof, cfg)
     if ckpt is None and key in _BASE_EVALS:  # this process already evaluated this base policy: the same numbers
         trainer.rows.append(dict(_BASE_EVALS[key]))
-    trainer.train(steps - trainer.step)
+    with warnings.catch_warnings():  # run() warns once over all seeds (_warn_no_signal), in the caller's process
+        warnings.simplefilter("ignore", NoLearningSignalWarning)
+        trainer.train(steps - trainer.step)
     if key is not None and key not in _BASE_EVALS and trainer.rows and trainer.rows[0].get("step") == 0:
         _BASE_EVALS[key] = dict(trainer.rows[0])
     if directory is not None:
@@ -225,6 +230,24 @@ def _base_eval_key(base, prof: Profile, cfg: TrainerConfig) -> str | None:
              for f in sorted(root.rglob("*")) if f.is_file()]
     return json.dumps([str(root), stamp, prof.task, [list(kv) for kv in prof.task_kwargs],
                        replace(cfg, seed=0).run_identity()], sort_keys=True, default=str)
+
+
+def _warn_no_signal(algo: Algorithm, prof: Profile, frames: Sequence[pd.DataFrame]) -> None:
+    """One :class:`~grpo_lab.training.learning_signal.NoLearningSignalWarning` for the seeds of ``algo``
+    (labelled histories, :func:`_label`) that had every group tied for
+    :data:`~grpo_lab.training.learning_signal.NO_SIGNAL_STEPS` steps in a row, in the caller's process
+    (seeds trained in workers, or read from the run cache, included); none for a value baseline or G = 1."""
+    if prof.config.group_size < 2 or algo.advantage not in GROUP_BASELINE_ESTIMATORS:
+        return
+    hits = [(int(f["seed"].iloc[0]), no_signal_step(f.to_dict("records"))) for f in frames if len(f)]
+    hits = [(seed, at) for seed, at in hits if at is not None]
+    if not hits:
+        return
+    first = frames[0][frames[0]["step"] == 0] if "step" in frames[0] else frames[0].iloc[:0]
+    base = float(first["test_accuracy"].iloc[0]) if len(first) and "test_accuracy" in first else None
+    warnings.warn(no_signal_warning(algo.name, prof.config.group_size, min(at for _, at in hits),
+                                    seeds=[s for s, _ in hits], base_accuracy=base),
+                  NoLearningSignalWarning, stacklevel=3)
 
 
 def _label(h: pd.DataFrame, algo: Algorithm, seed: int) -> pd.DataFrame:
@@ -419,6 +442,7 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     frames, hits, note = _run_jobs([(algo, s, prof) for s in seeds], steps, progress, n_jobs, cache, resume,
                                    save_model)
     wall = time.perf_counter() - t0
+    _warn_no_signal(algo, prof, frames)
     prov = provenance(algo, prof, steps, seeds, wall)
     prov["cached_seeds"] = [s for _, s in hits]
     prov["run_cache"] = note or "on"
@@ -471,6 +495,7 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
     wall = time.perf_counter() - t0
     out, k = {}, 0
     for a in algos:
+        _warn_no_signal(a, profs[a.name], frames[k:k + len(seeds)])
         prov = provenance(a, profs[a.name], steps, seeds, wall)
         prov["cached_seeds"] = [s for name, s in hits if name == a.name]
         prov["run_cache"] = note or "on"

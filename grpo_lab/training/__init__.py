@@ -9,6 +9,8 @@ assembles the trainer from them and is where every public name is imported from.
   micro-batches, the optimiser step.
 * :mod:`grpo_lab.training.value_model`: the critic: its slot (``ValueModel``), values, pretraining, metrics.
 * :mod:`grpo_lab.training.history`: the history rows and test-set evaluation.
+* :mod:`grpo_lab.training.learning_signal`: every group tied for several steps in a row, and its warning
+  (``NoLearningSignalWarning``).
 * :mod:`grpo_lab.training.checkpoints`: save and exact resume.
 * :mod:`grpo_lab.training.callbacks`: the callbacks' hooks and the trackers of ``report_to`` (JSONL,
   TensorBoard, wandb).

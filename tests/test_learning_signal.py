@@ -1,0 +1,98 @@
+"""The no-learning-signal warning: every group tied for NO_SIGNAL_STEPS steps in a row (issue 36)."""
+
+import math
+import warnings
+
+import pytest
+
+from _toys import TINY, HalfTask, tiny_profile
+from grpo_lab import experiments
+from grpo_lab.models import tiny_policy
+from grpo_lab.tasks import ArithmeticTask
+from grpo_lab.trainer import MEASURED_COLUMNS, NoLearningSignalWarning, Trainer, TrainerConfig
+from grpo_lab.training.learning_signal import NO_SIGNAL_STEPS, no_signal_step, no_signal_warning
+
+
+def _rows(fracs):
+    return [{"step": 0, "test_accuracy": 0.0}] + [{"step": i + 1, "zero_adv_group_frac": f} for i, f in enumerate(fracs)]
+
+
+def test_streak_detection():
+    k = NO_SIGNAL_STEPS
+    assert no_signal_step(_rows([1.0] * k)) == k
+    assert no_signal_step(_rows([1.0] * (k - 1))) is None
+    assert no_signal_step(_rows([1.0] * (k - 1) + [0.5] + [1.0] * (k - 1))) is None  # a mixed step resets it
+    assert no_signal_step(_rows([0.5, 0.0] + [1.0] * (k + 3))) == k + 2  # the step that completes the streak
+    assert no_signal_step(_rows([1.0, math.nan] + [1.0] * (k - 1))) == k + 1  # NaN (no training step): skipped
+    assert no_signal_step(_rows([1.0, 1.0]), steps=2) == 2
+
+
+def test_message_names_cause_and_fix():
+    msg = no_signal_warning("GRPO", 8, 5, seeds=[0, 1], base_accuracy=0.0)
+    for part in ("GRPO (seeds 0, 1)", "all 8 responses", "every advantage is 0", "never (or always) solves",
+                 "0.000", "supervised warm start", "group_size", "temperature", "dynamic_sampling"):
+        assert part in msg, part
+
+
+def _trainer(task, tok):
+    cfg = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=4, eval_every=0, seed=0)
+    return Trainer(tiny_policy(tok, TINY, seed=0), tok, task, "GRPO", cfg)
+
+
+def test_trainer_warns_once_when_every_group_is_tied(tok):
+    trainer = _trainer(ArithmeticTask(test_size=5), tok)  # a random policy never solves arithmetic: all tied
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train(NO_SIGNAL_STEPS - 1)
+        assert not [w for w in caught if issubclass(w.category, NoLearningSignalWarning)]
+        trainer.train(2)  # the streak completes at step NO_SIGNAL_STEPS; the step after: no repeat
+    hits = [w for w in caught if issubclass(w.category, NoLearningSignalWarning)]
+    assert len(hits) == 1, [str(w.message) for w in hits]
+    assert f"up to step {NO_SIGNAL_STEPS}" in str(hits[0].message)
+    assert (trainer.history["zero_adv_group_frac"].dropna() == 1.0).all()
+
+
+def test_no_warning_with_mixed_groups_and_same_numbers(tok):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _trainer(HalfTask(test_size=5), tok)
+        trainer.train(NO_SIGNAL_STEPS + 1)
+    assert not [w for w in caught if issubclass(w.category, NoLearningSignalWarning)]
+    # the warning changes no number: the same tied run gives the same history, the warning shown or ignored
+    histories = []
+    for action in ("always", "ignore"):
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter(action, NoLearningSignalWarning)
+            t = _trainer(ArithmeticTask(test_size=5), tok)
+            t.train(NO_SIGNAL_STEPS)
+            histories.append(t.history.drop(columns=list(MEASURED_COLUMNS), errors="ignore"))
+    assert histories[0].equals(histories[1])
+
+
+def test_run_warns_once_over_seeds(tmp_path):
+    prof = tiny_profile(tmp_path / "base", steps=NO_SIGNAL_STEPS, eval_every=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        experiments.run("GRPO", profile=prof, seeds=(0, 1), n_jobs=1, cache=False)
+    hits = [str(w.message) for w in caught if issubclass(w.category, NoLearningSignalWarning)]
+    assert len(hits) == 1 and hits[0].startswith("GRPO (seeds 0, 1): no learning signal"), hits
+    assert caught[[issubclass(w.category, NoLearningSignalWarning) for w in caught].index(True)].filename == __file__
+
+
+def test_value_baseline_never_warns(tok):
+    cfg = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=4, eval_every=0, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(tiny_policy(tok, TINY, seed=0), tok, ArithmeticTask(test_size=5), "PPO", cfg).train(NO_SIGNAL_STEPS)
+    assert not [w for w in caught if issubclass(w.category, NoLearningSignalWarning)]
+
+
+@pytest.mark.slow
+def test_worker_processes_warn_once_in_the_caller(tmp_path):
+    prof = tiny_profile(tmp_path / "base", steps=NO_SIGNAL_STEPS, eval_every=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        experiments.run("GRPO", profile=prof, seeds=(0, 1), n_jobs=2, cache=False)
+    experiments.shutdown_workers()
+    hits = [str(w.message) for w in caught if issubclass(w.category, NoLearningSignalWarning)]
+    assert len(hits) == 1 and "seeds 0, 1" in hits[0], hits
