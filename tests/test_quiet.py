@@ -51,3 +51,23 @@ def test_a_slice_of_the_suite_records_no_unexpected_warning():
     # fixed at its cause or filtered in pyproject.toml's [tool.pytest.ini_options] with the reason beside it
     assert "warnings summary" not in r.stdout, r.stdout[r.stdout.find("warnings summary"):][:3000]
     assert " passed" in r.stdout.splitlines()[-1]
+
+
+def test_make_books_kernel_is_the_standard_one_at_log_level_error(tmp_path):
+    """`make book` (jupyter-cache, which starts kernels over TCP with no transport setting) puts
+    scripts/jupyter on JUPYTER_PATH: its python3 kernel is ipykernel's own command plus the log level."""
+    import json
+
+    from ipykernel.kernelspec import make_ipkernel_cmd
+
+    spec = json.loads((ROOT / "scripts/jupyter/kernels/python3/kernel.json").read_text())
+    assert spec["argv"] == ["python", *make_ipkernel_cmd()[1:], "--IPKernelApp.log_level=ERROR"]
+    path = tmp_path / "t.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")]), path)
+    code = ("import sys, nbformat; from jupyter_cache.executors.utils import single_nb_execution as run; "
+            "nb = nbformat.read(sys.argv[1], 4); r = run(nb, cwd=sys.argv[2], timeout=120, allow_errors=False); "
+            "assert r.err is None, r.err; print(nb.cells[0].outputs[0]['text'], end='')")
+    r = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=180, env=dict(_env(), JUPYTER_PATH=str(ROOT / "scripts/jupyter")))
+    assert r.returncode == 0 and r.stdout == "42\n", r.stderr
+    assert "without encryption" not in r.stderr, r.stderr
