@@ -17,11 +17,14 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 install: $(STAMP)
 
+# The editable install's one notice is silenced: setuptools (>= 64) says "Editable installation ... be careful with
+# folders in your working directory with the same name as your package" (an InformationOnly warning, nothing to act
+# on: the data/ folder mapped to grpo_lab._data makes setuptools use its import-hook finder, not a plain .pth file).
 $(STAMP): requirements/ci.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements/ci.txt
-	$(BIN)/python -m pip install -q --no-deps -e .
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 ## test: unit tests, notebook regression tests (strict nbval) and a warnings-as-errors book build, then the
@@ -40,12 +43,17 @@ gpu-dryrun: install
 	GRPO_LAB_PY=$(BIN)/python scripts/gpu_dryrun.sh _build/gpu_dryrun
 
 ## book: execute every chapter (jupyter-cache, CPU profile) and build the HTML book into _build/html.
+## The kernels start from scripts/jupyter/kernels/python3 (JUPYTER_PATH): the standard python3 kernel with its
+## log level at ERROR. jupyter-cache starts them over TCP and offers no setting for the transport, and ipykernel >= 7
+## then logs "Kernel is running over TCP without encryption" for each chapter; the kernel's own warnings only are
+## hidden (a chapter's Python warnings are cell outputs, untouched). `make execute` and `make gpu-dryrun` use IPC.
 ## The committed notebooks are not modified: execution happens in _build/.jupyter_cache, and a
 ## chapter whose code has not changed is not executed again on the next `make book`.
 book: install
 	mkdir -p _build
 	$(BIN)/python scripts/book_config.py --execute cache > _build/_config_exec.yml
-	$(BIN)/jupyter-book build book --config _build/_config_exec.yml --path-output . -W -n --keep-going
+	JUPYTER_PATH=$(CURDIR)/scripts/jupyter $(BIN)/jupyter-book build book --config _build/_config_exec.yml \
+		--path-output . -W -n --keep-going
 	@echo "open _build/html/index.html"
 
 ## book-stored: build the HTML book from the outputs stored in the notebooks (seconds; what CI checks)

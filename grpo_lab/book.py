@@ -21,6 +21,7 @@ IPython, transformers, myst-nb and nbclient are imported when a function needs t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import random
@@ -28,7 +29,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 __all__ = [
     "setup_notebook",
@@ -433,6 +434,32 @@ def _inject_parameters(nb: Any, params: dict[str, Any]) -> None:
     nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]}))
 
 
+@contextlib.contextmanager
+def _local_kernel_manager(kernel_name: str) -> Iterator[Any]:
+    """A kernel manager whose kernel talks to this process over local (Unix-domain) IPC sockets.
+
+    jupyter_client's default transport is TCP on 127.0.0.1, and ipykernel >= 7 then logs "Kernel is
+    running over TCP without encryption ... susceptible to eavesdropping" to the terminal for every
+    kernel it starts (ipykernel/kernelapp.py, ``init_sockets``; its advice: "Use IPC transport").
+    The sockets are files ``grpo-lab-<random>-ipc-<port>`` in Jupyter's runtime directory (created
+    with mode 0700 if absent), an absolute path because the kernel runs in the notebook's folder;
+    they are removed on exit (jupyter_client's own clean-up runs before the kernel has closed them).
+    """
+    import uuid
+
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    runtime = Path(jupyter_runtime_dir())
+    runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stem = f"grpo-lab-{uuid.uuid4().hex[:12]}-ipc"
+    try:
+        yield AsyncKernelManager(kernel_name=kernel_name, transport="ipc", ip=str(runtime / stem))
+    finally:
+        for socket_file in runtime.glob(stem + "-*"):
+            socket_file.unlink(missing_ok=True)
+
+
 def execute_notebook(
     path: str | os.PathLike[str],
     *,
@@ -471,15 +498,9 @@ def execute_notebook(
     os.environ.update({"PYTHONHASHSEED": "0", **(env or {})})
     start = time.perf_counter()
     try:
-        client = NotebookClient(
-            nb,
-            timeout=timeout,
-            kernel_name=kernel_name,
-            allow_errors=False,
-            record_timing=False,
-            resources={"metadata": {"path": str(path.parent.resolve())}},
-        )
-        client.execute()
+        with _local_kernel_manager(kernel_name) as km:  # IPC, not TCP: see _local_kernel_manager
+            NotebookClient(nb, km=km, timeout=timeout, kernel_name=kernel_name, allow_errors=False,
+                           record_timing=False, resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
     finally:
         os.environ.clear()
         os.environ.update(saved_env)

@@ -6,7 +6,7 @@
 # with GRPO_LAB_GPU_DEVICE=cpu. It checks that every chapter switches profile cleanly: the
 # parameters reach the notebook, the toy experiments and their assertions run as on CPU, and the
 # GSM8K cell trains through experiments.run_chapter_gpu (chapter 7: its next-token cell through
-# experiments.run_rpt_gpu, the task's data files built from the stand-in), writes its results file
+# experiments.run_rpt_gpu, the task's data files built from the stand-in with 16 test positions), writes its results file
 # (marked dry_run) and shows it. With the run cache warm (after `make nbval`), the toy runs are not trained again.
 # Usage: bash scripts/gpu_dryrun.sh [OUT_DIR [CHAPTER...]]   (default: _build/gpu_dryrun, chapters 1-7)
 set -euo pipefail
@@ -24,6 +24,9 @@ export GRPO_LAB_GPU_MODEL="$OUT_ABS/standin" GRPO_LAB_GSM8K_SOURCE=fixture GRPO_
 # a small batch and budget (the code path, not the scale), in bfloat16 autocast (float32 is what "auto" gives on CPU)
 export GRPO_LAB_GPU_CONFIG='{"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 32, "micro_batch_size": 8, "precision": "bfloat16"}'
 export GRPO_LAB_RESULTS_DIR="$OUT_ABS/results"
+# chapter 7: its task's data files built with 16 held-out positions, not 500: evaluating 500 positions
+# (greedy and sampled, before and after RPT and after continued NTP) was most of that chapter's dry-run time
+export GRPO_LAB_RPT_TEST_SIZE=16
 rm -rf "$GRPO_LAB_RESULTS_DIR"
 for ch in "${CHAPTERS[@]}"; do
   start=$(date +%s)
@@ -35,6 +38,8 @@ d = json.load(open(sys.argv[1]))
 p = d["provenance"]
 assert p["dry_run"] is True and p["complete"] is True and p["steps"] == 1 and p["seeds"] == [0], p
 assert p["precision"] == "bfloat16", p["precision"]
+if "task_data" in p:  # chapter 7: the data files were built with the dry run's test size
+    assert p["task_data"]["test_positions"] == 16, p["task_data"]
 nb = json.load(open(sys.argv[2]))
 shown = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []) if o.get("name") == "stdout")
 assert "DRY RUN of the GPU code path on cpu" in shown, "the chapter did not show its results"

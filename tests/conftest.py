@@ -1,6 +1,10 @@
 """Shared fixtures: one torch thread for the whole suite, the character tokenizer, no run cache."""
 
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,3 +45,19 @@ def capture_grads():
         trainer.optimizer.step = wrapped
 
     return install
+
+
+@pytest.fixture(scope="session")
+def stored_book_build(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`jupyter-book build book --config _config.yml -W -n --keep-going --path-output <tmp>` (CI's book
+    build, from the notebooks' stored outputs), run once per session: tests/test_book_hygiene.py checks
+    its log, tests/test_book_render.py opens its pages (one build instead of two: each took minutes of
+    the unit phase). Returns the finished process and the HTML directory; skips without jupyter-book."""
+    candidate = Path(sys.executable).parent / "jupyter-book"
+    exe = str(candidate) if candidate.exists() else shutil.which("jupyter-book")
+    if exe is None:
+        pytest.skip("jupyter-book is not installed")
+    out = tmp_path_factory.mktemp("book")
+    cmd = [exe, "build", "book", "--config", "_config.yml", "-W", "-n", "--keep-going", "--path-output", str(out)]
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
+    return proc, out / "_build" / "html"

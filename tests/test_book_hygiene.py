@@ -12,9 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -484,24 +482,14 @@ def test_nbval_sanitize_file_covers_known_noise():
 # ---------------------------------------------------------------------------- the build
 
 
-def _jupyter_book() -> str | None:
-    candidate = Path(sys.executable).parent / "jupyter-book"
-    return str(candidate) if candidate.exists() else shutil.which("jupyter-book")
-
-
 @pytest.fixture(scope="module")
-def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """`jupyter-book build book --config _config.yml -W -n --keep-going` (CI's book build), run once.
+def built_book(stored_book_build) -> tuple[subprocess.CompletedProcess, Path]:
+    """`jupyter-book build book --config _config.yml -W -n --keep-going` (CI's book build), run once per
+    session (tests/conftest.py, shared with tests/test_book_render.py).
 
     Returns the finished process and the HTML directory.
     """
-    exe = _jupyter_book()
-    if exe is None:
-        pytest.skip("jupyter-book is not installed")
-    out = tmp_path_factory.mktemp("book")
-    cmd = [exe, "build", "book", "--config", "_config.yml", "-W", "-n", "--keep-going", "--path-output", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    return proc, out / "_build" / "html"
+    return stored_book_build
 
 
 def test_book_builds_with_warnings_as_errors(built_book):

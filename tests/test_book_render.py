@@ -189,28 +189,18 @@ def test_toc_numbers_the_chapters_and_only_them():
 # ---------------------------------------------------------------------------- build and browser
 
 
-def _jupyter_book() -> str | None:
-    candidate = Path(sys.executable).parent / "jupyter-book"
-    return str(candidate) if candidate.exists() else shutil.which("jupyter-book")
-
-
 @pytest.fixture(scope="module")
-def html_dir(tmp_path_factory) -> Path:
+def html_dir(request) -> Path:
     """The HTML book built from the stored outputs (or the build named by BOOK_RENDER_HTML)."""
     given = os.environ.get("BOOK_RENDER_HTML")
     if given:
         path = Path(given).resolve()
         assert (path / f"{PAGES[0]}.html").exists(), f"BOOK_RENDER_HTML={given}: no {PAGES[0]}.html there"
         return path
-    exe = _jupyter_book()
-    if exe is None:
-        pytest.skip("jupyter-book is not installed")
-    out = tmp_path_factory.mktemp("book")
-    # Warnings are test_book_hygiene's business; here only the rendered pages matter.
-    cmd = [exe, "build", "book", "--config", str(CONFIG), "--path-output", str(out), "--keep-going"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    html = out / "_build" / "html"
-    assert proc.returncode == 0 and (html / f"{PAGES[0]}.html").exists(), (
+    # the session's one build of the stored book (tests/conftest.py); its warnings are test_book_hygiene's
+    # business (-W makes them a non-zero exit with --keep-going), here only the rendered pages matter
+    proc, html = request.getfixturevalue("stored_book_build")
+    assert (html / f"{PAGES[0]}.html").exists(), (
         "book build failed:\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
     )
     return html

@@ -189,6 +189,11 @@ def test_run_rpt_gpu_refuses_bad_arguments_before_any_work(hub, tmp_path, monkey
         experiments.run_rpt_gpu(seeds=(), profile=prof, out=tmp_path / "r.json")
     with pytest.raises(ValueError, match="'next_token'"):
         experiments.run_rpt_gpu(profile=experiments.gpu_profile(model, device="cpu", environ={}))
+    for bad in ("0", "ten", "-3"):  # the dry run's test size: a positive integer, checked before any work
+        monkeypatch.setenv("GRPO_LAB_RPT_TEST_SIZE", bad)
+        with pytest.raises(ValueError, match=r"\$GRPO_LAB_RPT_TEST_SIZE must be a positive integer.*500"):
+            experiments.run_rpt_gpu(seeds=(0,), profile=prof, out=tmp_path / "r.json")
+    monkeypatch.delenv("GRPO_LAB_RPT_TEST_SIZE")
     assert not fresh.exists()  # no data was built for a call that could not run
     # data files of another model (a shared $GRPO_LAB_RPT_DATA): refused, naming the variable
     other = H.write_tiny_instruct_model(tmp_path / "other", seed=1)
@@ -250,3 +255,23 @@ def test_one_model_directory_however_it_is_written(hub, tmp_path, monkeypatch):
     assert not experiments._same_model(None, model)
     dirs = {experiments.rpt_data_dir(n) for n in names}
     assert len(dirs) == 1 and not dirs.pop().name.startswith(".")  # one directory, not a hidden one
+
+
+def test_the_dry_run_test_size_is_the_size_the_data_files_are_held_to(hub, tmp_path, monkeypatch):
+    """$GRPO_LAB_RPT_TEST_SIZE (scripts/gpu_dryrun.sh: 16) sets the held-out positions the data files are
+    built with, and data files of that size are then accepted without the by-hand warning."""
+    import warnings
+
+    from grpo_lab.experiments import rpt_gpu
+
+    model, data, _ = hub
+    monkeypatch.setenv("GRPO_LAB_RPT_TEST_SIZE", "12")
+    assert rpt_gpu._rpt_test_size() == 12
+    prof = experiments.rpt_gpu_profile(model, data=data, device="cpu", steps=1, environ={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 12 positions, as asked: no "built by hand" warning
+        assert rpt_gpu._rpt_task_data(prof, rpt_gpu._rpt_test_size())["test_positions"] == 12
+    with pytest.warns(RuntimeWarning, match="hold 12 test positions, not 500"):
+        rpt_gpu._rpt_task_data(prof)
+    monkeypatch.delenv("GRPO_LAB_RPT_TEST_SIZE")
+    assert rpt_gpu._rpt_test_size() == experiments.RPT_GPU_TEST_SIZE

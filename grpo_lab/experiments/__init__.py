@@ -98,4 +98,6 @@ GPU_SPEEDS = _profiles.GPU_SPEEDS
 
 #: Held-out positions of chapter 7's hub-model run (:func:`rpt_gpu_profile`): a binomial standard
 #: error of at most 0.022 per evaluation, as :data:`GPU_TEST_SIZE` for GSM8K.
+#: ``$GRPO_LAB_RPT_TEST_SIZE`` replaces it when :func:`run_rpt_gpu` builds the data files
+#: (``scripts/gpu_dryrun.sh`` sets 16: a dry run checks the code path, not the accuracy).
 RPT_GPU_TEST_SIZE = _rpt_gpu.RPT_GPU_TEST_SIZE

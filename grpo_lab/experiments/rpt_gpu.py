@@ -38,6 +38,23 @@ __all__ = ["RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "chapter_gpu_
 RPT_GPU_TEST_SIZE = 500
 
 
+def _rpt_test_size() -> int:
+    """The held-out positions :func:`run_rpt_gpu` builds the task's data files with:
+    ``$GRPO_LAB_RPT_TEST_SIZE`` if set (``scripts/gpu_dryrun.sh`` sets 16: its dry run checks the code
+    path, and 500 positions made evaluation most of chapter 7's dry-run time), else :data:`RPT_GPU_TEST_SIZE`.
+
+    Raises:
+        ValueError: the variable is set to something other than a positive integer.
+    """
+    value = os.environ.get("GRPO_LAB_RPT_TEST_SIZE", "").strip()
+    if not value:
+        return RPT_GPU_TEST_SIZE
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"run_rpt_gpu: $GRPO_LAB_RPT_TEST_SIZE must be a positive integer (the held-out positions; "
+                         f"unset: {RPT_GPU_TEST_SIZE}), got {value!r}")
+    return int(value)
+
+
 def rpt_data_dir(model: str | os.PathLike) -> Path:
     """Where :func:`run_rpt_gpu` keeps the next-token task's data files for ``model`` (built by
     :func:`grpo_lab.tasks.next_token.build_hub_task_data`): ``$GRPO_LAB_RPT_DATA`` if set, else
@@ -133,7 +150,8 @@ def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = N
 
     1. The task's data files for the model are built if :func:`rpt_data_dir` lacks them
        (:func:`grpo_lab.tasks.next_token.build_hub_task_data`, the model as its own entropy proxy,
-       :data:`RPT_GPU_TEST_SIZE` test positions, on the profile's device).
+       :data:`RPT_GPU_TEST_SIZE` test positions, or ``$GRPO_LAB_RPT_TEST_SIZE`` if set (the dry run's 16),
+       on the profile's device).
     2. The ``RPT`` preset is trained on :func:`rpt_gpu_profile` (or ``profile``) for every seed.
     3. For each seed, the base model is trained by plain next-token prediction
        (:func:`grpo_lab.pretrain.continued_ntp_run`, ``p_format=0``: 64-token windows of the ``rl``
@@ -152,13 +170,15 @@ def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = N
         ``{"RPT": RunResult, "continued NTP": RunResult}``.
 
     Raises:
-        ValueError: as :func:`run_chapter_gpu`; a profile whose task is not ``"next_token"``.
+        ValueError: as :func:`run_chapter_gpu`; a profile whose task is not ``"next_token"``; a
+            ``$GRPO_LAB_RPT_TEST_SIZE`` that is not a positive integer.
     """
     from ..algorithms import RPT
 
     prof, seeds = _rpt_arguments(profile, seeds, ntp_batch_size)
+    test_size = _rpt_test_size()
     path = _gpu_results_path("07_rpt", out, steps, n_jobs)
-    task_data = _rpt_task_data(prof)
+    task_data = _rpt_task_data(prof, test_size)
     t0 = time.perf_counter()
     grid = run_chapter_gpu("07_rpt", [RPT], seeds=seeds, steps=steps, profile=prof, n_jobs=n_jobs, out=path,
                            finish=False)
@@ -196,11 +216,12 @@ def _rpt_arguments(profile: Profile | None, seeds: Sequence[int], ntp_batch_size
     return prof, seeds
 
 
-def _rpt_task_data(prof: Profile) -> dict | None:
-    """The next-token task's data files for ``prof``, built if its data directory lacks them
-    (:func:`grpo_lab.tasks.next_token.build_hub_task_data`); returns their ``summary.json`` (how they
-    were built: model, proxy, token counts, entropies), ``None`` when there is none. Warns when they
-    hold another number of test positions than :data:`RPT_GPU_TEST_SIZE` (built by hand).
+def _rpt_task_data(prof: Profile, test_size: int = RPT_GPU_TEST_SIZE) -> dict | None:
+    """The next-token task's data files for ``prof``, built with ``test_size`` held-out positions if its
+    data directory lacks them (:func:`grpo_lab.tasks.next_token.build_hub_task_data`); returns their
+    ``summary.json`` (how they were built: model, proxy, token counts, entropies), ``None`` when there is
+    none. Warns when they hold another number of test positions than ``test_size`` (built by hand, or for
+    another ``$GRPO_LAB_RPT_TEST_SIZE``).
 
     Raises:
         ValueError: the data directory is a file, or its files were built for another model.
@@ -215,7 +236,7 @@ def _rpt_task_data(prof: Profile) -> dict | None:
     summary = data / "summary.json"  # how the data files were built (model, proxy, token counts, entropies)
     if not ((data / TRAIN_FILE).is_file() and (data / TEST_FILE).is_file()):
         try:
-            build_hub_task_data(prof.base, data, device=prof.config.device, test_size=RPT_GPU_TEST_SIZE)
+            build_hub_task_data(prof.base, data, device=prof.config.device, test_size=test_size)
         except (FileExistsError, NotADirectoryError, PermissionError):
             raise  # writing the data files failed, not loading the model: the error names the path
         except OSError as exc:
@@ -227,9 +248,10 @@ def _rpt_task_data(prof: Profile) -> dict | None:
                f"set $GRPO_LAB_RPT_DATA to an empty directory, or delete {data} to rebuild it")
         raise ValueError(f"run_rpt_gpu: the task's data files in {data} were built for {task_data.get('model')!r}, not "
                          f"for the profile's model {prof.base!r}: {fix}")
-    if task_data is not None and task_data.get("test_positions") != RPT_GPU_TEST_SIZE:
+    if task_data is not None and task_data.get("test_positions") != test_size:
         warnings.warn(f"run_rpt_gpu: the task's data files in {data} hold {task_data.get('test_positions')} test "
-                      f"positions, not {RPT_GPU_TEST_SIZE} (they were built by hand); the results file records it",
+                      f"positions, not {test_size} (they were built by hand, or for another $GRPO_LAB_RPT_TEST_SIZE); "
+                      "the results file records it",
                       RuntimeWarning, stacklevel=3)
     return task_data
 
