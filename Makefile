@@ -32,15 +32,15 @@ $(STAMP): requirements/ci.txt pyproject.toml
 test: install unit nbval gpu-dryrun
 
 unit: install
-	$(BIN)/python -m pytest tests -q -p no:cacheprovider
+	@t0=$$(date +%s) && $(BIN)/python -m pytest tests -q -p no:cacheprovider && echo "phase unit: $$(( $$(date +%s) - t0 )) s"
 
 nbval: install
-	$(PYTEST_NBVAL) -q $(NB)
+	@t0=$$(date +%s) && $(PYTEST_NBVAL) -q $(NB) && echo "phase nbval: $$(( $$(date +%s) - t0 )) s"
 
 ## gpu-dryrun: chapters 1-7 executed with PROFILE = "gpu" on CPU (a tiny stand-in model, one seed, one step) into
 ## _build/gpu_dryrun: the profile switch, the hub-model cell and its results file, without a GPU
 gpu-dryrun: install
-	GRPO_LAB_PY=$(BIN)/python scripts/gpu_dryrun.sh _build/gpu_dryrun
+	@t0=$$(date +%s) && GRPO_LAB_PY=$(BIN)/python scripts/gpu_dryrun.sh _build/gpu_dryrun && echo "phase gpu-dryrun: $$(( $$(date +%s) - t0 )) s"
 
 ## book: execute every chapter (jupyter-cache, CPU profile) and build the HTML book into _build/html.
 ## The kernels start from scripts/jupyter/kernels/python3 (JUPYTER_PATH): the standard python3 kernel with its
