@@ -148,22 +148,15 @@ except TypeError as err:
 # skip this and the next section and pass its hub id, e.g.
 # `load_policy("Qwen/Qwen2.5-0.5B-Instruct")`.
 
+# %% [markdown]
+# ```{literalinclude} examples/reverse_task.py
+# :pyobject: build_policy
+# ```
+
 # %%
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from reverse_task import build_policy, warm_start  # noqa: E402
 
-from reverse_task import LETTERS  # noqa: E402
-
-vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>", *LETTERS, "="])}
-core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
-core.decoder = decoders.Fuse()  # decode without spaces between characters
-tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-config = GPT2Config(vocab_size=len(vocab), n_positions=32, n_embd=64, n_layer=2, n_head=4,
-                    bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                    pad_token_id=tokenizer.pad_token_id)
-torch.manual_seed(0)
-model = GPT2LMHeadModel(config)
+model, tokenizer = build_policy(seed=0)
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters;", tokenizer("bad=").input_ids,
       repr(tokenizer.decode(tokenizer("bad=").input_ids)))
 assert tokenizer.decode(tokenizer("bad=").input_ids) == "bad="
@@ -175,26 +168,17 @@ assert tokenizer.decode(tokenizer("bad=").input_ids) == "bad="
 # reversed word, every group would score alike, and every advantage would be zero. So, as with the
 # chapters' checkpoints, a short supervised warm start first: next-token cross-entropy on the
 # answers (prompt tokens are not scored), stopped early so that the policy is right only part of
-# the time. Then the base policy is saved and loaded back, as any checkpoint would be.
+# the time. Then the base policy is saved and loaded back, as any checkpoint would be. The same two
+# functions make the shipped checkpoint `reverse-base` (`python -m grpo_lab.pretrain reverse`), the
+# README's command-line example of this task.
+#
+# ```{literalinclude} examples/reverse_task.py
+# :pyobject: warm_start
+# ```
 
 # %%
 WARM_STEPS = 50
-rng = np.random.default_rng(0)
-opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-for step in range(WARM_STEPS):
-    batch = task.sample(64, rng)
-    prompts = [tokenizer(p.prompt).input_ids for p in batch]
-    seqs = [q + tokenizer(p.answer).input_ids + [tokenizer.eos_token_id] for q, p in zip(prompts, batch)]
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), tokenizer.pad_token_id)
-    labels = torch.full((len(seqs), width), -100)  # -100: not scored
-    for i, (q, s) in enumerate(zip(prompts, seqs)):
-        ids[i, :len(s)] = torch.tensor(s)
-        labels[i, len(q):len(s)] = torch.tensor(s[len(q):])
-    loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+losses = warm_start(model, tokenizer, task, steps=WARM_STEPS)  # 64 words a step, AdamW at lr 3e-3, seed 0
 base_dir = work / "reverse-base"
 model.save_pretrained(base_dir)
 tokenizer.save_pretrained(base_dir)
@@ -202,7 +186,7 @@ tokenizer.save_pretrained(base_dir)
 policy, tok = load_policy(base_dir, device=DEVICE)
 summary, samples = evaluate(policy, tok, task, greedy=True)
 base_acc = summary["accuracy"]
-print(f"after {WARM_STEPS} supervised steps: loss {loss.item():.2f}, greedy test accuracy {base_acc:.2f} "
+print(f"after {WARM_STEPS} supervised steps: loss {losses[-1]:.2f}, greedy test accuracy {base_acc:.2f} "
       f"on {len(task.test_set())} words")
 print(samples[["prompt", "completion", "correct"]].head(4).to_string(index=False))
 book.glue("own_base_acc", f"{base_acc:.2f}")
