@@ -104,6 +104,7 @@ import importlib
 import inspect
 import os
 import re
+import shlex
 import sys
 import tempfile
 import textwrap
@@ -111,6 +112,7 @@ import time
 import traceback
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -927,10 +929,23 @@ def _train(argv: list[str], prog: str) -> int:
             print(warning, file=sys.stderr)
     config_file = _write_resolved(args, preset, algo, cfg_over, model, out,
                                   _origin(conf, conf and conf.trainer, set_cfg))
-    res = _run_and_follow(args, algo, cfg_over, model, lora)
+    try:
+        res = _run_and_follow(args, algo, cfg_over, model, lora)
+    except KeyboardInterrupt:
+        print(_resume_hint(argv, args, out, prog), file=sys.stderr)
+        raise
     experiments.save_results(res, out)
     print("\n".join(_report(res, args, algo.name, out, config_file, Path(cfg_over["output_dir"]))))
     return 0
+
+
+def _resume_hint(argv: list[str], args, out: Path, prog: str) -> str:
+    """What to do after Ctrl-C: the results file and the command that resumes the run (``argv`` with ``--out``
+    when it was defaulted, and ``--resume``)."""
+    again = list(argv) + ([] if args.out else ["--out", str(out)]) + ([] if args.resume else ["--resume"])
+    return (f"{prog}: the run's results file is {out}; resume it with:\n  {prog} {shlex.join(again)}\n"
+            f"(a seed resumes mid-way only from a checkpoint, written with --save-every N; "
+            f"a seed without one trains again from step 0)")
 
 
 def _run_and_follow(args, algo, cfg_over: dict, model: str | None, lora):
@@ -985,6 +1000,8 @@ def _resume_points(dirs: dict, steps: int) -> dict[int, int]:
                   flush=True)
         elif (ckpt := latest_checkpoint(directory)) is not None:
             after[seed] = int(ckpt.name.split("-")[-1])
+        else:
+            print(f"seed {seed}: no checkpoint, training from step 0", flush=True)
     return after
 
 
@@ -1054,6 +1071,29 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or _default_prog()
+    with _short_warnings(prog):
+        return _main(argv, prog)
+
+
+@contextlib.contextmanager
+def _short_warnings(prog: str):
+    """Within the block, a Python warning prints as one line ``{prog}: warning: {Category}: {message}`` on stderr
+    (not the file, line number and source line); the previous ``warnings.showwarning`` is put back afterwards."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = " ".join(str(message).split())
+        print(f"{prog}: warning: {category.__name__}: {text}", file=file or sys.stderr, flush=True)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
+def _main(argv: list[str], prog: str) -> int:
+    """:func:`main`'s body: the command, and every error turned into one line and an exit status."""
     debug = "--debug" in argv
     try:
         if argv[:1] == ["list"]:

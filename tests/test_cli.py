@@ -172,6 +172,50 @@ def test_errors_from_the_run_one_line_or_traceback_with_debug(monkeypatch, tmp_p
     assert not (tmp_path / "r.json").exists()
 
 
+def test_warnings_print_as_one_line_and_showwarning_is_restored(fake_run, monkeypatch, tmp_path, capsys):
+    import warnings
+
+    inner = experiments.run
+
+    def warns(algo, **kwargs):
+        warnings.warn("no learning signal\nat step 3", UserWarning, stacklevel=1)
+        return inner(algo, **kwargs)
+
+    monkeypatch.setattr(experiments, "run", warns)
+    before = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert cli.main(["GRPO", "--seeds", "0", "--out", str(tmp_path / "r.json"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"{PROG}: warning: UserWarning: no learning signal at step 3\n" in err, err
+    assert "cli.py" not in err and "warnings.warn" not in err
+    assert warnings.showwarning is before
+
+
+def test_ctrl_c_prints_the_out_path_and_the_resume_command(monkeypatch, tmp_path, capsys):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiments, "run", interrupted)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["GRPO", "--steps", "3", "--seeds", "0"]) == 130
+    err = capsys.readouterr().err
+    out = re.search(r"results file is (\S+);", err).group(1)
+    assert out.startswith("runs/GRPO-cpu-") and out.endswith(".json"), err
+    assert f"{PROG} GRPO --steps 3 --seeds 0 --out {out} --resume\n" in err, err
+    assert "--save-every N" in err and err.rstrip().endswith(f"{PROG}: interrupted")
+
+    assert cli.main(["GRPO", "--out", "r.json"]) == 130  # --out given: not repeated
+    assert f"{PROG} GRPO --out r.json --resume\n" in capsys.readouterr().err
+
+
+def test_resume_without_a_checkpoint_says_it_trains_from_step_0(tmp_path, capsys):
+    (tmp_path / "seed-1").mkdir()
+    assert cli._resume_points({0: tmp_path / "seed-0", 1: tmp_path / "seed-1"}, steps=4) == {}
+    out = capsys.readouterr().out
+    assert "seed 0: no checkpoint, training from step 0" in out and "seed 1: no checkpoint" in out
+
+
 # ------------------------------------------------------------------------------------ --set
 def test_set_keys_are_every_trainer_and_algorithm_field_but_seed_and_progress():
     fields = {f.name for f in dataclasses.fields(TrainerConfig)} | {f.name for f in dataclasses.fields(Algorithm)}
