@@ -1017,6 +1017,7 @@ def _check_config(argv: list[str], prog: str) -> int:
     ap.add_argument("--library", choices=LIBRARIES, help="the library (default: guessed from the keys)")
     ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
     args = ap.parse_args(argv)
+    _refuse_run_config(args.file)
     reading = check_config(args.file, args.library)
     print(reading.report())
     if reading.unknown:
@@ -1024,6 +1025,27 @@ def _check_config(argv: list[str], prog: str) -> int:
               f"holds): {'; '.join(reading.unknown)}", file=sys.stderr)
         return 1
     return 0
+
+
+#: top-level keys of a grpo_lab run configuration that neither a TRL GRPOConfig nor a verl config has
+_RUN_CONFIG_KEYS = ("preset", "profile", "seeds")
+
+
+def _refuse_run_config(path: str) -> None:
+    """Refuse ``check-config`` on grpo_lab's own run configuration (a top-level ``preset``, ``profile`` or
+    ``seeds``), which the linter would misread as a verl config.
+
+    Raises:
+        UsageError: the file is a grpo_lab run configuration (to be given as ``--config FILE``).
+    """
+    from .export.lint import load_yaml
+
+    try:
+        data = load_yaml(path)
+    except (OSError, ValueError):
+        return  # check_config reports it
+    if isinstance(data, dict) and any(k in data for k in _RUN_CONFIG_KEYS):
+        raise UsageError(f"{path} is a grpo_lab run configuration (--config {path}), not a TRL/verl config")
 
 
 def _command_line_words(message: str) -> str:

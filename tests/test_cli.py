@@ -598,3 +598,14 @@ def test_cli_import_reaches_the_worker_processes(user_modules, tiny_base, tmp_pa
     # the step lines of both workers' seeds reach this process's output (read from their metrics.jsonl)
     stdout = capsys.readouterr().out
     assert stdout.count("GRPO seed 0 step 1/1 | reward ") == 1 and stdout.count("GRPO seed 1 step 1/1 | reward ") == 1
+
+
+def test_check_config_refuses_grpo_labs_own_run_configuration(tmp_path, capsys):
+    conf = tmp_path / "run.yaml"
+    conf.write_text("preset: DAPO\nsteps: 4\ntrainer: {lr: 1.0e-4}\nalgorithm: {eps_high: 0.28}\n")
+    assert cli.main(["check-config", str(conf)]) == 2
+    captured = capsys.readouterr()
+    line = _one_error_line(captured.err)
+    assert line == (f"{PROG}: error: {conf} is a grpo_lab run configuration (--config {conf}), "
+                    "not a TRL/verl config"), line
+    assert captured.out == ""
