@@ -333,8 +333,8 @@ def resolve_model(model: str) -> str:
         ``model`` (a local directory with ``~`` expanded).
 
     Raises:
-        UsageError: a directory without ``config.json``, a file, or a name that is none of the
-            three (the message lists the shipped checkpoints).
+        UsageError: a directory without ``config.json``, a file, a missing ``DIR/NAME`` whose ``DIR`` exists
+            (a path, not a hub id), or a name that is none of the three (the message lists the shipped checkpoints).
     """
     p = Path(model).expanduser()
     shipped = _shipped_models()
@@ -347,6 +347,9 @@ def resolve_model(model: str) -> str:
     if model.startswith((".", "/", "~")) or model.count("/") > 1 or (os.sep != "/" and os.sep in model):
         raise UsageError(f"--model {model}: no such directory")
     parts = model.split("/")
+    if len(parts) == 2 and parts[0] and Path(parts[0]).is_dir():
+        raise UsageError(f"--model {model}: no such directory ({parts[0]}/ exists here, so it is read as a path, "
+                         "not a hub id)")
     if len(parts) == 2 and all(parts) and " " not in model:
         return model  # a hub id; load_policy downloads (or finds in the hub cache) when training starts
     close = difflib.get_close_matches(model, shipped, n=1)

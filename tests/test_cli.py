@@ -609,3 +609,11 @@ def test_check_config_refuses_grpo_labs_own_run_configuration(tmp_path, capsys):
     assert line == (f"{PROG}: error: {conf} is a grpo_lab run configuration (--config {conf}), "
                     "not a TRL/verl config"), line
     assert captured.out == ""
+
+
+def test_a_missing_relative_directory_is_not_read_as_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.resolve_model("runs/nonexistent") == "runs/nonexistent"  # no runs/ here: a hub id
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(cli.UsageError, match=r"--model runs/nonexistent: no such directory \(runs/ exists"):
+        cli.resolve_model("runs/nonexistent")
