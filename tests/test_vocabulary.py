@@ -209,3 +209,16 @@ def test_config_files_name_the_grpo_lab_field(text, pieces, tmp_path, capsys, mo
     assert f"--config {conf}" in err, err
     for piece in pieces:
         assert piece in err, (piece, err)
+
+
+@pytest.mark.parametrize("key, value", [("epsilon", 0.2), ("clip_ratio_high", 0.28), ("loss_type", "dr_grpo")])
+def test_a_dependence_on_clip_says_what_to_do(key, value):
+    message = voc.explain(key, value)
+    assert "also depends on clip" not in message, message
+    assert "this holds with the preset's clip: keep it (--set clip=NAME changes its meaning)" in message, message
+
+
+def test_a_key_both_libraries_read_alike_is_said_once():
+    message = voc.explain("top_p", 0.9)
+    assert " | " not in message and message.count("no such setting") == 1, message
+    assert message.startswith("top_p is TRL's GRPOConfig name and verl's trainer-config name"), message

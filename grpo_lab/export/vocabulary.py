@@ -363,24 +363,38 @@ def _see_also(term: Term, head: str, value: Any, style: str) -> str:
             f"{near}): {fix}")
 
 
-def _depends(term: Term, shown: tuple) -> str:
-    """``"; it also depends on minibatches (what minibatches is ...)"`` for the names not in ``shown``."""
+def _depends(term: Term, shown: tuple, style: str = "set") -> str:
+    """For the names not in ``shown``: ``"; it also depends on minibatches (what minibatches is ...)"`` for
+    budget names, and for an ``Algorithm`` field such as ``clip`` what to do (keep the preset's, or what another
+    one changes)."""
     from .translation import BUDGET_KEYS
 
     rest = [n for n in term.names if n not in shown]
     if not rest:
         return ""
-    return (f"; it also depends on {', '.join(rest)}" if shown else "") + "".join(
-        f" ({n}: {BUDGET_KEYS[n]})" for n in rest if n in BUDGET_KEYS)
+    budget = [n for n in rest if n in BUDGET_KEYS]
+    fields = [n for n in rest if n not in BUDGET_KEYS]
+    out = (f"; it also depends on {', '.join(budget)}" if shown and budget else "") + "".join(
+        f" ({n}: {BUDGET_KEYS[n]})" for n in budget)
+    if shown and fields:
+        other = " or ".join(_fix({n: "NAME"}, style) for n in fields)
+        out += (f"; this holds with the preset's {' and '.join(fields)}: keep {'them' if len(fields) > 1 else 'it'} "
+                f"({other} changes its meaning)")
+    return out
 
 
 def _decide(names: tuple) -> str:
     return f"{' and '.join(names)} decide{'s' if len(names) == 1 else ''} it"
 
 
+def _head(term: Term, typed: str) -> str:
+    """``"TRL's GRPOConfig name"`` (with the full key when ``typed`` is shorter)."""
+    return f"{LIBRARY_NAMES[term.library]} name" + (f" ({term.key})" if typed != term.key else "")
+
+
 def _one(term: Term, typed: str, value: Any, style: str) -> str:
     """The message for one Term (see :func:`explain`)."""
-    head = f"{typed} is {LIBRARY_NAMES[term.library]} name" + (f" ({term.key})" if typed != term.key else "")
+    head = f"{typed} is {_head(term, typed)}"
     if (term.library, term.key) in SEE_ALSO:
         return _see_also(term, head, value, style)
     if not term.names:
@@ -407,7 +421,7 @@ def _one(term: Term, typed: str, value: Any, style: str) -> str:
         msg = f"{head}; in grpo_lab {_decide(term.names)}"
     if t["preset"]:
         msg += f", or the {t['preset']} preset"
-    msg += _depends(term, tuple(t["settings"]) if term.same or t["settings"] else ())
+    msg += _depends(term, tuple(t["settings"]) if term.same or t["settings"] else (), style)
     for note in t["notes"]:
         msg += f"; {note}" if t["settings"] else f"; no grpo_lab equivalent: {note}"
     return msg
@@ -435,8 +449,12 @@ def explain(key: str, value: Any = _UNSET, *, style: str = "set") -> Optional[st
     terms = lookup(key)
     if not terms:
         return None
-    clauses = list(dict.fromkeys(_one(t, str(key).lstrip("+").strip(), value, style) for t in terms))
-    return " | ".join(clauses)
+    typed = str(key).lstrip("+").strip()
+    heads: dict[str, list[str]] = {}  # the message after its head -> the heads that share it
+    for t in terms:
+        head = _head(t, typed)
+        heads.setdefault(_one(t, typed, value, style)[len(f"{typed} is {head}"):], []).append(head)
+    return " | ".join(f"{typed} is {' and '.join(dict.fromkeys(h))}{body}" for body, h in heads.items())
 
 
 def combine(found: list) -> str:
