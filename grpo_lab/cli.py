@@ -572,8 +572,8 @@ def _check_tokenizer(model: str, task: str, task_kwargs: Sequence, prog: str, n_
         return None
     example = next(p for p in prompts if any(c in p for c in bad))
     example = example if len(example) <= 40 else example[:37] + "..."
-    return (f"{prog}: warning: the tokenizer of --model {model} maps {''.join(bad)!r} (in task {task!r}'s test "
-            f"prompts, e.g. {example!r}) to its unknown token {tokenizer.unk_token!r}: the policy cannot read them")
+    return (f"{prog}: warning: the tokenizer of --model {model} maps {''.join(bad)!r} (in the test prompts of "
+            f"task {task!r}, e.g. {example!r}) to its unknown token {tokenizer.unk_token!r}: the policy cannot read them")
 
 
 # ---------------------------------------------------------------------------------------- parser
@@ -586,6 +586,8 @@ class _Parser(argparse.ArgumentParser):
     instead of argparse's usage block."""
 
     def error(self, message):  # noqa: D102 (argparse API)
+        if message.startswith("argument --task: invalid choice"):
+            message += "; a task of your own needs --import MODULE, the module that registers it"
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
@@ -788,13 +790,18 @@ def _report(res, args, name: str, out: Path, config_file: Path, output_dir: Path
     if args.save_model:
         lines += _model_lines(res, name, output_dir)
     figure = figure_path(out)
-    seeds = len(res.provenance.get("seeds", []))
+    seeds = list(res.provenance.get("seeds", []))
     try:
-        save_curves(res.history, figure, title=f"{name}: mean ± sd over {seeds} seed{'s' if seeds != 1 else ''}")
+        save_curves(res.history, figure, title=_figure_title(name, seeds))
         lines.append(f"figure: {figure} (test accuracy and reward against the step, mean ± sd over seeds)")
     except Exception as exc:  # noqa: BLE001 -- the results are saved; a figure that cannot be drawn is a warning
         print(f"{_default_prog()}: warning: no figure written ({type(exc).__name__}: {exc})", file=sys.stderr)
     return lines + [f"results: {out}", f"configuration: {config_file}"]
+
+
+def _figure_title(name: str, seeds: list) -> str:
+    """The figure's title: ``"GRPO: seed 0"`` for one seed, else ``"GRPO: mean ± sd over 3 seeds"``."""
+    return f"{name}: seed {seeds[0]}" if len(seeds) == 1 else f"{name}: mean ± sd over {len(seeds)} seeds"
 
 
 def _model_lines(res, name: str, output_dir: Path) -> list[str]:

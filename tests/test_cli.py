@@ -571,7 +571,7 @@ def test_a_model_whose_tokenizer_cannot_read_the_task_warns(tiny_base, fake_run,
     assert warning.startswith(f"{PROG}: warning: the tokenizer of --model {letters} maps '")
     unknown = re.search(r" maps '([^']*)'", warning).group(1)
     assert unknown and unknown.isdigit()  # the prompts' digits, and nothing the tokenizer knows
-    assert "'<unk>'" in warning and "task 'arithmetic'" in warning
+    assert "'<unk>'" in warning and "task 'arithmetic'" in warning and "''" not in warning  # no 'arithmetic''s
     assert len(fake_run) == 1  # a warning, not an error: the run goes on
     # the full alphabet reads every prompt: no warning
     assert cli.main(["GRPO", "--model", str(tiny_base), "--seeds", "0", "--out", str(tmp_path / "b.json")]) == 0
@@ -617,3 +617,14 @@ def test_a_missing_relative_directory_is_not_read_as_a_hub_id(tmp_path, monkeypa
     (tmp_path / "runs").mkdir()
     with pytest.raises(cli.UsageError, match=r"--model runs/nonexistent: no such directory \(runs/ exists"):
         cli.resolve_model("runs/nonexistent")
+
+
+def test_an_unknown_task_hints_at_import(no_run, capsys):
+    assert cli.main(["GRPO", "--task", "reverse"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "invalid choice: 'reverse'" in line and "--import MODULE" in line, line
+
+
+def test_the_figure_title_names_one_seed_and_counts_several():
+    assert cli._figure_title("GRPO", [3]) == "GRPO: seed 3"
+    assert cli._figure_title("GRPO", [0, 1]) == "GRPO: mean ± sd over 2 seeds"
