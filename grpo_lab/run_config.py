@@ -195,7 +195,7 @@ def _unknown(where: str, key: str, known: list[str], extra: str = "", value: Any
 
 
 def check_fields(values: Mapping[str, Any], known: Mapping[str, Any], where: str,
-                 elsewhere: Mapping[str, str] | None = None) -> dict:
+                 elsewhere: Mapping[str, str] | None = None, found: list | None = None) -> dict:
     """``values`` with every key known and every value of its field's type (:func:`check_value`).
 
     Args:
@@ -204,6 +204,9 @@ def check_fields(values: Mapping[str, Any], known: Mapping[str, Any], where: str
         where: how errors name the place (``"run.yaml: trainer"``).
         elsewhere: ``{key: why}`` for keys that belong somewhere else (``"seed": "use seeds: ..."``): an
             unknown key found here gets that reason instead of a did-you-mean.
+        found: None (the default: raise for this section's keys), or a list to which every unknown or TRL / verl
+            key is appended as ``(key, message, is_foreign)`` instead, for one error over several sections
+            (:func:`_raise_found`).
 
     Raises:
         ValueError: an unknown key (naming it, the closest known key and every known key); TRL / verl option
@@ -212,20 +215,39 @@ def check_fields(values: Mapping[str, Any], known: Mapping[str, Any], where: str
     """
     from .export.vocabulary import combine
 
-    out, foreign = {}, []
+    out, bad = {}, []
     for key, value in values.items():
         if key not in known:
             if elsewhere and key in elsewhere:
-                raise ValueError(f"{where}: {key!r} does not belong here: {elsewhere[key]}")
-            said = _foreign(where, key, value, top=False)
-            if said is None:
-                raise _unknown(where, key, list(known))
-            foreign.append((key, said))
+                bad.append((key, f"{where}: {key!r} does not belong here: {elsewhere[key]}", False))
+            elif (said := _foreign(where, key, value, top=False)) is not None:
+                bad.append((key, said, True))
+            else:
+                bad.append((key, str(_unknown(where, key, list(known))), False))
+            if found is None and not bad[-1][2]:
+                raise ValueError(bad[-1][1])
             continue
         out[key] = check_value(f"{where}: {key}", value, known[key])
-    if foreign:
-        raise ValueError(combine(foreign))
+    if found is not None:
+        found.extend(bad)
+    elif bad:
+        raise ValueError(combine([(k, m) for k, m, _ in bad]))
     return out
+
+
+def _raise_found(found: list) -> None:
+    """One error for the keys :func:`check_fields` collected over several sections: the unknown ones, then the
+    TRL / verl ones (:func:`grpo_lab.export.vocabulary.combine`); nothing when ``found`` is empty.
+
+    Raises:
+        ValueError: ``found`` is not empty.
+    """
+    from .export.vocabulary import combine
+
+    foreign = [(k, m) for k, m, is_foreign in found if is_foreign]
+    if found:
+        raise ValueError("\n".join([m for _, m, is_foreign in found if not is_foreign]
+                                   + ([combine(foreign)] if foreign else [])))
 
 
 def _option_hints(parser) -> dict[str, tuple[Any, Any]]:
@@ -310,7 +332,7 @@ def load_run_config(data: Mapping[str, Any], path: str | os.PathLike, parser, se
     owners = {k: ("trainer" if owner == "TrainerConfig" else "algorithm") for k, (owner, _, _) in settable.items()}
     moved = {**{k: f"put it under {sec}:" for k, sec in owners.items()},
              **{k: f"{why} (a top-level key)" for k, why in (reserved or {}).items()}}
-    out = {"options": {}, "trainer": {}, "algorithm": {}}
+    out, found = {"options": {}, "trainer": {}, "algorithm": {}}, []
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
         if key in SECTIONS:
@@ -318,7 +340,7 @@ def load_run_config(data: Mapping[str, Any], path: str | os.PathLike, parser, se
                 raise ValueError(f"{where}: {key} must be a mapping of fields to values, got {value!r}")
             known = {k: settable[k][1] for k, sec in owners.items() if sec == key}
             other = {k: f"it belongs in the {sec}: section" for k, sec in owners.items() if sec != key}
-            out[key] = check_fields(value, known, f"{where}: {key}", {**other, **(reserved or {})})
+            out[key] = check_fields(value, known, f"{where}: {key}", {**other, **(reserved or {})}, found)
         elif key in options:
             action, hint = options[key]
             out["options"][action.dest] = _check_option(where, key, action, hint, value)
@@ -326,6 +348,7 @@ def load_run_config(data: Mapping[str, Any], path: str | os.PathLike, parser, se
             raise ValueError(f"{where}: {raw_key!r} is not a top-level key: {moved[key]}")
         else:
             raise _unknown(where, raw_key, [*options, *SECTIONS], value=value, top=True)
+    _raise_found(found)
     return RunConfig(Path(path), **out)
 
 

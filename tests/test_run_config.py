@@ -120,6 +120,17 @@ def test_bad_config_files_are_one_line_naming_the_file(text, expected, tmp_path,
         assert piece in line, (piece, line)
 
 
+def test_unknown_and_foreign_keys_of_both_sections_are_one_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(experiments, "run", lambda *a, **k: pytest.fail("a bad file must fail before training"))
+    conf = _write(tmp_path / "bad.yaml", "preset: GRPO\ntrainer: {num_generations: 8, lrr: 1.0e-4}\n"
+                                         "algorithm: {clip_ratio_high: 0.28, eps_hihg: 0.3}\n")
+    assert cli.main(["--config", conf, "--out", str(tmp_path / "r.json")]) == 2
+    line = _error(capsys)
+    for piece in ("trainer: unknown key 'lrr'", "algorithm: unknown key 'eps_hihg'", "group_size: 8 under trainer:",
+                  "eps_high: 0.28 under algorithm:", "2 keys here are TRL / verl names"):
+        assert piece in line, (piece, line)
+
+
 def test_a_missing_config_file(tmp_path, capsys):
     assert cli.main(["--config", str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml: no such file" in _error(capsys)
