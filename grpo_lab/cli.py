@@ -67,8 +67,10 @@ Errors: a user mistake (an unknown preset, task, profile or ``--set`` key, a val
 type or out of range, a model that does not exist, an output path that cannot be written or a file
 that exists, an ``--import`` that fails; in general a ``ValueError`` or ``OSError`` from the package)
 prints one line ``PROG: error: ...`` on stderr and exits with status 2; any other exception prints
-one line and exits with status 1; Ctrl-C exits with status 130. ``--debug`` prints the traceback as
-well.
+one line and exits with status 1; Ctrl-C exits with status 130, after printing the results file and the
+command that resumes the run. ``--debug`` prints the traceback as well. A Python warning (a preset's
+departure, ``NoLearningSignalWarning``, an ``--approximate`` export's differences) prints as one line
+``PROG: warning: Category: message``.
 
 With ``--model``, one warning line on stderr when the model's tokenizer maps a character of
 the task's first test prompts to its unknown token (a tokenizer that cannot read the task).
