@@ -206,7 +206,7 @@ def check_fields(values: Mapping[str, Any], known: Mapping[str, Any], where: str
             unknown key found here gets that reason instead of a did-you-mean.
         found: None (the default: raise for this section's keys), or a list to which every unknown or TRL / verl
             key is appended as ``(key, message, is_foreign)`` instead, for one error over several sections
-            (:func:`_raise_found`).
+            (``_raise_found``).
 
     Raises:
         ValueError: an unknown key (naming it, the closest known key and every known key); TRL / verl option
