@@ -25,6 +25,29 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def user_modules(monkeypatch):
+    """A clean slate for user files a test imports (``--import FILE``, ``importlib``): ``sys.path``, the task
+    registry and the preset registry are put back afterwards, and every module imported during the test from
+    outside the environment and the package is dropped from ``sys.modules``."""
+    from grpo_lab import algorithms as algorithms_mod
+    from grpo_lab import tasks as tasks_mod
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    registries = [tasks_mod.TASKS, algorithms_mod.PRESETS]  # restored in place: modules hold references to them
+    saved = [dict(r) for r in registries]
+    before = set(sys.modules)
+    yield
+    for registry, contents in zip(registries, saved):
+        registry.clear()
+        registry.update(contents)
+    keep = (str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve()), str(Path(__file__).parents[1] / "grpo_lab"))
+    for name in set(sys.modules) - before:
+        path = getattr(sys.modules[name], "__file__", None)
+        if path and not str(Path(path).resolve()).startswith(keep):
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="session")
 def tok():
     return build_char_tokenizer()

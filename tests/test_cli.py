@@ -501,21 +501,6 @@ class UserTask(ArithmeticTask):
 '''
 
 
-@pytest.fixture
-def user_modules(monkeypatch):
-    """A clean slate for modules a test imports: sys.path, sys.modules and the task registry are put
-    back afterwards."""
-    from grpo_lab import tasks as tasks_mod
-
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(tasks_mod, "TASKS", dict(tasks_mod.TASKS))
-    before = set(sys.modules)
-    yield
-    for name in set(sys.modules) - before:
-        if name.startswith("cli_user_"):
-            del sys.modules[name]
-
-
 def test_import_a_task_file_makes_it_a_task_choice(user_modules, fake_run, tmp_path, capsys):
     # found by a fresh user: --task only accepted the shipped tasks
     mod = tmp_path / "mods" / "cli_user_sort.py"

@@ -78,6 +78,12 @@ def _id(args: list[str]) -> str:
     return " ".join(args)[:60]
 
 
+@pytest.fixture(autouse=True)
+def _clean_registries(user_modules):
+    """The own-task line imports book/examples/reverse_task.py, which registers the task 'reverse': undone after
+    each test (the fresh-clone CI failed when later tests found it registered)."""
+
+
 def _scratch(tmp_path: Path, monkeypatch) -> Path:
     (tmp_path / "book").symlink_to(ROOT / "book")
     (tmp_path / "run.yaml").write_text(_run_yaml(TEXT))
