@@ -14,7 +14,15 @@ fails when
 * MathJax or one of its fonts was loaded from anywhere but the build, or a font failed to load,
 * an image did not load (``naturalWidth == 0``),
 * the browser console logged an error (failed loads included), except the one upstream message
-  in ``KNOWN_CONSOLE_ERRORS``.
+  in ``KNOWN_CONSOLE_ERRORS``,
+* a visible line of text looks like a raw Markdown pipe table (``| a | b |`` or ``|---|``): a
+  table printed as text instead of rendered (the scale-out page's tables, while myst-nb rendered
+  ``text/markdown`` outputs as CommonMark, which has no tables),
+* a display equation is wider than its column (at the 1280 px desktop width): its box extends past
+  the MathJax container or the column, or under its equation number, or it needs scrolling to be
+  read (wide equations were cut at the column's edge, beside their number, in chapters 1-6).
+  ``book/_static/math_fit.js`` fits them; at 800 px (``test_wide_equations_at_a_narrow_width``) an
+  equation may instead scroll inside its own box, but never overlap its number or leave the column.
 
 Chromium is driven by Selenium through Debian's ``chromedriver`` (packages ``chromium`` and
 ``chromium-driver``; ``.ci/run`` installs them). Without them the tests skip, except under CI
@@ -50,8 +58,51 @@ KNOWN_CONSOLE_ERRORS = (re.compile(r"Uncaught SyntaxError: Identifier 'THEBE_JS_
 #: Seconds for a page to load and for MathJax to typeset it (each takes ~1 s on 2 cores).
 PAGE_TIMEOUT_S = 60
 
+#: Page functions shared by the checks below (defined in the page before the checks run).
+_PAGE_FUNCTIONS_JS = r"""
+// Visible lines of text that look like a raw Markdown pipe table: a row `| a | b |` (two cells or
+// more) or a delimiter row `|---|` / `|:--|`. innerText is what a reader sees (hidden and
+// collapsed elements excluded); a rendered table's cells come out tab-separated, without pipes.
+function pipeTableLines() {
+  const root = document.querySelector("main") || document.body;
+  const row = /^\s*\|[^|\n]*[^|\s\\][^|\n]*\|[^|\n]*\|/, rule = /^\s*\|?\s*:?-{3,}:?\s*\|/;
+  return root.innerText.split("\n").filter((l) => row.test(l) || rule.test(l)).map((l) => l.trim().slice(0, 100));
+}
+// Each display equation's geometry: its rendered math (mjx-math) against its MathJax container,
+// its div.math (the column's width) and its number (span.eqno).
+function displayMathBoxes() {
+  const out = [];
+  for (const div of document.querySelectorAll("div.math")) {
+    const box = div.querySelector('mjx-container[display="true"]');
+    const math = box && box.querySelector("mjx-math");
+    if (!math) continue;
+    const R = (el) => el.getBoundingClientRect();
+    const d = R(div), b = R(box), m = R(math), number = div.querySelector(".eqno");
+    const column = div.parentElement ? R(div.parentElement) : d;
+    const style = getComputedStyle(box);
+    const scrolls = ["auto", "scroll"].includes(style.overflowX) && box.scrollWidth > box.clientWidth + 1;
+    // the part of the math a reader sees: clipped by a scrolling container
+    const left = scrolls ? Math.max(m.left, b.left) : m.left, right = scrolls ? Math.min(m.right, b.right) : m.right;
+    let overlap = 0;
+    if (number) {
+      const n = R(number);
+      const dx = Math.min(right, n.right) - Math.max(left, n.left), dy = Math.min(m.bottom, n.bottom) - Math.max(m.top, n.top);
+      overlap = dx > 1 && dy > 1 ? Math.round(dx) : 0;
+    }
+    out.push({
+      id: div.id || box.textContent.slice(0, 40),
+      math_width: Math.round(m.width), box_width: box.clientWidth,
+      fits: m.left >= b.left - 1 && m.right <= b.right + 1 && box.scrollWidth <= box.clientWidth + 1,
+      in_column: b.left >= column.left - 1 && b.right <= column.right + 1 && d.right <= column.right + 1,
+      scrolls, overlap,
+    });
+  }
+  return out;
+}
+"""
+
 #: Run in the page after load: waits for MathJax and fonts, then reports what the test checks.
-_INSPECT_JS = r"""
+_INSPECT_JS = _PAGE_FUNCTIONS_JS + r"""
 const done = arguments[arguments.length - 1];
 (async () => {
   const out = {};
@@ -65,6 +116,7 @@ const done = arguments[arguments.length - 1];
   } catch (e) {
     out.mathjax_error = "MathJax.startup.promise rejected: " + e;
   }
+  if (window.bookMathFit) await window.bookMathFit;  // book/_static/math_fit.js
   for (const img of document.images) img.loading = "eager";
   await Promise.all([...document.images].map((img) => img.decode().catch(() => null)));
   await document.fonts.ready;
@@ -93,6 +145,8 @@ const done = arguments[arguments.length - 1];
   out.mathjax_scripts = [...document.scripts].map((s) => s.src).filter((s) => /mathjax/i.test(s));
   out.fonts = [...document.fonts].map((f) => [f.family, f.status]);
   out.mathjax_resources = performance.getEntriesByType("resource").map((r) => r.name).filter((u) => /mathjax/i.test(u));
+  out.pipe_tables = pipeTableLines();
+  out.display_math = displayMathBoxes();
   done(out);
 })().catch((e) => done({script_error: String(e && e.stack || e)}));
 """
@@ -320,7 +374,56 @@ def test_page_renders_offline(browser, html_dir: Path, page: str):
         problems.append(f"images that did not load: {report['broken_images']}")
     if errors:
         problems.append("console errors:\n    " + "\n    ".join(errors))
+    if report["pipe_tables"]:
+        lines = report["pipe_tables"]
+        problems.append(f"{len(lines)} lines of raw Markdown pipe table (not rendered as a table), e.g. {lines[:3]}")
+    wide = [_describe(eq) for eq in report["display_math"] if not (eq["fits"] and eq["in_column"]) or eq["overlap"]]
+    if wide:
+        problems.append(f"{len(wide)} display equations wider than their column at 1280 px: {wide[:6]}")
     assert not problems, f"{page}.html (opened offline, {elapsed:.1f} s):\n  " + "\n  ".join(problems)
+
+
+def _describe(eq: dict) -> str:
+    what = "fits" if eq["fits"] else ("cut, scrolls" if eq["scrolls"] else "cut")
+    extra = "" if eq["in_column"] else ", past the column"
+    extra += f", {eq['overlap']} px under its number" if eq["overlap"] else ""
+    return f"{eq['id']} ({eq['math_width']} px in {eq['box_width']} px: {what}{extra})"
+
+
+#: A narrow window (a small laptop or a tablet): the chapters' wide equations may scroll there.
+NARROW_WIDTH = 800
+
+
+def test_wide_equations_at_a_narrow_width(browser, html_dir: Path):
+    """At 800 px every display equation of the chapters fits or scrolls inside its own box: none is cut
+    without a way to read it, extends past the column, or runs under its number."""
+    size = browser.get_window_size()
+    browser.set_window_size(NARROW_WIDTH, size["height"])
+    problems, checked = [], 0
+    try:
+        for page in _numbered_chapters():
+            browser.get((html_dir / f"{page}.html").as_uri())
+            boxes = browser.execute_async_script(
+                _PAGE_FUNCTIONS_JS
+                + """
+                const done = arguments[arguments.length - 1];
+                (async () => {
+                  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+                  await document.fonts.ready;
+                  if (window.bookMathFit) await window.bookMathFit;
+                  done(displayMathBoxes());
+                })().catch((e) => done({script_error: String(e)}));
+                """
+            )
+            assert isinstance(boxes, list), boxes
+            checked += len(boxes)
+            bad = [_describe(eq) for eq in boxes if not eq["in_column"] or eq["overlap"] or not (eq["fits"] or eq["scrolls"])]
+            if bad:
+                problems.append(f"{page}.html: {bad[:6]}")
+    finally:
+        browser.set_window_size(size["width"], size["height"])
+    assert checked > 10, f"only {checked} display equations found in the chapters"
+    assert not problems, f"display equations at {NARROW_WIDTH} px:\n  " + "\n  ".join(problems)
 
 
 # ---------------------------------------------------------------------------- numbering
