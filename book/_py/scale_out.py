@@ -78,8 +78,10 @@ book.setup_notebook(seed=0)
 
 
 def table(df: pd.DataFrame) -> Markdown:
-    """A DataFrame as a Markdown table (the book renders it; nbval compares its text)."""
-    return Markdown(df.to_markdown(index=False))
+    """A DataFrame as a Markdown table, rendered as a table by the book (GitHub-flavoured Markdown,
+    `nb_render_markdown_format` in _config.yml). A `|` in a cell (`1/|o_i|`) is escaped, else it
+    would end the cell there and cut the rest of the row."""
+    return Markdown(df.astype(str).replace(r"\|", r"\\|", regex=True).to_markdown(index=False))
 
 
 # %% [markdown]
