@@ -19,8 +19,13 @@
 # `grpo_lab` trains on one device. Past a few billion parameters you move to
 # [verl](https://github.com/volcengine/verl) (Ray, many GPUs and nodes) or
 # [TRL](https://github.com/huggingface/trl) (accelerate, DeepSpeed). Both implement GRPO, DAPO,
-# Dr.GRPO, GSPO, CISPO and SAPO under those names (verl GMPO, KL-Cov and Clip-Cov as well, and
-# it selects their tokens per micro-batch, not per minibatch), and both compute, given the same settings, exactly
+# Dr.GRPO, GSPO, CISPO and SAPO (verl GMPO, KL-Cov and Clip-Cov as well, and it selects their
+# tokens per micro-batch, not per minibatch), some under their names and some as combinations of
+# settings: CISPO and SAPO are a loss name in both, GSPO is verl's `loss_mode=gspo` but TRL's
+# `importance_sampling_level="sequence"`, Dr.GRPO is an aggregation plus an unscaled advantage in
+# both (TRL's `loss_type="dr_grpo"` with `scale_rewards="none"`), and DAPO's parts are separate
+# settings (dynamic sampling exists only in verl); the translation table below has each. Both
+# compute, given the same settings, exactly
 # what `grpo_lab` computes: on identical float64 batches their own loss code and
 # {py:func}`grpo_lab.objectives.policy_loss` agree to within $10^{-16}$ in loss and gradient
 # (`tests/test_xcheck_trl.py`, `tests/test_xcheck_verl.py`, run by `make xcheck`). But their
