@@ -404,18 +404,36 @@ print("value loss, clipped at 0.2: max of the clipped and unclipped squared erro
 # %% [markdown]
 # ## 6.7 Value pretraining, and which critic
 #
-# PPO's critic was initialised from the reward model, and VAPO (§4.1) traces the early collapse of
-# vanilla PPO to it: a reward model is trained to score a *finished* response at its last token, so
-# at earlier tokens it outputs values biased upwards, and the advantages start wrong. VAPO's fix is
-# to *pretrain* the critic before any policy update: sample from the fixed initial policy, fit the
-# critic to the Monte-Carlo returns (the $\lambda=1$ targets of §6.3) until the value loss and the
-# explained variance are good, save it and reuse it (50 steps in the paper).
+# PPO's critic was initialised from the reward model, and VAPO (§4.1, after VC-PPO) traces the early
+# collapse of vanilla PPO to it. A reward model is trained to score a *finished* response at its
+# <EOS> token; at earlier tokens, whose context is incomplete, it gives *lower* scores. So the
+# initial values are biased *low* early in the response, and GAE's backward recursion turns that
+# into a *positive* bias of the advantage at every timestep: every token of every response is
+# pushed up. The direction follows from {eq}`eq-vapo-recursion`: lowering every value by $b$ leaves
+# each intermediate $\delta_t=V(s_{t+1})-V(s_t)$ unchanged and raises only the last one,
+# $R-V(s_{L-1})$, by $b$, so the advantage of token $t$ rises by $\lambda^{n-1}b>0$ ($n=L-t$
+# tokens left); the cell below asserts it. VAPO's fix is to *pretrain* the critic before any policy
+# update: sample from the fixed initial policy, fit the critic to the Monte-Carlo returns (the
+# $\lambda=1$ targets of §6.3) until the value loss and the explained variance are good, save it and
+# reuse it (50 steps in the paper).
 #
 # We have no reward model. An untrained critic here is a scalar head that starts at zero, so it
-# predicts $V=0$ everywhere: a pessimistic bias on a task the base policy solves
-# {glue:text}`vapo_base_acc` of the time. `Trainer.pretrain_value` does VAPO's procedure: each
+# predicts $V=0$ everywhere: a bias in the paper's direction (too low everywhere, by the success
+# rate), on a task the base policy solves {glue:text}`vapo_base_acc` of the time, and so a positive
+# advantage bias at every token. `Trainer.pretrain_value` does VAPO's procedure: each
 # step collects a batch from the frozen policy, scores the critic on it *before* fitting (so the
 # explained variance is measured on samples it has not seen), then fits it.
+
+# %%
+b_low = 0.3  # values biased low by b at every token (the reward-model initialisation of VAPO §4.1)
+n_left = (lengths_ex[:, None] - torch.arange(T)[None, :]).clamp(min=1).double()  # tokens left, n = L - t
+r_end = outcome_token_rewards(torch.tensor([1.0, 0.0, 1.0]), mask_ex).double()
+for lam_b in (0.0, 0.7, 0.95, 1.0):
+    bias = gae(r_end, (V_ex - b_low) * mask_ex, mask_ex, lam=lam_b)[0] - gae(r_end, V_ex, mask_ex, lam=lam_b)[0]
+    assert torch.allclose(bias.double(), b_low * lam_b ** (n_left - 1) * mask_ex, atol=1e-6)  # lambda^(n-1) b
+    assert (bias[mask_ex.bool()] >= 0).all() and bias[mask_ex.bool()].sum() > 0  # positive, never negative
+print("values biased low by b -> every token's GAE advantage rises by lambda^(n-1) b >= 0 (asserted for "
+      "lambda = 0, 0.7, 0.95, 1)")
 #
 # **Which critic.** Two designs, measured with the same pretraining (seed 0,
 # {glue:text}`vapo_pretrain_steps` steps of {glue:text}`vapo_rows` responses, critic learning rate
