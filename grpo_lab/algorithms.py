@@ -817,7 +817,12 @@ PPO = GRPO.replace(
 #:   thousands of tokens long: it is 0 for every response of at most 20 tokens (chapter 6 uses
 #:   ``VAPO.replace(lam_alpha=...)`` sized for its short answers);
 #: * *Clip-Higher*, Eq. 8: ``eps_low = 0.2``, ``eps_high = 0.28``;
-#: * *token-level loss*, Eq. 7: ``1 / sum_i |o_i|`` over the batch (``"token_mean"``);
+#: * *token-level loss*, Eq. 7: ``1 / sum_i |o_i|`` over the batch (``"token_mean"``). Eq. 7 writes the
+#:   sum over a group, ``sum_{i=1}^G |o_i|``, the form of DAPO's Eq. 12, which the ``DAPO`` preset takes
+#:   as written (``"group_token_mean"``); this preset keeps the batch-wide normaliser of verl's and
+#:   TRL's token-mean losses. The two weigh the tokens of a group alike and differ only in how groups
+#:   weigh each other (by their token counts, or equally). ``VAPO.replace(aggregation="group_token_mean")``
+#:   is Eq. 7 as written (chapter 6, §6.5);
 #: * *positive-example LM loss*, Eqs. 9-10: ``nll_coef = mu = 0.1``.
 #:
 #: Not in the preset, because they are not the loss: *Value-Pretraining* (§4.1, 50 steps from the
