@@ -716,7 +716,10 @@ DR_GRPO = GRPO.replace(
 #:   floor; a floor of ``1 - 1 = 0`` never binds because ``r > 0``;
 #: * ``eps_high = 0.28``: **our choice** -- the paper tunes only ``eps^IS_high`` and does not
 #:   report its value. 0.28 is DAPO's clip-higher, so that CISPO and DAPO bound the ratio at the
-#:   same place and differ only in what happens beyond it (capped weight against dropped token).
+#:   same place and differ in what happens beyond it (capped weight against dropped token) -- and
+#:   in DAPO's overlong filter, off here (below), which acts only on truncated responses: the two
+#:   presets are a one-axis comparison only where (almost) no response is truncated (chapter 5
+#:   measures it).
 #:   The anchors spell the cap differently: TRL caps the ratio at an *absolute* ``epsilon_high``
 #:   (its documentation recommends 5.0), verl clips two-sided and relative (0.8 / 1.2 unless
 #:   ``clip_ratio_low=1.0`` removes the floor); this preset is TRL's ``epsilon_high=1.28``;
