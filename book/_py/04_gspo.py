@@ -773,13 +773,19 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # engine and the trainer well enough that the engine's log-likelihoods might be used directly
 # (§5.4; chapter 5 measures that mismatch), and its gains contributed to the later Qwen3 models.
 #
-# **Other implementations.** TRL computes the sequence ratio with `importance_sampling_level=
-# "sequence"` (exp of the masked mean log-ratio) and GSPO-token as `"sequence_token"` in its
-# experimental trainer; verl's `gspo` loss is the GSPO-token form, with the log-ratio clamped before
-# the exponential; OpenRLHF forces a per-sample mean aggregation for it. A common bug in
-# re-implementations broadcasts the $[B]$ sequence loss against the token mask and then takes a
-# token mean, which weights each response by its length; `grpo_lab` takes the mean over a row's
-# tokens first (`seq_mean_token_mean`), which is Eq. 5 exactly (§4.2).
+# **Other implementations.** TRL 1.16.0 (the version {ref}`the scale-out page <sec-scale-out>` pins)
+# computes the sequence ratio with `importance_sampling_level="sequence"` (exp of the masked mean
+# log-ratio); it has no GSPO-token: `GRPOTrainer` accepts only `"token"` and `"sequence"` there, and
+# the experimental GSPO-token trainer that TRL's main branch once carried is not in that release.
+# TRL also warns that a sequence-level ratio combined with `loss_type` `dapo`, `bnpo`, `dr_grpo` or
+# `cispo` "effectively weight[s] each sequence by its completion length". verl's `gspo` loss is the
+# GSPO-token form, with the log-ratio clamped before the exponential, and verl 0.9.1 aggregates it
+# with its default `loss_agg_mode: token-mean`, which its own source notes differs from the paper:
+# that is the common bug below, shipped as a default (set `seq-mean-token-mean` to get Eq. 5).
+# OpenRLHF forces a per-sample mean aggregation for it. The bug: broadcast the $[B]$ sequence loss
+# against the token mask and take a token mean, which weights each response by its length;
+# `grpo_lab` takes the mean over a row's tokens first (`seq_mean_token_mean`), which is Eq. 5
+# exactly (§4.2).
 
 # %% [markdown]
 # **GSM8K on a GPU.** With `PROFILE = "gpu"` in the parameters cell, the next cell trains GRPO and
