@@ -18,9 +18,10 @@ What each chapter contributes (everything its ``experiments.run`` / ``run_grid``
 * ``03_dr_grpo``: GRPO (β = 0), Dr.GRPO and DeepSeek-V3.2 (β 0.01, δ 0.02, ε 0.2) on the filler
   profile (``arithmetic-filler-base``, budget 64, 20 steps, evaluation every 10).
 * ``04_gspo``: §4.1's probe (one rollout of 64 questions, four GRPO updates) that sizes the matched
-  range, then the dense grid GRPO / GSPO / GSPO (matched range) and the MoE grid (GRPO, GRPO +
-  Routing Replay, GSPO, GRPO with one update per rollout) on ``arithmetic-moe-base``; 10 steps,
-  four minibatches, evaluation every 5.
+  range, then the dense grid GRPO / GSPO / GSPO (matched range) (four minibatches), the MoE grid
+  (GRPO, GRPO + Routing Replay, GSPO, GRPO with one update per rollout) on ``arithmetic-moe-base``
+  and GRPO on the dense policy, both at 16 minibatches and learning rate 1e-4; 10 steps, evaluation
+  every 5.
 * ``05_cispo``: GRPO / DAPO / CISPO, 16 steps, four minibatches at half the learning rate,
   evaluation every 2.
 * ``06_vapo``: §6.7's value pretraining (16 steps, ``policy`` and ``scratch`` critics; the
@@ -184,10 +185,14 @@ def chapter_04(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     moe_prof = dataclasses.replace(prof, name=f"{prof.name}-moe", base="arithmetic-moe-base")
     grpo_rr = grpo_nokl.replace(name="GRPO + routing replay")
     grpo_on = grpo_nokl.replace(name="GRPO, one update per rollout")
+    moe_mb, moe_lr = 16, 1e-4
     moe = experiments.run_grid([grpo_nokl, grpo_rr, GSPO, grpo_on], profile=moe_prof, seeds=seeds, n_jobs=n_jobs,
-                               steps=steps, cache=False, minibatches=updates, eval_every=eval_every,
+                               steps=steps, cache=False, minibatches=moe_mb, lr=moe_lr, eval_every=eval_every,
                                overrides={grpo_rr.name: {"routing_replay": True}, grpo_on.name: {"minibatches": 1}})
-    return _frames(dense) + [h.assign(algo="MoE: " + h["algo"]) for h in _frames(moe)]
+    dense16 = experiments.run_grid([grpo_nokl], profile="cpu", seeds=seeds, n_jobs=n_jobs, steps=steps, cache=False,
+                                   minibatches=moe_mb, lr=moe_lr, eval_every=eval_every)
+    return (_frames(dense) + [h.assign(algo="MoE: " + h["algo"]) for h in _frames(moe)]
+            + [h.assign(algo="dense, 16 minibatches: " + h["algo"]) for h in _frames(dense16)])
 
 
 def chapter_05(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
