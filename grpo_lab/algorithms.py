@@ -844,8 +844,11 @@ VAPO = PPO.replace(
 #: Reinforcement Pre-Training, RPT, of Dong et al. (arXiv 2506.08007) is GRPO on next-token reasoning
 #: with the prefix-matching reward (Eq. 3, :func:`grpo_lab.rewards.prefix_match_reward`, through
 #: :class:`grpo_lab.tasks.NextTokenTask`), and the objective of Eq. 4, pure expected reward: **no KL**
-#: (§3.3 / App. B: KL coefficient 0) and **no language-modelling term**. The clip is 0.2, as in App. B;
-#: the loss aggregation is not stated (the paper trains with verl, whose default is a token mean),
+#: (§3.3 / App. B: KL coefficient 0) and **no language-modelling term**. App. B (Table 5) lists an "actor
+#: gradient clip 0.2" with the PPO mini-batch equal to the batch of 256, i.e. exact on-policy updates, where a
+#: ratio clip never binds: it may be the gradient-norm clip, which the paper does not say. The preset keeps
+#: GRPO's ratio clip 0.2 (inactive with one update per batch) and the trainer's gradient-norm clip
+#: (``TrainerConfig.grad_clip``, 1.0). The loss aggregation is not stated (the paper trains with verl, whose default is a token mean),
 #: so the preset keeps GRPO's. The sampling settings of App. B, G = 8 and temperature 0.8, are
 #: trainer settings: :data:`RPT_SAMPLING`.
 RPT = GRPO.replace(name="RPT", kl=None, beta=0.0)

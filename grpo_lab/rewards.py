@@ -189,7 +189,7 @@ def self_verification_reward(r_format, r_y, r_z, *, alpha: float = 0.76, beta: f
 
 
 def prefix_match_reward(prediction: str, reference_tokens: Sequence[str]) -> float:
-    """RPT's prefix-matching reward (Dong et al., arXiv 2506.08007, §3.1, Eq. 3)::
+    """RPT's prefix-matching reward (Dong et al., arXiv 2506.08007, §3.2, Eq. 3)::
 
         r = 1  if  bytes(y)[0:l] == bytes(x_{>=t})[0:l]  and  l in L_gt,      r = 0 otherwise,
 

@@ -344,7 +344,7 @@ def tokenizer_sha256(tokenizer) -> str:
 
 @dataclass
 class NextTokenTask:
-    """Next-token reasoning with RPT's prefix-matching reward (arXiv 2506.08007, §3.1, Eq. 3).
+    """Next-token reasoning (arXiv 2506.08007, §3.1) with RPT's prefix-matching reward (§3.2, Eq. 3).
 
     Each problem is a position ``t`` of the corpus: the prompt is the ``context_tokens`` tokens
     before it plus ``<think>``, and a completion is rewarded 1.0 when its prediction (after
