@@ -904,6 +904,8 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # `clip_frac` in the stored history) before any speed claim.
 
 # %%
+from IPython.display import Markdown
+
 from grpo_lab.memory_model import QWEN25_05B_CONFIG, RunShape, predict_memory
 
 GPU_ALGOS = [DAPO, CISPO]
@@ -916,7 +918,7 @@ mem = predict_memory(QWEN25_05B_CONFIG, RunShape(rows=128, prompt_len=256, max_n
                                                  autocast="bfloat16", kl_reference=False))
 print(f"Qwen2.5-0.5B, 128 rows, 16 minibatches of 8, no KL reference: predicted peak "
       f"{mem.peak / 2**30:.1f} GiB ({mem.peak_phase}); phases in GiB:")
-print(mem.table())
+display(Markdown(mem.table()))  # a Markdown table, rendered as a table in the book
 if PROFILE == "gpu":
     experiments.run_chapter_gpu("05_cispo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
                                 profile=gpu_prof)
