@@ -33,6 +33,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import platform
@@ -350,8 +351,9 @@ CARDS = {"T4 (16 GB, float16)": (int(14.75 * 2**30), "float16"), "L4 (24 GB)": (
 
 def chapter_runs() -> dict:
     """``{chapter: (algorithm names, kl_reference, critic, max_new_tokens, rows per minibatch)}`` of the
-    chapters' GPU cells: ``GPU_ALGOS`` read from the twins in ``book/_py``, the presets' KL term and
-    value baseline, chapter 7's 256-token budget and single minibatch (rpt_gpu_profile)."""
+    chapters' GPU cells: ``GPU_ALGOS`` read from the twins in ``book/_py`` (presets, or presets changed by
+    ``.replace`` in the twin), the algorithms' KL term and value baseline, the twin's ``GPU_MINIBATCHES``
+    (else the GPU profile's 2), chapter 7's 256-token budget and single minibatch (rpt_gpu_profile)."""
     import ast
 
     from grpo_lab import algorithms
@@ -359,18 +361,33 @@ def chapter_runs() -> dict:
 
     out = {}
     for twin in sorted((ROOT / "book" / "_py").glob("0*.py")):
-        names = None
-        for node in ast.walk(ast.parse(twin.read_text())):
-            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "GPU_ALGOS":
-                names = [e.id for e in node.value.elts]
-        if names is None:
+        assigns = {node.targets[0].id: node.value for node in ast.parse(twin.read_text()).body
+                   if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+        if "GPU_ALGOS" not in assigns:
             continue
-        algos = [getattr(algorithms, n) for n in names]
+        names = [e.id for e in assigns["GPU_ALGOS"].elts]
+        algos = [_twin_algorithm(n, assigns, algorithms) for n in names]
         rpt = twin.stem == "07_rpt"
+        minibatches = _twin_int(assigns["GPU_MINIBATCHES"], assigns) if "GPU_MINIBATCHES" in assigns else 2
         out[twin.stem] = (names, any(a.uses_kl for a in algos),
                           any(a.advantage in VALUE_BASELINE_ESTIMATORS for a in algos), 256 if rpt else 512,
-                          128 if rpt else 64)
+                          128 if rpt else 128 // minibatches)
     return out
+
+
+def _twin_algorithm(name: str, assigns: dict, algorithms):
+    """A ``GPU_ALGOS`` entry of a twin: a preset, or ``NAME = PRESET.replace(key=literal, ...)`` defined in the twin
+    (chapter 4's GRPO without KL); the literals read with ``ast.literal_eval``, nothing executed."""
+    if hasattr(algorithms, name):
+        return getattr(algorithms, name)
+    call = assigns[name]
+    base = _twin_algorithm(call.func.value.id, assigns, algorithms)
+    return base.replace(**{k.arg: ast.literal_eval(k.value) for k in call.keywords})
+
+
+def _twin_int(node, assigns: dict) -> int:
+    """An int a twin assigns, directly or through another module-level name (``GPU_MINIBATCHES = UPDATES``)."""
+    return _twin_int(assigns[node.id], assigns) if isinstance(node, ast.Name) else int(ast.literal_eval(node))
 
 
 def _fit_cell(total: int, autocast: str, kl: bool, critic: bool, new: int, max_micro: int) -> str:
