@@ -365,8 +365,8 @@ def chapter_runs() -> dict:
                    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
         if "GPU_ALGOS" not in assigns:
             continue
-        names = [e.id for e in assigns["GPU_ALGOS"].elts]
-        algos = [_twin_algorithm(n, assigns, algorithms) for n in names]
+        algos = [_twin_algorithm(e.id, assigns, algorithms) for e in assigns["GPU_ALGOS"].elts]
+        names = [_shown_name(e.id, assigns) for e in assigns["GPU_ALGOS"].elts]
         rpt = twin.stem == "07_rpt"
         minibatches = _twin_int(assigns["GPU_MINIBATCHES"], assigns) if "GPU_MINIBATCHES" in assigns else 2
         out[twin.stem] = (names, any(a.uses_kl for a in algos),
@@ -383,6 +383,19 @@ def _twin_algorithm(name: str, assigns: dict, algorithms):
     call = assigns[name]
     base = _twin_algorithm(call.func.value.id, assigns, algorithms)
     return base.replace(**{k.arg: ast.literal_eval(k.value) for k in call.keywords})
+
+
+def _shown_name(name: str, assigns: dict) -> str:
+    """How the README names a ``GPU_ALGOS`` entry: a preset by its name; a twin's ``PRESET.replace(...)`` as
+    the preset with its changed fields (``GRPO (kl=None, beta=0.0, eps_high=0.27)``), not the twin's
+    chapter-local variable."""
+    if name not in assigns:
+        from grpo_lab import algorithms
+
+        return getattr(algorithms, name).name
+    call = assigns[name]
+    changed = ", ".join(f"{k.arg}={ast.literal_eval(k.value)!r}".replace("'", "") for k in call.keywords if k.arg != "name")
+    return f"{_shown_name(call.func.value.id, assigns)} ({changed})"
 
 
 def _twin_int(node, assigns: dict) -> int:
@@ -409,12 +422,12 @@ def _fit_cell(total: int, autocast: str, kl: bool, critic: bool, new: int, max_m
 def readme_table() -> str:
     """The README's GPU fit table: per chapter and card, the micro-batch and evaluation batch the
     memory model lets fit (Qwen2.5-0.5B, 128 rows, prompts of 256 tokens, evaluation batches up to the
-    profile's 64), predicted, not measured."""
-    head = "| chapter | algorithms | " + " | ".join(CARDS) + " |"
-    rows = [head, "|" + "---|" * (2 + len(CARDS))]
+    profile's 64; a micro-batch at most a minibatch), predicted, not measured."""
+    head = "| chapter | algorithms | minibatches per rollout | " + " | ".join(CARDS) + " |"
+    rows = [head, "|" + "---|" * (3 + len(CARDS))]
     for ch, (names, kl, critic, new, max_micro) in chapter_runs().items():
         cells = [_fit_cell(total, ac, kl, critic, new, max_micro) for total, ac in CARDS.values()]
-        rows.append(f"| `{ch}` | {', '.join(names)} | " + " | ".join(cells) + " |")
+        rows.append(f"| `{ch}` | {', '.join(names)} | {128 // max_micro} of {max_micro} rows | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
