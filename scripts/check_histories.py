@@ -19,16 +19,18 @@ What each chapter contributes (everything its ``experiments.run`` / ``run_grid``
   profile (``arithmetic-filler-base``, budget 64, 20 steps, evaluation every 10).
 * ``04_gspo``: §4.1's probe (one rollout of 64 questions, four GRPO updates) that sizes the matched
   range, then the dense grid GRPO / GSPO / GSPO (matched range) (four minibatches), the MoE grid
-  (GRPO, GRPO + Routing Replay, GSPO, GRPO with one update per rollout) on ``arithmetic-moe-base``
+  (GRPO, GRPO + Routing Replay, GRPO with one update per rollout) on ``arithmetic-moe-base``
   and GRPO on the dense policy, both at 16 minibatches and learning rate 1e-4; 10 steps, evaluation
   every 5.
-* ``05_cispo``: GRPO / DAPO / CISPO, 16 steps, four minibatches at half the learning rate,
-  evaluation every 2.
+* ``05_cispo``: DAPO / CISPO / CISPO with Eq. 7's mask, 6 steps at 16 minibatches per rollout,
+  learning rate 1e-4, evaluation every 2 (§5.5; §5.4's thirty-seed rare-token runs are by hand on a
+  ``Trainer``, not covered).
 * ``06_vapo``: §6.7's value pretraining (16 steps, ``policy`` and ``scratch`` critics; the
-  ``policy`` one is saved to a temporary directory and loaded by the grid), then the nine ablation
-  rows plus GRPO and DAPO, 8 steps, 8 questions per step, evaluation every 4.
-* ``07_rpt``: RPT and the RPT hybrid on the next-token task (``corpus-base``, 16 steps), and the
-  continued-NTP baseline at matched compute (its summaries and both evaluation frames).
+  ``policy`` one is saved to a temporary directory and loaded by the grid), then the six ablation
+  rows whose precondition holds, the critic's control (VAPO with group advantages), GRPO and DAPO,
+  8 steps, 8 questions per step, evaluation every 4.
+* ``07_rpt``: RPT and the RPT hybrid on the next-token task (``corpus-base``, 16 steps), RPT with
+  dynamic sampling (8 steps), and the continued-NTP baseline at matched compute (its summaries and both evaluation frames).
 
 Not covered: experiments a chapter runs by hand on a ``Trainer`` for a figure (chapter 3's drift
 recording, chapter 5's sixteen updates on one batch and its bfloat16 rollout, chapter 6's
@@ -186,7 +188,7 @@ def chapter_04(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     grpo_rr = grpo_nokl.replace(name="GRPO + routing replay")
     grpo_on = grpo_nokl.replace(name="GRPO, one update per rollout")
     moe_mb, moe_lr = 16, 1e-4
-    moe = experiments.run_grid([grpo_nokl, grpo_rr, GSPO, grpo_on], profile=moe_prof, seeds=seeds, n_jobs=n_jobs,
+    moe = experiments.run_grid([grpo_nokl, grpo_rr, grpo_on], profile=moe_prof, seeds=seeds, n_jobs=n_jobs,
                                steps=steps, cache=False, minibatches=moe_mb, lr=moe_lr, eval_every=eval_every,
                                overrides={grpo_rr.name: {"routing_replay": True}, grpo_on.name: {"minibatches": 1}})
     dense16 = experiments.run_grid([grpo_nokl], profile="cpu", seeds=seeds, n_jobs=n_jobs, steps=steps, cache=False,
@@ -196,13 +198,13 @@ def chapter_04(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
 
 
 def chapter_05(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
-    """§5.5's GRPO / DAPO / CISPO grid: 16 steps, twice the minibatches at half the learning rate."""
-    from grpo_lab.algorithms import CISPO, DAPO, GRPO
+    """§5.5's DAPO / CISPO / CISPO + Eq. 7's mask grid: 6 steps at 16 minibatches (the paper's 16
+    off-policy rounds), whole minibatches, learning rate 1e-4, evaluation every 2."""
+    from grpo_lab.algorithms import CISPO, DAPO
 
-    prof = experiments.get_profile("cpu")
-    grid = experiments.run_grid([GRPO, DAPO, CISPO], profile="cpu", seeds=seeds, n_jobs=n_jobs, steps=16,
-                                cache=False, minibatches=2 * prof.config.minibatches, lr=prof.config.lr / 2,
-                                eval_every=2)
+    cispo_mask = CISPO.replace(name="CISPO + mask", mask_eps_low=DAPO.eps_low, mask_eps_high=DAPO.eps_high)
+    grid = experiments.run_grid([DAPO, CISPO, cispo_mask], profile="cpu", seeds=seeds, n_jobs=n_jobs, steps=6,
+                                cache=False, minibatches=16, micro_batch_size=None, lr=1e-4, eval_every=2)
     return _frames(grid)
 
 
@@ -228,7 +230,8 @@ def _vapo_value_pretraining(vapo_ours, value_lr: float, critic_dir: Path) -> lis
 
 
 def chapter_06(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
-    """§6.7's value pretraining and §6.9's ablation grid (nine rows, GRPO, DAPO; 8 steps)."""
+    """§6.7's value pretraining and §6.9's ablation grid (the six rows whose precondition holds, the
+    critic's control, GRPO, DAPO; 8 steps)."""
     from grpo_lab.algorithms import DAPO, GRPO, PPO, VAPO
 
     profile = experiments.get_profile("cpu")
@@ -242,18 +245,16 @@ def chapter_06(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
         ablation = [
             PPO,
             vapo_ours.replace(name="w/o value pretraining"),
-            vapo_ours.replace(name="w/o decoupled GAE", critic_lam=None),
-            vapo_ours.replace(name="w/o length-adaptive GAE", lam_alpha=None),
             vapo_ours.replace(name="w/o clip-higher", eps_high=0.2),
-            vapo_ours.replace(name="w/o token-level loss", aggregation="seq_mean_token_mean"),
             vapo_ours.replace(name="w/o positive-example LM loss", nll_coef=0.0),
             vapo_ours.replace(name="w/o group sampling"),
             vapo_ours,
-        ]
+        ]  # the chapter's regime check drops the length-adaptive GAE, decoupled GAE and token-level loss rows
+        control = vapo_ours.replace(name="VAPO, group advantages", advantage="group")  # the critic's control
         overrides = {"PPO": {**no_groups, "value_init": "policy"}, "w/o value pretraining": {"value_init": "policy"},
                      "w/o group sampling": no_groups, "GRPO": {"value_init": "policy"},
-                     "DAPO": {"value_init": "policy"}}
-        grid = experiments.run_grid([*ablation, GRPO, DAPO], profile="cpu", seeds=seeds, steps=8, n_jobs=n_jobs,
+                     "DAPO": {"value_init": "policy"}, control.name: {"value_init": "policy"}}
+        grid = experiments.run_grid([*ablation, control, GRPO, DAPO], profile="cpu", seeds=seeds, steps=8, n_jobs=n_jobs,
                                     cache=False, eval_every=4, value_init=str(critic_dir), value_lr=value_lr,
                                     prompts_per_step=p, overrides=overrides)
         return frames + _frames(grid)
@@ -279,7 +280,8 @@ def _ntp_frames(runs: list[dict]) -> list[pd.DataFrame]:
 
 
 def chapter_07(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
-    """§7.5: RPT and the RPT hybrid (16 steps) and continued NTP at matched compute."""
+    """§7.5: RPT and the RPT hybrid (16 steps), RPT + dynamic sampling (8 steps), continued NTP at
+    matched compute."""
     from grpo_lab.algorithms import RPT, RPT_HYBRID, RPT_SAMPLING
     from grpo_lab.models import load_policy
     from grpo_lab.paths import checkpoint_dir
@@ -297,8 +299,10 @@ def chapter_07(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
         task_kwargs={"min_entropy": ENTROPY_THRESHOLDS["easy"]},
         config=dataclasses.replace(base.config, **RPT_SAMPLING, prompts_per_step=p, minibatches=1, epochs=1,
                                    micro_batch_size=None, lr=lr, warmup=2, eval_every=4, eval_sampled=True))
-    grid = experiments.run_grid([RPT, RPT_HYBRID], profile=profile, seeds=seeds, n_jobs=n_jobs, cache=False,
-                                overrides={RPT_HYBRID.name: {"eval_every": steps}})
+    rpt_ds = RPT.replace(name="RPT + dynamic sampling", dynamic_sampling=True)
+    grid = {}  # one run per setting, as the chapter (which saves each policy for its held-out loss)
+    for algo, kw in ((RPT, {}), (rpt_ds, {"steps": 8, "eval_every": 8}), (RPT_HYBRID, {"eval_every": steps})):
+        grid[algo.name] = experiments.run(algo, profile=profile, seeds=seeds, n_jobs=n_jobs, cache=False, **kw)
     hist = grid["RPT"].history
     prompt_tokens = float(np.mean([len(tok(q.prompt, add_special_tokens=False)["input_ids"]) for q in test]))
     train_hist = hist[hist["step"] > 0].copy()
