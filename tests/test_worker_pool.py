@@ -207,3 +207,48 @@ def test_a_worker_imports_a_module_given_as_a_file_path(profile, tmp_path, monke
         assert rows["step"].tolist() == [0]  # steps=0: the base policy's evaluation only
     finally:
         sys.modules.pop("pool_file_task", None)
+
+
+def test_workers_exit_when_their_parent_dies_without_stopping_them(tmp_path):
+    """A parent that ends by os._exit (as a Jupyter kernel whose client has gone: no atexit handler
+    runs, so shutdown_workers is never called) leaves no worker behind: each exits within seconds.
+    Before the parent watch, the two idle workers of every executed chapter stayed alive (about 0.7 GB
+    each) until the machine rebooted."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import math, os\n"
+        "from grpo_lab.experiments import map_workers\n"
+        "from grpo_lab.experiments.workers import _POOL\n"
+        "if __name__ == '__main__':\n"
+        "    assert map_workers(math.sqrt, [4.0, 9.0], n_jobs=2) == [2.0, 3.0]\n"
+        "    print(' '.join(map(str, _POOL['executor']._processes)), flush=True)\n"
+        "    os._exit(0)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(
+        os.path.abspath(ex.__file__))), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    workers = [int(p) for p in out.stdout.split()]
+    assert len(workers) == 2 and os.getpid() not in workers
+
+    def alive(pid: int) -> bool:  # a zombie (exited, not yet reaped by whoever adopted it) counts as gone
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        status = f"/proc/{pid}/status"
+        if os.path.exists(status):
+            with open(status) as f:
+                return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+        return True
+
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [p for p in workers if alive(p)]
+    for p in left:  # do not leave them to the rest of the suite
+        os.kill(p, 9)
+    assert not left, f"workers {left} outlived their parent"

@@ -131,13 +131,30 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
         raise
 
 
-def _worker_init() -> None:
+def _worker_init(parent_pid: int | None = None) -> None:
     """Worker processes ignore SIGINT: a Ctrl-C (or a Jupyter kernel's interrupt or shutdown, sent
     to the whole process group) reaches the caller, which stops the workers itself
-    (:func:`shutdown_workers`), instead of every idle worker printing a traceback."""
+    (:func:`shutdown_workers`), instead of every idle worker printing a traceback. And they exit when
+    the process that started them (``parent_pid``) is gone without stopping them: a Jupyter kernel
+    ends with ``os._exit`` when its client has exited, which runs no ``atexit`` handler, and an idle
+    worker would otherwise wait for work for ever (about 0.7 GB each)."""
     import signal
+    import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="grpo_lab-parent-watch",
+                         daemon=True).start()
+
+
+def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
+    """Exit this worker at once when its parent ``parent_pid`` has gone (the worker re-parented),
+    checked every ``interval_s`` seconds."""
+    import time
+
+    while os.getppid() == parent_pid:
+        time.sleep(interval_s)
+    os._exit(0)
 
 
 _POOL: dict[str, Any] = {"executor": None, "key": None, "atexit": False}
@@ -177,7 +194,8 @@ def _worker_pool(n_jobs: int):
         shutdown_workers()
         pool = None
     if pool is None:
-        pool = ProcessPoolExecutor(max_workers=n_jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init)
+        pool = ProcessPoolExecutor(max_workers=n_jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                                   initargs=(os.getpid(),))
         _POOL.update(executor=pool, key=key)
         if not _POOL.get("atexit"):  # stop the workers while the interpreter is still whole
             import atexit
