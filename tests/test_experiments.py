@@ -261,6 +261,31 @@ def test_run_cache_returns_the_identical_history_without_training(profile, tmp_p
             run(args.pop("algo"), **args)
 
 
+def test_a_chapters_run_time_says_whether_its_runs_came_from_the_run_cache(profile, tmp_path, monkeypatch):
+    """book.run_time and book.cache_note (a chapter's Run time line and its "trained ... in N s" lines)
+    follow what run() did: trained from an empty cache, or read from it (experiments.run_tally)."""
+    import time
+
+    import grpo_lab.experiments as ex
+    from grpo_lab import book
+
+    monkeypatch.setattr(ex.runs, "_TALLY", {"trained": 0, "loaded": 0})  # as a fresh kernel
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path / "cache"))
+    start = time.perf_counter()
+    fresh = run("GRPO", profile=profile, seeds=[0, 1], progress=False)
+    assert ex.run_tally() == {"trained": 2, "loaded": 0}
+    assert book.run_time(start).endswith(" minutes from an empty run cache") and book.cache_note(fresh) == ""
+    again = run("GRPO", profile=profile, seeds=[0, 1, 2], progress=False)  # two hits, one new run
+    assert ex.run_tally() == {"trained": 3, "loaded": 2}
+    assert book.run_time(start).endswith(" minutes, 2 of 5 runs read from the run cache")
+    assert book.cache_note(again) == " (2 of 3 seeded runs read from the run cache)"
+    assert book.cache_note({"a": again, "b": fresh}) == " (2 of 5 seeded runs read from the run cache)"
+    with pytest.raises(TypeError, match="RunResult"):
+        book.cache_note([again.history])
+    with pytest.raises(ValueError, match="later than"):
+        book.run_time(time.perf_counter() + 100)
+
+
 def test_run_cache_key_changes_with_the_package_source(profile, tmp_path, monkeypatch):
     import grpo_lab.experiments as ex
 

@@ -652,7 +652,7 @@ print(f"profile {profile.name}: {STEPS} steps x {profile.config.prompts_per_step
 # %% tags=["nbval-ignore-output"]
 result = experiments.run("GRPO", profile="cpu", seeds=SEEDS, steps=STEPS, n_jobs=N_JOBS)
 hist = result.history
-print(f"trained {len(SEEDS)} seeds in {result.provenance['wall_seconds']:.0f} s")
+print(f"trained {len(SEEDS)} seeds in {result.provenance['wall_seconds']:.0f} s{book.cache_note(result)}")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 evals = hist.dropna(subset=["test_accuracy"])
@@ -807,7 +807,7 @@ for mu in todo:
     mu_hist[mu] = mu_grid[f"mu={mu}"].history
 mu_long = pd.concat([mu_hist[mu].assign(algo=f"μ = {mu}", mu=mu) for mu in MUS], ignore_index=True)
 print(f"{len(todo)} settings x {len(SEEDS)} seeds x {STEPS_MU} steps in {time.perf_counter() - t0:.0f} s "
-      f"(μ = {profile.config.minibatches} reused from §1.6)")
+      f"(μ = {profile.config.minibatches} reused from §1.6){book.cache_note(mu_grid)}")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 from matplotlib.colors import to_hex
@@ -1049,7 +1049,7 @@ assert torch.allclose(group_advantages(3 * r8 + 5, G, scale="none"), 3 * group_a
 print("exercise checks passed")
 
 # %% tags=["nbval-ignore-output", "remove-cell"]
-book.glue("grpo_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
+book.glue("grpo_runtime", book.run_time(CHAPTER_START))
 
 # %% [markdown]
 # ## References

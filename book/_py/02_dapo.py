@@ -786,7 +786,7 @@ assert abs(drop - 0.1853) < 1e-4 and abs(1 / (1 - drop) - 1.2275) < 1e-3
 print("exercise checks passed")
 
 # %% tags=["nbval-ignore-output", "remove-cell"]
-book.glue("dapo_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
+book.glue("dapo_runtime", book.run_time(CHAPTER_START))
 
 # %% [markdown]
 # ## References

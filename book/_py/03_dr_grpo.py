@@ -531,7 +531,7 @@ grid = experiments.run_grid(settings, profile=profile, seeds=SEEDS, n_jobs=N_JOB
 hist = pd.concat([r.history for r in grid.values()], ignore_index=True)
 hist["gap"] = hist["length_incorrect"] - hist["length_correct"]
 print(f"{len(settings)} settings x {len(SEEDS)} seeds x {profile.steps} steps in "
-      f"{next(iter(grid.values())).provenance['wall_seconds']:.0f} s")
+      f"{next(iter(grid.values())).provenance['wall_seconds']:.0f} s{book.cache_note(grid)}")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 # the book's colours (grpo_lab.plotting.ALGO_COLORS, DeepSeek-V3.2's included)
@@ -943,7 +943,7 @@ for k in range(1, 8):
 print("exercise checks passed")
 
 # %% tags=["nbval-ignore-output", "remove-cell"]
-book.glue("drgrpo_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
+book.glue("drgrpo_runtime", book.run_time(CHAPTER_START))
 
 # %% [markdown]
 # ## References

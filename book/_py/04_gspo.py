@@ -502,7 +502,8 @@ t0 = time.perf_counter()
 dense = experiments.run_grid(dense_settings, profile="cpu", seeds=SEEDS, n_jobs=N_JOBS, steps=STEPS,
                              minibatches=UPDATES, eval_every=EVAL_EVERY)
 dense_hist = pd.concat([r.history for r in dense.values()], ignore_index=True)
-print(f"{len(dense_settings)} settings x {len(SEEDS)} seeds x {STEPS} steps in {time.perf_counter() - t0:.0f} s")
+print(f"{len(dense_settings)} settings x {len(SEEDS)} seeds x {STEPS} steps in {time.perf_counter() - t0:.0f} s"
+      f"{book.cache_note(dense)}")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 dense_names = [s.name for s in dense_settings]
@@ -831,11 +832,12 @@ moe = experiments.run_grid(moe_settings, profile=moe_prof, seeds=SEEDS, n_jobs=N
                            minibatches=MOE_MB, lr=MOE_LR, eval_every=EVAL_EVERY,
                            overrides={GRPO_RR.name: {"routing_replay": True}, GRPO_ON.name: {"minibatches": 1}})
 moe_hist = pd.concat([r.history for r in moe.values()], ignore_index=True)
-print(f"{len(moe_settings)} settings x {len(SEEDS)} seeds x {STEPS} steps in {time.perf_counter() - t0:.0f} s")
+print(f"{len(moe_settings)} settings x {len(SEEDS)} seeds x {STEPS} steps in {time.perf_counter() - t0:.0f} s"
+      f"{book.cache_note(moe)}")
 t0 = time.perf_counter()  # the same GRPO updates on the dense policy: is what happens specific to the MoE policy?
 dense16 = experiments.run_grid([GRPO_NOKL], profile="cpu", seeds=SEEDS, n_jobs=N_JOBS, steps=STEPS,
                                minibatches=MOE_MB, lr=MOE_LR, eval_every=EVAL_EVERY)["GRPO"]
-print(f"dense control: {len(SEEDS)} seeds x {STEPS} steps in {time.perf_counter() - t0:.0f} s")
+print(f"dense control: {len(SEEDS)} seeds x {STEPS} steps in {time.perf_counter() - t0:.0f} s{book.cache_note(dense16)}")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 moe_names = [s.name for s in moe_settings]
@@ -1112,4 +1114,4 @@ for n, eps in ((5, 0.2), (1000, 4e-4)):
 print("exercise checks passed")
 
 # %% tags=["nbval-ignore-output", "remove-cell"]
-book.glue("gspo_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
+book.glue("gspo_runtime", book.run_time(CHAPTER_START))

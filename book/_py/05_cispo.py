@@ -545,7 +545,8 @@ grid = experiments.run_grid(SPEED_ALGOS, profile="cpu", seeds=SEEDS, n_jobs=N_JO
 hist = pd.concat([r.history for r in grid.values()], ignore_index=True)
 book.glue("cispo_lr_b", f"{LR_B:g}")
 book.glue("cispo_steps_b", STEPS_B)
-print(f"{len(SPEED_ALGOS)} settings x {len(SEEDS)} seeds in {grid['DAPO'].provenance['wall_seconds']:.0f} s")
+print(f"{len(SPEED_ALGOS)} settings x {len(SEEDS)} seeds in {grid['DAPO'].provenance['wall_seconds']:.0f} s"
+      f"{book.cache_note(grid)}")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 fig, axes = plt.subplots(1, 3, figsize=(10.2, 2.9))
@@ -972,7 +973,7 @@ for algo, expected in ((DAPO, 0.0), (CISPO, 1.28)):
 print("exercise checks passed")
 
 # %% tags=["nbval-ignore-output", "remove-cell"]
-book.glue("cispo_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
+book.glue("cispo_runtime", book.run_time(CHAPTER_START))
 
 # %% [markdown]
 # ## References

@@ -948,7 +948,7 @@ assert abs(0.1 ** 8 + 0.9 ** 8 - 0.43) < 0.005 and abs(2 * 0.5 ** 8 - 0.0078) < 
 print("exercise checks passed")
 
 # %% tags=["nbval-ignore-output", "remove-cell"]
-book.glue("rpt_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
+book.glue("rpt_runtime", book.run_time(CHAPTER_START))
 
 # %% [markdown]
 # ## References

@@ -458,4 +458,4 @@ assert scored.raw.tolist() == torch.tensor(hand, dtype=torch.float32).tolist()
 
 # %% tags=["nbval-ignore-output", "remove-cell"]
 WORK.cleanup()
-book.glue("own_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
+book.glue("own_runtime", book.run_time(CHAPTER_START))

@@ -28,7 +28,7 @@ directory per seed, periodic checkpoints, ``resume=True``: :mod:`~grpo_lab.exper
 stored but never loaded from the cache, since it must write its files.
 
 The package holds one concern per module: :mod:`~grpo_lab.experiments.profiles` (profiles and the
-GPU profile's settings), :mod:`~grpo_lab.experiments.runs` (:func:`run`, :func:`run_grid`),
+GPU profile's settings), :mod:`~grpo_lab.experiments.runs` (:func:`run`, :func:`run_grid`, :func:`run_tally`),
 :mod:`~grpo_lab.experiments.results` (:class:`RunResult`, provenance, results files, summaries),
 :mod:`~grpo_lab.experiments.run_cache`, :mod:`~grpo_lab.experiments.run_dirs` (where each seed of a
 run writes, its checkpoints, resuming), :mod:`~grpo_lab.experiments.workers` (the worker pool),
@@ -46,7 +46,7 @@ from .profiles import Profile, expected_gpu_minutes, get_profile, gpu_profile
 from .results import RunResult, config_hash, load_results, processor_name, provenance, save_results, summarize_runs
 from .rpt_gpu import chapter_gpu_profile, rl_compute_units, rpt_data_dir, rpt_gpu_profile, run_rpt_gpu
 from .run_cache import run_cache_dir, run_fingerprint
-from .runs import run, run_grid
+from .runs import run, run_grid, run_tally
 from .workers import map_workers, shutdown_workers
 
 # Private helpers that tests call through this package (``experiments._train_one(...)``). Each lives
@@ -60,7 +60,7 @@ from .workers import _POOL, _module_roots, _user_modules, _worker_pool  # noqa: 
 __all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "GPU_SPEEDS",
            "expected_gpu_minutes", "results_dir", "run_chapter_gpu", "load_chapter_gpu", "summarize_runs", "check_gpu_results",
            "RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "chapter_gpu_profile", "rl_compute_units", "run_rpt_gpu",
-           "get_profile", "run", "run_grid", "RunResult", "save_results", "load_results",
+           "get_profile", "run", "run_grid", "run_tally", "RunResult", "save_results", "load_results",
            "shutdown_workers", "map_workers", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
 
 # The constants are the objects of the modules that use them, bound again here so that these

@@ -34,7 +34,19 @@ from .run_dirs import (_check_run_dirs, _check_seed_dir, _finish_seed, _finished
 from .run_cache import _cache_load, _cache_path, _cache_store, _run_key, _uncacheable, run_cache_dir, run_fingerprint
 from .workers import _FRESH_REGISTRIES, _import_user_module, _module_roots, _user_modules, _worker_pool, shutdown_workers
 
-__all__ = ["run", "run_grid"]
+__all__ = ["run", "run_grid", "run_tally"]
+
+#: Seeded runs this process has asked :func:`run` / :func:`run_grid` for: ``trained`` (here or in a
+#: worker) and ``loaded`` (read from the run cache). Read through :func:`run_tally`.
+_TALLY = {"trained": 0, "loaded": 0}
+
+
+def run_tally() -> dict[str, int]:
+    """How many seeded runs :func:`run` and :func:`run_grid` have trained (``"trained"``: distinct
+    configurations, in this process or its workers) and read from the run cache (``"loaded"``) since
+    this process started: what a chapter's stated run time includes (:func:`grpo_lab.book.run_time`).
+    Work given to :func:`map_workers` directly is not counted (it is always done)."""
+    return dict(_TALLY)
 
 
 def _resolve(profile: str | Profile, config_overrides: dict) -> Profile:
@@ -316,6 +328,8 @@ def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: 
     fresh = _map([(first[k][0], first[k][2], steps, first[k][1], progress, paths[k],
                    _module_roots(_user_modules(first[k][0], first[k][2])), resume, save_model) for k in todo], n_jobs)
     loaded.update(zip(todo, fresh))
+    _TALLY["trained"] += len(todo)
+    _TALLY["loaded"] += len(hits)
     frames = [_label(loaded[k].copy(), a, s) for (a, s, _), k in zip(jobs, keys)]
     return frames, hits, note
 
