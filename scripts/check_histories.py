@@ -250,7 +250,7 @@ def chapter_06(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
             vapo_ours.replace(name="w/o group sampling"),
             vapo_ours,
         ]  # the chapter's regime check drops the length-adaptive GAE, decoupled GAE and token-level loss rows
-        control = vapo_ours.replace(name="VAPO, group advantages", advantage="group")  # the critic's control
+        control = vapo_ours.replace(name="VAPO with group advantages", advantage="group")  # the critic's control
         overrides = {"PPO": {**no_groups, "value_init": "policy"}, "w/o value pretraining": {"value_init": "policy"},
                      "w/o group sampling": no_groups, "GRPO": {"value_init": "policy"},
                      "DAPO": {"value_init": "policy"}, control.name: {"value_init": "policy"}}

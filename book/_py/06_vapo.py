@@ -75,8 +75,8 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from grpo_lab import book, experiments, plotting, stats
-from grpo_lab.advantages import (AdvantageBatch, explained_variance, gae, group_advantages, length_adaptive_lam,
-                                 outcome_token_rewards)
+from grpo_lab.advantages import (VALUE_BASELINE_ESTIMATORS, AdvantageBatch, explained_variance, gae, group_advantages,
+                                 length_adaptive_lam, outcome_token_rewards)
 from grpo_lab.algorithms import DAPO, GRPO, PPO, VAPO
 from grpo_lab.models import CriticModel, count_parameters, load_policy
 from grpo_lab.objectives import policy_loss, positive_nll_loss, value_loss
@@ -443,7 +443,8 @@ for lam_b in (0.0, 0.7, 0.95, 1.0):
     assert (bias[mask_ex.bool()] >= 0).all() and bias[mask_ex.bool()].sum() > 0  # positive, never negative
 print("values biased low by b -> every token's GAE advantage rises by lambda^(n-1) b >= 0 (asserted for "
       "lambda = 0, 0.7, 0.95, 1)")
-#
+
+# %% [markdown]
 # **Which critic.** Two designs, measured with the same pretraining (seed 0,
 # {glue:text}`vapo_pretrain_steps` steps of {glue:text}`vapo_rows` responses, critic learning rate
 # {glue:text}`vapo_value_lr`, twice the policy's as in VAPO §5.1): a copy of the policy's backbone
@@ -635,7 +636,7 @@ print(f"GRPO: {float(flat.iloc[0]):.2f} on every token; length-adaptive GAE: mos
 # *Without group sampling* keeps everything else of VAPO at that shape. Our $\alpha$ is
 # {glue:text}`vapo_alpha`, the critic's learning rate twice the policy's.
 #
-# One more row is not in the paper: *VAPO, group advantages*, VAPO with GRPO's group z-score in
+# One more row is not in the paper: *VAPO with group advantages*, VAPO with GRPO's group z-score in
 # place of GAE, so no critic at all, and everything else unchanged (clip-higher, token-level loss,
 # NLL term, groups, no KL). It isolates the critic: VAPO minus it, paired over seeds, is all that the
 # critic's per-token credit adds.
@@ -710,7 +711,7 @@ ablation = {
     "VAPO": VAPO_OURS,
 }
 # the control that isolates the critic: the same algorithm with group advantages (no critic)
-CRITIC_CONTROL = VAPO_OURS.replace(name="VAPO, group advantages", advantage="group")
+CRITIC_CONTROL = VAPO_OURS.replace(name="VAPO with group advantages", advantage="group")
 PAPER_AIME = {"PPO": 5, "w/o value pretraining": 11, "w/o decoupled GAE": 33, "w/o length-adaptive GAE": 45,
               "w/o clip-higher": 46, "w/o token-level loss": 53, "w/o positive-example LM loss": 54,
               "w/o group sampling": 55, "VAPO": 60, "DAPO": 50}
@@ -732,7 +733,7 @@ book.glue("vapo_steps", STEPS)
 book.glue("vapo_eval_every", EVAL_EVERY)
 book.glue("vapo_group", f"{P} questions × {G}")
 book.glue("vapo_nogroup", f"{P * G} questions × 1")
-print(f"{len(grid)} settings x {len(SEEDS)} seeds x {STEPS} steps in {grid_seconds:.0f} s")
+print(f"{len(grid)} settings x {len(SEEDS)} seeds x {STEPS} steps in {grid_seconds:.0f} s{book.cache_note(grid)}")
 
 # %% tags=["nbval-ignore-output"]
 order = [*(k for k in ablation if k not in NOT_RUN), CRITIC_CONTROL.name, "GRPO", "DAPO"]
@@ -1106,8 +1107,15 @@ with pd.option_context("display.max_colwidth", None):
 # `GRPOTrainer` has no critic.
 
 # %% [markdown]
-# **GSM8K on a GPU.** With `PROFILE = "gpu"` in the parameters cell, the next cell trains DAPO and
-# VAPO (the paper's comparison; VAPO's critic is a copy of the policy's backbone, so it needs a GPU
+# **GSM8K on a GPU.** With `PROFILE = "gpu"` in the parameters cell, the next cell trains DAPO,
+# VAPO and §6.9's control *VAPO with group advantages* (VAPO with GRPO's group z-score in place of GAE:
+# no critic, everything else VAPO's). There the responses are a few hundred tokens long, so the
+# paper's $\alpha = 0.05$ gives $\lambda_{\text{policy}} \approx 0.92$ at 250 tokens, a horizon of
+# about 12 tokens: a twentieth of the response, the regime this scale lacks, and VAPO minus the
+# control, paired over seeds, is what the critic's per-token credit adds there. All three run 16
+# minibatches per rollout, the paper's 512 prompts × 16 samples in mini-batches of 512 (read as
+# samples, as DAPO §4.1 states for the same numbers), where the CPU profile runs 2. (DAPO against VAPO
+# is the paper's comparison; VAPO's critic is a copy of the policy's backbone, so it needs a GPU
 # with more than 16 GB: policy and critic each hold float32 weights, gradients and AdamW state,
 # about 8 GB apiece, and a T4 runs out of memory; the history's `peak_mem_mb` holds each step's peak
 # CUDA memory) on GSM8K from the hub instruct model named by `experiments.GPU_MODEL`, with the `gpu`
@@ -1133,14 +1141,16 @@ from grpo_lab.experiments.memory_fit import ASSUMED_PROMPT_TOKENS
 from grpo_lab.memory_model import QWEN25_05B_CONFIG, RunShape, fit_batch_sizes, predict_memory
 
 assert experiments.GPU_MODEL == "Qwen/Qwen2.5-0.5B-Instruct"  # the config the memory model carries
+GPU_MINIBATCHES = 16  # VAPO §5.1: 512 prompts x 16 samples, mini-batch 512 samples: 16 updates per rollout (as DAPO §4.1)
 gpu_shape = RunShape(rows=16 * 8, prompt_len=ASSUMED_PROMPT_TOKENS, max_new_tokens=512, micro_batch_size=1)
 mem_rows = {}
 for name, has_critic in (("DAPO", False), ("VAPO", True)):
     shape = dataclasses.replace(gpu_shape, critic=has_critic)
     row = {}
     for card in (16, 80):
-        try:
-            micro, evb = fit_batch_sizes(QWEN25_05B_CONFIG, shape, card * 2**30)
+        try:  # a micro-batch is at most a minibatch: 128 / 16 = 8 rows
+            micro, evb = fit_batch_sizes(QWEN25_05B_CONFIG, shape, card * 2**30,
+                                         max_micro=gpu_shape.rows // GPU_MINIBATCHES)
             est = predict_memory(QWEN25_05B_CONFIG, dataclasses.replace(shape, micro_batch_size=micro,
                                                                          eval_batch_size=evb))
             row[f"{card} GiB card: micro-batch, peak GiB"] = f"{micro}, {est.peak / 2**30:.1f}"
@@ -1159,16 +1169,21 @@ book.glue("vapo_gpu_prompt", ASSUMED_PROMPT_TOKENS)
 display(mem_tab)
 
 # %%
-GPU_ALGOS = [DAPO, VAPO]
+VAPO_GROUP_ADV = VAPO.replace(name="VAPO with group advantages", advantage="group")  # the critic's control, as §6.9's
+GPU_ALGOS = [DAPO, VAPO, VAPO_GROUP_ADV]
+assert VAPO_GROUP_ADV.advantage not in VALUE_BASELINE_ESTIMATORS and VAPO.advantage in VALUE_BASELINE_ESTIMATORS
+gpu_prof = experiments.gpu_profile(minibatches=GPU_MINIBATCHES)  # micro-batches fitted to the card on CUDA
+assert gpu_prof.config.minibatches == 16
 if PROFILE == "gpu":
     # VAPO §4.1 and §5.1: value pretraining before the first step (10 steps, fewer if GPU_STEPS is
     # smaller), the critic at twice the actor's learning rate
-    gpu_lr = experiments.get_profile("gpu").config.lr
+    gpu_lr = gpu_prof.config.lr
     warm = min(10, GPU_STEPS or 10)
     experiments.run_chapter_gpu("06_vapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
+                                profile=gpu_prof,
                                 overrides={VAPO.name: {"value_warmup_steps": warm, "value_lr": 2 * gpu_lr}})
 gpu_summary = book.show_gpu_results("06_vapo", GPU_ALGOS, baseline="DAPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
-                                   generation_factor=1.3, train_factor=2.0, too_small=("T4",))
+                                   generation_factor=1.3, train_factor=2.0, too_small=("T4",), profile=gpu_prof)
 
 # %% [markdown]
 # ## 6.12 Takeaways
@@ -1215,7 +1230,7 @@ assert abs(0.99 ** 1999 - 1.9e-9) < 0.1e-9 and abs(math.log(0.99 ** 1999) + 20) 
 print("exercise checks passed")
 
 # %% tags=["nbval-ignore-output", "remove-cell"]
-book.glue("vapo_runtime", f"{(time.perf_counter() - CHAPTER_START) / 60:.1f} minutes")
+book.glue("vapo_runtime", book.run_time(CHAPTER_START))
 
 # %% [markdown]
 # ## References
