@@ -41,6 +41,7 @@ __all__ = [
     "device",
     "execute_notebook",
     "show_gpu_results",
+    "gpu_regime",
     "gpu_time_table",
     "CHAPTER_PROFILES",
 ]
@@ -364,6 +365,11 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     results, prov = loaded
     experiments.check_gpu_results(results, prov)
     _print_gpu_provenance(prov)
+    regime = gpu_regime(results)
+    if not regime.empty:
+        print("the run's regime (mean over its RL steps, [95% t interval] over seeds; set it beside the paper's "
+              "values before reading the differences):")
+        _show(regime)
     summary = {}
     for column in columns:
         summary[column] = experiments.summarize_runs(results, baseline=baseline, column=column)
@@ -371,6 +377,46 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
         _show(summary[column])
     _show_accuracy_by_step(results)
     return summary
+
+
+#: What :func:`gpu_regime` measures: history column -> its label (the preconditions of the chapters' mechanisms).
+GPU_REGIME_COLUMNS = {"clip_frac": "tokens clipped (fraction)", "zero_adv_group_frac": "tied groups (fraction)",
+                      "truncation_rate": "responses truncated (fraction)", "length": "response length (tokens)"}
+
+
+def gpu_regime(results: dict) -> Any:
+    """The regime a (GPU) run trained in, per algorithm: the mean over its RL steps (step > 0) of
+    each column of :data:`GPU_REGIME_COLUMNS` the history has, as ``"mean [95% t interval]"`` over
+    seeds (:func:`grpo_lab.stats.t_interval`): how often the PPO clip acted, how many groups carried
+    no signal, how many responses hit the budget, how long they were. A chapter sets these beside
+    the paper's values before it reads a difference between algorithms as the paper's mechanism.
+
+    Args:
+        results: ``{algorithm name: RunResult}`` (what :func:`grpo_lab.experiments.load_chapter_gpu`
+            returns).
+
+    Returns:
+        A DataFrame, one row per algorithm with any of those columns, one column per measure; empty
+        when no algorithm has any (chapter 7's continued-NTP baseline has none).
+    """
+    import pandas as pd
+
+    from grpo_lab import stats
+
+    rows = {}
+    for name, r in results.items():
+        h = r.history
+        if "step" not in h.columns or "seed" not in h.columns:
+            continue
+        train = h[h["step"] > 0]
+        row = {}
+        for col, label in GPU_REGIME_COLUMNS.items():
+            if col in train.columns and train[col].notna().any():
+                per_seed = train.groupby("seed")[col].mean().dropna()
+                row[label] = stats.format_interval(stats.t_interval(per_seed.to_numpy()), 3)
+        if row:
+            rows[name] = row
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def _print_gpu_plan(chapter: str, names: Sequence[str], seeds: Sequence[int], steps: int, prof: Any,

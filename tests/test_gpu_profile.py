@@ -314,6 +314,23 @@ def test_the_chapter_cell_shows_results_or_what_a_run_would_cost(chapter_run, tm
     text = capsys.readouterr().out
     assert set(shown) == {"test_accuracy", "length"} and "GPU results:" in text and "bfloat16" in text
     assert "DRY RUN" not in text
+    assert "the run's regime" in text and "tokens clipped (fraction)" in text and "tied groups (fraction)" in text
+
+
+def test_gpu_regime_by_hand():
+    """book.gpu_regime: per algorithm, each seed's mean over its RL steps (step 0, the base evaluation,
+    left out), then mean and 95% t interval over seeds. By hand: seed means 0.1 and 0.3 -> 0.2, sd
+    0.1414, t(0.975, 1) = 12.706, half-width 12.706 * 0.1414 / sqrt(2) = 1.2706."""
+    import pandas as pd
+
+    h = pd.DataFrame({"seed": [0, 0, 0, 1, 1, 1], "step": [0, 1, 2, 0, 1, 2],
+                      "clip_frac": [9.0, 0.0, 0.2, 9.0, 0.2, 0.4], "length": [None, 4.0, 6.0, None, 5.0, 5.0]})
+    ntp = pd.DataFrame({"seed": [0, 1], "step": [0, 2], "test_accuracy": [0.1, 0.2]})
+    reg = book.gpu_regime({"GRPO": experiments.RunResult(h, {}), "continued NTP": experiments.RunResult(ntp, {})})
+    assert list(reg.index) == ["GRPO"]  # a baseline without those columns has no row
+    assert reg.loc["GRPO", "tokens clipped (fraction)"] == "0.200 [-1.071, 1.471]"
+    assert reg.loc["GRPO", "response length (tokens)"] == "5.000 [5.000, 5.000]"
+    assert "tied groups (fraction)" not in reg.columns
 
 
 def test_gpu_time_table_by_hand(monkeypatch):
