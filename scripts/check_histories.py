@@ -22,7 +22,7 @@ What each chapter contributes (everything its ``experiments.run`` / ``run_grid``
   (GRPO, GRPO + Routing Replay, GRPO with one update per rollout) on ``arithmetic-moe-base``
   and GRPO on the dense policy, both at 16 minibatches and learning rate 1e-4; 10 steps, evaluation
   every 5.
-* ``05_cispo``: DAPO / CISPO / CISPO with Eq. 7's mask, 6 steps at 16 minibatches per rollout,
+* ``05_cispo``: DAPO / CISPO / CISPO with Eq. 7's mask / CISPO with the cap of 5.0, 6 steps at 16 minibatches per rollout,
   learning rate 1e-4, evaluation every 2 (§5.5; §5.4's thirty-seed rare-token runs are by hand on a
   ``Trainer``, not covered).
 * ``06_vapo``: §6.7's value pretraining (16 steps, ``policy`` and ``scratch`` critics; the
@@ -198,12 +198,13 @@ def chapter_04(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
 
 
 def chapter_05(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
-    """§5.5's DAPO / CISPO / CISPO + Eq. 7's mask grid: 6 steps at 16 minibatches (the paper's 16
+    """§5.5's DAPO / CISPO / CISPO + Eq. 7's mask / CISPO cap 5 grid: 6 steps at 16 minibatches (the paper's 16
     off-policy rounds), whole minibatches, learning rate 1e-4, evaluation every 2."""
     from grpo_lab.algorithms import CISPO, DAPO
 
     cispo_mask = CISPO.replace(name="CISPO + mask", mask_eps_low=DAPO.eps_low, mask_eps_high=DAPO.eps_high)
-    grid = experiments.run_grid([DAPO, CISPO, cispo_mask], profile="cpu", seeds=seeds, n_jobs=n_jobs, steps=6,
+    cispo_5 = CISPO.replace(name="CISPO cap 5", eps_high=4.0)
+    grid = experiments.run_grid([DAPO, CISPO, cispo_mask, cispo_5], profile="cpu", seeds=seeds, n_jobs=n_jobs, steps=6,
                                 cache=False, minibatches=16, micro_batch_size=None, lr=1e-4, eval_every=2)
     return _frames(grid)
 

@@ -528,10 +528,11 @@ regime_54
 # preset (cap 1.28) and CISPO with Eq. 7's mask (`CISPO.replace(mask_eps_low=0.2,
 # mask_eps_high=0.28)`, cap 1.28): the mask drops exactly the tokens PPO-clip drops while keeping
 # the capped weight elsewhere, so CISPO without minus with the mask isolates the effect of keeping
-# the clipped tokens' gradient. Five seeds each, {glue:text}`cispo_steps_b` steps with a greedy
-# evaluation every two. Cut for the chapter's time budget: GRPO (Fig. 2 shows it too, but it differs
-# from both on several axes and carries none of CISPO's claims) and the cap of 5.0, whose effect on
-# the mechanism §5.4 measures in the paper's regime at a fraction of the cost.
+# the clipped tokens' gradient. And CISPO with the cap of 5.0 (`CISPO cap 5`, §5.4's
+# `eps_high=4.0`: TRL's documented `epsilon_high=5.0`, from ScaleRL), the cap sweep's other end.
+# Five seeds each, {glue:text}`cispo_steps_b` steps with a greedy evaluation every two. Cut for the
+# chapter's time budget: GRPO (Fig. 2 shows it too, but it differs from both on several axes and
+# carries none of CISPO's claims).
 
 # %% tags=["nbval-ignore-output"]
 prof = experiments.get_profile("cpu")  # on every machine: the GSM8K runs are §5.7's
@@ -539,7 +540,7 @@ UPDATES = 16  # the paper's 16 off-policy rounds per generation batch
 LR_B = 1e-4  # a third of the profile's 3e-4, at which both collapse with 16 updates (see the text)
 STEPS_B, EVAL_B = 6, 2
 CISPO_MASK = CISPO.replace(name="CISPO + mask", mask_eps_low=DAPO.eps_low, mask_eps_high=DAPO.eps_high)  # Eq. 7
-SPEED_ALGOS = [DAPO, CISPO, CISPO_MASK]
+SPEED_ALGOS = [DAPO, CISPO, CISPO_MASK, CISPO_5]
 grid = experiments.run_grid(SPEED_ALGOS, profile="cpu", seeds=SEEDS, n_jobs=N_JOBS, steps=STEPS_B,
                             minibatches=UPDATES, micro_batch_size=None, lr=LR_B, eval_every=EVAL_B)
 hist = pd.concat([r.history for r in grid.values()], ignore_index=True)
@@ -623,10 +624,13 @@ ratio_txt = (f"{stats.format_interval(ratio, 2)} (CISPO reached the target on {n
 d_final = {n: stats.paired_difference(final[n], final["DAPO"]) for n in grid if n != "DAPO"}
 book.glue("cispo_target", f"{target:.3f}")
 book.glue("cispo_steps_ratio", ratio_txt)
-for key, n in (("cispo_final_diff", "CISPO"), ("cispo_mask_final_diff", "CISPO + mask")):
+for key, n in (("cispo_final_diff", "CISPO"), ("cispo_mask_final_diff", "CISPO + mask"),
+               ("cispo_cap5_final_diff", CISPO_5.name)):
     book.glue(key, stats.format_interval(d_final[n]))
 d_mask = stats.paired_difference(final["CISPO"], final["CISPO + mask"])  # what the mask's kept tokens do
 book.glue("cispo_vs_mask_diff", stats.format_interval(d_mask))
+d_cap = stats.paired_difference(final[CISPO_5.name], final["CISPO"])  # the cap sweep: 5.0 against 1.28
+book.glue("cispo_cap5_vs_cap_diff", stats.format_interval(d_cap))
 se = stats.binomial_se(float(final["DAPO"].mean()), len(task.test_set()))
 book.glue("cispo_binom_se", f"{se:.3f}")
 book.glue("cispo_n_test", len(task.test_set()))
@@ -641,11 +645,11 @@ def verdict(d):
 speed_verdict = (("in the paper's regime on every precondition of the table; " if in_regime else
                   "**not tested in the paper's regime** (a precondition in the table is not reached); ")
                  + f"CISPO ends {verdict(d_final['CISPO'])}, CISPO with Eq. 7's mask "
-                 f"{verdict(d_final['CISPO + mask'])}")
+                 f"{verdict(d_final['CISPO + mask'])}, CISPO with the cap of 5.0 {verdict(d_final[CISPO_5.name])}")
 book.glue("cispo_speed_verdict", speed_verdict)
 for name in grid:
     assert grid[name].final().mean() > base_acc + 0.03, name  # every setting learns
-assert (grid["CISPO"].history["clip_frac"].fillna(0) == 0).all()  # CISPO drops no token
+assert all((grid[n].history["clip_frac"].fillna(0) == 0).all() for n in ("CISPO", CISPO_5.name))  # CISPO drops no token
 print(f"target accuracy {target:.3f}; CISPO/DAPO steps: {ratio_txt}")
 print("in the paper's regime:", in_regime)
 display(regime_55)
@@ -655,11 +659,12 @@ summary
 # ```{glue:figure} fig_cispo_speed
 # :name: fig-cispo-speed
 #
-# DAPO, CISPO and CISPO with Eq. 7's mask on the CPU profile with 16 minibatch updates per batch, five
-# seeds, mean with 95% t interval. Left: greedy test accuracy (evaluated every two steps). Middle:
-# mean entropy of the policy on the tokens it trains on. Right: fraction of trained tokens that
-# receive a gradient — 1 for CISPO without the mask, by construction; below 1 for DAPO and for
-# CISPO with Eq. 7's mask, the tokens their clip or mask drops.
+# DAPO, CISPO, CISPO with Eq. 7's mask and CISPO with the cap of 5.0 on the CPU profile with 16
+# minibatch updates per batch, five seeds, mean with 95% t interval. Left: greedy test accuracy
+# (evaluated every two steps). Middle: mean entropy of the policy on the tokens it trains on.
+# Right: fraction of trained tokens that receive a gradient — 1 for CISPO without the mask (either
+# cap), by construction; below 1 for DAPO and for CISPO with Eq. 7's mask, the tokens their clip or
+# mask drops.
 # ```
 #
 # ```{glue:} cispo_regime_55
@@ -690,7 +695,8 @@ summary
 # {glue:text}`cispo_final_diff`, CISPO with Eq. 7's mask {glue:text}`cispo_mask_final_diff`, against a binomial standard error of
 # {glue:text}`cispo_binom_se` for one evaluation on the {glue:text}`cispo_n_test` test questions.
 # CISPO without minus with the mask, the effect of keeping the gradient of the tokens PPO-clip
-# drops, is {glue:text}`cispo_vs_mask_diff`. Our toy is still far from the paper's setting in
+# drops, is {glue:text}`cispo_vs_mask_diff`; the cap of 5.0 minus the preset's 1.28, paired, is
+# {glue:text}`cispo_cap5_vs_cap_diff`. Our toy is still far from the paper's setting in
 # everything but the update count: responses of at most 32 characters of digits and operators, not
 # long reasoning traces in which a few rare "fork" tokens decide the outcome, and a 32B model
 # trained for thousands of steps, not a small one for {glue:text}`cispo_steps_b` steps.
@@ -855,7 +861,7 @@ at_scale = pd.DataFrame([
      "paper": "0.987 -> 0.997 (Fig. 3)",
      "this chapter": f"{by['correlation']['bfloat16'].mean():.4f} -> {by['correlation']['float32'].mean():.4f}"},
     {"quantity": "eps_high of the IS weight", "paper": "tuned, value not reported; eps_low large",
-     "this chapter": f"{CISPO.eps_high} (preset: DAPO's clip-higher); cap {1 + CISPO_5.eps_high:g} (TRL's 5.0) in §5.4; "
+     "this chapter": f"{CISPO.eps_high} (preset: DAPO's clip-higher); cap {1 + CISPO_5.eps_high:g} (TRL's 5.0) in §5.4 and §5.5; "
                      f"eps_low = {CISPO.eps_low}"},
     {"quantity": "model where the precision mismatch appears",
      "paper": "456B hybrid-attention MoE; 'did not appear in smaller, dense models with softmax attention'",

@@ -816,6 +816,7 @@ ev_first, ev_last = ev_vapo[1], ev_vapo[STEPS]
 ev_change = stats.paired_difference(ev_last, ev_first)
 clip_hi = per_seed_step("w/o clip-higher", "clip_frac_high").mean(axis=1)  # upper clip at 1.2, per seed
 train_acc = per_seed_step("VAPO", "accuracy").mean(axis=1)
+mixed = 1 - per_seed_step("VAPO", "zero_adv_group_frac").mean(axis=1)  # groups holding right and wrong answers
 fmt = stats.format_interval
 regime_run = pd.DataFrame([
     {"row": f"VAPO vs {CRITIC_CONTROL.name} (the critic's credit)",
@@ -834,6 +835,11 @@ regime_run = pd.DataFrame([
      "paper": "no rate given",
      "ours": f"training accuracy {fmt(stats.t_interval(train_acc, bounds=(0, 1)), 2)}",
      "in regime": float(train_acc.min()) > 0},
+    {"row": "w/o group sampling",
+     "precondition": "VAPO's groups give contrast: a share of them hold both right and wrong responses",
+     "paper": "'richer contrastive signals'; no share given",
+     "ours": f"{fmt(stats.t_interval(mixed, bounds=(0, 1)), 2)} of VAPO's groups of {G} are mixed",
+     "in regime": float(stats.t_interval(mixed, bounds=(0, 1)).lo) >= 0.1},  # at least a tenth, fixed beforehand
     {"row": "w/o value pretraining",
      "precondition": "the un-pretrained critic is biased low (the paper's direction, §6.7)",
      "paper": "a reward model's values, low at early tokens",
@@ -852,6 +858,8 @@ book.glue("vapo_share_first", f"{share_first:.2f}")
 book.glue("vapo_rel_targets", f"{rel_targets:.0%}")
 book.glue("vapo_ev_change", fmt(ev_change, 2))
 book.glue("vapo_clip_hi", fmt(stats.t_interval(clip_hi, bounds=(0, 1)), 4))
+book.glue("vapo_mixed", fmt(stats.t_interval(mixed, bounds=(0, 1)), 2))
+book.glue("vapo_groups_sentence", "holds" if regime.loc["w/o group sampling", "in regime"] else "fails")
 print(f"in the paper's regime: {list(regime.index[regime['in regime'].astype(bool)])}")
 
 # %% [markdown]
@@ -876,7 +884,9 @@ print(f"in the paper's regime: {list(regime.index[regime['in regime'].astype(boo
 # least at which raising it could matter), so clip-higher has almost nothing to release. And the
 # critic loses its hold while the policy moves: its explained variance changes by
 # {glue:text}`vapo_ev_change` (last step minus first, paired over seeds), so the critic's
-# per-token credit is not tested in the paper's regime either.
+# per-token credit is not tested in the paper's regime either. Group sampling's precondition
+# {glue:text}`vapo_groups_sentence`: {glue:text}`vapo_mixed` of VAPO's groups hold both right and wrong
+# responses, the contrast that sampling each question several times is meant to give.
 
 # %% tags=["nbval-ignore-output"]
 d = {k: stats.paired_difference(final[k], final["VAPO"]) for k in order if k != "VAPO"}
