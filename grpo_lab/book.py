@@ -42,6 +42,7 @@ __all__ = [
     "execute_notebook",
     "show_gpu_results",
     "gpu_regime",
+    "GPU_REGIME_COLUMNS",
     "gpu_time_table",
     "CHAPTER_PROFILES",
 ]
@@ -238,10 +239,14 @@ def run_time(start: float) -> str:
     re-execution never passes off a cache hit as the chapter's cost.
 
     Raises:
-        ValueError: ``start`` is later than now.
+        ValueError: ``start`` is not a finite number, or is later than now.
     """
     from .experiments import run_tally
 
+    import math
+
+    if isinstance(start, bool) or not isinstance(start, (int, float)) or not math.isfinite(start):
+        raise ValueError(f"run_time: start must be a finite time.perf_counter() reading, got {start!r}")
     seconds = time.perf_counter() - float(start)
     if seconds < 0:
         raise ValueError(f"run_time: start ({start!r}) is later than time.perf_counter() now")
@@ -387,7 +392,7 @@ GPU_REGIME_COLUMNS = {"clip_frac": "tokens clipped (fraction)", "zero_adv_group_
 def gpu_regime(results: dict) -> Any:
     """The regime a (GPU) run trained in, per algorithm: the mean over its RL steps (step > 0) of
     each column of :data:`GPU_REGIME_COLUMNS` the history has, as ``"mean [95% t interval]"`` over
-    seeds (:func:`grpo_lab.stats.t_interval`): how often the PPO clip acted, how many groups carried
+    seeds (:func:`grpo_lab.stats.t_interval`; the fractions' intervals clipped to [0, 1]): how often the PPO clip acted, how many groups carried
     no signal, how many responses hit the budget, how long they were. A chapter sets these beside
     the paper's values before it reads a difference between algorithms as the paper's mechanism.
 
@@ -413,7 +418,8 @@ def gpu_regime(results: dict) -> Any:
         for col, label in GPU_REGIME_COLUMNS.items():
             if col in train.columns and train[col].notna().any():
                 per_seed = train.groupby("seed")[col].mean().dropna()
-                row[label] = stats.format_interval(stats.t_interval(per_seed.to_numpy()), 3)
+                bounds = None if col == "length" else (0.0, 1.0)  # fractions stay in [0, 1]
+                row[label] = stats.format_interval(stats.t_interval(per_seed.to_numpy(), bounds=bounds), 3)
         if row:
             rows[name] = row
     return pd.DataFrame.from_dict(rows, orient="index")

@@ -284,6 +284,8 @@ def test_a_chapters_run_time_says_whether_its_runs_came_from_the_run_cache(profi
         book.cache_note([again.history])
     with pytest.raises(ValueError, match="later than"):
         book.run_time(time.perf_counter() + 100)
+    with pytest.raises(ValueError, match="finite"):
+        book.run_time(float("nan"))
 
 
 def test_run_cache_key_changes_with_the_package_source(profile, tmp_path, monkeypatch):

@@ -319,7 +319,7 @@ def test_the_chapter_cell_shows_results_or_what_a_run_would_cost(chapter_run, tm
 
 def test_gpu_regime_by_hand():
     """book.gpu_regime: per algorithm, each seed's mean over its RL steps (step 0, the base evaluation,
-    left out), then mean and 95% t interval over seeds. By hand: seed means 0.1 and 0.3 -> 0.2, sd
+    left out), then mean and 95% t interval over seeds (a fraction's clipped to [0, 1]). By hand: seed means 0.1 and 0.3 -> 0.2, sd
     0.1414, t(0.975, 1) = 12.706, half-width 12.706 * 0.1414 / sqrt(2) = 1.2706."""
     import pandas as pd
 
@@ -328,7 +328,7 @@ def test_gpu_regime_by_hand():
     ntp = pd.DataFrame({"seed": [0, 1], "step": [0, 2], "test_accuracy": [0.1, 0.2]})
     reg = book.gpu_regime({"GRPO": experiments.RunResult(h, {}), "continued NTP": experiments.RunResult(ntp, {})})
     assert list(reg.index) == ["GRPO"]  # a baseline without those columns has no row
-    assert reg.loc["GRPO", "tokens clipped (fraction)"] == "0.200 [-1.071, 1.471]"
+    assert reg.loc["GRPO", "tokens clipped (fraction)"] == "0.200 [0.000, 1.000]"  # [-1.071, 1.471] clipped to [0, 1]
     assert reg.loc["GRPO", "response length (tokens)"] == "5.000 [5.000, 5.000]"
     assert "tied groups (fraction)" not in reg.columns
 
