@@ -392,9 +392,10 @@ GPU_REGIME_COLUMNS = {"clip_frac": "tokens clipped (fraction)", "zero_adv_group_
 def gpu_regime(results: dict) -> Any:
     """The regime a (GPU) run trained in, per algorithm: the mean over its RL steps (step > 0) of
     each column of :data:`GPU_REGIME_COLUMNS` the history has, as ``"mean [95% t interval]"`` over
-    seeds (:func:`grpo_lab.stats.t_interval`; the fractions' intervals clipped to [0, 1]): how often the PPO clip acted, how many groups carried
-    no signal, how many responses hit the budget, how long they were. A chapter sets these beside
-    the paper's values before it reads a difference between algorithms as the paper's mechanism.
+    seeds (:func:`grpo_lab.stats.t_interval`; the fractions' intervals clipped to [0, 1]): how often
+    the PPO clip acted, how many groups carried no signal, how many responses hit the budget, how
+    long they were. A chapter sets these beside the paper's values before it reads a difference
+    between algorithms as the paper's mechanism.
 
     Args:
         results: ``{algorithm name: RunResult}`` (what :func:`grpo_lab.experiments.load_chapter_gpu`
