@@ -266,12 +266,13 @@ def cache_note(results: Any) -> str:
             (what ``run_grid`` returns) or a sequence of them.
 
     Raises:
-        TypeError: something that is not a RunResult, or a mapping or sequence of them.
+        TypeError: something that is not a RunResult, or a dict, list or tuple of them.
     """
     from .experiments import RunResult
 
     many = list(results.values()) if isinstance(results, dict) else (
-        [results] if isinstance(results, RunResult) else list(results))
+        [results] if isinstance(results, RunResult) else
+        list(results) if isinstance(results, (list, tuple)) else [results])
     if not all(isinstance(r, RunResult) for r in many):
         raise TypeError(f"cache_note: expected RunResult(s), got {type(results).__name__}")
     loaded = sum(len(r.provenance.get("cached_seeds", [])) for r in many)
@@ -404,11 +405,21 @@ def gpu_regime(results: dict) -> Any:
     Returns:
         A DataFrame, one row per algorithm with any of those columns, one column per measure; empty
         when no algorithm has any (chapter 7's continued-NTP baseline has none).
+
+    Raises:
+        TypeError: ``results`` is not a dict of RunResult values (the first offending entry named).
     """
     import pandas as pd
 
     from grpo_lab import stats
 
+    from .experiments import RunResult
+
+    if not isinstance(results, dict):
+        raise TypeError(f"gpu_regime: expected {{algorithm name: RunResult}}, got {type(results).__name__}")
+    for name, r in results.items():
+        if not isinstance(r, RunResult):
+            raise TypeError(f"gpu_regime: results[{name!r}] is a {type(r).__name__}, not a RunResult")
     rows = {}
     for name, r in results.items():
         h = r.history
@@ -559,6 +570,28 @@ def _local_kernel_manager(kernel_name: str) -> Iterator[Any]:
             socket_file.unlink(missing_ok=True)
 
 
+def _shut_down(km: Any) -> None:
+    """Shut down ``km``'s kernel, gracefully (a shutdown request, then a kill after its wait).
+
+    nbclient leaves a kernel it was given running; the kernel then notices that this process
+    exited and logs "[IPKernelApp] WARNING | Parent appears to have exited, shutting down." to the
+    terminal after every chapter. A failed shutdown must not hide the chapter's own result, so it
+    falls back to killing the kernel and, failing that, to the old behaviour (the kernel exits
+    with this process), saying why on stderr.
+    """
+    from jupyter_core.utils import run_sync
+
+    for now in (False, True):
+        try:
+            if run_sync(km.is_alive)():
+                run_sync(km.shutdown_kernel)(now=now)
+            return
+        except Exception as err:  # noqa: BLE001 - best effort: the chapter's outcome is what counts
+            reason = f"{type(err).__name__}: {err}"
+    print(f"grpo_lab.book: the kernel could not be shut down ({reason}); it exits with this process",
+          file=sys.stderr)
+
+
 def execute_notebook(
     path: str | os.PathLike[str],
     *,
@@ -598,8 +631,12 @@ def execute_notebook(
     start = time.perf_counter()
     try:
         with _local_kernel_manager(kernel_name) as km:  # IPC, not TCP: see _local_kernel_manager
-            NotebookClient(nb, km=km, timeout=timeout, kernel_name=kernel_name, allow_errors=False,
-                           record_timing=False, resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
+            try:
+                NotebookClient(nb, km=km, timeout=timeout, kernel_name=kernel_name, allow_errors=False,
+                               record_timing=False,
+                               resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
+            finally:
+                _shut_down(km)
     finally:
         os.environ.clear()
         os.environ.update(saved_env)

@@ -282,6 +282,8 @@ def test_a_chapters_run_time_says_whether_its_runs_came_from_the_run_cache(profi
     assert book.cache_note({"a": again, "b": fresh}) == " (2 of 5 seeded runs read from the run cache)"
     with pytest.raises(TypeError, match="RunResult"):
         book.cache_note([again.history])
+    with pytest.raises(TypeError, match="expected RunResult.*NoneType"):  # not iterated: named
+        book.cache_note(None)
     with pytest.raises(ValueError, match="later than"):
         book.run_time(time.perf_counter() + 100)
     with pytest.raises(ValueError, match="finite"):

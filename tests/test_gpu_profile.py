@@ -331,6 +331,10 @@ def test_gpu_regime_by_hand():
     assert reg.loc["GRPO", "tokens clipped (fraction)"] == "0.200 [0.000, 1.000]"  # [-1.071, 1.471] clipped to [0, 1]
     assert reg.loc["GRPO", "response length (tokens)"] == "5.000 [5.000, 5.000]"
     assert "tied groups (fraction)" not in reg.columns
+    with pytest.raises(TypeError, match=r"results\['x'\] is a int, not a RunResult"):
+        book.gpu_regime({"x": 1})
+    with pytest.raises(TypeError, match="algorithm name: RunResult"):
+        book.gpu_regime([experiments.RunResult(h, {})])
 
 
 def test_gpu_time_table_by_hand(monkeypatch):
