@@ -120,7 +120,7 @@ from typing import Any, Sequence
 
 __all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "hyperparameter_keys", "default_out",
            "resolve_model", "load_user_module", "unknown_characters", "UsageError", "lora_option", "LORA_TARGETS",
-           "report_to_option"]
+           "report_to_option", "task_from_arguments"]
 
 #: ``--set`` keys that exist as fields but are set by an option of their own
 _RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}
@@ -620,7 +620,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     prog = prog or _default_prog()
     ap = _Parser(
         prog=prog, formatter_class=_Formatter, epilog=_epilog(prog),
-        usage=f"{prog} [train] PRESET [options]\n       {prog} list\n       {prog} check-config FILE [--library trl|verl]",
+        usage=(f"{prog} [train] PRESET [options]\n       {prog} list\n       {prog} check-config FILE [--library trl|verl]"
+               f"\n       {prog} export PRESET --to trl|verl --model M --out DIR [options]   ({prog} export --help)"),
         description="Train an algorithm preset for one or more seeds from a base checkpoint and write the "
                     "results (one row per seed and step, with provenance) to a JSON file.",
     )
@@ -1171,9 +1172,19 @@ def _export_parser(prog: str) -> argparse.ArgumentParser:
                              "(--set) as training would use it.")
     ap.add_argument("preset", help="an algorithm preset (case-insensitive)")
     ap.add_argument("--to", required=True, choices=("trl", "verl"), help="the target library")
-    ap.add_argument("--task", default="arithmetic", help="a registered task")
+    ap.add_argument("--task", default="arithmetic", help="a registered task (--import adds your own)")
+    ap.add_argument("--task-arg", dest="task_args", action="append", default=[], metavar="KEY=VALUE",
+                    help="a field of the task, e.g. --task-arg source=hub (gsm8k: 'hub', 'fixture', or a .jsonl / "
+                         ".parquet file or hub-layout directory; default $GRPO_LAB_GSM8K_SOURCE or 'hub', as the GPU "
+                         "profile)")
+    ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first (a module name or a .py file), so that the task it registers can be "
+                         "exported (repeatable)")
     ap.add_argument("--model", required=True, help="a shipped checkpoint, a checkpoint directory or a hub id")
-    ap.add_argument("--out", required=True, help="the job's directory")
+    ap.add_argument("--out", required=True, help="the job's directory; one with files in it is refused unless "
+                                                 "--overwrite is given")
+    ap.add_argument("--overwrite", action="store_true", help="write into a --out directory that has files, "
+                                                             "replacing those of the same name")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: grpo_lab.export.DEFAULT_STEPS)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="a TrainerConfig field or an Algorithm field / hyper-parameter, as for training")
@@ -1192,19 +1203,82 @@ def _export(argv: list[str], prog: str) -> int:
     from . import export
     from .training.config import TrainerConfig
 
+    for spec in args.imports:
+        load_user_module(spec)
     algo = _preset(args.preset)
     set_cfg, set_algo = parse_set(args.overrides)
     algo = algo.replace(**set_algo) if set_algo else algo
+    task = task_from_arguments(args.task, args.task_args)
+    out = Path(args.out).expanduser()
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        raise UsageError(f"--out {args.out}: the directory has files in it; give an empty or new directory, or "
+                         "--overwrite to replace the job's files there")
     gpus = args.gpus_per_node if args.gpus_per_node is not None else (8 if args.to == "verl" else 1)
     common = dict(config=TrainerConfig(**set_cfg), steps=args.steps, strict=not args.approximate)
     try:
         if args.to == "trl":
             devices = {} if args.nnodes * gpus == 1 else {"nnodes": args.nnodes, "n_gpus_per_node": gpus}
-            out = export.trl_job(algo, args.task, resolve_model(args.model), args.out, **common, **devices)
+            out = export.trl_job(algo, task, resolve_model(args.model), out, **common, **devices)
         else:
-            out = export.verl_job(algo, args.task, resolve_model(args.model), args.out, nnodes=args.nnodes,
+            out = export.verl_job(algo, task, resolve_model(args.model), out, nnodes=args.nnodes,
                                   n_gpus_per_node=gpus, **common)
     except export.ExportError as err:
         raise UsageError(_command_line_words(str(err))) from None
-    print(f"wrote the {args.to} job of {algo.name} on {args.task} to {out} (README.md says how to run it)")
+    except (ImportError, OSError) as err:
+        source = getattr(task, "source", None)
+        if source is None:
+            raise
+        raise UsageError(f"--task {args.task}: its problems could not be read from source {source!r} "
+                         f"({type(err).__name__}: {err}); give --task-arg source=PATH (a local copy) or "
+                         "source=fixture (the problems shipped with grpo_lab)") from None
+    where = f" (source {task.source!r})" if isinstance(getattr(task, "source", None), str) else ""
+    print(f"wrote the {args.to} job of {algo.name} on {args.task}{where} to {out} (README.md says how to run it)")
+    if getattr(task, "source", None) == "fixture":
+        print(f"note: source 'fixture' is the {args.task} sample shipped with grpo_lab (a few problems, repeated), "
+              "for trying the job; --task-arg source=hub or source=PATH trains on the real set", file=sys.stderr)
     return 0
+
+
+def task_from_arguments(name: str, items: Sequence[str]) -> Any:
+    """The registered task ``name`` built from ``--task-arg KEY=VALUE`` items, each value typed by
+    the task class's field (as ``--set`` types a TrainerConfig field, :func:`parse_value`).
+
+    ``gsm8k`` without a ``source`` item reads ``$GRPO_LAB_GSM8K_SOURCE``, else
+    :data:`grpo_lab.experiments.GPU_GSM8K_SOURCE` (``"hub"``), as the GPU profile does: a job
+    for GSM8K trains on GSM8K unless the shipped fixture is asked for.
+
+    Raises:
+        UsageError: an unknown task (close names suggested), an item without ``=``, a key that is not
+            a field of the task's class (the fields listed), a value not of the field's type, or
+            values the task refuses (its ``ValueError`` / ``OSError``, e.g. no file at ``source``).
+    """
+    from .experiments import GPU_GSM8K_SOURCE
+    from .tasks import TASKS, get_task
+
+    if name not in TASKS:
+        close = difflib.get_close_matches(name, list(TASKS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"--task: unknown task {name!r}{hint}; known tasks: {', '.join(sorted(TASKS))} (--import "
+                         "adds your own)")
+    cls = TASKS[name]
+    hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+    fields = {f.name for f in dataclasses.fields(cls) if f.init} if dataclasses.is_dataclass(cls) else set()
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = (part.strip() for part in item.partition("="))
+        if not sep or not key:
+            raise UsageError(f"--task-arg expects KEY=VALUE, got {item!r} (e.g. --task-arg source=hub)")
+        if key not in fields:
+            raise UsageError(f"--task-arg {key}: not a field of task {name!r} ({cls.__name__}); its fields: "
+                             f"{', '.join(sorted(fields)) or 'none'}")
+        try:
+            kwargs[key] = parse_value(key, text, hints.get(key, str))
+        except UsageError as err:
+            raise UsageError(str(err).replace("--set", "--task-arg", 1)) from None
+    if name == "gsm8k" and "source" not in kwargs:
+        kwargs["source"] = os.environ.get("GRPO_LAB_GSM8K_SOURCE") or GPU_GSM8K_SOURCE
+    try:
+        return get_task(name, **kwargs)
+    except (ValueError, OSError) as err:
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "its defaults"
+        raise UsageError(f"--task {name} with {given}: {err}") from None

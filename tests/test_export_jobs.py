@@ -187,3 +187,65 @@ def test_the_command_line_names_its_own_options_in_an_export_error(tmp_path, cap
     assert "On the command line: --set adv_eps=1e-06." in err and "Pass --approximate" in err
     assert "strict=False" not in err
     assert cli.main([*argv, "--set", "adv_eps=1e-06"], prog="grpo") == 0
+
+
+def test_the_command_line_exports_gsm8k_itself_unless_the_fixture_is_asked_for(tmp_path, capsys, monkeypatch):
+    # `--task gsm8k` used to export the 24-problem fixture silently (a fresh user's trial); it now reads
+    # the source as the GPU profile does, and the fixture only when named, with a note saying what it is
+    from grpo_lab import cli
+
+    argv = ["export", "GRPO", "--to", "trl", "--task", "gsm8k", "--model", "arithmetic-base", "--steps", "2"]
+    from grpo_lab.tasks.gsm8k import fixture_path
+
+    monkeypatch.setenv("GRPO_LAB_GSM8K_SOURCE", str(fixture_path()))
+    assert cli.task_from_arguments("gsm8k", []).source == str(fixture_path())
+    monkeypatch.setenv("GRPO_LAB_GSM8K_SOURCE", str(tmp_path / "no-such-gsm8k.jsonl"))
+    assert cli.main([*argv, "--out", str(tmp_path / "a")], prog="grpo") == 2
+    err = capsys.readouterr().err
+    assert "--task gsm8k with source=" in err and "no-such-gsm8k.jsonl" in err
+    assert not (tmp_path / "a" / "train.py").exists()
+    monkeypatch.delenv("GRPO_LAB_GSM8K_SOURCE")
+    assert cli.task_from_arguments("gsm8k", []).source == "hub"
+
+    def offline(self, path_or_id, split):  # what datasets raises offline, without its 23 s of retries
+        raise ConnectionError(f"Couldn't reach {path_or_id!r} on the Hub")
+
+    monkeypatch.setattr(GSM8KTask, "_load_split", offline)
+    assert cli.main([*argv, "--out", str(tmp_path / "c")], prog="grpo") == 2
+    err = capsys.readouterr().err
+    assert "from source 'hub'" in err and "Couldn't reach" in err and "--task-arg source=PATH" in err
+    assert cli.main([*argv, "--task-arg", "source=fixture", "--out", str(tmp_path / "b")], prog="grpo") == 0
+    captured = capsys.readouterr()
+    assert "(source 'fixture')" in captured.out and "note: source 'fixture'" in captured.err
+    assert literal(tmp_path / "b" / "rewards.py", "TASK_SPEC")["params"]["source"] == "fixture"
+
+
+def test_the_command_line_types_task_arguments_and_names_bad_ones(capsys):
+    from grpo_lab import cli
+
+    task = cli.task_from_arguments("arithmetic", ["max_terms=3"])
+    assert isinstance(task, ArithmeticTask) and task.max_terms == 3
+    for items, expected in ((["max_terms"], "expects KEY=VALUE"), (["max_trms=3"], "not a field of task"),
+                            (["max_terms=three"], "--task-arg max_terms=three")):
+        with pytest.raises(cli.UsageError, match=expected):
+            cli.task_from_arguments("arithmetic", items)
+    with pytest.raises(cli.UsageError, match="did you mean 'arithmetic'"):
+        cli.task_from_arguments("arithmetc", [])
+
+
+def test_the_command_line_refuses_a_job_directory_with_files_and_imports_an_own_task(tmp_path, capsys):
+    from pathlib import Path
+
+    from grpo_lab import cli
+
+    example = Path(__file__).resolve().parents[1] / "book" / "examples" / "reverse_task.py"
+    out = tmp_path / "job"
+    argv = ["export", "GRPO", "--to", "trl", "--import", str(example), "--task", "reverse", "--model",
+            "arithmetic-base", "--out", str(out), "--steps", "2"]
+    assert cli.main(argv, prog="grpo") == 0
+    assert literal(out / "rewards.py", "TASK_SPEC")["name"] == "reverse"
+    (out / "train.py").write_text("# edited by hand\n")
+    assert cli.main(argv, prog="grpo") == 2
+    assert "--overwrite" in capsys.readouterr().err and (out / "train.py").read_text() == "# edited by hand\n"
+    assert cli.main([*argv, "--overwrite"], prog="grpo") == 0
+    assert "SETTINGS" in (out / "train.py").read_text()
