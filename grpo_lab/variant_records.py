@@ -636,11 +636,14 @@ def records_table(records: Optional[Mapping[str, VariantRecord]] = None) -> Any:
         a ``pandas.DataFrame`` with one row per record, in the mapping's order, and no empty cell.
 
     Raises:
-        ValueError: a value that is not a :class:`VariantRecord`, or a record whose ``preset`` is not a
-            preset of :mod:`grpo_lab.algorithms`.
+        ValueError: ``records`` not a mapping, a value that is not a :class:`VariantRecord`, or a
+            record whose ``preset`` is not a preset of :mod:`grpo_lab.algorithms`.
     """
     import pandas as pd
 
+    if records is not None and not isinstance(records, Mapping):
+        raise ValueError(f"records must be a mapping of preset name to VariantRecord (like RECORDS), got "
+                         f"{type(records).__name__}")
     rows = []
     for rec in (RECORDS if records is None else records).values():
         if not isinstance(rec, VariantRecord):

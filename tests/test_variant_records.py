@@ -278,6 +278,8 @@ def test_records_table_has_one_full_row_per_record():
 def test_records_table_refuses_what_is_not_a_record():
     with pytest.raises(ValueError, match="VariantRecord"):
         V.records_table({"x": "not a record"})
+    with pytest.raises(ValueError, match="mapping of preset name to VariantRecord"):
+        V.records_table([RECORDS["GMPO"]])
     with pytest.raises(ValueError, match="unknown algorithm"):
         V.records_table({"X": dataclasses.replace(RECORDS["GMPO"], preset="NOT_A_PRESET")})
 

@@ -420,11 +420,28 @@ def _one(term: Term, typed: str, value: Any, style: str) -> str:
     else:
         msg = f"{head}; in grpo_lab {_decide(term.names)}"
     if t["preset"]:
-        msg += f", or the {t['preset']} preset"
+        msg += _preset_hint(t["preset"], t["settings"])
     msg += _depends(term, tuple(t["settings"]) if term.same or t["settings"] else (), style)
     for note in t["notes"]:
         msg += f"; {note}" if t["settings"] else f"; no grpo_lab equivalent: {note}"
     return msg
+
+
+def _preset_hint(name: str, settings: dict) -> str:
+    """``", or the DAPO preset"``, or, where that preset sets a named field otherwise (DAPO's
+    ``group_token_mean``, Eq. 12 per group, against TRL's ``loss_type=dapo``, a token mean over the
+    batch), what it sets instead."""
+    from ..algorithms import get_algorithm
+
+    try:
+        preset = get_algorithm(name)
+    except (KeyError, ValueError):
+        return f", or the {name} preset"
+    other = {k: getattr(preset, k) for k, v in settings.items() if hasattr(preset, k) and getattr(preset, k) != v}
+    if not other:
+        return f", or the {name} preset"
+    said = ", ".join(f"{k}={v!r}" for k, v in other.items())
+    return f" (the {name} preset differs here: it has {said})"
 
 
 def explain(key: str, value: Any = _UNSET, *, style: str = "set") -> Optional[str]:
