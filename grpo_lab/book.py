@@ -70,6 +70,12 @@ _SILENCED_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (RuntimeWarning, r"(seaborn|pandas|numpy)(\..*)?"),
 )
 
+#: Warning categories a chapter silences because it measures and shows what they say:
+#: ``DynamicSamplingShortfallWarning`` (steps that trained on fewer than ``prompts_per_step`` groups),
+#: which chapters 2 and 7 report as the history's ``samples_per_trained`` and ``trained_groups``
+#: (chapter 7: the share of full batches, in its regime table).
+_MEASURED_WARNINGS = ("DynamicSamplingShortfallWarning",)
+
 
 def in_colab() -> bool:
     """Return True when running inside Google Colab.
@@ -125,8 +131,12 @@ def _seed_everything(seed: int) -> None:
 
 def _quiet_warnings() -> None:
     """Install the warning filters of :data:`_SILENCED_WARNINGS` (idempotent)."""
+    from .training import learning_signal
+
     for category, module in _SILENCED_WARNINGS:
         warnings.filterwarnings("ignore", category=category, module=module)
+    for name in _MEASURED_WARNINGS:
+        warnings.filterwarnings("ignore", category=getattr(learning_signal, name))
 
 
 def _quiet_huggingface() -> None:

@@ -85,7 +85,8 @@ from .training.collection import Batch, Collection, Scored
 from .training.config import TrainerConfig
 from .training.dropout import disable_dropout
 from .training.history import History
-from .training.learning_signal import NO_SIGNAL_STEPS, NoLearningSignalWarning, no_signal_step, no_signal_warning
+from .training.learning_signal import (NO_SIGNAL_STEPS, DynamicSamplingShortfallWarning, NoLearningSignalWarning,
+                                      no_signal_step, no_signal_warning)
 from .training.memory import peak_memory_mb, reset_peak_memory
 from .training.adamw import build_adamw
 from .training.precision import PRECISIONS, MixedPrecision, resolve_precision
@@ -103,7 +104,8 @@ from .training.checkpoints import _json_default  # noqa: F401
 from .training.collection import _concat_rollouts  # noqa: F401
 
 __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb", "reset_peak_memory",
-           "MEASURED_COLUMNS", "PRECISIONS", "resolve_precision", "NoLearningSignalWarning"]
+           "MEASURED_COLUMNS", "PRECISIONS", "resolve_precision", "NoLearningSignalWarning",
+           "DynamicSamplingShortfallWarning"]
 
 #: The history columns that measure the machine rather than the run, namely wall times, throughput and
 #: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another

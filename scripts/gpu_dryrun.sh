@@ -19,7 +19,8 @@ PY=${GRPO_LAB_PY:-.venv/bin/python}  # not $PYTHON: the Makefile uses that name 
 mkdir -p "$OUT"
 OUT_ABS=$(cd "$OUT" && pwd)
 [[ -f "$OUT_ABS/standin/config.json" ]] || \
-  $PY -c "import sys; sys.path.insert(0, 'tests'); import _hub_fixture as H; H.write_tiny_instruct_model('$OUT_ABS/standin')"
+  $PY -c "import sys; sys.path.insert(0, 'tests'); import transformers; transformers.logging.disable_progress_bar(); \
+import _hub_fixture as H; H.write_tiny_instruct_model('$OUT_ABS/standin')"  # no 'Writing model shards' bar
 export GRPO_LAB_GPU_MODEL="$OUT_ABS/standin" GRPO_LAB_GSM8K_SOURCE=fixture GRPO_LAB_GPU_DEVICE=cpu
 # a small batch and budget (the code path, not the scale), in bfloat16 autocast (float32 is what "auto" gives on CPU)
 export GRPO_LAB_GPU_CONFIG='{"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 32, "micro_batch_size": 8, "precision": "bfloat16"}'

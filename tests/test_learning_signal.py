@@ -9,8 +9,9 @@ from _toys import TINY, HalfTask, tiny_profile
 from grpo_lab import experiments
 from grpo_lab.models import tiny_policy
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.trainer import MEASURED_COLUMNS, NoLearningSignalWarning, Trainer, TrainerConfig
-from grpo_lab.training.learning_signal import NO_SIGNAL_STEPS, no_signal_step, no_signal_warning
+from grpo_lab.trainer import (MEASURED_COLUMNS, DynamicSamplingShortfallWarning, NoLearningSignalWarning, Trainer,
+                              TrainerConfig)
+from grpo_lab.training.learning_signal import NO_SIGNAL_STEPS, no_signal_step, no_signal_warning, shortfall_steps
 
 
 def _rows(fracs):
@@ -96,3 +97,27 @@ def test_worker_processes_warn_once_in_the_caller(tmp_path):
     experiments.shutdown_workers()
     hits = [str(w.message) for w in caught if issubclass(w.category, NoLearningSignalWarning)]
     assert len(hits) == 1 and "seeds 0, 1" in hits[0], hits
+
+
+def test_shortfall_steps_by_hand():
+    rows = [{"step": 0, "test_accuracy": 0.1}, {"step": 1, "trained_groups": 2}, {"step": 2, "trained_groups": 1},
+            {"step": 3, "trained_groups": 0}, {"step": 4, "trained_groups": float("nan")}]
+    assert shortfall_steps(rows, prompts_per_step=2) == 2  # steps 2 and 3; step 0 and the NaN row skipped
+    assert shortfall_steps(rows, prompts_per_step=1) == 1
+
+
+def test_run_says_a_dynamic_sampling_shortfall_once_over_seeds(tmp_path):
+    # the tiny random policy solves nothing, so every group is tied and dynamic sampling (DAPO) finds no mixed
+    # group in max_gen_rounds rounds: the trainer warns at each step; run() silences those in its seeds and
+    # warns once (it printed one RuntimeWarning per step and seed from the worker processes of chapter 7)
+    prof = tiny_profile(tmp_path / "base", steps=2, eval_every=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = experiments.run("DAPO", profile=prof, seeds=(0, 1), n_jobs=1, cache=False,
+                                 max_gen_rounds=2)
+    hits = [str(w.message) for w in caught if issubclass(w.category, DynamicSamplingShortfallWarning)]
+    assert len(hits) == 1, hits
+    assert hits[0].startswith("DAPO (seeds 0, 1): dynamic sampling found fewer than prompts_per_step=2 groups")
+    assert "max_gen_rounds=2 rounds at 2, 2 of 2 steps" in hits[0]
+    assert (result.history.query("step > 0")["trained_groups"] == 0).all()  # what the warning counted
+    assert issubclass(DynamicSamplingShortfallWarning, RuntimeWarning)  # old RuntimeWarning filters still match

@@ -25,7 +25,8 @@ from ..paths import checkpoint_dir
 from ..tasks import get_task
 from ..trainer import Trainer, TrainerConfig
 from ..training.config import OUTPUT_FIELDS
-from ..training.learning_signal import NoLearningSignalWarning, no_signal_step, no_signal_warning
+from ..training.learning_signal import (DynamicSamplingShortfallWarning, NoLearningSignalWarning, no_signal_step,
+                                       no_signal_warning, shortfall_steps, shortfall_warning)
 from ..validation import is_int
 from .profiles import PROFILES, Profile, _task_fix, get_profile
 from .results import RunResult, provenance
@@ -159,6 +160,7 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
         trainer.rows.append(dict(_BASE_EVALS[key]))
     with warnings.catch_warnings():  # run() warns once over all seeds (_warn_no_signal), in the caller's process
         warnings.simplefilter("ignore", NoLearningSignalWarning)
+        warnings.simplefilter("ignore", DynamicSamplingShortfallWarning)
         trainer.train(steps - trainer.step)
     if key is not None and key not in _BASE_EVALS and trainer.rows and trainer.rows[0].get("step") == 0:
         _BASE_EVALS[key] = dict(trainer.rows[0])
@@ -260,6 +262,18 @@ def _warn_no_signal(algo: Algorithm, prof: Profile, frames: Sequence[pd.DataFram
     warnings.warn(no_signal_warning(algo.name, prof.config.group_size, min(at for _, at in hits),
                                     seeds=[s for s, _ in hits], base_accuracy=base),
                   NoLearningSignalWarning, stacklevel=3)
+
+
+def _warn_shortfall(algo: Algorithm, prof: Profile, frames: Sequence[pd.DataFrame], steps: int) -> None:
+    """One :class:`~grpo_lab.training.learning_signal.DynamicSamplingShortfallWarning` for the seeds of
+    ``algo`` whose dynamic sampling trained a step on fewer than ``prompts_per_step`` groups, in the caller's
+    process (the trainer's per-step warnings are silenced in the seeds, :func:`_train_one`)."""
+    c = prof.config
+    short = {int(f["seed"].iloc[0]): n for f in frames if len(f) and "seed" in f
+             for n in [shortfall_steps(f.to_dict("records"), c.prompts_per_step)] if n}
+    if short:
+        warnings.warn(shortfall_warning(algo.name, short, steps, c.prompts_per_step, c.max_gen_rounds),
+                      DynamicSamplingShortfallWarning, stacklevel=3)
 
 
 def _label(h: pd.DataFrame, algo: Algorithm, seed: int) -> pd.DataFrame:
@@ -457,6 +471,7 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
                                    save_model)
     wall = time.perf_counter() - t0
     _warn_no_signal(algo, prof, frames)
+    _warn_shortfall(algo, prof, frames, steps)
     prov = provenance(algo, prof, steps, seeds, wall)
     prov["cached_seeds"] = [s for _, s in hits]
     prov["run_cache"] = note or "on"
@@ -510,6 +525,7 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
     out, k = {}, 0
     for a in algos:
         _warn_no_signal(a, profs[a.name], frames[k:k + len(seeds)])
+        _warn_shortfall(a, profs[a.name], frames[k:k + len(seeds)], steps)
         prov = provenance(a, profs[a.name], steps, seeds, wall)
         prov["cached_seeds"] = [s for name, s in hits if name == a.name]
         prov["run_cache"] = note or "on"

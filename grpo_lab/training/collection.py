@@ -23,6 +23,7 @@ from .. import sampling
 from ..models import inference_copy
 from ..rollout import Rollout, generate
 from ..tasks import Problem, correctness
+from .learning_signal import DynamicSamplingShortfallWarning
 
 __all__ = ["Scored", "Batch"]
 
@@ -193,7 +194,8 @@ class Collection:
         if c.on_gen_rounds_exhausted == "error":
             raise RuntimeError(msg + "; raise TrainerConfig.max_gen_rounds or set on_gen_rounds_exhausted='warn'")
         warnings.warn(msg + ("; training on those groups" if n_kept else "; skipping this step's update")
-                      + " (TrainerConfig.max_gen_rounds bounds the extra generation)", RuntimeWarning, stacklevel=4)
+                      + " (TrainerConfig.max_gen_rounds bounds the extra generation)", DynamicSamplingShortfallWarning,
+                      stacklevel=4)
 
 
 def _check_sampled(task, problems, n: int) -> None:

@@ -9,13 +9,20 @@ mean the base policy never (or always) solves the prompts, as RL from ``arithmet
 :class:`~grpo_lab.trainer.Trainer` then warns once per run with :class:`NoLearningSignalWarning` (:func:`no_signal_warning`), and
 :func:`grpo_lab.experiments.run` once per call over its seeds, also for seeds trained in worker
 processes (their histories come back to the caller). The warning changes no number.
+
+Dynamic sampling (DAPO Eq. 11) that finds fewer than ``prompts_per_step`` mixed groups within
+``max_gen_rounds`` rounds trains on those it found: the trainer warns at each such step with
+:class:`DynamicSamplingShortfallWarning`; :func:`grpo_lab.experiments.run` silences those in its seeds
+and warns once over them instead (:func:`shortfall_steps`, :func:`shortfall_warning`), from the
+history's ``trained_groups`` column.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-__all__ = ["NoLearningSignalWarning", "NO_SIGNAL_STEPS", "no_signal_step", "no_signal_warning"]
+__all__ = ["NoLearningSignalWarning", "NO_SIGNAL_STEPS", "no_signal_step", "no_signal_warning",
+           "DynamicSamplingShortfallWarning", "shortfall_steps", "shortfall_warning"]
 
 #: How many steps in a row must have every group tied before the warning (5). Over the 341 runs without a
 #: value model in the book's run cache (2026-12-02) the longest such streak is 2 steps (in four 16-step runs
@@ -75,3 +82,33 @@ def no_signal_warning(algo_name: str, group_size: int, at_step: int,
             "reverse task: --model reverse-base, made by python -m grpo_lab.pretrain reverse), raise "
             "group_size or temperature, or use DAPO's dynamic sampling (dynamic_sampling=True), which resamples "
             "tied groups")
+
+
+class DynamicSamplingShortfallWarning(RuntimeWarning):
+    """Dynamic sampling (DAPO Eq. 11) found fewer than ``prompts_per_step`` groups with mixed accuracy
+    within ``max_gen_rounds`` generation rounds, so a step trained on fewer groups (or skipped its update).
+    A ``RuntimeWarning``, so filters written for the earlier plain ``RuntimeWarning`` still match."""
+
+
+def shortfall_steps(rows: Iterable[Mapping], prompts_per_step: int) -> int:
+    """How many training steps of a history trained on fewer than ``prompts_per_step`` groups.
+
+    Args:
+        rows: history rows (dicts); rows without ``trained_groups`` (step 0's evaluation, a run without the
+            sampling columns) are skipped, as is a NaN.
+        prompts_per_step: the groups a step asks for (``TrainerConfig.prompts_per_step``).
+    """
+    return sum(1 for r in rows if r.get("trained_groups") is not None and r["trained_groups"] == r["trained_groups"]
+               and int(r["trained_groups"]) < prompts_per_step)
+
+
+def shortfall_warning(algo_name: str, short: Mapping[int, int], steps: int, prompts_per_step: int,
+                      max_gen_rounds: int) -> str:
+    """The text of :class:`DynamicSamplingShortfallWarning` for a run: ``short`` maps each seed with a
+    shortfall to its number of short steps (of ``steps`` per seed)."""
+    seeds = ", ".join(str(s) for s in sorted(short))
+    counts = ", ".join(f"{short[s]}" for s in sorted(short))
+    return (f"{algo_name} (seed{'s' if len(short) > 1 else ''} {seeds}): dynamic sampling found fewer than "
+            f"prompts_per_step={prompts_per_step} groups with mixed accuracy within max_gen_rounds={max_gen_rounds} "
+            f"rounds at {counts} of {steps} steps, and trained on the groups it found (history column "
+            "trained_groups); raise max_gen_rounds, or the group size or temperature, if every step should be full")
