@@ -59,6 +59,7 @@ N_JOBS = 2  # worker processes; results do not depend on it
 
 # %% tags=["hide-input"]
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -445,11 +446,14 @@ print("values biased low by b -> every token's GAE advantage rises by lambda^(n-
       "lambda = 0, 0.7, 0.95, 1)")
 
 # %% [markdown]
-# **Which critic.** Two designs, measured with the same pretraining (seed 0,
-# {glue:text}`vapo_pretrain_steps` steps of {glue:text}`vapo_rows` responses, critic learning rate
-# {glue:text}`vapo_value_lr`, twice the policy's as in VAPO §5.1): a copy of the policy's backbone
-# with a new scalar head (`value_init="policy"`), and a separate transformer with
+# **Which critic.** Two designs, measured with the same pretraining ({glue:text}`vapo_pretrain_steps`
+# steps of {glue:text}`vapo_rows` responses, critic learning rate {glue:text}`vapo_value_lr`, twice
+# the policy's as in VAPO §5.1), over {glue:text}`vapo_critic_seeds` seeds: a copy of the policy's
+# backbone with a new scalar head (`value_init="policy"`), and a separate transformer with
 # {glue:text}`vapo_scratch_frac` times the policy's parameters, initialised at random (`"scratch"`).
+# Seed 0 runs here, in this process: its backbone copy is the critic of §6.8 and the one every run
+# of §6.9 starts from; the other seeds run in the worker processes
+# (`experiments.pretrain_critic`, the same procedure).
 
 # %% tags=["nbval-ignore-output"]
 PRETRAIN_STEPS = 16
@@ -466,15 +470,29 @@ for init in ("policy", "scratch"):
     critics[init] = tr
     warm_rows.append(h.assign(critic={"policy": "copy of the policy's backbone",
                                       "scratch": "separate, random init"}[init], init=init))
-warm = pd.concat(warm_rows, ignore_index=True)
+warm = pd.concat(warm_rows, ignore_index=True).assign(seed=0)
 critics["policy"].value_model.save(critic_dir)
 n_policy = count_parameters(critics["policy"].policy)
-summary = warm[warm.value_step > PRETRAIN_STEPS - 4].groupby("init").agg(
-    explained_variance=("explained_variance", "mean"), value_loss=("value_loss", "mean"))
-summary["seconds per step"] = warm.groupby("init")["seconds"].mean()
-summary["parameters"] = [count_parameters(critics[i].value_model) for i in summary.index]
-summary["parameters / policy's"] = summary["parameters"] / n_policy
-display(summary.round(3))
+# seeds 1-4 of both designs, the same procedure in the worker processes (about 20 s per seed and design)
+more = experiments.map_workers(
+    functools.partial(experiments.pretrain_critic, algo=VAPO_OURS, profile=profile, steps=PRETRAIN_STEPS,
+                      value_lr=VALUE_LR),
+    [(seed, init, None) for seed in SEEDS if seed != 0 for init in ("policy", "scratch")], n_jobs=N_JOBS)
+warm_all = pd.concat([warm, *more], ignore_index=True)
+# per seed and design: the mean of the last four steps (explained variance on batches the critic has not seen)
+last4 = warm_all[warm_all.value_step > PRETRAIN_STEPS - 4].groupby(["init", "seed"]).agg(
+    explained_variance=("explained_variance", "mean"), value_loss=("value_loss", "mean"),
+    seconds=("seconds", "mean"))
+ev_seed = {init: last4.loc[init, "explained_variance"] for init in ("policy", "scratch")}
+summary = pd.DataFrame({
+    init: {"explained variance, last 4 steps": stats.format_interval(stats.t_interval(ev_seed[init].to_numpy()), 3),
+           "value loss, last 4 steps": stats.format_interval(stats.t_interval(last4.loc[init, "value_loss"].to_numpy()), 3),
+           "seconds per step (seed 0)": f"{warm[warm.init == init]['seconds'].mean():.2f}",
+           "parameters": f"{count_parameters(critics[init].value_model):,}",
+           "parameters / policy's": f"{count_parameters(critics[init].value_model) / n_policy:.2f}"}
+    for init in ("policy", "scratch")}).T
+summary.index.name = f"critic (mean [95% t] over {len(SEEDS)} seeds)"
+display(summary)
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 fig, axes = plt.subplots(1, 2, figsize=(8.4, 2.9))
@@ -492,23 +510,33 @@ plotting.legend_below(fig, [axes[0]])
 book.glue("fig_vapo_pretrain", fig)
 
 # %%
-ev = summary["explained_variance"]
-assert ev["policy"] > 0.1 and ev["policy"] > ev["scratch"] + 0.1  # the backbone copy learns, the scratch one barely
-assert warm.loc[warm.init == "policy", "value_loss"].iloc[-4:].mean() < warm.loc[warm.init == "policy", "value_loss"].iloc[0]
-book.glue("vapo_ev_policy", f"{ev['policy']:.2f}")
-book.glue("vapo_ev_scratch", f"{ev['scratch']:.2f}")
+ev_diff = stats.paired_difference(ev_seed["policy"], ev_seed["scratch"])
+ev0 = float(ev_seed["policy"].loc[0])
+# the backbone copy learns, the scratch one barely: paired over the seeds, the difference's interval is above 0.1
+assert ev_diff.n == len(SEEDS) and ev_diff.lo > 0.1
+assert ev0 > 0.1  # seed 0's copy, the critic of 6.8 and 6.9
+first_loss = warm_all[warm_all.value_step == 1].groupby(["init", "seed"])["value_loss"].mean()
+assert (last4.loc["policy", "value_loss"] < first_loss.loc["policy"]).all()  # every seed's copy fits
+book.glue("vapo_ev_policy", stats.format_interval(stats.t_interval(ev_seed["policy"].to_numpy()), 2))
+book.glue("vapo_ev_scratch", stats.format_interval(stats.t_interval(ev_seed["scratch"].to_numpy()), 2))
+book.glue("vapo_ev_diff", stats.format_interval(ev_diff, 2))
+book.glue("vapo_ev_seed0", f"{ev0:.2f}")
+book.glue("vapo_critic_seeds", len(SEEDS))
 book.glue("vapo_pretrain_steps", PRETRAIN_STEPS)
 book.glue("vapo_rows", profile.config.prompts_per_step * profile.config.group_size)
 book.glue("vapo_value_lr", f"{VALUE_LR:g}")
-book.glue("vapo_scratch_frac", f"{summary.loc['scratch', 'parameters / policy' + chr(39) + 's']:.2f}")
-print(f"explained variance over the last 4 pretraining steps: policy copy {ev['policy']:.2f}, "
-      f"scratch {ev['scratch']:.2f}")
+book.glue("vapo_scratch_frac", f"{count_parameters(critics['scratch'].value_model) / n_policy:.2f}")
+print(f"explained variance over the last 4 pretraining steps, {len(SEEDS)} seeds: policy copy "
+      f"{stats.format_interval(stats.t_interval(ev_seed['policy'].to_numpy()), 2)}, scratch "
+      f"{stats.format_interval(stats.t_interval(ev_seed['scratch'].to_numpy()), 2)}; copy - scratch, paired "
+      f"over seeds: {stats.format_interval(ev_diff, 2)}; seed 0's copy (used below) {ev0:.2f}")
 
 # %% [markdown]
 # ```{glue:figure} fig_vapo_pretrain
 # :name: fig-vapo-pretrain
 #
-# Value pretraining on Monte-Carlo returns of the frozen base policy (seed 0). Left: explained
+# Value pretraining on Monte-Carlo returns of the frozen base policy (seed 0; the table above gives
+# all seeds). Left: explained
 # variance $1-\Var(R-V)/\Var(R)$ over the real tokens of each step's fresh batch, measured before
 # the critic is fitted to it (0: no better than a constant). Right: the value loss of the fit. The
 # copy of the policy's backbone learns to predict the outcome from the partial answer; the random
@@ -516,8 +544,10 @@ print(f"explained variance over the last 4 pretraining steps: policy copy {ev['p
 # ```
 #
 # The copy of the policy's backbone reaches an explained variance of {glue:text}`vapo_ev_policy`
-# (mean of the last four steps), the separate random transformer {glue:text}`vapo_ev_scratch`: it
-# fits the mean return and nothing else in this budget. Predicting whether a partial answer will be
+# (mean of the last four steps; mean [95% t interval] over {glue:text}`vapo_critic_seeds` seeds),
+# the separate random transformer {glue:text}`vapo_ev_scratch`: it fits the mean return and nothing
+# else in this budget. Paired over the seeds, the copy explains {glue:text}`vapo_ev_diff` more of
+# the return variance. Predicting whether a partial answer will be
 # right needs the arithmetic the policy already knows, and the copy starts with it. It costs one
 # more policy-sized forward and backward per token, which is why the scratch model is faster per
 # step; the book uses the copy (`value_init="policy"`, the default), as PPO usually does, and VAPO
@@ -616,7 +646,8 @@ print(f"GRPO: {float(flat.iloc[0]):.2f} on every token; length-adaptive GAE: mos
 # {glue:text}`vapo_credit_reference`, so the answer first goes wrong at token
 # {glue:text}`vapo_credit_first_wrong`. Under the length-adaptive GAE, {glue:text}`vapo_credit_verdict`.
 # That is the catch of per-token credit: it is exactly as good as the critic, and a critic that
-# explains {glue:text}`vapo_ev_policy` of the return variance gives noisy per-token estimates.
+# explains {glue:text}`vapo_ev_seed0` of the return variance (this one, seed 0's) gives noisy
+# per-token estimates.
 # GRPO's flat advantage is wrong about every token in a known way; GAE's is unbiased only at
 # $\lambda=1$ or with an exact critic, and otherwise wrong about individual tokens in ways that
 # depend on the critic.
@@ -663,6 +694,17 @@ H_FIXED = 1 / (1 - 0.95)  # the horizon of a fixed lambda = 0.95: 20 tokens
 adv_adaptive = VAPO_OURS.estimate_advantages(view_b)[real].detach().numpy()
 adv_fixed = VAPO_OURS.replace(lam_alpha=None).estimate_advantages(view_b)[real].detach().numpy()
 corr_lam = float(np.corrcoef(adv_adaptive, adv_fixed)[0, 1])
+# its 95% interval: a bootstrap over the batch's groups (a prompt's G responses resampled together, 1000 draws)
+n_real = real.sum(-1).numpy()
+G_b = probe.config.group_size
+token_ix = np.split(np.arange(int(n_real.sum())), np.cumsum(n_real)[:-1])  # each response's real tokens
+group_ix = [np.concatenate(token_ix[g * G_b:(g + 1) * G_b]) for g in range(len(token_ix) // G_b)]
+boot_rng = np.random.default_rng(0)
+corr_boot = []
+for _ in range(1000):
+    pick = np.concatenate([group_ix[g] for g in boot_rng.integers(0, len(group_ix), len(group_ix))])
+    corr_boot.append(np.corrcoef(adv_adaptive[pick], adv_fixed[pick])[0, 1])
+corr_lo, corr_hi = (float(q) for q in np.percentile(corr_boot, [2.5, 97.5]))
 lam_pol = length_adaptive_lam(lens, ALPHA)
 share_first = float((lam_pol ** (lens - 1)).mean())  # the reward's share in token 0's lambda_policy target
 t_dec = VAPO_OURS.value_targets(view_b)[real]  # lambda_critic = 1
@@ -673,7 +715,7 @@ regime_pre = pd.DataFrame([
      "precondition": "responses much longer than the fixed lambda's horizon 1/(1 - 0.95) = 20 tokens",
      "paper": "hundreds to tens of thousands of tokens: 20 / length <= 0.05",
      "ours": f"median {len_med:.0f} tokens: 20 / length = {H_FIXED / len_med:.0f}; correlation of the two "
-             f"estimators' advantages {corr_lam:.2f}",
+             f"estimators' advantages {corr_lam:.2f} [{corr_lo:.2f}, {corr_hi:.2f}] (95% bootstrap over groups)",
      "in regime": H_FIXED / len_med < 1},
     {"row": "w/o decoupled GAE",
      "precondition": "the reward's share lambda^(n-1) in the critic's lambda < 1 target is small early on",
@@ -688,7 +730,7 @@ regime_pre = pd.DataFrame([
      "in regime": len_max / len_min >= 100},
 ]).set_index("row")
 # the regime as the text states it: at these lengths none of the three can act
-assert not regime_pre["in regime"].any() and corr_lam > 0.9
+assert not regime_pre["in regime"].any() and corr_lo > 0.9
 NOT_RUN = list(regime_pre.index[~regime_pre["in regime"].astype(bool)])
 with pd.option_context("display.max_colwidth", None):
     display(regime_pre)
@@ -853,7 +895,7 @@ critic_ok = bool(regime_run.iloc[0]["in regime"])
 assert not critic_ok and float(ev_change.hi) < 0  # the critic's explained variance falls during training
 assert not regime.loc["w/o clip-higher", "in regime"]  # the 1.2 clip binds on under 1% of the tokens
 book.glue("vapo_regime_table", regime)
-book.glue("vapo_corr_lam", f"{corr_lam:.2f}")
+book.glue("vapo_corr_lam", f"{corr_lam:.2f} [{corr_lo:.2f}, {corr_hi:.2f}] (95% bootstrap over the batch's groups)")
 book.glue("vapo_share_first", f"{share_first:.2f}")
 book.glue("vapo_rel_targets", f"{rel_targets:.0%}")
 book.glue("vapo_ev_change", fmt(ev_change, 2))
