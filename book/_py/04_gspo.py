@@ -62,6 +62,7 @@ N_JOBS = 2  # worker processes; results do not depend on it
 
 # %% tags=["hide-input"]
 import dataclasses
+import functools
 import math
 import time
 import warnings
@@ -855,36 +856,56 @@ book.glue("fig_gspo_moe", fig)
 # response inside the range keeps *all* its tokens, however far one of them has moved: in a
 # response of $\olen{i}$ tokens a single token's log-ratio can reach $\olen{i}\,\varepsilon$ before
 # $s_i$ leaves $[1-\varepsilon, 1+\varepsilon]$. Second, a response outside the range drops all its
-# tokens, including those that barely moved. On the rollout of §4.1, with advantages, the cell
-# counts the tokens on which the two rules disagree, with GRPO's range for tokens and the matched
-# range for responses (both sign-aware: a bound binds only on the side the advantage pushes).
+# tokens, including those that barely moved. On the rollout of §4.1 and on one more rollout per
+# seed (the same probe: 64 questions × 8 samples, four GRPO updates; seeds 1–4 in the worker
+# processes, `experiments.update_probe`), the cell counts the tokens on which the two rules
+# disagree, with GRPO's range for tokens and the matched range for responses (both sign-aware: a
+# bound binds only on the side the advantage pushes).
 
 # %% tags=["nbval-ignore-output"]
-pos, neg = (adv_p > 0)[:, None] & mask, (adv_p < 0)[:, None] & mask
-r_all = log_r.exp()
-tok_cut = (pos & (r_all > 1 + GRPO_NOKL.eps_high)) | (neg & (r_all < 1 - GRPO_NOKL.eps_low))
-s_all = (log_r.sum(1) / lengths.clamp(min=1)).exp()[:, None]
-seq_cut = (pos & (s_all > 1 + EPS_MATCH)) | (neg & (s_all < 1 - EPS_MATCH))
-signal = pos | neg  # tokens with a non-zero advantage
-n_sig = int(signal.sum())
-let_through = float((tok_cut & ~seq_cut).sum()) / max(int(tok_cut.sum()), 1)
-collateral = float((seq_cut & ~tok_cut).sum()) / max(int(seq_cut.sum()), 1)
-book.glue("gspo_let_through", f"{let_through:.0%}")
-book.glue("gspo_collateral", f"{collateral:.0%}")
-book.glue("gspo_tok_cut_n", f"{int(tok_cut.sum())}")
-book.glue("gspo_seq_cut_n", f"{int(seq_cut.sum())}")
-print(f"{n_sig} tokens with a non-zero advantage; GRPO's clip stops {int(tok_cut.sum())}, of which "
-      f"{let_through:.0%} are in responses the matched sequence range keeps; the sequence clip drops "
-      f"{int(seq_cut.sum())}, of which {collateral:.0%} are inside GRPO's token range")
+def disagreement(log_r, mask, adv):
+    """Tokens GRPO's clip stops and the matched sequence clip drops, and the shares where they disagree."""
+    pos, neg = (adv > 0)[:, None] & mask, (adv < 0)[:, None] & mask
+    r_all = log_r.exp()
+    tok_cut = (pos & (r_all > 1 + GRPO_NOKL.eps_high)) | (neg & (r_all < 1 - GRPO_NOKL.eps_low))
+    s_all = (log_r.sum(1) / mask.sum(1).clamp(min=1)).exp()[:, None]
+    seq_cut = (pos & (s_all > 1 + EPS_MATCH)) | (neg & (s_all < 1 - EPS_MATCH))
+    n_tok, n_seq = int(tok_cut.sum()), int(seq_cut.sum())
+    return {"signal tokens": int((pos | neg).sum()), "token clip stops": n_tok, "sequence clip drops": n_seq,
+            # shares of a count of 0 are undefined (NaN), not 0
+            "let through": float((tok_cut & ~seq_cut).sum()) / n_tok if n_tok else float("nan"),
+            "collateral": float((seq_cut & ~tok_cut).sum()) / n_seq if n_seq else float("nan")}
+
+
+more_probes = experiments.map_workers(
+    functools.partial(experiments.update_probe, algo=GRPO_NOKL, profile=prof, prompts_per_step=64,
+                      minibatches=UPDATES), [s for s in SEEDS if s != 0], n_jobs=N_JOBS)
+cuts = pd.DataFrame([disagreement(log_r, mask, adv_p)] +
+                    [disagreement(p["log_ratio"], p["mask"], p["advantages"]) for p in more_probes],
+                    index=pd.Index(list(SEEDS), name="seed"))
+assert cuts[["let through", "collateral"]].notna().all().all()  # every rollout has tokens each clip cuts
+let_through, collateral = (stats.t_interval(cuts[c].to_numpy(), bounds=(0, 1)) for c in ("let through", "collateral"))
+pct = lambda iv_: f"{iv_.mean:.0%} [{iv_.lo:.0%}, {iv_.hi:.0%}]"  # noqa: E731
+book.glue("gspo_let_through", pct(let_through))
+book.glue("gspo_collateral", pct(collateral))
+book.glue("gspo_tok_cut_n", f"{int(cuts.loc[0, 'token clip stops'])}")
+book.glue("gspo_seq_cut_n", f"{int(cuts.loc[0, 'sequence clip drops'])}")
+book.glue("gspo_cut_rollouts", len(cuts))
+display(cuts.assign(**{c: cuts[c].map("{:.0%}".format) for c in ("let through", "collateral")}))
+print(f"over {len(cuts)} rollouts (one per seed): of the tokens GRPO's clip stops, {pct(let_through)} are in "
+      f"responses the matched sequence range keeps; of those the sequence clip drops, {pct(collateral)} are "
+      f"inside GRPO's token range (mean [95% t interval])")
 dev_m = stats.paired_ratio(per_seed(dense[GSPO_MATCHED.name], "token_ratio_abs_dev"),
                            per_seed(dense["GRPO"], "token_ratio_abs_dev"))
 book.glue("gspo_dev_m", stats.format_interval(dev_m, 2))
 
 # %% [markdown]
-# GRPO's clip stops {glue:text}`gspo_tok_cut_n` tokens of this rollout; {glue:text}`gspo_let_through`
-# of them sit in responses that the matched sequence range keeps, so GSPO goes on pushing them.
-# Of the {glue:text}`gspo_seq_cut_n` tokens the sequence clip drops, {glue:text}`gspo_collateral`
-# are inside GRPO's token range: they lose their gradient because of their neighbours. In
+# On §4.1's rollout GRPO's clip stops {glue:text}`gspo_tok_cut_n` tokens and the sequence clip
+# drops {glue:text}`gspo_seq_cut_n`. Over the {glue:text}`gspo_cut_rollouts` rollouts (mean [95% t
+# interval] over seeds), {glue:text}`gspo_let_through` of the tokens GRPO's clip stops sit in
+# responses that the matched sequence range keeps, so GSPO goes on pushing them; of the tokens the
+# sequence clip drops, {glue:text}`gspo_collateral` are inside GRPO's token range: they lose their
+# gradient because of their neighbours. In
 # training (§4.5), GSPO with the matched range let the tokens drift further — its mean $|r-1|$ is
 # {glue:text}`gspo_dev_m` times GRPO's (paired ratio over seeds) — and ended below GRPO.
 #

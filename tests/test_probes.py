@@ -1,10 +1,11 @@
-"""experiments.pretrain_critic: VAPO §4.1's value pretraining as a seeded run a worker process can do
+"""experiments.pretrain_critic and update_probe: VAPO §4.1's value pretraining as a seeded run a worker process can do
 (chapter 6 §6.7 compares two critic designs over five seeds with it)."""
 
 import pickle
 from functools import partial
 
 import pandas as pd
+import torch
 import pytest
 
 from _toys import TINY, tiny_profile
@@ -45,3 +46,29 @@ def test_a_worker_can_receive_it_and_a_critic_free_algorithm_is_refused(prof):
         experiments.pretrain_critic((0, "policy", None), algo=GRPO, profile=prof, steps=1, value_lr=1e-3)
     scratch = experiments.pretrain_critic((0, "scratch", None), algo=VAPO, profile=prof, steps=1, value_lr=1e-3)
     assert scratch["init"].tolist() == ["scratch"] and len(scratch) == 1
+
+
+def test_update_probe_returns_the_log_ratios_of_the_trainers_own_update(prof):
+    out = experiments.update_probe(0, algo=GRPO, profile=prof, prompts_per_step=2, minibatches=2)
+    log_r, mask, adv = out["log_ratio"], out["mask"], out["advantages"]
+    B = 2 * prof.config.group_size
+    assert log_r.shape[0] == B and mask.shape == log_r.shape and adv.shape == (B,)
+    assert log_r.dtype == torch.float64 and mask.dtype == torch.bool
+    assert (log_r[~mask] == 0).all() and torch.isfinite(log_r).all()
+    # the same numbers as the trainer's stages run by hand with that seed: collect, advantages, update
+    import dataclasses
+
+    from grpo_lab.rollout import policy_logprobs
+
+    cfg = dataclasses.replace(prof.config, seed=0, prompts_per_step=2, minibatches=2, eval_every=0, progress=False)
+    tr = Trainer(*load_policy(prof.base), get_task(prof.task, **dict(prof.task_kwargs)), GRPO, cfg)
+    batch = tr.collect()
+    tr.compute_advantages(batch)
+    with torch.no_grad():
+        before = policy_logprobs(tr.policy, batch.rollout).double()
+    tr.update(batch)
+    with torch.no_grad():
+        after = policy_logprobs(tr.policy, batch.rollout).double()
+    torch.testing.assert_close(log_r[mask], (after - before)[mask], rtol=0, atol=0)
+    if (adv != 0).any():  # an update with signal moves the policy
+        assert log_r[mask].abs().max() > 0
