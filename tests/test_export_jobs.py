@@ -233,7 +233,7 @@ def test_the_command_line_types_task_arguments_and_names_bad_ones(capsys):
         cli.task_from_arguments("arithmetc", [])
 
 
-def test_the_command_line_refuses_a_job_directory_with_files_and_imports_an_own_task(tmp_path, capsys):
+def test_the_command_line_refuses_a_job_directory_with_files_and_imports_an_own_task(tmp_path, capsys, user_modules):
     from pathlib import Path
 
     from grpo_lab import cli
