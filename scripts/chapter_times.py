@@ -2,6 +2,7 @@
 
     python scripts/chapter_times.py --measure            # execute every chapter, write the results file
     python scripts/chapter_times.py --measure 05_cispo  # one chapter (merged into the results file)
+    python scripts/chapter_times.py --measure --in-place 06_vapo  # also its committed outputs, in one run
     python scripts/chapter_times.py                      # print the table from the results file
     python scripts/chapter_times.py --readme             # also rewrite the table in README.md
     python scripts/chapter_times.py --make-book          # the table of the last `make book` instead
@@ -54,8 +55,9 @@ def make_book_records(cache_dir: Path) -> dict[str, float]:
     return {k: v for k, (_, v) in sorted(newest.items())}
 
 
-def measure(chapters: list[str]) -> dict:
-    """Execute each chapter from its own empty run cache; merge the times into :data:`RESULTS`."""
+def measure(chapters: list[str], in_place: bool = False) -> dict:
+    """Execute each chapter from its own empty run cache; merge the times into :data:`RESULTS`.
+    ``in_place``: execute the committed notebook itself (its outputs are then this run's), not a copy."""
     import os
 
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -64,8 +66,9 @@ def measure(chapters: list[str]) -> dict:
         with tempfile.TemporaryDirectory(prefix=f"chapter-times-{stem}-") as tmp:
             env = {**os.environ, "GRPO_LAB_RUN_CACHE": str(Path(tmp) / "run_cache")}
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "grpo_lab.book", "execute", f"book/{stem}.ipynb",
-                            "--out", str(Path(tmp) / f"{stem}.ipynb")], cwd=ROOT, env=env, check=True)
+            out = [] if in_place else ["--out", str(Path(tmp) / f"{stem}.ipynb")]
+            subprocess.run([sys.executable, "-m", "grpo_lab.book", "execute", f"book/{stem}.ipynb", *out], cwd=ROOT,
+                           env=env, check=True)
             seconds = time.perf_counter() - t0
         old["chapters"][stem] = {"seconds": round(seconds, 1), "commit": sha, "date": time.strftime("%Y-%m-%d %H:%M"),
                                  "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
@@ -96,6 +99,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("chapters", nargs="*", help=f"chapters to --measure (default all: {' '.join(CHAPTERS)})")
     ap.add_argument("--measure", action="store_true", help="execute the chapters, each from an empty run cache")
+    ap.add_argument("--in-place", action="store_true",
+                    help="with --measure: execute the committed notebooks themselves (their outputs replaced)")
     ap.add_argument("--make-book", action="store_true", help="the last `make book`'s times (jupyter-cache) instead")
     ap.add_argument("--cache", default=str(ROOT / "_build" / ".jupyter_cache"),
                     help="the jupyter-cache directory `make book` wrote (default _build/.jupyter_cache)")
@@ -107,7 +112,7 @@ def main(argv=None) -> None:
     if a.make_book:
         text = table(make_book_records(Path(a.cache)), head="in the last `make book`")
     else:
-        data = measure(list(a.chapters) or list(CHAPTERS)) if a.measure else json.loads(RESULTS.read_text())
+        data = measure(list(a.chapters) or list(CHAPTERS), a.in_place) if a.measure else json.loads(RESULTS.read_text())
         rows = {k: data["chapters"][k] for k in CHAPTERS if k in data["chapters"]}
         text = table({k: v["seconds"] for k, v in rows.items()},
                      {k: "; ".join(filter(None, (f"{v['date'][:10]}, {v['commit']}", v.get("note")))) for k, v in rows.items()})
