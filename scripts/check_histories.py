@@ -144,25 +144,8 @@ def chapter_03(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
 def _gspo_matched_range(prof, grpo_nokl, updates: int) -> float:
     """§4.1/§4.4's probe: the sequence range that leaves as many responses outside as GRPO's range
     leaves tokens, to one significant digit (the chapter's ``EPS_MATCH``)."""
-    from grpo_lab.models import load_policy
-    from grpo_lab.rollout import policy_logprobs
-    from grpo_lab.tasks import get_task
-    from grpo_lab.trainer import Trainer
-
-    policy, tokenizer = load_policy(prof.base)
-    task = get_task(prof.task, **dict(prof.task_kwargs))
-    cfg = dataclasses.replace(prof.config, seed=0, prompts_per_step=64, minibatches=updates, eval_every=0,
-                              progress=False)
-    probe = Trainer(policy, tokenizer, task, grpo_nokl, cfg)
-    batch = probe.collect()
-    probe.compute_advantages(batch)
-    with torch.no_grad():
-        lp_old = policy_logprobs(probe.policy, batch.rollout).double()
-    probe.update(batch)
-    with torch.no_grad():
-        lp_new = policy_logprobs(probe.policy, batch.rollout).double()
-    mask = batch.loss_mask.bool()
-    log_r = torch.where(mask, lp_new - lp_old, torch.zeros_like(lp_new))
+    probe = experiments.update_probe(0, algo=grpo_nokl, profile=prof, prompts_per_step=64, minibatches=updates)
+    log_r, mask = probe["log_ratio"], probe["mask"]
     lengths = mask.sum(1)
     rows = lengths > 0
     r_tok = log_r[mask].exp()
