@@ -1233,9 +1233,6 @@ def _export(argv: list[str], prog: str) -> int:
                          "source=fixture (the problems shipped with grpo_lab)") from None
     where = f" (source {task.source!r})" if isinstance(getattr(task, "source", None), str) else ""
     print(f"wrote the {args.to} job of {algo.name} on {args.task}{where} to {out} (README.md says how to run it)")
-    if getattr(task, "source", None) == "fixture":
-        print(f"note: source 'fixture' is the {args.task} sample shipped with grpo_lab (a few problems, repeated), "
-              "for trying the job; --task-arg source=hub or source=PATH trains on the real set", file=sys.stderr)
     return 0
 
 

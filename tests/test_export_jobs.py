@@ -214,9 +214,11 @@ def test_the_command_line_exports_gsm8k_itself_unless_the_fixture_is_asked_for(t
     assert cli.main([*argv, "--out", str(tmp_path / "c")], prog="grpo") == 2
     err = capsys.readouterr().err
     assert "from source 'hub'" in err and "Couldn't reach" in err and "--task-arg source=PATH" in err
-    assert cli.main([*argv, "--task-arg", "source=fixture", "--out", str(tmp_path / "b")], prog="grpo") == 0
+    with warnings.catch_warnings():  # pyproject ignores this caveat for the other job tests
+        warnings.simplefilter("always", E.JobCaveatWarning)
+        assert cli.main([*argv, "--task-arg", "source=fixture", "--out", str(tmp_path / "b")], prog="grpo") == 0
     captured = capsys.readouterr()
-    assert "(source 'fixture')" in captured.out and "note: source 'fixture'" in captured.err
+    assert "(source 'fixture')" in captured.out and "JobCaveatWarning: The problems are the small sample" in captured.err
     assert literal(tmp_path / "b" / "rewards.py", "TASK_SPEC")["params"]["source"] == "fixture"
 
 
@@ -249,3 +251,35 @@ def test_the_command_line_refuses_a_job_directory_with_files_and_imports_an_own_
     assert "--overwrite" in capsys.readouterr().err and (out / "train.py").read_text() == "# edited by hand\n"
     assert cli.main([*argv, "--overwrite"], prog="grpo") == 0
     assert "SETTINGS" in (out / "train.py").read_text()
+
+
+def test_a_job_says_what_it_will_not_do_and_carries_an_own_task_module(tmp_path, user_modules, monkeypatch):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from grpo_lab.cli import load_user_module
+    from grpo_lab.tasks import get_task
+    from grpo_lab.tasks.gsm8k import fixture_path, load_fixture
+
+    # an own task from one file: the file is copied into the job, and the reward file imports it from any directory
+    load_user_module(str(Path(__file__).resolve().parents[1] / "book" / "examples" / "reverse_task.py"))
+    with pytest.warns(E.JobCaveatWarning, match="has no chat template"):  # verl cannot prompt arithmetic-base
+        job = E.verl_job(GRPO.replace(adv_eps=1e-6), get_task("reverse"), "arithmetic-base", tmp_path / "v",
+                         steps=2, n_gpus_per_node=1, **BUDGET)
+    assert (job / "reverse_task.py").is_file() and "copied here as `reverse_task.py`" in (job / "README.md").read_text()
+    code = ("import importlib.util as u; s = u.spec_from_file_location('reward', 'REWARD'); m = u.module_from_spec(s); "
+            "s.loader.exec_module(m); print(type(m.TASK).__name__)").replace("REWARD", str(job / "reward.py"))
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ReverseTask", r.stderr[-2000:]
+    # the shipped fixture is said, as a warning and in the README
+    with pytest.warns(E.JobCaveatWarning, match="small sample shipped"):
+        job = E.trl_job(GRPO, GSM8KTask(source="fixture"), "arithmetic-base", tmp_path / "t", steps=2, **BUDGET)
+    readme = (job / "README.md").read_text()
+    assert "small sample shipped" in readme and "without a chat template" in readme
+    # a single file's last third is the test split, not trained on: said with its count (hand count: 24 // 3 = 8)
+    rows = load_fixture()
+    copy = tmp_path / "gsm8k.jsonl"
+    copy.write_text(fixture_path().read_text())
+    job = E.trl_job(GRPO, GSM8KTask(source=str(copy)), "arithmetic-base", tmp_path / "f", steps=2, **BUDGET)
+    assert f"{len(rows) // 3} problems of {copy}" in (job / "README.md").read_text()

@@ -2,12 +2,12 @@
 ``job`` that :func:`grpo_lab.experiments.map_workers` can send to a worker (a function defined in a notebook
 is not importable there).
 
-* :func:`pretrain_critic`: VAPO (arXiv 2504.05118) §4.1's value pretraining of one critic design from the
-  frozen base policy (:meth:`grpo_lab.trainer.Trainer.pretrain_value`); chapter 6 §6.7 compares two
-  designs over seeds.
-* :func:`update_probe`: one rollout and the trainer's update stage on it, with the token log-ratios
-  between the updated policy and the one that sampled; chapter 4 §4.7 counts, per seed, where a token
-  trust region and a sequence one disagree.
+* :func:`~grpo_lab.experiments.pretrain_critic`: VAPO (arXiv 2504.05118) §4.1's value pretraining of
+  one critic design from the frozen base policy (:meth:`grpo_lab.trainer.Trainer.pretrain_value`);
+  chapter 6 §6.7 compares two designs over seeds.
+* :func:`~grpo_lab.experiments.update_probe`: one rollout and the trainer's update stage on it, with
+  the token log-ratios between the updated policy and the one that sampled; chapter 4 §4.7 counts,
+  per seed, where a token trust region and a sequence one disagree.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Everything public is importable from ``grpo_lab.export`` itself.
 
 from __future__ import annotations
 
-from .jobs import DEFAULT_STEPS, trl_job, verl_job
+from .jobs import DEFAULT_STEPS, JobCaveatWarning, trl_job, verl_job
 from .lint import Reading, check_config, from_trl, from_verl
 from .optimisation import EXPORT_PRECISIONS, budget_from_config, horizon, precision_resolution
 from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_ADV_EPS, VERL_DUAL_CLIP_OFF,
@@ -39,4 +39,4 @@ from . import translation as _translation
 #: the translation's public names, then the other rooms'
 __all__ = [*_translation.__all__, "budget_from_config", "horizon", "precision_resolution", "EXPORT_PRECISIONS",
            "LibraryVersionWarning", "installed_version", "check_installed", "Reading", "from_trl", "from_verl",
-           "check_config", "DEFAULT_STEPS", "trl_job", "verl_job", "explain"]
+           "check_config", "DEFAULT_STEPS", "trl_job", "verl_job", "explain", "JobCaveatWarning"]

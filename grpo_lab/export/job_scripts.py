@@ -24,8 +24,12 @@ TASK_SCORER = '''"""{doc}"""
 
 import importlib
 import json
+import os
+import sys
 
 from grpo_lab.tasks import Problem, correctness, task_from_spec
+
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # a task module the export copied next to this file
 
 #: the grpo_lab task (grpo_lab.tasks.task_spec): edit its params to change the task's settings
 TASK_SPEC = {spec}

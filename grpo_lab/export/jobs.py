@@ -26,6 +26,9 @@ import json
 import os
 import pprint
 import shlex
+import shutil
+import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -37,7 +40,13 @@ from . import job_scripts as _scripts
 from .optimisation import budget_from_config
 from .translation import TRL_VERSION, VERL_VERSION, Translation, translate
 
-__all__ = ["DEFAULT_STEPS", "VERL_ROLLOUT", "trl_job", "verl_job"]
+__all__ = ["DEFAULT_STEPS", "VERL_ROLLOUT", "trl_job", "verl_job", "JobCaveatWarning"]
+
+
+class JobCaveatWarning(UserWarning):
+    """A job was written, but it will not do what a user probably means without a change: trained on a
+    sample shipped for trying jobs, a model verl cannot prompt, a task module the job cannot import. The
+    same text is a caveat of the job's README."""
 
 #: training steps of a job when neither ``steps`` nor ``config.lr_schedule_steps`` gives them
 DEFAULT_STEPS = 100
@@ -182,6 +191,55 @@ def _prepare(preset, task, model, out, config, steps, strict, target, budget) ->
     return _Job(algo, task, spec, model, out, translation, steps, seed)
 
 
+def _own_caveats(job: _Job, target: str) -> list[str]:
+    """The caveats of this job (besides the target's fixed ones), each also warned
+    (:class:`JobCaveatWarning`) where the job would mislead; a task module from outside grpo_lab is copied in."""
+    notes, warned = [], []
+    module = job.spec["class"].rsplit(".", 1)[0]
+    source = job.spec["params"].get("source")
+    if not module.startswith("grpo_lab."):
+        path = getattr(sys.modules.get(module), "__file__", None)
+        if "." not in module and path and Path(path).is_file():
+            if Path(path).resolve() != (job.out / f"{module}.py").resolve():
+                shutil.copyfile(path, job.out / f"{module}.py")
+            notes.append(f"The task's module `{module}` ({path}) is copied here as `{module}.py`; the reward "
+                         "file imports it from this directory: copy it again after editing the original.")
+        else:
+            warned.append(f"The reward file imports `{module}` (the task's class): make it importable where the job "
+                          "runs (install its package, or put it on PYTHONPATH).")
+    if source == "fixture":
+        warned.append("The problems are the small sample shipped with grpo_lab (source 'fixture'), for trying the job: "
+                      "export with source 'hub' or a path for the real data set.")
+    elif isinstance(source, str) and source != "hub" and Path(source).is_file():
+        notes.append(f"{len(list(job.task.test_set()))} problems of {source} (the file's last third) are the task's "
+                     "test split and are not trained on (a single file is split so; pass a directory in the hub "
+                     "layout to keep a train split whole).")
+    if job.spec["params"].get("tokenizer_name", "absent") is None and hasattr(job.task, "instruction"):
+        notes.append("The prompts are formatted without a chat template (the task's tokenizer_name is None); grpo_lab's "
+                     "GPU profile formats them with the model's (tokenizer_name=MODEL): export with that for the same "
+                     "prompts." if target == "trl" else "verl applies the model's chat template to the messages.")
+    if target == "verl" and not _has_chat_template(job.model):
+        warned.append(f"The model {job.model} has no chat template, which verl applies to every prompt: this job "
+                      "cannot train it (its configuration is still valid).")
+    for text in warned:
+        warnings.warn(text, JobCaveatWarning, stacklevel=3)
+    return warned + notes
+
+
+def _has_chat_template(model: str) -> bool:
+    """False only for a local checkpoint directory whose tokenizer has no chat template (a hub id: unknown, True)."""
+    path = Path(model)
+    if not path.is_dir():
+        return True
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    config = path / "tokenizer_config.json"
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("chat_template")) if config.is_file() else False
+    except (OSError, ValueError):
+        return True
+
+
 def _problems(job: _Job, n: int) -> list:
     """``n`` training problems drawn as the trainer draws them, with ``numpy.random.default_rng(seed)``."""
     return list(job.task.sample(n, np.random.default_rng(job.seed)))
@@ -268,6 +326,10 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
         ValueError: an unknown task (did-you-mean), a task without a spec, bad ``steps``, a bad budget.
         FileNotFoundError: a model that is no directory, shipped checkpoint or hub id.
         FileExistsError: ``out`` is a file.
+
+    Warns:
+        JobCaveatWarning: the job trains on the shipped fixture, or imports a task module it cannot find; the
+            README's caveats say the same (a task module that is one file is copied into ``out`` instead).
     """
     job = _prepare(preset, task, model, out, config, steps, strict, "trl", budget)
     b = job.translation.budget
@@ -296,8 +358,10 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
               [f"accelerate launch --num_processes {world} train.py   # the {world} devices the budget was sized for"])
     commands = ["pip install /path/to/grpo_lab trl==" + TRL_VERSION + "   # this grpo_lab checkout", *launch,
                 "python train.py --cpu --max-steps 2  # a smoke test on the CPU"]
+    caveats = _own_caveats(job, "trl")
     (job.out / "README.md").write_text(_readme(job, f"TRL job: {job.algo.name} on {job.spec['name']}", files,
-                                               commands, f"TRL {TRL_VERSION}", _TRL_CAVEATS), encoding="utf-8")
+                                               commands, f"TRL {TRL_VERSION}", caveats + _TRL_CAVEATS),
+                                       encoding="utf-8")
     return job.out
 
 
@@ -390,6 +454,10 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
     Raises:
         ExportError: (strict) verl does not compute the algorithm exactly; the message names the alternative.
         ValueError, FileNotFoundError, FileExistsError: as :func:`trl_job`.
+
+    Warns:
+        JobCaveatWarning: as :func:`trl_job`, and for a local model without a chat template (verl cannot
+            prompt it).
     """
     job = _prepare(preset, task, model, out, config, steps, strict, "verl",
                    {**budget, "nnodes": nnodes, "n_gpus_per_node": n_gpus_per_node})
@@ -414,6 +482,8 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
     commands = [f"pip install /path/to/grpo_lab verl=={VERL_VERSION} vllm   # this grpo_lab checkout, on every node", "ray start --head   # then "
                 "ray start --address=HEAD:6379 on the other nodes", "bash run.sh"]
     title = f"verl job: {job.algo.name} on {job.spec['name']}, {nnodes} x {n_gpus_per_node} GPUs"
-    (job.out / "README.md").write_text(_readme(job, title, files, commands, f"verl {VERL_VERSION}", _VERL_CAVEATS),
-                                       encoding="utf-8")
+    caveats = _own_caveats(job, "verl")
+    (job.out / "README.md").write_text(_readme(job, title, files, commands, f"verl {VERL_VERSION}",
+                                               caveats + _VERL_CAVEATS[1:] if not _has_chat_template(job.model) else
+                                               caveats + _VERL_CAVEATS), encoding="utf-8")
     return job.out

@@ -683,8 +683,10 @@ def _trl_budget(kw: dict, b: dict, notes: list) -> None:
         kw["steps_per_generation"] = sizes["accumulation"] * sizes["minibatches"]
         notes.append(f"sizes: a generation batch of {b['prompts_per_step']} prompts x {b['group_size']} = "
                      f"per_device_train_batch_size ({sizes['micro']}) x {sizes['world']} processes x "
-                     f"steps_per_generation ({kw['steps_per_generation']}) rows; {sizes['minibatches']} optimiser "
-                     f"step(s) per generation. Launch with accelerate on {sizes['world']} process(es)")
+                     f"steps_per_generation ({kw['steps_per_generation']}) rows; "
+                     f"{sizes['minibatches'] * int(b.get('epochs', 1))} optimiser step(s) per generation "
+                     f"({sizes['minibatches']} minibatch(es) x {int(b.get('epochs', 1))} pass(es), num_iterations). "
+                     f"Launch with accelerate on {sizes['world']} process(es)")
     for ours, theirs in (("epochs", "num_iterations"), ("temperature", "temperature")):
         if ours in b:
             kw[theirs] = b[ours]
