@@ -283,3 +283,13 @@ def test_a_job_says_what_it_will_not_do_and_carries_an_own_task_module(tmp_path,
     copy.write_text(fixture_path().read_text())
     job = E.trl_job(GRPO, GSM8KTask(source=str(copy)), "arithmetic-base", tmp_path / "f", steps=2, **BUDGET)
     assert f"{len(rows) // 3} problems of {copy}" in (job / "README.md").read_text()
+
+
+def test_check_config_reads_a_verl_jobs_overrides_file_back(tmp_path):
+    # the round trip a fresh user tried: the job's overrides.txt (one Hydra override a line) through the linter
+    job = E.verl_job(GRPO.replace(adv_eps=1e-6), "arithmetic", "arithmetic-base", tmp_path / "v", steps=2,
+                     n_gpus_per_node=1, **BUDGET)
+    reading = E.from_verl(str(job / "overrides.txt"))
+    assert reading.algorithm.replace(name="GRPO") == GRPO.replace(adv_eps=1e-6)  # the reading is named after its source
+    assert E.from_verl([line for line in (job / "overrides.txt").read_text().splitlines() if line]).algorithm == \
+        reading.algorithm

@@ -18,7 +18,8 @@ __all__ = ["load_yaml", "parse_value", "parse_override", "flatten", "trl_values"
 
 
 def load_yaml(path: Any) -> Any:
-    """The parsed content of a YAML (or JSON) file.
+    """The parsed content of a YAML (or JSON) file, or the list of its lines for a file of Hydra overrides
+    one per line (``key=value``, as a verl job's ``overrides.txt``; ``#`` comments and blank lines skipped).
 
     Raises:
         FileNotFoundError: no such file (the message names it).
@@ -30,8 +31,12 @@ def load_yaml(path: Any) -> Any:
     if not p.is_file():
         raise FileNotFoundError(f"config file {str(p)!r} does not exist" if not p.exists()
                                 else f"config path {str(p)!r} is not a file")
+    text = p.read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if lines and all("=" in ln and not ln.startswith("-") and ":" not in ln.split("=", 1)[0] for ln in lines):
+        return lines  # overrides, one a line: YAML would read them as one string
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"config file {str(p)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
 
