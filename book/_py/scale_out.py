@@ -77,6 +77,7 @@ from IPython.display import Markdown, display
 
 from grpo_lab import book, export
 from grpo_lab.algorithms import DAPO, PRESETS, deepseek_v32
+from grpo_lab.tasks import GSM8KTask
 from grpo_lab.trainer import TrainerConfig
 
 book.setup_notebook(seed=0)
@@ -207,7 +208,11 @@ print("GRPOConfig(output_dir=..., " + ", ".join(f"{k}={v!r}" for k, v in kwargs.
 # comes from a {py:class}`~grpo_lab.trainer.TrainerConfig`
 # ({py:func}`grpo_lab.export.optimisation.budget_from_config`), so nothing is typed twice. `tests/test_xcheck_trl_job.py`
 # runs such a job for 2 steps on the CPU in CI and checks that its first step's advantages, loss and
-# gradient equal grpo_lab's on the same batch.
+# gradient equal grpo_lab's on the same batch. The jobs below are written from the few GSM8K problems
+# shipped with grpo_lab (`source="fixture"`), so that this page builds offline; the export warns that
+# such a job is for trying only (`JobCaveatWarning`, silenced here). For a real run give
+# `GSM8KTask(source="hub")` or a local copy (on the command line, `--task gsm8k` reads the hub, or
+# `--task-arg source=PATH`).
 
 # %%
 gpu_config = TrainerConfig(**{k: v for k, v in one_gpu.items()})
@@ -222,7 +227,11 @@ def load(path: Path):
     return module
 
 
-trl_dir = export.trl_job(trl_dapo, "gsm8k", "Qwen/Qwen2.5-0.5B-Instruct", jobs / "trl", config=gpu_config, steps=200)
+sample = GSM8KTask(source="fixture")  # offline: the shipped problems; GSM8KTask(source="hub") for a real run
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", export.JobCaveatWarning)  # "for trying the job": said in the text above
+    trl_dir = export.trl_job(trl_dapo, sample, "Qwen/Qwen2.5-0.5B-Instruct", jobs / "trl", config=gpu_config,
+                             steps=200)
 print("files:", ", ".join(sorted(p.name for p in trl_dir.iterdir())))
 script = (trl_dir / "train.py").read_text()
 assert repr(export.to_trl(trl_dapo, **export.budget_from_config(gpu_config)))[1:40] in script.replace("\n", "")
@@ -249,7 +258,8 @@ print(f"rewards.reward of a right and a wrong boxed answer to the first problem 
 paper_config = TrainerConfig(**{k: v for k, v in paper.items() if k not in ("nnodes", "n_gpus_per_node")})
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", export.ApproximateExportWarning)  # the warm-up difference printed above
-    verl_dir = export.verl_job(verl_dapo, "gsm8k", "Qwen/Qwen2.5-32B", jobs / "verl", config=paper_config,
+    warnings.simplefilter("ignore", export.JobCaveatWarning)  # the shipped sample, as for the TRL job
+    verl_dir = export.verl_job(verl_dapo, sample, "Qwen/Qwen2.5-32B", jobs / "verl", config=paper_config,
                                steps=100, nnodes=16, n_gpus_per_node=8, strict=False)
 print("files:", ", ".join(sorted(p.name for p in verl_dir.iterdir())))
 lines = (verl_dir / "overrides.txt").read_text().split()
