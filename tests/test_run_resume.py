@@ -23,6 +23,11 @@ from grpo_lab.models import build_char_tokenizer, tiny_policy
 from grpo_lab.tasks import get_task
 from grpo_lab.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
 
+# these tests train a random tiny policy, which never solves a problem, on purpose (checkpoints and resume must not
+# change the numbers, signal or none); the trainer's warning that it has no learning signal is tested in
+# tests/test_learning_signal.py
+pytestmark = pytest.mark.filterwarnings("ignore::grpo_lab.training.learning_signal.NoLearningSignalWarning")
+
 from _toys import TINY, tiny_profile
 
 ROOT = Path(__file__).resolve().parents[1]
