@@ -482,8 +482,8 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
     commands = [f"pip install /path/to/grpo_lab verl=={VERL_VERSION} vllm   # this grpo_lab checkout, on every node", "ray start --head   # then "
                 "ray start --address=HEAD:6379 on the other nodes", "bash run.sh"]
     title = f"verl job: {job.algo.name} on {job.spec['name']}, {nnodes} x {n_gpus_per_node} GPUs"
-    caveats = _own_caveats(job, "verl")
+    # _own_caveats says it when this model has no chat template: the generic chat-template caveat is then dropped
+    fixed = _VERL_CAVEATS if _has_chat_template(job.model) else _VERL_CAVEATS[1:]
     (job.out / "README.md").write_text(_readme(job, title, files, commands, f"verl {VERL_VERSION}",
-                                               caveats + _VERL_CAVEATS[1:] if not _has_chat_template(job.model) else
-                                               caveats + _VERL_CAVEATS), encoding="utf-8")
+                                               _own_caveats(job, "verl") + fixed), encoding="utf-8")
     return job.out
