@@ -349,16 +349,48 @@ def test_map_workers_in_process():
         map_workers(math.sqrt, [4, -1])
 
 
-def test_map_workers_refuses_what_a_worker_cannot_import():
-    # a lambda cannot be pickled into a spawned worker: a TypeError naming the fix, before any pool starts
+def test_map_workers_refuses_what_a_worker_cannot_receive():
+    # a function using an unpicklable global (here a lock in its closure) cannot reach a spawned worker:
+    # a TypeError naming the fix, before any pool starts
+    import threading
+
     from grpo_lab import experiments
     from grpo_lab.experiments import map_workers
 
+    lock = threading.Lock()
+
+    def locked_neg(x):
+        with lock:
+            return -x
+
     before = experiments._POOL["executor"]
-    with pytest.raises(TypeError, match="module-level function"):
-        map_workers(lambda x: x, [1, 2], n_jobs=2)
+    with pytest.raises(TypeError, match="cannot be pickled; pass what it needs as arguments"):
+        map_workers(locked_neg, [1, 2], n_jobs=2)
     assert experiments._POOL["executor"] is before
-    assert map_workers(lambda x: -x, [1, 2], n_jobs=1) == [-1, -2]  # in this process it is fine
+    assert map_workers(locked_neg, [1, 2], n_jobs=1) == [-1, -2]  # in this process it is fine
+
+
+def test_map_workers_sends_a_notebook_function_by_value():
+    # a function that is not importable in a fresh interpreter (defined in __main__, as a notebook cell's
+    # is, here with a global and a closure variable) runs in the workers with a copy of what it uses; its
+    # globals are copied when the call starts, and the workers' changes to them do not come back
+    from grpo_lab.experiments import map_workers, shutdown_workers
+
+    ns = {"__name__": "__main__", "OFFSET": 100, "SEEN": []}
+    exec("def make(scale):\n"
+         "    def f(x):\n"
+         "        SEEN.append(x)\n"
+         "        return scale * x + OFFSET\n"
+         "    return f\n", ns)
+    f = ns["make"](3)
+    try:
+        assert map_workers(f, [1, 2, 3, 4], n_jobs=2) == [103, 106, 109, 112]
+        assert ns["SEEN"] == []  # the workers appended to their copies
+        ns["OFFSET"] = 0
+        assert map_workers(f, [1, 2], n_jobs=2) == [3, 6]  # the global as it is at this call
+        assert map_workers(lambda x: x * x, [5, 6], n_jobs=2) == [25, 36]
+    finally:
+        shutdown_workers(now=True)
 
 
 def test_continue_ntp_refuses_an_empty_batch():

@@ -735,8 +735,10 @@ def routing_probe(seed, minibatches, lr):
     moved = (rec_old.indices[:, :, pred].sort(-1).values != rec_new.indices[:, :, pred].sort(-1).values).any(-1)
     changed = moved.any(0) & m  # [B, T]: routed to another top-2 set in some layer
     dev, dev_rep = (lp1 - lp0).abs(), (lp1_replayed - lp0).abs()
-    return {"seed": seed, "design": f"{minibatches} minibatches, lr {lr:g}",
-            "per update": float(np.nanmean([u.get("routing_change_frac", np.nan) for u in upd])),
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # np.nanmean of updates without a routing measurement
+        per_update = float(np.nanmean([u.get("routing_change_frac", np.nan) for u in upd]))
+    return {"seed": seed, "design": f"{minibatches} minibatches, lr {lr:g}", "per update": per_update,
             "after all updates": float(moved[:, m].double().mean()),
             "tokens changed": float(changed[m].double().mean()),
             "dev changed": float(dev[changed].mean()), "dev unchanged": float(dev[m & ~changed].mean()),
@@ -744,10 +746,9 @@ def routing_probe(seed, minibatches, lr):
 
 
 t0 = time.perf_counter()
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", RuntimeWarning)  # np.nanmean of the updates without a routing measurement
-    probe_rows = pd.DataFrame([routing_probe(s, mb, lr) for mb, lr in ((UPDATES, prof.config.lr), (MOE_MB, MOE_LR))
-                               for s in SEEDS])
+jobs = [(s, mb, lr) for mb, lr in ((UPDATES, prof.config.lr), (MOE_MB, MOE_LR)) for s in SEEDS]
+# in the worker processes: map_workers sends routing_probe by value, with copies of the globals it uses
+probe_rows = pd.DataFrame(experiments.map_workers(lambda job: routing_probe(*job), jobs, n_jobs=N_JOBS))
 print(f"routing probe: {len(probe_rows)} rollouts in {time.perf_counter() - t0:.0f} s")
 probe_rows.groupby("design").mean().drop(columns="seed")
 

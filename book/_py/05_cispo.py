@@ -362,7 +362,9 @@ print(f"{int(m_real.sum())} tokens; both drop the same {grads['DAPO'][1]['clip_f
 # we record the fraction of tokens whose gradient is zero, and after the 16 updates, what happened
 # to the *rare* tokens that the update should make more likely: sampled with $\piold<0.1$ in a
 # response with positive advantage. There are only a handful of them per batch, so this experiment
-# runs {glue:text}`cispo_rare_seeds` seeds (`RARE_SEEDS`; one seed takes about a second).
+# runs {glue:text}`cispo_rare_seeds` seeds (`RARE_SEEDS`), in the worker processes:
+# `experiments.map_workers` sends the function below to them by value (with copies of the globals
+# it uses), one seed per call.
 
 # %% tags=["nbval-ignore-output"]
 def one_batch_many_updates(seed, n_updates=16):
@@ -398,8 +400,7 @@ ONE_BATCH_ALGOS = (DAPO, CISPO, CISPO_5)
 RARE_SEEDS = tuple(range(30))  # a few rare tokens per batch: five seeds could not settle the sign
 t0 = time.perf_counter()
 per_update, rare_rows = [], []
-for s in RARE_SEEDS:
-    a, b = one_batch_many_updates(s)
+for a, b in experiments.map_workers(one_batch_many_updates, RARE_SEEDS, n_jobs=N_JOBS):
     per_update += a
     rare_rows += b
 per_update, rare_df = pd.DataFrame(per_update), pd.DataFrame(rare_rows)

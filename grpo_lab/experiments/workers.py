@@ -1,6 +1,6 @@
 """The worker pool: ``spawn`` processes kept between calls, and what a worker must import.
 
-:func:`~grpo_lab.experiments.map_workers` maps a picklable function over items in the pool that
+:func:`~grpo_lab.experiments.map_workers` maps a function (a notebook's too) over items in the pool that
 :func:`~grpo_lab.experiments.run` and :func:`~grpo_lab.experiments.run_grid` keep when
 ``n_jobs > 1``; :func:`~grpo_lab.experiments.shutdown_workers` stops it. A pool is reused while
 the registries and the package's files are unchanged. The user modules that define a run's
@@ -94,10 +94,15 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
     grid has just run). For work that is not a trainer run, e.g. one seed of a baseline per item
     (chapter 7's continued-NTP runs, :func:`grpo_lab.pretrain.continued_ntp_run`).
 
+    A function defined in a notebook or a script (``__main__``), a lambda or a local function
+    travels *by value* (``cloudpickle``): its code, and a copy of the globals and closure variables
+    it uses, taken when this call starts. It runs in a fresh ``spawn`` interpreter, so it sees
+    neither later changes to those globals nor anything it changes in them (return what you need).
+    Functions of importable modules travel by reference, as with :mod:`pickle`.
+
     Args:
-        fn: a picklable callable: a module-level function, or a ``functools.partial`` of one
-            (workers are fresh ``spawn`` interpreters: a function defined in a notebook is not
-            importable there).
+        fn: a callable taking one item: an importable function, a ``functools.partial`` of one, or a
+            function defined in a notebook cell (by value, above).
         items: one argument per call.
         n_jobs: worker processes (``1``: in this process).
 
@@ -106,7 +111,8 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
 
     Raises:
         ValueError: ``n_jobs < 1``.
-        TypeError: with ``n_jobs > 1``, ``fn`` cannot be pickled (a lambda, a local function).
+        TypeError: with ``n_jobs > 1``, ``fn`` (or a global it uses) cannot be pickled, e.g. a
+            generator, an open file or a lock.
         Exception: whatever ``fn`` raises, after the workers are stopped.
     """
     if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or n_jobs < 1:
@@ -114,21 +120,42 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
     items = list(items)
     if n_jobs == 1 or len(items) <= 1:
         return [fn(item) for item in items]
+    import functools
     import pickle
 
+    import cloudpickle
+
     try:
-        pickle.dumps(fn)
+        payload = cloudpickle.dumps(fn)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise TypeError(f"map_workers: fn cannot be sent to a worker process ({exc}); use a module-level function "
-                        "or a functools.partial of one (a lambda or a function defined in a notebook is not "
-                        "importable in a fresh interpreter), or n_jobs=1") from None
+        raise TypeError(f"map_workers: fn cannot be sent to a worker process ({exc}): it, or a global or closure "
+                        "variable it uses, cannot be pickled; pass what it needs as arguments, or use "
+                        "n_jobs=1") from None
     pool = _worker_pool(n_jobs)
-    futures = [pool.submit(fn, item) for item in items]
+    call = functools.partial(_call_pickled, payload)
+    futures = [pool.submit(call, item) for item in items]
     try:
         return [f.result() for f in futures]
     except BaseException:
         shutdown_workers(now=True)
         raise
+
+
+_LOADED: dict[str, Any] = {}
+
+
+def _call_pickled(payload: bytes, item: Any) -> Any:
+    """In a worker: ``fn(item)`` for the function ``cloudpickle`` wrote as ``payload``, loaded once per
+    worker and payload (a function's globals are copied once, not once per item)."""
+    import hashlib
+
+    import cloudpickle
+
+    key = hashlib.sha256(payload).hexdigest()
+    if key not in _LOADED:
+        _LOADED.clear()  # one map's function at a time
+        _LOADED[key] = cloudpickle.loads(payload)
+    return _LOADED[key](item)
 
 
 def _worker_init(parent_pid: int | None = None) -> None:
