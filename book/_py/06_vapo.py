@@ -451,34 +451,25 @@ print("values biased low by b -> every token's GAE advantage rises by lambda^(n-
 # the policy's as in VAPO §5.1), over {glue:text}`vapo_critic_seeds` seeds: a copy of the policy's
 # backbone with a new scalar head (`value_init="policy"`), and a separate transformer with
 # {glue:text}`vapo_scratch_frac` times the policy's parameters, initialised at random (`"scratch"`).
-# Seed 0 runs here, in this process: its backbone copy is the critic of §6.8 and the one every run
-# of §6.9 starts from; the other seeds run in the worker processes
-# (`experiments.pretrain_critic`, the same procedure).
+# Every seed runs in the worker processes (`experiments.pretrain_critic`); seed 0's backbone copy is
+# saved, and is the critic of §6.8 and the one every run of §6.9 starts from.
 
 # %% tags=["nbval-ignore-output"]
 PRETRAIN_STEPS = 16
 VALUE_LR = 2 * profile.config.lr  # VAPO §5.1: critic lr 2e-6 against the actor's 1e-6
 task = get_task(profile.task)
 critic_dir = Path(tempfile.gettempdir()) / "grpo_lab_06_vapo_critic"
-warm_rows, critics = [], {}
-for init in ("policy", "scratch"):
-    pol, tok = load_policy(profile.base)
-    cfg = dataclasses.replace(profile.config, seed=0, value_init=init, value_lr=VALUE_LR, eval_every=0,
-                              progress=False)
-    tr = Trainer(pol, tok, task, VAPO_OURS, cfg)
-    h = tr.pretrain_value(PRETRAIN_STEPS)
-    critics[init] = tr
-    warm_rows.append(h.assign(critic={"policy": "copy of the policy's backbone",
-                                      "scratch": "separate, random init"}[init], init=init))
-warm = pd.concat(warm_rows, ignore_index=True).assign(seed=0)
-critics["policy"].value_model.save(critic_dir)
-n_policy = count_parameters(critics["policy"].policy)
-# seeds 1-4 of both designs, the same procedure in the worker processes (about 20 s per seed and design)
-more = experiments.map_workers(
+CRITIC_NAMES = {"policy": "copy of the policy's backbone", "scratch": "separate, random init"}
+# both designs for every seed (about 20 s per seed and design, two at a time)
+jobs = [(seed, init, str(critic_dir) if (seed, init) == (0, "policy") else None) for seed in SEEDS
+        for init in ("policy", "scratch")]
+warm_all = pd.concat(experiments.map_workers(
     functools.partial(experiments.pretrain_critic, algo=VAPO_OURS, profile=profile, steps=PRETRAIN_STEPS,
-                      value_lr=VALUE_LR),
-    [(seed, init, None) for seed in SEEDS if seed != 0 for init in ("policy", "scratch")], n_jobs=N_JOBS)
-warm_all = pd.concat([warm, *more], ignore_index=True)
+                      value_lr=VALUE_LR), jobs, n_jobs=N_JOBS), ignore_index=True)
+warm_all["critic"] = warm_all["init"].map(CRITIC_NAMES)
+warm = warm_all[warm_all.seed == 0]
+n_policy = int(warm_all["policy_parameters"].iloc[0])
+n_value = {init: int(warm_all.loc[warm_all.init == init, "value_parameters"].iloc[0]) for init in CRITIC_NAMES}
 # per seed and design: the mean of the last four steps (explained variance on batches the critic has not seen)
 last4 = warm_all[warm_all.value_step > PRETRAIN_STEPS - 4].groupby(["init", "seed"]).agg(
     explained_variance=("explained_variance", "mean"), value_loss=("value_loss", "mean"),
@@ -488,8 +479,8 @@ summary = pd.DataFrame({
     init: {"explained variance, last 4 steps": stats.format_interval(stats.t_interval(ev_seed[init].to_numpy()), 3),
            "value loss, last 4 steps": stats.format_interval(stats.t_interval(last4.loc[init, "value_loss"].to_numpy()), 3),
            "seconds per step (seed 0)": f"{warm[warm.init == init]['seconds'].mean():.2f}",
-           "parameters": f"{count_parameters(critics[init].value_model):,}",
-           "parameters / policy's": f"{count_parameters(critics[init].value_model) / n_policy:.2f}"}
+           "parameters": f"{n_value[init]:,}",
+           "parameters / policy's": f"{n_value[init] / n_policy:.2f}"}
     for init in ("policy", "scratch")}).T
 summary.index.name = f"critic (mean [95% t] over {len(SEEDS)} seeds)"
 display(summary)
@@ -525,7 +516,7 @@ book.glue("vapo_critic_seeds", len(SEEDS))
 book.glue("vapo_pretrain_steps", PRETRAIN_STEPS)
 book.glue("vapo_rows", profile.config.prompts_per_step * profile.config.group_size)
 book.glue("vapo_value_lr", f"{VALUE_LR:g}")
-book.glue("vapo_scratch_frac", f"{count_parameters(critics['scratch'].value_model) / n_policy:.2f}")
+book.glue("vapo_scratch_frac", f"{n_value['scratch'] / n_policy:.2f}")
 print(f"explained variance over the last 4 pretraining steps, {len(SEEDS)} seeds: policy copy "
       f"{stats.format_interval(stats.t_interval(ev_seed['policy'].to_numpy()), 2)}, scratch "
       f"{stats.format_interval(stats.t_interval(ev_seed['scratch'].to_numpy()), 2)}; copy - scratch, paired "
@@ -562,8 +553,10 @@ print(f"explained variance over the last 4 pretraining steps, {len(SEEDS)} seeds
 # estimator tells its tokens.
 
 # %% tags=["nbval-ignore-output"]
-probe = critics["policy"]
-batch = probe.collect()  # the base policy is unchanged by pretraining: these are its samples
+# the base policy with seed 0's pretrained critic, on a batch that critic was not pretrained on (seed 100)
+probe = Trainer(*load_policy(profile.base), task, VAPO_OURS,
+                dataclasses.replace(profile.config, seed=100, value_init=str(critic_dir), progress=False))
+batch = probe.collect()
 view = AdvantageBatch.from_groups(batch.rewards, probe.config.group_size, mask=batch.loss_mask,
                                   values=batch.values)
 lens = batch.loss_mask.sum(-1)
@@ -1066,7 +1059,7 @@ peak = {name: [float(v) for v in p.communicate()[0].split()[-2:]] for name, p in
 step_s = pd.DataFrame({k: grid[k].history.groupby("seed")["step_seconds"].mean() for k in (CTRL, "VAPO", "DAPO")})
 speed = stats.paired_ratio(step_s["VAPO"], step_s[CTRL])
 speed_dapo = stats.paired_ratio(step_s["VAPO"], step_s["DAPO"])
-n_critic = count_parameters(critics["policy"].value_model)
+n_critic = count_parameters(probe.value_model)
 cost = pd.DataFrame({
     "trainable parameters": [n_policy, n_policy + n_critic],
     "training state, MiB (16 B / parameter)": [16 * n_policy / 2**20, 16 * (n_policy + n_critic) / 2**20],
@@ -1082,7 +1075,7 @@ book.glue("vapo_state_ratio", f"{(n_policy + n_critic) / n_policy:.2f}")
 book.glue("vapo_peak_extra", f"{peak['VAPO'][1] - peak[CTRL][1]:+.0f}")
 hv = grid["VAPO"].history.dropna(subset=["gen_seconds"])
 book.glue("vapo_gen_share", f"{(hv.gen_seconds / hv.step_seconds).mean():.0%}")
-hidden = critics["policy"].policy.config.hidden_size
+hidden = probe.policy.config.hidden_size
 assert n_critic == n_policy + hidden + 1  # the whole backbone (the LM head is tied to it) plus a scalar head
 print(cost.round(2).to_string())
 
