@@ -460,10 +460,81 @@ print(f"unchanged weights, float32 vs bfloat16 autocast: median |log s_i| {float
 # With unchanged weights, bfloat16 rounding alone gives a median $|\log s_i|$ of
 # {glue:text}`gspo_prec_med` and puts {glue:text}`gspo_prec_out` of the responses (share, Wilson
 # 95% interval) outside GSPO's range: the range is below the noise floor of mixed precision. The
-# `GSPO` preset's docstring gives the same warning. GSPO §5.4's claim that the inference engine's
-# likelihoods could be used directly is therefore not tested here (it would take chapter 5's
-# `TrainerConfig.rollout_dtype` with `old_logp="behaviour"` and a training run, which this
-# chapter's time budget leaves out), and on our model it would need a wider range.
+# `GSPO` preset's docstring gives the same warning.
+#
+# **The engine's likelihoods (GSPO §5.4).** The paper argues that GSPO, using only sequence
+# likelihoods, tolerates the precision gap between the inference engine and the trainer, so the
+# engine's likelihoods could serve as $\piold$ directly instead of being recomputed. Chapter 5's
+# machinery tests that at the mechanism: for each of the {glue:text}`gspo_engine_seeds` seeds, a
+# bfloat16 copy of the base policy (the "engine", `TrainerConfig.rollout_dtype="bfloat16"`)
+# samples one rollout and records its log-probabilities; the float32 trainer scores the same tokens
+# with the same weights, and the loss of the first, on-policy update is computed with the engine's
+# log-probabilities as $\piold$ (`old_logp="behaviour"`). Recomputed, $\piold=\pitheta$ there and
+# nothing is clipped (asserted in chapter 5); every clipped response or token below is the
+# precision gap alone.
+
+# %% tags=["nbval-ignore-output"]
+def engine_probe(seed):
+    """One rollout sampled by a bfloat16 copy of the base policy; the first update's loss for GSPO and
+    GRPO with the engine's log-probabilities as pi_old (the trainer's weights are the engine's)."""
+    cfg = dataclasses.replace(prof.config, seed=seed, eval_every=0, progress=False, rollout_dtype="bfloat16",
+                              old_logp="behaviour")
+    tr = Trainer(*load_policy(prof.base), task, GSPO, cfg)
+    b = tr.collect()
+    tr.compute_advantages(b)
+    with torch.no_grad():
+        lp_train = policy_logprobs(tr.policy, b.rollout)
+    lp_engine, m = b.rollout.behaviour_logp, b.loss_mask
+    n = m.sum(1)
+    log_s = ((lp_train - lp_engine) * m).sum(1)[n > 0] / n[n > 0]
+    row = {"seed": seed, "median length": float(n[n > 0].double().median()),
+           "median |log s_i|": float(log_s.abs().median()),
+           "tokens with a signal": float(((b.advantages != 0)[:, None] & m.bool()).sum() / m.sum())}
+    for algo in (GSPO, GRPO_NOKL):
+        met = policy_loss(lp_train, lp_engine, b.advantages, m, algo, group_size=cfg.group_size).metrics
+        if algo.ratio_level == "sequence":  # a sequence clip drops whole responses
+            row[f"{algo.name}: responses dropped"] = float(met["seq_clip_frac"])
+        row[f"{algo.name}: tokens clipped"] = float(met["clip_frac"])
+        row[f"{algo.name}: tokens with a gradient"] = float(met["grad_token_frac"])
+    return row
+
+
+t0 = time.perf_counter()
+engine = pd.DataFrame(experiments.map_workers(engine_probe, SEEDS, n_jobs=N_JOBS)).set_index("seed")
+engine_iv = {c: stats.t_interval(engine[c].to_numpy(), bounds=(0, math.inf)) for c in engine.columns}
+pct_iv = lambda iv_, d=0: f"{iv_.mean:.{d}%} [{iv_.lo:.{d}%}, {iv_.hi:.{d}%}]"  # noqa: E731
+book.glue("gspo_engine_seeds", len(SEEDS))
+book.glue("gspo_engine_drop", pct_iv(engine_iv["GSPO: responses dropped"]))
+book.glue("gspo_engine_gspo_grad", pct_iv(engine_iv["GSPO: tokens with a gradient"]))
+book.glue("gspo_engine_signal", pct_iv(engine_iv["tokens with a signal"]))
+book.glue("gspo_engine_grpo_clip", pct_iv(engine_iv["GRPO: tokens clipped"], 2))
+book.glue("gspo_engine_grpo_grad", pct_iv(engine_iv["GRPO: tokens with a gradient"]))
+book.glue("gspo_engine_logs", stats.format_interval(engine_iv["median |log s_i|"], 4))
+book.glue("gspo_engine_len", f"{float(engine['median length'].median()):.0f}")  # the median of the seeds' medians
+# the regime as the text states it: the engine's rounding alone drops a sizable share of GSPO's responses
+# at the on-policy update, and takes a larger share of the signal than GRPO's token clip does
+assert engine_iv["GSPO: responses dropped"].lo > 0.1
+assert (engine["GSPO: tokens with a gradient"] < engine["GRPO: tokens with a gradient"]).all()
+with pd.option_context("display.float_format", "{:.4f}".format):
+    display(engine.T)
+print(f"{len(SEEDS)} engine rollouts in {time.perf_counter() - t0:.0f} s")
+
+# %% [markdown]
+# At the on-policy update, where a recomputed $\piold$ clips nothing, the engine's likelihoods make
+# GSPO drop {glue:text}`gspo_engine_drop` of the responses (mean [95% t] over the seeds), leaving
+# {glue:text}`gspo_engine_gspo_grad` of the tokens with a gradient out of the
+# {glue:text}`gspo_engine_signal` that have a non-zero advantage; GRPO's token clip at
+# $\pm 0.2$ cuts {glue:text}`gspo_engine_grpo_clip` of the tokens and keeps
+# {glue:text}`gspo_engine_grpo_grad`. Here the paper's argument runs the other way: the engine's
+# rounding gives a median $|\log s_i|$ of {glue:text}`gspo_engine_logs`, far above GSPO's
+# $4\times10^{-4}$, while a token's ratio error is far below GRPO's 0.2. Averaging over a response
+# shrinks the rounding noise of $\log s_i$ as $1/\sqrt{|o_i|}$ (§4.1's independence model), and our
+# responses have a median of {glue:text}`gspo_engine_len` tokens (the seeds' median) against the paper's thousands:
+# **not tested in the paper's regime**. What the probe does show holds at any scale: with GSPO's
+# range, the engine's likelihoods are usable only where the per-response precision gap is well
+# below $3\times10^{-4}$, which a trainer can measure at its first update (the fraction of
+# responses clipped there, zero when $\piold$ is recomputed). A training run with engine likelihoods
+# is not part of this chapter.
 #
 # :::{admonition} Common misreadings
 # :class: warning
@@ -1025,7 +1096,10 @@ at_scale = pd.DataFrame([
                      f"Routing Replay − GRPO: {verdict(d_rr)}"},
     {"quantity": "precision", "paper": "not stated (§5.4: engine likelihoods may be usable)",
      "this chapter": "float32 on CPU; bfloat16 autocast on the GPU (rounding alone moves "
-                     f"{stats.format_interval(prec_wilson, 2)} of responses out of the 3e-4 / 4e-4 range, §4.4)"},
+                     f"{stats.format_interval(prec_wilson, 2)} of responses out of the 3e-4 / 4e-4 range, §4.4); "
+                     f"a bfloat16 engine's likelihoods as pi_old drop "
+                     f"{pct_iv(engine_iv['GSPO: responses dropped'])} of GSPO's responses at the "
+                     "on-policy update: not tested in the paper's regime (§4.4)"},
     {"quantity": "results", "paper": "training curves only (Fig. 1: AIME'24, LiveCodeBench, CodeForces); "
                                      "no table of scores",
      "this chapter": f"{STEPS} steps, five seeds, greedy accuracy on {len(task.test_set())} questions"},
@@ -1036,9 +1110,9 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # %% [markdown]
 # The paper's other observations: GSPO tolerates the precision mismatch between the inference
 # engine and the trainer well enough that the engine's log-likelihoods might be used directly
-# (§5.4; not tested here: §4.4 measures that bfloat16 rounding alone exceeds the paper's range on
-# our model, and chapter 5 measures the mismatch), and its gains contributed to the later Qwen3
-# models.
+# (§5.4; §4.4 probes it at the first update and finds our responses too short for the regime the
+# argument needs; chapter 5 measures the mismatch itself), and its gains contributed to the later
+# Qwen3 models.
 #
 # **Other implementations.** TRL 1.16.0 (the version {ref}`the scale-out page <sec-scale-out>` pins)
 # computes the sequence ratio with `importance_sampling_level="sequence"` (exp of the masked mean
