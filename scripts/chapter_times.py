@@ -61,6 +61,10 @@ def measure(chapters: list[str], in_place: bool = False) -> dict:
     import os
 
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    # code not yet committed (the package, the chapters' twins, the scripts) is marked: "abc1234+"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "grpo_lab", "book/_py", "scripts"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    sha += "+" if dirty else ""
     old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"chapters": {}}
     for stem in chapters:
         with tempfile.TemporaryDirectory(prefix=f"chapter-times-{stem}-") as tmp:

@@ -98,7 +98,7 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
     travels *by value* (``cloudpickle``): its code, and a copy of the globals and closure variables
     it uses, taken when this call starts. It runs in a fresh ``spawn`` interpreter, so it sees
     neither later changes to those globals nor anything it changes in them (return what you need).
-    Functions of importable modules travel by reference, as with :mod:`pickle`.
+    Functions of importable modules travel by reference, as with ``pickle``.
 
     Args:
         fn: a callable taking one item: an importable function, a ``functools.partial`` of one, or a
