@@ -38,9 +38,12 @@ deselect=(
 )
 if [ "$#" -eq 0 ]; then
     # the package's core (models, sampling, trainer, objectives), the MoE policy that sets transformers'
-    # floor, and stats/plots (numpy, pandas, scipy, matplotlib, seaborn)
+    # floor, and stats/plots (numpy, pandas, scipy, matplotlib, seaborn); map_workers, whose by-value
+    # functions set cloudpickle's floor
     set -- tests/test_models.py tests/test_rollout.py tests/test_trainer.py tests/test_objectives.py \
-        tests/test_moe.py tests/test_stats.py "${deselect[@]}"
+        tests/test_moe.py tests/test_stats.py \
+        tests/test_corpus_checkpoint.py::test_map_workers_sends_a_notebook_function_by_value \
+        tests/test_corpus_checkpoint.py::test_map_workers_refuses_what_a_worker_cannot_receive "${deselect[@]}"
 fi
 
 # A copy of what the wheel is built from, so the checkout gets no build/ or *.egg-info.
@@ -64,7 +67,7 @@ fi
 # test tools at their floors (pyproject's `test` extra: pytest>=8, hypothesis>=6).
 "$venv/bin/python" -m pip install -q -r "$reqs" "pytest==8.0.0" "hypothesis==6.0.0" "$work/src"
 "$venv/bin/python" -m pip check
-"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(torch|transformers|tokenizers|safetensors|numpy|pandas|matplotlib|scipy|seaborn|tqdm|pytest|hypothesis|grpo.lab) '
+"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(torch|transformers|tokenizers|safetensors|numpy|pandas|matplotlib|scipy|seaborn|tqdm|cloudpickle|pytest|hypothesis|grpo.lab) '
 
 cd "$work/run"
 "$venv/bin/python" - <<'EOF'
