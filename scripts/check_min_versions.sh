@@ -43,7 +43,9 @@ if [ "$#" -eq 0 ]; then
     set -- tests/test_models.py tests/test_rollout.py tests/test_trainer.py tests/test_objectives.py \
         tests/test_moe.py tests/test_stats.py \
         tests/test_corpus_checkpoint.py::test_map_workers_sends_a_notebook_function_by_value \
-        tests/test_corpus_checkpoint.py::test_map_workers_refuses_what_a_worker_cannot_receive "${deselect[@]}"
+        tests/test_corpus_checkpoint.py::test_map_workers_refuses_what_a_worker_cannot_receive \
+        tests/test_corpus_checkpoint.py::test_map_workers_sends_items_results_and_errors_of_notebook_classes \
+        "${deselect[@]}"
 fi
 
 # A copy of what the wheel is built from, so the checkout gets no build/ or *.egg-info.

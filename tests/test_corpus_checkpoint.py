@@ -393,6 +393,38 @@ def test_map_workers_sends_a_notebook_function_by_value():
         shutdown_workers(now=True)
 
 
+def test_map_workers_sends_items_results_and_errors_of_notebook_classes():
+    # a fresh user's trial: results and exceptions of classes defined in __main__ failed on the way back with a
+    # bare PicklingError (the exception's message lost); an unpicklable item failed without saying it was an item
+    import threading
+
+    from grpo_lab.experiments import map_workers, shutdown_workers
+
+    ns = {"__name__": "__main__"}
+    exec("class Point:\n"
+         "    def __init__(self, x):\n"
+         "        self.x = x\n"
+         "class MyErr(Exception):\n"
+         "    pass\n"
+         "def point(x):\n"
+         "    return Point(x)\n"
+         "def fail(x):\n"
+         "    raise MyErr(f'custom boom {x}')\n"
+         "def closure_result(x):\n"
+         "    return lambda: x\n", ns)
+    try:
+        assert [p.x for p in map_workers(ns["point"], [(1, 2), (3, 4)], n_jobs=2)] == [(1, 2), (3, 4)]
+        assert [f() for f in map_workers(ns["closure_result"], [7, 8], n_jobs=2)] == [7, 8]
+        with pytest.raises(RuntimeError, match=r"fn raised MyErr: custom boom 1 \(its class cannot travel back"):
+            map_workers(ns["fail"], [1, 2], n_jobs=2)
+        with pytest.raises(ValueError, match="math domain error"):  # a picklable exception keeps its class
+            map_workers(math.sqrt, [4, -1], n_jobs=2)
+        with pytest.raises(TypeError, match=r"item 1 \(lock\) cannot be sent to a worker process"):
+            map_workers(operator.neg, [1, threading.Lock()], n_jobs=2)
+    finally:
+        shutdown_workers(now=True)
+
+
 def test_continue_ntp_refuses_an_empty_batch():
     from grpo_lab.pretrain import continue_ntp
 

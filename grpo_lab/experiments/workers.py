@@ -94,11 +94,16 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
     grid has just run). For work that is not a trainer run, e.g. one seed of a baseline per item
     (chapter 7's continued-NTP runs, :func:`grpo_lab.pretrain.continued_ntp_run`).
 
-    A function defined in a notebook or a script (``__main__``), a lambda or a local function
-    travels *by value* (``cloudpickle``): its code, and a copy of the globals and closure variables
-    it uses, taken when this call starts. It runs in a fresh ``spawn`` interpreter, so it sees
-    neither later changes to those globals nor anything it changes in them (return what you need).
-    Functions of importable modules travel by reference, as with ``pickle``.
+    With ``n_jobs > 1`` and more than one item, a function defined in a notebook or a script
+    (``__main__``), a lambda or a local function travels *by value* (``cloudpickle``): its code, and
+    a copy of the globals and closure variables it uses, taken when this call starts. It runs in a
+    fresh ``spawn`` interpreter, so it sees neither later changes to those globals nor anything it
+    changes in them (return what you need). Functions of importable modules travel by reference.
+    Items and results travel by ``cloudpickle`` too, so a result may be an instance of a class
+    defined in the notebook (rebuilt by value: not ``isinstance`` of the caller's class). With
+    ``n_jobs=1`` or a single item, ``fn`` runs here, on the caller's own globals. A script read from
+    standard input (``python - <<EOF``) cannot start ``spawn`` workers; save it to a file (and guard
+    its calls with ``if __name__ == "__main__":``).
 
     Args:
         fn: a callable taking one item: an importable function, a ``functools.partial`` of one, or a
@@ -111,9 +116,11 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
 
     Raises:
         ValueError: ``n_jobs < 1``.
-        TypeError: with ``n_jobs > 1``, ``fn`` (or a global it uses) cannot be pickled, e.g. a
-            generator, an open file or a lock.
-        Exception: whatever ``fn`` raises, after the workers are stopped.
+        TypeError: with ``n_jobs > 1``, ``fn`` (or a global it uses), an item or a result cannot be
+            pickled, e.g. a generator, a file open for writing or a lock (the message says which).
+        Exception: whatever ``fn`` raises, after the workers are stopped; an exception whose class
+            cannot travel back (one defined in a notebook) arrives as a ``RuntimeError`` that gives its
+            class, message and the worker's traceback.
     """
     if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or n_jobs < 1:
         raise ValueError(f"map_workers: n_jobs must be an int >= 1, got {n_jobs!r}")
@@ -131,11 +138,18 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
         raise TypeError(f"map_workers: fn cannot be sent to a worker process ({exc}): it, or a global or closure "
                         "variable it uses, cannot be pickled; pass what it needs as arguments, or use "
                         "n_jobs=1") from None
+    sent = []
+    for i, item in enumerate(items):
+        try:
+            sent.append(cloudpickle.dumps(item))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise TypeError(f"map_workers: item {i} ({type(item).__name__}) cannot be sent to a worker process "
+                            f"({exc}); pass plain data, or use n_jobs=1") from None
     pool = _worker_pool(n_jobs)
     call = functools.partial(_call_pickled, payload)
-    futures = [pool.submit(call, item) for item in items]
+    futures = [pool.submit(call, item) for item in sent]
     try:
-        return [f.result() for f in futures]
+        return [cloudpickle.loads(f.result()) for f in futures]
     except BaseException:
         shutdown_workers(now=True)
         raise
@@ -144,10 +158,18 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
 _LOADED: dict[str, Any] = {}
 
 
-def _call_pickled(payload: bytes, item: Any) -> Any:
-    """In a worker: ``fn(item)`` for the function ``cloudpickle`` wrote as ``payload``, loaded once per
-    worker and payload (a function's globals are copied once, not once per item)."""
+def _call_pickled(payload: bytes, item: bytes) -> bytes:
+    """In a worker: ``fn(item)`` for the function ``cloudpickle`` wrote as ``payload`` (loaded once per
+    worker and payload: a function's globals are copied once, not once per item) and the item it wrote
+    as ``item``; the result as ``cloudpickle`` bytes.
+
+    Raises:
+        what ``fn`` raises; ``RuntimeError`` (with the class, message and traceback) in its place when
+        its class cannot travel back to the caller; ``TypeError`` for a result that cannot be pickled.
+    """
     import hashlib
+    import pickle
+    import traceback
 
     import cloudpickle
 
@@ -155,7 +177,20 @@ def _call_pickled(payload: bytes, item: Any) -> Any:
     if key not in _LOADED:
         _LOADED.clear()  # one map's function at a time
         _LOADED[key] = cloudpickle.loads(payload)
-    return _LOADED[key](item)
+    try:
+        result = _LOADED[key](cloudpickle.loads(item))
+    except Exception as exc:
+        try:
+            pickle.loads(pickle.dumps(exc))  # what the pool does to send it back
+        except Exception:
+            raise RuntimeError(f"map_workers: fn raised {type(exc).__qualname__}: {exc} (its class cannot travel back "
+                               f"from the worker process; the worker's traceback:\n{traceback.format_exc()})") from None
+        raise
+    try:
+        return cloudpickle.dumps(result)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise TypeError(f"map_workers: fn's result ({type(result).__name__}) cannot be sent back from the worker "
+                        f"process ({exc}); return plain data (numbers, arrays, tensors, data frames)") from None
 
 
 def _worker_init(parent_pid: int | None = None) -> None:
