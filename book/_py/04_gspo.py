@@ -957,15 +957,14 @@ cuts = pd.DataFrame([disagreement(log_r, mask, adv_p)] +
                     index=pd.Index(list(SEEDS), name="seed"))
 assert cuts[["let through", "collateral"]].notna().all().all()  # every rollout has tokens each clip cuts
 let_through, collateral = (stats.t_interval(cuts[c].to_numpy(), bounds=(0, 1)) for c in ("let through", "collateral"))
-pct = lambda iv_: f"{iv_.mean:.0%} [{iv_.lo:.0%}, {iv_.hi:.0%}]"  # noqa: E731
-book.glue("gspo_let_through", pct(let_through))
-book.glue("gspo_collateral", pct(collateral))
+book.glue("gspo_let_through", pct_iv(let_through))
+book.glue("gspo_collateral", pct_iv(collateral))
 book.glue("gspo_tok_cut_n", f"{int(cuts.loc[0, 'token clip stops'])}")
 book.glue("gspo_seq_cut_n", f"{int(cuts.loc[0, 'sequence clip drops'])}")
 book.glue("gspo_cut_rollouts", len(cuts))
 display(cuts.assign(**{c: cuts[c].map("{:.0%}".format) for c in ("let through", "collateral")}))
-print(f"over {len(cuts)} rollouts (one per seed): of the tokens GRPO's clip stops, {pct(let_through)} are in "
-      f"responses the matched sequence range keeps; of those the sequence clip drops, {pct(collateral)} are "
+print(f"over {len(cuts)} rollouts (one per seed): of the tokens GRPO's clip stops, {pct_iv(let_through)} are in "
+      f"responses the matched sequence range keeps; of those the sequence clip drops, {pct_iv(collateral)} are "
       f"inside GRPO's token range (mean [95% t interval])")
 dev_m = stats.paired_ratio(per_seed(dense[GSPO_MATCHED.name], "token_ratio_abs_dev"),
                            per_seed(dense["GRPO"], "token_ratio_abs_dev"))
