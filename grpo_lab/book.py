@@ -468,8 +468,9 @@ def _print_gpu_plan(chapter: str, names: Sequence[str], seeds: Sequence[int], st
         what = (f"next-token reasoning (the Python reference) from {prof.base}: {len(seeds)} seeds each, {steps} "
                 f"steps of {prof.config.prompts_per_step} positions x G = {prof.config.group_size}, budget "
                 f"{kw['max_new_tokens']} tokens, greedy and sampled next-token accuracy on "
-                f"{experiments.RPT_GPU_TEST_SIZE} held-out positions every {prof.config.eval_every} steps; then "
-                "continued next-token prediction at the same compute per seed")
+                f"{experiments.RPT_GPU_TEST_SIZE} held-out positions every {prof.config.eval_every} steps"
+                + (" with the held-out loss" if kw.get("eval_held_out_loss") else "")
+                + "; then continued next-token prediction at the same compute per seed")
     else:
         what = (f"GSM8K from {prof.base}: {len(seeds)} seeds each, {steps} steps of {prof.config.prompts_per_step} "
                 f"questions x G = {prof.config.group_size}, budget {kw['max_new_tokens']} tokens, greedy test "

@@ -276,18 +276,12 @@ class _Corpus:
         labels = torch.where(attn.bool(), ids, torch.full_like(ids, -100))
         return ids, attn, labels
 
-    @torch.no_grad()
     def held_out_loss(self, model, width: int = 64) -> float:
-        """Mean next-token cross-entropy (nats) over the held-out topics, in windows of ``width``."""
-        n = (len(self.held) - 1) // width
-        x = torch.as_tensor(self.held[: n * width + 1])
-        inp, tgt = x[:-1].view(n, width), x[1:].view(n, width)
-        total = 0.0
-        for s in range(0, n, 256):
-            logits = model(input_ids=inp[s:s + 256], use_cache=False).logits
-            total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[s:s + 256].flatten(),
-                                                             reduction="sum"))
-        return total / (n * width)
+        """Mean next-token cross-entropy (nats) over the held-out topics, in windows of ``width``
+        (:func:`grpo_lab.tasks.next_token.held_out_loss` on ``held``)."""
+        from .tasks.next_token import held_out_loss
+
+        return held_out_loss(model, self.held, width=width)
 
 
 def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size: int = 32, lr: float = 3e-4,
@@ -422,14 +416,16 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
 
     Returns:
         ``{"seed", "steps", "tokens" (total real tokens trained on), "loss_last" (mean loss of
-        the last 10 steps), "frame" (greedy evaluation, one row per test position, with
+        the last 10 steps), "held_out_loss" (the trained model's
+        :func:`~grpo_lab.tasks.next_token.held_out_loss` on the corpus's ``test`` part in the task's
+        tokenizer, nats per token, under the same autocast), "frame" (greedy evaluation, one row per test position, with
         ``correct`` and ``entropy``), "sampled_frame" (the same for the sampled evaluation),
         "summary", "sampled_summary" (:func:`grpo_lab.rollout.evaluate`'s summaries: accuracy, mean
         length, reasoning share)}``.
     """
     from .models import load_policy
     from .rollout import evaluate as evaluate_policy
-    from .tasks.next_token import NextTokenTask
+    from .tasks.next_token import NextTokenTask, held_out_ids, held_out_loss
 
     from .trainer import resolve_precision
 
@@ -445,8 +441,9 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
         summary, frame = evaluate_policy(policy, tokenizer, task, greedy=True)
         torch.manual_seed(seed)
         sampled_summary, sampled = evaluate_policy(policy, tokenizer, task, greedy=False, temperature=temperature)
+        held = held_out_loss(policy, held_out_ids(task._tok()))
     return {"seed": seed, "steps": steps, "tokens": int(sum(log["tokens"])),
-            "loss_last": float(np.mean(log["loss"][-10:])) if log["loss"] else float("nan"),
+            "loss_last": float(np.mean(log["loss"][-10:])) if log["loss"] else float("nan"), "held_out_loss": held,
             "frame": frame, "sampled_frame": sampled, "summary": summary, "sampled_summary": sampled_summary}
 
 

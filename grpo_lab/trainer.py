@@ -334,8 +334,8 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         time), ``gen_seconds``, ``step_seconds``, ``test_accuracy`` and ``test_length`` (greedy,
         NaN on steps without evaluation; the row of step ``k`` holds the evaluation *after* ``k``
         updates, step 0 the base policy), ``test_<name>`` for every entry of the task's optional
-        ``test_metrics(frame) -> dict`` (and ``test_sampled_<name>`` with ``eval_sampled``),
-        ``eval_seconds`` (wall time of that evaluation, not
+        ``test_metrics(frame) -> dict`` (and ``test_sampled_<name>`` with ``eval_sampled``) and of its optional
+        ``model_metrics(model) -> dict`` (e.g. ``test_held_out_loss``), ``eval_seconds`` (wall time of that evaluation, not
         included in ``step_seconds``); then the sampling & shaping columns of
         :func:`grpo_lab.sampling.sampling_metrics` (``gen_rounds``, ``generated_groups``, ``selected_groups``, ``trained_groups``,
         ``samples_per_trained``, ``overlong_frac_penalised``); the advantage statistics ``adv_mean``,

@@ -14,6 +14,7 @@ recorded values come from ``recipe.json`` and the committed files; the ``test_me
 worked out by hand next to the frames.
 """
 
+import copy
 import json
 import math
 import operator
@@ -253,6 +254,11 @@ def test_continued_ntp_run(keep_threads):
     out = continued_ntp_run(0, steps=1, batch_size=4)
     n = len(NextTokenTask().test_set())
     assert (out["seed"], out["steps"]) == (0, 1) and out["tokens"] > 0 and math.isfinite(out["loss_last"])
+    # the trained model's held-out loss: one NTP step from the base moves it off the recipe's value
+    model, tok = load_policy(_dir("corpus"), dtype=torch.float32)
+    continue_ntp(model, tok, steps=1, seed=0, batch_size=4)
+    assert out["held_out_loss"] == pytest.approx(nt.held_out_loss(model, nt.held_out_ids(tok)), abs=1e-6)
+    assert out["held_out_loss"] != pytest.approx(_record("corpus")["metrics"]["held_out_loss"], abs=1e-4)
     for key in ("frame", "sampled_frame"):
         f = out[key]
         assert len(f) == n and {"correct", "entropy", "completion"} <= set(f.columns)
@@ -336,6 +342,69 @@ def test_trainer_adds_the_test_metrics_columns(base, keep_threads):
             assert evals.loc[step, f"test_sampled_{k}"] == pytest.approx(v, abs=1e-12, nan_ok=True), k
     assert evals.loc[0, "test_accuracy_hard"] == pytest.approx(
         f0["correct"][nt.entropy_split(f0["entropy"].to_numpy())["hard"]].mean())
+
+
+def _float64_held_out_loss(model, ids, width=64):
+    """The reference: the same windows through a float64 copy of ``model``, log-softmax and the mean of
+    the targets' negative log-probs written out (no cross_entropy)."""
+    m = copy.deepcopy(model).double().eval()
+    x = torch.as_tensor(ids)
+    n = (len(x) - 1) // width
+    inp, tgt = x[: n * width].view(n, width), x[1: n * width + 1].view(n, width)
+    with torch.no_grad():
+        logp = torch.log_softmax(m(input_ids=inp, use_cache=False).logits, dim=-1)
+    return float(-logp.gather(-1, tgt.unsqueeze(-1)).mean())
+
+
+def test_held_out_loss_against_a_float64_reference(base):
+    model, tok = base
+    ids = nt.held_out_ids(tok)
+    corpus = _Corpus(RECIPES["corpus"], tokenizer=tok)
+    assert np.array_equal(ids, corpus.held)  # the recipe's held-out text
+    want = _float64_held_out_loss(model, ids)
+    assert nt.held_out_loss(model, ids) == pytest.approx(want, abs=1e-5)
+    # one window per forward (a vocabulary too large for more): the same mean
+    assert nt.held_out_loss(model, ids, max_logits=1) == pytest.approx(want, abs=1e-5)
+    # 16-token windows score other tokens: another value, also equal to its reference
+    assert nt.held_out_loss(model, ids[:1000], width=16) == pytest.approx(
+        _float64_held_out_loss(model, ids[:1000], width=16), abs=1e-5)
+    was = model.training
+    for mode in (True, False):  # the model's mode is left as it was
+        model.train(mode)
+        nt.held_out_loss(model, ids[:200])
+        assert model.training is mode
+    model.train(was)
+    with pytest.raises(ValueError, match="no window"):
+        nt.held_out_loss(model, ids[:64])
+    with pytest.raises(ValueError, match="width must be"):
+        nt.held_out_loss(model, ids, width=0)
+
+
+def test_trainer_reports_the_held_out_loss_and_trains_the_same(base, keep_threads):
+    from grpo_lab.algorithms import GRPO
+    from grpo_lab.trainer import Trainer, TrainerConfig
+
+    cfg = TrainerConfig(prompts_per_step=2, group_size=2, eval_every=1, threads=1, seed=0, progress=False, lr=1e-2)
+    hists, policies = {}, {}
+    for flag in (False, True):
+        model, tok = load_policy(_dir("corpus"))
+        tr = Trainer(model, tok, NextTokenTask(eval_held_out_loss=flag), GRPO, cfg)
+        hists[flag], policies[flag] = tr.train(2), tr.policy
+    on, off = hists[True], hists[False]
+    assert "test_held_out_loss" in on and "test_held_out_loss" not in off
+    # the metric changes nothing else: every other column of every step is the same (timings aside)
+    timing = {"tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"}
+    cols = [c for c in off.columns if c not in timing]
+    pd.testing.assert_frame_equal(on[cols], off[cols])
+    assert all(torch.equal(a, b) for a, b in zip(policies[True].parameters(), policies[False].parameters()))
+    evals = on.dropna(subset=["test_held_out_loss"]).set_index("step")["test_held_out_loss"]
+    assert list(evals.index) == [0, 1, 2]
+    ids = nt.held_out_ids(base[1])
+    assert evals.loc[0] == pytest.approx(nt.held_out_loss(base[0], ids), abs=1e-6)  # the base policy
+    assert evals.loc[2] == pytest.approx(nt.held_out_loss(policies[True], ids), abs=1e-6)  # the trained one
+    assert evals.loc[2] != evals.loc[0]
+    with pytest.raises(ValueError, match="eval_held_out_loss must be a bool"):
+        NextTokenTask(eval_held_out_loss="yes")
 
 
 # ---- 8. map_workers ------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def test_the_rpt_gpu_profile(monkeypatch):
     prof = experiments.rpt_gpu_profile()
     kw = dict(prof.task_kwargs)
     assert prof.base == experiments.GPU_MODEL and prof.task == "next_token" and prof.steps == 60
-    assert kw["tokenizer"] == experiments.GPU_MODEL and kw["chat"] is True and kw["max_new_tokens"] == 256
+    assert kw["tokenizer"] == experiments.GPU_MODEL and kw["chat"] is True and kw["max_new_tokens"] == 256 and kw["eval_held_out_loss"] is True
     assert Path(kw["data"]) == experiments.results_dir() / "next_token" / "Qwen--Qwen2.5-0.5B-Instruct"
     c = prof.config
     assert (c.group_size, c.temperature, c.lr, c.minibatches, c.eval_sampled) == (8, 0.8, 1e-6, 1, True)
@@ -141,6 +141,11 @@ def test_run_rpt_gpu_end_to_end_on_cpu(hub, tmp_path):
     assert ntp.history.groupby("seed")["step"].max().tolist() == [2, 2]
     assert ntp.history.query("step == 2")["test_length"].between(1, 8).all()  # its own evaluation, not the base's
     assert prov["max_new_tokens"] == 8  # the budget the runs used (the config's, not the task's 256)
+    # the held-out loss beside every accuracy: RPT's at every evaluation, the baseline's after its training
+    assert rpt.history.dropna(subset=["test_accuracy"])["test_held_out_loss"].notna().all()
+    assert ntp.history["test_held_out_loss"].notna().all()
+    assert (ntp.history.query("step == 2")["test_held_out_loss"].to_numpy()
+            != ntp.history.query("step == 0")["test_held_out_loss"].to_numpy()).all()
     # matched compute: 3 units per NTP token against the RPT run's units, within one NTP step
     for seed in (0, 1):
         units = ntp.provenance["rl_units"][str(seed)]
@@ -162,7 +167,7 @@ def test_the_chapter_cell_describes_the_hub_run_when_absent(tmp_path, capsys, mo
     assert book.show_gpu_results("07_rpt", [RPT], directory=tmp_path) is None  # the chapter's profile by default
     text = " ".join(capsys.readouterr().out.split())
     assert "trains RPT on next-token reasoning" in text and "continued next-token prediction" in text
-    assert "500 held-out positions" in text and "GSM8K" not in text
+    assert "500 held-out positions" in text and "with the held-out loss" in text and "GSM8K" not in text
 
 
 # ------------------------------------------------------------------------- CUDA

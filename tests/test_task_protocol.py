@@ -135,6 +135,7 @@ def _variant(**members):
     (_variant(sample=lambda self, n: []), ["cannot be called as sample(n, rng)"]),
     (_variant(is_correct=lambda self, completion, problem, strict: True), ["cannot be called as is_correct("]),
     (_variant(is_reasoning="yes"), ["is_reasoning must be a method"]),
+    (_variant(model_metrics=lambda self: {}), ["cannot be called as model_metrics(model)"]),
 ])
 def test_validate_task_names_the_problem(task, expected):
     with pytest.raises(TypeError, match="task protocol") as err:

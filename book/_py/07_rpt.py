@@ -63,8 +63,6 @@ import dataclasses
 import functools
 import json
 import math
-import shutil
-import tempfile
 import time
 
 import numpy as np
@@ -75,10 +73,9 @@ from IPython.display import display
 
 from grpo_lab import book, experiments, plotting, stats
 from grpo_lab.algorithms import RPT, RPT_HYBRID, RPT_SAMPLING
-from grpo_lab.experiments.run_dirs import final_model_dir, seed_dir
 from grpo_lab.models import count_parameters, load_policy
 from grpo_lab.paths import checkpoint_dir
-from grpo_lab.pretrain import RECIPES, continue_ntp, continued_ntp_run
+from grpo_lab.pretrain import RECIPES, continued_ntp_run
 from grpo_lab.rewards import prefix_match_reward
 from grpo_lab.rollout import evaluate, generate
 from grpo_lab.tasks import NextTokenTask
@@ -389,7 +386,10 @@ book.glue("rpt_filter_kept", f"{filter_kept:.0%}")
 # 0.8 (the policy RPT's reward is measured on, so its training objective). Accuracy is the mean of
 # the reward of Eq. (3) over the test positions. Beside it, every model's **held-out loss**: the
 # mean next-token NLL (nats per token) on the whole `test` part in 64-token windows, the quantity
-# pretraining and continued NTP minimise (the recipe's held-out loss, asserted for the base model).
+# pretraining and continued NTP minimise (the recipe's held-out loss, asserted for the base model):
+# the RL runs report it at every evaluation (`NextTokenTask(eval_held_out_loss=True)`, the column
+# `test_held_out_loss`), continued NTP after its last step (`continued_ntp_run`), both with
+# `next_token.held_out_loss`.
 
 # %% tags=["nbval-ignore-output"]
 STEPS = 16
@@ -401,17 +401,14 @@ base_profile = experiments.get_profile("cpu")  # on every machine: the hub-model
 LR = base_profile.config.lr  # the book's learning rate (every chapter's profile)
 profile = dataclasses.replace(
     base_profile, name="rpt-cpu", base="corpus-base", task="next_token", steps=STEPS,
-    task_kwargs={"min_entropy": MIN_ENTROPY},
+    task_kwargs={"min_entropy": MIN_ENTROPY, "eval_held_out_loss": True},  # held-out loss at every evaluation
     config=dataclasses.replace(base_profile.config, **RPT_SAMPLING, prompts_per_step=P, minibatches=1, epochs=1,
                                micro_batch_size=None, lr=LR, warmup=2, eval_every=EVAL_EVERY, eval_sampled=True))
 RPT_DS = RPT.replace(name="RPT + dynamic sampling", dynamic_sampling=True)
-run_dir = tempfile.mkdtemp(prefix="rpt-runs-")  # the trained policies, read back for their held-out loss
 t0 = time.perf_counter()
 grid = {}
 for algo, kw in ((RPT, {}), (RPT_DS, {"steps": DS_STEPS, "eval_every": DS_STEPS}), (RPT_HYBRID, {"eval_every": STEPS})):
-    # save_model writes each seed's policy; such runs always train (the run cache cannot hold a policy)
-    grid[algo.name] = experiments.run(algo, profile=profile, seeds=SEEDS, n_jobs=N_JOBS, cache=False,
-                                      save_model=True, output_dir=run_dir, **kw)
+    grid[algo.name] = experiments.run(algo, profile=profile, seeds=SEEDS, n_jobs=N_JOBS, **kw)
 rl_seconds = time.perf_counter() - t0
 
 # matched compute: RPT's FLOPs in units of 2N (one token forward)
@@ -447,35 +444,19 @@ print(f"compute per seed (token-forward units): RPT {rpt_units:,.0f}, RPT + dyna
       f"NTP {3 * ntp_tokens:,.0f}")
 
 # %% tags=["nbval-ignore-output"]
-held_ids = torch.tensor(np.concatenate([tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-                                        for _, t in parts["test"]]))
+def final_loss(result) -> pd.Series:
+    """Per seed: the held-out loss (nats per token) at the run's last evaluation."""
+    h = result.history.dropna(subset=["test_held_out_loss"])
+    return h[h["step"] == h.groupby("seed")["step"].transform("max")].set_index("seed")["test_held_out_loss"]
 
 
-@torch.no_grad()
-def held_out_loss(model, width: int = 64) -> float:
-    """Mean next-token NLL (nats per token) of `model` on the test part, in windows of `width`
-    tokens (the pretraining recipe's held-out loss)."""
-    n = (len(held_ids) - 1) // width
-    x = held_ids[: n * width + 1]
-    logits = model(input_ids=x[:-1].view(n, width), use_cache=False).logits
-    return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[1:].view(n, width).flatten()))
-
-
-t0 = time.perf_counter()
-base_loss = held_out_loss(policy)
-assert abs(base_loss - record["metrics"]["held_out_loss"]) < 1e-3  # the recipe's held-out loss
-losses = {"base": pd.Series(base_loss, index=list(SEEDS))}
-for algo in (RPT, RPT_DS, RPT_HYBRID):
-    losses[algo.name] = pd.Series({s: held_out_loss(load_policy(final_model_dir(seed_dir(run_dir, algo.name, s)))[0])
-                                   for s in SEEDS})
-shutil.rmtree(run_dir)
-ntp_loss = {}
-for s in SEEDS:  # continued_ntp_run's model, trained again in this process (its batches depend on the seed only)
-    m, _ = load_policy(checkpoint_dir("corpus-base"), dtype=torch.float32)
-    continue_ntp(m, tok, steps=NTP_STEPS, seed=s, lr=LR, batch_size=32)
-    ntp_loss[s] = held_out_loss(m)
-losses["continued NTP"] = pd.Series(ntp_loss)
-print(f"held-out losses of {len(losses)} models x {len(SEEDS)} seeds in {time.perf_counter() - t0:.0f} s")
+base_rows = grid["RPT"].history.query("step == 0").set_index("seed")["test_held_out_loss"]
+assert (base_rows - record["metrics"]["held_out_loss"]).abs().max() < 1e-3  # the recipe's held-out loss
+losses = {"base": base_rows, **{algo.name: final_loss(grid[algo.name]) for algo in (RPT, RPT_DS, RPT_HYBRID)},
+          "continued NTP": pd.Series({x["seed"]: x["held_out_loss"] for x in ntp_runs})}
+assert all(len(v) == len(SEEDS) and v.notna().all() for v in losses.values())
+print(f"held-out loss of the base model {base_rows.iloc[0]:.4f} nats per token (the recipe's: "
+      f"{record['metrics']['held_out_loss']:.4f})")
 
 # %% [markdown]
 # The cell above trains {glue:text}`rpt_n_seeds` seeds of RPT and of the hybrid for
@@ -891,7 +872,9 @@ with pd.option_context("display.max_colwidth", None):
 # 4. **Continued NTP.** For each seed, continued next-token prediction on plain 64-token windows
 #    of the same `rl` text at the same compute (`experiments.rl_compute_units`).
 #
-# Both are evaluated greedy and sampled on 500 held-out positions. The run writes
+# Both are evaluated greedy and sampled on 500 held-out positions, each accuracy beside the model's
+# held-out loss (nats per token on the corpus's `test` part, in the model's own tokens): RPT's at
+# every evaluation, continued NTP's after its last step. The run writes
 # `data/results/gpu/07_rpt.json` with its provenance. On every machine the cell then shows that file
 # when it is present, after asserting the facts every GPU run must show
 # (`experiments.check_gpu_results`); the toy experiments above run on the CPU profile on every
@@ -908,7 +891,8 @@ gpu_rpt_profile = experiments.rpt_gpu_profile(weight_decay=0.01)  # App. B's wei
 if PROFILE == "gpu":
     experiments.run_rpt_gpu(seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS, profile=gpu_rpt_profile)
 gpu_summary = book.show_gpu_results("07_rpt", GPU_ALGOS, baseline="continued NTP", seeds=GPU_SEEDS, steps=GPU_STEPS,
-                                    columns=("test_accuracy", "test_accuracy_sampled"), profile=gpu_rpt_profile)
+                                    columns=("test_accuracy", "test_accuracy_sampled", "test_held_out_loss"),
+                                    profile=gpu_rpt_profile)
 
 # %% [markdown]
 # ## 7.8 Takeaways

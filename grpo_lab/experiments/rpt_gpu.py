@@ -113,7 +113,7 @@ def rpt_gpu_profile(model: str | os.PathLike | None = None, *, data: str | os.Pa
                     eval_sampled=True)
     prof = gpu_profile(model, steps=steps, environ=environ, _defaults=defaults, **config)
     task_kwargs = {"tokenizer": prof.base, "data": str(data if data is not None else rpt_data_dir(prof.base)),
-                   "chat": True, "max_new_tokens": 256, "min_entropy": 0.5}
+                   "chat": True, "max_new_tokens": 256, "min_entropy": 0.5, "eval_held_out_loss": True}
     return replace(prof, task="next_token", task_kwargs=task_kwargs)
 
 
@@ -285,7 +285,7 @@ def _continued_ntp_seed(seed: int, prof: Profile, task: Any, rpt_history: pd.Dat
     first = {"step": 0, "seed": seed, "algo": "continued NTP",
              **{k: base_row[k] for k in base_row.index if k.startswith("test_")}}
     final = {"step": int(rpt_history["step"].max()), "seed": seed, "algo": "continued NTP", "ntp_steps": n,
-             "ntp_tokens": x["tokens"], "ntp_loss_last": x["loss_last"],
+             "ntp_tokens": x["tokens"], "ntp_loss_last": x["loss_last"], "test_held_out_loss": x["held_out_loss"],
              "test_accuracy": float(x["frame"]["correct"].mean()),
              "test_length": float(x["summary"]["mean_length"]),
              "test_accuracy_sampled": float(x["sampled_frame"]["correct"].mean())}

@@ -71,6 +71,9 @@ class Task(Protocol):
     ``test_reasoning_frac`` columns; ``test_metrics(frame: pandas.DataFrame) -> dict[str, float]``
     adds a ``test_<name>`` column per entry, computed at every evaluation from the per-problem
     frame of :func:`grpo_lab.rollout.evaluate` (e.g. accuracy by difficulty);
+    ``model_metrics(model) -> dict[str, float]`` adds a ``test_<name>`` column per entry at every
+    evaluation, computed from the policy itself (in eval mode, without grad, under the run's autocast;
+    e.g. :class:`~grpo_lab.tasks.NextTokenTask`'s held-out loss);
     ``extract_answer(completion: str) -> str | None``, the final answer a completion gives (``None``
     when it gives none), lets :func:`grpo_lab.evaluation.evaluate_at_k` report maj@k (majority
     vote over sampled answers, compared as strings).
@@ -156,6 +159,7 @@ _METHODS = {
 }
 _OPTIONAL_METHODS = {"is_reasoning": ("is_reasoning(completion) -> bool", 1),
                      "test_metrics": ("test_metrics(frame) -> dict[str, float]", 1),
+                     "model_metrics": ("model_metrics(model) -> dict[str, float]", 1),
                      "extract_answer": ("extract_answer(completion) -> str | None", 1),
                      "rewards": ("rewards(completions, problems) -> list[float]", 2),
                      "correct": ("correct(completions, problems) -> list[bool]", 2),
@@ -208,7 +212,7 @@ def validate_task(task, *, call: bool = False):
 
     The default check is cheap and runs none of the task's code: ``name`` is a non-empty ``str``,
     ``max_new_tokens`` an ``int >= 1`` (not a bool), and ``sample``, ``reward``, ``is_correct``,
-    ``test_set`` (and ``is_reasoning``, ``test_metrics``, ``extract_answer``, ``rewards``, ``correct``,
+    ``test_set`` (and ``is_reasoning``, ``test_metrics``, ``model_metrics``, ``extract_answer``, ``rewards``, ``correct``,
     ``bind_tokenizer`` when present) are callables that accept the arguments the trainer passes
     (checked on their signatures). ``Trainer(...)`` runs it.
 

@@ -63,7 +63,8 @@ from .base import Problem, load_problems
 
 __all__ = ["THINK_OPEN", "THINK_CLOSE", "ENTROPY_THRESHOLDS", "CHAT_INSTRUCTION", "build_hub_task_data", "load_corpus", "corpus_sha256", "split_corpus",
            "token_strings", "char_start_mask", "top_k_entropy", "entropy_split", "next_token_prompt", "parse_prediction",
-           "NextTokenTask", "proxy_entropies", "tokenizer_sha256", "SPLIT_FRACTIONS", "corpus_chunks", "build_task_data", "TRAIN_FILE", "TEST_FILE"]
+           "NextTokenTask", "proxy_entropies", "tokenizer_sha256", "SPLIT_FRACTIONS", "corpus_chunks", "build_task_data", "TRAIN_FILE", "TEST_FILE",
+           "held_out_ids", "held_out_loss"]
 
 #: The delimiters of the thinking span (special tokens of the corpus tokenizer, kept by ``decode``).
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -299,6 +300,13 @@ def parse_prediction(completion: str) -> str | None:
 
 
 @lru_cache(maxsize=4)
+def _held_out_cached(name: str) -> np.ndarray:
+    """:func:`held_out_ids` in the tokenizer :func:`_load_tokenizer` loads for ``name`` (cached: read at
+    every evaluation)."""
+    return held_out_ids(_load_tokenizer(name))
+
+
+@lru_cache(maxsize=4)
 def _load_tokenizer(name: str):
     """The tokenizer of a shipped checkpoint (a bare name such as ``"corpus-base"``), of a local
     directory, or of a hub id ``"org/name"`` (as :func:`grpo_lab.models.load_policy` loads it)."""
@@ -342,6 +350,59 @@ def tokenizer_sha256(tokenizer) -> str:
     return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
 
 
+def held_out_ids(tokenizer) -> np.ndarray:
+    """int64 ``[N]``: the ``test`` part of :func:`split_corpus` as ``tokenizer`` cuts it, its chunks in
+    corpus order, each followed by EOS: the held-out text of the corpus recipes' held-out loss (the
+    text the test positions are drawn from, which neither pretraining nor RL sees)."""
+    parts = split_corpus(load_corpus())
+    return np.concatenate([tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                           for _, text in parts["test"]]).astype(np.int64)
+
+
+@torch.no_grad()
+def held_out_loss(model, ids: np.ndarray | torch.Tensor, *, width: int = 64, max_logits: int = 2**26) -> float:
+    """Mean next-token cross-entropy of ``model`` on the token stream ``ids``, in nats per token: the
+    stream cut into ``n = (len(ids) - 1) // width`` windows of ``width`` tokens, each token of a window
+    predicted from the window's tokens before it (RPT's Eq. 1, the NTP objective, as a test metric; the
+    corpus recipes' held-out loss with ``ids = held_out_ids(tokenizer)``, chapter 7's "held-out loss").
+
+    The windows go through the model in chunks of at most ``max_logits`` logits (windows × ``width`` ×
+    vocabulary; at least one window), so a 151,936-token vocabulary needs no ``[n, width, V]`` tensor.
+    The logits are upcast to float32 before the loss (a bfloat16 autocast, if active, covers the model
+    only). The model's training mode is kept.
+
+    Args:
+        model: a ``transformers`` causal LM (its output has ``.logits`` float ``[b, width, V]``).
+        ids: int ``[N]``, ``N > width``.
+        width: tokens per window (the recipes': 64).
+        max_logits: logits per forward (default ``2**26``: 256 MiB in float32).
+
+    Returns:
+        The mean over the ``n * width`` predicted tokens (a float; the last ``len(ids) - 1 - n * width``
+        tokens are not scored).
+
+    Raises:
+        ValueError: ``width < 1``, or ``ids`` not longer than one window.
+    """
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise ValueError(f"held_out_loss: width must be an int >= 1, got {width!r}")
+    x = torch.as_tensor(np.asarray(ids), dtype=torch.long).flatten()
+    n = (len(x) - 1) // width
+    if n < 1:
+        raise ValueError(f"held_out_loss: {len(x)} tokens make no window of width {width} plus its next token")
+    device = next(model.parameters()).device
+    x = x[: n * width + 1].to(device)
+    inp, tgt = x[:-1].view(n, width), x[1:].view(n, width)
+    vocab = int(getattr(model.config, "vocab_size", None) or model.get_output_embeddings().weight.shape[0])
+    step = max(1, int(max_logits) // (width * vocab))
+    total = 0.0
+    for s in range(0, n, step):
+        logits = model(input_ids=inp[s:s + step], use_cache=False).logits.float()
+        total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[s:s + step].flatten(),
+                                                         reduction="sum"))
+    return total / (n * width)
+
+
 @dataclass
 class NextTokenTask:
     """Next-token reasoning (arXiv 2506.08007, §3.1) with RPT's prefix-matching reward (§3.2, Eq. 3).
@@ -365,6 +426,9 @@ class NextTokenTask:
             :func:`grpo_lab.tasks.next_token.build_hub_task_data` writes them for a hub model.
         chat: prompts in the tokenizer's chat template (:meth:`format_prompt`), for an instruct
             model; ``False``: the bare ``context<think>`` of RPT §3.1.
+        eval_held_out_loss: also report the model's held-out loss at every evaluation
+            (:meth:`model_metrics`: the ``test_held_out_loss`` column, nats per token); off by default
+            (one forward over the whole held-out text per evaluation).
 
     ``Problem.meta`` holds ``reference_tokens`` (list of str), ``entropy`` (the proxy's, nats) and
     ``position``; ``Problem.answer`` is the reference continuation's text.
@@ -386,6 +450,7 @@ class NextTokenTask:
     tokenizer: str = "corpus-base"
     data: str | None = None
     chat: bool = False
+    eval_held_out_loss: bool = False
 
     def __post_init__(self):
         if not isinstance(self.tokenizer, str) or not self.tokenizer.strip():
@@ -394,8 +459,9 @@ class NextTokenTask:
             if not isinstance(self.data, (str, os.PathLike)) or not str(self.data).strip():
                 raise ValueError(f"NextTokenTask: data must be a directory path or None, got {self.data!r}")
             self.data = str(self.data)  # a str, so that the task stays a dataclass of JSON-able settings
-        if not isinstance(self.chat, bool):
-            raise ValueError(f"NextTokenTask: chat must be a bool, got {self.chat!r}")
+        for f in ("chat", "eval_held_out_loss"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"NextTokenTask: {f} must be a bool, got {getattr(self, f)!r}")
         for f in ("max_new_tokens", "context_tokens", "reference_tokens"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -496,6 +562,14 @@ class NextTokenTask:
     def is_correct(self, completion: str, problem: Problem) -> bool:
         """The reward is 1."""
         return self.reward(completion, problem) == 1.0
+
+    def model_metrics(self, model) -> dict[str, float]:
+        """Evaluation columns computed from the model itself (the trainer adds them as ``test_<name>``):
+        ``held_out_loss``, :func:`held_out_loss` on :func:`held_out_ids` in this task's tokenizer, when
+        ``eval_held_out_loss``; else none."""
+        if not self.eval_held_out_loss:
+            return {}
+        return {"held_out_loss": held_out_loss(model, _held_out_cached(self.tokenizer))}
 
     def test_metrics(self, frame) -> dict[str, float]:
         """Evaluation columns (the trainer adds them as ``test_<name>``): ``accuracy_<split>`` for

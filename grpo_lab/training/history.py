@@ -55,6 +55,21 @@ class History:
         finally:
             torch.random.set_rng_state(state)
 
+    def _model_metrics(self) -> dict:
+        """The task's optional ``model_metrics(model)`` as ``test_<name>`` columns (none without it), computed
+        in eval mode without grad under the run's autocast, the torch RNG state restored."""
+        metrics = getattr(self.task, "model_metrics", None)
+        if not callable(metrics):
+            return {}
+        state, was_training = torch.random.get_rng_state(), self.policy.training
+        self.policy.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                return {f"test_{k}": float(v) for k, v in metrics(self.policy).items()}
+        finally:
+            self.policy.train(was_training)
+            torch.random.set_rng_state(state)
+
     def _eval_row(self) -> dict:
         """The ``test_*`` columns of an evaluation now, with ``step`` and ``eval_seconds``."""
         return self._evaluation()[0]
@@ -73,6 +88,7 @@ class History:
         extra = getattr(self.task, "test_metrics", None)
         if callable(extra):  # optional task member: more columns from the per-problem frame
             row.update({f"test_{k}": float(v) for k, v in extra(frame).items()})
+        row.update(self._model_metrics())
         if self.config.eval_sampled:
             s2, frame2 = self._evaluate_frame(greedy=False)
             row["test_accuracy_sampled"] = s2["accuracy"]
