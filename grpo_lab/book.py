@@ -246,7 +246,9 @@ def run_time(start: float) -> str:
     ``time.perf_counter()`` reading taken when the chapter began), and where its training runs came
     from (:func:`grpo_lab.experiments.run_tally`): ``"3.1 minutes from an empty run cache"`` when
     every run was trained, else ``"0.2 minutes, 14 of 15 runs read from the run cache"``, so that a
-    re-execution never passes off a cache hit as the chapter's cost.
+    re-execution never passes off a cache hit as the chapter's cost. When ``make book`` executes
+    chapters side by side (``$GRPO_LAB_CHAPTERS_AT_ONCE`` above 1, set by ``scripts/execute_cache.py``),
+    it adds ``", while make book executed another chapter on the same cores (alone it takes less)"``.
 
     Raises:
         ValueError: ``start`` is not a finite number, or is later than now.
@@ -262,14 +264,27 @@ def run_time(start: float) -> str:
         raise ValueError(f"run_time: start ({start!r}) is later than time.perf_counter() now")
     t = run_tally()
     if t["loaded"] == 0:
-        return f"{seconds / 60:.1f} minutes from an empty run cache"
-    return f"{seconds / 60:.1f} minutes, {t['loaded']} of {t['loaded'] + t['trained']} runs read from the run cache"
+        return f"{seconds / 60:.1f} minutes from an empty run cache{_beside()}"
+    return (f"{seconds / 60:.1f} minutes, {t['loaded']} of {t['loaded'] + t['trained']} runs read from the run "
+            f"cache{_beside()}")
+
+
+def _beside() -> str:
+    """``""``, or, when ``$GRPO_LAB_CHAPTERS_AT_ONCE`` is above 1 (``make book`` executes that many chapters
+    at the same time: ``scripts/execute_cache.py``), the note that another chapter shared the cores, so
+    that a stated time is not read as what the chapter takes alone."""
+    n = os.environ.get("GRPO_LAB_CHAPTERS_AT_ONCE", "").strip()
+    if not n.isdigit() or int(n) < 2:
+        return ""
+    others = "another chapter" if int(n) == 2 else f"{int(n) - 1} other chapters"
+    return f", while make book executed {others} on the same cores (alone it takes less)"
 
 
 def cache_note(results: Any) -> str:
     """``""`` when every seed of ``results`` was trained, else ``" (N of M seeded runs read from the
     run cache)"``: appended to a cell's "trained ... in N s" line, so that a cache hit's seconds are
-    not read as the training's cost.
+    not read as the training's cost; under ``make book``'s side-by-side execution (see :func:`run_time`)
+    the note also says that another chapter shared the cores (``"; while make book executed ..."``).
 
     Args:
         results: a :class:`grpo_lab.experiments.RunResult` (what ``run`` returns), a mapping of them
@@ -287,7 +302,9 @@ def cache_note(results: Any) -> str:
         raise TypeError(f"cache_note: expected RunResult(s), got {type(results).__name__}")
     loaded = sum(len(r.provenance.get("cached_seeds", [])) for r in many)
     total = sum(len(r.provenance.get("seeds", [])) for r in many)
-    return f" ({loaded} of {total} seeded runs read from the run cache)" if loaded else ""
+    notes = ([f"{loaded} of {total} seeded runs read from the run cache"] if loaded else []) + \
+        ([_beside().lstrip(", ")] if _beside() else [])
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def glue(name: str, value: Any, display: bool = False) -> None:

@@ -352,6 +352,12 @@ def _cut_at_stop(comp: torch.Tensor, stops: list, pad_token_id: int) -> tuple:
     return comp, mask, end, has_stop
 
 
+#: Up to this many logits (rows × vocabulary) a decoding step's behaviour log-probs are computed in one block
+#: (16 MiB in float32; the CPU profile's 128 × 52): beyond it, in chunks of ``ceil(B / 8)`` rows (Qwen2.5's
+#: 151,936-token vocabulary). Each row's value is the same either way (tests/test_rollout_logprobs.py).
+_ONE_BLOCK_LOGITS = 2**22
+
+
 class _BehaviourLogprobs:
     """Records ``log softmax(logits / temperature)`` of each token ``generate`` picks, step by step, through
     two hooks of ``transformers``' decoding loop (``GenerationMixin._sample``, transformers 5.24), neither of
@@ -367,10 +373,11 @@ class _BehaviourLogprobs:
     * :attr:`criterion` (a stopping criterion that never stops a row) runs in the same step after the
       drawn token was appended (``input_ids[:, -1]``): it computes that token's log-prob with
       :func:`grpo_lab.logprobs.token_logprobs` (the arithmetic of the former ``[B, T, V]`` computation,
-      row by row, over chunks of ``ceil(B / 8)`` rows) and drops the logits.
+      row by row: in one block up to :data:`_ONE_BLOCK_LOGITS` logits, over chunks of ``ceil(B / 8)`` rows
+      above) and drops the logits.
 
     So no ``[B, V]`` tensor of this class outlives its step (none is alive during the next forward pass),
-    the temporaries are ``ceil(B / 8)`` rows of logits, and what is kept across steps is the log-probs so
+    the temporaries are at most :data:`_ONE_BLOCK_LOGITS` logits or ``ceil(B / 8)`` rows, and what is kept across steps is the log-probs so
     far, float32 ``[B]`` per step. Rows that have already stopped still get logits (and then the pad
     token), as before: they are masked afterwards.
     """
@@ -398,9 +405,11 @@ class _BehaviourLogprobs:
     def pick(self, input_ids: torch.Tensor) -> None:
         """Record the log-prob of ``input_ids[:, -1]`` (long ``[B]``) under the kept logits, then drop them."""
         self._check_step(input_ids, drawn=True)
-        B = self.pending.shape[0]
-        lp = token_logprobs(self.pending[None], input_ids[None, :, -1], temperature=self.temperature,
-                            chunk_size=-(-B // 8))
+        B, V = self.pending.shape
+        # all rows in one block while it is small (the same bits as row chunks: every operation is per row);
+        # ceil(B / 8) rows at a time for a large vocabulary
+        chunk = None if B * V <= _ONE_BLOCK_LOGITS else -(-B // 8)
+        lp = token_logprobs(self.pending[None], input_ids[None, :, -1], temperature=self.temperature, chunk_size=chunk)
         self.logp.append(lp[0])
         self.pending = None
 

@@ -271,6 +271,7 @@ def test_a_chapters_run_time_says_whether_its_runs_came_from_the_run_cache(profi
 
     monkeypatch.setattr(ex.runs, "_TALLY", {"trained": 0, "loaded": 0})  # as a fresh kernel
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("GRPO_LAB_CHAPTERS_AT_ONCE", raising=False)
     start = time.perf_counter()
     fresh = run("GRPO", profile=profile, seeds=[0, 1], progress=False)
     assert ex.run_tally() == {"trained": 2, "loaded": 0}
@@ -280,6 +281,17 @@ def test_a_chapters_run_time_says_whether_its_runs_came_from_the_run_cache(profi
     assert book.run_time(start).endswith(" minutes, 2 of 5 runs read from the run cache")
     assert book.cache_note(again) == " (2 of 3 seeded runs read from the run cache)"
     assert book.cache_note({"a": again, "b": fresh}) == " (2 of 5 seeded runs read from the run cache)"
+    # make book's side-by-side execution (scripts/execute_cache.py) is said beside every stated time
+    monkeypatch.setenv("GRPO_LAB_CHAPTERS_AT_ONCE", "2")
+    beside = ", while make book executed another chapter on the same cores (alone it takes less)"
+    assert book.run_time(start).endswith(" minutes, 2 of 5 runs read from the run cache" + beside)
+    assert book.cache_note(fresh) == " (" + beside[2:] + ")"
+    assert book.cache_note(again) == " (2 of 3 seeded runs read from the run cache; " + beside[2:] + ")"
+    monkeypatch.setenv("GRPO_LAB_CHAPTERS_AT_ONCE", "3")
+    assert book.run_time(start).endswith("executed 2 other chapters on the same cores (alone it takes less)")
+    for unset in ("1", "", "two"):  # one chapter at a time (or not a count): nothing added
+        monkeypatch.setenv("GRPO_LAB_CHAPTERS_AT_ONCE", unset)
+        assert book.cache_note(fresh) == "" and book.run_time(start).endswith("run cache")
     with pytest.raises(TypeError, match="RunResult"):
         book.cache_note([again.history])
     with pytest.raises(TypeError, match="expected RunResult.*NoneType"):  # not iterated: named

@@ -122,3 +122,19 @@ def test_evaluate_records_no_logprobs(model, tok, monkeypatch):
     assert installed[2:] == [None]
     with pytest.raises(ValueError, match="evaluate: batch_size must be a positive int, got 0"):
         evaluate(model, tok, task, batch_size=0)
+
+
+def test_one_block_and_row_chunks_record_the_same_bits(model, tok, monkeypatch):
+    """A small step's log-probs are computed in one block, a large vocabulary's in chunks of ceil(B / 8)
+    rows: forcing the chunks on the same draws changes no bit (every operation is per row)."""
+    kw = dict(group_size=8, max_new_tokens=10, temperature=0.7)
+    got = {}
+    assert len(PROBLEMS) * kw["group_size"] * model.config.vocab_size <= rollout_mod._ONE_BLOCK_LOGITS  # one block
+    for limit in (rollout_mod._ONE_BLOCK_LOGITS, 0):  # 0: every step in row chunks
+        monkeypatch.setattr(rollout_mod, "_ONE_BLOCK_LOGITS", limit)
+        torch.manual_seed(5)
+        got[limit] = generate(model, tok, PROBLEMS, **kw)
+    one, chunked = got.values()
+    assert torch.equal(one.completion_ids, chunked.completion_ids)
+    assert torch.equal(one.behaviour_logp, chunked.behaviour_logp)
+    assert (one.behaviour_logp[one.completion_mask == 1] < 0).all()
