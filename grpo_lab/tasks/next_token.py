@@ -565,7 +565,8 @@ class NextTokenTask:
 
     def model_metrics(self, model) -> dict[str, float]:
         """Evaluation columns computed from the model itself (the trainer adds them as ``test_<name>``):
-        ``held_out_loss``, :func:`held_out_loss` on :func:`held_out_ids` in this task's tokenizer, when
+        ``held_out_loss``, :func:`~grpo_lab.tasks.next_token.held_out_loss` on
+        :func:`~grpo_lab.tasks.next_token.held_out_ids` in this task's tokenizer, when
         ``eval_held_out_loss``; else none."""
         if not self.eval_held_out_loss:
             return {}
