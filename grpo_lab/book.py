@@ -263,28 +263,30 @@ def run_time(start: float) -> str:
     if seconds < 0:
         raise ValueError(f"run_time: start ({start!r}) is later than time.perf_counter() now")
     t = run_tally()
+    beside = f", {_beside()} (alone it takes less)" if _beside() else ""
     if t["loaded"] == 0:
-        return f"{seconds / 60:.1f} minutes from an empty run cache{_beside()}"
+        return f"{seconds / 60:.1f} minutes from an empty run cache{beside}"
     return (f"{seconds / 60:.1f} minutes, {t['loaded']} of {t['loaded'] + t['trained']} runs read from the run "
-            f"cache{_beside()}")
+            f"cache{beside}")
 
 
 def _beside() -> str:
     """``""``, or, when ``$GRPO_LAB_CHAPTERS_AT_ONCE`` is above 1 (``make book`` executes that many chapters
-    at the same time: ``scripts/execute_cache.py``), the note that another chapter shared the cores, so
-    that a stated time is not read as what the chapter takes alone."""
+    at the same time: ``scripts/execute_cache.py``), ``"while make book executed another chapter on the same
+    cores"``: so that a stated time is not read as what the chapter takes alone."""
     n = os.environ.get("GRPO_LAB_CHAPTERS_AT_ONCE", "").strip()
     if not n.isdigit() or int(n) < 2:
         return ""
     others = "another chapter" if int(n) == 2 else f"{int(n) - 1} other chapters"
-    return f", while make book executed {others} on the same cores (alone it takes less)"
+    return f"while make book executed {others} on the same cores"
 
 
 def cache_note(results: Any) -> str:
     """``""`` when every seed of ``results`` was trained, else ``" (N of M seeded runs read from the
     run cache)"``: appended to a cell's "trained ... in N s" line, so that a cache hit's seconds are
     not read as the training's cost; under ``make book``'s side-by-side execution (see :func:`run_time`)
-    the note also says that another chapter shared the cores (``"; while make book executed ..."``).
+    the note also says that another chapter shared the cores (``"; while make book executed ...; alone it
+    takes less"``).
 
     Args:
         results: a :class:`grpo_lab.experiments.RunResult` (what ``run`` returns), a mapping of them
@@ -303,7 +305,7 @@ def cache_note(results: Any) -> str:
     loaded = sum(len(r.provenance.get("cached_seeds", [])) for r in many)
     total = sum(len(r.provenance.get("seeds", [])) for r in many)
     notes = ([f"{loaded} of {total} seeded runs read from the run cache"] if loaded else []) + \
-        ([_beside().lstrip(", ")] if _beside() else [])
+        ([f"{_beside()}; alone it takes less"] if _beside() else [])
     return f" ({'; '.join(notes)})" if notes else ""
 
 
