@@ -248,7 +248,7 @@ def run_time(start: float) -> str:
     every run was trained, else ``"0.2 minutes, 14 of 15 runs read from the run cache"``, so that a
     re-execution never passes off a cache hit as the chapter's cost. When ``make book`` executes
     chapters side by side (``$GRPO_LAB_CHAPTERS_AT_ONCE`` above 1, set by ``scripts/execute_cache.py``),
-    it adds ``", while make book executed another chapter on the same cores (alone it takes less)"``.
+    it adds ``", while make book executed up to one other chapter on the same cores (alone it takes less)"``.
 
     Raises:
         ValueError: ``start`` is not a finite number, or is later than now.
@@ -272,21 +272,22 @@ def run_time(start: float) -> str:
 
 def _beside() -> str:
     """``""``, or, when ``$GRPO_LAB_CHAPTERS_AT_ONCE`` is above 1 (``make book`` executes that many chapters
-    at the same time: ``scripts/execute_cache.py``), ``"while make book executed another chapter on the same
-    cores"``: so that a stated time is not read as what the chapter takes alone."""
+    at the same time: ``scripts/execute_cache.py``), ``"while make book executed up to one other chapter on
+    the same cores"`` ("up to": a chapter may also run alone for a while), so that a stated time is not read
+    as what the chapter takes alone. Anything but a plain ASCII count adds nothing."""
     n = os.environ.get("GRPO_LAB_CHAPTERS_AT_ONCE", "").strip()
-    if not n.isdigit() or int(n) < 2:
+    if not (n.isascii() and n.isdigit()) or int(n) < 2:
         return ""
-    others = "another chapter" if int(n) == 2 else f"{int(n) - 1} other chapters"
-    return f"while make book executed {others} on the same cores"
+    others = "one other chapter" if int(n) == 2 else f"{int(n) - 1} other chapters"
+    return f"while make book executed up to {others} on the same cores"
 
 
 def cache_note(results: Any) -> str:
     """``""`` when every seed of ``results`` was trained, else ``" (N of M seeded runs read from the
     run cache)"``: appended to a cell's "trained ... in N s" line, so that a cache hit's seconds are
     not read as the training's cost; under ``make book``'s side-by-side execution (see :func:`run_time`)
-    the note also says that another chapter shared the cores (``"; while make book executed ...; alone it
-    takes less"``).
+    the note also says that another chapter shared the cores: ``" (while make book executed ...; alone it
+    takes less)"``, after the cache count when there is one (``" (2 of 5 ...; while make book ...)"``).
 
     Args:
         results: a :class:`grpo_lab.experiments.RunResult` (what ``run`` returns), a mapping of them

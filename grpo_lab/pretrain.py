@@ -417,7 +417,7 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
     Returns:
         ``{"seed", "steps", "tokens" (total real tokens trained on), "loss_last" (mean loss of
         the last 10 steps), "held_out_loss" (the trained model's
-        :func:`~grpo_lab.tasks.next_token.held_out_loss` on the corpus's ``test`` part in the task's
+        :func:`~grpo_lab.tasks.next_token.held_out_loss` on the corpus's ``test`` part in the model's own
         tokenizer, nats per token, under the same autocast), "frame" (greedy evaluation, one row per test position, with
         ``correct`` and ``entropy``), "sampled_frame" (the same for the sampled evaluation),
         "summary", "sampled_summary" (:func:`grpo_lab.rollout.evaluate`'s summaries: accuracy, mean
@@ -441,7 +441,7 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
         summary, frame = evaluate_policy(policy, tokenizer, task, greedy=True)
         torch.manual_seed(seed)
         sampled_summary, sampled = evaluate_policy(policy, tokenizer, task, greedy=False, temperature=temperature)
-        held = held_out_loss(policy, held_out_ids(task._tok()))
+        held = held_out_loss(policy, held_out_ids(tokenizer))  # the text in the model's own tokens
     return {"seed": seed, "steps": steps, "tokens": int(sum(log["tokens"])),
             "loss_last": float(np.mean(log["loss"][-10:])) if log["loss"] else float("nan"), "held_out_loss": held,
             "frame": frame, "sampled_frame": sampled, "summary": summary, "sampled_summary": sampled_summary}

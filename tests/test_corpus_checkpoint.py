@@ -376,8 +376,20 @@ def test_held_out_loss_against_a_float64_reference(base):
     model.train(was)
     with pytest.raises(ValueError, match="no window"):
         nt.held_out_loss(model, ids[:64])
-    with pytest.raises(ValueError, match="width must be"):
-        nt.held_out_loss(model, ids, width=0)
+    assert nt.held_out_loss(model, ids[:200], width=np.int64(64)) == nt.held_out_loss(model, ids[:200])
+    for bad in (dict(width=0), dict(width=64.0), dict(width=True), dict(max_logits=0), dict(max_logits=1.5)):
+        with pytest.raises(ValueError, match="must be an int >= 1"):
+            nt.held_out_loss(model, ids, **bad)
+    with pytest.raises(ValueError, match="1-D sequence of integer token ids, got float"):
+        nt.held_out_loss(model, ids[:200].astype(np.float32))
+    with pytest.raises(ValueError, match=r"shape \(10, 65\)"):
+        nt.held_out_loss(model, ids[:650].reshape(10, 65))
+    vocab = model.get_output_embeddings().weight.shape[0]
+    for stray in (vocab, -100):
+        with pytest.raises(ValueError, match="outside the model's vocabulary.*another tokenizer"):
+            nt.held_out_loss(model, np.append(ids[:200], stray))
+    with pytest.raises(TypeError, match="must be a transformers tokenizer"):
+        nt.held_out_ids("corpus-base")
 
 
 def test_trainer_reports_the_held_out_loss_and_trains_the_same(base, keep_threads):
@@ -405,6 +417,41 @@ def test_trainer_reports_the_held_out_loss_and_trains_the_same(base, keep_thread
     assert evals.loc[2] != evals.loc[0]
     with pytest.raises(ValueError, match="eval_held_out_loss must be a bool"):
         NextTokenTask(eval_held_out_loss="yes")
+
+
+class _Metrics(NextTokenTask):
+    """NextTokenTask whose model_metrics returns ``self.out``."""
+
+    out: object = None
+
+    def model_metrics(self, model):
+        return self.out
+
+
+@pytest.mark.parametrize("out, error, match", [
+    ({"accuracy": 0.9}, ValueError, "'accuracy' would replace the evaluation's column test_accuracy"),
+    ({"length": 1.0}, ValueError, "would replace the evaluation's column test_length"),
+    ({"accuracy_sampled": 0.5}, ValueError, "would replace"),
+    ({"sampled_loss": 0.5}, ValueError, "would replace"),
+    ({"loss": "good"}, TypeError, "a str name and a real number, got 'loss': 'good'"),
+    ({"loss": torch.ones(3)}, TypeError, "a real number"),
+    ({"loss": None}, TypeError, "a real number"),
+    ({"loss": True}, TypeError, "a real number"),
+    ({3: 1.0}, TypeError, "got 3: 1.0"),
+    ([1.0], TypeError, "must return a dict of names to numbers, got list"),
+    (None, TypeError, "got NoneType"),
+])
+def test_model_metrics_that_would_corrupt_the_history_are_refused(base, keep_threads, out, error, match):
+    from grpo_lab.algorithms import GRPO
+    from grpo_lab.trainer import Trainer, TrainerConfig
+
+    cfg = TrainerConfig(prompts_per_step=2, group_size=2, eval_every=1, threads=1, seed=0, progress=False,
+                        eval_sampled=True)
+    task = _Metrics()
+    task.out = out
+    tr = Trainer(base[0], base[1], task, GRPO, cfg)
+    with pytest.raises(error, match="_Metrics.model_metrics.*" + match):
+        tr.train(0)
 
 
 # ---- 8. map_workers ------------------------------------------------------------------------------------

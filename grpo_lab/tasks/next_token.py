@@ -48,6 +48,7 @@ import collections
 import hashlib
 import json
 import math
+import operator
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -353,10 +354,35 @@ def tokenizer_sha256(tokenizer) -> str:
 def held_out_ids(tokenizer) -> np.ndarray:
     """int64 ``[N]``: the ``test`` part of :func:`split_corpus` as ``tokenizer`` cuts it, its chunks in
     corpus order, each followed by EOS: the held-out text of the corpus recipes' held-out loss (the
-    text the test positions are drawn from, which neither pretraining nor RL sees)."""
+    text the test positions are drawn from, which neither pretraining nor RL sees).
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer with an EOS token (the model's own: the ids must be its
+            vocabulary's), e.g. ``load_policy(name)[1]``.
+
+    Raises:
+        TypeError: ``tokenizer`` is not a callable tokenizer (a name, for instance).
+        ValueError: the tokenizer has no EOS token.
+    """
+    if not callable(tokenizer) or isinstance(tokenizer, (str, os.PathLike)):
+        raise TypeError(f"held_out_ids: tokenizer must be a transformers tokenizer (e.g. load_policy(name)[1]), "
+                        f"got {type(tokenizer).__name__} {tokenizer!r:.60}")
+    if getattr(tokenizer, "eos_token_id", None) is None:
+        raise ValueError("held_out_ids: the tokenizer has no EOS token (each chunk of the text ends with one)")
     parts = split_corpus(load_corpus())
     return np.concatenate([tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
                            for _, text in parts["test"]]).astype(np.int64)
+
+
+def _positive_index(name: str, value) -> int:
+    """``value`` as an int (Python or numpy integer) >= 1; ValueError naming ``name`` otherwise."""
+    try:
+        out = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        out = None
+    if out is None or out < 1:
+        raise ValueError(f"held_out_loss: {name} must be an int >= 1, got {value!r}")
+    return out
 
 
 @torch.no_grad()
@@ -382,19 +408,25 @@ def held_out_loss(model, ids: np.ndarray | torch.Tensor, *, width: int = 64, max
         tokens are not scored).
 
     Raises:
-        ValueError: ``width < 1``, or ``ids`` not longer than one window.
+        ValueError: ``width`` or ``max_logits`` not an int ``>= 1``; ``ids`` not one-dimensional integers, not
+            longer than one window, or outside ``[0, V)`` (ids of another tokenizer than the model's).
     """
-    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
-        raise ValueError(f"held_out_loss: width must be an int >= 1, got {width!r}")
-    x = torch.as_tensor(np.asarray(ids), dtype=torch.long).flatten()
-    n = (len(x) - 1) // width
+    width, max_logits = _positive_index("width", width), _positive_index("max_logits", max_logits)
+    arr = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"held_out_loss: ids must be a 1-D sequence of integer token ids, got {arr.dtype} of shape "
+                         f"{arr.shape}")
+    n = (len(arr) - 1) // width
     if n < 1:
-        raise ValueError(f"held_out_loss: {len(x)} tokens make no window of width {width} plus its next token")
+        raise ValueError(f"held_out_loss: {len(arr)} tokens make no window of width {width} plus its next token")
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    if arr.min() < 0 or arr.max() >= vocab:
+        raise ValueError(f"held_out_loss: ids range over [{arr.min()}, {arr.max()}], outside the model's vocabulary "
+                         f"[0, {vocab}): were they cut by another tokenizer than the model's?")
     device = next(model.parameters()).device
-    x = x[: n * width + 1].to(device)
+    x = torch.as_tensor(arr[: n * width + 1], dtype=torch.long, device=device)
     inp, tgt = x[:-1].view(n, width), x[1:].view(n, width)
-    vocab = int(getattr(model.config, "vocab_size", None) or model.get_output_embeddings().weight.shape[0])
-    step = max(1, int(max_logits) // (width * vocab))
+    step = max(1, max_logits // (width * vocab))
     total = 0.0
     for s in range(0, n, step):
         logits = model(input_ids=inp[s:s + step], use_cache=False).logits.float()

@@ -10,6 +10,7 @@ columns that measure the machine rather than the run).
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 import numpy as np
@@ -55,9 +56,15 @@ class History:
         finally:
             torch.random.set_rng_state(state)
 
-    def _model_metrics(self) -> dict:
+    def _model_metrics(self, row: dict) -> dict:
         """The task's optional ``model_metrics(model)`` as ``test_<name>`` columns (none without it), computed
-        in eval mode without grad under the run's autocast, the torch RNG state restored."""
+        in eval mode without grad under the run's autocast, the torch RNG state restored.
+
+        Raises:
+            TypeError: it returned something other than a dict of ``str`` names to real numbers (the entry named).
+            ValueError: a name whose column the evaluation already fills (``row``'s, or the sampled evaluation's
+                ``test_accuracy_sampled`` / ``test_sampled_*``).
+        """
         metrics = getattr(self.task, "model_metrics", None)
         if not callable(metrics):
             return {}
@@ -65,10 +72,23 @@ class History:
         self.policy.eval()
         try:
             with torch.no_grad(), self._autocast():
-                return {f"test_{k}": float(v) for k, v in metrics(self.policy).items()}
+                got = metrics(self.policy)
         finally:
             self.policy.train(was_training)
             torch.random.set_rng_state(state)
+        where = f"{type(self.task).__name__}.model_metrics"
+        if not isinstance(got, dict):
+            raise TypeError(f"{where} must return a dict of names to numbers, got {type(got).__name__}")
+        out = {}
+        for k, v in got.items():
+            if not isinstance(k, str) or not isinstance(v, numbers.Real) or isinstance(v, bool):
+                raise TypeError(f"{where}: each entry must be a str name and a real number, got "
+                                f"{k!r}: {v!r:.60}")
+            col = f"test_{k}"
+            if col in row or col == "test_accuracy_sampled" or k.startswith("sampled_"):
+                raise ValueError(f"{where}: the name {k!r} would replace the evaluation's column {col}; rename it")
+            out[col] = float(v)
+        return out
 
     def _eval_row(self) -> dict:
         """The ``test_*`` columns of an evaluation now, with ``step`` and ``eval_seconds``."""
@@ -88,7 +108,7 @@ class History:
         extra = getattr(self.task, "test_metrics", None)
         if callable(extra):  # optional task member: more columns from the per-problem frame
             row.update({f"test_{k}": float(v) for k, v in extra(frame).items()})
-        row.update(self._model_metrics())
+        row.update(self._model_metrics(row))
         if self.config.eval_sampled:
             s2, frame2 = self._evaluate_frame(greedy=False)
             row["test_accuracy_sampled"] = s2["accuracy"]
