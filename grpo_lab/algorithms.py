@@ -760,7 +760,9 @@ CISPO = GRPO.replace(
 #:
 #: Precision: a 4e-4 range is below bfloat16's resolution of a log-probability, so score ``logp``
 #: and ``old_logp`` in float32; bfloat16 ``logp`` against float32 ``old_logp`` clips responses of an
-#: unchanged policy (a review measured 37% of a batch's responses).
+#: unchanged policy: chapter 4 (§4.4, "Precision") measures the share outside the range with the
+#: weights unchanged and bfloat16 autocast only, on its toy's short responses (on long ones the share
+#: should be smaller: ``log s_i`` averages the per-token rounding over the response).
 #:
 #: The paper's 4 mini-batches per rollout batch (§5.1) are a trainer setting
 #: (``TrainerConfig.minibatches``); with one optimiser step per rollout the ratio is 1 and the clip
