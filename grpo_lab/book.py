@@ -29,7 +29,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 __all__ = [
     "setup_notebook",
@@ -369,14 +369,16 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
                      seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = None,
                      generation_factor: float = 1.0, train_factor: float = 1.0,
                      columns: Sequence[str] = ("test_accuracy",), too_small: Sequence[str] = (),
-                     directory: str | os.PathLike[str] | None = None, profile: Any = None) -> Any:
+                     directory: str | os.PathLike[str] | None = None, profile: Any = None,
+                     paper_regime: Mapping[str, Mapping[str, str]] | None = None) -> Any:
     """A chapter's results on the ``"gpu"`` profile (``profile``, default
     :func:`grpo_lab.experiments.chapter_gpu_profile`: GSM8K; chapter 7, next-token reasoning), when
     they exist.
 
     With ``<chapter>.json`` in :func:`grpo_lab.experiments.results_dir` (or ``directory``):
     checks the GPU facts (:func:`grpo_lab.experiments.check_gpu_results`; an ``AssertionError``
-    names the one that failed), prints the provenance in one line, displays
+    names the one that failed), prints the provenance in one line, displays the run's regime
+    (:func:`gpu_regime`, with the ``paper_regime`` rows beside it), then
     :func:`grpo_lab.experiments.summarize_runs` for each history column of ``columns`` (default
     the greedy test accuracy: base and final, paired changes, differences from ``baseline``),
     draws test accuracy against step, one colour per algorithm, and returns the summaries,
@@ -384,8 +386,11 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     would train (``algos`` × ``seeds``, ``steps``) and its expected time on a T4-class and an
     H100-class GPU (:func:`gpu_time_table`), and returns ``None``.
 
+    ``paper_regime``: the paper's values of the regime measures, as :func:`gpu_regime`'s ``paper``.
+
     Raises:
-        ValueError: a malformed ``chapter`` or results file.
+        ValueError: a malformed ``chapter`` or results file; a malformed ``paper_regime`` (also
+            TypeError), checked whether or not results exist.
         AssertionError: a GPU fact does not hold for the stored results.
     """
     from grpo_lab import experiments
@@ -393,6 +398,7 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     names = [a if isinstance(a, str) else a.name for a in algos]
     prof = profile if profile is not None else experiments.chapter_gpu_profile(chapter)
     steps = prof.steps if steps is None else steps
+    _paper_regime_rows(paper_regime, {})  # a malformed one fails on every machine, not only where results exist
     loaded = experiments.load_chapter_gpu(chapter, directory)
     if loaded is None:
         _print_gpu_plan(chapter, names, seeds, steps, prof, directory, generation_factor=generation_factor,
@@ -401,10 +407,11 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     results, prov = loaded
     experiments.check_gpu_results(results, prov)
     _print_gpu_provenance(prov)
-    regime = gpu_regime(results)
+    regime = gpu_regime(results, paper_regime)
     if not regime.empty:
-        print("the run's regime (mean over its RL steps, [95% t interval] over seeds; set it beside the paper's "
-              "values before reading the differences):")
+        print("the run's regime (mean over its RL steps, [95% t interval] over seeds)"
+              + (", with the paper's values below it" if paper_regime else "")
+              + ": read the differences as the paper's mechanism only where the regime is the paper's:")
         _show(regime)
     summary = {}
     for column in columns:
@@ -420,24 +427,32 @@ GPU_REGIME_COLUMNS = {"clip_frac": "tokens clipped (fraction)", "zero_adv_group_
                       "truncation_rate": "responses truncated (fraction)", "length": "response length (tokens)"}
 
 
-def gpu_regime(results: dict) -> Any:
+def gpu_regime(results: dict, paper: Mapping[str, Mapping[str, str]] | None = None) -> Any:
     """The regime a (GPU) run trained in, per algorithm: the mean over its RL steps (step > 0) of
     each column of :data:`GPU_REGIME_COLUMNS` the history has, as ``"mean [95% t interval]"`` over
     seeds (:func:`grpo_lab.stats.t_interval`; the fractions' intervals clipped to [0, 1]): how often
     the PPO clip acted, how many groups carried no signal, how many responses hit the budget, how
-    long they were. A chapter sets these beside the paper's values before it reads a difference
-    between algorithms as the paper's mechanism.
+    long they were. A chapter sets these beside the paper's values (``paper``) before it reads a
+    difference between algorithms as the paper's mechanism.
 
     Args:
         results: ``{algorithm name: RunResult}`` (what :func:`grpo_lab.experiments.load_chapter_gpu`
             returns).
+        paper: rows to set beside the runs', ``{row label (the paper and its setting): {measure label:
+            the paper's value, as text}}``; a measure label is a value of :data:`GPU_REGIME_COLUMNS`
+            (e.g. ``"tokens clipped (fraction)"``), a measure the paper does not give reads "not
+            reported". The paper's rows come after the runs', and only when some run has a row.
 
     Returns:
-        A DataFrame, one row per algorithm with any of those columns, one column per measure; empty
-        when no algorithm has any (chapter 7's continued-NTP baseline has none).
+        A DataFrame, one row per algorithm with any of those columns (then the ``paper`` rows), one
+        column per measure; empty when no algorithm has any (chapter 7's continued-NTP baseline
+        has none).
 
     Raises:
-        TypeError: ``results`` is not a dict of RunResult values (the first offending entry named).
+        TypeError: ``results`` is not a dict of RunResult values (the first offending entry named);
+            ``paper`` is not a mapping of mappings of str.
+        ValueError: a ``paper`` measure that is not a label of :data:`GPU_REGIME_COLUMNS`; a ``paper``
+            row label that is also an algorithm's name.
     """
     import pandas as pd
 
@@ -464,7 +479,35 @@ def gpu_regime(results: dict) -> Any:
                 row[label] = stats.format_interval(stats.t_interval(per_seed.to_numpy(), bounds=bounds), 3)
         if row:
             rows[name] = row
+    paper_rows = _paper_regime_rows(paper, results)
+    if rows:
+        measures = [label for label in GPU_REGIME_COLUMNS.values() if any(label in r for r in rows.values())]
+        measures += [label for label in GPU_REGIME_COLUMNS.values() if label not in measures
+                     and any(label in r for r in paper_rows.values())]
+        rows.update({k: {m: v.get(m, "not reported") for m in measures} for k, v in paper_rows.items()})
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _paper_regime_rows(paper: Any, results: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """``paper`` of :func:`gpu_regime`, checked: ``{}`` for ``None``."""
+    if paper is None:
+        return {}
+    if not isinstance(paper, Mapping):
+        raise TypeError(f"gpu_regime: paper must be {{row label: {{measure label: text}}}}, got {type(paper).__name__}")
+    labels = list(GPU_REGIME_COLUMNS.values())
+    out = {}
+    for row, values in paper.items():
+        if not isinstance(row, str) or not isinstance(values, Mapping):
+            raise TypeError(f"gpu_regime: paper[{row!r}] must map measure labels to text, got {type(values).__name__}")
+        if row in results:
+            raise ValueError(f"gpu_regime: paper row {row!r} has an algorithm's name; label it by the paper")
+        for measure, text in values.items():
+            if measure not in labels:
+                raise ValueError(f"gpu_regime: paper[{row!r}] names the measure {measure!r}; the measures are {labels}")
+            if not isinstance(text, str):
+                raise TypeError(f"gpu_regime: paper[{row!r}][{measure!r}] must be text, got {type(text).__name__}")
+        out[row] = dict(values)
+    return out
 
 
 def _print_gpu_plan(chapter: str, names: Sequence[str], seeds: Sequence[int], steps: int, prof: Any,

@@ -337,6 +337,38 @@ def test_gpu_regime_by_hand():
         book.gpu_regime([experiments.RunResult(h, {})])
 
 
+def test_gpu_regime_sets_the_papers_values_beside_the_runs():
+    """book.gpu_regime(paper=...): the paper's rows after the runs', its text as given, "not reported" for a
+    measure it does not give, a measure only the paper gives added as a column; no paper rows without a run row;
+    malformed input refused by name (also by show_gpu_results before it looks for results)."""
+    import pandas as pd
+
+    h = pd.DataFrame({"seed": [0, 0, 1, 1], "step": [0, 1, 0, 1], "clip_frac": [0.0, 0.1, 0.0, 0.3]})
+    paper = {"GSPO paper (Fig. 2)": {"tokens clipped (fraction)": "about 100x GRPO's",
+                                     "response length (tokens)": "long CoT"}}
+    reg = book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, paper)
+    assert list(reg.index) == ["GRPO", "GSPO paper (Fig. 2)"]
+    assert list(reg.columns) == ["tokens clipped (fraction)", "response length (tokens)"]
+    assert reg.loc["GSPO paper (Fig. 2)", "tokens clipped (fraction)"] == "about 100x GRPO's"
+    assert reg.loc["GRPO", "tokens clipped (fraction)"].startswith("0.200 [")  # seed means 0.1, 0.3
+    assert pd.isna(reg.loc["GRPO", "response length (tokens)"])  # the run has no length column
+    reg2 = book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, {"p": {"tied groups (fraction)": "none"},
+                                                                    "q": {"tokens clipped (fraction)": "1%"}})
+    assert reg2.loc["p", "tokens clipped (fraction)"] == "not reported" and reg2.loc["q", "tied groups (fraction)"] == "not reported"
+    ntp = pd.DataFrame({"seed": [0], "step": [1], "test_accuracy": [0.1]})
+    assert book.gpu_regime({"NTP": experiments.RunResult(ntp, {})}, paper).empty  # nothing of ours to compare
+    with pytest.raises(ValueError, match="measure 'clip share'; the measures are"):
+        book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, {"p": {"clip share": "1%"}})
+    with pytest.raises(ValueError, match="paper row 'GRPO' has an algorithm's name"):
+        book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, {"GRPO": {}})
+    with pytest.raises(TypeError, match=r"paper\['p'\]\['tokens clipped \(fraction\)'\] must be text"):
+        book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, {"p": {"tokens clipped (fraction)": 0.01}})
+    with pytest.raises(TypeError, match="paper must be"):
+        book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, [("p", {})])
+    with pytest.raises(ValueError, match="measure 'x'"):
+        book.show_gpu_results("04_gspo", ["GRPO"], paper_regime={"p": {"x": "1"}})
+
+
 def test_gpu_time_table_by_hand(monkeypatch):
     monkeypatch.delenv("GRPO_LAB_GSM8K_SOURCE", raising=False)
     # the gpu profile on an H100, by hand: per step 512 * 0.020 = 10.24 s decoding + 16*8*400/60000 =

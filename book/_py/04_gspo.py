@@ -1157,8 +1157,10 @@ print(f"GPU profile: {gpu_prof.config.minibatches} minibatches per rollout, micr
 if PROFILE == "gpu":
     experiments.run_chapter_gpu("04_gspo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
                                 profile=gpu_prof)
+GPU_PAPER_REGIME = {"GSPO paper (§5.1, Fig. 2; Qwen3-30B-A3B, 4 minibatches)": {
+    "tokens clipped (fraction)": "GSPO about 100x GRPO's (Fig. 2; no number in the text)"}}
 gpu_summary = book.show_gpu_results("04_gspo", GPU_ALGOS, baseline="GRPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
-                                    profile=gpu_prof)
+                                    profile=gpu_prof, paper_regime=GPU_PAPER_REGIME)
 
 # %% [markdown]
 # ## 4.9 Takeaways

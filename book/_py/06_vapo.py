@@ -1227,8 +1227,11 @@ if PROFILE == "gpu":
     experiments.run_chapter_gpu("06_vapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
                                 profile=gpu_prof,
                                 overrides={VAPO.name: {"value_warmup_steps": warm, "value_lr": 2 * gpu_lr}})
+GPU_PAPER_REGIME = {"VAPO paper (§5.1; Qwen2.5-32B, AIME 2024)": {
+    "response length (tokens)": "hundreds to tens of thousands: 20 / length <= 0.05 (§6.9)"}}
 gpu_summary = book.show_gpu_results("06_vapo", GPU_ALGOS, baseline="DAPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
-                                   generation_factor=1.3, train_factor=2.0, too_small=("T4",), profile=gpu_prof)
+                                   generation_factor=1.3, train_factor=2.0, too_small=("T4",), profile=gpu_prof,
+                                   paper_regime=GPU_PAPER_REGIME)
 
 # %% [markdown]
 # ## 6.12 Takeaways

@@ -890,9 +890,13 @@ GPU_ALGOS = [RPT]
 gpu_rpt_profile = experiments.rpt_gpu_profile(weight_decay=0.01)  # App. B's weight decay; the rest as the paper's
 if PROFILE == "gpu":
     experiments.run_rpt_gpu(seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS, profile=gpu_rpt_profile)
+GPU_PAPER_REGIME = {"RPT paper (App. B; R1-Distill-Qwen-14B, dynamic sampling)": {
+    "tied groups (fraction)": "not reported; dynamic sampling trains none (this run does not filter)",
+    "tokens clipped (fraction)": "0: mini-batch = batch, on-policy ('actor gradient clip 0.2' ambiguous)",
+    "response length (tokens)": "up to 8,192: reasoning, then the prediction"}}
 gpu_summary = book.show_gpu_results("07_rpt", GPU_ALGOS, baseline="continued NTP", seeds=GPU_SEEDS, steps=GPU_STEPS,
                                     columns=("test_accuracy", "test_accuracy_sampled", "test_held_out_loss"),
-                                    profile=gpu_rpt_profile)
+                                    profile=gpu_rpt_profile, paper_regime=GPU_PAPER_REGIME)
 
 # %% [markdown]
 # ## 7.8 Takeaways
