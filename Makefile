@@ -49,10 +49,11 @@ gpu-dryrun: install
 ## hidden (a chapter's Python warnings are cell outputs, untouched). `make execute` and `make gpu-dryrun` use IPC.
 ## The committed notebooks are not modified: execution happens in _build/.jupyter_cache, and a
 ## chapter whose code has not changed is not executed again on the next `make book`.
-## scripts/execute_cache.py executes the chapters into that cache first, BOOK_JOBS at a time (default 2: one
-## chapter leaves part of the two cores idle; each chapter's stated times then say that another shared the
-## cores), so the build itself finds every chapter cached. BOOK_JOBS=1: one after another.
-BOOK_JOBS ?= 2
+## scripts/execute_cache.py executes the chapters into that cache first, BOOK_JOBS at a time, so the build itself
+## finds every chapter cached. Default 1, one after another: each chapter already trains two seeds at a time, and
+## two chapters at once (BOOK_JOBS=2; each chapter's stated times then say that another shared the cores) gained 7%
+## on one afternoon and lost 18% on one evening of 2026-12-03 (README, "What it costs").
+BOOK_JOBS ?= 1
 book: install
 	mkdir -p _build
 	$(BIN)/python scripts/book_config.py --execute cache > _build/_config_exec.yml

@@ -1,6 +1,7 @@
 """Execute the book's chapters into the jupyter-cache that `make book`'s build reads, several at a time.
 
-    python scripts/execute_cache.py --jobs 2 book/*.ipynb      # what `make book` runs before jupyter-book
+    python scripts/execute_cache.py book/*.ipynb               # what `make book` runs before jupyter-book
+    python scripts/execute_cache.py --jobs 2 book/*.ipynb      # two chapters at a time (`BOOK_JOBS=2 make book`)
 
 Jupyter Book (myst-nb's "cache" mode) executes the chapters one after another, and one chapter leaves
 part of the two cores idle (its kernel's own cells run on one core while the worker processes wait:
@@ -14,7 +15,13 @@ timeout, a kernel that dies or cannot start) is not stored; the others are, and 
 failed ones with the end of each error and exits with status 1, so `make book` stops before the build.
 A path that is not a readable notebook is refused before anything runs (status 2).
 
-The chapters then share the cores, so each one's own clock runs slower: the kernels get
+Whether two at a time is faster depends on the machine's state: each chapter already trains two
+seeds at a time in worker processes, so two chapters put four workers (and two kernels) on two
+cores. On 2026-12-03 one afternoon's pair of chapters 3 and 6 took 7% less than one after the
+other; that evening a whole `make clean book` took 16.6 min two at a time against 14.0 min one at a
+time. `make book` therefore runs them one at a time (``--jobs 1``, the default here too).
+
+With ``--jobs`` above 1 the chapters share the cores, so each one's own clock runs slower: the kernels get
 ``GRPO_LAB_CHAPTERS_AT_ONCE`` (the number of chapters executed together, at most), and
 :func:`grpo_lab.book.run_time` and :func:`grpo_lab.book.cache_note` say so beside every time they state.
 """
@@ -89,7 +96,7 @@ def _check_inputs(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("notebooks", nargs="+")
-    ap.add_argument("--jobs", type=int, default=2, help="chapters executed at the same time (default 2)")
+    ap.add_argument("--jobs", type=int, default=1, help="chapters executed at the same time (default 1)")
     ap.add_argument("--cache", default=str(ROOT / "_build" / ".jupyter_cache"),
                     help="the jupyter-cache directory (default _build/.jupyter_cache, Jupyter Book's)")
     ap.add_argument("--config", default=str(ROOT / "_config.yml"), help="the book's configuration (its timeout)")
