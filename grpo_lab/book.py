@@ -412,7 +412,10 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
         print("the run's regime (mean over its RL steps, [95% t interval] over seeds)"
               + (", with the paper's values below it" if paper_regime else "")
               + ": read the differences as the paper's mechanism only where the regime is the paper's:")
-        _show(regime)
+        import pandas as pd
+
+        with pd.option_context("display.max_colwidth", None):  # the paper's rows are sentences: not cut at 50
+            _show(regime)
     summary = {}
     for column in columns:
         summary[column] = experiments.summarize_runs(results, baseline=baseline, column=column)

@@ -315,6 +315,17 @@ def test_the_chapter_cell_shows_results_or_what_a_run_would_cost(chapter_run, tm
     assert set(shown) == {"test_accuracy", "length"} and "GPU results:" in text and "bfloat16" in text
     assert "DRY RUN" not in text
     assert "the run's regime" in text and "tokens clipped (fraction)" in text and "tied groups (fraction)" in text
+    # in a notebook the regime table is HTML: the paper's sentences are shown whole (pandas cuts cells at 50 chars)
+    import IPython.display
+
+    shown_html = []
+    monkeypatch.setattr(book, "_ipython_shell", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda value: shown_html.append(
+        value._repr_html_() if hasattr(value, "_repr_html_") else repr(value)))
+    sentence = "a sentence of the paper that is longer than the fifty characters pandas keeps"
+    book.show_gpu_results("99_test", list(results), directory=tmp_path,
+                          paper_regime={"The paper (its model, its data, its minibatches)": {"tokens clipped (fraction)": sentence}})
+    assert any(sentence in h and "The paper (its model, its data, its minibatches)" in h for h in shown_html)
 
 
 def test_gpu_regime_by_hand():
