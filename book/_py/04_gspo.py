@@ -63,6 +63,7 @@ N_JOBS = 2  # worker processes; results do not depend on it
 # %% tags=["hide-input"]
 import dataclasses
 import functools
+import json
 import math
 import time
 import warnings
@@ -78,6 +79,7 @@ from grpo_lab.algorithms import GRPO, GSPO, GSPO_TOKEN
 from grpo_lab.models import load_policy
 from grpo_lab.moe import record_routing, replay_routing
 from grpo_lab.objectives import policy_loss, sequence_log_ratio
+from grpo_lab.paths import REPO_ROOT
 from grpo_lab.rollout import policy_logprobs
 from grpo_lab.tasks import get_task
 from grpo_lab.trainer import Trainer
@@ -760,8 +762,14 @@ dense_table
 # {glue:text}`gspo_moe_lr` (sized with a script beforehand: at this rate the on-policy control
 # holds its base accuracy) and splits each rollout into {glue:text}`gspo_moe_mb` minibatches, so
 # that the last minibatches are scored {glue:text}`gspo_moe_mb_last` updates away from $\piold$
-# and routing drift accumulates. A wider or deeper MoE would drift more per update, but no such
-# checkpoint exists, and this chapter pretrains none.
+# and routing drift accumulates. More, narrower experts do not reach the paper's regime either:
+# `benchmarks/moe_granularity.py` pretrained this MoE's recipe with 16 experts (4 active) and with
+# 32 (8 active) and probed them as below, in this design. The share of activated experts (the
+# paper's measure) that a rollout's updates change is {glue:text}`gspo_gran_16` and
+# {glue:text}`gspo_gran_32`, against {glue:text}`gspo_gran_8` for ours; their whole top-k sets
+# change more often ({glue:text}`gspo_gran_sets_16` and {glue:text}`gspo_gran_sets_32`) mostly
+# because a larger set changes when any one of its experts does. A deeper MoE adds layers, not
+# changes per layer. The chapter keeps its 8-expert model.
 #
 # **Regime check first.** Before training, a probe measures the precondition on the MoE base
 # policy, per seed: one RL step to get past the learning-rate warm-up, then one more rollout and
@@ -780,6 +788,17 @@ book.glue("gspo_dense_params", f"{sum(p.numel() for p in policy.parameters()):,}
 book.glue("gspo_moe_lr", f"{MOE_LR:.0e}".replace("e-0", "e-"))  # 1e-4
 book.glue("gspo_moe_mb", str(MOE_MB))
 book.glue("gspo_moe_mb_last", str(MOE_MB - 1))
+# more, narrower experts (benchmarks/moe_granularity.py: this recipe with 16 and 32 experts, probed as below, 5 seeds)
+gran = {(r["model"], r["minibatches"]): r for r in
+        json.loads((REPO_ROOT / "benchmarks/results/moe_granularity.json").read_text())["rows"]}
+for key, model in (("8", "arithmetic-moe-base"), ("16", "moe16x4"), ("32", "moe32x8")):
+    book.glue(f"gspo_gran_{key}", gran[model, MOE_MB]["experts_changed"]["mean_ci95"])
+    book.glue(f"gspo_gran_sets_{key}", gran[model, MOE_MB]["sets_changed"]["mean_ci95"])
+# the text: even over a whole rollout, finer experts stay far below the paper's 10% of activated experts per update,
+# and their whole top-k sets change more often than ours mostly because a larger set changes when any member does
+assert all(np.mean(r["experts_changed"]["per_seed"]) < 0.05 for r in gran.values())
+assert all(np.mean(gran[m, MOE_MB]["sets_changed"]["per_seed"]) > 3 * np.mean(gran["arithmetic-moe-base", MOE_MB]["sets_changed"]["per_seed"])
+           for m in ("moe16x4", "moe32x8"))
 
 
 def routing_probe(seed, minibatches, lr):
