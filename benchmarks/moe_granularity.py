@@ -1,4 +1,4 @@
-"""Routing drift of finer-grained MoEs: can the toy reach GSPO's regime for Routing Replay (review item 8)?
+"""Routing drift of finer-grained MoEs: can the toy reach GSPO's regime for Routing Replay?
 
     python benchmarks/moe_granularity.py                       # pretrain the variants, probe, write JSON
     python benchmarks/moe_granularity.py --checkpoints DIR     # reuse variants pretrained earlier in DIR
@@ -21,9 +21,10 @@ completion token's experts in every layer under π_old and after the update. Two
 Both designs of chapter 4: 4 minibatches at the profile's learning rate, and 16 at 1e-4. Five seeds,
 mean and 95% t interval over seeds. Writes ``benchmarks/results/moe_granularity.json``.
 
-What it found (2026-12-03, see the results file): the set-level share rises 3.5-5x with 16 or 32
-experts, the expert-level share at most 1.7x, 5-8x below the paper's 10% per update even over a
-whole rollout; the 16-expert variant is a better base policy (0.495 greedy against 0.242).
+What it found (2026-12-03, see the results file): with 16 or 32 experts the set-level share rises
+3.3-5x, the expert-level share at most 1.75x, and stays 4.5-7x below the paper's 10% per update
+even over a whole rollout; the 16-expert variant is a better base policy (0.495 greedy against
+0.242). A checkpoint already in ``--checkpoints`` is reused after its expert settings are checked.
 """
 
 from __future__ import annotations
@@ -32,19 +33,15 @@ import argparse
 import dataclasses
 import json
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from grpo_lab import experiments, stats
 from grpo_lab.algorithms import GRPO
 from grpo_lab.models import load_policy
-from grpo_lab.moe import record_routing
 from grpo_lab.paths import checkpoint_dir
 from grpo_lab.pretrain import RECIPES, pretrain, sha256_file
-from grpo_lab.rollout import policy_logprobs
 from grpo_lab.tasks import get_task
 from grpo_lab.trainer import Trainer
 
@@ -60,7 +57,12 @@ GRPO_NOKL = GRPO.replace(name="GRPO", kl=None, beta=0.0, eps_high=0.27)  # chapt
 def _checkpoint(name: str, directory: Path) -> tuple[str, dict | None]:
     """The variant's checkpoint directory, pretrained there unless it exists; its pretraining record."""
     out = directory / name
-    if not (out / "config.json").exists():
+    if (out / "config.json").exists():
+        config = json.loads((out / "config.json").read_text())
+        saved = {**config, "num_experts": config.get("num_experts", config.get("num_local_experts"))}
+        if any(saved.get(k) != v for k, v in VARIANTS[name].items()):
+            raise ValueError(f"{out} is not {name}: its config has other expert settings than {VARIANTS[name]}")
+    else:
         base = RECIPES["arithmetic-moe"]
         recipe = dataclasses.replace(base, model=dataclasses.replace(base.model, **VARIANTS[name]), threads=1)
         pretrain(recipe, out, progress=False, name=name)
@@ -77,16 +79,8 @@ def _probe(base: str, seed: int, minibatches: int, lr: float) -> tuple[float, fl
                               progress=False, threads=1)
     tr = Trainer(pol, tok, task, GRPO_NOKL, cfg)
     tr.train(-(-cfg.warmup // minibatches))  # past the warm-up: the probed updates run at the full rate
-    b = tr.collect()
-    tr.compute_advantages(b)
+    b, _, (rec_old, _), (rec_new, _) = experiments.routing_update(tr)
     ro = b.rollout
-    with torch.no_grad(), record_routing(tr.policy) as rec_old:
-        policy_logprobs(tr.policy, ro)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        tr.update(b)
-    with torch.no_grad(), record_routing(tr.policy) as rec_new:
-        policy_logprobs(tr.policy, ro)
     P, T = ro.prompt_ids.shape[1], ro.completion_ids.shape[1]
     mask = b.loss_mask[:, :T].bool()
     old = rec_old.indices[:, :, P - 1:P - 1 + T]  # [layers, B, T, k]: position P - 1 + t predicts token t
@@ -121,8 +115,11 @@ def main(argv=None) -> None:
                             for i, k in enumerate(("sets_changed", "experts_changed"))}})
             print(rows[-1]["model"], minibatches, lr, rows[-1]["sets_changed"]["mean_ci95"],
                   rows[-1]["experts_changed"]["mean_ci95"], flush=True)
-    prov = experiments.provenance(GRPO_NOKL, experiments.get_profile("cpu"), 0, list(range(a.seeds)),
-                                  time.perf_counter() - t0)
+    whole = experiments.provenance(GRPO_NOKL, experiments.get_profile("cpu"), 0, list(range(a.seeds)),
+                                   time.perf_counter() - t0)
+    # the code and machine only: the models, designs and seeds probed are in the rows
+    prov = {k: whole[k] for k in ("git_sha", "grpo_lab", "torch", "transformers", "python", "device_name", "date",
+                                  "wall_seconds")}
     OUT.write_text(json.dumps({"paper": "GSPO §5.3: about 10% of activated experts change per update",
                                "checkpoints": str(a.checkpoints), "pretrained_now": pretrained_now,
                                "rows": rows, "provenance": prov}, indent=1) + "\n")

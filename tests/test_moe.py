@@ -517,3 +517,34 @@ def test_routing_store_rejects_a_boolean_mask_and_out_of_range_rows():
         store.get(torch.tensor([True, True]), 1, 3)
     store.put(torch.tensor([1, 0]), torch.arange(12).view(1, 2, 3, 2), 1)
     assert torch.equal(store.get(torch.tensor([0]), 1, 3)[0, 0], torch.arange(6, 12).view(3, 2))
+
+
+def test_routing_update_records_the_experts_before_and_after_the_update():
+    """experiments.routing_update (chapter 4 §4.6, benchmarks/moe_granularity.py): at lr 1e-30 (the trainer refuses 0)
+    the update moves no float32 weight, so the experts and log-probs recorded after it equal those before, bit for bit; at the profile's
+    rate, past the warm-up, some routing decisions change. A dense policy is refused by record_routing."""
+    import dataclasses
+
+    from grpo_lab import experiments
+    from grpo_lab.algorithms import GRPO
+    from grpo_lab.models import load_policy
+    from grpo_lab.tasks import get_task
+    from grpo_lab.trainer import Trainer
+
+    prof = experiments.get_profile("cpu")
+    task = get_task(prof.task, **dict(prof.task_kwargs))
+    algo = GRPO.replace(kl=None, beta=0.0)
+    for lr, moved in ((1e-30, False), (3e-3, True)):
+        pol, tok = load_policy("arithmetic-moe-base")
+        cfg = dataclasses.replace(prof.config, seed=0, lr=lr, warmup=0, minibatches=2, prompts_per_step=4,
+                                  eval_every=0, progress=False, threads=1)
+        batch, updates, (old, lp_old), (new, lp_new) = experiments.routing_update(Trainer(pol, tok, task, algo, cfg))
+        layers = sum(1 for m in pol.modules() if type(m).__name__.endswith("SparseMoeBlock"))
+        assert old.indices.shape == new.indices.shape and old.indices.shape[:2] == (layers, batch.rollout.completion_ids.shape[0])
+        assert lp_old.dtype == torch.float64 and lp_old.shape == batch.rollout.completion_ids.shape and len(updates) == 2
+        assert bool((old.indices != new.indices).any()) is moved
+        assert torch.equal(lp_old, lp_new) is not moved
+    dense, tok = load_policy("arithmetic-base")
+    with pytest.raises(ValueError, match="MoE"):
+        experiments.routing_update(Trainer(dense, tok, task, algo, dataclasses.replace(
+            prof.config, prompts_per_step=2, eval_every=0, progress=False)))

@@ -43,7 +43,7 @@ from __future__ import annotations
 from . import profiles as _profiles
 from . import rpt_gpu as _rpt_gpu
 from .gpu_runs import check_gpu_results, load_chapter_gpu, results_dir, run_chapter_gpu
-from .probes import pretrain_critic, update_probe
+from .probes import pretrain_critic, routing_update, update_probe
 from .profiles import Profile, expected_gpu_minutes, get_profile, gpu_profile
 from .results import RunResult, config_hash, load_results, processor_name, provenance, save_results, summarize_runs
 from .rpt_gpu import chapter_gpu_profile, rl_compute_units, rpt_data_dir, rpt_gpu_profile, run_rpt_gpu
@@ -63,7 +63,7 @@ __all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZ
            "expected_gpu_minutes", "results_dir", "run_chapter_gpu", "load_chapter_gpu", "summarize_runs", "check_gpu_results",
            "RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "chapter_gpu_profile", "rl_compute_units", "run_rpt_gpu",
            "get_profile", "run", "run_grid", "run_tally", "RunResult", "save_results", "load_results",
-           "shutdown_workers", "map_workers", "pretrain_critic", "update_probe", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
+           "shutdown_workers", "map_workers", "pretrain_critic", "routing_update", "update_probe", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
 
 # The constants are the objects of the modules that use them, bound again here so that these
 # doc-comments are the ones the API reference shows.

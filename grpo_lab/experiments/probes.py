@@ -8,6 +8,9 @@ is not importable there).
 * :func:`~grpo_lab.experiments.update_probe`: one rollout and the trainer's update stage on it, with
   the token log-ratios between the updated policy and the one that sampled; chapter 4 §4.7 counts,
   per seed, where a token trust region and a sequence one disagree.
+* :func:`~grpo_lab.experiments.routing_update`: one more rollout of a trainer's MoE policy and its
+  update, with every token's experts recorded before and after; chapter 4 §4.6 and
+  ``benchmarks/moe_granularity.py`` measure routing drift with it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pandas as pd
 from ..algorithms import Algorithm
 from .profiles import Profile
 
-__all__ = ["pretrain_critic", "update_probe"]
+__all__ = ["pretrain_critic", "routing_update", "update_probe"]
 
 
 def pretrain_critic(job: tuple[int, str, Optional[str]], *, algo: Algorithm, profile: Profile, steps: int,
@@ -107,3 +110,40 @@ def update_probe(seed: int, *, algo: Algorithm, profile: Profile, prompts_per_st
     mask = batch.loss_mask.bool()
     return {"log_ratio": torch.where(mask, after - before, torch.zeros_like(after)), "mask": mask,
             "advantages": batch.advantages.double()}
+
+
+def routing_update(trainer) -> tuple:
+    """One rollout of ``trainer`` and its update stage, with the experts of every token recorded under
+    π_old and after the update (GSPO, arXiv 2507.18071, §5.3: the routing drift Routing Replay acts on).
+
+    The trainer collects a rollout and computes its advantages; the policy scores it (no grad) while
+    :func:`grpo_lab.moe.record_routing` records each MoE layer's top-k experts; ``trainer.update``
+    takes its optimiser steps on it; the policy scores it again, recording again.
+
+    Args:
+        trainer: a :class:`grpo_lab.trainer.Trainer` whose policy has MoE layers (e.g.
+            ``arithmetic-moe-base``); advance it past the learning-rate warm-up first to probe
+            full-rate updates.
+
+    Returns:
+        ``(batch, updates, (routing_old, logp_old), (routing_new, logp_new))``: the rollout's
+        ``Batch``, ``trainer.update``'s per-update metrics, and
+        for each side the routing record (``.indices``: long ``[layers, B, S, k]`` over the ``S``
+        prompt + completion positions) and the completion log-probs (float64 ``[B, T]``).
+
+    Raises:
+        ValueError: the policy has no MoE layer (from :func:`~grpo_lab.moe.record_routing`).
+    """
+    import torch
+
+    from ..moe import record_routing
+    from ..rollout import policy_logprobs
+
+    batch = trainer.collect()
+    trainer.compute_advantages(batch)
+    with torch.no_grad(), record_routing(trainer.policy) as rec_old:
+        logp_old = policy_logprobs(trainer.policy, batch.rollout).double()
+    updates, _, _ = trainer.update(batch)
+    with torch.no_grad(), record_routing(trainer.policy) as rec_new:
+        logp_new = policy_logprobs(trainer.policy, batch.rollout).double()
+    return batch, updates, (rec_old, logp_old), (rec_new, logp_new)
