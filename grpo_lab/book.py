@@ -500,11 +500,15 @@ def _paper_regime_rows(paper: Any, results: Mapping[str, Any]) -> dict[str, dict
     labels = list(GPU_REGIME_COLUMNS.values())
     out = {}
     for row, values in paper.items():
-        if not isinstance(row, str) or not isinstance(values, Mapping):
+        if not isinstance(row, str):
+            raise TypeError(f"gpu_regime: paper's row labels must be str, got {row!r}")
+        if not isinstance(values, Mapping):
             raise TypeError(f"gpu_regime: paper[{row!r}] must map measure labels to text, got {type(values).__name__}")
         if row in results:
             raise ValueError(f"gpu_regime: paper row {row!r} has an algorithm's name; label it by the paper")
         for measure, text in values.items():
+            if not isinstance(measure, str):
+                raise TypeError(f"gpu_regime: paper[{row!r}] has a measure label that is not str: {measure!r}")
             if measure not in labels:
                 raise ValueError(f"gpu_regime: paper[{row!r}] names the measure {measure!r}; the measures are {labels}")
             if not isinstance(text, str):

@@ -374,6 +374,10 @@ def test_gpu_regime_sets_the_papers_values_beside_the_runs():
         book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, {"GRPO": {}})
     with pytest.raises(TypeError, match=r"paper\['p'\]\['tokens clipped \(fraction\)'\] must be text"):
         book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, {"p": {"tokens clipped (fraction)": 0.01}})
+    with pytest.raises(TypeError, match="row labels must be str, got 1"):
+        book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, {1: {}})
+    with pytest.raises(TypeError, match="measure label that is not str: 1"):
+        book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, {"p": {1: "x"}})
     with pytest.raises(TypeError, match="paper must be"):
         book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, [("p", {})])
     with pytest.raises(ValueError, match="measure 'x'"):
