@@ -389,8 +389,9 @@ def show_gpu_results(chapter: str, algos: Sequence[Any], *, baseline: str | None
     ``paper_regime``: the paper's values of the regime measures, as :func:`gpu_regime`'s ``paper``.
 
     Raises:
-        ValueError: a malformed ``chapter`` or results file; a malformed ``paper_regime`` (also
-            TypeError), checked whether or not results exist.
+        ValueError: a malformed ``chapter`` or results file; a stored regime value that is ±inf or a
+            fraction outside [0, 1] (:func:`gpu_regime`, naming the algorithm and the measure); a
+            malformed ``paper_regime`` (also TypeError), checked whether or not results exist.
         AssertionError: a GPU fact does not hold for the stored results.
     """
     from grpo_lab import experiments
@@ -438,6 +439,12 @@ def gpu_regime(results: dict, paper: Mapping[str, Mapping[str, str]] | None = No
     long they were. A chapter sets these beside the paper's values (``paper``) before it reads a
     difference between algorithms as the paper's mechanism.
 
+    Each seed's mean skips NaN steps (a step that did not measure it). A measure with one seed reads
+    ``"0.200 (1 seed: no interval)"`` (``"(1 of m seeds: no interval)"`` when the algorithm has m
+    seeds), never a zero-width interval; one that fewer seeds measured than the algorithm has
+    appends ``"(k of m seeds)"``; a measure the algorithm's history lacks (absent, or NaN at every
+    RL step) reads "not measured".
+
     Args:
         results: ``{algorithm name: RunResult}`` (what :func:`grpo_lab.experiments.load_chapter_gpu`
             returns).
@@ -447,19 +454,20 @@ def gpu_regime(results: dict, paper: Mapping[str, Mapping[str, str]] | None = No
             reported". The paper's rows come after the runs', and only when some run has a row.
 
     Returns:
-        A DataFrame, one row per algorithm with any of those columns (then the ``paper`` rows), one
-        column per measure; empty when no algorithm has any (chapter 7's continued-NTP baseline
-        has none).
+        A DataFrame, one row per algorithm with any of those columns (then the ``paper`` rows);
+        columns ``seeds`` (int: the algorithm's seeds with an RL step; "not reported" in the paper's
+        rows), then one per measure, as text; empty when no algorithm has any measure (chapter 7's
+        continued-NTP baseline has none).
 
     Raises:
         TypeError: ``results`` is not a dict of RunResult values (the first offending entry named);
             ``paper`` is not a mapping of mappings of str.
-        ValueError: a ``paper`` measure that is not a label of :data:`GPU_REGIME_COLUMNS`; a ``paper``
-            row label that is also an algorithm's name.
+        ValueError: an RL step's value that is ±inf, or a fraction's outside [0, 1] (beyond 1e-6 of
+            rounding), naming the algorithm, the measure, the seed and the step; a ``paper`` measure
+            that is not a label of :data:`GPU_REGIME_COLUMNS`; a ``paper`` row label that is also an
+            algorithm's name.
     """
     import pandas as pd
-
-    from grpo_lab import stats
 
     from .experiments import RunResult
 
@@ -470,25 +478,53 @@ def gpu_regime(results: dict, paper: Mapping[str, Mapping[str, str]] | None = No
             raise TypeError(f"gpu_regime: results[{name!r}] is a {type(r).__name__}, not a RunResult")
     rows = {}
     for name, r in results.items():
-        h = r.history
-        if "step" not in h.columns or "seed" not in h.columns:
-            continue
-        train = h[h["step"] > 0]
-        row = {}
-        for col, label in GPU_REGIME_COLUMNS.items():
-            if col in train.columns and train[col].notna().any():
-                per_seed = train.groupby("seed")[col].mean().dropna()
-                bounds = None if col == "length" else (0.0, 1.0)  # fractions stay in [0, 1]
-                row[label] = stats.format_interval(stats.t_interval(per_seed.to_numpy(), bounds=bounds), 3)
+        row = _regime_row(name, r.history)
         if row:
             rows[name] = row
     paper_rows = _paper_regime_rows(paper, results)
-    if rows:
-        measures = [label for label in GPU_REGIME_COLUMNS.values() if any(label in r for r in rows.values())]
-        measures += [label for label in GPU_REGIME_COLUMNS.values() if label not in measures
-                     and any(label in r for r in paper_rows.values())]
-        rows.update({k: {m: v.get(m, "not reported") for m in measures} for k, v in paper_rows.items()})
-    return pd.DataFrame.from_dict(rows, orient="index")
+    if not rows:
+        return pd.DataFrame()
+    labels = list(GPU_REGIME_COLUMNS.values())
+    measures = [m for m in labels if any(m in r for r in rows.values())]
+    measures += [m for m in labels if m not in measures and any(m in r for r in paper_rows.values())]
+    table = {k: {"seeds": v["seeds"], **{m: v.get(m, "not measured") for m in measures}} for k, v in rows.items()}
+    table.update({k: {"seeds": "not reported", **{m: v.get(m, "not reported") for m in measures}}
+                  for k, v in paper_rows.items()})
+    return pd.DataFrame.from_dict(table, orient="index")
+
+
+def _regime_row(name: str, h: Any) -> dict[str, Any]:
+    """One algorithm's row of :func:`gpu_regime`: ``{"seeds": m, measure label: text}``, or ``{}``
+    without ``step``/``seed`` columns or any measure. Raises its ValueErrors."""
+    import numpy as np
+
+    from grpo_lab import stats
+
+    if "step" not in h.columns or "seed" not in h.columns:
+        return {}
+    train = h[h["step"] > 0]
+    n_seeds = int(train["seed"].nunique())
+    row: dict[str, Any] = {}
+    for col, label in GPU_REGIME_COLUMNS.items():
+        if col not in train.columns or not train[col].notna().any():
+            continue
+        values = train[col].astype(float)
+        fraction = col != "length"
+        bad = np.isinf(values) | (fraction & ((values < -1e-6) | (values > 1 + 1e-6)))
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            value, seed, step = float(values.iloc[i]), train["seed"].iloc[i], train["step"].iloc[i]
+            what = "is not finite" if np.isinf(value) else "is outside [0, 1], and this measure is a fraction"
+            raise ValueError(f"gpu_regime: algorithm {name!r}, measure {label!r} (history column {col!r}): "
+                             f"{value} at seed {seed}, step {step} {what} ({int(bad.sum())} such value(s))")
+        per_seed = values.groupby(train["seed"]).mean().dropna().to_numpy()
+        iv = stats.t_interval(per_seed, bounds=(0.0, 1.0) if fraction else None)
+        of = f"{iv.n} of {n_seeds} seeds" if iv.n < n_seeds else f"{iv.n} seed" + ("s" if iv.n > 1 else "")
+        if iv.n == 1:  # no spread to estimate: a bare mean, never a zero-width interval
+            row[label] = f"{stats.format_interval(iv, 3).split(' ')[0]} ({of}: no interval)"
+        else:
+            row[label] = stats.format_interval(iv, 3) + (f" ({of})" if iv.n < n_seeds else "")
+    return {"seeds": n_seeds, **row} if row else {}
 
 
 def _paper_regime_rows(paper: Any, results: Mapping[str, Any]) -> dict[str, dict[str, str]]:

@@ -359,10 +359,11 @@ def test_gpu_regime_sets_the_papers_values_beside_the_runs():
                                      "response length (tokens)": "long CoT"}}
     reg = book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, paper)
     assert list(reg.index) == ["GRPO", "GSPO paper (Fig. 2)"]
-    assert list(reg.columns) == ["tokens clipped (fraction)", "response length (tokens)"]
+    assert list(reg.columns) == ["seeds", "tokens clipped (fraction)", "response length (tokens)"]
     assert reg.loc["GSPO paper (Fig. 2)", "tokens clipped (fraction)"] == "about 100x GRPO's"
     assert reg.loc["GRPO", "tokens clipped (fraction)"].startswith("0.200 [")  # seed means 0.1, 0.3
-    assert pd.isna(reg.loc["GRPO", "response length (tokens)"])  # the run has no length column
+    assert reg.loc["GRPO", "response length (tokens)"] == "not measured"  # the run has no length column
+    assert reg.loc["GRPO", "seeds"] == 2 and reg.loc["GSPO paper (Fig. 2)", "seeds"] == "not reported"
     reg2 = book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, {"p": {"tied groups (fraction)": "none"},
                                                                     "q": {"tokens clipped (fraction)": "1%"}})
     assert reg2.loc["p", "tokens clipped (fraction)"] == "not reported" and reg2.loc["q", "tied groups (fraction)"] == "not reported"
@@ -382,6 +383,46 @@ def test_gpu_regime_sets_the_papers_values_beside_the_runs():
         book.gpu_regime({"GRPO": experiments.RunResult(h, {})}, [("p", {})])
     with pytest.raises(ValueError, match="measure 'x'"):
         book.show_gpu_results("04_gspo", ["GRPO"], paper_regime={"p": {"x": "1"}})
+
+
+def test_gpu_regime_shows_seed_counts_and_refuses_impossible_values():
+    """book.gpu_regime: a measure one run lacks reads "not measured" (not NaN); one seed reads as a bare
+    mean with its seed count, never a zero-width interval; a measure fewer seeds measured names how many;
+    an inf value or a fraction outside [0, 1] at an RL step is refused naming the algorithm, the measure,
+    the seed and the step (step 0, the base evaluation, is not read)."""
+    import pandas as pd
+
+    R = experiments.RunResult
+    two = pd.DataFrame({"seed": [0, 0, 1, 1], "step": [0, 1, 0, 1], "clip_frac": [0.0, 0.1, 0.0, 0.3],
+                        "zero_adv_group_frac": [None, 0.5, None, None]})  # seed 1 never measured tied groups
+    one = pd.DataFrame({"seed": [0, 0, 0], "step": [0, 1, 2], "clip_frac": [0.0, 0.1, 0.3],
+                        "length": [None, 4.0, 6.0]})
+    reg = book.gpu_regime({"GRPO": R(two, {}), "dry run": R(one, {})})
+    assert list(reg.columns) == ["seeds", "tokens clipped (fraction)", "tied groups (fraction)",
+                                 "response length (tokens)"]
+    assert reg["seeds"].tolist() == [2, 1]
+    assert reg.loc["dry run", "tokens clipped (fraction)"] == "0.200 (1 seed: no interval)"
+    assert reg.loc["dry run", "response length (tokens)"] == "5.000 (1 seed: no interval)"
+    assert reg.loc["dry run", "tied groups (fraction)"] == "not measured"
+    assert reg.loc["GRPO", "response length (tokens)"] == "not measured"
+    assert reg.loc["GRPO", "tied groups (fraction)"] == "0.500 (1 of 2 seeds: no interval)"
+    assert reg.loc["GRPO", "tokens clipped (fraction)"].startswith("0.200 [") and "seed" not in reg.loc["GRPO", "tokens clipped (fraction)"]
+    three = pd.DataFrame({"seed": [0, 1, 2], "step": [1, 1, 1], "clip_frac": [0.1, 0.3, None]})
+    assert book.gpu_regime({"A": R(three, {})}).loc["A", "tokens clipped (fraction)"].endswith("] (2 of 3 seeds)")
+    assert book.gpu_regime({"A": R(two.assign(clip_frac=[9.0, 1.0 + 1e-9, -1.0, 0.0]), {})}).loc[
+        "A", "tokens clipped (fraction)"] == "0.500 [0.000, 1.000]"  # step 0 not read; rounding above 1 kept
+    for col, value, label, why in (
+            ("clip_frac", float("inf"), "tokens clipped \\(fraction\\)", "inf at seed 1, step 1 is not finite"),
+            ("length", float("-inf"), "response length \\(tokens\\)", "-inf at seed 1, step 1 is not finite"),
+            ("clip_frac", 1.5, "tokens clipped \\(fraction\\)", "1.5 at seed 1, step 1 is outside \\[0, 1\\]"),
+            ("zero_adv_group_frac", -0.25, "tied groups \\(fraction\\)", "-0.25 at seed 1, step 1 is outside")):
+        bad = two.assign(length=[None, 3.0, None, 4.0])
+        bad.loc[3, col] = value
+        with pytest.raises(ValueError, match=f"algorithm 'DAPO', measure '{label}'.*{why}"):
+            book.gpu_regime({"GRPO": R(two, {}), "DAPO": R(bad, {})})
+    both = two.assign(clip_frac=[0.0, float("inf"), 0.0, float("-inf")])  # once a NaN mean, silently dropped
+    with pytest.raises(ValueError, match="'tokens clipped.*inf at seed 0, step 1 is not finite \\(2 such"):
+        book.gpu_regime({"GRPO": R(both, {})})
 
 
 def test_gpu_time_table_by_hand(monkeypatch):
