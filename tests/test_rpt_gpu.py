@@ -98,6 +98,63 @@ def test_rl_compute_units_by_hand():
     assert units.to_dict() == {0: 448.0, 1: 448.0}
 
 
+def test_rl_compute_units_charges_dynamic_samplings_refills():
+    """Hand-computed golden (P = 2, G = 2, prompt 10 tokens): a unit per generated token, three per trained one."""
+    h = pd.DataFrame({"seed": [0, 0, 0, 1, 1], "step": [0, 1, 2, 0, 1],
+                      "length": [np.nan, 3.0, 5.0, np.nan, 6.0],
+                      "generated_groups": [np.nan, 5, 2, np.nan, 6], "trained_groups": [np.nan, 2, 1, np.nan, 0]})
+    # hand work, per step (generated * G + 3 * trained * G) * (10 + length):
+    #   seed 0, step 1: (5*2 + 3*2*2) * 13 = (10 + 12) * 13 = 286   (three refill groups charged)
+    #   seed 0, step 2: (2*2 + 3*1*2) * 15 = (4 + 6) * 15   = 150   (a short step: one group trained)
+    #   seed 1, step 1: (6*2 + 3*0*2) * 16 = 12 * 16        = 192   (no group trained: generation only)
+    # seed 0: 286 + 150 = 436; seed 1: 192. The old formula 4 * P * G * (10 + length) gave 448 and 256.
+    units = experiments.rl_compute_units(h, 10.0, 2, 2)
+    assert units.to_dict() == {0: 436.0, 1: 192.0}
+
+
+def test_rl_compute_units_without_refills_is_the_plain_formula():
+    """generated_groups == trained_groups == P (a run without dynamic sampling): 4 * P * G * (prompt + length),
+    as a history without those columns; a NaN count reads as P."""
+    rng = np.random.default_rng(0)
+    P, G, prompt = 16, 8, 37.5
+    h = pd.DataFrame({"seed": np.repeat([0, 1, 2], 6), "step": np.tile(np.arange(6), 3),
+                      "length": rng.uniform(1, 256, 18)})
+    plain = experiments.rl_compute_units(h, prompt, P, G)
+    expected = (4 * P * G * (prompt + h["length"]))[h["step"] > 0].groupby(h["seed"][h["step"] > 0]).sum()
+    pd.testing.assert_series_equal(plain, expected.rename("rl_units"))
+    counted = h.assign(generated_groups=P, trained_groups=P)
+    counted.loc[counted["step"] == 0, ["generated_groups", "trained_groups"]] = np.nan
+    counted.loc[4, "trained_groups"] = np.nan
+    pd.testing.assert_series_equal(experiments.rl_compute_units(counted, prompt, P, G), plain)
+
+
+def test_rl_compute_units_refuses_what_it_cannot_count():
+    h = pd.DataFrame({"seed": [0, 0], "step": [0, 1], "length": [np.nan, 3.0]})
+    with pytest.raises(ValueError, match=r"lacks the column\(s\) \['length'\]"):
+        experiments.rl_compute_units(h.drop(columns="length"), 10.0, 2, 2)
+    with pytest.raises(ValueError, match="'generated_groups' without 'trained_groups'"):
+        experiments.rl_compute_units(h.assign(generated_groups=2), 10.0, 2, 2)
+    with pytest.raises(ValueError, match="group_size must be a positive int, got 0"):
+        experiments.rl_compute_units(h, 10.0, 2, 0)
+
+
+def test_run_rpt_gpu_refuses_an_algorithm_that_is_not_one(tmp_path):
+    """Checked first, before the profile is built or any model loaded."""
+    from grpo_lab.algorithms import RPT
+    from grpo_lab.experiments import rpt_gpu
+
+    for bad, why in (("RPT", "got str 'RPT'.*pass the preset"), ({"name": "RPT"}, "got dict"), (type(RPT), "got type")):
+        with pytest.raises(TypeError, match=f"run_rpt_gpu: algorithm must be a grpo_lab.algorithms.Algorithm.*{why}"):
+            experiments.run_rpt_gpu(algorithm=bad, out=tmp_path / "r.json")
+    with pytest.raises(ValueError, match="'continued NTP' is the baseline's"):
+        experiments.run_rpt_gpu(algorithm=RPT.replace(name="continued NTP"), out=tmp_path / "r.json")
+    assert not (tmp_path / "r.json").exists()
+    default = rpt_gpu._rpt_algorithm(None)
+    assert default.name == "RPT + dynamic sampling" and default.dynamic_sampling
+    assert default == RPT.replace(name="RPT + dynamic sampling", dynamic_sampling=True)  # the chapter's RPT_DS
+    assert rpt_gpu._rpt_algorithm(RPT) is RPT
+
+
 def test_the_rpt_gpu_profile(monkeypatch):
     for var in ("GRPO_LAB_GPU_MODEL", "GRPO_LAB_GPU_CONFIG", "GRPO_LAB_RPT_DATA", "GRPO_LAB_RESULTS_DIR"):
         monkeypatch.delenv(var, raising=False)
@@ -121,21 +178,30 @@ def test_the_rpt_gpu_profile(monkeypatch):
     assert extra == pytest.approx(2 * 2 * 256 * 0.020 / 60)
 
 
+# the random stand-in never predicts a token, so dynamic sampling finds no mixed group and says so (tested in
+# tests/test_dapo.py and tests/test_learning_signal.py); here the refills are what the compute must charge
+@pytest.mark.filterwarnings("ignore::grpo_lab.training.learning_signal.DynamicSamplingShortfallWarning")
 def test_run_rpt_gpu_end_to_end_on_cpu(hub, tmp_path):
     model, data, _ = hub
     prof = experiments.rpt_gpu_profile(model, data=data, device="cpu", steps=2, prompts_per_step=2, group_size=2,
                                        max_new_tokens=8, eval_every=1, precision="bfloat16", environ={})
     with pytest.warns(RuntimeWarning, match="hold 12 test positions, not 500"):
         grid = experiments.run_rpt_gpu(seeds=(0, 1), profile=prof, ntp_batch_size=2, out=tmp_path / "07_rpt.json")
-    assert set(grid) == {"RPT", "continued NTP"}
+    assert set(grid) == {"RPT + dynamic sampling", "continued NTP"}  # the default: RPT with dynamic sampling
     loaded = experiments.load_chapter_gpu("07_rpt", tmp_path)
     assert loaded is not None
     results, prov = loaded
     experiments.check_gpu_results(results, prov)  # the baseline is held to the facts on accuracies only
     assert prov["complete"] and prov["dry_run"] and prov["task"] == "next_token"
     assert prov["task_data"]["test_positions"] == 12
-    ntp, rpt = results["continued NTP"], results["RPT"]
-    assert ntp.provenance["baseline"] is True
+    ntp, rpt = results["continued NTP"], results["RPT + dynamic sampling"]
+    assert ntp.provenance["baseline"] is True and ntp.provenance["matched_to"] == "RPT + dynamic sampling"
+    assert rpt.provenance["algo"]["dynamic_sampling"] is True
+    # the refills are charged: the units are rl_compute_units of the stored history (generated >= trained groups)
+    trained = rpt.history.query("step > 0")
+    assert (trained["generated_groups"] >= trained["trained_groups"]).all()
+    units = experiments.rl_compute_units(rpt.history, ntp.provenance["prompt_tokens_mean"], 2, 2)
+    assert units.to_dict() == pytest.approx({int(k): v for k, v in ntp.provenance["rl_units"].items()}, rel=1e-4)
     # its base is the RPT run's base evaluation of the same seed; its final row sits at the last RL step
     assert ntp.base().equals(rpt.base())
     assert ntp.history.groupby("seed")["step"].max().tolist() == [2, 2]
@@ -152,7 +218,7 @@ def test_run_rpt_gpu_end_to_end_on_cpu(hub, tmp_path):
         tokens = ntp.history.query("seed == @seed and step == 2")["ntp_tokens"].iloc[0]
         assert abs(3 * tokens - units) <= 3 * 2 * 64 / 2 + 1e-6
     summary = experiments.summarize_runs(results, baseline="continued NTP", column="test_accuracy_sampled")
-    assert list(summary["algorithm"]) == ["RPT", "continued NTP"]
+    assert list(summary["algorithm"]) == ["RPT + dynamic sampling", "continued NTP"]
     # a baseline row without rewards or gradients would fail the RL facts if it were not marked
     prov2 = json.loads(json.dumps(prov))
     prov2["runs"]["continued NTP"].pop("baseline")

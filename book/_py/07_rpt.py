@@ -863,14 +863,20 @@ with pd.option_context("display.max_colwidth", None):
 #    goes into its chat template after an instruction that asks for the prediction right after
 #    `</think>` (`next_token.CHAT_INSTRUCTION`). The assistant's turn opens with `<think>`, and the
 #    reward is Eq. {eq}`eq-rpt-reward` unchanged.
-# 3. **RPT.** The `RPT` preset with the paper's settings where they fit the GPU: 8 samples at
-#    T = 0.8, lr 1e-6, KL 0, weight decay 0.01 (App. B), one update per batch (on-policy, as the
-#    paper's mini-batch equal to its batch); at the GPU profile's scale, 16 positions per step, a
-#    256-token budget, positions of proxy entropy ≥ 0.5 nats, `GPU_SEEDS` seeds. Its 60 steps are
-#    the analogue of the paper's first phase, which runs without dynamic sampling (it starts at
-#    step 500 of 1,000); `run_rpt_gpu` trains the `RPT` preset only.
+# 3. **RPT with dynamic sampling.** `RPT_DS` of §7.4, the `RPT` preset with dynamic sampling, as
+#    the paper trains from its step 500 of 1,000 (`run_rpt_gpu(algorithm=...)`, whose default it is),
+#    with the paper's settings where they fit the GPU: 8 samples at T = 0.8, lr 1e-6, KL 0, weight
+#    decay 0.01 (App. B), one update per batch (on-policy, as the paper's mini-batch equal to its
+#    batch); at the GPU profile's scale, 16 positions per step, a 256-token budget, positions of
+#    proxy entropy ≥ 0.5 nats, `GPU_SEEDS` seeds. A tied group is dropped and more positions are
+#    sampled until 16 groups of mixed reward fill the batch (at most 8 rounds,
+#    `TrainerConfig.max_gen_rounds`; a step that finds fewer trains on those). The paper's first
+#    500 steps run without the filter; 60 steps from the instruct model have no room for two
+#    phases, so this run filters from its first step.
 # 4. **Continued NTP.** For each seed, continued next-token prediction on plain 64-token windows
-#    of the same `rl` text at the same compute (`experiments.rl_compute_units`).
+#    of the same `rl` text at the same compute (`experiments.rl_compute_units`): one token forward
+#    per token generated, the refills of dynamic sampling included, and three per token trained on,
+#    as §7.4 counts it.
 #
 # Both are evaluated greedy and sampled on 500 held-out positions, each accuracy beside the model's
 # held-out loss (nats per token on the corpus's `test` part, in the model's own tokens): RPT's at
@@ -882,21 +888,28 @@ with pd.option_context("display.max_colwidth", None):
 #
 # What the run can show: what the objective does to a real model's next-token accuracy at matched
 # compute, and whether the model takes up the format at all (a group whose eight samples all miss
-# is tied and teaches nothing). What it cannot show: the paper's gains from reasoning, which need a
+# is tied and teaches nothing; dynamic sampling pays for it in generation, and its regime row
+# "tied groups" is the share of generated groups, before the filter). The expected time below
+# assumes five generation rounds per step, about the {glue:text}`rpt_spt` samples generated per
+# sample trained of the toy run above; the real model's share of tied groups is not known before
+# it runs. What it cannot show: the paper's gains from reasoning, which need a
 # model that reasons (the paper's is R1-Distill-Qwen-14B, with 8,192 tokens to think).
 
 # %%
-GPU_ALGOS = [RPT]
+GPU_ALGOS = [RPT_DS]  # RPT with dynamic sampling, as the paper from its step 500
 gpu_rpt_profile = experiments.rpt_gpu_profile(weight_decay=0.01)  # App. B's weight decay; the rest as the paper's
 if PROFILE == "gpu":
-    experiments.run_rpt_gpu(seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS, profile=gpu_rpt_profile)
+    experiments.run_rpt_gpu(seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS, profile=gpu_rpt_profile,
+                            algorithm=RPT_DS)
 GPU_PAPER_REGIME = {"RPT paper (App. B; R1-Distill-Qwen-14B, dynamic sampling)": {
-    "tied groups (fraction)": "not reported; dynamic sampling trains none (this run does not filter)",
+    "tied groups (fraction)": "not reported; dynamic sampling trains none (this run filters them too: "
+                              "its value is the share of generated groups, before the filter)",
     "tokens clipped (fraction)": "0: mini-batch = batch, on-policy ('actor gradient clip 0.2' ambiguous)",
     "response length (tokens)": "up to 8,192: reasoning, then the prediction"}}
+# generation_factor: rounds per step assumed for the time estimate (the toy run: about 5 samples generated per trained)
 gpu_summary = book.show_gpu_results("07_rpt", GPU_ALGOS, baseline="continued NTP", seeds=GPU_SEEDS, steps=GPU_STEPS,
                                     columns=("test_accuracy", "test_accuracy_sampled", "test_held_out_loss"),
-                                    profile=gpu_rpt_profile, paper_regime=GPU_PAPER_REGIME)
+                                    generation_factor=5.0, profile=gpu_rpt_profile, paper_regime=GPU_PAPER_REGIME)
 
 # %% [markdown]
 # ## 7.8 Takeaways

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from ..algorithms import Algorithm
 from ..tasks import get_task
 from ..validation import positive_int
 from .gpu_runs import _gpu_results_path, _save_chapter, results_dir, run_chapter_gpu
@@ -36,6 +37,9 @@ __all__ = ["RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "chapter_gpu_
 
 # RPT_GPU_TEST_SIZE: documented where it is exported, in grpo_lab/experiments/__init__.py.
 RPT_GPU_TEST_SIZE = 500
+
+#: The name :func:`run_rpt_gpu` stores its continued next-token-prediction baseline under.
+NTP_BASELINE = "continued NTP"
 
 
 def _rpt_test_size() -> int:
@@ -125,25 +129,58 @@ def chapter_gpu_profile(chapter: str) -> Profile:
 
 def rl_compute_units(history: pd.DataFrame, prompt_tokens: float, prompts_per_step: int, group_size: int) -> pd.Series:
     """Training compute of RL steps, per seed, in token-forward units (one unit: a forward pass
-    over one token, 2N FLOPs for N parameters), as chapter 7 counts it: per step, the ``P × G``
-    sampled sequences of ``prompt_tokens + length`` tokens cost one forward to generate and three
-    (a forward and a backward) to train on, 4 units a token; next-token prediction costs 3.
+    over one token, 2N FLOPs for N parameters), as chapter 7 counts it: a sampled sequence of
+    ``prompt_tokens + length`` tokens costs one unit a token to generate, and a trained one three
+    more (a forward and a backward); next-token prediction costs 3 a token.
+
+    Per step, with the history's ``generated_groups`` and ``trained_groups`` (the trainer writes them
+    for every run: groups generated in all of the step's rounds, and groups in the update batch;
+    :func:`grpo_lab.sampling.sampling_metrics`), the units are
+    ``(generated_groups * G + 3 * trained_groups * G) * (prompt_tokens + length)``: dynamic sampling's
+    refills are charged, and a step that trained no group costs its generation only. Without those
+    columns every step is taken as ``P`` groups generated and trained: ``4 * P * G * (prompt_tokens +
+    length)``, which is what the first formula gives when ``generated_groups == trained_groups == P``
+    (a run without dynamic sampling). ``length`` is the mean over every sequence generated in the
+    step (all rounds); it stands for the trained sequences' length too.
 
     Args:
-        history: rows of RL steps (``step > 0``) with ``seed`` and ``length`` (mean completion tokens).
+        history: rows of RL steps (``step > 0``; other rows are ignored) with ``seed``, ``length``
+            (mean completion tokens) and optionally both ``generated_groups`` and ``trained_groups``
+            (a NaN in either means ``P``).
         prompt_tokens: mean prompt length in tokens.
         prompts_per_step, group_size: P and G.
 
     Returns:
-        units summed over each seed's steps, indexed by seed.
+        units (float) summed over each seed's steps, indexed by seed, named ``"rl_units"``.
+
+    Raises:
+        ValueError: ``history`` lacks ``step``, ``seed`` or ``length``, or has only one of
+            ``generated_groups`` and ``trained_groups``; ``prompts_per_step`` or ``group_size`` is not
+            a positive int.
     """
+    missing = [c for c in ("step", "seed", "length") if c not in history.columns]
+    if missing:
+        raise ValueError(f"rl_compute_units: the history lacks the column(s) {missing}")
+    P = positive_int("rl_compute_units: prompts_per_step", prompts_per_step)
+    G = positive_int("rl_compute_units: group_size", group_size)
+    counts = [c for c in ("generated_groups", "trained_groups") if c in history.columns]
+    if len(counts) == 1:
+        raise ValueError(f"rl_compute_units: the history has {counts[0]!r} without "
+                         f"{({'generated_groups', 'trained_groups'} - set(counts)).pop()!r}; both or neither")
     h = history[history["step"] > 0]
-    units = 4 * prompts_per_step * group_size * (prompt_tokens + h["length"])
-    return units.groupby(h["seed"]).sum()
+    tokens = prompt_tokens + h["length"]
+    if counts:
+        generated = h["generated_groups"].astype(float).fillna(P)
+        trained = h["trained_groups"].astype(float).fillna(P)
+        units = (generated * G + 3 * trained * G) * tokens
+    else:
+        units = 4 * P * G * tokens
+    return units.groupby(h["seed"]).sum().rename("rl_units")
 
 
 def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = None, profile: Profile | None = None,
-                n_jobs: int = 1, ntp_batch_size: int = 16, out: str | Path | None = None) -> dict[str, RunResult]:
+                n_jobs: int = 1, ntp_batch_size: int = 16, out: str | Path | None = None,
+                algorithm: Algorithm | None = None) -> dict[str, RunResult]:
     """Chapter 7 on a hub model: RPT trained on next-token reasoning, and continued next-token
     prediction on the same text at the same compute, per seed; written to ``07_rpt.json`` with
     provenance (:func:`run_chapter_gpu`).
@@ -152,50 +189,77 @@ def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = N
        (:func:`grpo_lab.tasks.next_token.build_hub_task_data`, the model as its own entropy proxy,
        :data:`RPT_GPU_TEST_SIZE` test positions, or ``$GRPO_LAB_RPT_TEST_SIZE`` if set (the dry run's 16),
        on the profile's device).
-    2. The ``RPT`` preset is trained on :func:`rpt_gpu_profile` (or ``profile``) for every seed.
+    2. ``algorithm`` (default: the ``RPT`` preset with dynamic sampling, named ``"RPT + dynamic
+       sampling"``, as the paper trains from its step 500) is trained on :func:`rpt_gpu_profile` (or
+       ``profile``) for every seed.
     3. For each seed, the base model is trained by plain next-token prediction
        (:func:`grpo_lab.pretrain.continued_ntp_run`, ``p_format=0``: 64-token windows of the ``rl``
-       part, at RPT's learning rate) for the number of steps whose compute (3 units a token) equals
-       that seed's RPT run (:func:`rl_compute_units`), and evaluated greedy and sampled on the same
-       test positions. It is stored as the algorithm ``"continued NTP"``: its step-0 row is the RPT
-       run's base evaluation of that seed (the same model), its last row (at the RPT run's last
-       step) the evaluation after training, and its provenance is marked ``baseline``.
+       part, at the profile's learning rate) for the number of steps whose compute (3 units a token)
+       equals that seed's RL run, dynamic sampling's extra generation included
+       (:func:`rl_compute_units`), and evaluated greedy and sampled on the same test positions. It is
+       stored as the algorithm ``"continued NTP"``: its step-0 row is the RL run's base evaluation of
+       that seed (the same model), its last row (at the RL run's last step) the evaluation after
+       training, and its provenance is marked ``baseline`` and names the run it matches.
 
     Args:
         seeds, steps, n_jobs, out: as :func:`run_chapter_gpu`.
         profile: default :func:`rpt_gpu_profile` ().
         ntp_batch_size: windows per next-token-prediction step.
+        algorithm: the :class:`~grpo_lab.algorithms.Algorithm` to train (``None``: RPT with dynamic sampling).
 
     Returns:
-        ``{"RPT": RunResult, "continued NTP": RunResult}``.
+        ``{algorithm.name: RunResult, "continued NTP": RunResult}``.
 
     Raises:
-        ValueError: as :func:`run_chapter_gpu`; a profile whose task is not ``"next_token"``; a
-            ``$GRPO_LAB_RPT_TEST_SIZE`` that is not a positive integer.
+        TypeError: ``algorithm`` is not an :class:`~grpo_lab.algorithms.Algorithm` (a preset's name included).
+        ValueError: as :func:`run_chapter_gpu`; a profile whose task is not ``"next_token"``; an
+            algorithm named ``"continued NTP"`` (the baseline's name); a ``$GRPO_LAB_RPT_TEST_SIZE``
+            that is not a positive integer.
     """
-    from ..algorithms import RPT
-
+    algo = _rpt_algorithm(algorithm)
     prof, seeds = _rpt_arguments(profile, seeds, ntp_batch_size)
     test_size = _rpt_test_size()
     path = _gpu_results_path("07_rpt", out, steps, n_jobs)
     task_data = _rpt_task_data(prof, test_size)
     t0 = time.perf_counter()
-    grid = run_chapter_gpu("07_rpt", [RPT], seeds=seeds, steps=steps, profile=prof, n_jobs=n_jobs, out=path,
+    grid = run_chapter_gpu("07_rpt", [algo], seeds=seeds, steps=steps, profile=prof, n_jobs=n_jobs, out=path,
                            finish=False)
-    rpt = grid[RPT.name]
+    rl = grid[algo.name]
     task = get_task("next_token", **dict(prof.task_kwargs))
     prompt_tokens = _mean_prompt_tokens(task)
-    units = rl_compute_units(rpt.history, prompt_tokens, prof.config.prompts_per_step, prof.config.group_size)
+    units = rl_compute_units(rl.history, prompt_tokens, prof.config.prompts_per_step, prof.config.group_size)
     rows, ntp_steps, t1 = [], {}, time.perf_counter()
     for seed in seeds:
-        ntp_steps[seed], seed_rows = _continued_ntp_seed(seed, prof, task, rpt.history, float(units.loc[seed]),
+        ntp_steps[seed], seed_rows = _continued_ntp_seed(seed, prof, task, rl.history, float(units.loc[seed]),
                                                          ntp_batch_size)
         rows.extend(seed_rows)
-        grid["continued NTP"] = RunResult(pd.DataFrame(rows), _continued_ntp_provenance(
-            prof, ntp_batch_size, ntp_steps, units, prompt_tokens, time.perf_counter() - t1))
+        grid[NTP_BASELINE] = RunResult(pd.DataFrame(rows), _continued_ntp_provenance(
+            prof, ntp_batch_size, ntp_steps, units, prompt_tokens, time.perf_counter() - t1, algo.name))
         _save_chapter(path, "07_rpt", prof, grid, seeds, time.perf_counter() - t0, seed == seeds[-1],
                       extra={"task_data": task_data})
     return grid
+
+
+def _rpt_algorithm(algorithm: Any) -> Algorithm:
+    """:func:`run_rpt_gpu`'s algorithm: ``None`` is the ``RPT`` preset with dynamic sampling
+    (``"RPT + dynamic sampling"``, the chapter's ``RPT_DS``), an :class:`Algorithm` itself.
+
+    Raises:
+        TypeError: anything else (a preset's name too: pass the preset).
+        ValueError: an algorithm named as the baseline, ``"continued NTP"``.
+    """
+    from ..algorithms import RPT
+
+    if algorithm is None:
+        return RPT.replace(name="RPT + dynamic sampling", dynamic_sampling=True)
+    if not isinstance(algorithm, Algorithm):
+        hint = " (a preset's name: pass the preset, e.g. grpo_lab.algorithms.RPT)" if isinstance(algorithm, str) else ""
+        raise TypeError(f"run_rpt_gpu: algorithm must be a grpo_lab.algorithms.Algorithm or None (RPT with dynamic "
+                        f"sampling), got {type(algorithm).__name__} {algorithm!r:.80}{hint}")
+    if algorithm.name == NTP_BASELINE:
+        raise ValueError(f"run_rpt_gpu: the algorithm's name {NTP_BASELINE!r} is the baseline's; rename it "
+                         f"(algorithm.replace(name=...))")
+    return algorithm
 
 
 def _rpt_arguments(profile: Profile | None, seeds: Sequence[int], ntp_batch_size: int) -> tuple[Profile, list[int]]:
@@ -270,8 +334,8 @@ def _continued_ntp_seed(seed: int, prof: Profile, task: Any, rpt_history: pd.Dat
 
     Returns:
         ``(steps, rows)``: the NTP steps taken, and two rows of the ``"continued NTP"`` history: step 0
-        (the RPT run's base evaluation of ``seed``: the same model) and the RPT run's last step (the
-        evaluation after training, greedy and sampled).
+        (the RL run's base evaluation of ``seed``, from ``rpt_history``: the same model) and the RL run's
+        last step (the evaluation after training, greedy and sampled).
     """
     from ..pretrain import RECIPES, continued_ntp_run
 
@@ -282,9 +346,9 @@ def _continued_ntp_seed(seed: int, prof: Profile, task: Any, rpt_history: pd.Dat
                           task_kwargs={**kw, "max_new_tokens": prof.config.max_new_tokens or kw["max_new_tokens"]},
                           precision=prof.config.precision, p_format=0.0)
     base_row = rpt_history[(rpt_history["seed"] == seed) & (rpt_history["step"] == 0)].iloc[0]
-    first = {"step": 0, "seed": seed, "algo": "continued NTP",
+    first = {"step": 0, "seed": seed, "algo": NTP_BASELINE,
              **{k: base_row[k] for k in base_row.index if k.startswith("test_")}}
-    final = {"step": int(rpt_history["step"].max()), "seed": seed, "algo": "continued NTP", "ntp_steps": n,
+    final = {"step": int(rpt_history["step"].max()), "seed": seed, "algo": NTP_BASELINE, "ntp_steps": n,
              "ntp_tokens": x["tokens"], "ntp_loss_last": x["loss_last"], "test_held_out_loss": x["held_out_loss"],
              "test_accuracy": float(x["frame"]["correct"].mean()),
              "test_length": float(x["summary"]["mean_length"]),
@@ -297,12 +361,14 @@ def _continued_ntp_seed(seed: int, prof: Profile, task: Any, rpt_history: pd.Dat
 
 
 def _continued_ntp_provenance(prof: Profile, batch_size: int, ntp_steps: Mapping[int, int], units: pd.Series,
-                              prompt_tokens: float, wall: float) -> dict:
+                              prompt_tokens: float, wall: float, matched: str) -> dict:
     """The provenance of :func:`run_rpt_gpu`'s ``"continued NTP"`` baseline over the seeds of ``ntp_steps``
-    so far (marked ``baseline``: :func:`check_gpu_results` holds it to the facts on seeds and test accuracies)."""
+    so far (marked ``baseline``: :func:`check_gpu_results` holds it to the facts on seeds and test accuracies),
+    matched to the RL run named ``matched``: ``rl_units`` are that run's units per seed (:func:`rl_compute_units`)."""
     from ..pretrain import RECIPES
 
-    return {"baseline": True, "what": "continued next-token prediction at the compute of the RPT run of the same seed",
+    return {"baseline": True, "matched_to": matched,
+            "what": f"continued next-token prediction at the compute of the {matched} run of the same seed",
             "config": {"lr": prof.config.lr, "batch_size": batch_size, "window_tokens": RECIPES["corpus"].seq_len,
                        "p_format": 0.0, "precision": prof.config.precision, "minibatches": 1, "epochs": 1,
                        "warmup": 0,
@@ -310,4 +376,8 @@ def _continued_ntp_provenance(prof: Profile, batch_size: int, ntp_steps: Mapping
                                     f"global-norm clip {RECIPES['corpus'].grad_clip} (grpo_lab.pretrain.continue_ntp)"},
             "ntp_steps": {str(k): v for k, v in ntp_steps.items()},
             "rl_units": {str(k): float(units.loc[k]) for k in ntp_steps},
+            "rl_units_formula": "sum over RL steps of (generated_groups * G + 3 * trained_groups * G) * "
+                                "(prompt_tokens_mean + length): a unit is one token forward; one per generated "
+                                "token (dynamic sampling's refills included), three per trained token; "
+                                "NTP costs 3 units per token (experiments.rl_compute_units)",
             "prompt_tokens_mean": round(prompt_tokens, 2), "seeds": list(ntp_steps), "wall_seconds": round(wall, 1)}
