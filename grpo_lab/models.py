@@ -137,9 +137,10 @@ class TinyConfig:
     ``arch="qwen3_moe"`` builds a Qwen3-MoE-style model (``Qwen3MoeForCausalLM``): every
     decoder layer's MLP is a sparse block of ``num_experts`` SwiGLU experts of width
     ``moe_intermediate_size`` (default ``intermediate_size // num_experts``, so the experts hold
-    the parameters of the dense MLP), of which a linear router (``mlp.gate``) picks the top
-    ``num_experts_per_tok`` per token; with ``norm_topk_prob`` the chosen experts' softmax
-    probabilities are renormalised to sum to 1 (as in Qwen3-30B-A3B's config).
+    the parameters of the dense MLP; a multiple of 4, checked by :func:`tiny_policy`), of which a
+    linear router (``mlp.gate``) picks the top ``num_experts_per_tok`` per token; with
+    ``norm_topk_prob`` the chosen experts' softmax probabilities are renormalised to sum to 1 (as
+    in Qwen3-30B-A3B's config).
     ``router_aux_loss_coef`` weights the load-balancing loss that pretraining adds
     (transformers' ``output_router_logits=True``); the RL trainer does not use it. Qwen3's
     attention has per-head q/k RMSNorms and no q/k/v bias. The MoE fields are ignored by the
@@ -190,7 +191,11 @@ def tiny_policy(tokenizer, config: TinyConfig | None = None, *, seed: int = 0):
 
     Raises:
         ValueError: unknown ``config.arch``; for ``"qwen3_moe"``, ``num_experts < 2``,
-            ``num_experts_per_tok`` outside ``[1, num_experts]``, or an expert width below 1.
+            ``num_experts_per_tok`` outside ``[1, num_experts]``, an expert width below 1, or one
+            that is not a multiple of 4 (the experts' grouped matmul needs 16-byte float32 rows;
+            the message names the nearest multiples). In a 16-bit dtype even 36 fails (72-byte
+            rows): :func:`load_policy` and :func:`inference_copy` switch such models to the eager
+            experts (:func:`_eager_experts_below_float32`); a bare ``.to(torch.bfloat16)`` does not.
     """
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig,
                               Qwen3MoeForCausalLM)
@@ -224,6 +229,7 @@ def tiny_policy(tokenizer, config: TinyConfig | None = None, *, seed: int = 0):
         width = config.intermediate_size // n if width is None else width
         if not (isinstance(width, int) and width >= 1):
             raise ValueError(f"tiny_policy: the expert width (moe_intermediate_size) must be an int >= 1, got {width!r}")
+        _check_expert_width(width, config)
         cfg = Qwen3MoeConfig(**kwargs, num_experts=n, num_experts_per_tok=k, moe_intermediate_size=width,
                              norm_topk_prob=bool(config.norm_topk_prob),
                              router_aux_loss_coef=float(config.router_aux_loss_coef))
@@ -240,6 +246,23 @@ def tiny_policy(tokenizer, config: TinyConfig | None = None, *, seed: int = 0):
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     return model
+
+
+def _check_expert_width(width: int, config: TinyConfig) -> None:
+    """Refuse an expert width that is not a multiple of 4 (float32 rows of 16 bytes): transformers
+    5.x runs Qwen3-MoE experts through ``torch._grouped_mm``, which fails at the first forward with
+    "strides should be multiple of 16 bytes" (measured on CPU, transformers 5.24 / torch 2.13:
+    widths 1, 2, 6, 17, 18 fail; 4, 8, 16, 20, 36 run)."""
+    if width % 4 == 0:
+        return
+    where = ("moe_intermediate_size" if config.moe_intermediate_size is not None else
+             f"moe_intermediate_size (unset: intermediate_size // num_experts = "
+             f"{config.intermediate_size} // {config.num_experts})")
+    nearest = [m for m in (width - width % 4, width - width % 4 + 4) if m >= 4]
+    raise ValueError(f"tiny_policy: {where} = {width} is not a multiple of 4: transformers runs the Qwen3-MoE "
+                     "experts through torch's grouped_mm, whose float32 rows must be a multiple of 16 bytes "
+                     "(it fails at the first forward: 'strides should be multiple of 16 bytes'); set "
+                     f"moe_intermediate_size to {' or '.join(map(str, nearest))}")
 
 
 def count_parameters(model) -> int:

@@ -80,6 +80,20 @@ def test_moe_config_dict_and_validation(tok):
             tiny_policy(tok, dataclasses.replace(MOE, **bad))
 
 
+def test_an_expert_width_that_is_not_a_multiple_of_4_is_refused_with_the_fix(tok):
+    """transformers 5.x runs the experts through torch's grouped_mm, which fails at the first forward
+    with "strides should be multiple of 16 bytes" for a float32 width such as 18; tiny_policy refuses it
+    up front, naming the field, the value, the reason and the nearest multiples of 4."""
+    for width, fix in ((18, "16 or 20"), (17, "16 or 20"), (2, "set moe_intermediate_size to 4$")):
+        with pytest.raises(ValueError, match=rf"moe_intermediate_size = {width} is not a multiple of 4.*grouped_mm.*{fix}"):
+            tiny_policy(tok, dataclasses.replace(MOE, moe_intermediate_size=width))
+    with pytest.raises(ValueError, match=r"unset: intermediate_size // num_experts = 72 // 4\) = 18 .*16 or 20"):
+        tiny_policy(tok, dataclasses.replace(MOE, intermediate_size=72))  # the derived width is checked too
+    for width in (4, 20, 36):  # 36: the shipped arithmetic-moe-base
+        m = tiny_policy(tok, dataclasses.replace(MOE, moe_intermediate_size=width))
+        m(input_ids=torch.tensor([[5, 6, 7]])).logits.sum().backward()
+
+
 def test_moe_save_load_round_trip_identical_logits(tok, tmp_path, moe):
     moe.save_pretrained(tmp_path, safe_serialization=True)
     tok.save_pretrained(tmp_path)
