@@ -195,7 +195,7 @@ def tiny_policy(tokenizer, config: TinyConfig | None = None, *, seed: int = 0):
             that is not a multiple of 4 (the experts' grouped matmul needs 16-byte float32 rows;
             the message names the nearest multiples). In a 16-bit dtype even 36 fails (72-byte
             rows): :func:`load_policy` and :func:`inference_copy` switch such models to the eager
-            experts (:func:`_eager_experts_below_float32`); a bare ``.to(torch.bfloat16)`` does not.
+            experts (``_eager_experts_below_float32``); a bare ``.to(torch.bfloat16)`` does not.
     """
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig,
                               Qwen3MoeForCausalLM)
