@@ -77,11 +77,13 @@ sync: install
 
 ## pretrain: rebuild data/checkpoints/arithmetic-base (deterministic on one machine, ~4.5 min on 2 cores), then
 ## arithmetic-filler-base (~1 min; chapter 3's length-free task: arithmetic-base fine-tuned on answers padded with dots),
+## arithmetic-long-base (~9 min; the same with runs of up to 320 dots: benchmarks/vapo_long.py, chapter 6),
 ## then arithmetic-moe-base (the same recipe as arithmetic-base with a Qwen3-MoE-style model: 8 experts, top 2),
 ## chapter 7's corpus-proxy-base and corpus-base, and reverse-base (the README's own-task example, ~1 min)
 pretrain: install
 	$(BIN)/python -m grpo_lab.pretrain arithmetic
 	$(BIN)/python -m grpo_lab.pretrain arithmetic-filler
+	$(BIN)/python -m grpo_lab.pretrain arithmetic-long
 	$(BIN)/python -m grpo_lab.pretrain arithmetic-moe
 	$(BIN)/python -m grpo_lab.pretrain corpus-proxy
 	$(BIN)/python -m grpo_lab.pretrain corpus

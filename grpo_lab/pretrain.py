@@ -2,6 +2,7 @@
 
     python -m grpo_lab.pretrain arithmetic            # → data/checkpoints/arithmetic-base/
     python -m grpo_lab.pretrain arithmetic-filler     # → data/checkpoints/arithmetic-filler-base/
+    python -m grpo_lab.pretrain arithmetic-long       # → data/checkpoints/arithmetic-long-base/
     python -m grpo_lab.pretrain arithmetic-moe        # → data/checkpoints/arithmetic-moe-base/
     python -m grpo_lab.pretrain corpus-proxy          # → data/checkpoints/corpus-proxy-base/ + data/tasks/next_token_*
     python -m grpo_lab.pretrain corpus                # → data/checkpoints/corpus-base/ (chapter 7, RPT)
@@ -21,6 +22,14 @@ sometimes, so its greedy accuracy sits in the 20–60% band and RL has room to a
 (:class:`~grpo_lab.tasks.ArithmeticTask` with ``filler="."``): half of its demonstrations end
 with a run of 1–12 dots after the answer, which the parser ignores, so the base policy pads some
 answers and response length is free of correctness (chapter 3's length-bias experiment).
+
+``arithmetic-long`` is ``arithmetic-filler`` with long runs: three quarters of its demonstrations end
+with 1-320 dots (uniform), in a model of the same weights whose context is 512 positions (RoPE has no
+position weights, so ``arithmetic-base`` loads into it), with a 360-token budget. Its sampled
+responses are 5 to about 330 tokens long (median about 130), the answer decided in the first few
+and the reward arriving at the last: VAPO's long-response regime for ``benchmarks/vapo_long.py``.
+Its greedy responses always pad to the budget (a dot is likelier than EOS at every position of a
+run), which the parser accepts.
 
 ``arithmetic-moe`` is ``arithmetic``'s recipe (task, data, optimiser, steps, seed) with a
 Qwen3-MoE-style model of the same width and depth: 8 experts of width 36 per layer, top-2
@@ -154,6 +163,8 @@ class PretrainRecipe:
 #: half of the time (mean 3.25 dots per demonstration), so it keeps that checkpoint's arithmetic
 #: and learns to pad; its task's generation budget is 64 tokens, so that a padded reasoning
 #: answer (at most 25 + 12 characters and EOS) fits with room for the length to grow under RL.
+#: ``arithmetic-long`` is the same on runs of 1-320 dots in three quarters of the demonstrations, with a
+#: 512-position context and a 360-token budget (VAPO's long responses, ``benchmarks/vapo_long.py``).
 #: ``arithmetic-moe`` is ``arithmetic`` with a Qwen3-MoE-style model (8 experts of width 36, top 2,
 #: about the dense model's parameter count: 339,888 against 338,016).
 RECIPES = {
@@ -161,6 +172,10 @@ RECIPES = {
     "arithmetic-filler": PretrainRecipe(filler=".", p_filler=0.5, max_filler=12, filler_position="end",
                                         max_new_tokens=64, init="arithmetic-base", steps=300, lr=1e-3,
                                         warmup=20),
+    "arithmetic-long": PretrainRecipe(model=TinyConfig(hidden_size=96, intermediate_size=288, num_hidden_layers=3,
+                                                       max_position_embeddings=512),
+                                      filler=".", p_filler=0.75, max_filler=320, filler_position="end",
+                                      max_new_tokens=360, init="arithmetic-base", steps=300, lr=1e-3, warmup=20),
     "arithmetic-moe": PretrainRecipe(model=TinyConfig(arch="qwen3_moe", hidden_size=96, intermediate_size=288,
                                                       num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
                                                       moe_intermediate_size=36)),

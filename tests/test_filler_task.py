@@ -4,9 +4,11 @@ import builtins
 import json
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from grpo_lab.paths import checkpoint_dir
 from grpo_lab.pretrain import RECIPES, make_task
@@ -177,3 +179,55 @@ def test_committed_filler_checkpoint_matches_recipe():
     assert m["sampled_truncation_rate"] < 0.01
     assert 0.2 < m["greedy_accuracy"] < 0.7
     assert (FILLER_BASE / "model.safetensors").stat().st_size < 2_000_000
+
+
+LONG_BASE = checkpoint_dir("arithmetic-long-base")
+
+
+def test_long_recipe():
+    rec = RECIPES["arithmetic-long"]
+    d = rec.to_dict()
+    assert (d["filler"], d["p_filler"], d["max_filler"], d["init"]) == (".", 0.75, 320, "arithmetic-base")
+    assert d["model"]["max_position_embeddings"] == 512  # prompt (<= 12) + the 360-token budget fit
+    task = make_task(rec)
+    assert task.max_new_tokens == 360 and task.filler_position == "end"
+    assert task.test_set_path() == make_task(RECIPES["arithmetic"]).test_set_path()  # the same questions
+
+
+@pytest.mark.skipif(not (LONG_BASE / "recipe.json").is_file(), reason="arithmetic-long-base not built")
+def test_committed_long_checkpoint_matches_recipe():
+    record = json.loads((LONG_BASE / "recipe.json").read_text())
+    assert record["recipe"] == RECIPES["arithmetic-long"].to_dict()
+    m = record["metrics"]
+    # long, varied responses (VAPO's regime, benchmarks/vapo_long.py) that rarely hit the budget, same arithmetic
+    assert m["sampled_mean_length"] > 100 and m["sampled_length_sd"] > 80
+    assert m["sampled_truncation_rate"] < 0.01
+    assert 0.3 < m["greedy_accuracy"] < 0.6
+    assert (LONG_BASE / "model.safetensors").stat().st_size < 2_000_000
+
+
+def _vapo_long():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vapo_long.py"
+    spec = importlib.util.spec_from_file_location("vapo_long", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_vapo_long_decisive_tokens():
+    """benchmarks/vapo_long.py: the tokens that decide the answer are those before its trailing dots (hand work:
+    one token per character; the EOS token and padding are not decisive)."""
+    mod = _vapo_long()
+    task = ArithmeticTask(filler=".", max_new_tokens=360)
+    texts = ["#4...", "2+2;4;#4", "#4"]
+    mask = torch.zeros(3, 9)
+    for i, t in enumerate(texts):
+        mask[i, :len(t) + 1] = 1  # the characters and EOS
+    got = mod._decisive_mask(texts, task, mask)
+    want = torch.zeros(3, 9, dtype=torch.bool)
+    want[0, :2] = True
+    want[1, :8] = True
+    want[2, :2] = True
+    assert torch.equal(got, want)

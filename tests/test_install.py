@@ -22,7 +22,7 @@ tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Pytho
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-SHIPPED = ["arithmetic-base", "arithmetic-filler-base", "arithmetic-moe-base", "corpus-base", "corpus-proxy-base",
+SHIPPED = ["arithmetic-base", "arithmetic-filler-base", "arithmetic-long-base", "arithmetic-moe-base", "corpus-base", "corpus-proxy-base",
            "reverse-base"]
 
 
