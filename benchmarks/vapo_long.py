@@ -1,0 +1,194 @@
+"""VAPO where the reward arrives hundreds of tokens after the decision: the regime chapter 6 cannot reach.
+
+    python -m grpo_lab.pretrain arithmetic-long     # once: data/checkpoints/arithmetic-long-base
+    python benchmarks/vapo_long.py                  # 5 seeds, writes benchmarks/results/vapo_long.json
+    python benchmarks/vapo_long.py --seeds 1 --steps 2 --out /tmp/x.json   # a quick look (the test's)
+
+Chapter 6's responses have a median of 5 tokens, so three of VAPO's changes (length-adaptive GAE,
+decoupled GAE, the token-level loss) have nothing to act on there: the reward is never more than a
+few tokens from any token, and lengths differ by a factor of about 10. This benchmark trains from
+``arithmetic-long-base``: the same arithmetic, but three quarters of its pretraining demonstrations
+end with a run of 1-320 dots after the answer, which the reward ignores (the filler variant of
+:class:`grpo_lab.tasks.ArithmeticTask`). The answer is decided early and the outcome reward arrives
+at the last token, up to 320 tokens later. That is the situation of VAPO §4 (arXiv 2504.05118):
+with lambda = 0.95, a token n tokens before the end sees the reward with weight 0.95^(n-1)
+(0.006 at n = 100), so its advantage is almost all bootstrapped from the critic.
+
+Before any verdict the script measures, on one batch of the base policy with the pretrained critic,
+each change's precondition beside the paper's value (the ``regime`` of the results file). Then it
+trains, from the same critic pretrained on the base policy (VAPO §4.1, 16 steps), VAPO (the paper's
+alpha = 0.05), the three single-change rows whose preconditions are about length, and VAPO with
+GRPO's group advantages in place of GAE (no critic: it isolates the critic's per-token credit);
+the same seeds for every setting, greedy test accuracy at the end, paired differences from VAPO.
+
+It also measures where each estimator puts the credit on that batch: the share of the advantage's
+absolute mass on the tokens that decide the answer (everything up to the answer's last digit)
+rather than on the dots after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grpo_lab import experiments, stats
+from grpo_lab.advantages import AdvantageBatch, length_adaptive_lam
+from grpo_lab.algorithms import VAPO
+from grpo_lab.models import load_policy
+from grpo_lab.paths import checkpoint_dir
+from grpo_lab.pretrain import RECIPES, sha256_file
+from grpo_lab.tasks import get_task
+from grpo_lab.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "vapo_long.json"
+BASE = "arithmetic-long-base"
+STEPS, EVAL_EVERY, PROMPTS = 16, 8, 8  # 8 questions x 8 responses per step, as chapter 6
+PRETRAIN_STEPS = 16  # value pretraining on the frozen base policy (chapter 6: 16)
+H_FIXED = 1 / (1 - 0.95)  # the horizon of a fixed lambda = 0.95: 20 tokens
+SETTINGS = {
+    "VAPO": VAPO,
+    "w/o length-adaptive GAE": VAPO.replace(name="w/o length-adaptive GAE", lam_alpha=None),
+    "w/o decoupled GAE": VAPO.replace(name="w/o decoupled GAE", critic_lam=None),
+    "w/o token-level loss": VAPO.replace(name="w/o token-level loss", aggregation="seq_mean_token_mean"),
+    "VAPO with group advantages": VAPO.replace(name="VAPO with group advantages", advantage="group"),
+    "VAPO, critic lr x5": VAPO.replace(name="VAPO, critic lr x5"),
+}
+#: the critic's learning rate over the policy's where it is not VAPO §5.1's 2: a row that tries to let the critic keep
+#: pace with the policy (in VAPO, with its critic lr 2, the explained variance falls from 0.3 to near 0 over the run)
+CRITIC_LR_FACTOR = {"VAPO, critic lr x5": 5.0}
+PAPER_AIME = {"VAPO": 60, "w/o length-adaptive GAE": 45, "w/o decoupled GAE": 33, "w/o token-level loss": 53}
+
+
+def long_profile(steps: int = STEPS) -> experiments.Profile:
+    """The CPU profile on ``arithmetic-long-base`` and its task (the recipe's filler and 360-token budget)."""
+    cpu = experiments.get_profile("cpu")
+    r = RECIPES["arithmetic-long"]
+    task_kwargs = {"filler": r.filler, "p_filler": r.p_filler, "max_filler": r.max_filler,
+                   "filler_position": r.filler_position, "max_new_tokens": r.max_new_tokens}
+    return dataclasses.replace(cpu, name="cpu-long", base=str(checkpoint_dir(BASE)), task_kwargs=task_kwargs,
+                               steps=steps, config=dataclasses.replace(cpu.config, prompts_per_step=PROMPTS,
+                                                                       eval_every=EVAL_EVERY))
+
+
+def _decisive_mask(texts: list[str], task, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool: the real tokens up to the answer's last digit (one token per character), not the dots
+    after it nor EOS."""
+    head = torch.tensor([len(t.rstrip(task.filler)) for t in texts])  # characters before the trailing run of dots
+    pos = torch.arange(mask.shape[1])[None, :]
+    return (pos < head[:, None]) & mask.bool()
+
+
+def regime(profile, critic: str) -> dict:
+    """The preconditions, measured on one batch (seed 100) of the base policy with the pretrained ``critic``."""
+    task = get_task(profile.task, **dict(profile.task_kwargs))
+    probe = Trainer(*load_policy(profile.base), task, VAPO,
+                    dataclasses.replace(profile.config, seed=100, value_init=critic, progress=False))
+    batch = probe.collect()
+    mask = batch.loss_mask.bool()
+    lens = mask.sum(-1).double()  # tokens, EOS included
+    decisive = _decisive_mask(batch.rollout.texts, task, batch.loss_mask)
+    after = (lens - decisive.sum(-1)).double()  # tokens from the answer's last digit to the end
+    view = AdvantageBatch.from_groups(batch.rewards, probe.config.group_size, mask=batch.loss_mask,
+                                      values=batch.values)
+    credit = {}
+    for name, algo in SETTINGS.items():
+        if name in ("w/o decoupled GAE", "w/o token-level loss", "VAPO, critic lr x5"):  # advantages: VAPO's
+            continue
+        adv = algo.estimate_advantages(view)
+        adv = (adv[:, None] * batch.loss_mask if adv.dim() == 1 else adv).abs()
+        credit[name] = float(adv[decisive].sum() / adv[mask].sum())
+    lam_med = float(length_adaptive_lam(lens.median()[None], VAPO.lam_alpha))
+    return {"median_length": float(lens.median()), "min_length": float(lens.min()), "max_length": float(lens.max()),
+            "length_ratio": float(lens.max() / lens.min()), "fixed_horizon_over_median": H_FIXED / float(lens.median()),
+            "median_tokens_after_answer": float(after.median()),
+            "share_long_after_answer": float((after >= 100).double().mean()),
+            "reward_share_at_answer_lam095_median": float((0.95 ** (after - 1).clamp(min=0)).median()),
+            "lam_policy_at_median": lam_med,
+            "share_lam_policy_above_095": float((length_adaptive_lam(lens, VAPO.lam_alpha) > 0.95).double().mean()),
+            "reward_share_first_token_lam095": float((0.95 ** (lens - 1)).mean()),
+            "decisive_token_share": float(decisive.sum() / mask.sum()),
+            "credit_on_decisive_tokens": credit, "base_batch_accuracy": float(batch.correct.double().mean())}
+
+
+def _row(name: str, res, vapo, budget: int) -> dict:
+    """One setting's results: final greedy accuracy per seed and over seeds, paired difference from VAPO, lengths."""
+    final = res.final()
+    hist = res.history.dropna(subset=["length"])
+    last = hist[hist["step"] == hist["step"].max()]
+    row = {"setting": name, "paper_aime24": PAPER_AIME.get(name), "final_accuracy_per_seed": final.round(4).tolist(),
+           "final_accuracy": stats.format_interval(stats.t_interval(final, bounds=(0, 1))),
+           "base_accuracy": float(res.base().mean()),
+           "length_last_step_per_seed": last.groupby("seed")["length"].mean().round(1).tolist(),
+           "length_last_step": stats.format_interval(stats.t_interval(last.groupby("seed")["length"].mean(),
+                                                                      bounds=(0, budget)), 1)}
+    if name != "VAPO" and len(final) >= 2:
+        d = stats.paired_difference(final, vapo.final())
+        row.update(minus_vapo=stats.format_interval(d), minus_vapo_excludes_0=bool(d.excludes(0.0)))
+    if "explained_variance_mc" in hist and hist["explained_variance_mc"].notna().any():
+        ev = hist.dropna(subset=["explained_variance_mc"]).groupby(["seed", "step"])["explained_variance_mc"].mean()
+        ev = ev.unstack()
+        row["explained_variance_first_last_per_seed"] = [ev[ev.columns.min()].round(4).tolist(),
+                                                         ev[ev.columns.max()].round(4).tolist()]
+        row["explained_variance_first_last"] = [stats.format_interval(stats.t_interval(ev[ev.columns.min()]), 2),
+                                                stats.format_interval(stats.t_interval(ev[ev.columns.max()]), 2)]
+    return row
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--n-jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args(argv)
+    if not (checkpoint_dir(BASE) / "model.safetensors").is_file():
+        raise SystemExit(f"{BASE} not found: make it first (python -m grpo_lab.pretrain arithmetic-long)")
+    t0 = time.perf_counter()
+    prof = long_profile(a.steps)
+    value_lr = 2 * prof.config.lr  # VAPO §5.1: the critic's learning rate twice the actor's
+    pretrain_steps = PRETRAIN_STEPS if a.steps >= STEPS else 2  # a quick look pretrains briefly
+    critic = str(ROOT / "_build" / f"vapo_long_critic_{pretrain_steps}")  # the run cache hashes its weights
+    warm = experiments.pretrain_critic((0, "policy", critic), algo=VAPO, profile=prof, steps=pretrain_steps,
+                                       value_lr=value_lr)
+    reg = regime(prof, critic)
+    print(json.dumps(reg, indent=1), flush=True)
+    seeds = list(range(a.seeds))
+    overrides = {"VAPO with group advantages": {"value_init": "policy"},  # no critic: nothing to load
+                 **{k: {"value_lr": f * prof.config.lr} for k, f in CRITIC_LR_FACTOR.items()}}
+    grid = experiments.run_grid(list(SETTINGS.values()), profile=prof, seeds=seeds, steps=a.steps, n_jobs=a.n_jobs,
+                                eval_every=min(EVAL_EVERY, a.steps), value_init=critic, value_lr=value_lr,
+                                overrides=overrides)
+    rows = [_row(n, grid[n], grid["VAPO"], prof.config.max_new_tokens or RECIPES["arithmetic-long"].max_new_tokens)
+            for n in SETTINGS]
+    for r in rows:
+        print(r["setting"], r["final_accuracy"], r.get("minus_vapo", ""), flush=True)
+    # what the runs cost from an empty run cache: their own step and evaluation seconds (a cache hit keeps them)
+    run_seconds = sum(float(g.history[c].sum()) for g in grid.values() for c in ("step_seconds", "eval_seconds")
+                      if c in g.history)
+    from_cache = sum(len(g.provenance.get("cached_seeds", [])) for g in grid.values())
+    whole = experiments.provenance(VAPO, prof, a.steps, seeds, time.perf_counter() - t0)
+    prov = {k: whole[k] for k in ("git_sha", "grpo_lab", "torch", "transformers", "python", "device_name", "date",
+                                  "wall_seconds")}
+    base_dir = checkpoint_dir(BASE)
+    record = json.loads((base_dir / "recipe.json").read_text())
+    a.out.write_text(json.dumps({
+        "paper": "VAPO Table 1 (AIME 2024 avg@32, Qwen2.5-32B); §4: 0.95^100 = 0.006",
+        "base": BASE, "base_weights_sha256": sha256_file(base_dir / "model.safetensors"),
+        "base_greedy_accuracy": record["metrics"]["greedy_accuracy"], "seeds": seeds, "steps": a.steps,
+        "prompts_per_step": PROMPTS, "group_size": prof.config.group_size, "value_pretrain_steps": int(warm["value_step"].max()),
+        "value_pretrain_explained_variance_last4": float(warm["explained_variance"].tail(4).mean()),
+        "test_questions": len(get_task(prof.task, **dict(prof.task_kwargs)).test_set()),
+        "regime": reg, "rows": rows, "run_seconds_sum": round(run_seconds, 1), "runs_from_cache": from_cache,
+        "n_jobs": a.n_jobs, "provenance": prov}, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
