@@ -329,17 +329,28 @@ def glue(name: str, value: Any, display: bool = False) -> None:
       (``IPython.display.display`` in IPython, ``print`` otherwise), else does nothing.
     * A matplotlib Figure is closed after gluing, so the inline backend does not render it a
       second time at the end of the cell.
+    * A pandas DataFrame is stored with every cell whole (``display.max_colwidth`` unset while it
+      is rendered): pandas' default cuts text cells at 50 characters with "...", which would cut the
+      sentences of a regime table in the built book.
     """
+    import contextlib
+
+    whole = contextlib.nullcontext()
+    if type(value).__name__ == "DataFrame" and type(value).__module__.startswith("pandas"):
+        import pandas as pd
+
+        whole = pd.option_context("display.max_colwidth", None)
     glue_fn = None
     if in_notebook():
         try:
             from myst_nb import glue as glue_fn
         except ImportError:
             glue_fn = None
-    if glue_fn is not None:
-        glue_fn(name, value, display=display)
-    elif display:
-        _show(value)
+    with whole:
+        if glue_fn is not None:
+            glue_fn(name, value, display=display)
+        elif display:
+            _show(value)
     _close_if_figure(value)
 
 

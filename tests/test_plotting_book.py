@@ -351,3 +351,20 @@ def test_execute_notebook_gives_a_quiet_fresh_run_with_png_figures(tmp_path):
     assert "image/png" in shown and "image/svg+xml" not in shown
     w, h = (round(v * plotting.DPI) for v in plotting.FIGSIZE)
     assert shown["text/plain"] == f"<Figure size {w}x{h} with 1 Axes>"
+
+
+def test_glue_stores_a_dataframe_with_whole_cells(monkeypatch):
+    """A glued table keeps its long text cells whole: pandas' default (50 characters) cut the regime tables'
+    sentences with '...' in the built book (chapters 5 and 6)."""
+    import pandas as pd
+
+    sentence = "the share of the reward in the critic target is small early on, hundreds of tokens back"
+    stored = []
+    fake = types.ModuleType("myst_nb")
+    fake.glue = lambda name, value, display=True: stored.append(value._repr_html_())  # rendered while glued
+    monkeypatch.setitem(sys.modules, "myst_nb", fake)
+    monkeypatch.setattr(book, "in_notebook", lambda: True)
+    book.glue("table", pd.DataFrame({"precondition": [sentence]}))
+    assert sentence in stored[0]
+    assert "..." not in stored[0]
+    assert pd.get_option("display.max_colwidth") == 50  # the option is restored afterwards
