@@ -1,0 +1,122 @@
+"""benchmarks/choosing.py (chapter 8's one comparison under one budget): the compute charge, tokens to a target and
+accuracy at matched compute on a hand-made history (hand goldens), and a quick look whose file holds every stated
+column, whose intervals recompute from its per-seed values and whose critic preset is charged its critic."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from grpo_lab import stats
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "choosing.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    name = "benchmark_choosing"
+    spec = importlib.util.spec_from_file_location(name, SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
+
+def _hand_history() -> pd.DataFrame:
+    """One seed, G = 2: step 0 is the base's evaluation; step 3 trained nothing (dynamic sampling found no group)."""
+    nan = float("nan")
+    return pd.DataFrame({
+        "seed": [0] * 5, "step": [0, 1, 2, 3, 4],
+        "length": [nan, 3.0, 4.0, 2.0, 5.0], "generated_groups": [nan, 2, 3, 2, 2],
+        "num_tokens": [nan, 5.0, 6.0, nan, 10.0], "trained_groups": [nan, 2, 2, 0, 2],
+        "test_accuracy": [0.3, nan, 0.5, nan, 0.7]})
+
+
+def test_compute_and_tokens_to_target_by_hand(bench):
+    hist = _hand_history()
+    plain = bench.step_compute(hist, group_size=2, updates=2, critic=False)
+    # generated = length x groups x G: 12, 24, 8, 20; trained = num_tokens x 2 updates: 10, 12, 0, 20
+    assert plain["generated_tokens"].tolist() == [12.0, 24.0, 8.0, 20.0]
+    assert plain["trained_tokens"].tolist() == [10.0, 12.0, 0.0, 20.0]
+    assert plain["units"].tolist() == [42.0, 60.0, 8.0, 80.0]  # generated + 3 x trained
+    critic = bench.step_compute(hist, group_size=2, updates=2, critic=True)
+    assert critic["units"].tolist() == [72.0, 96.0, 8.0, 140.0]  # + 3 x trained for the critic
+    curve = bench.eval_curve(hist, plain, seed=0)
+    assert curve["step"].tolist() == [0, 2, 4]
+    assert curve["generated_tokens"].tolist() == [0.0, 36.0, 64.0]
+    assert curve["units"].tolist() == [0.0, 102.0, 190.0]
+    assert bench.eval_curve(hist, critic, seed=0)["units"].tolist() == [0.0, 168.0, 316.0]
+    assert bench.tokens_to_target(curve, 0.5) == 36.0  # reached at step 2 exactly
+    assert bench.tokens_to_target(curve, 0.6) == 64.0
+    assert bench.tokens_to_target(curve, 0.2) == 0.0  # the base already meets it
+    assert bench.tokens_to_target(curve, 0.8) is None  # not reached
+    assert bench.median_reached([None, 10.0, 20.0]) == 20.0  # not reached counts as infinitely many tokens
+    assert bench.median_reached([None, None, 10.0]) is None
+    assert bench.median_reached([10.0, 30.0]) == 20.0
+    assert bench.at_matched_compute(curve, 150.0) == (2, 0.5)
+    assert bench.at_matched_compute(curve, 50.0) == (0, 0.3)
+    started = bench.eval_curve(hist, plain, seed=0, start_units=200.0)  # a critic's pretraining before step 1
+    assert started["units"].tolist() == [200.0, 302.0, 390.0]
+    assert bench.at_matched_compute(started, 150.0) == (None, None)
+
+
+def test_bad_arguments_are_clear(bench, tmp_path):
+    with pytest.raises(SystemExit):
+        bench.parse(["--presets", "GRPO", "NOPE"])
+    with pytest.raises(SystemExit):
+        bench.parse(["--seeds", "0"])
+    a = bench.parse(["--presets", "ppo", "RPT", "--steps", "3", "--out", str(tmp_path / "x.json")])
+    assert a.presets == ["GRPO", "PPO"] and a.rpt and a.rpt_steps == 3  # GRPO added: every row's reference
+
+
+def _recomputes(iv, bounds=(0.0, 1.0)):
+    got = stats.t_interval(iv["per_seed"], bounds=bounds)
+    assert (got.mean, got.lo, got.hi) == pytest.approx((iv["mean"], iv["lo"], iv["hi"]), abs=1e-12)
+
+
+def test_quick_look_file(bench, tmp_path):
+    out = tmp_path / "choosing.json"
+    bench.main(["--presets", "GRPO", "PPO", "RPT", "--seeds", "2", "--steps", "2", "--n-jobs", "1", "--out", str(out)])
+    d = json.loads(out.read_text())
+    assert {"settings", "target", "base_accuracy", "base_binomial_se", "test_questions", "rows", "regime", "rpt",
+            "run_seconds_sum", "runs_from_cache", "provenance", "compute_note", "matched_compute"} <= set(d)
+    assert d["base_binomial_se"] == pytest.approx(stats.binomial_se(d["base_accuracy"], d["test_questions"]))
+    rows = {r["preset"]: r for r in d["rows"]}
+    assert list(rows) == ["GRPO", "PPO"]
+    keys = {"final_accuracy", "minus_grpo", "tokens_to_target", "accuracy_at_matched_compute", "generated_tokens_total",
+            "trained_tokens_total", "compute_units_total", "length_last_step", "entropy_last_step", "clip_frac",
+            "clip_frac_high", "clip_frac_low", "grad_token_frac", "step_seconds", "peak_mem_mb", "curve", "settings"}
+    for r in rows.values():
+        assert keys <= set(r), keys - set(r)
+        for col in ("final_accuracy", "clip_frac", "grad_token_frac"):
+            _recomputes(r[col])
+        _recomputes(r["compute_units_total"], (0.0, math.inf))
+        assert r["tokens_to_target"]["n_seeds"] == 2
+    d_ppo = stats.paired_difference(pd.Series(rows["PPO"]["final_accuracy"]["per_seed"]),
+                                    pd.Series(rows["GRPO"]["final_accuracy"]["per_seed"]))
+    assert rows["PPO"]["minus_grpo"]["mean"] == pytest.approx(d_ppo.mean) and rows["GRPO"]["minus_grpo"] is None
+    # 13 s on 2 cores (2 presets x 2 seeds x 2 steps, RPT 2 seeds x 2 steps)
+    for name, factor in (("GRPO", 3), ("PPO", 6)):  # the critic's forward + backward is charged to PPO
+        r = rows[name]
+        gen = np.array(r["generated_tokens_total"]["per_seed"])
+        trained = np.array(r["trained_tokens_total"]["per_seed"])
+        want = gen + factor * trained
+        assert r["compute_units_total"]["per_seed"] == pytest.approx(want.tolist(), abs=0.2)
+        if name == "PPO":  # more than GRPO would pay for the same generated and trained tokens
+            assert (np.array(r["compute_units_total"]["per_seed"]) > gen + 3 * trained + 1).all()
+    for name, reg in {**d["regime"], "RPT": d["rpt"]["regime"]}.items():
+        assert reg["verdict"] == "in regime" or reg["verdict"].startswith("not tested in the paper's regime: ")
+        assert reg["in_regime"] == all(c["holds"] for c in reg["checks"]) and reg["checks"]
+        assert all({"precondition", "paper", "measured", "holds", "why"} <= set(c) for c in reg["checks"])
+    rpt = d["rpt"]["row"]
+    assert {"final_accuracy", "compute_units_total", "not_applicable"} <= set(rpt)
+    assert "minus_grpo" in rpt["not_applicable"]
+    _recomputes(rpt["final_accuracy"])
