@@ -77,7 +77,13 @@ SETTINGS = {
     "w/o decoupled GAE": VAPO.replace(name="w/o decoupled GAE", critic_lam=None),
     "w/o token-level loss": VAPO.replace(name="w/o token-level loss", aggregation="seq_mean_token_mean"),
     "VAPO with group advantages": VAPO.replace(name="VAPO with group advantages", advantage="group"),
+    "VAPO with group advantages, policy lr 5e-5": VAPO.replace(name="VAPO with group advantages, policy lr 5e-5",
+                                                               advantage="group"),
 }
+#: the control at half the policy's rate: group advantages are z-scored within the group, GAE's are not, so at one
+#: learning rate the control takes the larger steps (its mean |advantage| is the larger: ``adv_abs_mean`` in the file);
+#: and the rate 1e-4 was chosen on VAPO's runs (benchmarks/vapo_long_critic.py), so the control gets a second one
+CONTROL_LR = {"VAPO with group advantages, policy lr 5e-5": 5e-5}
 PAPER_AIME = {"VAPO": 60, "w/o length-adaptive GAE": 45, "w/o decoupled GAE": 33, "w/o token-level loss": 53}
 
 
@@ -115,7 +121,7 @@ def regime(profile, critic: str) -> dict:
                                       values=batch.values)
     credit = {}
     for name, algo in SETTINGS.items():
-        if name in ("w/o decoupled GAE", "w/o token-level loss"):  # advantages: VAPO's
+        if name in ("w/o decoupled GAE", "w/o token-level loss", *CONTROL_LR):  # advantages: VAPO's or the control's
             continue
         adv = algo.estimate_advantages(view)
         adv = (adv[:, None] * batch.loss_mask if adv.dim() == 1 else adv).abs()
@@ -149,6 +155,12 @@ def _row(name: str, res, vapo, budget: int) -> dict:
     if name != "VAPO" and len(final) >= 2:
         d = stats.paired_difference(final, vapo.final())
         row.update(minus_vapo=stats.format_interval(d), minus_vapo_excludes_0=bool(d.excludes(0.0)))
+    if "adv_abs_mean" in hist:  # the advantages' scale: the step size at a given learning rate (mean over steps)
+        row["adv_abs_mean_per_seed"] = hist.groupby("seed")["adv_abs_mean"].mean().round(4).tolist()
+    if "value_loss" in hist and hist["value_loss"].notna().any():  # the critic's training loss, first and last step
+        vloss = hist.dropna(subset=["value_loss"]).groupby(["seed", "step"])["value_loss"].mean().unstack()
+        row["value_loss_first_last_per_seed"] = [vloss[vloss.columns.min()].round(5).tolist(),
+                                                 vloss[vloss.columns.max()].round(5).tolist()]
     if "explained_variance_mc" in hist and hist["explained_variance_mc"].notna().any():
         ev = hist.dropna(subset=["explained_variance_mc"]).groupby(["seed", "step"])["explained_variance_mc"].mean()
         ev = ev.unstack()
@@ -178,7 +190,8 @@ def main(argv=None) -> None:
     reg = regime(prof, critic)
     print(json.dumps(reg, indent=1), flush=True)
     seeds = list(range(a.seeds))
-    overrides = {"VAPO with group advantages": {"value_init": "policy"}}  # no critic: nothing to load
+    overrides = {"VAPO with group advantages": {"value_init": "policy"},  # no critic: nothing to load
+                 **{k: {"value_init": "policy", "lr": lr} for k, lr in CONTROL_LR.items()}}
     grid = experiments.run_grid(list(SETTINGS.values()), profile=prof, seeds=seeds, steps=a.steps, n_jobs=a.n_jobs,
                                 eval_every=min(EVAL_EVERY, a.steps), value_init=critic, value_lr=value_lr,
                                 overrides=overrides)

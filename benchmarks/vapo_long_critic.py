@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vapo_long import BASE, EVAL_EVERY, PRETRAIN_STEPS, ROOT, STEPS, long_profile  # noqa: E402
+from vapo_long import BASE, EVAL_EVERY, ROOT, STEPS, long_profile  # noqa: E402
 
 from grpo_lab import experiments, stats  # noqa: E402
 from grpo_lab.algorithms import VAPO  # noqa: E402
@@ -48,7 +48,7 @@ PAPER_PRETRAIN_STEPS = 50  # VAPO §4.1
 SLOW_POLICY_LR = 1e-4
 #: setting -> (value-pretraining steps, policy lr or None for the profile's); the critic's lr is always 2 x 3e-4
 SETTINGS = {
-    "VAPO (critic pretrained 16 steps)": (PRETRAIN_STEPS, None),
+    "VAPO (critic pretrained 16 steps)": (16, None),  # the first long run's pretraining (vapo_long.py then)
     "VAPO, critic pretrained 50 steps": (PAPER_PRETRAIN_STEPS, None),
     "VAPO, critic pretrained 50 steps, policy lr 1e-4": (PAPER_PRETRAIN_STEPS, SLOW_POLICY_LR),
 }
