@@ -1,27 +1,20 @@
 """benchmarks/trainer_step.py: each contender runs one step at a tiny shape and the result is sane JSON."""
 
-import importlib.util
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "trainer_step.py"
+from _benchmarks import BENCHMARKS, benchmark_module
+
+SCRIPT = BENCHMARKS / "trainer_step.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    name = "benchmark_trainer_step"
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is created
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("trainer_step.py", "benchmark_trainer_step") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def _check_times(result, shape_name, contenders, length):

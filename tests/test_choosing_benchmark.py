@@ -2,32 +2,22 @@
 accuracy at matched compute on a hand-made history (hand goldens), and a quick look whose file holds every stated
 column, whose intervals recompute from its per-seed values and whose critic preset is charged its critic."""
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from _benchmarks import benchmark_module
 from grpo_lab import stats
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "choosing.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    name = "benchmark_choosing"
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("choosing.py", "benchmark_choosing") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def _hand_history() -> pd.DataFrame:

@@ -207,13 +207,10 @@ def test_committed_long_checkpoint_matches_recipe():
 
 
 def _vapo_long():
-    import importlib.util
+    from _benchmarks import benchmark_module
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vapo_long.py"
-    spec = importlib.util.spec_from_file_location("vapo_long", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    with benchmark_module("vapo_long.py", "vapo_long") as mod:
+        return mod
 
 
 def test_vapo_long_decisive_tokens():
