@@ -37,7 +37,7 @@ unit: install
 nbval: install
 	@t0=$$(date +%s) && $(PYTEST_NBVAL) -q $(NB) && echo "phase nbval: $$(( $$(date +%s) - t0 )) s"
 
-## gpu-dryrun: chapters 1-7 executed with PROFILE = "gpu" on CPU (a tiny stand-in model, one seed, one step) into
+## gpu-dryrun: chapters 1-8 executed with PROFILE = "gpu" on CPU (a tiny stand-in model, one seed, one step) into
 ## _build/gpu_dryrun: the profile switch, the hub-model cell and its results file, without a GPU
 gpu-dryrun: install
 	@t0=$$(date +%s) && GRPO_LAB_PY=$(BIN)/python scripts/gpu_dryrun.sh _build/gpu_dryrun && echo "phase gpu-dryrun: $$(( $$(date +%s) - t0 )) s"

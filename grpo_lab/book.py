@@ -34,6 +34,7 @@ from typing import Any, Iterator, Mapping, Sequence
 __all__ = [
     "setup_notebook",
     "glue",
+    "glued",
     "run_time",
     "cache_note",
     "in_colab",
@@ -246,7 +247,8 @@ def run_time(start: float) -> str:
     ``time.perf_counter()`` reading taken when the chapter began), and where its training runs came
     from (:func:`grpo_lab.experiments.run_tally`): ``"3.1 minutes from an empty run cache"`` when
     every run was trained, else ``"0.2 minutes, 14 of 15 runs read from the run cache"``, so that a
-    re-execution never passes off a cache hit as the chapter's cost. When ``make book`` executes
+    re-execution never passes off a cache hit as the chapter's cost; ``"12 seconds, with no training
+    run"`` for a chapter that trained nothing and read nothing from the cache (chapter 8). When ``make book`` executes
     chapters side by side (``$GRPO_LAB_CHAPTERS_AT_ONCE`` above 1, set by ``scripts/execute_cache.py``),
     it adds ``", while make book executed up to one other chapter on the same cores (alone it takes less)"``.
 
@@ -264,6 +266,8 @@ def run_time(start: float) -> str:
         raise ValueError(f"run_time: start ({start!r}) is later than time.perf_counter() now")
     t = run_tally()
     beside = f", {_beside()} (alone it takes less)" if _beside() else ""
+    if t["loaded"] == 0 and t["trained"] == 0:  # a chapter that reads results files and trains nothing
+        return f"{seconds:.0f} seconds, with no training run{beside}"
     if t["loaded"] == 0:
         return f"{seconds / 60:.1f} minutes from an empty run cache{beside}"
     return (f"{seconds / 60:.1f} minutes, {t['loaded']} of {t['loaded'] + t['trained']} runs read from the run "
@@ -352,6 +356,52 @@ def glue(name: str, value: Any, display: bool = False) -> None:
         elif display:
             _show(value)
     _close_if_figure(value)
+
+
+def glued(chapter: str, name: str, book_dir: str | os.PathLike | None = None) -> str:
+    """The text another chapter glued under ``name``, read from its committed, executed notebook.
+
+    Chapter 8 quotes the measurements of chapters 1-7 this way, so that no number of theirs is typed
+    twice: the value is what :func:`glue` stored in ``book/<chapter>.ipynb`` (its ``text/plain``
+    display; a glued string is returned without its quotes). It reads the committed notebook, not a
+    run in progress: a chapter re-executed with other results must be committed before the chapter
+    that quotes it is executed again.
+
+    Args:
+        chapter: the notebook's file stem (``"06_vapo"``).
+        name: the glue key.
+        book_dir: the folder holding the notebooks; default the repository's ``book/``.
+
+    Returns:
+        the stored text (``str``); a number is returned as its display text (``"0.404"``).
+
+    Raises:
+        FileNotFoundError: no ``<chapter>.ipynb`` in ``book_dir``.
+        KeyError: the notebook glues nothing under ``name`` (the message lists how many names it glues).
+        ValueError: the glued value has no ``text/plain`` display.
+    """
+    import ast
+    import json
+
+    folder = Path(book_dir) if book_dir is not None else Path(__file__).resolve().parents[1] / "book"
+    path = folder / f"{chapter}.ipynb"
+    if not path.is_file():
+        raise FileNotFoundError(f"glued: no notebook {path} for chapter {chapter!r}")
+    found = {}
+    for cell in json.loads(path.read_text(encoding="utf-8")).get("cells", []):
+        for out in cell.get("outputs", []):
+            meta = out.get("metadata", {}).get("scrapbook")
+            if meta and "name" in meta:
+                found[meta["name"]] = out.get("data", {}).get(meta.get("mime_prefix", "") + "text/plain")
+    if name not in found:
+        raise KeyError(f"glued: {chapter}.ipynb glues no {name!r} ({len(found)} names glued there)")
+    text = found[name]
+    if text is None:
+        raise ValueError(f"glued: {chapter}:{name} has no text/plain display (a figure or table?)")
+    text = "".join(text) if isinstance(text, list) else text
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return ast.literal_eval(text)
+    return text
 
 
 def gpu_time_table(runs: int, *, steps: int | None = None, generation_factor: float = 1.0,

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: The book's chapters by file stem (``book/<stem>.ipynb``), in order; ``08_choosing`` (choosing a
-#: variant, issue 35) is planned. A :class:`Leaf` may name only these.
+#: variant) draws the trees. A :class:`Leaf` may name only these.
 CHAPTERS: tuple[str, ...] = ("01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo", "07_rpt",
                              "08_choosing")
 
@@ -714,7 +714,7 @@ def plot_tree(tree: Union[Node, Leaf], ax: Any = None, highlight: Optional[Itera
 
     Raises:
         ValueError: ``tree`` neither a Node nor a Leaf; ``highlight`` not a collection of tuples, or a
-            path in it that is not in ``tree``.
+            path in it that is not in ``tree``; an ``ax`` smaller (in inches) than the tree needs.
     """
     import matplotlib.pyplot as plt
 
@@ -736,6 +736,10 @@ def plot_tree(tree: Union[Node, Leaf], ax: Any = None, highlight: Optional[Itera
     if own:
         fig.set_size_inches(width, height)
     pos = ax.get_position()
+    have = (pos.width * fig.get_figwidth(), pos.height * fig.get_figheight())
+    if not own and (have[0] < width - 1e-6 or have[1] < height - 1e-6):  # the lines would be cut off at its edges
+        raise ValueError(f"plot_tree: the Axes is {have[0]:.2f} x {have[1]:.2f} inches, this tree needs "
+                         f"{width:.2f} x {height:.2f}; give a larger Axes, or ax=None for a figure sized to it")
     ax.set_xlim(0, pos.width * fig.get_figwidth())
     ax.set_ylim(-pos.height * fig.get_figheight(), 0)
     _edges(ax, tree, boxes, answers)

@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- chapter-times:start -->", "<!-- chapter-times:end -->"
 BUDGET_S = 240  # DEVELOPERS: each chapter <= 4 min on 2 cores from an empty run cache
 RESULTS = ROOT / "benchmarks" / "results" / "chapter_times.json"
-CHAPTERS = ("01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo", "07_rpt", "own_task", "scale_out")
+CHAPTERS = ("01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo", "07_rpt", "08_choosing", "own_task",
+            "scale_out")
 
 
 def make_book_records(cache_dir: Path) -> dict[str, float]:

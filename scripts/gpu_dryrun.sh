@@ -8,13 +8,13 @@
 # GSM8K cell trains through experiments.run_chapter_gpu (chapter 7: its next-token cell through
 # experiments.run_rpt_gpu, the task's data files built from the stand-in with 16 test positions), writes its results file
 # (marked dry_run) and shows it. With the run cache warm (after `make nbval`), the toy runs are not trained again.
-# Usage: bash scripts/gpu_dryrun.sh [OUT_DIR [CHAPTER...]]   (default: _build/gpu_dryrun, chapters 1-7)
+# Usage: bash scripts/gpu_dryrun.sh [OUT_DIR [CHAPTER...]]   (default: _build/gpu_dryrun, chapters 1-8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-_build/gpu_dryrun}
 shift || true
 CHAPTERS=("$@")
-(( ${#CHAPTERS[@]} )) || CHAPTERS=(01_grpo 02_dapo 03_dr_grpo 04_gspo 05_cispo 06_vapo 07_rpt)
+(( ${#CHAPTERS[@]} )) || CHAPTERS=(01_grpo 02_dapo 03_dr_grpo 04_gspo 05_cispo 06_vapo 07_rpt 08_choosing)
 PY=${GRPO_LAB_PY:-.venv/bin/python}  # not $PYTHON: the Makefile uses that name for the interpreter that builds .venv
 mkdir -p "$OUT"
 OUT_ABS=$(cd "$OUT" && pwd)

@@ -289,6 +289,12 @@ def test_plot_tree_checks_highlight_and_draws_into_a_given_axes():
         D.plot_tree(OUR_TREE, highlight={("poetry",)})
     with pytest.raises(ValueError, match="collection of paths"):
         D.plot_tree(OUR_TREE, highlight="general dialogue")
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig = plt.figure(figsize=(9, 5))
+    ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))  # 9 x 5 inches: the section's tree needs about 8 x 4.1
     assert D.plot_tree(SECTION_TREE, ax=ax) is fig
     assert len(_texts(fig, "node:")) == len(list(D._walk(SECTION_TREE)))
+    # an Axes too small for the tree would cut its lines off at the edges (as a 2 x 1 grid of subplots did): refused
+    small, axes = plt.subplots(2, 1, figsize=(9, 6))
+    with pytest.raises(ValueError, match=r"the Axes is .* inches, this tree needs"):
+        D.plot_tree(OUR_TREE, ax=axes[1])
+    plt.close(small)

@@ -273,6 +273,7 @@ def test_a_chapters_run_time_says_whether_its_runs_came_from_the_run_cache(profi
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("GRPO_LAB_CHAPTERS_AT_ONCE", raising=False)
     start = time.perf_counter()
+    assert book.run_time(start).endswith(" seconds, with no training run")  # nothing trained or read yet
     fresh = run("GRPO", profile=profile, seeds=[0, 1], progress=False)
     assert ex.run_tally() == {"trained": 2, "loaded": 0}
     assert book.run_time(start).endswith(" minutes from an empty run cache") and book.cache_note(fresh) == ""
