@@ -137,7 +137,7 @@ display(axis_grid)
 # {glue:text}`n_clipping` of the ten variants change it, {glue:text}`n_new_clip` of them by replacing
 # PPO's clip with a function of their own (the others move its range), while only
 # GSPO leaves the token level and only VAPO brings back a critic. Every variant drops GRPO's KL term,
-# which is why {ref}`sec-grpo`'s GRPO is the one preset here that is held near its reference.
+# so GRPO ({ref}`sec-grpo`) is the one preset here that is held near its reference policy.
 # `describe_changes` says what changed on each axis, value by value:
 
 # %%
