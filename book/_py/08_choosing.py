@@ -373,8 +373,8 @@ with pd.option_context("display.max_colwidth", None):
 
 # %% [markdown]
 # In regime here: {glue:text}`ch_in_regime`. The others are not tested in their paper's regime, each
-# for the reason in its row: DAPO's clip-higher and CISPO's weight cap bind on under 1% of tokens at
-# two updates per rollout (chapter 5 needed sixteen to make them act), VAPO's critic does not keep
+# for the reason in its row: DAPO's clip-higher, CISPO's weight cap and GMPO's log-space clip bind on
+# under 1% of tokens at two updates per rollout (chapter 5 needed sixteen to make such clips act), VAPO's critic does not keep
 # pace and its responses are a few tokens long (chapter 6), SAPO's soft gate is the plain ratio
 # when the ratios stay this close to 1, and GSPO's case is a fixed one: {glue:text}`ch_gspo_fixed`.
 #
@@ -395,6 +395,7 @@ assert not any(ent_diff[p].excludes(0.0) and ent_diff[p].mean > 0 for p in ent_d
 assert not regime["SAPO"]["in_regime"] and not diff_bonf["SAPO"].excludes(0.0)
 # the regime paragraph's reasons, checked against the file
 assert "clip-higher" in regime["DAPO"]["reason"] and "IS-weight cap" in regime["CISPO"]["reason"]
+assert "log-space clip" in regime["GMPO"]["reason"] and "< 1%" in regime["GMPO"]["reason"]
 assert "keep pace" in regime["VAPO"]["reason"] and "few tokens" in regime["VAPO"]["reason"]
 assert "plain ratio" in regime["SAPO"]["reason"] and "dense model" in regime["GSPO"]["reason"]
 book.glue("ch_klcov_entropy", interval_text(ent_diff["KL_COV"]))
