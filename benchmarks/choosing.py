@@ -63,7 +63,9 @@ VAPO_ALPHA = 4.0  # chapter 6 (ALPHA): lambda_policy = 1 - 1/(4 l) = 0.95 at the
 PRETRAIN_STEPS = 16  # chapter 6 (PRETRAIN_STEPS): value pretraining on the frozen base policy
 RPT_STEPS, RPT_EVAL_EVERY, RPT_PROMPTS = 16, 4, 8  # chapter 7 (STEPS, EVAL_EVERY, P)
 PACE = 0.5  # chapter 6's rule: the critic keeps pace if explained variance at the last step >= PACE x the first
-BINDS = 0.01  # chapter 6's rule for a clip that binds: on at least 1% of the tokens
+BINDS = 0.01  # chapter 6's rule for a clip that binds: on at least 1% of the tokens; used for every switch too
+FRESH_EV = 0.1  # a critic that starts uninformed (explained variance 0) keeps pace only if it reaches this
+MIN_SELECTED = 10  # tokens per update a covariance rule must select (the papers select thousands; 1-2 is noise)
 PRESET_NAMES = ("GRPO", "DR_GRPO", "DAPO", "GSPO", "CISPO", "PPO", "VAPO", "GMPO", "SAPO", "KL_COV", "CLIP_COV")
 ALL_NAMES = (*PRESET_NAMES, "RPT")
 COMPUTE_NOTE = ("compute units = generated tokens + 3 x trained tokens (policy forward + backward) + 3 x trained "
@@ -271,10 +273,10 @@ def _pace(res) -> dict:
         return check("the critic keeps pace", "critic lr 2 x the actor's (VAPO §5.1)", "not measured", False,
                      "no explained variance recorded")
     f, l_ = float(first.mean()), float(last.mean())
-    ok = l_ >= PACE * f if f > 0 else l_ > 0  # a fresh critic (0 at step 1) must at least become informative
+    ok = l_ >= PACE * f if f > 0 else l_ >= FRESH_EV  # a fresh critic (0 at step 1) must become informative
     ev = (-math.inf, 1.0)
-    return check("the critic keeps pace: explained variance at the last step >= half the first (chapter 6; > 0 "
-                 "for a critic that starts at 0)",
+    return check(f"the critic keeps pace: explained variance at the last step >= half the first (chapter 6; >= "
+                 f"{FRESH_EV:g} for a critic that starts at 0)",
                  "critic lr 2 x the actor's 'to keep pace' (VAPO §5.1); no explained variance given",
                  f"{_text(first, 2, ev)} at step 1, {_text(last, 2, ev)} at the last", ok,
                  "the critic does not keep pace with the policy" if not ok else "the critic keeps pace")
@@ -307,15 +309,16 @@ def _regime_grpo(g, probe) -> list[dict]:
 
 
 def _regime_dr_grpo(g, probe) -> list[dict]:
-    res = g["DR_GRPO"]
+    res = g["GRPO"]  # the bias Dr.GRPO removes must first be there: in GRPO's runs
     gap = (training(res, "length_incorrect") - training(res, "length_correct")).dropna()
     iv = stats.t_interval(gap.to_numpy()) if len(gap) else None
     ok_len = iv is not None and iv.excludes(0.0)
     spread = probe.get("group_std_ratio")
-    return [check("removing 1/|o| matters: lengths of incorrect and correct responses differ",
+    return [check("removing 1/|o| matters: under GRPO, lengths of incorrect and correct responses differ",
                   "1/|o| lets incorrect answers grow longer (§3.1, Fig. 5); 3,000-token budget",
-                  f"incorrect - correct length {_text(gap, 2, None)} tokens (run mean per seed)", ok_len,
-                  "no measurable length gap between incorrect and correct" if not ok_len else "lengths differ"),
+                  f"GRPO: incorrect - correct length {_text(gap, 2, None)} tokens (run mean per seed)", ok_len,
+                  "no measurable length gap between GRPO's incorrect and correct responses" if not ok_len else
+                  "lengths differ under GRPO"),
             check("removing the std matters: mixed groups' reward stds differ (one base batch, seed 100)",
                   "low-spread questions get more weight (§3.1)",
                   "not measured" if spread is None else f"largest / smallest std of mixed groups {spread:.3f}",
@@ -325,17 +328,18 @@ def _regime_dr_grpo(g, probe) -> list[dict]:
 
 def _regime_dapo(g, probe) -> list[dict]:
     res = g["DAPO"]
-    tied, ok_t = _positive(res, "zero_adv_group_frac")
-    trunc, ok_tr = _positive(res, "truncation_rate")
-    pen, ok_p = _positive(res, "overlong_frac_penalised")
-    return [check("dynamic sampling acts: some generated groups are tied", "filters accuracy 0 or 1 (Eq. 11)",
+    tied, ok_t = _positive(res, "zero_adv_group_frac", BINDS - 1e-12)
+    trunc, ok_tr = _positive(res, "truncation_rate", BINDS - 1e-12)
+    pen, ok_p = _positive(res, "overlong_frac_penalised", BINDS - 1e-12)
+    return [check(f"dynamic sampling acts: >= {BINDS:.0%} of generated groups tied", "filters accuracy 0 or 1 (Eq. 11)",
                   f"tied share {tied}", ok_t, "no tied group to drop" if not ok_t else "tied groups dropped"),
             _clip_binds(res, "clip_frac_high", "clip-higher (1 + 0.28)", "eps_high 0.28 (§4.1); rate not given"),
-            check("overlong filtering acts: responses reach the budget", "L_max 20,480 tokens (§4.1)",
-                  f"truncation rate {trunc}", ok_tr, "no response reaches the budget" if not ok_tr else "truncations"),
-            check("soft overlong punishment acts: responses inside the last L_cache tokens",
+            check(f"overlong filtering acts: >= {BINDS:.0%} of responses reach the budget", "L_max 20,480 tokens (§4.1)",
+                  f"truncation rate {trunc}", ok_tr,
+                  f"under {BINDS:.0%} of responses reach the budget" if not ok_tr else "truncations"),
+            check(f"soft overlong punishment acts: >= {BINDS:.0%} of responses inside the last L_cache tokens",
                   "L_cache 4,096 of 20,480 (Eq. 13)", f"share penalised {pen}", ok_p,
-                  "no response in the punishment window" if not ok_p else "responses penalised")]
+                  f"under {BINDS:.0%} of responses in the punishment window" if not ok_p else "responses penalised")]
 
 
 def _regime_gspo(g, probe) -> list[dict]:
@@ -350,10 +354,10 @@ def _regime_gspo(g, probe) -> list[dict]:
 
 def _regime_cispo(g, probe) -> list[dict]:
     res = g["CISPO"]
-    tied, ok_t = _positive(res, "zero_adv_group_frac")
+    tied, ok_t = _positive(res, "zero_adv_group_frac", BINDS - 1e-12)
     return [_clip_binds(res, "weight_capped_frac", "the IS-weight cap (tokens PPO-clip at 1.28 would silence)",
                         "16 off-policy updates per batch (§3.1); ours 2 (one off-policy); cap not reported"),
-            check("dynamic sampling acts: some groups are tied", "DAPO's dynamic sampling is used (§3.1)",
+            check(f"dynamic sampling acts: >= {BINDS:.0%} of groups tied", "DAPO's dynamic sampling is used (§3.1)",
                   f"tied share {tied}", ok_t, "no tied group to drop" if not ok_t else "tied groups dropped")]
 
 
@@ -399,10 +403,17 @@ def _regime_sapo(g, probe) -> list[dict]:
 
 def _regime_cov(name: str, col: str):
     def run(g, probe) -> list[dict]:
-        text, ok = _positive(g[name], col)
-        out = [check(f"the covariance selection acts: share of tokens selected ({col})",
-                     "2e-3 (KL-Cov, 7B) / 2e-4 (Clip-Cov) of tokens (preset comments; not in papers.md)",
-                     f"{col} {text}", ok, "no token selected" if not ok else "tokens selected")]
+        text, _ = _positive(g[name], col)
+        h = g[name].history
+        h = h[h["step"] > 0].dropna(subset=[col, "num_tokens"])
+        per_update = (h[col] * h["num_tokens"]).groupby(h["seed"]).mean()  # tokens selected per optimiser update
+        ok = len(per_update) and float(per_update.mean()) >= MIN_SELECTED
+        out = [check(f"the covariance selection acts: >= {MIN_SELECTED} tokens selected per update",
+                     "2e-3 (KL-Cov, 7B) / 2e-4 (Clip-Cov) of a batch of millions of tokens: thousands per update "
+                     "(preset comments; not in papers.md)",
+                     f"{col} {text}; tokens per update {_text(per_update, 1)}", ok,
+                     f"about {float(per_update.mean()):.1f} tokens selected per update (the papers' thousands)"
+                     if not ok else "enough tokens selected")]
         if "GRPO" in g:
             out.insert(0, _entropy_collapse(g["GRPO"]))
         return out
