@@ -28,13 +28,13 @@
 # changes the branches that the evidence does not support.
 #
 # **Which axes it moves:** none of its own. It reads every preset's axes from the code
-# (`grpo_lab.variant_records`), compares eleven presets under one budget
-# (`benchmarks/choosing.py`), and draws the two trees (`grpo_lab.decision_tree`).
+# (`grpo_lab.variant_records`), compares every preset for the same number of steps, charging each
+# the compute it used (`benchmarks/choosing.py`), and draws the two trees (`grpo_lab.decision_tree`).
 #
 # **What this chapter can and cannot show.** Every preset trains the same
 # {glue:text}`ch_params`-parameter policy on the same arithmetic task, for the same number of steps and
 # seeds, and is charged the compute it used. That is one regime for all: answers a few tokens long,
-# two updates per rollout, a dense model. Most of these papers were designed for another: responses
+# {glue:text}`ch_minibatches` updates per rollout, a dense model. Most of these papers were designed for another: responses
 # of thousands of tokens, many off-policy updates, Mixture-of-Experts routing. So §8.2 checks, preset
 # by preset, whether the toy exercises what the preset was designed for before reading any
 # difference. Where it does not, the row says "not tested in the paper's regime", and the tree's
@@ -87,8 +87,8 @@ from grpo_lab.models import count_parameters, load_policy
 from grpo_lab.objectives import policy_loss
 from grpo_lab.paths import REPO_ROOT, checkpoint_dir
 from grpo_lab.trainer import TrainerConfig
-from grpo_lab.variant_records import (AXES, RECORDS, axes_changed, changed_axes, check_axes, describe_changes,
-                                      records_table)
+from grpo_lab.variant_records import (AXES, RECORDS, REGISTRY_AXES, axes_changed, changed_axes, check_axes,
+                                      describe_changes, records_table)
 
 book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
@@ -113,10 +113,11 @@ def shown(preset: str) -> str:
 # of the loop ({ref}`sec-grpo`): the advantage estimator, the ratio's level, the surrogate (what the
 # trust region clips), the aggregation over tokens, the regulariser (KL), sampling and shaping, the
 # value model, and extra loss terms. `axes_changed(algo)` compares the two `Algorithm` records field
-# by field and groups the differences by axis; nothing in it is typed per variant, so a preset that
-# changes an axis cannot be described as leaving it alone. The section's four directions are four of
-# these axes: *normalisation* is the advantage and the aggregation, *sequence level* the ratio level,
-# *clipping* the surrogate, and the *value model* its own axis.
+# by field and groups the differences by axis; nothing in it is typed per variant. The section's four
+# directions are four of these axes: *normalisation* is the advantage and the aggregation, *sequence
+# level* the ratio level, *clipping* the surrogate, and the *value model* its own axis. The values are
+# the package's presets: where a paper does not report one (CISPO's cap `eps_high`, for example) the
+# preset's comment in `grpo_lab.algorithms` says so.
 
 # %%
 PRESET_ORDER = (*SECTION_ROWS, *NEWER)
@@ -135,9 +136,14 @@ display(axis_grid)
 # %% [markdown]
 # Read down a column to see which papers moved an axis. The surrogate (*clipping*) is the busiest:
 # {glue:text}`n_clipping` of the ten variants change it, {glue:text}`n_new_clip` of them by replacing
-# PPO's clip with a function of their own (the others move its range), while only
-# GSPO leaves the token level and only VAPO brings back a critic. Every variant drops GRPO's KL term,
-# so GRPO ({ref}`sec-grpo`) is the one preset here that is held near its reference policy.
+# PPO's clip with a function of their own (the others move its range), while only VAPO brings back a
+# critic. Only GSPO changes the `ratio_level` field, but the grid reads fields, not what a function
+# does: GMPO's surrogate takes the geometric mean of each response's token ratios itself,
+# $\exp(\tfrac{1}{|o_i|}\sum_t \log r_{i,t})$ with each log-ratio clipped, which is a sequence-level
+# ratio in all but its field, with a gradient of GSPO's form (every token of a response weighted by the
+# same ratio). A variant can move an axis from inside another axis's function; the grid is where to
+# start reading, not the last word. Every variant drops GRPO's KL term, so GRPO ({ref}`sec-grpo`) is
+# the one preset here that is held near its reference policy.
 # `describe_changes` says what changed on each axis, value by value:
 
 # %%
@@ -150,7 +156,7 @@ with pd.option_context("display.max_colwidth", None):
     display(changes_text)
 
 # %% [markdown]
-# ## 8.2 One comparison under one budget
+# ## 8.2 One comparison, the same steps, the compute counted
 #
 # `benchmarks/choosing.py` trains every preset on the `cpu` profile ({glue:text}`ch_setting`), from the
 # same base policy, for the same number of steps, with the same seeds, and evaluates greedy test
@@ -170,17 +176,19 @@ with pd.option_context("display.max_colwidth", None):
 #
 # (a backward pass costs about two forwards; VAPO is also charged its critic's pretraining). It is an
 # estimate that leaves out the prompt tokens, the $\pi_{\text{old}}$ and reference forwards and the
-# critic's forward at rollout: {eq}`eq-choosing-units` ranks the presets' costs, it is not a FLOP
-# count. Chapter 7 counts RPT's compute with its prompts, which are long there; RPT's row below uses
+# critic's forward at rollout. The reference forward matters for the ranking: GRPO and PPO (the two
+# presets with a KL term) would pay one more unit per trained token, which puts GRPO above DAPO and
+# CISPO. Read the compute column as what generation, training and a critic cost, not as a FLOP count. Chapter 7 counts RPT's compute with its prompts, which are long there; RPT's row below uses
 # this chapter's count, so its units are not comparable with chapter 7's.
 #
 # The file records, per preset: final greedy accuracy; the paired difference to GRPO over shared
-# seeds; generated tokens to reach a target accuracy (the base's plus half of GRPO's mean gain); the
-# accuracy at the last evaluation whose compute fits the cheapest preset's total; response length
-# and entropy at the last step; clip fractions and the share of tokens with a gradient; seconds per
-# step and peak memory. The cell below reads it; with `RERUN = True` it trains the comparison again
-# first (about five minutes two at a time, more than this chapter's budget, so the committed file is
-# the default).
+# seeds; response length and entropy at the last step; clip fractions and the share of tokens with a
+# gradient; seconds per step and peak memory; and two columns this chapter does not show: generated
+# tokens to a target accuracy and accuracy at matched compute. With an evaluation every few steps both
+# read one of a handful of grid points, at different steps for different presets, so their
+# differences are artefacts of the grid. The cell below reads the file; with `RERUN = True` it trains
+# the comparison again first (about five minutes two at a time, more than this chapter's budget, so
+# the committed file is the default).
 
 # %% tags=["nbval-ignore-output"]
 if RERUN:
@@ -194,7 +202,8 @@ else:
 cmp = json.loads(cmp_path.read_text())
 prov = cmp["provenance"]
 print(f"{cmp_path.relative_to(REPO_ROOT)}: {prov['date']}, commit {prov['git_sha'][:7]}, torch {prov['torch']}, "
-      f"{prov['wall_seconds'] / 60:.1f} min wall, {cmp['n_jobs']} runs at a time")
+      f"{prov['wall_seconds'] / 60:.1f} min wall, {cmp['n_jobs']} runs at a time, {cmp['runs_from_cache']} seeded "
+      f"runs read from the run cache (the runs' own seconds: {cmp['run_seconds_sum']:.0f})")
 
 # %%
 cs = cmp["settings"]
@@ -221,6 +230,8 @@ book.glue("ch_test_n", str(cmp["test_questions"]))
 book.glue("ch_base", f"{cmp['base_accuracy']:.3f}")
 book.glue("ch_base_se", f"{cmp['base_binomial_se']:.3f}")
 book.glue("ch_ncmp", str(N_CMP))
+book.glue("ch_minibatches", str(cs["profile"]["minibatches"]))
+book.glue("ch_steps", str(cs["steps"]))
 print(f"{len(rows)} presets x {len(SEEDS)} seeds x {cs['steps']} steps; RPT {cmp['rpt']['row']['steps']} steps "
       f"on its own task")
 
@@ -233,15 +244,27 @@ def short_verdict(p: str) -> str:
     return "in regime" if regime[p]["in_regime"] else "not tested in the paper's regime"
 
 
+def curve_frame(p: str) -> pd.DataFrame:
+    """One row per (seed, evaluation step) of a preset's greedy test accuracy (step 0: the base policy)."""
+    return pd.concat([pd.DataFrame({"seed": int(sd), "step": c["step"], "accuracy": c["test_accuracy"]})
+                      for sd, c in rows[p]["curve"].items()], ignore_index=True)
+
+
+curves = {p: curve_frame(p) for p in rows}
+last_steps = sorted(curves["GRPO"]["step"].unique())[-2:]  # the last two evaluations: a less noisy endpoint
+late = {p: c[c["step"].isin(last_steps)].groupby("seed")["accuracy"].mean() for p, c in curves.items()}
+late_diff = {p: stats.paired_difference(late[p], late["GRPO"]) for p in diff}
+# stability as the curves show it: how far each seed fell from its best evaluation by the end
+drop = {p: (c[c["step"] > 0].groupby("seed")["accuracy"].max() - final[p]) for p, c in curves.items()}
+assert all(np.allclose(c[c["step"] == c["step"].max()].set_index("seed")["accuracy"].sort_index(), final[p].sort_index(),
+                       atol=1e-6) for p, c in curves.items())  # the curves end at the final accuracies
 measured = pd.DataFrame([{
     "preset": shown(p),
     "final accuracy": r["final_accuracy"]["text"],
     "minus GRPO (95%)": "" if p == "GRPO" else interval_text(diff[p]),
     f"minus GRPO (Bonferroni, {N_CMP})": "" if p == "GRPO" else interval_text(diff_bonf[p]),
-    "tokens to target (k, median)": ("not reached" if r["tokens_to_target"]["median"] is None else
-                                     f"{r['tokens_to_target']['median'] / 1e3:.1f}")
-                                    + f" ({r['tokens_to_target']['n_reached']}/{r['tokens_to_target']['n_seeds']})",
-    "accuracy at matched compute": r["accuracy_at_matched_compute"]["text"],
+    f"last two evaluations, minus GRPO": "" if p == "GRPO" else interval_text(late_diff[p]),
+    "best minus final": interval_text(stats.t_interval(drop[p], bounds=(0, 1))),
     "compute (k units)": f"{r['compute_units_total']['mean'] / 1e3:.0f}",
     "length (tokens)": f"{r['length_last_step']['mean']:.1f}",
     "entropy (nats/token)": f"{r['entropy_last_step']['mean']:.3f}",
@@ -256,12 +279,13 @@ with pd.option_context("display.max_colwidth", None, "display.max_columns", None
     display(measured)
 
 # %% [markdown]
-# Each column is a mean over the {glue:text}`ch_nseeds` seeds (final accuracy with its 95% $t$
-# interval); length, entropy and the two token shares are at or over the training steps as the
-# headers say; tokens to target counts the generated tokens (thousands, median over seeds, with how
-# many seeds reached it); peak memory is the worker process's resident set on CPU. The
-# differences to GRPO are paired over the shared seeds; the Bonferroni column widens each interval
-# for the {glue:text}`ch_ncmp` comparisons made at once.
+# Each column is a mean over the {glue:text}`ch_nseeds` seeds, with a 95% $t$ interval where one is
+# shown. The differences to GRPO are paired over the shared seeds; the Bonferroni column widens each
+# interval for the {glue:text}`ch_ncmp` comparisons made at once; the next column pairs the mean of the
+# last two evaluations instead of the last one (a single evaluation of {glue:text}`ch_test_n` questions
+# is noisy); *best minus final* is how far a run fell from its best evaluation by the end, the one
+# measure of stability here. Length, entropy and the token shares are at the last step or over the
+# training steps; peak memory is the worker process's resident set on CPU.
 
 # %%
 fig, (ax_d, ax_c) = plt.subplots(1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1.15, 1]})
@@ -281,13 +305,13 @@ for p in rows:
     c = plotting.algo_color(shown(p), extra=extra)
     x, y = r["compute_units_total"]["mean"] / 1e3, r["final_accuracy"]["mean"]
     ax_c.errorbar(x, y, yerr=[[y - r["final_accuracy"]["lo"]], [r["final_accuracy"]["hi"] - y]], fmt="o", color=c,
-                  mfc=c if regime[p]["in_regime"] else "white", ms=7, mew=1.6, capsize=2)
-    ax_c.annotate(shown(p), (x, y), xytext=(5, 3), textcoords="offset points", fontsize="x-small", color=c)
+                  mfc=c if regime[p]["in_regime"] else "white", ms=7, mew=1.6, capsize=2, label=shown(p))
 ax_c.axhline(cmp["base_accuracy"], color=plotting.algo_color("base"), ls="--", lw=1)
 ax_c.text(ax_c.get_xlim()[1], cmp["base_accuracy"], "base policy ", ha="right", va="bottom", fontsize="x-small",
           color=plotting.algo_color("base"))
 ax_c.set_xlabel("compute per run (thousand token-forward units)")
 ax_c.set_ylabel("final greedy test accuracy")
+ax_c.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="x-small")
 fig.tight_layout()
 book.glue("fig_choosing_compare", fig)
 
@@ -295,7 +319,7 @@ book.glue("fig_choosing_compare", fig)
 # ```{glue:figure} fig_choosing_compare
 # :name: fig-choosing-compare
 #
-# Every preset against GRPO on one task and one budget of steps (five shared seeds). Left: final
+# Every preset against GRPO on one task and the same number of steps (shared seeds). Left: final
 # greedy accuracy minus GRPO's, paired over seeds, with the 95% interval (thick) and the
 # Bonferroni-corrected one for all the comparisons at once (thin); a hollow marker is a preset whose
 # regime check fails, so its difference says nothing about its paper's claim. Right: final accuracy
@@ -304,14 +328,50 @@ book.glue("fig_choosing_compare", fig)
 # more than doubles the compute for no separable gain.
 # ```
 
+# %%
+fig, axs = plt.subplots(2, 5, figsize=(12, 4.6), sharex=True, sharey=True)
+g_mean = curves["GRPO"].groupby("step")["accuracy"]
+g_iv = {st: stats.t_interval(v.to_numpy(), bounds=(0, 1)) for st, v in g_mean}
+steps_ = sorted(g_iv)
+for ax, p in zip(axs.flat, [q for q in COMPARED if q in rows and q != "GRPO"]):
+    ax.fill_between(steps_, [g_iv[st].lo for st in steps_], [g_iv[st].hi for st in steps_],
+                    color=plotting.algo_color("GRPO"), alpha=0.15, lw=0)
+    ax.plot(steps_, [g_iv[st].mean for st in steps_], color=plotting.algo_color("GRPO"), lw=1.2)
+    piv = {st: stats.t_interval(v.to_numpy(), bounds=(0, 1)) for st, v in curves[p].groupby("step")["accuracy"]}
+    c = plotting.algo_color(shown(p), extra=extra)
+    ax.fill_between(steps_, [piv[st].lo for st in steps_], [piv[st].hi for st in steps_], color=c, alpha=0.2, lw=0)
+    ax.plot(steps_, [piv[st].mean for st in steps_], color=c, lw=1.8, marker="o", ms=3)
+    ax.set_title(f"{shown(p)} (blue: GRPO)", fontsize="small")
+for ax in axs[1]:
+    ax.set_xlabel("RL step")
+for ax in axs[:, 0]:
+    ax.set_ylabel("greedy test accuracy")
+fig.tight_layout()
+book.glue("fig_choosing_curves", fig)
+
 # %% [markdown]
-# {glue:text}`ch_separated_sentence` {glue:text}`ch_bonf_sentence` With five seeds and
-# {glue:text}`ch_test_n` test questions, a difference of a few points of accuracy is inside the seed
-# spread; this comparison ranks nothing it cannot separate, and the table below says what each row
-# can speak to at all. VAPO's run costs {glue:text}`ch_vapo_cost` times GRPO's compute (its critic
-# trains on every token, and its pretraining is charged to every seed), and GSPO is the cheapest
-# ({glue:text}`ch_gspo_cost` times GRPO's: its sequence clip silences whole responses, so fewer tokens
-# are trained).
+# ```{glue:figure} fig_choosing_curves
+# :name: fig-choosing-curves
+#
+# Greedy test accuracy through training, mean over seeds with its 95% band, each preset against GRPO
+# (blue; step 0 is the base policy). The final evaluation is one noisy point on these curves: see
+# how several presets peak before the end and fall back, which the *best minus final* column measures.
+# ```
+
+# %% [markdown]
+# {glue:text}`ch_separated_sentence` {glue:text}`ch_bonf_sentence` On the mean of the last two
+# evaluations, {glue:text}`ch_late_sentence` That is a statement about power, not about small effects:
+# the corrected intervals are {glue:text}`ch_halfwidth` wide on each side, so with
+# {glue:text}`ch_nseeds` seeds only a difference larger than that could have been separated, and the
+# ranking of the rows means little. The table below says what each row can speak to at all.
+#
+# The costs do separate. VAPO's run costs {glue:text}`ch_vapo_cost` times GRPO's compute (its critic
+# trains on every token, and its pretraining is charged to every seed); measured in seconds, a PPO
+# step takes {glue:text}`ch_ppo_seconds` times a GRPO step (paired over seeds), the price of its
+# critic's forward and backward passes. The critic-free presets cost within
+# {glue:text}`ch_cost_spread` of GRPO: their responses are about as long, every trained token costs
+# its forward and backward pass whether the clip silences it or not, and DAPO's and CISPO's extra is
+# the generation of their dynamic sampling's refills.
 
 # %%
 sep = [p for p in diff if diff[p].excludes(0.0)]
@@ -340,10 +400,23 @@ book.glue("ch_separated_sentence", sep_sentence)
 book.glue("ch_bonf_sentence", bonf_sentence)
 book.glue("ch_nseeds", str(len(SEEDS)))
 cost = {p: rows[p]["compute_units_total"]["mean"] / rows["GRPO"]["compute_units_total"]["mean"] for p in rows}
-assert max(cost, key=cost.get) == "VAPO" and min(cost, key=cost.get) == "GSPO"  # as the text says
+assert max(cost, key=cost.get) == "VAPO"  # as the text says
 assert not sep_bonf  # the takeaways: none separates once the comparisons are corrected for
 book.glue("ch_vapo_cost", f"{cost['VAPO']:.1f}")
-book.glue("ch_gspo_cost", f"{cost['GSPO']:.2f}")
+critic_free = [p for p in rows if p not in ("PPO", "VAPO")]
+refill = {p: rows[p]["generated_tokens_total"]["mean"] / rows[p]["trained_tokens_total"]["mean"] for p in critic_free}
+assert {p for p in critic_free if refill[p] > 1.05} == {"DAPO", "CISPO"}  # the refills: generated, not trained
+book.glue("ch_cost_spread", f"{max(abs(cost[p] - 1) for p in critic_free):.0%}")
+secs = {p: pd.Series(rows[p]["step_seconds"]["per_seed"], index=SEEDS) for p in ("PPO", "GRPO")}
+ppo_secs = stats.paired_ratio(secs["PPO"], secs["GRPO"])
+assert ppo_secs.lo > 1  # the critic's cost is measured, not only assumed by the units
+book.glue("ch_ppo_seconds", stats.format_interval(ppo_secs, 2))
+half = [(diff_bonf[p].hi - diff_bonf[p].lo) / 2 for p in diff_bonf]
+book.glue("ch_halfwidth", f"{min(half):.2f} to {max(half):.2f}")
+late_sep = [p for p in late_diff if late_diff[p].excludes(0.0)]
+book.glue("ch_late_sentence", (f"{listing(late_sep)} {'is' if len(late_sep) == 1 else 'are'} separated at 95% "
+                               f"(" + "; ".join(f"{shown(p)} {interval_text(late_diff[p])}" for p in late_sep) + ")."
+                               if late_sep else "no preset is separated at 95%."))
 print(sep_sentence)
 print(bonf_sentence)
 
@@ -372,25 +445,37 @@ with pd.option_context("display.max_colwidth", None):
     display(regime_table)
 
 # %% [markdown]
-# In regime here: {glue:text}`ch_in_regime`. The others are not tested in their paper's regime, each
-# for the reason in its row: DAPO's clip-higher, CISPO's weight cap and GMPO's log-space clip bind on
-# under 1% of tokens at two updates per rollout (chapter 5 needed sixteen to make such clips act), VAPO's critic does not keep
-# pace and its responses are a few tokens long (chapter 6), SAPO's soft gate is the plain ratio
-# when the ratios stay this close to 1, and GSPO's case is a fixed one: {glue:text}`ch_gspo_fixed`.
+# In regime here: {glue:text}`ch_in_regime`, and no other preset. Each of the others is not tested in
+# its paper's regime, for the reason in its row: DAPO's clip-higher, CISPO's weight cap and GMPO's
+# log-space clip bind on under 1% of tokens at {glue:text}`ch_minibatches` updates per rollout (chapter
+# 5 needed sixteen to make such clips act), and almost no response reaches DAPO's overlong window;
+# PPO's fresh critic never explains a tenth of the returns' variance and VAPO's pretrained one loses
+# its explained variance as the policy moves, on responses a few tokens long (chapter 6); SAPO's soft
+# gate is the plain ratio when the ratios stay this close to 1; KL-Cov and Clip-Cov select about one
+# token per update, where the papers' shares of batches of millions of tokens select thousands; under
+# GRPO, wrong answers are no longer than right ones, so Dr.GRPO has no length bias to remove; and
+# GSPO's case is a fixed one: {glue:text}`ch_gspo_fixed`.
 #
-# Two in-regime rows deserve a closer look. KL-Cov and Clip-Cov exist to stop the entropy collapse
-# that their precondition row measures in GRPO, yet their entropy at the last step is GRPO's
-# ({glue:text}`ch_klcov_entropy` and {glue:text}`ch_clipcov_entropy` nats/token, minus GRPO's, paired):
-# the covariance rule selects about the paper's share of tokens and does not, within 20 steps,
-# measurably hold entropy up. SAPO, out of its regime, ends below GRPO at 95% (SAPO minus GRPO
-# {glue:text}`ch_sapo_diff`) but not after the correction; with its gate equal to the plain ratio its loss is GRPO's
-# without the clip and without the KL term, and this comparison cannot say which of the two (or the
-# seeds) is behind the gap.
+# The rows that end lowest share something besides their mechanisms: SAPO (its gate the plain ratio
+# here), KL-Cov (no clip) and Clip-Cov (a range of $[0, 2]$) train without an effective clip and
+# without the KL term, while every preset that keeps PPO's clip or a cap stays within the seed spread
+# of GRPO. That points at the missing clip, with {glue:text}`ch_minibatches` updates per rollout,
+# rather than at what each paper added. The control that tells the two apart is GRPO with neither
+# clip nor KL term (`eps_high` so large that nothing is clipped), trained below with the same seeds
+# and steps. Entropy, which KL-Cov and Clip-Cov exist to keep up, ends where GRPO's does
+# ({glue:text}`ch_klcov_entropy` and {glue:text}`ch_clipcov_entropy` nats/token, minus GRPO's,
+# paired): one token per update cannot hold it up.
 
 # %%
 entropy = {p: pd.Series(rows[p]["entropy_last_step"]["per_seed"], index=SEEDS) for p in rows}
 ent_diff = {p: stats.paired_difference(entropy[p], entropy["GRPO"]) for p in ("KL_COV", "CLIP_COV")}
-assert all(regime[p]["in_regime"] for p in ("KL_COV", "CLIP_COV"))  # the paragraph's premise
+assert regime["GRPO"]["in_regime"] and [p for p in COMPARED if p in regime and regime[p]["in_regime"]] == ["GRPO"]
+assert all("tokens selected per update" in regime[p]["reason"] for p in ("KL_COV", "CLIP_COV"))  # the premise
+assert "overlong" in " ".join(c["precondition"] for c in regime["DAPO"]["checks"] if not c["holds"])
+assert "GRPO's incorrect and correct" in regime["DR_GRPO"]["reason"] and "keep pace" in regime["PPO"]["reason"]
+unclipped = ("SAPO", "KL_COV", "CLIP_COV")  # the three lowest rows, and the only ones without an effective clip
+assert sorted(diff, key=lambda p: diff[p].mean)[:3] == sorted(unclipped, key=lambda p: diff[p].mean)
+assert CLIP_COV.eps_low == CLIP_COV.eps_high == 1.0 and KL_COV.clip == "kl_cov"
 assert not any(ent_diff[p].excludes(0.0) and ent_diff[p].mean > 0 for p in ent_diff)  # "does not hold entropy up"
 assert not regime["SAPO"]["in_regime"] and not diff_bonf["SAPO"].excludes(0.0)
 # the regime paragraph's reasons, checked against the file
@@ -402,6 +487,34 @@ book.glue("ch_klcov_entropy", interval_text(ent_diff["KL_COV"]))
 book.glue("ch_clipcov_entropy", interval_text(ent_diff["CLIP_COV"]))
 book.glue("ch_sapo_diff", interval_text(diff["SAPO"]))
 print({shown(p): interval_text(ent_diff[p]) for p in ent_diff})
+
+# %%
+NO_CLIP = GRPO.replace(name="GRPO without clip or KL", eps_low=1.0, eps_high=1e6, kl=None, beta=0.0)
+assert check_axes(NO_CLIP, {"clipping", "regulariser"})  # what SAPO, KL-Cov and Clip-Cov share, and nothing else
+nc_run = experiments.run(NO_CLIP, profile=profile, seeds=SEEDS, steps=cs["steps"], n_jobs=N_JOBS,
+                         eval_every=cs["eval_every"])
+nc_final = nc_run.final().loc[SEEDS]
+nc_diff = stats.paired_difference(nc_final, final["GRPO"])
+vs_control = {p: stats.paired_difference(final[p], nc_final) for p in unclipped}
+nc_clip = float(nc_run.history.query("step > 0")["clip_frac"].max())
+assert nc_clip == 0.0  # the control clips nothing
+if nc_diff.excludes(0.0) and nc_diff.mean < 0:
+    nc_sentence = (f"The control drops too: GRPO without clip or KL ends below GRPO (control minus GRPO "
+                   f"{interval_text(nc_diff)}). So the "
+                   f"missing clip, with {cs['profile']['minibatches']} updates per rollout, is enough to cost this "
+                   f"much here, and the three rows' losses cannot be credited to (or blamed on) their mechanisms.")
+else:
+    nc_sentence = (f"The control does not separate from GRPO ({interval_text(nc_diff)}), so the missing clip alone "
+                   f"is not shown to cost accuracy here.")
+nc_sentence += " Against the control, paired: " + "; ".join(f"{shown(p)} {interval_text(vs_control[p])}"
+                                                            for p in unclipped) + "."
+book.glue("ch_noclip_sentence", nc_sentence)
+assert nc_diff.excludes(0.0) and nc_diff.mean < 0 and not any(v.excludes(0.0) for v in vs_control.values())  # takeaways
+print(f"GRPO without clip or KL: final {stats.format_interval(stats.t_interval(nc_final, bounds=(0, 1)))}")
+print(nc_sentence)
+
+# %% [markdown]
+# {glue:text}`ch_noclip_sentence`
 
 # %% [markdown]
 # RPT trains on its own task (next-token reasoning on chapter 7's corpus, with chapter 7's settings),
@@ -440,13 +553,16 @@ def quote(key: str) -> str:
 
 # (preset, the claim tested, finding, [(what the number is, "<chapter>:<glue name>" or a value from §8.2)])
 FINDINGS = {
-    "GRPO": ("the group baseline replaces the value model", "supported",
+    "GRPO": ("a group baseline lets RL learn without a value model, at a lower cost per step", "supported",
              [("gain over the base policy, chapter 1", quote("01_grpo:grpo_gain_ci")),
-              ("PPO (a critic) minus GRPO, §8.2", interval_text(diff["PPO"]))]),
+              ("seconds per step, PPO (a critic) / GRPO, §8.2", stats.format_interval(ppo_secs, 2)),
+              ("PPO minus GRPO, §8.2 (PPO's critic not in its regime)", interval_text(diff["PPO"]))]),
     "DR_GRPO": ("without 1/|o| and the std, wrong answers stop growing longer than right ones",
-                "not supported at this scale" if not quote("03_dr_grpo:repro_verdict").startswith("reproduces")
-                else "supported",
-                [("chapter 3", quote("03_dr_grpo:repro_verdict") + ": " + quote("03_dr_grpo:gap_sentence")),
+                "not tested in the paper's regime",
+                [("wrong answers' length, GRPO minus Dr.GRPO, chapter 3",
+                  f"{quote('03_dr_grpo:inc_diff')} tokens ({quote('03_dr_grpo:verdict_inc')})"),
+                 ("gap wrong minus right, GRPO minus Dr.GRPO, chapter 3",
+                  f"{quote('03_dr_grpo:gap_diff')} tokens ({quote('03_dr_grpo:verdict_gap')})"),
                  ("§8.2 regime", regime["DR_GRPO"]["reason"])]),
     "GSPO": ("a sequence ratio stabilises MoE RL without Routing Replay",
              "not tested in the paper's regime",
@@ -454,7 +570,7 @@ FINDINGS = {
               ("share of expert routes changed per update, chapter 4", quote("04_gspo:gspo_route_last")),
               ("dense model, GSPO minus GRPO, chapter 4", quote("04_gspo:gspo_dacc_gspo"))]),
     "CISPO": ("keeps the gradient of tokens the clip silences; DAPO's score in half the steps",
-              "supported (mechanism); not tested in the paper's regime (speed)",
+              "mechanism supported; speed not tested in the paper's regime",
               [("rare positive-advantage tokens at 16 updates per batch, chapter 5", quote("05_cispo:cispo_rare_verdict")),
                ("speed, chapter 5", quote("05_cispo:cispo_speed_verdict").split(";")[0].replace("**", ""))]),
     "VAPO": ("a pretrained critic's per-token credit beats critic-free training",
@@ -478,11 +594,16 @@ for p in NEWER:  # no chapter: §8.2 is all the book measures of them
         verdict = "supported"
     else:
         verdict = "not supported at this scale"
-    claim = {"GMPO": "a geometric mean of token ratios tames outliers and trains more stably than GRPO",
-             "SAPO": "a soft, temperature-controlled gate in place of the hard clip trains more stably",
-             "KL_COV": "penalising high-covariance tokens prevents entropy collapse and helps accuracy",
-             "CLIP_COV": "detaching high-covariance tokens prevents entropy collapse and helps accuracy"}[p]
+    # papers.md records none of these papers' motivation: each claim is our paraphrase of the preset's comment
+    claim = {"GMPO": "(our paraphrase) a geometric mean of log-clipped token ratios is less sensitive to outlier "
+                     "ratios than GRPO's arithmetic mean",
+             "SAPO": "(our paraphrase) a smooth, temperature-controlled gate in place of the hard clip",
+             "KL_COV": "(our paraphrase) penalising the few highest-covariance tokens keeps entropy from collapsing",
+             "CLIP_COV": "(our paraphrase) detaching the few highest-covariance tokens keeps entropy from "
+                         "collapsing"}[p]
     ev = [("minus GRPO, §8.2", f"{interval_text(diff[p])} (Bonferroni {interval_text(diff_bonf[p])})"),
+          ("best minus final, minus GRPO's (a drop from the peak), §8.2",
+           interval_text(stats.paired_difference(drop[p], drop["GRPO"]))),
           ("§8.2 regime", regime[p]["reason"])]
     if p in ent_diff:
         ev.append(("entropy at the last step minus GRPO's, §8.2", interval_text(ent_diff[p])))
@@ -491,6 +612,7 @@ for p in NEWER:  # no chapter: §8.2 is all the book measures of them
 assert FINDINGS["GSPO"][1] == "not tested in the paper's regime" and "not tested" in quote("04_gspo:gspo_moe_verdict")
 assert "not tested" in quote("05_cispo:cispo_speed_verdict") and "excludes zero" in quote("05_cispo:cispo_rare_verdict")
 assert "precondition fails" in quote("06_vapo:vapo_critic_sentence")
+assert not regime["DR_GRPO"]["in_regime"] and all(not regime[p]["in_regime"] for p in NEWER)
 assert not regime["DAPO"]["in_regime"] and not regime["VAPO"]["in_regime"] and not rpt_regime["in_regime"]
 
 records = records_table().set_index("preset")
@@ -526,17 +648,21 @@ with pd.option_context("display.max_colwidth", None):
 #
 # * **"CISPO: extreme stability."** MiniMax-M1 argues for CISPO as keeping the gradient of tokens
 #   that the clip would silence, and reports *speed*: DAPO's AIME 2024 score in 50% of the steps, in
-#   a zero-RL comparison on Qwen2.5-32B-base {cite:p}`minimax2025m1`. It makes no claim of stability
-#   beyond that. Chapter 5 found the mechanism (rare tokens keep rising under CISPO at 16 updates per
-#   batch) and could not test the speed.
+#   a zero-RL comparison on Qwen2.5-32B-base {cite:p}`minimax2025m1`. This book's reference sheet
+#   records no claim of stability. Chapter 5 found the mechanism (rare tokens keep rising under CISPO
+#   at 16 updates per batch) and could not test the speed.
 # * **"RPT: for next-generation base models."** RPT trains DeepSeek-R1-Distill-Qwen-14B, a distilled
 #   *reasoning* model, with GRPO and zero KL on next-token reasoning; its objective has no
 #   language-modelling term {cite:p}`dong2025rpt`. It is a pre-training *task* for a model that
 #   already reasons (RPT-14B is then a better start for RLVR), not an alternative to the
 #   post-training algorithms of the other rows.
-# * **"Multi-turn tool calls: DAPO + token-level loss."** DAPO's loss *is* token-level (Eq. 12) and
-#   none of the papers measures multi-turn tool use: the cell is redundant in its first half and
-#   unsupported in its second.
+# * **"Multi-turn tool calls: DAPO + token-level loss."** DAPO's loss *is* token-level (Eq. 12), so
+#   the second half is redundant, and no DAPO result concerns tools. The one tool-using RL in these
+#   papers is DeepSeek-V3.2's, whose agent tasks train in one mixed stage with GRPO (R − mean
+#   advantages, an importance-corrected KL, off-policy sequence masking) {cite:p}`deepseekai2025v32`;
+#   for per-token advantages over many turns, GSPO's paper offers GSPO-token (its Eqs. 13–17, the
+#   `GSPO_TOKEN` preset). Our tree keeps the section's leaf, for want of any measurement of its own;
+#   read it as the section's suggestion, not as evidence.
 # * **"MoE: GSPO + Dr.GRPO ideas."** Of Dr.GRPO's two changes only the advantage $R-\text{mean}(R)$
 #   combines with GSPO without changing its Eq. 5: the constant normaliser removes the $1/|y_i|$
 #   weight that GSPO's gradient keeps ({ref}`sec-gspo`). DeepSeek-V3.2 shows the other route for
@@ -547,15 +673,16 @@ with pd.option_context("display.max_colwidth", None):
 #   book's pretrained critics did not keep pace (chapter 6, and VAPO's regime row above).
 # * **"General dialogue: GRPO / PPO."** No paper on this book's reference sheet measures general
 #   dialogue. DeepSeek-V3.2 trains general tasks with GRPO and a generative reward model in one mixed
-#   RL stage; PPO for dialogue is RLHF's history, not a result of these papers.
+#   RL stage; PPO for dialogue is RLHF's history, not a result of these papers. Our tree keeps this
+#   leaf too, unmeasured.
 # :::
 
 # %%
 verdicts = pd.Series({p: FINDINGS[p][1] for p in SECTION_ROWS})
 n_sup = int((verdicts == "supported").sum())
 WORDS = {0: "none", 1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
-rest = [f"{WORDS[n]} {k}" if not k.startswith("supported (") else f"{shown(verdicts.index[verdicts == k][0])}'s split "
-        f"verdict ({k})" for k, n in verdicts[verdicts != "supported"].value_counts().items()]
+rest = [f"{WORDS[n]} {k}" if not k.startswith("mechanism") else f"{shown(verdicts.index[verdicts == k][0])}'s split "
+        f"verdict: {k}" for k, n in verdicts[verdicts != "supported"].value_counts().items()]
 book.glue("ch_n_supported", WORDS[n_sup])
 book.glue("ch_findings_rest", ", ".join(rest[:-1]) + " and " + rest[-1] if len(rest) > 1 else rest[0])
 print(verdicts.to_string())
@@ -611,7 +738,13 @@ display(HTML(tree_links.to_html(escape=False, index=False)))
 
 # %% [markdown]
 # Every leaf of our tree, with the chapters that cover its presets (linked) and the values those
-# chapters measured under the named glue keys. Where a branch changed, the reason:
+# chapters measured under the named glue keys. Two leaves need a warning. *dense > yes → VAPO* is a
+# branch no experiment of this book reached: its evidence is the critic failing the question (chapter
+# 6's explained variance falls by more than half), and on chapter 6's long task VAPO still ended above
+# its critic-free control without a critic that kept pace, so the question is a precondition to
+# check, not a proven switch. *general dialogue* and *multi-turn tool calls* are the section's leaves,
+# kept because nothing measured here replaces them (see the misreadings box). Where a branch changed,
+# the reason:
 
 # %%
 changes_table = pd.DataFrame([{"branch": " > ".join(c.path), "what changed": c.what, "why": c.reason,
@@ -636,19 +769,25 @@ with pd.option_context("display.max_colwidth", None):
 # 4. **Truncated importance sampling** (for the mismatch between the inference engine that samples and
 #    the trainer that computes $\pi_{\text{old}}$) weighs each token's loss by
 #    $\min(\pi_{\text{old}}^{\text{trainer}}/\pi^{\text{sampler}}, C)$. Which axis would it move, what
-#    does it need that `LossContext` does not carry, and which preset of this package answers the
-#    same mismatch differently?
+#    does it need that `LossContext` does not carry, and what in this package, or in the papers,
+#    answers the same mismatch differently?
 # 5. **A variant from outside the package.** Add GRPO with a median baseline, $A_i = r_i -
 #    \operatorname{median}(r_{\text{group}})$, without editing a file of the package, and check its axes.
 #
 # :::{admonition} Solutions
 # :class: dropdown
 #
-# 1. The surrogate (*clipping*: `clip="gmpo"`, range $e^{\pm0.4}$) and the *regulariser* (no KL).
+# 1. By the package's fields, the surrogate (*clipping*: `clip="gmpo"`, range $e^{\pm0.4}$) and the
+#    *regulariser* (no KL). By what the surrogate computes, also the ratio's level: the geometric mean
+#    over a response's tokens is a sequence-level ratio (§8.1), which `check_axes` cannot see because
+#    `ratio_level` stays `"token"`.
 # 2. The same two: `clip="sapo"` with its temperatures `tau_pos`, `tau_neg`, and no KL.
 # 3. Three: the surrogate (`clip="kl_cov"` / `"clip_cov"`), the *aggregation* (`token_mean` over
 #    the batch's tokens, not GRPO's mean of per-sequence means) and the *regulariser*.
-# 4. It is a per-token weight on the surrogate's objective: the *clipping* axis. It needs two
+# 4. It is a per-token weight inside each token's objective, so it would be registered in `SURROGATES`:
+#    the *clipping* axis (the cell checks which axis that registry is). Off-policy sequence masking,
+#    by contrast, drops whole responses from the loss, a selection, which the package files under
+#    *sampling & shaping*. Truncated IS needs two
 #    log-probs of the same tokens: the trainer's $\pi_{\text{old}}$ and the sampler's. The package
 #    has the mismatch (`TrainerConfig(rollout_dtype="bfloat16")` samples from a low-precision copy of
 #    the policy, as an inference engine does) and records both, but the loss sees one of them
@@ -656,8 +795,9 @@ with pd.option_context("display.max_colwidth", None):
 #    `LossContext` has no field for the other. So truncated IS costs one surrogate *and* one input,
 #    the first change in this book that a single registry entry cannot carry. The package's answers
 #    to the same mismatch are MiniMax-M1's float32 output head (`rollout_fp32_lm_head`) and
-#    DeepSeek-V3.2's Off-Policy Sequence Masking (`deepseek_v32(...)`, `offpolicy_mask_delta`: on the
-#    *sampling & shaping* axis here), which the cell checks.
+#    DeepSeek-V3.2's Off-Policy Sequence Masking (`deepseek_v32(...)`, `offpolicy_mask_delta`), which
+#    the cell checks; and GSPO's paper argues that a sequence-level ratio tolerates the precision
+#    mismatch well enough to use the inference engine's log-probabilities directly (its §5.4).
 # 5. One function, one registry line, one preset: the cell below. The axis is the *advantage* only.
 # :::
 
@@ -678,6 +818,7 @@ def tis_weight(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float = 
 lp = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
 assert torch.equal(tis_weight(lp, lp), torch.ones(1, 3))
 assert torch.allclose(tis_weight(lp, lp - math.log(4.0)), torch.full((1, 3), 2.0))  # capped at C = 2
+assert REGISTRY_AXES["SURROGATES"] == "clipping"  # exercise 4's answer: the registry a TIS weight would join
 assert TrainerConfig(rollout_dtype="bfloat16").old_logp == "recompute"  # the loss sees the trainer's pi_old
 try:  # a wrong answer is refused with what was missed
     check_axes(KL_COV, {"clipping", "regulariser"})
@@ -725,8 +866,8 @@ print(f"loss {loss.item():.4f}; gradient only on the correct answer's tokens")
 # ## 8.6 At scale
 #
 # The papers' own settings and headline numbers, beside the regime of §8.2 (every number on the left
-# is the paper's, from the book's reference sheet; AIME scores are averages over 32 samples unless
-# stated):
+# is the paper's, from the book's reference sheet; DAPO's, CISPO's and VAPO's AIME scores are averages
+# over 32 samples, and the sheet records no sampling protocol for Dr.GRPO's):
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 g = rows["GRPO"]
@@ -744,7 +885,9 @@ at_scale = pd.DataFrame([
     {"algorithm": "VAPO", "paper's setting": "Qwen2.5-32B base, critic pretrained 50 steps, 512 × 16",
      "paper's headline": "AIME 2024 60.4 (DAPO 50; without value pretraining 11)"},
     {"algorithm": "RPT", "paper's setting": "R1-Distill-Qwen-14B on OmniMATH, next-token reasoning",
-     "paper's headline": "next-token accuracy 45.11 / 33.56 / 23.75 (easy / medium / hard)"},
+     "paper's headline": "next-token accuracy 45.11 / 33.56 / 23.75 (easy / medium / hard) against "
+                         "R1-Distill-Qwen-14B's 41.60 / 29.46 / 20.43 by standard prediction (3.31 / 1.66 / 1.41 "
+                         "in reasoning mode, where RPT is evaluated)"},
 ]).set_index("algorithm")
 at_scale["this chapter (§8.2)"] = (
     f"{N_PARAMS:,}-parameter dense policy, arithmetic, {cs['profile']['budget_tokens']}-token budget, "
@@ -758,7 +901,8 @@ with pd.option_context("display.max_colwidth", None):
 # **Rows the toy cannot speak to.** Whatever the measurements above, this chapter's comparison says
 # nothing about: GSPO on a Mixture-of-Experts model (the policy is dense); VAPO's critic on responses
 # of thousands of tokens (here a few); DAPO's overlong shaping and CISPO's weight cap (few
-# truncations, two updates per rollout); Dr.GRPO's length bias (lengths barely move in 20 steps); RPT
+# truncations, {glue:text}`ch_minibatches` updates per rollout); Dr.GRPO's length bias (under GRPO,
+# wrong answers are no longer than right ones); the covariance rules (a token or so per update); RPT
 # on a model that reasons. Those rows rest on the chapters that built a regime for them and on the
 # papers.
 #
@@ -770,8 +914,13 @@ with pd.option_context("display.max_colwidth", None):
 # `data/results/gpu/08_choosing.json` with its provenance. There responses are hundreds of tokens
 # long, which puts Dr.GRPO's length bias and VAPO's $\lambda$ closer to their regime; GSPO's MoE case
 # still needs an MoE model. Without the file, the cell prints what the run would train and its
-# expected time. First, whether each preset fits a 16 GiB and an 80 GiB card, from the memory model
-# (`grpo_lab.memory_model`, checked against measurements within 25%), before any weight is loaded:
+# expected time: hours for the default five seeds of every preset, so `GPU_SEEDS = (0, 1)` and
+# `GPU_STEPS = 30` are a first look at a fifth of the cost. First, whether each preset fits a 16 GiB
+# and an 80 GiB card, from the memory model (`grpo_lab.memory_model`, checked against measurements
+# within 25%) at an assumed {glue:text}`ch_gpu_prompt` prompt tokens, before any weight is loaded.
+# VAPO's critic, a second copy of the model with its optimiser state, is what does not fit a 16 GiB
+# card, so the time table marks the T4 row "does not fit" for the whole run: drop VAPO from
+# `GPU_ALGOS` to run the others there.
 
 # %%
 from grpo_lab.experiments.memory_fit import ASSUMED_PROMPT_TOKENS
@@ -817,16 +966,17 @@ gpu_summary = book.show_gpu_results("08_choosing", GPU_ALGOS, baseline="GRPO", s
 # %% [markdown]
 # ## 8.7 Takeaways
 #
-# * Ask of a new variant which axes it moves; `check_axes` answers from the code. Most of 2025's
-#   variants move the surrogate and drop the KL term; only GSPO moves the ratio's level and only
-#   VAPO brings back a critic.
-# * Under one small budget, no preset separates from GRPO once the comparisons are corrected for;
-#   at that scale, the algorithm matters less than the seed.
-# * Check the regime before reading a difference: here most presets' mechanisms had nothing to act
-#   on (short answers, two updates per rollout, a dense model), and a comparison outside the regime
-#   is no verdict on the paper.
-# * Charge compute, not steps: a critic costs about as much again as the policy's own training, and
-#   dynamic sampling's refills are generation you pay for.
+# * Ask of a new variant which axes it moves; `check_axes` answers from the package's fields, and the
+#   function a field names can move another axis (GMPO's surrogate is a sequence-level ratio). Most of
+#   2025's variants move the surrogate and drop the KL term; only VAPO brings back a critic.
+# * Check the regime before reading a difference. Here only GRPO's own mechanism had something to act
+#   on: short answers, few updates per rollout and a dense model left every other preset's mechanism
+#   idle, and a comparison outside the regime is no verdict on the paper.
+# * With {glue:text}`ch_nseeds` seeds, only large differences can be separated once the comparisons are corrected for:
+#   none was. The three lowest rows share a missing clip, and GRPO with neither clip nor KL loses as
+#   much as they do: with several updates per rollout, keep a clip (or a cap) whatever else you change.
+# * Charge compute, not steps: a critic's forward and backward passes make a PPO step measurably
+#   slower than a GRPO step, and dynamic sampling's refills are generation you pay for.
 # * Our tree changes four of the section's branches, each to a question you can measure before
 #   choosing: does the critic keep pace? does the clip bind at your number of off-policy updates? is
 #   the model a Mixture-of-Experts? does the model already reason?
