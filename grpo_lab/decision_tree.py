@@ -99,13 +99,16 @@ class Leaf:
         note: one sentence: what the recommendation means, and on what it rests.
         alternatives: True where the presets are alternatives (the section's "VAPO or DAPO"), False
             (the default) where they are one recipe combined ("GSPO + Dr.GRPO ideas").
+        quote: the recommendation as the section words it, where that says more than the presets
+            (``"GSPO + Dr.GRPO ideas"``, ``"DAPO + token-level loss"``); None (the default) for
+            :meth:`presets_text`. :meth:`label` shows it.
 
     Raises:
         ValueError: (when built) ``presets`` or ``chapters`` empty or not strings, a name that is
             not a preset constant of :mod:`grpo_lab.algorithms` (the message names it), a chapter
             not in :data:`CHAPTERS`, an evidence key not of the form ``stem:name`` or of an unknown
             chapter, a name given twice, an empty ``note``, or ``alternatives`` not a bool or True
-            with a single preset.
+            with a single preset; a ``quote`` that is neither None nor a non-empty string.
     """
 
     presets: tuple[str, ...]
@@ -113,6 +116,7 @@ class Leaf:
     evidence: tuple[str, ...]
     note: str
     alternatives: bool = False
+    quote: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "presets", _strings(self.presets, "Leaf.presets"))
@@ -135,6 +139,8 @@ class Leaf:
         if not isinstance(self.alternatives, bool) or (self.alternatives and len(self.presets) < 2):
             raise ValueError(f"Leaf.alternatives must be a bool, and True only with two presets or more, got "
                              f"{self.alternatives!r} with {list(self.presets)}")
+        if self.quote is not None and (not isinstance(self.quote, str) or not self.quote.strip()):
+            raise ValueError(f"Leaf.quote must be None or a non-empty string, got {self.quote!r}")
 
     def algorithms(self) -> tuple[Algorithm, ...]:
         """The presets as :class:`~grpo_lab.algorithms.Algorithm` values, in order. Raises nothing
@@ -158,9 +164,9 @@ class Leaf:
         return (" or " if self.alternatives else " + ").join(_DISPLAY.get(p, p) for p in self.presets)
 
     def label(self) -> str:
-        """The text of the leaf in :func:`plot_tree`: :meth:`presets_text`, then the chapter numbers:
-        ``"GSPO + Dr.GRPO\\nch. 4, 3"``. Raises nothing."""
-        return f"{self.presets_text()}\nch. " + ", ".join(str(int(s[:2])) for s in self.chapters)
+        """The text of the leaf in :func:`plot_tree`: :attr:`quote` (else :meth:`presets_text`), then the
+        chapter numbers: ``"GSPO + Dr.GRPO ideas\\nch. 4, 3"``. Raises nothing."""
+        return f"{self.quote or self.presets_text()}\nch. " + ", ".join(str(int(s[:2])) for s in self.chapters)
 
 
 @dataclass(frozen=True)
@@ -378,7 +384,7 @@ _ROOT_QUESTION = "What are you training, or what matters most?"
 _ARCH_QUESTION = "Is the policy a Mixture-of-Experts or dense?"
 
 _SECTION_MOE = Leaf(
-    presets=("GSPO", "DR_GRPO"), chapters=("04_gspo", "03_dr_grpo"),
+    presets=("GSPO", "DR_GRPO"), chapters=("04_gspo", "03_dr_grpo"), quote="GSPO + Dr.GRPO ideas",
     evidence=("04_gspo:gspo_moe_verdict", "04_gspo:gspo_route_last", "03_dr_grpo:repro_verdict"),
     note="The section's advice for a Mixture-of-Experts policy: GSPO's sequence-level ratio, with Dr.GRPO's ideas "
          "(the advantage without the std, a constant normaliser).")
@@ -396,7 +402,7 @@ _DIALOGUE_LEAF = Leaf(
     note="The section's advice for general dialogue, which no chapter measures; papers.md §3 records "
          "DeepSeek-V3.2 training general tasks, with a generative reward model, in one mixed GRPO stage.")
 _TOOLS_LEAF = Leaf(
-    presets=("DAPO",), chapters=("02_dapo",), evidence=(),
+    presets=("DAPO",), chapters=("02_dapo",), evidence=(), quote="DAPO + token-level loss",
     note="The section's 'DAPO + token-level loss' is the DAPO preset, whose loss is token-level already (Eq. 12, "
          "aggregation group_token_mean); no chapter measures multi-turn tool calls.")
 _SECTION_RPT = Leaf(
@@ -418,7 +424,7 @@ SECTION_TREE: Node = Node(_ROOT_QUESTION, {
 })
 
 _OUR_MOE = Leaf(
-    presets=("GSPO",), chapters=("04_gspo", "03_dr_grpo"),
+    presets=("GSPO",), chapters=("04_gspo", "03_dr_grpo"), quote="GSPO, or token ratio\n+ routing replay",
     evidence=("04_gspo:gspo_moe_verdict", "04_gspo:gspo_route_last"),
     note="GSPO, whose sequence ratio needs no Routing Replay, with at most Dr.GRPO's advantage "
          "(GSPO.replace(advantage='group_mean')), or a token-ratio objective with the sampler's expert routes "

@@ -64,6 +64,7 @@ def test_a_leaf_with_an_unknown_preset_raises_naming_it():
     (dict(presets=("GRPO", "GRPO")), "twice"),
     (dict(alternatives=True), "two presets"),
     (dict(presets=("GRPO", "PPO"), alternatives="yes"), "bool"),
+    (dict(quote="  "), "quote"),
 ])
 def test_a_leaf_checks_its_fields(kw, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -97,6 +98,11 @@ def test_a_node_refuses_empty_questions_duplicate_answers_and_empty_branches():
 def test_leaf_label_and_axes():
     leaf = _leaf(presets=("GSPO", "DR_GRPO"), chapters=("04_gspo", "03_dr_grpo"))
     assert leaf.label() == "GSPO + Dr.GRPO\nch. 4, 3"
+    quoted = _leaf(presets=("GSPO", "DR_GRPO"), chapters=("04_gspo", "03_dr_grpo"), quote="GSPO + Dr.GRPO ideas")
+    assert quoted.label() == "GSPO + Dr.GRPO ideas\nch. 4, 3" and quoted.presets_text() == "GSPO + Dr.GRPO"
+    # the section's tree shows its leaves as quoted
+    assert D.subtree(SECTION_TREE, ("long-CoT math/code", "MoE")).label().startswith("GSPO + Dr.GRPO ideas\n")
+    assert D.subtree(SECTION_TREE, ("multi-turn tool calls",)).label().startswith("DAPO + token-level loss\n")
     assert _leaf(presets=("VAPO", "DAPO"), chapters=("06_vapo",), alternatives=True).presets_text() == "VAPO or DAPO"
     # by hand from the presets: GSPO sets ratio_level, eps_low/eps_high, kl/beta; Dr.GRPO advantage, aggregation, kl
     assert leaf.changed_axes() == {"GSPO": ("ratio level", "clipping", "regulariser"),
