@@ -547,7 +547,8 @@ def test_the_readme_gpu_time_table_is_the_estimate():
             hours = experiments.expected_gpu_minutes(prof, runs, gpu, generation_factor=call.get("generation_factor", 1.0),
                                                      train_factor=call.get("train_factor", 1.0)) / 60
             assert shown.strip() == f"{hours:.1f} h", (twin.stem, gpu)
-    assert seen == set(rows) == {"01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo", "07_rpt"}
+    assert seen == set(rows) == {"01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo", "07_rpt",
+                                 "08_choosing"}
 
 
 def test_a_reward_signal_flows_through_the_gpu_profile_on_the_fixture(tiny_dir, tmp_path):
