@@ -517,7 +517,13 @@ def parse(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if not a.out.parent.is_dir():
         ap.error(f"--out: the directory {a.out.parent} does not exist")
+    if a.out.is_dir():
+        ap.error(f"--out: {a.out} is a directory; give a file name (--out {a.out / 'choosing.json'})")
     chosen = {p.upper() for p in a.presets}
+    full = (a.seeds, a.steps, chosen, a.rpt_steps) == (SEEDS, STEPS, set(ALL_NAMES), None)
+    if a.out.resolve() == OUT.resolve() and not full:  # checked before any training, not after it
+        ap.error(f"--out: {OUT.relative_to(ROOT)} is the committed comparison chapter 8 reads; a run with other "
+                 f"seeds, steps or presets must write elsewhere (--out /tmp/choosing_quick.json)")
     a.presets = [n for n in PRESET_NAMES if n in chosen or (n == "GRPO" and chosen - {"RPT"})]
     a.rpt = "RPT" in chosen
     a.rpt_steps = a.rpt_steps or min(RPT_STEPS, a.steps)

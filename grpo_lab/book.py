@@ -248,7 +248,7 @@ def run_time(start: float) -> str:
     from (:func:`grpo_lab.experiments.run_tally`): ``"3.1 minutes from an empty run cache"`` when
     every run was trained, else ``"0.2 minutes, 14 of 15 runs read from the run cache"``, so that a
     re-execution never passes off a cache hit as the chapter's cost; ``"12 seconds, with no training
-    run"`` for a chapter that trained nothing and read nothing from the cache (chapter 8). When ``make book`` executes
+    run"`` for a chapter that trained nothing and read nothing from the cache. When ``make book`` executes
     chapters side by side (``$GRPO_LAB_CHAPTERS_AT_ONCE`` above 1, set by ``scripts/execute_cache.py``),
     it adds ``", while make book executed up to one other chapter on the same cores (alone it takes less)"``.
 
@@ -373,12 +373,14 @@ def glued(chapter: str, name: str, book_dir: str | os.PathLike | None = None) ->
         book_dir: the folder holding the notebooks; default the repository's ``book/``.
 
     Returns:
-        the stored text (``str``); a number is returned as its display text (``"0.404"``).
+        the stored text (``str``); a number is returned as its display text (``"0.404"``), a figure
+        as its repr (``"<Figure size 1265x462 with 2 Axes>"``), which says nothing: quote numbers and
+        sentences.
 
     Raises:
         FileNotFoundError: no ``<chapter>.ipynb`` in ``book_dir``.
         KeyError: the notebook glues nothing under ``name`` (the message lists how many names it glues).
-        ValueError: the glued value has no ``text/plain`` display.
+        ValueError: the glued value has no ``text/plain`` display (an image glued alone).
     """
     import ast
     import json

@@ -63,6 +63,13 @@ def test_bad_arguments_are_clear(bench, tmp_path):
         bench.parse(["--presets", "GRPO", "NOPE"])
     with pytest.raises(SystemExit):
         bench.parse(["--seeds", "0"])
+    with pytest.raises(SystemExit):  # a quick look must not overwrite the committed file chapter 8 reads
+        bench.parse(["--seeds", "2", "--steps", "2"])
+    with pytest.raises(SystemExit):
+        bench.parse(["--presets", "GSPO"])
+    with pytest.raises(SystemExit):  # a directory, refused before any training
+        bench.parse(["--out", str(tmp_path)])
+    assert bench.parse([]).out == bench.OUT  # the full run writes the committed file
     a = bench.parse(["--presets", "ppo", "RPT", "--steps", "3", "--out", str(tmp_path / "x.json")])
     assert a.presets == ["GRPO", "PPO"] and a.rpt and a.rpt_steps == 3  # GRPO added: every row's reference
 

@@ -59,7 +59,8 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 
 # %% tags=["parameters"]
 PROFILE = "cpu"  # "gpu": also train §8.6's comparison of the main presets on GSM8K from a hub model (CUDA)
-RERUN = False  # True: train §8.2's comparison again (benchmarks/choosing.py: about 5 minutes two at a time)
+RERUN = False  # True: train §8.2's comparison again (benchmarks/choosing.py, in a subprocess: about 5 minutes
+# two at a time, into _build/choosing.json; the Run time line then counts only this chapter's own runs)
 N_JOBS = 2  # worker processes of the rerun; results do not depend on it
 GPU_SEEDS = (0, 1, 2, 3, 4)  # the hub-model runs (PROFILE = "gpu" only)
 GPU_STEPS = None  # None: the profile's 60 steps
@@ -176,10 +177,11 @@ with pd.option_context("display.max_colwidth", None):
 #
 # (a backward pass costs about two forwards; VAPO is also charged its critic's pretraining). It is an
 # estimate that leaves out the prompt tokens, the $\pi_{\text{old}}$ and reference forwards and the
-# critic's forward at rollout. The reference forward matters for the ranking: GRPO and PPO (the two
-# presets with a KL term) would pay one more unit per trained token, which puts GRPO above DAPO and
-# CISPO. Read the compute column as what generation, training and a critic cost, not as a FLOP count. Chapter 7 counts RPT's compute with its prompts, which are long there; RPT's row below uses
-# this chapter's count, so its units are not comparable with chapter 7's.
+# critic's forward at rollout. The reference forward matters for the ranking: GRPO, the one preset
+# here with a KL term, would pay one more unit per trained token, which puts it above DAPO and CISPO.
+# Read the compute column as what generation, training and a critic cost, not as a FLOP count.
+# Chapter 7 counts RPT's compute with its prompts, which are long there; RPT's row below uses this
+# chapter's count, so its units are not comparable with chapter 7's.
 #
 # The file records, per preset: final greedy accuracy; the paired difference to GRPO over shared
 # seeds; response length and entropy at the last step; clip fractions and the share of tokens with a
@@ -206,14 +208,24 @@ print(f"{cmp_path.relative_to(REPO_ROOT)}: {prov['date']}, commit {prov['git_sha
 
 # %%
 cs = cmp["settings"]
-rows = {r["preset"]: r for r in cmp["rows"]}
+rows = {r["preset"]: r for r in cmp.get("rows", [])}
 SEEDS = cs["seeds"]
-# the file is this package's comparison: the cpu profile's settings, every preset of the section and the newer four
-assert cs["profile"]["base"] == profile.base and cs["profile"]["task"] == profile.task
-assert cs["profile"]["lr"] == profile.config.lr and cs["profile"]["group_size"] == profile.config.group_size
-assert cs["profile"]["prompts_per_step"] == profile.config.prompts_per_step
-assert set(rows) == (set(PRESET_ORDER) - {"RPT"}) | {"PPO"} and cmp["rpt"]["row"]["preset"] == "RPT"
-assert len(SEEDS) >= 5 and all(len(r["final_accuracy"]["per_seed"]) == len(SEEDS) for r in rows.values())
+# the file must be this package's full comparison: the cpu profile's settings, every preset, at least five seeds
+problems = [f"{k} {cs['profile'][k]!r}, the cpu profile's is {v!r}" for k, v in
+            (("base", profile.base), ("task", profile.task), ("lr", profile.config.lr),
+             ("group_size", profile.config.group_size), ("prompts_per_step", profile.config.prompts_per_step))
+            if cs.get("profile", {}).get(k) != v]
+if set(rows) != (set(PRESET_ORDER) - {"RPT"}) | {"PPO"}:
+    problems.append(f"presets {sorted(rows)}")
+if "rpt" not in cmp:
+    problems.append("no RPT row")
+if len(SEEDS) < 5:
+    problems.append(f"{len(SEEDS)} seeds")
+if problems:
+    raise ValueError(f"{cmp_path} is not the full comparison this chapter reads ({'; '.join(problems)}): run "
+                     f"`python benchmarks/choosing.py` (about 5 minutes), or restore the committed file with "
+                     f"`git checkout benchmarks/results/choosing.json`")
+assert all(len(r["final_accuracy"]["per_seed"]) == len(SEEDS) for r in rows.values())
 N_CMP = len(rows) - 1  # comparisons with GRPO: the Bonferroni correction divides 5% among them
 final = {p: pd.Series(r["final_accuracy"]["per_seed"], index=SEEDS) for p, r in rows.items()}
 diff = {p: stats.paired_difference(final[p], final["GRPO"]) for p in rows if p != "GRPO"}
@@ -283,7 +295,7 @@ with pd.option_context("display.max_colwidth", None, "display.max_columns", None
 # interval for the {glue:text}`ch_ncmp` comparisons made at once; the next column pairs the mean of the
 # last two evaluations instead of the last one (a single evaluation of {glue:text}`ch_test_n` questions
 # is noisy); *best minus final* is how far a run fell from its best evaluation by the end, the one
-# measure of stability here. Length, entropy and the token shares are at the last step or over the
+# measure of stability here (a run still rising at the end, like PPO's, scores 0 on it). Length, entropy and the token shares are at the last step or over the
 # training steps; peak memory is the worker process's resident set on CPU.
 #
 # Two more columns of the file measure speed against compute: generated tokens until the first
@@ -318,7 +330,7 @@ for y, p in enumerate(order):
 ax_d.axvline(0, color="0.3", lw=0.8)
 ax_d.set_yticks(range(len(order)), [shown(p) for p in order])
 ax_d.set_xlabel("final greedy accuracy minus GRPO's (paired over seeds)")
-ax_d.set_title("thick: 95% interval; thin: Bonferroni; filled: in regime", fontsize="small")
+ax_d.set_title("thick: 95% interval; thin: Bonferroni; hollow: not in its paper's regime", fontsize="small")
 for p in rows:
     r = rows[p]
     c = plotting.algo_color(shown(p), extra=extra)
@@ -386,8 +398,9 @@ book.glue("fig_choosing_curves", fig)
 #
 # The costs do separate. VAPO's run costs {glue:text}`ch_vapo_cost` times GRPO's compute (its critic
 # trains on every token, and its pretraining is charged to every seed); measured in seconds, a PPO
-# step takes {glue:text}`ch_ppo_seconds` times a GRPO step (paired over seeds), the price of its
-# critic's forward and backward passes. The critic-free presets cost within
+# step takes {glue:text}`ch_ppo_seconds` times a Dr.GRPO step (paired over seeds; neither has a
+# reference model, so the difference is the critic's forward and backward passes), and
+# {glue:text}`ch_ppo_seconds_grpo` times a GRPO step, which pays for its reference forward. The critic-free presets cost within
 # {glue:text}`ch_cost_spread` of GRPO: their responses are about as long, every trained token costs
 # its forward and backward pass whether the clip silences it or not, and DAPO's and CISPO's extra is
 # the generation of their dynamic sampling's refills.
@@ -426,10 +439,13 @@ critic_free = [p for p in rows if p not in ("PPO", "VAPO")]
 refill = {p: rows[p]["generated_tokens_total"]["mean"] / rows[p]["trained_tokens_total"]["mean"] for p in critic_free}
 assert {p for p in critic_free if refill[p] > 1.05} == {"DAPO", "CISPO"}  # the refills: generated, not trained
 book.glue("ch_cost_spread", f"{max(abs(cost[p] - 1) for p in critic_free):.0%}")
-secs = {p: pd.Series(rows[p]["step_seconds"]["per_seed"], index=SEEDS) for p in ("PPO", "GRPO")}
-ppo_secs = stats.paired_ratio(secs["PPO"], secs["GRPO"])
-assert ppo_secs.lo > 1  # the critic's cost is measured, not only assumed by the units
+secs = {p: pd.Series(rows[p]["step_seconds"]["per_seed"], index=SEEDS) for p in ("PPO", "GRPO", "DR_GRPO")}
+assert PPO.beta == DR_GRPO.beta == 0.0 < GRPO.beta  # PPO and Dr.GRPO have no reference model; GRPO has one
+ppo_secs = stats.paired_ratio(secs["PPO"], secs["DR_GRPO"])
+ppo_secs_grpo = stats.paired_ratio(secs["PPO"], secs["GRPO"])
+assert ppo_secs.lo > 1 and ppo_secs_grpo.lo > 1  # the critic's cost is measured, not only assumed by the units
 book.glue("ch_ppo_seconds", stats.format_interval(ppo_secs, 2))
+book.glue("ch_ppo_seconds_grpo", stats.format_interval(ppo_secs_grpo, 2))
 half = [(diff_bonf[p].hi - diff_bonf[p].lo) / 2 for p in diff_bonf]
 book.glue("ch_halfwidth", f"{min(half):.2f} to {max(half):.2f}")
 late_sep = [p for p in late_diff if late_diff[p].excludes(0.0)]
@@ -479,9 +495,9 @@ with pd.option_context("display.max_colwidth", None):
 # here), KL-Cov (no clip) and Clip-Cov (a range of $[0, 2]$) train without an effective clip and
 # without the KL term, while every preset that keeps PPO's clip or a cap stays within the seed spread
 # of GRPO. That points at the missing clip, with {glue:text}`ch_minibatches` updates per rollout,
-# rather than at what each paper added. The control that tells the two apart is GRPO with neither
-# clip nor KL term (`eps_high` so large that nothing is clipped), trained below with the same seeds
-# and steps. Entropy, which KL-Cov and Clip-Cov exist to keep up, ends where GRPO's does
+# rather than at what each paper added. Three controls tell these apart, each trained below with the
+# same seeds and steps: GRPO without its clip (`eps_high` so large that nothing is clipped), GRPO
+# without its KL term, and GRPO without either. Entropy, which KL-Cov and Clip-Cov exist to keep up, ends where GRPO's does
 # ({glue:text}`ch_klcov_entropy` and {glue:text}`ch_clipcov_entropy` nats/token, minus GRPO's,
 # paired): one token per update cannot hold it up.
 
@@ -508,32 +524,48 @@ book.glue("ch_sapo_diff", interval_text(diff["SAPO"]))
 print({shown(p): interval_text(ent_diff[p]) for p in ent_diff})
 
 # %%
-NO_CLIP = GRPO.replace(name="GRPO without clip or KL", eps_low=1.0, eps_high=1e6, kl=None, beta=0.0)
-assert check_axes(NO_CLIP, {"clipping", "regulariser"})  # what SAPO, KL-Cov and Clip-Cov share, and nothing else
-nc_run = experiments.run(NO_CLIP, profile=profile, seeds=SEEDS, steps=cs["steps"], n_jobs=N_JOBS,
-                         eval_every=cs["eval_every"])
-nc_final = nc_run.final().loc[SEEDS]
-nc_diff = stats.paired_difference(nc_final, final["GRPO"])
-vs_control = {p: stats.paired_difference(final[p], nc_final) for p in unclipped}
-nc_clip = float(nc_run.history.query("step > 0")["clip_frac"].max())
-assert nc_clip == 0.0  # the control clips nothing
-if nc_diff.excludes(0.0) and nc_diff.mean < 0:
-    nc_sentence = (f"The control drops too: GRPO without clip or KL ends below GRPO (control minus GRPO "
-                   f"{interval_text(nc_diff)}). So the "
-                   f"missing clip, with {cs['profile']['minibatches']} updates per rollout, is enough to cost this "
-                   f"much here, and the three rows' losses cannot be credited to (or blamed on) their mechanisms.")
-else:
-    nc_sentence = (f"The control does not separate from GRPO ({interval_text(nc_diff)}), so the missing clip alone "
-                   f"is not shown to cost accuracy here.")
-nc_sentence += " Against the control, paired: " + "; ".join(f"{shown(p)} {interval_text(vs_control[p])}"
-                                                            for p in unclipped) + "."
+CONTROLS = {  # one factor at a time, then both: what SAPO, KL-Cov and Clip-Cov share with each other
+    "no clip": GRPO.replace(name="GRPO without clip", eps_low=1.0, eps_high=1e6),
+    "no KL": GRPO.replace(name="GRPO without KL", kl=None, beta=0.0),
+    "neither": GRPO.replace(name="GRPO without clip or KL", eps_low=1.0, eps_high=1e6, kl=None, beta=0.0)}
+assert check_axes(CONTROLS["no clip"], "clipping") and check_axes(CONTROLS["no KL"], "regulariser")
+assert check_axes(CONTROLS["neither"], {"clipping", "regulariser"})
+ctrl_runs = experiments.run_grid(list(CONTROLS.values()), profile=profile, seeds=SEEDS, steps=cs["steps"],
+                                 n_jobs=N_JOBS, eval_every=cs["eval_every"])
+ctrl_final = {k: ctrl_runs[a.name].final().loc[SEEDS] for k, a in CONTROLS.items()}
+ctrl_diff = {k: stats.paired_difference(v, final["GRPO"]) for k, v in ctrl_final.items()}
+for k in ("no clip", "neither"):  # the controls without a clip clip nothing
+    assert float(ctrl_runs[CONTROLS[k].name].history.query("step > 0")["clip_frac"].max()) == 0.0
+vs_control = {p: stats.paired_difference(final[p], ctrl_final["neither"]) for p in unclipped}
+grpo_clip = rows["GRPO"]["clip_frac"]["mean"]
+nc_sentence = ("Control minus GRPO, paired: " + "; ".join(f"{k}, {interval_text(v)}" for k, v in ctrl_diff.items())
+               + ". ")
+clip_matters = ctrl_diff["no clip"].excludes(0.0) and ctrl_diff["no clip"].mean < 0
+kl_matters = ctrl_diff["no KL"].excludes(0.0)
+if clip_matters and not kl_matters:
+    nc_sentence += (f"The clip carries the loss and the KL term does not: GRPO's clip binds on only "
+                    f"{grpo_clip:.2%} of tokens, yet removing it costs this much at {cs['profile']['minibatches']} "
+                    f"updates per rollout. ")
+nc_sentence += ("Against the control with neither, paired: " + "; ".join(f"{shown(p)} {interval_text(vs_control[p])}"
+                                                                       for p in unclipped) + ".")
 book.glue("ch_noclip_sentence", nc_sentence)
-assert nc_diff.excludes(0.0) and nc_diff.mean < 0 and not any(v.excludes(0.0) for v in vs_control.values())  # takeaways
-print(f"GRPO without clip or KL: final {stats.format_interval(stats.t_interval(nc_final, bounds=(0, 1)))}")
-print(nc_sentence)
+book.glue("ch_grpo_clip", f"{grpo_clip:.2%}")
+# the text below and the takeaways: the clip matters, the KL term does not measurably, and the three lowest rows
+# are within the spread of the control without either
+assert clip_matters and not kl_matters and grpo_clip < 0.01
+assert not any(v.excludes(0.0) for v in vs_control.values())
+print(pd.DataFrame({k: {"final accuracy": stats.format_interval(stats.t_interval(v, bounds=(0, 1))),
+                        "minus GRPO": interval_text(ctrl_diff[k])} for k, v in ctrl_final.items()}).T.to_string())
 
 # %% [markdown]
-# {glue:text}`ch_noclip_sentence`
+# {glue:text}`ch_noclip_sentence` So the three lowest rows lose what any preset loses without a
+# clip, whatever their mechanisms add. The control also shows the limit of the rule that called the
+# other clips idle: a clip that binds on {glue:text}`ch_grpo_clip` of tokens, under the 1% of chapter
+# 6's rule, still decides the outcome here. DAPO's clip-higher, CISPO's cap and GMPO's log-space clip
+# fail that rule too, so their "not tested" verdicts rest on a threshold this control shows to be too
+# strict: read them as *unknown*, not as *idle*. (CISPO's and DAPO's verdicts rest on more than that
+# rule: the papers' 16 updates per rollout and the overlong switches; GMPO's does not.) GRPO's own KL
+# check passes (the term is non-zero) but removing it changes nothing measurable here.
 
 # %% [markdown]
 # RPT trains on its own task (next-token reasoning on chapter 7's corpus, with chapter 7's settings),
@@ -565,16 +597,18 @@ print("not applicable:", "; ".join(f"{k}: {v}" for k, v in rr["not_applicable"].
 
 # %%
 def quote(key: str) -> str:
-    """``"<chapter>:<glue name>"`` -> the value that chapter glued, from its executed notebook."""
+    """``"<chapter>:<glue name>"`` -> the value that chapter glued, from its executed notebook, as plain text
+    (a glued sentence's Markdown emphasis removed: it is shown inside tables)."""
     stem, name = key.split(":")
-    return book.glued(stem, name)
+    return book.glued(stem, name).replace("**", "")
 
 
 # (preset, the claim tested, finding, [(what the number is, "<chapter>:<glue name>" or a value from §8.2)])
 FINDINGS = {
     "GRPO": ("a group baseline lets RL learn without a value model, at a lower cost per step", "supported",
              [("gain over the base policy, chapter 1", quote("01_grpo:grpo_gain_ci")),
-              ("seconds per step, PPO (a critic) / GRPO, §8.2", stats.format_interval(ppo_secs, 2)),
+              ("seconds per step, PPO (a critic) / Dr.GRPO (neither has a reference model), §8.2",
+               stats.format_interval(ppo_secs, 2)),
               ("PPO minus GRPO, §8.2 (PPO's critic not in its regime)", interval_text(diff["PPO"]))]),
     "DR_GRPO": ("without 1/|o| and the std, wrong answers stop growing longer than right ones",
                 "not tested in the paper's regime",
@@ -582,6 +616,7 @@ FINDINGS = {
                   f"{quote('03_dr_grpo:inc_diff')} tokens ({quote('03_dr_grpo:verdict_inc')})"),
                  ("gap wrong minus right, GRPO minus Dr.GRPO, chapter 3",
                   f"{quote('03_dr_grpo:gap_diff')} tokens ({quote('03_dr_grpo:verdict_gap')})"),
+                 ("chapter 3's own verdict, in its setting", quote("03_dr_grpo:repro_verdict")),
                  ("§8.2 regime", regime["DR_GRPO"]["reason"])]),
     "GSPO": ("a sequence ratio stabilises MoE RL without Routing Replay",
              "not tested in the paper's regime",
@@ -591,7 +626,7 @@ FINDINGS = {
     "CISPO": ("keeps the gradient of tokens the clip silences; DAPO's score in half the steps",
               "mechanism supported; speed not tested in the paper's regime",
               [("rare positive-advantage tokens at 16 updates per batch, chapter 5", quote("05_cispo:cispo_rare_verdict")),
-               ("speed, chapter 5", quote("05_cispo:cispo_speed_verdict").split(";")[0].replace("**", ""))]),
+               ("speed, chapter 5", quote("05_cispo:cispo_speed_verdict").split(";")[0])]),
     "VAPO": ("a pretrained critic's per-token credit beats critic-free training",
              "not tested in the paper's regime",
              [("chapter 6", quote("06_vapo:vapo_critic_sentence")),
@@ -660,7 +695,11 @@ with pd.option_context("display.max_colwidth", None):
 # of the others: {glue:text}`ch_findings_rest`. That is the honest summary of a laptop-scale book: the
 # mechanisms are all implemented and checked against the papers' equations in chapters 1–7, but
 # most claims about *training outcomes* need the regime the papers trained in, and where the toy
-# reached that regime (CISPO's off-policy updates in chapter 5) the mechanism showed.
+# reached that regime (CISPO's off-policy updates in chapter 5) the mechanism showed. Dr.GRPO's row
+# is filed differently from chapter 3's own wording: chapter 3 reports its test as not reproducing the
+# claim as stated, in its setting; here the claim's precondition, a length gap between GRPO's wrong
+# and right answers, is measured first and is absent, so the row says *not tested in the paper's
+# regime*, and both of chapter 3's results stand beside it.
 #
 # :::{admonition} Common misreadings: the section's table and tree
 # :class: warning
@@ -988,17 +1027,20 @@ gpu_summary = book.show_gpu_results("08_choosing", GPU_ALGOS, baseline="GRPO", s
 # * Ask of a new variant which axes it moves; `check_axes` answers from the package's fields, and the
 #   function a field names can move another axis (GMPO's surrogate is a sequence-level ratio). Most of
 #   2025's variants move the surrogate and drop the KL term; only VAPO brings back a critic.
-# * Check the regime before reading a difference. Here only GRPO's own mechanism had something to act
-#   on: short answers, few updates per rollout and a dense model left every other preset's mechanism
-#   idle, and a comparison outside the regime is no verdict on the paper.
+# * Check the regime before reading a difference. Here only GRPO passed its checks: short answers, few
+#   updates per rollout and a dense model leave the other presets' mechanisms little or nothing to act
+#   on, and a comparison outside the regime is no verdict on the paper. Check the checks too: a clip
+#   binding on under 1% of tokens was not idle.
 # * With {glue:text}`ch_nseeds` seeds, only large differences can be separated once the comparisons are corrected for:
-#   none was. The three lowest rows share a missing clip, and GRPO with neither clip nor KL loses as
-#   much as they do: with several updates per rollout, keep a clip (or a cap) whatever else you change.
+#   none was. The three lowest rows share a missing clip, and GRPO without its clip loses about as
+#   much as they do, while GRPO without its KL term loses nothing measurable: with more than one
+#   update per rollout, keep a clip (or a cap) whatever else you change.
 # * Charge compute, not steps: a critic's forward and backward passes make a PPO step measurably
-#   slower than a GRPO step, and dynamic sampling's refills are generation you pay for.
-# * Our tree changes four of the section's branches, each to a question you can measure before
-#   choosing: does the critic keep pace? does the clip bind at your number of off-policy updates? is
-#   the model a Mixture-of-Experts? does the model already reason?
+#   slower than a critic-free step, and dynamic sampling's refills are generation you pay for.
+# * Our tree changes four of the section's branches. Two now ask a question you can measure before
+#   choosing (does the critic keep pace? does the clip bind at your number of off-policy updates?);
+#   the Mixture-of-Experts leaf names both routes (GSPO, or token ratios with the routes replayed);
+#   and RPT becomes a pre-training task for a model that already reasons.
 #
 # ## Exercises
 #
