@@ -483,7 +483,8 @@ with pd.option_context("display.max_colwidth", None):
 # In regime here: {glue:text}`ch_in_regime`, and no other preset. Each of the others is not tested in
 # its paper's regime, for the reason in its row: DAPO's clip-higher, CISPO's weight cap and GMPO's
 # log-space clip bind on under 1% of tokens at {glue:text}`ch_minibatches` updates per rollout (chapter
-# 5 needed sixteen to make such clips act), and almost no response reaches DAPO's overlong window;
+# 5 used sixteen to put CISPO in its regime; the control below questions this rule), and almost no
+# response reaches DAPO's overlong window;
 # PPO's fresh critic never explains a tenth of the returns' variance and VAPO's pretrained one loses
 # its explained variance as the policy moves, on responses a few tokens long (chapter 6); SAPO's soft
 # gate is the plain ratio when the ratios stay this close to 1; KL-Cov and Clip-Cov select about one
