@@ -276,10 +276,13 @@ def subtree(tree: Union[Node, Leaf], path: Iterable[str]) -> Union[Node, Leaf]:
         a :class:`Node` or a :class:`Leaf`.
 
     Raises:
-        ValueError: ``tree`` neither a Node nor a Leaf, a path that goes on past a Leaf, or an answer
-            that the question at that point does not have (the message lists the answers).
+        ValueError: ``tree`` neither a Node nor a Leaf, a path given as one string (it would be read
+            letter by letter), a path that goes on past a Leaf, or an answer that the question at that
+            point does not have (the message lists the answers).
     """
     _check_tree(tree)
+    if isinstance(path, str):
+        raise ValueError(f"subtree: the path is a tuple of answers, got the string {path!r}; write ({path!r},)")
     here: Union[Node, Leaf] = tree
     for i, answer in enumerate(tuple(path)):
         if isinstance(here, Leaf):
@@ -731,6 +734,7 @@ def plot_tree(tree: Union[Node, Leaf], ax: Any = None, highlight: Optional[Itera
     own = ax is None
     fig = plt.figure(figsize=(8.0, height)) if own else ax.figure
     ax = fig.add_axes((0.0, 0.0, 1.0, 1.0)) if own else ax
+    axis_was_on = ax.axison
     ax.set_axis_off()
     boxes = {p: _box(ax, p, e, ys[p], p in marked) for p, e in _walk(tree)}
     answers = {p + (a,): _answer(ax, a, p + (a,), ys[p + (a,)]) for p, e in _walk(tree) if isinstance(e, Node)
@@ -744,6 +748,10 @@ def plot_tree(tree: Union[Node, Leaf], ax: Any = None, highlight: Optional[Itera
     pos = ax.get_position()
     have = (pos.width * fig.get_figwidth(), pos.height * fig.get_figheight())
     if not own and (have[0] < width - 1e-6 or have[1] < height - 1e-6):  # the lines would be cut off at its edges
+        for artist in (*boxes.values(), *answers.values()):  # leave the caller's Axes as it was
+            artist.remove()
+        if axis_was_on:
+            ax.set_axis_on()
         raise ValueError(f"plot_tree: the Axes is {have[0]:.2f} x {have[1]:.2f} inches, this tree needs "
                          f"{width:.2f} x {height:.2f}; give a larger Axes, or ax=None for a figure sized to it")
     ax.set_xlim(0, pos.width * fig.get_figwidth())

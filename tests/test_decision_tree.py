@@ -303,4 +303,7 @@ def test_plot_tree_checks_highlight_and_draws_into_a_given_axes():
     small, axes = plt.subplots(2, 1, figsize=(9, 6))
     with pytest.raises(ValueError, match=r"the Axes is .* inches, this tree needs"):
         D.plot_tree(OUR_TREE, ax=axes[1])
+    assert not axes[1].texts and axes[1].axison  # nothing left drawn on the refused Axes
+    with pytest.raises(ValueError, match="tuple of answers, got the string"):
+        D.subtree(OUR_TREE, "general dialogue")
     plt.close(small)
