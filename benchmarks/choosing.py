@@ -30,8 +30,8 @@ which do not, and why). Before any verdict, ``regime`` states per preset whether
 was designed for: each mechanism's precondition measured from the runs beside the paper's value, a boolean and a
 one-line reason; a verdict is "in regime" or "not tested in the paper's regime: <why>", never "does not reproduce".
 
-Run time: 257 s of wall time at full size, two runs at a time on two cores (479 s of the runs' own step and
-evaluation seconds; 2026-12-04), from an empty run cache; up to twice that with other work on the cores. A quick
+Run time: 244-257 s of wall time at full size in three runs, two runs at a time on two cores (454-479 s of the
+runs' own step and evaluation seconds; 2026-12-04), from an empty run cache; up to twice that with other work on the cores. A quick
 look (2 seeds x 2 steps) takes 21-26 s. Chapter 8 reads the file (its ``RERUN = True`` runs this script first).
 """
 

@@ -1,6 +1,7 @@
 """benchmarks/choosing.py (chapter 8's one comparison under one budget): the compute charge, tokens to a target and
-accuracy at matched compute on a hand-made history (hand goldens), and a quick look whose file holds every stated
-column, whose intervals recompute from its per-seed values and whose critic preset is charged its critic."""
+accuracy at matched compute on a hand-made history (hand goldens), the regime rules chapter 8 reports on hand-made
+histories either side of each threshold, and a quick look whose file holds every stated column, whose intervals
+recompute from its per-seed values and whose critic preset is charged its critic."""
 
 import json
 import math
@@ -117,3 +118,40 @@ def test_quick_look_file(bench, tmp_path):
     assert {"final_accuracy", "compute_units_total", "not_applicable"} <= set(rpt)
     assert "minus_grpo" in rpt["not_applicable"]
     _recomputes(rpt["final_accuracy"])
+
+
+class _Run:
+    """What the regime checks read of a run: its history."""
+
+    def __init__(self, **cols):
+        seeds, steps = [0, 0, 1, 1, 2, 2], [1, 2, 1, 2, 1, 2]  # three seeds, two training steps each
+        self.history = pd.DataFrame({"seed": seeds, "step": steps, **{k: list(v) for k, v in cols.items()}})
+
+
+def test_regime_rules_by_hand(bench):
+    """The preconditions chapter 8 reports, on hand-made histories just either side of each threshold."""
+    # a critic keeps pace: pretrained, the last explained variance >= half the first; fresh (0 at step 1), >= 0.1
+    ev = lambda first, last: _Run(explained_variance_mc=[first, last] * 3)  # noqa: E731
+    assert bench._pace(ev(0.4, 0.25))["holds"] and not bench._pace(ev(0.4, 0.15))["holds"]
+    assert bench._pace(ev(0.0, 0.2))["holds"] and not bench._pace(ev(0.0, 0.03))["holds"]  # PPO's 0.03 fails
+    # the covariance rules need >= 10 selected tokens per update: share x loss tokens per update
+    cov = lambda share: {"KL_COV": _Run(kl_cov_selected=[share] * 6, num_tokens=[800.0] * 6),  # noqa: E731
+                         "GRPO": _Run(entropy=[0.3, 0.1] * 3)}
+    run = bench._regime_cov("KL_COV", "kl_cov_selected")
+    low, high = run(cov(0.0015), {}), run(cov(0.02), {})  # 1.2 and 16 tokens per update
+    assert [c["holds"] for c in low] == [True, False] and [c["holds"] for c in high] == [True, True]
+    assert "1.2 tokens selected per update" in low[1]["why"]
+    # Dr.GRPO's length bias is looked for in GRPO's runs: a gap in Dr.GRPO's runs alone does not count
+    gap = _Run(length_incorrect=[12.0, 13.0, 11.0, 12.5, 12.2, 11.8], length_correct=[8.0] * 6)
+    none = _Run(length_incorrect=[8.0, 9.0, 7.0, 8.5, 8.0, 7.5], length_correct=[8.0] * 6)
+    probe = {"group_std_ratio": 2.0}
+    assert bench._regime_dr_grpo({"GRPO": gap, "DR_GRPO": none}, probe)[0]["holds"]
+    assert not bench._regime_dr_grpo({"GRPO": none, "DR_GRPO": gap}, probe)[0]["holds"]
+    # DAPO's switches act only on >= 1% of groups / responses
+    dapo = lambda share: {"DAPO": _Run(zero_adv_group_frac=[0.3] * 6, clip_frac_high=[0.02] * 6,  # noqa: E731
+                                       truncation_rate=[share] * 6, overlong_frac_penalised=[share] * 6)}
+    assert [c["holds"] for c in bench._regime_dapo(dapo(0.0001), {})] == [True, True, False, False]
+    assert all(c["holds"] for c in bench._regime_dapo(dapo(0.02), {}))
+    # GMPO's clip is held to the same 1% rule
+    gmpo = lambda frac: {"GMPO": _Run(clip_frac=[frac] * 6, ratio_max=[3.0] * 6, ratio_min=[0.2] * 6)}  # noqa: E731
+    assert not bench._regime_gmpo(gmpo(0.0037), {})[0]["holds"] and bench._regime_gmpo(gmpo(0.02), {})[0]["holds"]

@@ -88,8 +88,8 @@ from grpo_lab.models import count_parameters, load_policy
 from grpo_lab.objectives import policy_loss
 from grpo_lab.paths import REPO_ROOT, checkpoint_dir
 from grpo_lab.trainer import TrainerConfig
-from grpo_lab.variant_records import (AXES, RECORDS, REGISTRY_AXES, axes_changed, changed_axes, check_axes,
-                                      describe_changes, records_table)
+from grpo_lab.variant_records import (AXES, REGISTRY_AXES, axes_changed, changed_axes, check_axes, describe_changes,
+                                      records_table)
 
 book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
