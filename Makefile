@@ -69,7 +69,7 @@ book-stored: install
 
 ## execute: re-run every chapter in place from a fresh kernel (refreshes the stored outputs nbval compares)
 execute: install sync
-	$(BIN)/python -m grpo_lab.book execute $(NB)
+	$(BIN)/python -m grpo_lab.lab.book execute $(NB)
 
 ## sync: update each notebook's inputs from its jupytext twin in book/_py/
 sync: install
@@ -81,13 +81,13 @@ sync: install
 ## then arithmetic-moe-base (the same recipe as arithmetic-base with a Qwen3-MoE-style model: 8 experts, top 2),
 ## chapter 7's corpus-proxy-base and corpus-base, and reverse-base (the README's own-task example, ~1 min)
 pretrain: install
-	$(BIN)/python -m grpo_lab.pretrain arithmetic
-	$(BIN)/python -m grpo_lab.pretrain arithmetic-filler
-	$(BIN)/python -m grpo_lab.pretrain arithmetic-long
-	$(BIN)/python -m grpo_lab.pretrain arithmetic-moe
-	$(BIN)/python -m grpo_lab.pretrain corpus-proxy
-	$(BIN)/python -m grpo_lab.pretrain corpus
-	$(BIN)/python -m grpo_lab.pretrain reverse
+	$(BIN)/python -m grpo_lab.lab.pretrain arithmetic
+	$(BIN)/python -m grpo_lab.lab.pretrain arithmetic-filler
+	$(BIN)/python -m grpo_lab.lab.pretrain arithmetic-long
+	$(BIN)/python -m grpo_lab.lab.pretrain arithmetic-moe
+	$(BIN)/python -m grpo_lab.lab.pretrain corpus-proxy
+	$(BIN)/python -m grpo_lab.lab.pretrain corpus
+	$(BIN)/python -m grpo_lab.lab.pretrain reverse
 
 ## xcheck: equivalence of grpo_lab.export's TRL / verl settings with TRL's and verl's own loss code (issue 16).
 ## Installs requirements/xcheck.txt without dependencies on top of ci.txt (verl's heavy extras are not needed).

@@ -47,14 +47,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from grpo_lab import experiments, stats
-from grpo_lab.advantages import VALUE_BASELINE_ESTIMATORS
-from grpo_lab.algorithms import (CISPO, CLIP_COV, DAPO, DR_GRPO, GMPO, GRPO, GSPO, KL_COV, PPO, RPT, RPT_SAMPLING,
+from grpo_lab import experiments, lab
+from grpo_lab.experiments import stats
+from grpo_lab.algo.advantages import VALUE_BASELINE_ESTIMATORS
+from grpo_lab.algo.algorithms import (CISPO, CLIP_COV, DAPO, DR_GRPO, GMPO, GRPO, GSPO, KL_COV, PPO, RPT, RPT_SAMPLING,
                                  SAPO, VAPO)
-from grpo_lab.models import load_policy
+from grpo_lab.policy.models import load_policy
 from grpo_lab.tasks import get_task
 from grpo_lab.tasks.next_token import ENTROPY_THRESHOLDS
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "choosing.json"
@@ -454,7 +455,7 @@ def critic_pretraining(prof, lr: float, steps: int) -> tuple[str, int]:
     critic lr 2 x the policy's); returns its directory (the run cache hashes its weights) and the steps taken."""
     critic = str(ROOT / "_build" / f"choosing_critic_{steps}")
     algo = VAPO.replace(lam_alpha=VAPO_ALPHA)
-    warm = experiments.pretrain_critic((0, "policy", critic), algo=algo, profile=prof, steps=steps, value_lr=2 * lr)
+    warm = lab.pretrain_critic((0, "policy", critic), algo=algo, profile=prof, steps=steps, value_lr=2 * lr)
     return critic, int(warm["value_step"].max())
 
 

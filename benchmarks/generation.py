@@ -7,12 +7,12 @@ cache, and the static cache with the decode step compiled by ``torch.compile`` (
 Two shapes, both from the shipped ``arithmetic-base`` checkpoint with one torch thread (the CPU
 profile's setting): a training rollout (16 questions × G = 8, sampled, ≤ 32 new tokens) and the
 greedy evaluation of the 198-question test set. Every variant calls ``model.generate`` with the
-settings :func:`grpo_lab.rollout.generate` uses (``output_logits=True``, the same stop id), and the
+settings :func:`grpo_lab.policy.rollout.generate` uses (``output_logits=True``, the same stop id), and the
 variants run interleaved (one call each per repetition, rotating the order), so that a slow
 moment of the machine hits all of them. The first ``--warmup`` repetitions are not counted; the
 compiled variant's first call (the compilation) is reported separately.
 
-What it decided: ``grpo_lab.rollout.generate`` keeps the dynamic cache (see its docstring).
+What it decided: ``grpo_lab.policy.rollout.generate`` keeps the dynamic cache (see its docstring).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main(argv=None) -> None:
     from transformers import CompileConfig, GenerationConfig
 
     from grpo_lab.experiments import processor_name
-    from grpo_lab.models import load_policy
+    from grpo_lab.policy.models import load_policy
     from grpo_lab.paths import checkpoint_dir
     from grpo_lab.tasks import get_task
 

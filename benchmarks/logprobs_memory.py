@@ -4,12 +4,12 @@ Two sources of log-probs are measured at B=8, T=512, V=32000 by default:
 
 * ``hidden``: from final hidden states ``[B, T, H]`` and an lm_head ``[V, H]`` (H=256):
   naive = ``log_softmax((h @ W^T).float() / tau).gather(ids)`` vs
-  :func:`grpo_lab.logprobs.token_logprobs_from_hidden` (chunked, logits recomputed in backward)
+  :func:`grpo_lab.policy.logprobs.token_logprobs_from_hidden` (chunked, logits recomputed in backward)
   and the same with ``compile=True`` (path ``compiled``: the per-chunk softmax work in
   ``torch.compile``-generated fused kernels).
 * ``logits``: from given logits ``[B, T, V]`` (which require grad):
   naive = ``log_softmax(logits.float() / tau).gather(ids)`` vs
-  :func:`grpo_lab.logprobs.token_logprobs` with ``chunk_size=None`` (fused) and with chunks.
+  :func:`grpo_lab.policy.logprobs.token_logprobs` with ``chunk_size=None`` (fused) and with chunks.
 
 Every case runs twice, each time in a fresh subprocess: once to measure memory (one forward +
 backward) and once to measure time (median of ``--repeats`` runs after a first, untimed one, with
@@ -126,7 +126,7 @@ def _worker(args) -> dict:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from grpo_lab.logprobs import token_logprobs, token_logprobs_from_hidden
+    from grpo_lab.policy.logprobs import token_logprobs, token_logprobs_from_hidden
 
     dev = torch.device(args.device)
     dtype = getattr(torch, args.dtype)

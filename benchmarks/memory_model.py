@@ -1,4 +1,4 @@
-"""The memory model (grpo_lab.memory_model) against measurement, phase by phase.
+"""The memory model (grpo_lab.experiments.memory_model) against measurement, phase by phase.
 
 Each case builds a randomly initialised Qwen2 model from a config (no download) in a fresh
 subprocess, does one phase of a training step with plain HF / torch calls, and reports the memory
@@ -9,13 +9,13 @@ that phase added over what was held before it:
   ``opt.step()`` over the memory before it;
 * ``train`` / ``train_ckpt`` / ``train_bf16``: one micro-batch's forward and backward in train mode
   (dropout 0, ``use_cache=False``, ``logits_to_keep = T + 1``), the log-probs by
-  :func:`grpo_lab.logprobs.token_logprobs` and the entropy by :func:`grpo_lab.logprobs.entropy_from_logits`
-  under no-grad, as :func:`grpo_lab.rollout.policy_logprobs` calls them; ``_ckpt`` with HF gradient
+  :func:`grpo_lab.policy.logprobs.token_logprobs` and the entropy by :func:`grpo_lab.policy.logprobs.entropy_from_logits`
+  under no-grad, as :func:`grpo_lab.policy.rollout.policy_logprobs` calls them; ``_ckpt`` with HF gradient
   checkpointing (``use_reentrant=False``), ``_bf16`` under bfloat16 autocast;
 * ``score``: the same forward under no-grad, log-probs only (π_old / π_ref scoring);
 * ``rollout``: grpo_lab's sampling path (``rollout._generate_with`` and its per-step behaviour
-  log-prob recorder, as :func:`grpo_lab.rollout.generate` runs it) on ``rows`` rows to the budget (no
-  EOS can stop them); ``evaluation``: greedy, without the recorder (as :func:`grpo_lab.rollout.evaluate`).
+  log-prob recorder, as :func:`grpo_lab.policy.rollout.generate` runs it) on ``rows`` rows to the budget (no
+  EOS can stop them); ``evaluation``: greedy, without the recorder (as :func:`grpo_lab.policy.rollout.evaluate`).
 
 Memory: on CPU the peak resident set (``VmHWM`` after writing ``5`` to ``/proc/self/clear_refs``,
 as :mod:`grpo_lab.training.memory` does) minus the resident set before the phase, with glibc's
@@ -64,8 +64,8 @@ CASES = ("state", "train", "train_ckpt", "train_bf16", "score", "rollout", "eval
 
 
 def run_shape(case: str, scale: dict):
-    """The :class:`grpo_lab.memory_model.RunShape` of ``case`` at ``scale``."""
-    from grpo_lab.memory_model import RunShape
+    """The :class:`grpo_lab.experiments.memory_model.RunShape` of ``case`` at ``scale``."""
+    from grpo_lab.experiments.memory_model import RunShape
 
     gen = case in ("rollout", "evaluation")
     autocast = "bfloat16" if case == "train_bf16" else scale["autocast"]
@@ -77,7 +77,7 @@ def run_shape(case: str, scale: dict):
 
 def predicted(case: str, config: dict, scale: dict) -> dict:
     """``{phase: bytes}`` the memory model predicts for what ``case`` measures."""
-    from grpo_lab.memory_model import predict_memory
+    from grpo_lab.experiments.memory_model import predict_memory
 
     est = predict_memory(config, run_shape(case, scale))
     p = est.phases
@@ -163,11 +163,11 @@ def _inputs(rows: int, prompt: int, new: int, vocab: int, device):
 
 def _forward_logp(model, ids, mask, pos, new: int, *, entropy: bool):
     """policy_logprobs' calls: the forward keeping T + 1 logits, log-probs (and entropy under no-grad), chunked
-    as it chunks them by default (:func:`grpo_lab.rollout.logprob_chunk_rows`)."""
+    as it chunks them by default (:func:`grpo_lab.policy.rollout.logprob_chunk_rows`)."""
     import torch
 
-    from grpo_lab.logprobs import entropy_from_logits, token_logprobs
-    from grpo_lab.rollout import logprob_chunk_rows
+    from grpo_lab.policy.logprobs import entropy_from_logits, token_logprobs
+    from grpo_lab.policy.rollout import logprob_chunk_rows
 
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=new + 1, use_cache=False)
     logits = out.logits[:, :-1]
@@ -236,13 +236,13 @@ def _case_train(case, config, scale, device, mem) -> dict:
 
 
 def _case_generate(case, config, scale, device, mem) -> dict:
-    """``rollout``: grpo_lab's sampling path (:func:`grpo_lab.rollout._generate_with` with its per-step
-    behaviour log-prob recorder, what :func:`grpo_lab.rollout.generate` runs after tokenising);
-    ``evaluation``: the same greedy, without the recorder (what :func:`grpo_lab.rollout.evaluate` runs)."""
+    """``rollout``: grpo_lab's sampling path (:func:`grpo_lab.policy.rollout._generate_with` with its per-step
+    behaviour log-prob recorder, what :func:`grpo_lab.policy.rollout.generate` runs after tokenising);
+    ``evaluation``: the same greedy, without the recorder (what :func:`grpo_lab.policy.rollout.evaluate` runs)."""
     import torch
     from transformers import GenerationConfig
 
-    from grpo_lab.rollout import _BehaviourLogprobs, _generate_with
+    from grpo_lab.policy.rollout import _BehaviourLogprobs, _generate_with
 
     shape = run_shape(case, scale)
     greedy = case == "evaluation"
@@ -286,7 +286,7 @@ def _worker(case: str, scale_name: str, device_name: str) -> dict:
 
 
 def _config(scale_name: str) -> dict:
-    from grpo_lab.memory_model import QWEN25_05B_CONFIG
+    from grpo_lab.experiments.memory_model import QWEN25_05B_CONFIG
 
     return dict(QWEN25_05B_CONFIG) if scale_name == "gpu" else dict(CPU_CONFIG)
 
@@ -356,8 +356,8 @@ def chapter_runs() -> dict:
     (else the GPU profile's 2), chapter 7's 256-token budget and single minibatch (rpt_gpu_profile)."""
     import ast
 
-    from grpo_lab import algorithms
-    from grpo_lab.advantages import VALUE_BASELINE_ESTIMATORS
+    from grpo_lab.algo import algorithms
+    from grpo_lab.algo.advantages import VALUE_BASELINE_ESTIMATORS
 
     out = {}
     for twin in sorted((ROOT / "book" / "_py").glob("0*.py")):
@@ -390,7 +390,7 @@ def _shown_name(name: str, assigns: dict) -> str:
     the preset with its changed fields (``GRPO (kl=None, beta=0.0, eps_high=0.27)``), not the twin's
     chapter-local variable."""
     if name not in assigns:
-        from grpo_lab import algorithms
+        from grpo_lab.algo import algorithms
 
         return getattr(algorithms, name).name
     call = assigns[name]
@@ -404,7 +404,7 @@ def _twin_int(node, assigns: dict) -> int:
 
 
 def _fit_cell(total: int, autocast: str, kl: bool, critic: bool, new: int, max_micro: int) -> str:
-    from grpo_lab.memory_model import QWEN25_05B_CONFIG, RunShape, fit_batch_sizes
+    from grpo_lab.experiments.memory_model import QWEN25_05B_CONFIG, RunShape, fit_batch_sizes
 
     for ckpt in (False, True):
         shape = RunShape(rows=128, prompt_len=256, max_new_tokens=new, micro_batch_size=1, eval_batch_size=64,

@@ -37,13 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_lab import experiments, stats
-from grpo_lab.algorithms import GRPO
-from grpo_lab.models import load_policy
+from grpo_lab import experiments, lab
+from grpo_lab.experiments import stats
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.policy.models import load_policy
 from grpo_lab.paths import checkpoint_dir
-from grpo_lab.pretrain import RECIPES, pretrain, sha256_file
+from grpo_lab.lab.pretrain import RECIPES, pretrain, sha256_file
 from grpo_lab.tasks import get_task
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "moe_granularity.json"
@@ -79,7 +80,7 @@ def _probe(base: str, seed: int, minibatches: int, lr: float) -> tuple[float, fl
                               progress=False, threads=1)
     tr = Trainer(pol, tok, task, GRPO_NOKL, cfg)
     tr.train(-(-cfg.warmup // minibatches))  # past the warm-up: the probed updates run at the full rate
-    b, _, (rec_old, _), (rec_new, _) = experiments.routing_update(tr)
+    b, _, (rec_old, _), (rec_new, _) = lab.routing_update(tr)
     ro = b.rollout
     P, T = ro.prompt_ids.shape[1], ro.completion_ids.shape[1]
     mask = b.loss_mask[:, :T].bool()

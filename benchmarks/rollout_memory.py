@@ -6,16 +6,16 @@ row stops early and every call runs the full budget. Each measurement runs in a 
 
 * ``hf_sample``: plain ``transformers`` ``generate``, sampling at temperature 1, returning the ids only
   (the floor any rollout has to pay: KV cache, one step's logits and the sampler's copies of them);
-* ``grpo_sample``: :func:`grpo_lab.rollout.generate` (sampling at temperature 1, behaviour log-probs
+* ``grpo_sample``: :func:`grpo_lab.policy.rollout.generate` (sampling at temperature 1, behaviour log-probs
   recorded step by step);
-* ``grpo_eval``: :func:`grpo_lab.rollout.evaluate` (greedy, ``batch_size=B``, no log-probs);
-* ``grpo_greedy``: :func:`grpo_lab.rollout.generate` with ``greedy=True`` (log-probs recorded at
+* ``grpo_eval``: :func:`grpo_lab.policy.rollout.evaluate` (greedy, ``batch_size=B``, no log-probs);
+* ``grpo_greedy``: :func:`grpo_lab.policy.rollout.generate` with ``greedy=True`` (log-probs recorded at
   temperature 1; what ``tests/test_rollout_memory.py`` measures, as it runs several times faster than
   sampling over 151,936 tokens on a CPU);
 * ``hf_greedy``: plain ``transformers`` greedy ``generate``;
-* ``former_sample`` (reference, reimplemented here, not grpo_lab code): what ``grpo_lab.rollout.generate``
+* ``former_sample`` (reference, reimplemented here, not grpo_lab code): what ``grpo_lab.policy.rollout.generate``
   did before issue 31: ``generate(output_logits=True)``, every step's float32 logits stacked into one
-  ``[B, T, V]`` tensor, :func:`grpo_lab.logprobs.token_logprobs` of the sampled tokens. It needs about
+  ``[B, T, V]`` tensor, :func:`grpo_lab.policy.logprobs.token_logprobs` of the sampled tokens. It needs about
   ``B·T·V·4`` bytes, so it is run only at the shapes ``--former`` names.
 
 Peak memory is the increase of the peak resident set size over the resident set size after the model is
@@ -66,7 +66,7 @@ def _build(V: int, H: int):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_lab.models import build_char_tokenizer
+    from grpo_lab.policy.models import build_char_tokenizer
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
@@ -87,8 +87,8 @@ def _run(case: str, model, tok, B: int, T: int):
     """One call of ``case`` on ``B`` prompts with a budget of ``T`` new tokens; returns the new tokens' count."""
     import torch
 
-    from grpo_lab.logprobs import token_logprobs
-    from grpo_lab.rollout import evaluate, generate
+    from grpo_lab.policy.logprobs import token_logprobs
+    from grpo_lab.policy.rollout import evaluate, generate
     from grpo_lab.tasks import ArithmeticTask, Problem
 
     problems = [Problem(f"{i % 10}+{i % 7}=", str(i % 10 + i % 7)) for i in range(B)]

@@ -11,7 +11,7 @@ Each contender gets its own deep copy of the checkpoint (policy and reference) a
 The contenders
 --------------
 ``grpo_lab``
-    ``grpo_lab.trainer.Trainer`` with the ``GRPO`` preset and ``TrainerConfig(prompts_per_step=16,
+    ``grpo_lab.training.trainer.Trainer`` with the ``GRPO`` preset and ``TrainerConfig(prompts_per_step=16,
     group_size=G, minibatches=2, epochs=1, max_new_tokens=N, lr=1e-6, warmup=0, eval_every=0,
     micro_batch_size=32)`` (the CPU profile's micro-batch size: with ``sort_by_length``, rows of
     similar length share a micro-batch, which trims padding; the gradient is the same sum);
@@ -186,7 +186,7 @@ def _base():
     """The shipped checkpoint, loaded once (each contender deep-copies it)."""
     global _BASE
     if _BASE is None:
-        from grpo_lab.models import load_policy
+        from grpo_lab.policy.models import load_policy
         from grpo_lab.paths import checkpoint_dir
 
         policy, tok = load_policy(checkpoint_dir("arithmetic-base"), progress=False)
@@ -215,13 +215,13 @@ def _task():
 
 # ---------------------------------------------------------------------------------------- grpo_lab
 class GrpoLabStep:
-    """``grpo_lab.trainer.Trainer`` (GRPO preset); ``__call__`` runs one step, returns its mean
+    """``grpo_lab.training.trainer.Trainer`` (GRPO preset); ``__call__`` runs one step, returns its mean
     completion length."""
 
     def __init__(self, shape: Shape, seed: int = 0):
-        from grpo_lab.algorithms import GRPO
+        from grpo_lab.algo.algorithms import GRPO
         from grpo_lab.experiments import get_profile
-        from grpo_lab.trainer import Trainer, TrainerConfig
+        from grpo_lab.training.trainer import Trainer, TrainerConfig
 
         policy, ref, tok = _weights(shape)
         config = TrainerConfig(prompts_per_step=shape.prompts, group_size=shape.group_size, minibatches=MINIBATCHES,
@@ -519,7 +519,7 @@ def run_benchmark(shapes: list[Shape], *, warmup: int = 2, reps: int = 10, threa
     sets torch's intra-op threads for the run (restored afterwards); ``None`` leaves it."""
     import transformers
 
-    from grpo_lab.models import count_parameters
+    from grpo_lab.policy.models import count_parameters
 
     if with_trl:
         trl = _import_trl()

@@ -1,6 +1,6 @@
 """VAPO where the reward arrives hundreds of tokens after the decision: the regime chapter 6 cannot reach.
 
-    python -m grpo_lab.pretrain arithmetic-long     # once: data/checkpoints/arithmetic-long-base
+    python -m grpo_lab.lab.pretrain arithmetic-long     # once: data/checkpoints/arithmetic-long-base
     python benchmarks/vapo_long.py                  # 5 seeds, writes benchmarks/results/vapo_long.json
     python benchmarks/vapo_long.py --seeds 1 --steps 2 --out /tmp/x.json   # a quick look (the test's)
 
@@ -54,14 +54,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo_lab import experiments, stats
-from grpo_lab.advantages import AdvantageBatch, length_adaptive_lam
-from grpo_lab.algorithms import VAPO
-from grpo_lab.models import load_policy
+from grpo_lab import experiments, lab
+from grpo_lab.experiments import stats
+from grpo_lab.algo.advantages import AdvantageBatch, length_adaptive_lam
+from grpo_lab.algo.algorithms import VAPO
+from grpo_lab.policy.models import load_policy
 from grpo_lab.paths import checkpoint_dir
-from grpo_lab.pretrain import RECIPES, sha256_file
+from grpo_lab.lab.pretrain import RECIPES, sha256_file
 from grpo_lab.tasks import get_task
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "vapo_long.json"
@@ -185,13 +186,13 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
     if not (checkpoint_dir(BASE) / "model.safetensors").is_file():
-        raise SystemExit(f"{BASE} not found: make it first (python -m grpo_lab.pretrain arithmetic-long)")
+        raise SystemExit(f"{BASE} not found: make it first (python -m grpo_lab.lab.pretrain arithmetic-long)")
     t0 = time.perf_counter()
     prof = long_profile(a.steps)
     value_lr = VALUE_LR
     pretrain_steps = PRETRAIN_STEPS if a.steps >= STEPS else 2  # a quick look pretrains briefly
     critic = str(ROOT / "_build" / f"vapo_long_critic_{pretrain_steps}")  # the run cache hashes its weights
-    warm = experiments.pretrain_critic((0, "policy", critic), algo=VAPO, profile=prof, steps=pretrain_steps,
+    warm = lab.pretrain_critic((0, "policy", critic), algo=VAPO, profile=prof, steps=pretrain_steps,
                                        value_lr=value_lr)
     reg = regime(prof, critic)
     print(json.dumps(reg, indent=1), flush=True)

@@ -39,10 +39,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vapo_long import BASE, EVAL_EVERY, ROOT, STEPS, long_profile  # noqa: E402
 
-from grpo_lab import experiments, stats  # noqa: E402
-from grpo_lab.algorithms import VAPO  # noqa: E402
+from grpo_lab import experiments, lab
+from grpo_lab.experiments import stats  # noqa: E402
+from grpo_lab.algo.algorithms import VAPO  # noqa: E402
 from grpo_lab.paths import checkpoint_dir  # noqa: E402
-from grpo_lab.pretrain import sha256_file  # noqa: E402
+from grpo_lab.lab.pretrain import sha256_file  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "vapo_long_critic.json"
 PAPER_PRETRAIN_STEPS = 50  # VAPO §4.1
@@ -92,7 +93,7 @@ def main(argv=None) -> None:
     critics, warm = {}, {}
     for n in sorted({a.pretrain_steps or n for n, _ in SETTINGS.values()}):
         critics[n] = str(ROOT / "_build" / f"vapo_long_critic_{n}")  # the run cache hashes its weights
-        h = experiments.pretrain_critic((0, "policy", critics[n]), algo=VAPO, profile=prof, steps=n, value_lr=value_lr)
+        h = lab.pretrain_critic((0, "policy", critics[n]), algo=VAPO, profile=prof, steps=n, value_lr=value_lr)
         warm[n] = {"explained_variance_per_step": h["explained_variance"].round(4).tolist(),
                    "explained_variance_last4": float(h["explained_variance"].tail(4).mean())}
     algos, overrides = [], {}

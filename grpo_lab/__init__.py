@@ -4,4 +4,4 @@ Submodules are imported explicitly (``from grpo_lab import advantages``); import
 package itself is cheap and pulls in no model code.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,4 +1,5 @@
-"""Where the package's data lives: the base checkpoints and the task test sets.
+"""Where the package's data lives (the base checkpoints and the task test sets), and how files are written
+whole (:func:`write_text_atomically`).
 
 Three places, first match wins (:func:`data_dir`):
 
@@ -17,7 +18,7 @@ import os
 from pathlib import Path
 
 __all__ = ["ENV_VAR", "REPO_ROOT", "PACKAGE_DATA", "data_dir", "data_source", "checkpoint_dir",
-           "shipped_checkpoints", "missing_data_hint"]
+           "shipped_checkpoints", "missing_data_hint", "write_text_atomically"]
 
 #: The environment variable that overrides the data directory.
 ENV_VAR = "GRPO_LAB_DATA"
@@ -84,3 +85,30 @@ def missing_data_hint() -> str:
         f"{path}, which does not exist (this install carries no data and is not a source checkout)"
     return (f"grpo_lab looked for its data in {where}; set {ENV_VAR} to the directory that holds "
             f"checkpoints/ and tasks/ (the data/ folder of a clone of the grpo_lab repository)")
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a sibling temporary file renamed over it (``os.replace``).
+
+    A process killed mid-write (a SIGKILL, a lost machine) leaves the previous file whole, or no file,
+    never a truncated one; a reader sees the old text or the new. The parent directory is created.
+
+    Args:
+        path: the file to write.
+        text: its whole new content (UTF-8).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        OSError: the directory cannot be created or the file written (the temporary file is removed).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -8,7 +8,7 @@
     python scripts/chapter_times.py --make-book          # the table of the last `make book` instead
 
 The budget (DEVELOPERS: each chapter at most 4 minutes on 2 cores) is a chapter's time *from an
-empty run cache*. `--measure` executes each chapter in a fresh kernel (`python -m grpo_lab.book
+empty run cache*. `--measure` executes each chapter in a fresh kernel (`python -m grpo_lab.lab.book
 execute`, into a temporary copy: the committed notebooks are not touched) with
 `$GRPO_LAB_RUN_CACHE` pointing at a new empty directory, one chapter after another, and records the
 wall time with the commit, date and processor in `benchmarks/results/chapter_times.json`. Run it
@@ -72,7 +72,7 @@ def measure(chapters: list[str], in_place: bool = False) -> dict:
             env = {**os.environ, "GRPO_LAB_RUN_CACHE": str(Path(tmp) / "run_cache")}
             t0 = time.perf_counter()
             out = [] if in_place else ["--out", str(Path(tmp) / f"{stem}.ipynb")]
-            subprocess.run([sys.executable, "-m", "grpo_lab.book", "execute", f"book/{stem}.ipynb", *out], cwd=ROOT,
+            subprocess.run([sys.executable, "-m", "grpo_lab.lab.book", "execute", f"book/{stem}.ipynb", *out], cwd=ROOT,
                            env=env, check=True)
             seconds = time.perf_counter() - t0
         old["chapters"][stem] = {"seconds": round(seconds, 1), "commit": sha, "date": time.strftime("%Y-%m-%d %H:%M"),

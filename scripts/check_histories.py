@@ -72,7 +72,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from grpo_lab import experiments
+from grpo_lab import experiments, lab
 
 TIMING = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "seconds", "peak_mem_mb")
 SEEDS = (0, 1, 2, 3, 4)
@@ -86,7 +86,7 @@ def _frames(grid) -> list[pd.DataFrame]:
 
 def chapter_01(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     """§1.6's GRPO run (30 steps) and §1.7's μ grid (μ = 1, 4, 8; 10 steps)."""
-    from grpo_lab.algorithms import GRPO
+    from grpo_lab.algo.algorithms import GRPO
 
     profile = experiments.get_profile("cpu")
     result = experiments.run("GRPO", profile="cpu", seeds=seeds, steps=30, n_jobs=n_jobs, cache=False)
@@ -103,7 +103,7 @@ def chapter_01(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
 
 def chapter_02(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     """§2.5's six cumulative settings and the matched-generation control (12 steps, budget 20)."""
-    from grpo_lab.algorithms import DAPO, GRPO
+    from grpo_lab.algo.algorithms import DAPO, GRPO
 
     steps, budget, eval_every = 12, 20, 6
     naive = GRPO.replace(name="naive GRPO", kl=None, beta=0.0)
@@ -129,7 +129,7 @@ def chapter_02(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
 
 def chapter_03(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     """§3.4's grid on the filler profile: GRPO (β = 0), Dr.GRPO, DeepSeek-V3.2."""
-    from grpo_lab.algorithms import DR_GRPO, GRPO, deepseek_v32
+    from grpo_lab.algo.algorithms import DR_GRPO, GRPO, deepseek_v32
 
     base = experiments.get_profile("cpu")
     profile = dataclasses.replace(base, name=f"{base.name}-filler", base="arithmetic-filler-base",
@@ -144,7 +144,7 @@ def chapter_03(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
 def _gspo_matched_range(prof, grpo_nokl, updates: int) -> float:
     """§4.1/§4.4's probe: the sequence range that leaves as many responses outside as GRPO's range
     leaves tokens, to one significant digit (the chapter's ``EPS_MATCH``)."""
-    probe = experiments.update_probe(0, algo=grpo_nokl, profile=prof, prompts_per_step=64, minibatches=updates)
+    probe = lab.update_probe(0, algo=grpo_nokl, profile=prof, prompts_per_step=64, minibatches=updates)
     log_r, mask = probe["log_ratio"], probe["mask"]
     lengths = mask.sum(1)
     rows = lengths > 0
@@ -157,7 +157,7 @@ def _gspo_matched_range(prof, grpo_nokl, updates: int) -> float:
 
 def chapter_04(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     """§4.5's dense grid and §4.6's MoE grid (Routing Replay), with the probe's matched range."""
-    from grpo_lab.algorithms import GRPO, GSPO
+    from grpo_lab.algo.algorithms import GRPO, GSPO
 
     prof = experiments.get_profile("cpu")
     updates, steps, eval_every = 4, 10, 5
@@ -183,7 +183,7 @@ def chapter_04(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
 def chapter_05(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     """§5.5's DAPO / CISPO / CISPO + Eq. 7's mask / CISPO cap 5 grid: 6 steps at 16 minibatches (the paper's 16
     off-policy rounds), whole minibatches, learning rate 1e-4, evaluation every 2."""
-    from grpo_lab.algorithms import CISPO, DAPO
+    from grpo_lab.algo.algorithms import CISPO, DAPO
 
     cispo_mask = CISPO.replace(name="CISPO + mask", mask_eps_low=DAPO.eps_low, mask_eps_high=DAPO.eps_high)
     cispo_5 = CISPO.replace(name="CISPO cap 5", eps_high=4.0)
@@ -194,9 +194,9 @@ def chapter_05(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
 
 def _vapo_value_pretraining(vapo_ours, value_lr: float, critic_dir: Path) -> list[pd.DataFrame]:
     """§6.7: 16 value-pretraining steps (seed 0) per critic design; saves the ``policy`` critic."""
-    from grpo_lab.models import load_policy
+    from grpo_lab.policy.models import load_policy
     from grpo_lab.tasks import get_task
-    from grpo_lab.trainer import Trainer
+    from grpo_lab.training.trainer import Trainer
 
     profile = experiments.get_profile("cpu")
     task = get_task(profile.task)
@@ -216,7 +216,7 @@ def _vapo_value_pretraining(vapo_ours, value_lr: float, critic_dir: Path) -> lis
 def chapter_06(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     """§6.7's value pretraining and §6.9's ablation grid (the six rows whose precondition holds, the
     critic's control, GRPO, DAPO; 8 steps)."""
-    from grpo_lab.algorithms import DAPO, GRPO, PPO, VAPO
+    from grpo_lab.algo.algorithms import DAPO, GRPO, PPO, VAPO
 
     profile = experiments.get_profile("cpu")
     vapo_ours = VAPO.replace(lam_alpha=4.0)
@@ -266,10 +266,10 @@ def _ntp_frames(runs: list[dict]) -> list[pd.DataFrame]:
 def chapter_07(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     """§7.5: RPT and the RPT hybrid (16 steps), RPT + dynamic sampling (8 steps), continued NTP at
     matched compute."""
-    from grpo_lab.algorithms import RPT, RPT_HYBRID, RPT_SAMPLING
-    from grpo_lab.models import load_policy
+    from grpo_lab.algo.algorithms import RPT, RPT_HYBRID, RPT_SAMPLING
+    from grpo_lab.policy.models import load_policy
     from grpo_lab.paths import checkpoint_dir
-    from grpo_lab.pretrain import RECIPES, continued_ntp_run
+    from grpo_lab.lab.pretrain import RECIPES, continued_ntp_run
     from grpo_lab.tasks import NextTokenTask
     from grpo_lab.tasks.next_token import ENTROPY_THRESHOLDS
 

@@ -76,7 +76,7 @@ cd "$work/run"
 import grpo_lab
 import grpo_lab.paths as paths
 from grpo_lab import experiments
-from grpo_lab.models import load_policy
+from grpo_lab.policy.models import load_policy
 
 assert "site-packages" in grpo_lab.__file__, f"grpo_lab imported from {grpo_lab.__file__}, not the install"
 assert paths.data_source()[1] == "installed package", paths.data_source()

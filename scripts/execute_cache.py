@@ -23,7 +23,7 @@ time. `make book` therefore runs them one at a time (``--jobs 1``, the default h
 
 With ``--jobs`` above 1 the chapters share the cores, so each one's own clock runs slower: the kernels get
 ``GRPO_LAB_CHAPTERS_AT_ONCE`` (the number of chapters executed together, at most), and
-:func:`grpo_lab.book.run_time` and :func:`grpo_lab.book.cache_note` say so beside every time they state.
+:func:`grpo_lab.lab.book.run_time` and :func:`grpo_lab.lab.book.cache_note` say so beside every time they state.
 """
 
 from __future__ import annotations

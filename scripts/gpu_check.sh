@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: the CUDA-marked tests; chapter 1 executed on the GPU profile with fewer steps (its toy
 # experiments as on CPU, then its GSM8K cell: GRPO trained on CUDA with precision "auto" through
-# experiments.run_chapter_gpu, the results file written with provenance and checked by
-# experiments.check_gpu_results); then the log-prob memory benchmark on CUDA in bfloat16 with a
+# lab.run_chapter_gpu, the results file written with provenance and checked by
+# lab.check_gpu_results); then the log-prob memory benchmark on CUDA in bfloat16 with a
 # Qwen2.5-size vocabulary (V = 151,936, H = 896 as in Qwen2.5-0.5B; B*T = 8 x 1024 rows): naive vs
 # chunked vs torch.compile'd chunked.
 #
@@ -12,7 +12,7 @@
 # random weights: its accuracy is 0, so the run checks the code path and the timing, not learning)
 # and the problems are the shipped fixture. CHAPTER_STEPS (default 3) and CHAPTER_SEEDS (default
 # "(0, 1)") size the GSM8K runs; CHAPTER_BUDGET_S (default 360, at most what is left of 450 s from the start) stops the chapter if it runs longer.
-# Then the memory model (grpo_lab/memory_model.py) against torch.cuda.max_memory_allocated, phase by
+# Then the memory model (grpo_lab/experiments/memory_model.py) against torch.cuda.max_memory_allocated, phase by
 # phase, on a random stand-in with Qwen2.5-0.5B's config (V = 151,936) at the GPU profile's shapes
 # (benchmarks/memory_model.py --scale gpu: rollout of 128 rows x 256 prompt + 512 new tokens,
 # greedy evaluation of 256 rows, the state after one AdamW step, one training micro-batch of 4 rows
@@ -57,7 +57,7 @@ fi
 export GRPO_LAB_RESULTS_DIR="$OUT_ABS/results"
 chapter_budget=$(( ${CHAPTER_BUDGET_S:-360} < 450 - SECONDS ? ${CHAPTER_BUDGET_S:-360} : 450 - SECONDS ))
 timeout --signal=TERM --kill-after=10 "$chapter_budget" \
-$PY -m grpo_lab.book execute book/01_grpo.ipynb --timeout 900 --out "$OUT/01_grpo_gpu.ipynb" \
+$PY -m grpo_lab.lab.book execute book/01_grpo.ipynb --timeout 900 --out "$OUT/01_grpo_gpu.ipynb" \
   --param "PROFILE='gpu'" --param "GPU_STEPS=${CHAPTER_STEPS:-3}" --param "GPU_SEEDS=${CHAPTER_SEEDS:-(0, 1)}"
 $PY - "$OUT/results/01_grpo.json" <<'PYEOF'
 import json, sys

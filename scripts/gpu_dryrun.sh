@@ -5,8 +5,8 @@
 # and one step, 4 questions x G = 4 with a 32-token budget in bfloat16 autocast (GRPO_LAB_GPU_CONFIG),
 # with GRPO_LAB_GPU_DEVICE=cpu. It checks that every chapter switches profile cleanly: the
 # parameters reach the notebook, the toy experiments and their assertions run as on CPU, and the
-# GSM8K cell trains through experiments.run_chapter_gpu (chapter 7: its next-token cell through
-# experiments.run_rpt_gpu, the task's data files built from the stand-in with 16 test positions), writes its results file
+# GSM8K cell trains through lab.run_chapter_gpu (chapter 7: its next-token cell through
+# lab.run_rpt_gpu, the task's data files built from the stand-in with 16 test positions), writes its results file
 # (marked dry_run) and shows it. With the run cache warm (after `make nbval`), the toy runs are not trained again.
 # Usage: bash scripts/gpu_dryrun.sh [OUT_DIR [CHAPTER...]]   (default: _build/gpu_dryrun, chapters 1-8)
 set -euo pipefail
@@ -31,7 +31,7 @@ export GRPO_LAB_RPT_TEST_SIZE=16
 rm -rf "$GRPO_LAB_RESULTS_DIR"
 for ch in "${CHAPTERS[@]}"; do
   start=$(date +%s)
-  $PY -m grpo_lab.book execute "book/$ch.ipynb" --out "$OUT_ABS/$ch.ipynb" \
+  $PY -m grpo_lab.lab.book execute "book/$ch.ipynb" --out "$OUT_ABS/$ch.ipynb" \
     --param "PROFILE='gpu'" --param "GPU_STEPS=1" --param "GPU_SEEDS=(0,)" >/dev/null
   $PY - "$GRPO_LAB_RESULTS_DIR/$ch.json" "$OUT_ABS/$ch.ipynb" <<'PYEOF'
 import json, sys

@@ -116,7 +116,7 @@ def write_tiny_instruct_model(directory: str | Path, *, bos: bool = False, seed:
         seed: torch seed of the random weights (the global generator is left as it was).
 
     Returns:
-        ``Path(directory)``, loadable with ``grpo_lab.models.load_policy``.
+        ``Path(directory)``, loadable with ``grpo_lab.policy.models.load_policy``.
     """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM

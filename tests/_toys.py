@@ -4,9 +4,9 @@ random policy earns about half the time (so groups are mixed, advantages are not
 import dataclasses
 
 from grpo_lab.experiments import Profile
-from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
+from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, tiny_policy
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.trainer import TrainerConfig
+from grpo_lab.training.trainer import TrainerConfig
 
 #: a one-layer Qwen2-style policy, small enough for a CPU unit test
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

@@ -25,9 +25,9 @@ import warnings
 import torch
 
 from grpo_lab import export as E
-from grpo_lab.advantages import VALUE_BASELINE_ESTIMATORS
-from grpo_lab.algorithms import PRESETS, deepseek_v32
-from grpo_lab.objectives import policy_loss
+from grpo_lab.algo.advantages import VALUE_BASELINE_ESTIMATORS
+from grpo_lab.algo.algorithms import PRESETS, deepseek_v32
+from grpo_lab.algo.objectives import policy_loss
 
 #: set by ``make xcheck``, which installs the pinned TRL / verl: a missing or other version then FAILS the
 #: equivalence tests (a skip there would hide a broken check); a plain ``pytest tests`` skips them

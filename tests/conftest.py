@@ -12,7 +12,7 @@ import torch
 # Unit tests never read or write the run cache under _build/ (tests of the cache point it at tmp_path).
 os.environ["GRPO_LAB_RUN_CACHE"] = "off"
 
-from grpo_lab.models import build_char_tokenizer
+from grpo_lab.policy.models import build_char_tokenizer
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,7 +30,7 @@ def user_modules(monkeypatch):
     """A clean slate for user files a test imports (``--import FILE``, ``importlib``): ``sys.path``, the task
     registry and the preset registry are put back afterwards, and every module imported during the test from
     outside the environment and the package is dropped from ``sys.modules``."""
-    from grpo_lab import algorithms as algorithms_mod
+    from grpo_lab.algo import algorithms as algorithms_mod
     from grpo_lab import tasks as tasks_mod
 
     monkeypatch.setattr(sys, "path", list(sys.path))

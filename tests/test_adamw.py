@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import Trainer
 
-from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
+from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, tiny_policy
 from grpo_lab.training.adamw import build_adamw, decay_parameter_names
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -31,7 +31,7 @@ def test_decayed_set_is_transformers_and_excludes_biases_and_norms(tok, arch):
 
 def test_decayed_set_of_a_lora_policy_excludes_nothing_trainable_but_biases_and_norms(tok):
     pytest.importorskip("peft")
-    from grpo_lab.lora import LoraSpec
+    from grpo_lab.policy.lora import LoraSpec
 
     model = LoraSpec(r=2).apply(tiny_policy(tok, TINY, seed=0))
     names = set(decay_parameter_names(model))

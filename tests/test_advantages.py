@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.advantages: golden values by hand, invariances, properties, edge cases."""
+"""Tests for grpo_lab.algo.advantages: golden values by hand, invariances, properties, edge cases."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab.advantages import group_advantages, group_stats, rloo_advantages
+from grpo_lab.algo.advantages import group_advantages, group_stats, rloo_advantages
 
 HYP = settings(max_examples=60, deadline=None)
 
@@ -275,7 +275,7 @@ def test_rounding_tie_gives_zero_not_uncentred_advantages(scale, eps):
 
 
 def test_tie_rule_is_relative_to_scale_and_dtype():
-    from grpo_lab.advantages import TIE_ULPS, tied_groups
+    from grpo_lab.algo.advantages import TIE_ULPS, tied_groups
 
     big = 1e6
     # float64: a spread of a few ulps at 1e6 is a tie, a spread of 1e-6 (far above rounding) is not
@@ -314,7 +314,7 @@ def test_sums_of_equal_terms_in_any_order_are_ties(value, G, scale):
 # AdvantageBatch: the one argument of every advantage estimator
 # ------------------------------------------------------------------------------------------------
 def test_advantage_batch_from_groups():
-    from grpo_lab.advantages import AdvantageBatch
+    from grpo_lab.algo.advantages import AdvantageBatch
 
     r = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
     b = AdvantageBatch.from_groups(r, 3, mask=torch.ones(6, 4))
@@ -331,7 +331,7 @@ def test_advantage_batch_from_groups():
     ([0, 0, 1], "group_ids"),
 ])
 def test_advantage_batch_checks_its_groups(ids, match):
-    from grpo_lab.advantages import AdvantageBatch
+    from grpo_lab.algo.advantages import AdvantageBatch
 
     b = AdvantageBatch(torch.zeros(6), torch.tensor(ids))
     with pytest.raises(ValueError, match=match):
@@ -339,7 +339,7 @@ def test_advantage_batch_checks_its_groups(ids, match):
 
 
 def test_advantage_batch_errors():
-    from grpo_lab.advantages import AdvantageBatch
+    from grpo_lab.algo.advantages import AdvantageBatch
 
     with pytest.raises(ValueError, match="does not divide"):
         AdvantageBatch.from_groups(torch.zeros(5), 2)

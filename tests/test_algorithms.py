@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.algorithms: validation, presets, dispatch, descriptions."""
+"""Tests for grpo_lab.algo.algorithms: validation, presets, dispatch, descriptions."""
 
 import dataclasses
 import json
@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from grpo_lab import advantages as adv
-from grpo_lab.algorithms import (
+from grpo_lab.algo import advantages as adv
+from grpo_lab.algo.algorithms import (
     ADVANTAGES,
     AGGREGATIONS,
     DAPO,
@@ -41,7 +41,7 @@ def test_dapo_preset_is_the_papers_final_recipe():
     # soft overlong punishment (§3.4, Eq. 13; L_cache sized for the arithmetic task's budget of 32)
     assert DAPO.name == "DAPO" and PRESETS["DAPO"] is DAPO
     # PRESETS lists every preset the module exports (RPT_HYBRID, an ablation that is not a paper's method, aside)
-    import grpo_lab.algorithms as algorithms_module
+    import grpo_lab.algo.algorithms as algorithms_module
 
     exported = {k for k in algorithms_module.__all__ if isinstance(getattr(algorithms_module, k), Algorithm)}
     assert set(PRESETS) == exported - {"RPT_HYBRID"}
@@ -172,7 +172,7 @@ def test_hashable_and_comparable():
 # registries: one per axis, checked at construction, open to functions registered from outside
 # ------------------------------------------------------------------------------------------------
 def test_old_choice_names_are_live_views_of_the_registries(monkeypatch):
-    from grpo_lab import objectives as obj
+    from grpo_lab.algo import objectives as obj
 
     assert list(ADVANTAGES) == list(adv.ADVANTAGE_ESTIMATORS) == ["group", "group_mean", "batch", "rloo", "gae"]
     assert list(RATIO_LEVELS) == list(obj.RATIOS) == ["token", "sequence", "sequence_token"]
@@ -221,7 +221,7 @@ def test_estimate_advantages_dispatches_through_the_registry():
 
 
 def test_presets_state_only_what_differs_from_grpo():
-    from grpo_lab.algorithms import DR_GRPO, deepseek_v32
+    from grpo_lab.algo.algorithms import DR_GRPO, deepseek_v32
 
     assert DAPO == GRPO.replace(name="DAPO", eps_high=0.28, aggregation="group_token_mean", kl=None, beta=0.0,
                                 dynamic_sampling=True, overlong_filter=True, overlong_cache_frac=0.2)
@@ -247,7 +247,7 @@ def test_numpy_hyperparameters_are_stored_as_python_numbers():
 
 def test_estimator_output_is_checked(monkeypatch):
     # found by a fresh user: a custom estimator's wrong shape or NaN passed silently
-    from grpo_lab.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
+    from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
 
     batch = AdvantageBatch.from_groups(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, mask=torch.ones(4, 3))
     for name, out, match in [("short", lambda b, a: torch.zeros(3), "shape"),
@@ -261,10 +261,10 @@ def test_estimator_output_is_checked(monkeypatch):
 
 
 def test_functions_are_the_registry_entries_the_algorithm_calls():
-    from grpo_lab.advantages import ADVANTAGE_ESTIMATORS
-    from grpo_lab.algorithms import DAPO, GRPO
-    from grpo_lab.objectives import KL_ESTIMATORS, SURROGATES
-    from grpo_lab.sampling import SELECTORS
+    from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS
+    from grpo_lab.algo.algorithms import DAPO, GRPO
+    from grpo_lab.algo.objectives import KL_ESTIMATORS, SURROGATES
+    from grpo_lab.algo.selection import SELECTORS
 
     f = GRPO.functions()
     assert f["ADVANTAGE_ESTIMATORS['group']"] is ADVANTAGE_ESTIMATORS["group"]

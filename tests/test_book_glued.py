@@ -1,10 +1,10 @@
-"""grpo_lab.book.glued: reading what another chapter glued, from its committed notebook."""
+"""grpo_lab.lab.book.glued: reading what another chapter glued, from its committed notebook."""
 
 import json
 
 import pytest
 
-from grpo_lab import book
+from grpo_lab.lab import book
 
 
 def _nb(tmp_path, outputs):

@@ -1,7 +1,7 @@
 """Hygiene of the book's sources: notebooks, jupytext twins, table of contents, citations, build.
 
 The committed ``book/*.ipynb`` are both the chapters and the nbval reference, so they must be a
-clean fresh-kernel run (``python -m grpo_lab.book execute book/NN_slug.ipynb``): valid, executed
+clean fresh-kernel run (``python -m grpo_lab.lab.book execute book/NN_slug.ipynb``): valid, executed
 top to bottom from count 1, no errors, PNG figures only, paired with an identical
 ``book/_py/NN_slug.py`` twin, and listed in ``book/_toc.yml``. The last test builds the whole
 book with warnings as errors, exactly as CI does.
@@ -198,7 +198,7 @@ def test_notebook_is_valid_nbformat(path: Path):
 @notebook_param
 def test_notebook_kernelspec_is_python3(path: Path):
     spec = _read(path).metadata.get("kernelspec", {})
-    assert spec.get("name") == "python3", f"{path.name}: kernelspec {spec!r}; execute with python -m grpo_lab.book"
+    assert spec.get("name") == "python3", f"{path.name}: kernelspec {spec!r}; execute with python -m grpo_lab.lab.book"
     assert spec.get("language", "python") == "python"
 
 
@@ -505,22 +505,22 @@ def test_book_builds_with_warnings_as_errors(built_book):
 
 #: What a reader looks up first (issue 15): each must have an entry in the API reference.
 API_MUST_DOCUMENT = [
-    "grpo_lab.trainer.Trainer",
-    "grpo_lab.trainer.Trainer.train",
-    "grpo_lab.trainer.Trainer.save",
-    "grpo_lab.trainer.Trainer.resume",
-    "grpo_lab.trainer.TrainerConfig",
-    "grpo_lab.algorithms.Algorithm",
-    "grpo_lab.algorithms.GRPO",
-    "grpo_lab.objectives.policy_loss",
-    "grpo_lab.objectives.RATIOS",
-    "grpo_lab.objectives.SURROGATES",
-    "grpo_lab.objectives.AGGREGATIONS",
-    "grpo_lab.objectives.KL_ESTIMATORS",
-    "grpo_lab.objectives.k3",
-    "grpo_lab.advantages.ADVANTAGE_ESTIMATORS",
-    "grpo_lab.models.load_policy",
-    "grpo_lab.models.TinyConfig",
+    "grpo_lab.training.trainer.Trainer",
+    "grpo_lab.training.trainer.Trainer.train",
+    "grpo_lab.training.trainer.Trainer.save",
+    "grpo_lab.training.trainer.Trainer.resume",
+    "grpo_lab.training.trainer.TrainerConfig",
+    "grpo_lab.algo.algorithms.Algorithm",
+    "grpo_lab.algo.algorithms.GRPO",
+    "grpo_lab.algo.objectives.policy_loss",
+    "grpo_lab.algo.objectives.RATIOS",
+    "grpo_lab.algo.objectives.SURROGATES",
+    "grpo_lab.algo.objectives.AGGREGATIONS",
+    "grpo_lab.algo.objectives.KL_ESTIMATORS",
+    "grpo_lab.algo.objectives.k3",
+    "grpo_lab.algo.advantages.ADVANTAGE_ESTIMATORS",
+    "grpo_lab.policy.models.load_policy",
+    "grpo_lab.policy.models.TinyConfig",
     "grpo_lab.tasks.Task",
     "grpo_lab.tasks.ArithmeticTask",
     "grpo_lab.tasks.TASKS",
@@ -528,7 +528,7 @@ API_MUST_DOCUMENT = [
     "grpo_lab.experiments.run",
     "grpo_lab.experiments.run_grid",
     "grpo_lab.experiments.PROFILES",
-    "grpo_lab.plotting.band_plot",
+    "grpo_lab.experiments.plotting.band_plot",
 ]
 
 _ID = re.compile(r'\bid="([^"]+)"')
@@ -573,10 +573,11 @@ def test_api_reference_documents_what_readers_look_up(built_book):
     # The entries carry the docstrings, not just a name: the first words of each summary line.
     import inspect
 
-    from grpo_lab import objectives, trainer
+    from grpo_lab.algo import objectives
+    from grpo_lab.training import trainer
 
-    for name, obj in [("grpo_lab.trainer.Trainer.resume", trainer.Trainer.resume),
-                      ("grpo_lab.objectives.policy_loss", objectives.policy_loss)]:
+    for name, obj in [("grpo_lab.training.trainer.Trainer.resume", trainer.Trainer.resume),
+                      ("grpo_lab.algo.objectives.policy_loss", objectives.policy_loss)]:
         summary = " ".join(inspect.getdoc(obj).split("\n")[0].split()[:3])
         summary = re.sub(r":\w+:`~?([^`]+)`", r"\1", summary).replace("``", "")
         entry = _entry_text(html, name)

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from grpo_lab.models import count_parameters, load_policy
+from grpo_lab.policy.models import count_parameters, load_policy
 from grpo_lab.paths import checkpoint_dir
-from grpo_lab.pretrain import RECIPES, make_task, sha256_file
-from grpo_lab.rollout import evaluate
+from grpo_lab.lab.pretrain import RECIPES, make_task, sha256_file
+from grpo_lab.policy.rollout import evaluate
 
 BASE = checkpoint_dir("arithmetic-base")
 
@@ -24,7 +24,7 @@ def base():
 
 
 def test_recipe_matches_code(record):
-    # The checkpoint was produced by the recipe that `python -m grpo_lab.pretrain arithmetic` runs today.
+    # The checkpoint was produced by the recipe that `python -m grpo_lab.lab.pretrain arithmetic` runs today.
     assert record["recipe"] == RECIPES["arithmetic"].to_dict()
 
 
@@ -69,7 +69,7 @@ def test_pretraining_is_deterministic(tmp_path, monkeypatch):
     # checkpoint is this recipe at full length); a different seed gives different weights.
     from dataclasses import replace
 
-    from grpo_lab.pretrain import pretrain
+    from grpo_lab.lab.pretrain import pretrain
 
     monkeypatch.setenv("GRPO_LAB_DATA", str(tmp_path / "data"))
     small = replace(RECIPES["arithmetic"], steps=3, batch_size=8, warmup=2)

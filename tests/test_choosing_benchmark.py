@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from _benchmarks import benchmark_module
-from grpo_lab import stats
+from grpo_lab.experiments import stats
 
 
 

@@ -20,14 +20,14 @@ import math
 import pytest
 import torch
 
-import grpo_lab.trainer as trainer_mod
-from grpo_lab.algorithms import CISPO as CISPO_PRESET
-from grpo_lab.algorithms import DAPO, GRPO, PRESETS, Algorithm, get_algorithm
-from grpo_lab.metrics import reduce_micro_batches
-from grpo_lab.models import FP32LMHead, TinyConfig, inference_copy, load_policy, tiny_policy, use_fp32_lm_head
-from grpo_lab.objectives import LOG_RATIO_CLAMP, SURROGATES, LossContext, cispo_surrogate, cispo_weight, policy_loss
+import grpo_lab.training.trainer as trainer_mod
+from grpo_lab.algo.algorithms import CISPO as CISPO_PRESET
+from grpo_lab.algo.algorithms import DAPO, GRPO, PRESETS, Algorithm, get_algorithm
+from grpo_lab.algo.metrics import reduce_micro_batches
+from grpo_lab.policy.models import FP32LMHead, TinyConfig, inference_copy, load_policy, tiny_policy, use_fp32_lm_head
+from grpo_lab.algo.objectives import LOG_RATIO_CLAMP, SURROGATES, LossContext, cispo_surrogate, cispo_weight, policy_loss
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 F64 = torch.float64
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

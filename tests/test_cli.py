@@ -1,7 +1,7 @@
-"""Tests for the command line (``python -m grpo_lab``, :mod:`grpo_lab.cli`), the forwarding of
+"""Tests for the command line (``python -m grpo_lab``, :mod:`grpo_lab.cli.main`), the forwarding of
 ``python -m grpo_lab.experiments``, and the ``base=`` / ``task=`` arguments of ``experiments.run``.
 
-Most tests call :func:`grpo_lab.cli.main` in-process with ``experiments.run`` replaced by a recorder
+Most tests call :func:`grpo_lab.cli.main.main` in-process with ``experiments.run`` replaced by a recorder
 (no training); three start ``python -m grpo_lab`` as a subprocess (help, an unknown preset, and one
 real 1-step run from the shipped checkpoint)."""
 
@@ -17,12 +17,13 @@ import pandas as pd
 import pytest
 import torch
 
-from grpo_lab import cli, experiments
-from grpo_lab.algorithms import GRPO, PRESETS, Algorithm
+from grpo_lab.cli.main import main as cli
+from grpo_lab import experiments
+from grpo_lab.algo.algorithms import GRPO, PRESETS, Algorithm
 from grpo_lab.experiments import PROFILES, Profile, RunResult, load_results, run
-from grpo_lab.models import TinyConfig, build_char_tokenizer, load_policy, tiny_policy
+from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, load_policy, tiny_policy
 from grpo_lab.tasks import TASKS, ArithmeticTask
-from grpo_lab.trainer import TrainerConfig
+from grpo_lab.training.trainer import TrainerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 PROG = "python -m grpo_lab"
@@ -229,7 +230,7 @@ def test_set_keys_are_every_trainer_and_algorithm_field_but_seed_and_progress():
 def test_set_reaches_a_presets_own_hyperparameter(capsys):
     cfg, algo = cli.parse_set(["tau_neg=1.2", "lr=1e-4"])
     assert cfg == {"lr": 1e-4} and algo == {"tau_neg": 1.2}
-    from grpo_lab.algorithms import SAPO
+    from grpo_lab.algo.algorithms import SAPO
 
     assert SAPO.replace(**algo).params["tau_neg"] == 1.2
     assert cli.main(["GRPO", "--set", "tau_neg=1.2", "--steps", "1"]) == 2  # GRPO's functions declare no tau_neg

@@ -1,8 +1,8 @@
-"""What a command-line run reports (issue 36 item 4, :mod:`grpo_lab.cli_report`): a line per step and seed
+"""What a command-line run reports (issue 36 item 4, :mod:`grpo_lab.cli.report`): a line per step and seed
 read from each seed's ``metrics.jsonl`` while the run trains, the labelled summary (mean ± sd over seeds,
 95% t interval, per seed, binomial error), each seed's saved model and the figure of the curves.
 
-The command-line tests run :func:`grpo_lab.cli.main` in-process with ``experiments.run`` replaced by a fake
+The command-line tests run :func:`grpo_lab.cli.main.main` in-process with ``experiments.run`` replaced by a fake
 that writes what a real run writes into each seed's directory (its step log line by line, its ``final/``
 model), so they take a second; ``tests/test_cli.py`` runs the real thing end to end (one seed, and two
 seeds in two worker processes)."""
@@ -19,11 +19,12 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from grpo_lab import cli, experiments
-from grpo_lab.cli_report import StepPrinter, count_test_problems, figure_path, save_curves, step_line, summary_lines
+from grpo_lab.cli.main import main as cli
+from grpo_lab import experiments
+from grpo_lab.cli.report import StepPrinter, count_test_problems, figure_path, save_curves, step_line, summary_lines
 from grpo_lab.experiments import RunResult, load_results
 from grpo_lab.experiments.run_dirs import _finish_seed, final_model_dir, save_final_model, seed_dir
-from grpo_lab.models import TinyConfig, build_char_tokenizer, load_policy, tiny_policy
+from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, load_policy, tiny_policy
 
 ROW = {"step": 3, "reward": 0.5234, "accuracy": 0.5, "kl": 0.00309, "clip_frac": 0.0136, "length": 8.34,
        "step_seconds": 1.28, "test_accuracy": float("nan")}
@@ -167,7 +168,7 @@ def test_save_final_model_loads_with_load_policy(tmp_path):
 @pytest.mark.slow  # importing peft alone takes ~10 s on two busy cores
 def test_save_final_model_merges_lora_adapters(tmp_path):
     pytest.importorskip("peft")
-    from grpo_lab.lora import LoraSpec
+    from grpo_lab.policy.lora import LoraSpec
 
     policy, tok = _tiny()
     plain = _logits(policy, tok)
@@ -268,7 +269,7 @@ def test_cli_resume_of_a_finished_run_says_it_is_read_back_and_prints_no_step(wr
 
 def test_saving_the_models_changes_no_number(tmp_path):
     from grpo_lab.experiments import Profile, run
-    from grpo_lab.trainer import MEASURED_COLUMNS, TrainerConfig
+    from grpo_lab.training.trainer import MEASURED_COLUMNS, TrainerConfig
 
     policy, tok = _tiny()
     policy.save_pretrained(tmp_path / "base", safe_serialization=True)

@@ -1,9 +1,9 @@
 """The committed corpus checkpoints of chapter 7 (RPT, arXiv 2506.08007) and the next-token task's data
 files: they load, match their recorded recipe, reproduce from the code, and score what they claim.
 
-``data/checkpoints/corpus-proxy-base`` (``python -m grpo_lab.pretrain corpus-proxy``, which also writes
+``data/checkpoints/corpus-proxy-base`` (``python -m grpo_lab.lab.pretrain corpus-proxy``, which also writes
 ``data/tasks/next_token_train.safetensors`` and ``next_token_test.jsonl``) and
-``data/checkpoints/corpus-base`` (``python -m grpo_lab.pretrain corpus``). Also the pieces of code
+``data/checkpoints/corpus-base`` (``python -m grpo_lab.lab.pretrain corpus``). Also the pieces of code
 that only these checkpoints exercise: ``continue_ntp`` / ``continued_ntp_run`` (chapter 7's
 continued-NTP baseline), ``NextTokenTask.test_metrics`` and the trainer's ``test_<name>`` columns,
 and ``experiments.map_workers``.
@@ -14,6 +14,7 @@ recorded values come from ``recipe.json`` and the committed files; the ``test_me
 worked out by hand next to the frames.
 """
 
+from grpo_lab.experiments import workers as workers_mod
 import copy
 import json
 import math
@@ -25,10 +26,10 @@ import pandas as pd
 import pytest
 import torch
 
-from grpo_lab.models import count_parameters, load_policy
+from grpo_lab.policy.models import count_parameters, load_policy
 from grpo_lab.paths import checkpoint_dir, data_dir
-from grpo_lab.pretrain import RECIPES, _Corpus, continue_ntp, continued_ntp_run, sha256_file
-from grpo_lab.rollout import evaluate
+from grpo_lab.lab.pretrain import RECIPES, _Corpus, continue_ntp, continued_ntp_run, sha256_file
+from grpo_lab.policy.rollout import evaluate
 from grpo_lab.tasks import next_token as nt
 from grpo_lab.tasks.base import load_problems
 from grpo_lab.tasks.next_token import NextTokenTask, corpus_sha256, load_corpus
@@ -78,7 +79,7 @@ def keep_threads():
 # ---- 1. the records ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_recipe_matches_code(name):
-    # the checkpoint was produced by the recipe that `python -m grpo_lab.pretrain NAME` runs today
+    # the checkpoint was produced by the recipe that `python -m grpo_lab.lab.pretrain NAME` runs today
     assert _record(name)["recipe"] == RECIPES[name].to_dict()
 
 
@@ -162,7 +163,7 @@ def test_held_out_loss_reproduces(name, base, proxy):
 def test_corpus_pretraining_is_deterministic(tmp_path, monkeypatch, keep_threads):
     # Two short pretraining runs of the corpus recipe give bit-identical weights (the committed
     # checkpoint is this recipe at full length); a different seed gives different weights.
-    from grpo_lab.pretrain import pretrain
+    from grpo_lab.lab.pretrain import pretrain
 
     recorded = _record("corpus")["corpus"]  # read before the data directory moves
     monkeypatch.setenv("GRPO_LAB_DATA", str(tmp_path / "data"))
@@ -308,8 +309,8 @@ class _Recording(NextTokenTask):
 
 
 def test_trainer_adds_the_test_metrics_columns(base, keep_threads):
-    from grpo_lab.algorithms import GRPO
-    from grpo_lab.trainer import Trainer, TrainerConfig
+    from grpo_lab.algo.algorithms import GRPO
+    from grpo_lab.training.trainer import Trainer, TrainerConfig
 
     model, tok = load_policy(_dir("corpus"))  # a copy: the trainer updates it
     task = _Recording()
@@ -393,8 +394,8 @@ def test_held_out_loss_against_a_float64_reference(base):
 
 
 def test_trainer_reports_the_held_out_loss_and_trains_the_same(base, keep_threads):
-    from grpo_lab.algorithms import GRPO
-    from grpo_lab.trainer import Trainer, TrainerConfig
+    from grpo_lab.algo.algorithms import GRPO
+    from grpo_lab.training.trainer import Trainer, TrainerConfig
 
     cfg = TrainerConfig(prompts_per_step=2, group_size=2, eval_every=1, threads=1, seed=0, progress=False, lr=1e-2)
     hists, policies = {}, {}
@@ -442,8 +443,8 @@ class _Metrics(NextTokenTask):
     (None, TypeError, "got NoneType"),
 ])
 def test_model_metrics_that_would_corrupt_the_history_are_refused(base, keep_threads, out, error, match):
-    from grpo_lab.algorithms import GRPO
-    from grpo_lab.trainer import Trainer, TrainerConfig
+    from grpo_lab.algo.algorithms import GRPO
+    from grpo_lab.training.trainer import Trainer, TrainerConfig
 
     cfg = TrainerConfig(prompts_per_step=2, group_size=2, eval_every=1, threads=1, seed=0, progress=False,
                         eval_sampled=True)
@@ -479,10 +480,10 @@ def test_map_workers_refuses_what_a_worker_cannot_receive():
         with lock:
             return -x
 
-    before = experiments._POOL["executor"]
+    before = workers_mod._POOL["executor"]
     with pytest.raises(TypeError, match="cannot be pickled; pass what it needs as arguments"):
         map_workers(locked_neg, [1, 2], n_jobs=2)
-    assert experiments._POOL["executor"] is before
+    assert workers_mod._POOL["executor"] is before
     assert map_workers(locked_neg, [1, 2], n_jobs=1) == [-1, -2]  # in this process it is fine
 
 
@@ -542,7 +543,7 @@ def test_map_workers_sends_items_results_and_errors_of_notebook_classes():
 
 
 def test_continue_ntp_refuses_an_empty_batch():
-    from grpo_lab.pretrain import continue_ntp
+    from grpo_lab.lab.pretrain import continue_ntp
 
     with pytest.raises(ValueError, match="batch_size"):
         continue_ntp(None, None, steps=1, batch_size=0)
@@ -563,10 +564,10 @@ def test_map_workers_in_two_processes():
     try:
         items = list(range(-4, 5))
         assert map_workers(operator.neg, items, n_jobs=2) == [-x for x in items]  # in order
-        assert experiments._POOL["executor"] is not None  # the workers are kept for the next call
+        assert workers_mod._POOL["executor"] is not None  # the workers are kept for the next call
         # an exception in fn reaches the caller, and the workers are stopped
         with pytest.raises(ValueError, match="math domain error"):
             map_workers(math.sqrt, [4, -1, 9], n_jobs=2)
-        assert experiments._POOL["executor"] is None
+        assert workers_mod._POOL["executor"] is None
     finally:
         shutdown_workers(now=True)

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 import grpo_lab.tasks as tasks_mod
-import grpo_lab.trainer as trainer_mod
-from grpo_lab.algorithms import DAPO, GRPO
-from grpo_lab.models import TinyConfig, tiny_policy
-from grpo_lab.objectives import policy_loss
-from grpo_lab.rewards import overlong_penalty, shape_rewards
-from grpo_lab.rollout import policy_logprobs
+import grpo_lab.training.trainer as trainer_mod
+from grpo_lab.algo.algorithms import DAPO, GRPO
+from grpo_lab.policy.models import TinyConfig, tiny_policy
+from grpo_lab.algo.objectives import policy_loss
+from grpo_lab.algo.rewards import overlong_penalty, shape_rewards
+from grpo_lab.policy.rollout import policy_logprobs
 from grpo_lab.tasks import ArithmeticTask, Problem
-from grpo_lab.trainer import Trainer, TrainerConfig, _concat_rollouts
+from grpo_lab.training.trainer import Trainer, TrainerConfig, _concat_rollouts
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
@@ -498,7 +498,7 @@ def test_up_clipped_token_probability_metrics():
     # DAPO §3.1 / Fig. 3a: which tokens does the upper clip stop? Hand example (A > 0 everywhere,
     # eps_high = 0.28): pi_old = 0.01 -> pi_theta 0.02 (r = 2, clipped), 0.1 -> 0.1 (r = 1), 0.5 ->
     # 0.8 (r = 1.6, clipped), and a padded position that must not count. The metric is pi_theta.
-    from grpo_lab.metrics import reduce_micro_batches, reduce_updates
+    from grpo_lab.algo.metrics import reduce_micro_batches, reduce_updates
     p_old = torch.tensor([[0.01, 0.1], [0.5, 0.3]], dtype=torch.float64)
     p_new = torch.tensor([[0.02, 0.1], [0.8, 0.9]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
@@ -525,8 +525,8 @@ def test_up_clipped_token_probability_metrics():
 
 # ------------------------------------------------------------------------------------ L_cache sized to the budget
 def test_the_preset_keeps_the_papers_proportion_at_any_budget():
-    from grpo_lab.algorithms import CISPO
-    from grpo_lab.sampling import overlong_cache_tokens
+    from grpo_lab.algo.algorithms import CISPO
+    from grpo_lab.algo.selection import overlong_cache_tokens
 
     # found by a fresh user: the preset held L_cache = 6 tokens (sized for a 32-token budget); at a
     # budget of 8 every sample was penalised. Goldens by hand: floor(0.2 * L_max + 1/2), at least 1.
@@ -541,7 +541,7 @@ def test_the_preset_keeps_the_papers_proportion_at_any_budget():
 
 
 def test_a_fixed_l_cache_that_does_not_fit_fails_clearly(tok):
-    from grpo_lab.sampling import overlong_cache_tokens
+    from grpo_lab.algo.selection import overlong_cache_tokens
 
     fixed = DAPO.replace(overlong_cache_frac=None, overlong_cache_len=6)
     assert overlong_cache_tokens(fixed, 12) == 6

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_lab.algorithms import GRPO
-from grpo_lab.models import load_policy
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.policy.models import load_policy
 from grpo_lab.paths import checkpoint_dir
 from grpo_lab.tasks import TASKS, DatasetTask, Problem, validate_task
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 WORDS = ["1234", "567", "8912", "345", "6789", "123", "4567", "891", "2345", "678", "9123", "456"]
 

@@ -1,4 +1,4 @@
-"""grpo_lab.decision_tree: the section's rule of thumb as a tree, ours where the evidence differs, and the figure.
+"""grpo_lab.lab.decision_tree: the section's rule of thumb as a tree, ours where the evidence differs, and the figure.
 
 The section's tree is checked against the quotation typed out here by hand (not read from the module), the
 trees' evidence keys against the names the chapters glue (book/_py), and the figure by its artists.
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import algorithms as A
-from grpo_lab import decision_tree as D
-from grpo_lab.decision_tree import CHANGES, OUR_TREE, SECTION_TREE, BranchChange, Leaf, Node
+from grpo_lab.algo import algorithms as A
+from grpo_lab.lab import decision_tree as D
+from grpo_lab.lab.decision_tree import CHANGES, OUR_TREE, SECTION_TREE, BranchChange, Leaf, Node
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
@@ -133,7 +133,7 @@ def test_dapo_plus_token_level_loss_is_the_dapo_preset():
 
 
 def test_every_leaf_names_existing_presets_and_the_chapters_that_cover_them():
-    from grpo_lab.variant_records import RECORDS
+    from grpo_lab.lab.variant_records import RECORDS
 
     for tree in (SECTION_TREE, OUR_TREE):
         for path, leaf in D.leaves(tree):
@@ -272,7 +272,7 @@ def test_the_figure_has_one_text_per_node_and_every_leaf_label(tree):
 
 
 def test_leaf_boxes_carry_the_book_colours_and_changes_are_shaded():
-    from grpo_lab.plotting import ALGO_COLORS
+    from grpo_lab.experiments.plotting import ALGO_COLORS
 
     fig = D.plot_tree(OUR_TREE, highlight=CHANGES)
     by_gid = {t.get_gid(): t for t in _texts(fig, "node:")}

@@ -7,12 +7,14 @@ relation of App. A, the gradient identity of V3.2 Eq. 7 by exact enumeration of 
 categorical policy, the masking rule of Eqs. 8-9 on a worked example."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from grpo_lab.advantages import group_advantages, rloo_advantages
-from grpo_lab.algorithms import (
+from grpo_lab.algo.advantages import group_advantages, rloo_advantages
+from grpo_lab.algo.algorithms import (
     DAPO,
     DR_GRPO,
     GRPO,
@@ -21,9 +23,11 @@ from grpo_lab.algorithms import (
     deepseek_v32,
     get_algorithm,
 )
-from grpo_lab.mhc import product_gain, sinkhorn_knopp
-from grpo_lab.objectives import aggregate, kl_estimate, offpolicy_sequence_mask, policy_loss
-from grpo_lab.rewards import self_verification_reward
+from grpo_lab.algo.objectives import aggregate, kl_estimate, offpolicy_sequence_mask, policy_loss
+from grpo_lab.algo.rewards import self_verification_reward
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "examples"))
+from mhc import product_gain, sinkhorn_knopp  # noqa: E402  (book/examples/mhc.py, chapter 3's sidebar)
 
 
 def _token_grads(algo, adv, mask, **kw):

@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.evaluation (pass@k, mean@k, maj@k, evaluate_at_k) and grpo_lab.stats.wilson_interval.
+"""Tests for grpo_lab.experiments.evaluation (pass@k, mean@k, maj@k, evaluate_at_k) and grpo_lab.experiments.stats.wilson_interval.
 
 References are written independently of the code: pass@k by enumerating every k-subset of the n samples
 (float64), the Wilson interval from its closed form (Wilson 1927) with the normal quantile of the standard
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_lab.evaluation import evaluate_at_k, maj_at_k, mean_at_k, pass_at_k
-from grpo_lab.stats import wilson_interval
+from grpo_lab.experiments.evaluation import evaluate_at_k, maj_at_k, mean_at_k, pass_at_k
+from grpo_lab.experiments.stats import wilson_interval
 
 
 # ------------------------------------------------------------------------------------ pass@k
@@ -143,7 +143,7 @@ def test_wilson_interval_rejects_bad_input(s, n, level, message):
 # -------------------------------------------------------------------------------- evaluate_at_k
 @pytest.fixture(scope="module")
 def base():
-    from grpo_lab.models import load_policy
+    from grpo_lab.policy.models import load_policy
     from grpo_lab.tasks import ArithmeticTask
 
     policy, tokenizer = load_policy("arithmetic-base")

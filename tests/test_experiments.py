@@ -1,5 +1,7 @@
 """Tests for grpo_lab.experiments: profiles, multi-seed runs, provenance and results files."""
 
+from grpo_lab.experiments import runs as runs_mod
+from grpo_lab.experiments import run_cache as run_cache_mod
 import dataclasses
 import math
 import re
@@ -10,10 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
-from grpo_lab.algorithms import GRPO
+from grpo_lab.algo.algorithms import GRPO
 from grpo_lab.experiments import (PROFILES, Profile, RunResult, config_hash, get_profile, load_results, provenance,
                                   run, save_results)
-from grpo_lab.trainer import TrainerConfig
+from grpo_lab.training.trainer import TrainerConfig
 
 from _toys import tiny_profile
 
@@ -221,14 +223,14 @@ def test_unregistered_choice_in_a_worker_names_the_cause(monkeypatch):
 
     # found by a fresh user: a surrogate registered in the parent process only gave a bare KeyError
     # in the spawned workers; _train_one validates first and says why
-    from grpo_lab.algorithms import GRPO
-    from grpo_lab.objectives import SURROGATES
+    from grpo_lab.algo.algorithms import GRPO
+    from grpo_lab.algo.objectives import SURROGATES
 
     monkeypatch.setitem(SURROGATES, "toy", SURROGATES["ppo"])
     algo = GRPO.replace(clip="toy")
     monkeypatch.delitem(SURROGATES, "toy")  # what a fresh worker sees
     with pytest.raises(ValueError, match="unknown clip 'toy'.*n_jobs=1"):
-        experiments._train_one(algo, experiments.get_profile("cpu"), 1, 0, False)
+        runs_mod._train_one(algo, experiments.get_profile("cpu"), 1, 0, False)
 
 
 # ------------------------------------------------------------------------------------ run cache
@@ -267,7 +269,7 @@ def test_a_chapters_run_time_says_whether_its_runs_came_from_the_run_cache(profi
     import time
 
     import grpo_lab.experiments as ex
-    from grpo_lab import book
+    from grpo_lab.lab import book
 
     monkeypatch.setattr(ex.runs, "_TALLY", {"trained": 0, "loaded": 0})  # as a fresh kernel
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path / "cache"))
@@ -349,19 +351,19 @@ def test_run_cache_skips_code_outside_the_package(profile, tmp_path, monkeypatch
     # a registered surrogate is keyed only by its name, and its source is not in the fingerprint:
     # such runs are never cached (a stale result would be silent)
     import grpo_lab.experiments as ex
-    from grpo_lab.objectives import SURROGATES
+    from grpo_lab.algo.objectives import SURROGATES
 
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path))
     ppo = SURROGATES["ppo"]
     monkeypatch.setitem(SURROGATES, "mine", lambda ctx: ppo(ctx))
     algo = GRPO.replace(name="mine", clip="mine")
-    assert ex._uncacheable(algo, profile) == [f"SURROGATES['mine'] from {__name__}"]
+    assert run_cache_mod._uncacheable(algo, profile) == [f"SURROGATES['mine'] from {__name__}"]
     r = run(algo, profile=profile, seeds=[0], progress=False)
     assert r.provenance["run_cache"].startswith("off: code outside grpo_lab, SURROGATES['mine']")
     assert not list(tmp_path.glob("*.json"))
     # a monkeypatched built-in entry counts as outside code too
     monkeypatch.setitem(SURROGATES, "ppo", SURROGATES["mine"])
-    assert ex._uncacheable(GRPO, profile)
+    assert run_cache_mod._uncacheable(GRPO, profile)
     assert run(GRPO, profile=profile, seeds=[0], progress=False).provenance["run_cache"].startswith("off")
 
 
@@ -392,7 +394,7 @@ def test_run_cache_write_failure_keeps_the_run(profile, tmp_path, monkeypatch):
     target = tmp_path / "cache" / "entry.json"
     target.mkdir(parents=True)  # a directory where the file should go: the write fails late
     with pytest.warns(RuntimeWarning, match="could not store the run"):
-        ex._cache_store(target, [{"step": 0}])
+        run_cache_mod._cache_store(target, [{"step": 0}])
 
 
 @pytest.mark.parametrize("content", ['{"rows": []}', '{"rows": {}}', '{"rows": null}', '{"rows": [1, 2]}',
@@ -403,9 +405,9 @@ def test_run_cache_rejects_entries_that_are_not_a_finished_run(profile, tmp_path
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path))
     run("GRPO", profile=profile, seeds=[0], progress=False)
     (entry,) = tmp_path.glob("*.json")
-    assert ex._cache_load(entry, steps=2) is not None
+    assert run_cache_mod._cache_load(entry, steps=2) is not None
     entry.write_text(content)  # well-formed JSON, but not the rows of a 2-step run
-    assert ex._cache_load(entry, steps=2) is None
+    assert run_cache_mod._cache_load(entry, steps=2) is None
     assert run("GRPO", profile=profile, seeds=[0], progress=False).provenance["cached_seeds"] == []
 
 
@@ -413,7 +415,7 @@ def test_run_grid_trains_one_configuration_once(profile, monkeypatch):
     import grpo_lab.experiments as ex
 
     calls = []
-    real = ex._train_one
+    real = runs_mod._train_one
 
     def counting(*a, **k):
         calls.append(a[0].name)

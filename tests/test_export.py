@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from grpo_lab import export as E
-from grpo_lab import objectives as obj
-from grpo_lab.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO, GSPO_TOKEN, PPO, PRESETS, VAPO, deepseek_v32
+from grpo_lab.algo import objectives as obj
+from grpo_lab.algo.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO, GSPO_TOKEN, PPO, PRESETS, VAPO, deepseek_v32
 from grpo_lab.export import ApproximateExportWarning, ExportError, to_trl, to_verl, translate
 
 V32 = deepseek_v32(beta=0.04, delta=0.05, eps=0.2)
@@ -219,8 +219,8 @@ def mine_surrogate(log_ratio, advantages, mask, algo):
 @pytest.mark.parametrize("inside", [False, True], ids=["user_module", "in_package"])
 def test_a_surrogate_no_table_maps_is_refused_naming_it_and_the_target(monkeypatch, inside):
     # the export used to treat every clip other than "ppo" as CISPO: a new surrogate must never export as another's
-    if inside:  # a contributor's new function in grpo_lab.objectives, registered but not mapped
-        monkeypatch.setattr(mine_surrogate, "__module__", "grpo_lab.objectives")
+    if inside:  # a contributor's new function in grpo_lab.algo.objectives, registered but not mapped
+        monkeypatch.setattr(mine_surrogate, "__module__", "grpo_lab.algo.objectives")
     monkeypatch.setitem(obj.SURROGATES, "mine", mine_surrogate)
     mine = GRPO.replace(clip="mine", kl=None, adv_eps=1e-6)  # exact in both targets with clip="ppo"
     for to, label in ((to_trl, "TRL 1.16.0"), (to_verl, "verl 0.9.1")):
@@ -235,7 +235,7 @@ def test_a_surrogate_no_table_maps_is_refused_naming_it_and_the_target(monkeypat
 
 def test_a_new_surrogate_exports_once_its_table_entry_is_written(monkeypatch):
     # one entry per target makes a (package) surrogate exportable; here it borrows PPO's mapping to show the path
-    monkeypatch.setattr(mine_surrogate, "__module__", "grpo_lab.objectives")
+    monkeypatch.setattr(mine_surrogate, "__module__", "grpo_lab.algo.objectives")
     monkeypatch.setitem(obj.SURROGATES, "mine", mine_surrogate)
     monkeypatch.setitem(E.translation._TRL_SURROGATES, "mine", E.translation._TRL_SURROGATES["ppo"])
     mine = GRPO.replace(clip="mine")
@@ -250,7 +250,7 @@ def test_a_new_surrogate_exports_once_its_table_entry_is_written(monkeypatch):
 ])
 def test_every_registry_axis_fails_closed(monkeypatch, target, axis, registry, value):
     # a package function under a name the target's table lacks: refused naming it, not exported as its nearest
-    from grpo_lab import advantages as adv
+    from grpo_lab.algo import advantages as adv
     module = adv if registry == "ADVANTAGE_ESTIMATORS" else obj
     monkeypatch.setitem(getattr(module, registry), "mine", getattr(module, registry)[value])
     algo = GRPO.replace(**{axis: "mine"})
@@ -411,7 +411,7 @@ def test_value_model_algorithms_are_refused_with_the_reason(target):
 
 # ---------------------------------------------------------------------------------- the 2025 variants
 def test_2025_variants_to_trl_sapo_mapped_the_others_refused_with_the_reason():
-    from grpo_lab.algorithms import CLIP_COV, GMPO, KL_COV, SAPO
+    from grpo_lab.algo.algorithms import CLIP_COV, GMPO, KL_COV, SAPO
 
     cfg = to_trl(SAPO.replace(tau_neg=1.2), group_size=4, prompts_per_step=2, max_new_tokens=8)
     assert cfg["loss_type"] == "sapo" and cfg["sapo_temperature_pos"] == 1.0 and cfg["sapo_temperature_neg"] == 1.2
@@ -425,7 +425,7 @@ def test_2025_variants_to_trl_sapo_mapped_the_others_refused_with_the_reason():
 
 
 def test_2025_variants_to_verl():
-    from grpo_lab.algorithms import CLIP_COV, GMPO, KL_COV, SAPO
+    from grpo_lab.algo.algorithms import CLIP_COV, GMPO, KL_COV, SAPO
 
     def ov(algo, **budget):
         return dict(line.split("=", 1) for line in to_verl(algo.replace(adv_eps=1e-6), **budget))

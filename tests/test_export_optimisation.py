@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from grpo_lab import export as E
-from grpo_lab.algorithms import CISPO, GRPO, GSPO
+from grpo_lab.algo.algorithms import CISPO, GRPO, GSPO
 from grpo_lab.export import versions as V
-from grpo_lab.trainer import TrainerConfig
+from grpo_lab.training.trainer import TrainerConfig
 
 A = "actor_rollout_ref.actor."
 VERL_GRPO = GRPO.replace(adv_eps=1e-6)  # verl's hard-coded epsilon: the loss is exact, only the optimisation is tested

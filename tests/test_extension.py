@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import grpo_lab.tasks as tasks_mod
-from grpo_lab.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
-from grpo_lab.algorithms import GRPO, Algorithm
-from grpo_lab.models import TinyConfig, tiny_policy
-from grpo_lab.objectives import SURROGATES, policy_loss
+from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
+from grpo_lab.algo.algorithms import GRPO, Algorithm
+from grpo_lab.policy.models import TinyConfig, tiny_policy
+from grpo_lab.algo.objectives import SURROGATES, policy_loss
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)

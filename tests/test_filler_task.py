@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_lab.paths import checkpoint_dir
-from grpo_lab.pretrain import RECIPES, make_task
+from grpo_lab.lab.pretrain import RECIPES, make_task
 from grpo_lab.tasks import ArithmeticTask, task_from_spec, task_spec
 from grpo_lab.tasks.arithmetic import filler_length, parse_answer
 
@@ -147,7 +147,7 @@ def test_recipes():
 
 
 def test_pretrain_init_errors(tmp_path):
-    from grpo_lab.pretrain import pretrain
+    from grpo_lab.lab.pretrain import pretrain
 
     with pytest.raises(ValueError, match="not found"):
         pretrain(replace(RECIPES["arithmetic-filler"], init="no-such-base", steps=1), tmp_path / "x",
@@ -157,7 +157,7 @@ def test_pretrain_init_errors(tmp_path):
 
 
 def test_pretrain_from_init_is_deterministic(tmp_path):
-    from grpo_lab.pretrain import pretrain
+    from grpo_lab.lab.pretrain import pretrain
 
     small = replace(RECIPES["arithmetic-filler"], steps=2, batch_size=8)
     a = pretrain(small, tmp_path / "a", progress=False, evaluate=False)

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from grpo_lab import experiments
-from grpo_lab import memory_model as mm
-from grpo_lab.algorithms import DAPO, VAPO
+from grpo_lab.experiments import memory_model as mm
+from grpo_lab.algo.algorithms import DAPO, VAPO
 from grpo_lab.experiments import memory_fit
 
 QWEN05 = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,

@@ -3,13 +3,14 @@
 the ``"gpu"`` profile (a hub instruct model named in one place, GSM8K in its chat template), the
 chapter results files (``run_chapter_gpu`` / ``load_chapter_gpu`` / ``summarize_runs`` /
 ``check_gpu_results``), the expected-time estimate, the chapters' display of GPU results, and
-``python -m grpo_lab.book execute --param``.
+``python -m grpo_lab.lab.book execute --param``.
 
 The GSM8K runs here go through ``experiments.run`` with ``gpu_profile(device="cpu")`` and a tiny
 Qwen2 instruct model in the hub layout (tests/_hub_fixture.py): the code path of a GPU run, on
 CPU. Tests marked ``gpu`` repeat the precision checks on CUDA (``scripts/gpu_check.sh``).
 """
 
+from grpo_lab.experiments import runs as runs_mod
 import json
 
 import numpy as np
@@ -21,11 +22,12 @@ pytest.importorskip("math_verify")
 
 import _hub_fixture as H
 
-from grpo_lab import book, experiments
-from grpo_lab.algorithms import GRPO
-from grpo_lab.models import load_policy
+from grpo_lab.lab import book
+from grpo_lab import experiments, lab
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.policy.models import load_policy
 from grpo_lab.tasks import GSM8KTask, get_task
-from grpo_lab.trainer import PRECISIONS, Trainer, TrainerConfig, resolve_precision
+from grpo_lab.training.trainer import PRECISIONS, Trainer, TrainerConfig, resolve_precision
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +210,7 @@ def test_a_gpu_model_that_cannot_be_loaded_names_the_variable(tmp_path, monkeypa
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: the hub id cannot be found offline
     prof = experiments.gpu_profile("grpo-lab-tests/not-a-model", source="fixture", device="cpu", steps=1)
     with pytest.raises(OSError, match="GRPO_LAB_GPU_MODEL"):
-        experiments._train_one(GRPO, prof, 1, 0, False)
+        runs_mod._train_one(GRPO, prof, 1, 0, False)
 
 
 # ------------------------------------------------------------------------- end to end on CPU
@@ -220,7 +222,7 @@ def chapter_run(tiny_dir, tmp_path_factory):
     prof = experiments.gpu_profile(tiny_dir, source="fixture", device="cpu", steps=2, prompts_per_step=2,
                                    group_size=2, micro_batch_size=2, eval_every=1, max_new_tokens=12,
                                    precision="bfloat16")
-    grid = experiments.run_chapter_gpu("99_test", ["GRPO", "DR_GRPO", "DAPO"], seeds=(0, 1), profile=prof,
+    grid = lab.run_chapter_gpu("99_test", ["GRPO", "DR_GRPO", "DAPO"], seeds=(0, 1), profile=prof,
                                        out=out / "99_test.json")
     return grid, out
 
@@ -233,7 +235,7 @@ def test_the_gsm8k_fixture_trains_end_to_end_through_the_gpu_code_path(chapter_r
         assert sorted(h["seed"].unique()) == [0, 1] and h["step"].max() == 2
         assert h["test_accuracy"].notna().sum() == 2 * 3  # steps 0, 1, 2 for each seed
         assert (h.loc[h["step"] > 0, "length"] <= 12).all()
-    results, prov = experiments.load_chapter_gpu("99_test", out)
+    results, prov = lab.load_chapter_gpu("99_test", out)
     assert set(results) == set(grid)
     assert prov["chapter"] == "99_test" and prov["device"] == "cpu" and prov["precision"] == "bfloat16"
     assert prov["base"] == str(tiny_dir) and prov["seeds"] == [0, 1] and prov["steps"] == 2
@@ -244,38 +246,38 @@ def test_the_gsm8k_fixture_trains_end_to_end_through_the_gpu_code_path(chapter_r
     for name, r in results.items():
         pd.testing.assert_frame_equal(r.history.reset_index(drop=True)[["seed", "step", "reward"]],
                                       grid[name].history.reset_index(drop=True)[["seed", "step", "reward"]])
-    assert experiments.load_chapter_gpu("no_such_chapter", out) is None
+    assert lab.load_chapter_gpu("no_such_chapter", out) is None
     with pytest.raises(ValueError, match="chapter must be"):
-        experiments.load_chapter_gpu("../etc", out)
+        lab.load_chapter_gpu("../etc", out)
 
 
 def test_check_gpu_results_names_the_fact_that_fails(chapter_run):
     _, out = chapter_run
-    results, prov = experiments.load_chapter_gpu("99_test", out)
+    results, prov = lab.load_chapter_gpu("99_test", out)
     assert prov["dry_run"] is True  # a CPU run of the GPU profile is marked as a dry run of the code path
-    experiments.check_gpu_results(results, prov)
+    lab.check_gpu_results(results, prov)
     with pytest.raises(AssertionError, match="device 'cpu' is not CUDA"):
-        experiments.check_gpu_results(results, {**prov, "dry_run": False})
+        lab.check_gpu_results(results, {**prov, "dry_run": False})
     on_gpu = {**prov, "device": "cuda", "dry_run": False}
-    experiments.check_gpu_results(results, on_gpu)  # every other fact holds
+    lab.check_gpu_results(results, on_gpu)  # every other fact holds
     with pytest.raises(AssertionError, match="lacks seeds"):
-        experiments.check_gpu_results(results, {**on_gpu, "seeds": [0, 1, 2]})
+        lab.check_gpu_results(results, {**on_gpu, "seeds": [0, 1, 2]})
     with pytest.raises(AssertionError, match="stopped before step 5"):
-        experiments.check_gpu_results(results, {**on_gpu, "steps": 5})
+        lab.check_gpu_results(results, {**on_gpu, "steps": 5})
     with pytest.raises(AssertionError, match="incomplete"):
-        experiments.check_gpu_results(results, {**on_gpu, "complete": False})
+        lab.check_gpu_results(results, {**on_gpu, "complete": False})
     name = next(iter(results))
     bad = results[name].history.copy()
     bad.loc[bad["step"] == 2, "test_accuracy"] = 1.5
     with pytest.raises(AssertionError, match="outside"):
-        experiments.check_gpu_results({**results, name: experiments.RunResult(bad, {})}, on_gpu)
+        lab.check_gpu_results({**results, name: experiments.RunResult(bad, {})}, on_gpu)
     with pytest.raises(AssertionError, match="solves only"):  # the default model must solve > 10%
-        experiments.check_gpu_results(results, {**on_gpu, "base": experiments.GPU_MODEL})
+        lab.check_gpu_results(results, {**on_gpu, "base": experiments.GPU_MODEL})
 
 
 def test_summarize_runs_pairs_by_seed(chapter_run):
     _, out = chapter_run
-    results, _ = experiments.load_chapter_gpu("99_test", out)
+    results, _ = lab.load_chapter_gpu("99_test", out)
     names = list(results)
     table = experiments.summarize_runs(results, baseline=names[0])
     assert table["algorithm"].tolist() == names and table["seeds"].tolist() == [2, 2, 2]
@@ -303,7 +305,7 @@ def test_the_chapter_cell_shows_results_or_what_a_run_would_cost(chapter_run, tm
     assert "99_test.json is absent" in text and "GRPO, DAPO" in text and experiments.GPU_MODEL in text
     assert "does not fit" in text and "5 seeds each" in text
     _, out = chapter_run
-    results, prov = experiments.load_chapter_gpu("99_test", out)
+    results, prov = lab.load_chapter_gpu("99_test", out)
     whole = experiments.load_results(out / "99_test.json")
     shown = book.show_gpu_results("99_test", list(results), directory=out)
     assert "DRY RUN of the GPU code path on cpu" in capsys.readouterr().out
@@ -537,7 +539,7 @@ def test_the_readme_gpu_time_table_is_the_estimate():
         if call is None:
             continue
         seen.add(twin.stem)
-        prof = experiments.rpt_gpu_profile() if twin.stem == "07_rpt" else experiments.gpu_profile()
+        prof = lab.rpt_gpu_profile() if twin.stem == "07_rpt" else experiments.gpu_profile()
         runs = algos * seeds
         assert rows[twin.stem][0] == runs, twin.stem
         for gpu, shown in (("T4", rows[twin.stem][1]), ("H100", rows[twin.stem][2])):
@@ -602,9 +604,9 @@ def test_results_files_are_replaced_whole_and_a_broken_one_is_named(tmp_path, mo
     def dies(*args, **kwargs):
         raise OSError("disk full")
 
-    import grpo_lab.files
+    import grpo_lab.paths
 
-    monkeypatch.setattr(grpo_lab.files.os, "replace", dies)  # save_results writes through files.write_text_atomically
+    monkeypatch.setattr(grpo_lab.paths.os, "replace", dies)  # save_results writes through files.write_text_atomically
     second = experiments.RunResult(pd.DataFrame([{"step": 1, "seed": 0, "test_accuracy": 0.5}]), {"seeds": [0]})
     with pytest.raises(OSError, match="disk full"):
         experiments.save_results(second, path)
@@ -616,12 +618,12 @@ def test_results_files_are_replaced_whole_and_a_broken_one_is_named(tmp_path, mo
         experiments.load_results(path)
     path.write_bytes(b"\xff\xfe\x00junk")
     with pytest.raises(ValueError, match="01_grpo.json is not a grpo_lab results file"):
-        experiments.load_chapter_gpu("01_grpo", tmp_path)
+        lab.load_chapter_gpu("01_grpo", tmp_path)
 
 
 def test_run_chapter_gpu_refuses_a_run_without_steps_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="01_grpo: steps must be a positive int or None, got 0"):
-        experiments.run_chapter_gpu("01_grpo", ["GRPO"], seeds=(0,), steps=0, profile="cpu", out=tmp_path / "x.json")
+        lab.run_chapter_gpu("01_grpo", ["GRPO"], seeds=(0,), steps=0, profile="cpu", out=tmp_path / "x.json")
     with pytest.raises(ValueError, match="is a directory"):
-        experiments.run_chapter_gpu("01_grpo", ["GRPO"], seeds=(0,), steps=1, profile="cpu", out=tmp_path)
+        lab.run_chapter_gpu("01_grpo", ["GRPO"], seeds=(0,), steps=1, profile="cpu", out=tmp_path)
     assert list(tmp_path.iterdir()) == []

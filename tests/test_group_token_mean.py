@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_lab.algorithms import DAPO, GRPO
-from grpo_lab.objectives import aggregate, policy_loss
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.algo.algorithms import DAPO, GRPO
+from grpo_lab.algo.objectives import aggregate, policy_loss
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 
 def _batch():
@@ -102,7 +102,7 @@ def test_trainer_group_tokens_per_minibatch():
 
 
 def test_trainer_trains_with_group_token_mean():
-    from grpo_lab.models import load_policy
+    from grpo_lab.policy.models import load_policy
     from grpo_lab.tasks import get_task
 
     policy, tok = load_policy("arithmetic-base")

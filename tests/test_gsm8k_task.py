@@ -198,8 +198,8 @@ def test_a_tokenizer_without_chat_template_or_missing_is_a_clear_error(tmp_path)
 
 
 def test_load_policy_reads_the_hub_layout_model_directory(tiny_dir):
-    from grpo_lab.models import load_policy
-    from grpo_lab.rollout import stop_token_ids
+    from grpo_lab.policy.models import load_policy
+    from grpo_lab.policy.rollout import stop_token_ids
 
     model, tok = load_policy(tiny_dir)
     assert type(model).__name__ == "Qwen2ForCausalLM" and model.config.num_hidden_layers == 2
@@ -213,8 +213,8 @@ def test_load_policy_reads_the_hub_layout_model_directory(tiny_dir):
 def test_a_chat_prompt_reaches_the_model_with_one_bos(tmp_path):
     """A template that writes the BOS itself (Llama 3's) and a tokenizer that adds one: generate
     encodes prompts with add_special_tokens=False, so the policy sees exactly one."""
-    from grpo_lab.models import load_policy
-    from grpo_lab.rollout import generate
+    from grpo_lab.policy.models import load_policy
+    from grpo_lab.policy.rollout import generate
 
     directory = H.write_tiny_instruct_model(tmp_path / "bos", bos=True)
     model, tok = load_policy(directory)
@@ -276,8 +276,8 @@ def test_reward_reads_the_completion_not_the_prompt():
 
 @pytest.mark.filterwarnings("ignore:generate. neutralised")
 def test_rollout_texts_of_chat_prompts_are_the_completions_only(tiny_dir):
-    from grpo_lab.models import load_policy
-    from grpo_lab.rollout import generate
+    from grpo_lab.policy.models import load_policy
+    from grpo_lab.policy.rollout import generate
 
     model, tok = load_policy(tiny_dir)
     task = GSM8KTask(tokenizer_name=str(tiny_dir), system_prompt="Example: \\boxed{42}.")
@@ -291,9 +291,9 @@ def test_rollout_texts_of_chat_prompts_are_the_completions_only(tiny_dir):
 # ------------------------------------------------------------------------- end to end on CPU
 @pytest.mark.filterwarnings("ignore:generate. neutralised")
 def test_one_grpo_step_and_evaluation_on_the_hub_layout_model(tiny_dir):
-    from grpo_lab.models import load_policy
-    from grpo_lab.rollout import evaluate
-    from grpo_lab.trainer import Trainer, TrainerConfig
+    from grpo_lab.policy.models import load_policy
+    from grpo_lab.policy.rollout import evaluate
+    from grpo_lab.training.trainer import Trainer, TrainerConfig
 
     model, tok = load_policy(tiny_dir)
     task = GSM8KTask(source="fixture", tokenizer_name=str(tiny_dir), max_new_tokens=16)

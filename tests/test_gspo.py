@@ -20,9 +20,9 @@ import math
 import pytest
 import torch
 
-from grpo_lab.algorithms import GRPO, GSPO, GSPO_TOKEN, PRESETS, get_algorithm
-from grpo_lab.metrics import reduce_micro_batches
-from grpo_lab.objectives import (
+from grpo_lab.algo.algorithms import GRPO, GSPO, GSPO_TOKEN, PRESETS, get_algorithm
+from grpo_lab.algo.metrics import reduce_micro_batches
+from grpo_lab.algo.objectives import (
     METRIC_KEYS,
     RATIOS,
     policy_loss,

@@ -110,7 +110,7 @@ def _cycle(graph: dict[str, set[str]]):
 
 def test_no_import_cycle():
     graph = import_graph()
-    assert "grpo_lab.objectives" in graph["grpo_lab.algorithms"]  # the walk sees the imports
+    assert "grpo_lab.algo.objectives" in graph["grpo_lab.algo.algorithms"]  # the walk sees the imports
     # a package's __init__ re-exporting its submodules is not a cycle with them: drop those edges
     for m in graph:
         if m.count(".") >= 1 and (PKG.parent / Path(*m.split("."))).is_dir():
@@ -124,3 +124,69 @@ def test_no_import_cycle():
 @pytest.mark.parametrize("bad", [{"a": {"b"}, "b": {"a"}}, {"a": {"b"}, "b": {"c"}, "c": {"a"}}])
 def test_the_cycle_finder_finds_cycles(bad):
     assert _cycle(bad) is not None and _cycle({"a": {"b"}, "b": set()}) is None
+
+
+#: The wings of the package, lowest first: a module may import its own wing and the wings before it,
+#: never one after it. ``paths`` holds where data lives; ``lab`` is the book's bench, which nothing
+#: else imports (grpo_lab/lab/__init__.py states that contract).
+WINGS = ("paths", "algo", "policy", "tasks", "training", "export", "experiments", "cli", "lab")
+#: The one import that points up, and why: a rollout scores its samples against the task's ``Problem``.
+UPWARD_ALLOWED = {("grpo_lab.policy.rollout", "grpo_lab.tasks.base")}
+
+
+def wing(module: str) -> str:
+    """The wing of a dotted module name: ``grpo_lab.algo.objectives`` -> ``algo``; the package's own
+    ``__init__`` and ``__main__`` sit above every wing (``top``)."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in ("__main__",):
+        return "top"
+    if parts[1] not in WINGS:
+        raise AssertionError(f"{module} is in no wing: put it in one of {WINGS} (tests/test_house_rules.py)")
+    return parts[1]
+
+
+def wrong_way_imports(sources: dict[str, str]) -> list[str]:
+    """``"module:line imports target (wing a -> wing b)"`` for every import of ``sources`` (``{dotted name:
+    source}``) that points from a wing to a later one."""
+    order = {w: i for i, w in enumerate(WINGS)} | {"top": len(WINGS)}
+    bad = []
+    for name, src in sources.items():
+        is_pkg = name in {m for m, p in _modules().items() if p.name == "__init__.py"} or name.count(".") == 0
+        package = name if is_pkg else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(src)):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                if not t.startswith("grpo_lab.") or (name, t) in UPWARD_ALLOWED:
+                    continue
+                a, b = wing(name), wing(t)
+                if order[b] > order[a]:
+                    bad.append(f"{name}:{node.lineno} imports {t} ({a} -> {b})")
+    return bad
+
+
+def test_imports_go_one_way_down_the_wings():
+    sources = {m: p.read_text() for m, p in _modules().items()}
+    assert {wing(m) for m in sources} == set(WINGS) | {"top"}  # every wing exists and every module is in one
+    bad = wrong_way_imports(sources)
+    assert not bad, "imports against the order of the wings " + " < ".join(WINGS) + ":\n" + "\n".join(bad)
+
+
+def test_the_wing_rule_names_the_offending_line():
+    # hand-made: an algorithm module importing the trainer, on its line 3
+    sources = {m: "" for m in _modules()}
+    sources["grpo_lab.algo.objectives"] = "import torch\n\nfrom ..training.trainer import Trainer\n"
+    assert wrong_way_imports(sources) == [
+        "grpo_lab.algo.objectives:3 imports grpo_lab.training.trainer (algo -> training)"]
+    sources["grpo_lab.algo.objectives"] = "from ..paths import data_dir\nfrom . import hparams\n"
+    assert wrong_way_imports(sources) == []
+    sources["grpo_lab.experiments.runs"] = "def f():\n    from grpo_lab.lab import book\n"
+    assert wrong_way_imports(sources) == ["grpo_lab.experiments.runs:2 imports grpo_lab.lab.book (experiments -> lab)"]

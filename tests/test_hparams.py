@@ -1,4 +1,4 @@
-"""The mechanism by which registry functions own their hyper-parameters (grpo_lab.hparams): declaration
+"""The mechanism by which registry functions own their hyper-parameters (grpo_lab.algo.hparams): declaration
 by keyword-only parameters, typing from the annotation or the default, constraints between axes, and the
 shapes and placement of whole-batch statistics. Uses throwaway surrogates registered for each test."""
 
@@ -7,10 +7,10 @@ from typing import Optional
 import pytest
 import torch
 
-from grpo_lab import hparams
-from grpo_lab.advantages import ADVANTAGE_ESTIMATORS, group_zscore
-from grpo_lab.algorithms import GRPO
-from grpo_lab.objectives import SURROGATES, batch_statistics, policy_loss, ppo_surrogate
+from grpo_lab.algo import hparams
+from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS, group_zscore
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.algo.objectives import SURROGATES, batch_statistics, policy_loss, ppo_surrogate
 
 
 def typed(ctx, *, k: float, cap: Optional[float] = None, n: int = 3, on: bool = False, mode: str = "a"):

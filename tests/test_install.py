@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 import grpo_lab.paths as paths
-from grpo_lab.models import load_policy
+from grpo_lab.policy.models import load_policy
 
 tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Python 3.11's tomllib")
 
@@ -164,7 +164,7 @@ def test_wheel_installed_elsewhere_loads_its_checkpoint(wheel, tmp_path):
     work.mkdir()
     code = (f"import sys; sys.path.insert(0, {str(site)!r})\n"
             "import grpo_lab, grpo_lab.paths as p\n"
-            "from grpo_lab.models import load_policy\n"
+            "from grpo_lab.policy.models import load_policy\n"
             "from grpo_lab.tasks import ArithmeticTask\n"
             f"assert grpo_lab.__file__.startswith({str(site)!r}), grpo_lab.__file__\n"
             "m, t = load_policy('arithmetic-moe-base', progress=False)\n"

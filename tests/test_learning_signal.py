@@ -7,9 +7,9 @@ import pytest
 
 from _toys import TINY, HalfTask, tiny_profile
 from grpo_lab import experiments
-from grpo_lab.models import tiny_policy
+from grpo_lab.policy.models import tiny_policy
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.trainer import (MEASURED_COLUMNS, DynamicSamplingShortfallWarning, NoLearningSignalWarning, Trainer,
+from grpo_lab.training.trainer import (MEASURED_COLUMNS, DynamicSamplingShortfallWarning, NoLearningSignalWarning, Trainer,
                               TrainerConfig)
 from grpo_lab.training.learning_signal import NO_SIGNAL_STEPS, no_signal_step, no_signal_warning, shortfall_steps
 

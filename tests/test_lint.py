@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_lab import cli
+from grpo_lab.cli.main import main as cli
 from grpo_lab import export as E
-from grpo_lab.algorithms import GSPO
+from grpo_lab.algo.algorithms import GSPO
 from grpo_lab.export import lint as L
 
 import _xcheck_common as X

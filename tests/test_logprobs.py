@@ -1,11 +1,11 @@
-"""Tests for grpo_lab.logprobs: chunked / fused paths equal the naive float64 formulas."""
+"""Tests for grpo_lab.policy.logprobs: chunked / fused paths equal the naive float64 formulas."""
 
 import math
 
 import pytest
 import torch
 
-from grpo_lab.logprobs import (
+from grpo_lab.policy.logprobs import (
     entropy_from_hidden,
     entropy_from_logits,
     token_logprobs,

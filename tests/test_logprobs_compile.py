@@ -2,7 +2,7 @@
 
 Compiling costs tens of seconds on 2 CPU cores, so every test here uses the same dtype (float32),
 vocabulary size and device: the four kernels (forward / backward x log-prob / entropy) are
-compiled once per process (``grpo_lab.logprobs`` caches them) and reused by all tests, plus one
+compiled once per process (``grpo_lab.policy.logprobs`` caches them) and reused by all tests, plus one
 extra graph per kernel for a chunk of a single row (torch specialises size-1 dimensions).
 """
 
@@ -11,8 +11,8 @@ import shutil
 import pytest
 import torch
 
-from grpo_lab import logprobs as lp_mod
-from grpo_lab.logprobs import entropy_from_hidden, token_logprobs_from_hidden
+from grpo_lab.policy import logprobs as lp_mod
+from grpo_lab.policy.logprobs import entropy_from_hidden, token_logprobs_from_hidden
 
 B, T, V, H = 3, 7, 13, 5  # B*T = 21 rows
 

@@ -1,4 +1,4 @@
-"""LoRA policies (grpo_lab.lora, issue 31 item 5): the KL reference is the base with the adapters
+"""LoRA policies (grpo_lab.policy.lora, issue 31 item 5): the KL reference is the base with the adapters
 disabled (no second set of weights), checkpoints hold the adapters and name the base and resume
 exactly, and the places that copy the policy (low-precision sampler, critic) cope with a PeftModel."""
 
@@ -11,12 +11,12 @@ import torch
 
 pytest.importorskip("peft")
 
-from grpo_lab.algorithms import GRPO  # noqa: E402
-from grpo_lab.lora import AdapterDisabled, BaseModelNotFound, LoraSpec  # noqa: E402
-from grpo_lab.models import CriticModel, inference_copy, is_peft_model, load_policy, tiny_policy  # noqa: E402
-from grpo_lab.rollout import policy_logprobs  # noqa: E402
+from grpo_lab.algo.algorithms import GRPO  # noqa: E402
+from grpo_lab.policy.lora import AdapterDisabled, BaseModelNotFound, LoraSpec  # noqa: E402
+from grpo_lab.policy.models import CriticModel, inference_copy, is_peft_model, load_policy, tiny_policy  # noqa: E402
+from grpo_lab.policy.rollout import policy_logprobs  # noqa: E402
 from grpo_lab.tasks import ArithmeticTask  # noqa: E402
-from grpo_lab.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig  # noqa: E402
+from grpo_lab.training.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig  # noqa: E402
 
 SPEC = LoraSpec(r=8, alpha=16, target_modules=("q_proj", "v_proj"))
 
@@ -250,7 +250,8 @@ def test_run_with_lora_trains_adapters_and_records_them():
 
 
 def test_cli_lora_options_reach_run(monkeypatch, tmp_path, capsys):
-    from grpo_lab import cli, experiments
+    from grpo_lab.cli.main import main as cli
+    from grpo_lab import experiments
     from grpo_lab.experiments import RunResult
 
     calls = []
@@ -293,8 +294,8 @@ def test_gradient_checkpointing_with_lora_gives_the_same_training():
 
 
 def test_lora_spec_defaults_and_a_misspelled_target():
-    from grpo_lab.cli import LORA_TARGETS
-    from grpo_lab.lora import DEFAULT_TARGETS
+    from grpo_lab.cli.main import LORA_TARGETS
+    from grpo_lab.policy.lora import DEFAULT_TARGETS
 
     assert LoraSpec(r=4) == LoraSpec(4, 8, ("q_proj", "v_proj")) and LORA_TARGETS == DEFAULT_TARGETS
     assert LoraSpec.from_value({"r": 4}) == LoraSpec(r=4)

@@ -10,9 +10,9 @@ from transformers import (get_constant_schedule_with_warmup, get_cosine_schedule
                           get_linear_schedule_with_warmup)
 
 import grpo_lab.tasks as tasks_mod
-from grpo_lab.algorithms import GRPO
-from grpo_lab.models import tiny_policy
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.policy.models import tiny_policy
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 from grpo_lab.training.lr_schedule import lr_lambda, policy_lr, schedule_updates
 
 from _toys import TINY, HalfTask

@@ -1,4 +1,4 @@
-"""grpo_lab.memory_model: formulas on hand-computed cases, the fit of batch sizes to a card, and
+"""grpo_lab.experiments.memory_model: formulas on hand-computed cases, the fit of batch sizes to a card, and
 the predictions against CPU measurements at scaled-down shapes (benchmarks/memory_model.py, one
 subprocess per phase)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import memory_model as mm
+from grpo_lab.experiments import memory_model as mm
 
 # Qwen2.5-0.5B-Instruct's config.json, the fields written by hand
 QWEN05 = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,

@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.metrics: a Metric is a float that knows how it combines."""
+"""Tests for grpo_lab.algo.metrics: a Metric is a float that knows how it combines."""
 
 import copy
 import json
@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from grpo_lab.metrics import (
+from grpo_lab.algo.metrics import (
     REDUCTIONS,
     Metric,
     maximum,

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from _toys import TINY, HalfTask
-from grpo_lab.algorithms import PRESETS
-from grpo_lab.models import tiny_policy
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.algo.algorithms import PRESETS
+from grpo_lab.policy.models import tiny_policy
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 
 #: selections large enough to act on a 8-row batch (the papers' 2e-3 and 2e-4 pick one token here)

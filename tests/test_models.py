@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.models: the character tokenizer, tiny policies, load_policy, count_parameters."""
+"""Tests for grpo_lab.policy.models: the character tokenizer, tiny policies, load_policy, count_parameters."""
 
 import dataclasses
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from grpo_lab.models import CHARS, TinyConfig, build_char_tokenizer, count_parameters, load_policy, tiny_policy
+from grpo_lab.policy.models import CHARS, TinyConfig, build_char_tokenizer, count_parameters, load_policy, tiny_policy
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
@@ -199,7 +199,7 @@ def test_load_policy_cuda_without_cuda_is_a_clear_error(tmp_path):
 def test_load_policy_by_shipped_checkpoint_name():
     # found by a fresh user: the README says load_policy loads the shipped checkpoints, but only a
     # full path worked
-    from grpo_lab.models import load_policy
+    from grpo_lab.policy.models import load_policy
 
     model, tok = load_policy("arithmetic-base", progress=False)
     assert model.config.model_type == "qwen2" and len(tok) == model.config.vocab_size

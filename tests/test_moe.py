@@ -1,6 +1,6 @@
 """Mixture-of-Experts policies and GSPO's Routing Replay (arXiv 2507.18071, §5.3): the tiny
 Qwen3-MoE policy, its shipped base checkpoint, recording / replaying / comparing routing
-(grpo_lab.moe), and the trainer's ``routing_replay`` option and ``routing_change_frac`` column."""
+(grpo_lab.policy.moe), and the trainer's ``routing_replay`` option and ``routing_change_frac`` column."""
 
 import dataclasses
 import json
@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import Qwen3MoeForCausalLM
 
-import grpo_lab.trainer as trainer_mod
-from grpo_lab.algorithms import GRPO
-from grpo_lab.models import TinyConfig, count_parameters, load_policy, tiny_policy
-from grpo_lab.moe import RoutingStore, is_moe, moe_routers, record_routing, replay_routing, routing_changes
-from grpo_lab.rollout import generate, policy_logprobs
+import grpo_lab.training.trainer as trainer_mod
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.policy.models import TinyConfig, count_parameters, load_policy, tiny_policy
+from grpo_lab.policy.moe import RoutingStore, is_moe, moe_routers, record_routing, replay_routing, routing_changes
+from grpo_lab.policy.rollout import generate, policy_logprobs
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
@@ -455,10 +455,10 @@ def moe_record():
 
 def test_moe_base_checkpoint_matches_its_recipe(moe_record):
     from grpo_lab.paths import checkpoint_dir
-    from grpo_lab.pretrain import RECIPES, sha256_file
+    from grpo_lab.lab.pretrain import RECIPES, sha256_file
 
     base = checkpoint_dir(MOE_BASE)
-    # produced by `python -m grpo_lab.pretrain arithmetic-moe`: arithmetic-base's recipe, another model
+    # produced by `python -m grpo_lab.lab.pretrain arithmetic-moe`: arithmetic-base's recipe, another model
     assert moe_record["recipe"] == RECIPES["arithmetic-moe"].to_dict()
     dense = RECIPES["arithmetic"].to_dict()
     assert {k: v for k, v in moe_record["recipe"].items() if k != "model"} == {k: v for k, v in dense.items()
@@ -473,8 +473,8 @@ def test_moe_base_checkpoint_matches_its_recipe(moe_record):
 
 def test_moe_base_accuracy_is_in_the_dense_band_and_reproduces(moe_record):
     from grpo_lab.paths import checkpoint_dir
-    from grpo_lab.pretrain import RECIPES, make_task
-    from grpo_lab.rollout import evaluate
+    from grpo_lab.lab.pretrain import RECIPES, make_task
+    from grpo_lab.policy.rollout import evaluate
 
     m = moe_record["metrics"]
     dense = json.loads((checkpoint_dir("arithmetic-base") / "recipe.json").read_text())["metrics"]
@@ -490,7 +490,7 @@ def test_moe_base_accuracy_is_in_the_dense_band_and_reproduces(moe_record):
 
 def test_moe_pretraining_is_deterministic(tmp_path, monkeypatch):
     # two short runs of the MoE recipe (router load-balancing loss included) give bit-identical weights
-    from grpo_lab.pretrain import RECIPES, pretrain
+    from grpo_lab.lab.pretrain import RECIPES, pretrain
 
     monkeypatch.setenv("GRPO_LAB_DATA", str(tmp_path / "data"))
     small = dataclasses.replace(RECIPES["arithmetic-moe"], steps=3, batch_size=8, warmup=2)
@@ -505,8 +505,8 @@ def test_moe_policy_runs_in_bfloat16_and_float32_keeps_its_experts_implementatio
     # grouped_mm needs 16-byte strides; width-36 bfloat16 rows are 72 bytes (it raised RuntimeError)
     import numpy as np
 
-    from grpo_lab.models import inference_copy, load_policy
-    from grpo_lab.rollout import generate
+    from grpo_lab.policy.models import inference_copy, load_policy
+    from grpo_lab.policy.rollout import generate
     from grpo_lab.tasks import get_task
 
     problems = get_task("arithmetic").sample(2, np.random.default_rng(0))
@@ -534,16 +534,16 @@ def test_routing_store_rejects_a_boolean_mask_and_out_of_range_rows():
 
 
 def test_routing_update_records_the_experts_before_and_after_the_update():
-    """experiments.routing_update (chapter 4 §4.6, benchmarks/moe_granularity.py): at lr 1e-30 (the trainer refuses 0)
+    """lab.routing_update (chapter 4 §4.6, benchmarks/moe_granularity.py): at lr 1e-30 (the trainer refuses 0)
     the update moves no float32 weight, so the experts and log-probs recorded after it equal those before, bit for bit; at the profile's
     rate, past the warm-up, some routing decisions change. A dense policy is refused by record_routing."""
     import dataclasses
 
-    from grpo_lab import experiments
-    from grpo_lab.algorithms import GRPO
-    from grpo_lab.models import load_policy
+    from grpo_lab import experiments, lab
+    from grpo_lab.algo.algorithms import GRPO
+    from grpo_lab.policy.models import load_policy
     from grpo_lab.tasks import get_task
-    from grpo_lab.trainer import Trainer
+    from grpo_lab.training.trainer import Trainer
 
     prof = experiments.get_profile("cpu")
     task = get_task(prof.task, **dict(prof.task_kwargs))
@@ -552,7 +552,7 @@ def test_routing_update_records_the_experts_before_and_after_the_update():
         pol, tok = load_policy("arithmetic-moe-base")
         cfg = dataclasses.replace(prof.config, seed=0, lr=lr, warmup=0, minibatches=2, prompts_per_step=4,
                                   eval_every=0, progress=False, threads=1)
-        batch, updates, (old, lp_old), (new, lp_new) = experiments.routing_update(Trainer(pol, tok, task, algo, cfg))
+        batch, updates, (old, lp_old), (new, lp_new) = lab.routing_update(Trainer(pol, tok, task, algo, cfg))
         layers = sum(1 for m in pol.modules() if type(m).__name__.endswith("SparseMoeBlock"))
         assert old.indices.shape == new.indices.shape and old.indices.shape[:2] == (layers, batch.rollout.completion_ids.shape[0])
         assert lp_old.dtype == torch.float64 and lp_old.shape == batch.rollout.completion_ids.shape and len(updates) == 2
@@ -560,5 +560,5 @@ def test_routing_update_records_the_experts_before_and_after_the_update():
         assert torch.equal(lp_old, lp_new) is not moved
     dense, tok = load_policy("arithmetic-base")
     with pytest.raises(ValueError, match="MoE"):
-        experiments.routing_update(Trainer(dense, tok, task, algo, dataclasses.replace(
+        lab.routing_update(Trainer(dense, tok, task, algo, dataclasses.replace(
             prof.config, prompts_per_step=2, eval_every=0, progress=False)))

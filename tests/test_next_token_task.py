@@ -5,7 +5,7 @@ Goldens are by hand: the entropy thresholds and sampling settings are the paper'
 ``/work/shared/reference/papers.md`` §8); the entropy reference below is written from the definition
 in float64 with numpy (not from the code); the split masks, parse results, byte tables and byte counts
 were worked out by hand next to each case. The tests that read the corpus data files and checkpoints
-(``python -m grpo_lab.pretrain corpus-proxy`` and ``... corpus``) skip when those are not built.
+(``python -m grpo_lab.lab.pretrain corpus-proxy`` and ``... corpus``) skip when those are not built.
 """
 
 import dataclasses
@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_lab.algorithms import GRPO, PRESETS, RPT, RPT_HYBRID, RPT_SAMPLING, Algorithm, get_algorithm
-from grpo_lab.models import TinyConfig, tiny_policy, train_bpe_tokenizer
+from grpo_lab.algo.algorithms import GRPO, PRESETS, RPT, RPT_HYBRID, RPT_SAMPLING, Algorithm, get_algorithm
+from grpo_lab.policy.models import TinyConfig, tiny_policy, train_bpe_tokenizer
 from grpo_lab.paths import checkpoint_dir, data_dir
-from grpo_lab.rewards import prefix_match_reward
+from grpo_lab.algo.rewards import prefix_match_reward
 from grpo_lab.tasks import TASKS
 from grpo_lab.tasks import next_token as nt
 from grpo_lab.tasks.next_token import (ENTROPY_THRESHOLDS, NextTokenTask, char_start_mask, corpus_sha256,
                                        entropy_split, load_corpus, next_token_prompt, parse_prediction,
                                        split_corpus, token_strings, top_k_entropy)
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 CORPUS_BASE = checkpoint_dir("corpus-base")
 PROXY_BASE = checkpoint_dir("corpus-proxy-base")
@@ -36,7 +36,7 @@ TEST_FILE = data_dir() / "tasks" / nt.TEST_FILE
 HAVE_DATA = all(p.is_file() for p in (CORPUS_BASE / "recipe.json", PROXY_BASE / "recipe.json", TRAIN_FILE,
                                        TEST_FILE))
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason="the corpus checkpoints / next_token data files are not built "
-                                "(python -m grpo_lab.pretrain corpus-proxy && python -m grpo_lab.pretrain corpus)")
+                                "(python -m grpo_lab.lab.pretrain corpus-proxy && python -m grpo_lab.lab.pretrain corpus)")
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
 
@@ -118,14 +118,14 @@ def test_split_rejects_an_empty_part():
 def test_the_real_corpus_split_is_the_recorded_one():
     path = CORPUS_BASE / "recipe.json"
     if not path.is_file():
-        pytest.skip("data/checkpoints/corpus-base/recipe.json is not built (python -m grpo_lab.pretrain corpus)")
+        pytest.skip("data/checkpoints/corpus-base/recipe.json is not built (python -m grpo_lab.lab.pretrain corpus)")
     rec = _recipe(CORPUS_BASE)["corpus"]
     docs = load_corpus()
     if corpus_sha256(docs) != rec["sha256"]:
         pytest.skip("this CPython ships a different pydoc_data.topics than the one the checkpoint was built from")
     assert list(docs) == sorted(docs) and all(isinstance(v, str) and v for v in docs.values())
     parts = split_corpus(docs)
-    assert "split" in rec, "corpus-base/recipe.json predates the chunk split: rebuild (python -m grpo_lab.pretrain corpus)"
+    assert "split" in rec, "corpus-base/recipe.json predates the chunk split: rebuild (python -m grpo_lab.lab.pretrain corpus)"
     assert {p: [k for k, _ in c] for p, c in parts.items()} == rec["split"]
     n = sum(len(c) for c in parts.values())
     assert n == len(nt.corpus_chunks(docs))
@@ -374,7 +374,7 @@ def test_export_refuses_the_ntp_term(target):
 # ---- the task on the built data --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus_tok():
-    from grpo_lab.models import load_policy
+    from grpo_lab.policy.models import load_policy
 
     _, tok = load_policy(str(CORPUS_BASE))
     return tok

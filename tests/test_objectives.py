@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.objectives.
+"""Tests for grpo_lab.algo.objectives.
 
 The references below are written straight from the papers' equations as explicit loops over
 sequences i and tokens t in float64 (no vectorisation, no shared code with the package), and
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab.algorithms import GRPO, Algorithm
-from grpo_lab.objectives import (
+from grpo_lab.algo.algorithms import GRPO, Algorithm
+from grpo_lab.algo.objectives import (
     KL_LOG_RATIO_CLAMP,
     LOG_RATIO_CLAMP,
     METRIC_KEYS,
@@ -740,7 +740,7 @@ def test_policy_loss_errors():
 # registries and metrics that name their reduction
 # ================================================================================================
 def test_registries_hold_the_package_functions():
-    from grpo_lab import objectives as obj
+    from grpo_lab.algo import objectives as obj
 
     logp, old, _, adv, mask = make_batch(seed=24)
     lp, ol = logp.masked_fill(~mask, 0.0), old.masked_fill(~mask, 0.0)
@@ -763,7 +763,7 @@ def test_registries_hold_the_package_functions():
 
 
 def test_metrics_carry_their_reduction():
-    from grpo_lab.metrics import Metric
+    from grpo_lab.algo.metrics import Metric
 
     logp, old, ref, adv, mask = make_batch(seed=25)
     m = policy_loss(logp, old, adv, mask, GRPO, ref_logp=ref).metrics
@@ -782,7 +782,7 @@ def test_metrics_carry_their_reduction():
 
 
 def test_micro_batch_metrics_reduce_to_the_full_batch():
-    from grpo_lab.metrics import reduce_micro_batches
+    from grpo_lab.algo.metrics import reduce_micro_batches
 
     logp, old, ref, adv, mask = make_batch(B=9, T=6, seed=26, spread=0.5)
     algo = Algorithm(aggregation="token_mean", eps_high=0.28, kl="k3", beta=0.1)
@@ -797,7 +797,7 @@ def test_micro_batch_metrics_reduce_to_the_full_batch():
 
 
 def test_custom_surrogate_contract(monkeypatch):
-    from grpo_lab import objectives as obj
+    from grpo_lab.algo import objectives as obj
 
     def plain_pg(log_ratio, advantages, mask, algo):  # REINFORCE-style, no clip
         ratio = torch.exp(log_ratio)

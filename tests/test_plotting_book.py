@@ -1,4 +1,4 @@
-"""Tests of the book helpers: grpo_lab.plotting (figure style, mean ± sd bands) and grpo_lab.book."""
+"""Tests of the book helpers: grpo_lab.experiments.plotting (figure style, mean ± sd bands) and grpo_lab.lab.book."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from grpo_lab import book, plotting  # noqa: E402
+from grpo_lab.lab import book
+from grpo_lab.experiments import plotting  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

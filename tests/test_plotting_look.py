@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 
-from grpo_lab import plotting  # noqa: E402
+from grpo_lab.experiments import plotting  # noqa: E402
 
 #: WCAG 1.4.11: graphical objects need 3:1 against the adjacent colour (the white page).
 MIN_CONTRAST = 3.0

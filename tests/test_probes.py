@@ -1,4 +1,4 @@
-"""experiments.pretrain_critic and update_probe: VAPO §4.1's value pretraining as a seeded run a worker process can do
+"""lab.pretrain_critic and update_probe: VAPO §4.1's value pretraining as a seeded run a worker process can do
 (chapter 6 §6.7 compares two critic designs over five seeds with it)."""
 
 import pickle
@@ -9,11 +9,11 @@ import torch
 import pytest
 
 from _toys import TINY, tiny_profile
-from grpo_lab import experiments
-from grpo_lab.algorithms import GRPO, VAPO
-from grpo_lab.models import load_policy
+from grpo_lab import experiments, lab
+from grpo_lab.algo.algorithms import GRPO, VAPO
+from grpo_lab.policy.models import load_policy
 from grpo_lab.tasks import get_task
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def prof(tmp_path_factory):
 
 
 def test_it_is_the_trainers_own_pretraining_with_the_seed_and_design_added(prof, tmp_path):
-    history = experiments.pretrain_critic((1, "policy", str(tmp_path / "critic")), algo=VAPO, profile=prof, steps=2,
+    history = lab.pretrain_critic((1, "policy", str(tmp_path / "critic")), algo=VAPO, profile=prof, steps=2,
                                           value_lr=1e-3)
     # the same numbers as Trainer.pretrain_value built by hand with that seed and design
     import dataclasses
@@ -41,15 +41,15 @@ def test_it_is_the_trainers_own_pretraining_with_the_seed_and_design_added(prof,
 
 
 def test_a_worker_can_receive_it_and_a_critic_free_algorithm_is_refused(prof):
-    pickle.dumps(partial(experiments.pretrain_critic, algo=VAPO, profile=prof, steps=1, value_lr=1e-3))
+    pickle.dumps(partial(lab.pretrain_critic, algo=VAPO, profile=prof, steps=1, value_lr=1e-3))
     with pytest.raises(ValueError, match="no value model"):
-        experiments.pretrain_critic((0, "policy", None), algo=GRPO, profile=prof, steps=1, value_lr=1e-3)
-    scratch = experiments.pretrain_critic((0, "scratch", None), algo=VAPO, profile=prof, steps=1, value_lr=1e-3)
+        lab.pretrain_critic((0, "policy", None), algo=GRPO, profile=prof, steps=1, value_lr=1e-3)
+    scratch = lab.pretrain_critic((0, "scratch", None), algo=VAPO, profile=prof, steps=1, value_lr=1e-3)
     assert scratch["init"].tolist() == ["scratch"] and len(scratch) == 1
 
 
 def test_update_probe_returns_the_log_ratios_of_the_trainers_own_update(prof):
-    out = experiments.update_probe(0, algo=GRPO, profile=prof, prompts_per_step=2, minibatches=2)
+    out = lab.update_probe(0, algo=GRPO, profile=prof, prompts_per_step=2, minibatches=2)
     log_r, mask, adv = out["log_ratio"], out["mask"], out["advantages"]
     B = 2 * prof.config.group_size
     assert log_r.shape[0] == B and mask.shape == log_r.shape and adv.shape == (B,)
@@ -58,7 +58,7 @@ def test_update_probe_returns_the_log_ratios_of_the_trainers_own_update(prof):
     # the same numbers as the trainer's stages run by hand with that seed: collect, advantages, update
     import dataclasses
 
-    from grpo_lab.rollout import policy_logprobs
+    from grpo_lab.policy.rollout import policy_logprobs
 
     cfg = dataclasses.replace(prof.config, seed=0, prompts_per_step=2, minibatches=2, eval_every=0, progress=False)
     tr = Trainer(*load_policy(prof.base), get_task(prof.task, **dict(prof.task_kwargs)), GRPO, cfg)

@@ -1,6 +1,6 @@
 """A green run is quiet (issue 36, item 5): executing a notebook prints nothing on stderr (in
 particular not ipykernel's "Kernel is running over TCP without encryption" warning: the kernel talks
-over local IPC sockets, grpo_lab.book._local_kernel_manager), and a representative slice of the suite
+over local IPC sockets, grpo_lab.lab.book._local_kernel_manager), and a representative slice of the suite
 records no warning that pyproject.toml's ``filterwarnings`` (each with its reason) does not name."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_executing_a_notebook_prints_nothing_on_stderr_and_leaves_no_socket_file
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")]), path)
     runtime = Path(jupyter_runtime_dir())
     before = set(runtime.glob("grpo-lab-*")) if runtime.is_dir() else set()
-    r = subprocess.run([sys.executable, "-m", "grpo_lab.book", "execute", str(path)], cwd=ROOT, env=_env(),
+    r = subprocess.run([sys.executable, "-m", "grpo_lab.lab.book", "execute", str(path)], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     # ipykernel's TCP warning is gone; no Python warning either; and the kernel was shut down before this

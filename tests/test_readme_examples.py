@@ -3,7 +3,7 @@
 
 The commands are read from README.md, never copied here, and shortened by flags appended to them
 (``--steps 2 --seeds 0 --jobs 1 --out TMP``: the command line takes the last value of a repeated option),
-never by editing them. Each runs in-process (:func:`grpo_lab.cli.main`) from a scratch directory that
+never by editing them. Each runs in-process (:func:`grpo_lab.cli.main.main`) from a scratch directory that
 links the repository's ``book/`` and holds the README's ``run.yaml``; its outcome is read from the results
 file named by the printed line ``results: PATH``. Skipped, by the rule of :func:`_skip_reason`: a command
 that needs a GPU (``--profile gpu``) or the Hugging Face hub (a ``--model`` that is a hub id, ``--task
@@ -93,7 +93,7 @@ def _scratch(tmp_path: Path, monkeypatch) -> Path:
 
 def _run(args: list[str], capsys) -> dict:
     """Run ``python -m grpo_lab ARGS`` in-process; its exit status 0, the results file its ``results:`` line names."""
-    from grpo_lab.cli import main
+    from grpo_lab.cli.main import main
 
     rc = main(list(args), prog="python -m grpo_lab")
     out = capsys.readouterr()
@@ -140,10 +140,10 @@ def test_readme_states_the_environment():
 
 
 def test_reverse_base_is_shipped_with_its_provenance():
-    from grpo_lab.models import load_policy
+    from grpo_lab.policy.models import load_policy
     from grpo_lab.paths import checkpoint_dir
-    from grpo_lab.pretrain import RECIPES, reverse_example, sha256_file
-    from grpo_lab.rollout import evaluate
+    from grpo_lab.lab.pretrain import RECIPES, reverse_example, sha256_file
+    from grpo_lab.policy.rollout import evaluate
 
     ckpt = checkpoint_dir("reverse-base")
     record = json.loads((ckpt / "recipe.json").read_text())
@@ -161,7 +161,7 @@ def test_reverse_base_is_shipped_with_its_provenance():
 @pytest.mark.slow
 def test_pretrain_reverse_rebuilds_the_checkpoint(tmp_path):
     from grpo_lab.paths import checkpoint_dir
-    from grpo_lab.pretrain import RECIPES, pretrain
+    from grpo_lab.lab.pretrain import RECIPES, pretrain
 
     record = pretrain(RECIPES["reverse"], tmp_path / "reverse-base", progress=False, name="reverse")
     shipped = json.loads((checkpoint_dir("reverse-base") / "recipe.json").read_text())

@@ -1,14 +1,14 @@
-"""Tests for grpo_lab.rollout: group sampling, masks, behaviour log-probs, select, evaluate."""
+"""Tests for grpo_lab.policy.rollout: group sampling, masks, behaviour log-probs, select, evaluate."""
 
 import math
 
 import pytest
 import torch
 
-import grpo_lab.rollout as rollout_mod
-from grpo_lab.logprobs import token_logprobs
-from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
-from grpo_lab.rollout import Rollout, evaluate, generate, policy_logprobs, position_ids_from_mask
+import grpo_lab.policy.rollout as rollout_mod
+from grpo_lab.policy.logprobs import token_logprobs
+from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, tiny_policy
+from grpo_lab.policy.rollout import Rollout, evaluate, generate, policy_logprobs, position_ids_from_mask
 from grpo_lab.tasks import ArithmeticTask, Problem
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

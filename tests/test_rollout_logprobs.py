@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-import grpo_lab.rollout as rollout_mod
-from grpo_lab.logprobs import token_logprobs
-from grpo_lab.models import inference_copy, tiny_policy
-from grpo_lab.rollout import evaluate, generate
+import grpo_lab.policy.rollout as rollout_mod
+from grpo_lab.policy.logprobs import token_logprobs
+from grpo_lab.policy.models import inference_copy, tiny_policy
+from grpo_lab.policy.rollout import evaluate, generate
 from grpo_lab.tasks import ArithmeticTask, Problem
 
 from _toys import TINY

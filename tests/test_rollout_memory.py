@@ -1,6 +1,6 @@
 """Rollout memory at Qwen2.5's vocabulary size (issue 31): recording the behaviour log-probs must not hold every
 step's logits. One measurement of ``benchmarks/rollout_memory.py`` (a fresh subprocess, peak RSS increase):
-:func:`grpo_lab.rollout.generate` with log-probs, 16 rows × 64 tokens, V = 151,936, must stay below one float32
+:func:`grpo_lab.policy.rollout.generate` with log-probs, 16 rows × 64 tokens, V = 151,936, must stay below one float32
 ``[B, T, V]`` tensor (594 MiB). The former path (``output_logits=True``, logits stacked) measured +2,394 MiB at
 this shape; the new one about +30 MiB, as much as HF ``generate`` itself."""
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 from transformers.utils import logging as hf_logging
 
-import grpo_lab.models as models_mod
-from grpo_lab.models import TinyConfig, load_policy, tiny_policy
+import grpo_lab.policy.models as models_mod
+from grpo_lab.policy.models import TinyConfig, load_policy, tiny_policy
 from grpo_lab.paths import REPO_ROOT, checkpoint_dir
-from grpo_lab.rollout import generate, position_ids_from_mask, stop_token_ids
+from grpo_lab.policy.rollout import generate, position_ids_from_mask, stop_token_ids
 from grpo_lab.tasks import Problem
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

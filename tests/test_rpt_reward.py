@@ -1,4 +1,4 @@
-"""RPT's prefix-matching reward (Dong et al., arXiv 2506.08007, Eq. 3): ``grpo_lab.rewards.prefix_match_reward``.
+"""RPT's prefix-matching reward (Dong et al., arXiv 2506.08007, Eq. 3): ``grpo_lab.algo.rewards.prefix_match_reward``.
 
     r = 1  iff  bytes(y) == bytes(x_{>=t})[0:l]  and  l in L_gt   (l = len(bytes(y)) > 0,
     L_gt = the cumulative byte lengths of the ground-truth tokens)
@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from grpo_lab.rewards import prefix_match_reward
+from grpo_lab.algo.rewards import prefix_match_reward
 
 
 def eq3_reference(prediction: str, tokens: list[str]) -> float:

@@ -1,4 +1,4 @@
-"""Tests for configuration files (:mod:`grpo_lab.run_config`): ``python -m grpo_lab --config run.yaml`` (options,
+"""Tests for configuration files (:mod:`grpo_lab.experiments.config_files`): ``python -m grpo_lab --config run.yaml`` (options,
 sections, flags on top, errors), the resolved configuration written to ``<out>/config.yaml`` and read back, and
 ``$GRPO_LAB_GPU_CONFIG`` naming a file. The command line runs in-process with ``experiments.run`` replaced by a
 recorder (no training), as in tests/test_cli.py."""
@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from grpo_lab import cli, experiments, run_config
-from grpo_lab.algorithms import DAPO, GRPO, PRESETS, SAPO
+from grpo_lab.cli.main import main as cli
+from grpo_lab import experiments
+from grpo_lab.experiments import config_files as run_config
+from grpo_lab.algo.algorithms import DAPO, GRPO, PRESETS, SAPO
 from grpo_lab.experiments import PROFILES, RunResult
 
 PROG = "python -m grpo_lab"

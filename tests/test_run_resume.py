@@ -15,13 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from grpo_lab import cli
-from grpo_lab.algorithms import DAPO, GRPO
+from grpo_lab.cli.main import main as cli
+from grpo_lab.algo.algorithms import DAPO, GRPO
 from grpo_lab.experiments import Profile, run
 from grpo_lab.experiments.run_dirs import checkpoints_dir, latest_checkpoint, seed_dir
-from grpo_lab.models import build_char_tokenizer, tiny_policy
+from grpo_lab.policy.models import build_char_tokenizer, tiny_policy
 from grpo_lab.tasks import get_task
-from grpo_lab.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
+from grpo_lab.training.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
 
 # these tests train a random tiny policy, which never solves a problem, on purpose (checkpoints and resume must not
 # change the numbers, signal or none); the trainer's warning that it has no learning signal is tested in
@@ -163,7 +163,7 @@ def test_resume_refuses_another_configuration_naming_every_difference(profile, t
 _CHILD = """
 import sys, time
 from grpo_lab.experiments import Profile, run
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 save = Trainer._periodic_save
 def slow_save(self, final=False):  # time for the parent to kill this process between two steps or in a save
@@ -228,11 +228,11 @@ def test_cli_writes_per_seed_directories_and_resumes(profile, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------- GPU chapter runs
 def test_a_chapter_run_resumes_after_a_crash_and_starts_afresh_once_complete(profile, tmp_path, monkeypatch):
-    from grpo_lab import experiments
+    from grpo_lab import experiments, lab
     from grpo_lab.experiments import runs
 
     kw = dict(seeds=(0, 1), steps=3, profile=profile, save_every=1, progress=False)
-    whole = experiments.run_chapter_gpu("99_whole", ["GRPO"], out=tmp_path / "whole.json", **kw)["GRPO"].history
+    whole = lab.run_chapter_gpu("99_whole", ["GRPO"], out=tmp_path / "whole.json", **kw)["GRPO"].history
     assert not checkpoints_dir(seed_dir(tmp_path / "whole", "GRPO", 0)).exists()  # deleted once finished
     assert (seed_dir(tmp_path / "whole", "GRPO", 1) / "result.json").is_file()
 
@@ -247,15 +247,15 @@ def test_a_chapter_run_resumes_after_a_crash_and_starts_afresh_once_complete(pro
     monkeypatch.setattr(Trainer, "_periodic_save", crash)
     path = tmp_path / "99_crash.json"
     with pytest.raises(RuntimeError, match="killed"):
-        experiments.run_chapter_gpu("99_crash", ["GRPO"], out=path, **kw)
+        lab.run_chapter_gpu("99_crash", ["GRPO"], out=path, **kw)
     assert experiments.load_results(path).provenance["complete"] is False  # seed 0 finished and was written
     monkeypatch.setattr(Trainer, "_periodic_save", save)
     fresh, resumed = [], []
     monkeypatch.setattr(runs, "_fresh_trainer", lambda *a, _f=runs._fresh_trainer: fresh.append(1) or _f(*a))
     monkeypatch.setattr(runs.Trainer, "resume", lambda *a, _r=Trainer.resume, **k: resumed.append(a[0]) or _r(*a, **k))
-    again = experiments.run_chapter_gpu("99_crash", ["GRPO"], out=path, **kw)["GRPO"].history
+    again = lab.run_chapter_gpu("99_crash", ["GRPO"], out=path, **kw)["GRPO"].history
     assert fresh == [] and [p.name for p in resumed] == ["step-000002"]  # seed 0 read back, seed 1 resumed
     pd.testing.assert_frame_equal(_numbers(again), _numbers(whole))
     assert experiments.load_results(path).provenance["complete"] is True
-    experiments.run_chapter_gpu("99_crash", ["GRPO"], out=path, **kw)  # complete: trained afresh
+    lab.run_chapter_gpu("99_crash", ["GRPO"], out=path, **kw)  # complete: trained afresh
     assert len(fresh) == 2

@@ -1,4 +1,4 @@
-"""grpo_lab.stats and the 95% band of plotting.band_plot."""
+"""grpo_lab.experiments.stats and the 95% band of plotting.band_plot."""
 
 import math
 
@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from grpo_lab import plotting, stats  # noqa: E402
+from grpo_lab.experiments import plotting, stats  # noqa: E402
 
 
 def test_t_interval_by_hand():

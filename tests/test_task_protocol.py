@@ -22,12 +22,12 @@ import torch
 
 import grpo_lab.tasks as tasks_mod
 import grpo_lab.tasks.base as base_mod
-from grpo_lab.algorithms import GRPO
-from grpo_lab.models import load_policy
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.policy.models import load_policy
 from grpo_lab.paths import checkpoint_dir
 from grpo_lab.tasks import (TASKS, ArithmeticTask, Problem, get_task, register_task, task_from_spec, task_spec,
                             validate_task)
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 BASE = checkpoint_dir("arithmetic-base")
 TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
@@ -371,7 +371,7 @@ def test_exact_resume_of_an_unregistered_task_in_a_fresh_process(base, tmp_path)
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_task_protocol import ReverseTask
         from grpo_lab.tasks import TASKS
-        from grpo_lab.trainer import Trainer
+        from grpo_lab.training.trainer import Trainer
         assert "reverse" not in TASKS
         try:
             Trainer.resume({str(tmp_path / "ck")!r})

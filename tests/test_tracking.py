@@ -24,10 +24,10 @@ import torch
 
 import grpo_lab.tasks as tasks_mod
 from _toys import TINY, HalfTask
-from grpo_lab import cli
-from grpo_lab.algorithms import GRPO
-from grpo_lab.models import tiny_policy
-from grpo_lab.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
+from grpo_lab.cli.main import main as cli
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.policy.models import tiny_policy
+from grpo_lab.training.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
 from grpo_lab.training import callbacks as cb_mod
 from grpo_lab.training.callbacks import SAMPLE_ROWS, TRACKERS, JsonlLogger, TrainerCallback, make_callbacks
 
@@ -366,9 +366,9 @@ KILLED_RUN = textwrap.dedent("""
     import torch
     sys.path.insert(0, {tests!r})
     from _toys import TINY, HalfTask
-    from grpo_lab.algorithms import GRPO
-    from grpo_lab.models import build_char_tokenizer, tiny_policy
-    from grpo_lab.trainer import Trainer, TrainerConfig
+    from grpo_lab.algo.algorithms import GRPO
+    from grpo_lab.policy.models import build_char_tokenizer, tiny_policy
+    from grpo_lab.training.trainer import Trainer, TrainerConfig
 
     class Kill:
         def on_step(self, trainer, row):

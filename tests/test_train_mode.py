@@ -7,10 +7,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from _toys import TINY, HalfTask
-from grpo_lab.algorithms import GSPO, PRESETS
-from grpo_lab.models import TinyConfig, tiny_policy
-from grpo_lab.rollout import policy_logprobs
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.algo.algorithms import GSPO, PRESETS
+from grpo_lab.policy.models import TinyConfig, tiny_policy
+from grpo_lab.policy.rollout import policy_logprobs
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 from grpo_lab.training.dropout import disable_dropout
 
 

@@ -1,4 +1,4 @@
-"""Tests for grpo_lab.trainer: config validation, history, on/off-policy ratios, micro-batch
+"""Tests for grpo_lab.training.trainer: config validation, history, on/off-policy ratios, micro-batch
 invariance and exact resume."""
 
 import dataclasses
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import grpo_lab.tasks as tasks_mod
-import grpo_lab.trainer as trainer_mod
-from grpo_lab.algorithms import GRPO
-from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
+import grpo_lab.training.trainer as trainer_mod
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, tiny_policy
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
@@ -388,7 +388,7 @@ def test_dropout_is_off_in_every_forward(tok, tmp_path, old_logp, minibatches):
     # clip and KL 0: on the on-policy step, and (minibatches=2, lr=1e-30: the weights do not move)
     # on the second minibatch, whose pi_old comes from the no-grad forward, where live dropout would
     # show as ratio != 1.
-    from grpo_lab.models import load_policy
+    from grpo_lab.policy.models import load_policy
 
     model = tiny_policy(tok, TINY, seed=0)
     model.config.attention_dropout = 0.1
@@ -502,7 +502,7 @@ def test_algo_by_preset_name_or_clear_error(tok):
 
 
 def test_non_finite_gradient_stops_before_the_update(tok, monkeypatch):
-    from grpo_lab.objectives import SURROGATES
+    from grpo_lab.algo.objectives import SURROGATES
 
     def nan_surrogate(log_ratio, advantages, mask, algo):
         none = torch.zeros_like(mask)
@@ -581,7 +581,7 @@ def test_save_is_atomic(tok, tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------ layout
 def test_functions_replaced_on_grpo_lab_trainer_reach_the_training_module_that_calls_them(monkeypatch):
     # the trainer lives in grpo_lab.training; the book (chapter 3) and the tests replace the functions it
-    # calls on grpo_lab.trainer, and undoing the replacement restores them where they are called
+    # calls on grpo_lab.training.trainer, and undoing the replacement restores them where they are called
     from grpo_lab.training import collection, update
 
     real_loss, real_copy = update.policy_loss, collection.inference_copy
@@ -596,9 +596,9 @@ def test_functions_replaced_on_grpo_lab_trainer_reach_the_training_module_that_c
 
 
 def test_public_names_keep_their_import_path():
-    # documented, pickled and shown under grpo_lab.trainer, wherever they are defined
+    # documented, pickled and shown under grpo_lab.training.trainer, wherever they are defined
     for name in ("Trainer", "TrainerConfig", "Batch", "Scored", "ValueModel"):
-        assert getattr(trainer_mod, name).__module__ == "grpo_lab.trainer", name
+        assert getattr(trainer_mod, name).__module__ == "grpo_lab.training.trainer", name
     assert set(trainer_mod.__all__) <= set(vars(trainer_mod))
 
 

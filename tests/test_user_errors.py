@@ -12,13 +12,13 @@ import pytest
 import torch
 from transformers.utils import logging as hf_logging
 
-from grpo_lab.advantages import ADVANTAGE_ESTIMATORS, GROUP_BASELINE_ESTIMATORS, AdvantageBatch
-from grpo_lab.algorithms import DAPO, GRPO
-from grpo_lab.models import TinyConfig, load_policy, tiny_policy
-from grpo_lab.rollout import evaluate, generate, policy_logprobs, position_limit
-from grpo_lab.sampling import overlong_cache_tokens
+from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_BASELINE_ESTIMATORS, AdvantageBatch
+from grpo_lab.algo.algorithms import DAPO, GRPO
+from grpo_lab.policy.models import TinyConfig, load_policy, tiny_policy
+from grpo_lab.policy.rollout import evaluate, generate, policy_logprobs, position_limit
+from grpo_lab.algo.selection import overlong_cache_tokens
 from grpo_lab.tasks import ArithmeticTask, Problem
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
@@ -56,7 +56,7 @@ def test_both_overlong_fields_set_names_the_command_line_fix():
 
 def test_the_command_line_fixes_in_the_messages_parse_and_work():
     # The --set forms the two messages print are accepted by the CLI and give a valid algorithm.
-    from grpo_lab.cli import parse_set
+    from grpo_lab.cli.main import parse_set
 
     _, algo_over = parse_set(["overlong_cache_len=none", "overlong_cache_frac=0.2"])
     fixed = GRPO.replace(overlong_cache_len=5).replace(**algo_over)

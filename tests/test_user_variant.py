@@ -14,12 +14,12 @@ import pandas as pd
 import pytest
 import torch
 
-from grpo_lab import algorithms, objectives
+from grpo_lab.algo import algorithms, objectives
 from grpo_lab.experiments import config_hash, get_profile
 from _toys import TINY
-from grpo_lab.models import tiny_policy
+from grpo_lab.policy.models import tiny_policy
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = ROOT / "book" / "examples" / "dual_clip_variant.py"
@@ -120,7 +120,7 @@ def test_resume_without_the_module_says_to_import_it(tok, variant, tmp_path):
 
 def test_a_hyperparameter_named_like_a_trainer_setting_is_refused_on_the_command_line(monkeypatch, capsys):
     # a surrogate's own `temperature` would be hidden by TrainerConfig.temperature: --set says so
-    from grpo_lab import cli
+    from grpo_lab.cli.main import main as cli
 
     def warm(ctx, *, temperature: float = 2.0):
         return objectives.ppo_surrogate(ctx)

@@ -13,10 +13,10 @@ import torch
 
 import grpo_lab.tasks as tasks_mod
 from _toys import TINY, HalfTask
-from grpo_lab.advantages import AdvantageBatch, gae, outcome_token_rewards
-from grpo_lab.algorithms import GRPO, PPO, PRESETS, VAPO, get_algorithm
-from grpo_lab.models import CriticModel, tiny_policy
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.algo.advantages import AdvantageBatch, gae, outcome_token_rewards
+from grpo_lab.algo.algorithms import GRPO, PPO, PRESETS, VAPO, get_algorithm
+from grpo_lab.policy.models import CriticModel, tiny_policy
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
 
@@ -210,7 +210,7 @@ def test_peak_memory_is_reset_per_step_on_linux_cpu():
     import subprocess
 
     code = ("import torch\n"
-            "from grpo_lab.trainer import peak_memory_mb, reset_peak_memory\n"
+            "from grpo_lab.training.trainer import peak_memory_mb, reset_peak_memory\n"
             "reset_peak_memory('cpu'); low = peak_memory_mb('cpu')\n"
             "big = torch.ones(64 * 2**20 // 4); big += 1  # 64 MiB, touched\n"
             "high = peak_memory_mb('cpu'); del big\n"

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from grpo_lab.advantages import explained_variance, gae, length_adaptive_lam, outcome_token_rewards
-from grpo_lab.objectives import positive_nll_loss, value_loss
+from grpo_lab.algo.advantages import explained_variance, gae, length_adaptive_lam, outcome_token_rewards
+from grpo_lab.algo.objectives import positive_nll_loss, value_loss
 
 NAN, INF = float("nan"), float("inf")
 

@@ -1,6 +1,6 @@
-"""grpo_lab.variant_records: the records of the papers, and the axes each preset changes, computed.
+"""grpo_lab.lab.variant_records: the records of the papers, and the axes each preset changes, computed.
 
-The expected axes below were derived by hand from the preset definitions in grpo_lab/algorithms.py
+The expected axes below were derived by hand from the preset definitions in grpo_lab/algo/algorithms.py
 (the fields each ``GRPO.replace(...)`` / ``PPO.replace(...)`` call sets, compared with GRPO's), not
 from the function under test: a change to a preset or to the grouping must show up here.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lab import algorithms as A
-from grpo_lab import variant_records as V
-from grpo_lab.variant_records import ABSENT, AXES, AXIS_FIELDS, NOT_STATED, RECORDS
+from grpo_lab.algo import algorithms as A
+from grpo_lab.lab import variant_records as V
+from grpo_lab.lab.variant_records import ABSENT, AXES, AXIS_FIELDS, NOT_STATED, RECORDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,7 +122,7 @@ def test_hyperparameters_count_under_the_axis_of_their_function():
 
 
 def test_a_registered_functions_hyperparameter_counts_under_its_axis(monkeypatch):
-    from grpo_lab import advantages
+    from grpo_lab.algo import advantages
 
     def scaled(batch, *, adv_scale: float = 2.0):
         """Group z-score times ``adv_scale`` (a test estimator)."""

@@ -21,8 +21,8 @@ import pickle
 import pytest
 import torch
 
-from grpo_lab.algorithms import CLIP_COV, GMPO, GRPO, KL_COV, PRESETS, SAPO
-from grpo_lab.objectives import batch_statistics, policy_loss
+from grpo_lab.algo.algorithms import CLIP_COV, GMPO, GRPO, KL_COV, PRESETS, SAPO
+from grpo_lab.algo.objectives import batch_statistics, policy_loss
 
 
 def _batch(seed: int, B: int = 6, T: int = 5, spread: float = 0.3):

@@ -5,6 +5,8 @@ Both only save time; every test here checks that the numbers are those of runs t
 
 from __future__ import annotations
 
+from grpo_lab.experiments import runs as runs_mod
+from grpo_lab.experiments import workers as workers_mod
 import os
 import shutil
 from dataclasses import replace
@@ -13,10 +15,10 @@ import pandas as pd
 import pytest
 
 import grpo_lab.experiments as ex
-from grpo_lab.algorithms import GRPO
+from grpo_lab.algo.algorithms import GRPO
 from grpo_lab.experiments import Profile, run
-from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
-from grpo_lab.trainer import Trainer, TrainerConfig
+from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, tiny_policy
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
@@ -50,40 +52,40 @@ def count_evals(monkeypatch):
 
 def test_the_base_policy_is_evaluated_once_per_process(profile, count_evals):
     other = GRPO.replace(name="other", eps_low=0.1, eps_high=0.1, beta=0.0, kl=None)
-    first = ex._train_one(GRPO, profile, 2, 0, False)
+    first = runs_mod._train_one(GRPO, profile, 2, 0, False)
     assert count_evals == [0, 1, 2]
-    second = ex._train_one(other, profile, 2, 1, False)  # another algorithm and seed, same base
+    second = runs_mod._train_one(other, profile, 2, 1, False)  # another algorithm and seed, same base
     assert count_evals == [0, 1, 2, 1, 2]  # no step-0 evaluation this time ...
     pd.testing.assert_series_equal(first.iloc[0], second.iloc[0], check_names=False)  # ... the same row
 
     # ... and it is the row a run that shares nothing computes: clear the memo and train again
     ex.runs._BASE_EVALS.clear()
-    fresh = ex._train_one(other, profile, 2, 1, False)
+    fresh = runs_mod._train_one(other, profile, 2, 1, False)
     assert count_evals[-3:] == [0, 1, 2]
     pd.testing.assert_frame_equal(second.drop(columns=TIMING), fresh.drop(columns=TIMING), check_exact=True)
 
 
 def test_the_shared_evaluation_follows_what_it_depends_on(profile, tmp_path):
     cfg = replace(profile.config, seed=0)
-    key = ex._base_eval_key(profile.base, profile, cfg)
+    key = runs_mod._base_eval_key(profile.base, profile, cfg)
     assert key is not None
-    assert ex._base_eval_key(profile.base, profile, replace(cfg, seed=7)) == key  # not the seed
-    assert ex._base_eval_key(profile.base, profile, replace(cfg, max_new_tokens=9)) != key
-    assert ex._base_eval_key(profile.base, replace(profile, task_kwargs=(("test_size", 6),)), cfg) != key
+    assert runs_mod._base_eval_key(profile.base, profile, replace(cfg, seed=7)) == key  # not the seed
+    assert runs_mod._base_eval_key(profile.base, profile, replace(cfg, max_new_tokens=9)) != key
+    assert runs_mod._base_eval_key(profile.base, replace(profile, task_kwargs=(("test_size", 6),)), cfg) != key
     # not shared: no evaluation, a sampled one (it draws the seed's random numbers), a hub id
-    assert ex._base_eval_key(profile.base, profile, replace(cfg, eval_every=0)) is None
-    assert ex._base_eval_key(profile.base, profile, replace(cfg, eval_sampled=True)) is None
-    assert ex._base_eval_key("org/model", profile, cfg) is None
+    assert runs_mod._base_eval_key(profile.base, profile, replace(cfg, eval_every=0)) is None
+    assert runs_mod._base_eval_key(profile.base, profile, replace(cfg, eval_sampled=True)) is None
+    assert runs_mod._base_eval_key("org/model", profile, cfg) is None
     # a rebuilt checkpoint (same path, a file rewritten) is evaluated again
     weights = next(f for f in os.listdir(profile.base) if f.endswith(".safetensors"))
     path = os.path.join(profile.base, weights)
     st = os.stat(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    assert ex._base_eval_key(profile.base, profile, cfg) != key
+    assert runs_mod._base_eval_key(profile.base, profile, cfg) != key
     # and a copy elsewhere is another checkpoint
     copy = tmp_path / "copy"
     shutil.copytree(profile.base, copy)
-    assert ex._base_eval_key(str(copy), replace(profile, base=str(copy)), cfg) != key
+    assert runs_mod._base_eval_key(str(copy), replace(profile, base=str(copy)), cfg) != key
 
 
 def test_worker_processes_are_kept_between_calls_and_give_the_serial_numbers(profile, monkeypatch):
@@ -92,11 +94,11 @@ def test_worker_processes_are_kept_between_calls_and_give_the_serial_numbers(pro
     serial = run("GRPO", profile=profile, seeds=[0, 1], progress=False)
     try:
         a = run("GRPO", profile=profile, seeds=[0, 1], progress=False, n_jobs=2)
-        pool = ex._POOL["executor"]
+        pool = workers_mod._POOL["executor"]
         assert pool is not None
         pids = set(pool._processes)
         b = run(GRPO.replace(name="again"), profile=profile, seeds=[1, 0], progress=False, n_jobs=2)
-        assert ex._POOL["executor"] is pool and set(pool._processes) == pids  # the same workers
+        assert workers_mod._POOL["executor"] is pool and set(pool._processes) == pids  # the same workers
         # a Jupyter kernel's interrupt or shutdown signals the whole process group: idle workers
         # ignore SIGINT (before, each printed a KeyboardInterrupt traceback and died)
         import signal
@@ -113,14 +115,14 @@ def test_worker_processes_are_kept_between_calls_and_give_the_serial_numbers(pro
                 check_exact=True)
 
         # a choice registered since the workers started: they lack it, so the pool is replaced
-        from grpo_lab.objectives import SURROGATES
+        from grpo_lab.algo.objectives import SURROGATES
 
         monkeypatch.setitem(SURROGATES, "toy_reuse", SURROGATES["ppo"])
-        assert ex._worker_pool(2) is not pool and pool._shutdown_thread  # (no process is started yet)
-        assert ex._worker_pool(2) is ex._POOL["executor"]  # and the new one is kept
+        assert workers_mod._worker_pool(2) is not pool and pool._shutdown_thread  # (no process is started yet)
+        assert workers_mod._worker_pool(2) is workers_mod._POOL["executor"]  # and the new one is kept
     finally:
         ex.shutdown_workers()
-    assert ex._POOL["executor"] is None
+    assert workers_mod._POOL["executor"] is None
 
 
 def test_a_failing_job_stops_the_workers_and_raises(profile, monkeypatch):
@@ -128,7 +130,7 @@ def test_a_failing_job_stops_the_workers_and_raises(profile, monkeypatch):
     bad = replace(profile, base=str(profile.base) + "-missing")
     with pytest.raises(Exception, match="missing"):
         run("GRPO", profile=bad, seeds=[0, 1], progress=False, n_jobs=2, steps=1)
-    assert ex._POOL["executor"] is None
+    assert workers_mod._POOL["executor"] is None
 
 
 def test_a_task_registered_by_a_users_module_reaches_the_workers(profile, tmp_path, monkeypatch):
@@ -151,8 +153,8 @@ def test_a_task_registered_by_a_users_module_reaches_the_workers(profile, tmp_pa
     monkeypatch.setattr(tasks_mod, "TASKS", dict(tasks_mod.TASKS))
     import my_words_task  # noqa: F401  (registers "my_words" here)
 
-    assert ex._user_modules(GRPO, replace(profile, task="my_words")) == ("my_words_task",)
-    assert ex._user_modules(GRPO, profile) == ()  # everything from grpo_lab
+    assert workers_mod._user_modules(GRPO, replace(profile, task="my_words")) == ("my_words_task",)
+    assert workers_mod._user_modules(GRPO, profile) == ()  # everything from grpo_lab
     mine = replace(profile, task="my_words")
     try:
         ser = run("GRPO", profile=mine, seeds=[0, 1], steps=1, progress=False)
@@ -164,9 +166,9 @@ def test_a_task_registered_by_a_users_module_reaches_the_workers(profile, tmp_pa
 
     # a module that a worker cannot import: a clear error that says what to do
     with pytest.raises(ValueError, match="cannot import 'not_a_module_here'.*Register it at the top level"):
-        ex._train_one(GRPO, profile, 1, 0, False, None, ("not_a_module_here",))
+        runs_mod._train_one(GRPO, profile, 1, 0, False, None, ("not_a_module_here",))
     with pytest.raises(ValueError, match="task 'unregistered' is not registered.*n_jobs=1"):
-        ex._train_one(GRPO, replace(profile, task="unregistered"), 1, 0, False)
+        runs_mod._train_one(GRPO, replace(profile, task="unregistered"), 1, 0, False)
 
 
 def test_a_worker_imports_a_module_given_as_a_file_path(profile, tmp_path, monkeypatch):
@@ -175,7 +177,7 @@ def test_a_worker_imports_a_module_given_as_a_file_path(profile, tmp_path, monke
     # along with the module's name and puts it on its path when the name alone does not import
     import sys
 
-    from grpo_lab import cli
+    from grpo_lab.cli.main import main as cli
     from grpo_lab import tasks as tasks_mod
 
     mod = tmp_path / "somewhere" / "pool_file_task.py"
@@ -194,15 +196,15 @@ def test_a_worker_imports_a_module_given_as_a_file_path(profile, tmp_path, monke
     try:
         cli.load_user_module(str(mod))  # what --import does in the parent process
         mine = replace(profile, task="pool_file_task")
-        assert ex._user_modules(GRPO, mine) == ("pool_file_task",)
-        assert ex._module_roots(ex._user_modules(GRPO, mine)) == (("pool_file_task", root),)
+        assert workers_mod._user_modules(GRPO, mine) == ("pool_file_task",)
+        assert workers_mod._module_roots(workers_mod._user_modules(GRPO, mine)) == (("pool_file_task", root),)
         # a fresh worker: neither the module, nor its task, nor its directory
         del sys.modules["pool_file_task"]
         del tasks_mod.TASKS["pool_file_task"]
         sys.path.remove(root)
         with pytest.raises(ValueError, match="cannot import 'pool_file_task'"):  # the name alone: not found
-            ex._train_one(GRPO, mine, 0, 0, False, None, ("pool_file_task",))
-        rows = ex._train_one(GRPO, mine, 0, 0, False, None, (("pool_file_task", root),))
+            runs_mod._train_one(GRPO, mine, 0, 0, False, None, ("pool_file_task",))
+        rows = runs_mod._train_one(GRPO, mine, 0, 0, False, None, (("pool_file_task", root),))
         assert sys.path[0] == root and "pool_file_task" in tasks_mod.TASKS
         assert rows["step"].tolist() == [0]  # steps=0: the base policy's evaluation only
     finally:

@@ -20,7 +20,7 @@ from grpo_lab import export as E
 from grpo_lab.export import library_defaults as D
 from grpo_lab.export import lint as L
 from grpo_lab.export.lint_io import flatten, load_yaml, parse_override
-from grpo_lab.objectives import aggregate, cispo_weight, policy_loss
+from grpo_lab.algo.objectives import aggregate, cispo_weight, policy_loss
 
 import _xcheck_common as X
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from grpo_lab import export as E
-from grpo_lab.algorithms import GRPO
-from grpo_lab.models import TinyConfig, build_char_tokenizer, tiny_policy
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, tiny_policy
 from grpo_lab.training.adamw import build_adamw
 from grpo_lab.training.lr_schedule import lr_lambda, policy_lr, schedule_updates
-from grpo_lab.trainer import TrainerConfig
+from grpo_lab.training.trainer import TrainerConfig
 
 import _xcheck_common as X
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from grpo_lab import export as E
-from grpo_lab.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO
-from grpo_lab.objectives import aggregate, cispo_weight
-from grpo_lab.rewards import overlong_penalty
-from grpo_lab.sampling import overlong_cache_tokens
+from grpo_lab.algo.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO
+from grpo_lab.algo.objectives import aggregate, cispo_weight
+from grpo_lab.algo.rewards import overlong_penalty
+from grpo_lab.algo.selection import overlong_cache_tokens
 
 import _xcheck_common as X
 

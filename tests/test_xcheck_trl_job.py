@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from grpo_lab import export as E
-from grpo_lab.algorithms import GRPO
-from grpo_lab.objectives import policy_loss
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.algo.objectives import policy_loss
 
 pytestmark = [pytest.mark.xcheck, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from grpo_lab import export as E
-from grpo_lab.algorithms import DR_GRPO, GRPO, GSPO
+from grpo_lab.algo.algorithms import DR_GRPO, GRPO, GSPO
 
 import _xcheck_common as X
 
@@ -107,7 +107,7 @@ def test_verl_computes_the_exported_algorithm(name):
     extra = "" if tr.exact else "as " + ", ".join(f"{i.axis}->{i.fix}" for i in tr.issues)
     if alt.clip == "is_weight":
         # verl writes -sg(w) A log pi_theta, grpo_lab -sg(w) A log r: values differ by agg(sg(w) A log pi_old)
-        from grpo_lab.objectives import aggregate, cispo_weight
+        from grpo_lab.algo.objectives import aggregate, cispo_weight
 
         w = cispo_weight(b["logp"] - b["old"], alt.eps_low, alt.eps_high)
         shift = aggregate(w * adv[:, None] * b["old"], b["mask"], alt.aggregation)
@@ -200,7 +200,7 @@ def test_verl_seq_mean_epsilon_vanishes_with_its_bool_mask():
     (``ppo_loss``: ``.to(bool)``), so |o_i| is an integer tensor and |o_i| + 1e-8 is computed in float32, where it
     rounds to |o_i| for every |o_i| >= 1: exact. With a float64 mask the 1e-8 stays: each row's loss is scaled by
     |o_i| / (|o_i| + 1e-8), which this test puts into grpo_lab's row losses by hand."""
-    from grpo_lab.objectives import policy_loss
+    from grpo_lab.algo.objectives import policy_loss
 
     algo = GRPO.replace(adv_eps=1e-6)
     b = X.batch()

@@ -61,10 +61,11 @@ import pandas as pd
 import torch
 import matplotlib.pyplot as plt
 
-from grpo_lab import book, plotting, stats
-from grpo_lab.advantages import group_advantages
-from grpo_lab.algorithms import GRPO
-from grpo_lab.objectives import kl_estimate, policy_loss
+from grpo_lab.lab import book
+from grpo_lab.experiments import plotting, stats
+from grpo_lab.algo.advantages import group_advantages
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.algo.objectives import kl_estimate, policy_loss
 
 book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
@@ -260,13 +261,13 @@ assert np.allclose(means["group mean (Dr.GRPO)"], (G - 1) / G * exact, atol=0.00
 # The package implements {eq}`eq-grpo-adv` in `group_advantages` and the whole of
 # {eq}`eq-grpo-objective` in `policy_loss`, driven by the `GRPO` preset:
 #
-# ```{literalinclude} ../grpo_lab/algorithms.py
+# ```{literalinclude} ../grpo_lab/algo/algorithms.py
 # :language: python
 # :start-at: "GRPO = Algorithm("
 # :end-at: ")"
 # ```
 #
-# ```{literalinclude} ../grpo_lab/advantages.py
+# ```{literalinclude} ../grpo_lab/algo/advantages.py
 # :language: python
 # :pyobject: group_advantages
 # ```
@@ -491,7 +492,7 @@ book.glue("fig_grpo_clip", fig)
 # :name: fig-grpo-clip
 #
 # The per-token GRPO objective against the ratio for a positive (left) and a negative (right)
-# advantage, computed by `grpo_lab.objectives.policy_loss` ($\varepsilon=0.2$). Shaded: the ratio
+# advantage, computed by `grpo_lab.algo.objectives.policy_loss` ($\varepsilon=0.2$). Shaded: the ratio
 # range where the clip zeroes the gradient — above $1+\varepsilon$ for good tokens, below
 # $1-\varepsilon$ for bad ones. The other side is never clipped.
 # ```
@@ -600,15 +601,15 @@ print("grad KL[pi || ref]   :", np.round(g_reverse.numpy(), 4))
 # parsed by a regular expression (model output is never evaluated). **The base policy**
 # (`data/checkpoints/arithmetic-base`: a 3-layer Qwen2-style transformer built from a
 # `transformers` config, 0.3M parameters, character tokenizer) was pretrained by
-# `python -m grpo_lab.pretrain arithmetic` on demonstrations of which only 30% reason. It can add
+# `python -m grpo_lab.lab.pretrain arithmetic` on demonstrations of which only 30% reason. It can add
 # step by step, but prefers to answer at once — and answering at once is hard for it.
 
 # %%
 import json
 
-from grpo_lab.models import load_policy
+from grpo_lab.policy.models import load_policy
 from grpo_lab.paths import checkpoint_dir
-from grpo_lab.rollout import generate
+from grpo_lab.policy.rollout import generate
 from grpo_lab.tasks import ArithmeticTask
 
 base_dir = checkpoint_dir("arithmetic-base")
@@ -986,7 +987,7 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # × 8 responses per step, bfloat16 autocast on Ampere or newer GPUs and float16 with a gradient
 # scaler on older ones), `GPU_SEEDS` seeds each, and writes `data/results/gpu/01_grpo.json` with its
 # provenance. On every machine it then shows that file when it is present, after asserting what any
-# GPU run must show (`experiments.check_gpu_results`: CUDA, every seed to its last step, accuracies
+# GPU run must show (`lab.check_gpu_results`: CUDA, every seed to its last step, accuracies
 # in range, finite gradients, a base model that solves more than 10% of the problems); the toy
 # experiments above run the CPU profile on every machine, so their assertions hold on a GPU too.
 # Without the file it prints what the run would train and its expected time.
@@ -994,7 +995,7 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # %%
 GPU_ALGOS = [GRPO]
 if PROFILE == "gpu":
-    experiments.run_chapter_gpu("01_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
+    lab.run_chapter_gpu("01_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
 gpu_summary = book.show_gpu_results("01_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS)
 
 # %% [markdown]

@@ -65,17 +65,19 @@ import pandas as pd
 import torch
 import matplotlib.pyplot as plt
 
-from grpo_lab import book, experiments, plotting, stats
-from grpo_lab.advantages import group_advantages
-from grpo_lab.algorithms import DAPO, GRPO
-from grpo_lab.models import load_policy
-from grpo_lab.objectives import policy_loss
-from grpo_lab.rewards import overlong_penalty
-from grpo_lab.sampling import overlong_cache_tokens
-from grpo_lab.rollout import policy_logprobs
+from grpo_lab.lab import book
+from grpo_lab import experiments
+from grpo_lab.experiments import plotting, stats
+from grpo_lab.algo.advantages import group_advantages
+from grpo_lab.algo.algorithms import DAPO, GRPO
+from grpo_lab.policy.models import load_policy
+from grpo_lab.algo.objectives import policy_loss
+from grpo_lab.algo.rewards import overlong_penalty
+from grpo_lab.algo.selection import overlong_cache_tokens
+from grpo_lab.policy.rollout import policy_logprobs
 from grpo_lab.tasks import get_task
 from grpo_lab.tasks.arithmetic import reasoning_response
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 from IPython.display import display
 
 book.setup_notebook(seed=0, profile=PROFILE)
@@ -176,7 +178,7 @@ print("share of the group's total gradient on the long responses:",
 # :name: fig-dapo-token-weights
 #
 # Gradient on one token's log-probability, for each response of a group of four, under the two
-# aggregations (`grpo_lab.objectives.policy_loss`, on-policy, $|\Ahat|=1$). Per sample, a token of
+# aggregations (`grpo_lab.algo.objectives.policy_loss`, on-policy, $|\Ahat|=1$). Per sample, a token of
 # a 25-token response gets a fifth of the weight of a token of a 5-token response; per token, all
 # tokens are equal, so the long responses carry 5/6 of the group's gradient instead of 1/2.
 # ```
@@ -348,7 +350,7 @@ print({k: round(float(v), 6) for k, v in zip(checks, got)})
 # :name: fig-dapo-overlong
 #
 # DAPO's soft overlong punishment (Eq. 13) with the paper's $\Lmax = 20{,}480$ and
-# $L_{\mathrm{cache}} = 4{,}096$, computed by `grpo_lab.rewards.overlong_penalty`: zero up to
+# $L_{\mathrm{cache}} = 4{,}096$, computed by `grpo_lab.algo.rewards.overlong_penalty`: zero up to
 # $16{,}384$ tokens, then a linear ramp to $-1$ at the cap.
 # ```
 #
@@ -443,7 +445,7 @@ print(f"{len(grid)} settings x {len(SEEDS)} seeds x {steps} steps; control at {m
 
 # %% tags=["hide-input", "nbval-ignore-output"]
 order = list(grid)
-# GRPO and DAPO in the book's colours (grpo_lab.plotting.ALGO_COLORS); the intermediate rows and the
+# GRPO and DAPO in the book's colours (grpo_lab.experiments.plotting.ALGO_COLORS); the intermediate rows and the
 # control in colours no algorithm uses (plotting.EXTRA_COLORS, all readable on white)
 extra = plotting.EXTRA_COLORS
 colors = dict(zip(order, [plotting.algo_color("GRPO"), *extra[:4], plotting.algo_color("DAPO"), extra[4]]))
@@ -729,7 +731,7 @@ at_scale
 # questions × 8 responses per step, bfloat16 autocast on Ampere or newer GPUs and float16 with a
 # gradient scaler on older ones), `GPU_SEEDS` seeds each, and writes `data/results/gpu/02_dapo.json`
 # with its provenance. On every machine it then shows that file when it is present, after asserting
-# what any GPU run must show (`experiments.check_gpu_results`: CUDA, every seed to its last step,
+# what any GPU run must show (`lab.check_gpu_results`: CUDA, every seed to its last step,
 # accuracies in range, finite gradients, a base model that solves more than 10% of the problems);
 # the toy experiments above run the CPU profile on every machine, so their assertions hold on a GPU
 # too. Without the file it prints what the run would train and its expected time.
@@ -737,7 +739,7 @@ at_scale
 # %%
 GPU_ALGOS = [GRPO, DAPO]
 if PROFILE == "gpu":
-    experiments.run_chapter_gpu("02_dapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
+    lab.run_chapter_gpu("02_dapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
 gpu_summary = book.show_gpu_results("02_dapo", GPU_ALGOS, baseline="GRPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
                                    generation_factor=1.3)
 

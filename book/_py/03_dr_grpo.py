@@ -62,12 +62,17 @@ import pandas as pd
 import torch
 import matplotlib.pyplot as plt
 
-from grpo_lab import book, experiments, plotting, stats
-from grpo_lab.advantages import group_advantages, rloo_advantages
-from grpo_lab.algorithms import DR_GRPO, GRPO
-from grpo_lab.mhc import product_gain, sinkhorn_knopp
-from grpo_lab.objectives import kl_estimate, offpolicy_sequence_mask, policy_loss
-from grpo_lab.rollout import generate
+from grpo_lab.lab import book
+from grpo_lab import experiments
+from grpo_lab.experiments import plotting, stats
+from grpo_lab.algo.advantages import group_advantages, rloo_advantages
+from grpo_lab.algo.algorithms import DR_GRPO, GRPO
+import grpo_lab
+from pathlib import Path
+sys.path.insert(0, str(Path(grpo_lab.__file__).resolve().parents[1] / "book" / "examples"))
+from mhc import product_gain, sinkhorn_knopp  # book/examples/mhc.py: the mHC sidebar's code, not part of the package
+from grpo_lab.algo.objectives import kl_estimate, offpolicy_sequence_mask, policy_loss
+from grpo_lab.policy.rollout import generate
 
 book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
@@ -304,7 +309,7 @@ print(f"gain at L={depth}: unconstrained {gains['unconstrained'].iloc[-1]:.3g}, 
 #
 # Spectral norm of the product of $L$ residual mixing matrices ($n=4$ streams, identity plus
 # Gaussian noise of scale 0.15), unconstrained versus the same parameters used as logits and
-# projected onto doubly stochastic matrices by `grpo_lab.mhc.sinkhorn_knopp` (as mHC does). The
+# projected onto doubly stochastic matrices by `sinkhorn_knopp` (`book/examples/mhc.py`) (as mHC does). The
 # unconstrained product's gain drifts away from 1 with depth; the projected one stays at 1.
 # ```
 #
@@ -363,7 +368,7 @@ assert round(near_ties.loc["gap of 1/4096", "GRPO: the one"], 2) == -1.15
 # there: the bias of §3.1 had no free length to push. So the experiment runs on a variant of the task
 # in which length is free: after its answer the policy may write any number of filler dots, which
 # the strict parser skips (`ArithmeticTask(filler=".")`: `#228....` is as right as `#228`, `#2.28` is
-# malformed). Its base checkpoint, `arithmetic-filler-base` (`python -m grpo_lab.pretrain
+# malformed). Its base checkpoint, `arithmetic-filler-base` (`python -m grpo_lab.lab.pretrain
 # arithmetic-filler`), is `arithmetic-base` fine-tuned for 300 steps on demonstrations that end with
 # 1–12 dots half of the time, and the generation budget is 64 tokens: a padded reasoned answer needs
 # at most 38, so the length can grow by 26 tokens before truncation, which we report.
@@ -386,9 +391,9 @@ assert round(near_ties.loc["gap of 1/4096", "GRPO: the one"], 2) == -1.15
 # %% tags=["nbval-ignore-output"]
 import dataclasses
 
-from grpo_lab.models import load_policy
+from grpo_lab.policy.models import load_policy
 from grpo_lab.paths import checkpoint_dir
-from grpo_lab.rollout import evaluate
+from grpo_lab.policy.rollout import evaluate
 from grpo_lab.tasks import ArithmeticTask
 
 FILLER_BUDGET = 64  # generation budget of the filler task, tokens
@@ -436,8 +441,8 @@ assert 0.2 < (base_samples["dots"] > 0).mean() < 0.8  # the base policy pads a f
 # trainer's call of `policy_loss` to record it.
 
 # %% tags=["nbval-ignore-output"]
-import grpo_lab.trainer as trainer_module
-from grpo_lab.algorithms import deepseek_v32
+import grpo_lab.training.trainer as trainer_module
+from grpo_lab.algo.algorithms import deepseek_v32
 
 V32_BETA, V32_DELTA, V32_EPS = 0.01, 0.02, 0.2  # beta and delta: our choices (the paper gives neither)
 DRIFT_STEPS = 10  # RL steps of the recording run (seed 100, not one of SEEDS)
@@ -534,7 +539,7 @@ print(f"{len(settings)} settings x {len(SEEDS)} seeds x {profile.steps} steps in
       f"{next(iter(grid.values())).provenance['wall_seconds']:.0f} s{book.cache_note(grid)}")
 
 # %% tags=["hide-input", "nbval-ignore-output"]
-# the book's colours (grpo_lab.plotting.ALGO_COLORS, DeepSeek-V3.2's included)
+# the book's colours (grpo_lab.experiments.plotting.ALGO_COLORS, DeepSeek-V3.2's included)
 names = [s.name for s in settings]
 colors = {"GRPO (beta=0)": plotting.algo_color("GRPO"), "Dr.GRPO": plotting.algo_color("DR_GRPO"),
           "DeepSeek-V3.2": plotting.algo_color("DeepSeek-V3.2", extra=names)}
@@ -891,7 +896,7 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # × 8 responses per step, bfloat16 autocast on Ampere or newer GPUs and float16 with a gradient
 # scaler on older ones), `GPU_SEEDS` seeds each, and writes `data/results/gpu/03_dr_grpo.json` with
 # its provenance. On every machine it then shows that file when it is present, after asserting what
-# any GPU run must show (`experiments.check_gpu_results`: CUDA, every seed to its last step,
+# any GPU run must show (`lab.check_gpu_results`: CUDA, every seed to its last step,
 # accuracies in range, finite gradients, a base model that solves more than 10% of the problems);
 # the toy experiments above run the CPU profile on every machine, so their assertions hold on a GPU
 # too. Without the file it prints what the run would train and its expected time.
@@ -899,7 +904,7 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # %%
 GPU_ALGOS = [GRPO, DR_GRPO]
 if PROFILE == "gpu":
-    experiments.run_chapter_gpu("03_dr_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
+    lab.run_chapter_gpu("03_dr_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
 gpu_summary = book.show_gpu_results("03_dr_grpo", GPU_ALGOS, baseline="GRPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
                                    columns=("test_accuracy", "length_incorrect"))
 

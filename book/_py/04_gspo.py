@@ -74,15 +74,17 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from grpo_lab import book, experiments, plotting, stats
-from grpo_lab.algorithms import GRPO, GSPO, GSPO_TOKEN
-from grpo_lab.models import load_policy
-from grpo_lab.moe import replay_routing
-from grpo_lab.objectives import policy_loss, sequence_log_ratio
+from grpo_lab.lab import book
+from grpo_lab import experiments
+from grpo_lab.experiments import plotting, stats
+from grpo_lab.algo.algorithms import GRPO, GSPO, GSPO_TOKEN
+from grpo_lab.policy.models import load_policy
+from grpo_lab.policy.moe import replay_routing
+from grpo_lab.algo.objectives import policy_loss, sequence_log_ratio
 from grpo_lab.paths import REPO_ROOT
-from grpo_lab.rollout import policy_logprobs
+from grpo_lab.policy.rollout import policy_logprobs
 from grpo_lab.tasks import get_task
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 
 book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
@@ -228,11 +230,11 @@ print(f"var of log product: {first['var_log_product']:.3f} at t = 1, {last['var_
 #
 # In `grpo_lab` the ratio is one registry function, and GSPO is GRPO with three fields changed:
 #
-# ```{literalinclude} ../grpo_lab/objectives.py
+# ```{literalinclude} ../grpo_lab/algo/objectives.py
 # :pyobject: sequence_ratio
 # ```
 #
-# ```{literalinclude} ../grpo_lab/algorithms.py
+# ```{literalinclude} ../grpo_lab/algo/algorithms.py
 # :language: python
 # :start-at: "GSPO = GRPO.replace("
 # :end-at: ")"
@@ -332,7 +334,7 @@ print(np.round(-grad_grpo.numpy() * G, 4) + 0.0)
 # s_{i,t}(\theta)=\sg{s_i(\theta)}\cdot\frac{\pitheta(o_{i,t}\given q,o_{i,<t})}{\sg{\pitheta(o_{i,t}\given q,o_{i,<t})}} .
 # $$ (eq-gspo-token)
 #
-# ```{literalinclude} ../grpo_lab/objectives.py
+# ```{literalinclude} ../grpo_lab/algo/objectives.py
 # :pyobject: sequence_token_ratio
 # ```
 #
@@ -747,7 +749,7 @@ dense_table
 # while GSPO, whose ratio averages over a response, did not. Our MoE policy is a Qwen3-MoE model
 # of the same size as the dense one (3 layers, 8 experts of width 36 per layer, top-2 routing,
 # built from a `transformers` config), pretrained on the same data by one command
-# (`python -m grpo_lab.pretrain arithmetic-moe`). Routing Replay is a trainer option
+# (`python -m grpo_lab.lab.pretrain arithmetic-moe`). Routing Replay is a trainer option
 # (`TrainerConfig.routing_replay=True`): forward hooks on each layer's router record the experts
 # of every token when $\piold$ is scored and force them, with the gate weights recomputed from
 # the current router so that the router still learns. The trainer logs `routing_change_frac`, the
@@ -811,7 +813,7 @@ def routing_probe(seed, minibatches, lr):
                               progress=False)
     tr = Trainer(pol, tok, task, GRPO_NOKL, cfg)
     tr.train(-(-cfg.warmup // minibatches))  # past the warm-up: the probed updates run at the full rate
-    b, upd, (rec_old, lp0), (rec_new, lp1) = experiments.routing_update(tr)  # experts recorded before and after
+    b, upd, (rec_old, lp0), (rec_new, lp1) = lab.routing_update(tr)  # experts recorded before and after
     ro = b.rollout
     with torch.no_grad(), replay_routing(tr.policy, rec_old.indices):
         lp1_replayed = policy_logprobs(tr.policy, ro).double()
@@ -945,7 +947,7 @@ book.glue("fig_gspo_moe", fig)
 # $s_i$ leaves $[1-\varepsilon, 1+\varepsilon]$. Second, a response outside the range drops all its
 # tokens, including those that barely moved. On the rollout of §4.1 and on one more rollout per
 # seed (the same probe: 64 questions × 8 samples, four GRPO updates; seeds 1–4 in the worker
-# processes, `experiments.update_probe`), the cell counts the tokens on which the two rules
+# processes, `lab.update_probe`), the cell counts the tokens on which the two rules
 # disagree, with GRPO's range for tokens and the matched range for responses (both sign-aware: a
 # bound binds only on the side the advantage pushes).
 
@@ -965,7 +967,7 @@ def disagreement(log_r, mask, adv):
 
 
 more_probes = experiments.map_workers(
-    functools.partial(experiments.update_probe, algo=GRPO_NOKL, profile=prof, prompts_per_step=64,
+    functools.partial(lab.update_probe, algo=GRPO_NOKL, profile=prof, prompts_per_step=64,
                       minibatches=UPDATES), [s for s in SEEDS if s != 0], n_jobs=N_JOBS)
 cuts = pd.DataFrame([disagreement(log_r, mask, adv_p)] +
                     [disagreement(p["log_ratio"], p["mask"], p["advantages"]) for p in more_probes],
@@ -1147,7 +1149,7 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # GSPO as the paper compares them, and as §4.5 does: GRPO without a KL term and with the paper's
 # clip range $[0.8, 1.27]$ (`GRPO_NOKL`, not the `GRPO` preset with its k3 KL, $\beta=0.04$), and
 # four minibatches per rollout (GSPO §5.1), not the profile's default two. The profile fits its
-# micro-batch to the card with the memory model (`grpo_lab.memory_model`, through
+# micro-batch to the card with the memory model (`grpo_lab.experiments.memory_model`, through
 # `experiments.gpu_profile`), assuming a KL reference copy that these two algorithms do not keep,
 # so the fit errs on the safe side; `run_chapter_gpu` checks both algorithms against the card
 # before loading a weight. It trains them on the dense hub model (the Mixture-of-Experts experiment of §4.6 stays on the toy model: a
@@ -1157,7 +1159,7 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # autocast on Ampere or newer GPUs and float16 with a gradient scaler on older ones), `GPU_SEEDS`
 # seeds each, and writes `data/results/gpu/04_gspo.json` with its provenance. On every machine it
 # then shows that file when it is present, after asserting what any GPU run must show
-# (`experiments.check_gpu_results`: CUDA, every seed to its last step, accuracies in range, finite
+# (`lab.check_gpu_results`: CUDA, every seed to its last step, accuracies in range, finite
 # gradients, a base model that solves more than 10% of the problems); the toy experiments above run
 # the CPU profile on every machine, so their assertions hold on a GPU too. Without the file it
 # prints what the run would train and its expected time.
@@ -1170,7 +1172,7 @@ assert gpu_prof.config.minibatches == 4 and all(a.beta == 0 and a.kl is None for
 print(f"GPU profile: {gpu_prof.config.minibatches} minibatches per rollout, micro-batch {gpu_prof.config.micro_batch_size}, "
       f"precision {gpu_prof.config.precision}; KL: none")
 if PROFILE == "gpu":
-    experiments.run_chapter_gpu("04_gspo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
+    lab.run_chapter_gpu("04_gspo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
                                 profile=gpu_prof)
 GPU_PAPER_REGIME = {"GSPO paper (§5.1, Fig. 2; Qwen3-30B-A3B, 4 minibatches)": {
     "tokens clipped (fraction)": "GSPO about 100x GRPO's (Fig. 2; no number in the text)"}}

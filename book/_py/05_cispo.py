@@ -65,13 +65,15 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from grpo_lab import book, experiments, plotting, stats
-from grpo_lab.algorithms import CISPO, DAPO, GRPO
-from grpo_lab.models import inference_copy, load_policy
-from grpo_lab.objectives import cispo_weight, policy_loss
-from grpo_lab.rollout import policy_logprobs
+from grpo_lab.lab import book
+from grpo_lab import experiments
+from grpo_lab.experiments import plotting, stats
+from grpo_lab.algo.algorithms import CISPO, DAPO, GRPO
+from grpo_lab.policy.models import inference_copy, load_policy
+from grpo_lab.algo.objectives import cispo_weight, policy_loss
+from grpo_lab.policy.rollout import policy_logprobs
 from grpo_lab.tasks import get_task
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 
 book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
@@ -221,13 +223,13 @@ book.glue("cispo_bias_028", f"{rel(cispo_grad(0.28)):.3f}")
 #
 # ## 5.2 Equation ↔ code
 #
-# The weight and the surrogate, verbatim from `grpo_lab/objectives.py`:
+# The weight and the surrogate, verbatim from `grpo_lab/algo/objectives.py`:
 #
-# ```{literalinclude} ../grpo_lab/objectives.py
+# ```{literalinclude} ../grpo_lab/algo/objectives.py
 # :pyobject: cispo_weight
 # ```
 #
-# ```{literalinclude} ../grpo_lab/objectives.py
+# ```{literalinclude} ../grpo_lab/algo/objectives.py
 # :pyobject: cispo_surrogate
 # ```
 #
@@ -715,7 +717,7 @@ summary
 # the trainer recomputes $\piold$ itself; then the ratio is exactly 1 at the first update and the
 # mismatch makes the samples off-policy for the trainer with nothing correcting it. `grpo_lab` models the inference engine as a
 # bfloat16 copy of the current weights (`TrainerConfig.rollout_dtype="bfloat16"`, built by
-# `grpo_lab.models.inference_copy`), optionally with a float32 head
+# `grpo_lab.policy.models.inference_copy`), optionally with a float32 head
 # (`rollout_fp32_lm_head=True`). For each seed we sample one batch with the bfloat16 copy, then
 # score the same tokens with the float32 trainer.
 
@@ -902,10 +904,10 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # almost no tokens). Both presets have no KL term, as in the paper (asserted below), so neither
 # holds a reference copy. `GPU_SEEDS` seeds each; the cell writes `data/results/gpu/05_cispo.json`
 # with its provenance. On every machine it then shows that file when it is present, after
-# asserting what any GPU run must show (`experiments.check_gpu_results`: CUDA, every seed to its
+# asserting what any GPU run must show (`lab.check_gpu_results`: CUDA, every seed to its
 # last step, accuracies in range, finite gradients, a base model that solves more than 10% of the
 # problems); without it, it prints what the run would train and its expected time. Before that,
-# the memory model (`grpo_lab.memory_model`) predicts each phase of one step on Qwen2.5-0.5B at
+# the memory model (`grpo_lab.experiments.memory_model`) predicts each phase of one step on Qwen2.5-0.5B at
 # these shapes: one minibatch of 8 rows is the largest micro-batch a 16-way split allows.
 # This run compares the objectives at the paper's update count on a 0.5B model for 60 steps; it
 # is not the paper's 32B zero-RL run, and its verdict needs its own regime check (DAPO's
@@ -914,7 +916,7 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 # %%
 from IPython.display import Markdown
 
-from grpo_lab.memory_model import QWEN25_05B_CONFIG, RunShape, predict_memory
+from grpo_lab.experiments.memory_model import QWEN25_05B_CONFIG, RunShape, predict_memory
 
 GPU_ALGOS = [DAPO, CISPO]
 GPU_MINIBATCHES = 16  # MiniMax-M1: 16 off-policy rounds per generation batch
@@ -928,7 +930,7 @@ print(f"Qwen2.5-0.5B, 128 rows, 16 minibatches of 8, no KL reference: predicted 
       f"{mem.peak / 2**30:.1f} GiB ({mem.peak_phase}); phases in GiB:")
 display(Markdown(mem.table()))  # a Markdown table, rendered as a table in the book
 if PROFILE == "gpu":
-    experiments.run_chapter_gpu("05_cispo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
+    lab.run_chapter_gpu("05_cispo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
                                 profile=gpu_prof)
 # the regime check of the GPU run: did DAPO's clip act at 16 minibatches (DAPO's "tokens clipped" row)?
 GPU_PAPER_REGIME = {"MiniMax-M1 (§3.1, Fig. 2; Qwen2.5-32B zero-RL, 16 minibatches)": {

@@ -75,17 +75,19 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from grpo_lab import book, experiments, plotting, stats
-from grpo_lab.advantages import (VALUE_BASELINE_ESTIMATORS, AdvantageBatch, explained_variance, gae, group_advantages,
+from grpo_lab.lab import book
+from grpo_lab import experiments
+from grpo_lab.experiments import plotting, stats
+from grpo_lab.algo.advantages import (VALUE_BASELINE_ESTIMATORS, AdvantageBatch, explained_variance, gae, group_advantages,
                                  length_adaptive_lam, outcome_token_rewards)
-from grpo_lab.algorithms import DAPO, GRPO, PPO, VAPO
-from grpo_lab.models import CriticModel, count_parameters, load_policy
-from grpo_lab.objectives import policy_loss, positive_nll_loss, value_loss
+from grpo_lab.algo.algorithms import DAPO, GRPO, PPO, VAPO
+from grpo_lab.policy.models import CriticModel, count_parameters, load_policy
+from grpo_lab.algo.objectives import policy_loss, positive_nll_loss, value_loss
 from grpo_lab.paths import REPO_ROOT, checkpoint_dir
-from grpo_lab.pretrain import RECIPES, sha256_file
+from grpo_lab.lab.pretrain import RECIPES, sha256_file
 from grpo_lab.tasks import get_task
 from grpo_lab.tasks.arithmetic import reasoning_response
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 
 book.setup_notebook(seed=0, profile=PROFILE)
 CHAPTER_START = time.perf_counter()
@@ -364,20 +366,20 @@ print(f"L_NLL = {nll_hand:.4f} (by hand) = positive_nll_loss; mu * L_NLL is the 
 # ## 6.6 Equation ↔ code
 #
 # GAE, {eq}`eq-vapo-gae` by the recursion {eq}`eq-vapo-recursion`, verbatim from
-# `grpo_lab/advantages.py`, with the length-adaptive $\lambda$ of {eq}`eq-vapo-lam`:
+# `grpo_lab/algo/advantages.py`, with the length-adaptive $\lambda$ of {eq}`eq-vapo-lam`:
 #
-# ```{literalinclude} ../grpo_lab/advantages.py
+# ```{literalinclude} ../grpo_lab/algo/advantages.py
 # :pyobject: gae
 # ```
 #
-# ```{literalinclude} ../grpo_lab/advantages.py
+# ```{literalinclude} ../grpo_lab/algo/advantages.py
 # :pyobject: length_adaptive_lam
 # ```
 #
 # The advantage estimator that the `PPO` and `VAPO` presets name (`advantage="gae"`): the outcome
 # reward at the last real token, and the policy's $\lambda$:
 #
-# ```{literalinclude} ../grpo_lab/advantages.py
+# ```{literalinclude} ../grpo_lab/algo/advantages.py
 # :pyobject: gae_advantages
 # ```
 #
@@ -386,15 +388,15 @@ print(f"L_NLL = {nll_hand:.4f} (by hand) = positive_nll_loss; mu * L_NLL is the 
 # in common PPO implementations (the `PPO` and `VAPO` presets clip at 0.2; the VAPO paper reports
 # no value clip):
 #
-# ```{literalinclude} ../grpo_lab/algorithms.py
+# ```{literalinclude} ../grpo_lab/algo/algorithms.py
 # :pyobject: Algorithm.value_targets
 # ```
 #
-# ```{literalinclude} ../grpo_lab/objectives.py
+# ```{literalinclude} ../grpo_lab/algo/objectives.py
 # :pyobject: value_loss
 # ```
 #
-# ```{literalinclude} ../grpo_lab/objectives.py
+# ```{literalinclude} ../grpo_lab/algo/objectives.py
 # :pyobject: positive_nll_loss
 # ```
 #
@@ -452,7 +454,7 @@ print("values biased low by b -> every token's GAE advantage rises by lambda^(n-
 # the policy's as in VAPO §5.1), over {glue:text}`vapo_critic_seeds` seeds: a copy of the policy's
 # backbone with a new scalar head (`value_init="policy"`), and a separate transformer with
 # {glue:text}`vapo_scratch_frac` times the policy's parameters, initialised at random (`"scratch"`).
-# Every seed runs in the worker processes (`experiments.pretrain_critic`); seed 0's backbone copy is
+# Every seed runs in the worker processes (`lab.pretrain_critic`); seed 0's backbone copy is
 # saved, and is the critic of §6.8 and the one every run of §6.9 starts from.
 
 # %% tags=["nbval-ignore-output"]
@@ -465,7 +467,7 @@ CRITIC_NAMES = {"policy": "copy of the policy's backbone", "scratch": "separate,
 jobs = [(seed, init, str(critic_dir) if (seed, init) == (0, "policy") else None) for seed in SEEDS
         for init in ("policy", "scratch")]
 warm_all = pd.concat(experiments.map_workers(
-    functools.partial(experiments.pretrain_critic, algo=VAPO_OURS, profile=profile, steps=PRETRAIN_STEPS,
+    functools.partial(lab.pretrain_critic, algo=VAPO_OURS, profile=profile, steps=PRETRAIN_STEPS,
                       value_lr=VALUE_LR), jobs, n_jobs=N_JOBS), ignore_index=True)
 warm_all["critic"] = warm_all["init"].map(CRITIC_NAMES)
 warm = warm_all[warm_all.seed == 0]
@@ -1023,7 +1025,7 @@ print(f"PPO - VAPO {stats.format_interval(d['PPO'])}; VAPO - {CRITIC_CONTROL.nam
 # ### The long-response regime: `benchmarks/vapo_long.py`
 #
 # Length is what this scale lacks, so we built a task that has it. `arithmetic-long-base`
-# (`python -m grpo_lab.pretrain arithmetic-long`) is the same arithmetic, pretrained on
+# (`python -m grpo_lab.lab.pretrain arithmetic-long`) is the same arithmetic, pretrained on
 # demonstrations three quarters of which follow the answer with a run of 1–320 dots, which the
 # reward ignores; its context
 # is {glue:text}`vl_ctx` positions and its budget {glue:text}`vl_budget` tokens. The answer is decided in the first
@@ -1376,10 +1378,10 @@ print(f"VAPO - base {fmt(stats.t_interval(vl_final['VAPO'] - vl_base))}; lambda 
 PEAK_SCRIPT = """
 import resource, sys, dataclasses
 from grpo_lab import experiments
-from grpo_lab.algorithms import get_algorithm
-from grpo_lab.models import load_policy
+from grpo_lab.algo.algorithms import get_algorithm
+from grpo_lab.policy.models import load_policy
 from grpo_lab.tasks import get_task
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 prof = experiments.get_profile(sys.argv[1])
 policy, tok = load_policy(prof.base)
 algo = get_algorithm("VAPO").replace(lam_alpha=float(sys.argv[3]), advantage=sys.argv[2])
@@ -1514,13 +1516,13 @@ with pd.option_context("display.max_colwidth", None):
 # questions × 8 responses per step, bfloat16 autocast on Ampere or newer GPUs and float16 with a
 # gradient scaler on older ones), `GPU_SEEDS` seeds each, and writes `data/results/gpu/06_vapo.json`
 # with its provenance. On every machine it then shows that file when it is present, after asserting
-# what any GPU run must show (`experiments.check_gpu_results`: CUDA, every seed to its last step,
+# what any GPU run must show (`lab.check_gpu_results`: CUDA, every seed to its last step,
 # accuracies in range, finite gradients, a base model that solves more than 10% of the problems);
 # the toy experiments above run the CPU profile on every machine, so their assertions hold on a GPU
 # too. Without the file it prints what the run would train and its expected time.
 
 # %% [markdown]
-# How much the critic costs at that scale, predicted by the memory model (`grpo_lab.memory_model`,
+# How much the critic costs at that scale, predicted by the memory model (`grpo_lab.experiments.memory_model`,
 # checked against measurements within 25%) from the model's config, before any weight is loaded:
 # the state held through the step, the critic's share of it, and the micro-batch that
 # `fit_batch_sizes` chooses for a 16 GiB and an 80 GiB card (16 × 8 rows, the fit's assumed
@@ -1529,7 +1531,7 @@ with pd.option_context("display.max_colwidth", None):
 
 # %%
 from grpo_lab.experiments.memory_fit import ASSUMED_PROMPT_TOKENS
-from grpo_lab.memory_model import QWEN25_05B_CONFIG, RunShape, fit_batch_sizes, predict_memory
+from grpo_lab.experiments.memory_model import QWEN25_05B_CONFIG, RunShape, fit_batch_sizes, predict_memory
 
 assert experiments.GPU_MODEL == "Qwen/Qwen2.5-0.5B-Instruct"  # the config the memory model carries
 GPU_MINIBATCHES = 16  # VAPO §5.1: 512 prompts x 16 samples, mini-batch 512 samples: 16 updates per rollout (as DAPO §4.1)
@@ -1570,7 +1572,7 @@ if PROFILE == "gpu":
     # smaller), the critic at twice the actor's learning rate
     gpu_lr = gpu_prof.config.lr
     warm = min(10, GPU_STEPS or 10)
-    experiments.run_chapter_gpu("06_vapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
+    lab.run_chapter_gpu("06_vapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
                                 profile=gpu_prof,
                                 overrides={VAPO.name: {"value_warmup_steps": warm, "value_lr": 2 * gpu_lr}})
 GPU_PAPER_REGIME = {"VAPO paper (§5.1; Qwen2.5-32B, AIME 2024)": {

@@ -71,13 +71,15 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from grpo_lab import book, experiments, plotting, stats
-from grpo_lab.algorithms import RPT, RPT_HYBRID, RPT_SAMPLING
-from grpo_lab.models import count_parameters, load_policy
+from grpo_lab.lab import book
+from grpo_lab import experiments
+from grpo_lab.experiments import plotting, stats
+from grpo_lab.algo.algorithms import RPT, RPT_HYBRID, RPT_SAMPLING
+from grpo_lab.policy.models import count_parameters, load_policy
 from grpo_lab.paths import checkpoint_dir
-from grpo_lab.pretrain import RECIPES, continued_ntp_run
-from grpo_lab.rewards import prefix_match_reward
-from grpo_lab.rollout import evaluate, generate
+from grpo_lab.lab.pretrain import RECIPES, continued_ntp_run
+from grpo_lab.algo.rewards import prefix_match_reward
+from grpo_lab.policy.rollout import evaluate, generate
 from grpo_lab.tasks import NextTokenTask
 from grpo_lab.tasks.next_token import (ENTROPY_THRESHOLDS, SPLIT_FRACTIONS, THINK_CLOSE, THINK_OPEN, entropy_split,
                                        load_corpus, parse_prediction, split_corpus, top_k_entropy)
@@ -257,7 +259,7 @@ book.glue("rpt_heldout_loss", f"{record['metrics']['held_out_loss']:.2f}")
 # {glue:text}`rpt_params`-parameter Qwen2-style model trained on it by next-token prediction
 # (held-out loss {glue:text}`rpt_heldout_loss` nats per token). The corpus is the one of this
 # CPython release (SHA-256 {glue:text}`rpt_corpus_sha`…; another release cuts other chunks).
-# `python -m grpo_lab.pretrain corpus` rebuilds both, deterministically, into `data/checkpoints/corpus-base` (the tests check
+# `python -m grpo_lab.lab.pretrain corpus` rebuilds both, deterministically, into `data/checkpoints/corpus-base` (the tests check
 # the recipe, the weights' hash and the accuracy). Half of its training windows are written in the
 # next-token-reasoning format with an empty thinking span, so the base model answers in that format
 # from step 0; every token of every window is scored, so this is still plain next-token prediction.
@@ -853,8 +855,8 @@ with pd.option_context("display.max_colwidth", None):
 # preset like any GRPO variant without KL.
 #
 # **On a GPU.** With `PROFILE = "gpu"` the next cell runs this chapter's comparison with the hub
-# instruct model of `experiments.GPU_MODEL` (`experiments.run_rpt_gpu`, profile
-# `experiments.rpt_gpu_profile`):
+# instruct model of `experiments.GPU_MODEL` (`lab.run_rpt_gpu`, profile
+# `lab.rpt_gpu_profile`):
 #
 # 1. **Data.** The same corpus and split, cut into the model's own tokens, with the model as its own
 #    entropy proxy (`next_token.build_hub_task_data`; the paper's proxy is a smaller model of the same
@@ -874,7 +876,7 @@ with pd.option_context("display.max_colwidth", None):
 #    500 steps run without the filter; 60 steps from the instruct model have no room for two
 #    phases, so this run filters from its first step.
 # 4. **Continued NTP.** For each seed, continued next-token prediction on plain 64-token windows
-#    of the same `rl` text at the same compute (`experiments.rl_compute_units`): one token forward
+#    of the same `rl` text at the same compute (`lab.rl_compute_units`): one token forward
 #    per token generated, the refills of dynamic sampling included, and three per token trained on,
 #    as §7.4 counts it.
 #
@@ -883,7 +885,7 @@ with pd.option_context("display.max_colwidth", None):
 # every evaluation, continued NTP's after its last step. The run writes
 # `data/results/gpu/07_rpt.json` with its provenance. On every machine the cell then shows that file
 # when it is present, after asserting the facts every GPU run must show
-# (`experiments.check_gpu_results`); the toy experiments above run on the CPU profile on every
+# (`lab.check_gpu_results`); the toy experiments above run on the CPU profile on every
 # machine.
 #
 # What the run can show: what the objective does to a real model's next-token accuracy at matched
@@ -897,9 +899,9 @@ with pd.option_context("display.max_colwidth", None):
 
 # %%
 GPU_ALGOS = [RPT_DS]  # RPT with dynamic sampling, as the paper from its step 500
-gpu_rpt_profile = experiments.rpt_gpu_profile(weight_decay=0.01)  # App. B's weight decay; the rest as the paper's
+gpu_rpt_profile = lab.rpt_gpu_profile(weight_decay=0.01)  # App. B's weight decay; the rest as the paper's
 if PROFILE == "gpu":
-    experiments.run_rpt_gpu(seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS, profile=gpu_rpt_profile,
+    lab.run_rpt_gpu(seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS, profile=gpu_rpt_profile,
                             algorithm=RPT_DS)
 GPU_PAPER_REGIME = {"RPT paper (App. B; R1-Distill-Qwen-14B, dynamic sampling)": {
     "tied groups (fraction)": "not reported; dynamic sampling trains none (this run filters them too: "

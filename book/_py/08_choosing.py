@@ -28,8 +28,8 @@
 # changes the branches that the evidence does not support.
 #
 # **Which axes it moves:** none of its own. It reads every preset's axes from the code
-# (`grpo_lab.variant_records`), compares every preset for the same number of steps, charging each
-# the compute it used (`benchmarks/choosing.py`), and draws the two trees (`grpo_lab.decision_tree`).
+# (`grpo_lab.lab.variant_records`), compares every preset for the same number of steps, charging each
+# the compute it used (`benchmarks/choosing.py`), and draws the two trees (`grpo_lab.lab.decision_tree`).
 #
 # **What this chapter can and cannot show.** Every preset trains the same
 # {glue:text}`ch_params`-parameter policy on the same arithmetic task, for the same number of steps and
@@ -79,16 +79,18 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import HTML, display
 
-from grpo_lab import book, experiments, plotting, stats
-from grpo_lab.advantages import ADVANTAGE_ESTIMATORS, GROUP_BASELINE_ESTIMATORS, AdvantageBatch
-from grpo_lab.algorithms import (CISPO, CLIP_COV, DAPO, DR_GRPO, GMPO, GRPO, GSPO, KL_COV, PPO, RPT, SAPO, VAPO,
+from grpo_lab.lab import book
+from grpo_lab import experiments
+from grpo_lab.experiments import plotting, stats
+from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_BASELINE_ESTIMATORS, AdvantageBatch
+from grpo_lab.algo.algorithms import (CISPO, CLIP_COV, DAPO, DR_GRPO, GMPO, GRPO, GSPO, KL_COV, PPO, RPT, SAPO, VAPO,
                                  deepseek_v32)
-from grpo_lab.decision_tree import CHANGES, OUR_TREE, SECTION_TREE, diff_trees, leaves, plot_tree, tree_table
-from grpo_lab.models import count_parameters, load_policy
-from grpo_lab.objectives import policy_loss
+from grpo_lab.lab.decision_tree import CHANGES, OUR_TREE, SECTION_TREE, diff_trees, leaves, plot_tree, tree_table
+from grpo_lab.policy.models import count_parameters, load_policy
+from grpo_lab.algo.objectives import policy_loss
 from grpo_lab.paths import REPO_ROOT, checkpoint_dir
-from grpo_lab.trainer import TrainerConfig
-from grpo_lab.variant_records import (AXES, REGISTRY_AXES, axes_changed, changed_axes, check_axes, describe_changes,
+from grpo_lab.training.trainer import TrainerConfig
+from grpo_lab.lab.variant_records import (AXES, REGISTRY_AXES, axes_changed, changed_axes, check_axes, describe_changes,
                                       records_table)
 
 book.setup_notebook(seed=0, profile=PROFILE)
@@ -118,7 +120,7 @@ def shown(preset: str) -> str:
 # directions are four of these axes: *normalisation* is the advantage and the aggregation, *sequence
 # level* the ratio level, *clipping* the surrogate, and the *value model* its own axis. The values are
 # the package's presets: where a paper does not report one (CISPO's cap `eps_high`, for example) the
-# preset's comment in `grpo_lab.algorithms` says so.
+# preset's comment in `grpo_lab.algo.algorithms` says so.
 
 # %%
 PRESET_ORDER = (*SECTION_ROWS, *NEWER)
@@ -589,7 +591,7 @@ print("not applicable:", "; ".join(f"{k}: {v}" for k, v in rr["not_applicable"].
 # %% [markdown]
 # ## 8.3 The section's table, regenerated
 #
-# The section's five columns come from the records (`grpo_lab.variant_records.RECORDS`: one per
+# The section's five columns come from the records (`grpo_lab.lab.variant_records.RECORDS`: one per
 # preset, each statement cited to its paper's section in `sources`); the measured columns come from
 # §8.2, and the last column from the chapters. Each row's finding is one of *supported*, *not
 # supported at this scale* (in regime, and the claimed effect did not appear), *not tested in the
@@ -750,7 +752,7 @@ print(verdicts.to_string())
 # ## 8.4 The decision tree, rebuilt
 #
 # The section's rule of thumb is a tree: a question at the root, one more for long chain-of-thought,
-# and a recommendation at each leaf. `grpo_lab.decision_tree.SECTION_TREE` holds it as data, exactly
+# and a recommendation at each leaf. `grpo_lab.lab.decision_tree.SECTION_TREE` holds it as data, exactly
 # as quoted, each leaf naming the presets it recommends, the chapters that cover them and the
 # measurements (chapter glue names) that bear on it. `OUR_TREE` is the same tree changed where the
 # papers or the chapters say otherwise, and `diff_trees` computes where the two differ; a test of the
@@ -975,7 +977,7 @@ with pd.option_context("display.max_colwidth", None):
 # still needs an MoE model. Without the file, the cell prints what the run would train and its
 # expected time: hours for the default five seeds of every preset, so `GPU_SEEDS = (0, 1)` and
 # `GPU_STEPS = 30` are a first look at a fifth of the cost. First, whether each preset fits a 16 GiB
-# and an 80 GiB card, from the memory model (`grpo_lab.memory_model`, checked against measurements
+# and an 80 GiB card, from the memory model (`grpo_lab.experiments.memory_model`, checked against measurements
 # within 25%) at an assumed {glue:text}`ch_gpu_prompt` prompt tokens, before any weight is loaded.
 # VAPO's critic, a second copy of the model with its optimiser state, is what does not fit a 16 GiB
 # card, so the time table marks the T4 row "does not fit" for the whole run: drop VAPO from
@@ -983,7 +985,7 @@ with pd.option_context("display.max_colwidth", None):
 
 # %%
 from grpo_lab.experiments.memory_fit import ASSUMED_PROMPT_TOKENS
-from grpo_lab.memory_model import QWEN25_05B_CONFIG, RunShape, fit_batch_sizes, predict_memory
+from grpo_lab.experiments.memory_model import QWEN25_05B_CONFIG, RunShape, fit_batch_sizes, predict_memory
 
 GPU_ALGOS = [GRPO, DR_GRPO, DAPO, GSPO, CISPO, VAPO]
 assert experiments.GPU_MODEL == "Qwen/Qwen2.5-0.5B-Instruct"  # the config the memory model carries
@@ -1016,7 +1018,7 @@ display(fit_table)
 if PROFILE == "gpu":
     # VAPO as in chapter 6: value pretraining before the first step, the critic at twice the actor's learning rate
     warm = min(10, GPU_STEPS or 10)
-    experiments.run_chapter_gpu("08_choosing", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
+    lab.run_chapter_gpu("08_choosing", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
                                 profile=gpu_prof,
                                 overrides={VAPO.name: {"value_warmup_steps": warm, "value_lr": 2 * gc.lr}})
 gpu_summary = book.show_gpu_results("08_choosing", GPU_ALGOS, baseline="GRPO", seeds=GPU_SEEDS, steps=GPU_STEPS,

@@ -26,9 +26,9 @@
 # 1. **A task**: an object with `name`, `max_new_tokens`, `sample`, `reward`, `is_correct` and
 #    `test_set` (the protocol {py:class}`grpo_lab.tasks.Task`). No base class to inherit.
 # 2. **A policy and its tokenizer**: any `transformers` causal language model, loaded by
-#    {py:func}`grpo_lab.models.load_policy` from a local directory or a hub id.
-# 3. **An algorithm**: a preset ({py:data}`grpo_lab.algorithms.PRESETS`) or your own
-#    {py:class}`grpo_lab.algorithms.Algorithm`, and a {py:class}`grpo_lab.trainer.TrainerConfig`.
+#    {py:func}`grpo_lab.policy.models.load_policy` from a local directory or a hub id.
+# 3. **An algorithm**: a preset ({py:data}`grpo_lab.algo.algorithms.PRESETS`) or your own
+#    {py:class}`grpo_lab.algo.algorithms.Algorithm`, and a {py:class}`grpo_lab.training.trainer.TrainerConfig`.
 #
 # The API reference ({doc}`api`) documents every function used here.
 
@@ -63,13 +63,15 @@ import torch
 import matplotlib.pyplot as plt
 
 import grpo_lab
-from grpo_lab import book, experiments, plotting, stats
-from grpo_lab.algorithms import DAPO, GRPO
-from grpo_lab.models import load_policy
-from grpo_lab.rollout import evaluate
-from grpo_lab.sampling import overlong_cache_tokens
+from grpo_lab.lab import book
+from grpo_lab import experiments
+from grpo_lab.experiments import plotting, stats
+from grpo_lab.algo.algorithms import DAPO, GRPO
+from grpo_lab.policy.models import load_policy
+from grpo_lab.policy.rollout import evaluate
+from grpo_lab.algo.selection import overlong_cache_tokens
 from grpo_lab.tasks import TASKS, validate_task
-from grpo_lab.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
+from grpo_lab.training.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
 
 book.setup_notebook(seed=0)
 CHAPTER_START = time.perf_counter()
@@ -143,7 +145,7 @@ except TypeError as err:
 # Any causal language model from `transformers` will do; here a two-layer GPT-2 with 0.1 M
 # parameters, built from a config, and a character-level tokenizer built with `tokenizers`. Both
 # are saved with `save_pretrained` into a local directory, which
-# {py:func}`grpo_lab.models.load_policy` reads exactly as it reads a hub model (it sets left
+# {py:func}`grpo_lab.policy.models.load_policy` reads exactly as it reads a hub model (it sets left
 # padding for generation and falls back to EOS for a missing pad token). For a pretrained model,
 # skip this and the next section and pass its hub id, e.g.
 # `load_policy("Qwen/Qwen2.5-0.5B-Instruct")`.
@@ -169,7 +171,7 @@ assert tokenizer.decode(tokenizer("bad=").input_ids) == "bad="
 # chapters' checkpoints, a short supervised warm start first: next-token cross-entropy on the
 # answers (prompt tokens are not scored), stopped early so that the policy is right only part of
 # the time. Then the base policy is saved and loaded back, as any checkpoint would be. The same two
-# functions make the shipped checkpoint `reverse-base` (`python -m grpo_lab.pretrain reverse`), the
+# functions make the shipped checkpoint `reverse-base` (`python -m grpo_lab.lab.pretrain reverse`), the
 # README's command-line example of this task.
 #
 # ```{literalinclude} examples/reverse_task.py
@@ -197,7 +199,7 @@ assert 0.05 < base_acc < 0.8  # right sometimes: room for RL, and a signal to st
 # ## Train with two presets
 #
 # {py:func}`grpo_lab.experiments.run` trains one algorithm for several seeds from a *profile*: a
-# base checkpoint, a task and a {py:class}`grpo_lab.trainer.TrainerConfig`. Our profile names the
+# base checkpoint, a task and a {py:class}`grpo_lab.training.trainer.TrainerConfig`. Our profile names the
 # directory just saved and the registered task. The generation budget comes from the task (8
 # tokens), and DAPO's soft overlong penalty is a fraction of it (`overlong_cache_frac = 0.2`, so
 # $L_{\mathrm{cache}} =$ {glue:text}`own_cache` tokens: no well-formed answer, at most 6 tokens
@@ -219,7 +221,7 @@ assert {"algo", "seed", "step", "test_accuracy", "reward", "entropy", "clip_frac
 
 # %% [markdown]
 # The history is one row per (preset, seed, step), with every metric of
-# {py:meth}`grpo_lab.trainer.Trainer.train`. {py:func}`grpo_lab.plotting.band_plot` draws the mean
+# {py:meth}`grpo_lab.training.trainer.Trainer.train`. {py:func}`grpo_lab.experiments.plotting.band_plot` draws the mean
 # over seeds with a band (here a 95% t interval), in the book's colour of each preset:
 
 # %% tags=["hide-input"]
@@ -263,10 +265,10 @@ assert all((acc[name] > base).mean() >= 0.8 for name in grid)  # RL improves on 
 #
 # ## Save, and resume in a new process
 #
-# {py:meth}`grpo_lab.trainer.Trainer.save` writes the policy, the reference policy, the optimiser,
+# {py:meth}`grpo_lab.training.trainer.Trainer.save` writes the policy, the reference policy, the optimiser,
 # every random-number state, the configuration and the history. It checks everything before it
 # writes, and writes into a temporary directory that it renames at the end, so a failure never
-# leaves half a checkpoint. {py:meth}`grpo_lab.trainer.Trainer.resume` continues the run exactly:
+# leaves half a checkpoint. {py:meth}`grpo_lab.training.trainer.Trainer.resume` continues the run exactly:
 # below, four steps, a save, and four more steps in a **new Python process** give the same weights
 # and history, bit for bit, as eight steps in one go.
 
@@ -289,7 +291,7 @@ script = """
 import sys
 sys.path.insert(0, sys.argv[1])  # the directory of reverse_task.py
 import reverse_task  # registers "reverse": resume rebuilds the task from the checkpoint
-from grpo_lab.trainer import Trainer
+from grpo_lab.training.trainer import Trainer
 
 trainer = Trainer.resume(sys.argv[2])  # or Trainer.resume(sys.argv[2], task=reverse_task.ReverseTask())
 trainer.train(4)

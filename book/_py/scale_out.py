@@ -27,7 +27,7 @@
 # settings (dynamic sampling exists only in verl); the translation table below has each. Both
 # compute, given the same settings, exactly
 # what `grpo_lab` computes: on identical float64 batches their own loss code and
-# {py:func}`grpo_lab.objectives.policy_loss` agree to within $10^{-16}$ in loss and gradient
+# {py:func}`grpo_lab.algo.objectives.policy_loss` agree to within $10^{-16}$ in loss and gradient
 # (`tests/test_xcheck_trl.py`, `tests/test_xcheck_verl.py`, run by `make xcheck`). But their
 # **defaults** are not the papers', and the differences change the gradient:
 #
@@ -75,10 +75,11 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Markdown, display
 
-from grpo_lab import book, export
-from grpo_lab.algorithms import DAPO, PRESETS, deepseek_v32
+from grpo_lab.lab import book
+from grpo_lab import export
+from grpo_lab.algo.algorithms import DAPO, PRESETS, deepseek_v32
 from grpo_lab.tasks import GSM8KTask
-from grpo_lab.trainer import TrainerConfig
+from grpo_lab.training.trainer import TrainerConfig
 
 book.setup_notebook(seed=0)
 
@@ -99,7 +100,7 @@ def table(df: pd.DataFrame) -> Markdown:
 # $\varepsilon = 0.2$ (chapter 3's choice).
 
 # %% tags=["nbval-ignore-output"]
-# Built from the registry (every preset of grpo_lab.algorithms.PRESETS), so a new preset changes this table: its
+# Built from the registry (every preset of grpo_lab.algo.algorithms.PRESETS), so a new preset changes this table: its
 # content is tested in tests/test_export.py, and nbval does not compare it (no re-execution for a new preset).
 algorithms = {**PRESETS, "DeepSeek-V3.2": deepseek_v32(beta=0.01, delta=0.02, eps=0.2)}
 support = export.support_table(algorithms, group_size=16, max_new_tokens=1024)
@@ -205,7 +206,7 @@ print("GRPOConfig(output_dir=..., " + ", ".join(f"{k}={v!r}" for k, v in kwargs.
 # `dataset.jsonl` (the task's prompts exactly as the grpo_lab policy sees them, with the gold
 # answers), `rewards.py` (a TRL reward function that calls grpo_lab's own scorer, plus DAPO's soft
 # overlong punishment) and a README with every note and difference of the translation. The budget
-# comes from a {py:class}`~grpo_lab.trainer.TrainerConfig`
+# comes from a {py:class}`~grpo_lab.training.trainer.TrainerConfig`
 # ({py:func}`grpo_lab.export.optimisation.budget_from_config`), so nothing is typed twice. `tests/test_xcheck_trl_job.py`
 # runs such a job for 2 steps on the CPU in CI and checks that its first step's advantages, loss and
 # gradient equal grpo_lab's on the same batch. The jobs below are written from the few GSM8K problems

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from grpo_lab import hparams
-from grpo_lab.algorithms import GRPO, PRESETS
-from grpo_lab.objectives import LOG_RATIO_CLAMP, SURROGATES, LossContext
+from grpo_lab.algo import hparams
+from grpo_lab.algo.algorithms import GRPO, PRESETS
+from grpo_lab.algo.objectives import LOG_RATIO_CLAMP, SURROGATES, LossContext
 
 
 def _c_above_one(values: dict) -> None:

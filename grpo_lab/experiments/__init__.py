@@ -2,14 +2,12 @@
 
 A *profile* fixes everything about an experiment's scale: ``cpu`` is what the book executes in
 CI on two cores (minutes, the tiny arithmetic policy); ``gpu`` (:func:`gpu_profile`) trains the hub
-instruct model :data:`GPU_MODEL` on GSM8K on one CUDA GPU, in bfloat16 or float16 autocast. A
-chapter's GSM8K comparison goes through :func:`run_chapter_gpu`, which writes
-``data/results/gpu/<chapter>.json``; :func:`load_chapter_gpu`, :func:`summarize_runs` and
-:func:`check_gpu_results` read it back. Chapters call :func:`run`, which trains one algorithm from a base checkpoint for
-several seeds and returns a long DataFrame (one row per seed × step) plus a provenance record;
-:func:`save_results` / :func:`load_results` write and read ``data/results/<profile>/*.json``.
+instruct model :data:`GPU_MODEL` on GSM8K on one CUDA GPU, in bfloat16 or float16 autocast.
+:func:`run` trains one algorithm from a base checkpoint for several seeds and returns a long
+DataFrame (one row per seed × step) plus a provenance record; :func:`save_results` /
+:func:`load_results` write and read ``data/results/<profile>/*.json``. From the command line:
 
-    python -m grpo_lab.experiments GRPO --profile gpu --seeds 0 1 2 3 4 --out runs/grpo_gpu.json
+    python -m grpo_lab GRPO --profile gpu --seeds 0 1 2 3 4 --out runs/grpo_gpu.json
 
 Run cache: every (algorithm, profile, steps, seed) run is stored under ``_build/run_cache/`` and
 loaded instead of trained again when an identical run is asked for (chapter 3 re-uses chapter 1's
@@ -32,38 +30,26 @@ GPU profile's settings), :mod:`~grpo_lab.experiments.runs` (:func:`run`, :func:`
 :mod:`~grpo_lab.experiments.results` (:class:`RunResult`, provenance, results files, summaries),
 :mod:`~grpo_lab.experiments.run_cache`, :mod:`~grpo_lab.experiments.run_dirs` (where each seed of a
 run writes, its checkpoints, resuming), :mod:`~grpo_lab.experiments.workers` (the worker pool),
-:mod:`~grpo_lab.experiments.gpu_runs` (a chapter's GPU runs and their checks),
-:mod:`~grpo_lab.experiments.probes` (one-off measurements per seed, for the worker pool) and
-:mod:`~grpo_lab.experiments.rpt_gpu` (chapter 7 on a hub model). Every public name is imported
+:mod:`~grpo_lab.experiments.config_files` (YAML run files), :mod:`~grpo_lab.experiments.memory_fit`,
+:mod:`~grpo_lab.experiments.memory_model`, :mod:`~grpo_lab.experiments.evaluation` (pass@k),
+:mod:`~grpo_lab.experiments.stats` and :mod:`~grpo_lab.experiments.plotting`. A chapter's GPU runs
+live in the book's bench, :mod:`grpo_lab.lab`. Every public name of the run machinery is imported
 from here (``from grpo_lab import experiments; experiments.run(...)``) and documented here.
 """
 
 from __future__ import annotations
 
 from . import profiles as _profiles
-from . import rpt_gpu as _rpt_gpu
-from .gpu_runs import check_gpu_results, load_chapter_gpu, results_dir, run_chapter_gpu
-from .probes import pretrain_critic, routing_update, update_probe
 from .profiles import Profile, expected_gpu_minutes, get_profile, gpu_profile
-from .results import RunResult, config_hash, load_results, processor_name, provenance, save_results, summarize_runs
-from .rpt_gpu import chapter_gpu_profile, rl_compute_units, rpt_data_dir, rpt_gpu_profile, run_rpt_gpu
+from .results import (RunResult, config_hash, load_results, processor_name, provenance, save_results, summarize_runs)
 from .run_cache import run_cache_dir, run_fingerprint
 from .runs import run, run_grid, run_tally
 from .workers import map_workers, shutdown_workers
 
-# Private helpers that tests call through this package (``experiments._train_one(...)``). Each lives
-# in the module named here, and the code that calls it looks it up there: a test that replaces one
-# patches that module (``monkeypatch.setattr(runs, "_train_one", ...)``), not this package.
-from .rpt_gpu import _same_model  # noqa: F401
-from .run_cache import _cache_load, _cache_store, _uncacheable  # noqa: F401
-from .runs import _base_eval_key, _train_one  # noqa: F401
-from .workers import _POOL, _module_roots, _user_modules, _worker_pool  # noqa: F401
-
 __all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "GPU_SPEEDS",
-           "expected_gpu_minutes", "results_dir", "run_chapter_gpu", "load_chapter_gpu", "summarize_runs", "check_gpu_results",
-           "RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "chapter_gpu_profile", "rl_compute_units", "run_rpt_gpu",
-           "get_profile", "run", "run_grid", "run_tally", "RunResult", "save_results", "load_results",
-           "shutdown_workers", "map_workers", "pretrain_critic", "routing_update", "update_probe", "provenance", "config_hash", "run_cache_dir", "run_fingerprint", "processor_name"]
+           "expected_gpu_minutes", "summarize_runs", "get_profile", "run", "run_grid", "run_tally", "RunResult",
+           "save_results", "load_results", "shutdown_workers", "map_workers", "provenance", "config_hash",
+           "run_cache_dir", "run_fingerprint", "processor_name"]
 
 # The constants are the objects of the modules that use them, bound again here so that these
 # doc-comments are the ones the API reference shows.
@@ -97,9 +83,3 @@ GPU_TEST_SIZE = _profiles.GPU_TEST_SIZE
 #:   pass plus the two no-grad forwards (π_old, π_ref): about 10 N FLOPs per token at N = 0.5e9,
 #:   at 20 TFLOP/s (T4, float16 tensor cores) and 300 TFLOP/s (H100, bfloat16, about 30% of peak).
 GPU_SPEEDS = _profiles.GPU_SPEEDS
-
-#: Held-out positions of chapter 7's hub-model run (:func:`rpt_gpu_profile`): a binomial standard
-#: error of at most 0.022 per evaluation, as :data:`GPU_TEST_SIZE` for GSM8K.
-#: ``$GRPO_LAB_RPT_TEST_SIZE`` replaces it when :func:`run_rpt_gpu` builds the data files
-#: (``scripts/gpu_dryrun.sh`` sets 16: a dry run checks the code path, not the accuracy).
-RPT_GPU_TEST_SIZE = _rpt_gpu.RPT_GPU_TEST_SIZE

@@ -1,9 +1,9 @@
 """Fitting the GPU profile to the card: the micro-batch and evaluation batch sizes that the memory
-model (:mod:`grpo_lab.memory_model`) lets fit, decided from the model's config before any weight
+model (:mod:`grpo_lab.experiments.memory_model`) lets fit, decided from the model's config before any weight
 is loaded.
 
 :func:`fit_gpu_config` is called by :func:`~grpo_lab.experiments.gpu_profile`; :func:`check_algorithms_fit`
-by :func:`~grpo_lab.experiments.run_chapter_gpu` for each algorithm (a KL reference copy, a critic).
+by :func:`~grpo_lab.lab.run_chapter_gpu` for each algorithm (a KL reference copy, a critic).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import os
 from dataclasses import replace
 from typing import Any, Collection
 
-from ..lora import LoraSpec
-from ..memory_model import PROJECTIONS, RunShape, fit_batch_sizes
+from ..policy.lora import LoraSpec
+from .memory_model import PROJECTIONS, RunShape, fit_batch_sizes
 
 __all__ = ["ASSUMED_PROMPT_TOKENS", "fit_gpu_config", "check_algorithms_fit"]
 
@@ -23,9 +23,9 @@ ASSUMED_PROMPT_TOKENS = 256
 
 
 def _shape(config, max_new_tokens: int, *, kl_reference: bool, critic: bool, lora=None) -> RunShape:
-    """The :class:`~grpo_lab.memory_model.RunShape` of a ``TrainerConfig`` (autocast ``"auto"`` and
+    """The :class:`~grpo_lab.experiments.memory_model.RunShape` of a ``TrainerConfig`` (autocast ``"auto"`` and
     float16/bfloat16: 2 bytes; gradient checkpointing read from the config; ``lora`` a
-    :class:`grpo_lab.lora.LoraSpec` or ``None``: its rank and those of its target modules the memory
+    :class:`grpo_lab.policy.lora.LoraSpec` or ``None``: its rank and those of its target modules the memory
     model knows, the projections of a decoder layer)."""
     rows = config.prompts_per_step * config.group_size
     autocast = "float32" if config.precision == "float32" else "bfloat16"
@@ -95,7 +95,7 @@ def fit_gpu_config(model: str | os.PathLike, config, *, max_new_tokens: int, exp
         kl_reference, critic: assume a float32 reference copy / a critic (the profile does not know
             the algorithm: by default a KL reference, the larger common case; none with LoRA, whose
             reference is the base with the adapters off).
-        lora: the profile's :class:`grpo_lab.lora.LoraSpec` or ``None``.
+        lora: the profile's :class:`grpo_lab.policy.lora.LoraSpec` or ``None``.
 
     Returns:
         The config, unchanged when there is no card to fit (not CUDA, CUDA not available, no
@@ -104,7 +104,7 @@ def fit_gpu_config(model: str | os.PathLike, config, *, max_new_tokens: int, exp
 
     Raises:
         ValueError: a phase does not fit: its name, and the setting that would make it fit
-            (:func:`grpo_lab.memory_model.fit_batch_sizes`).
+            (:func:`grpo_lab.experiments.memory_model.fit_batch_sizes`).
     """
     total = _card_memory(config, total_memory)
     hf = _model_config(model) if total is not None else None
@@ -133,7 +133,7 @@ def check_algorithms_fit(profile, algos, *, total_memory: int | None = None) -> 
     Raises:
         ValueError: naming the algorithm, the phase and the setting that would make it fit.
     """
-    from ..advantages import VALUE_BASELINE_ESTIMATORS
+    from ..algo.advantages import VALUE_BASELINE_ESTIMATORS
 
     cfg = profile.config
     total = _card_memory(cfg, total_memory)

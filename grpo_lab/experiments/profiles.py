@@ -16,10 +16,10 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from ..lora import LoraSpec
-from ..run_config import check_fields, read_config_file
-from ..trainer import TrainerConfig
-from ..validation import is_int
+from ..policy.lora import LoraSpec
+from .config_files import check_fields, read_config_file
+from ..training.trainer import TrainerConfig
+from ..algo.checks import is_int
 
 __all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "get_profile",
            "GPU_SPEEDS", "expected_gpu_minutes"]
@@ -38,14 +38,14 @@ class Profile:
             your own is registered first (``register_task("sortletters", SortTask)``) and named
             here (``task="sortletters"``).
         steps: RL steps per seed.
-        config: the :class:`~grpo_lab.trainer.TrainerConfig`.
+        config: the :class:`~grpo_lab.training.trainer.TrainerConfig`.
         task_kwargs: the task's keyword arguments, as a dict (``{"max_len": 4}``) or as
             ``(key, value)`` pairs (``(("max_len", 4),)``); stored as a tuple of pairs sorted by
             key, so that equal arguments give equal (and equally hashed) profiles.
-        lora: LoRA adapters to train instead of the whole model (:class:`grpo_lab.lora.LoraSpec`, or a
+        lora: LoRA adapters to train instead of the whole model (:class:`grpo_lab.policy.lora.LoraSpec`, or a
             dict such as ``dict(r=8, alpha=16, target_modules=("q_proj", "v_proj"))``, stored as a
             ``LoraSpec``); ``None`` (default): full fine-tuning. Each run puts them on the base with
-            its seed (:meth:`~grpo_lab.lora.LoraSpec.apply`); part of the run's configuration hash.
+            its seed (:meth:`~grpo_lab.policy.lora.LoraSpec.apply`); part of the run's configuration hash.
 
     Raises:
         TypeError: ``task`` is not a ``str`` (e.g. a task instance: the message says how to name
@@ -157,7 +157,7 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
 
     The model is :data:`GPU_MODEL` (``$GRPO_LAB_GPU_MODEL`` if set), loaded in float32 and trained
     with ``precision="auto"`` (bfloat16 autocast on Ampere or newer, float16 with a gradient
-    scaler on a T4 or V100: :func:`grpo_lab.trainer.resolve_precision`). The task is
+    scaler on a T4 or V100: :func:`grpo_lab.training.trainer.resolve_precision`). The task is
     :class:`grpo_lab.tasks.gsm8k.GSM8KTask` with prompts in the model's own chat template
     (``tokenizer_name`` = the model) and a generation budget of 512 tokens. The scale is that of a
     small real GRPO run: 16 questions × G = 8 responses per step (128 completions), two
@@ -188,7 +188,7 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
             ``dict(r=16, alpha=32, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))``; ``None``
             (default): full fine-tuning. LoRA usually wants a larger learning rate than the default
             1e-6 (pass ``lr=...`` too). The KL reference is then the base itself (no reference copy).
-        **config: :class:`~grpo_lab.trainer.TrainerConfig` fields that replace the defaults above
+        **config: :class:`~grpo_lab.training.trainer.TrainerConfig` fields that replace the defaults above
             (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
             default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
             run of the GPU code path, which :func:`run_chapter_gpu` marks as one), else ``"cuda"``.
@@ -238,9 +238,9 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
 
 
 def _gpu_config_fields(value: str) -> dict[str, Any]:
-    """The :class:`~grpo_lab.trainer.TrainerConfig` fields ``$GRPO_LAB_GPU_CONFIG`` gives: the path of a YAML
+    """The :class:`~grpo_lab.training.trainer.TrainerConfig` fields ``$GRPO_LAB_GPU_CONFIG`` gives: the path of a YAML
     (or JSON) file holding a mapping of fields to values, e.g. ``micro_batch_size: 2`` (read with
-    :func:`grpo_lab.run_config.read_config_file`, never evaluated), or, for compatibility with the form it
+    :func:`grpo_lab.experiments.config_files.read_config_file`, never evaluated), or, for compatibility with the form it
     had first, an inline JSON object (a value starting with ``{`` or ``[``), e.g. ``{"micro_batch_size": 2}``.
 
     Raises:

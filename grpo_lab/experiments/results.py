@@ -22,8 +22,8 @@ import pandas as pd
 import torch
 
 from .. import __version__
-from ..algorithms import Algorithm
-from ..files import write_text_atomically
+from ..algo.algorithms import Algorithm
+from ..paths import write_text_atomically
 from ..paths import REPO_ROOT
 from .profiles import Profile
 
@@ -37,7 +37,7 @@ class RunResult:
 
     Attributes:
         history: long DataFrame, one row per (seed, step), with ``algo`` and ``seed`` columns
-            and every column of :meth:`grpo_lab.trainer.Trainer.train`.
+            and every column of :meth:`grpo_lab.training.trainer.Trainer.train`.
         provenance: dict (see :func:`provenance`).
     """
 
@@ -156,12 +156,12 @@ def summarize_runs(results: Mapping[str, RunResult], *, baseline: str | None = N
     Returns:
         DataFrame with columns ``algorithm``, ``seeds``, ``base``, ``final``, ``final - base`` and,
         with a baseline, ``vs <baseline>``; interval columns are strings
-        ``"0.412 [0.398, 0.426]"`` (:func:`grpo_lab.stats.format_interval`).
+        ``"0.412 [0.398, 0.426]"`` (:func:`grpo_lab.experiments.stats.format_interval`).
 
     Raises:
         ValueError: ``baseline`` is not among ``results``; no algorithm has ``column``.
     """
-    from ..stats import format_interval, paired_difference, t_interval
+    from .stats import format_interval, paired_difference, t_interval
 
     if baseline is not None and baseline not in results:
         raise ValueError(f"summarize_runs: baseline {baseline!r} is not among {sorted(results)}")

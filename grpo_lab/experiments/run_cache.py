@@ -19,12 +19,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..algorithms import Algorithm
-from ..files import write_text_atomically
-from ..models import VALUE_INITS
+from ..algo.algorithms import Algorithm
+from ..paths import write_text_atomically
+from ..policy.models import VALUE_INITS
 from ..paths import REPO_ROOT, checkpoint_dir, data_dir
 from ..training.checkpoints import _json_default
-from ..validation import is_int
+from ..algo.checks import is_int
 from .profiles import Profile
 from .results import config_hash, processor_name
 
@@ -113,7 +113,7 @@ def run_fingerprint(prof: Profile) -> str:
 
 
 def _uncacheable(algo: Algorithm, prof: Profile) -> list[str]:
-    """The registry entries ``algo`` calls (:meth:`~grpo_lab.algorithms.Algorithm.functions`) and the
+    """The registry entries ``algo`` calls (:meth:`~grpo_lab.algo.algorithms.Algorithm.functions`) and the
     task class of ``prof`` whose code lives outside ``grpo_lab`` (a function registered by a user, a
     monkeypatched entry): the run-cache fingerprint hashes only the package's files, so runs that
     use them are never cached."""

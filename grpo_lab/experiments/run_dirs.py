@@ -29,10 +29,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..files import write_text_atomically
+from ..paths import write_text_atomically
 from ..training.checkpoints import CHECKPOINTS_DIR, _json_default, periodic_checkpoints
 from ..training.config import TrainerConfig
-from ..validation import is_int
+from ..algo.checks import is_int
 
 __all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint", "FINAL_MODEL_DIR", "final_model_dir",
            "save_final_model"]
@@ -60,7 +60,7 @@ def _dir_name(algo_name: str) -> str:
 
 def run_directory(results_file: str | os.PathLike) -> Path:
     """The run directory that goes with a results file (the ``output_dir`` the command line and
-    :func:`grpo_lab.experiments.run_chapter_gpu` give :func:`grpo_lab.experiments.run`): the file's path
+    :func:`grpo_lab.lab.run_chapter_gpu` give :func:`grpo_lab.experiments.run`): the file's path
     without its ``.json`` suffix (``runs/grpo.json`` -> ``runs/grpo``), or with ``.d`` appended when it
     has no such suffix (``runs/grpo`` -> ``runs/grpo.d``, never the file itself)."""
     path = Path(results_file)
@@ -110,9 +110,9 @@ def final_model_dir(seed_directory: str | os.PathLike) -> Path:
 def save_final_model(trainer, seed_directory: str | os.PathLike) -> tuple[Path, str]:
     """Write the trained policy of ``trainer`` and its tokenizer to :func:`final_model_dir` of
     ``seed_directory`` with ``save_pretrained`` (safetensors), so that
-    :func:`grpo_lab.models.load_policy` (or ``transformers.AutoModelForCausalLM.from_pretrained``) loads it
+    :func:`grpo_lab.policy.models.load_policy` (or ``transformers.AutoModelForCausalLM.from_pretrained``) loads it
     and ``--model DIR`` trains from it. A LoRA policy (a ``peft.PeftModel``) is written as a copy with its
-    adapters merged into the base weights (:func:`grpo_lab.models.plain_copy`: one plain checkpoint, the
+    adapters merged into the base weights (:func:`grpo_lab.policy.models.plain_copy`: one plain checkpoint, the
     same function). The weights are the trainer's (float32 master weights). Nothing the run computes
     changes: the policy is only read (the LoRA merge happens on the copy).
 
@@ -120,7 +120,7 @@ def save_final_model(trainer, seed_directory: str | os.PathLike) -> tuple[Path, 
     earlier ``final/`` is replaced), so a killed save never leaves half a model at ``final/``.
 
     Args:
-        trainer: a :class:`~grpo_lab.trainer.Trainer` (its ``policy`` and ``tokenizer`` are written).
+        trainer: a :class:`~grpo_lab.training.trainer.Trainer` (its ``policy`` and ``tokenizer`` are written).
         seed_directory: the seed's directory (:func:`seed_dir`); created if missing.
 
     Returns:
@@ -130,7 +130,7 @@ def save_final_model(trainer, seed_directory: str | os.PathLike) -> tuple[Path, 
     Raises:
         OSError: writing failed (the temporary directory is removed; an earlier ``final/`` stays).
     """
-    from ..models import _progress_bars, is_peft_model, plain_copy
+    from ..policy.models import _progress_bars, is_peft_model, plain_copy
     from ..training.checkpoints import _replace_dir
 
     final = Path(os.path.abspath(final_model_dir(seed_directory)))

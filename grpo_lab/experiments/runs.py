@@ -17,23 +17,21 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import torch
 
-from ..advantages import GROUP_BASELINE_ESTIMATORS
-from ..algorithms import Algorithm, get_algorithm
-from ..lora import require_peft
-from ..models import load_policy
+from ..algo.advantages import GROUP_BASELINE_ESTIMATORS
+from ..algo.algorithms import Algorithm, get_algorithm
+from ..policy.lora import require_peft
+from ..policy.models import load_policy
 from ..paths import checkpoint_dir
 from ..tasks import get_task
-from ..trainer import Trainer, TrainerConfig
+from ..training.trainer import Trainer, TrainerConfig
 from ..training.config import OUTPUT_FIELDS
-from ..training.learning_signal import (DynamicSamplingShortfallWarning, NoLearningSignalWarning, no_signal_step,
-                                       no_signal_warning, shortfall_steps, shortfall_warning)
-from ..validation import is_int
+from ..training.learning_signal import (DynamicSamplingShortfallWarning, NoLearningSignalWarning, no_signal_step, no_signal_warning, shortfall_steps, shortfall_warning)
+from ..algo.checks import is_int
 from .profiles import PROFILES, Profile, _task_fix, get_profile
 from .results import RunResult, provenance
-from .run_dirs import (_check_run_dirs, _check_seed_dir, _finish_seed, _finished_rows, _run_record, _start_seed,
-                       latest_checkpoint, save_final_model, seed_dir)
-from .run_cache import _cache_load, _cache_path, _cache_store, _run_key, _uncacheable, run_cache_dir, run_fingerprint
-from .workers import _FRESH_REGISTRIES, _import_user_module, _module_roots, _user_modules, _worker_pool, shutdown_workers
+from .run_dirs import (_check_run_dirs, _check_seed_dir, _finish_seed, _finished_rows, _run_record, _start_seed, latest_checkpoint, save_final_model, seed_dir)
+from .run_cache import (_cache_load, _cache_path, _cache_store, _run_key, _uncacheable, run_cache_dir, run_fingerprint)
+from .workers import (_FRESH_REGISTRIES, _import_user_module, _module_roots, _user_modules, _worker_pool, shutdown_workers)
 
 __all__ = ["run", "run_grid", "run_tally"]
 
@@ -45,7 +43,7 @@ _TALLY = {"trained": 0, "loaded": 0}
 def run_tally() -> dict[str, int]:
     """How many seeded runs :func:`run` and :func:`run_grid` have trained (``"trained"``: distinct
     configurations, in this process or its workers) and read from the run cache (``"loaded"``) since
-    this process started: what a chapter's stated run time includes (:func:`grpo_lab.book.run_time`).
+    this process started: what a chapter's stated run time includes (:func:`grpo_lab.lab.book.run_time`).
     Work given to :func:`map_workers` directly is not counted (it is always done)."""
     return dict(_TALLY)
 
@@ -56,7 +54,7 @@ def _resolve(profile: str | Profile, config_overrides: dict) -> Profile:
     Raises:
         TypeError: ``profile`` is neither a name nor a :class:`Profile`.
         ValueError: an unknown profile name, a ``seed`` override, an unknown
-            :class:`~grpo_lab.trainer.TrainerConfig` field, or a CUDA device (from the overrides or
+            :class:`~grpo_lab.training.trainer.TrainerConfig` field, or a CUDA device (from the overrides or
             the profile: the message says which) when CUDA is not available.
     """
     if not isinstance(profile, (str, Profile)):
@@ -128,7 +126,7 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     (:func:`~grpo_lab.experiments.run_dirs.seed_dir`): ``run.json`` first, its trackers' files and periodic
     checkpoints while it trains, ``result.json`` at the end. With ``resume`` a seed whose
     ``result.json`` holds ``steps`` steps is read back instead of trained, and one with a periodic
-    checkpoint continues from the latest (:meth:`~grpo_lab.trainer.Trainer.resume`), after the checks of
+    checkpoint continues from the latest (:meth:`~grpo_lab.training.trainer.Trainer.resume`), after the checks of
     ``_check_seed_dir`` (``ValueError`` naming what differs). With ``save_model`` (and a seed directory) the
     trained policy is written to its ``final/`` (:func:`~grpo_lab.experiments.run_dirs.save_final_model`)
     before ``result.json``; a seed read back from its ``result.json`` writes none."""
@@ -173,7 +171,7 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
 
 
 def _base_of(prof: Profile) -> str:
-    """The profile's base as :func:`~grpo_lab.models.load_policy` is given it: the shipped checkpoint's
+    """The profile's base as :func:`~grpo_lab.policy.models.load_policy` is given it: the shipped checkpoint's
     directory when ``data/checkpoints`` has one of that name, else the name (a directory or a hub id)."""
     return checkpoint_dir(prof.base) if checkpoint_dir(prof.base).exists() else prof.base
 
@@ -388,7 +386,7 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     and minibatch order. Seeds run one after the other, or in ``n_jobs`` processes.
 
     Args:
-        algo: an :class:`~grpo_lab.algorithms.Algorithm` or a preset name (``"GRPO"``).
+        algo: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset name (``"GRPO"``).
         profile: ``"cpu"`` / ``"gpu"`` or a :class:`Profile`.
         seeds: at least one seed; the book always uses ≥ 3.
         steps: override the profile's step count.
@@ -398,11 +396,11 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
             docstring; ``GRPO_LAB_RUN_CACHE=off`` turns it off everywhere).
         base: train from this checkpoint instead of the profile's ``base``: a checkpoint name
             under ``data/checkpoints`` (``"arithmetic-moe-base"``), a local directory or a hub id,
-            as :func:`~grpo_lab.models.load_policy` takes. Recorded in the provenance.
+            as :func:`~grpo_lab.policy.models.load_policy` takes. Recorded in the provenance.
         task: a key of :data:`grpo_lab.tasks.TASKS` (a name, not a task object) instead of the
             profile's ``task``; the profile's ``task_kwargs`` are kept only when it names the
             profile's own task.
-        lora: train LoRA adapters (:class:`grpo_lab.lora.LoraSpec` or a dict such as ``dict(r=8,
+        lora: train LoRA adapters (:class:`grpo_lab.policy.lora.LoraSpec` or a dict such as ``dict(r=8,
             alpha=16, target_modules=("q_proj", "v_proj"))``) instead of the profile's
             :attr:`~grpo_lab.experiments.Profile.lora`; ``None`` keeps the profile's. Needs peft.
             Recorded in the provenance and the run cache's key.
@@ -411,9 +409,9 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
             with a periodic checkpoint continues from the latest, the others train from the start.
         save_model: with an ``output_dir``, write each seed's trained policy and tokenizer to
             ``DIR/<algorithm name>/seed-<k>/final`` (:func:`~grpo_lab.experiments.run_dirs.save_final_model`;
-            LoRA adapters merged), loadable with :func:`~grpo_lab.models.load_policy`; the run's numbers do
+            LoRA adapters merged), loadable with :func:`~grpo_lab.policy.models.load_policy`; the run's numbers do
             not change.
-        **config_overrides: fields of :class:`~grpo_lab.trainer.TrainerConfig` to override
+        **config_overrides: fields of :class:`~grpo_lab.training.trainer.TrainerConfig` to override
             (e.g. ``minibatches=4``). ``output_dir=DIR``: every seed writes into its own directory
             ``DIR/<algorithm name>/seed-<k>`` (:func:`~grpo_lab.experiments.run_dirs.seed_dir`; its
             ``run.json``, ``result.json``, trackers' files (``report_to``) and, with ``save_every=N``,
@@ -423,7 +421,7 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
             the run's ``steps``.
 
     A run killed mid-way (even by SIGKILL) and run again with ``resume=True`` and the same arguments
-    ends with the same history, bit for bit (but for :data:`grpo_lab.trainer.MEASURED_COLUMNS`), as
+    ends with the same history, bit for bit (but for :data:`grpo_lab.training.trainer.MEASURED_COLUMNS`), as
     if it had not stopped: a checkpoint holds every RNG state, optimiser state and history row.
 
     Returns:
@@ -485,7 +483,7 @@ def run_grid(algos: Sequence[Algorithm], *, profile: str | Profile = "cpu", seed
     """:func:`run` for several algorithms, all (algorithm, seed) pairs spread over ``n_jobs`` processes.
 
     Args:
-        overrides: per-setting :class:`~grpo_lab.trainer.TrainerConfig` fields, by algorithm name,
+        overrides: per-setting :class:`~grpo_lab.training.trainer.TrainerConfig` fields, by algorithm name,
             applied on top of ``**config_overrides`` (e.g. ``{"mu=4": {"minibatches": 4}}``): settings
             that differ in the trainer rather than the algorithm share one pool of processes.
         progress: a tqdm bar per run (``None``: only in an interactive terminal); off by default.

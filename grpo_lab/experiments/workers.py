@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..algorithms import Algorithm
+from ..algo.algorithms import Algorithm
 from .profiles import Profile
 
 __all__ = ["map_workers", "shutdown_workers"]
@@ -92,7 +92,7 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
     """``[fn(item) for item in items]``, in the worker processes that :func:`run` and
     :func:`run_grid` keep between calls when ``n_jobs > 1`` (no new interpreters to start when a
     grid has just run). For work that is not a trainer run, e.g. one seed of a baseline per item
-    (chapter 7's continued-NTP runs, :func:`grpo_lab.pretrain.continued_ntp_run`).
+    (chapter 7's continued-NTP runs, :func:`grpo_lab.lab.pretrain.continued_ntp_run`).
 
     With ``n_jobs > 1`` and more than one item, a function defined in a notebook or a script
     (``__main__``), a lambda or a local function travels *by value* (``cloudpickle``): its code, and
@@ -228,7 +228,7 @@ def _pool_key(n_jobs: int) -> str:
     pool started must get fresh workers, which then fail with the clear message of
     :func:`_train_one` if it is not importable) and the package's source files (size and
     modification time: an edited package must not be run by workers that imported the old one)."""
-    from .. import advantages, objectives, sampling
+    from ..algo import advantages, objectives, selection as sampling
     from ..tasks import TASKS
 
     regs = {name: sorted((k, getattr(v, "__module__", "?"), getattr(v, "__qualname__", repr(v)))

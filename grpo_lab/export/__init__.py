@@ -28,9 +28,7 @@ from __future__ import annotations
 from .jobs import DEFAULT_STEPS, JobCaveatWarning, trl_job, verl_job
 from .lint import Reading, check_config, from_trl, from_verl
 from .optimisation import EXPORT_PRECISIONS, budget_from_config, horizon, precision_resolution
-from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_ADV_EPS, VERL_DUAL_CLIP_OFF,
-                          VERL_VERSION, ApproximateExportWarning, ExportError, Issue, Translation, mapping_table,
-                          support_table, to_trl, to_verl, translate, trl_reward_funcs)
+from .translation import (BUDGET_KEYS, TARGETS, TRL_ADV_EPS, TRL_VERSION, VERL_ADV_EPS, VERL_DUAL_CLIP_OFF, VERL_VERSION, ApproximateExportWarning, ExportError, Issue, Translation, mapping_table, support_table, to_trl, to_verl, translate, trl_reward_funcs)
 from .versions import LibraryVersionWarning, check_installed, installed_version
 from .vocabulary import explain
 

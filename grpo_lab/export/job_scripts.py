@@ -77,7 +77,7 @@ def reward(completions, prompts=None, answer=None, meta=None, **columns):
 
 reward.__name__ = TASK.name  # TRL logs rewards/<name>/mean
 
-#: the algorithm trained (grpo_lab.algorithms.Algorithm fields): what the reward shaping reads
+#: the algorithm trained (grpo_lab.algo.algorithms.Algorithm fields): what the reward shaping reads
 ALGORITHM = {algorithm}
 #: the generation budget L_max in tokens (GRPOConfig.max_completion_length)
 MAX_NEW_TOKENS = {max_new_tokens}
@@ -86,7 +86,7 @@ MAX_NEW_TOKENS = {max_new_tokens}
 def reward_funcs():
     """TRL's ``reward_funcs``: the task's reward, plus DAPO's soft overlong punishment when the algorithm has
     one (grpo_lab.export.trl_reward_funcs), which TRL adds to it before the advantage."""
-    from grpo_lab.algorithms import Algorithm
+    from grpo_lab.algo.algorithms import Algorithm
     from grpo_lab.export import trl_reward_funcs
 
     return [reward, *trl_reward_funcs(Algorithm(**ALGORITHM), max_new_tokens=MAX_NEW_TOKENS)]
@@ -101,7 +101,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: the policy: a checkpoint directory or a hub id (loaded by grpo_lab.models.load_policy)
+#: the policy: a checkpoint directory or a hub id (loaded by grpo_lab.policy.models.load_policy)
 MODEL = {model}
 #: trl.GRPOConfig keyword arguments of the algorithm and its budget: grpo_lab.export.to_trl(...), unedited
 SETTINGS = {settings}
@@ -143,7 +143,7 @@ def build_trainer(argv=None):
     from datasets import load_dataset
     from trl import GRPOTrainer
 
-    from grpo_lab.models import load_policy
+    from grpo_lab.policy.models import load_policy
 
     sys.path.insert(0, str(HERE))
     from rewards import reward_funcs

@@ -35,7 +35,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..algorithms import Algorithm, get_algorithm
+from ..algo.algorithms import Algorithm, get_algorithm
 from . import job_scripts as _scripts
 from .optimisation import budget_from_config
 from .translation import TRL_VERSION, VERL_VERSION, Translation, translate
@@ -294,7 +294,7 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
     * ``train.py``: ``trl.GRPOConfig(**SETTINGS, **RUN)`` where ``SETTINGS`` is :func:`~grpo_lab.export.translation.to_trl`
       of the algorithm and budget, written as a literal dict (read it, edit it), and ``RUN`` the run's own
       keys (``max_steps``, ``seed``, ``logging_steps``, ``output_dir``, ``report_to``); the policy loaded by
-      :func:`grpo_lab.models.load_policy`; ``trl.GRPOTrainer(...).train()``. ``python train.py`` or
+      :func:`grpo_lab.policy.models.load_policy`; ``trl.GRPOTrainer(...).train()``. ``python train.py`` or
       ``accelerate launch train.py``; ``--max-steps N``, ``--cpu`` (``use_cpu=True, bf16=False``),
       ``--output-dir``, ``--report-to``. Its ``build_trainer(argv)`` returns the trainer without training.
     * ``dataset.jsonl``: ``steps * prompts_per_step`` training problems of the task (drawn with
@@ -307,11 +307,11 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
     * ``README.md``: what was exported, the translation's notes and issues, one per line, and the commands.
 
     Args:
-        preset: an :class:`~grpo_lab.algorithms.Algorithm` or a preset name.
+        preset: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset name.
         task: a registered dataclass task (:func:`grpo_lab.tasks.task_spec` describes it) or its name.
         model: a checkpoint directory, the name of a shipped checkpoint (``"arithmetic-base"``) or a hub id.
         out: the job's directory.
-        config: a :class:`~grpo_lab.trainer.TrainerConfig` whose budget (:func:`~grpo_lab.export.optimisation.budget_from_config`)
+        config: a :class:`~grpo_lab.training.trainer.TrainerConfig` whose budget (:func:`~grpo_lab.export.optimisation.budget_from_config`)
             and seed the job uses; ``None``: ``TrainerConfig()``.
         steps: training steps (``GRPOConfig.max_steps``); ``None``: ``config.lr_schedule_steps``, else
             :data:`DEFAULT_STEPS`.

@@ -12,7 +12,7 @@ settings; this module goes back:
 
 Fields the configuration leaves out take the library's defaults, recorded as data in
 :mod:`grpo_lab.export.library_defaults` (so neither library needs to be installed). Each returns a
-:class:`Reading`: the :class:`~grpo_lab.algorithms.Algorithm` whose loss equals the library's
+:class:`Reading`: the :class:`~grpo_lab.algo.algorithms.Algorithm` whose loss equals the library's
 (``tests/test_xcheck_lint.py`` checks it against TRL's and verl's own loss code), the paper it is
 nearest to (the preset with the fewest departures), the departures as one line each (from the paper,
 and whatever the library computes that no Algorithm field expresses, e.g. verl's dual clip; then
@@ -29,8 +29,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .. import sampling as _sampling
-from ..algorithms import PRESETS, Algorithm, deepseek_v32
+from ..algo import selection as _selection
+from ..algo.algorithms import PRESETS, Algorithm, deepseek_v32
 from . import library_defaults as _D
 from .lint_base import Draft, did_you_mean
 from .lint_io import load_yaml, trl_values, verl_values
@@ -74,7 +74,7 @@ class Reading:
     Attributes:
         library: ``"trl"`` or ``"verl"``.
         source: the file read, or None.
-        algorithm: the :class:`~grpo_lab.algorithms.Algorithm` whose loss equals the library's (when
+        algorithm: the :class:`~grpo_lab.algo.algorithms.Algorithm` whose loss equals the library's (when
             :attr:`exact`), else the nearest.
         exact: False when the library computes something no Algorithm field expresses (:attr:`inexact`).
         paper: the paper the configuration is nearest to (its label, e.g. ``"DAPO (arXiv 2503.14476)"``).
@@ -156,7 +156,7 @@ def _aspects(a: Algorithm, l_max: int) -> dict:
     if a.uses_kl:
         out["KL correction"] = (a.kl_importance_correction, "the importance-corrected KL (V3.2 Eq. 7)"
                                 if a.kl_importance_correction else "the plain KL estimate")
-    cache = _sampling.overlong_cache_tokens(a, l_max) if 2 * (a.overlong_cache_len or 0) <= l_max else \
+    cache = _selection.overlong_cache_tokens(a, l_max) if 2 * (a.overlong_cache_len or 0) <= l_max else \
         a.overlong_cache_len
     out["soft overlong punishment"] = (cache, "no soft overlong punishment" if cache is None
                                        else f"soft overlong punishment over L_cache = {cache} tokens")

@@ -2,7 +2,7 @@
 access to a configuration's values, and the check of a reading against the export's own mapping.
 
 A reader turns a configuration (library defaults filled in) into the keyword arguments of a grpo_lab
-:class:`~grpo_lab.algorithms.Algorithm` plus what no Algorithm field expresses. :func:`verify` then
+:class:`~grpo_lab.algo.algorithms.Algorithm` plus what no Algorithm field expresses. :func:`verify` then
 exports that Algorithm back with :func:`grpo_lab.export.translation.translate` and compares, key by key, the loss
 settings the export writes with the configuration's: the mapping tables of
 :mod:`grpo_lab.export.translation` stay the one source of truth, and a reading the export would not
@@ -29,12 +29,12 @@ class Draft:
 
     Attributes:
         library: ``"trl"`` or ``"verl"``.
-        fields: keyword arguments of :class:`~grpo_lab.algorithms.Algorithm`.
+        fields: keyword arguments of :class:`~grpo_lab.algo.algorithms.Algorithm`.
         inexact: what the library computes that no Algorithm field expresses, one line each (the
             reading's Algorithm is then the nearest, and ``Reading.exact`` is False).
         notes: settings read that are outside the loss (optimiser, sampling, sizes), one line each.
         explained: configuration keys whose value the reader has accounted for (:func:`verify` skips them).
-        named: the preset name (a key of :data:`grpo_lab.algorithms.PRESETS`, or ``"DeepSeek-V3.2"``)
+        named: the preset name (a key of :data:`grpo_lab.algo.algorithms.PRESETS`, or ``"DeepSeek-V3.2"``)
             the configuration names by its choices, and how (``("DAPO", "loss_type='dapo'")``), or None.
     """
 
@@ -142,7 +142,7 @@ def verify(algo, d: Draft, config: dict, budget: dict, moot: Callable[[str], boo
     (e.g. TRL counting the empty rows of Overlong Filtering in its sequence mean) is a line too.
 
     Args:
-        algo: the reading's :class:`~grpo_lab.algorithms.Algorithm`.
+        algo: the reading's :class:`~grpo_lab.algo.algorithms.Algorithm`.
         d: the draft (its ``inexact`` grows).
         config: ``{key: value}``, keys as :func:`grpo_lab.export.translation.translate` writes them (verl: dotted,
             without ``+``).
@@ -170,7 +170,7 @@ def budget_keys(library: str) -> frozenset:
     """The keys the export writes from the budget (sizes, optimiser, schedule, precision), not from the algorithm:
     the optimisation keys are those :func:`grpo_lab.export.optimisation.trl_optimisation` /
     ``verl_optimisation`` write for a full budget (their values are read as notes, not as the loss)."""
-    from ..algorithms import GRPO
+    from ..algo.algorithms import GRPO
     from . import optimisation as _opt
 
     full = {"lr": 1e-6, "grad_clip": 1.0, "lr_schedule": "cosine", "lr_schedule_steps": 2, "warmup": 0,

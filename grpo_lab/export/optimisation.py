@@ -46,7 +46,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import validation as _v
+from ..algo import checks as _v
 from ..training.lr_schedule import LR_SCHEDULES
 
 __all__ = ["budget_from_config", "EXPORT_PRECISIONS", "horizon", "precision_resolution", "check_optimisation",
@@ -71,7 +71,7 @@ def budget_from_config(config: Any, **extra: Any) -> dict:
     """The export budget of a trainer configuration.
 
     Args:
-        config: a :class:`~grpo_lab.trainer.TrainerConfig`.
+        config: a :class:`~grpo_lab.training.trainer.TrainerConfig`.
         **extra: further budget keys (``nnodes``, ``n_gpus_per_node``, ...), added as given; a key the config
             also sets raises.
 
@@ -79,7 +79,7 @@ def budget_from_config(config: Any, **extra: Any) -> dict:
         dict of budget keys (:data:`~grpo_lab.export.translation.BUDGET_KEYS`) to python values; ``None`` fields of the
         config (``max_new_tokens``, ``micro_batch_size``, ``lr_schedule_steps``) are left out. ``grad_clip`` is
         left out when it is 0. ``precision`` is the dtype the grpo_lab run computes in:
-        ``"auto"`` is resolved for ``config.device`` (:func:`grpo_lab.trainer.resolve_precision`).
+        ``"auto"`` is resolved for ``config.device`` (:func:`grpo_lab.training.trainer.resolve_precision`).
 
     Raises:
         TypeError: ``config`` is not a ``TrainerConfig``.
@@ -179,7 +179,7 @@ def trl_optimisation(algo: Any, b: dict) -> tuple[dict, list, list]:
     the optimiser, schedule and precision of the validated budget ``b``.
 
     Args:
-        algo: the :class:`~grpo_lab.algorithms.Algorithm` (its clip range against the precision).
+        algo: the :class:`~grpo_lab.algo.algorithms.Algorithm` (its clip range against the precision).
         b: the budget, validated by the export (``lr_schedule``, ``warmup``, ``betas``, ``weight_decay`` and
             ``precision`` always present).
     """
@@ -209,7 +209,7 @@ def verl_optimisation(algo: Any, b: dict) -> tuple[dict, list, list]:
     fields) of the optimiser, schedule and precision of the validated budget ``b``.
 
     Args:
-        algo: the :class:`~grpo_lab.algorithms.Algorithm` (its clip range against the precision).
+        algo: the :class:`~grpo_lab.algo.algorithms.Algorithm` (its clip range against the precision).
         b: the budget, validated by the export (``lr_schedule``, ``warmup``, ``betas``, ``weight_decay`` and
             ``precision`` always present).
     """

@@ -3,7 +3,7 @@
 Users who outgrow one machine move to Hugging Face TRL (``trl.GRPOTrainer``, accelerate/DeepSpeed)
 or to verl (Ray, many GPUs and nodes). The two libraries name the same ideas differently and
 compute some of them differently by default, so a preset copied field by field trains another
-objective under the same name. This module translates an :class:`~grpo_lab.algorithms.Algorithm`
+objective under the same name. This module translates an :class:`~grpo_lab.algo.algorithms.Algorithm`
 into each library's settings, axis by axis, and says where the translation is exact:
 
 * :func:`to_trl` — keyword arguments of ``trl.GRPOConfig`` (TRL 1.16.0);
@@ -81,11 +81,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from .. import advantages as _adv
-from .. import objectives as _obj
-from .. import sampling as _sampling
-from .. import validation as _v
-from ..algorithms import PRESETS, Algorithm, get_algorithm
+from ..algo import advantages as _adv
+from ..algo import objectives as _obj
+from ..algo import selection as _selection
+from ..algo import checks as _v
+from ..algo.algorithms import PRESETS, Algorithm, get_algorithm
 from . import optimisation as _opt
 from .versions import TRL_VERSION, VERL_VERSION, check_installed
 
@@ -119,7 +119,7 @@ VERL_ADV_EPS = 1e-6
 VERL_DUAL_CLIP_OFF = 1.0e10
 
 #: The run's sizes that :func:`to_trl` / :func:`to_verl` accept (names as in
-#: :class:`grpo_lab.trainer.TrainerConfig` where it has them); any other key raises.
+#: :class:`grpo_lab.training.trainer.TrainerConfig` where it has them); any other key raises.
 BUDGET_KEYS: dict[str, str] = {
     "group_size": "G, responses per prompt (TRL num_generations, verl actor_rollout_ref.rollout.n)",
     "max_new_tokens": "generation budget L_max in tokens (TRL max_completion_length, verl data.max_response_length); "
@@ -198,7 +198,7 @@ class Translation:
 
     Attributes:
         target: ``"trl"`` or ``"verl"``.
-        algorithm: the :class:`~grpo_lab.algorithms.Algorithm` that was translated.
+        algorithm: the :class:`~grpo_lab.algo.algorithms.Algorithm` that was translated.
         config: ``dict`` of ``trl.GRPOConfig`` keyword arguments (TRL) or ``list[str]`` of Hydra
             overrides (verl).
         notes: the semantic notes of this translation (how each field is to be read, what is
@@ -302,7 +302,7 @@ def _cache_tokens(algo: Algorithm, b: dict) -> Optional[int]:
     if "max_new_tokens" not in b:
         raise ValueError(f"{algo.name}: the soft overlong punishment (DAPO Eq. 13) is sized by the generation budget; "
                          "pass max_new_tokens= (L_max)")
-    return _sampling.overlong_cache_tokens(algo, b["max_new_tokens"])
+    return _selection.overlong_cache_tokens(algo, b["max_new_tokens"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,7 +398,7 @@ def _common_sampling_notes(algo: Algorithm, cache: Optional[int], b: dict) -> li
     notes = []
     if cache is not None:
         notes.append(f"soft overlong punishment (DAPO Eq. 13): L_max = {b['max_new_tokens']}, L_cache = {cache} tokens "
-                     "(grpo_lab.sampling.overlong_cache_tokens), added to the task reward before the advantage; "
+                     "(grpo_lab.algo.selection.overlong_cache_tokens), added to the task reward before the advantage; "
                      "lengths count the EOS token in all three")
     return notes
 
@@ -997,8 +997,8 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
     """Translate ``algo`` into ``target``'s settings, with notes and every difference found.
 
     Args:
-        algo: an :class:`~grpo_lab.algorithms.Algorithm` (e.g. a preset, or
-            :func:`~grpo_lab.algorithms.deepseek_v32`) or a preset's name.
+        algo: an :class:`~grpo_lab.algo.algorithms.Algorithm` (e.g. a preset, or
+            :func:`~grpo_lab.algo.algorithms.deepseek_v32`) or a preset's name.
         target: ``"trl"`` (TRL 1.16.0, ``GRPOConfig`` keyword arguments) or ``"verl"`` (verl 0.9.1,
             Hydra overrides of ``ppo_trainer.yaml``).
         strict: True (default): raise :class:`ExportError` unless the target computes ``algo``
@@ -1125,7 +1125,7 @@ def trl_reward_funcs(algo: Union[Algorithm, str], *, max_new_tokens: int) -> lis
     ``reward_funcs=[task_reward, *trl_reward_funcs(DAPO, max_new_tokens=L_max)]`` with
     ``GRPOConfig(max_completion_length=L_max, multi_objective_aggregation="sum_then_normalize")``
     (what :func:`to_trl` sets) so that it is added to the task reward before the advantage, as in
-    :func:`grpo_lab.sampling.shape`. ``L_cache`` is :func:`grpo_lab.sampling.overlong_cache_tokens`.
+    :func:`grpo_lab.algo.selection.shape`. ``L_cache`` is :func:`grpo_lab.algo.selection.overlong_cache_tokens`.
 
     Args:
         algo: an Algorithm or a preset name.
@@ -1286,7 +1286,7 @@ def support_table(algorithms: Optional[dict] = None, **budget: Any):
     alternative (:attr:`Translation.computes`).
 
     Args:
-        algorithms: ``{name: Algorithm}``; default :data:`grpo_lab.algorithms.PRESETS`.
+        algorithms: ``{name: Algorithm}``; default :data:`grpo_lab.algo.algorithms.PRESETS`.
         budget: keyword arguments as :func:`translate` (``max_new_tokens`` is needed by Dr.GRPO and DAPO's shaping;
             default 1024).
 

@@ -8,7 +8,7 @@ one copy away and a difference of meaning stays visible.
 Nothing here is typed twice: the vocabulary is *derived* from the export (:mod:`grpo_lab.export.translation`)
 and read back through the linter (:mod:`grpo_lab.export.lint`):
 
-* **which key**: each grpo_lab name that the export writes from (every :class:`~grpo_lab.algorithms.Algorithm`
+* **which key**: each grpo_lab name that the export writes from (every :class:`~grpo_lab.algo.algorithms.Algorithm`
   field, every budget key that is a ``TrainerConfig`` field) is perturbed in turn, the GRPO preset exported
   to each library with and without the change (the mapping :func:`~grpo_lab.export.translation.translate`
   runs), and every
@@ -96,7 +96,7 @@ def _base_budget() -> dict:
 def _names() -> dict:
     """``{grpo_lab name: (owner, annotation)}`` of what the export writes from: Algorithm fields (but ``name``,
     ``params``) and the budget keys that are ``TrainerConfig`` fields."""
-    from ..algorithms import Algorithm
+    from ..algo.algorithms import Algorithm
     from ..training.config import TrainerConfig
     from .translation import BUDGET_KEYS
 
@@ -159,7 +159,7 @@ def _export(target: str, algo, budget: dict) -> Optional[dict]:
 def _probe(target: str) -> tuple:
     """``(base config, [(name, value, config)], {name: base value})``: the base export, one export per perturbed
     value of each name, and each name's value in the base."""
-    from ..algorithms import get_algorithm
+    from ..algo.algorithms import get_algorithm
 
     algo, budget = get_algorithm(_BASE), _base_budget()
     runs = []
@@ -263,7 +263,7 @@ def lookup(key: str) -> list:
 @functools.lru_cache(maxsize=None)
 def _base_config(library: str) -> tuple:
     """The base preset's export to ``library`` (the probes' base), as ``((key, value), ...)``."""
-    from ..algorithms import get_algorithm
+    from ..algo.algorithms import get_algorithm
 
     return tuple(_export(library, get_algorithm(_BASE), _base_budget()).items())
 
@@ -329,7 +329,7 @@ def translate_value(term: Term, value: Any) -> dict:
 # messages
 # ---------------------------------------------------------------------------------------------
 def _section(name: str) -> str:
-    from ..algorithms import Algorithm
+    from ..algo.algorithms import Algorithm
 
     return "algorithm" if name in Algorithm.__dataclass_fields__ else "trainer"
 
@@ -431,7 +431,7 @@ def _preset_hint(name: str, settings: dict) -> str:
     """``", or the DAPO preset"``, or, where that preset sets a named field otherwise (DAPO's
     ``group_token_mean``, Eq. 12 per group, against TRL's ``loss_type=dapo``, a token mean over the
     batch), what it sets instead."""
-    from ..algorithms import get_algorithm
+    from ..algo.algorithms import get_algorithm
 
     try:
         preset = get_algorithm(name)

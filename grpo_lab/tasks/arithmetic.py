@@ -24,7 +24,7 @@ it, so filler changes the length of a response and never its correctness: length
 which is what Dr.GRPO's length-bias argument needs (in the plain task, length is tied to the
 choice to reason, and so to correctness). In a fraction ``p_filler`` of the pretraining
 demonstrations of that variant a run of filler follows the answer (or, with
-``filler_position="start"``, precedes the response) (:mod:`grpo_lab.pretrain`, recipe
+``filler_position="start"``, precedes the response) (:mod:`grpo_lab.lab.pretrain`, recipe
 ``arithmetic-filler``), so the base policy emits filler and RL has something to act on.
 
 The reward never executes model output: it is a strict regular-expression parse.
@@ -137,13 +137,13 @@ class ArithmeticTask:
         max_new_tokens: the generation budget in characters (the default task's longest
             reasoning answer, four two-digit terms, is 25 characters plus EOS).
         p_reason: fraction of pretraining demonstrations that reason (used by
-            :mod:`grpo_lab.pretrain`, not by RL).
+            :mod:`grpo_lab.lab.pretrain`, not by RL).
         test_size: number of problems in the fixed test set (equal share per term count).
         filler: ``""`` (the plain task) or one character that a response may contain between
             its parts and after the answer, and that the parser ignores (:func:`~grpo_lab.tasks.arithmetic.parse_answer`):
             length without effect on correctness.
         p_filler: fraction of pretraining demonstrations with a run of filler (used by
-            :mod:`grpo_lab.pretrain`, not by RL; needs ``filler``).
+            :mod:`grpo_lab.lab.pretrain`, not by RL; needs ``filler``).
         max_filler: that run's length is uniform on ``1..max_filler`` characters (needs
             ``filler`` when positive; at least 1 when ``p_filler > 0``).
         filler_position: where the demonstrations put that run: ``"end"`` (after the answer,
@@ -239,7 +239,7 @@ class ArithmeticTask:
         return self.generate_test_set()
 
     def write_test_set(self):
-        """Write the fixed test set to ``data/tasks/`` (``python -m grpo_lab.pretrain`` does it)."""
+        """Write the fixed test set to ``data/tasks/`` (``python -m grpo_lab.lab.pretrain`` does it)."""
         save_problems(self.generate_test_set(), self.test_set_path())
         return self.test_set_path()
 
@@ -255,7 +255,7 @@ class ArithmeticTask:
 
     def extract_answer(self, completion: str) -> str | None:
         """The answer of a well-formed completion (:func:`~grpo_lab.tasks.arithmetic.parse_answer`, with this task's
-        filler), ``None`` for a malformed one: what maj@k votes on (:func:`grpo_lab.evaluation.maj_at_k`)."""
+        filler), ``None`` for a malformed one: what maj@k votes on (:func:`grpo_lab.experiments.evaluation.maj_at_k`)."""
         return parse_answer(completion, self.filler)
 
     @staticmethod

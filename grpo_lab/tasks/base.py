@@ -32,7 +32,7 @@ class Problem:
 
 @runtime_checkable
 class Task(Protocol):
-    """The task protocol: what :class:`grpo_lab.trainer.Trainer`, :func:`grpo_lab.rollout.evaluate`
+    """The task protocol: what :class:`grpo_lab.training.trainer.Trainer`, :func:`grpo_lab.policy.rollout.evaluate`
     and the checkpoints use from a task. Any object with these members is a task (no base class to
     inherit); :func:`validate_task` checks them, and ``Trainer(...)`` calls it, so a task that
     lacks one fails when the trainer is built, with a ``TypeError`` that names every problem.
@@ -44,7 +44,7 @@ class Task(Protocol):
             its name and (dataclass) fields. Unregistered tasks train and save too; resuming them
             takes ``Trainer.resume(path, task=...)``.
         max_new_tokens: ``int >= 1``, the generation budget in tokens (EOS included) used when
-            ``TrainerConfig.max_new_tokens`` is ``None`` and by :func:`grpo_lab.rollout.evaluate`
+            ``TrainerConfig.max_new_tokens`` is ``None`` and by :func:`grpo_lab.policy.rollout.evaluate`
             when it is not given one. Responses longer than the budget are truncated (and, with
             DAPO's overlong shaping, penalised against that budget).
 
@@ -56,7 +56,7 @@ class Task(Protocol):
       checkpoint, which is what makes seeded runs repeat and resumed runs continue exactly. Called
       once per generation round (``prompts_per_step`` problems, fewer in DAPO's top-up rounds).
       Each ``Problem.prompt`` is non-empty text the tokenizer can encode (the tiny checkpoints'
-      character tokenizer knows :data:`grpo_lab.models.CHARS`; other characters become ``<unk>``).
+      character tokenizer knows :data:`grpo_lab.policy.models.CHARS`; other characters become ``<unk>``).
     * ``reward(completion: str, problem: Problem) -> float``: the training reward of one response,
       a finite real number (``Trainer.score`` raises ``TypeError`` / ``ValueError`` naming the
       sample otherwise). ``completion`` is the decoded response without its EOS token. Must never
@@ -70,12 +70,12 @@ class Task(Protocol):
     Optional: ``is_reasoning(completion: str) -> bool`` adds the ``reasoning_frac`` /
     ``test_reasoning_frac`` columns; ``test_metrics(frame: pandas.DataFrame) -> dict[str, float]``
     adds a ``test_<name>`` column per entry, computed at every evaluation from the per-problem
-    frame of :func:`grpo_lab.rollout.evaluate` (e.g. accuracy by difficulty);
+    frame of :func:`grpo_lab.policy.rollout.evaluate` (e.g. accuracy by difficulty);
     ``model_metrics(model) -> dict[str, float]`` adds a ``test_<name>`` column per entry at every
     evaluation, computed from the policy itself (in eval mode, without grad, under the run's autocast;
     e.g. :class:`~grpo_lab.tasks.NextTokenTask`'s held-out loss);
     ``extract_answer(completion: str) -> str | None``, the final answer a completion gives (``None``
-    when it gives none), lets :func:`grpo_lab.evaluation.evaluate_at_k` report maj@k (majority
+    when it gives none), lets :func:`grpo_lab.experiments.evaluation.evaluate_at_k` report maj@k (majority
     vote over sampled answers, compared as strings).
     ``rewards(completions: list[str], problems: list[Problem]) -> list[float]``, the batched form of
     ``reward``: one finite real per response, in order. When a task has it, the trainer calls it
@@ -88,7 +88,7 @@ class Task(Protocol):
     ``correct(completions: list[str], problems: list[Problem]) -> list[bool]``, the batched form of
     ``is_correct``: one bool per response, in order. When a task has it, the trainer calls it once
     per generation round (after ``rewards``/``reward``, on the same lists) and
-    :func:`grpo_lab.rollout.evaluate` once per generation batch, instead of ``is_correct`` once per
+    :func:`grpo_lab.policy.rollout.evaluate` once per generation batch, instead of ``is_correct`` once per
     response (:func:`correctness` is that choice; it raises ``TypeError`` for a list of the wrong
     length or a value that is not a bool). ``is_correct`` must still agree for a batch of one
     (``validate_task(call=True)`` checks it). Without ``rewards`` / ``correct`` the trainer calls
@@ -127,7 +127,7 @@ class Task(Protocol):
     >>> problem.prompt, problem.answer
     ('gfec=', 'cefg')
 
-    Training, saving and resuming it (see :class:`grpo_lab.trainer.Trainer`)::
+    Training, saving and resuming it (see :class:`grpo_lab.training.trainer.Trainer`)::
 
         trainer = Trainer(policy, tokenizer, ReverseTask(), "GRPO", TrainerConfig())
         trainer.train(20)
@@ -335,7 +335,7 @@ def _batched_correct_problems(task, p: Problem, single: bool, attempt) -> list[s
 def correctness(task, completions: Sequence[str], problems: Sequence[Problem]) -> list[bool]:
     """Whether each completion is correct: the task's optional batched ``correct(completions,
     problems)`` called once when it has one, else ``is_correct`` once per completion, in order
-    (what the trainer and :func:`grpo_lab.rollout.evaluate` use).
+    (what the trainer and :func:`grpo_lab.policy.rollout.evaluate` use).
 
     Args:
         task: a :class:`Task`.

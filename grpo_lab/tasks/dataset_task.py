@@ -106,7 +106,7 @@ def _check_signature(func: Callable, name: str, columns: list[str]) -> bool:
 
 
 def _load_tokenizer_named(name: str):
-    """The tokenizer ``name`` names, resolved as :func:`grpo_lab.models.load_policy` resolves a
+    """The tokenizer ``name`` names, resolved as :func:`grpo_lab.policy.models.load_policy` resolves a
     model: an existing directory, the name of a checkpoint shipped in ``data/checkpoints``
     (e.g. ``"arithmetic-base"``), or a hub id ``"org/name"``; loaded with the loader
     ``load_policy`` uses (so the same tokenizer class).
@@ -115,7 +115,7 @@ def _load_tokenizer_named(name: str):
         FileNotFoundError: ``name`` is none of those (the message lists the shipped checkpoints).
         OSError: it could not be loaded (e.g. a hub id offline and not in the cache).
     """
-    from ..models import _CHECKPOINT_NAME, _HUB_ID, _load_tokenizer
+    from ..policy.models import _CHECKPOINT_NAME, HUB_ID, load_tokenizer
     from ..paths import checkpoint_dir, missing_data_hint, shipped_checkpoints
 
     path = Path(name).expanduser()
@@ -126,12 +126,12 @@ def _load_tokenizer_named(name: str):
             raise FileNotFoundError(f"DatasetTask: tokenizer={name!r} is neither an existing directory nor a shipped "
                                     f"checkpoint (shipped: {', '.join(shipped) if shipped else 'none found'}); "
                                     f"{missing_data_hint()}. A hub tokenizer is named 'org/name'")
-    elif not path.exists() and not _HUB_ID.match(name):
+    elif not path.exists() and not HUB_ID.match(name):
         raise FileNotFoundError(f"DatasetTask: tokenizer={name!r} is neither an existing directory, a shipped "
                                 "checkpoint nor a hub id 'org/name'")
     source = str(path) if path.exists() else name
     try:
-        return _load_tokenizer(source)
+        return load_tokenizer(source)
     except OSError as exc:
         raise OSError(f"DatasetTask: could not load the tokenizer {name!r} ({source}): {exc}") from exc
 
@@ -227,14 +227,14 @@ class DatasetTask:
     **Prompts.** A prompt cell holds plain text or a conversation, TRL's conversational format (a
     list of ``{"role", "content"}`` dicts). A conversation is written out with the tokenizer's
     chat template, ``tokenizer.apply_chat_template(messages, tokenize=False,
-    add_generation_prompt=True)`` (:func:`grpo_lab.rollout.generate` encodes prompts with
+    add_generation_prompt=True)`` (:func:`grpo_lab.policy.rollout.generate` encodes prompts with
     ``add_special_tokens=False``, so the template's own BOS is not doubled). ``chat_template=True``
     also wraps plain text as one user message; ``None`` (default) templates conversations only;
     ``False`` templates nothing (a conversation is then an error). ``tokenizer`` is a tokenizer
     object or the name of one (a local directory, a shipped checkpoint such as
-    ``"arithmetic-base"`` or a hub id, resolved and loaded as :func:`grpo_lab.models.load_policy`
+    ``"arithmetic-base"`` or a hub id, resolved and loaded as :func:`grpo_lab.policy.models.load_policy`
     does, on first use). Without one, the task uses the tokenizer a
-    :class:`~grpo_lab.trainer.Trainer` hands it (:meth:`bind_tokenizer`, called when the trainer
+    :class:`~grpo_lab.training.trainer.Trainer` hands it (:meth:`bind_tokenizer`, called when the trainer
     is built), for templating and for ``completion_ids``.
 
     **Reward functions** (TRL's signature). Each is called once per batch (a generation round of
@@ -261,7 +261,7 @@ class DatasetTask:
     silent "does not apply": ``None`` says that.
 
     **Correctness** (:meth:`correct`, batched, which the trainer and
-    :func:`grpo_lab.rollout.evaluate` call once per batch, and :meth:`is_correct`; the
+    :func:`grpo_lab.policy.rollout.evaluate` call once per batch, and :meth:`is_correct`; the
     ``accuracy`` columns and DAPO's filter): a response is correct when the reward of the function
     named ``correct_reward`` (default: the weighted total) is at least ``correct_threshold``; a
     ``None`` from that function is not correct. Name the function that checks the answer (e.g.
@@ -421,7 +421,7 @@ class DatasetTask:
 
     def chat_tokenizer(self):
         """The tokenizer that applies chat templates: ``tokenizer`` itself, the one it names
-        (resolved and loaded as :func:`grpo_lab.models.load_policy` does, on first use), or the
+        (resolved and loaded as :func:`grpo_lab.policy.models.load_policy` does, on first use), or the
         one a trainer bound (:meth:`bind_tokenizer`).
 
         Raises:

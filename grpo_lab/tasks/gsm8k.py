@@ -728,11 +728,11 @@ class GSM8KTask:
     **Prompts** (:meth:`format_prompt`): ``Problem.prompt`` is the exact text the policy sees. The
     user turn is the question, a newline and ``instruction``. With ``tokenizer_name`` (a local
     checkpoint directory or a hub id, normally the one the policy was loaded from) the tokenizer is
-    loaded on first use as :func:`grpo_lab.models.load_policy` loads it, and the prompt is its chat
+    loaded on first use as :func:`grpo_lab.policy.models.load_policy` loads it, and the prompt is its chat
     template applied to an optional system turn (``system_prompt``) and the user turn, ending with
     the assistant's generation prompt (``apply_chat_template(..., tokenize=False,
     add_generation_prompt=True)``). The template writes any BOS token itself, and
-    :func:`grpo_lab.rollout.generate` encodes prompts with ``add_special_tokens=False``, so none is
+    :func:`grpo_lab.policy.rollout.generate` encodes prompts with ``add_special_tokens=False``, so none is
     added twice. The tokenizer is named rather than passed, so that the task stays a dataclass of
     JSON-able settings: ``Trainer.resume`` rebuilds it, with the same prompts, from a checkpoint.
     Without ``tokenizer_name`` the prompt is plain text for a base model:
@@ -880,14 +880,14 @@ class GSM8KTask:
         if self.tokenizer_name is None:
             return None
         if self._tokenizer is None:
-            from ..models import _load_tokenizer  # the loader load_policy uses, so the same class
+            from ..policy.models import load_tokenizer  # the loader load_policy uses, so the same class
 
             name = self.tokenizer_name
             if not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") != 1):
                 raise FileNotFoundError(f"GSM8KTask: tokenizer_name {name!r} is neither an existing directory nor "
                                         "a hub id 'org/name'")
             try:
-                tokenizer = _load_tokenizer(self.tokenizer_name)
+                tokenizer = load_tokenizer(self.tokenizer_name)
             except Exception as exc:
                 _reraise(exc, f"GSM8KTask: could not load the tokenizer {self.tokenizer_name!r} (tokenizer_name): "
                               f"{exc}")
@@ -968,7 +968,7 @@ class GSM8KTask:
 
     def extract_answer(self, completion: str) -> str | None:
         """:func:`grpo_lab.tasks.gsm8k.extract_answer`: the last box's content or ``####`` line, as
-        text (what maj@k votes on, :func:`grpo_lab.evaluation.maj_at_k`; ``"18"`` and ``"\\$18"``
+        text (what maj@k votes on, :func:`grpo_lab.experiments.evaluation.maj_at_k`; ``"18"`` and ``"\\$18"``
         are different votes).
 
         Raises:

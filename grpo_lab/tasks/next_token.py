@@ -19,7 +19,7 @@ The paper takes the prediction from the last ``\\boxed{}`` after ``</think>``; t
 full of braces (it documents Python), so the prediction is simply everything after the last
 ``</think>`` (:func:`parse_prediction`), whitespace included (a token often starts with a space).
 
-**Reward.** The prefix-matching reward of Eq. 3, :func:`grpo_lab.rewards.prefix_match_reward`,
+**Reward.** The prefix-matching reward of Eq. 3, :func:`grpo_lab.algo.rewards.prefix_match_reward`,
 against the next ``reference_tokens`` tokens of the ground truth.
 
 **Entropy filter** (§3.3). A small proxy model's entropy over its top-16 next tokens
@@ -28,11 +28,11 @@ proxy entropy is at least ``min_entropy`` (the paper drops the easy ones), and t
 positions are split into the paper's easy / medium / hard sets by the thresholds
 :data:`ENTROPY_THRESHOLDS` (:func:`entropy_split`).
 
-**Data files**, written by ``python -m grpo_lab.pretrain corpus-proxy`` (reproducible, and checked
+**Data files**, written by ``python -m grpo_lab.lab.pretrain corpus-proxy`` (reproducible, and checked
 by the tests): ``data/tasks/next_token_train.safetensors`` (the token ids of the ``rl`` part and
 the proxy entropy of each position) and ``data/tasks/next_token_test.jsonl`` (the fixed held-out
 test positions). The tokenizer is the byte-level BPE of the ``corpus-base`` checkpoint
-(:func:`grpo_lab.models.train_bpe_tokenizer`), trained on the ``pretrain`` part only.
+(:func:`grpo_lab.policy.models.train_bpe_tokenizer`), trained on the ``pretrain`` part only.
 
 **A hub model** (chapter 7's GPU run). The same corpus, split and files, tokenised by the hub
 model's own tokenizer and scored by the model itself as the proxy: :func:`build_hub_task_data`
@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from ..paths import checkpoint_dir, data_dir, missing_data_hint
-from ..rewards import prefix_match_reward
+from ..algo.rewards import prefix_match_reward
 from .base import Problem, load_problems
 
 __all__ = ["THINK_OPEN", "THINK_CLOSE", "ENTROPY_THRESHOLDS", "CHAT_INSTRUCTION", "build_hub_task_data", "load_corpus", "corpus_sha256", "split_corpus",
@@ -179,7 +179,7 @@ def split_corpus(docs: Mapping[str, str], fractions: Mapping[str, float] | None 
 
 
 def token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
-    """The text of each token of ``ids``, for :func:`~grpo_lab.rewards.prefix_match_reward`.
+    """The text of each token of ``ids``, for :func:`~grpo_lab.algo.rewards.prefix_match_reward`.
 
     A byte-level token can end inside a multi-byte UTF-8 character (``’`` is three bytes), and
     then has no text of its own; such a token is joined with the tokens after it until the text
@@ -310,20 +310,20 @@ def _held_out_cached(name: str) -> np.ndarray:
 @lru_cache(maxsize=4)
 def _load_tokenizer(name: str):
     """The tokenizer of a shipped checkpoint (a bare name such as ``"corpus-base"``), of a local
-    directory, or of a hub id ``"org/name"`` (as :func:`grpo_lab.models.load_policy` loads it)."""
-    from ..models import _HUB_ID
-    from ..models import _load_tokenizer as load
+    directory, or of a hub id ``"org/name"`` (as :func:`grpo_lab.policy.models.load_policy` loads it)."""
+    from ..policy.models import HUB_ID
+    from ..policy.models import load_tokenizer as load
 
     local = Path(name).expanduser()
     if os.sep not in name and "/" not in name and not local.is_dir():
         path = checkpoint_dir(name)
         if not (path / "tokenizer.json").is_file():
             raise FileNotFoundError(f"NextTokenTask: the tokenizer of checkpoint {name!r} was not found at {path} "
-                                    f"(python -m grpo_lab.pretrain corpus makes it); {missing_data_hint()}")
+                                    f"(python -m grpo_lab.lab.pretrain corpus makes it); {missing_data_hint()}")
         return load(str(path))
     if local.is_dir():
         return load(str(local))
-    if _HUB_ID.match(name) and not name.startswith((".", "/", "~")):
+    if HUB_ID.match(name) and not name.startswith((".", "/", "~")):
         return load(name)
     raise FileNotFoundError(f"NextTokenTask: tokenizer {name!r} is neither a shipped checkpoint, an existing directory "
                             "nor a hub id 'org/name'")
@@ -336,7 +336,7 @@ def _load_train(path: str):
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"NextTokenTask: the training positions {path} were not found (python -m "
-                                f"grpo_lab.pretrain corpus-proxy writes the shipped ones, "
+                                f"grpo_lab.lab.pretrain corpus-proxy writes the shipped ones, "
                                 f"grpo_lab.tasks.next_token.build_hub_task_data those of a hub model); "
                                 f"{missing_data_hint()}")
     d = load_file(path)
@@ -441,7 +441,7 @@ class NextTokenTask:
 
     Each problem is a position ``t`` of the corpus: the prompt is the ``context_tokens`` tokens
     before it plus ``<think>``, and a completion is rewarded 1.0 when its prediction (after
-    ``</think>``) matches the next tokens up to a token boundary (:func:`~grpo_lab.rewards.prefix_match_reward`).
+    ``</think>``) matches the next tokens up to a token boundary (:func:`~grpo_lab.algo.rewards.prefix_match_reward`).
 
     Attributes:
         name: ``"next_token"`` (the registry name).
@@ -614,7 +614,7 @@ class NextTokenTask:
         shows here).
 
         Args:
-            frame: :func:`grpo_lab.rollout.evaluate`'s frame on this task's problems (columns
+            frame: :func:`grpo_lab.policy.rollout.evaluate`'s frame on this task's problems (columns
                 ``correct``, ``entropy``, ``completion``).
         """
         ent = frame["entropy"].to_numpy(dtype=float)
@@ -636,7 +636,7 @@ class NextTokenTask:
     def demonstration(self, problem: Problem, rng: np.random.Generator | None = None) -> str:
         """The ground truth in the task's format, an empty thinking span and the next token:
         ``"</think>" + reference_tokens[0]`` (the target of Eq. 1's ``log P(x_t | x_<t)``; used by
-        the ``ntp_coef`` ablation, :data:`grpo_lab.algorithms.RPT_HYBRID`). ``rng`` is unused."""
+        the ``ntp_coef`` ablation, :data:`grpo_lab.algo.algorithms.RPT_HYBRID`). ``rng`` is unused."""
         return THINK_CLOSE + problem.meta["reference_tokens"][0]
 
     @staticmethod
@@ -679,7 +679,7 @@ def _eligible_cached(task: NextTokenTask) -> np.ndarray:
 @lru_cache(maxsize=4)
 def _load_test(path: str) -> tuple[Problem, ...]:
     if not Path(path).is_file():
-        raise FileNotFoundError(f"NextTokenTask: the test positions {path} were not found (python -m grpo_lab.pretrain "
+        raise FileNotFoundError(f"NextTokenTask: the test positions {path} were not found (python -m grpo_lab.lab.pretrain "
                                 f"corpus-proxy writes the shipped ones, grpo_lab.tasks.next_token.build_hub_task_data "
                                 f"those of a hub model); {missing_data_hint()}")
     return tuple(load_problems(path))
@@ -787,12 +787,12 @@ def build_hub_task_data(model: str | os.PathLike, out: str | Path, *, device: st
     entropy proxy (RPT §3.3 uses a smaller model of the same family, R1-Distill-Qwen-1.5B for the
     14B; a 0.5B model has no smaller sibling, and the filter only needs a ranking of positions by
     difficulty). Also writes ``summary.json`` (the model, the summary). Chapter 7's profile reads
-    them with ``experiments.rpt_gpu_profile(model, data=out)``; by hand,
+    them with ``lab.rpt_gpu_profile(model, data=out)``; by hand,
     ``NextTokenTask(tokenizer=model, data=out, chat=True, max_new_tokens=256, min_entropy=0.5)``
     (the class defaults, 8 tokens and no filter, are the CPU chapter's).
 
     Args:
-        model: a hub id or a local directory, loaded in float32 with :func:`grpo_lab.models.load_policy`.
+        model: a hub id or a local directory, loaded in float32 with :func:`grpo_lab.policy.models.load_policy`.
         out: the directory (created).
         device: where the proxy runs (``"cuda"`` on a GPU: the ``rl`` part is tens of thousands of
             positions of ``context_tokens`` tokens each).
@@ -804,9 +804,9 @@ def build_hub_task_data(model: str | os.PathLike, out: str | Path, *, device: st
         :func:`build_task_data`'s summary, with ``model``.
 
     Raises:
-        FileNotFoundError, OSError, ValueError: as :func:`grpo_lab.models.load_policy`.
+        FileNotFoundError, OSError, ValueError: as :func:`grpo_lab.policy.models.load_policy`.
     """
-    from ..models import load_policy
+    from ..policy.models import load_policy
 
     proxy, tokenizer = load_policy(model, device=device, dtype=torch.float32)
     summary = build_task_data(proxy, tokenizer, out, context_tokens=context_tokens, reference_tokens=reference_tokens,

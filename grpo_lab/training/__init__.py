@@ -1,5 +1,7 @@
-"""The rooms of :class:`grpo_lab.trainer.Trainer`, one concern per module; :mod:`grpo_lab.trainer`
-assembles the trainer from them and is where every public name is imported from.
+"""The trainer: :class:`Trainer` runs one algorithm's loop (collect, score, select, advantages, update) on a
+policy and a task; :class:`TrainerConfig` says how it samples and updates. One concern per module:
+
+* :mod:`grpo_lab.training.trainer`: ``Trainer``, the conductor of a step.
 
 * :mod:`grpo_lab.training.config`: ``TrainerConfig``, how a run samples and updates.
 * :mod:`grpo_lab.training.adamw`: the AdamW, weight decay on weight matrices only (``build_adamw``).
@@ -16,3 +18,12 @@ assembles the trainer from them and is where every public name is imported from.
   TensorBoard, wandb).
 * :mod:`grpo_lab.training.memory`: the peak memory of a step.
 """
+
+from .callbacks import TRACKERS, TrainerCallback
+from .config import TrainerConfig
+from .trainer import (MEASURED_COLUMNS, PRECISIONS, Batch, DynamicSamplingShortfallWarning, NoLearningSignalWarning,
+                      Scored, Trainer, ValueModel, peak_memory_mb, reset_peak_memory, resolve_precision)
+
+__all__ = ["Trainer", "TrainerConfig", "TrainerCallback", "TRACKERS", "MEASURED_COLUMNS", "PRECISIONS", "Batch",
+           "Scored", "ValueModel", "NoLearningSignalWarning", "DynamicSamplingShortfallWarning", "peak_memory_mb",
+           "reset_peak_memory", "resolve_precision"]

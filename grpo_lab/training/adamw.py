@@ -25,7 +25,7 @@ def decay_parameter_names(module: torch.nn.Module) -> list:
     ``model`` argument, so it is called without building a ``Trainer``): everything except the parameters
     of ``nn.LayerNorm`` modules and those whose lower-cased name matches ``bias``, ``layernorm``,
     ``rmsnorm``, ``(^|.)norm($|.)`` or ``_norm($|.)`` (RMSNorm weights of Llama/Qwen models and of
-    :mod:`grpo_lab.models` alike).
+    :mod:`grpo_lab.policy.models` alike).
 
     Args:
         module: any ``torch.nn.Module`` (a policy, a critic, a PEFT-wrapped model).

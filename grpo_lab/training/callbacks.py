@@ -1,8 +1,8 @@
-"""Callbacks and trackers: what a :class:`~grpo_lab.trainer.Trainer` tells the outside world as it trains.
+"""Callbacks and trackers: what a :class:`~grpo_lab.training.trainer.Trainer` tells the outside world as it trains.
 
 A callback is any object with some of the hooks of :class:`TrainerCallback` (``on_train_begin``,
 ``on_step``, ``on_evaluate``, ``on_save``, ``on_train_end``); the trainer calls them in
-:meth:`~grpo_lab.trainer.Trainer.train` and :meth:`~grpo_lab.trainer.Trainer.save`. The trackers
+:meth:`~grpo_lab.training.trainer.Trainer.train` and :meth:`~grpo_lab.training.trainer.Trainer.save`. The trackers
 of ``TrainerConfig.report_to`` are callbacks too, built by :func:`make_callbacks` from
 :data:`TRACKERS`:
 
@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..files import write_text_atomically
+from ..paths import write_text_atomically
 
 __all__ = ["TrainerCallback", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "TRACKERS", "HOOKS", "SAMPLE_ROWS",
            "SAMPLE_COLUMNS", "make_callbacks", "check_callbacks", "call_hooks", "samples_table", "markdown_table"]
@@ -51,7 +51,7 @@ HOOKS = ("on_train_begin", "on_step", "on_evaluate", "on_save", "on_train_end")
 #: task's fixed test set, in its order, greedy decoding), the same problems at every evaluation.
 SAMPLE_ROWS = 8
 
-#: The columns of the samples table (those of :func:`grpo_lab.rollout.evaluate`'s frame).
+#: The columns of the samples table (those of :func:`grpo_lab.policy.rollout.evaluate`'s frame).
 SAMPLE_COLUMNS = ("prompt", "answer", "completion", "correct", "length", "truncated")
 
 
@@ -64,7 +64,7 @@ class TrainerCallback:
     """
 
     def on_train_begin(self, trainer) -> None:
-        """Start of :meth:`~grpo_lab.trainer.Trainer.train` (each call), before the first step;
+        """Start of :meth:`~grpo_lab.training.trainer.Trainer.train` (each call), before the first step;
         ``trainer.rows`` holds the steps already done (a resumed run: up to its checkpoint)."""
 
     def on_step(self, trainer, row: dict) -> None:
@@ -77,15 +77,15 @@ class TrainerCallback:
         ``completion``, ``correct`` (bool), ``length`` (tokens, EOS included), ``truncated`` (bool)."""
 
     def on_save(self, trainer, path: Path) -> None:
-        """:meth:`~grpo_lab.trainer.Trainer.save` wrote the checkpoint directory ``path``."""
+        """:meth:`~grpo_lab.training.trainer.Trainer.save` wrote the checkpoint directory ``path``."""
 
     def on_train_end(self, trainer) -> None:
-        """End of :meth:`~grpo_lab.trainer.Trainer.train`, also when it raised: close files."""
+        """End of :meth:`~grpo_lab.training.trainer.Trainer.train`, also when it raised: close files."""
 
 
 def samples_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The samples table of ``on_evaluate``: the first :data:`SAMPLE_ROWS` rows of an evaluation's
-    per-problem ``frame`` (:func:`grpo_lab.rollout.evaluate`), its :data:`SAMPLE_COLUMNS` that exist."""
+    per-problem ``frame`` (:func:`grpo_lab.policy.rollout.evaluate`), its :data:`SAMPLE_COLUMNS` that exist."""
     columns = [c for c in SAMPLE_COLUMNS if c in frame.columns]
     return frame.head(SAMPLE_ROWS)[columns].reset_index(drop=True)
 
@@ -194,8 +194,8 @@ class JsonlLogger(TrainerCallback):
     as ``NaN``, infinities as ``Infinity``, as Python's ``json`` and ``pandas.read_json(lines=True)``
     read them (strict JSON parsers such as ``jq`` do not).
 
-    When a :meth:`~grpo_lab.trainer.Trainer.train` call begins, the file is made to agree with the trainer's
-    history: a fresh trainer starts a new file; a resumed one (:meth:`~grpo_lab.trainer.Trainer.resume`)
+    When a :meth:`~grpo_lab.training.trainer.Trainer.train` call begins, the file is made to agree with the trainer's
+    history: a fresh trainer starts a new file; a resumed one (:meth:`~grpo_lab.training.trainer.Trainer.resume`)
     keeps the lines of the steps up to its checkpoint and drops those a killed run wrote after it (which
     the resumed run writes again); rows of the history the file lacks are added. Lines are only appended
     after that. ``samples.jsonl`` keeps the lines of the steps the history holds.
@@ -333,7 +333,7 @@ class TensorBoardLogger(TrainerCallback):
 
 # --------------------------------------------------------------------------------------------- wandb
 class WandbLogger(TrainerCallback):
-    """``"wandb"``: a Weights & Biases run in ``output_dir/wandb``, one per :meth:`~grpo_lab.trainer.Trainer.train`
+    """``"wandb"``: a Weights & Biases run in ``output_dir/wandb``, one per :meth:`~grpo_lab.training.trainer.Trainer.train`
     call: it logs the whole history so far (the rows of ``trainer.rows``, e.g. a resumed run's first steps),
     then each row at its ``step``; each evaluation's samples as the ``wandb.Table`` ``samples``. The run is
     finished at the end of ``train``.

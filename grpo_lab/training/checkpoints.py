@@ -1,6 +1,6 @@
-"""Checkpoints: :meth:`~grpo_lab.trainer.Trainer.save` writes everything a run needs to continue exactly
+"""Checkpoints: :meth:`~grpo_lab.training.trainer.Trainer.save` writes everything a run needs to continue exactly
 (weights, optimiser states, every RNG state, step counts, history, the task) atomically, and
-:meth:`~grpo_lab.trainer.Trainer.resume` rebuilds the trainer from it, checking every file first.
+:meth:`~grpo_lab.training.trainer.Trainer.resume` rebuilds the trainer from it, checking every file first.
 Both live in the mixin ``Checkpointing``, with the file helpers they share.
 """
 
@@ -19,11 +19,11 @@ from typing import Any, Self
 import numpy as np
 import torch
 
-from ..algorithms import Algorithm
-from ..lora import BASE_FILE, AdapterDisabled, BaseModelNotFound, adapter_checkpoint_missing, base_record
-from ..models import CriticModel, _progress_bars, is_peft_model
+from ..algo.algorithms import Algorithm
+from ..policy.lora import (BASE_FILE, AdapterDisabled, BaseModelNotFound, adapter_checkpoint_missing, base_record)
+from ..policy.models import CriticModel, _progress_bars, is_peft_model
 from ..tasks import validate_task
-from ..validation import is_int
+from ..algo.checks import is_int
 from .config import OUTPUT_FIELDS, TrainerConfig
 
 __all__: list[str] = []
@@ -44,7 +44,7 @@ def checkpoint_name(step: int) -> str:
 def periodic_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     """The finished periodic checkpoints in ``directory`` (a ``checkpoints/`` folder) as ``(step, path)``,
     oldest first: the ``step-NNNNNN`` directories that hold a ``state.json``. The hidden ``.step-*.saving``
-    directory a save killed mid-way leaves behind is not one (:meth:`~grpo_lab.trainer.Trainer.save` writes there
+    directory a save killed mid-way leaves behind is not one (:meth:`~grpo_lab.training.trainer.Trainer.save` writes there
     and renames it only once complete). ``[]`` when ``directory`` does not exist."""
     directory = Path(directory)
     if not directory.is_dir():
@@ -55,7 +55,7 @@ def periodic_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
 
 
 class Checkpointing:
-    """:meth:`save` and :meth:`resume` of :class:`grpo_lab.trainer.Trainer`. Reads and restores ``config``,
+    """:meth:`save` and :meth:`resume` of :class:`grpo_lab.training.trainer.Trainer`. Reads and restores ``config``,
     ``algo``, ``task``, ``policy``, ``tokenizer``, ``ref_policy``, ``value_model``, ``optimizer``,
     ``value_optimizer``, ``rng``, ``step``, ``opt_steps``, ``rows``, ``value_warmup_rows``, ``scaler`` and
     ``amp_skipped_steps``; calls ``_show_progress``."""
@@ -102,10 +102,10 @@ class Checkpointing:
         ``value_optimizer.pt`` (with a value model), ``optimizer.pt``, ``rng.pt``, ``state.json``
         (step, config, algorithm, task, numpy and python RNG states) and ``history.json``.
 
-        A LoRA policy (a ``peft.PeftModel``, :mod:`grpo_lab.lora`) is saved as its adapters
+        A LoRA policy (a ``peft.PeftModel``, :mod:`grpo_lab.policy.lora`) is saved as its adapters
         (``policy/adapter_config.json``, ``policy/adapter_model.safetensors``, as peft writes them, and
         the tokenizer) plus ``policy/grpo_lab_base.json``, which names the base model
-        (:func:`grpo_lab.lora.base_record`: its shipped checkpoint name, directory or hub id, dtype and
+        (:func:`grpo_lab.policy.lora.base_record`: its shipped checkpoint name, directory or hub id, dtype and
         parameter count); :meth:`resume` loads that base again. Its default KL reference (the base,
         adapters disabled) writes no ``ref/``.
 
@@ -226,7 +226,7 @@ class Checkpointing:
             device: override the saved ``TrainerConfig.device``.
             value_model: a freshly built value model of the saved architecture, required when the
                 checkpoint has one of your own (its weights and optimiser state are loaded into
-                it); a :class:`grpo_lab.models.CriticModel` is rebuilt from the checkpoint.
+                it); a :class:`grpo_lab.policy.models.CriticModel` is rebuilt from the checkpoint.
             output: fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` to replace in the saved
                 configuration (where the resumed run writes, its trackers, its periodic checkpoints,
                 its progress bar: e.g. ``{"output_dir": "runs/x/GRPO/seed-0"}`` for a run directory
@@ -236,7 +236,7 @@ class Checkpointing:
         other; :func:`grpo_lab.experiments.run` (``resume=True``) finds the latest one of each seed.
 
         Every file the checkpoint needs is looked for before anything is loaded; transformers'
-        loading bars follow the saved ``TrainerConfig.progress`` (as :func:`grpo_lab.models.load_policy`'s
+        loading bars follow the saved ``TrainerConfig.progress`` (as :func:`grpo_lab.policy.models.load_policy`'s
         ``progress``).
 
         Raises:
@@ -247,7 +247,7 @@ class Checkpointing:
                 algorithm has a KL term but ``ref/`` is missing, the checkpoint has a value model
                 and none was passed, or its task cannot be rebuilt and no ``task=`` was passed (the
                 message says why and shows both remedies).
-            grpo_lab.lora.BaseModelNotFound: (a ``FileNotFoundError``) a LoRA checkpoint's base
+            grpo_lab.policy.lora.BaseModelNotFound: (a ``FileNotFoundError``) a LoRA checkpoint's base
                 model cannot be loaded on this machine (the message names it).
             ImportError: a LoRA checkpoint and peft is not installed.
         """
@@ -317,7 +317,7 @@ def _with_outputs(config: TrainerConfig, output: dict[str, Any] | None) -> Train
 
 def _read_checkpoint_state(path: Path, value_model):
     """``state.json`` and ``history.json`` of the checkpoint ``path``, whether it has a value model, and the
-    value model to load it into (``value_model``, or the :class:`~grpo_lab.models.CriticModel` the
+    value model to load it into (``value_model``, or the :class:`~grpo_lab.policy.models.CriticModel` the
     checkpoint rebuilds). Returns ``(state, rows, has_value, value_model)``.
 
     Raises:
@@ -343,22 +343,22 @@ def _read_checkpoint_state(path: Path, value_model):
 def _load_checkpoint_models(path: Path, config: TrainerConfig, algo: Algorithm, value_model, *, adapter: bool = False):
     """The weights of the checkpoint ``path``: loads ``value.safetensors`` into ``value_model`` (when not
     ``None``), then the policy and its tokenizer from ``policy/`` (with ``adapter``, a LoRA policy:
-    :func:`grpo_lab.lora.load_adapter_policy`) and, when ``algo`` has a KL term and ``ref/`` exists, the
+    :func:`grpo_lab.policy.lora.load_adapter_policy`) and, when ``algo`` has a KL term and ``ref/`` exists, the
     reference policy from it, on ``config.device``. Returns ``(policy, tokenizer, ref or None)``.
 
     Raises:
         ValueError: a file is missing or damaged (named in the message).
-        grpo_lab.lora.BaseModelNotFound: the base model of a LoRA checkpoint cannot be loaded here.
+        grpo_lab.policy.lora.BaseModelNotFound: the base model of a LoRA checkpoint cannot be loaded here.
     """
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from ..models import load_policy
+    from ..policy.models import load_policy
 
     if value_model is not None:
         value_model.load_state_dict(_load_checkpoint_part(path / "value.safetensors",
                                                           lambda: load_file(path / "value.safetensors")))
-    from ..lora import load_adapter_policy
+    from ..policy.lora import load_adapter_policy
 
     load = load_adapter_policy if adapter else load_policy
     policy, tokenizer = _load_checkpoint_part(
@@ -481,7 +481,7 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
 def _saved_algorithm(fields: dict, path) -> Algorithm:
-    """The :class:`~grpo_lab.algorithms.Algorithm` a checkpoint stored (its fields and ``params``).
+    """The :class:`~grpo_lab.algo.algorithms.Algorithm` a checkpoint stored (its fields and ``params``).
 
     Raises:
         ValueError: a choice or hyper-parameter the registries do not know, with the hint that the
@@ -499,10 +499,10 @@ def _missing_checkpoint_files(path: Path, *, ref: bool, value: bool, adapter: bo
     """The files of a :meth:`Trainer.save` checkpoint that ``path`` lacks (relative names, ``[]``
     when none): ``optimizer.pt``, ``rng.pt``, ``value_optimizer.pt`` (``value``), and for ``policy/``
     (and ``ref/`` when ``ref``) ``config.json`` and the safetensors weights; for ``policy/`` also the
-    tokenizer (``grpo_lab.models._missing_tokenizer_files``). With ``adapter`` (a LoRA checkpoint)
-    ``policy/`` holds the adapters instead (:func:`grpo_lab.lora.adapter_checkpoint_missing`). Reads
+    tokenizer (``grpo_lab.policy.models._missing_tokenizer_files``). With ``adapter`` (a LoRA checkpoint)
+    ``policy/`` holds the adapters instead (:func:`grpo_lab.policy.lora.adapter_checkpoint_missing`). Reads
     nothing but the directory."""
-    from ..models import _missing_tokenizer_files
+    from ..policy.models import _missing_tokenizer_files
 
     names = ["optimizer.pt", "rng.pt"] + (["value_optimizer.pt"] if value else [])
     missing = [n for n in names if not (path / n).is_file()]

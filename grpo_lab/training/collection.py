@@ -1,12 +1,12 @@
 """The *collect* stage: sample a rollout, score it, select the groups to train on.
 
-:class:`~grpo_lab.trainer.Trainer`'s :meth:`~grpo_lab.trainer.Trainer.rollout` (generation, in a
+:class:`~grpo_lab.training.trainer.Trainer`'s :meth:`~grpo_lab.training.trainer.Trainer.rollout` (generation, in a
 low-precision copy of the weights when ``TrainerConfig.rollout_dtype`` asks),
-:meth:`~grpo_lab.trainer.Trainer.score` (the task's rewards and the algorithm's reward shaping),
-:meth:`~grpo_lab.trainer.Trainer.collect` (rounds of generation until enough groups are selected:
-DAPO's dynamic sampling) and :meth:`~grpo_lab.trainer.Trainer.round_size` (the size of the next
+:meth:`~grpo_lab.training.trainer.Trainer.score` (the task's rewards and the algorithm's reward shaping),
+:meth:`~grpo_lab.training.trainer.Trainer.collect` (rounds of generation until enough groups are selected:
+DAPO's dynamic sampling) and :meth:`~grpo_lab.training.trainer.Trainer.round_size` (the size of the next
 round) live here, in the mixin ``Collection``, with what the stage hands on:
-:class:`~grpo_lab.trainer.Scored` and :class:`~grpo_lab.trainer.Batch`.
+:class:`~grpo_lab.training.trainer.Scored` and :class:`~grpo_lab.training.trainer.Batch`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import sampling
-from ..models import inference_copy
-from ..rollout import Rollout, generate
+from ..algo import selection
+from ..policy.models import inference_copy
+from ..policy.rollout import Rollout, generate
 from ..tasks import Problem, correctness
 from .learning_signal import DynamicSamplingShortfallWarning
 
@@ -33,10 +33,10 @@ class Scored:
     """One generated rollout with its rewards (the *collect* stage's unit).
 
     Attributes:
-        rollout: the :class:`~grpo_lab.rollout.Rollout`.
+        rollout: the :class:`~grpo_lab.policy.rollout.Rollout`.
         raw: ``[B]`` float32 task rewards.
         correct: ``[B]`` bool raw correctness (``task.is_correct``).
-        rewards: ``[B]`` float32 training rewards (``raw`` shaped by :func:`grpo_lab.sampling.shape`).
+        rewards: ``[B]`` float32 training rewards (``raw`` shaped by :func:`grpo_lab.algo.selection.shape`).
     """
 
     rollout: Rollout
@@ -58,7 +58,7 @@ class Batch:
         values: ``[B, T]`` float32 value estimates when the trainer has a value model, else ``None``.
         advantages: ``[B]`` or ``[B, T]`` float32, filled by the *advantages* stage.
         returns: ``[B, T]`` float32 critic targets, filled by the *advantages* stage when there are
-            values (:meth:`grpo_lab.algorithms.Algorithm.value_targets`).
+            values (:meth:`grpo_lab.algo.algorithms.Algorithm.value_targets`).
         selected_groups: groups the selector kept over all rounds, before the surplus of the
             last round was dropped (the numerator of the running keep rate, :meth:`Trainer.round_size`).
     """
@@ -75,11 +75,11 @@ class Batch:
 
 
 # documented and pickled under their public import path
-Scored.__module__ = Batch.__module__ = "grpo_lab.trainer"
+Scored.__module__ = Batch.__module__ = "grpo_lab.training.trainer"
 
 
 class Collection:
-    """The *collect* stage of :class:`grpo_lab.trainer.Trainer`. Reads ``config``, ``task``, ``algo``,
+    """The *collect* stage of :class:`grpo_lab.training.trainer.Trainer`. Reads ``config``, ``task``, ``algo``,
     ``policy``, ``tokenizer``, ``rng``, ``max_new_tokens``, ``rows``, ``step`` and ``value_model``;
     calls ``_autocast`` and ``_values``."""
 
@@ -104,7 +104,7 @@ class Collection:
                             max_new_tokens=self.max_new_tokens, temperature=c.temperature)
 
     def score(self, ro: Rollout) -> Scored:
-        """Task rewards and correctness of a rollout, and the training reward (:func:`grpo_lab.sampling.shape`).
+        """Task rewards and correctness of a rollout, and the training reward (:func:`grpo_lab.algo.selection.shape`).
 
         The rewards come from the task's optional batched ``rewards(texts, problems)``, called once
         for the rollout, when it has one; otherwise from ``reward(text, problem)``, once per response.
@@ -125,14 +125,14 @@ class Collection:
             raw = torch.tensor([_check_reward(self.task.reward(t, p), i, t, p)
                                 for i, (t, p) in enumerate(zip(ro.texts, ro.problems))], dtype=torch.float32)
         correct = torch.tensor(correctness(self.task, ro.texts, ro.problems))  # batched `correct` when offered
-        shaped = sampling.shape(self.algo, raw, ro.lengths.cpu(), self.max_new_tokens)
+        shaped = selection.shape(self.algo, raw, ro.lengths.cpu(), self.max_new_tokens)
         return Scored(ro, raw, correct, shaped)
 
     def collect(self) -> Batch:
         """Generate, score and select this step's training rows.
 
         Rounds of generation are drawn until ``prompts_per_step`` groups were selected
-        (:func:`grpo_lab.sampling.select_groups`; extras of the last round are dropped) or
+        (:func:`grpo_lab.algo.selection.select_groups`; extras of the last round are dropped) or
         ``max_gen_rounds`` rounds were drawn. Keeping every group (the default selector) takes one
         rollout of ``prompts_per_step`` questions; DAPO's dynamic sampling (Eq. 11) may take
         several, sized by :meth:`round_size`.
@@ -146,7 +146,7 @@ class Collection:
             n_prompts = self.round_size(c.prompts_per_step - n_kept, batch) if batch.generated else c.prompts_per_step
             s = self.score(self.rollout(n_prompts))
             batch.generated.append(s)
-            selected = sampling.select_groups(self.algo, s.correct, G)
+            selected = selection.select_groups(self.algo, s.correct, G)
             batch.selected_groups += len(selected)
             groups = selected[: c.prompts_per_step - n_kept]
             if len(groups) * G == len(s.rollout):
@@ -161,7 +161,7 @@ class Collection:
             batch.rollout = _concat_rollouts([p[0] for p in parts], self.tokenizer.pad_token_id)
             batch.rewards = torch.cat([p[1] for p in parts])
             batch.correct = torch.cat([p[2] for p in parts])
-            batch.loss_mask = sampling.loss_mask(self.algo, batch.rollout.completion_mask, batch.rollout.truncated)
+            batch.loss_mask = selection.loss_mask(self.algo, batch.rollout.completion_mask, batch.rollout.truncated)
             if self.value_model is not None:
                 batch.values = self._values(batch.rollout)
         return batch
@@ -249,7 +249,7 @@ def _concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
     Rollouts of different prompt / completion widths are padded to the widest: prompts on the
     **left** (pad id, mask 0), completions, masks and behaviour log-probs on the **right** (pad
-    id, 0, 0), keeping the layout of :func:`grpo_lab.rollout.generate`; position ids derive from
+    id, 0, 0), keeping the layout of :func:`grpo_lab.policy.rollout.generate`; position ids derive from
     the masks, so the extra padding changes no real token's position. Rows stay in order, so
     groups stay contiguous. Per-row ``extras`` tensors are concatenated when every part has them.
 

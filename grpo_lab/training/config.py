@@ -1,4 +1,4 @@
-"""How a run samples and updates: :class:`~grpo_lab.trainer.TrainerConfig` (everything that is not the
+"""How a run samples and updates: :class:`~grpo_lab.training.trainer.TrainerConfig` (everything that is not the
 algorithm or the task)."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from ..validation import choice, flag, non_negative_int, positive_int, positive_number, real_number
+from ..algo.checks import choice, flag, non_negative_int, positive_int, positive_number, real_number
 from .lr_schedule import LR_SCHEDULES
 from .precision import PRECISIONS
 
 __all__ = ["TrainerConfig", "OUTPUT_FIELDS"]
 
-#: The :class:`~grpo_lab.trainer.TrainerConfig` fields that decide what a run shows and writes (its progress
+#: The :class:`~grpo_lab.training.trainer.TrainerConfig` fields that decide what a run shows and writes (its progress
 #: bar, its output directory, its trackers, its periodic checkpoints), never its numbers: two runs that differ
-#: only in these are the same run. They are left out of :meth:`~grpo_lab.trainer.TrainerConfig.run_identity`,
+#: only in these are the same run. They are left out of :meth:`~grpo_lab.training.trainer.TrainerConfig.run_identity`,
 #: hence out of the run cache's key, the results file's ``config_hash`` and the check a resumed run makes.
 OUTPUT_FIELDS = ("progress", "output_dir", "report_to", "save_every", "save_total_limit")
 
@@ -65,7 +65,7 @@ class TrainerConfig:
             recomputed by a forward pass) or ``"behaviour"`` (the sampler's log-probs).
         rollout_dtype: ``"float32"`` (sample with the policy itself) or ``"bfloat16"`` /
             ``"float16"``: sample from a copy of the policy's current weights in that dtype
-            (:func:`grpo_lab.models.inference_copy`), as an inference engine does; the behaviour
+            (:func:`grpo_lab.policy.models.inference_copy`), as an inference engine does; the behaviour
             log-probs then come from that copy, and ``old_logp="behaviour"`` trains against them
             (with the default ``old_logp="recompute"`` they are recorded in the rollout but the
             loss does not use them: only the samples come from the low-precision copy).
@@ -75,7 +75,7 @@ class TrainerConfig:
             the last step); 0 disables.
         eval_sampled: also measure sampled accuracy (temperature ``temperature``, 1 sample).
         eval_batch_size: test problems per ``generate`` call of an evaluation
-            (:func:`grpo_lab.rollout.evaluate`'s ``batch_size``; positive int). An evaluation's
+            (:func:`grpo_lab.policy.rollout.evaluate`'s ``batch_size``; positive int). An evaluation's
             memory grows with it (the KV cache, and a few ``[rows, vocabulary]`` float32 tensors
             per decoding step). Changing it regroups the problems, so the left padding and the
             kernels' rounding change and a greedy completion can change at a near-tie.
@@ -101,11 +101,11 @@ class TrainerConfig:
             when the trainer has a value model. VAPO (§5.1) runs its critic at twice the actor's
             learning rate (2e-6 against 1e-6).
         value_init: the critic the trainer builds when the algorithm's advantage estimator needs
-            values (:data:`grpo_lab.advantages.VALUE_BASELINE_ESTIMATORS`, e.g. ``"gae"``) and no
+            values (:data:`grpo_lab.algo.advantages.VALUE_BASELINE_ESTIMATORS`, e.g. ``"gae"``) and no
             ``value_model`` is passed: ``"policy"`` (a copy of the policy's backbone with a zero
             scalar head), ``"scratch"`` (a small randomly initialised transformer) or the
-            directory of a saved critic (:meth:`grpo_lab.models.CriticModel.save`, e.g. one
-            pretrained with :meth:`Trainer.pretrain_value`); see :meth:`grpo_lab.models.CriticModel.build`.
+            directory of a saved critic (:meth:`grpo_lab.policy.models.CriticModel.save`, e.g. one
+            pretrained with :meth:`Trainer.pretrain_value`); see :meth:`grpo_lab.policy.models.CriticModel.build`.
         value_warmup_steps: VAPO §4.1 *Value-Pretraining* inside the run: before the first RL
             step, this many steps of :meth:`Trainer.pretrain_value` (the critic fitted to
             Monte-Carlo returns of the initial policy, which is not updated). 0 = none. Skipped
@@ -117,7 +117,7 @@ class TrainerConfig:
             forward and the first minibatch's on-policy forward, whose detached log-probs are
             π_old) are forced whenever π_θ is scored on the same rollout in a later optimiser
             step; the gate weights are recomputed from the current router logits at those experts
-            (:func:`grpo_lab.moe.replay_routing`), so the router still learns. Needs a MoE policy
+            (:func:`grpo_lab.policy.moe.replay_routing`), so the router still learns. Needs a MoE policy
             (``Trainer`` raises ``ValueError`` otherwise) and ``old_logp="recompute"`` (the
             sampler's routing is not recorded). It acts only when a rollout feeds more than one
             optimiser step (``epochs`` × ``minibatches`` > 1).
@@ -284,7 +284,7 @@ class TrainerConfig:
         return d
 
     def run_identity(self) -> dict:
-        """:meth:`~grpo_lab.trainer.TrainerConfig.to_dict` without
+        """:meth:`~grpo_lab.training.trainer.TrainerConfig.to_dict` without
         :data:`~grpo_lab.training.config.OUTPUT_FIELDS`: the fields a run's numbers depend on."""
         return {k: v for k, v in self.to_dict().items() if k not in OUTPUT_FIELDS}
 
@@ -299,4 +299,4 @@ class TrainerConfig:
         return cls(**d)
 
 
-TrainerConfig.__module__ = "grpo_lab.trainer"  # documented, pickled and imported as grpo_lab.trainer.TrainerConfig
+TrainerConfig.__module__ = "grpo_lab.training.trainer"  # documented, pickled and imported as grpo_lab.training.trainer.TrainerConfig

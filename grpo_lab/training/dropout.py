@@ -41,7 +41,7 @@ def disable_dropout(model: torch.nn.Module) -> list[str]:
       config and a checkpoint saved from ``model`` carry no dropout.
 
     After this, ``model.train()`` and ``model.eval()`` compute the same function (for the models of
-    ``transformers`` and :mod:`grpo_lab.models`; a custom module with another kind of train-mode
+    ``transformers`` and :mod:`grpo_lab.policy.models`; a custom module with another kind of train-mode
     randomness is not found). Idempotent.
 
     Args:

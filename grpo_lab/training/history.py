@@ -1,9 +1,9 @@
 """The history rows: one per step (rewards, lengths, the update's metrics, timings, memory) and the
 test-set evaluations that join them.
 
-The mixin ``History`` gives :class:`~grpo_lab.trainer.Trainer` its
-:attr:`~grpo_lab.trainer.Trainer.history`, :meth:`~grpo_lab.trainer.Trainer.evaluate` and the rows
-:meth:`~grpo_lab.trainer.Trainer.train` appends (:data:`~grpo_lab.trainer.MEASURED_COLUMNS` names the
+The mixin ``History`` gives :class:`~grpo_lab.training.trainer.Trainer` its
+:attr:`~grpo_lab.training.trainer.Trainer.history`, :meth:`~grpo_lab.training.trainer.Trainer.evaluate` and the rows
+:meth:`~grpo_lab.training.trainer.Trainer.train` appends (:data:`~grpo_lab.training.trainer.MEASURED_COLUMNS` names the
 columns that measure the machine rather than the run).
 """
 
@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import sampling
-from ..advantages import tied_groups
-from ..metrics import reduce_updates
-from ..objectives import METRIC_KEYS
-from ..rollout import evaluate
+from ..algo import selection
+from ..algo.advantages import tied_groups
+from ..algo.metrics import reduce_updates
+from ..algo.objectives import METRIC_KEYS
+from ..policy.rollout import evaluate
 from .callbacks import samples_table
 from .collection import Batch
 from .memory import peak_memory_mb
@@ -31,7 +31,7 @@ __all__: list[str] = []
 
 
 class History:
-    """The history of :class:`grpo_lab.trainer.Trainer`: its rows, evaluations and the row of a step.
+    """The history of :class:`grpo_lab.training.trainer.Trainer`: its rows, evaluations and the row of a step.
     Reads ``config``, ``task``, ``algo``, ``policy``, ``tokenizer``, ``max_new_tokens``, ``rows``,
     ``step``, ``scaler`` and ``amp_skipped_steps``; calls ``_autocast``."""
 
@@ -46,7 +46,7 @@ class History:
         return self._evaluate_frame(greedy=greedy)[0]
 
     def _evaluate_frame(self, *, greedy: bool) -> tuple[dict, pd.DataFrame]:
-        """:meth:`evaluate`, with the per-problem frame of :func:`grpo_lab.rollout.evaluate`."""
+        """:meth:`evaluate`, with the per-problem frame of :func:`grpo_lab.policy.rollout.evaluate`."""
         state = torch.random.get_rng_state()
         try:
             with self._autocast():
@@ -153,6 +153,6 @@ class History:
         if not updates:  # no update this step: the loss metrics exist and are NaN (even if no step ever updated)
             row.update({k: float("nan") for k in METRIC_KEYS if k not in row})
         n_trained = len(batch.rollout) if batch.rollout is not None else 0
-        row.update(sampling.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G,
+        row.update(selection.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G,
                                              n_selected=batch.selected_groups * G))
         return row

@@ -1,12 +1,12 @@
 """A run without a learning signal: every group tied for several steps in a row, and the warning that says so.
 
-With a group baseline (:data:`grpo_lab.advantages.GROUP_BASELINE_ESTIMATORS`: GRPO's
+With a group baseline (:data:`grpo_lab.algo.advantages.GROUP_BASELINE_ESTIMATORS`: GRPO's
 :math:`(R_i - \\mathrm{mean})/\\mathrm{std}`, Dr. GRPO's :math:`R_i - \\mathrm{mean}`, RLOO, ...) a group whose
 :math:`G` responses all score alike gets advantage 0 for every response (DeepSeekMath §4.1.2), and a step
 whose groups are *all* tied (history column ``zero_adv_group_frac == 1``) has no policy-gradient signal at
 all. One such step happens by chance; :data:`~grpo_lab.training.learning_signal.NO_SIGNAL_STEPS` in a row
 mean the base policy never (or always) solves the prompts, as RL from ``arithmetic-base`` on another task.
-:class:`~grpo_lab.trainer.Trainer` then warns once per run with :class:`NoLearningSignalWarning` (:func:`no_signal_warning`), and
+:class:`~grpo_lab.training.trainer.Trainer` then warns once per run with :class:`NoLearningSignalWarning` (:func:`no_signal_warning`), and
 :func:`grpo_lab.experiments.run` once per call over its seeds, also for seeds trained in worker
 processes (their histories come back to the caller). The warning changes no number.
 
@@ -79,7 +79,7 @@ def no_signal_warning(algo_name: str, group_size: int, at_step: int,
             f"{group_size} responses of every prompt got the same reward, so every advantage is 0 and the policy "
             f"gradient is empty (history column zero_adv_group_frac = 1). The base policy never (or always) solves "
             f"these prompts{base}: start from a model that sometimes solves them (a supervised warm start; for the README's "
-            "reverse task: --model reverse-base, made by python -m grpo_lab.pretrain reverse), raise "
+            "reverse task: --model reverse-base, made by python -m grpo_lab.lab.pretrain reverse), raise "
             "group_size or temperature, or use DAPO's dynamic sampling (dynamic_sampling=True), which resamples "
             "tied groups")
 

@@ -80,7 +80,7 @@ def schedule_updates(config) -> int | None:
     of its schedule, at a learning rate somewhat above the planned last one.
 
     Args:
-        config: a :class:`~grpo_lab.trainer.TrainerConfig`.
+        config: a :class:`~grpo_lab.training.trainer.TrainerConfig`.
     """
     steps = config.lr_schedule_steps
     return None if steps is None else int(steps) * config.epochs * config.minibatches
@@ -93,7 +93,7 @@ def policy_lr(config, opt_steps: int) -> float:
     ``lr * min(1, opt_steps / warmup)``, ``lr`` without warm-up.
 
     Args:
-        config: a :class:`~grpo_lab.trainer.TrainerConfig` (``lr``, ``warmup``, ``lr_schedule``,
+        config: a :class:`~grpo_lab.training.trainer.TrainerConfig` (``lr``, ``warmup``, ``lr_schedule``,
             ``lr_schedule_steps``, ``epochs``, ``minibatches``).
         opt_steps: optimiser updates made before this one (``>= 0``).
 

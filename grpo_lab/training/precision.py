@@ -1,7 +1,7 @@
 """Mixed precision: the autocast dtype a run uses and the loss scaling float16 needs.
 
-:data:`~grpo_lab.trainer.PRECISIONS` are the values of ``TrainerConfig.precision``;
-:func:`~grpo_lab.trainer.resolve_precision` turns ``"auto"`` into a dtype for the device. The mixin
+:data:`~grpo_lab.training.trainer.PRECISIONS` are the values of ``TrainerConfig.precision``;
+:func:`~grpo_lab.training.trainer.resolve_precision` turns ``"auto"`` into a dtype for the device. The mixin
 ``MixedPrecision`` gives the trainer its autocast context and its (scaled) backward pass.
 """
 
@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from ..validation import choice
+from ..algo.checks import choice
 
 __all__ = ["PRECISIONS", "resolve_precision"]
 

@@ -1,6 +1,6 @@
 """The *update* stage: π_old and π_ref log-probs, minibatches, micro-batches and the optimiser step.
 
-:meth:`~grpo_lab.trainer.Trainer.update` trains on one rollout for ``epochs`` passes of
+:meth:`~grpo_lab.training.trainer.Trainer.update` trains on one rollout for ``epochs`` passes of
 ``minibatches`` optimiser steps, in small steps (methods of the mixin ``Update``):
 
 * ``_plan_update``: the row order of every epoch (one draw from the trainer's numpy RNG), the
@@ -10,8 +10,8 @@
 * ``_minibatch``: one optimiser step's micro-batches and the whole-minibatch quantities every
   micro-batch's loss shares, a :class:`Minibatch`, computed once before the micro-batches run;
 * ``_minibatch_statistics``: when the algorithm's surrogate declares statistics over the whole
-  minibatch (:func:`grpo_lab.hparams.declare`, e.g. KL-Cov's covariance top-k), a forward without
-  gradient over the minibatch and :func:`grpo_lab.objectives.batch_statistics`, once, before the
+  minibatch (:func:`grpo_lab.algo.hparams.declare`, e.g. KL-Cov's covariance top-k), a forward without
+  gradient over the minibatch and :func:`grpo_lab.algo.objectives.batch_statistics`, once, before the
   micro-batches; each micro-batch's loss gets its rows;
 * ``_minibatch_step``: zero the gradients, forward and backward of each micro-batch
   (``_micro_step``: the policy forward with MoE routing record / replay, the policy loss, the
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import hparams
-from ..metrics import reduce_micro_batches, token_mean, total
-from ..moe import RoutingStore, record_routing, replay_routing, routing_changes
-from ..objectives import SURROGATES, batch_statistics, policy_loss, value_loss
-from ..rollout import Rollout, policy_logprobs
+from ..algo import hparams
+from ..algo.metrics import reduce_micro_batches, token_mean, total
+from ..policy.moe import RoutingStore, record_routing, replay_routing, routing_changes
+from ..algo.objectives import SURROGATES, batch_statistics, policy_loss, value_loss
+from ..policy.rollout import Rollout, policy_logprobs
 from .collection import Batch
 from .lr_schedule import policy_lr
 from .value_model import checked_values
@@ -48,7 +48,7 @@ class RolloutUpdate:
     """One rollout's update in progress: what all its minibatches share.
 
     Attributes:
-        batch: the :class:`~grpo_lab.trainer.Batch` trained on (its advantages filled in).
+        batch: the :class:`~grpo_lab.training.trainer.Batch` trained on (its advantages filled in).
         orders: per epoch, ``[B]`` int64, the order in which the rows are cut into minibatches.
         bounds: minibatch ``m`` of an epoch is ``order[bounds[m]:bounds[m + 1]]``.
         micro: rows per micro-batch.
@@ -59,10 +59,10 @@ class RolloutUpdate:
             with the same layout share one tensor), or ``None`` when the rollout feeds a single optimiser
             step (π_old = sg(π_θ) of each micro-batch's own forward). With ``old_logp="recompute"`` the rows
             of the first minibatch are written during its step.
-        old_logp: the entry of ``old_by_epoch`` of the epoch being trained (set by :meth:`~grpo_lab.trainer.Trainer.update`).
+        old_logp: the entry of ``old_by_epoch`` of the epoch being trained (set by :meth:`~grpo_lab.training.trainer.Trainer.update`).
         ref_logp: ``[B, T]`` float32 π_ref log-probs (scored in the first epoch's layout), or ``None`` when
             the algorithm has no KL term.
-        routing: the rollout's :class:`~grpo_lab.moe.RoutingStore` (Mixture-of-Experts policies whose
+        routing: the rollout's :class:`~grpo_lab.policy.moe.RoutingStore` (Mixture-of-Experts policies whose
             rollout feeds several optimiser steps), or ``None``.
         entropies: ``(entropy sum, token count)`` of each first-epoch micro-batch, filled in as they run.
         n_updates: optimiser steps taken on this rollout so far.
@@ -87,7 +87,7 @@ class Minibatch:
     """The rows of one optimiser step and the whole-minibatch quantities its micro-batches share.
 
     Computed once per minibatch, before it is cut into micro-batches, and handed to every
-    micro-batch's :func:`grpo_lab.objectives.policy_loss`: each micro-batch's loss is normalised by
+    micro-batch's :func:`grpo_lab.algo.objectives.policy_loss`: each micro-batch's loss is normalised by
     the same global quantities, so the summed gradient does not depend on how the minibatch is split.
 
     Attributes:
@@ -99,7 +99,7 @@ class Minibatch:
         group_tokens: ``[B]`` float64, per row of the batch the loss-token count of its group within
             this minibatch (0 outside it), for the ``"group_token_mean"`` aggregation.
         stats: the whole-minibatch statistics of the algorithm's surrogate
-            (:func:`grpo_lab.objectives.batch_statistics`), ``{name: Tensor [B] or [B, T]}`` indexed by the
+            (:func:`grpo_lab.algo.objectives.batch_statistics`), ``{name: Tensor [B] or [B, T]}`` indexed by the
             batch's rows (filled on this minibatch's rows); empty when the surrogate declares none.
     """
 
@@ -111,7 +111,7 @@ class Minibatch:
 
 
 class Update:
-    """The *update* stage of :class:`grpo_lab.trainer.Trainer`. Reads ``config``, ``algo``, ``policy``,
+    """The *update* stage of :class:`grpo_lab.training.trainer.Trainer`. Reads ``config``, ``algo``, ``policy``,
     ``ref_policy``, ``uses_kl``, ``value_model``, ``optimizer``, ``value_optimizer``, ``scaler``,
     ``moe_routers``, ``rng``, ``task``, ``tokenizer``, ``max_new_tokens``, ``step`` and
     ``opt_steps``; calls ``_autocast`` and ``_backward``."""
@@ -123,7 +123,7 @@ class Update:
 
         Returns:
             ``(metrics, grad_norms, entropies)``: per optimiser step the micro-batch-reduced
-            metrics (:func:`grpo_lab.metrics.reduce_micro_batches`) and the gradient norm before
+            metrics (:func:`grpo_lab.algo.metrics.reduce_micro_batches`) and the gradient norm before
             clipping; per first-epoch micro-batch ``(entropy sum, token count)``.
         """
         run = self._plan_update(batch)
@@ -188,7 +188,7 @@ class Update:
 
     def _minibatch_step(self, run: RolloutUpdate, mb: Minibatch, *, first: bool, epoch: int) -> tuple[dict, float]:
         """One optimiser step on ``mb``: zero the gradients, forward and backward of each micro-batch (their
-        metrics reduced by :func:`grpo_lab.metrics.reduce_micro_batches`), the next-token-prediction term,
+        metrics reduced by :func:`grpo_lab.algo.metrics.reduce_micro_batches`), the next-token-prediction term,
         the optimiser step. ``first``: the rollout's first minibatch of its first epoch. Returns the
         metrics and the policy's gradient norm before clipping."""
         c, store = self.config, run.routing
@@ -214,7 +214,7 @@ class Update:
         return metrics, grad_norm
 
     def _minibatch_statistics(self, run: RolloutUpdate, mb: Minibatch, *, on_policy: bool, replay: bool) -> dict:
-        """The surrogate's whole-minibatch statistics (:func:`grpo_lab.objectives.batch_statistics`) over the
+        """The surrogate's whole-minibatch statistics (:func:`grpo_lab.algo.objectives.batch_statistics`) over the
         rows of ``mb``, indexed by batch row: π_θ scored without gradient at the current weights (in the
         micro-batches of the training forward, so the values are those the loss will see; with ``replay``
         π_old's MoE routing forced), π_old as the micro-batches will see it (``sg(π_θ)`` on an on-policy
@@ -249,7 +249,7 @@ class Update:
 
         MoE policies, with the rollout's routing store ``run.routing``: ``routing="record"`` writes this
         forward's experts into it (π_old's routing), ``"replay"`` forces the stored experts
-        (:func:`grpo_lab.moe.replay_routing`); ``measure_routing`` adds ``routing_change_frac``
+        (:func:`grpo_lab.policy.moe.replay_routing`); ``measure_routing`` adds ``routing_change_frac``
         (the routers' own choices in this forward against the stored ones, on completion tokens).
         """
         batch = run.batch
@@ -296,7 +296,7 @@ class Update:
 
     def _policy_term(self, run: RolloutUpdate, mb: Minibatch, sub: torch.Tensor, logp: torch.Tensor,
                      mask: torch.Tensor, on_policy: bool):
-        """:func:`grpo_lab.objectives.policy_loss` of one micro-batch (log-probs ``logp`` and loss mask ``mask``
+        """:func:`grpo_lab.algo.objectives.policy_loss` of one micro-batch (log-probs ``logp`` and loss mask ``mask``
         ``[b, T]`` of the rows ``sub``) with the minibatch's global normalisers, and its backward; returns
         the loss output. ``on_policy`` (or ``run.old_logp is None``): π_old = sg(``logp``), written into
         ``run.old_logp`` when there is one."""
@@ -318,7 +318,7 @@ class Update:
 
     def _value_term(self, batch: Batch, part: Rollout, sub: torch.Tensor, mask: torch.Tensor,
                     num_tokens: float) -> float:
-        """The critic's :func:`grpo_lab.objectives.value_loss` on the micro-batch ``part`` (rows ``sub``, loss
+        """The critic's :func:`grpo_lab.algo.objectives.value_loss` on the micro-batch ``part`` (rows ``sub``, loss
         mask ``mask``), normalised by the minibatch's ``num_tokens``, and its backward; returns the loss."""
         T = part.completion_ids.shape[1]
         with self._autocast():
@@ -330,7 +330,7 @@ class Update:
 
 
     def _routing_store(self, ro: Rollout, n_mb: int) -> RoutingStore | None:
-        """An empty :class:`~grpo_lab.moe.RoutingStore` for ``ro`` when the policy is a MoE model
+        """An empty :class:`~grpo_lab.policy.moe.RoutingStore` for ``ro`` when the policy is a MoE model
         whose π_old the trainer scores itself (``old_logp="recompute"``) and the rollout feeds more
         than one optimiser step; ``None`` otherwise (nothing to replay or compare)."""
         c = self.config
@@ -485,7 +485,7 @@ class Update:
 def _routing_change_frac(store: RoutingStore, part: Rollout, sub: torch.Tensor, rec):
     """``routing_change_frac`` of one micro-batch: the fraction of its completion tokens' routing decisions
     (the experts recorded by ``rec`` in this forward) that differ from π_old's in ``store``
-    (:func:`grpo_lab.moe.routing_changes`), as a :func:`grpo_lab.metrics.token_mean` weighted by the decisions
+    (:func:`grpo_lab.policy.moe.routing_changes`), as a :func:`grpo_lab.algo.metrics.token_mean` weighted by the decisions
     compared (NaN when none)."""
     P, T = part.prompt_ids.shape[1], part.completion_ids.shape[1]
     real = torch.cat([torch.zeros_like(part.prompt_mask, dtype=torch.bool), part.completion_mask != 0], 1)

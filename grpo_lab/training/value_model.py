@@ -1,8 +1,8 @@
 """The value model (critic) of PPO-style algorithms: its slot, its values, its pretraining, its metrics.
 
-:class:`~grpo_lab.trainer.ValueModel` is the protocol a critic implements. The mixin ``ValueTraining``
-gives :class:`~grpo_lab.trainer.Trainer` the critic's values at collect time and
-:meth:`~grpo_lab.trainer.Trainer.pretrain_value` (VAPO's value pretraining); ``value_metrics`` computes
+:class:`~grpo_lab.training.trainer.ValueModel` is the protocol a critic implements. The mixin ``ValueTraining``
+gives :class:`~grpo_lab.training.trainer.Trainer` the critic's values at collect time and
+:meth:`~grpo_lab.training.trainer.Trainer.pretrain_value` (VAPO's value pretraining); ``value_metrics`` computes
 the advantage and critic columns of a history row. The critic's loss in the update is in
 :mod:`grpo_lab.training.update`.
 """
@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..advantages import VALUE_BASELINE_ESTIMATORS, explained_variance
-from ..objectives import value_loss
-from ..rollout import Rollout
-from ..validation import non_negative_int
+from ..algo.advantages import VALUE_BASELINE_ESTIMATORS, explained_variance
+from ..algo.objectives import value_loss
+from ..policy.rollout import Rollout
+from ..algo.checks import non_negative_int
 from .collection import Batch
 
 __all__ = ["ValueModel"]
@@ -33,16 +33,16 @@ class ValueModel(Protocol):
     (0 on padding). The trainer calls it without grad at collect time (the values handed to the
     advantage estimator as ``AdvantageBatch.values``, and the ``old_values`` of the clipped value
     loss) and with grad in the update, where it minimises
-    :func:`grpo_lab.objectives.value_loss` against the algorithm's critic targets
-    (:meth:`grpo_lab.algorithms.Algorithm.value_targets`), normalised by the minibatch's global
+    :func:`grpo_lab.algo.objectives.value_loss` against the algorithm's critic targets
+    (:meth:`grpo_lab.algo.algorithms.Algorithm.value_targets`), normalised by the minibatch's global
     token count. It is an ``nn.Module`` (``parameters``, ``state_dict``, ``to``, ``eval``);
-    :class:`grpo_lab.models.CriticModel` is the package's.
+    :class:`grpo_lab.policy.models.CriticModel` is the package's.
     """
 
     def values(self, rollout: Rollout) -> torch.Tensor: ...
 
 
-ValueModel.__module__ = "grpo_lab.trainer"  # documented under its public import path
+ValueModel.__module__ = "grpo_lab.training.trainer"  # documented under its public import path
 
 
 def checked_values(v, part: Rollout, grad: bool = False) -> torch.Tensor:
@@ -74,10 +74,10 @@ def value_metrics(batch: Batch, gamma: float = 1.0) -> dict:
     (population), ``adv_min``, ``adv_max`` over the tokens of the loss (a per-sequence advantage
     counts once per token); with a critic, on the step's batch *before* its update,
     ``explained_variance`` of the critic's targets by the values
-    (:func:`grpo_lab.advantages.explained_variance`), ``explained_variance_mc`` of the Monte-Carlo
+    (:func:`grpo_lab.algo.advantages.explained_variance`), ``explained_variance_mc`` of the Monte-Carlo
     returns (GAE at ``lam = 1``, discount ``gamma``: the same yardstick for every critic, whatever
     its targets), ``value_mean`` and ``return_mean`` (the critic's targets)."""
-    from ..advantages import gae, outcome_token_rewards
+    from ..algo.advantages import gae, outcome_token_rewards
 
     nan = float("nan")
     out = dict.fromkeys(("adv_mean", "adv_std", "adv_min", "adv_max", "explained_variance", "explained_variance_mc",
@@ -100,7 +100,7 @@ def value_metrics(batch: Batch, gamma: float = 1.0) -> dict:
 
 
 class ValueTraining:
-    """The critic's part of :class:`grpo_lab.trainer.Trainer`: values without grad, value pretraining and
+    """The critic's part of :class:`grpo_lab.training.trainer.Trainer`: values without grad, value pretraining and
     the checks of the value settings. Reads ``config``, ``algo``, ``value_model``, ``value_optimizer``,
     ``value_warmup_rows``, ``max_new_tokens``, ``rng``, ``scaler``; calls ``collect``, ``_autocast`` and
     ``_backward``."""
@@ -150,7 +150,7 @@ class ValueTraining:
         Each step collects a batch as :meth:`collect` does (the same sampling, selection and reward
         shaping, so it uses the training RNGs), computes the targets with GAE at ``lam = 1`` (the
         Monte-Carlo returns ``sum_l gamma^l r_{t+l}``, whatever the critic predicts) and takes
-        ``minibatches`` optimiser steps of the plain squared-error :func:`grpo_lab.objectives.value_loss`
+        ``minibatches`` optimiser steps of the plain squared-error :func:`grpo_lab.algo.objectives.value_loss`
         (no clipping) with the critic's own optimiser. The paper pretrains "until the value loss
         and explained variance are good" and saves the critic for reuse; save it with
         ``trainer.value_model.save(path)`` and pass the path as ``TrainerConfig.value_init``.
@@ -159,13 +159,13 @@ class ValueTraining:
             The warm-up history so far (also ``trainer.value_warmup_rows``), one row per step:
             ``value_step``, ``value_loss`` (the mean over the step's minibatches), and, measured on
             each step's fresh batch *before* the critic is fitted to it (so on samples it has not
-            seen), ``explained_variance`` (:func:`grpo_lab.advantages.explained_variance`),
+            seen), ``explained_variance`` (:func:`grpo_lab.algo.advantages.explained_variance`),
             ``value_mean`` and ``return_mean`` (over real tokens), plus ``seconds``.
 
         Raises:
             ValueError: the trainer has no value model, or ``steps`` is negative.
         """
-        from ..advantages import gae, outcome_token_rewards
+        from ..algo.advantages import gae, outcome_token_rewards
 
         if self.value_model is None:
             raise ValueError("Trainer.pretrain_value: the trainer has no value model (use an algorithm whose advantage "

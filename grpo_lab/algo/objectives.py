@@ -1,0 +1,1703 @@
+"""Policy objectives of the GRPO family as pure tensor functions: ratios, clipping, KL, aggregation.
+
+Notation: ``B`` sequences, ``T`` completion tokens (right-padded), ``mask [B, T]`` (bool or 0/1
+float; 1 = real token). ``logp``, ``old_logp`` and ``ref_logp`` are per-token log-probabilities
+of the sampled tokens under the current policy pi_theta, the behaviour policy pi_old and the
+reference policy pi_ref (see :mod:`grpo_lab.policy.logprobs`).
+
+The GRPO objective, DeepSeekMath (arXiv 2402.03300) Eq. 3, maximised::
+
+    J = 1/G sum_i 1/|o_i| sum_t { min[ r_it A_it, clip(r_it, 1-eps, 1+eps) A_it ] - beta D_KL,it }
+
+with ``r_it = pi_theta / pi_old`` and ``D_KL,it`` the k3 estimator of Eq. 4. Every function here
+returns *losses* (``-J`` terms), to be minimised. Each axis of an
+:class:`~grpo_lab.algo.algorithms.Algorithm` is a registry, a dict from a choice's name to one small
+function with that axis's signature:
+
+* :data:`RATIOS` ``(logp, old_logp, mask) -> log_ratio [B, T]``;
+* :data:`SURROGATES` ``(ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)``;
+* :data:`KL_ESTIMATORS` ``(delta [B, T]) -> [B, T]`` with ``delta = log pi_theta - log pi_ref``;
+* :data:`AGGREGATIONS` ``(values, mask, norms) -> scalar``.
+
+:func:`policy_loss` composes them like the equation above; registering a function under a new
+name (``SURROGATES["mine"] = f``) makes ``algo.replace(clip="mine")`` valid. A function's keyword-only
+parameters are its hyper-parameters, and it may declare constraints on the other axes and statistics
+over the whole minibatch (:mod:`grpo_lab.algo.hparams`); a surrogate sees the whole :class:`LossContext`
+(log pi_theta, log pi_old, the log-ratio, advantages, mask, group structure, those statistics).
+
+Where the code departs from the papers, and why:
+
+* log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] = [-20, 20]`` before ``exp``
+  (``e^20 ~ 4.9e8``), so ratios never overflow; outside the clamp the ratio gets no gradient.
+  Such a token is far outside any clip range, so for PPO clipping this only changes tokens with
+  A < 0 and r > e^20, whose huge unclipped gradient would be destructive anyway;
+* k3 is continued along its tangent line below ``D = -KL_LOG_RATIO_CLAMP`` (see :func:`k3`), so
+  its value and gradient stay finite where Eq. 4 overflows;
+* a fully masked row (no real token) is not counted as a sequence (not in Eq. 3's ``G``): an
+  empty row has no ``1/|o_i|``.
+
+Numerical conventions (callers rely on them):
+
+* Inputs may be float32, bfloat16 or float16: everything is computed in float32 and returned as
+  float32. float64 inputs are computed and returned in float64 (the book's reference checks).
+* ``old_logp`` and ``ref_logp`` are constants: they are detached. Advantages are detached.
+* Padded positions (mask 0) may hold anything, even NaN or inf: they are replaced before use, so
+  they affect neither values nor gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
+
+import torch
+from torch import Tensor
+
+from . import hparams as _hp
+from . import metrics as _metrics
+from . import checks as _v
+
+__all__ = [
+    "LossOutput",
+    "LossContext",
+    "Normalisers",
+    "LOG_RATIO_CLAMP",
+    "KL_LOG_RATIO_CLAMP",
+    "METRIC_KEYS",
+    "RATIOS",
+    "SURROGATES",
+    "SURROGATE_METRICS",
+    "KL_ESTIMATORS",
+    "AGGREGATIONS",
+    "token_log_ratio",
+    "sequence_log_ratio",
+    "sequence_ratio",
+    "sequence_token_ratio",
+    "ppo_clip_loss",
+    "cispo_weight",
+    "token_covariance",
+    "batch_statistics",
+    "aggregate",
+    "kl_estimate",
+    "offpolicy_sequence_mask",
+    "policy_loss",
+    "VALUE_LOSS_MODES",
+    "value_loss",
+    "positive_nll_loss",
+]
+
+#: ``|log r|`` is clamped to this before exp in every importance ratio (e^20 ~ 4.85e8).
+LOG_RATIO_CLAMP = 20.0
+#: k3 = exp(-D) + D - 1 is continued along its tangent line below D = -KL_LOG_RATIO_CLAMP.
+KL_LOG_RATIO_CLAMP = 20.0
+
+#: keys always present in ``LossOutput.metrics``
+METRIC_KEYS = (
+    "loss",
+    "pg_loss",
+    "kl",
+    "clip_frac_low",
+    "clip_frac_high",
+    "clip_frac",
+    "ratio_mean",
+    "ratio_min",
+    "ratio_max",
+    "ratio_q05",
+    "ratio_q50",
+    "ratio_q95",
+    "grad_token_frac",
+    "adv_abs_mean",
+    "num_tokens",
+    "num_sequences",
+    "offpolicy_masked_frac",
+    "clip_high_prob_mean",
+    "clip_high_prob_max",
+    "token_prob_mean",
+    "seq_clip_frac",
+    "seq_ratio_mean",
+    "seq_ratio_min",
+    "seq_ratio_max",
+    "seq_ratio_abs_dev",
+    "token_ratio_abs_dev",
+)
+
+#: per-token indicators every surrogate returns, and the metric each becomes
+SURROGATE_METRICS = {"clip_low": "clip_frac_low", "clip_high": "clip_frac_high", "grad": "grad_token_frac"}
+
+Number = Union[int, float, Tensor]
+
+
+class LossOutput(NamedTuple):
+    """Result of :func:`policy_loss`: ``loss, metrics = policy_loss(...)``.
+
+    Attributes:
+        loss: 0-d float32 tensor (float64 for float64 inputs) with grad, to minimise.
+        metrics: ``dict[str, Metric]``: :class:`grpo_lab.algo.metrics.Metric` values (python floats,
+            never NaN, that also say how they combine over micro-batches); keys
+            :data:`METRIC_KEYS`, plus any extra indicator a custom surrogate returns.
+    """
+
+    loss: Tensor
+    metrics: dict
+
+
+class Normalisers(NamedTuple):
+    """The constants an aggregation may divide by (validated; ``None`` = not given).
+
+    Attributes:
+        max_tokens: positive int, the constant of ``"seq_mean_token_sum_norm"``.
+        num_tokens: positive float, the global real-token count (micro-batching).
+        num_sequences: positive float, the global non-empty-sequence count (micro-batching).
+        group_tokens: ``[B]`` float tensor or None: for each row, the real-token count of its
+            whole group (over every micro-batch of the batch), for ``"group_token_mean"``.
+        num_groups: positive float or None: the number of groups with at least one real token in
+            the whole batch, for ``"group_token_mean"``.
+    """
+
+    max_tokens: Optional[int] = None
+    num_tokens: Optional[float] = None
+    num_sequences: Optional[float] = None
+    group_tokens: Optional[Tensor] = None
+    num_groups: Optional[float] = None
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+def _broadcast_adv(advantages, shape: torch.Size, cdt: torch.dtype) -> Tensor:
+    a = _v.float_tensor(advantages, "advantages")
+    b, t = shape
+    if a.dim() == 1 and a.shape[0] == b:
+        a = a.unsqueeze(1).expand(b, t)
+    elif a.shape != shape:
+        raise ValueError(
+            f"shape mismatch: advantages must have shape [B]=({b},) or [B, T]=({b}, {t}), got {tuple(a.shape)}"
+        )
+    return a.detach().to(cdt)
+
+
+def _quantiles(x: Tensor, qs: tuple) -> list:
+    """Linear-interpolation quantiles of a 1-D tensor via sort (no size limit, unlike
+    torch.quantile)."""
+    s = torch.sort(x).values
+    n = s.numel()
+    out = []
+    for q in qs:
+        pos = q * (n - 1)
+        lo = int(math.floor(pos))
+        hi = min(lo + 1, n - 1)
+        frac = pos - lo
+        out.append(s[lo] * (1 - frac) + s[hi] * frac)
+    return out
+
+
+def _masked(x: Tensor, m: Tensor, cdt: torch.dtype) -> Tensor:
+    """``x`` in the compute dtype with padded positions replaced by 0 (NaN / inf there vanish)."""
+    return torch.where(m, x.to(cdt), torch.zeros((), dtype=cdt, device=x.device))
+
+
+# --------------------------------------------------------------------------------------------
+# ratios: (logp, old_logp, mask) -> log_ratio [B, T], on validated, padding-zeroed tensors
+# --------------------------------------------------------------------------------------------
+def token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """``log r_it = log pi_theta(o_it) - log pi_old(o_it)`` (DeepSeekMath Eq. 3)."""
+    return logp - old_logp
+
+
+def _sequence_mean(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    lengths = mask.sum(dim=-1).clamp(min=1).to(logp.dtype)
+    return (logp - old_logp).sum(dim=-1) / lengths
+
+
+def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """``log s_i = 1/|o_i| sum_t log r_it`` (GSPO, arXiv 2507.18071, Eq. 7), on every token of row i.
+
+    The log of the geometric mean of the token ratios, broadcast to the row so that the PPO clip
+    and ``seq_mean_token_mean`` give Eq. 5 (``ratio_level="sequence"``). A registry function of
+    :data:`RATIOS`: it expects what :func:`policy_loss` passes, validated tensors in one compute
+    dtype with padded positions already set to 0 (called directly on NaN padding it returns NaN;
+    use :func:`sequence_log_ratio`, which masks, for raw inputs).
+
+    Args:
+        logp: ``[B, T]`` log pi_theta (float32 / float64; grad flows).
+        old_logp: ``[B, T]`` log pi_old, detached, same dtype.
+        mask: ``[B, T]`` bool, True = real token (a fully masked row gives 0, ratio 1).
+
+    Returns:
+        ``[B, T]`` log-ratios, row i constant and equal to ``log s_i``; gradient ``1/|o_i|`` to each
+        real token of row i. Raises nothing (inputs are validated by :func:`policy_loss`).
+    """
+    return _sequence_mean(logp, old_logp, mask).unsqueeze(1).expand(logp.shape)
+
+
+def sequence_token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """GSPO-token's log-ratio ``log s_it = sg[log s_i] + log pi_theta(y_it) - sg[log pi_theta(y_it)]``.
+
+    GSPO (arXiv 2507.18071) Eqs. 13-17: ``s_it(theta) = sg[s_i(theta)] * pi_theta(y_it) /
+    sg[pi_theta(y_it)]`` (Eq. 14), with ``s_i`` the length-normalised sequence ratio of Eq. 7, in
+    log space. ``sg`` is the stop-gradient (``detach``).
+
+    * **Value**: ``log s_it == log s_i`` at every token of sequence i, exactly (the two
+      ``log pi_theta`` terms cancel to 0), so the clipping condition is GSPO's, per sequence.
+    * **Gradient**: ``d log s_it / d log pi_theta(y_it) = 1`` and 0 w.r.t. every other token
+      (Eq. 16: ``grad s_it = s_i grad log pi_theta(y_it)``). In the clipped surrogate each token is
+      then weighted by ``s_i A_it``: with a per-token advantage ``A_it`` this gives token-level
+      credit (Eq. 17), while with a shared advantage ``A_it = A_i`` and the aggregation
+      ``"seq_mean_token_mean"`` (Eq. 13's ``1/G sum_i 1/|y_i| sum_t``) the loss and its gradient
+      are exactly GSPO's (Eqs. 5 and 10), as the paper states.
+
+    A registry function of :data:`RATIOS` (``ratio_level="sequence_token"``): it expects the
+    tensors :func:`policy_loss` passes, already validated, in one compute dtype and with padded
+    positions set to 0 (padded positions then get ``log s_i``, which the aggregation ignores).
+
+    Args:
+        logp: ``[B, T]`` log pi_theta of the sampled tokens (float32 or float64; grad flows).
+        old_logp: ``[B, T]`` log pi_old (detached), same dtype.
+        mask: ``[B, T]`` bool, True = real token (a fully masked row gives 0, ratio 1).
+
+    Returns:
+        ``[B, T]`` log-ratios in the dtype of ``logp``; value ``log s_i`` broadcast over row i,
+        gradient 1 to ``logp[i, t]`` at position ``(i, t)`` only.
+    """
+    log_s = _sequence_mean(logp.detach(), old_logp, mask).unsqueeze(1)
+    return log_s + (logp - logp.detach())
+
+
+#: importance-ratio level -> ``(logp, old_logp, mask) -> log_ratio [B, T]``
+RATIOS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "token": token_ratio,
+    "sequence": sequence_ratio,
+    "sequence_token": sequence_token_ratio,
+}
+
+
+def token_log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
+    """Per-token log importance ratio ``log r_t = log pi_theta(o_t) - log pi_old(o_t)``.
+
+    The ratio of DeepSeekMath (arXiv 2402.03300) Eq. 3 (and DAPO Eq. 9), in log space. Not
+    clamped here (:func:`ppo_clip_loss` clamps before ``exp``). ``old_logp`` is detached.
+
+    Args:
+        logp: ``[B, T]`` current-policy log-probs (float32 / bfloat16 / float64).
+        old_logp: ``[B, T]`` behaviour-policy log-probs.
+
+    Returns:
+        ``[B, T]`` float32 log-ratios (nats; float64 for float64 input); grad flows to ``logp``.
+
+    Raises:
+        ValueError: shape mismatch or non-floating inputs.
+    """
+    _v.bt_tensor(logp, "logp")
+    _v.bt_tensor(old_logp, "old_logp", logp.shape)
+    cdt = _v.compute_dtype(logp, old_logp)
+    return logp.to(cdt) - old_logp.detach().to(cdt)
+
+
+def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """Length-normalised sequence log-ratio ``log s_i = 1/|o_i| sum_t log r_it`` (GSPO Eq. 7).
+
+    GSPO (arXiv 2507.18071) Eq. 7: ``s_i = (pi_theta(o_i) / pi_old(o_i))^(1/|o_i|)``, the geometric
+    mean of the token ratios; this returns its log, the masked mean of the token log-ratios over
+    the real tokens of each sequence. A fully masked row gives 0 (ratio 1). ``old_logp`` is
+    detached; padded positions are ignored (they may hold NaN / inf).
+
+    Args:
+        logp, old_logp: ``[B, T]`` log-probs. mask: ``[B, T]`` bool or 0/1.
+
+    Returns:
+        ``[B]`` float32 (float64 for float64 input); gradient ``1/|o_i|`` to each real token.
+
+    Raises:
+        ValueError: shape mismatch, mask values other than 0/1, non-floating log-probs.
+    """
+    _v.bt_tensor(logp, "logp")
+    _v.bt_tensor(old_logp, "old_logp", logp.shape)
+    m = _v.mask_bool(mask, logp.shape)
+    cdt = _v.compute_dtype(logp, old_logp)
+    return _sequence_mean(_masked(logp, m, cdt), _masked(old_logp.detach(), m, cdt), m)
+
+
+# --------------------------------------------------------------------------------------------
+# surrogates: (ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)
+# --------------------------------------------------------------------------------------------
+class LossContext(NamedTuple):
+    """What a surrogate (and a whole-minibatch statistic) sees of one batch or micro-batch.
+
+    Every ``[B, T]`` tensor is in the compute dtype (float32; float64 for float64 inputs), with
+    padded positions (mask 0) set to 0.
+
+    Attributes:
+        logp: ``[B, T]`` log pi_theta of the sampled tokens; gradient flows.
+        old_logp: ``[B, T]`` log pi_old (detached).
+        log_ratio: ``[B, T]`` the log-ratio of the algorithm's ratio axis (:data:`RATIOS`); gradient
+            flows (through ``logp``).
+        advantages: ``[B, T]`` (detached; broadcast from ``[B]`` when given per sequence).
+        mask: ``[B, T]`` bool, True = real token.
+        ref_logp: ``[B, T]`` log pi_ref (detached) or None.
+        group_size: contiguous group size when the caller gave one, else None.
+        group_tokens: ``[B]`` float, each row's group's real-token count, or None.
+        num_tokens, num_sequences: the global normalisers when the batch is a micro-batch, else None.
+        stats: ``{name: Tensor [B, ...]}``: the whole-minibatch statistics the surrogate declares
+            (:func:`grpo_lab.algo.hparams.declare`), the rows of this batch; empty when it declares none.
+    """
+
+    logp: Tensor
+    old_logp: Tensor
+    log_ratio: Tensor
+    advantages: Tensor
+    mask: Tensor
+    ref_logp: Optional[Tensor] = None
+    group_size: Optional[int] = None
+    group_tokens: Optional[Tensor] = None
+    num_tokens: Optional[float] = None
+    num_sequences: Optional[float] = None
+    stats: Mapping[str, Tensor] = {}
+
+
+def _ratio_floor(values: dict) -> None:
+    """``eps_low`` of a ratio clipped in ratio space: the floor ``1 - eps_low`` must be >= 0."""
+    if not 0 <= values["eps_low"] <= 1:
+        raise ValueError(
+            f"eps_low must be in [0, 1] (the ratio floor 1 - eps_low must be >= 0), got {values['eps_low']!r}")
+
+
+def _ratio(log_ratio: Tensor) -> Tensor:
+    """``r = exp(clamp(log r, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))``."""
+    return torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def _ppo_clip(log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
+    """``(-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r)`` with ``r = exp(clamp(log r))``."""
+    ratio = _ratio(log_ratio)
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return -torch.minimum(ratio * adv, clipped * adv), ratio
+
+
+def _ppo_indicators(ctx: LossContext, ratio: Tensor, eps_low: float, eps_high: float) -> dict:
+    """PPO-clip's per-token indicators: ``clip_low``, ``clip_high``, ``grad`` (see :func:`ppo_surrogate`)."""
+    with torch.no_grad():
+        r, a = ratio.detach(), ctx.advantages
+        low = (a < 0) & (r < 1.0 - eps_low)
+        high = (a > 0) & (r > 1.0 + eps_high)
+        grad = (a != 0) & ~low & ~high & (ctx.log_ratio.detach().abs() <= LOG_RATIO_CLAMP)
+    return {"clip_low": low, "clip_high": high, "grad": grad}
+
+
+@_hp.declare(validate=_ratio_floor)
+def ppo_surrogate(ctx: LossContext, *, eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[Tensor, dict]:
+    """PPO's clipped surrogate (DeepSeekMath Eq. 3, DAPO Eq. 10) and which tokens the clip cuts.
+
+    ``loss_it = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, ``r = exp(ctx.log_ratio)``.
+    Hyper-parameters: ``eps_low`` in ``[0, 1]``, ``eps_high >= 0`` (the ``Algorithm`` fields).
+
+    Indicators (bool ``[B, T]``): ``clip_low`` — ``A < 0`` and ``r < 1 - eps_low``; ``clip_high``
+    — ``A > 0`` and ``r > 1 + eps_high`` (exactly the tokens whose gradient the clip sets to 0);
+    ``grad`` — ``A != 0``, not clipped, ``|log r|`` inside the clamp (a non-zero gradient).
+    """
+    loss, ratio = _ppo_clip(ctx.log_ratio, ctx.advantages, float(eps_low), float(eps_high))
+    return loss, _ppo_indicators(ctx, ratio, eps_low, eps_high)
+
+
+def cispo_weight(log_ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """CISPO's clipped importance-sampling weight ``sg(clip(r, 1 - eps_low, 1 + eps_high))``.
+
+    MiniMax-M1 (arXiv 2506.13585) Eq. 5, with ``r = exp(clamp(log_ratio, -20, 20))`` (the ratio
+    ``pi_theta / pi_old`` of its Eq. 1, **not** inverted) and the stop-gradient of Eq. 4: the
+    weight is a constant coefficient, so it never carries gradient.
+
+    Args:
+        log_ratio: ``[B, T]`` (any shape) log r, float32 / bfloat16 / float16 / float64.
+        eps_low, eps_high: ``1 - eps_low`` is the floor, ``1 + eps_high`` the cap
+            (``eps_low >= 0``, ``eps_high >= 0``, finite). The paper sets no effective floor
+            (``eps_low = 1``: floor 0, and r > 0 always) and tunes only the cap.
+
+    Returns:
+        detached tensor of ``log_ratio``'s shape, in ``[1 - eps_low, 1 + eps_high]``: float32
+        (float64 for float64 input; bfloat16 / float16 inputs are computed in float32, so the cap
+        is not rounded).
+
+    Raises:
+        ValueError: a negative or non-finite ``eps_low`` / ``eps_high``; a non-floating ``log_ratio``.
+    """
+    el = _v.real_number("eps_low", eps_low, minimum=0.0)
+    eh = _v.real_number("eps_high", eps_high, minimum=0.0)
+    lr = _v.float_tensor(log_ratio, "log_ratio").detach()
+    lr = lr.to(_v.compute_dtype(lr))
+    r = torch.exp(torch.clamp(lr, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return torch.clamp(r, 1.0 - el, 1.0 + eh)
+
+
+@_hp.declare(validate=_ratio_floor)
+def cispo_surrogate(ctx: LossContext, *, eps_low: float = 1.0, eps_high: float = 0.28,
+                    mask_eps_low: Optional[float] = None, mask_eps_high: Optional[float] = None
+                    ) -> tuple[Tensor, dict]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585, Eqs. 4-5), and its unified masked form (Eqs. 6-7).
+
+    Per token, to minimise::
+
+        loss_it = - M_it * sg(w_it) * A_it * log r_it,     w_it = clip(r_it, 1 - eps_low, 1 + eps_high)
+
+    with ``w`` from :func:`cispo_weight` (``eps_low`` / ``eps_high`` are the paper's
+    ``eps^IS_low`` / ``eps^IS_high``). Its gradient is Eq. 4's, ``-M w A grad log pi_theta``:
+    ``log r = log pi_theta - log pi_old`` and ``log pi_old`` is a constant. The *value* differs from
+    Eq. 4's ``-w A log pi_theta`` by ``+M w A log pi_old``, a term without gradient; it makes the
+    value 0 on a purely on-policy step (log r = 0) while the gradient is the REINFORCE gradient
+    ``-A grad log pi_theta``. The clip never removes a token's gradient: a token whose ratio left
+    the range keeps the capped weight (PPO-clip would drop it). The gradient does not pass through
+    ``exp``, so the log-ratio clamp does not cut it either.
+
+    ``M_it`` (Eq. 7) is 1 unless ``mask_eps_low`` / ``mask_eps_high`` are set: then
+    ``M_it = 0`` where ``A > 0`` and ``r > 1 + mask_eps_high``, or ``A < 0`` and
+    ``r < 1 - mask_eps_low`` (an unset side never masks). That is the mask PPO-clip applies
+    implicitly: with ``eps_low = 1`` and ``eps_high >= e^20`` (an unclipped weight) the gradient
+    equals PPO-clip's with ``eps = mask_eps`` token by token wherever ``|log r| <= 20`` (beyond the
+    log-ratio clamp PPO-clip's ratio has no gradient, while this one keeps ``-w A``).
+
+    Indicators (bool ``[B, T]``): ``clip_low`` / ``clip_high`` — the tokens ``M`` removes (the only
+    tokens whose gradient this surrogate sets to 0, as for PPO); ``grad`` — ``A != 0`` and
+    ``M = 1`` (no exception at the log-ratio clamp: the gradient does not pass through it);
+    ``weight_capped_frac`` — ``r > 1 + eps_high`` (weight capped, whatever the advantage's sign,
+    zero advantages included; TRL's ``cispo_clip_ratio`` counts only ``A > 0``, verl's
+    ``pg_clipfrac`` counts both sides); ``weight_floored_frac`` — ``r < 1 - eps_low``.
+    """
+    el, eh, log_ratio, advantages = float(eps_low), float(eps_high), ctx.log_ratio, ctx.advantages
+    w = cispo_weight(log_ratio, el, eh)
+    with torch.no_grad():
+        lr = log_ratio.detach().to(_v.compute_dtype(log_ratio))  # the same float32 r as the weight's
+        r, a = torch.exp(torch.clamp(lr, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), advantages
+        none = torch.zeros_like(r, dtype=torch.bool)
+        low = (a < 0) & (r < 1.0 - mask_eps_low) if mask_eps_low is not None else none
+        high = (a > 0) & (r > 1.0 + mask_eps_high) if mask_eps_high is not None else none
+        keep = ~(low | high)
+        indicators = {"clip_low": low, "clip_high": high, "grad": (a != 0) & keep,
+                      "weight_capped_frac": r > 1.0 + eh, "weight_floored_frac": r < 1.0 - el}
+    loss = -(w * advantages) * log_ratio
+    if mask_eps_low is not None or mask_eps_high is not None:
+        loss = torch.where(keep, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+    return loss, indicators
+
+
+def _row_mean(x: Tensor, m: Tensor) -> Tensor:
+    """``[B]`` mean of ``x`` over each row's real tokens (0 for a row without one)."""
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    return torch.where(m, x, zero).sum(-1) / m.sum(-1).clamp(min=1).to(x.dtype)
+
+
+def _log_space_range(values: dict) -> None:
+    """GMPO clips ``log r`` to ``[-eps_low, eps_high]``: any size >= 0 (1000 = no clip)."""
+    if values["eps_low"] < 0:
+        raise ValueError(f"eps_low must be >= 0: GMPO clips log r to [-eps_low, eps_high] in log space (any size; "
+                         f"its no-clip ablation uses 1000), got {values['eps_low']!r}")
+
+
+@_hp.declare(requires={"ratio_level": "token", "aggregation": "seq_mean_token_mean"}, validate=_log_space_range)
+def gmpo_surrogate(ctx: LossContext, *, eps_low: float = 0.4, eps_high: float = 0.4) -> tuple[Tensor, dict]:
+    """GMPO, Geometric-Mean Policy Optimization (Zhao et al., arXiv 2507.20673, Eq. 4 / Alg. 1).
+
+    Maximised per response ``i`` (``sgn = sign(A_i)``, ``l_it = log r_it`` the token log-ratio)::
+
+        J_i = A_i * exp( 1/|o_i| sum_t sgn * min(sgn * l_it, sgn * clip(l_it, -eps_low, eps_high)) )
+
+    the geometric mean of the token ratios, each clipped **in log space** and only on the side the
+    advantage pushes (``l <= eps_high`` for ``A > 0``, ``l >= -eps_low`` for ``A < 0``). The loss
+    is ``-J_i`` on every real token of row ``i``; with ``aggregation="seq_mean_token_mean"``
+    (required) the batch loss is ``-1/G sum_i J_i``. The paper's ``eps = 0.4`` (a range of
+    ``[e^-0.4, e^0.4]`` for the ratio). Requires ``ratio_level="token"``: the surrogate takes the
+    geometric mean itself. With ``[B, T]`` advantages ``A_i`` is their mean over the row's real
+    tokens and ``sgn`` is taken per token (as verl's ``geo_mean``). The mean log-ratio is clamped to
+    ``+-LOG_RATIO_CLAMP`` before ``exp``.
+
+    Indicators (bool ``[B, T]``): ``clip_high`` — ``A > 0`` and ``l > eps_high``; ``clip_low`` —
+    ``A < 0`` and ``l < -eps_low`` (the tokens whose gradient the clip removes); ``grad`` —
+    ``A != 0`` and not clipped.
+    """
+    lr, a, m = ctx.log_ratio, ctx.advantages, ctx.mask
+    sgn = torch.sign(a)
+    kept = sgn * torch.minimum(sgn * lr, sgn * torch.clamp(lr, -eps_low, eps_high))
+    log_w = torch.clamp(_row_mean(kept, m), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    loss = -(_row_mean(a, m) * torch.exp(log_w))[:, None].expand_as(lr)
+    with torch.no_grad():
+        low, high = (a < 0) & (lr.detach() < -eps_low), (a > 0) & (lr.detach() > eps_high)
+    return loss, {"clip_low": low, "clip_high": high, "grad": (a != 0) & ~low & ~high}
+
+
+def _positive_temperatures(values: dict) -> None:
+    """SAPO's temperatures must be > 0 (the gate divides by them)."""
+    for k in ("tau_pos", "tau_neg"):
+        if not values[k] > 0:
+            raise ValueError(f"{k} (a SAPO gate temperature) must be > 0, got {values[k]!r}")
+
+
+@_hp.declare(validate=_positive_temperatures)
+def sapo_surrogate(ctx: LossContext, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> tuple[Tensor, dict]:
+    """SAPO, Soft Adaptive Policy Optimization (Gao et al., Qwen, arXiv 2511.20347, §3).
+
+    A soft gate replaces the hard clip. Per token, to minimise::
+
+        loss_it = -f(r_it) A_it,      f(r) = 4/tau * sigmoid(tau (r - 1)),
+        tau = tau_pos if A_it > 0 else tau_neg
+
+    with the paper's ``tau_pos = 1.0``, ``tau_neg = 1.05`` (``tau_neg > tau_pos``: negative
+    advantages are damped faster off-policy). The gradient weight is ``f'(r) r = 4 s (1 - s) r``,
+    ``s = sigmoid(tau (r - 1))``: exactly 1 on-policy (``r = 1``, the REINFORCE gradient), at most
+    ``r``, and decaying smoothly to 0 as ``r`` moves far from 1 (just above 1 the factor ``r`` lifts
+    it slightly over 1); no token's gradient is cut to 0 by a hard bound. The paper averages as
+    ``1/G sum_i 1/|y_i| sum_t`` (``"seq_mean_token_mean"``). ``r = exp(clamp(log r, +-20))``.
+
+    Indicators: ``clip_low`` / ``clip_high`` — none (nothing is cut); ``grad`` — ``A != 0`` and
+    ``|log r|`` inside the clamp; ``sapo_weight`` — the gradient weight ``4 s (1 - s) r`` (float).
+    """
+    lr, a = ctx.log_ratio, ctx.advantages
+    ratio = _ratio(lr)
+    tau = torch.where(a > 0, torch.full_like(a, tau_pos), torch.full_like(a, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(4.0 / tau) * gate * a
+    with torch.no_grad():
+        none = torch.zeros_like(a, dtype=torch.bool)
+        s, r = gate.detach(), ratio.detach()
+        grad = (a != 0) & (lr.detach().abs() <= LOG_RATIO_CLAMP)
+    return loss, {"clip_low": none, "clip_high": none, "grad": grad, "sapo_weight": 4.0 * s * (1.0 - s) * r}
+
+
+def token_covariance(ctx: LossContext) -> Tensor:
+    """``Cov_t = (A_t - mean A) (log pi_theta,t - mean log pi_theta)`` per real token, both means over
+    the batch's real tokens (Cui et al., arXiv 2505.22617, the covariance of its entropy-dynamics analysis, which
+    "Suppressing Tokens with High Covariances" ranks tokens by); ``[B, T]``, 0 at padding,
+    no gradient. Called on the whole minibatch (a statistic, :func:`batch_statistics`)."""
+    m = ctx.mask
+    with torch.no_grad():
+        n = m.sum().clamp(min=1).to(ctx.logp.dtype)
+        a, lp = ctx.advantages, ctx.logp.detach()
+        zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+        cov = (a - torch.where(m, a, zero).sum() / n) * (lp - torch.where(m, lp, zero).sum() / n)
+        return torch.where(m, cov, zero)
+
+
+def _pick(candidates: Tensor, order: Tensor, k: int) -> Tensor:
+    """A bool mask like ``candidates`` with the first ``k`` candidates in ``order`` (indices into
+    ``candidates.nonzero()``) set."""
+    where = candidates.nonzero()[order[:k].to(candidates.device)]
+    out = torch.zeros_like(candidates)
+    out[where[:, 0], where[:, 1]] = True
+    return out
+
+
+def kl_cov_selection(ctx: LossContext, *, kl_cov_ratio: float = 2e-3) -> Tensor:
+    """KL-Cov's tokens (arXiv 2505.22617, "Suppressing Tokens with High Covariances"): the
+    ``k = max(1, floor(kl_cov_ratio N))`` real tokens
+    of largest :func:`token_covariance` among the batch's ``N`` real tokens; bool ``[B, T]`` (none when
+    ``N = 0``). A whole-minibatch statistic of :func:`kl_cov_surrogate`."""
+    m = ctx.mask
+    n = int(m.sum())
+    if n == 0:
+        return torch.zeros_like(m)
+    cov = token_covariance(ctx)[m]
+    return _pick(m, torch.topk(cov, max(1, int(n * kl_cov_ratio))).indices, n)
+
+
+def _cov_ratio(name: str, value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} (the share of the batch's tokens selected by covariance) must be in (0, 1], "
+                         f"got {value!r}")
+
+
+def _kl_cov_values(values: dict) -> None:
+    """``kl_cov_ratio`` in ``(0, 1]``, ``kl_cov_coef >= 0``."""
+    _cov_ratio("kl_cov_ratio", values["kl_cov_ratio"])
+    if values["kl_cov_coef"] < 0:
+        raise ValueError(f"kl_cov_coef must be >= 0, got {values['kl_cov_coef']!r}")
+
+
+@_hp.declare(requires={"ratio_level": "token"}, validate=_kl_cov_values,
+             batch_statistics={"kl_cov_selected": kl_cov_selection})
+def kl_cov_surrogate(ctx: LossContext, *, kl_cov_coef: float = 1.0) -> tuple[Tensor, dict]:
+    """KL-Cov (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+    arXiv 2505.22617, section "Suppressing Tokens with High Covariances"; verl's ``kl_cov``).
+
+    Per token, to minimise (no clip)::
+
+        loss_t = -r_t A_t + kl_cov_coef * |log r_t| * [t in I_KL]
+
+    where ``I_KL`` (:func:`kl_cov_selection`, hyper-parameter ``kl_cov_ratio``) holds the tokens of
+    largest covariance between advantage and log-probability **over the whole minibatch** (a
+    statistic computed once before micro-batching, so the gradient does not depend on the split).
+    The paper: ``kl_cov_ratio = 2e-3`` (Qwen2.5-7B; 2e-4 for 32B), ``kl_cov_coef = 1``, token-mean
+    aggregation. ``|log r|`` has zero gradient at ``r = 1``: on an exactly on-policy minibatch the
+    penalty is inert. Requires ``ratio_level="token"``.
+
+    Indicators: ``clip_low`` / ``clip_high`` — none; ``grad`` — ``A != 0`` (inside the log-ratio
+    clamp) or a selected token with ``log r != 0``; ``kl_cov_selected`` — the token is in ``I_KL``.
+    """
+    lr, a = ctx.log_ratio, ctx.advantages
+    sel = ctx.stats["kl_cov_selected"]
+    pg = -_ratio(lr) * a
+    loss = torch.where(sel, pg + kl_cov_coef * lr.abs(), pg)
+    with torch.no_grad():
+        none = torch.zeros_like(sel)
+        inside = lr.detach().abs() <= LOG_RATIO_CLAMP
+        grad = ((a != 0) & inside) | (sel & (lr.detach() != 0))
+    return loss, {"clip_low": none, "clip_high": none, "grad": grad, "kl_cov_selected": sel}
+
+
+def clip_cov_selection(ctx: LossContext, *, eps_low: float = 0.2, eps_high: float = 0.2,
+                       clip_cov_ratio: float = 2e-4, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0) -> Tensor:
+    """Clip-Cov's tokens (arXiv 2505.22617, "Suppressing Tokens with High Covariances"): among the real
+    tokens that PPO's clip
+    leaves alone and whose :func:`token_covariance` lies in ``(clip_cov_lb, clip_cov_ub)``, draw
+    ``min(max(1, floor(clip_cov_ratio N)), #candidates)`` uniformly at random (``torch.randperm`` on
+    the global CPU generator, which the trainer's checkpoints save); bool ``[B, T]``. A
+    whole-minibatch statistic of :func:`clip_cov_surrogate`."""
+    m, a = ctx.mask, ctx.advantages
+    with torch.no_grad():
+        ratio = _ratio(ctx.log_ratio.detach())
+        clipped = -a * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) > -a * ratio
+        cov = token_covariance(ctx)
+        cand = m & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        n_cand = int(cand.sum())
+        k = min(max(1, int(clip_cov_ratio * int(m.sum()))), n_cand)
+        return _pick(cand, torch.randperm(n_cand), k) if n_cand else cand
+
+
+def _clip_cov_values(values: dict) -> None:
+    """PPO's ``eps_low`` in ``[0, 1]``, ``clip_cov_ratio`` in ``(0, 1]``, ``clip_cov_lb < clip_cov_ub``."""
+    _ratio_floor(values)
+    _cov_ratio("clip_cov_ratio", values["clip_cov_ratio"])
+    if not values["clip_cov_lb"] < values["clip_cov_ub"]:
+        raise ValueError(f"clip_cov_lb must be below clip_cov_ub, got ({values['clip_cov_lb']!r}, "
+                         f"{values['clip_cov_ub']!r})")
+
+
+@_hp.declare(requires={"ratio_level": "token"}, validate=_clip_cov_values,
+             batch_statistics={"clip_cov_detached": clip_cov_selection})
+def clip_cov_surrogate(ctx: LossContext, *, eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[Tensor, dict]:
+    """Clip-Cov (Cui et al., arXiv 2505.22617, "Suppressing Tokens with High Covariances"; verl's
+    ``clip_cov``): PPO's clipped surrogate
+    (:func:`ppo_surrogate`) with the tokens of :func:`clip_cov_selection` (hyper-parameters
+    ``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``; the paper's 2e-4, 1 and 5) removed from the
+    loss: their term and gradient are 0. The selection is drawn once per minibatch, before
+    micro-batching. Requires ``ratio_level="token"``.
+
+    Indicators: PPO's ``clip_low`` / ``clip_high``; ``grad`` — PPO's, less the removed tokens;
+    ``clip_cov_detached`` — the removed tokens (counted there, not in ``clip_frac``: the clip leaves
+    them alone, so the tokens without gradient are ``clip_frac + clip_cov_detached``).
+    """
+    loss, ratio = _ppo_clip(ctx.log_ratio, ctx.advantages, float(eps_low), float(eps_high))
+    det = ctx.stats["clip_cov_detached"]
+    loss = torch.where(det, torch.zeros((), dtype=loss.dtype, device=loss.device), loss)
+    ind = _ppo_indicators(ctx, ratio, eps_low, eps_high)
+    return loss, {**ind, "grad": ind["grad"] & ~det, "clip_cov_detached": det}
+
+
+#: clipping object (the surrogate, what the trust region acts on) ->
+#: ``(ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)``.
+#: ``indicators`` maps a name to a per-token ``[B, T]`` bool or float tensor; :func:`policy_loss`
+#: reports its mean over the tokens whose policy term counts. It must hold the keys of
+#: :data:`SURROGATE_METRICS` (``clip_low``, ``clip_high``, ``grad``); any other key becomes a
+#: metric of that name (a name of :data:`METRIC_KEYS` is refused). The earlier form
+#: ``(log_ratio, advantages, mask, algo)`` is still accepted.
+SURROGATES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
+    "ppo": ppo_surrogate,
+    "is_weight": cispo_surrogate,
+    "gmpo": gmpo_surrogate,
+    "sapo": sapo_surrogate,
+    "kl_cov": kl_cov_surrogate,
+    "clip_cov": clip_cov_surrogate,
+}
+
+
+def ppo_clip_loss(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+) -> Tensor:
+    """Per-token clipped surrogate loss ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``.
+
+    The policy term of DeepSeekMath (arXiv 2402.03300) Eq. 3 (symmetric ``eps_low = eps_high``)
+    and of DAPO (arXiv 2503.14476) Eq. 8/10 (decoupled clip-higher), with the sign flipped to a
+    loss. The ratio is ``r = exp(clamp(log_ratio, -20, 20))`` (:data:`LOG_RATIO_CLAMP`): the clamp
+    keeps ``r`` finite for any log-prob; where it is active the ratio gets no gradient.
+
+    Gradient w.r.t. ``log_ratio`` (one token): ``-A r`` when the unclipped branch is active;
+    0 when ``A > 0, r > 1 + eps_high`` or ``A < 0, r < 1 - eps_low`` (the clip removes the
+    incentive to move further); inside the range both branches coincide.
+
+    Args:
+        log_ratio: ``[B, T]`` log r (e.g. :func:`token_log_ratio`, or a sequence log-ratio
+            broadcast to ``[B, T]``). NaN stays NaN: mask padded positions first.
+        advantages: ``[B]`` (one per sequence, broadcast) or ``[B, T]``; detached.
+        eps_low, eps_high: clip ranges, ``0 <= eps_low <= 1``, ``eps_high >= 0``.
+
+    Returns:
+        ``[B, T]`` float32 per-token losses (unaggregated, unmasked); float64 for float64 input.
+
+    Raises:
+        ValueError: shape mismatch, bad eps values, non-floating inputs.
+    """
+    lr = _v.float_tensor(log_ratio, "log_ratio")
+    if lr.dim() != 2:
+        raise ValueError(f"log_ratio must have shape [B, T], got {tuple(lr.shape)}")
+    el = float(eps_low)
+    eh = float(eps_high)
+    if not (math.isfinite(el) and 0 <= el <= 1):
+        raise ValueError(f"eps_low must be in [0, 1], got {eps_low!r}")
+    if not (math.isfinite(eh) and eh >= 0):
+        raise ValueError(f"eps_high must be finite and >= 0, got {eps_high!r}")
+    cdt = _v.compute_dtype(lr, advantages if isinstance(advantages, Tensor) else None)
+    a = _broadcast_adv(advantages, lr.shape, cdt)
+    return _ppo_clip(lr.to(cdt), a, el, eh)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# aggregations: (values, mask, norms) -> scalar, on padding-zeroed values and a bool mask
+# --------------------------------------------------------------------------------------------
+def _num_sequences(mask: Tensor, norms: Normalisers, dtype: torch.dtype) -> Union[float, Tensor]:
+    if norms.num_sequences is not None:
+        return norms.num_sequences
+    return (mask.sum(dim=-1) > 0).sum().clamp(min=1).to(dtype)
+
+
+def seq_mean_token_mean(values: Tensor, mask: Tensor, norms: Normalisers) -> Tensor:
+    """``1/N_seq sum_i 1/|o_i| sum_t v_it`` — DeepSeekMath Eq. 3's ``1/G sum_i 1/|o_i| sum_t``."""
+    per_seq = values.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1).to(values.dtype)
+    return per_seq.sum() / _num_sequences(mask, norms, values.dtype)
+
+
+def token_mean(values: Tensor, mask: Tensor, norms: Normalisers) -> Tensor:
+    """``sum_it v_it / N_tok`` — DAPO Eq. 12's ``1 / sum_i |o_i|``."""
+    n_tok = norms.num_tokens if norms.num_tokens is not None else mask.sum().clamp(min=1).to(values.dtype)
+    return values.sum() / n_tok
+
+
+def seq_mean_token_sum_norm(values: Tensor, mask: Tensor, norms: Normalisers) -> Tensor:
+    """``1/N_seq sum_i (sum_t v_it) / MAX_TOKENS`` — Dr.GRPO §3.2's constant normaliser."""
+    if norms.max_tokens is None:
+        raise ValueError(
+            "aggregation 'seq_mean_token_sum_norm' needs max_tokens (the constant normaliser, "
+            "e.g. the generation budget); pass max_tokens= or set Algorithm.max_tokens"
+        )
+    per_seq = values.sum(dim=-1) / float(norms.max_tokens)
+    return per_seq.sum() / _num_sequences(mask, norms, values.dtype)
+
+
+def group_token_mean(values: Tensor, mask: Tensor, norms: Normalisers) -> Tensor:
+    """``1/N_groups sum_g (sum_{i in g} sum_t v_it) / (sum_{i in g} |o_i|)`` — DAPO Eq. 12 as written.
+
+    DAPO (arXiv 2503.14476) Eq. 12 normalises by ``sum_{i=1}^G |o_i|`` *inside* the expectation over
+    questions: a token mean per group, then a mean over groups (MiniMax-M1's Eq. 4 has the same
+    form). ``"token_mean"`` instead divides by the token count of the whole batch, as verl and TRL
+    do; the two agree when every group has the same number of tokens.
+    """
+    if norms.group_tokens is None or norms.num_groups is None:
+        raise ValueError(
+            "aggregation 'group_token_mean' needs the group structure: pass group_size= (contiguous "
+            "groups of that size) or group_tokens= and num_groups= (the trainer passes them)")
+    gt = norms.group_tokens.to(values.dtype).clamp(min=1)
+    return (values.sum(dim=-1) / gt).sum() / norms.num_groups
+
+
+#: aggregation mode -> ``(values [B, T], mask [B, T] bool, norms: Normalisers) -> scalar``;
+#: ``values`` are in the compute dtype with padded positions set to 0.
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, Normalisers], Tensor]] = {
+    "seq_mean_token_mean": seq_mean_token_mean,
+    "token_mean": token_mean,
+    "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+    "group_token_mean": group_token_mean,
+}
+
+
+def _group_counts(mask: Tensor, group_size, group_tokens, num_groups):
+    """``(group_tokens [B], num_groups)`` from ``group_size`` (contiguous groups of this batch) or as
+    given (validated); ``(None, None)`` when neither is given."""
+    if group_size is not None:
+        if group_tokens is not None or num_groups is not None:
+            raise ValueError("pass either group_size= or group_tokens= and num_groups=, not both")
+        g = _v.positive_int("group_size", group_size)
+        B = mask.shape[0]
+        if B % g:
+            raise ValueError(f"group_size={g} does not divide the batch of {B} rows (groups must be contiguous)")
+        per_group = mask.sum(dim=-1).view(B // g, g).sum(dim=-1).to(torch.float64)
+        return per_group.repeat_interleave(g), float((per_group > 0).sum().clamp(min=1))
+    if (group_tokens is None) != (num_groups is None):
+        raise ValueError("group_tokens= and num_groups= go together")
+    if group_tokens is None:
+        return None, None
+    gt = _v.float_tensor(group_tokens, "group_tokens") if isinstance(group_tokens, Tensor) else None
+    if gt is None or gt.shape != (mask.shape[0],):
+        raise ValueError(f"group_tokens must be a float tensor of shape [B]=({mask.shape[0]},), "
+                         f"got {getattr(group_tokens, 'shape', type(group_tokens).__name__)}")
+    own = mask.sum(dim=-1).to(gt.dtype)
+    if bool(((gt < own) | ~torch.isfinite(gt)).any()):
+        raise ValueError("group_tokens must be finite and at least each row's own real-token count (it is the "
+                         "token count of the row's whole group)")
+    k = _v.positive_number("num_groups", num_groups)
+    # each row holds own / group_tokens of its group's tokens: the groups this batch touches sum to at least that
+    touched = float(torch.where(own > 0, own / gt.clamp(min=1), torch.zeros_like(own)).sum())
+    if k < touched - 1e-6:
+        raise ValueError(f"num_groups={k:g} is below the {touched:.6g} groups' worth of tokens in this batch "
+                         "(num_groups counts the groups of the whole batch that micro-batches share)")
+    return gt, k
+
+
+def _normalisers(max_tokens, num_tokens, num_sequences, group_tokens=None, num_groups=None) -> Normalisers:
+    return Normalisers(
+        _v.positive_int("max_tokens", max_tokens, allow_none=True),
+        None if num_tokens is None else _v.positive_number("num_tokens", num_tokens),
+        None if num_sequences is None else _v.positive_number("num_sequences", num_sequences),
+        group_tokens,
+        None if num_groups is None else float(num_groups),
+    )
+
+
+def _check_counts(norms: Normalisers, n_tokens: float, n_sequences: float) -> None:
+    """A global count below this batch's own count is a bug (it would inflate the loss)."""
+    for name, given, present, what in (("num_tokens", norms.num_tokens, n_tokens, "real tokens"),
+                                       ("num_sequences", norms.num_sequences, n_sequences, "non-empty rows")):
+        if given is not None and given < present:
+            raise ValueError(
+                f"{name}={given:g} is smaller than the {present:g} {what} of this batch; it must be the "
+                f"count over the whole batch (all micro-batches together), so at least this batch's")
+
+
+def _reduce(values: Tensor, m: Tensor, mode: str, norms: Normalisers) -> Tensor:
+    return AGGREGATIONS[mode](_masked(values, m, _v.compute_dtype(values)), m, norms)
+
+
+def aggregate(
+    values: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    max_tokens: Optional[int] = None,
+    num_tokens: Optional[Number] = None,
+    num_sequences: Optional[Number] = None,
+    group_size: Optional[int] = None,
+    group_tokens: Optional[Tensor] = None,
+    num_groups: Optional[Number] = None,
+) -> Tensor:
+    """Reduce per-token values ``[B, T]`` to one scalar the way each paper averages token losses.
+
+    Let ``m`` be the mask, ``L_i = sum_t m_it`` and ``S = {i : L_i > 0}`` the non-empty rows.
+
+    * ``"seq_mean_token_mean"`` — ``1/N_seq sum_{i in S} (1/L_i) sum_t m_it v_it``: DeepSeekMath
+      (arXiv 2402.03300) Eq. 3's ``1/G sum_i 1/|o_i| sum_t``. ``N_seq = num_sequences`` if given,
+      else ``|S|`` (fully masked rows contribute 0 and are not counted).
+    * ``"token_mean"`` — ``sum_it m_it v_it / N_tok``: DAPO (arXiv 2503.14476) Eq. 12's
+      ``1 / sum_i |o_i|`` taken over the whole batch, as verl's ``token-mean`` and TRL's ``"dapo"``
+      compute it (Eq. 12 as written is ``"group_token_mean"``). ``N_tok = num_tokens`` if given,
+      else ``sum m`` of this batch.
+    * ``"seq_mean_token_sum_norm"`` — ``sum_it m_it v_it / max_tokens / N_seq``: Dr.GRPO
+      (arXiv 2503.20783) §3.2, per-sequence token *sum* over a constant (the generation budget
+      MAX_TOKENS), then the mean over sequences (``N_seq`` as above).
+    * ``"group_token_mean"`` — ``1/N_groups sum_g (sum_{i in g} sum_t m_it v_it) / (sum_{i in g} L_i)``:
+      DAPO Eq. 12 as written (the ``1 / sum_i |o_i|`` of each question's group, inside the
+      expectation over questions). Needs the group structure: ``group_size`` (contiguous groups
+      of this batch) or, for micro-batches, ``group_tokens`` (per row, its group's token count
+      over the whole batch) and ``num_groups`` (groups with a real token in the whole batch).
+
+    The modes are the functions of :data:`AGGREGATIONS`. Micro-batching: when one batch is split
+    into micro-batches whose losses are summed (gradient accumulation), pass the *whole batch's*
+    ``num_tokens`` (token_mean) or ``num_sequences`` (sequence modes; count only non-empty rows
+    to match the default) to every micro-batch; the micro-batch results (and gradients) then sum
+    exactly to the full-batch result. A mode ignores the normalisers it does not use (they are
+    still validated). An empty mask gives 0 (never NaN).
+
+    Args:
+        values: ``[B, T]`` per-token values (any float dtype; padded entries may be NaN / inf).
+        mask: ``[B, T]`` bool or 0/1. mode: a key of :data:`AGGREGATIONS`.
+        max_tokens: positive int, required for ``"seq_mean_token_sum_norm"``.
+        num_tokens, num_sequences: optional positive numbers (python or 1-element tensors), at
+            least the real tokens / non-empty rows of this batch.
+        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"``
+            (``group_size`` alone, or ``group_tokens [B]`` with ``num_groups``); validated whatever
+            the mode.
+
+    Returns:
+        0-d float32 tensor (float64 for float64 values), differentiable w.r.t. ``values``.
+
+    Raises:
+        ValueError: unknown mode; shape mismatch; mask not 0/1; ``max_tokens`` missing for
+            ``"seq_mean_token_sum_norm"`` or not a positive int; non-positive ``num_tokens`` /
+            ``num_sequences``, or smaller than the real tokens / non-empty rows of this batch; the
+            group structure missing for ``"group_token_mean"``, or given both ways
+            (``group_size=`` and ``group_tokens=``/``num_groups=``), ``group_size`` not a positive int
+            dividing the rows, ``group_tokens`` not a float ``[B]`` tensor of finite values at least
+            each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
+            in the batch.
+    """
+    _v.choice("aggregation mode", mode, AGGREGATIONS)
+    _v.bt_tensor(values, "values")
+    m = _v.mask_bool(mask, values.shape)
+    norms = _normalisers(max_tokens, num_tokens, num_sequences, *_group_counts(m, group_size, group_tokens, num_groups))
+    if num_tokens is not None or num_sequences is not None:
+        _check_counts(norms, *torch.stack([m.sum(), (m.sum(dim=-1) > 0).sum()]).tolist())
+    return _reduce(values, m, mode, norms)
+
+
+# --------------------------------------------------------------------------------------------
+# KL estimators: delta = log pi_theta - log pi_ref  ->  per-token estimate of KL(pi_theta || pi_ref)
+# --------------------------------------------------------------------------------------------
+def k1(delta: Tensor) -> Tensor:
+    """``D``: unbiased, high variance, negative for about half the tokens (Schulman 2020)."""
+    return delta
+
+
+def k2(delta: Tensor) -> Tensor:
+    """``D^2 / 2``: biased (exact to second order), low variance, ``>= 0`` (Schulman 2020)."""
+    return 0.5 * delta * delta
+
+
+def k3(delta: Tensor) -> Tensor:
+    """``exp(-D) + D - 1 >= 0`` (DeepSeekMath Eq. 4), stable for every finite D.
+
+    * ``|D| < 1e-2``: Taylor series to D^6 (avoids the cancellation of expm1(-D) + D).
+    * else ``expm1(-D) + D``.
+    * ``D < -KL_LOG_RATIO_CLAMP``: continued along the tangent at ``-C``,
+      ``k3(-C) + k3'(-C) (D + C)``, so value and gradient stay finite (no exp overflow) and the
+      gradient still pushes log pi_theta up towards log pi_ref.
+    """
+    c = KL_LOG_RATIO_CLAMP
+    dc = torch.clamp(delta, min=-c)
+    small = dc.abs() < 1e-2
+    ds = torch.where(small, dc, torch.zeros_like(dc))
+    series = ds * ds * (0.5 + ds * (-1.0 / 6 + ds * (1.0 / 24 + ds * (-1.0 / 120 + ds * (1.0 / 720)))))
+    main = torch.expm1(-dc) + dc
+    k = torch.where(small, series, main)
+    slope = -torch.expm1(-dc)  # k3'(D) = 1 - exp(-D), evaluated at the clamped point
+    # (delta - dc) is 0 inside the clamp (value and gradient of this term vanish there)
+    k = k + slope * (delta - dc)
+    return k.clamp(min=0.0)
+
+
+#: KL estimator -> ``(delta [B, T]) -> [B, T]``, ``delta = log pi_theta - log pi_ref`` of a token
+#: sampled from pi_theta (Schulman 2020, "Approximating KL divergence")
+KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {"k1": k1, "k2": k2, "k3": k3}
+
+
+def _kl(logp: Tensor, ref_logp: Tensor, kind: str, old_logp: Optional[Tensor]) -> Tensor:
+    """The estimate of ``kind``, times ``pi_theta / pi_old`` when ``old_logp`` is given (V3.2 Eq. 7)."""
+    k = KL_ESTIMATORS[kind](logp - ref_logp)
+    if old_logp is not None:
+        k = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) * k
+    return k
+
+
+def kl_estimate(
+    logp: Tensor,
+    ref_logp: Tensor,
+    kind: str = "k3",
+    *,
+    old_logp: Optional[Tensor] = None,
+) -> Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from the sampled token's log-probs.
+
+    With ``D = log pi_theta(o_t) - log pi_ref(o_t)`` (so ``pi_ref / pi_theta = exp(-D)``) and the
+    token sampled from pi_theta (Schulman 2020, "Approximating KL divergence"):
+
+    * ``"k1"``: ``D`` — unbiased, high variance, negative for about half the tokens.
+    * ``"k2"``: ``D^2 / 2`` — biased (exact to second order), low variance, >= 0.
+    * ``"k3"``: ``exp(-D) + D - 1 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1`` —
+      DeepSeekMath (arXiv 2402.03300) Eq. 4; unbiased, low variance, >= 0.
+
+    k3 is computed stably: a Taylor series for ``|D| < 1e-2``, ``expm1(-D) + D`` otherwise, and
+    for ``D < -20`` (pi_theta more than e^20 times less likely than pi_ref) its tangent-line
+    continuation from ``D = -20``: value and gradient stay finite (value ~ 4.85e8 * (1 - D - 20),
+    gradient -4.85e8), never inf / NaN, and the value is always >= 0.
+
+    ``old_logp`` given: DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7, the estimate multiplied by the
+    importance ratio ``pi_theta / pi_old = exp(clamp(logp - old_logp, -20, 20))`` for tokens
+    sampled from pi_old. The ratio is **not** detached, exactly as Eq. 7 is written: then the
+    gradient of ``r * k3`` is ``r * D * grad log pi_theta``, the unbiased (score-function)
+    gradient of the reverse KL for tokens drawn from pi_old, which is the point of Eq. 7; plain k3
+    used as a loss has gradient ``(1 - pi_ref/pi_theta) grad log pi_theta``, whose expectation is
+    the gradient of the *forward* KL (checked by enumeration in
+    ``tests/test_drgrpo.py::test_plain_k3_gives_the_forward_kl_gradient`` and in chapter 3 of the
+    book). Allowed for every ``kind`` (importance weighting keeps any of them unbiased for its
+    value), but Eq. 7 is stated for k3.
+
+    Args:
+        logp: ``[B, T]`` current-policy log-probs (grad flows here).
+        ref_logp: ``[B, T]`` reference log-probs (detached).
+        kind: a key of :data:`KL_ESTIMATORS` (``"k1"`` | ``"k2"`` | ``"k3"``).
+        old_logp: optional ``[B, T]`` behaviour log-probs (detached).
+
+    Returns:
+        ``[B, T]`` float32 estimates in nats (float64 for float64 input), unmasked.
+
+    Raises:
+        ValueError: unknown kind, shape mismatch, non-floating inputs, NaN or inf anywhere in
+            the inputs (log-probs of sampled tokens are finite; mask padding with 0 first, as
+            :func:`policy_loss` does).
+    """
+    _v.choice("KL estimator kind", kind, KL_ESTIMATORS)
+    _v.bt_tensor(logp, "logp")
+    _v.bt_tensor(ref_logp, "ref_logp", logp.shape)
+    if old_logp is not None:
+        _v.bt_tensor(old_logp, "old_logp", logp.shape)
+    named = [("logp", logp), ("ref_logp", ref_logp)] + ([("old_logp", old_logp)] if old_logp is not None else [])
+    bad = [n for n, x in named if not bool(torch.isfinite(x).all())]
+    if bad:
+        raise ValueError(f"kl_estimate: non-finite values (NaN or inf) in {', '.join(bad)}")
+    cdt = _v.compute_dtype(logp, ref_logp, old_logp)
+    old = None if old_logp is None else old_logp.detach().to(cdt)
+    return _kl(logp.to(cdt), ref_logp.detach().to(cdt), kind, old)
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSeek-V3.2 off-policy sequence masking
+# --------------------------------------------------------------------------------------------
+def _keep_sequences(diff: Tensor, adv: Tensor, m: Tensor, delta: float) -> Tensor:
+    """M of V3.2 Eq. 9 from ``diff = log pi_old - log pi_theta`` (0 at padding) and ``adv``."""
+    div = diff.sum(dim=-1) / m.sum(dim=-1).clamp(min=1).to(diff.dtype)  # d_i, [B]
+    far = div > float(delta)
+    return ~((adv < 0) & (far if adv.dim() == 1 else far.unsqueeze(1)))
+
+
+def offpolicy_sequence_mask(
+    old_logp: Tensor,
+    logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    delta: float,
+) -> Tensor:
+    """DeepSeek-V3.2 (arXiv 2512.02556) Eqs. 8-9, *Off-Policy Sequence Masking*: the mask M.
+
+    With ``d_i = 1/|o_i| sum_t log(pi_old(o_it) / pi_theta(o_it))`` over the real tokens of
+    sequence i (a per-sequence, length-normalised estimate of KL(pi_old || pi_theta) from tokens
+    sampled by pi_old; pi_old is the behaviour policy, in V3.2 the inference engine's
+    probabilities, so training/inference mismatch counts too)::
+
+        M_it = 0   if  A_it < 0  and  d_i > delta
+        M_it = 1   otherwise
+
+    Only negative-advantage samples are ever masked: pushing down a sequence the current policy
+    has already drifted far from is what V3.2 finds destabilising; positive-advantage sequences
+    always train. ``d_i`` is computed without gradient (the mask is a constant of the loss); an
+    empty sequence has ``d_i = 0``.
+
+    Args:
+        old_logp: ``[B, T]`` behaviour log-probs log pi_old.
+        logp: ``[B, T]`` current log-probs log pi_theta (detached here).
+        advantages: ``[B]`` per sequence or ``[B, T]`` per token.
+        mask: ``[B, T]`` bool or 0/1, 1 = real token.
+        delta: finite threshold ``>= 0`` (V3.2 does not report its value).
+
+    Returns:
+        bool tensor M (True = keep, M = 1), shape ``[B]`` for ``[B]`` advantages and ``[B, T]``
+        for ``[B, T]`` advantages.
+
+    Raises:
+        ValueError: shape mismatches, mask not 0/1, non-finite values at real tokens, ``delta``
+            negative, non-finite or not a real number.
+    """
+    delta = _v.real_number("delta", delta, minimum=0.0)
+    _v.bt_tensor(old_logp, "old_logp")
+    shape = old_logp.shape
+    _v.bt_tensor(logp, "logp", shape)
+    m = _v.mask_bool(mask, shape)
+    a = _v.float_tensor(advantages, "advantages")
+    if not ((a.dim() == 1 and a.shape[0] == shape[0]) or a.shape == shape):
+        raise ValueError(
+            f"advantages must have shape [B]={shape[0]} or [B, T]={tuple(shape)}, got {tuple(a.shape)}")
+    cdt = _v.compute_dtype(old_logp, logp, a)
+    zero = torch.zeros((), dtype=cdt, device=logp.device)
+    with torch.no_grad():
+        diff = torch.where(m, old_logp.detach().to(cdt) - logp.detach().to(cdt), zero)
+        if not bool(torch.isfinite(diff).all()):
+            raise ValueError("offpolicy_sequence_mask: non-finite log-probs at real (mask=1) tokens")
+        a_c = a.detach().to(cdt)
+        a_real = a_c if a.dim() == 1 else torch.where(m, a_c, zero)
+        if not bool(torch.isfinite(a_real).all()):
+            raise ValueError("offpolicy_sequence_mask: non-finite advantages")
+        return _keep_sequences(diff, a_real, m, delta)
+
+
+# --------------------------------------------------------------------------------------------
+# the whole objective
+# --------------------------------------------------------------------------------------------
+class _Inputs(NamedTuple):
+    """policy_loss inputs after validation: compute dtype, padded positions set to 0."""
+
+    logp: Tensor  # [B, T], grad flows
+    old: Tensor  # [B, T], detached
+    adv: Tensor  # [B, T], detached, broadcast from [B]
+    ref: Optional[Tensor]  # [B, T], detached
+    mask: Tensor  # [B, T] bool
+    zero: Tensor  # 0-d zero of the compute dtype
+    norms: Normalisers
+
+
+def _check_algorithm(algo: Any) -> None:
+    """``algo`` must be a :class:`grpo_lab.algo.algorithms.Algorithm` (checked by what the loss reads of it,
+    so that this module needs no import of :mod:`grpo_lab.algo.algorithms`, which imports it)."""
+    if not all(callable(getattr(algo, k, None)) for k in ("values_for", "axes")) or not hasattr(algo, "clip"):
+        raise ValueError(f"algo must be a grpo_lab.algo.algorithms.Algorithm, got {type(algo).__name__}")
+
+
+def _context(x: "_Inputs", algo: Algorithm, groups: tuple, stats: Optional[Mapping[str, Tensor]]) -> LossContext:
+    """The :class:`LossContext` of validated inputs: the ratio axis' log-ratio and the surrogate's
+    whole-batch statistics (``stats``, or computed here over this batch when ``None``)."""
+    ratio_fn = RATIOS[algo.ratio_level]
+    log_ratio = ratio_fn(x.logp, x.old, x.mask, **algo.values_for(ratio_fn))
+    group_size, group_tokens, _ = groups
+    norms = x.norms
+    ctx = LossContext(x.logp, x.old, log_ratio, x.adv, x.mask, x.ref, group_size, group_tokens,
+                      norms.num_tokens, norms.num_sequences, {})
+    fn = SURROGATES[algo.clip]
+    declared = _hp.spec(fn).batch_statistics
+    if not declared:
+        return ctx
+    if stats is None:
+        return ctx._replace(stats=_statistics(ctx, fn, algo))
+    missing = [k for k in declared if k not in stats]
+    bad = [k for k in declared if k in stats and (not isinstance(stats[k], Tensor) or stats[k].dim() == 0
+                                                  or stats[k].shape[0] != x.mask.shape[0])]
+    if missing or bad:
+        raise ValueError(f"stats must hold the whole-batch statistics {sorted(declared)} of clip={algo.clip!r}, each a "
+                         f"tensor with one row per sequence ({x.mask.shape[0]}); missing {missing}, wrong {bad}")
+    return ctx._replace(stats={k: stats[k].to(x.mask.device) for k in declared})
+
+
+def _statistics(ctx: LossContext, fn: Callable, algo: Algorithm) -> dict:
+    """Each whole-batch statistic ``fn`` declares, over ``ctx``, without gradient."""
+    out = {}
+    with torch.no_grad():
+        for name, stat in _hp.spec(fn).batch_statistics.items():
+            v = stat(ctx, **algo.values_for(stat))
+            if not isinstance(v, Tensor) or tuple(v.shape) not in (tuple(ctx.mask.shape[:1]), tuple(ctx.mask.shape)):
+                got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+                raise ValueError(f"whole-batch statistic {name!r} of clip={algo.clip!r} must be a tensor of shape [B] = "
+                                 f"{tuple(ctx.mask.shape[:1])} or [B, T] = {tuple(ctx.mask.shape)} (the trainer hands "
+                                 f"each micro-batch its rows and tokens), got {got}")
+            out[name] = v
+    return out
+
+
+def batch_statistics(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    algo: Algorithm,
+    *,
+    group_size: Optional[int] = None,
+    group_tokens: Optional[Tensor] = None,
+) -> dict:
+    """The statistics over a whole minibatch that ``algo``'s surrogate declares
+    (:func:`grpo_lab.algo.hparams.declare`), e.g. KL-Cov's covariance top-k: ``{name: Tensor [B, ...]}``
+    without gradient, ``{}`` when it declares none.
+
+    The trainer calls this once per minibatch, before micro-batching (with ``logp`` from a forward
+    pass without gradient over the minibatch), and passes each micro-batch its rows as
+    ``policy_loss(..., stats=)``: the selection is then that of the whole minibatch, whatever
+    ``micro_batch_size`` and ``sort_by_length``. :func:`policy_loss` without ``stats`` computes them
+    over the batch it is given.
+
+    Args:
+        logp, old_logp, advantages, mask: as :func:`policy_loss` (``advantages`` ``[B]`` or ``[B, T]``).
+        algo: a :class:`grpo_lab.algo.algorithms.Algorithm`.
+        group_size, group_tokens: the group structure, as :func:`policy_loss`.
+
+    Raises:
+        ValueError: as :func:`policy_loss` for the inputs.
+    """
+    _check_algorithm(algo)
+    fn = SURROGATES[algo.clip]
+    if not _hp.spec(fn).batch_statistics:
+        return {}
+    shape = _v.bt_tensor(logp, "logp").shape
+    _v.bt_tensor(old_logp, "old_logp", shape)
+    m = _v.mask_bool(mask, shape)
+    cdt = _v.compute_dtype(logp, old_logp, advantages if isinstance(advantages, Tensor) else None)
+    x = _Inputs(_masked(logp.detach(), m, cdt), _masked(old_logp.detach(), m, cdt),
+                _masked(_broadcast_adv(advantages, shape, cdt), m, cdt), None, m,
+                torch.zeros((), dtype=cdt, device=logp.device), Normalisers())
+    with torch.no_grad():
+        return _context(x, algo, (group_size, group_tokens, None), None).stats
+
+
+def _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens,
+               groups=(None, None, None)) -> _Inputs:
+    """Check every input of :func:`policy_loss` once (one device-to-host transfer for the values)."""
+    _check_algorithm(algo)
+    shape = _v.bt_tensor(logp, "logp").shape
+    _v.bt_tensor(old_logp, "old_logp", shape)
+    if ref_logp is not None:
+        _v.bt_tensor(ref_logp, "ref_logp", shape)
+    m = _v.mask_bool(mask, shape)
+    if algo.uses_kl and ref_logp is None:
+        raise ValueError(
+            f"algorithm {algo.name!r} has a KL term (kl={algo.kl!r}, beta={algo.beta}) so ref_logp "
+            "is required; pass ref_logp= or use an algorithm with beta=0 / kl=None"
+        )
+    norms = _normalisers(algo.max_tokens if max_tokens is None else max_tokens, num_tokens, num_sequences,
+                         *_group_counts(m, *groups))
+    cdt = _v.compute_dtype(logp, old_logp, ref_logp, advantages if isinstance(advantages, Tensor) else None)
+    x = _Inputs(_masked(logp, m, cdt), _masked(old_logp.detach(), m, cdt),
+                _masked(_broadcast_adv(advantages, shape, cdt), m, cdt),
+                None if ref_logp is None else _masked(ref_logp.detach(), m, cdt),
+                m, torch.zeros((), dtype=cdt, device=logp.device), norms)
+    _check_values(x)
+    return x
+
+
+def _check_values(x: _Inputs) -> None:
+    """Finite inputs, log-probs <= 0 and normalisers >= this batch's counts, at real tokens."""
+    finite = {"logp": x.logp, "old_logp": x.old, "advantages": x.adv, "ref_logp": x.ref}
+    finite = {k: t for k, t in finite.items() if t is not None}
+    logprobs = {k: t for k, t in finite.items() if k != "advantages"}
+    checks = [torch.isfinite(t).all() for t in finite.values()] + [(t <= 0).all() for t in logprobs.values()]
+    counts = [x.mask.sum(), (x.mask.sum(dim=-1) > 0).sum()]
+    host = torch.stack([c.to(torch.float64) for c in checks + counts]).tolist()
+    bad = [k for k, ok in zip(finite, host) if not ok]
+    if bad:
+        raise ValueError(f"non-finite values (NaN or inf) at real (mask=1) tokens in: {', '.join(bad)}")
+    for (k, t), ok in zip(logprobs.items(), host[len(finite):]):
+        if not ok:
+            b, i = (t > 0).nonzero()[0].tolist()
+            raise ValueError(
+                f"{k} must hold log-probabilities (<= 0), but {k}[{b}, {i}] = {float(t[b, i].detach()):.6g} > 0 at a "
+                "real (mask=1) token; pass log pi of the sampled tokens, not logits or log-ratios")
+    _check_counts(x.norms, *host[-2:])
+
+
+def _kl_term(x: _Inputs, algo: Algorithm) -> Optional[Tensor]:
+    """Per-token KL to pi_ref (with V3.2 Eq. 7's correction if asked); for the metric only, without
+    gradient, when the loss has no KL term; None without ``ref_logp``."""
+    if x.ref is None:
+        return None
+    if algo.uses_kl:
+        return _kl(x.logp, x.ref, algo.kl, x.old if algo.kl_importance_correction else None)
+    with torch.no_grad():
+        return _kl(x.logp.detach(), x.ref, algo.kl or "k3", None)
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    algo: Algorithm,
+    *,
+    ref_logp: Optional[Tensor] = None,
+    num_tokens: Optional[Number] = None,
+    num_sequences: Optional[Number] = None,
+    max_tokens: Optional[int] = None,
+    group_size: Optional[int] = None,
+    group_tokens: Optional[Tensor] = None,
+    num_groups: Optional[Number] = None,
+    correct: Optional[Tensor] = None,
+    num_correct_tokens: Optional[Number] = None,
+    stats: Optional[Mapping[str, Tensor]] = None,
+) -> LossOutput:
+    """The full per-token objective of ``algo`` as a loss to minimise, plus diagnostics.
+
+    Per token (each step is ``algo``'s choice on one axis, a function of a registry)::
+
+        rho_it  = RATIOS[algo.ratio_level](logp, old_logp, mask)         (as log rho)
+        pg_it   = SURROGATES[algo.clip](ctx, **hyper-parameters)           (PPO: -min(rho A, clip(rho) A))
+        pg_it   = M_it * pg_it                                            (V3.2 Eqs. 8-9, if set)
+        loss_it = pg_it + beta * KL_ESTIMATORS[algo.kl](logp - ref_logp)  (if algo.uses_kl)
+        loss    = AGGREGATIONS[algo.aggregation](loss_it, mask, ...)
+                  + nll_coef * positive_nll_loss(logp, mask, correct)      (if algo.nll_coef > 0)
+
+    * ``rho_it``: ``ratio_level="token"`` -> ``r_it = pi_theta/pi_old`` (DeepSeekMath, arXiv
+      2402.03300, Eq. 3); ``"sequence"`` -> ``s_i`` of GSPO (arXiv 2507.18071) Eq. 7, the same
+      for every token of sequence i, so with ``seq_mean_token_mean`` and per-sequence advantages
+      the loss is exactly GSPO Eq. 5 (``-1/G sum_i min(s_i A_i, clip(s_i) A_i)``) and its gradient
+      GSPO Eq. 10. With token-level advantages ``[B, T]`` the sequence ratio multiplies each
+      token's advantage, but every token's gradient is still spread over the whole sequence
+      through ``s_i``; ``"sequence_token"`` -> ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]``
+      of GSPO-token (Eqs. 13-17, :func:`sequence_token_ratio`): the same value ``s_i``, and each
+      token's gradient weighted by its own advantage (equal to GSPO when ``A_it = A_i``).
+    * ``KL_it``: ``kl_estimate(logp, ref_logp, algo.kl)``, added **inside** the token sum as in
+      DeepSeekMath Eq. 3, hence aggregated with the same mode; only when ``algo.kl`` is set and
+      ``algo.beta > 0``. With ``algo.kl_importance_correction`` it is
+      ``kl_estimate(..., old_logp=old_logp)``, DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7.
+    * ``algo.offpolicy_mask_delta`` set: DeepSeek-V3.2 Eqs. 8-9 — the clipped-surrogate term of
+      every token with ``M_it = 0`` (:func:`offpolicy_sequence_mask`) is replaced by 0. Read
+      literally, M multiplies only the policy term *inside* ``1/G sum_i 1/|o_i| sum_t``: a
+      masked sequence still counts in every normaliser (``G``, ``|o_i|``, ``num_tokens``,
+      ``num_sequences``, ``max_tokens``) and its KL term stays.
+    * aggregation: see :func:`aggregate`; ``num_tokens`` / ``num_sequences`` are the global
+      counts for micro-batch invariance; ``max_tokens`` falls back to ``algo.max_tokens``.
+
+    Args:
+        logp: ``[B, T]`` log pi_theta of the sampled tokens (grad flows here); float32 /
+            bfloat16 / float16 / float64.
+        old_logp: ``[B, T]`` log pi_old (behaviour policy; detached). Pass ``logp.detach()`` for
+            a purely on-policy step (ratio 1, clipping inactive).
+        advantages: ``[B]`` per sequence or ``[B, T]`` per token (detached).
+        mask: ``[B, T]`` bool or 0/1, 1 = real token.
+        algo: a :class:`grpo_lab.algo.algorithms.Algorithm`.
+        ref_logp: ``[B, T]`` log pi_ref; required iff ``algo.kl`` is not None and
+            ``algo.beta > 0``. If given otherwise, the KL is still computed (without grad) for the
+            ``kl`` metric, with ``algo.kl`` or k3 when ``algo.kl is None``.
+        num_tokens, num_sequences: global normalisers (see :func:`aggregate`), at least this
+            batch's real tokens / non-empty rows.
+        max_tokens: constant normaliser for ``"seq_mean_token_sum_norm"``.
+        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"``
+            (see :func:`aggregate`).
+        correct, num_correct_tokens: read only when ``algo.nll_coef > 0`` (VAPO's positive-example
+            LM loss, Eqs. 9-10, :func:`positive_nll_loss`): ``[B]`` bool, which responses are
+            correct, and the global count of their real tokens (micro-batches).
+        stats: the whole-minibatch statistics of ``algo``'s surrogate for the rows of this batch
+            (``{name: Tensor [B, ...]}``, from :func:`batch_statistics` over the minibatch, rows
+            selected); ``None``: computed over this batch. Ignored when the surrogate declares none.
+
+    Returns:
+        :class:`LossOutput` ``(loss, metrics)``. ``loss``: 0-d float32 tensor with grad (float64 for float64 inputs).
+        ``metrics``: :class:`grpo_lab.algo.metrics.Metric` values (python floats over the real tokens
+        of *this* batch, never NaN, each with its reduction over micro-batches):
+
+        * ``loss``, ``pg_loss`` (the clipped-surrogate part alone, aggregated the same way) —
+          sums; with ``algo.nll_coef > 0`` also ``nll_loss`` (:func:`positive_nll_loss`, unweighted;
+          a sum; ``loss`` includes ``nll_coef`` times it); ``kl`` (mean per-token KL estimate over real tokens; 0.0 with weight 0 when not
+          computed);
+        * ``clip_frac_low`` — fraction of real tokens with ``A < 0`` and ``rho < 1 - eps_low``;
+          ``clip_frac_high`` — ``A > 0`` and ``rho > 1 + eps_high``; ``clip_frac`` — their sum.
+          These are exactly the tokens whose policy gradient the clip sets to 0 (sign-aware).
+          For ``clip="is_weight"`` they are the tokens its mask ``M`` (Eq. 7) removes, none without
+          ``mask_eps_*``; its capped and floored weights are the extra metrics
+          ``weight_capped_frac`` and ``weight_floored_frac``;
+        * ``ratio_mean``, ``ratio_min`` (a minimum), ``ratio_max`` (a maximum), ``ratio_q05``,
+          ``ratio_q50``, ``ratio_q95`` — of ``rho`` over real tokens (1.0, the no-change ratio,
+          when there are no real tokens);
+        * ``grad_token_frac`` — fraction of real tokens with a non-zero policy-gradient signal
+          (``A != 0``, not clipped, and for ``clip="ppo"`` the log-ratio inside the clamp);
+        * ``adv_abs_mean`` — mean ``|A|`` over real tokens;
+        * ``num_tokens``, ``num_sequences`` — real tokens and non-empty rows in this batch (sums);
+        * ``offpolicy_masked_frac`` — fraction of non-empty rows with at least one token masked
+          by Off-Policy Sequence Masking (0.0 when ``algo.offpolicy_mask_delta`` is None), a
+          sequence mean;
+        * ``clip_high_prob_mean``, ``clip_high_prob_max`` — the mean and the largest probability
+          ``pi_theta`` (a probability in (0, 1], not a log; the current policy's, as DAPO writes
+          it) of the tokens counted in ``clip_frac_high``: which tokens the upper clip stops
+          (DAPO, arXiv 2503.14476, §3.1 and Fig. 3a: "the mean probability of up-clipped tokens is
+          low", below 0.2). Weighted by the number of such tokens; 0.0 with weight 0 when no token
+          was clipped there (the trainer's history then shows NaN); ``token_prob_mean`` — the mean
+          ``pi_theta`` of all real tokens, for comparison (a token mean);
+        * sequence level, over the non-empty rows of this batch (sequence means, or a minimum /
+          maximum weighted by the number of such rows), whatever ``algo.ratio_level`` is:
+          ``seq_clip_frac`` — fraction of non-empty rows whose policy gradient the clip removes
+          entirely: the row has at least one counted token and every counted token is in
+          ``clip_frac_low`` or ``clip_frac_high`` (sign-aware, as those). For
+          ``ratio_level="sequence"`` with ``[B]`` advantages this is exactly ``A_i < 0, s_i < 1 -
+          eps_low`` or ``A_i > 0, s_i > 1 + eps_high`` (GSPO Eq. 5's clip): a clipped sequence
+          counts once, whatever its length, while ``clip_frac`` counts its tokens. A row with a
+          zero advantage or masked by Off-Policy Sequence Masking is not clipped;
+          ``seq_ratio_mean``, ``seq_ratio_min``, ``seq_ratio_max`` — of the length-normalised
+          sequence ratio ``s_i = exp(1/|o_i| sum_t log r_it)`` (GSPO Eq. 7, the geometric mean of
+          the token ratios; log clamped to +-20), computed for token-level algorithms too, so
+          their sequence ratios can be compared with GSPO's clip range (1.0 when the batch has no
+          real token); ``seq_ratio_abs_dev`` — the mean ``|s_i - 1|`` (0.0 without real tokens),
+          a spread that, unlike a standard deviation or quantiles, combines exactly over
+          micro-batches; ``token_ratio_abs_dev`` — its token-level counterpart, the mean
+          ``|r_it - 1|`` over real tokens of the *token* ratio ``r_it = pi_theta / pi_old``
+          (DeepSeekMath Eq. 3) whatever the ratio level (``ratio_*`` describe the ratio the
+          surrogate uses, which for GSPO is ``s_i`` on every token).
+
+        Every other metric is a token mean. Tokens masked by Off-Policy Sequence Masking count in
+        neither ``clip_frac_*`` nor ``grad_token_frac`` (their policy gradient is 0 because of the
+        mask, not the clip). All fractions and means are 0.0 for an empty mask, and the loss is
+        then 0.
+
+    Raises:
+        ValueError: ``algo`` not an Algorithm; shape mismatches; mask not 0/1; NaN / inf at a real
+            token in ``logp``, ``old_logp``, ``ref_logp`` or ``advantages``; a log-prob > 0 at a
+            real token; ``ref_logp`` missing when the algorithm has a KL term; ``max_tokens``
+            missing for ``"seq_mean_token_sum_norm"``; non-positive normalisers, or
+            ``num_tokens`` / ``num_sequences`` below this batch's counts; the group structure missing for ``"group_token_mean"``, or given both ways
+            (``group_size=`` and ``group_tokens=``/``num_groups=``), ``group_size`` not a positive int
+            dividing the rows, ``group_tokens`` not a float ``[B]`` tensor of finite values at least
+            each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
+            in the batch. ``algo.nll_coef > 0`` without ``correct``, or as :func:`positive_nll_loss`.
+    """
+    groups = (group_size, group_tokens, num_groups)
+    x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens, groups)
+    ctx = _context(x, algo, groups, stats)
+    log_ratio = ctx.log_ratio
+    pg_tok, indicators = _surrogate(ctx, algo)
+    keep = None
+    if algo.offpolicy_mask_delta is not None:  # DeepSeek-V3.2 Eqs. 8-9
+        with torch.no_grad():
+            keep = _keep_sequences(x.old - x.logp.detach(), x.adv, x.mask, algo.offpolicy_mask_delta)
+        pg_tok = torch.where(keep, pg_tok, x.zero)
+    kl_tok = _kl_term(x, algo)
+    total = pg_tok + algo.beta * kl_tok if algo.uses_kl else pg_tok
+    loss = _reduce(total, x.mask, algo.aggregation, x.norms)
+    nll = None
+    if algo.nll_coef > 0:  # VAPO Eqs. 9-10
+        if correct is None:
+            raise ValueError(f"{algo.name}: nll_coef={algo.nll_coef} (VAPO's positive-example LM loss) needs correct= "
+                             "(a [B] bool tensor: which responses are correct)")
+        nll = positive_nll_loss(x.logp, x.mask, correct, num_tokens=num_correct_tokens)
+        loss = loss + algo.nll_coef * nll.to(loss.dtype)
+    metrics = _loss_metrics(x, algo, loss, pg_tok, log_ratio, indicators, keep, kl_tok)
+    if nll is not None:
+        metrics["nll_loss"] = _metrics.total(float(nll.detach()))
+    return LossOutput(loss, metrics)
+
+
+def _surrogate(ctx: LossContext, algo: Algorithm) -> tuple[Tensor, dict]:
+    """``SURROGATES[algo.clip]`` on ``ctx`` with its hyper-parameters' values (the earlier form,
+    ``(log_ratio, advantages, mask, algo)``, gets the whole algorithm)."""
+    fn = SURROGATES[algo.clip]
+    if _hp.positional_count(fn) == 4:
+        return fn(ctx.log_ratio, ctx.advantages, ctx.mask, algo)
+    return fn(ctx, **algo.values_for(fn))
+
+
+# --------------------------------------------------------------------------------------------
+# metrics of policy_loss
+# --------------------------------------------------------------------------------------------
+def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured: bool,
+               n_high: float = 0.0) -> _metrics.Metric:
+    """The reduction of each metric of :func:`policy_loss` (see :mod:`grpo_lab.algo.metrics`)."""
+    if name in ("loss", "pg_loss", "num_tokens", "num_sequences"):
+        return _metrics.total(value)
+    if name == "ratio_min":
+        return _metrics.minimum(value, weight=n_tok)
+    if name == "ratio_max":
+        return _metrics.maximum(value, weight=n_tok)
+    if name == "kl":
+        return _metrics.token_mean(value, n_tok if kl_measured else 0.0)
+    if name in ("offpolicy_masked_frac", "seq_clip_frac", "seq_ratio_mean", "seq_ratio_abs_dev"):
+        return _metrics.seq_mean(value, n_seq)
+    if name == "seq_ratio_min":
+        return _metrics.minimum(value, weight=n_seq)
+    if name == "seq_ratio_max":
+        return _metrics.maximum(value, weight=n_seq)
+    if name == "clip_high_prob_mean":
+        return _metrics.token_mean(value, n_high)
+    if name == "clip_high_prob_max":
+        return _metrics.maximum(value, weight=n_high)
+    return _metrics.token_mean(value, n_tok)
+
+
+def _check_indicators(indicators: dict, clip: str) -> None:
+    """A surrogate's indicators hold :data:`SURROGATE_METRICS`' keys and no name of :data:`METRIC_KEYS`."""
+    missing = [k for k in SURROGATE_METRICS if k not in indicators]
+    if missing:
+        raise ValueError(f"surrogate {clip!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
+                         f"missing {missing}")
+    clash = sorted(set(indicators) & set(METRIC_KEYS))
+    if clash:
+        raise ValueError(f"surrogate {clip!r} returns indicators named like built-in metrics {clash}; "
+                         "rename them (they would replace those metrics)")
+
+
+def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicators, keep, kl_tok) -> dict:
+    """The diagnostics of :func:`policy_loss`, by name, with one device-to-host transfer."""
+    _check_indicators(indicators, algo.clip)
+    m, zero = x.mask, x.zero
+    with torch.no_grad():
+        n_tok = m.sum()
+        n_f = n_tok.clamp(min=1).to(zero.dtype)
+        n_rows = (m.sum(dim=-1) > 0).sum().to(zero.dtype)
+        counted = m if keep is None else m & keep  # tokens whose policy term is in the loss
+        frac = {k: torch.where(counted, v, torch.zeros((), dtype=v.dtype, device=v.device)).sum() / n_f
+                for k, v in indicators.items()}
+        ratio = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))[m]
+        if ratio.numel() > 0:
+            r_stats = [ratio.mean(), ratio.min(), ratio.max(), *_quantiles(ratio, (0.05, 0.5, 0.95))]
+        else:
+            r_stats = [torch.ones_like(zero)] * 6
+        # sequence level: s_i = exp(mean_t log r_it) (GSPO Eq. 7) of every non-empty row, whatever the ratio level
+        rows = m.any(dim=-1)
+        seq_r = torch.exp(torch.clamp(_sequence_mean(x.logp.detach(), x.old, m), -LOG_RATIO_CLAMP,
+                                      LOG_RATIO_CLAMP))[rows]
+        if seq_r.numel() > 0:
+            s_stats = [seq_r.mean(), seq_r.min(), seq_r.max(), (seq_r - 1.0).abs().mean()]
+        else:
+            s_stats = [torch.ones_like(zero)] * 3 + [zero]
+        tok_r = torch.exp(torch.clamp(x.logp.detach() - x.old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        tok_dev = torch.where(m, (tok_r - 1.0).abs(), zero).sum() / n_f
+        # a row is clipped when it has a counted token and the clip removes every one of them
+        cut = indicators["clip_low"].bool() | indicators["clip_high"].bool()
+        seq_cut = counted.any(dim=-1) & ~(counted & ~cut).any(dim=-1)
+        up = counted & indicators["clip_high"].bool()
+        n_up = up.sum().to(zero.dtype)
+        p_theta = torch.exp(x.logp.detach().to(zero.dtype))
+        p_up = torch.where(up, p_theta, zero)
+        values = {
+            "loss": loss.detach(),
+            "pg_loss": _reduce(pg_tok.detach(), m, algo.aggregation, x.norms),
+            "kl": zero if kl_tok is None else torch.where(m, kl_tok.detach(), zero).sum() / n_f,
+            "clip_frac_low": frac["clip_low"],
+            "clip_frac_high": frac["clip_high"],
+            "clip_frac": frac["clip_low"] + frac["clip_high"],
+            **dict(zip(("ratio_mean", "ratio_min", "ratio_max", "ratio_q05", "ratio_q50", "ratio_q95"), r_stats)),
+            "grad_token_frac": frac["grad"],
+            "adv_abs_mean": x.adv.abs().sum() / n_f,
+            "num_tokens": n_tok.to(zero.dtype),
+            "num_sequences": n_rows,
+            "offpolicy_masked_frac": zero if keep is None else (m & ~keep).any(dim=-1).sum().to(zero.dtype)
+            / n_rows.clamp(min=1),
+            "clip_high_prob_mean": p_up.sum() / n_up.clamp(min=1),
+            "clip_high_prob_max": p_up.max() if p_up.numel() else zero,
+            "token_prob_mean": torch.where(m, p_theta, zero).sum() / n_f,
+            "seq_clip_frac": seq_cut.sum().to(zero.dtype) / n_rows.clamp(min=1),
+            **dict(zip(("seq_ratio_mean", "seq_ratio_min", "seq_ratio_max", "seq_ratio_abs_dev"), s_stats)),
+            "token_ratio_abs_dev": tok_dev,
+            "clip_high_count": n_up,
+            **{k: v for k, v in frac.items() if k not in SURROGATE_METRICS},
+        }
+        host = torch.stack([v.to(torch.float64).reshape(()) for v in values.values()]).tolist()
+    vals = {k: (v if math.isfinite(v) else 0.0) for k, v in zip(values, host)}
+    n, s, n_high = vals["num_tokens"], vals["num_sequences"], vals.pop("clip_high_count")
+    return {k: _as_metric(k, v, n, s, kl_tok is not None, n_high) for k, v in vals.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# value model and VAPO's positive-example LM loss
+# --------------------------------------------------------------------------------------------
+#: The aggregation modes that :func:`value_loss` accepts, those that need no constant beyond the
+#: global counts (``"seq_mean_token_sum_norm"`` needs ``max_tokens``, ``"group_token_mean"`` the
+#: group structure, neither of which a value loss is given).
+VALUE_LOSS_MODES = ("token_mean", "seq_mean_token_mean")
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: Optional[float] = None,
+    mode: str = "token_mean",
+    num_tokens: Optional[Number] = None,
+    num_sequences: Optional[Number] = None,
+) -> Tensor:
+    """The critic's loss: PPO's squared-error value loss, optionally with value clipping.
+
+    PPO (Schulman et al., arXiv 1707.06347) Eq. 9 trains the value function with
+    ``L^VF_t = (V_theta(s_t) - V_t^targ)^2``. Per real token this computes::
+
+        clip_eps is None:  0.5 (V - R)^2
+        otherwise:         0.5 max[ (V - R)^2, (V_old + clip(V - V_old, -clip_eps, clip_eps) - R)^2 ]
+
+    with ``V = values`` (grad flows here), ``V_old = old_values`` (the value model's predictions at
+    rollout time, detached) and ``R = returns`` (the targets, e.g. :func:`grpo_lab.algo.advantages.gae`'s
+    returns with ``lam = 1``, detached). The clipped form is not in the PPO paper's text: it is the
+    common implementation (OpenAI baselines' ``ppo2``), a pessimistic bound like the policy clip:
+    once ``V`` has moved more than ``clip_eps`` away from ``V_old`` and the clipped prediction is
+    the worse one, the token's gradient is 0. The factor 0.5 is a convention (the gradient is then
+    ``V - R``). The per-token losses are reduced with :func:`aggregate` (``mode`` and the global
+    ``num_tokens`` / ``num_sequences``, so micro-batch losses sum to the full-batch loss).
+
+    Args:
+        values: ``[B, T]`` current value predictions (any float dtype).
+        old_values: ``[B, T]`` value predictions of the rollout (detached; needed only for
+            clipping, but always validated).
+        returns: ``[B, T]`` value targets (detached).
+        mask: ``[B, T]`` bool or 0/1, 1 = real token. Padded positions may hold anything, even NaN.
+        clip_eps: ``None`` (no clipping) or a finite number ``>= 0``.
+        mode: one of :data:`VALUE_LOSS_MODES` (``"token_mean"`` by default, VAPO's token-level
+            loss).
+        num_tokens, num_sequences: the global real-token / non-empty-row counts for micro-batches
+            (see :func:`aggregate`).
+
+    Returns:
+        0-d float32 tensor (float64 for float64 inputs), differentiable w.r.t. ``values``; 0 for an
+        empty mask.
+
+    Raises:
+        ValueError: inputs not floating ``[B, T]`` tensors of one shape; mask not 0/1; NaN / inf at
+            a real token; ``clip_eps`` negative, NaN / inf or not a number; ``mode`` not in
+            :data:`VALUE_LOSS_MODES`; normalisers not positive or below this batch's counts.
+    """
+    _v.choice("value-loss aggregation mode", mode, VALUE_LOSS_MODES)
+    shape = _v.bt_tensor(values, "values").shape
+    _v.bt_tensor(old_values, "old_values", shape)
+    _v.bt_tensor(returns, "returns", shape)
+    m = _v.mask_bool(mask, shape)
+    eps = None if clip_eps is None else _v.real_number("clip_eps", clip_eps, minimum=0.0)
+    cdt = _v.compute_dtype(values, old_values, returns)
+    v = _masked(values, m, cdt)
+    v_old = _masked(old_values.detach(), m, cdt)
+    ret = _masked(returns.detach(), m, cdt)
+    finite = torch.stack([torch.isfinite(x.detach()).all() for x in (v, v_old, ret)]).tolist()
+    bad = [n for n, ok in zip(("values", "old_values", "returns"), finite) if not ok]
+    if bad:
+        raise ValueError(f"non-finite values (NaN or inf) at real (mask=1) tokens in: {', '.join(bad)}")
+    err = (v - ret).square()
+    if eps is not None:
+        v_clipped = v_old + torch.clamp(v - v_old, -eps, eps)
+        err = torch.maximum(err, (v_clipped - ret).square())
+    return aggregate(0.5 * err, m, mode, num_tokens=num_tokens, num_sequences=num_sequences)
+
+
+def positive_nll_loss(
+    logp: Tensor,
+    mask: Tensor,
+    correct: Tensor,
+    *,
+    num_tokens: Optional[Number] = None,
+) -> Tensor:
+    """VAPO's positive-example LM loss: the token-mean negative log-likelihood of the correct responses.
+
+    VAPO (arXiv 2504.05118) Eq. 9, with ``T`` the set of correct responses in the batch::
+
+        L_NLL = - 1 / sum_{o_i in T} |o_i|  *  sum_{o_i in T} sum_t log pi_theta(a_t | s_t)
+
+    a self-imitation term added to the policy loss with weight ``mu`` (Eq. 10,
+    ``L = L_PPO + mu L_NLL``, ``mu = 0.1`` in §5.1). Only the real tokens of correct responses
+    count, in the sum and in the normaliser; an incorrect response changes neither the loss nor
+    its gradient.
+
+    Args:
+        logp: ``[B, T]`` log pi_theta of the sampled tokens (grad flows here); any float dtype
+            (float32 compute, float64 for float64 input). Positions that do not count (padding,
+            incorrect responses) may hold anything, even NaN.
+        mask: ``[B, T]`` bool or 0/1, 1 = real token.
+        correct: ``[B]`` bool (or 0/1) tensor, True for a correct response (in ``T``).
+        num_tokens: the global count of real tokens of correct responses, when a batch is split
+            into micro-batches (then the micro-batch losses and gradients sum to the full-batch
+            ones); a number or 1-element tensor, at least this batch's count. Default: this
+            batch's count.
+
+    Returns:
+        0-d float32 tensor (float64 for float64 input), differentiable w.r.t. ``logp``. With no
+        correct response (or a count of 0) it is 0, still attached to the graph when ``logp``
+        requires grad (its gradient is 0), never NaN.
+
+    Raises:
+        ValueError: ``logp`` not a floating ``[B, T]`` tensor; mask not of its shape or not 0/1;
+            ``correct`` not a ``[B]`` tensor of bools or 0/1; NaN / inf or a log-prob > 0 at a
+            counted token; ``num_tokens`` negative, NaN / inf, not a number, or smaller than this
+            batch's count of correct-response tokens.
+    """
+    shape = _v.bt_tensor(logp, "logp").shape
+    m = _v.mask_bool(mask, shape)
+    if not isinstance(correct, Tensor) or correct.shape != (shape[0],):
+        got = tuple(correct.shape) if isinstance(correct, Tensor) else type(correct).__name__
+        raise ValueError(f"correct must be a [B] tensor with B={shape[0]} (True = correct response), got {got}")
+    if correct.dtype != torch.bool:
+        if correct.is_complex() or (correct.numel() and not bool(((correct == 0) | (correct == 1)).all())):
+            raise ValueError("correct must hold bools or 0/1 (True = correct response); got other values")
+        correct = correct != 0
+    sel = m & correct.to(m.device).unsqueeze(1)  # the counted tokens: real tokens of correct responses
+    cdt = _v.compute_dtype(logp)
+    nll = _masked(-logp, sel, cdt)  # -log pi at counted tokens, +0 elsewhere (so an empty sum is +0, not -0)
+    finite, nonpos, n = torch.stack([torch.isfinite(nll.detach()).all().to(torch.float64),
+                                     (nll.detach() >= 0).all().to(torch.float64),
+                                     sel.sum().to(torch.float64)]).tolist()  # one device-to-host transfer
+    if not finite:
+        raise ValueError("logp has non-finite values (NaN or inf) at real tokens of correct responses")
+    if not nonpos:
+        raise ValueError("logp must hold log-probabilities (<= 0) at real tokens of correct responses; got a "
+                         "value > 0 (pass log pi of the sampled tokens, not logits)")
+    denom = n
+    if num_tokens is not None:
+        if isinstance(num_tokens, Tensor):
+            if num_tokens.numel() != 1:
+                raise ValueError(f"num_tokens must be a scalar, got a tensor of shape {tuple(num_tokens.shape)}")
+            num_tokens = float(num_tokens.detach().reshape(()))
+        denom = _v.real_number("num_tokens", num_tokens, minimum=0.0)
+        if denom < n:
+            raise ValueError(
+                f"num_tokens={denom:g} is smaller than the {n:g} real tokens of correct responses in this batch; it "
+                "must be the count over the whole batch (all micro-batches together), so at least this batch's")
+    return nll.sum() / max(denom, 1.0)

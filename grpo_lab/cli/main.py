@@ -1,0 +1,1282 @@
+"""The command line: ``python -m grpo_lab`` (or the ``grpo-lab`` console script).
+
+Train one algorithm preset for several seeds and write a results file with its provenance::
+
+    python -m grpo_lab GRPO --steps 2 --seeds 0                 # a quick try, results under runs/
+    python -m grpo_lab DAPO --seeds 0 1 2 --jobs 2 --set eps_high=0.3 --out runs/dapo.json
+    python -m grpo_lab GSPO --model arithmetic-moe-base --set routing_replay=true --set minibatches=2
+    python -m grpo_lab GRPO --import my_task.py --task mytask   # a task of your own (register_task)
+    python -m grpo_lab GRPO --lora-r 8 --lora-alpha 16 --lora-targets q_proj v_proj --set lr=1e-3   # LoRA (peft)
+    python -m grpo_lab --config run.yaml --steps 5              # options from a YAML file, a flag on top
+    python -m grpo_lab list                                     # presets, tasks, profiles, models, --set keys
+    python -m grpo_lab check-config grpo.yaml                   # what a TRL / verl config computes (the linter)
+    python -m grpo_lab export DAPO --to verl --task gsm8k --model Qwen/Qwen2.5-0.5B-Instruct --out job/ --approximate
+
+``export PRESET --to trl|verl --model M --out DIR [--task T] [--steps N] [--set KEY=VALUE ...]`` writes a runnable
+TRL or verl job instead of training (:func:`~grpo_lab.export.jobs.trl_job` / :func:`~grpo_lab.export.jobs.verl_job`; the
+budget is the ``TrainerConfig`` the ``--set`` keys make; ``--approximate`` exports what the target cannot
+compute exactly, each difference a warning).
+
+``train`` may be written before the preset (``python -m grpo_lab train GRPO``); it is the default.
+``check-config FILE [--library trl|verl]`` prints what a TRL ``GRPOConfig`` or verl trainer config computes in
+grpo_lab's terms (:func:`grpo_lab.export.lint.check_config`: the Algorithm, the nearest paper, the departures);
+the library is guessed from the keys when not given.
+Everything is a thin layer over :func:`grpo_lab.experiments.run` and
+:func:`grpo_lab.experiments.save_results`: the profile (``--profile``) fixes the scale, ``--model``
+and ``--task`` replace its base checkpoint and task (``run(base=..., task=...)``), and each
+``--set KEY=VALUE`` overrides one field of :class:`~grpo_lab.training.trainer.TrainerConfig` (passed to ``run``
+as ``**config_overrides``) or of the preset's :class:`~grpo_lab.algo.algorithms.Algorithm`
+(``preset.replace(...)``), the value parsed with the field's type. ``--lora-r R`` (with
+``--lora-alpha``, ``--lora-targets``) trains LoRA adapters instead of the whole model
+(``run(lora=...)``, :class:`grpo_lab.policy.lora.LoraSpec`; needs peft); the KL reference is then the base model.
+
+``--report-to NAME [NAME ...]`` chooses the trackers of each seed's steps (``TrainerConfig.report_to``:
+``jsonl``, ``tensorboard``, ``wandb``, or ``none``; :mod:`grpo_lab.training.callbacks`); they write into the
+seed's output directory.
+
+``--import MODULE`` (repeatable) imports a module of the user's before the choices are built: a
+module name importable from the current directory or ``PYTHONPATH`` (``my_tasks``,
+``pkg.tasks``), or the path of a ``.py`` file (imported as a top-level module named after the
+file, its directory put first on ``sys.path``). Whatever it registers
+(:func:`grpo_lab.tasks.register_task`, an entry of a registry such as
+:data:`grpo_lab.algo.objectives.SURROGATES`) becomes a valid ``--task`` or ``--set`` value, in the worker
+processes of ``--jobs`` too (they import the module that defines a run's task or choices).
+
+``--config run.yaml`` reads the run's options from a YAML (or JSON) file (:mod:`grpo_lab.experiments.config_files`):
+top-level keys named as the options (``preset``, ``profile``, ``task``, ``model``, ``steps``, ``seeds``,
+``jobs``, ``out``, ``import``, ``lora_r``, ...), a ``trainer:`` section of
+:class:`~grpo_lab.training.trainer.TrainerConfig` fields and an ``algorithm:`` section of
+:class:`~grpo_lab.algo.algorithms.Algorithm` fields and hyper-parameters. Flags given on the command line win
+over the file, ``--set`` over its sections. An unknown key is one error naming the file, the key, the
+closest known key and the known keys.
+
+The results file: ``--out`` refuses a file that exists unless ``--overwrite`` (or ``--resume``) is
+given, and an ``--out`` whose directory cannot be created or written fails before training. Next to
+it, the run directory (``--out`` without ``.json``,
+:func:`grpo_lab.experiments.run_dirs.run_directory`) holds one directory per seed, ``<preset>/seed-<k>`` (``TrainerConfig.output_dir``: the step log, trackers, ``run.json``,
+``result.json``, and with ``--save-every N`` a checkpoint every N steps). ``--resume`` continues a run
+killed mid-way (or reads back a finished one) with the same preset and settings, ending with the
+history an uninterrupted run has; a run directory of another preset or with other settings is refused,
+the message naming what differs. Without ``--resume`` an earlier run there is refused unless
+``--overwrite`` is given. A run writing its files is never served from the run cache. Before
+training, the resolved configuration (every option after file and flags, the whole ``TrainerConfig``
+and ``Algorithm`` used) is written to ``<out>/config.yaml`` (:func:`grpo_lab.experiments.config_files.config_path`);
+``--config`` that file repeats the run.
+
+Errors: a user mistake (an unknown preset, task, profile or ``--set`` key, a value of the wrong
+type or out of range, a model that does not exist, an output path that cannot be written or a file
+that exists, an ``--import`` that fails; in general a ``ValueError`` or ``OSError`` from the package)
+prints one line ``PROG: error: ...`` on stderr and exits with status 2; any other exception prints
+one line and exits with status 1; Ctrl-C exits with status 130, after printing the results file and the
+command that resumes the run. ``--debug`` prints the traceback as well. A Python warning (a preset's
+departure, ``NoLearningSignalWarning``, an ``--approximate`` export's differences) prints as one line
+``PROG: warning: Category: message``.
+
+With ``--model``, one warning line on stderr when the model's tokenizer maps a character of
+the task's first test prompts to its unknown token (a tokenizer that cannot read the task).
+
+What a run prints (:mod:`grpo_lab.cli.report`): while it trains, one line per step and seed on stdout
+(``GRPO seed 0 step 2/40 | reward 0.523 | accuracy 0.523 | kl 0.0031 | clip_frac 0.014 | length 8.3 | 1.3 s
+| test_accuracy 0.409``), read from each seed's ``metrics.jsonl`` (so also for seeds trained by ``--jobs``
+worker processes; none with ``--quiet``, or when ``--report-to`` leaves out ``jsonl``: a note says so); a
+resumed seed prints the steps after its checkpoint, a finished one says it was read back. Then the summary:
+the test accuracy (greedy, N problems) from base to final as mean ± sd over the seeds with the 95% Student-t
+interval, each seed's value and the test set's binomial standard error (one seed: no ±); the last step's
+metrics; each seed's trained model, ``<run dir>/<preset>/seed-<k>/final`` (``save_pretrained`` weights and
+tokenizer, LoRA adapters merged into the base weights; ``--no-save-model`` skips it); the figure of test
+accuracy and reward against the step next to the results file (``--out`` with ``.png``); and the lines
+``results: PATH`` and ``configuration: PATH``.
+
+Progress bars: transformers' model-loading bars only with ``--progress`` (unless the user's own
+``HF_HUB_DISABLE_PROGRESS_BARS`` says otherwise: it is left alone when set); the per-step training
+bar (tqdm, stderr) with ``--progress``, never with ``--no-progress``; by default the step lines replace
+it, and with ``--quiet`` it shows only when stderr is a terminal and ``$CI`` is unset
+(:class:`~grpo_lab.training.trainer.TrainerConfig`'s ``progress=None``).
+
+``python -m grpo_lab.experiments`` (the older entry point) runs this same command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import importlib
+import inspect
+import os
+import re
+import shlex
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+import types
+import typing
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "hyperparameter_keys", "default_out",
+           "resolve_model", "load_user_module", "unknown_characters", "UsageError", "lora_option", "LORA_TARGETS",
+           "report_to_option", "task_from_arguments"]
+
+#: ``--set`` keys that exist as fields but are set by an option of their own
+_RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}
+_RESERVED["report_to"] = "use --report-to NAME [NAME ...] (or --report-to none)"
+
+
+#: the same fields in a ``--config`` file: where they go instead
+_FILE_RESERVED = {"seed": "use seeds: [0, 1, 2] at the top level (one run per seed)",
+                  "progress": "use progress: true/false at the top level",
+                  "report_to": "use report_to: [jsonl, tensorboard] at the top level (or report_to: [none])"}
+
+
+class UsageError(ValueError):
+    """A mistake in the command line (printed as one line, exit status 2)."""
+
+
+# ---------------------------------------------------------------------------------------- --set
+def settable_fields() -> dict[str, tuple[str, Any, Any]]:
+    """The keys ``--set`` accepts: every field of :class:`~grpo_lab.training.trainer.TrainerConfig` and of
+    :class:`~grpo_lab.algo.algorithms.Algorithm`, except ``seed`` and ``progress`` (``--seeds``,
+    ``--progress``) and ``params``, then every hyper-parameter that a registered function declares
+    beyond those fields (:func:`hyperparameter_keys`, owner ``"Algorithm.params"``; the preset's
+    functions must declare it, which ``preset.replace`` checks).
+
+    Returns:
+        ``{key: (owner, type_hint, default)}``, ``owner`` ``"TrainerConfig"`` or ``"Algorithm"``,
+        ``type_hint`` the evaluated annotation (``float``, ``int | None``, ``Optional[str]``, ``tuple``),
+        ``default`` the dataclass default (the profile or preset may set another value).
+    """
+    from ..algo.algorithms import Algorithm
+    from ..training.trainer import TrainerConfig
+
+    out: dict[str, tuple[str, Any, Any]] = {}
+    for cls in (TrainerConfig, Algorithm):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in _RESERVED or not f.init or (cls is Algorithm and f.name == "params"):
+                continue
+            if f.name in out:  # a field of both would be ambiguous: refuse rather than guess
+                raise RuntimeError(f"settable_fields: {f.name!r} is a field of both {out[f.name][0]} and "
+                                   f"{cls.__name__}")
+            default = f.default if f.default is not dataclasses.MISSING else None
+            out[f.name] = (cls.__name__, hints[f.name], default)
+    for key, (_, hint, default) in hyperparameter_keys().items():
+        out.setdefault(key, ("Algorithm.params", hint, default))
+    return out
+
+
+def hyperparameter_keys() -> dict[str, tuple[str, Any, Any]]:
+    """The hyper-parameters that the functions registered on the algorithm's axes declare beyond the
+    :class:`~grpo_lab.algo.algorithms.Algorithm` fields (:mod:`grpo_lab.algo.hparams`; SAPO's ``tau_pos``, a user
+    module's own): ``{name: (where, type_hint, default)}``, ``where`` the first choice declaring it
+    (``"clip='sapo'"``), ``type_hint`` from the function's annotation (else the default's type)."""
+    from ..algo import hparams
+    from ..algo.advantages import ADVANTAGE_ESTIMATORS
+    from ..algo.algorithms import Algorithm
+    from ..algo.objectives import AGGREGATIONS, KL_ESTIMATORS, RATIOS, SURROGATES
+
+    fields = {f.name for f in dataclasses.fields(Algorithm)}
+    out: dict[str, tuple[str, Any, Any]] = {}
+    for axis, registry in (("advantage", ADVANTAGE_ESTIMATORS), ("ratio_level", RATIOS), ("clip", SURROGATES),
+                           ("aggregation", AGGREGATIONS), ("kl", KL_ESTIMATORS)):
+        for choice, fn in registry.items():
+            for part in (fn, *hparams.spec(fn).batch_statistics.values()):
+                for name, default in hparams.own_hyperparameters(part).items():
+                    if name not in fields and name not in out:
+                        out[name] = (f"{axis}={choice!r}", _hint_of(part, name, default), default)
+    return out
+
+
+def _hint_of(fn, name: str, default: Any):
+    """The annotation of ``fn``'s parameter ``name`` (evaluated), else the type of ``default`` (float when none)."""
+    try:
+        return typing.get_type_hints(fn)[name]
+    except Exception:  # an annotation that cannot be evaluated, or none
+        return type(default) if isinstance(default, (bool, int, float, str)) else typing.Optional[float]
+
+
+def _split_hint(hint) -> tuple[list, bool]:
+    """``(types other than None, whether None is allowed)`` of an annotation."""
+    if typing.get_origin(hint) in (typing.Union, getattr(types, "UnionType", typing.Union)):
+        args = typing.get_args(hint)
+        return [a for a in args if a is not type(None)], type(None) in args
+    return [hint], False
+
+
+def _type_name(hint) -> str:
+    """How ``--set`` help and errors describe a field's type (``"float"``, ``"int or none"``)."""
+    kinds, nullable = _split_hint(hint)
+    names = {bool: "bool (true/false)", int: "int", float: "float", str: "str"}
+    name = " or ".join("numbers a,b,..." if (k is tuple or typing.get_origin(k) is tuple) else names.get(k, str(k))
+                       for k in kinds)
+    return f"{name} or none" if nullable else name
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def parse_value(key: str, text: str, hint) -> Any:
+    """``text`` converted to the type ``hint`` of field ``key``.
+
+    ``none`` / ``null`` (any case) is ``None`` where the field allows it; booleans are
+    ``true/false``, ``1/0``, ``yes/no``, ``on/off``; ints are decimal (``32``, ``1_000``); floats any
+    Python float literal (``1e-4``); tuples comma-separated numbers (``0.9,0.95``); strings as given.
+
+    Raises:
+        UsageError: the text is not a value of that type (the message names the key and the type).
+    """
+    kinds, nullable = _split_hint(hint)
+    t = text.strip()
+    if nullable and t.lower() in ("none", "null"):
+        return None
+    kind = kinds[0] if len(kinds) == 1 else None
+    is_tuple = kind is tuple or typing.get_origin(kind) is tuple
+    if kind not in (bool, int, float, str) and not is_tuple:
+        raise UsageError(f"--set {key}: a field of type {hint!r} cannot be set on the command line")
+    try:
+        if kind is bool:
+            if t.lower() in _TRUE | _FALSE:
+                return t.lower() in _TRUE
+        elif kind is int:
+            return int(t, 10)
+        elif kind is float:
+            return float(t)
+        elif is_tuple:
+            parts = [p.strip() for p in t.split(",")]
+            return tuple(int(p, 10) if p.lstrip("+-").isdigit() else float(p) for p in parts)
+        elif t:  # str
+            return t
+    except ValueError:
+        pass
+    raise UsageError(f"--set {key}={text}: {key} must be {_type_name(hint)}, got {text!r}")
+
+
+def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``--set KEY=VALUE`` items into TrainerConfig and Algorithm overrides, values typed.
+
+    A key given twice takes its last value.
+
+    Returns:
+        ``(config_overrides, algorithm_overrides)``: two dicts of field name to typed value.
+
+    Raises:
+        UsageError: an item without ``=``, an unknown key (the message names it, suggests a close
+            key and lists the valid ones), a TRL / verl option name (one error for all of them: each
+            with the grpo_lab field and value that mean the same, :mod:`grpo_lab.export.vocabulary`,
+            and the linter ``check-config`` named when there are several), ``seed`` / ``progress``
+            (their own options), or a value that is not of the field's type (:func:`parse_value`).
+    """
+    from ..export.vocabulary import combine, explain
+
+    known = settable_fields()
+    hyper = hyperparameter_keys()
+    cfg: dict[str, Any] = {}
+    algo: dict[str, Any] = {}
+    foreign: list[tuple[str, str]] = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r} (e.g. --set lr=1e-4)")
+        if key in _RESERVED:
+            raise UsageError(f"--set {key}: {_RESERVED[key]}")
+        if key in hyper and known.get(key, ("",))[0] == "TrainerConfig":
+            raise UsageError(f"--set {key}: ambiguous, both a TrainerConfig field and a hyper-parameter that "
+                             f"{hyper[key][0]} declares; rename that function's parameter")
+        if key not in known:
+            said = explain(key, text, style="set")  # a TRL / verl name, or None for a plain typo
+            if said is None:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise UsageError(f"--set: unknown key {key!r}{hint}; valid keys: {', '.join(sorted(known))}")
+            foreign.append((key, f"--set {key}={text}: {said}"))
+            continue
+        owner, type_hint, _ = known[key]
+        (cfg if owner == "TrainerConfig" else algo)[key] = parse_value(key, text, type_hint)
+    if foreign:
+        raise UsageError(combine(foreign))
+    return cfg, algo
+
+
+# ---------------------------------------------------------------------------------------- models, paths
+def report_to_option(names: Sequence[str] | None) -> dict[str, tuple]:
+    """The ``TrainerConfig`` override of ``--report-to NAME [NAME ...]``: ``{}`` when the option is absent
+    (the config's default, ``("jsonl",)``), ``{"report_to": ()}`` for ``none``, else the names in order
+    (repeats dropped).
+
+    Raises:
+        UsageError: ``none`` given together with tracker names.
+    """
+    if names is None:
+        return {}
+    if "none" in names and len(set(names)) > 1:
+        raise UsageError(f"--report-to: 'none' cannot be combined with tracker names, got {' '.join(names)}")
+    return {"report_to": () if "none" in names else tuple(dict.fromkeys(names))}
+
+
+def _shipped_models() -> list[str]:
+    from ..paths import data_dir
+
+    root = data_dir() / "checkpoints"
+    return sorted(d.name for d in root.iterdir() if (d / "config.json").is_file()) if root.is_dir() else []
+
+
+def resolve_model(model: str) -> str:
+    """Check ``--model`` before any training: the name of a checkpoint shipped in
+    ``data/checkpoints`` (``arithmetic-base``), a local checkpoint directory, or a hub id ``org/name``
+    (downloaded when training starts), in the order :func:`grpo_lab.policy.models.load_policy` tries them.
+
+    Returns:
+        ``model`` (a local directory with ``~`` expanded).
+
+    Raises:
+        UsageError: a directory without ``config.json``, a file, a missing ``DIR/NAME`` whose ``DIR`` exists
+            (a path, not a hub id), or a name that is none of the three (the message lists the shipped checkpoints).
+    """
+    p = Path(model).expanduser()
+    shipped = _shipped_models()
+    if p.exists():
+        if not p.is_dir() or not (p / "config.json").is_file():
+            raise UsageError(f"--model {model}: not a checkpoint directory (no config.json in it)")
+        return str(p)
+    if model in shipped:
+        return model
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or (os.sep != "/" and os.sep in model):
+        raise UsageError(f"--model {model}: no such directory")
+    parts = model.split("/")
+    if len(parts) == 2 and parts[0] and Path(parts[0]).is_dir():
+        raise UsageError(f"--model {model}: no such directory ({parts[0]}/ exists here, so it is read as a path, "
+                         "not a hub id)")
+    if len(parts) == 2 and all(parts) and " " not in model:
+        return model  # a hub id; load_policy downloads (or finds in the hub cache) when training starts
+    close = difflib.get_close_matches(model, shipped, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UsageError(f"--model {model}: no such checkpoint{hint}; give a shipped one ({', '.join(shipped) or 'none'}), "
+                     "a checkpoint directory, or a hub id org/name")
+
+
+#: ``--lora-targets``' default: :data:`grpo_lab.policy.lora.DEFAULT_TARGETS`, the attention's query and value projections.
+LORA_TARGETS = ("q_proj", "v_proj")  # = grpo_lab.policy.lora.DEFAULT_TARGETS (not imported here: it imports torch)
+
+
+def lora_option(r: int | None, alpha: float | None, targets: Sequence[str] | None):
+    """The :class:`grpo_lab.policy.lora.LoraSpec` of ``--lora-r R [--lora-alpha A] [--lora-targets M ...]``
+    (alpha default ``2 R``, targets :data:`LORA_TARGETS`, no dropout: the trainer switches dropout off);
+    ``None`` without ``--lora-r``.
+
+    Raises:
+        UsageError: another ``--lora-*`` option without ``--lora-r``, a bad value (named), or peft is
+            not installed.
+    """
+    from ..policy.lora import LoraSpec, require_peft
+
+    if r is None:
+        given = [f"--lora-{k}" for k, v in (("alpha", alpha), ("targets", targets)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} without --lora-r: give the adapters' rank, e.g. --lora-r 8")
+        return None
+    try:
+        spec = LoraSpec(r=r, alpha=2 * r if alpha is None else alpha, target_modules=tuple(targets or LORA_TARGETS))
+        require_peft("--lora-r")
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"--lora-*: {exc}") from None
+    return spec
+
+
+def default_out(preset: str, profile: str, now: time.struct_time | None = None) -> Path:
+    """``runs/<preset>-<profile>-<YYYYmmdd-HHMMSS>.json`` (relative to the current directory; ``/runs/`` is
+    git-ignored), with ``-2``, ``-3``, ... before ``.json`` if that file exists already."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", now if now is not None else time.localtime())
+    path = Path("runs") / f"{preset}-{profile}-{stamp}.json"
+    k = 2
+    while path.exists():
+        path = Path("runs") / f"{preset}-{profile}-{stamp}-{k}.json"
+        k += 1
+    return path
+
+
+def _check_out(out: Path, overwrite: bool = False) -> None:
+    """Fail before training, not after: ``out`` must be a file name whose directory can be created
+    and written (checked by creating and removing a temporary file there), or, with ``overwrite``,
+    an existing file that can be written.
+
+    Raises:
+        UsageError: ``out`` is a directory; it exists and ``overwrite`` is false; its directory
+            cannot be created or written; it exists and cannot be written.
+    """
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name such as {out / 'results.json'}")
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise UsageError(f"--out {out} exists; pass --overwrite to replace it, or give another file name")
+        if not os.access(out, os.W_OK):
+            raise UsageError(f"--out {out} exists and cannot be written (no permission)")
+        return
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create its directory ({exc.strerror or exc})") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create a file in {out.parent} ({exc.strerror or exc})") from None
+
+
+def _output_overrides(args, out: Path, algo_name: str, cfg_over: dict) -> dict:
+    """The output fields the command line passes to ``run``: ``output_dir``
+    (:func:`grpo_lab.experiments.run_dirs.run_directory` of ``out``, unless
+    ``--set output_dir=...`` names another) and ``save_every`` (``--save-every``), after checking the run
+    directory: without ``--resume`` it must hold no earlier run (``--overwrite`` deletes its seed
+    directories); with ``--resume`` it must hold a run of this preset.
+
+    Raises:
+        UsageError: ``--save-every`` below 0; an earlier run without ``--resume`` or ``--overwrite``; with
+            ``--resume`` no run to continue, or a run of another preset (both named).
+    """
+    from ..experiments.run_dirs import _remove_seed_dirs, _runs_in, run_directory
+
+    over: dict[str, Any] = {}
+    if args.save_every is not None:
+        if args.save_every < 0:
+            raise UsageError(f"--save-every must be >= 0 (0: no checkpoints), got {args.save_every}")
+        over["save_every"] = args.save_every
+    where = Path(cfg_over.get("output_dir") or run_directory(out))
+    over["output_dir"] = str(where)
+    runs = _runs_in(where)
+    if args.resume and not runs:
+        raise UsageError(f"--resume: nothing to resume at {where} (no seed directory with a run.json; a run writes "
+                         "it next to its --out file when it starts)")
+    if args.resume and algo_name not in runs:
+        raise UsageError(f"--resume: {where} holds a run of {', '.join(sorted(runs))}, not of {algo_name}; give "
+                         "the same preset (and settings) as the run to continue")
+    if runs and not args.resume:
+        if not args.overwrite:
+            raise UsageError(f"--out {out}: {where} holds an earlier run ({', '.join(sorted(runs))}); --resume "
+                             "continues it, --overwrite replaces it")
+        _remove_seed_dirs(where)
+    return over
+
+
+# ---------------------------------------------------------------------------------------- --import
+def load_user_module(spec: str) -> types.ModuleType:
+    """Import the module ``spec`` names (``--import``), so that what it registers (a task with
+    :func:`grpo_lab.tasks.register_task`, an entry of a registry) can be chosen on the command line.
+
+    Args:
+        spec: a module name importable from the current directory or ``PYTHONPATH`` (``my_tasks``,
+            ``pkg.tasks``; the current directory is added to the end of ``sys.path`` if it is not on
+            it, as for the ``grpo-lab`` script), or the path of a ``.py`` file (anything ending in
+            ``.py`` or containing a path separator), imported as the top-level module named after
+            the file (``tasks/sort.py`` is ``sort``) with its directory put first on ``sys.path``.
+            Worker processes (``--jobs``) import it again by that name
+            (:func:`grpo_lab.experiments.run`).
+
+    Returns:
+        The module (importing it twice imports it once).
+
+    Raises:
+        UsageError: no such file; no such module; the module raised while it was imported (the
+            message names ``spec`` and the error); a file whose name is already taken by another
+            module (``json.py``).
+    """
+    text = spec.strip()
+    if not text:
+        raise UsageError("--import expects a module name or the path of a .py file, got ''")
+    is_path = text.endswith(".py") or "/" in text or os.sep in text
+    if is_path:
+        path = Path(text).expanduser().resolve()
+        if not path.is_file():
+            raise UsageError(f"--import {spec}: no such file")
+        if path.suffix != ".py":
+            raise UsageError(f"--import {spec}: not a .py file")
+        name, root = path.stem, str(path.parent)
+        if root not in sys.path:
+            sys.path.insert(0, root)  # as `python path/to/file.py` does
+    else:
+        name, path = text, None
+        cwd = os.getcwd()
+        if not any(os.path.abspath(entry or ".") == cwd for entry in sys.path):
+            sys.path.append(cwd)
+    importlib.invalidate_caches()
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (exc.name == name or name.startswith(exc.name + ".")):
+            raise UsageError(f"--import {spec}: no module named {name!r} (give a module importable from the current "
+                             "directory or PYTHONPATH, or the path of a .py file)") from None
+        raise UsageError(f"--import {spec}: importing it failed: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 -- whatever the user's module raises becomes one line naming it
+        raise UsageError(f"--import {spec}: importing it failed: {type(exc).__name__}: {exc}") from exc
+    if path is not None and Path(getattr(module, "__file__", "") or "").resolve() != path:
+        raise UsageError(f"--import {spec}: the name {name!r} is already taken by the module "
+                         f"{getattr(module, '__file__', None) or name}; rename the file")
+    return module
+
+
+def _import_options(argv: Sequence[str], prog: str) -> tuple[list[str], list[str]]:
+    """``(the --import values, the other arguments)`` of ``argv``: read before the real parser,
+    whose choices depend on what the modules register.
+
+    Raises:
+        UsageError: ``--import`` without a value.
+    """
+    pre = _Parser(prog=prog, add_help=False)
+    pre.add_argument("--import", dest="imports", action="append", default=[])
+    known, rest = pre.parse_known_args(list(argv))
+    return known.imports, rest
+
+
+def unknown_characters(tokenizer, prompts: Sequence[str]) -> list[str]:
+    """The characters of ``prompts`` that ``tokenizer`` encodes as its unknown token.
+
+    Args:
+        tokenizer: a transformers tokenizer (``unk_token_id`` ``None`` means it has none: nothing is unknown).
+        prompts: texts, encoded as the trainer does (``add_special_tokens=False``).
+
+    Returns:
+        The sorted distinct characters whose encoding alone contains ``unk_token_id``, looked at
+        only in the prompts whose encoding contains it.
+    """
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return []
+    bad: set[str] = set()
+    for prompt in prompts:
+        if unk in tokenizer(prompt, add_special_tokens=False)["input_ids"]:
+            bad |= {c for c in set(prompt) if unk in tokenizer(c, add_special_tokens=False)["input_ids"]}
+    return sorted(bad)
+
+
+def _check_tokenizer(model: str, task: str, task_kwargs: Sequence, prog: str, n_prompts: int = 5) -> str | None:
+    """A one-line warning when the tokenizer of ``model`` maps a character of ``task``'s first
+    ``n_prompts`` test prompts to its unknown token (the policy cannot read them); ``None`` when it
+    does not, and when this cannot be checked cheaply (a hub model not in the local cache, a task
+    that cannot be built here: training reports those itself)."""
+    try:
+        from ..policy.models import _load_tokenizer  # the tokenizer load_policy gives the trainer
+        from ..paths import checkpoint_dir
+        from ..tasks import get_task
+
+        where = checkpoint_dir(model) if checkpoint_dir(model).is_dir() else model
+        tokenizer = _load_tokenizer(str(where), local_files_only=True)
+        prompts = [p.prompt for p in list(get_task(task, **dict(task_kwargs)).test_set())[:n_prompts]]
+        bad = unknown_characters(tokenizer, prompts)
+    except Exception:  # noqa: BLE001 -- only a warning: the run itself reports a model or task that fails
+        return None
+    if not bad:
+        return None
+    example = next(p for p in prompts if any(c in p for c in bad))
+    example = example if len(example) <= 40 else example[:37] + "..."
+    return (f"{prog}: warning: the tokenizer of --model {model} maps {''.join(bad)!r} (in the test prompts of "
+            f"task {task!r}, e.g. {example!r}) to its unknown token {tokenizer.unk_token!r}: the policy cannot read them")
+
+
+# ---------------------------------------------------------------------------------------- parser
+def _default_prog() -> str:
+    return "grpo-lab" if Path(sys.argv[0]).stem == "grpo-lab" else "python -m grpo_lab"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every parse error raised as a :class:`UsageError` (one line, exit status 2)
+    instead of argparse's usage block."""
+
+    def error(self, message):  # noqa: D102 (argparse API)
+        if message.startswith("argument --task: invalid choice"):
+            message += "; a task of your own needs --import MODULE, the module that registers it"
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's layout and appends ``(default: ...)`` to every option that has a
+    default other than ``None`` / ``False`` (argparse's ``ArgumentDefaultsHelpFormatter``, minus the
+    noise of ``default: None`` on options whose default the help text explains)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if ("%(default)" in text or not action.option_strings or action.nargs == 0
+                or action.default in (None, False, [], argparse.SUPPRESS)):
+            return text  # flags (store_true/false: the help says what they do) and defaults explained in the text
+        if isinstance(action.default, (list, tuple)):
+            return text + " (default: " + " ".join(map(str, action.default)) + ")"
+        return text + " (default: %(default)s)"
+
+
+def _wrap(label: str, words: Sequence[str]) -> str:
+    return textwrap.fill(", ".join(words), width=100, initial_indent=f"  {label:<10}",
+                         subsequent_indent=" " * 12, break_on_hyphens=False)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The ``train`` parser (the default command), its help listing the presets
+    (:data:`grpo_lab.algo.algorithms.PRESETS`), tasks (:data:`grpo_lab.tasks.TASKS`), profiles
+    (:data:`grpo_lab.experiments.PROFILES`), shipped models and ``--set`` keys."""
+    prog = prog or _default_prog()
+    ap = _Parser(
+        prog=prog, formatter_class=_Formatter, epilog=_epilog(prog),
+        usage=(f"{prog} [train] PRESET [options]\n       {prog} list\n       {prog} check-config FILE [--library trl|verl]"
+               f"\n       {prog} export PRESET --to trl|verl --model M --out DIR [options]   ({prog} export --help)"),
+        description="Train an algorithm preset for one or more seeds from a base checkpoint and write the "
+                    "results (one row per seed and step, with provenance) to a JSON file.",
+    )
+    _add_train_arguments(ap)
+    return ap
+
+
+def _epilog(prog: str) -> str:
+    """The help's epilog: the choices (presets, tasks, profiles, models, ``--set`` keys), examples, exit status."""
+    from ..algo.algorithms import PRESETS
+    from ..experiments import PROFILES
+    from ..tasks import TASKS
+
+    profiles = [f"{p.name} ({p.base}, {p.task}, {p.steps} steps, {p.config.device})" for p in PROFILES.values()]
+    return "\n".join([
+        "choices:",
+        _wrap("presets", list(PRESETS)) + "  (case-insensitive)",
+        _wrap("tasks", sorted(TASKS)),
+        _wrap("profiles", profiles),
+        _wrap("models", _shipped_models() + ["a checkpoint directory", "a hub id org/name"]),
+        _wrap("--set", sorted(settable_fields())),
+        f"  ({prog} list shows every preset's choices and each --set key's type)",
+        "",
+        "examples:",
+        f"  {prog} GRPO --steps 2 --seeds 0",
+        f"  {prog} DAPO --seeds 0 1 2 --jobs 2 --set eps_high=0.3 --out runs/dapo.json",
+        f"  {prog} GRPO --profile gpu --seeds 0 1 2 --out runs/grpo_gpu.json   # GSM8K on a GPU",
+        f"  {prog} GRPO --import my_task.py --task mytask --seeds 0 1 --jobs 2   # a task of your own",
+        f"  {prog} --config run.yaml --steps 5   # options from a YAML file, a flag on top",
+        "  (my_task.py calls grpo_lab.tasks.register_task('mytask', MyTask); --import also takes a module",
+        "  name such as my_package.tasks; give it to 'list' too to see what it registered)",
+        "",
+        "output: a line per step and seed while training (--quiet: none), then the test accuracy from base to",
+        "  final (mean ± sd over seeds, 95% t interval, per seed, binomial standard error), each seed's model",
+        "  (<run dir>/PRESET/seed-K/final; --no-save-model: none), a figure FILE.png next to the results FILE.json,",
+        "  and the lines 'results: FILE.json' and 'configuration: FILE/config.yaml'.",
+        "",
+        "exit status: 0 done, 2 a mistake in the command line or a file/model problem (one line on",
+        "stderr; --debug adds the traceback), 1 any other error, 130 interrupted.",
+    ])
+
+
+def _add_train_arguments(ap: argparse.ArgumentParser) -> None:
+    """The ``train`` command's positional PRESET and its options."""
+    from .. import __version__
+    from ..experiments import PROFILES
+    from ..tasks import TASKS
+    from ..training.callbacks import TRACKERS
+
+    ap.add_argument("preset", metavar="PRESET", nargs="?",
+                    help="algorithm preset, e.g. GRPO (see 'choices' below); may come from --config")
+    ap.add_argument("--config", metavar="FILE.yaml",
+                    help="read the run's options from a YAML (or JSON) file: top-level keys named as the options "
+                         "(preset, steps, seeds, out, ...), a trainer: section of TrainerConfig fields and an "
+                         "algorithm: section of Algorithm fields; flags given here win over the file")
+    ap.add_argument("--profile", default="cpu", choices=list(PROFILES),
+                    help="scale of the experiment: base model, task, steps, trainer settings")
+    ap.add_argument("--task", choices=sorted(TASKS),
+                    help="task to train on (default: the profile's); --import adds tasks of your own")
+    ap.add_argument("--model", metavar="NAME|DIR|ORG/NAME",
+                    help="base checkpoint: a shipped name, a local directory or a hub id (default: the profile's)")
+    ap.add_argument("--steps", type=int, help="RL steps per seed (default: the profile's)")
+    ap.add_argument("--lora-r", type=int, metavar="R",
+                    help="train LoRA adapters of rank R instead of the whole model (needs peft: pip install "
+                         "'grpo_lab[lora]'); the KL reference is then the base model itself")
+    ap.add_argument("--lora-alpha", type=float, metavar="ALPHA", help="LoRA's scale numerator (default: 2 x R)")
+    ap.add_argument("--lora-targets", nargs="+", metavar="MODULE",
+                    help=f"modules that get adapters (default: {' '.join(LORA_TARGETS)})")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="SEED",
+                    help="one run per seed")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="worker processes, seeds trained in parallel (results do not depend on it)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a TrainerConfig or Algorithm field, e.g. --set lr=1e-4 --set eps_high=0.28 "
+                         "(repeatable; 'none' for None, true/false for flags)")
+    ap.add_argument("--out", metavar="FILE",
+                    help="results file (default: runs/PRESET-PROFILE-YYYYmmdd-HHMMSS.json); a file that exists "
+                         "is refused unless --overwrite is given")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the --out file if it exists, and the earlier run in its run directory")
+    _add_checkpoint_arguments(ap)
+    ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first, so that the tasks and registry entries it registers are valid "
+                         "--task and --set values: a module name importable from the current directory or "
+                         "PYTHONPATH, or the path of a .py file (repeatable)")
+    ap.add_argument("--no-cache", dest="cache", action="store_false",
+                    help="do not store the runs in the run cache (a command line run writes its run directory, so it "
+                         "always trains; experiments.run reads what it stores)")
+    ap.add_argument("--report-to", nargs="+", metavar="NAME", choices=[*TRACKERS, "none"],
+                    help="trackers of each seed's steps (TrainerConfig.report_to; written into the seed's output "
+                         "directory): jsonl (the default), tensorboard, wandb (offline unless $WANDB_MODE says "
+                         "otherwise); 'none' for none")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no line per step and seed while training (the summary and the paths only)")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="show the model-loading bars and a tqdm bar per seed on stderr (the step lines too, unless "
+                         "--quiet); --no-progress: no bars (default: no loading bars, and the training bar only "
+                         "with --quiet when stderr is a terminal)")
+    ap.add_argument("--no-save-model", dest="save_model", action="store_false",
+                    help="do not save each seed's trained model (by default it goes to <run dir>/PRESET/seed-K/final: "
+                         "save_pretrained weights, LoRA adapters merged, and the tokenizer)")
+    ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    ap.add_argument("--version", action="version", version=f"grpo_lab {__version__}")
+
+
+def _add_checkpoint_arguments(ap: argparse.ArgumentParser) -> None:
+    """The ``train`` command's periodic checkpoints and resume: ``--save-every N`` and ``--resume``
+    (:func:`grpo_lab.experiments.run`'s ``save_every`` and ``resume``)."""
+    ap.add_argument("--save-every", type=int, metavar="N",
+                    help="write a checkpoint of each seed every N steps (and after the last) into the run "
+                         "directory (--out without .json), the newest save_total_limit kept; same as --set "
+                         "save_every=N")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run of --out (killed or finished) from its run directory: finished seeds "
+                         "are read back, the others continue from their latest checkpoint; the same preset and "
+                         "settings are required (an error names what differs)")
+
+
+def _list(prog: str) -> str:
+    """What ``list`` prints: presets with their choices, tasks, profiles, models and ``--set`` keys."""
+    from ..algo.algorithms import GRPO, PRESETS
+    from ..experiments import PROFILES
+    from ..tasks import TASKS
+
+    lines = [f"presets ({prog} PRESET):"]
+    for name, algo in PRESETS.items():
+        if algo is GRPO:
+            text = " ".join(f"{k}={v}" for k, v in GRPO.axes().items() if v not in (None, False))
+        else:
+            diff = {k: v for k, v in dataclasses.asdict(algo).items()
+                    if k not in ("name", "params") and getattr(GRPO, k) != v}
+            text = "GRPO with " + " ".join(f"{k}={v}" for k, v in {**diff, **algo.params}.items())
+        lines.append(f"  {name:<11} {text}")
+    lines.append("tasks (--task; --import MODULE adds your own):")
+    for name, cls in sorted(TASKS.items()):
+        lines.append(f"  {name:<11} {(cls.__doc__ or '').strip().splitlines()[0] if cls.__doc__ else ''}")
+    lines.append("profiles (--profile):")
+    for p in PROFILES.values():
+        c = p.config
+        lines.append(f"  {p.name:<11} base {p.base}, task {p.task}, {p.steps} steps, {c.prompts_per_step} questions x "
+                     f"{c.group_size} responses per step, lr {c.lr}, device {c.device}")
+    lines.append("models (--model): " + ", ".join(_shipped_models()) + ", a checkpoint directory, or a hub id org/name")
+    cpu = PROFILES["cpu"].config
+    lines.append("--set KEY=VALUE (type, field of, value in profile cpu / preset GRPO):")
+    where = hyperparameter_keys()
+    for key, (owner, hint, default) in sorted(settable_fields().items()):
+        if owner == "Algorithm.params":  # a hyper-parameter of some choices only: its default, where declared
+            shown = "required" if default is inspect.Parameter.empty else repr(default)
+            lines.append(f"  {key:<26} {_type_name(hint):<22} {'hyper-param.':<14} {shown} ({where[key][0]})")
+            continue
+        value = getattr(cpu if owner == "TrainerConfig" else GRPO, key)
+        lines.append(f"  {key:<26} {_type_name(hint):<22} {owner:<14} {value!r}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- main
+def _report(res, args, name: str, out: Path, config_file: Path, output_dir: Path) -> list[str]:
+    """What a finished run prints: the labelled summary (:func:`grpo_lab.cli.report.summary_lines`, the test
+    set's size from the task), each seed's saved model, the figure (:func:`grpo_lab.cli.report.save_curves`,
+    next to the results file; a failure to draw is a warning on stderr, the results are kept), and the
+    ``results:`` and ``configuration:`` paths (other tools read the line ``results: PATH``)."""
+    from .. import experiments
+    from .report import count_test_problems, figure_path, save_curves, summary_lines
+
+    profile = experiments.get_profile(args.profile)
+    task = args.task or profile.task
+    n_test = count_test_problems(task, profile.task_kwargs if task == profile.task else ())
+    lines = summary_lines(res, name=name, profile=args.profile, n_test=n_test)
+    if args.save_model:
+        lines += _model_lines(res, name, output_dir)
+    figure = figure_path(out)
+    seeds = list(res.provenance.get("seeds", []))
+    try:
+        save_curves(res.history, figure, title=_figure_title(name, seeds))
+        lines.append(f"figure: {figure} (test accuracy and reward against the step, mean ± sd over seeds)")
+    except Exception as exc:  # noqa: BLE001 -- the results are saved; a figure that cannot be drawn is a warning
+        print(f"{_default_prog()}: warning: no figure written ({type(exc).__name__}: {exc})", file=sys.stderr)
+    return lines + [f"results: {out}", f"configuration: {config_file}"]
+
+
+def _figure_title(name: str, seeds: list) -> str:
+    """The figure's title: ``"GRPO: seed 0"`` for one seed, else ``"GRPO: mean ± sd over 3 seeds"``."""
+    return f"{name}: seed {seeds[0]}" if len(seeds) == 1 else f"{name}: mean ± sd over {len(seeds)} seeds"
+
+
+def _model_lines(res, name: str, output_dir: Path) -> list[str]:
+    """The saved models' lines: what they hold (LoRA runs: adapters merged into the base weights) and each
+    seed's ``final/`` directory, or why a seed has none (read back from a run that saved none)."""
+    from ..experiments.run_dirs import final_model_dir, seed_dir
+
+    kind = "LoRA adapters merged into the base weights" if res.provenance.get("lora") else "full weights"
+    lines = [f"final models ({kind}, and the tokenizer; grpo_lab.policy.models.load_policy(PATH) loads one, "
+             "--model PATH trains on from it):"]
+    for seed in res.provenance.get("seeds", []):
+        path = final_model_dir(seed_dir(output_dir, name, seed))
+        lines.append(f"  seed {seed}: {path}" if (path / "config.json").is_file()
+                     else f"  seed {seed}: none (read back from a finished run that saved no model)")
+    return lines
+
+
+@contextlib.contextmanager
+def _loading_bars(show: bool):
+    """transformers' (and the hub's) progress bars off inside the block unless ``show``: in this
+    process (transformers' global switch) and in the worker processes it spawns, which inherit
+    ``HF_HUB_DISABLE_PROGRESS_BARS=1`` and read it when they import transformers. Both are put back
+    afterwards, for callers that run :func:`main` in-process. A ``HF_HUB_DISABLE_PROGRESS_BARS``
+    already set by the user wins (the hub gives it priority): nothing is changed then."""
+    if show or os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") is not None:
+        yield
+        return
+    # import first: huggingface_hub reads the variable once, when it is imported
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _parser_with_config(argv: list[str], prog: str):
+    """``(the train parser, the --config file checked or None)``: the modules of ``--import`` and of the file's
+    ``import`` are imported first (the parser's choices include what they register), and the file's options
+    become the parser's defaults, so that the flags given win over them."""
+    from ..experiments import config_files as run_config
+
+    imports, rest = _import_options(argv, prog)
+    pre = _Parser(prog=prog, add_help=False)
+    pre.add_argument("--config")
+    path = pre.parse_known_args(rest)[0].config
+    try:
+        data = run_config.read_config_file(path) if path is not None else {}
+        file_imports = run_config.file_imports(data, path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for spec in [*file_imports, *imports]:
+        load_user_module(spec)
+    parser = build_parser(prog)
+    if path is None:
+        return parser, None
+    try:
+        conf = run_config.load_run_config(data, path, parser, settable_fields(), _FILE_RESERVED)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    parser.set_defaults(**conf.options)
+    return parser, conf
+
+
+def _origin(conf, from_file: dict, from_set: dict) -> str:
+    """Where overrides came from, for an error: ``--set``, ``--config FILE`` or both."""
+    parts = (["--set"] if from_set else []) + ([f"--config {conf.path}"] if conf is not None and from_file else [])
+    return " / ".join(parts) or "--set"
+
+
+def _write_resolved(args, preset: str, algo, cfg_over: dict, model: str | None, out: Path, origin: str) -> Path:
+    """Write the run's resolved configuration to ``<out>/config.yaml`` (:func:`grpo_lab.experiments.config_files.config_path`):
+    every option (the profile's task, model and steps where none was given), the profile's
+    :class:`~grpo_lab.training.trainer.TrainerConfig` with the overrides, and ``algo``. A learning-rate horizon
+    (``lr_schedule_steps``) that was not given stays ``null``: the run's ``steps``, also when the file is
+    reused with another ``--steps``. Raises :class:`UsageError` for overrides the ``TrainerConfig`` refuses
+    (named after ``origin``)."""
+    from .. import __version__, experiments
+    from ..experiments import config_files as run_config
+
+    profile = experiments.get_profile(args.profile)
+    steps = profile.steps if args.steps is None else args.steps
+    try:
+        profile = dataclasses.replace(profile, config=dataclasses.replace(profile.config, **cfg_over))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{origin}: {exc}") from None
+    options = dict(vars(args), preset=preset, task=args.task or profile.task, model=model or profile.base,
+                   steps=steps, out=str(out))
+    path = run_config.config_path(out)
+    header = (f"The resolved configuration of a grpo_lab {__version__} run, {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
+              f"{_default_prog()} --config {path} repeats it (give another --out, or --overwrite).")
+    return run_config.write_config(path, run_config.resolved_config(options, profile.config, algo), header)
+
+
+def _train(argv: list[str], prog: str) -> int:
+    parser, conf = _parser_with_config(argv, prog)
+    args = parser.parse_args(argv)
+    from .. import experiments
+    from ..algo.algorithms import PRESETS
+
+    if args.preset is None:
+        raise UsageError(f"give a PRESET such as GRPO, or preset: in a --config file (see {prog} --help)")
+    algo = _preset(args.preset)
+    preset = next(k for k, v in PRESETS.items() if v is algo)
+    set_cfg, set_algo = parse_set(args.overrides)
+    cfg_over = {**(conf.trainer if conf else {}), **set_cfg}  # --set wins over the file's sections
+    algo_over = {**(conf.algorithm if conf else {}), **set_algo}
+    cfg_over.update(report_to_option(args.report_to))
+    if algo_over:
+        try:
+            algo = algo.replace(**algo_over)
+        except ValueError as exc:
+            raise UsageError(f"{_origin(conf, conf and conf.algorithm, set_algo)}: {exc}") from None
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.steps is not None and args.steps < 0:
+        raise UsageError(f"--steps must be >= 0, got {args.steps}")
+    model = resolve_model(args.model) if args.model is not None else None
+    lora = lora_option(args.lora_r, args.lora_alpha, args.lora_targets)
+    if args.resume and not args.out:
+        raise UsageError("--resume needs --out, the results file of the run to continue")
+    out = Path(args.out).expanduser() if args.out else default_out(preset, args.profile)
+    _check_out(out, overwrite=args.overwrite or args.resume)
+    cfg_over.update(_output_overrides(args, out, algo.name, cfg_over))
+    if model is not None:
+        profile = experiments.get_profile(args.profile)
+        task = args.task or profile.task
+        warning = _check_tokenizer(model, task, profile.task_kwargs if task == profile.task else (), prog)
+        if warning:
+            print(warning, file=sys.stderr)
+    config_file = _write_resolved(args, preset, algo, cfg_over, model, out,
+                                  _origin(conf, conf and conf.trainer, set_cfg))
+    try:
+        res = _run_and_follow(args, algo, cfg_over, model, lora)
+    except KeyboardInterrupt:
+        print(_resume_hint(argv, args, out, prog), file=sys.stderr)
+        raise
+    experiments.save_results(res, out)
+    print("\n".join(_report(res, args, algo.name, out, config_file, Path(cfg_over["output_dir"]))))
+    return 0
+
+
+def _resume_hint(argv: list[str], args, out: Path, prog: str) -> str:
+    """What to do after Ctrl-C: the results file and the command that resumes the run (``argv`` with ``--out``
+    when it was defaulted, and ``--resume``)."""
+    again = list(argv) + ([] if args.out else ["--out", str(out)]) + ([] if args.resume else ["--resume"])
+    return (f"{prog}: the run's results file is {out}; resume it with:\n  {prog} {shlex.join(again)}\n"
+            f"(a seed resumes mid-way only from a checkpoint, written with --save-every N; "
+            f"a seed without one trains again from step 0)")
+
+
+def _run_and_follow(args, algo, cfg_over: dict, model: str | None, lora):
+    """:func:`grpo_lab.experiments.run` as the command line asks, printing a line per step and seed while it
+    trains (:class:`grpo_lab.cli.report.StepPrinter` on each seed's ``metrics.jsonl``) unless ``--quiet`` or the
+    trackers (``--report-to``) write no ``jsonl``. The per-step tqdm bar shows with ``--progress`` (and by
+    default, in a terminal, only with ``--quiet``: the lines replace it); transformers' loading bars only with
+    ``--progress``. Seeds resumed from a checkpoint print the steps after it; finished seeds read back say so."""
+    from .. import experiments
+    from .report import StepPrinter
+    from ..experiments.run_dirs import seed_dir
+
+    profile = experiments.get_profile(args.profile)
+    steps = profile.steps if args.steps is None else args.steps
+    report_to = cfg_over.get("report_to", profile.config.report_to)
+    lines = not args.quiet and "jsonl" in report_to
+    if not args.quiet and not lines:
+        print("(no per-step lines: they are read from each seed's metrics.jsonl, which --report-to without jsonl "
+              "does not write)", flush=True)
+    dirs = {s: seed_dir(cfg_over["output_dir"], algo.name, s) for s in args.seeds}
+    after = _resume_points(dirs, steps) if args.resume else {}
+    bar = args.progress if (args.quiet or args.progress is not None) else False
+    printer = StepPrinter(dirs if lines else {}, name=algo.name, steps=steps, after=after, emit=_line_printer(bar))
+    # transformers' loading bars: off unless --progress, in this process and in spawned workers (which
+    # inherit the environment); put back afterwards for callers that run main() in-process.
+    with _loading_bars(args.progress is True), printer:
+        return experiments.run(algo, profile=args.profile, seeds=args.seeds, steps=args.steps, progress=bar,
+                               n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, lora=lora,
+                               resume=args.resume, save_model=args.save_model, **cfg_over)
+
+
+def _line_printer(bar: bool | None):
+    """How a step line is printed: ``print`` (flushed, so a pipe shows it at once), or ``tqdm.write`` when tqdm
+    bars may show in this process (it keeps the bar below the lines)."""
+    if bar is False:
+        return lambda line: print(line, flush=True)
+    from tqdm.auto import tqdm
+
+    return lambda line: tqdm.write(line)
+
+
+def _resume_points(dirs: dict, steps: int) -> dict[int, int]:
+    """``{seed: step}`` after which a resumed seed's step lines are new: its latest checkpoint's step, or
+    ``steps`` for a seed whose ``result.json`` holds the whole run (read back, not trained: printed as such)."""
+    from ..experiments.run_dirs import _finished_rows, latest_checkpoint
+
+    after = {}
+    for seed, directory in dirs.items():
+        if _finished_rows(directory, steps) is not None:
+            after[seed] = steps
+            print(f"seed {seed}: finished earlier, read back from {directory / 'result.json'} (nothing to train)",
+                  flush=True)
+        elif (ckpt := latest_checkpoint(directory)) is not None:
+            after[seed] = int(ckpt.name.split("-")[-1])
+        else:
+            print(f"seed {seed}: no checkpoint, training from step 0", flush=True)
+    return after
+
+
+def _check_config(argv: list[str], prog: str) -> int:
+    """``check-config FILE [--library trl|verl]``: print :meth:`grpo_lab.export.lint.Reading.report`; exit status 0,
+    or 1 when the file has keys the library does not know (a typo: the reading then holds the library's default for
+    the key meant, so it may describe another objective), which stderr names."""
+    from ..export.lint import LIBRARIES, check_config
+
+    ap = _Parser(prog=f"{prog} check-config", description="Read a TRL GRPOConfig or a verl trainer config (a YAML "
+                 "file) and print the grpo_lab Algorithm it computes, the paper it is nearest to and its departures.")
+    ap.add_argument("file", help="YAML file: GRPOConfig fields (TRL), or a verl config mapping / override list")
+    ap.add_argument("--library", choices=LIBRARIES, help="the library (default: guessed from the keys)")
+    ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    args = ap.parse_args(argv)
+    _refuse_run_config(args.file)
+    reading = check_config(args.file, args.library)
+    print(reading.report())
+    if reading.unknown:
+        print(f"{prog} check-config: {len(reading.unknown)} unknown key(s), read as absent (the library's default "
+              f"holds): {'; '.join(reading.unknown)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+#: top-level keys of a grpo_lab run configuration that neither a TRL GRPOConfig nor a verl config has
+_RUN_CONFIG_KEYS = ("preset", "profile", "seeds")
+
+
+def _refuse_run_config(path: str) -> None:
+    """Refuse ``check-config`` on grpo_lab's own run configuration (a top-level ``preset``, ``profile`` or
+    ``seeds``), which the linter would misread as a verl config.
+
+    Raises:
+        UsageError: the file is a grpo_lab run configuration (to be given as ``--config FILE``).
+    """
+    from ..export.lint import load_yaml
+
+    try:
+        data = load_yaml(path)
+    except (OSError, ValueError):
+        return  # check_config reports it
+    if isinstance(data, dict) and any(k in data for k in _RUN_CONFIG_KEYS):
+        raise UsageError(f"{path} is a grpo_lab run configuration (--config {path}), not a TRL/verl config")
+
+
+def _command_line_words(message: str) -> str:
+    """An export error in the command line's words: ``Pass --approximate`` for ``strict=False``, and each
+    ``X.replace(k=v, ...)`` / ``budget k=v`` alternative also as ``--set k=v`` options."""
+    message = message.replace("Pass strict=False to get this mapping with these differences as warnings.",
+                              "Pass --approximate to write the job with these differences as warnings (each listed in "
+                              "its README).")
+
+    def as_options(match: re.Match) -> str:
+        pairs = re.findall(r"(\w+)=((?:\([^)]*\))|[^,()]+)", match.group(2))
+        return match.group(0) + " On the command line: " + " ".join(f"--set {k}={v.strip().strip(chr(39))}"
+                                                                    for k, v in pairs) + "."
+
+    return re.sub(r"(\w+\.replace|budget) *\(?([^.\n]*?)\)?\.$", as_options, message, flags=re.M)
+
+
+def _preset(name: str):
+    """The preset called ``name`` (:func:`grpo_lab.algo.algorithms.get_algorithm`), or a :class:`UsageError` naming the
+    closest preset and every known one."""
+    from ..algo.algorithms import PRESETS, get_algorithm
+
+    try:
+        return get_algorithm(name)
+    except ValueError:
+        close = difflib.get_close_matches(name.upper(), list(PRESETS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"unknown preset {name!r}{hint}; known: {', '.join(PRESETS)}") from None
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Run the command line (``python -m grpo_lab --help`` describes it); never raises for user
+    mistakes.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``). A first argument ``list`` prints the
+            choices (after the modules of its ``--import`` options); ``check-config FILE`` prints what a TRL /
+            verl config computes; ``train`` (optional) trains.
+        prog: the program name in messages (default ``grpo-lab`` when run as that script, else
+            ``python -m grpo_lab``).
+
+    Returns:
+        The exit status: 0 done, 2 a user mistake (one line on stderr: see the module docstring),
+        1 any other error, 130 interrupted.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = prog or _default_prog()
+    with _short_warnings(prog):
+        return _main(argv, prog)
+
+
+@contextlib.contextmanager
+def _short_warnings(prog: str):
+    """Within the block, a Python warning prints as one line ``{prog}: warning: {Category}: {message}`` on stderr
+    (not the file, line number and source line); the previous ``warnings.showwarning`` is put back afterwards."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = " ".join(str(message).split())
+        print(f"{prog}: warning: {category.__name__}: {text}", file=file or sys.stderr, flush=True)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
+def _main(argv: list[str], prog: str) -> int:
+    """:func:`main`'s body: the command, and every error turned into one line and an exit status."""
+    debug = "--debug" in argv
+    try:
+        if argv[:1] == ["list"]:
+            imports, extra = _import_options(argv[1:], prog)
+            extra = [a for a in extra if a != "--debug"]
+            if extra:
+                raise UsageError(f"list takes no arguments but --import MODULE and --debug, got {' '.join(extra)}")
+            for spec in imports:
+                load_user_module(spec)
+            print(_list(prog))
+            return 0
+        if argv[:1] == ["check-config"]:
+            return _check_config(argv[1:], prog)
+        if argv[:1] == ["export"]:
+            return _export(argv[1:], prog)
+        return _train(argv[1:] if argv[:1] == ["train"] else argv, prog)
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 -- every error becomes one line (and a status); --debug shows it
+        user = isinstance(exc, (ValueError, OSError))
+        if debug:
+            traceback.print_exc()
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if not user:
+            message = f"{type(exc).__name__}: {message}"
+        hint = "" if debug or isinstance(exc, UsageError) else " (--debug shows the traceback)"
+        print(f"{prog}: error: {message}{hint}", file=sys.stderr)
+        return 2 if user else 1
+
+
+# ---------------------------------------------------------------------------------------- export
+def _export_parser(prog: str) -> argparse.ArgumentParser:
+    """The ``export`` command's parser: a runnable TRL or verl job (:func:`~grpo_lab.export.jobs.trl_job` /
+    :func:`~grpo_lab.export.jobs.verl_job`)."""
+    ap = _Parser(prog=f"{prog} export", formatter_class=_Formatter,
+                 description="Write a runnable TRL or verl job (script or command line, data, a reward adapter "
+                             "wrapping the task's scorer, README) for a preset, its budget read from TrainerConfig "
+                             "(--set) as training would use it.")
+    ap.add_argument("preset", help="an algorithm preset (case-insensitive)")
+    ap.add_argument("--to", required=True, choices=("trl", "verl"), help="the target library")
+    ap.add_argument("--task", default="arithmetic", help="a registered task (--import adds your own)")
+    ap.add_argument("--task-arg", dest="task_args", action="append", default=[], metavar="KEY=VALUE",
+                    help="a field of the task, e.g. --task-arg source=hub (gsm8k: 'hub', 'fixture', or a .jsonl / "
+                         ".parquet file or hub-layout directory; default $GRPO_LAB_GSM8K_SOURCE or 'hub', as the GPU "
+                         "profile)")
+    ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first (a module name or a .py file), so that the task it registers can be "
+                         "exported (repeatable)")
+    ap.add_argument("--model", required=True, help="a shipped checkpoint, a checkpoint directory or a hub id")
+    ap.add_argument("--out", required=True, help="the job's directory; one with files in it is refused unless "
+                                                 "--overwrite is given")
+    ap.add_argument("--overwrite", action="store_true", help="write into a --out directory that has files, "
+                                                             "replacing those of the same name")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: grpo_lab.export.DEFAULT_STEPS)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a TrainerConfig field or an Algorithm field / hyper-parameter, as for training")
+    ap.add_argument("--nnodes", type=int, default=1, help="machines")
+    ap.add_argument("--gpus-per-node", type=int, default=None, help="devices per machine (verl default 8, TRL 1)")
+    ap.add_argument("--approximate", action="store_true",
+                    help="export the nearest mapping when the target cannot compute the preset exactly "
+                         "(strict=False: each difference is a warning and a line of the README)")
+    ap.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    return ap
+
+
+def _export(argv: list[str], prog: str) -> int:
+    """``export PRESET --to trl|verl --task T --model M --out DIR [--set k=v ...]``: write the job, print its path."""
+    args = _export_parser(prog).parse_args(argv)
+    from .. import export
+    from ..training.config import TrainerConfig
+
+    for spec in args.imports:
+        load_user_module(spec)
+    algo = _preset(args.preset)
+    set_cfg, set_algo = parse_set(args.overrides)
+    algo = algo.replace(**set_algo) if set_algo else algo
+    task = task_from_arguments(args.task, args.task_args)
+    out = Path(args.out).expanduser()
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        raise UsageError(f"--out {args.out}: the directory has files in it; give an empty or new directory, or "
+                         "--overwrite to replace the job's files there")
+    gpus = args.gpus_per_node if args.gpus_per_node is not None else (8 if args.to == "verl" else 1)
+    common = dict(config=TrainerConfig(**set_cfg), steps=args.steps, strict=not args.approximate)
+    try:
+        if args.to == "trl":
+            devices = {} if args.nnodes * gpus == 1 else {"nnodes": args.nnodes, "n_gpus_per_node": gpus}
+            out = export.trl_job(algo, task, resolve_model(args.model), out, **common, **devices)
+        else:
+            out = export.verl_job(algo, task, resolve_model(args.model), out, nnodes=args.nnodes,
+                                  n_gpus_per_node=gpus, **common)
+    except export.ExportError as err:
+        raise UsageError(_command_line_words(str(err))) from None
+    except (ImportError, OSError) as err:
+        source = getattr(task, "source", None)
+        if source is None:
+            raise
+        raise UsageError(f"--task {args.task}: its problems could not be read from source {source!r} "
+                         f"({type(err).__name__}: {err}); give --task-arg source=PATH (a local copy) or "
+                         "source=fixture (the problems shipped with grpo_lab)") from None
+    where = f" (source {task.source!r})" if isinstance(getattr(task, "source", None), str) else ""
+    print(f"wrote the {args.to} job of {algo.name} on {args.task}{where} to {out} (README.md says how to run it)")
+    return 0
+
+
+def task_from_arguments(name: str, items: Sequence[str]) -> Any:
+    """The registered task ``name`` built from ``--task-arg KEY=VALUE`` items, each value typed by
+    the task class's field (as ``--set`` types a TrainerConfig field, :func:`parse_value`).
+
+    ``gsm8k`` without a ``source`` item reads ``$GRPO_LAB_GSM8K_SOURCE``, else
+    :data:`grpo_lab.experiments.GPU_GSM8K_SOURCE` (``"hub"``), as the GPU profile does: a job
+    for GSM8K trains on GSM8K unless the shipped fixture is asked for.
+
+    Raises:
+        UsageError: an unknown task (close names suggested), an item without ``=``, a key that is not
+            a field of the task's class (the fields listed), a value not of the field's type, or
+            values the task refuses (its ``ValueError`` / ``OSError``, e.g. no file at ``source``).
+    """
+    from ..experiments import GPU_GSM8K_SOURCE
+    from ..tasks import TASKS, get_task
+
+    if name not in TASKS:
+        close = difflib.get_close_matches(name, list(TASKS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(f"--task: unknown task {name!r}{hint}; known tasks: {', '.join(sorted(TASKS))} (--import "
+                         "adds your own)")
+    cls = TASKS[name]
+    hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+    fields = {f.name for f in dataclasses.fields(cls) if f.init} if dataclasses.is_dataclass(cls) else set()
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = (part.strip() for part in item.partition("="))
+        if not sep or not key:
+            raise UsageError(f"--task-arg expects KEY=VALUE, got {item!r} (e.g. --task-arg source=hub)")
+        if key not in fields:
+            raise UsageError(f"--task-arg {key}: not a field of task {name!r} ({cls.__name__}); its fields: "
+                             f"{', '.join(sorted(fields)) or 'none'}")
+        try:
+            kwargs[key] = parse_value(key, text, hints.get(key, str))
+        except UsageError as err:
+            raise UsageError(str(err).replace("--set", "--task-arg", 1)) from None
+    if name == "gsm8k" and "source" not in kwargs:
+        kwargs["source"] = os.environ.get("GRPO_LAB_GSM8K_SOURCE") or GPU_GSM8K_SOURCE
+    try:
+        return get_task(name, **kwargs)
+    except (ValueError, OSError) as err:
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "its defaults"
+        raise UsageError(f"--task {name} with {given}: {err}") from None

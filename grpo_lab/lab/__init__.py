@@ -1,0 +1,22 @@
+"""The book's bench: code that exists for a chapter of the book, not the library's API.
+
+Anything here may change with the book, without notice. Nothing outside ``grpo_lab.lab`` imports it
+(``tests/repo/test_house_rules.py`` enforces the order of the wings).
+
+* :mod:`~grpo_lab.lab.book`: notebook plumbing (set-up, glue, run times, ``python -m grpo_lab.lab.book execute``);
+* :mod:`~grpo_lab.lab.pretrain`: the shipped base checkpoints (``make pretrain``) and chapter 7's
+  continued next-token baseline;
+* :mod:`~grpo_lab.lab.probes`: one-off measurements per seed for chapters 4-6;
+* :mod:`~grpo_lab.lab.gpu_runs`: a chapter's GSM8K comparison on the ``gpu`` profile and its checks;
+* :mod:`~grpo_lab.lab.rpt_gpu`: chapter 7 on a hub model;
+* :mod:`~grpo_lab.lab.decision_tree` and :mod:`~grpo_lab.lab.variant_records`: chapter 8's tree and records.
+"""
+
+from .gpu_runs import check_gpu_results, load_chapter_gpu, results_dir, run_chapter_gpu
+from .probes import pretrain_critic, routing_update, update_probe
+from .rpt_gpu import (RPT_GPU_TEST_SIZE, chapter_gpu_profile, rl_compute_units, rpt_data_dir, rpt_gpu_profile,
+                      run_rpt_gpu)
+
+__all__ = ["results_dir", "run_chapter_gpu", "load_chapter_gpu", "check_gpu_results", "pretrain_critic",
+           "routing_update", "update_probe", "RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile",
+           "chapter_gpu_profile", "rl_compute_units", "run_rpt_gpu"]

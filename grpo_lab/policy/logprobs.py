@@ -1,0 +1,655 @@
+"""Per-token log-probabilities and entropies, from logits or from hidden states + lm_head.
+
+Every policy-gradient loss in this package starts from ``log pi(o_t | q, o_<t)`` for the tokens
+that were actually sampled. Computing it naively, ``log_softmax(logits.float()).gather(...)``,
+materialises a float32 ``[B, T, V]`` tensor (and autograd keeps it for the backward pass), which is
+usually the largest tensor of the whole training step: with B*T = 4096 and V = 32,000 it is
+0.5 GB, with a 151k vocabulary 2.5 GB.
+
+This module avoids that in two ways:
+
+* :func:`token_logprobs` / :func:`entropy_from_logits` use a custom autograd function that keeps
+  only per-row statistics (max and log-sum, ``[B, T]`` each) for the backward pass, writes the
+  gradient straight into its output buffer and, with ``chunk_size``,
+  processes the flattened ``B*T`` rows in chunks so that the extra float32 memory is
+  ``O(chunk_size * V)``.
+* :func:`token_logprobs_from_hidden` / :func:`entropy_from_hidden` never hold the full
+  ``[B, T, V]`` logits at all: the lm_head matmul is applied chunk by chunk in the forward pass and
+  *recomputed* chunk by chunk in the backward pass (activation recomputation, as
+  ``torch.utils.checkpoint`` would do, written as one autograd function). With ``compile=True``
+  the per-chunk softmax work (upcast, ``/ tau``, max, log-sum-exp, gather in forward; the
+  ``d / d logits`` block in backward) runs in ``torch.compile``-generated fused kernels (two
+  reads of each logits chunk in forward, one read-write pass in backward, instead of four to six
+  eager passes); the lm_head matmuls stay eager.
+
+Math (softmax with temperature tau > 0, z = logits / tau):
+
+* ``log p_id = z_id - logsumexp(z)``; ``d log p_id / d z_j = 1[j = id] - p_j``.
+* ``H = -sum_j p_j log p_j`` (nats); ``d H / d z_j = -p_j (log p_j + H)``.
+* ``d / d logits = (d / d z) / tau``.
+
+All public functions compute the softmax part in float32 (float64 inputs stay float64) and return
+float32 (float64 for float64 inputs). They are differentiable once (not twice).
+
+Where the code departs from the textbook ``log_softmax``: an all ``-inf`` row is shifted by 0
+instead of its max (``-inf - (-inf)`` is NaN), and a log-probability that still comes out NaN
+(NaN logits, an all ``-inf`` row) raises ``ValueError`` naming the position, because one NaN
+log-prob would silently poison every gradient of the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from ..algo import checks as _v
+
+__all__ = [
+    "token_logprobs",
+    "token_logprobs_from_hidden",
+    "entropy_from_logits",
+    "entropy_from_hidden",
+]
+
+_KINDS = ("logp", "entropy")
+
+
+# --------------------------------------------------------------------------------------------
+# validation helpers
+# --------------------------------------------------------------------------------------------
+def _check_temperature(temperature: float) -> float:
+    try:
+        t = float(temperature)
+    except (TypeError, ValueError):
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}") from None
+    if not math.isfinite(t) or t <= 0.0:
+        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
+    return t
+
+
+def _check_chunk_size(chunk_size: Optional[int], allow_none: bool) -> Optional[int]:
+    return _v.positive_int("chunk_size", chunk_size, allow_none=allow_none)
+
+
+def _check_finite_logp(out: Tensor, what: str) -> None:
+    """Raise if a log-probability is NaN (one reduction over ``[B, T]``, not over the vocabulary)."""
+    bad = torch.isnan(out.detach())
+    if bool(bad.any()):
+        pos = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(
+            f"log-probability undefined (NaN) at position {pos} ({int(bad.sum())} position(s) in all): the "
+            f"{what} there give logits that contain NaN (or +inf) or are all -inf; every position needs "
+            "finite logits, padded ones included (mask them after computing log-probs)")
+
+
+def _check_ids(ids: Tensor, lead_shape: torch.Size, vocab: int, what: str) -> Tensor:
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+    if tuple(ids.shape) != tuple(lead_shape):
+        raise ValueError(
+            f"shape mismatch: ids has shape {tuple(ids.shape)} but {what} has leading shape "
+            f"{tuple(lead_shape)} (expected ids.shape == {what}.shape[:-1])"
+        )
+    if ids.numel() > 0:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(
+                f"token ids must lie in [0, {vocab}) (vocabulary size); got min {lo}, max {hi}. "
+                "Replace padding ids such as -100 by any valid id and mask those positions."
+            )
+    return ids.long()
+
+
+# --------------------------------------------------------------------------------------------
+# row blocks: iterate over [B', T', *] in chunks of at most `chunk` rows without copying
+# --------------------------------------------------------------------------------------------
+def _as_3d(x: Tensor, lead_shape: torch.Size) -> Tensor:
+    """View ``x [*lead, D]`` as ``[B', T', D]`` without copying when at all possible.
+
+    Preferred: ``[1, N, D]`` (rows can be chunked freely). If the rows are not uniformly strided
+    (e.g. ``logits[:, :-1]`` of a contiguous tensor) but x is 3-D, keep ``[B, T, D]`` and chunk
+    inside each sequence. Otherwise fall back to a reshape (which may copy).
+    """
+    d = x.shape[-1]
+    n = math.prod(lead_shape)
+    try:
+        return x.view(1, n, d)
+    except RuntimeError:
+        if x.dim() == 3:
+            return x
+        return x.reshape(1, n, d)
+
+
+def _blocks(b: int, t: int, chunk: Optional[int]) -> Iterator[tuple]:
+    """Index tuples ``(b_index, slice(t0, t1))`` covering ``[b, t]`` in blocks of <= chunk rows."""
+    if chunk is None:
+        if b == 1:
+            yield (0, slice(0, t))
+        else:
+            yield (slice(0, b), slice(0, t))
+        return
+    for i in range(b):
+        for t0 in range(0, t, chunk):
+            yield (i, slice(t0, min(t0 + chunk, t)))
+
+
+# --------------------------------------------------------------------------------------------
+# kernels on a block of scaled logits z [..., V] (compute dtype), ids [...]
+# --------------------------------------------------------------------------------------------
+def _kernel_forward(z: Tensor, ids: Optional[Tensor], kind: str, owned: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Return ``(out, mx, log_s)`` for a block, with ``logsumexp(z) = mx + log_s``.
+
+    ``owned``: ``z`` is a temporary of ours and may be overwritten (saves one block-sized buffer).
+
+    ``out`` is ``log p_id`` (kind 'logp') or the entropy (kind 'entropy'). The max and the log of
+    the shifted sum are kept apart: ``log p = (z - mx) - log_s`` is then exact to float32 rounding
+    of O(1) numbers even for logits of magnitude 1e4 (``z - (mx + log_s)`` would lose ~1e-3).
+    """
+    mx = z.amax(dim=-1, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))  # an all -inf row stays -inf
+    shifted = z.sub_(mx) if owned else z - mx
+    if kind == "logp":
+        picked = shifted.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        log_s = shifted.exp_().sum(dim=-1).log()
+        out = picked - log_s
+    else:
+        log_s = shifted.exp().sum(dim=-1).log()
+        logp = shifted.sub_(log_s.unsqueeze(-1))
+        p = logp.exp()
+        # p == 0 where a logit is -inf (e.g. a top-k mask): 0 * -inf must count as 0, not NaN.
+        out = -torch.where(p > 0, p * logp, torch.zeros((), dtype=z.dtype, device=z.device)).sum(-1)
+    return out, mx.squeeze(-1), log_s
+
+
+def _kernel_backward_(
+    buf: Tensor, ids: Optional[Tensor], mx: Tensor, log_s: Tensor, out: Tensor, g: Tensor, kind: str, tau: float
+) -> Tensor:
+    """Turn ``buf`` (holding z = logits / tau for the block) into d loss / d logits, in place."""
+    buf.sub_(mx.unsqueeze(-1)).sub_(log_s.unsqueeze(-1))  # buf = log p
+    if kind == "logp":
+        buf.exp_().mul_(-g.unsqueeze(-1))  # -g * p
+        buf.scatter_add_(-1, ids.unsqueeze(-1), g.unsqueeze(-1))  # + g at the sampled id
+    else:
+        p = buf.exp()
+        buf.add_(out.unsqueeze(-1)).mul_(p).mul_(-g.unsqueeze(-1))  # -g * p * (log p + H)
+        buf.masked_fill_(p == 0, 0.0)  # logits of -inf: no gradient (avoid 0 * inf = NaN)
+    if tau != 1.0:
+        buf.div_(tau)
+    return buf
+
+
+# --------------------------------------------------------------------------------------------
+# autograd function: from logits
+# --------------------------------------------------------------------------------------------
+class _FromLogits(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x3: Tensor, ids3: Optional[Tensor], kind: str, tau: float, chunk):  # type: ignore[override]
+        b, t, _ = x3.shape
+        cdt = _v.compute_dtype(x3)
+        out = torch.empty((b, t), dtype=cdt, device=x3.device)
+        mx = torch.empty((b, t), dtype=cdt, device=x3.device)
+        log_s = torch.empty((b, t), dtype=cdt, device=x3.device)
+        with torch.no_grad():
+            for idx in _blocks(b, t, chunk):
+                blk = x3[idx]
+                z = blk.to(cdt)
+                z = z / tau if tau != 1.0 else z
+                owned = z.data_ptr() != blk.data_ptr()  # upcast or division made a copy
+                out[idx], mx[idx], log_s[idx] = _kernel_forward(z, None if ids3 is None else ids3[idx], kind, owned)
+        ctx.kind, ctx.tau, ctx.chunk = kind, tau, chunk
+        ctx.save_for_backward(x3, ids3, mx, log_s, out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_out: Tensor):  # type: ignore[override]
+        x3, ids3, mx, log_s, out = ctx.saved_tensors
+        if g_out is None or not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        b, t, v = x3.shape
+        cdt = out.dtype
+        grad = torch.empty((b, t, v), dtype=x3.dtype, device=x3.device)
+        direct = grad.dtype == cdt  # write straight into the gradient buffer, no temporary
+        g_out = g_out.to(cdt)
+        for idx in _blocks(b, t, ctx.chunk):
+            if direct:
+                buf = grad[idx]
+                buf.copy_(x3[idx])
+            else:
+                buf = x3[idx].to(cdt, copy=True)
+            if ctx.tau != 1.0:
+                buf.div_(ctx.tau)
+            _kernel_backward_(
+                buf, None if ids3 is None else ids3[idx], mx[idx], log_s[idx], out[idx], g_out[idx], ctx.kind, ctx.tau
+            )
+            if not direct:
+                grad[idx] = buf
+        return grad, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# autograd function: from hidden states + lm_head (recomputes the logits in backward)
+# --------------------------------------------------------------------------------------------
+def _head_raw(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``h @ W^T + b`` for one block ``h [n, H]`` -> ``[n, V]``, in the inputs' (promoted) dtype,
+    like the model's own lm_head."""
+    mm_dtype = torch.promote_types(h.dtype, weight.dtype)
+    return torch.nn.functional.linear(
+        h.to(mm_dtype), weight.to(mm_dtype), None if bias is None else bias.to(mm_dtype)
+    )
+
+
+def _head_logits(h: Tensor, weight: Tensor, bias: Optional[Tensor], cdt: torch.dtype, tau: float) -> Tensor:
+    """z = (h @ W^T + b) / tau for one block; the matmul runs in the inputs' dtype (like the
+    model's own lm_head), the result is upcast to the compute dtype."""
+    z = _head_raw(h, weight, bias).to(cdt)
+    if tau != 1.0:
+        z = z / tau
+    return z
+
+
+# --------------------------------------------------------------------------------------------
+# torch.compile'd per-chunk kernels (opt-in: compile=True on the *_from_hidden functions)
+#
+# Functions of one chunk of raw logits x = h @ W^T + b ([n, V], matmul dtype, a temporary of the
+# caller) and [n] row vectors in the compute dtype. ``tau`` is None for temperature 1 (no scaling
+# at all, as in the eager path) or a 0-d tensor (a python float would be specialised: one
+# compilation per temperature). They compute what _head_logits + _kernel_forward /
+# _kernel_backward_ compute, in the same order of operations; the compiler fuses the element-wise
+# work into the reductions (forward: two reads of x, no block-sized temporary) and into one
+# element-wise pass (backward: written into x itself when x already has the compute dtype, so the
+# backward needs no second block-sized buffer, like the eager in-place kernel). Each is compiled
+# lazily on first use, once per process, with the row dimension marked dynamic (the last chunk of
+# a sequence is shorter; T changes from batch to batch).
+# --------------------------------------------------------------------------------------------
+def _ck_scaled(x: Tensor, cdt: torch.dtype, tau: Optional[Tensor]) -> Tensor:
+    z = x.to(cdt)
+    return z if tau is None else z / tau
+
+
+def _ck_forward_logp(x: Tensor, ids: Tensor, cdt: torch.dtype, tau: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    z = _ck_scaled(x, cdt, tau)
+    mx = z.amax(dim=-1)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    shifted = z - mx.unsqueeze(-1)
+    picked = shifted.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    log_s = shifted.exp().sum(dim=-1).log()
+    return picked - log_s, mx, log_s
+
+
+def _ck_forward_entropy(x: Tensor, cdt: torch.dtype, tau: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    z = _ck_scaled(x, cdt, tau)
+    mx = z.amax(dim=-1)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    shifted = z - mx.unsqueeze(-1)
+    log_s = shifted.exp().sum(dim=-1).log()
+    logp = shifted - log_s.unsqueeze(-1)
+    p = logp.exp()
+    out = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
+    return out, mx, log_s
+
+
+def _ck_finish_backward(x: Tensor, d: Tensor, tau: Optional[Tensor]) -> Tensor:
+    if tau is not None:
+        d = d / tau
+    if x.dtype == d.dtype:
+        return x.copy_(d)  # in place: x is the caller's temporary (no second [n, V] buffer)
+    return d
+
+
+def _ck_backward_logp(x: Tensor, ids: Tensor, mx: Tensor, log_s: Tensor, g: Tensor, tau: Optional[Tensor]) -> Tensor:
+    z = _ck_scaled(x, mx.dtype, tau)
+    p = ((z - mx.unsqueeze(-1)) - log_s.unsqueeze(-1)).exp()
+    d = p * -g.unsqueeze(-1)  # -g * p
+    cols = torch.arange(x.shape[-1], device=x.device)
+    d = torch.where(cols == ids.unsqueeze(-1), d + g.unsqueeze(-1), d)  # + g at the sampled id
+    return _ck_finish_backward(x, d, tau)
+
+
+def _ck_backward_entropy(
+    x: Tensor, mx: Tensor, log_s: Tensor, out: Tensor, g: Tensor, tau: Optional[Tensor]
+) -> Tensor:
+    z = _ck_scaled(x, mx.dtype, tau)
+    logp = (z - mx.unsqueeze(-1)) - log_s.unsqueeze(-1)
+    p = logp.exp()
+    d = ((logp + out.unsqueeze(-1)) * p) * -g.unsqueeze(-1)  # -g * p * (log p + H)
+    d = torch.where(p == 0, torch.zeros_like(d), d)  # logits of -inf: no gradient
+    return _ck_finish_backward(x, d, tau)
+
+
+_CK_PLAIN = {
+    ("forward", "logp"): _ck_forward_logp,
+    ("forward", "entropy"): _ck_forward_entropy,
+    ("backward", "logp"): _ck_backward_logp,
+    ("backward", "entropy"): _ck_backward_entropy,
+}
+_CK_COMPILED: dict = {}
+
+
+def _compiled_kernel(direction: str, kind: str):
+    """The ``torch.compile``-d version of ``_CK_PLAIN[(direction, kind)]``, created on first use."""
+    key = (direction, kind)
+    fn = _CK_COMPILED.get(key)
+    if fn is None:
+        fn = torch.compile(_CK_PLAIN[key], dynamic=None, fullgraph=True)
+        _CK_COMPILED[key] = fn
+    return fn
+
+
+def _call_compiled(direction: str, kind: str, *args):
+    """Call the compiled kernel with the row dimension of every tensor argument marked dynamic
+    (a 0-d ``tau`` is left alone), so that chunks of any row count share one compiled graph.
+    Returns what the kernel returns; a backward kernel may have overwritten its first argument."""
+    for a in args:
+        if isinstance(a, Tensor) and a.dim() > 0:
+            torch._dynamo.maybe_mark_dynamic(a, 0)
+    return _compiled_kernel(direction, kind)(*args)
+
+
+class _FromHidden(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, h3: Tensor, weight: Tensor, bias: Optional[Tensor], ids3, kind: str, tau: float, chunk: int,
+        compiled: bool = False,
+    ):
+        b, t, _ = h3.shape
+        cdt = _v.compute_dtype(h3, weight, bias)
+        out = torch.empty((b, t), dtype=cdt, device=h3.device)
+        mx = torch.empty((b, t), dtype=cdt, device=h3.device)
+        log_s = torch.empty((b, t), dtype=cdt, device=h3.device)
+        tau_t = torch.full((), tau, dtype=cdt, device=h3.device) if (compiled and tau != 1.0) else None
+        with torch.no_grad():
+            for idx in _blocks(b, t, chunk):
+                if compiled:
+                    x = _head_raw(h3[idx], weight, bias)
+                    ids_args = () if ids3 is None else (ids3[idx],)
+                    out[idx], mx[idx], log_s[idx] = _call_compiled("forward", kind, x, *ids_args, cdt, tau_t)
+                    del x
+                    continue
+                z = _head_logits(h3[idx], weight, bias, cdt, tau)
+                out[idx], mx[idx], log_s[idx] = _kernel_forward(z, None if ids3 is None else ids3[idx], kind, True)
+                del z
+        ctx.kind, ctx.tau, ctx.chunk, ctx.compiled = kind, tau, chunk, compiled
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(h3, weight, bias, ids3, mx, log_s, out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_out: Tensor):  # type: ignore[override]
+        h3, weight, bias, ids3, mx, log_s, out = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        if g_out is None or not (need_h or need_w or need_b):
+            return None, None, None, None, None, None, None, None
+        b, t, _ = h3.shape
+        cdt = out.dtype
+        mm_dtype = torch.promote_types(h3.dtype, weight.dtype)
+        g_out = g_out.to(cdt)
+        grad_h = torch.empty_like(h3, memory_format=torch.contiguous_format) if need_h else None
+        # weight / bias gradients are accumulated over chunks in the compute dtype (fp32), then cast
+        grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=cdt, device=bias.device) if (need_b and ctx.has_bias) else None
+        w_mm = weight.to(mm_dtype)
+        if ctx.compiled:
+            g_out = g_out.contiguous()  # e.g. the stride-0 gradient of out.sum(): one graph for all
+            tau_t = torch.full((), ctx.tau, dtype=cdt, device=h3.device) if ctx.tau != 1.0 else None
+        for idx in _blocks(b, t, ctx.chunk):
+            h = h3[idx]
+            if ctx.compiled:
+                with torch.no_grad():
+                    x = _head_raw(h, weight, bias)
+                if ctx.kind == "logp":
+                    buf = _call_compiled("backward", "logp", x, ids3[idx], mx[idx], log_s[idx], g_out[idx], tau_t)
+                else:
+                    buf = _call_compiled("backward", "entropy", x, mx[idx], log_s[idx], out[idx], g_out[idx], tau_t)
+                del x
+            else:
+                with torch.no_grad():
+                    buf = _head_logits(h, weight, bias, cdt, ctx.tau)
+                _kernel_backward_(
+                    buf, None if ids3 is None else ids3[idx], mx[idx], log_s[idx], out[idx], g_out[idx], ctx.kind,
+                    ctx.tau,
+                )
+            # buf = d loss / d (h W^T + b)  [n, V] in compute dtype
+            if need_h:
+                grad_h[idx] = (buf.to(mm_dtype) @ w_mm).to(h3.dtype)
+            if need_w:
+                grad_w.addmm_(buf.transpose(0, 1), h.to(cdt))
+            if grad_b is not None:
+                grad_b.add_(buf.sum(0))
+            del buf
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------
+def _from_logits(logits: Tensor, ids: Optional[Tensor], kind: str, temperature, chunk_size) -> Tensor:
+    _v.float_tensor(logits, "logits")
+    if logits.dim() < 2:
+        raise ValueError(f"logits must have shape [..., V] with at least 2 dims, got {tuple(logits.shape)}")
+    tau = _check_temperature(temperature)
+    chunk = _check_chunk_size(chunk_size, allow_none=True)
+    lead = logits.shape[:-1]
+    vocab = logits.shape[-1]
+    if vocab < 1:
+        raise ValueError("logits must have a non-empty vocabulary dimension (V >= 1)")
+    if ids is not None:
+        ids = _check_ids(ids, lead, vocab, "logits")
+    cdt = _v.compute_dtype(logits)
+    if math.prod(lead) == 0:
+        return logits.new_zeros(lead, dtype=cdt) + 0.0 * logits.sum()
+    x3 = _as_3d(logits, lead)
+    ids3 = None if ids is None else ids.reshape(x3.shape[:2])
+    out = _FromLogits.apply(x3, ids3, kind, tau, chunk).reshape(lead)
+    if kind == "logp":
+        _check_finite_logp(out, "logits")
+    return out
+
+
+def token_logprobs(
+    logits: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: Optional[int] = None,
+) -> Tensor:
+    """Log-probability of each chosen token under ``softmax(logits / temperature)``.
+
+    ``out[b, t] = log pi(ids[b, t]) = z[b, t, ids[b, t]] - logsumexp_v z[b, t, v]`` with
+    ``z = logits / temperature``: the ``log pi_theta(o_{i,t} | q, o_{i,<t})`` that appears in the
+    ratio of DeepSeekMath (arXiv 2402.03300) Eq. 3 and in every objective of this package.
+    Divide by the *sampling* temperature so that the log-probs match the distribution the rollout
+    was drawn from (a known source of ratio bias when forgotten).
+
+    Args:
+        logits: ``[B, T, V]`` (any leading shape ``[..., V]``), float32 / bfloat16 / float16 /
+            float64, on any device. Must already be aligned with ``ids`` (logits at position t
+            predict token ``ids[:, t]``; drop the last position of a causal LM's output yourself).
+        ids: ``[B, T]`` integer token ids in ``[0, V)``, same leading shape as ``logits``.
+            Padding positions must hold a valid id (e.g. the pad id); mask them afterwards.
+        temperature: softmax temperature tau > 0.
+        chunk_size: ``None`` computes all rows in one pass as ``(z_id - max) - log sum exp(z - max)``
+            (a max-shifted log-sum-exp and a gather; no ``[B, T, V]`` log-softmax is kept for
+            backward, only two ``[B, T]`` row statistics; one transient float32 ``[B, T, V]``
+            buffer is used in forward and the backward writes into the gradient buffer itself
+            when the logits are float32). An integer processes the
+            flattened ``B*T`` rows in chunks of at most ``chunk_size`` rows, so the extra memory in
+            forward and backward is ``O(chunk_size * V)``; the gradient w.r.t. ``logits``
+            (``[B, T, V]``, logits' dtype) is the only full-size tensor.
+
+    Returns:
+        ``[B, T]`` float32 log-probabilities (nats, <= 0); float64 if ``logits`` is float64.
+        Differentiable w.r.t. ``logits`` (once).
+
+    Raises:
+        ValueError: temperature <= 0 or not finite; chunk_size not a positive int; ids shape does
+            not equal ``logits.shape[:-1]``; ids not integer or outside ``[0, V)``; logits not
+            floating point; a NaN log-probability (a position whose logits contain NaN or are all
+            ``-inf``), naming the first such position.
+    """
+    return _from_logits(logits, ids, "logp", temperature, chunk_size)
+
+
+def entropy_from_logits(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: Optional[int] = None,
+) -> Tensor:
+    """Entropy ``H = -sum_v p_v log p_v`` (nats) of ``softmax(logits / temperature)`` per position.
+
+    The policy entropy the trainer logs (and an entropy bonus may use). Logits equal to ``-inf``
+    (masked vocabulary entries) contribute 0, never NaN.
+
+    Args:
+        logits: ``[B, T, V]`` (any leading shape), float32 / bfloat16 / float16 / float64.
+        temperature: tau > 0.
+        chunk_size: ``None`` (one pass) or rows per chunk, as in :func:`token_logprobs`.
+
+    Returns:
+        ``[B, T]`` float32 entropies in nats, in ``[0, log V]``; float64 for float64 input.
+        Differentiable (``dH/dz_j = -p_j (log p_j + H)``).
+
+    Raises:
+        ValueError: temperature <= 0 or not finite; bad chunk_size; logits not floating point.
+    """
+    return _from_logits(logits, None, "entropy", temperature, chunk_size)
+
+
+def _from_hidden(hidden, weight, ids, kind, temperature, chunk_size, bias, compile_) -> Tensor:
+    compile_ = _v.flag("compile", compile_)
+    _v.float_tensor(hidden, "hidden")
+    _v.float_tensor(weight, "weight")
+    if hidden.dim() < 2:
+        raise ValueError(f"hidden must have shape [..., H] with at least 2 dims, got {tuple(hidden.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight (lm_head) must have shape [V, H], got {tuple(weight.shape)}")
+    vocab, hdim = weight.shape
+    if hidden.shape[-1] != hdim:
+        raise ValueError(
+            f"shape mismatch: hidden has H={hidden.shape[-1]} but weight is [V={vocab}, H={hdim}]"
+        )
+    if vocab < 1:
+        raise ValueError("weight must have V >= 1 rows")
+    if bias is not None:
+        _v.float_tensor(bias, "bias")
+        if tuple(bias.shape) != (vocab,):
+            raise ValueError(f"bias must have shape [V]=({vocab},), got {tuple(bias.shape)}")
+    tau = _check_temperature(temperature)
+    chunk = _check_chunk_size(chunk_size, allow_none=False)
+    lead = hidden.shape[:-1]
+    if ids is not None:
+        ids = _check_ids(ids, lead, vocab, "hidden")
+    cdt = _v.compute_dtype(hidden, weight, bias)
+    if math.prod(lead) == 0:
+        zero = 0.0 * hidden.sum() + 0.0 * weight.sum()
+        return hidden.new_zeros(lead, dtype=cdt) + zero.to(cdt)
+    h3 = _as_3d(hidden, lead)
+    ids3 = None if ids is None else ids.reshape(h3.shape[:2])
+    out = _FromHidden.apply(h3, weight, bias, ids3, kind, tau, chunk, compile_).reshape(lead)
+    if kind == "logp":
+        _check_finite_logp(out, "hidden states and lm_head")
+    return out
+
+
+def token_logprobs_from_hidden(
+    hidden: Tensor,
+    weight: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    bias: Optional[Tensor] = None,
+    compile: bool = False,
+) -> Tensor:
+    """Per-token log-probs from final hidden states and the lm_head, never holding ``[B, T, V]``.
+
+    Equals ``token_logprobs(hidden @ weight.T + bias, ids, temperature=...)`` (values and
+    gradients w.r.t. ``hidden``, ``weight`` and ``bias``) but computes the logits chunk by chunk:
+    the forward pass keeps only the per-row log-sum-exp, and the backward pass recomputes each
+    chunk's logits (activation recomputation), so peak extra memory is
+    ``O(chunk_size * V)`` instead of ``O(B * T * V)``. The lm_head matmul runs in the inputs' dtype
+    (like the model's own ``lm_head``); softmax and the weight/bias gradient accumulation run in
+    float32. This is the ``log pi_theta(o_{i,t} | .)`` of DeepSeekMath (arXiv 2402.03300) Eq. 3.
+
+    Args:
+        hidden: ``[B, T, H]`` (any leading shape ``[..., H]``) final hidden states, aligned with
+            ``ids`` (hidden at position t predicts ``ids[:, t]``).
+        weight: ``[V, H]`` lm_head weight (``model.lm_head.weight``; tied embeddings work too).
+        ids: ``[B, T]`` integer token ids in ``[0, V)``.
+        temperature: tau > 0; logits are divided by it.
+        chunk_size: rows (of the flattened ``B*T``) per chunk, a positive int.
+        bias: optional ``[V]`` lm_head bias.
+        compile: ``True`` runs the per-chunk softmax work through ``torch.compile`` (inductor):
+            forward, the upcast, ``/ temperature``, row max, log-sum-exp and gather of a chunk's
+            logits in fused kernels; backward, ``d loss / d logits`` of a chunk in one fused
+            kernel. The lm_head matmuls, the chunking and the memory bound are unchanged, and so
+            is the math (same formulas and dtypes; results agree with ``compile=False`` to float
+            rounding). The kernels are compiled once per process on first use (5-40 s on 2 CPU
+            cores, less when inductor's on-disk cache is warm), again for each new dtype,
+            vocabulary size or device, and once more for temperatures other than 1; the row
+            count is a dynamic dimension, so chunk and sequence lengths do not recompile. Off by
+            default: on a CPU the lm_head matmuls dominate and the fused kernels gave no
+            measurable speed-up (same peak memory); ``benchmarks/logprobs_memory.py`` measures it
+            on other hardware (``scripts/gpu_check.sh`` on CUDA, bfloat16, V = 151,936).
+
+    Returns:
+        ``[B, T]`` float32 log-probs (nats); float64 if any input is float64. Differentiable once
+        w.r.t. hidden, weight and bias.
+
+    Raises:
+        ValueError: shape mismatch between hidden / weight / bias / ids; ids outside ``[0, V)``;
+            temperature <= 0; chunk_size not a positive int; compile not a bool; non-floating
+            inputs; a NaN log-probability (NaN hidden states or weights, ...), naming the first
+            such position.
+        torch._dynamo.exc.BackendCompilerFailed: with ``compile=True``, when inductor cannot
+            build the kernels (e.g. no C++ compiler for a CPU tensor, no Triton for a GPU one).
+    """
+    return _from_hidden(hidden, weight, ids, "logp", temperature, chunk_size, bias, compile)
+
+
+def entropy_from_hidden(
+    hidden: Tensor,
+    weight: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    bias: Optional[Tensor] = None,
+    compile: bool = False,
+) -> Tensor:
+    """Entropy (nats) of ``softmax((hidden @ weight.T + bias) / temperature)``, chunked.
+
+    Same memory behaviour as :func:`token_logprobs_from_hidden` (logits recomputed in backward);
+    equals ``entropy_from_logits(hidden @ weight.T + bias, temperature=...)``.
+
+    Args:
+        hidden: ``[B, T, H]``; weight: ``[V, H]``; bias: optional ``[V]``.
+        temperature: tau > 0. chunk_size: positive int (rows per chunk).
+        compile: ``True`` fuses the per-chunk softmax / entropy work with ``torch.compile``, as
+            in :func:`token_logprobs_from_hidden` (same results to float rounding).
+
+    Returns:
+        ``[B, T]`` float32 entropies in ``[0, log V]``; differentiable once.
+
+    Raises:
+        ValueError: shape mismatch, temperature <= 0, bad chunk_size, compile not a bool,
+            non-floating inputs.
+        torch._dynamo.exc.BackendCompilerFailed: with ``compile=True``, when inductor cannot
+            build the kernels.
+    """
+    return _from_hidden(hidden, weight, None, "entropy", temperature, chunk_size, bias, compile)

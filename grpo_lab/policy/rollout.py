@@ -1,0 +1,563 @@
+"""Group sampling with ``transformers`` ``generate`` and the policy forward pass used in training.
+
+A :class:`Rollout` holds everything the objective needs about one batch of generated
+responses: prompt and completion ids, the completion mask (1 up to and including the first stop
+token), the behaviour log-probs recorded at sampling time, and truncation flags. Sequences of
+one group are contiguous: ``[q0 s0, q0 s1, …, q0 s{G-1}, q1 s0, …]``, the layout every function
+of :mod:`grpo_lab.algo.advantages` and :mod:`grpo_lab.algo.objectives` assumes.
+
+Padding: prompts are **left**-padded (so that generation starts at the same column for every
+row), completions are **right**-padded. Position ids are ``cumsum(attention_mask) - 1``, the
+same rule ``generate`` uses, so the training forward pass reproduces the sampling
+distribution exactly (tested).
+
+Stop tokens: the tokenizer's EOS and every id the model's ``generation_config.eos_token_id``
+declares (chat models declare several, e.g. ``<|endoftext|>`` and ``<|im_end|>``); "EOS" below
+means any of them.
+
+Where this departs from the papers' setting: they sample with an inference engine (vLLM) whose
+log-probs can differ from the trainer's (the training/inference mismatch DeepSeek-V3.2 and
+MiniMax-M1 discuss); here ``generate`` and the training forward run the same model in the same
+precision, so behaviour and recomputed log-probs agree up to kernel rounding. Sampling uses only
+the settings passed here: processors a checkpoint's ``generation_config`` carries (repetition
+penalty, ...) are switched off with a warning, because the behaviour log-probs must describe the
+distribution actually sampled from.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .logprobs import entropy_from_logits, token_logprobs
+from ..tasks.base import Problem, correctness
+from ..algo.checks import positive_int
+
+__all__ = ["Rollout", "generate", "stop_token_ids", "policy_logprobs", "evaluate", "position_ids_from_mask",
+           "position_limit", "logprob_chunk_rows", "AUTO_CHUNK_ELEMENTS"]
+
+
+@dataclass
+class Rollout:
+    """One batch of sampled responses (``B = n_prompts * group_size`` rows).
+
+    Attributes:
+        prompt_ids: long ``[B, P]``, left-padded with the pad id.
+        prompt_mask: long ``[B, P]``, 1 on real prompt tokens.
+        completion_ids: long ``[B, T]``, right-padded with the pad id after the first EOS.
+        completion_mask: float32 ``[B, T]``, 1 on generated tokens up to and including the first EOS.
+        behaviour_logp: float32 ``[B, T]``, log π_behaviour(token) at sampling time (natural
+            log, temperature applied), 0 on padding.
+        truncated: bool ``[B]``, True when no EOS was produced within ``max_new_tokens``.
+        texts: decoded completions up to, not including, the first EOS (other special tokens
+            kept verbatim so that a stray ``<pad>`` makes an answer malformed instead of
+            silently disappearing).
+        problems: the problem of each row (repeated ``group_size`` times).
+        group_size: G.
+        temperature: sampling temperature the behaviour log-probs were computed at.
+        gen_seconds: wall time of the ``generate`` call.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    behaviour_logp: torch.Tensor
+    truncated: torch.Tensor
+    texts: list[str]
+    problems: list[Problem]
+    group_size: int
+    temperature: float = 1.0
+    gen_seconds: float = 0.0
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """long ``[B]``: number of completion tokens (EOS included)."""
+        return self.completion_mask.sum(-1).long()
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def select(self, idx: Sequence[int] | torch.Tensor) -> "Rollout":
+        """The rows ``idx`` (a minibatch or the kept groups of dynamic sampling), trimmed to the
+        longest kept completion and the longest kept prompt (left-padding columns that no kept row
+        uses are dropped; position ids derive from the masks, so no real token moves)."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        cm = self.completion_mask[idx]
+        t = int(cm.sum(-1).max().item()) if len(idx) else 0
+        t = max(t, 1)
+        pm = self.prompt_mask[idx]
+        used = pm.sum(0) > 0
+        p0 = int(used.long().argmax().item()) if bool(used.any()) else 0
+        return Rollout(
+            prompt_ids=self.prompt_ids[idx, p0:], prompt_mask=pm[:, p0:],
+            completion_ids=self.completion_ids[idx, :t], completion_mask=cm[:, :t],
+            behaviour_logp=self.behaviour_logp[idx, :t], truncated=self.truncated[idx],
+            texts=[self.texts[i] for i in idx.tolist()], problems=[self.problems[i] for i in idx.tolist()],
+            group_size=self.group_size, temperature=self.temperature, gen_seconds=self.gen_seconds,
+            extras={k: (v[idx] if torch.is_tensor(v) and v.shape[:1] == self.truncated.shape else v)
+                    for k, v in self.extras.items()},
+        )
+
+    def token_counts(self) -> torch.Tensor:
+        """long ``[B]``: real tokens of each row, prompt and completion (the forward pass's work)."""
+        return self.prompt_mask.sum(-1).long() + self.completion_mask.sum(-1).long()
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """long ``[B, L]``: ``cumsum(mask) - 1`` on real tokens, 1 on left padding (``generate``'s rule)."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 1)
+
+
+#: Entries of a checkpoint's ``generation_config`` that change neither the sampling distribution
+#: nor where a completion stops (or that ``generate`` sets itself): not worth a note when dropped.
+_NOT_SAMPLING = {"transformers_version", "_from_model_config", "max_length", "max_new_tokens", "bos_token_id",
+                 "pad_token_id", "eos_token_id", "use_cache", "cache_implementation", "output_attentions",
+                 "output_hidden_states", "output_scores", "output_logits", "return_dict_in_generate"}
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """Every token id that ends a completion: the tokenizer's EOS, then each id of the model's
+    ``generation_config.eos_token_id`` (an int or a list), without repeats.
+
+    Returns:
+        list of int token ids (empty when neither declares an EOS). Raises nothing.
+    """
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    declared = [] if declared is None else [declared] if isinstance(declared, int) else list(declared)
+    return list(dict.fromkeys(int(i) for i in [tokenizer.eos_token_id, *declared] if i is not None))
+
+
+#: Config entries of a model whose rotary position embedding (RoPE) is computed for any position:
+#: ``max_position_embeddings`` is then the trained length, not a hard limit.
+_ROTARY_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
+
+
+def _limit_name(config) -> str:
+    """``"n_positions"`` or ``"max_position_embeddings"``: the config entry that holds the limit."""
+    return "n_positions" if isinstance(getattr(config, "n_positions", None), int) else "max_position_embeddings"
+
+
+def position_limit(model) -> int | None:
+    """The most positions (prompt + completion tokens) ``model`` can embed, or ``None`` when it has
+    no hard limit.
+
+    Models with absolute position embeddings, a table of learned (GPT-2, OPT) or fixed vectors
+    with one row per position, cannot embed a position past ``config.n_positions`` /
+    ``config.max_position_embeddings``: ``torch.embedding`` raises ``IndexError: index out of range
+    in self`` in the middle of ``generate``. For those, the limit is returned. Models with rotary
+    position embeddings (RoPE: Llama, Qwen, the tiny policies of :mod:`grpo_lab.policy.models`; recognised
+    by a ``rope_parameters``, ``rope_theta`` or ``rope_scaling`` entry in their config) compute the
+    rotation for any position: their ``max_position_embeddings`` is the length they were trained
+    on, beyond which quality degrades but nothing fails (transformers logs a warning when generation
+    passes it), so they get ``None`` and keep working as before. A model whose config declares
+    neither limit also gets ``None``.
+
+    Args:
+        model: a ``transformers`` model (anything with a ``config``).
+
+    Returns:
+        ``int`` (positions) or ``None``. Raises nothing.
+    """
+    config = getattr(model, "config", None)
+    if config is None or any(getattr(config, k, None) for k in _ROTARY_KEYS):
+        return None
+    limit = getattr(config, _limit_name(config), None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def _ignored_settings(checkpoint_config, config) -> list[str]:
+    """``name=value`` for each setting of the checkpoint's generation config that differs from
+    what the call ``config`` uses (``None`` entries of ``config`` take transformers' defaults)."""
+    from transformers import GenerationConfig
+
+    used = GenerationConfig().to_dict()
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()  # transformers >= 5
+    used.update({k: v for k, v in defaults.items() if used.get(k) is None})
+    used.update({k: v for k, v in config.to_dict().items() if v is not None})
+    return [f"{k}={v!r}" for k, v in sorted(checkpoint_config.to_diff_dict().items())
+            if k not in _NOT_SAMPLING and used.get(k) != v]
+
+
+@torch.no_grad()
+def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int = 1,
+             max_new_tokens: int = 48, temperature: float = 1.0, greedy: bool = False,
+             top_p: float = 1.0, top_k: int = 0, cache_implementation: str | None = None,
+             with_logprobs: bool = True) -> Rollout:
+    """Sample ``group_size`` responses per problem with ``model.generate``.
+
+    Behaviour log-probs are ``log softmax(logits / temperature)`` of the sampled tokens, taken
+    from the raw logits of each decoding step, i.e. the distribution actually sampled from when
+    ``top_p=1`` and ``top_k=0`` (the defaults; with truncation samplers they are the
+    untruncated log-probs, as inference engines report them). Greedy decoding records
+    log-probs at temperature 1. They are recorded step by step while ``generate`` runs (a
+    logits processor, ``_BehaviourLogprobs``, that sees the raw float32 logits before the
+    temperature / top-k / top-p warpers, and a stopping criterion that reads the token drawn from
+    them in the same step), with :func:`grpo_lab.policy.logprobs.token_logprobs`'s arithmetic: no
+    ``[B, V]`` tensor outlives its decoding step, instead of the ``O(B·T·V)`` of stacking every
+    step's logits (37 GiB in float32 for 128 rows × 512 tokens of a 151,936-token vocabulary).
+
+    The call uses a generation config built here (sampling or greedy, the arguments above, pad
+    and stop ids) and nothing else: whatever the checkpoint's ``generation_config`` sets that
+    would reshape the distribution (``repetition_penalty``, ``no_repeat_ngram_size``,
+    ``min_new_tokens``, ``suppress_tokens``, ``bad_words_ids``, its own ``temperature``, …) is
+    not applied, and a ``UserWarning`` names those settings (once per call site). Its stop ids
+    are kept: every id of :func:`stop_token_ids` ends a completion.
+
+    The KV cache is transformers' default (dynamic) cache, and transformers' automatic
+    ``torch.compile`` of the decode step is switched off: on the CPU profile's shapes both
+    alternatives were slower (``benchmarks/generation.py``, medians of 12 interleaved calls, one
+    thread: 128 sampled rows with ≤ 32 new tokens 240 ms dynamic, 281 ms static, 292 ms static with
+    the decode step compiled by inductor, which also costs 6.5 s of compilation per process with a
+    warm inductor cache and about 34 s cold; the 198-row greedy evaluation 74, 89 and 91 ms).
+    ``cache_implementation="static"`` remains available (on a GPU, with long generations, it can pay).
+
+    Args:
+        model: a ``transformers`` causal LM.
+        tokenizer: its tokenizer (pad and EOS tokens set; padding side is forced to left).
+        problems: ``n`` problems; the result has ``n * group_size`` rows, groups contiguous.
+        group_size: responses per problem (G ≥ 1).
+        max_new_tokens: generation budget in tokens.
+        temperature: > 0; ignored (recorded as 1) when ``greedy``.
+        greedy: argmax decoding of the raw policy.
+        top_p, top_k: nucleus and top-k truncation of the sampler (1.0 and 0: none).
+        cache_implementation: ``None`` (default: transformers' dynamic cache), ``"static"`` or any
+            other value ``GenerationConfig.cache_implementation`` accepts.
+        with_logprobs: record the behaviour log-probs; ``False`` (what :func:`evaluate` uses)
+            skips them and the rollout's ``behaviour_logp`` is all zeros.
+
+    Returns:
+        Rollout with ``B = n * group_size`` rows and ``T ≤ max_new_tokens`` completion columns.
+
+    Raises:
+        ValueError: empty ``problems``, ``group_size < 1``, ``temperature <= 0``,
+            ``max_new_tokens < 1``, an empty prompt, or a longest prompt plus ``max_new_tokens``
+            beyond the model's hard position limit (:func:`position_limit`, e.g. GPT-2's
+            ``n_positions``), where ``generate`` would fail with an ``IndexError`` in the position
+            embedding.
+    """
+    _check_generate_args(problems, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                         greedy=greedy)
+    rows = [p for p in problems for _ in range(group_size)]
+    tokenizer.padding_side = "left"
+    enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    device = next(model.parameters()).device
+    input_ids, attn = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    _check_position_limit(model, enc["attention_mask"], max_new_tokens)
+    stops = stop_token_ids(model, tokenizer)
+    config = _generation_config(model, tokenizer, stops, max_new_tokens=max_new_tokens, temperature=temperature,
+                                greedy=greedy, top_p=top_p, top_k=top_k, cache_implementation=cache_implementation)
+    temp = 1.0 if greedy else float(temperature)
+    recorder = _BehaviourLogprobs(input_ids.shape[1], temp) if with_logprobs else None
+    out, gen_seconds = _generate_with(model, input_ids, attn, config, recorder)
+    raw = out.sequences[:, input_ids.shape[1]:]
+    blogp = recorder.finish(raw) if recorder is not None else torch.zeros(raw.shape, device=raw.device)
+    comp, mask, end, has_stop = _cut_at_stop(raw, stops, tokenizer.pad_token_id)
+    blogp = blogp * mask
+    texts = [tokenizer.decode(ids[:n], skip_special_tokens=False) for ids, n in zip(comp.tolist(), end.tolist())]
+    return Rollout(
+        prompt_ids=input_ids, prompt_mask=attn.long(), completion_ids=comp, completion_mask=mask,
+        behaviour_logp=blogp, truncated=~has_stop, texts=texts, problems=rows, group_size=group_size,
+        temperature=temp, gen_seconds=gen_seconds,
+    )
+
+
+def _check_generate_args(problems: Sequence[Problem], *, group_size: int, max_new_tokens: int, temperature: float,
+                         greedy: bool) -> None:
+    """:func:`generate`'s argument checks (ValueError, messages starting ``generate:``)."""
+    if len(problems) == 0:
+        raise ValueError("generate: no problems given")
+    positive_int("generate: group_size", group_size)
+    if not greedy and temperature <= 0:
+        raise ValueError(f"generate: temperature must be > 0, got {temperature}")
+    positive_int("generate: max_new_tokens", max_new_tokens)
+    if any(len(p.prompt) == 0 for p in problems):
+        raise ValueError("generate: empty prompt")
+
+
+def _check_position_limit(model, prompt_mask: torch.Tensor, max_new_tokens: int) -> None:
+    """ValueError when the longest prompt plus ``max_new_tokens`` passes the model's hard position limit."""
+    limit = position_limit(model)
+    if limit is not None:
+        longest = int(prompt_mask.sum(-1).max())
+        if longest + max_new_tokens > limit:
+            raise ValueError(
+                f"generate: the longest prompt ({longest} tokens) plus max_new_tokens={max_new_tokens} is "
+                f"{longest + max_new_tokens} positions, more than the model's limit of {limit} "
+                f"({type(model).__name__}: config.{_limit_name(model.config)}={limit}; its position embedding "
+                "has no entry beyond that). Lower max_new_tokens (TrainerConfig.max_new_tokens or the task's), "
+                "shorten the prompts, or use a model with more positions")
+
+
+def _generation_config(model, tokenizer, stops: list, *, max_new_tokens: int, temperature: float, greedy: bool,
+                       top_p: float, top_k: int, cache_implementation: str | None):
+    """The ``GenerationConfig`` of one :func:`generate` call; warns (attributed to ``generate``'s caller)
+    about the checkpoint's generation settings it leaves out."""
+    from transformers import GenerationConfig
+
+    sampling = {} if greedy else dict(temperature=float(temperature), top_p=top_p, top_k=top_k)
+    config = GenerationConfig(do_sample=not greedy, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=stops or None, return_dict_in_generate=True,
+                              cache_implementation=cache_implementation, disable_compile=True, **sampling)
+    ignored = _ignored_settings(model.generation_config, config)
+    if ignored:
+        warnings.warn("generate: neutralised settings of the checkpoint's generation_config, so that the "
+                      "behaviour log-probs describe the distribution sampled from: " + ", ".join(ignored),
+                      stacklevel=3)  # as stacklevel=2 from generate itself
+    return config
+
+
+def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config, recorder=None) -> tuple:
+    """``model.generate`` in eval mode under ``config`` alone (plus the hooks of ``recorder``, a
+    :class:`_BehaviourLogprobs`, when given); the output and its wall seconds. The model's training mode
+    and generation config are restored afterwards, also on error."""
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+    checkpoint_config = model.generation_config
+    was_training = model.training
+    model.eval()
+    # transformers fills every unset field of `config` from `model.generation_config`: give it an
+    # empty one for the call, so that no processor of the checkpoint (present or future) acts.
+    model.generation_config = GenerationConfig()
+    t0 = time.perf_counter()
+    try:
+        hooks = dict(logits_processor=LogitsProcessorList([recorder.processor]),
+                     stopping_criteria=StoppingCriteriaList([recorder.criterion])) if recorder is not None else {}
+        out = model.generate(input_ids=input_ids, attention_mask=attn, generation_config=config, **hooks)
+    finally:
+        model.generation_config = checkpoint_config
+        model.train(was_training)
+    return out, time.perf_counter() - t0
+
+
+def _cut_at_stop(comp: torch.Tensor, stops: list, pad_token_id: int) -> tuple:
+    """Completions ``comp`` (long ``[B, T]``, ``generate``'s new tokens) cut after their first stop token.
+
+    Returns ``comp`` (padded with ``pad_token_id`` after the stop), ``mask`` float ``[B, T]``, ``end`` (the
+    stop's index, ``T`` when truncated) and ``has_stop`` bool ``[B]``.
+    """
+    T = comp.shape[1]
+    is_stop = torch.isin(comp, torch.tensor(stops, device=comp.device))
+    has_stop = is_stop.any(-1)
+    end = torch.where(has_stop, is_stop.float().argmax(-1), T)  # first stop token, T when truncated
+    mask = (torch.arange(T, device=comp.device)[None, :] <= end[:, None]).float()
+    comp = comp.masked_fill(mask == 0, pad_token_id)
+    return comp, mask, end, has_stop
+
+
+#: Up to this many logits (rows × vocabulary) a decoding step's behaviour log-probs are computed in one block
+#: (16 MiB in float32; the CPU profile's 128 × 52): beyond it, in chunks of ``ceil(B / 8)`` rows (Qwen2.5's
+#: 151,936-token vocabulary). Each row's value is the same either way (tests/test_rollout_logprobs.py).
+_ONE_BLOCK_LOGITS = 2**22
+
+
+class _BehaviourLogprobs:
+    """Records ``log softmax(logits / temperature)`` of each token ``generate`` picks, step by step, through
+    two hooks of ``transformers``' decoding loop (``GenerationMixin._sample``, transformers 5.24), neither of
+    which changes what is generated.
+
+    * :attr:`processor` (a logits processor) receives each step's ids so far (long ``[B, P + k]`` at step
+      ``k``) and logits (float32 ``[B, V]``, ``generate``'s fresh float32 copy of the model's, upcast
+      from a low-precision model) and keeps a reference to the logits. Processors passed by the caller run
+      after ``generate``'s own non-sampling processors (none under :func:`_generation_config`'s settings)
+      and before the temperature / top-k / top-p warpers, so these are the raw logits, the tensors
+      ``output_logits=True`` would return. The warpers return new tensors rather than writing into
+      these (transformers 5.24; ``tests/test_rollout_logprobs.py`` would catch a change).
+    * :attr:`criterion` (a stopping criterion that never stops a row) runs in the same step after the
+      drawn token was appended (``input_ids[:, -1]``): it computes that token's log-prob with
+      :func:`grpo_lab.policy.logprobs.token_logprobs` (the arithmetic of the former ``[B, T, V]`` computation,
+      row by row: in one block up to :data:`_ONE_BLOCK_LOGITS` logits, over chunks of ``ceil(B / 8)`` rows
+      above) and drops the logits.
+
+    So no ``[B, V]`` tensor of this class outlives its step (none is alive during the next forward pass),
+    the temporaries are at most :data:`_ONE_BLOCK_LOGITS` logits or ``ceil(B / 8)`` rows, and what is kept across steps is the log-probs so
+    far, float32 ``[B]`` per step. Rows that have already stopped still get logits (and then the pad
+    token), as before: they are masked afterwards.
+    """
+
+    def __init__(self, prompt_len: int, temperature: float):
+        self.prompt_len, self.temperature = int(prompt_len), float(temperature)
+        self.logp: list[torch.Tensor] = []  # float32 [B] per step
+        self.pending: torch.Tensor | None = None  # float32 [B, V]: this step's logits, until its token is known
+        self.processor, self.criterion = _SeeLogits(self), _PickToken(self)
+
+    def _check_step(self, input_ids: torch.Tensor, drawn: bool) -> None:
+        """RuntimeError unless ``input_ids`` are those of the step the hooks expect (logits seen or token drawn)."""
+        want = len(self.logp) + drawn
+        if input_ids.shape[1] - self.prompt_len != want or (self.pending is None) == drawn:
+            raise RuntimeError(f"generate: the behaviour log-prob recorder expected the ids of decoding step {want} "
+                               f"({self.prompt_len} prompt columns + {want}) {'after' if drawn else 'before'} "
+                               f"drawing, got {input_ids.shape[1]} columns (an unsupported transformers version?)")
+
+    def see(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Keep ``scores`` (float32 ``[B, V]``) until the token drawn from them is known; returns them unchanged."""
+        self._check_step(input_ids, drawn=False)
+        self.pending = scores
+        return scores
+
+    def pick(self, input_ids: torch.Tensor) -> None:
+        """Record the log-prob of ``input_ids[:, -1]`` (long ``[B]``) under the kept logits, then drop them."""
+        self._check_step(input_ids, drawn=True)
+        B, V = self.pending.shape
+        # all rows in one block while it is small (the same bits as row chunks: every operation is per row);
+        # ceil(B / 8) rows at a time for a large vocabulary
+        chunk = None if B * V <= _ONE_BLOCK_LOGITS else -(-B // 8)
+        lp = token_logprobs(self.pending[None], input_ids[None, :, -1], temperature=self.temperature, chunk_size=chunk)
+        self.logp.append(lp[0])
+        self.pending = None
+
+    def finish(self, comp: torch.Tensor) -> torch.Tensor:
+        """float32 ``[B, T]``: the log-prob of each token of ``comp`` (long ``[B, T]``, the new tokens
+        ``generate`` returned). Steps ``generate`` ran and then undid (its deferred stop check) are
+        dropped. Raises RuntimeError when fewer steps were recorded than ``comp`` has tokens."""
+        T = comp.shape[1]
+        if len(self.logp) < T:
+            raise RuntimeError(f"generate: {len(self.logp)} decoding steps recorded for {T} new tokens")
+        return torch.stack(self.logp[:T], dim=1) if T else torch.zeros(comp.shape, device=comp.device)
+
+
+class _SeeLogits:
+    """The logits-processor hook of :class:`_BehaviourLogprobs` (``transformers`` calls it with ids and scores)."""
+
+    def __init__(self, recorder: _BehaviourLogprobs):
+        self.recorder = recorder
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return self.recorder.see(input_ids, scores)
+
+
+class _PickToken:
+    """The stopping-criterion hook of :class:`_BehaviourLogprobs`: records, and stops no row (bool ``[B]``, False)."""
+
+    def __init__(self, recorder: _BehaviourLogprobs):
+        self.recorder = recorder
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.recorder.pick(input_ids)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+#: Above this many logits (rows × tokens × vocabulary) :func:`policy_logprobs` computes the log-probs and
+#: entropies in chunks (:func:`logprob_chunk_rows`): 2**24 float32 elements are 64 MiB per block.
+AUTO_CHUNK_ELEMENTS = 2**24
+
+
+def logprob_chunk_rows(rows: int, tokens: int, vocab: int) -> int | None:
+    """The ``chunk_size`` :func:`policy_logprobs` uses by default: ``None`` (one pass) when
+    ``rows · tokens · vocab`` is at most :data:`AUTO_CHUNK_ELEMENTS`, else ``AUTO_CHUNK_ELEMENTS // vocab``
+    rows (at least 1), so that each float32 block of :func:`grpo_lab.policy.logprobs.token_logprobs` /
+    :func:`~grpo_lab.policy.logprobs.entropy_from_logits` is at most 64 MiB. The entropy pass holds four such
+    blocks: at 4 rows × 512 tokens of a 151,936-token vocabulary, 4.6 GiB in one pass, 256 MiB chunked.
+    Small vocabularies (every CPU chapter) stay in one pass. Raises nothing."""
+    if rows * tokens * vocab <= AUTO_CHUNK_ELEMENTS:
+        return None
+    return max(1, AUTO_CHUNK_ELEMENTS // max(1, vocab))
+
+
+def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None,
+                    with_entropy: bool = False, chunk_size: int | None | str = "auto"):
+    """Per-token log-probs (and optionally entropy) of the rollout's completions under ``model``.
+
+    Runs one forward pass over ``prompt + completion`` with the same attention mask and
+    position ids as generation, keeping only the logits that predict completion tokens
+    (``logits_to_keep``), then :func:`grpo_lab.policy.logprobs.token_logprobs` at the sampling
+    temperature.
+
+    Args:
+        chunk_size: rows per block of the log-prob and entropy passes (:func:`grpo_lab.policy.logprobs.token_logprobs`);
+            ``None``: one pass; ``"auto"`` (default): :func:`logprob_chunk_rows` of the logits' shape.
+
+    Returns:
+        ``logp`` float32 ``[B, T]`` (0 on padding), and ``entropy`` float32 ``[B, T]`` (nats,
+        detached) when ``with_entropy``.
+    """
+    temperature = rollout.temperature if temperature is None else temperature
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    attn = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
+    pos = position_ids_from_mask(attn)
+    T = rollout.completion_ids.shape[1]
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=T + 1, use_cache=False)
+    logits = out.logits[:, :-1]  # position P-1+t predicts completion token t
+    if chunk_size == "auto":
+        chunk_size = logprob_chunk_rows(*logits.shape)
+    logp = token_logprobs(logits, rollout.completion_ids, temperature=temperature, chunk_size=chunk_size)
+    logp = logp * rollout.completion_mask
+    if with_entropy:
+        with torch.no_grad():
+            ent = entropy_from_logits(logits.detach(), temperature=temperature, chunk_size=chunk_size)
+        return logp, ent * rollout.completion_mask
+    return logp
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, *, greedy: bool = True,
+             n_samples: int = 1, temperature: float = 1.0, batch_size: int = 256,
+             max_new_tokens: int | None = None):
+    """Accuracy of ``model`` on ``problems`` (default: the task's fixed test set).
+
+    Generation runs ``batch_size`` problems (times ``n_samples`` when sampling) at a time, without
+    behaviour log-probs (:func:`generate`'s ``with_logprobs=False``): its memory is that of
+    ``transformers``' ``generate`` on that batch.
+
+    Args:
+        greedy, n_samples, temperature: argmax decoding, or ``n_samples`` samples per problem at
+            ``temperature``.
+        batch_size: problems per ``generate`` call (positive int; the trainer passes
+            ``TrainerConfig.eval_batch_size``).
+        max_new_tokens: generation budget (default: the task's).
+
+    Returns:
+        ``(summary, frame)``: ``summary`` is a dict with ``accuracy``, ``mean_length`` (tokens,
+        EOS included), ``truncation_rate`` and, when the task defines ``is_reasoning``,
+        ``reasoning_frac``; ``frame`` is a pandas DataFrame with one row per response
+        (prompt, answer, completion, correct, length, and the problem's ``meta`` fields).
+
+    Raises:
+        TypeError: the task's optional batched ``correct`` returned a list of the wrong length or
+            kind (:func:`grpo_lab.tasks.correctness`; without it, ``is_correct`` is called per response).
+        ValueError: no problems to evaluate: ``task.test_set()`` returned an empty list (the
+            message names the task), or ``problems`` is empty. An accuracy over no problems is
+            undefined. A ``batch_size`` that is not a positive int.
+    """
+    import pandas as pd
+
+    positive_int("evaluate: batch_size", batch_size)
+    if problems is None:
+        problems = list(task.test_set())
+        if not problems:
+            raise ValueError(f"evaluate: task {getattr(task, 'name', '?')!r} ({type(task).__name__}): test_set() "
+                             "returned no problems, so there is no test accuracy to measure; the task protocol "
+                             "(grpo_lab.tasks.Task) needs a non-empty list of grpo_lab.tasks.Problem (or train "
+                             "with TrainerConfig(eval_every=0), which never evaluates)")
+    problems = list(problems)
+    if not problems:
+        raise ValueError("evaluate: no problems given (an empty list); the accuracy of no problems is undefined")
+    max_new_tokens = max_new_tokens or task.max_new_tokens
+    rows = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start:start + batch_size]
+        ro = generate(model, tokenizer, chunk, group_size=1 if greedy else n_samples,
+                      max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, with_logprobs=False)
+        lens = ro.lengths.tolist()
+        correct = correctness(task, ro.texts, ro.problems)  # the task's batched `correct` once, when offered
+        for i, (p, text) in enumerate(zip(ro.problems, ro.texts)):
+            row = {"prompt": p.prompt, "answer": p.answer, "completion": text,
+                   "correct": correct[i], "length": lens[i],
+                   "truncated": bool(ro.truncated[i])}
+            row.update({k: v for k, v in p.meta.items() if np.isscalar(v)})
+            if hasattr(task, "is_reasoning"):
+                row["reasoning"] = bool(task.is_reasoning(text))
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    summary = {"accuracy": float(frame["correct"].mean()), "mean_length": float(frame["length"].mean()),
+               "truncation_rate": float(frame["truncated"].mean())}
+    if "reasoning" in frame:
+        summary["reasoning_frac"] = float(frame["reasoning"].mean())
+    return summary, frame
