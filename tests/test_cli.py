@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from grpo_lab.cli.main import main as cli
+from grpo_lab.cli import main as cli
 from grpo_lab import experiments
 from grpo_lab.algo.algorithms import GRPO, PRESETS, Algorithm
 from grpo_lab.experiments import PROFILES, Profile, RunResult, load_results, run
@@ -353,18 +353,12 @@ def test_loading_bars_leave_the_users_setting_alone(fake_run, tmp_path, monkeypa
 
 
 # ------------------------------------------------------------------------------------ python -m grpo_lab.experiments
-def test_experiments_module_forwards_to_the_cli(fake_run, tmp_path, capsys):
-    from grpo_lab.experiments.__main__ import main  # (not in the package: it imports cli, which imports it)
+def test_the_old_experiments_entry_point_is_gone():
+    # 0.2.0 removed ``python -m grpo_lab.experiments``; ``python -m grpo_lab`` is the one command line
+    import importlib.util
 
-    out = tmp_path / "r.json"
-    assert main(["GRPO", "--seeds", "0", "--steps", "1", "--set", "lr=1e-4", "--out", str(out)]) is None
-    assert fake_run[0]["lr"] == 1e-4 and out.is_file()
-    assert main(["--help"]) is None
-    assert capsys.readouterr().out.count("usage: python -m grpo_lab.experiments [train] PRESET") == 1
-    with pytest.raises(SystemExit) as info:
-        main(["NOPE"])
-    assert info.value.code == 2
-    assert _one_error_line(capsys.readouterr().err).startswith("python -m grpo_lab.experiments: error: unknown preset")
+    assert importlib.util.find_spec("grpo_lab.experiments.__main__") is None
+    assert importlib.util.find_spec("grpo_lab.__main__") is not None
 
 
 # ------------------------------------------------------------------------------------ run(base=, task=)

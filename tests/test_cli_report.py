@@ -19,7 +19,7 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from grpo_lab.cli.main import main as cli
+from grpo_lab.cli import main as cli
 from grpo_lab import experiments
 from grpo_lab.cli.report import StepPrinter, count_test_problems, figure_path, save_curves, step_line, summary_lines
 from grpo_lab.experiments import RunResult, load_results

@@ -178,7 +178,7 @@ def test_a_jobs_length_is_its_schedules_horizon_and_trl_counts_updates(tmp_path)
 
 
 def test_the_command_line_names_its_own_options_in_an_export_error(tmp_path, capsys):
-    from grpo_lab.cli.main import main as cli
+    from grpo_lab.cli import main as cli
 
     argv = ["export", "GRPO", "--to", "verl", "--task", "arithmetic", "--model", "arithmetic-base", "--out",
             str(tmp_path / "job")]
@@ -192,7 +192,7 @@ def test_the_command_line_names_its_own_options_in_an_export_error(tmp_path, cap
 def test_the_command_line_exports_gsm8k_itself_unless_the_fixture_is_asked_for(tmp_path, capsys, monkeypatch):
     # `--task gsm8k` used to export the 24-problem fixture silently (a fresh user's trial); it now reads
     # the source as the GPU profile does, and the fixture only when named, with a note saying what it is
-    from grpo_lab.cli.main import main as cli
+    from grpo_lab.cli import main as cli
 
     argv = ["export", "GRPO", "--to", "trl", "--task", "gsm8k", "--model", "arithmetic-base", "--steps", "2"]
     from grpo_lab.tasks.gsm8k import fixture_path
@@ -223,7 +223,7 @@ def test_the_command_line_exports_gsm8k_itself_unless_the_fixture_is_asked_for(t
 
 
 def test_the_command_line_types_task_arguments_and_names_bad_ones(capsys):
-    from grpo_lab.cli.main import main as cli
+    from grpo_lab.cli import main as cli
 
     task = cli.task_from_arguments("arithmetic", ["max_terms=3"])
     assert isinstance(task, ArithmeticTask) and task.max_terms == 3
@@ -238,7 +238,7 @@ def test_the_command_line_types_task_arguments_and_names_bad_ones(capsys):
 def test_the_command_line_refuses_a_job_directory_with_files_and_imports_an_own_task(tmp_path, capsys, user_modules):
     from pathlib import Path
 
-    from grpo_lab.cli.main import main as cli
+    from grpo_lab.cli import main as cli
 
     example = Path(__file__).resolve().parents[1] / "book" / "examples" / "reverse_task.py"
     out = tmp_path / "job"

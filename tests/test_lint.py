@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_lab.cli.main import main as cli
+from grpo_lab.cli import main as cli
 from grpo_lab import export as E
 from grpo_lab.algo.algorithms import GSPO
 from grpo_lab.export import lint as L

@@ -250,7 +250,7 @@ def test_run_with_lora_trains_adapters_and_records_them():
 
 
 def test_cli_lora_options_reach_run(monkeypatch, tmp_path, capsys):
-    from grpo_lab.cli.main import main as cli
+    from grpo_lab.cli import main as cli
     from grpo_lab import experiments
     from grpo_lab.experiments import RunResult
 

@@ -143,7 +143,7 @@ def test_rl_compute_units_refuses_what_it_cannot_count():
 def test_run_rpt_gpu_refuses_an_algorithm_that_is_not_one(tmp_path):
     """Checked first, before the profile is built or any model loaded."""
     from grpo_lab.algo.algorithms import RPT
-    from grpo_lab.experiments import rpt_gpu
+    from grpo_lab.lab import rpt_gpu
 
     for bad, why in (("RPT", "got str 'RPT'.*pass the preset"), ({"name": "RPT"}, "got dict"), (type(RPT), "got type")):
         with pytest.raises(TypeError, match=f"run_rpt_gpu: algorithm must be a grpo_lab.algo.algorithms.Algorithm.*{why}"):
@@ -335,7 +335,7 @@ def test_the_dry_run_test_size_is_the_size_the_data_files_are_held_to(hub, tmp_p
     built with, and data files of that size are then accepted without the by-hand warning."""
     import warnings
 
-    from grpo_lab.experiments import rpt_gpu
+    from grpo_lab.lab import rpt_gpu
 
     model, data, _ = hub
     monkeypatch.setenv("GRPO_LAB_RPT_TEST_SIZE", "12")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from grpo_lab.cli.main import main as cli
+from grpo_lab.cli import main as cli
 from grpo_lab import experiments
 from grpo_lab.experiments import config_files as run_config
 from grpo_lab.algo.algorithms import DAPO, GRPO, PRESETS, SAPO

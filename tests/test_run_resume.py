@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from grpo_lab.cli.main import main as cli
+from grpo_lab.cli import main as cli
 from grpo_lab.algo.algorithms import DAPO, GRPO
 from grpo_lab.experiments import Profile, run
 from grpo_lab.experiments.run_dirs import checkpoints_dir, latest_checkpoint, seed_dir

@@ -24,7 +24,7 @@ import torch
 
 import grpo_lab.tasks as tasks_mod
 from _toys import TINY, HalfTask
-from grpo_lab.cli.main import main as cli
+from grpo_lab.cli import main as cli
 from grpo_lab.algo.algorithms import GRPO
 from grpo_lab.policy.models import tiny_policy
 from grpo_lab.training.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig

@@ -120,7 +120,7 @@ def test_resume_without_the_module_says_to_import_it(tok, variant, tmp_path):
 
 def test_a_hyperparameter_named_like_a_trainer_setting_is_refused_on_the_command_line(monkeypatch, capsys):
     # a surrogate's own `temperature` would be hidden by TrainerConfig.temperature: --set says so
-    from grpo_lab.cli.main import main as cli
+    from grpo_lab.cli import main as cli
 
     def warm(ctx, *, temperature: float = 2.0):
         return objectives.ppo_surrogate(ctx)

@@ -286,14 +286,14 @@ def test_records_table_refuses_what_is_not_a_record():
 
 # ------------------------------------------------------------------------------------ house rules
 def test_module_imports_only_algorithms_and_pandas_lazily():
-    tree = ast.parse((ROOT / "grpo_lab" / "variant_records.py").read_text())
+    tree = ast.parse((ROOT / "grpo_lab" / "lab" / "variant_records.py").read_text())
     package = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("grpo_lab")):
             package += [f"{node.module}" if node.module else a.name for a in node.names]
         elif isinstance(node, ast.Import):
             package += [a.name for a in node.names if a.name.startswith("grpo_lab")]
-    assert set(package) == {"algorithms"}, package
+    assert set(package) == {"algo.algorithms"}, package
     top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     assert "pandas" not in top
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "records_table")

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from grpo_lab.cli.main import main as cli
+from grpo_lab.cli import main as cli
 from grpo_lab import experiments
 from grpo_lab.export import translation as _tr
 from grpo_lab.export import vocabulary as voc

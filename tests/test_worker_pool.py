@@ -177,7 +177,7 @@ def test_a_worker_imports_a_module_given_as_a_file_path(profile, tmp_path, monke
     # along with the module's name and puts it on its path when the name alone does not import
     import sys
 
-    from grpo_lab.cli.main import main as cli
+    from grpo_lab.cli import main as cli
     from grpo_lab import tasks as tasks_mod
 
     mod = tmp_path / "somewhere" / "pool_file_task.py"

@@ -560,12 +560,12 @@ def _check_tokenizer(model: str, task: str, task_kwargs: Sequence, prog: str, n_
     does not, and when this cannot be checked cheaply (a hub model not in the local cache, a task
     that cannot be built here: training reports those itself)."""
     try:
-        from ..policy.models import _load_tokenizer  # the tokenizer load_policy gives the trainer
+        from ..policy.models import load_tokenizer  # the tokenizer load_policy gives the trainer
         from ..paths import checkpoint_dir
         from ..tasks import get_task
 
         where = checkpoint_dir(model) if checkpoint_dir(model).is_dir() else model
-        tokenizer = _load_tokenizer(str(where), local_files_only=True)
+        tokenizer = load_tokenizer(str(where), local_files_only=True)
         prompts = [p.prompt for p in list(get_task(task, **dict(task_kwargs)).test_set())[:n_prompts]]
         bad = unknown_characters(tokenizer, prompts)
     except Exception:  # noqa: BLE001 -- only a warning: the run itself reports a model or task that fails

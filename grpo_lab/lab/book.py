@@ -385,7 +385,9 @@ def glued(chapter: str, name: str, book_dir: str | os.PathLike | None = None) ->
     import ast
     import json
 
-    folder = Path(book_dir) if book_dir is not None else Path(__file__).resolve().parents[1] / "book"
+    from ..paths import REPO_ROOT
+
+    folder = Path(book_dir) if book_dir is not None else REPO_ROOT / "book"
     path = folder / f"{chapter}.ipynb"
     if not path.is_file():
         raise FileNotFoundError(f"glued: no notebook {path} for chapter {chapter!r}")

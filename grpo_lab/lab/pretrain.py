@@ -74,14 +74,14 @@ import numpy as np
 import torch
 
 from ..policy.models import TinyConfig, build_char_tokenizer, count_parameters, tiny_policy
-from ..paths import checkpoint_dir
+from ..paths import REPO_ROOT, checkpoint_dir
 from ..tasks.arithmetic import ArithmeticTask
 
 __all__ = ["PretrainRecipe", "RECIPES", "REVERSE_TASK_FILE", "reverse_example", "pretrain", "continue_ntp", "continued_ntp_run", "main"]
 
 
 #: The example task the ``reverse`` recipe trains on (a source checkout's ``book/examples/reverse_task.py``).
-REVERSE_TASK_FILE = Path(__file__).resolve().parents[1] / "book" / "examples" / "reverse_task.py"
+REVERSE_TASK_FILE = REPO_ROOT / "book" / "examples" / "reverse_task.py"
 
 #: Supervised steps of the ``reverse`` recipe (the own-task page's ``WARM_STEPS``): stopped early, so that
 #: the base policy is right only part of the time.
