@@ -328,7 +328,7 @@ def test_execute_notebook_gives_a_quiet_fresh_run_with_png_figures(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_markdown_cell("# t"),
-        nbformat.v4.new_code_cell("from grpo_lab import book, plotting\nbook.setup_notebook()"),
+        nbformat.v4.new_code_cell("from grpo_lab.experiments import plotting\nfrom grpo_lab.lab import book\nbook.setup_notebook()"),
         nbformat.v4.new_code_cell("import warnings\nwarnings.warn('old', DeprecationWarning)\nprint(1 + 1)"),
         nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([0, 1])\nbook.glue('fig_t', fig)\nbook.glue('x', 0.5)"),
         nbformat.v4.new_code_cell("fig, ax = plt.subplots()\nax.plot([1, 0])\nplt.show()"),
