@@ -52,7 +52,7 @@ gpu-dryrun: install
 ## scripts/execute_cache.py executes the chapters into that cache first, BOOK_JOBS at a time, so the build itself
 ## finds every chapter cached. Default 1, one after another: each chapter already trains two seeds at a time, and
 ## two chapters at once (BOOK_JOBS=2; each chapter's stated times then say that another shared the cores) gained 7%
-## on one afternoon and lost 19% on one evening of 2026-12-03 (README, "What it costs").
+## on one afternoon and lost 19% on one evening of 2026-12-03 (benchmarks/README.md, "The book and CI").
 BOOK_JOBS ?= 1
 book: install
 	mkdir -p _build

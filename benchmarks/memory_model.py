@@ -27,7 +27,7 @@ Usage::
     python benchmarks/memory_model.py                       # CPU, tiny config, table on stdout
     python benchmarks/memory_model.py --out benchmarks/results/memory_model.json
     python benchmarks/memory_model.py --device cuda --scale gpu --out runs/memory_model_cuda.json
-    python benchmarks/memory_model.py --readme-table        # the README's GPU fit table (predicted)
+    python benchmarks/memory_model.py --fit-table           # benchmarks/README.md's GPU fit table (predicted)
 """
 
 from __future__ import annotations
@@ -343,7 +343,7 @@ def _table(rows: list) -> str:
     return "\n".join(out)
 
 
-#: Card sizes for the README's table, in bytes: about what ``torch.cuda.get_device_properties().total_memory``
+#: Card sizes for the GPU fit table, in bytes: about what ``torch.cuda.get_device_properties().total_memory``
 #: reports for a 16 GB T4, a 24 GB L4 and an 80 GB A100 / H100 (a little under the nominal size).
 CARDS = {"T4 (16 GB, float16)": (int(14.75 * 2**30), "float16"), "L4 (24 GB)": (int(22.0 * 2**30), "bfloat16"),
          "A100 / H100 (80 GB)": (int(79.0 * 2**30), "bfloat16")}
@@ -386,7 +386,7 @@ def _twin_algorithm(name: str, assigns: dict, algorithms):
 
 
 def _shown_name(name: str, assigns: dict) -> str:
-    """How the README names a ``GPU_ALGOS`` entry: a preset by its name; a twin's ``PRESET.replace(...)`` as
+    """How the GPU fit table names a ``GPU_ALGOS`` entry: a preset by its name; a twin's ``PRESET.replace(...)`` as
     the preset with its changed fields (``GRPO (kl=None, beta=0.0, eps_high=0.27)``), not the twin's
     chapter-local variable."""
     if name not in assigns:
@@ -419,8 +419,8 @@ def _fit_cell(total: int, autocast: str, kl: bool, critic: bool, new: int, max_m
     return f"does not fit ({phase})"
 
 
-def readme_table() -> str:
-    """The README's GPU fit table: per chapter and card, the micro-batch and evaluation batch the
+def fit_table() -> str:
+    """The GPU fit table of benchmarks/README.md: per chapter and card, the micro-batch and evaluation batch the
     memory model lets fit (Qwen2.5-0.5B, 128 rows, prompts of 256 tokens, evaluation batches up to the
     profile's 64; a micro-batch at most a minibatch), predicted, not measured."""
     head = "| chapter | algorithms | minibatches per rollout | " + " | ".join(CARDS) + " |"
@@ -437,14 +437,14 @@ def main(argv=None) -> int:
     p.add_argument("--scale", default="cpu", choices=sorted(SCALES))
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--readme-table", action="store_true", help="print the README's GPU fit table and exit")
+    p.add_argument("--fit-table", action="store_true", help="print the GPU fit table (benchmarks/README.md) and exit")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(_worker(args.worker, args.scale, args.device)))
         return 0
-    if args.readme_table:
-        print(readme_table())
+    if args.fit_table:
+        print(fit_table())
         return 0
     import torch
 

@@ -172,7 +172,7 @@ def _provenance(args) -> dict:
 
 
 def _table(results: list[dict]) -> str:
-    """The README's Markdown table: one row per shape, MiB, and the two ratios the target is about."""
+    """The Markdown table of benchmarks/README.md: one row per shape, MiB, and the two ratios the target is about."""
     by = {}
     for r in results:
         by.setdefault((r["B"], r["T"]), {})[r["case"]] = r["peak_extra_mib"]

@@ -600,21 +600,23 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-README_MARKERS = ("<!-- trainer-step:start -->", "<!-- trainer-step:end -->")
+TABLE_MARKERS = ("<!-- trainer-step:start -->", "<!-- trainer-step:end -->")
+#: the file whose table ``--write-table`` rewrites (between :data:`TABLE_MARKERS`)
+TABLES = REPO / "benchmarks" / "README.md"
 
 
-def write_readme_table(result: dict, readme: Path = REPO / "README.md") -> None:
-    """Replace the block between :data:`README_MARKERS` in ``readme`` with :func:`markdown_table`
+def write_table(result: dict, path: Path = TABLES) -> None:
+    """Replace the block between :data:`TABLE_MARKERS` in ``path`` with :func:`markdown_table`
     and the measurement's setting (processor, versions, threads, repetitions, date)."""
-    start, end = README_MARKERS
-    text = readme.read_text()
+    start, end = TABLE_MARKERS
+    text = path.read_text()
     if start not in text or end not in text:
-        raise SystemExit(f"{readme} has no {start} ... {end} block")
+        raise SystemExit(f"{path} has no {start} ... {end} block")
     setting = (f"Measured on {result['processor']}, torch {result['versions']['torch']}, transformers "
                f"{result['versions']['transformers']}, TRL {result['versions']['trl']}, {result['threads']} threads, "
                f"{result.get('reps', '?')} timed repetitions per shape.")
     head, rest = text.split(start, 1)
-    readme.write_text(head + start + "\n" + markdown_table(result) + "\n\n" + setting + "\n" + end
+    path.write_text(head + start + "\n" + markdown_table(result) + "\n\n" + setting + "\n" + end
                       + rest.split(end, 1)[1])
 
 
@@ -631,16 +633,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="1 warm-up + 2 reps (smoke test)")
     ap.add_argument("--no-trl", action="store_true", help="skip the TRL contender")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--readme", action="store_true",
-                    help="rewrite the table in README.md from the JSON at --out (no timing run)")
+    ap.add_argument("--write-table", action="store_true",
+                    help="rewrite the table in benchmarks/README.md from the JSON at --out (no timing run)")
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = Path(tempfile.gettempdir()) / "trainer_step_quick.json" if args.quick else DEFAULT_OUT
-    if args.readme:
+    if args.write_table:
         result = json.loads(args.out.read_text())
         if "--quick" in result.get("argv", []) or result.get("versions", {}).get("trl") is None:
-            raise SystemExit(f"{args.out} is a --quick or --no-trl run; the README shows a full measurement")
-        write_readme_table(result)
+            raise SystemExit(f"{args.out} is a --quick or --no-trl run; benchmarks/README.md shows a full measurement")
+        write_table(result)
         print(markdown_table(result))
         return result
     if args.quick:

@@ -1,10 +1,10 @@
-"""Per-chapter execution times, as the README's table: each chapter from its own empty run cache.
+"""Per-chapter execution times, as benchmarks/README.md's table: each chapter from its own empty run cache.
 
     python scripts/chapter_times.py --measure            # execute every chapter, write the results file
     python scripts/chapter_times.py --measure 05_cispo  # one chapter (merged into the results file)
     python scripts/chapter_times.py --measure --in-place 06_vapo  # also its committed outputs, in one run
     python scripts/chapter_times.py                      # print the table from the results file
-    python scripts/chapter_times.py --readme             # also rewrite the table in README.md
+    python scripts/chapter_times.py --write              # also rewrite the table in benchmarks/README.md
     python scripts/chapter_times.py --make-book          # the table of the last `make book` instead
 
 The budget (DEVELOPERS: each chapter at most 4 minutes on 2 cores) is a chapter's time *from an
@@ -33,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- chapter-times:start -->", "<!-- chapter-times:end -->"
+#: the file whose table --write rewrites (between START and END)
+TABLES = ROOT / "benchmarks" / "README.md"
 BUDGET_S = 240  # DEVELOPERS: each chapter <= 4 min on 2 cores from an empty run cache
 RESULTS = ROOT / "benchmarks" / "results" / "chapter_times.json"
 CHAPTERS = ("01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_cispo", "06_vapo", "07_rpt", "08_choosing", "own_task",
@@ -90,7 +92,7 @@ def scale(stem: str) -> str:
 
 
 def table(times: dict[str, float], notes: dict[str, str] | None = None, head: str = "from an empty run cache") -> str:
-    """The README's table: one row per chapter (seeds, seconds, over-budget flag, ``notes``), and the sum."""
+    """The table of benchmarks/README.md: one row per chapter (seeds, seconds, over-budget flag, ``notes``), and the sum."""
     lines = [f"| chapter | seeds per setting | {head} |", "|---|---|---|"]
     for stem, sec in times.items():
         flag = " (over the 4-min budget)" if sec > BUDGET_S else ""
@@ -109,7 +111,7 @@ def main(argv=None) -> None:
     ap.add_argument("--make-book", action="store_true", help="the last `make book`'s times (jupyter-cache) instead")
     ap.add_argument("--cache", default=str(ROOT / "_build" / ".jupyter_cache"),
                     help="the jupyter-cache directory `make book` wrote (default _build/.jupyter_cache)")
-    ap.add_argument("--readme", action="store_true", help="rewrite the table in README.md")
+    ap.add_argument("--write", action="store_true", help="rewrite the table in benchmarks/README.md")
     a = ap.parse_args(argv)
     unknown = sorted(set(a.chapters) - set(CHAPTERS))
     if unknown:
@@ -122,13 +124,12 @@ def main(argv=None) -> None:
         text = table({k: v["seconds"] for k, v in rows.items()},
                      {k: "; ".join(filter(None, (f"{v['date'][:10]}, {v['commit']}", v.get("note")))) for k, v in rows.items()})
     print(text)
-    if a.readme:
-        readme = ROOT / "README.md"
-        s = readme.read_text()
+    if a.write:
+        s = TABLES.read_text()
         if START not in s or END not in s:
-            sys.exit(f"README.md has no {START} ... {END} block")
+            sys.exit(f"{TABLES} has no {START} ... {END} block")
         head, rest = s.split(START, 1)
-        readme.write_text(head + START + "\n" + text + "\n" + END + rest.split(END, 1)[1])
+        TABLES.write_text(head + START + "\n" + text + "\n" + END + rest.split(END, 1)[1])
 
 
 if __name__ == "__main__":

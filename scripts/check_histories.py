@@ -6,7 +6,7 @@ profile, without the run cache) and either writes their histories (``--write FIL
 them with a file written earlier (``--compare FILE``), column by column and bit for bit (NaN equals
 NaN). Wall-clock columns (``tokens_per_s``, ``gen_seconds``, ``step_seconds``, ``eval_seconds``,
 ``seconds``) and ``peak_mem_mb`` are dropped first: they are the only ones allowed to differ. Used
-to show that a refactor changed no number; see README "Reproducibility".
+to show that a refactor changed no number; see book/guide/reproducibility.md.
 
 What each chapter contributes (everything its ``experiments.run`` / ``run_grid`` /
 ``map_workers`` calls train, with the chapter's own settings; no setting is left out):

@@ -66,27 +66,28 @@ def test_trl_one_generation_cycle(bench):
     assert all(r is not None and r > 0 for r in shape["ratios"].values())
 
 
-def test_readme_table_is_rewritten_between_the_markers(bench, tmp_path):
-    # the committed results file drives the README table; text around the markers is kept
+def test_table_is_rewritten_between_the_markers(bench, tmp_path):
+    # the committed results file drives the table; text around the markers is kept
     result = json.loads((SCRIPT.parent / "results" / "trainer_step_cpu.json").read_text())
-    readme = tmp_path / "README.md"
-    start, end = bench.README_MARKERS
-    readme.write_text(f"intro\n{start}\nstale table\n{end}\noutro\n")
-    bench.write_readme_table(result, readme)
-    text = readme.read_text()
+    tables = tmp_path / "README.md"
+    start, end = bench.TABLE_MARKERS
+    tables.write_text(f"intro\n{start}\nstale table\n{end}\noutro\n")
+    bench.write_table(result, tables)
+    text = tables.read_text()
     assert text.startswith(f"intro\n{start}\n| shape (16 questions × G)") and text.endswith(f"{end}\noutro\n")
     assert "stale table" not in text and f"{result['threads']} threads" in text
     assert f"{result['shapes']['short']['summary']['grpo_lab']['median']:.3f}" in text
-    readme.write_text("no markers\n")
+    tables.write_text("no markers\n")
     with pytest.raises(SystemExit, match="trainer-step:start"):
-        bench.write_readme_table(result, readme)
+        bench.write_table(result, tables)
 
 
-def test_readme_shows_the_committed_results(bench, tmp_path):
-    # README.md's table is the one `trainer_step.py --readme` writes from the committed JSON
+def test_benchmarks_readme_shows_the_committed_results(bench, tmp_path):
+    # benchmarks/README.md's table is the one `trainer_step.py --write-table` writes from the committed JSON
     result = json.loads((SCRIPT.parent / "results" / "trainer_step_cpu.json").read_text())
-    real = SCRIPT.parents[1] / "README.md"
+    real = SCRIPT.parent / "README.md"
+    assert bench.TABLES == real
     copy = tmp_path / "README.md"
     copy.write_text(real.read_text())
-    bench.write_readme_table(result, copy)
-    assert copy.read_text() == real.read_text(), "run `python benchmarks/trainer_step.py --readme`"
+    bench.write_table(result, copy)
+    assert copy.read_text() == real.read_text(), "run `python benchmarks/trainer_step.py --write-table`"

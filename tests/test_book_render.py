@@ -208,7 +208,9 @@ def _toc_parts() -> list[dict]:
 
 #: Pages that are not chapters: they must sit in unnumbered parts so that no chapter's number
 #: (and so no figure or equation number) shifts because of them.
-UNNUMBERED_PAGES = ("notation", "api", "api_algorithms", "api_experiments", "api_training", "references")
+UNNUMBERED_PAGES = ("notation", "api", "api_algorithms", "api_experiments", "api_training", "references",
+                    "guide/install", "guide/usage", "guide/own_data", "guide/cli", "guide/gpu", "guide/performance",
+                    "guide/reproducibility")
 
 
 def _numbered_chapters() -> list[str]:

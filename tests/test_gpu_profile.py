@@ -512,8 +512,8 @@ def test_auto_precision_trains_the_hub_layout_model_on_cuda(tiny_dir):
     assert logits.dtype == getattr(torch, want)
 
 
-def test_the_readme_gpu_time_table_is_the_estimate():
-    """README's table of expected GPU times (between the gpu-times markers) equals what
+def test_the_gpu_time_table_is_the_estimate():
+    """benchmarks/README.md's table of expected GPU times (between the gpu-times markers) equals what
     expected_gpu_minutes gives for each chapter's GSM8K cell: its GPU_ALGOS x GPU_SEEDS runs and the
     factors its show_gpu_results call passes, read from the chapter's twin."""
     import ast
@@ -521,7 +521,8 @@ def test_the_readme_gpu_time_table_is_the_estimate():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    block = (root / "README.md").read_text().split("<!-- gpu-times:start -->")[1].split("<!-- gpu-times:end -->")[0]
+    tables = (root / "benchmarks" / "README.md").read_text()
+    block = tables.split("<!-- gpu-times:start -->")[1].split("<!-- gpu-times:end -->")[0]
     rows = {m[0]: (int(m[1]), m[2], m[3]) for m in re.findall(r"\| `(\w+)` \| (\d+) \| ([^|]+) \| ([^|]+) \|", block)}
     seen = set()
     for twin in sorted((root / "book" / "_py").glob("0*.py")):

@@ -1,13 +1,18 @@
-"""Every README command that trains (``python -m grpo_lab ...`` in a ```bash block) runs and does what it says
-(issue 36).
+"""The README's and the user guide's examples run and do what they say (issue 36).
 
-The commands are read from README.md, never copied here, and shortened by flags appended to them
-(``--steps 2 --seeds 0 --jobs 1 --out TMP``: the command line takes the last value of a repeated option),
-never by editing them. Each runs in-process (:func:`grpo_lab.cli.main.main`) from a scratch directory that
-links the repository's ``book/`` and holds the README's ``run.yaml``; its outcome is read from the results
-file named by the printed line ``results: PATH``. Skipped, by the rule of :func:`_skip_reason`: a command
-that needs a GPU (``--profile gpu``) or the Hugging Face hub (a ``--model`` that is a hub id, ``--task
-gsm8k``). The own-task line is also run with its own step count and checked to learn (slow).
+Documents: README.md and the guide pages ``book/guide/*.md`` (the commands and code are read from them,
+never copied here).
+
+* Every command that trains (``python -m grpo_lab ...`` in a ```bash block) runs, shortened by flags
+  appended to it (``--steps 2 --seeds 0 --jobs 1 --out TMP``: the command line takes the last value of a
+  repeated option), never by editing it. Each runs in-process (:func:`grpo_lab.cli.main.main`) from a scratch
+  directory that links the repository's ``book/`` and holds the guide's ``run.yaml``; its outcome is read
+  from the results file named by the printed line ``results: PATH``. Skipped, by the rule of
+  :func:`_skip_reason`: a command that needs a GPU (``--profile gpu``) or the Hugging Face hub (a ``--model``
+  that is a hub id, ``--task gsm8k``). The own-task line is also run with its own step count and checked to
+  learn (slow).
+* Every ```python block runs as written, in a fresh namespace and a scratch directory (README's quickly; the
+  guide's, which train, are slow).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+#: the user guide's pages, built with the book
+GUIDE = sorted((ROOT / "book" / "guide").glob("*.md"))
 #: the CLI's first words that do not train
 NOT_TRAINING = {"list", "check-config", "export", "--help", "-h"}
 SHORT = ["--steps", "2", "--seeds", "0", "--jobs", "1"]
@@ -63,15 +70,25 @@ def _skip_reason(args: list[str]) -> str | None:
     return None
 
 
+def python_blocks(text: str) -> list[str]:
+    """The bodies of the ```python blocks of a markdown text."""
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
 def _run_yaml(text: str) -> str:
-    """The README's ``run.yaml`` (the ```yaml block that starts with ``# run.yaml``)."""
+    """The guide's ``run.yaml`` (the ```yaml block that starts with ``# run.yaml``)."""
     blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if b.startswith("# run.yaml")]
-    assert len(blocks) == 1, "README.md: expected one ```yaml block starting with '# run.yaml'"
+    assert len(blocks) == 1, "README.md and book/guide/*.md: expected one ```yaml block starting with '# run.yaml'"
     return blocks[0]
 
 
-TEXT = README.read_text(encoding="utf-8")
-TRAINING = training_commands(TEXT)
+README_TEXT = README.read_text(encoding="utf-8")
+#: README.md and the guide pages, one text
+TEXT = "\n".join([README_TEXT] + [p.read_text(encoding="utf-8") for p in GUIDE])
+#: each training command once (README's quick start repeats some of the guide's)
+TRAINING = list({tuple(a): a for a in training_commands(TEXT)}.values())
+#: (page, index, code) of every ```python block of the guide
+GUIDE_SNIPPETS = [(p.name, i, code) for p in GUIDE for i, code in enumerate(python_blocks(p.read_text(encoding="utf-8")))]
 
 
 def _id(args: list[str]) -> str:
@@ -109,9 +126,11 @@ def _run(args: list[str], capsys) -> dict:
 
 
 def test_readme_has_training_commands():
+    assert GUIDE and "make test" in README_TEXT, "README.md must name the test command CI runs (.ci/run)"
+    assert training_commands(README_TEXT), "README.md: the quick start's training command is gone"
     assert len(TRAINING) >= 8, TRAINING
     own = [a for a in TRAINING if "--import" in a and _option(a, "--task") == "reverse"]
-    assert own, "README.md: the own-task line (--task reverse) is gone"
+    assert own, "README.md / book/guide: the own-task line (--task reverse) is gone"
     assert _option(own[0], "--model") == "reverse-base", "the own-task line must start from reverse-base"
     assert any(_skip_reason(a) for a in TRAINING), "the GPU line is not recognised"
 
@@ -123,20 +142,56 @@ def test_skip_rule():
     assert _skip_reason(["RPT", "--model", "corpus-base"]) is None
 
 
+def _recipe(text: str) -> list[str]:
+    """The first four commands of a text's install block (the ```bash block with ``make install``)."""
+    block = next(b for b in bash_blocks(text) if "make install" in b)
+    return [line.split("#")[0].strip() for line in block.splitlines()][:4]
+
+
 def test_readme_states_the_environment():
-    # one install story: the README and the intro page give the same recipe, and say to activate .venv
-    intro = (ROOT / "book" / "intro.md").read_text(encoding="utf-8")
-    for text in (TEXT, intro):
+    # one install story: the README, the intro page and the install guide give the same recipe, and say to
+    # activate .venv
+    pages = {"README.md": README_TEXT, "book/intro.md": (ROOT / "book" / "intro.md").read_text(encoding="utf-8"),
+             "book/guide/install.md": (ROOT / "book" / "guide" / "install.md").read_text(encoding="utf-8")}
+    for name, text in pages.items():
         block = next(b for b in bash_blocks(text) if "make install" in b)
         lines = [shlex.split(line, comments=True) for line in block.splitlines()]
-        assert ["source", ".venv/bin/activate"] in lines
-        assert ["make", "install"] in lines
-    readme_recipe = [line.split("#")[0].strip() for line in next(b for b in bash_blocks(TEXT) if "make install" in b)
-                     .splitlines()][:4]
-    intro_recipe = [line.split("#")[0].strip() for line in next(b for b in bash_blocks(intro) if "make install" in b)
-                    .splitlines()][:4]
-    assert readme_recipe == intro_recipe
+        assert ["source", ".venv/bin/activate"] in lines, name
+        assert ["make", "install"] in lines, name
+        assert _recipe(text) == _recipe(README_TEXT), name
     assert ".venv/bin/python -m grpo_lab" not in TEXT  # one way of writing it: the activated python
+
+
+def _exec_snippet(code: str, where: str, tmp_path: Path, monkeypatch) -> None:
+    """Run one ```python block as written, in a fresh namespace, from ``tmp_path``."""
+    monkeypatch.chdir(tmp_path)
+    try:
+        exec(compile(code, where, "exec"), {"__name__": "__snippet__"})
+    except Exception as exc:  # name the document and block, then the error
+        raise AssertionError(f"{where} fails: {type(exc).__name__}: {exc}") from exc
+
+
+def test_readme_snippet_runs(tmp_path, monkeypatch):
+    blocks = python_blocks(README_TEXT)
+    assert blocks, "README.md: the policy_loss snippet is gone"
+    for i, code in enumerate(blocks):
+        _exec_snippet(code, f"README.md python block {i}", tmp_path, monkeypatch)
+
+
+def test_a_failing_snippet_fails(tmp_path, monkeypatch):
+    with pytest.raises(AssertionError, match="doc.md python block 0 fails: KeyError"):
+        _exec_snippet("from grpo_lab.algo.objectives import SURROGATES\nSURROGATES['no such surrogate']\n",
+                      "doc.md python block 0", tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page,index,code", GUIDE_SNIPPETS, ids=[f"{p}-{i}" for p, i, _ in GUIDE_SNIPPETS])
+def test_guide_snippet_runs(page, index, code, tmp_path, monkeypatch):
+    for module in ("peft", "datasets"):  # optional extras ([lora], [gsm8k])
+        if re.search(rf"^\s*(from|import) {module}\b", code, flags=re.M) or (module == "peft" and "policy.lora" in code):
+            pytest.importorskip(module)
+    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "off")  # train, do not read a stored run
+    _exec_snippet(code, f"book/guide/{page} python block {index}", tmp_path, monkeypatch)
 
 
 def test_reverse_base_is_shipped_with_its_provenance():
@@ -178,7 +233,7 @@ def test_readme_command_trains(args, tmp_path, monkeypatch, capsys):
         pytest.skip(reason)
     _scratch(tmp_path, monkeypatch)
     out = ["--out", str(tmp_path / "out" / "run.json")]
-    if "--resume" in args:  # the README's resume line repeats the line before it: run that one first
+    if "--resume" in args:  # the guide's resume line repeats the line before it: run that one first
         first = [a for a in args if a != "--resume"]
         _run(first + SHORT + out, capsys)
         result = _run(args + SHORT + out, capsys)

@@ -31,12 +31,13 @@ def test_measure_refuses_unknown_case():
         rollout_memory.measure("nope", 1, 1)
 
 
-def test_readme_table_is_the_committed_results():
-    """README's rollout-memory table is what ``benchmarks/rollout_memory.py`` prints from the committed results."""
+def test_table_is_the_committed_results():
+    """benchmarks/README.md's rollout-memory table is what ``benchmarks/rollout_memory.py`` prints from the committed results."""
     import json
 
     root = Path(__file__).resolve().parents[1]
     data = json.loads((root / "benchmarks/results/rollout_memory.json").read_text())
-    block = (root / "README.md").read_text().split("<!-- rollout-memory:start -->")[1].split("<!-- rollout-memory:end -->")[0]
+    tables = (root / "benchmarks" / "README.md").read_text()
+    block = tables.split("<!-- rollout-memory:start -->")[1].split("<!-- rollout-memory:end -->")[0]
     assert rollout_memory._table(data["results"]) in block and data["target_met"]
     assert f"commit {data['git_commit'][:7]}" in block and not data["git_dirty"]
