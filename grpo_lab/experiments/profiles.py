@@ -191,7 +191,7 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
         **config: :class:`~grpo_lab.training.trainer.TrainerConfig` fields that replace the defaults above
             (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
             default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
-            run of the GPU code path, which :func:`run_chapter_gpu` marks as one), else ``"cuda"``.
+            run of the GPU code path, which :func:`~grpo_lab.lab.run_chapter_gpu` marks as one), else ``"cuda"``.
             ``$GRPO_LAB_GPU_CONFIG``, the path of a YAML (or JSON) file of ``TrainerConfig`` fields
             (e.g. ``micro_batch_size: 2`` for a GPU with less memory; an inline JSON object such as
             ``{"micro_batch_size": 2}`` is still accepted), is applied after the

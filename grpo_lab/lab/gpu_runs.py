@@ -77,13 +77,13 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
     its step log ``metrics.jsonl``), checkpoints every ``save_every`` steps there (the newest one
     kept), and shows a progress bar of its steps. Run again after a crash or a kill (the file
     absent or not ``complete``), with the same arguments, it resumes: finished seeds are read back,
-    the seed that was training continues from its latest checkpoint (:func:`run` with
+    the seed that was training continues from its latest checkpoint (:func:`~grpo_lab.experiments.run` with
     ``resume=True``; another configuration is refused, naming what differs). Run again after a
     ``complete`` file, it trains everything afresh (the earlier seed directories are deleted). The file holds the history of every (algorithm, seed) and a provenance record: the commit,
     library versions, GPU name, resolved precision (:func:`grpo_lab.training.trainer.resolve_precision`),
     model, seeds, steps, wall time, ``dry_run`` (the profile's device is not CUDA: a check of the
     code path, e.g. with ``$GRPO_LAB_GPU_DEVICE=cpu``, not GPU results), and each algorithm's own
-    :func:`provenance`.
+    :func:`~grpo_lab.experiments.provenance`.
     :func:`load_chapter_gpu` reads it back.
 
     Args:
@@ -91,10 +91,10 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
         algos: presets or their names.
         seeds: shared by every algorithm (so that differences pair by seed).
         steps: RL steps per run (default: the profile's).
-        profile: default :func:`gpu_profile` ().
+        profile: default :func:`~grpo_lab.experiments.gpu_profile` ().
         n_jobs: runs at a time (processes sharing the GPU).
         overrides: per-algorithm :class:`~grpo_lab.training.trainer.TrainerConfig` fields, as
-            :func:`run_grid` takes them (e.g. VAPO's value pretraining and critic learning rate).
+            :func:`~grpo_lab.experiments.run_grid` takes them (e.g. VAPO's value pretraining and critic learning rate).
         out: the results file (default ``results_dir() / f"{chapter}.json"``).
         finish: mark the file ``complete`` after the last run; ``False`` leaves that to a caller
             that adds more runs (:func:`run_rpt_gpu`'s continued-NTP baseline).
@@ -106,12 +106,12 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
         progress: a tqdm bar per seed (``None``: only in an interactive terminal).
 
     Returns:
-        ``{algo name: RunResult}``, as :func:`run_grid`.
+        ``{algo name: RunResult}``, as :func:`~grpo_lab.experiments.run_grid`.
 
     Raises:
         ValueError: a malformed ``chapter``; an algorithm that the memory model says will not fit
             the CUDA card (:func:`grpo_lab.experiments.memory_fit.check_algorithms_fit`); ``save_every``
-            below 0; as :func:`run_grid` (CUDA not available for a CUDA profile; resuming a run
+            below 0; as :func:`~grpo_lab.experiments.run_grid` (CUDA not available for a CUDA profile; resuming a run
             directory that holds another configuration).
     """
     chapter = _chapter_name(chapter)
@@ -147,7 +147,7 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
 
 
 def _chapter_outputs(path: Path, prof: Profile | str, save_every: int | None) -> dict[str, Any]:
-    """The output settings :func:`run_chapter_gpu` passes to :func:`run_grid`: ``output_dir`` (the run
+    """The output settings :func:`run_chapter_gpu` passes to :func:`~grpo_lab.experiments.run_grid`: ``output_dir`` (the run
     directory of ``path``), ``save_every``, ``save_total_limit=1`` and ``resume``, true unless ``path`` is a
     ``complete`` results file (then the earlier seed directories are deleted: a fresh start).
 
@@ -226,7 +226,7 @@ def check_gpu_results(results: Mapping[str, RunResult], provenance: Mapping[str,
     * training accuracies are in [0, 1], mean rewards finite (shaped rewards, such as DAPO's overlong
       penalty, may be negative), gradient norms finite where an update was applied; under float16,
       fewer than half the optimiser steps were skipped for overflow;
-    * with the profile's default model (:data:`GPU_MODEL`) on GSM8K, the base policy solves more
+    * with the profile's default model (:data:`~grpo_lab.experiments.GPU_MODEL`) on GSM8K, the base policy solves more
       than 10% of the test problems (an instruct model that can do grade-school arithmetic at all:
       below that the prompt or the answer extraction is broken).
 

@@ -35,7 +35,7 @@ __all__ = ["RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile", "chapter_gpu_
            "run_rpt_gpu"]
 
 
-# RPT_GPU_TEST_SIZE: documented where it is exported, in grpo_lab/experiments/__init__.py.
+# RPT_GPU_TEST_SIZE: documented where it is exported, in grpo_lab/lab/__init__.py.
 RPT_GPU_TEST_SIZE = 500
 
 #: The name :func:`run_rpt_gpu` stores its continued next-token-prediction baseline under.
@@ -45,7 +45,7 @@ NTP_BASELINE = "continued NTP"
 def _rpt_test_size() -> int:
     """The held-out positions :func:`run_rpt_gpu` builds the task's data files with:
     ``$GRPO_LAB_RPT_TEST_SIZE`` if set (``scripts/gpu_dryrun.sh`` sets 16: its dry run checks the code
-    path, and 500 positions made evaluation most of chapter 7's dry-run time), else :data:`RPT_GPU_TEST_SIZE`.
+    path, and 500 positions made evaluation most of chapter 7's dry-run time), else :data:`~grpo_lab.lab.RPT_GPU_TEST_SIZE`.
 
     Raises:
         ValueError: the variable is set to something other than a positive integer.
@@ -88,7 +88,7 @@ def rpt_gpu_profile(model: str | os.PathLike | None = None, *, data: str | os.Pa
                     steps: int = 60, environ: Mapping[str, str] | None = None, **config: Any) -> Profile:
     """Chapter 7's ``"gpu"`` profile: RPT's next-token reasoning with a hub instruct model.
 
-    The model, device, precision and ``$GRPO_LAB_GPU_*`` variables are those of :func:`gpu_profile`
+    The model, device, precision and ``$GRPO_LAB_GPU_*`` variables are those of :func:`~grpo_lab.experiments.gpu_profile`
     (one place names the model); the task is :class:`grpo_lab.tasks.NextTokenTask` on the model's
     own tokenizer, in its chat template (``chat=True``), reading the data files of ``data``
     (default :func:`rpt_data_dir`), with a 256-token budget for the thinking span and the
@@ -96,20 +96,20 @@ def rpt_gpu_profile(model: str | os.PathLike | None = None, *, data: str | os.Pa
     chapter's CPU run). The trainer settings are RPT's where the paper gives them
     (:data:`grpo_lab.algo.algorithms.RPT_SAMPLING`: G = 8 at temperature 0.8; lr 1e-6) at the GPU
     profile's scale: 16 positions × 8 per step, one update per rollout, greedy and sampled test
-    accuracy every 10 steps on :data:`RPT_GPU_TEST_SIZE` positions.
+    accuracy every 10 steps on :data:`~grpo_lab.lab.RPT_GPU_TEST_SIZE` positions.
 
     Args:
-        model, environ: as :func:`gpu_profile`.
+        model, environ: as :func:`~grpo_lab.experiments.gpu_profile`.
         data: the data directory (``None``: :func:`rpt_data_dir` of the model).
         steps: RL steps per seed.
         **config: :class:`~grpo_lab.training.trainer.TrainerConfig` fields that replace these defaults
-            (``$GRPO_LAB_GPU_CONFIG`` replaces them too, and these replace it, as in :func:`gpu_profile`).
+            (``$GRPO_LAB_GPU_CONFIG`` replaces them too, and these replace it, as in :func:`~grpo_lab.experiments.gpu_profile`).
 
     Returns:
-        A :class:`Profile` named ``"gpu"`` with ``task="next_token"``.
+        A :class:`~grpo_lab.experiments.Profile` named ``"gpu"`` with ``task="next_token"``.
 
     Raises:
-        ValueError: as :func:`gpu_profile`.
+        ValueError: as :func:`~grpo_lab.experiments.gpu_profile`.
     """
     from ..algo.algorithms import RPT_SAMPLING
 
@@ -123,7 +123,7 @@ def rpt_gpu_profile(model: str | os.PathLike | None = None, *, data: str | os.Pa
 
 def chapter_gpu_profile(chapter: str) -> Profile:
     """The ``"gpu"`` profile a chapter's hub-model cell trains: :func:`rpt_gpu_profile` for
-    ``"07_rpt"``, :func:`gpu_profile` (GSM8K) for the others."""
+    ``"07_rpt"``, :func:`~grpo_lab.experiments.gpu_profile` (GSM8K) for the others."""
     return rpt_gpu_profile() if chapter == "07_rpt" else gpu_profile()
 
 
@@ -187,7 +187,7 @@ def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = N
 
     1. The task's data files for the model are built if :func:`rpt_data_dir` lacks them
        (:func:`grpo_lab.tasks.next_token.build_hub_task_data`, the model as its own entropy proxy,
-       :data:`RPT_GPU_TEST_SIZE` test positions, or ``$GRPO_LAB_RPT_TEST_SIZE`` if set (the dry run's 16),
+       :data:`~grpo_lab.lab.RPT_GPU_TEST_SIZE` test positions, or ``$GRPO_LAB_RPT_TEST_SIZE`` if set (the dry run's 16),
        on the profile's device).
     2. ``algorithm`` (default: the ``RPT`` preset with dynamic sampling, named ``"RPT + dynamic
        sampling"``, as the paper trains from its step 500) is trained on :func:`rpt_gpu_profile` (or
@@ -289,7 +289,7 @@ def _rpt_task_data(prof: Profile, test_size: int = RPT_GPU_TEST_SIZE) -> dict | 
 
     Raises:
         ValueError: the data directory is a file, or its files were built for another model.
-        OSError: the model cannot be loaded (named as :func:`run` names it), or the files cannot be written.
+        OSError: the model cannot be loaded (named as :func:`~grpo_lab.experiments.run` names it), or the files cannot be written.
     """
     from ..tasks.next_token import TEST_FILE, TRAIN_FILE, build_hub_task_data
 
