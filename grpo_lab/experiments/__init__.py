@@ -65,8 +65,8 @@ GPU_GSM8K_SOURCE = _profiles.GPU_GSM8K_SOURCE
 GPU_TEST_SIZE = _profiles.GPU_TEST_SIZE
 
 #: Assumed speeds of two GPU classes for the ``"gpu"`` profile's 0.5B-parameter model: the basis of
-#: :func:`expected_gpu_minutes`. They are assumptions, not measurements (no GPU has run this profile
-#: yet; ``scripts/gpu_check.sh`` prints the seconds per step it measures):
+#: :func:`expected_gpu_minutes`. They are assumptions, not measurements (``scripts/gpu_check.sh``
+#: prints the seconds per step it measures):
 #:
 #: * ``decode_step_s``: seconds per generated position of one batched ``transformers.generate`` call
 #:   (batch of at most 256): at this model size a decoding step costs the kernel launches of 24

@@ -318,8 +318,7 @@ def _generation(d: ModelDims, s: RunShape, rows: int, prompt: int, buffers: int)
     * ``kv_cache``: keys and values of every layer for every position, L·rows·(P+T)·kv_heads·head_dim·(4 + e):
       values in the autocast dtype (``e`` bytes, the projection's output), keys in float32 (4 bytes)
       because the rotary embedding multiplies the autocast keys by the float32 cos / sin of a float32
-      model (type promotion, outside autocast's op list; measured on CPU: keys float32, values
-      bfloat16);
+      model (type promotion, outside autocast's op list);
     * ``cache_growth``: HF's ``DynamicCache`` appends by ``torch.cat``: one layer's new keys and
       values exist beside the old ones, rows·(P+T)·kv_heads·head_dim·(4 + e);
     * ``step_buffers``: ``buffers`` float32 ``[rows, V]`` tensors of a decoding step (the last

@@ -977,26 +977,24 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
         target: ``"trl"`` (TRL 1.16.0, ``GRPOConfig`` keyword arguments) or ``"verl"`` (verl 0.9.1,
             Hydra overrides of ``ppo_trainer.yaml``).
         strict: True (default): raise :class:`ExportError` unless the target computes ``algo``
-            exactly. False: return the nearest mapping and issue one
-            :class:`ApproximateExportWarning` per difference (still raises for an impossible one).
+            exactly. False: return the nearest mapping, one :class:`ApproximateExportWarning` per
+            difference (an impossible one still raises).
         **budget: the run's sizes, keys of :data:`BUDGET_KEYS` (``group_size``, ``max_new_tokens``,
-            ``prompts_per_step``, ``minibatches``, ``epochs``, ``micro_batch_size``, ``lr``, ...).
-            Only the keys given are exported and the target's defaults hold for the rest, except ``lr_schedule``,
-            ``warmup``, ``betas``, ``weight_decay`` and ``precision``, always written (TrainerConfig's defaults
-            when absent) because TRL's and verl's defaults differ from grpo_lab's
-            (:mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.optimisation.budget_from_config` gives them all.
+            ``lr``, ...): only those given are exported, but ``lr_schedule``, ``warmup``, ``betas``,
+            ``weight_decay`` and ``precision`` are always written (the libraries' defaults differ;
+            :mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.optimisation.budget_from_config`
+            gives them all.
 
     Returns:
         :class:`Translation` (``config`` is a dict for TRL, a list of ``key=value`` strings for verl).
 
     Raises:
-        LibraryVersionWarning: (a warning, once per version) the target's installed release is not
+        LibraryVersionWarning: (a warning, once per version) the installed target is not
             :data:`~grpo_lab.export.versions.TRL_VERSION` / :data:`~grpo_lab.export.versions.VERL_VERSION`.
-        ExportError: (a ``ValueError``) with ``strict=True`` when any difference exists (the message
-            lists each one and the exact alternative, ``preset.replace(...)``, when there is one);
-            always when a choice has no counterpart (a registry function from outside grpo_lab, a
-            choice that this module does not map to ``target``, e.g. a new surrogate, RLOO in TRL, the
-            batch-std advantage in verl, ``routing_replay=True``).
+        ExportError: (a ``ValueError``) with ``strict=True`` when any difference exists (each listed,
+            with the exact ``preset.replace(...)`` alternative when there is one); always for a choice
+            with no counterpart (a registry function from outside grpo_lab, an unmapped choice, RLOO
+            in TRL, the batch-std advantage in verl, ``routing_replay=True``).
         ValueError: unknown ``target``, unknown or invalid budget keys, a budget that does not split
             (``minibatches`` not dividing ``prompts_per_step``, ...), ``max_new_tokens`` missing where
             the algorithm needs it (Dr.GRPO's constant, DAPO's L_max), or an invalid ``algo``.
