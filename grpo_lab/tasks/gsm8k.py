@@ -26,16 +26,16 @@ Where the scorer's rules live:
 What we add to math-verify, one line each:
 
 1. one answer, not a hedge: neighbouring numbers must be joined by an operator or relation;
-   ``#### 18 or 20``, ``18, 20``, ``18 -> 20`` score 0 (:func:`_one_answer`);
-2. true equations: numeric sides must equal the last one, ``\\boxed{2+3=6}`` scores 0 (:func:`_sides_agree`);
-3. mixed numbers ``a b/c`` and ``a \\frac{b}{c}`` are ``a + b/c``; an improper one scores 0 (:func:`_mixed_numbers`);
-4. normalisation (:func:`_normalize`): final punctuation dropped, ``14{,}916`` / ``1\\,234`` /
+   ``#### 18 or 20``, ``18, 20``, ``18 -> 20`` score 0 (``_one_answer``);
+2. true equations: numeric sides must equal the last one, ``\\boxed{2+3=6}`` scores 0 (``_sides_agree``);
+3. mixed numbers ``a b/c`` and ``a \\frac{b}{c}`` are ``a + b/c``; an improper one scores 0 (``_mixed_numbers``);
+4. normalisation (``_normalize``): final punctuation dropped, ``14{,}916`` / ``1\\,234`` /
    ``1 234`` one number, ``−`` a minus, ``°`` a degree, ``€ £ ¥`` dropped like ``\\$``;
 5. numbers compared to :data:`FLOAT_ROUNDING` decimal places, not math-verify's default 6;
 6. the percent rule: "p %" equals the gold p and the gold p/100 and no other gold, a decimal
-   percentage and a text group such as ``\\text{28 percent}`` included (:func:`_percent_readings`);
+   percentage and a text group such as ``\\text{28 percent}`` included (``_percent_readings``);
    a percent sign outside the box is not read;
-7. bounded time (:func:`_bounded`): math-verify's ``signal.alarm`` timeouts are off (they work
+7. bounded time (``_bounded``): math-verify's ``signal.alarm`` timeouts are off (they work
    only in the main thread), and answers that could make SymPy run for minutes score 0: longer
    than :data:`MAX_ANSWER_CHARS`, a command outside :data:`ALLOWED_COMMANDS`, a factorial, more
    than one power or a large or symbolic exponent, more than :data:`MAX_FREE_LETTERS` letters
@@ -627,8 +627,8 @@ class GSM8KTask:
     it: ``"[system_prompt\\n\\n]Question: <question>\\n<instruction>\\nAnswer:"``.
 
     Args:
-        source: ``"fixture"`` (the 24 shipped problems, :func:`load_fixture`: the first 16 train, the
-            last 8 test); ``"hub"`` (``datasets.load_dataset(dataset_id, config, split=...)``; offline,
+        source: ``"fixture"`` (the 24 shipped problems, :func:`grpo_lab.tasks.gsm8k.load_fixture`:
+            the first 16 train, the last 8 test); ``"hub"`` (``datasets.load_dataset(dataset_id, config, split=...)``; offline,
             from the datasets cache); a directory laid out as the hub repository (``load_dataset(dir,
             config, split=...)``); or a ``.jsonl`` / ``.parquet`` file with ``question`` and ``answer``
             columns, split like the fixture (the last ``len // 3`` test).

@@ -437,8 +437,8 @@ class NextTokenTask:
             this (RPT §3.3); 0 keeps every position.
         tokenizer: the checkpoint whose tokenizer built the data files (``corpus-base``): a shipped
             checkpoint's name, a local directory or a hub id.
-        data: the data files' directory (``None``: ``<data_dir>/tasks``); :func:`build_hub_task_data`
-            writes one for a hub model.
+        data: the data files' directory (``None``: ``<data_dir>/tasks``);
+            :func:`grpo_lab.tasks.next_token.build_hub_task_data` writes one for a hub model.
         chat: prompts in the tokenizer's chat template (:meth:`format_prompt`); ``False``: RPT's bare
             ``context<think>``.
         eval_held_out_loss: also report ``test_held_out_loss`` (nats per token, :meth:`model_metrics`)
