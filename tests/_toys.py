@@ -15,7 +15,9 @@ TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num
 
 @dataclasses.dataclass
 class HalfTask(ArithmeticTask):
-    """Arithmetic prompts, rewarded 1 when the first character is one of 25 of the alphabet's characters."""
+    """Arithmetic prompts, rewarded 1 when the first character is one of 25 of the alphabet's characters (a
+    random policy earns it about half the time). The one half-reward toy task of the tests: register it
+    as ``"half"`` where a test resumes from the registry."""
 
     name: str = "half"
 

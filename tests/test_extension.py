@@ -5,8 +5,6 @@ No package file is edited: each new choice is one function and one registry line
 algorithm that uses it is one ``Algorithm`` value.
 """
 
-import dataclasses
-
 import pandas as pd
 import pytest
 import torch
@@ -14,27 +12,13 @@ import torch
 import grpo_lab.tasks as tasks_mod
 from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
 from grpo_lab.algo.algorithms import GRPO, Algorithm
-from grpo_lab.policy.models import TinyConfig, tiny_policy
+from grpo_lab.policy.models import tiny_policy
 from grpo_lab.algo.objectives import SURROGATES, policy_loss
-from grpo_lab.tasks import ArithmeticTask
 from grpo_lab.training.trainer import Trainer, TrainerConfig
 
-TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1)
+from _toys import TINY, HalfTask
+
 TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb"]
-
-
-@dataclasses.dataclass
-class CoinTask(ArithmeticTask):
-    """A reward a random policy earns about half the time, so groups are mixed and training moves."""
-
-    name: str = "coin"
-
-    def is_correct(self, completion, problem):
-        return len(completion) > 0 and completion[0] in "0123456789+-*=#;.,:? abcd"
-
-    def reward(self, completion, problem):
-        return 1.0 if self.is_correct(completion, problem) else 0.0
 
 
 # ---- a toy surrogate: plain REINFORCE with the ratio, -r * A, no trust region ---------------------
@@ -73,13 +57,13 @@ def registered(monkeypatch):
     monkeypatch.setitem(SURROGATES, "reinforce", reinforce_surrogate)
     monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "sign", sign_advantages)
     monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "reward_minus_value", reward_minus_value)
-    monkeypatch.setitem(tasks_mod.TASKS, "coin", CoinTask)
+    monkeypatch.setitem(tasks_mod.TASKS, "half", HalfTask)
 
 
 def make(tok, algo, value_model=None, **kw):
     cfg = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=0, progress=False,
                         lr=1e-2, seed=0, **kw)
-    return Trainer(tiny_policy(tok, TINY, seed=0), tok, CoinTask(test_size=5), algo, cfg, value_model=value_model)
+    return Trainer(tiny_policy(tok, TINY, seed=0), tok, HalfTask(test_size=5), algo, cfg, value_model=value_model)
 
 
 def test_unregistered_choice_is_refused():

@@ -12,14 +12,14 @@ from transformers import Qwen3MoeForCausalLM
 
 import grpo_lab.training.trainer as trainer_mod
 from grpo_lab.algo.algorithms import GRPO
-from grpo_lab.policy.models import TinyConfig, count_parameters, load_policy, tiny_policy
+from grpo_lab.policy.models import count_parameters, load_policy, tiny_policy
 from grpo_lab.policy.moe import RoutingStore, is_moe, moe_routers, record_routing, replay_routing, routing_changes
 from grpo_lab.policy.rollout import generate, policy_logprobs
 from grpo_lab.tasks import ArithmeticTask
 from grpo_lab.training.trainer import Trainer, TrainerConfig
 
-TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1)
+from _toys import TINY, HalfTask
+
 MOE = dataclasses.replace(TINY, arch="qwen3_moe", num_hidden_layers=2, num_experts=4, num_experts_per_tok=2)
 
 
@@ -301,24 +301,11 @@ def test_routing_change_matches_a_hand_count():
 
 
 # ------------------------------------------------------------------------------------ trainer
-@dataclasses.dataclass
-class ToyTask(ArithmeticTask):
-    """A reward a random policy earns about half the time (as in test_trainer), so updates move."""
-
-    name: str = "toy"
-
-    def is_correct(self, completion, problem):
-        return len(completion) > 0 and completion[0] in "0123456789+-*=#;.,:? abcd"
-
-    def reward(self, completion, problem):
-        return 1.0 if self.is_correct(completion, problem) else 0.0
-
-
 def _trainer(tok, policy, **kw):
     cfg = dict(prompts_per_step=3, group_size=4, max_new_tokens=8, eval_every=0, progress=False, lr=3e-2, seed=0,
                minibatches=2, micro_batch_size=4)
     cfg.update(kw)
-    return Trainer(policy, tok, ToyTask(test_size=5), GRPO, TrainerConfig(**cfg))
+    return Trainer(policy, tok, HalfTask(test_size=5), GRPO, TrainerConfig(**cfg))
 
 
 def test_dense_policy_with_routing_replay_is_a_clear_error(tok):

@@ -12,88 +12,34 @@ Train one algorithm preset for several seeds and write a results file with its p
     python -m grpo_lab check-config grpo.yaml                   # what a TRL / verl config computes (the linter)
     python -m grpo_lab export DAPO --to verl --task gsm8k --model Qwen/Qwen2.5-0.5B-Instruct --out job/ --approximate
 
-``export PRESET --to trl|verl --model M --out DIR [--task T] [--steps N] [--set KEY=VALUE ...]`` writes a runnable
-TRL or verl job instead of training (:func:`~grpo_lab.export.jobs.trl_job` / :func:`~grpo_lab.export.jobs.verl_job`; the
-budget is the ``TrainerConfig`` the ``--set`` keys make; ``--approximate`` exports what the target cannot
-compute exactly, each difference a warning).
+What each part maps to (``--help`` of each command gives the details):
 
-``train`` may be written before the preset (``python -m grpo_lab train GRPO``); it is the default.
-``check-config FILE [--library trl|verl]`` prints what a TRL ``GRPOConfig`` or verl trainer config computes in
-grpo_lab's terms (:func:`grpo_lab.export.lint.check_config`: the Algorithm, the nearest paper, the departures);
-the library is guessed from the keys when not given.
-Everything is a thin layer over :func:`grpo_lab.experiments.run` and
-:func:`grpo_lab.experiments.save_results`: the profile (``--profile``) fixes the scale, ``--model``
-and ``--task`` replace its base checkpoint and task (``run(base=..., task=...)``), and each
-``--set KEY=VALUE`` overrides one field of :class:`~grpo_lab.training.trainer.TrainerConfig` (passed to ``run``
-as ``**config_overrides``) or of the preset's :class:`~grpo_lab.algo.algorithms.Algorithm`
-(``preset.replace(...)``), the value parsed with the field's type. ``--lora-r R`` (with
-``--lora-alpha``, ``--lora-targets``) trains LoRA adapters instead of the whole model
-(``run(lora=...)``, :class:`grpo_lab.policy.lora.LoraSpec`; needs peft); the KL reference is then the base model.
+* ``train`` (the default command): a thin layer over :func:`grpo_lab.experiments.run` and
+  :func:`grpo_lab.experiments.save_results`. ``--profile`` fixes the scale, ``--model`` / ``--task``
+  replace its checkpoint and task, each ``--set KEY=VALUE`` overrides one field of
+  :class:`~grpo_lab.training.trainer.TrainerConfig` or of the preset's
+  :class:`~grpo_lab.algo.algorithms.Algorithm` (parsed with the field's type), ``--lora-r``
+  trains LoRA adapters (:class:`grpo_lab.policy.lora.LoraSpec`; the KL reference is the base),
+  ``--report-to`` picks the trackers (:mod:`grpo_lab.training.callbacks`).
+* ``--import MODULE``: a module name or ``.py`` path imported first (and in ``--jobs`` workers), so
+  what it registers (:func:`grpo_lab.tasks.register_task`, a registry entry) is a valid
+  ``--task`` / ``--set`` value.
+* ``--config FILE``: options from YAML / JSON (:mod:`grpo_lab.experiments.config_files`), with
+  ``trainer:`` and ``algorithm:`` sections; flags win over the file, ``--set`` over its sections.
+  The resolved configuration is written to ``<out>/config.yaml``; ``--config`` that file repeats the run.
+* outputs: ``--out`` (refused if it exists, unless ``--overwrite`` / ``--resume``) and its run
+  directory (:func:`grpo_lab.experiments.run_dirs.run_directory`), one ``<preset>/seed-<k>`` per
+  seed; ``--resume`` continues a killed run of the same settings to the uninterrupted history.
+* ``check-config``: :func:`grpo_lab.export.lint.check_config`. ``export``:
+  :func:`~grpo_lab.export.jobs.trl_job` / :func:`~grpo_lab.export.jobs.verl_job`
+  (``--approximate``: each difference a warning).
+* what a run prints (step lines, the summary, the figure): :mod:`grpo_lab.cli.report`.
 
-``--report-to NAME [NAME ...]`` chooses the trackers of each seed's steps (``TrainerConfig.report_to``:
-``jsonl``, ``tensorboard``, ``wandb``, or ``none``; :mod:`grpo_lab.training.callbacks`); they write into the
-seed's output directory.
-
-``--import MODULE`` (repeatable) imports a module of the user's before the choices are built: a
-module name importable from the current directory or ``PYTHONPATH`` (``my_tasks``,
-``pkg.tasks``), or the path of a ``.py`` file (imported as a top-level module named after the
-file, its directory put first on ``sys.path``). Whatever it registers
-(:func:`grpo_lab.tasks.register_task`, an entry of a registry such as
-:data:`grpo_lab.algo.objectives.SURROGATES`) becomes a valid ``--task`` or ``--set`` value, in the worker
-processes of ``--jobs`` too (they import the module that defines a run's task or choices).
-
-``--config run.yaml`` reads the run's options from a YAML (or JSON) file (:mod:`grpo_lab.experiments.config_files`):
-top-level keys named as the options (``preset``, ``profile``, ``task``, ``model``, ``steps``, ``seeds``,
-``jobs``, ``out``, ``import``, ``lora_r``, ...), a ``trainer:`` section of
-:class:`~grpo_lab.training.trainer.TrainerConfig` fields and an ``algorithm:`` section of
-:class:`~grpo_lab.algo.algorithms.Algorithm` fields and hyper-parameters. Flags given on the command line win
-over the file, ``--set`` over its sections. An unknown key is one error naming the file, the key, the
-closest known key and the known keys.
-
-The results file: ``--out`` refuses a file that exists unless ``--overwrite`` (or ``--resume``) is
-given, and an ``--out`` whose directory cannot be created or written fails before training. Next to
-it, the run directory (``--out`` without ``.json``,
-:func:`grpo_lab.experiments.run_dirs.run_directory`) holds one directory per seed, ``<preset>/seed-<k>`` (``TrainerConfig.output_dir``: the step log, trackers, ``run.json``,
-``result.json``, and with ``--save-every N`` a checkpoint every N steps). ``--resume`` continues a run
-killed mid-way (or reads back a finished one) with the same preset and settings, ending with the
-history an uninterrupted run has; a run directory of another preset or with other settings is refused,
-the message naming what differs. Without ``--resume`` an earlier run there is refused unless
-``--overwrite`` is given. A run writing its files is never served from the run cache. Before
-training, the resolved configuration (every option after file and flags, the whole ``TrainerConfig``
-and ``Algorithm`` used) is written to ``<out>/config.yaml`` (:func:`grpo_lab.experiments.config_files.config_path`);
-``--config`` that file repeats the run.
-
-Errors: a user mistake (an unknown preset, task, profile or ``--set`` key, a value of the wrong
-type or out of range, a model that does not exist, an output path that cannot be written or a file
-that exists, an ``--import`` that fails; in general a ``ValueError`` or ``OSError`` from the package)
-prints one line ``PROG: error: ...`` on stderr and exits with status 2; any other exception prints
-one line and exits with status 1; Ctrl-C exits with status 130, after printing the results file and the
-command that resumes the run. ``--debug`` prints the traceback as well. A Python warning (a preset's
-departure, ``NoLearningSignalWarning``, an ``--approximate`` export's differences) prints as one line
+Errors: a user mistake (a ``ValueError`` or ``OSError`` from the package: an unknown name, a bad
+value, a missing model, an unwritable path, a failing ``--import``) prints one line
+``PROG: error: ...`` and exits 2; any other exception one line and exit 1; Ctrl-C exit 130 after
+printing how to resume; ``--debug`` adds the traceback. A warning prints as
 ``PROG: warning: Category: message``.
-
-With ``--model``, one warning line on stderr when the model's tokenizer maps a character of
-the task's first test prompts to its unknown token (a tokenizer that cannot read the task).
-
-What a run prints (:mod:`grpo_lab.cli.report`): while it trains, one line per step and seed on stdout
-(``GRPO seed 0 step 2/40 | reward 0.523 | accuracy 0.523 | kl 0.0031 | clip_frac 0.014 | length 8.3 | 1.3 s
-| test_accuracy 0.409``), read from each seed's ``metrics.jsonl`` (so also for seeds trained by ``--jobs``
-worker processes; none with ``--quiet``, or when ``--report-to`` leaves out ``jsonl``: a note says so); a
-resumed seed prints the steps after its checkpoint, a finished one says it was read back. Then the summary:
-the test accuracy (greedy, N problems) from base to final as mean ± sd over the seeds with the 95% Student-t
-interval, each seed's value and the test set's binomial standard error (one seed: no ±); the last step's
-metrics; each seed's trained model, ``<run dir>/<preset>/seed-<k>/final`` (``save_pretrained`` weights and
-tokenizer, LoRA adapters merged into the base weights; ``--no-save-model`` skips it); the figure of test
-accuracy and reward against the step next to the results file (``--out`` with ``.png``); and the lines
-``results: PATH`` and ``configuration: PATH``.
-
-Progress bars: transformers' model-loading bars only with ``--progress`` (unless the user's own
-``HF_HUB_DISABLE_PROGRESS_BARS`` says otherwise: it is left alone when set); the per-step training
-bar (tqdm, stderr) with ``--progress``, never with ``--no-progress``; by default the step lines replace
-it, and with ``--quiet`` it shows only when stderr is a terminal and ``$CI`` is unset
-(:class:`~grpo_lab.training.trainer.TrainerConfig`'s ``progress=None``).
-
-``python -m grpo_lab.experiments`` (the older entry point) runs this same command line.
 """
 
 from __future__ import annotations

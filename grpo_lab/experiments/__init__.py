@@ -1,40 +1,32 @@
 """Profiles, multi-seed runs and results files with provenance.
 
-A *profile* fixes everything about an experiment's scale: ``cpu`` is what the book executes in
-CI on two cores (minutes, the tiny arithmetic policy); ``gpu`` (:func:`gpu_profile`) trains the hub
-instruct model :data:`GPU_MODEL` on GSM8K on one CUDA GPU, in bfloat16 or float16 autocast.
-:func:`run` trains one algorithm from a base checkpoint for several seeds and returns a long
-DataFrame (one row per seed × step) plus a provenance record; :func:`save_results` /
-:func:`load_results` write and read ``data/results/<profile>/*.json``. From the command line:
+A *profile* fixes an experiment's scale: ``cpu`` is what the book executes in CI (the tiny
+arithmetic policy); ``gpu`` (:func:`gpu_profile`) trains :data:`GPU_MODEL` on GSM8K on one CUDA
+GPU. :func:`run` trains one algorithm for several seeds and returns a long DataFrame (one row per
+seed × step) plus provenance; :func:`save_results` / :func:`load_results` write and read
+``data/results/<profile>/*.json``. From the command line::
 
     python -m grpo_lab GRPO --profile gpu --seeds 0 1 2 3 4 --out runs/grpo_gpu.json
 
-Run cache: every (algorithm, profile, steps, seed) run is stored under ``_build/run_cache/`` and
-loaded instead of trained again when an identical run is asked for (chapter 3 re-uses chapter 1's
-GRPO seeds); one configuration asked for under two names is trained once. The key covers the
-algorithm (not its display name), the profile and its trainer configuration, the step count and
-seed, and a fingerprint of everything else the numbers depend on (:func:`run_fingerprint`): the
-source of every file of the package, the base checkpoint's files, the task files under
-``data/tasks``, the library versions, the processor and the thread count. Any code change therefore
-invalidates it, and ``make book`` from a clean tree trains every run once. A run whose algorithm
-or task uses code from outside the package (a registered choice, a monkeypatched entry) is never
-cached, since that code is not in the fingerprint; neither is a run from a hub checkpoint.
-``GRPO_LAB_RUN_CACHE`` moves the cache (a directory) or turns it off (``off``); installed outside
-a source checkout, the package caches only when it is set. ``provenance["run_cache"]`` says whether
-the cache was used, ``provenance["cached_seeds"]`` which seeds it supplied. A run with an ``output_dir`` (its own
-directory per seed, periodic checkpoints, ``resume=True``: :mod:`~grpo_lab.experiments.run_dirs`) is
-stored but never loaded from the cache, since it must write its files.
+Run cache (:mod:`~grpo_lab.experiments.run_cache`): each (algorithm, profile, steps, seed) run is
+stored under ``_build/run_cache/`` and loaded when an identical run is asked for again. The key
+covers the algorithm (not its display name), the profile and trainer configuration, steps, seed and
+:func:`run_fingerprint` (the package's source, the base checkpoint, the task files, library
+versions, processor, thread count), so any code change invalidates it. Never loaded from the
+cache: runs using code from outside the package, hub checkpoints, and runs with an ``output_dir``
+(they must write their files). ``GRPO_LAB_RUN_CACHE`` moves it or turns it off (``off``); an
+installed package caches only when it is set. ``provenance["run_cache"]`` and
+``provenance["cached_seeds"]`` say what the cache supplied.
 
-The package holds one concern per module: :mod:`~grpo_lab.experiments.profiles` (profiles and the
-GPU profile's settings), :mod:`~grpo_lab.experiments.runs` (:func:`run`, :func:`run_grid`, :func:`run_tally`),
+Modules: :mod:`~grpo_lab.experiments.profiles` (profiles, the GPU profile),
+:mod:`~grpo_lab.experiments.runs` (:func:`run`, :func:`run_grid`, :func:`run_tally`),
 :mod:`~grpo_lab.experiments.results` (:class:`RunResult`, provenance, results files, summaries),
-:mod:`~grpo_lab.experiments.run_cache`, :mod:`~grpo_lab.experiments.run_dirs` (where each seed of a
-run writes, its checkpoints, resuming), :mod:`~grpo_lab.experiments.workers` (the worker pool),
+:mod:`~grpo_lab.experiments.run_cache`, :mod:`~grpo_lab.experiments.run_dirs` (each seed's
+directory, checkpoints, resuming), :mod:`~grpo_lab.experiments.workers` (the worker pool),
 :mod:`~grpo_lab.experiments.config_files` (YAML run files), :mod:`~grpo_lab.experiments.memory_fit`,
 :mod:`~grpo_lab.experiments.memory_model`, :mod:`~grpo_lab.experiments.evaluation` (pass@k),
-:mod:`~grpo_lab.experiments.stats` and :mod:`~grpo_lab.experiments.plotting`. A chapter's GPU runs
-live in the book's bench, :mod:`grpo_lab.lab`. Every public name of the run machinery is imported
-from here (``from grpo_lab import experiments; experiments.run(...)``) and documented here.
+:mod:`~grpo_lab.experiments.stats`, :mod:`~grpo_lab.experiments.plotting`. A chapter's GPU runs
+live in :mod:`grpo_lab.lab`. Every public name of the run machinery is imported from here.
 """
 
 from __future__ import annotations
@@ -73,8 +65,8 @@ GPU_GSM8K_SOURCE = _profiles.GPU_GSM8K_SOURCE
 GPU_TEST_SIZE = _profiles.GPU_TEST_SIZE
 
 #: Assumed speeds of two GPU classes for the ``"gpu"`` profile's 0.5B-parameter model: the basis of
-#: :func:`expected_gpu_minutes`. They are assumptions, not measurements (no GPU has run this profile
-#: yet; ``scripts/gpu_check.sh`` prints the seconds per step it measures):
+#: :func:`expected_gpu_minutes`. They are assumptions, not measurements (``scripts/gpu_check.sh``
+#: prints the seconds per step it measures):
 #:
 #: * ``decode_step_s``: seconds per generated position of one batched ``transformers.generate`` call
 #:   (batch of at most 256): at this model size a decoding step costs the kernel launches of 24

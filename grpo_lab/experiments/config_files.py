@@ -3,8 +3,8 @@ configuration a run writes next to its results (``<out>/config.yaml``), and the 
 names.
 
 A run's file (YAML; JSON is YAML too) holds the command line's options as top-level keys, named as the
-long option without its dashes (``lora_r`` or ``lora-r`` for ``--lora-r``; ``import`` for ``--import``,
-``cache: false`` for ``--no-cache``), and two sections of fields, as a TRL user writes a ``GRPOConfig``::
+long option without its dashes (``lora_r`` for ``--lora-r``, ``cache: false`` for ``--no-cache``), and
+two sections of fields::
 
     preset: DAPO
     profile: cpu
@@ -18,21 +18,15 @@ long option without its dashes (``lora_r`` or ``lora-r`` for ``--lora-r``; ``imp
     algorithm:               # grpo_lab.algo.algorithms.Algorithm fields and the hyper-parameters its functions declare
       eps_high: 0.28
 
-Flags given on the command line win over the file (its options become the parser's defaults:
-``argparse``'s ``set_defaults``), and ``--set KEY=VALUE`` wins over its sections; ``--import`` and ``--set``
-add to the file's. Values are checked against the options' and the fields' types (an int where an int is
-expected; a float also from a string such as ``1e-4``, which YAML 1.1 reads as a string; a list where an
-option takes several values) and then by the dataclasses' own validation. A key that is not an option or a
-field is one error naming the file, the key, the closest known key and every known key of its section.
+Command-line flags win over the file (its options become the parser's defaults), ``--set`` over its
+sections; ``--import`` and ``--set`` add to the file's. Values are checked against the types (a float
+also from a string such as ``1e-4``, which YAML 1.1 reads as a string), then by the dataclasses'
+validation. An unknown key is one error naming the file, the key, the closest and every known key.
 
-The resolved configuration (:func:`resolved_config`) has every option after file and flags, the whole
-:class:`~grpo_lab.training.trainer.TrainerConfig` used (but ``seed``, one per run, ``progress`` and ``output_dir``,
-which ``out`` decides) and the whole :class:`~grpo_lab.algo.algorithms.Algorithm` (its ``params`` as keys of
-``algorithm``), so that ``--config <out>/config.yaml`` repeats the run (with another ``--out``, or
-``--overwrite``).
-
-This module imports nothing from the package: the command line (:mod:`grpo_lab.cli.main`) hands it its parser and
-its ``--set`` keys, and :func:`grpo_lab.experiments.gpu_profile` the ``TrainerConfig`` fields.
+The resolved configuration (:func:`resolved_config`) holds every option, the whole ``TrainerConfig``
+(but ``seed``, ``progress`` and ``output_dir``) and the whole ``Algorithm``, so that
+``--config <out>/config.yaml`` repeats the run. This module imports nothing from the package: the
+command line (:mod:`grpo_lab.cli.main`) hands it its parser and ``--set`` keys.
 """
 
 from __future__ import annotations

@@ -70,12 +70,8 @@ def pass_at_k(n, c, k: int) -> float | np.ndarray:
     """The unbiased estimate of pass@k from ``c`` correct of ``n`` samples (Chen et al. 2021,
     arXiv 2107.03374, Eq. 1): ``1 - C(n-c, k) / C(n, k)``.
 
-    The ratio of binomial coefficients is computed as the product
-    ``prod_{i=n-c+1}^{n} (1 - k / i)`` (the paper's numerically stable form: no factorials, no
-    overflow), vectorised: for each distinct ``n``, one cumulative product over ``i = n, n-1, ...``
-    gives the estimate for every ``c`` at once. When ``n - c < k`` every ``k``-subset holds a
-    correct sample and the estimate is exactly 1 (the product then has the factor ``1 - k/k = 0``).
-    For ``k = 1`` the estimate is ``c / n``, computed as that quotient (so pass@1 equals
+    Computed as the paper's stable product ``prod_{i=n-c+1}^{n} (1 - k / i)``, one cumulative product
+    per distinct ``n``; exactly 1 when ``n - c < k``; ``c / n`` for ``k = 1`` (equal to
     :func:`mean_at_k` to the last bit).
 
     >>> pass_at_k(10, 3, 1), round(pass_at_k(10, 3, 2), 6), pass_at_k(10, 0, 5), pass_at_k(4, 1, 4)
@@ -142,13 +138,9 @@ def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence
     """maj@k per problem (self-consistency, Wang et al. 2022, arXiv 2203.11171): 1.0 when the answer
     the most of ``k`` samples give is correct, else 0.0.
 
-    Rules: the votes are the problem's first ``k`` samples in the order they were drawn (the samples
-    are independent draws, so the first ``k`` are a random ``k``-subset); answers are compared as
-    strings (a task's ``extract_answer`` may normalise them); a sample without an answer
-    (``None``) does not vote, and a problem none of whose ``k`` samples has an answer scores 0.0.
-    **Ties** go to the answer among the tied ones whose first vote was drawn
-    earliest. The winner is correct when the sample that first gave it is correct (samples with the
-    same answer are scored alike when the score depends on the answer only).
+    The voters are the problem's first ``k`` samples in drawing order; answers compare as strings; a
+    ``None`` answer does not vote (no votes: 0.0); a tie goes to the answer first drawn; the winner is
+    correct when the sample that first gave it is.
 
     >>> answers = [["7", "8", "8", None], ["3", "4", None, None]]
     >>> correct = [[False, True, True, False], [False, True, False, False]]
@@ -275,48 +267,35 @@ def evaluate_at_k(policy, tokenizer, task, *, n: int, ks: Sequence[int] = (1,), 
     """pass@k, mean@k and maj@k of ``policy`` on a task's test set from ``n`` samples per problem.
 
     The ``n`` completions of each problem are sampled at ``temperature`` by
-    :func:`grpo_lab.policy.rollout.evaluate` (``greedy=False, n_samples=n``; the policy in eval mode),
-    after ``torch.manual_seed(seed)`` inside ``torch.random.fork_rng``: the same arguments give the
-    same samples, and the caller's random state is not advanced. Each completion is scored with
-    ``task.is_correct``; each problem's ``c`` correct of ``n`` give :func:`pass_at_k` and
-    :func:`mean_at_k`, and the answers ``extract`` reads give :func:`maj_at_k` (its vote rules).
+    :func:`grpo_lab.policy.rollout.evaluate` (policy in eval mode) after ``torch.manual_seed(seed)``
+    inside ``torch.random.fork_rng`` (same arguments, same samples; the caller's random state is
+    untouched), scored with ``task.is_correct``; each problem's ``c`` of ``n`` give :func:`pass_at_k`
+    and :func:`mean_at_k`, the ``extract``-ed answers :func:`maj_at_k`.
 
     Args:
-        policy, tokenizer: a ``transformers`` causal LM and its tokenizer (as for
-            :func:`grpo_lab.policy.rollout.generate`).
+        policy, tokenizer: a ``transformers`` causal LM and its tokenizer.
         task: a :class:`grpo_lab.tasks.Task`.
         n: samples per problem (int ``>= 1``).
-        ks: the ``k`` values to report (ints in ``[1, n]``, e.g. ``(1, 4, n)``).
+        ks: the ``k`` values to report (ints in ``[1, n]``).
         temperature: sampling temperature (``> 0``).
         max_new_tokens: generation budget (default: the task's).
-        batch_size: problems per ``generate`` call (each with ``n`` rows); default
-            ``max(1, 256 // n)``.
+        batch_size: problems per ``generate`` call; default ``max(1, 256 // n)``.
         seed: the torch seed of the samples.
         problems: the problems (default: ``task.test_set()``).
-        extract: ``extract(completion) -> str | None``, the final answer a completion gives, for
-            maj@k; default the task's optional ``extract_answer``; without either, no maj@k.
+        extract: ``extract(completion) -> str | None`` for maj@k; default the task's optional
+            ``extract_answer``; without either, no maj@k.
         level: confidence level of the Wilson intervals.
 
     Returns:
-        ``(summary, per_problem, responses)``, pandas DataFrames:
-
-        * ``summary``, indexed by ``metric`` (``"pass@k"``, ``"mean@k"``, ``"maj@k"`` for each k,
-          and ``"sample_accuracy"``), columns ``k``, ``value`` (the mean over problems), ``se``
-          (the test set's binomial standard error ``sqrt(value (1 - value) / P)`` over its ``P``
-          problems: exact for 0/1 values per problem, an upper bound otherwise), ``lo``, ``hi``
-          (the Wilson interval at ``level`` of ``successes`` out of ``trials`` problems, where
-          every problem's value is 0 or 1, as for maj@k and pass@n; NaN otherwise),
-          ``successes``, ``trials``. ``sample_accuracy`` is the fraction of all ``P * n``
-          responses that are correct (equal to mean@k) with the Wilson interval of ``P * n``
-          trials: the noise of the samples given these problems, narrower than ``se``, which
-          also counts the choice of problems;
-        * ``per_problem``, one row per problem (index ``problem``, the position in ``problems``):
-          the problem's ``prompt``, ``answer`` and scalar ``meta`` fields, ``n``, ``c``,
-          ``mean_length``, ``truncation_rate`` and a ``pass@k``, ``mean@k`` (and ``maj@k``)
-          column per k;
-        * ``responses``, :func:`grpo_lab.policy.rollout.evaluate`'s frame (one row per completion) with
-          ``problem`` and ``sample`` columns first (and ``extracted``, the answer, with an
-          extractor).
+        ``(summary, per_problem, responses)``, pandas DataFrames. ``summary``, indexed by ``metric``
+        (``"pass@k"``, ``"mean@k"``, ``"maj@k"`` per k, ``"sample_accuracy"``): ``k``, ``value`` (mean
+        over the ``P`` problems), ``se`` (``sqrt(value (1 - value) / P)``, an upper bound for non-0/1
+        values), ``lo``, ``hi`` (Wilson interval over problems where each value is 0 or 1, else NaN),
+        ``successes``, ``trials``; ``sample_accuracy`` is over all ``P * n`` responses (the samples'
+        noise only). ``per_problem``: one row per problem (``prompt``, ``answer``, scalar ``meta``,
+        ``n``, ``c``, ``mean_length``, ``truncation_rate``, a column per metric and k).
+        ``responses``: :func:`grpo_lab.policy.rollout.evaluate`'s frame with ``problem`` and
+        ``sample`` first (and ``extracted`` with an extractor).
 
     Raises:
         ValueError: ``n``, ``batch_size`` or ``seed`` not an int of its range, ``ks`` empty or with

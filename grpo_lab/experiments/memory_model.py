@@ -1,37 +1,28 @@
 """A memory model of one training step: the peak bytes of each phase, predicted from a model config.
 
-:func:`predict_memory` takes a ``transformers`` config of a dense decoder (Qwen2 / Llama layout:
-RMSNorm, GQA attention with rotary embeddings, a gated SiLU MLP; a ``PretrainedConfig`` or its
-dict) and the run's shapes and settings (:class:`RunShape`), and returns a :class:`MemoryEstimate`:
-the bytes of every phase of a step, and the step's peak = the persistent state (weights, gradients,
-AdamW state, KL reference copy, critic) plus the largest transient phase (rollout, evaluation, one
-training micro-batch's forward and backward, one no-grad π_old / π_ref scoring micro-batch).
-:func:`fit_batch_sizes` uses it to choose the largest micro-batch and evaluation batch that fit a
-card of a given size (:func:`usable_memory`), before any weight is loaded.
+:func:`predict_memory` takes a ``transformers`` config of a dense decoder (Qwen2 / Llama layout;
+a ``PretrainedConfig`` or its dict) and the run's shapes (:class:`RunShape`) and returns a
+:class:`MemoryEstimate`: each phase's bytes, and the peak = the persistent state (weights,
+gradients, AdamW state, KL reference copy, critic) plus the largest transient phase (rollout,
+evaluation, a training micro-batch's forward and backward, a no-grad scoring micro-batch).
+:func:`fit_batch_sizes` picks the largest micro-batch and evaluation batch that fit a card
+(:func:`usable_memory`), before any weight is loaded.
 
-What it counts, and what it assumes (each phase function says more):
+Assumptions, one line each (each phase function says more):
 
-* Master weights, gradients and AdamW's two moments are float32 (4 + 4 + 8 bytes per trainable
-  parameter; the trainer loads the policy in float32 and keeps it so, :mod:`grpo_lab.training.precision`).
-  Gradients are counted as held through the whole step (true within a minibatch of several
-  micro-batches; between optimiser steps they may be freed: an overestimate of at most 4 bytes
-  per parameter outside the update).
-* Under autocast (``"bfloat16"`` / ``"float16"``) every ``nn.Linear`` casts its float32 weight to the
-  low-precision dtype; autocast caches those casts for leaf tensors that require grad until the
-  autocast region ends, and the training forward's autograd graph keeps them until the backward:
-  one low-precision copy of every linear weight (the lm_head's included) per forward of the policy.
-* Activations are counted tensor by tensor from HF's eager code paths (``transformers`` 4.5x-5.x,
-  ``attn_implementation="sdpa"``: no ``[S, S]`` score matrix is kept), as :func:`layer_activation_bytes`
-  lists; the vocabulary-sized buffers from :mod:`grpo_lab.policy.logprobs` and
-  :func:`grpo_lab.policy.rollout.policy_logprobs` as :func:`logprob_bytes` lists.
-* The rollout keeps no ``[B, T, V]`` logits (the behaviour log-probs are taken per step, ``O(B·V)``);
-  evaluation keeps no log-probs at all.
-* Not counted: the CUDA context and the caching allocator's fragmentation (:func:`usable_memory`
-  subtracts a margin for them), the tokenizer, the data, Python itself.
+* master weights, gradients and AdamW's moments are float32 (16 bytes per trainable parameter),
+  gradients held through the whole step (an overestimate outside the update);
+* under autocast, one low-precision copy of every linear weight per policy forward (autocast's
+  cast cache, kept by the autograd graph until the backward);
+* activations counted tensor by tensor from HF's eager code with ``sdpa`` attention
+  (:func:`layer_activation_bytes`), vocabulary-sized buffers as :func:`logprob_bytes` lists;
+* the rollout keeps no ``[B, T, V]`` logits, evaluation no log-probs;
+* not counted: the CUDA context and allocator fragmentation (a margin in :func:`usable_memory`),
+  the tokenizer, the data, Python.
 
 Checked against CPU measurements at scaled-down shapes by ``benchmarks/memory_model.py`` and
-``tests/test_memory_model.py`` (within 25%), and prepared for CUDA by ``scripts/gpu_check.sh``.
-``python -m grpo_lab.experiments.memory_model`` prints the phases of the GPU profile on Qwen2.5-0.5B.
+``tests/test_memory_model.py``. ``python -m grpo_lab.experiments.memory_model`` prints the GPU
+profile's phases on Qwen2.5-0.5B.
 """
 
 from __future__ import annotations
@@ -162,28 +153,21 @@ class RunShape:
     Attributes:
         rows: completions per rollout (prompts per step × G), all generated at once.
         prompt_len: prompt tokens per row after left padding (the longest prompt of the batch).
-        max_new_tokens: the generation budget T; rows run to it (the worst case a batch of
-            sampled completions reaches).
+        max_new_tokens: the generation budget T; rows run to it (the worst case).
         micro_batch_size: rows per training forward/backward and per no-grad scoring forward.
         eval_batch_size: rows per greedy evaluation batch.
         eval_prompt_len: prompt tokens of an evaluation batch (default ``prompt_len``).
-        autocast: ``"bfloat16"``, ``"float16"`` or ``"float32"`` (no autocast): the forward passes'
-            dtype, which is also the KV cache's and the logits'.
-        kl_reference: a float32 frozen copy of the policy is kept (an algorithm with a KL term,
-            without LoRA).
-        critic: a value model copied from the policy's backbone (VAPO / PPO, ``value_init="policy"``):
-            float32 weights, gradients and AdamW state.
-        lora_rank: 0 = full fine-tuning; else LoRA of this rank on ``lora_targets``: the base
-            weights are frozen (no gradients, no AdamW state) and the KL reference is the same model
-            with the adapters off (no copy).
+        autocast: ``"bfloat16"``, ``"float16"`` or ``"float32"`` (none): the forwards', KV cache's
+            and logits' dtype.
+        kl_reference: a float32 frozen copy of the policy is kept (a KL term, without LoRA).
+        critic: a value model copied from the policy's backbone (``value_init="policy"``).
+        lora_rank: 0 = full fine-tuning; else LoRA of this rank on ``lora_targets`` (frozen base, no
+            reference copy).
         lora_targets: the adapted projections.
-        gradient_checkpointing: HF gradient checkpointing (non-reentrant): each layer keeps only
-            its input and recomputes its activations in the backward.
-        logprob_chunk: the ``chunk_size`` of the log-prob and entropy calls (rows of ``[·, V]``);
-            ``"auto"`` (default): what :func:`grpo_lab.policy.rollout.policy_logprobs` chooses
-            (:func:`grpo_lab.policy.rollout.logprob_chunk_rows`: one block up to 2**24 logits, else blocks
-            of 64 MiB); ``None``: one block.
-        entropy: the training forward also computes the entropy (the trainer does, for its metrics).
+        gradient_checkpointing: HF non-reentrant checkpointing: each layer keeps only its input.
+        logprob_chunk: the log-prob and entropy calls' ``chunk_size`` (rows of ``[·, V]``); ``"auto"``:
+            :func:`grpo_lab.policy.rollout.logprob_chunk_rows`; ``None``: one block.
+        entropy: the training forward also computes the entropy (the trainer does).
         sample_buffers: float32 ``[rows, V]`` buffers alive at once in a sampled decoding step.
         greedy_buffers: the same for a greedy evaluation step.
     """
@@ -334,8 +318,7 @@ def _generation(d: ModelDims, s: RunShape, rows: int, prompt: int, buffers: int)
     * ``kv_cache``: keys and values of every layer for every position, L·rows·(P+T)·kv_heads·head_dim·(4 + e):
       values in the autocast dtype (``e`` bytes, the projection's output), keys in float32 (4 bytes)
       because the rotary embedding multiplies the autocast keys by the float32 cos / sin of a float32
-      model (type promotion, outside autocast's op list; measured on CPU: keys float32, values
-      bfloat16);
+      model (type promotion, outside autocast's op list);
     * ``cache_growth``: HF's ``DynamicCache`` appends by ``torch.cat``: one layer's new keys and
       values exist beside the old ones, rows·(P+T)·kv_heads·head_dim·(4 + e);
     * ``step_buffers``: ``buffers`` float32 ``[rows, V]`` tensors of a decoding step (the last

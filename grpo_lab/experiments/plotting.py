@@ -265,26 +265,19 @@ def band_plot(
 ) -> pd.DataFrame:
     """Draw mean ``y`` against ``x`` with a band over seeds, one line per ``hue`` value.
 
-    ``band="sd"`` (default): mean ± one sample standard deviation; ``band="ci95"``: the 95%
-    Student-t interval of the mean, ``mean ± t_{0.975, n-1} sd / sqrt(n)`` (zero width with one
-    seed). ``bounds=(low, high)`` clips the band to the metric's range (e.g. ``(0, 1)`` for a
-    fraction), so that it never shows impossible values.
+    Input: a long DataFrame, one row per (hue value, seed, x), e.g. trainer histories with ``algo``
+    and ``seed`` columns; a single :attr:`grpo_lab.training.trainer.Trainer.history` (no ``algo``, no
+    ``seed``) is one line (labelled ``label``, else ``y``). ``band="sd"`` (default): mean ± one sample
+    standard deviation; ``band="ci95"``: ``mean ± t_{0.975, n-1} sd / sqrt(n)``; one seed: zero width.
+    ``bounds=(low, high)`` clips the band to the metric's range. ``smooth``: a per-seed trailing moving
+    average first (:func:`mean_sd`). Colours from :data:`ALGO_COLORS` (``colors``), legend order from
+    :data:`ALGO_ORDER` (``order``).
 
-    Input: a long DataFrame, one row per (hue value, seed, x), e.g. a trainer history with
-    ``algo`` and ``seed`` columns added. The figure shows, for each algorithm, the mean over seeds
-    (line) and mean ± one sample standard deviation (shaded band); with a single seed the band
-    has zero width. Colours come from :data:`ALGO_COLORS` (override with ``colors``), legend
-    order from :data:`ALGO_ORDER` (override with ``order``). ``smooth`` applies a per-seed
-    trailing moving average first (see :func:`mean_sd`). ``label`` names the single line when
-    ``hue`` is None.
+    Sets the axis labels to the column names unless already set, the title if given, and, with
+    ``legend``, this panel's legend under the figure (:func:`legend_below`).
 
-    A single run works too: a :attr:`grpo_lab.training.trainer.Trainer.history` has no ``algo`` and no
-    ``seed`` column, and is drawn as one line (labelled ``label``, else ``y``) with a zero-width
-    band (see :func:`mean_sd` for the rule).
-
-    Sets the axis labels to the column names unless they are already set, the title if given,
-    and, if ``legend``, draws this panel's legend under the whole figure (:func:`legend_below`),
-    off every panel's data. Returns the plotted statistics (:func:`mean_sd`).
+    Returns:
+        The plotted statistics (:func:`mean_sd`).
 
     Raises:
         KeyError: a column named by ``x``, ``y``, or a non-default ``hue`` / ``seed`` is missing

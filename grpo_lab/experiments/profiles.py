@@ -32,25 +32,20 @@ class Profile:
     Attributes:
         name: ``"cpu"`` or ``"gpu"`` (any label for a profile of your own).
         base: checkpoint name under ``data/checkpoints`` (or a hub id / path).
-        task: the *name* of a registered task (a key of :data:`grpo_lab.tasks.TASKS`, e.g.
-            ``"arithmetic"``), not a task object: every run builds its own task with
-            ``get_task(task, **dict(task_kwargs))``, in worker processes too. A task class of
-            your own is registered first (``register_task("sortletters", SortTask)``) and named
-            here (``task="sortletters"``).
+        task: the *name* of a registered task (a key of :data:`grpo_lab.tasks.TASKS`), not a task
+            object: every run, in worker processes too, builds ``get_task(task, **dict(task_kwargs))``.
         steps: RL steps per seed.
         config: the :class:`~grpo_lab.training.trainer.TrainerConfig`.
-        task_kwargs: the task's keyword arguments, as a dict (``{"max_len": 4}``) or as
-            ``(key, value)`` pairs (``(("max_len", 4),)``); stored as a tuple of pairs sorted by
-            key, so that equal arguments give equal (and equally hashed) profiles.
-        lora: LoRA adapters to train instead of the whole model (:class:`grpo_lab.policy.lora.LoraSpec`, or a
-            dict such as ``dict(r=8, alpha=16, target_modules=("q_proj", "v_proj"))``, stored as a
-            ``LoraSpec``); ``None`` (default): full fine-tuning. Each run puts them on the base with
-            its seed (:meth:`~grpo_lab.policy.lora.LoraSpec.apply`); part of the run's configuration hash.
+        task_kwargs: the task's keyword arguments, a dict or ``(key, value)`` pairs, stored as a tuple
+            of pairs sorted by key (equal arguments, equal hashes).
+        lora: LoRA adapters to train instead of the whole model (:class:`grpo_lab.policy.lora.LoraSpec`
+            or a dict, stored as a ``LoraSpec``; put on the base with each run's seed); ``None``: full
+            fine-tuning.
 
     Raises:
-        TypeError: ``task`` is not a ``str`` (e.g. a task instance: the message says how to name
-            it instead), or ``task_kwargs`` is neither a mapping nor ``(key, value)`` pairs with
-            ``str`` keys, or ``lora`` is neither ``None``, a ``LoraSpec`` nor a dict.
+        TypeError: ``task`` is not a ``str`` (the message says how to name a task object), or
+            ``task_kwargs`` is neither a mapping nor ``(key, value)`` pairs with ``str`` keys, or
+            ``lora`` is neither ``None``, a ``LoraSpec`` nor a dict.
         ValueError: ``task`` is empty, a key repeats in ``task_kwargs``, or ``lora`` has a bad value.
     """
 
@@ -155,59 +150,37 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
                 **config: Any) -> Profile:
     """The ``"gpu"`` profile: a hub instruct model trained on GSM8K on one CUDA GPU.
 
-    The model is :data:`GPU_MODEL` (``$GRPO_LAB_GPU_MODEL`` if set), loaded in float32 and trained
-    with ``precision="auto"`` (bfloat16 autocast on Ampere or newer, float16 with a gradient
-    scaler on a T4 or V100: :func:`grpo_lab.training.trainer.resolve_precision`). The task is
-    :class:`grpo_lab.tasks.gsm8k.GSM8KTask` with prompts in the model's own chat template
-    (``tokenizer_name`` = the model) and a generation budget of 512 tokens. The scale is that of a
-    small real GRPO run: 16 questions × G = 8 responses per step (128 completions), two
-    minibatches per rollout (so the second update is off-policy and the clip can act), lr 1e-6
-    (DeepSeekMath §4.2, DAPO §4.1) with 5 optimiser steps of warm-up, 60 steps, greedy test accuracy
-    every 10 steps. :func:`expected_gpu_minutes` estimates its wall time.
-
-    Micro-batches (4 rows) and evaluation batches (64 problems) are defaults for a device that is not
-    CUDA (a dry run). On a CUDA device both are fitted to the card by the memory model
-    (:func:`grpo_lab.experiments.memory_fit.fit_gpu_config`: the largest power of two up to a minibatch,
-    resp. up to 64, whose phases fit, assuming a KL reference copy unless ``lora`` is set; with
-    ``gradient_checkpointing`` switched on when the step fits only with it), from the model's
-    ``config.json`` alone, before any weight is loaded; a size the user chose is kept, and one that will
-    not fit fails here, naming the phase and the setting that would fit.
+    The model (:data:`GPU_MODEL`) is loaded in float32 and trained with ``precision="auto"``
+    (:func:`grpo_lab.training.trainer.resolve_precision`), on :class:`grpo_lab.tasks.gsm8k.GSM8KTask`
+    in the model's chat template with a 512-token budget: 16 questions × G = 8 per step, two
+    minibatches per rollout (so the clip can act), lr 1e-6 (DeepSeekMath §4.2, DAPO §4.1) with 5
+    warm-up updates, 60 steps, greedy test accuracy every 10. :func:`expected_gpu_minutes` estimates
+    its wall time. On CUDA, micro-batch and evaluation batch sizes the user did not choose are fitted
+    to the card from ``config.json`` alone (:func:`grpo_lab.experiments.memory_fit.fit_gpu_config`,
+    gradient checkpointing if only that fits).
 
     Args:
-        model: a hub id or a local directory in the hub layout; ``None``: ``$GRPO_LAB_GPU_MODEL``
-            or :data:`GPU_MODEL`. Also the tokenizer whose chat template formats the prompts.
+        model: a hub id or local hub-layout directory (also the chat template); ``None``:
+            ``$GRPO_LAB_GPU_MODEL`` or :data:`GPU_MODEL`.
         source: GSM8K's source; ``None``: ``$GRPO_LAB_GSM8K_SOURCE`` or :data:`GPU_GSM8K_SOURCE`.
-        test_size: the first this many test problems (``None``: all); applies to the hub source
-            only: any other source (the 8-problem fixture) is evaluated on its whole test split.
+        test_size: the first this many test problems of the hub source (``None``: all).
         steps: RL steps per seed.
-        environ: where the ``$GRPO_LAB_GPU_*`` and ``$GRPO_LAB_GSM8K_SOURCE`` variables are read
-            (default ``os.environ``; ``{}`` ignores them, as the import-time ``PROFILES["gpu"]`` does,
-            so that a bad variable breaks only what builds the GPU profile: ``--profile gpu``, and the
-            chapters' GPU cells, which build it on every profile to show the plan and its expected time).
-        lora: train LoRA adapters instead of the whole model (:attr:`Profile.lora`), e.g.
-            ``dict(r=16, alpha=32, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))``; ``None``
-            (default): full fine-tuning. LoRA usually wants a larger learning rate than the default
-            1e-6 (pass ``lr=...`` too). The KL reference is then the base itself (no reference copy).
-        **config: :class:`~grpo_lab.training.trainer.TrainerConfig` fields that replace the defaults above
-            (e.g. ``device="cpu"`` to run the same profile on CPU with a tiny stand-in model). The
-            default ``device`` is ``$GRPO_LAB_GPU_DEVICE`` if set (``"cuda:1"``; ``"cpu"`` for a dry
-            run of the GPU code path, which :func:`~grpo_lab.lab.run_chapter_gpu` marks as one), else ``"cuda"``.
-            ``$GRPO_LAB_GPU_CONFIG``, the path of a YAML (or JSON) file of ``TrainerConfig`` fields
-            (e.g. ``micro_batch_size: 2`` for a GPU with less memory; an inline JSON object such as
-            ``{"micro_batch_size": 2}`` is still accepted), is applied after the
-            defaults and before these keyword arguments; it is parsed, never evaluated.
-        gpu_memory: the card's memory in bytes to fit the batch sizes to (a test's fake card);
-            ``None``: the CUDA device's, when the device is CUDA and CUDA is available; ``False``:
-            no fit (the import-time ``PROFILES["gpu"]``, which must not read a config from the hub).
+        environ: where the ``$GRPO_LAB_GPU_*`` variables are read (default ``os.environ``; ``{}``
+            ignores them, as the import-time ``PROFILES["gpu"]`` does).
+        lora: LoRA adapters instead of full fine-tuning (:attr:`Profile.lora`); the KL reference is
+            then the base (pass a larger ``lr`` too).
+        **config: :class:`~grpo_lab.training.trainer.TrainerConfig` fields over the defaults above,
+            applied after ``$GRPO_LAB_GPU_CONFIG`` (a YAML / JSON file of fields, parsed, never
+            evaluated). ``device`` defaults to ``$GRPO_LAB_GPU_DEVICE`` or ``"cuda"`` (``"cpu"``: a dry run).
+        gpu_memory: the card's memory in bytes to fit to; ``None``: the CUDA device's; ``False``: no fit.
 
     Returns:
         A :class:`Profile` named ``"gpu"``.
 
     Raises:
         ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, a
-            ``$GRPO_LAB_GPU_CONFIG`` that is not a file (or inline JSON object) of known fields, or a bad ``lora``;
-            a phase of the step that the memory model says will not fit the card (its name, and the
-            ``micro_batch_size``, ``eval_batch_size``, ``gradient_checkpointing`` or LoRA that would).
+            ``$GRPO_LAB_GPU_CONFIG`` that is not a file (or inline JSON object) of known fields, a bad
+            ``lora``; a phase that the memory model says will not fit (named, with the setting that would).
     """
     env_ = os.environ if environ is None else environ
     model = str(model if model is not None else env_.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)

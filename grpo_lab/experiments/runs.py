@@ -382,61 +382,42 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         save_model: bool = False, **config_overrides) -> RunResult:
     """Train ``algo`` from the profile's base checkpoint once per seed.
 
-    Every seed starts from the same base weights; the seed fixes prompt sampling, generation
-    and minibatch order. Seeds run one after the other, or in ``n_jobs`` processes.
+    Every seed starts from the same base weights; the seed fixes prompt sampling, generation and
+    minibatch order. Seeds run one after the other, or in ``n_jobs`` processes (same results). A run
+    killed mid-way and run again with ``resume=True`` ends with the same history, bit for bit (but for
+    :data:`grpo_lab.training.trainer.MEASURED_COLUMNS`).
 
     Args:
         algo: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset name (``"GRPO"``).
         profile: ``"cpu"`` / ``"gpu"`` or a :class:`Profile`.
-        seeds: at least one seed; the book always uses ≥ 3.
+        seeds: at least one seed.
         steps: override the profile's step count.
         progress: tqdm bar per seed (default: only in an interactive terminal).
-        n_jobs: worker processes (results are identical for any value).
-        cache: load runs already made from the run cache and store new ones (see the module
-            docstring; ``GRPO_LAB_RUN_CACHE=off`` turns it off everywhere).
-        base: train from this checkpoint instead of the profile's ``base``: a checkpoint name
-            under ``data/checkpoints`` (``"arithmetic-moe-base"``), a local directory or a hub id,
-            as :func:`~grpo_lab.policy.models.load_policy` takes. Recorded in the provenance.
-        task: a key of :data:`grpo_lab.tasks.TASKS` (a name, not a task object) instead of the
-            profile's ``task``; the profile's ``task_kwargs`` are kept only when it names the
-            profile's own task.
-        lora: train LoRA adapters (:class:`grpo_lab.policy.lora.LoraSpec` or a dict such as ``dict(r=8,
-            alpha=16, target_modules=("q_proj", "v_proj"))``) instead of the profile's
-            :attr:`~grpo_lab.experiments.Profile.lora`; ``None`` keeps the profile's. Needs peft.
-            Recorded in the provenance and the run cache's key.
-        resume: continue the runs in ``output_dir`` (see below) instead of refusing a directory that
-            holds one: each seed that finished (its ``result.json`` holds ``steps`` steps) is read back, each
-            with a periodic checkpoint continues from the latest, the others train from the start.
-        save_model: with an ``output_dir``, write each seed's trained policy and tokenizer to
-            ``DIR/<algorithm name>/seed-<k>/final`` (:func:`~grpo_lab.experiments.run_dirs.save_final_model`;
-            LoRA adapters merged), loadable with :func:`~grpo_lab.policy.models.load_policy`; the run's numbers do
-            not change.
-        **config_overrides: fields of :class:`~grpo_lab.training.trainer.TrainerConfig` to override
-            (e.g. ``minibatches=4``). ``output_dir=DIR``: every seed writes into its own directory
-            ``DIR/<algorithm name>/seed-<k>`` (:func:`~grpo_lab.experiments.run_dirs.seed_dir`; its
-            ``run.json``, ``result.json``, trackers' files (``report_to``) and, with ``save_every=N``,
-            a checkpoint every ``N`` steps and after the last, the newest ``save_total_limit`` kept).
-            Such runs are never loaded from the run cache (they would write nothing), only stored.
-            A decaying ``lr_schedule`` (``"linear"``, ``"cosine"``) without ``lr_schedule_steps`` spans
-            the run's ``steps``.
-
-    A run killed mid-way (even by SIGKILL) and run again with ``resume=True`` and the same arguments
-    ends with the same history, bit for bit (but for :data:`grpo_lab.training.trainer.MEASURED_COLUMNS`), as
-    if it had not stopped: a checkpoint holds every RNG state, optimiser state and history row.
+        n_jobs: worker processes.
+        cache: use the run cache (:mod:`grpo_lab.experiments`; ``GRPO_LAB_RUN_CACHE=off`` disables it).
+        base: a checkpoint (shipped name, directory or hub id, as
+            :func:`~grpo_lab.policy.models.load_policy` takes) instead of the profile's ``base``.
+        task: a key of :data:`grpo_lab.tasks.TASKS` instead of the profile's ``task`` (its
+            ``task_kwargs`` are kept only for the profile's own task).
+        lora: LoRA adapters (:class:`grpo_lab.policy.lora.LoraSpec` or a dict) instead of the
+            profile's :attr:`~grpo_lab.experiments.Profile.lora`; ``None`` keeps it. Needs peft.
+        resume: continue the runs in ``output_dir``: a finished seed is read back, one with a
+            checkpoint continues from the latest, the others start over.
+        save_model: with an ``output_dir``, write each seed's policy and tokenizer (LoRA merged) to
+            ``DIR/<algorithm>/seed-<k>/final`` (:func:`~grpo_lab.experiments.run_dirs.save_final_model`).
+        **config_overrides: :class:`~grpo_lab.training.trainer.TrainerConfig` fields (e.g.
+            ``minibatches=4``). With ``output_dir=DIR`` each seed writes into
+            ``DIR/<algorithm>/seed-<k>`` (:func:`~grpo_lab.experiments.run_dirs.seed_dir`).
 
     Returns:
         RunResult.
 
     Raises:
-        ValueError: no seeds, unknown profile/algorithm/task, an empty ``base``, an invalid
-            override, ``n_jobs < 1``, a CUDA device without CUDA; ``resume=True`` or ``save_every``
-            without ``output_dir``; a seed directory that holds an earlier run when ``resume`` is
-            false; ``save_model=True`` without ``output_dir``; with ``resume``, a seed directory that
-            holds another run (the message names every field that differs, e.g. ``lr: 0.0003 in the
-            checkpoint, 0.0001 requested``, or the
-            algorithm's, the profile's, the base's or the task's) or a checkpoint past ``steps``.
-        TypeError: ``task`` is not a ``str`` (a task object: the message says how to name it).
-            Or ``lora`` is neither a ``LoraSpec`` nor a dict (a bad value in it: ``ValueError``).
+        ValueError: no seeds; unknown profile, algorithm or task; an empty ``base``; an invalid
+            override; ``n_jobs < 1``; CUDA unavailable; ``resume``, ``save_every`` or ``save_model``
+            without ``output_dir``; an earlier run in a seed directory without ``resume``; with
+            ``resume``, a directory of another run (every differing field named) or a checkpoint past ``steps``.
+        TypeError: ``task`` is not a ``str``, or ``lora`` neither a ``LoraSpec`` nor a dict.
         ImportError: ``lora`` is set and peft is not installed.
     """
     algo = get_algorithm(algo) if isinstance(algo, str) else algo

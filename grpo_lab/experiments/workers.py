@@ -89,25 +89,20 @@ def _import_user_module(module: str | tuple[str, str | None]) -> None:
 
 
 def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
-    """``[fn(item) for item in items]``, in the worker processes that :func:`run` and
-    :func:`run_grid` keep between calls when ``n_jobs > 1`` (no new interpreters to start when a
-    grid has just run). For work that is not a trainer run, e.g. one seed of a baseline per item
-    (chapter 7's continued-NTP runs, :func:`grpo_lab.lab.pretrain.continued_ntp_run`).
+    """``[fn(item) for item in items]``, in the worker processes that :func:`run` and :func:`run_grid`
+    keep between calls when ``n_jobs > 1``. For work that is not a trainer run (e.g.
+    :func:`grpo_lab.lab.pretrain.continued_ntp_run`).
 
-    With ``n_jobs > 1`` and more than one item, a function defined in a notebook or a script
-    (``__main__``), a lambda or a local function travels *by value* (``cloudpickle``): its code, and
-    a copy of the globals and closure variables it uses, taken when this call starts. It runs in a
-    fresh ``spawn`` interpreter, so it sees neither later changes to those globals nor anything it
-    changes in them (return what you need). Functions of importable modules travel by reference.
-    Items and results travel by ``cloudpickle`` too, so a result may be an instance of a class
-    defined in the notebook (rebuilt by value: not ``isinstance`` of the caller's class). With
-    ``n_jobs=1`` or a single item, ``fn`` runs here, on the caller's own globals. A script read from
-    standard input (``python - <<EOF``) cannot start ``spawn`` workers; save it to a file (and guard
-    its calls with ``if __name__ == "__main__":``).
+    With ``n_jobs > 1`` and several items, a function from ``__main__`` (a notebook, a script), a
+    lambda or a local function travels *by value* (``cloudpickle``, with a copy of the globals it
+    uses, taken now) into a fresh ``spawn`` interpreter: it sees no later change to them and changes
+    nothing here (return what you need). Items and results travel by ``cloudpickle`` too. With
+    ``n_jobs=1`` or one item, ``fn`` runs here. A script read from stdin cannot start ``spawn``
+    workers; save it to a file (with an ``if __name__ == "__main__":`` guard).
 
     Args:
-        fn: a callable taking one item: an importable function, a ``functools.partial`` of one, or a
-            function defined in a notebook cell (by value, above).
+        fn: a callable of one item: an importable function, a ``functools.partial`` of one, or a
+            function defined in a notebook cell (by value).
         items: one argument per call.
         n_jobs: worker processes (``1``: in this process).
 
@@ -117,10 +112,9 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
     Raises:
         ValueError: ``n_jobs < 1``.
         TypeError: with ``n_jobs > 1``, ``fn`` (or a global it uses), an item or a result cannot be
-            pickled, e.g. a generator, a file open for writing or a lock (the message says which).
-        Exception: whatever ``fn`` raises, after the workers are stopped; an exception whose class
-            cannot travel back (one defined in a notebook) arrives as a ``RuntimeError`` that gives its
-            class, message and the worker's traceback.
+            pickled (the message says which).
+        Exception: whatever ``fn`` raises, after the workers are stopped; one whose class cannot travel
+            back arrives as a ``RuntimeError`` with its class, message and the worker's traceback.
     """
     if not isinstance(n_jobs, int) or isinstance(n_jobs, bool) or n_jobs < 1:
         raise ValueError(f"map_workers: n_jobs must be an int >= 1, got {n_jobs!r}")

@@ -291,31 +291,27 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
 
     Files written into ``out`` (created if needed, files of the same name replaced):
 
-    * ``train.py``: ``trl.GRPOConfig(**SETTINGS, **RUN)`` where ``SETTINGS`` is :func:`~grpo_lab.export.translation.to_trl`
-      of the algorithm and budget, written as a literal dict (read it, edit it), and ``RUN`` the run's own
-      keys (``max_steps``, ``seed``, ``logging_steps``, ``output_dir``, ``report_to``); the policy loaded by
-      :func:`grpo_lab.policy.models.load_policy`; ``trl.GRPOTrainer(...).train()``. ``python train.py`` or
-      ``accelerate launch train.py``; ``--max-steps N``, ``--cpu`` (``use_cpu=True, bf16=False``),
-      ``--output-dir``, ``--report-to``. Its ``build_trainer(argv)`` returns the trainer without training.
-    * ``dataset.jsonl``: ``steps * prompts_per_step`` training problems of the task (drawn with
-      ``numpy.random.default_rng(seed)``), in TRL's standard (not conversational) form: ``prompt`` (the exact
-      text the grpo_lab policy sees), ``answer`` (the gold answer) and ``meta`` (the problem's facts, JSON).
-    * ``rewards.py``: ``reward(completions, **columns) -> list[float]``, the task's own reward
-      (``task.rewards`` / ``task.reward`` on :class:`~grpo_lab.tasks.Problem` rows rebuilt from the
-      columns), and ``reward_funcs()``: that reward plus DAPO's soft overlong punishment when the algorithm
-      has one (:func:`~grpo_lab.export.translation.trl_reward_funcs`).
-    * ``README.md``: what was exported, the translation's notes and issues, one per line, and the commands.
+    * ``train.py``: ``trl.GRPOConfig(**SETTINGS, **RUN)``, ``SETTINGS`` the literal dict of
+      :func:`~grpo_lab.export.translation.to_trl`, ``RUN`` the run's own keys (``max_steps``, ``seed``,
+      ...); the policy from :func:`grpo_lab.policy.models.load_policy`; ``trl.GRPOTrainer(...).train()``.
+      Flags ``--max-steps``, ``--cpu``, ``--output-dir``, ``--report-to``; ``build_trainer(argv)``
+      returns the trainer untrained.
+    * ``dataset.jsonl``: ``steps * prompts_per_step`` problems (``numpy.random.default_rng(seed)``) in
+      TRL's standard form: ``prompt`` (the exact text grpo_lab's policy sees), ``answer``, ``meta`` (JSON).
+    * ``rewards.py``: ``reward(completions, **columns) -> list[float]``, the task's own reward, and
+      ``reward_funcs()``, plus DAPO's soft overlong punishment when the algorithm has one
+      (:func:`~grpo_lab.export.translation.trl_reward_funcs`).
+    * ``README.md``: what was exported, the translation's notes and issues, and the commands.
 
     Args:
         preset: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset name.
         task: a registered dataclass task (:func:`grpo_lab.tasks.task_spec` describes it) or its name.
-        model: a checkpoint directory, the name of a shipped checkpoint (``"arithmetic-base"``) or a hub id.
+        model: a checkpoint directory, a shipped checkpoint's name (``"arithmetic-base"``) or a hub id.
         out: the job's directory.
-        config: a :class:`~grpo_lab.training.trainer.TrainerConfig` whose budget (:func:`~grpo_lab.export.optimisation.budget_from_config`)
-            and seed the job uses; ``None``: ``TrainerConfig()``.
-        steps: training steps (``GRPOConfig.max_steps``); ``None``: ``config.lr_schedule_steps``, else
-            :data:`DEFAULT_STEPS`.
-        strict: as :func:`~grpo_lab.export.translation.translate`: raise unless TRL computes the algorithm exactly.
+        config: the :class:`~grpo_lab.training.trainer.TrainerConfig` whose budget
+            (:func:`~grpo_lab.export.optimisation.budget_from_config`) and seed the job uses; ``None``: the default.
+        steps: ``GRPOConfig.max_steps``; ``None``: ``config.lr_schedule_steps``, else :data:`DEFAULT_STEPS`.
+        strict: as :func:`~grpo_lab.export.translation.translate`.
         **budget: budget keys (:data:`~grpo_lab.export.translation.BUDGET_KEYS`) over the config's.
 
     Returns:
@@ -328,8 +324,8 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
         FileExistsError: ``out`` is a file.
 
     Warns:
-        JobCaveatWarning: the job trains on the shipped fixture, or imports a task module it cannot find; the
-            README's caveats say the same (a task module that is one file is copied into ``out`` instead).
+        JobCaveatWarning: the job trains on the shipped fixture, or imports a task module it cannot
+            find (a one-file task module is copied into ``out`` instead); the README says the same.
     """
     job = _prepare(preset, task, model, out, config, steps, strict, "trl", budget)
     b = job.translation.budget
@@ -427,21 +423,16 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
 
     Files written into ``out`` (created if needed, files of the same name replaced):
 
-    * ``train.parquet`` (``steps * prompts_per_step`` problems drawn with ``numpy.random.default_rng(seed)``)
-      and ``test.parquet`` (the task's test set) in verl's RL dataset schema: ``data_source``
-      (``"grpo_lab/<task>"``), ``prompt`` (chat messages: for GSM8K the system prompt and the question with
-      its instruction, otherwise the task's prompt as the user turn; verl applies the model's chat template),
-      ``ability``, ``reward_model = {"style": "rule", "ground_truth": answer}``, ``extra_info`` (``split``,
-      ``index``, ``prompt``: grpo_lab's prompt text, ``meta``: the problem's facts as JSON).
-    * ``reward.py``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, the task's
-      own reward (``{"score": reward, "acc": correctness}``); verl's built-in scorers are never used.
-    * ``overrides.txt``: one Hydra override a line: :func:`~grpo_lab.export.translation.to_verl` of the algorithm and budget
-      (with ``nnodes`` / ``n_gpus_per_node``), then ``data.train_files`` / ``val_files``,
-      ``reward.custom_reward_function.path`` / ``name``, ``actor_rollout_ref.model.path``, the rollout engine
-      (:data:`VERL_ROLLOUT`) and its log-prob micro-batch, ``trainer.total_training_steps``, logger and names.
-      Paths are absolute: write the job again if the directory moves.
-    * ``run.sh``: ``python3 -m verl.trainer.main_ppo <overrides> "$@"`` (on the Ray cluster's head node).
-    * ``README.md``: what was exported, the translation's notes and issues, one per line, and the commands.
+    * ``train.parquet`` (``steps * prompts_per_step`` problems, ``numpy.random.default_rng(seed)``) and
+      ``test.parquet`` (the test set) in verl's RL dataset schema: ``data_source``
+      (``"grpo_lab/<task>"``), ``prompt`` (chat messages; verl applies the chat template), ``ability``,
+      ``reward_model = {"style": "rule", "ground_truth": answer}``, ``extra_info``.
+    * ``reward.py``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, the
+      task's own reward (``{"score": reward, "acc": correctness}``), never verl's built-in scorers.
+    * ``overrides.txt``: one Hydra override a line, :func:`~grpo_lab.export.translation.to_verl` then
+      the data, reward, model, rollout engine (:data:`VERL_ROLLOUT`), steps and logger; absolute paths.
+    * ``run.sh``: ``python3 -m verl.trainer.main_ppo <overrides> "$@"`` (on the Ray head node).
+    * ``README.md``: what was exported, the translation's notes and issues, and the commands.
 
     Args:
         preset, task, model, out, config, steps, strict: as :func:`trl_job`.
@@ -456,8 +447,7 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
         ValueError, FileNotFoundError, FileExistsError: as :func:`trl_job`.
 
     Warns:
-        JobCaveatWarning: as :func:`trl_job`, and for a local model without a chat template (verl cannot
-            prompt it).
+        JobCaveatWarning: as :func:`trl_job`, and for a local model without a chat template.
     """
     job = _prepare(preset, task, model, out, config, steps, strict, "verl",
                    {**budget, "nnodes": nnodes, "n_gpus_per_node": n_gpus_per_node})

@@ -1,41 +1,29 @@
 """The optimisation half of an export: the run's budget read from a ``TrainerConfig``, and the optimiser,
 learning-rate schedule and precision settings of TRL and verl that reproduce grpo_lab's.
 
-:func:`budget_from_config` returns the keyword arguments that :func:`~grpo_lab.export.translation.translate`,
-:func:`~grpo_lab.export.translation.to_trl` and :func:`~grpo_lab.export.translation.to_verl` take as ``**budget``
-(:data:`~grpo_lab.export.translation.BUDGET_KEYS`), so nothing is typed twice. :func:`trl_optimisation` and
-:func:`verl_optimisation` are the optimisation part of each translation (the export calls them).
+:func:`budget_from_config` returns the ``**budget`` keyword arguments of
+:func:`~grpo_lab.export.translation.translate` / ``to_trl`` / ``to_verl``
+(:data:`~grpo_lab.export.translation.BUDGET_KEYS`); :func:`trl_optimisation` and
+:func:`verl_optimisation` are each translation's optimisation part.
 
-What is matched, and how (TRL 1.16.0 with transformers' ``Trainer``; verl 0.9.1's FSDP engine,
-``verl/workers/engine/fsdp/transformer_impl.py``, ``verl/utils/torch_functional.py``):
+What is matched (TRL 1.16.0 with transformers' ``Trainer``; verl 0.9.1's FSDP engine):
 
-* **Learning-rate schedule.** grpo_lab's update ``k`` (0-based) gets ``lr * f(k)``, ``f`` the multiplier of
-  transformers' scheduler (``constant_with_warmup`` / ``linear`` / ``cosine``) with ``num_warmup_steps =
-  warmup`` and ``num_training_steps = H``, ``H = lr_schedule_steps x epochs x minibatches`` optimiser updates
-  (:func:`horizon`): transformers' own convention, so the first update of a warm-up has learning rate 0, as in
-  TRL and verl. TRL: ``lr_scheduler_type`` (always written: TRL's default ``"linear"`` decays to 0),
-  ``warmup_steps``, ``max_steps = H``. verl: ``optim.lr_scheduler_type`` (``"constant"`` is transformers'
-  ``constant_with_warmup``; the deprecated ``warmup_style`` is left unset), ``lr_warmup_steps`` (with
-  ``lr_warmup_steps_ratio=0``: verl reads a warm-up of 0 as "use the ratio"), ``min_lr_ratio=0``,
-  ``num_cycles=0.5``, ``zero_indexed_step=True`` (then its cosine is transformers' to the float), and the horizon
-  as ``trainer.total_training_steps`` (verl's trainer writes it into ``optim.total_training_steps``). verl has
-  no linear decay (its FSDP optimiser config accepts constant and cosine only) and steps its scheduler once
-  per RL step, after all ``ppo_epochs x`` mini-batches: a warm-up or decay is then per RL step, not per
-  update. Both are approximate issues.
-* **AdamW.** ``betas`` and ``weight_decay`` are always written (TRL's ``adam_beta2`` is 0.999, verl's betas
-  ``[0.9, 0.999]`` with weight decay 0.01; grpo_lab's ``(0.9, 0.99)`` and 0). TRL decays the same parameters
-  as grpo_lab (transformers' rule: not biases and norm weights, :mod:`grpo_lab.training.adamw`); verl's FSDP
-  optimiser decays every parameter, an approximate issue when ``weight_decay > 0``. ``grad_clip``: TRL
-  ``max_grad_norm``, verl ``optim.clip_grad`` (both clip the global norm, as ``torch.nn.utils.clip_grad_norm_``).
-* **Precision.** grpo_lab autocasts the forward passes to ``precision`` and keeps float32 parameters,
-  gradients and optimiser state. TRL: ``bf16`` / ``fp16`` (always written: TRL's ``bf16`` defaults to True),
-  transformers' autocast with float32 master weights when the model is loaded in float32. verl:
-  ``fsdp_config.model_dtype=fp32`` (master weights) and ``fsdp_config.mixed_precision.param_dtype``
-  ``fp32`` / ``bf16`` / ``fp16`` for the actor and the reference (FSDP casts the parameters for the forward and
-  autocasts; fp32 turns both off). A 16-bit precision whose resolution near 1 (half its machine epsilon,
-  ``torch.finfo``: ``2^-8 ~ 0.0039`` for bfloat16, ``2^-11`` for float16) is coarser than the algorithm's
-  clip range (``eps_low`` / ``eps_high``, e.g. GSPO's 3e-4 / 4e-4) is an approximate issue: the ratios that
-  range separates are rounding noise at that precision.
+* **schedule**: update ``k`` (0-based) gets ``lr * f(k)``, ``f`` transformers' multiplier
+  (``constant_with_warmup`` / ``linear`` / ``cosine``) over ``H`` optimiser updates
+  (:func:`horizon`), so a warm-up's first update has learning rate 0, as in both libraries. TRL:
+  ``lr_scheduler_type`` (always written), ``warmup_steps``, ``max_steps = H``. verl:
+  ``optim.lr_scheduler_type``, ``lr_warmup_steps`` (with ``lr_warmup_steps_ratio=0``),
+  ``min_lr_ratio=0``, ``num_cycles=0.5``, ``zero_indexed_step=True``, ``trainer.total_training_steps``.
+* **AdamW**: ``betas`` and ``weight_decay`` always written (the libraries' defaults differ from
+  grpo_lab's); ``grad_clip`` is TRL's ``max_grad_norm``, verl's ``optim.clip_grad``.
+* **precision**: grpo_lab autocasts to ``precision`` over float32 parameters, gradients and
+  optimiser state; TRL ``bf16`` / ``fp16`` (always written: ``bf16`` defaults to True); verl
+  ``fsdp_config.model_dtype=fp32`` and ``mixed_precision.param_dtype``.
+
+Approximate (an issue each, one line): verl has no linear decay; verl steps its scheduler once per
+RL step, not per update; verl's FSDP optimiser decays biases and norm weights
+(:mod:`grpo_lab.training.adamw` does not); a 16-bit precision whose resolution near 1 (half its
+``torch.finfo`` epsilon) is coarser than the clip range (``eps_low`` / ``eps_high``).
 """
 
 from __future__ import annotations

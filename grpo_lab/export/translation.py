@@ -1,77 +1,52 @@
 """Run a grpo_lab algorithm on TRL or verl with the same objective: settings, and what they mean.
 
-Users who outgrow one machine move to Hugging Face TRL (``trl.GRPOTrainer``, accelerate/DeepSpeed)
-or to verl (Ray, many GPUs and nodes). The two libraries name the same ideas differently and
-compute some of them differently by default, so a preset copied field by field trains another
-objective under the same name. This module translates an :class:`~grpo_lab.algo.algorithms.Algorithm`
-into each library's settings, axis by axis, and says where the translation is exact:
+TRL (``trl.GRPOTrainer``) and verl (Ray, many GPUs and nodes) name the same ideas differently and
+compute some differently by default, so a preset copied field by field trains another objective
+under the same name. This module translates an :class:`~grpo_lab.algo.algorithms.Algorithm` axis
+by axis and says where the translation is exact:
 
-* :func:`to_trl` — keyword arguments of ``trl.GRPOConfig`` (TRL 1.16.0);
-* :func:`to_verl` — Hydra overrides of verl's PPO/GRPO trainer (``python -m verl.trainer.main_ppo``,
-  config ``ppo_trainer.yaml``; verl 0.9.1);
-* :func:`translate` — either of them plus the semantic notes and every difference found, as a
-  :class:`Translation`; :attr:`Translation.computes` is the grpo_lab algorithm the exported
-  settings compute *exactly* (the tests in ``tests/test_xcheck_*.py`` check that equality against
-  each library's own loss code, in float64, to 1e-10);
-* :func:`mapping_table` — the translation table (grpo_lab axis -> TRL field -> verl field -> note)
-  as a pandas DataFrame; :func:`support_table` — each preset x target: exact, or what raises.
+* :func:`to_trl`: keyword arguments of ``trl.GRPOConfig`` (TRL 1.16.0);
+* :func:`to_verl`: Hydra overrides of ``python -m verl.trainer.main_ppo`` (``ppo_trainer.yaml``; verl 0.9.1);
+* :func:`translate`: either, with notes and every difference, as a :class:`Translation`;
+  :attr:`Translation.computes` is the algorithm the settings compute *exactly* (checked against
+  each library's loss code in float64 by ``tests/test_xcheck_*.py``);
+* :func:`mapping_table`: grpo_lab axis -> TRL field -> verl field -> note; :func:`support_table`:
+  each preset x target, exact or what raises.
 
-What differs between the three, read from TRL 1.16.0 (``trl/trainer/grpo_trainer.py``,
-``grpo_config.py``) and verl 0.9.1 (``verl/trainer/ppo/core_algos.py``, ``workers/utils/losses.py``,
-``trainer/config/*.yaml``) and measured on identical float64 tensors (grpo_lab issue 16):
+Where the libraries differ from the papers or from grpo_lab, one line each (read from TRL's
+``grpo_trainer.py`` / ``grpo_config.py`` and verl's ``core_algos.py`` / ``losses.py`` / configs):
 
-* **KL.** TRL's ``use_bias_correction_kl`` defaults to True: the k3 estimate times the importance
-  ratio, DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7, not DeepSeekMath (arXiv 2402.03300) Eqs. 3-4.
-  TRL has k3 only; verl has k1, k2 (``mse``) and k3 (``low_var_kl``, its value clamped at 10),
-  and no importance-corrected form.
-* **Advantage epsilon.** TRL hard-codes ``std + 1e-4``, verl's GRPO estimator ``std + 1e-6``;
-  neither is a setting. A preset is exact in TRL iff ``adv_eps == 1e-4`` and in verl iff
-  ``adv_eps == 1e-6`` (the presets use 1e-4). ``"group_mean"`` (Dr.GRPO, V3.2) has no epsilon.
-* **Aggregation.** TRL's ``loss_type`` and verl's ``loss_agg_mode``; DAPO Eq. 12 as written (our
-  ``"group_token_mean"``) exists in neither, both divide by the batch's token count
-  (``"token_mean"``). TRL's ``dr_grpo`` divides by ``B * max_completion_length`` and counts fully
-  masked rows in B; verl's ``seq-mean-token-sum-norm`` divides by the padded width unless
-  ``loss_scale_factor`` is set; both libraries' sequence means count fully masked rows, grpo_lab's
-  do not (rows are only empty when Overlong Filtering masks them); verl's ``seq-mean-token-mean``
-  divides each row by ``|o_i| + 1e-8``, which its actor computes in float32 from a bool mask, where
-  it rounds to ``|o_i|`` (exact).
-* **Clip.** TRL: ``epsilon`` / ``epsilon_high``; verl: ``clip_ratio_low`` / ``clip_ratio_high``
-  plus a dual clip (``clip_ratio_c = 3``: the loss of an ``A < 0`` token is capped at ``3|A|``) that
-  is in neither DeepSeekMath nor DAPO; the export switches it off with ``clip_ratio_c = 1e10``,
-  above any ratio verl can form (it clamps ``log r`` to +-20, ``e^20 ~ 4.9e8``), so exactly.
-* **CISPO** (MiniMax-M1, arXiv 2506.13585). TRL's ``epsilon_high`` is an *absolute* cap on the
-  weight (``min(r, epsilon_high)``, no floor), verl's ``clip_ratio_low/high`` are relative
-  (``clip(r, 1 - low, 1 + high)``) as ours. Both write the loss ``-sg(w) A log pi_theta`` (Eq. 4);
-  ours is ``-sg(w) A log r``: the same gradient, a value that differs by ``sg(w) A log pi_old``.
-* **GSPO** (arXiv 2507.18071). verl's ``gspo`` aggregates with whatever ``loss_agg_mode`` says
-  (``token-mean`` by default, not Eq. 5): the export sets ``seq-mean-token-mean``.
-* **V3.2 masking** (Eqs. 8-9). TRL's ``off_policy_mask_threshold``; verl has no counterpart.
-* **Sampling & shaping.** DAPO's dynamic sampling: verl ``algorithm.filter_groups``, not in TRL;
-  Overlong Filtering: TRL ``mask_truncated_completions``, not in verl; soft overlong punishment:
-  verl's ``dapo`` reward manager, TRL's ``trl.rewards.get_soft_overlong_punishment`` reward function
-  (:func:`trl_reward_funcs`).
-* **Optimisation** (:mod:`grpo_lab.export.optimisation`). Learning-rate schedule and warm-up (transformers'
-  convention on all three sides), AdamW betas and weight decay (always written: the libraries' defaults
-  differ), gradient clipping and precision (TRL's ``bf16`` defaults to True); verl steps its scheduler per RL
-  step, has no linear decay and decays biases and norm weights; a 16-bit precision coarser than the clip
-  range is approximate.
+* KL: TRL's default ``use_bias_correction_kl`` is k3 times the ratio (DeepSeek-V3.2, arXiv
+  2512.02556, Eq. 7), not DeepSeekMath Eqs. 3-4; TRL has k3 only, verl k1, k2 (``mse``), k3
+  (``low_var_kl``, clamped at 10) and no importance-corrected form.
+* advantage epsilon: hard-coded ``std + 1e-4`` in TRL, ``std + 1e-6`` in verl, so ``adv_eps`` is
+  exact only at that value (the presets use 1e-4).
+* aggregation: DAPO Eq. 12 as written (``"group_token_mean"``) exists in neither (both ``token_mean``);
+  TRL's ``dr_grpo`` divides by ``B * max_completion_length``, verl's ``seq-mean-token-sum-norm`` by
+  the padded width unless ``loss_scale_factor`` is set; both count fully masked rows, grpo_lab does not.
+* clip: verl's dual clip (``clip_ratio_c = 3``) is in neither paper; the export sets
+  ``clip_ratio_c = 1e10``, above any ratio verl can form (it clamps ``log r`` to +-20).
+* CISPO (MiniMax-M1, arXiv 2506.13585, Eq. 4): TRL's ``epsilon_high`` is an absolute cap with no
+  floor, verl's bounds relative as ours; both write ``-sg(w) A log pi_theta``, ours
+  ``-sg(w) A log r`` (same gradient).
+* GSPO (arXiv 2507.18071, Eq. 5): verl's ``gspo`` aggregates by ``loss_agg_mode``; the export sets
+  ``seq-mean-token-mean``.
+* V3.2 masking (Eqs. 8-9): TRL's ``off_policy_mask_threshold``; none in verl.
+* sampling and shaping: dynamic sampling is verl's ``algorithm.filter_groups`` only; Overlong
+  Filtering TRL's ``mask_truncated_completions`` only; soft overlong punishment verl's ``dapo``
+  reward manager and TRL's reward function (:func:`trl_reward_funcs`).
+* optimisation: :mod:`grpo_lab.export.optimisation`.
 
-The installed TRL / verl is compared with the verified releases (:mod:`grpo_lab.export.versions`): another
-one gives a :class:`~grpo_lab.export.versions.LibraryVersionWarning` naming both.
+Another installed TRL / verl than the verified releases gives a
+:class:`~grpo_lab.export.versions.LibraryVersionWarning` (:mod:`grpo_lab.export.versions`).
 
-Policy: an export is *strict* by default. Anything a target computes differently raises
-``ValueError`` (:class:`ExportError`) naming what would be lost and, where one exists, the exact
-alternative (``preset.replace(...)``, which the target does compute exactly). ``strict=False``
-returns the nearest mapping and issues each difference as an :class:`ApproximateExportWarning`
-(:attr:`Translation.issues` lists them). A choice with no counterpart at all (a registry function
-from outside the package, RLOO in TRL's GRPO trainer, Routing Replay) raises either way.
-
-The export fails closed: each registry axis (advantage, ratio level, surrogate, aggregation, KL
-estimator) maps through a table per target keyed by the choice's name (the surrogates:
-``_TRL_SURROGATES`` and ``_VERL_SURROGATES``, name -> a small mapping function), and a choice a
-table lacks raises, naming the axis, the choice and the target, whatever ``strict`` says. A new
-surrogate is exported once its entry is written in each table (a mapping, or a refusal with its
-reason); it is never exported as another surrogate's settings.
+Policy: strict by default: anything a target computes differently raises :class:`ExportError` (a
+``ValueError``) naming what would be lost and the exact alternative (``preset.replace(...)``)
+where one exists; ``strict=False`` returns the nearest mapping with one
+:class:`ApproximateExportWarning` per difference (:attr:`Translation.issues`). The export fails
+closed: each registry axis maps through a table per target keyed by the choice's name (the
+surrogates: ``_TRL_SURROGATES``, ``_VERL_SURROGATES``), and a choice a table lacks (a registry
+function from outside the package, RLOO in TRL, Routing Replay) raises whatever ``strict`` says.
 """
 
 from __future__ import annotations
@@ -1002,26 +977,24 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
         target: ``"trl"`` (TRL 1.16.0, ``GRPOConfig`` keyword arguments) or ``"verl"`` (verl 0.9.1,
             Hydra overrides of ``ppo_trainer.yaml``).
         strict: True (default): raise :class:`ExportError` unless the target computes ``algo``
-            exactly. False: return the nearest mapping and issue one
-            :class:`ApproximateExportWarning` per difference (still raises for an impossible one).
+            exactly. False: return the nearest mapping, one :class:`ApproximateExportWarning` per
+            difference (an impossible one still raises).
         **budget: the run's sizes, keys of :data:`BUDGET_KEYS` (``group_size``, ``max_new_tokens``,
-            ``prompts_per_step``, ``minibatches``, ``epochs``, ``micro_batch_size``, ``lr``, ...).
-            Only the keys given are exported and the target's defaults hold for the rest, except ``lr_schedule``,
-            ``warmup``, ``betas``, ``weight_decay`` and ``precision``, always written (TrainerConfig's defaults
-            when absent) because TRL's and verl's defaults differ from grpo_lab's
-            (:mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.optimisation.budget_from_config` gives them all.
+            ``lr``, ...): only those given are exported, but ``lr_schedule``, ``warmup``, ``betas``,
+            ``weight_decay`` and ``precision`` are always written (the libraries' defaults differ;
+            :mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.optimisation.budget_from_config`
+            gives them all.
 
     Returns:
         :class:`Translation` (``config`` is a dict for TRL, a list of ``key=value`` strings for verl).
 
     Raises:
-        LibraryVersionWarning: (a warning, once per version) the target's installed release is not
+        LibraryVersionWarning: (a warning, once per version) the installed target is not
             :data:`~grpo_lab.export.versions.TRL_VERSION` / :data:`~grpo_lab.export.versions.VERL_VERSION`.
-        ExportError: (a ``ValueError``) with ``strict=True`` when any difference exists (the message
-            lists each one and the exact alternative, ``preset.replace(...)``, when there is one);
-            always when a choice has no counterpart (a registry function from outside grpo_lab, a
-            choice that this module does not map to ``target``, e.g. a new surrogate, RLOO in TRL, the
-            batch-std advantage in verl, ``routing_replay=True``).
+        ExportError: (a ``ValueError``) with ``strict=True`` when any difference exists (each listed,
+            with the exact ``preset.replace(...)`` alternative when there is one); always for a choice
+            with no counterpart (a registry function from outside grpo_lab, an unmapped choice, RLOO
+            in TRL, the batch-std advantage in verl, ``routing_replay=True``).
         ValueError: unknown ``target``, unknown or invalid budget keys, a budget that does not split
             (``minibatches`` not dividing ``prompts_per_step``, ...), ``max_new_tokens`` missing where
             the algorithm needs it (Dr.GRPO's constant, DAPO's L_max), or an invalid ``algo``.
@@ -1091,18 +1064,12 @@ def to_verl(algo: Union[Algorithm, str], *, strict: bool = True, **budget: Any) 
     """Hydra overrides of verl 0.9.1's PPO/GRPO trainer that train ``algo``.
 
     They go on verl's command line, ``["python", "-m", "verl.trainer.main_ppo",
-    *to_verl(GRPO.replace(adv_eps=1e-6), group_size=8, max_new_tokens=1024), ...]`` (``...``: the model,
-    data and rollout-engine settings, which are not the algorithm's). The translation, axis by axis (see
-    :func:`mapping_table`): ``algorithm.adv_estimator=grpo`` with ``norm_adv_by_std_in_grpo``
-    (verl's epsilon is a hard-coded 1e-6, so ``adv_eps`` must be 1e-6 for the std-scaled form),
-    ``actor_rollout_ref.actor.policy_loss.loss_mode`` (``vanilla`` / ``gspo`` / ``cispo``),
-    ``clip_ratio_low`` / ``clip_ratio_high``, ``clip_ratio_c=1e10`` (verl's dual clip off),
-    ``loss_agg_mode`` (``seq-mean-token-mean`` for GSPO too, not verl's token-mean default) and
-    ``loss_scale_factor`` (Dr.GRPO's constant), ``use_kl_loss`` / ``kl_loss_type`` /
-    ``kl_loss_coef``, ``algorithm.filter_groups`` (DAPO dynamic sampling, metric ``acc``), the
-    ``dapo`` reward manager's ``overlong_buffer_cfg`` (soft overlong punishment), and the sizes of
-    ``budget``. verl has no Overlong Filtering, no importance-corrected KL and no Off-Policy
-    Sequence Masking.
+    *to_verl(GRPO.replace(adv_eps=1e-6), group_size=8, max_new_tokens=1024), ...]`` (``...``: the
+    model, data and rollout-engine settings). The axes map as :func:`mapping_table` lists them
+    (``algorithm.adv_estimator``, ``policy_loss.loss_mode``, ``clip_ratio_*``, ``loss_agg_mode``,
+    ``loss_scale_factor``, ``kl_loss_*``, ``algorithm.filter_groups``, the ``dapo`` reward manager's
+    ``overlong_buffer_cfg``), plus the sizes of ``budget``. verl has no Overlong Filtering, no
+    importance-corrected KL and no Off-Policy Sequence Masking.
 
     Args:
         algo, strict, budget: as :func:`translate` (``budget`` as keyword arguments).

@@ -1,35 +1,22 @@
 """The field's vocabulary: which grpo_lab setting a TRL ``GRPOConfig`` or verl trainer-config option means.
 
-TRL and verl users type their own names (``num_generations``, ``beta``, ``loss_type``, ``clip_ratio_low``,
-``kl_loss_coef``, ...). grpo_lab refuses them (``--set`` and config files keep one spelling per setting)
-but says, for each, the grpo_lab field and value that mean the same (:func:`explain`), so that the fix is
-one copy away and a difference of meaning stays visible.
+grpo_lab refuses TRL's and verl's names (``num_generations``, ``beta``, ``loss_type``,
+``clip_ratio_low``, ...; one spelling per setting) but says, for each, the grpo_lab field and value
+that mean the same (:func:`explain`). Nothing is typed twice: the vocabulary is derived from the
+export (:mod:`grpo_lab.export.translation`) and read back through the linter (:mod:`grpo_lab.export.lint`):
 
-Nothing here is typed twice: the vocabulary is *derived* from the export (:mod:`grpo_lab.export.translation`)
-and read back through the linter (:mod:`grpo_lab.export.lint`):
+* **which key** (:func:`vocabulary`): each grpo_lab name the export writes from is perturbed in
+  turn, GRPO exported with and without the change, and every library key whose value changes is
+  that name's; a key written whatever the algorithm is a setting grpo_lab pins
+  (``top_entropy_quantile=1.0``, ``clip_ratio_c=1e10``).
+* **which value**: a choice the probes met is the export's table read backwards
+  (:func:`grpo_lab.export.lint_base.inverse`); any other value is what
+  :func:`~grpo_lab.export.lint.from_trl` / :func:`~grpo_lab.export.lint.from_verl` make of it.
+* **which names**: a key by its full name or its last component, among the probed keys and those
+  the linter knows (:mod:`grpo_lab.export.library_defaults`).
 
-* **which key**: each grpo_lab name that the export writes from (every :class:`~grpo_lab.algo.algorithms.Algorithm`
-  field, every budget key that is a ``TrainerConfig`` field) is perturbed in turn, the GRPO preset exported
-  to each library with and without the change (the mapping :func:`~grpo_lab.export.translation.translate`
-  runs), and every
-  library key whose value changes is that name's (:func:`vocabulary`). A key whose value is the grpo_lab
-  value in every probe carries it over unchanged (``num_generations`` = ``group_size``); a key the export
-  writes whatever the algorithm is a setting grpo_lab does not have, pinned at the value the export writes
-  (``top_entropy_quantile=1.0``, verl's dual clip ``clip_ratio_c=1e10``).
-* **which value**: a choice the probes met (``loss_type='dr_grpo'`` from ``aggregation=
-  'seq_mean_token_sum_norm'``) is the export's own table read backwards (first entry wins, as
-  :func:`grpo_lab.export.lint_base.inverse`); any other value of a key the linter reads (``loss_type='bnpo'``,
-  ``'luspo'``) is what :func:`~grpo_lab.export.lint.from_trl` / :func:`~grpo_lab.export.lint.from_verl` make of
-  it, with the linter's own words when grpo_lab has no exact counterpart, and the preset the value names
-  (``DR_GRPO``).
-* **which names**: a key is found by its full name (``actor_rollout_ref.actor.clip_ratio_low``) or its last
-  component (``clip_ratio_low``), among the keys the probes found and those the linter knows
-  (:mod:`grpo_lab.export.library_defaults`).
-
-A key added to an export table, or a new grpo_lab field the export writes, is in the vocabulary without an
-edit here. One reference between library keys is written by hand (:data:`SEE_ALSO`): verl's
-``algorithm.kl_ctrl.kl_coef`` weighs a KL penalty in the *reward*, which the export switches off; its message
-points at the key that holds grpo_lab's KL coefficient.
+One reference is written by hand (:data:`SEE_ALSO`): verl's ``algorithm.kl_ctrl.kl_coef`` (a KL
+penalty in the reward, switched off by the export) points at the key of grpo_lab's KL coefficient.
 """
 
 from __future__ import annotations

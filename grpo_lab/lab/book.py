@@ -497,40 +497,29 @@ GPU_REGIME_COLUMNS = {"clip_frac": "tokens clipped (fraction)", "zero_adv_group_
 
 
 def gpu_regime(results: dict, paper: Mapping[str, Mapping[str, str]] | None = None) -> Any:
-    """The regime a (GPU) run trained in, per algorithm: the mean over its RL steps (step > 0) of
-    each column of :data:`GPU_REGIME_COLUMNS` the history has, as ``"mean [95% t interval]"`` over
-    seeds (:func:`grpo_lab.experiments.stats.t_interval`; the fractions' intervals clipped to [0, 1]): how often
-    the PPO clip acted, how many groups carried no signal, how many responses hit the budget, how
-    long they were. A chapter sets these beside the paper's values (``paper``) before it reads a
-    difference between algorithms as the paper's mechanism.
-
-    Each seed's mean skips NaN steps (a step that did not measure it). A measure with one seed reads
-    ``"0.200 (1 seed: no interval)"`` (``"(1 of m seeds: no interval)"`` when the algorithm has m
-    seeds), never a zero-width interval; one that fewer seeds measured than the algorithm has
-    appends ``"(k of m seeds)"``; a measure the algorithm's history lacks (absent, or NaN at every
-    RL step) reads "not measured".
+    """The regime a (GPU) run trained in, per algorithm: the mean over its RL steps (step > 0) of each
+    column of :data:`GPU_REGIME_COLUMNS` it has, as ``"mean [95% t interval]"`` over seeds
+    (:func:`grpo_lab.experiments.stats.t_interval`; fractions clipped to [0, 1]): how often the clip
+    acted, how many groups carried no signal, how many responses hit the budget, how long they were.
+    A chapter sets these beside the paper's (``paper``) before it reads a difference as the paper's
+    mechanism. NaN steps are skipped; one seed reads ``"(1 seed: no interval)"``, fewer seeds than the
+    algorithm's ``"(k of m seeds)"``, a missing measure "not measured".
 
     Args:
-        results: ``{algorithm name: RunResult}`` (what :func:`grpo_lab.lab.load_chapter_gpu`
-            returns).
-        paper: rows to set beside the runs', ``{row label (the paper and its setting): {measure label:
-            the paper's value, as text}}``; a measure label is a value of :data:`GPU_REGIME_COLUMNS`
-            (e.g. ``"tokens clipped (fraction)"``), a measure the paper does not give reads "not
-            reported". The paper's rows come after the runs', and only when some run has a row.
+        results: ``{algorithm name: RunResult}`` (:func:`grpo_lab.lab.load_chapter_gpu`).
+        paper: ``{row label: {measure label: the paper's value, as text}}``, measure labels values of
+            :data:`GPU_REGIME_COLUMNS` (a missing one reads "not reported"); rows after the runs'.
 
     Returns:
-        A DataFrame, one row per algorithm with any of those columns (then the ``paper`` rows);
-        columns ``seeds`` (int: the algorithm's seeds with an RL step; "not reported" in the paper's
-        rows), then one per measure, as text; empty when no algorithm has any measure (chapter 7's
-        continued-NTP baseline has none).
+        A DataFrame, one row per algorithm with any measure (then the ``paper`` rows); columns
+        ``seeds`` then one per measure, as text; empty when no algorithm has a measure.
 
     Raises:
         TypeError: ``results`` is not a dict of RunResult values (the first offending entry named);
             ``paper`` is not a mapping of mappings of str.
-        ValueError: an RL step's value that is ±inf, or a fraction's outside [0, 1] (beyond 1e-6 of
-            rounding), naming the algorithm, the measure, the seed and the step; a ``paper`` measure
-            that is not a label of :data:`GPU_REGIME_COLUMNS`; a ``paper`` row label that is also an
-            algorithm's name.
+        ValueError: an RL step's value that is ±inf, or a fraction outside [0, 1] (beyond 1e-6),
+            naming algorithm, measure, seed and step; a ``paper`` measure not in
+            :data:`GPU_REGIME_COLUMNS`; a ``paper`` row label that is also an algorithm's name.
     """
     import pandas as pd
 

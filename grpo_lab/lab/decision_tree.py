@@ -2,29 +2,22 @@
 
 The section the book is built from ends with a rule of thumb: *long-CoT math/code: MoE -> GSPO +
 Dr.GRPO ideas; dense -> VAPO or DAPO; extreme stability -> CISPO; general dialogue -> GRPO / PPO;
-multi-turn tool calls -> DAPO + token-level loss; next-generation base models -> RPT*. Its aim: when
-you meet a new variant, ask which direction it moves -- normalisation, sequence level, clipping, or
-the value model (:func:`grpo_lab.lab.variant_records.changed_axes` answers that from the presets, and
-:meth:`Leaf.changed_axes` applies it to each recommendation).
+multi-turn tool calls -> DAPO + token-level loss; next-generation base models -> RPT*, and asks of
+a new variant which direction it moves (normalisation, sequence level, clipping, the value model:
+:func:`grpo_lab.lab.variant_records.changed_axes`, :meth:`Leaf.changed_axes`).
 
-* A tree is a :class:`Node` (a question and its answers, in order) whose branches end in
-  :class:`Leaf` values: the recommended presets (names of constants of :mod:`grpo_lab.algo.algorithms`,
-  checked when the leaf is built), the chapters that cover them, and the measurements of the book
-  that bear on them (``"04_gspo:gspo_route_last"``: a chapter and the name under which it glues the
-  number or sentence, so a key can be looked up in the executed chapter, never typed as a value).
-* :data:`SECTION_TREE` is the section's tree as quoted; :data:`OUR_TREE` is ours, which changes a
-  branch only where papers.md (the project's reference sheet on the papers) or a chapter says
-  otherwise. :data:`CHANGES` gives, for every changed branch, what changed and why, with its
-  sources; :func:`diff_trees` computes the changed branches from the two trees, and
-  tests/test_decision_tree.py checks that they are exactly the keys of :data:`CHANGES`, so that no
-  change goes without its reason. Where our experiments could not test a paper's claim (its
-  regime was out of reach on two CPU cores), the reason says "not tested in the paper's regime"
-  instead of claiming a refutation.
-* :func:`leaves` walks a tree, :func:`tree_table` puts its leaves in a table and :func:`plot_tree`
-  draws it left to right in the book's colours, with the changed branches shaded.
+* A tree is a :class:`Node` (a question and its answers, in order) ending in :class:`Leaf` values:
+  presets (names of :mod:`grpo_lab.algo.algorithms` constants, checked), their chapters, and the
+  book's glued results bearing on them (``"04_gspo:gspo_route_last"``: chapter and glue name).
+* :data:`SECTION_TREE` is the section's tree as quoted; :data:`OUR_TREE` changes a branch only
+  where papers.md or a chapter says otherwise; :data:`CHANGES` gives each change's reason and
+  sources, and :func:`diff_trees` (checked by ``tests/test_decision_tree.py``) keeps the two in
+  step. A claim our experiments could not test reads "not tested in the paper's regime".
+* :func:`leaves` walks a tree, :func:`tree_table` tabulates its leaves, :func:`plot_tree` draws it
+  with the changed branches shaded.
 
-This module imports :mod:`grpo_lab.algo.algorithms` and :mod:`grpo_lab.lab.variant_records`, and
-:mod:`grpo_lab.experiments.plotting` (matplotlib) and pandas inside the functions that draw and tabulate only.
+Imports :mod:`grpo_lab.algo.algorithms` and :mod:`grpo_lab.lab.variant_records`; matplotlib and
+pandas only inside the functions that draw and tabulate.
 """
 
 from __future__ import annotations
@@ -700,23 +693,18 @@ def _edges(ax: Any, tree: Union[Node, Leaf], boxes: Mapping, answers: Mapping) -
 def plot_tree(tree: Union[Node, Leaf], ax: Any = None, highlight: Optional[Iterable[tuple[str, ...]]] = None) -> Any:
     """Draw a decision tree left to right: questions in grey boxes, answers on the edges, leaves on the right.
 
-    Each leaf is labelled with its presets as the book writes them and its chapter numbers
-    (:meth:`Leaf.label`, ``"GSPO + Dr.GRPO\\nch. 4, 3"``), in a box edged with the first preset's
-    colour of :data:`grpo_lab.experiments.plotting.ALGO_COLORS`, the colour it has in every chapter's figures.
-    The layout is computed here (no graphviz): one row per leaf, leaves flush right, each question
-    centred on its answers, each column as wide as its measured texts need. Every question and leaf
-    is one text artist whose gid is ``"node:"`` and its path (answers joined by ``" > "``,
-    ``"(root)"`` for the root); every answer is one text with gid ``"answer:"`` and the path it leads
-    to. ``highlight`` shades the boxes of the branches it names, everything under each path
-    included, and adds a line saying so: ``plot_tree(OUR_TREE, highlight=CHANGES)`` marks the
-    branches that papers.md and the chapters changed (:data:`CHANGES` gives each reason and its
-    sources).
+    Each leaf reads its presets and chapters (:meth:`Leaf.label`, ``"GSPO + Dr.GRPO\\nch. 4, 3"``) in a
+    box edged with the first preset's colour of :data:`grpo_lab.experiments.plotting.ALGO_COLORS`. The
+    layout is computed here (no graphviz): one row per leaf, leaves flush right, questions centred on
+    their answers, columns as wide as their texts. Each question and leaf is a text with gid
+    ``"node:<path>"`` (answers joined by ``" > "``, ``"(root)"``), each answer one with gid
+    ``"answer:<path>"``. ``highlight`` shades the named branches and everything under them, with a line
+    saying so (``plot_tree(OUR_TREE, highlight=CHANGES)``).
 
     Args:
         tree: a :class:`Node` or a :class:`Leaf`.
-        ax: matplotlib Axes to draw into, laid out in inches from its top left corner (it should be
-            at least as large as the default figure); default a new figure sized to the tree:
-            0.56 inch per leaf high, and as wide as its texts need.
+        ax: matplotlib Axes to draw into, laid out in inches from its top left corner; default a new
+            figure sized to the tree.
         highlight: paths (tuples of answers) to shade, e.g. the keys of :data:`CHANGES`.
 
     Returns:

@@ -70,21 +70,14 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
     """Train a chapter's algorithms on the ``"gpu"`` profile and write ``<chapter>.json`` with
     provenance into :func:`results_dir` (or ``out``, a file path).
 
-    Runs go one seed at a time (``n_jobs`` at a time with ``n_jobs > 1``), never from the run
-    cache, and the file is rewritten after each, with ``complete`` false until the last has
-    finished. Each seed writes into the run directory next to the file
-    (:func:`~grpo_lab.experiments.run_dirs.run_directory`: ``<chapter>/<algorithm>/seed-<k>``, with
-    its step log ``metrics.jsonl``), checkpoints every ``save_every`` steps there (the newest one
-    kept), and shows a progress bar of its steps. Run again after a crash or a kill (the file
-    absent or not ``complete``), with the same arguments, it resumes: finished seeds are read back,
-    the seed that was training continues from its latest checkpoint (:func:`~grpo_lab.experiments.run` with
-    ``resume=True``; another configuration is refused, naming what differs). Run again after a
-    ``complete`` file, it trains everything afresh (the earlier seed directories are deleted). The file holds the history of every (algorithm, seed) and a provenance record: the commit,
-    library versions, GPU name, resolved precision (:func:`grpo_lab.training.trainer.resolve_precision`),
-    model, seeds, steps, wall time, ``dry_run`` (the profile's device is not CUDA: a check of the
-    code path, e.g. with ``$GRPO_LAB_GPU_DEVICE=cpu``, not GPU results), and each algorithm's own
-    :func:`~grpo_lab.experiments.provenance`.
-    :func:`load_chapter_gpu` reads it back.
+    Runs go one seed at a time (``n_jobs`` at a time), never from the run cache; the file is
+    rewritten after each, ``complete`` false until the last. Each seed writes into the run directory
+    next to the file (:func:`~grpo_lab.experiments.run_dirs.run_directory`,
+    ``<chapter>/<algorithm>/seed-<k>``), with checkpoints every ``save_every`` steps. Run again after a
+    crash (file absent or not ``complete``) with the same arguments, it resumes (:func:`~grpo_lab.experiments.run` with
+    ``resume=True``); after a ``complete`` file, it trains afresh. The provenance records the commit,
+    library versions, GPU, resolved precision, model, seeds, steps, wall time, ``dry_run`` (a device
+    that is not CUDA) and each algorithm's :func:`~grpo_lab.experiments.provenance`. :func:`load_chapter_gpu` reads it back.
 
     Args:
         chapter: the chapter's file stem, e.g. ``"02_dapo"``.
@@ -94,25 +87,21 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
         profile: default :func:`~grpo_lab.experiments.gpu_profile` ().
         n_jobs: runs at a time (processes sharing the GPU).
         overrides: per-algorithm :class:`~grpo_lab.training.trainer.TrainerConfig` fields, as
-            :func:`~grpo_lab.experiments.run_grid` takes them (e.g. VAPO's value pretraining and critic learning rate).
+            :func:`~grpo_lab.experiments.run_grid` takes them.
         out: the results file (default ``results_dir() / f"{chapter}.json"``).
-        finish: mark the file ``complete`` after the last run; ``False`` leaves that to a caller
-            that adds more runs (:func:`run_rpt_gpu`'s continued-NTP baseline).
-        save_every: steps between checkpoints (default: the profile's ``save_every``, else 10; 0: none,
-            a killed seed then starts over). A checkpoint of the 0.5B model with its KL reference and
-            AdamW state is about 8 GB; only the newest of each seed is kept.
-        keep_checkpoints: keep each seed's last checkpoint once it has finished (default: delete it,
-            keeping ``run.json``, ``result.json`` and the step log).
+        finish: mark the file ``complete`` after the last run (``False``: a caller adds more runs).
+        save_every: steps between checkpoints (default: the profile's, else 10; 0: none, a killed
+            seed starts over); only the newest is kept.
+        keep_checkpoints: keep each finished seed's last checkpoint (default: delete it).
         progress: a tqdm bar per seed (``None``: only in an interactive terminal).
 
     Returns:
         ``{algo name: RunResult}``, as :func:`~grpo_lab.experiments.run_grid`.
 
     Raises:
-        ValueError: a malformed ``chapter``; an algorithm that the memory model says will not fit
-            the CUDA card (:func:`grpo_lab.experiments.memory_fit.check_algorithms_fit`); ``save_every``
-            below 0; as :func:`~grpo_lab.experiments.run_grid` (CUDA not available for a CUDA profile; resuming a run
-            directory that holds another configuration).
+        ValueError: a malformed ``chapter``; an algorithm the memory model says will not fit the card
+            (:func:`grpo_lab.experiments.memory_fit.check_algorithms_fit`); ``save_every < 0``; as
+            :func:`~grpo_lab.experiments.run_grid`.
     """
     chapter = _chapter_name(chapter)
     prof = profile if profile is not None else gpu_profile()

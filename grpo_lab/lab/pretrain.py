@@ -9,54 +9,29 @@
     python -m grpo_lab.lab.pretrain reverse               # → data/checkpoints/reverse-base/ (the README's own task)
     python -m grpo_lab.lab.pretrain arithmetic --out DIR  # anywhere else
 
-The recipe (model size, data mixture, optimiser, steps, seed) is a frozen dataclass; the
-checkpoint directory holds the ``transformers`` model (safetensors), the tokenizer, and
-``recipe.json`` with the recipe, the measured test accuracy and the software versions. A test
-reloads the committed checkpoint and checks both the recipe and the accuracy.
+A recipe (model size, data mixture, optimiser, steps, seed) is a frozen dataclass; the checkpoint
+directory holds the ``transformers`` model (safetensors), the tokenizer and ``recipe.json`` (the
+recipe, the test accuracy reached, the software versions), which a test checks against the
+committed checkpoint. Pretraining is plain next-token cross-entropy on the response.
 
-Pretraining is plain next-token cross-entropy on the response (prompt tokens are not scored).
-The data mixture makes the base policy answer most questions directly and reason only
-sometimes, so its greedy accuracy sits in the 20–60% band and RL has room to act.
+The recipes, one line each:
 
-``arithmetic-filler`` is the same recipe on the filler variant of the task
-(:class:`~grpo_lab.tasks.ArithmeticTask` with ``filler="."``): half of its demonstrations end
-with a run of 1–12 dots after the answer, which the parser ignores, so the base policy pads some
-answers and response length is free of correctness (chapter 3's length-bias experiment).
-
-``arithmetic-long`` is ``arithmetic-filler`` with long runs: three quarters of its demonstrations end
-with 1-320 dots (uniform), in a model of the same weights whose context is 512 positions (RoPE has no
-position weights, so ``arithmetic-base`` loads into it), with a 360-token budget. Its sampled
-responses are 5 to about 330 tokens long (median about 130), the answer decided in the first few
-and the reward arriving at the last: VAPO's long-response regime for ``benchmarks/vapo_long.py``.
-Its greedy responses always pad to the budget (a dot is likelier than EOS at every position of a
-run), which the parser accepts.
-
-``arithmetic-moe`` is ``arithmetic``'s recipe (task, data, optimiser, steps, seed) with a
-Qwen3-MoE-style model of the same width and depth: 8 experts of width 36 per layer, top-2
-routing (the experts hold the dense MLP's parameters), for the Mixture-of-Experts side of GSPO
-(arXiv 2507.18071, §5.3: routing replay, :mod:`grpo_lab.policy.moe`). Its loss adds transformers'
-load-balancing term (``router_aux_loss_coef`` of the model config, 0.001) so that the experts
-share the tokens.
-
-``corpus`` and ``corpus-proxy`` (chapter 7, RPT) are language models of the Python language
-reference that ships with CPython (:mod:`grpo_lab.tasks.next_token`): a byte-level BPE tokenizer
-of 1,024 tokens trained on the training topics, and a model trained by next-token prediction on
-64-token windows of them. A share ``p_format`` of the windows is written in the next-token
-reasoning format instead (a context, ``<think></think>``, the next 1-3 tokens, EOS: the
-format with an empty thinking span), so that the base model answers in that format, as RPT's
-R1-Distill base already did; every token of every window is scored, so this is still plain
-next-token prediction. ``corpus-proxy`` is a smaller model of the same recipe: RPT's proxy for
-entropy filtering (§3.3), and making it writes the task's data files (the training positions with
-their proxy entropies, and the held-out test positions).
-
-``reverse`` is the warm start of the book's page "Use it on your own problem" for its example task,
-``book/examples/reverse_task.py`` (reverse a word of 3-5 letters ``a``-``h``; read from the source
-checkout, so this recipe needs one): the page's two-layer GPT-2 (0.1 M parameters) and character
-tokenizer, 50 supervised steps on reversed words (``build_policy`` and ``warm_start`` of that file),
-stopped early so that it is right about a quarter of the time. RL from ``arithmetic-base`` cannot
-learn that task (it never writes a reversed word: every group is tied and every advantage 0); from
-``reverse-base`` the README's command (``python -m grpo_lab GRPO --import book/examples/reverse_task.py
---task reverse --model reverse-base --set lr=1e-3 ...``) does.
+* ``arithmetic``: a mixture of direct and reasoning demonstrations, so the base mostly answers
+  directly and RL has room to act (:class:`~grpo_lab.tasks.ArithmeticTask`);
+* ``arithmetic-filler``: the filler variant (``filler="."``): half the demonstrations end in 1-12
+  dots, so length is free of correctness (chapter 3's length-bias experiment);
+* ``arithmetic-long``: ``arithmetic-filler`` with 1-320 dots, a 512-position context and a
+  360-token budget: VAPO's long-response regime (``benchmarks/vapo_long.py``);
+* ``arithmetic-moe``: ``arithmetic``'s recipe on a Qwen3-MoE-style model (8 experts, top-2, with
+  transformers' load-balancing loss) for GSPO's routing replay (arXiv 2507.18071, §5.3;
+  :mod:`grpo_lab.policy.moe`);
+* ``corpus`` / ``corpus-proxy`` (chapter 7, RPT): a 1,024-token byte-level BPE and a language model
+  of the Python language reference (:mod:`grpo_lab.tasks.next_token`) on 64-token windows, a share
+  ``p_format`` written in the next-token reasoning format (so the base answers in it, as RPT's
+  R1-Distill base did); ``corpus-proxy`` is the smaller entropy proxy (§3.3) and writes the
+  task's data files;
+* ``reverse``: the warm start for ``book/examples/reverse_task.py`` (the page "Use it on your own
+  problem"; needs a source checkout), stopped early so that RL has room to act.
 """
 
 from __future__ import annotations
@@ -302,40 +277,35 @@ class _Corpus:
 def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size: int = 32, lr: float = 3e-4,
                  seed: int = 0, recipe: str = "corpus", progress: bool = False, p_format: float | None = None,
                  precision: str = "float32") -> dict[str, list]:
-    """Continue training a corpus model by next-token prediction, in place: chapter 7's
-    *continued NTP* baseline (RPT's Eq. 1 on the text RPT trains on).
+    """Continue training a corpus model by next-token prediction, in place: chapter 7's *continued
+    NTP* baseline (RPT's Eq. 1 on the text RPT trains on).
 
-    The batches are those of the ``recipe``'s pretraining (``seq_len``-token windows of the
-    ``part`` of the corpus split, a share ``p_format`` of them in the next-token-reasoning format),
-    drawn from ``numpy.random.default_rng(seed)``; AdamW with the recipe's betas and weight decay
-    at a constant learning rate ``lr``, global-norm clipping at the recipe's ``grad_clip``. The
-    policy is left in eval mode.
+    The batches are the ``recipe``'s pretraining batches (``seq_len``-token windows of ``part``, a
+    share ``p_format`` in the next-token-reasoning format) from ``numpy.random.default_rng(seed)``;
+    AdamW with the recipe's betas, weight decay and ``grad_clip`` at a constant ``lr``. The policy is
+    left in eval mode.
 
     Args:
         policy: a causal LM on the corpus tokenizer (e.g. ``load_policy("corpus-base")[0]``).
         tokenizer: its tokenizer.
         steps: optimiser steps (``>= 0``).
         part: ``"rl"`` (default: the text RPT trains on), ``"pretrain"`` or ``"test"``.
-        p_format: the share of format windows (``None``: the recipe's); ``0`` for plain text only,
-            the continued pretraining of a model that did not learn the format from us (a hub model).
-        precision: the forward's autocast dtype, ``"float32"`` (none), ``"bfloat16"`` or
-            ``"float16"`` (with a gradient scaler; a step whose gradients overflow is skipped), as
-            :class:`~grpo_lab.training.trainer.TrainerConfig` ``precision`` (``"auto"`` resolved on the
-            policy's device by :func:`~grpo_lab.training.trainer.resolve_precision`). The weights stay
-            float32.
+        p_format: the share of format windows (``None``: the recipe's; ``0``: plain text, for a hub model).
+        precision: autocast dtype as ``TrainerConfig.precision`` (``"float16"`` with a gradient
+            scaler, overflowing steps skipped; ``"auto"`` by
+            :func:`~grpo_lab.training.trainer.resolve_precision`); the weights stay float32.
 
     Returns:
-        ``{"loss": [...], "tokens": [...]}``: per step, the loss (nats per token) and the number of
-        real (non-padding) tokens in the batch (the forward and backward pass's work).
+        ``{"loss": [...], "tokens": [...]}``: per step, the loss (nats per token) and the batch's
+        real (non-padding) tokens.
 
     Raises:
         ValueError: ``steps < 0``, ``batch_size < 1``, an unknown ``part`` or ``recipe``, or a
             recipe that is not a corpus one.
 
     Warns:
-        RuntimeWarning: this CPython's corpus (``pydoc_data.topics``) differs from the one the
-            task's data files were built from: the ``part`` is re-split from this corpus, so its
-            text is not exactly the text of the committed positions.
+        RuntimeWarning: this CPython's corpus differs from the one the task's data files were built
+            from (``part`` is re-split from this one).
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ValueError(f"continue_ntp: steps must be an int >= 0, got {steps!r}")
@@ -412,31 +382,27 @@ def continued_ntp_run(seed: int, *, steps: int, base: str = "corpus-base", lr: f
                       temperature: float = 0.8, batch_size: int = 32, threads: int | None = 1,
                       task_kwargs: dict | None = None, device: str = "cpu", precision: str = "float32",
                       p_format: float | None = None) -> dict:
-    """One seed of chapter 7's continued-NTP baseline, in a fresh process or this one: load
-    ``base``, :func:`continue_ntp` for ``steps`` steps on the ``rl`` part, then evaluate on the
+    """One seed of chapter 7's continued-NTP baseline, in a fresh process or this one: load ``base``,
+    :func:`continue_ntp` for ``steps`` steps on the ``rl`` part, then evaluate on the
     :class:`~grpo_lab.tasks.NextTokenTask` test positions, greedy and sampled (one sample at
     ``temperature``, torch seeded with ``seed``).
 
     Args:
         seed: seeds the NTP batches and the sampled evaluation.
-        steps, lr, batch_size: as :func:`continue_ntp`.
+        steps, lr, batch_size, precision, p_format: as :func:`continue_ntp` (the evaluation runs
+            under the same autocast).
         base: checkpoint name or directory.
         temperature: of the sampled evaluation (RPT's 0.8).
-        threads: ``torch.set_num_threads`` for this process (left as set afterwards; ``None``
-            leaves the setting alone).
-        task_kwargs: the :class:`~grpo_lab.tasks.NextTokenTask` settings of the evaluation
-            (default: the shipped task; a hub model's: ``tokenizer``, ``data``, ``chat``, ``max_new_tokens``).
-        device: where the model trains and is evaluated (loaded in float32).
-        precision, p_format: as :func:`continue_ntp` (the evaluation runs under the same autocast).
+        threads: ``torch.set_num_threads`` for this process (``None``: unchanged).
+        task_kwargs: the evaluation's :class:`~grpo_lab.tasks.NextTokenTask` settings (default: the
+            shipped task).
+        device: where the model (float32) trains and is evaluated.
 
     Returns:
-        ``{"seed", "steps", "tokens" (total real tokens trained on), "loss_last" (mean loss of
-        the last 10 steps), "held_out_loss" (the trained model's
-        :func:`~grpo_lab.tasks.next_token.held_out_loss` on the corpus's ``test`` part in the model's own
-        tokenizer, nats per token, under the same autocast), "frame" (greedy evaluation, one row per test position, with
-        ``correct`` and ``entropy``), "sampled_frame" (the same for the sampled evaluation),
-        "summary", "sampled_summary" (:func:`grpo_lab.policy.rollout.evaluate`'s summaries: accuracy, mean
-        length, reasoning share)}``.
+        ``{"seed", "steps", "tokens" (real tokens trained on), "loss_last" (mean loss of the last 10
+        steps), "held_out_loss" (:func:`~grpo_lab.tasks.next_token.held_out_loss`, nats per token),
+        "frame", "sampled_frame" (one row per test position), "summary", "sampled_summary"
+        (:func:`grpo_lab.policy.rollout.evaluate`'s)}``.
     """
     from ..policy.models import load_policy
     from ..policy.rollout import evaluate as evaluate_policy

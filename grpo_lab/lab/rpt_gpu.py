@@ -128,25 +128,18 @@ def chapter_gpu_profile(chapter: str) -> Profile:
 
 
 def rl_compute_units(history: pd.DataFrame, prompt_tokens: float, prompts_per_step: int, group_size: int) -> pd.Series:
-    """Training compute of RL steps, per seed, in token-forward units (one unit: a forward pass
-    over one token, 2N FLOPs for N parameters), as chapter 7 counts it: a sampled sequence of
-    ``prompt_tokens + length`` tokens costs one unit a token to generate, and a trained one three
-    more (a forward and a backward); next-token prediction costs 3 a token.
+    """Training compute of RL steps, per seed, in token-forward units (a forward over one token, 2N
+    FLOPs for N parameters), as chapter 7 counts it: generating a token costs 1, training on it 3 more
+    (forward and backward); next-token prediction costs 3 a token.
 
-    Per step, with the history's ``generated_groups`` and ``trained_groups`` (the trainer writes them
-    for every run: groups generated in all of the step's rounds, and groups in the update batch;
-    :func:`grpo_lab.algo.selection.sampling_metrics`), the units are
-    ``(generated_groups * G + 3 * trained_groups * G) * (prompt_tokens + length)``: dynamic sampling's
-    refills are charged, and a step that trained no group costs its generation only. Without those
-    columns every step is taken as ``P`` groups generated and trained: ``4 * P * G * (prompt_tokens +
-    length)``, which is what the first formula gives when ``generated_groups == trained_groups == P``
-    (a run without dynamic sampling). ``length`` is the mean over every sequence generated in the
-    step (all rounds); it stands for the trained sequences' length too.
+    Per step: ``(generated_groups * G + 3 * trained_groups * G) * (prompt_tokens + length)``, from the
+    history's ``generated_groups`` / ``trained_groups`` (:func:`grpo_lab.algo.selection.sampling_metrics`),
+    so dynamic sampling's refills are charged; without them, ``4 * P * G * (prompt_tokens + length)``
+    (no dynamic sampling). ``length`` is the step's mean over every generated sequence.
 
     Args:
-        history: rows of RL steps (``step > 0``; other rows are ignored) with ``seed``, ``length``
-            (mean completion tokens) and optionally both ``generated_groups`` and ``trained_groups``
-            (a NaN in either means ``P``).
+        history: rows of RL steps (``step > 0``; others ignored) with ``seed``, ``length`` (mean
+            completion tokens) and optionally both ``generated_groups`` and ``trained_groups`` (NaN: ``P``).
         prompt_tokens: mean prompt length in tokens.
         prompts_per_step, group_size: P and G.
 
@@ -181,25 +174,19 @@ def rl_compute_units(history: pd.DataFrame, prompt_tokens: float, prompts_per_st
 def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = None, profile: Profile | None = None,
                 n_jobs: int = 1, ntp_batch_size: int = 16, out: str | Path | None = None,
                 algorithm: Algorithm | None = None) -> dict[str, RunResult]:
-    """Chapter 7 on a hub model: RPT trained on next-token reasoning, and continued next-token
-    prediction on the same text at the same compute, per seed; written to ``07_rpt.json`` with
-    provenance (:func:`run_chapter_gpu`).
+    """Chapter 7 on a hub model: RPT, and continued next-token prediction on the same text at the same
+    compute, per seed; written to ``07_rpt.json`` with provenance (:func:`run_chapter_gpu`).
 
-    1. The task's data files for the model are built if :func:`rpt_data_dir` lacks them
+    1. The task's data files are built if :func:`rpt_data_dir` lacks them
        (:func:`grpo_lab.tasks.next_token.build_hub_task_data`, the model as its own entropy proxy,
-       :data:`~grpo_lab.lab.RPT_GPU_TEST_SIZE` test positions, or ``$GRPO_LAB_RPT_TEST_SIZE`` if set (the dry run's 16),
-       on the profile's device).
-    2. ``algorithm`` (default: the ``RPT`` preset with dynamic sampling, named ``"RPT + dynamic
-       sampling"``, as the paper trains from its step 500) is trained on :func:`rpt_gpu_profile` (or
-       ``profile``) for every seed.
-    3. For each seed, the base model is trained by plain next-token prediction
-       (:func:`grpo_lab.lab.pretrain.continued_ntp_run`, ``p_format=0``: 64-token windows of the ``rl``
-       part, at the profile's learning rate) for the number of steps whose compute (3 units a token)
-       equals that seed's RL run, dynamic sampling's extra generation included
-       (:func:`rl_compute_units`), and evaluated greedy and sampled on the same test positions. It is
-       stored as the algorithm ``"continued NTP"``: its step-0 row is the RL run's base evaluation of
-       that seed (the same model), its last row (at the RL run's last step) the evaluation after
-       training, and its provenance is marked ``baseline`` and names the run it matches.
+       :data:`~grpo_lab.lab.RPT_GPU_TEST_SIZE` or ``$GRPO_LAB_RPT_TEST_SIZE`` test positions).
+    2. ``algorithm`` (default: ``RPT`` with dynamic sampling, as the paper trains from its step 500)
+       is trained on :func:`rpt_gpu_profile` (or ``profile``) for every seed.
+    3. Per seed, the base is trained by plain next-token prediction
+       (:func:`grpo_lab.lab.pretrain.continued_ntp_run`, ``p_format=0``, the ``rl`` part) for the steps
+       whose compute equals that RL run's (:func:`rl_compute_units`), evaluated on the same test
+       positions and stored as the algorithm ``"continued NTP"`` (its step-0 row the RL run's base
+       evaluation; provenance marked ``baseline``).
 
     Args:
         seeds, steps, n_jobs, out: as :func:`run_chapter_gpu`.
@@ -211,10 +198,9 @@ def run_rpt_gpu(*, seeds: Sequence[int] = (0, 1, 2, 3, 4), steps: int | None = N
         ``{algorithm.name: RunResult, "continued NTP": RunResult}``.
 
     Raises:
-        TypeError: ``algorithm`` is not an :class:`~grpo_lab.algo.algorithms.Algorithm` (a preset's name included).
+        TypeError: ``algorithm`` is not an :class:`~grpo_lab.algo.algorithms.Algorithm` (a name included).
         ValueError: as :func:`run_chapter_gpu`; a profile whose task is not ``"next_token"``; an
-            algorithm named ``"continued NTP"`` (the baseline's name); a ``$GRPO_LAB_RPT_TEST_SIZE``
-            that is not a positive integer.
+            algorithm named ``"continued NTP"``; a ``$GRPO_LAB_RPT_TEST_SIZE`` that is not a positive integer.
     """
     algo = _rpt_algorithm(algorithm)
     prof, seeds = _rpt_arguments(profile, seeds, ntp_batch_size)

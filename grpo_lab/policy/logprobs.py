@@ -1,26 +1,17 @@
 """Per-token log-probabilities and entropies, from logits or from hidden states + lm_head.
 
-Every policy-gradient loss in this package starts from ``log pi(o_t | q, o_<t)`` for the tokens
-that were actually sampled. Computing it naively, ``log_softmax(logits.float()).gather(...)``,
-materialises a float32 ``[B, T, V]`` tensor (and autograd keeps it for the backward pass), which is
-usually the largest tensor of the whole training step: with B*T = 4096 and V = 32,000 it is
-0.5 GB, with a 151k vocabulary 2.5 GB.
+Every policy-gradient loss here starts from ``log pi(o_t | q, o_<t)`` of the sampled tokens.
+``log_softmax(logits.float()).gather(...)`` would keep a float32 ``[B, T, V]`` tensor for
+backward, usually the step's largest. This module avoids it:
 
-This module avoids that in two ways:
-
-* :func:`token_logprobs` / :func:`entropy_from_logits` use a custom autograd function that keeps
-  only per-row statistics (max and log-sum, ``[B, T]`` each) for the backward pass, writes the
-  gradient straight into its output buffer and, with ``chunk_size``,
-  processes the flattened ``B*T`` rows in chunks so that the extra float32 memory is
-  ``O(chunk_size * V)``.
-* :func:`token_logprobs_from_hidden` / :func:`entropy_from_hidden` never hold the full
-  ``[B, T, V]`` logits at all: the lm_head matmul is applied chunk by chunk in the forward pass and
-  *recomputed* chunk by chunk in the backward pass (activation recomputation, as
-  ``torch.utils.checkpoint`` would do, written as one autograd function). With ``compile=True``
-  the per-chunk softmax work (upcast, ``/ tau``, max, log-sum-exp, gather in forward; the
-  ``d / d logits`` block in backward) runs in ``torch.compile``-generated fused kernels (two
-  reads of each logits chunk in forward, one read-write pass in backward, instead of four to six
-  eager passes); the lm_head matmuls stay eager.
+* :func:`token_logprobs` / :func:`entropy_from_logits`: a custom autograd function that keeps only
+  ``[B, T]`` row statistics (max, log-sum) for backward, writes the gradient into its output
+  buffer and, with ``chunk_size``, processes the ``B*T`` rows in chunks (``O(chunk_size * V)``
+  extra memory).
+* :func:`token_logprobs_from_hidden` / :func:`entropy_from_hidden`: the lm_head matmul applied
+  chunk by chunk in forward and *recomputed* chunk by chunk in backward (activation
+  recomputation), so ``[B, T, V]`` logits never exist; ``compile=True`` fuses the per-chunk
+  softmax work with ``torch.compile``.
 
 Math (softmax with temperature tau > 0, z = logits / tau):
 
@@ -28,13 +19,11 @@ Math (softmax with temperature tau > 0, z = logits / tau):
 * ``H = -sum_j p_j log p_j`` (nats); ``d H / d z_j = -p_j (log p_j + H)``.
 * ``d / d logits = (d / d z) / tau``.
 
-All public functions compute the softmax part in float32 (float64 inputs stay float64) and return
-float32 (float64 for float64 inputs). They are differentiable once (not twice).
+The softmax part runs in float32 (float64 stays float64); results are float32 (float64 for
+float64 inputs), differentiable once.
 
-Where the code departs from the textbook ``log_softmax``: an all ``-inf`` row is shifted by 0
-instead of its max (``-inf - (-inf)`` is NaN), and a log-probability that still comes out NaN
-(NaN logits, an all ``-inf`` row) raises ``ValueError`` naming the position, because one NaN
-log-prob would silently poison every gradient of the batch.
+Departures from the textbook ``log_softmax``: an all ``-inf`` row is shifted by 0, not its max;
+a NaN log-probability raises ``ValueError`` naming the position (one NaN would poison the batch).
 """
 
 from __future__ import annotations
@@ -470,37 +459,30 @@ def token_logprobs(
 ) -> Tensor:
     """Log-probability of each chosen token under ``softmax(logits / temperature)``.
 
-    ``out[b, t] = log pi(ids[b, t]) = z[b, t, ids[b, t]] - logsumexp_v z[b, t, v]`` with
-    ``z = logits / temperature``: the ``log pi_theta(o_{i,t} | q, o_{i,<t})`` that appears in the
-    ratio of DeepSeekMath (arXiv 2402.03300) Eq. 3 and in every objective of this package.
-    Divide by the *sampling* temperature so that the log-probs match the distribution the rollout
-    was drawn from (a known source of ratio bias when forgotten).
+    ``out[b, t] = z[b, t, ids[b, t]] - logsumexp_v z[b, t, v]`` with ``z = logits / temperature``:
+    ``log pi_theta(o_{i,t} | q, o_{i,<t})`` of DeepSeekMath (arXiv 2402.03300) Eq. 3. Pass the
+    *sampling* temperature, so the log-probs match the distribution the rollout was drawn from.
 
     Args:
         logits: ``[B, T, V]`` (any leading shape ``[..., V]``), float32 / bfloat16 / float16 /
-            float64, on any device. Must already be aligned with ``ids`` (logits at position t
-            predict token ``ids[:, t]``; drop the last position of a causal LM's output yourself).
-        ids: ``[B, T]`` integer token ids in ``[0, V)``, same leading shape as ``logits``.
-            Padding positions must hold a valid id (e.g. the pad id); mask them afterwards.
+            float64, aligned with ``ids`` (logits at t predict ``ids[:, t]``: drop a causal LM's last
+            position yourself).
+        ids: ``[B, T]`` integer token ids in ``[0, V)``, same leading shape as ``logits``; padding
+            positions must hold a valid id (mask them afterwards).
         temperature: softmax temperature tau > 0.
-        chunk_size: ``None`` computes all rows in one pass as ``(z_id - max) - log sum exp(z - max)``
-            (a max-shifted log-sum-exp and a gather; no ``[B, T, V]`` log-softmax is kept for
-            backward, only two ``[B, T]`` row statistics; one transient float32 ``[B, T, V]``
-            buffer is used in forward and the backward writes into the gradient buffer itself
-            when the logits are float32). An integer processes the
-            flattened ``B*T`` rows in chunks of at most ``chunk_size`` rows, so the extra memory in
-            forward and backward is ``O(chunk_size * V)``; the gradient w.r.t. ``logits``
-            (``[B, T, V]``, logits' dtype) is the only full-size tensor.
+        chunk_size: ``None``: all rows in one pass (one transient float32 ``[B, T, V]`` buffer in
+            forward; backward keeps two ``[B, T]`` row statistics). An int: the flattened ``B*T``
+            rows in chunks of at most that many, ``O(chunk_size * V)`` extra memory; the gradient
+            w.r.t. ``logits`` is then the only full-size tensor.
 
     Returns:
         ``[B, T]`` float32 log-probabilities (nats, <= 0); float64 if ``logits`` is float64.
         Differentiable w.r.t. ``logits`` (once).
 
     Raises:
-        ValueError: temperature <= 0 or not finite; chunk_size not a positive int; ids shape does
-            not equal ``logits.shape[:-1]``; ids not integer or outside ``[0, V)``; logits not
-            floating point; a NaN log-probability (a position whose logits contain NaN or are all
-            ``-inf``), naming the first such position.
+        ValueError: temperature <= 0 or not finite; chunk_size not a positive int; ids shape not
+            ``logits.shape[:-1]``; ids not integer or outside ``[0, V)``; logits not floating point;
+            a NaN log-probability (NaN or all ``-inf`` logits), naming the first such position.
     """
     return _from_logits(logits, ids, "logp", temperature, chunk_size)
 
@@ -579,34 +561,25 @@ def token_logprobs_from_hidden(
 ) -> Tensor:
     """Per-token log-probs from final hidden states and the lm_head, never holding ``[B, T, V]``.
 
-    Equals ``token_logprobs(hidden @ weight.T + bias, ids, temperature=...)`` (values and
-    gradients w.r.t. ``hidden``, ``weight`` and ``bias``) but computes the logits chunk by chunk:
-    the forward pass keeps only the per-row log-sum-exp, and the backward pass recomputes each
-    chunk's logits (activation recomputation), so peak extra memory is
-    ``O(chunk_size * V)`` instead of ``O(B * T * V)``. The lm_head matmul runs in the inputs' dtype
-    (like the model's own ``lm_head``); softmax and the weight/bias gradient accumulation run in
-    float32. This is the ``log pi_theta(o_{i,t} | .)`` of DeepSeekMath (arXiv 2402.03300) Eq. 3.
+    Equals ``token_logprobs(hidden @ weight.T + bias, ids, temperature=...)`` (values and gradients
+    w.r.t. ``hidden``, ``weight``, ``bias``), the ``log pi_theta(o_{i,t} | .)`` of DeepSeekMath
+    (arXiv 2402.03300) Eq. 3, but forward keeps only each row's log-sum-exp and backward recomputes
+    each chunk's logits: ``O(chunk_size * V)`` extra memory instead of ``O(B * T * V)``. The matmul
+    runs in the inputs' dtype; softmax and the weight / bias gradients accumulate in float32.
 
     Args:
         hidden: ``[B, T, H]`` (any leading shape ``[..., H]``) final hidden states, aligned with
-            ``ids`` (hidden at position t predicts ``ids[:, t]``).
+            ``ids`` (hidden at t predicts ``ids[:, t]``).
         weight: ``[V, H]`` lm_head weight (``model.lm_head.weight``; tied embeddings work too).
         ids: ``[B, T]`` integer token ids in ``[0, V)``.
         temperature: tau > 0; logits are divided by it.
         chunk_size: rows (of the flattened ``B*T``) per chunk, a positive int.
         bias: optional ``[V]`` lm_head bias.
-        compile: ``True`` runs the per-chunk softmax work through ``torch.compile`` (inductor):
-            forward, the upcast, ``/ temperature``, row max, log-sum-exp and gather of a chunk's
-            logits in fused kernels; backward, ``d loss / d logits`` of a chunk in one fused
-            kernel. The lm_head matmuls, the chunking and the memory bound are unchanged, and so
-            is the math (same formulas and dtypes; results agree with ``compile=False`` to float
-            rounding). The kernels are compiled once per process on first use (5-40 s on 2 CPU
-            cores, less when inductor's on-disk cache is warm), again for each new dtype,
-            vocabulary size or device, and once more for temperatures other than 1; the row
-            count is a dynamic dimension, so chunk and sequence lengths do not recompile. Off by
-            default: on a CPU the lm_head matmuls dominate and the fused kernels gave no
-            measurable speed-up (same peak memory); ``benchmarks/logprobs_memory.py`` measures it
-            on other hardware (``scripts/gpu_check.sh`` on CUDA, bfloat16, V = 151,936).
+        compile: run each chunk's softmax work (upcast, ``/ temperature``, max, log-sum-exp, gather;
+            the backward's ``d loss / d logits``) in ``torch.compile`` (inductor) fused kernels; same
+            math, results equal to float rounding. Compiled once per process, dtype, vocabulary
+            size and device (and once more for temperature != 1). Off by default;
+            ``benchmarks/logprobs_memory.py`` measures it.
 
     Returns:
         ``[B, T]`` float32 log-probs (nats); float64 if any input is float64. Differentiable once
@@ -615,10 +588,9 @@ def token_logprobs_from_hidden(
     Raises:
         ValueError: shape mismatch between hidden / weight / bias / ids; ids outside ``[0, V)``;
             temperature <= 0; chunk_size not a positive int; compile not a bool; non-floating
-            inputs; a NaN log-probability (NaN hidden states or weights, ...), naming the first
-            such position.
-        torch._dynamo.exc.BackendCompilerFailed: with ``compile=True``, when inductor cannot
-            build the kernels (e.g. no C++ compiler for a CPU tensor, no Triton for a GPU one).
+            inputs; a NaN log-probability, naming the first such position.
+        torch._dynamo.exc.BackendCompilerFailed: with ``compile=True``, when inductor cannot build
+            the kernels (no C++ compiler for a CPU tensor, no Triton for a GPU one).
     """
     return _from_hidden(hidden, weight, ids, "logp", temperature, chunk_size, bias, compile)
 

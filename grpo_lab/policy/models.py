@@ -253,8 +253,7 @@ def tiny_policy(tokenizer, config: TinyConfig | None = None, *, seed: int = 0):
 def _check_expert_width(width: int, config: TinyConfig) -> None:
     """Refuse an expert width that is not a multiple of 4 (float32 rows of 16 bytes): transformers
     5.x runs Qwen3-MoE experts through ``torch._grouped_mm``, which fails at the first forward with
-    "strides should be multiple of 16 bytes" (measured on CPU, transformers 5.24 / torch 2.13:
-    widths 1, 2, 6, 17, 18 fail; 4, 8, 16, 20, 36 run)."""
+    "strides should be multiple of 16 bytes"."""
     if width % 4 == 0:
         return
     where = ("moe_intermediate_size" if config.moe_intermediate_size is not None else
@@ -370,43 +369,33 @@ def _progress_bars(progress: bool | None):
 
 def load_policy(path_or_hub_id: str | os.PathLike, *, device: str | torch.device | None = None,
                 dtype: torch.dtype | None = None, revision: str | None = None, progress: bool | None = None):
-    """Load ``(model, tokenizer)`` from a local directory or a Hugging Face hub id.
+    """Load ``(model, tokenizer)`` from a local directory, a shipped checkpoint or a Hugging Face hub id.
 
-    The same call loads the tiny checkpoints shipped in ``data/checkpoints/`` on CPU and a hub
-    model (e.g. ``"Qwen/Qwen2.5-0.5B-Instruct"``) on Colab. Weights are read from safetensors
-    only (``use_safetensors=True``); no remote code is ever executed
-    (``trust_remote_code=False``). The tokenizer's padding side is set to left for generation
-    and a missing pad token falls back to the EOS token.
+    Weights are read from safetensors only and no remote code runs (``trust_remote_code=False``).
+    The tokenizer pads on the left, with the EOS token when it has no pad token.
 
     Args:
-        path_or_hub_id: an existing directory with ``config.json``, the name of a checkpoint
-            shipped in ``data/checkpoints`` (``"arithmetic-base"``, the Mixture-of-Experts
-            ``"arithmetic-moe-base"``; looked up in :func:`grpo_lab.paths.data_dir`: ``$GRPO_LAB_DATA``,
-            a source checkout's ``data/``, or the copy inside an installed package), or a hub id
-            ``"org/name"``. The architecture comes from the checkpoint's ``config.json`` (dense
-            Qwen2 / Llama or Qwen3-MoE alike).
+        path_or_hub_id: a directory with ``config.json``; the name of a checkpoint shipped in
+            ``data/checkpoints`` (``"arithmetic-base"``, the MoE ``"arithmetic-moe-base"``; found
+            through :func:`grpo_lab.paths.data_dir`); or a hub id ``"org/name"``. The architecture
+            (dense Qwen2 / Llama or Qwen3-MoE) comes from ``config.json``.
         device: where to put the model (default CPU).
         dtype: parameter dtype (default: the checkpoint's, float32 for the tiny models).
         revision: hub revision (branch, tag or commit); ignored for local directories.
-        progress: show transformers' progress bars while loading (``Loading weights``, hub
-            downloads). ``None``: only in an interactive terminal or notebook outside CI, and
-            only if transformers' bars are enabled (``transformers.logging.disable_progress_bar()``
-            keeps them off). transformers' global setting is restored afterwards.
+        progress: show transformers' progress bars; ``None``: only in an interactive terminal or
+            notebook outside CI, if transformers' bars are enabled (its global setting is restored).
 
     Returns:
-        ``(model, tokenizer)``: a ``transformers`` causal LM in eval mode and its tokenizer.
-        ``model.grpo_lab_source`` records where it came from (the shipped checkpoint's name, the
-        directory or hub id, the revision and dtype), so that a LoRA checkpoint can name its base
-        (:mod:`grpo_lab.policy.lora`).
+        ``(model, tokenizer)``: a ``transformers`` causal LM in eval mode and its tokenizer;
+        ``model.grpo_lab_source`` records the origin (name, directory or hub id, revision, dtype), so
+        that a LoRA checkpoint can name its base (:mod:`grpo_lab.policy.lora`).
 
     Raises:
-        FileNotFoundError: a local path that does not exist, has no ``config.json`` or has no
-            tokenizer files (the message names the missing ones, e.g. ``tokenizer.json``); a bare name
-            (one path component, e.g. ``"arithmetic-base"``) that is no directory and no shipped
-            checkpoint: the message lists the shipped names, says where the data was looked for
-            (:func:`grpo_lab.paths.data_dir`) and names ``GRPO_LAB_DATA``, which points elsewhere.
-        ValueError: a string that is neither an existing path nor a well-formed hub id, or a
-            CUDA device without CUDA.
+        FileNotFoundError: a local path that does not exist or lacks ``config.json`` or tokenizer
+            files (named); a bare name that is no directory and no shipped checkpoint (the message
+            lists the shipped names, where data was looked for, and ``GRPO_LAB_DATA``).
+        ValueError: a string that is neither an existing path nor a well-formed hub id, or a CUDA
+            device without CUDA.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

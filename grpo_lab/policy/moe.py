@@ -1,37 +1,28 @@
 """Routing of Mixture-of-Experts policies: record the experts each token is sent to, replay them.
 
-In a Mixture-of-Experts (MoE) layer a router scores every expert for every token and only the
-top ``k`` experts run. GSPO (Zheng et al., arXiv 2507.18071, §5.3) reports that in the 48-layer
-Qwen3-30B-A3B about 10% of the experts activated for the same rollout change after one gradient
-update, so a token's importance ratio ``pi_theta / pi_old`` compares two *different* sub-networks
-and fluctuates; GRPO then needed **Routing Replay** to converge: cache the experts chosen under
-``pi_old`` and force the same experts when ``pi_theta`` is scored on that rollout. GSPO's
-sequence-level ratio does not need it.
+In an MoE layer a router scores every expert per token and only the top ``k`` run. GSPO (Zheng
+et al., arXiv 2507.18071, §5.3) finds that the experts a rollout activates change after a gradient
+update, so a token's ratio ``pi_theta / pi_old`` compares two sub-networks; GRPO then needs
+**Routing Replay** (cache the experts chosen under ``pi_old``, force them when scoring
+``pi_theta``); GSPO's sequence-level ratio does not.
 
-This module implements both sides with standard PyTorch forward hooks on the router modules
-(``mlp.gate`` of transformers' ``Qwen3MoeSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock``, whose
-forward returns ``(router_logits, router_scores, router_indices)``, the last two consumed by
-``mlp.experts``):
+Forward hooks on the routers (``mlp.gate`` of transformers' ``Qwen3MoeSparseMoeBlock`` /
+``Qwen2MoeSparseMoeBlock``, returning ``(router_logits, router_scores, router_indices)``):
 
-* :func:`record_routing` records the top-k expert indices of every token of every MoE layer;
-* :func:`replay_routing` forces recorded indices. Replay keeps the *indices* only: the gate
-  weights are recomputed from the current router logits, ``softmax`` over all experts gathered at
-  the replayed indices and renormalised to sum to 1 iff the router's ``norm_topk_prob`` says so,
-  exactly as the router computes its own weights, so the router still receives a gradient;
-* :func:`routing_changes` counts the (token, layer) top-k sets that differ between two records;
-* :class:`RoutingStore` keeps the routing of every row and position of a rollout in the rollout's
-  own layout, so that any subset of rows, trimmed and padded as
-  :meth:`grpo_lab.policy.rollout.Rollout.select` trims them, is recorded and replayed at the right
-  positions (the trainer's ``TrainerConfig.routing_replay``).
+* :func:`record_routing`: the top-k expert indices of every token of every MoE layer;
+* :func:`replay_routing`: forces recorded indices, gate weights recomputed from the current
+  logits (so the router still gets a gradient);
+* :func:`routing_changes`: the (token, layer) top-k sets that differ between two records;
+* :class:`RoutingStore`: a rollout's routing in its own layout, so any subset of rows, trimmed as
+  :meth:`grpo_lab.policy.rollout.Rollout.select` trims them, replays at the right positions
+  (``TrainerConfig.routing_replay``).
 
-Indices are ``torch.long`` tensors ``[n_layers, B, L, k]``: ``n_layers`` MoE layers in model
-order, ``B`` rows, ``L`` positions of the forward's input (prompt and completion, padding
-included), ``k`` slots in the router's order (descending probability when recorded). ``-1``
-marks a token with no record; :func:`replay_routing` routes such a token freely (the trainer only
-leaves padding positions unrecorded).
+Indices are ``torch.long`` ``[n_layers, B, L, k]``: MoE layers in model order, rows, positions of
+the forward's input (prompt, completion and padding), ``k`` slots in the router's order; ``-1``
+marks a token with no record, routed freely.
 
-Where this departs from the paper's systems: routing is recorded by the trainer's own forward
-passes (the recomputation of ``pi_old``), not by the inference engine that sampled the rollout.
+Departure from the paper's systems: routing is recorded by the trainer's own forward (the
+recomputation of ``pi_old``), not by the inference engine that sampled the rollout.
 """
 
 from __future__ import annotations
@@ -234,38 +225,31 @@ def _check_indices(indices, routers, what: str) -> Tensor:
 
 @contextmanager
 def replay_routing(model, indices):
-    """Force every MoE router of ``model`` to use recorded experts: GSPO's Routing Replay.
+    """Force every MoE router of ``model`` to use recorded experts: GSPO's Routing Replay (arXiv 2507.18071, §5.3).
 
-    GSPO (arXiv 2507.18071, §5.3) caches the experts activated under ``pi_old`` and replays them
-    when ``pi_theta`` is computed, so that the token ratio compares the same sub-network. Each
-    forward pass of ``model`` inside the block routes token ``(b, l)`` of MoE layer ``j`` to the
-    experts ``indices[j, b, l]`` instead of the router's own top k. The gate weights are
-    recomputed from the **current** router logits (this forward's, with grad):
-    ``w = softmax(logits)[replayed]``, divided by its sum over the ``k`` slots iff the router's
-    ``norm_topk_prob``, cast to the logits' dtype. With unchanged weights and inputs the replayed
-    forward equals a free forward bit for bit; after an update the router still receives a
-    gradient through ``w``. A token whose indices are ``-1`` is routed freely. Hooks are removed
-    on exit, also after an error.
+    Inside the block, token ``(b, l)`` of MoE layer ``j`` goes to the experts ``indices[j, b, l]``
+    instead of the router's own top k (``-1``: routed freely). The gate weights come from the
+    **current** logits, ``w = softmax(logits)[replayed]``, divided by their sum over the ``k`` slots iff
+    ``norm_topk_prob``, cast to the logits' dtype: with unchanged weights the replayed forward equals a
+    free one bit for bit, and the router still gets a gradient through ``w``. Hooks are removed on
+    exit, also after an error.
 
     Args:
-        model: a transformers causal LM with Mixture-of-Experts layers (:func:`moe_routers`)
-            whose routers have ``top_k``, ``num_experts`` and ``norm_topk_prob`` (Qwen2-MoE,
-            Qwen3-MoE).
-        indices: long ``[n_layers, B, L, k]`` for the forward's ``B`` rows and ``L`` positions
-            (from :func:`record_routing` or :meth:`RoutingStore.get`), or a
-            :class:`RoutingRecord` of exactly one forward pass. Every forward inside the block
-            replays the same tensor.
+        model: a transformers causal LM with MoE layers (:func:`moe_routers`) whose routers have
+            ``top_k``, ``num_experts`` and ``norm_topk_prob`` (Qwen2-MoE, Qwen3-MoE).
+        indices: long ``[n_layers, B, L, k]`` (from :func:`record_routing` or
+            :meth:`RoutingStore.get`), or a :class:`RoutingRecord` of exactly one forward pass; every
+            forward inside the block replays it.
 
     Yields:
-        RoutingRecord: per forward, the experts the routers *would* have chosen (their own top k
-        from the current logits, before replacement), e.g. to measure how much routing changed.
+        RoutingRecord: per forward, the experts the routers *would* have chosen (their own top k).
 
     Raises:
-        ValueError: ``model`` has no MoE layers; ``indices`` is not an integer tensor of shape
+        ValueError: ``model`` has no MoE layers; ``indices`` is not an integer tensor
             ``[n_layers, B, L, k]`` with ``k`` each router's ``top_k``, holds indices outside
-            ``[0, num_experts)`` (or ``-1`` for a whole token), or repeats an expert within a
-            token; a router without ``norm_topk_prob``; during a forward, a batch shape
-            ``[B, L]`` other than the recorded one.
+            ``[0, num_experts)`` (or ``-1`` for a whole token), or repeats an expert within a token;
+            a router without ``norm_topk_prob``; during a forward, a batch shape ``[B, L]`` other
+            than the recorded one.
     """
     rec = _Recorder(model, "replay_routing")
     indices = _check_indices(indices, rec.routers, "replay_routing")

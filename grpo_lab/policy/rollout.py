@@ -193,31 +193,19 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
              with_logprobs: bool = True) -> Rollout:
     """Sample ``group_size`` responses per problem with ``model.generate``.
 
-    Behaviour log-probs are ``log softmax(logits / temperature)`` of the sampled tokens, taken
-    from the raw logits of each decoding step, i.e. the distribution actually sampled from when
-    ``top_p=1`` and ``top_k=0`` (the defaults; with truncation samplers they are the
-    untruncated log-probs, as inference engines report them). Greedy decoding records
-    log-probs at temperature 1. They are recorded step by step while ``generate`` runs (a
-    logits processor, ``_BehaviourLogprobs``, that sees the raw float32 logits before the
-    temperature / top-k / top-p warpers, and a stopping criterion that reads the token drawn from
-    them in the same step), with :func:`grpo_lab.policy.logprobs.token_logprobs`'s arithmetic: no
-    ``[B, V]`` tensor outlives its decoding step, instead of the ``O(B·T·V)`` of stacking every
-    step's logits (37 GiB in float32 for 128 rows × 512 tokens of a 151,936-token vocabulary).
+    Behaviour log-probs are ``log softmax(logits / temperature)`` of the sampled tokens from each
+    step's raw float32 logits, before the top-k / top-p warpers (the untruncated log-probs, as
+    inference engines report them); greedy decoding records them at temperature 1. A logits
+    processor records them step by step with :func:`grpo_lab.policy.logprobs.token_logprobs`'s
+    arithmetic, so no ``[B, V]`` tensor outlives its step (stacking every step's logits is
+    ``O(B·T·V)``).
 
-    The call uses a generation config built here (sampling or greedy, the arguments above, pad
-    and stop ids) and nothing else: whatever the checkpoint's ``generation_config`` sets that
-    would reshape the distribution (``repetition_penalty``, ``no_repeat_ngram_size``,
-    ``min_new_tokens``, ``suppress_tokens``, ``bad_words_ids``, its own ``temperature``, …) is
-    not applied, and a ``UserWarning`` names those settings (once per call site). Its stop ids
-    are kept: every id of :func:`stop_token_ids` ends a completion.
-
-    The KV cache is transformers' default (dynamic) cache, and transformers' automatic
-    ``torch.compile`` of the decode step is switched off: on the CPU profile's shapes both
-    alternatives were slower (``benchmarks/generation.py``, medians of 12 interleaved calls, one
-    thread: 128 sampled rows with ≤ 32 new tokens 240 ms dynamic, 281 ms static, 292 ms static with
-    the decode step compiled by inductor, which also costs 6.5 s of compilation per process with a
-    warm inductor cache and about 34 s cold; the 198-row greedy evaluation 74, 89 and 91 ms).
-    ``cache_implementation="static"`` remains available (on a GPU, with long generations, it can pay).
+    Only a generation config built here is used (sampling or greedy, the arguments below, pad and
+    stop ids): a checkpoint's ``generation_config`` settings that reshape the distribution
+    (``repetition_penalty``, ``no_repeat_ngram_size``, its own ``temperature``, ...) are dropped
+    with a ``UserWarning`` naming them; its stop ids are kept (:func:`stop_token_ids`). The KV cache
+    is transformers' dynamic one and its automatic ``torch.compile`` of the decode step is off
+    (``benchmarks/generation.py`` compares the alternatives).
 
     Args:
         model: a ``transformers`` causal LM.
@@ -228,10 +216,10 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
         temperature: > 0; ignored (recorded as 1) when ``greedy``.
         greedy: argmax decoding of the raw policy.
         top_p, top_k: nucleus and top-k truncation of the sampler (1.0 and 0: none).
-        cache_implementation: ``None`` (default: transformers' dynamic cache), ``"static"`` or any
-            other value ``GenerationConfig.cache_implementation`` accepts.
+        cache_implementation: ``None`` (transformers' dynamic cache), ``"static"`` or any other value
+            ``GenerationConfig.cache_implementation`` accepts.
         with_logprobs: record the behaviour log-probs; ``False`` (what :func:`evaluate` uses)
-            skips them and the rollout's ``behaviour_logp`` is all zeros.
+            leaves the rollout's ``behaviour_logp`` all zeros.
 
     Returns:
         Rollout with ``B = n * group_size`` rows and ``T ≤ max_new_tokens`` completion columns.
@@ -239,9 +227,7 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     Raises:
         ValueError: empty ``problems``, ``group_size < 1``, ``temperature <= 0``,
             ``max_new_tokens < 1``, an empty prompt, or a longest prompt plus ``max_new_tokens``
-            beyond the model's hard position limit (:func:`position_limit`, e.g. GPT-2's
-            ``n_positions``), where ``generate`` would fail with an ``IndexError`` in the position
-            embedding.
+            beyond the model's hard position limit (:func:`position_limit`, e.g. GPT-2's ``n_positions``).
     """
     _check_generate_args(problems, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
                          greedy=greedy)
@@ -503,8 +489,7 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
     """Accuracy of ``model`` on ``problems`` (default: the task's fixed test set).
 
     Generation runs ``batch_size`` problems (times ``n_samples`` when sampling) at a time, without
-    behaviour log-probs (:func:`generate`'s ``with_logprobs=False``): its memory is that of
-    ``transformers``' ``generate`` on that batch.
+    behaviour log-probs (:func:`generate`'s ``with_logprobs=False``).
 
     Args:
         greedy, n_samples, temperature: argmax decoding, or ``n_samples`` samples per problem at
@@ -514,17 +499,16 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
         max_new_tokens: generation budget (default: the task's).
 
     Returns:
-        ``(summary, frame)``: ``summary`` is a dict with ``accuracy``, ``mean_length`` (tokens,
-        EOS included), ``truncation_rate`` and, when the task defines ``is_reasoning``,
-        ``reasoning_frac``; ``frame`` is a pandas DataFrame with one row per response
-        (prompt, answer, completion, correct, length, and the problem's ``meta`` fields).
+        ``(summary, frame)``: ``summary`` a dict with ``accuracy``, ``mean_length`` (tokens, EOS
+        included), ``truncation_rate`` and, when the task defines ``is_reasoning``,
+        ``reasoning_frac``; ``frame`` a pandas DataFrame with one row per response (prompt, answer,
+        completion, correct, length, and the problem's ``meta`` fields).
 
     Raises:
-        TypeError: the task's optional batched ``correct`` returned a list of the wrong length or
-            kind (:func:`grpo_lab.tasks.correctness`; without it, ``is_correct`` is called per response).
-        ValueError: no problems to evaluate: ``task.test_set()`` returned an empty list (the
-            message names the task), or ``problems`` is empty. An accuracy over no problems is
-            undefined. A ``batch_size`` that is not a positive int.
+        TypeError: the task's batched ``correct`` returned a list of the wrong length or kind
+            (:func:`grpo_lab.tasks.correctness`).
+        ValueError: no problems to evaluate (``task.test_set()`` returned an empty list, named, or
+            ``problems`` is empty); a ``batch_size`` that is not a positive int.
     """
     import pandas as pd
 

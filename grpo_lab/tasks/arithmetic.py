@@ -1,33 +1,22 @@
 """Multi-term addition with optional step-by-step reasoning: the CPU task of the book.
 
-A prompt is a sum of ``n_terms`` numbers, e.g. ``"56+77+95="`` (default: two to four
-two-digit terms). A response is either
+A prompt is a sum of ``n_terms`` numbers, e.g. ``"56+77+95="`` (default: two to four two-digit
+terms). A response is either **direct**, ``"#228"`` (the answer after ``#``), or **reasoning**,
+``"133+95;228;#228"`` (the sum reduced one addition at a time, each step ended by ``;``). Both are
+rewarded the same: the outcome reward, 1 if the response is well formed (the answer a canonical
+decimal integer: ``#018`` scores 0) and the number after ``#`` equals the sum, else 0. The reward
+is a strict regular-expression parse; it never executes model output.
 
-* **direct**: ``"#228"`` — the answer after ``#``; or
-* **reasoning**: ``"133+95;228;#228"`` — the sum reduced one addition at a time, each step
-  ended by ``;``, then the answer.
+The base policy is pretrained on demonstrations of which only a fraction ``p_reason`` reason, so
+it mostly answers directly, leaving RL room to raise accuracy *by* reasoning longer, as the GRPO
+papers describe at scale, with response lengths varied enough for Dr.GRPO's length biases to show.
 
-Both forms are valid and rewarded the same (outcome reward: 1 if the response is well formed and
-the number after ``#`` equals the sum, else 0). Well formed includes writing the answer as a
-canonical decimal integer, without leading zeros: ``#018`` is malformed and scores 0, as the
-demonstrations the base policy learned from never pad a number. The check compares strings of
-that canonical form, which is the same as comparing the integers. The base policy is pretrained on
-a mixture in which only a fraction ``p_reason`` of demonstrations reason, so it mostly answers
-directly: right on two terms, mostly wrong on three or four. That gives RL room to act in the way
-the GRPO papers describe at scale: accuracy rises *by* producing longer reasoning, and response
-length varies from 3 to ~40 characters, so length-related biases (Dr.GRPO) are measurable.
-
-**Filler variant** (``ArithmeticTask(filler=".")``): the response may also contain a filler
-character between its parts — before, between or after the reasoning steps, and after the
-answer — but never inside a step or a number, e.g. ``"133+95;228;#228...."``. The parser skips
-it, so filler changes the length of a response and never its correctness: length is *free*,
-which is what Dr.GRPO's length-bias argument needs (in the plain task, length is tied to the
-choice to reason, and so to correctness). In a fraction ``p_filler`` of the pretraining
-demonstrations of that variant a run of filler follows the answer (or, with
-``filler_position="start"``, precedes the response) (:mod:`grpo_lab.lab.pretrain`, recipe
-``arithmetic-filler``), so the base policy emits filler and RL has something to act on.
-
-The reward never executes model output: it is a strict regular-expression parse.
+**Filler variant** (``ArithmeticTask(filler=".")``): a filler character may stand between a
+response's parts (before, between or after the steps, after the answer; never inside a step or
+number), e.g. ``"133+95;228;#228...."``. The parser skips it, so length is free of correctness,
+which Dr.GRPO's length-bias argument needs. A fraction ``p_filler`` of that variant's pretraining
+demonstrations carry filler after the answer (or, ``filler_position="start"``, before the response)
+(:mod:`grpo_lab.lab.pretrain`, recipe ``arithmetic-filler``), so the base policy emits it.
 """
 
 from __future__ import annotations

@@ -33,72 +33,45 @@ class Problem:
 @runtime_checkable
 class Task(Protocol):
     """The task protocol: what :class:`grpo_lab.training.trainer.Trainer`, :func:`grpo_lab.policy.rollout.evaluate`
-    and the checkpoints use from a task. Any object with these members is a task (no base class to
-    inherit); :func:`validate_task` checks them, and ``Trainer(...)`` calls it, so a task that
-    lacks one fails when the trainer is built, with a ``TypeError`` that names every problem.
+    and the checkpoints use from a task. Any object with these members is a task (no base class);
+    ``Trainer(...)`` checks it with :func:`validate_task` (a ``TypeError`` naming every problem).
 
     Attributes:
-        name: ``str``, not empty. Identifies the task in a checkpoint's ``state.json`` and in the
-            registry :data:`grpo_lab.tasks.TASKS`: :func:`grpo_lab.tasks.register_task` registers
-            a task class under this name, and ``Trainer.resume`` rebuilds a registered task from
-            its name and (dataclass) fields. Unregistered tasks train and save too; resuming them
-            takes ``Trainer.resume(path, task=...)``.
-        max_new_tokens: ``int >= 1``, the generation budget in tokens (EOS included) used when
-            ``TrainerConfig.max_new_tokens`` is ``None`` and by :func:`grpo_lab.policy.rollout.evaluate`
-            when it is not given one. Responses longer than the budget are truncated (and, with
-            DAPO's overlong shaping, penalised against that budget).
+        name: ``str``, not empty: the task's name in a checkpoint's ``state.json`` and in
+            :data:`grpo_lab.tasks.TASKS` (``Trainer.resume`` rebuilds a registered task from its name
+            and dataclass fields; an unregistered one takes ``Trainer.resume(path, task=...)``).
+        max_new_tokens: ``int >= 1``, the generation budget in tokens (EOS included) when
+            ``TrainerConfig.max_new_tokens`` is ``None``; longer responses are truncated.
 
-    Methods (called by the trainer; all must be deterministic given their arguments):
+    Methods, all deterministic given their arguments:
 
-    * ``sample(n: int, rng: numpy.random.Generator) -> list[Problem]``: exactly ``n`` training
-      problems. Draw all randomness from ``rng``, never from ``random``, ``np.random`` or torch's
-      global generators: the trainer passes its own seeded generator and saves its state in a
-      checkpoint, which is what makes seeded runs repeat and resumed runs continue exactly. Called
-      once per generation round (``prompts_per_step`` problems, fewer in DAPO's top-up rounds).
-      Each ``Problem.prompt`` is non-empty text the tokenizer can encode (the tiny checkpoints'
-      character tokenizer knows :data:`grpo_lab.policy.models.CHARS`; other characters become ``<unk>``).
-    * ``reward(completion: str, problem: Problem) -> float``: the training reward of one response,
-      a finite real number (``Trainer.score`` raises ``TypeError`` / ``ValueError`` naming the
-      sample otherwise). ``completion`` is the decoded response without its EOS token. Must never
-      ``exec`` or ``eval`` the completion: parse it.
-    * ``is_correct(completion: str, problem: Problem) -> bool``: raw correctness, for the
-      ``accuracy`` and ``test_accuracy`` columns and DAPO's dynamic-sampling filter (it may differ
-      from ``reward``, e.g. when the reward gives partial credit or is shaped).
-    * ``test_set() -> list[Problem]``: the fixed evaluation problems, the same on every call (it is
-      called at every evaluation, so cache it if it is expensive to build).
+    * ``sample(n, rng) -> list[Problem]``: exactly ``n`` training problems, all randomness from the
+      ``numpy.random.Generator`` ``rng`` (the trainer seeds it and checkpoints its state); non-empty
+      prompts the tokenizer can encode (the tiny checkpoints know :data:`grpo_lab.policy.models.CHARS`).
+    * ``reward(completion, problem) -> float``: a finite real for one decoded response (no EOS);
+      parse the completion, never ``exec`` / ``eval`` it.
+    * ``is_correct(completion, problem) -> bool``: raw correctness, for ``accuracy``,
+      ``test_accuracy`` and DAPO's dynamic-sampling filter (may differ from a shaped ``reward``).
+    * ``test_set() -> list[Problem]``: the fixed evaluation problems, the same on every call.
 
-    Optional: ``is_reasoning(completion: str) -> bool`` adds the ``reasoning_frac`` /
-    ``test_reasoning_frac`` columns; ``test_metrics(frame: pandas.DataFrame) -> dict[str, float]``
-    adds a ``test_<name>`` column per entry, computed at every evaluation from the per-problem
-    frame of :func:`grpo_lab.policy.rollout.evaluate` (e.g. accuracy by difficulty);
-    ``model_metrics(model) -> dict[str, float]`` adds a ``test_<name>`` column per entry at every
-    evaluation, computed from the policy itself (in eval mode, without grad, under the run's autocast;
-    e.g. :class:`~grpo_lab.tasks.NextTokenTask`'s held-out loss);
-    ``extract_answer(completion: str) -> str | None``, the final answer a completion gives (``None``
-    when it gives none), lets :func:`grpo_lab.experiments.evaluation.evaluate_at_k` report maj@k (majority
-    vote over sampled answers, compared as strings).
-    ``rewards(completions: list[str], problems: list[Problem]) -> list[float]``, the batched form of
-    ``reward``: one finite real per response, in order. When a task has it, the trainer calls it
-    once per generation round with the whole rollout (for reward functions that score a batch at
-    once, such as TRL's, :class:`grpo_lab.tasks.DatasetTask`) instead of ``reward`` once per
-    response; ``Trainer.score`` raises ``TypeError`` for a list of the wrong length or a value that
-    is not a real number and ``ValueError`` for a NaN or infinity, naming the sample. ``reward``
-    must still give the same value for a batch of one (:func:`grpo_lab.tasks.validate_task` with
-    ``call=True`` checks that they agree).
-    ``correct(completions: list[str], problems: list[Problem]) -> list[bool]``, the batched form of
-    ``is_correct``: one bool per response, in order. When a task has it, the trainer calls it once
-    per generation round (after ``rewards``/``reward``, on the same lists) and
-    :func:`grpo_lab.policy.rollout.evaluate` once per generation batch, instead of ``is_correct`` once per
-    response (:func:`correctness` is that choice; it raises ``TypeError`` for a list of the wrong
-    length or a value that is not a bool). ``is_correct`` must still agree for a batch of one
-    (``validate_task(call=True)`` checks it). Without ``rewards`` / ``correct`` the trainer calls
-    ``reward`` / ``is_correct`` once per response, in rollout order.
-    ``bind_tokenizer(tokenizer) -> None``: ``Trainer(...)`` calls it once, before anything else,
-    with the trainer's tokenizer, for a task that needs the policy's tokenizer without being given
-    one (:class:`grpo_lab.tasks.DatasetTask` re-encodes completions into TRL's ``completion_ids``
-    and applies its chat template). It must not touch a random generator.
+    Optional methods, one line each:
 
-    Example, a task that asks the policy to reverse a word:
+    * ``is_reasoning(completion) -> bool``: adds ``reasoning_frac`` / ``test_reasoning_frac``;
+    * ``test_metrics(frame) -> dict[str, float]``: a ``test_<name>`` column per entry, from the
+      per-problem frame of :func:`grpo_lab.policy.rollout.evaluate`;
+    * ``model_metrics(model) -> dict[str, float]``: a ``test_<name>`` column per entry, from the policy
+      (eval mode, no grad, the run's autocast);
+    * ``extract_answer(completion) -> str | None``: enables maj@k in
+      :func:`grpo_lab.experiments.evaluation.evaluate_at_k`;
+    * ``rewards(completions, problems) -> list[float]``: the batched ``reward``, called once per
+      generation round instead of ``reward`` (must agree with it on a batch of one);
+    * ``correct(completions, problems) -> list[bool]``: the batched ``is_correct`` (:func:`correctness`),
+      likewise;
+    * ``bind_tokenizer(tokenizer) -> None``: called once by ``Trainer(...)`` with its tokenizer, before
+      anything else; must not touch a random generator.
+
+    Example, a task that asks the policy to reverse a word (training and resuming it:
+    ``book/own_task.ipynb``):
 
     >>> from dataclasses import dataclass
     >>> import numpy as np
@@ -126,16 +99,6 @@ class Task(Protocol):
     >>> problem = ReverseTask().sample(1, np.random.default_rng(0))[0]
     >>> problem.prompt, problem.answer
     ('gfec=', 'cefg')
-
-    Training, saving and resuming it (see :class:`grpo_lab.training.trainer.Trainer`)::
-
-        trainer = Trainer(policy, tokenizer, ReverseTask(), "GRPO", TrainerConfig())
-        trainer.train(20)
-        trainer.save("runs/reverse")        # works for any task, registered or not
-        Trainer.resume("runs/reverse", task=ReverseTask())
-
-        register_task("reverse", ReverseTask)   # or register the class (in every process) ...
-        Trainer.resume("runs/reverse")          # ... and resume rebuilds the task itself
     """
 
     name: str
@@ -210,20 +173,16 @@ def _is_problem_list(value, n: int | None = None) -> str | None:
 def validate_task(task, *, call: bool = False):
     """Check that ``task`` implements the task protocol (:class:`Task`); return it unchanged.
 
-    The default check is cheap and runs none of the task's code: ``name`` is a non-empty ``str``,
-    ``max_new_tokens`` an ``int >= 1`` (not a bool), and ``sample``, ``reward``, ``is_correct``,
-    ``test_set`` (and ``is_reasoning``, ``test_metrics``, ``model_metrics``, ``extract_answer``, ``rewards``, ``correct``,
-    ``bind_tokenizer`` when present) are callables that accept the arguments the trainer passes
-    (checked on their signatures). ``Trainer(...)`` runs it.
+    The default check runs none of the task's code: ``name`` a non-empty ``str``, ``max_new_tokens``
+    an ``int >= 1`` (not a bool), and the required (and present optional) methods callable with the
+    arguments the trainer passes (checked on their signatures). ``Trainer(...)`` runs it.
 
-    With ``call=True`` (for the author of a task; the trainer never does it) it also calls the
-    methods once: ``sample(2, rng)`` twice with a fresh ``numpy.random.default_rng(0)`` (two
-    :class:`Problem` with non-empty ``str`` prompts and ``str`` answers, the same both times,
-    i.e. drawn from ``rng`` alone), ``reward`` (a finite real) and ``is_correct`` (a bool) on the
-    first problem's answer (and, when the task has it, ``rewards([answer], [problem])``: a list of
-    one finite real equal to ``reward``'s; with ``correct``, ``correct([answer], [problem])``: a
-    list of one bool equal to ``is_correct``'s), and ``test_set()`` (a non-empty list of :class:`Problem`). A task that
-    draws from a global RNG in ``sample`` advances it here.
+    With ``call=True`` (for a task's author; the trainer never does it) it also calls them once:
+    ``sample(2, rng)`` twice with a fresh ``numpy.random.default_rng(0)`` (the same two valid
+    :class:`Problem` both times), ``reward`` (a finite real) and ``is_correct`` (a bool) on the first
+    problem's answer, ``rewards`` / ``correct`` on a batch of one (equal to ``reward`` /
+    ``is_correct``), and ``test_set()`` (a non-empty list of :class:`Problem`). A task that draws from a
+    global RNG in ``sample`` advances it here.
 
     Args:
         task: the object to check.
@@ -233,10 +192,9 @@ def validate_task(task, *, call: bool = False):
         ``task``.
 
     Raises:
-        TypeError: ``task`` does not implement the protocol; the message lists every missing or
-            ill-typed member (a wrong value such as ``max_new_tokens=0`` or an empty ``name`` is
-            reported there too, so that one error names every problem), and with ``call=True``
-            every method that raised or returned something of the wrong kind.
+        TypeError: ``task`` does not implement the protocol; the message lists every missing,
+            ill-typed or ill-valued member (e.g. ``max_new_tokens=0``), and with ``call=True`` every
+            method that raised or returned something of the wrong kind.
     """
     problems = []
     name = getattr(task, "name", None)

@@ -210,82 +210,42 @@ def _number(value, func: str, index: int, prompt) -> float | None:
 class DatasetTask:
     """A task over the rows of a dataset, rewarded by functions in TRL's ``GRPOTrainer`` shape.
 
-    **Data.** ``data`` is a ``datasets.Dataset``, a ``datasets.DatasetDict`` (its
-    ``train_split`` is trained on), or a path to a local ``.jsonl`` / ``.json`` / ``.parquet`` /
-    ``.csv`` file, read with ``datasets.load_dataset(<format>, data_files=path, split="train")``
-    (offline; nothing is downloaded). Each row becomes a :class:`~grpo_lab.tasks.Problem`: the
-    prompt from ``prompt_column``, the answer ``str(row[answer_column])`` (``""`` without an answer
-    column or for a ``None`` value) and ``meta`` = every column but the prompt (the answer column
-    included, as TRL passes it). :meth:`sample` draws rows with replacement,
-    ``rng.integers(len(train), size=n)``, from the generator it is given only.
+    Data: ``data`` is a ``datasets.Dataset``, a ``DatasetDict`` (its ``train_split`` is trained on)
+    or a local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` path (read offline). Each row is a
+    :class:`~grpo_lab.tasks.Problem`: the prompt from ``prompt_column``, the answer
+    ``str(row[answer_column])`` (``""`` without one), ``meta`` every other column (the answer's too, as
+    TRL passes it). :meth:`sample` draws rows with replacement, ``rng.integers(len(train), size=n)``.
 
-    **Test set.** ``test`` is a fraction in (0, 1) of the rows held out with
-    ``Dataset.train_test_split(test_size=test, seed=split_seed)`` (training then samples only the
-    rest), a split name of a ``DatasetDict`` ``data``, another file path, or a ``Dataset``;
-    ``test_size`` keeps its first ``test_size`` rows.
+    Prompts: a cell holds text or TRL's conversational format (a list of ``{"role", "content"}``),
+    written out with ``tokenizer.apply_chat_template(messages, tokenize=False,
+    add_generation_prompt=True)``. ``tokenizer`` is an object or a name (resolved as
+    :func:`grpo_lab.policy.models.load_policy` does); without one the trainer's (:meth:`bind_tokenizer`).
 
-    **Prompts.** A prompt cell holds plain text or a conversation, TRL's conversational format (a
-    list of ``{"role", "content"}`` dicts). A conversation is written out with the tokenizer's
-    chat template, ``tokenizer.apply_chat_template(messages, tokenize=False,
-    add_generation_prompt=True)`` (:func:`grpo_lab.policy.rollout.generate` encodes prompts with
-    ``add_special_tokens=False``, so the template's own BOS is not doubled). ``chat_template=True``
-    also wraps plain text as one user message; ``None`` (default) templates conversations only;
-    ``False`` templates nothing (a conversation is then an error). ``tokenizer`` is a tokenizer
-    object or the name of one (a local directory, a shipped checkpoint such as
-    ``"arithmetic-base"`` or a hub id, resolved and loaded as :func:`grpo_lab.policy.models.load_policy`
-    does, on first use). Without one, the task uses the tokenizer a
-    :class:`~grpo_lab.training.trainer.Trainer` hands it (:meth:`bind_tokenizer`, called when the trainer
-    is built), for templating and for ``completion_ids``.
+    Reward functions (TRL's signature): each is called once per generation round (:meth:`rewards`) as
+    ``func(prompts=..., completions=..., completion_ids=..., trainer_state=None, **columns)``, with
+    conversational completions as ``[{"role": "assistant", "content": text}]``, ``completion_ids``
+    re-encoded by the tokenizer (``None`` without one) and each column repeated per completion. It
+    returns a real or ``None`` (does not apply) per completion. The reward is
+    ``sum_f w_f r_f`` over the functions that applied (TRL's ``nansum``; none applying: 0 and a
+    ``RuntimeWarning``). Departure from TRL: a NaN or infinity is an error, not "does not apply".
 
-    **Reward functions** (TRL's signature). Each is called once per batch (a generation round of
-    the trainer, :meth:`rewards`) as ``func(prompts=..., completions=..., completion_ids=...,
-    trainer_state=None, **columns)``: ``prompts`` the raw prompt cells (text or conversations),
-    ``completions`` the decoded responses (for a conversational prompt as TRL writes them,
-    ``[{"role": "assistant", "content": text}]``), ``completion_ids`` the responses re-encoded by
-    the tokenizer (the task's own or the trainer's; they can differ from the sampled ids where a
-    text has several encodings, and have no EOS; ``None`` when the task has no tokenizer at all,
-    e.g. outside a trainer without ``tokenizer=``, and then a function that *requires* a
-    ``completion_ids`` parameter is an error naming it, while one that reads it through
-    ``**kwargs`` gets ``None``), and each other column as a list with one value per completion (a
-    prompt's value repeated for each of its G responses). ``trainer_state`` is ``None``: the task
-    does not see the trainer. A function returns one value per completion: a real number, or
-    ``None`` where it does not apply. The signatures are checked when the task is built: a
-    required parameter that is neither one of those names nor a column (of both the training and
-    the test rows) is a ``ValueError`` with a did-you-mean, and so is a function without
-    ``**kwargs`` that does not take every one of them.
-
-    **Combination** (as TRL 1.16's ``GRPOTrainer``): the reward of a sample is the weighted sum
-    over the functions that applied, ``sum_f w_f r_f`` with ``None`` left out (TRL's ``nansum``).
-    A sample to which no function applies gets 0 and a ``RuntimeWarning`` (TRL warns too, and its
-    ``nansum`` of an all-NaN row is 0). Unlike TRL, a returned NaN or infinity is an error, not a
-    silent "does not apply": ``None`` says that.
-
-    **Correctness** (:meth:`correct`, batched, which the trainer and
-    :func:`grpo_lab.policy.rollout.evaluate` call once per batch, and :meth:`is_correct`; the
-    ``accuracy`` columns and DAPO's filter): a response is correct when the reward of the function
-    named ``correct_reward`` (default: the weighted total) is at least ``correct_threshold``; a
-    ``None`` from that function is not correct. Name the function that checks the answer (e.g.
-    ``correct_reward="accuracy_reward"``): a format bonus must not count as a right answer, and
-    only that function is then called. The functions' values of the last batch are kept: the
-    trainer's ``correct`` call on the batch it has just scored with :meth:`rewards` reuses them,
-    so each function runs once per generation round, as in TRL.
-
-    **Checkpoints.** The task is registered as ``"dataset"``. ``Trainer.resume`` rebuilds it by
-    itself when every field is JSON: ``data`` (and ``test``) a file path or split name,
-    ``reward_funcs`` import paths ``"module:function"``, ``tokenizer`` a name. With a ``Dataset``
-    object or function objects, resume with ``Trainer.resume(path, task=DatasetTask(...))``.
+    Correctness (:meth:`correct`, :meth:`is_correct`): the reward of ``correct_reward`` (default: the
+    weighted total) is at least ``correct_threshold``; ``None`` is not correct. The last batch's
+    values are reused, so each function runs once per generation round. Registered as ``"dataset"``:
+    ``Trainer.resume`` rebuilds it when every field is JSON (paths, split names, ``"module:function"``).
 
     Args:
         data: the rows, as above.
-        reward_funcs: a reward function or a sequence of them (callables or import paths).
+        reward_funcs: a reward function or a sequence of them (callables or ``"module:function"``).
         prompt_column, answer_column: column names (``answer_column=None``: no answer).
         reward_weights: one finite weight per function; ``None``: 1 each.
-        test: the evaluation rows, as above (default: 10% held out).
+        test: a fraction in (0, 1) held out with ``train_test_split(test_size=test, seed=split_seed)``,
+            a ``DatasetDict`` split name, another path, or a ``Dataset`` (default: 10% held out).
         test_size: at most this many test rows (the first ones); ``None``: all.
         split_seed: the seed of the held-out split.
         train_split: the ``DatasetDict`` split trained on.
         max_new_tokens: the generation budget in tokens.
-        chat_template: as above.
+        chat_template: ``None`` templates conversations only, ``True`` plain text too, ``False`` nothing.
         tokenizer: as above.
         correct_reward, correct_threshold: the correctness rule above.
         name: the registry name, ``"dataset"``.
@@ -293,11 +253,10 @@ class DatasetTask:
     Raises:
         TypeError: a field of the wrong type (a reward function neither callable nor a path,
             ``data`` of an unknown type).
-        ValueError: a missing column (with a did-you-mean), a missing split, an unknown file
-            suffix, weights that do not match the functions, a ``test`` fraction outside (0, 1),
-            an unknown ``correct_reward``, a reward function whose signature does not fit (above),
-            a conversational prompt with ``chat_template=False``, a prompt cell that is neither
-            text nor a conversation.
+        ValueError: a missing column or split (with a did-you-mean), an unknown file suffix, weights
+            that do not match the functions, a ``test`` fraction outside (0, 1), an unknown
+            ``correct_reward``, a reward function with a required parameter that is neither TRL's nor
+            a column (or without ``**kwargs`` and not taking them all), a conversation with ``chat_template=False``, a prompt cell of another type.
         FileNotFoundError: a data file that does not exist; a ``tokenizer`` name that is no
             directory, shipped checkpoint or hub id (when it is first needed).
     """

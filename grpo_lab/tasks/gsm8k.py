@@ -3,136 +3,49 @@ and judges it against the gold answer.
 
 GSM8K (Cobbe et al., "Training Verifiers to Solve Math Word Problems", arXiv 2110.14168) stores
 each problem as ``{"question": ..., "answer": ...}``; the ``answer`` field is a worked rationale
-with calculator annotations such as ``<<48/2=24>>`` and ends in a line ``#### 24``: the final
-answer, written as plain digits (``#### 57500``, never ``#### 57,500``; commas appear only in the
-rationale's prose). :func:`split_gold` splits that field; :func:`load_fixture` reads the small
-fixture of problems in that schema that ships with the package (``data/tasks/gsm8k_fixture.jsonl``,
-problems written for grpo_lab, not taken from GSM8K). :class:`GSM8KTask` serves those problems,
-or GSM8K itself from the Hugging Face hub or a local copy, to the trainer, with prompts in the
-policy's chat template.
+that ends in a line ``#### 24``: the final answer, plain digits (``#### 57500``, never
+``#### 57,500``). :func:`split_gold` splits that field; :func:`load_fixture` reads the small fixture
+in that schema that ships with the package (``data/tasks/gsm8k_fixture.jsonl``, problems written
+for grpo_lab, not taken from GSM8K). :class:`GSM8KTask` serves those problems, or GSM8K itself from
+the Hugging Face hub or a local copy, with prompts in the policy's chat template.
 
-**What counts as the answer** (:func:`extract_answer`): the content of the *last* complete
-``\\boxed{...}`` or ``\\fbox{...}`` (balanced braces, nested braces allowed, ``\\{`` and ``\\}`` not
-counted), or the rest of the line after the *last* ``####``, whichever comes last in the
-completion. The rest of the completion is ignored, however far the answer is from its end. An
-unclosed box (a completion cut off inside ``\\boxed{``) is not an answer.
+Where the scorer's rules live:
 
-**How it is judged** (:func:`score`): the extracted answer and the gold are parsed and compared
-with Hugging Face's `math-verify <https://github.com/huggingface/Math-Verify>`_ (``parse``,
-``verify``): a box through ``LatexExtractionConfig`` (so ``\\text{13}``, ``\\$18``,
-``18 \\text{ dollars}``, ``\\frac{1}{2}``, ``1,234`` and signs work), a ``####`` answer through
-``ExprExtractionConfig`` (plain numbers: ``$1,234``, ``-3``, ``18 dollars``; if it finds nothing
-there, the ``####`` text is read as LaTeX instead, so ``#### \\frac{1}{2}`` works), the gold through
-``ExprExtractionConfig`` after a strict check of its form (:data:`GOLD_RE`). Nothing is ever
-``eval``-ed. What math-verify decides, and we keep:
+* **the answer** (:func:`extract_answer`): the content of the *last* complete ``\\boxed{...}`` /
+  ``\\fbox{...}`` (nested braces allowed) or the rest of the line after the *last* ``####``,
+  whichever comes last; an unclosed box is not an answer.
+* **the verdict** (:func:`score`): Hugging Face's `math-verify
+  <https://github.com/huggingface/Math-Verify>`_ (``parse``, ``verify``), a box through
+  ``LatexExtractionConfig``, a ``####`` answer through ``ExprExtractionConfig`` (as LaTeX if that
+  finds nothing or the text holds ``\\frac``, ``\\sqrt``, ``\\cdot``, ...), the gold through
+  ``ExprExtractionConfig`` after a strict check of its form (:data:`GOLD_RE`). Nothing is
+  ``eval``-ed. math-verify's own rules stay: an equation counts by the right-hand side of its last
+  ``=``, an expression by its value, a unit outside ``\\text`` is a symbol (``\\boxed{18 dollars}``
+  is not 18).
 
-* an equation is judged by the right-hand side of its last ``=``: ``\\boxed{x = 5}`` and
-  ``\\boxed{2+3=5}`` equal 5, ``\\boxed{5 = x}`` does not (its right side is the symbol ``x``);
-* an unevaluated expression counts by its value: ``\\boxed{2+3}`` equals 5;
-* ``\\boxed{(1,234)}`` is an interval, not 1234; ``\\boxed{18 dollars}`` (no ``\\text``) is 18 times a
-  product of symbols and ``\\boxed{\\text{18 dollars}}`` one symbol: neither equals 18.
+What we add to math-verify, one line each:
 
-What we add before math-verify sees the answer (:data:`FLOAT_ROUNDING` and the normalisation):
+1. one answer, not a hedge: neighbouring numbers must be joined by an operator or relation;
+   ``#### 18 or 20``, ``18, 20``, ``18 -> 20`` score 0 (``_one_answer``);
+2. true equations: numeric sides must equal the last one, ``\\boxed{2+3=6}`` scores 0 (``_sides_agree``);
+3. mixed numbers ``a b/c`` and ``a \\frac{b}{c}`` are ``a + b/c``; an improper one scores 0 (``_mixed_numbers``);
+4. normalisation (``_normalize``): final punctuation dropped, ``14{,}916`` / ``1\\,234`` /
+   ``1 234`` one number, ``−`` a minus, ``°`` a degree, ``€ £ ¥`` dropped like ``\\$``;
+5. numbers compared to :data:`FLOAT_ROUNDING` decimal places, not math-verify's default 6;
+6. the percent rule: "p %" equals the gold p and the gold p/100 and no other gold, a decimal
+   percentage and a text group such as ``\\text{28 percent}`` included (``_percent_readings``);
+   a percent sign outside the box is not read;
+7. bounded time (``_bounded``): math-verify's ``signal.alarm`` timeouts are off (they work
+   only in the main thread), and answers that could make SymPy run for minutes score 0: longer
+   than :data:`MAX_ANSWER_CHARS`, a command outside :data:`ALLOWED_COMMANDS`, a factorial, more
+   than one power or a large or symbolic exponent, more than :data:`MAX_FREE_LETTERS` letters
+   outside unit text and :data:`UNIT_WORDS`. So :func:`score` is the same function in any
+   thread or process; calls from several threads are serialised by a lock.
 
-* **one answer**: every two neighbouring numbers of the answer must be joined by an operator or a
-  relation (``3 \\cdot 6 = 18``, ``\\frac{1}{2}``, ``50 \\text{ cm}^2``); numbers joined only by words,
-  commas, spaces or arrows list several candidates, a hedge, and score 0 against every gold:
-  ``#### 18 or 20``, ``#### 18, 20``, ``#### 18 (not 20)``, ``#### 18 -> 20``, ``#### 17 18``,
-  ``#### 18 apples and 3 pears`` (math-verify alone counts the last number of a ``####`` line, so
-  each of these equalled its last number);
-* **true equations**: sides of an equation that are plain numbers (no letters, no percent) must
-  all equal the last one, so ``\\boxed{3 \\cdot 6 = 20}`` and ``\\boxed{2+3=6}`` score 0 (math-verify
-  alone judges the right-hand side only), while ``\\boxed{3 \\cdot 6 = 18}`` and ``x = 5`` count;
-* **mixed numbers**: ``a b/c`` and ``a \\frac{b}{c}`` (also ``a\\frac{b}{c}``, a LaTeX space between)
-  are ``a + b/c``, written as the one fraction before math-verify sees them (``-4 4/9`` is
-  ``-40/9``); one whose fraction is not proper (``4 0/0``, ``4 4/0``, ``11 6/6``, ``11 7/6``)
-  scores 0. math-verify 0.9.0 reads ``#### 4 4/9`` as 4 and ``#### 2 1/2`` as 1 (a false
-  positive each), and ``\\boxed{4 4/9}`` as 4·4/9;
-* sentence punctuation ending the answer is dropped (``\\boxed{42.}``, ``5 \\text{ cm}.``; not an
-  ellipsis); ``14{,}916`` and ``16,\\!386`` are thousands separators; ``€``, ``£``, ``¥`` are dropped
-  as ``\\$`` is;
-* a ``####`` answer holding LaTeX that changes a number's value (``\\frac``, ``\\sqrt``, ``\\cdot``,
-  ``\\times``, ``\\div``, a power other than a degree sign) is read as LaTeX: math-verify's
-  plain-number reading finds 4 in ``4\\sqrt{2}`` and 2 in ``2^{10}``;
-
-* numbers are compared to :data:`FLOAT_ROUNDING` = 10 decimal places, not math-verify's default 6,
-  under which 0.0000001 and 0.0000002 are "equal";
-* thousands grouped with a space or a LaTeX space (``1 234``, ``1\\,234``, ``1~234``) become one
-  number; math-verify reads ``1\\,234`` as the mixed number 1 + 234 = 235;
-* ``−`` (U+2212) is a minus sign (math-verify's plain-number reading of a ``####`` answer, as
-  in ``#### −3 degrees``, does not see it), and ``°`` is ``^{\\circ}`` (math-verify reads
-  ``\\boxed{30^\\circ}`` as 30 but finds nothing in ``\\boxed{30°}``).
-
-**The percent rule: "p %" equals the gold p and the gold p/100, and no other gold.** GSM8K
-writes the answer to a percent question as the plain number before the sign (a question whose
-answer is 28% has the gold ``28``); math-verify 0.9.0 parses ``28\\%``, ``28%``, ``28 percent``,
-``28 pct``, ``28 percentage`` and ``28\\text{percent}`` as the number 28 marked as a percentage
-(``28 * UnevaluatedExpr(1/100)``), which it lets equal the gold 0.28 (its value) and, for an
-integer, the gold 28. :func:`score` reads every such percentage both ways, integer or decimal,
-wherever it stands (``x = 25\\%`` too): ``\\boxed{28\\%}`` and ``#### 28%`` equal the golds 28 and
-0.28; ``\\boxed{12.5\\%}`` equals 12.5 and 0.125; none equals 27, 2.8 or 280. A trailing sign is
-dropped from the text first (and the two readings applied to the whole answer), so that
-``1,234\\%`` is read as 1234 % (math-verify reads ``1,234\\%`` as the set {1, 2.34}).
-``25 \\text{ percent}`` is 25 in math-verify already (a unit), and also equals 0.25 here. Where
-math-verify's own verdict differs, deliberately:
-
-* a decimal percentage equals its number too (``12.5\\%`` equals the gold 12.5; math-verify
-  compares a decimal percentage by its value only), as GSM8K's golds need;
-* a text group that holds exactly one number and a percent marker, ``\\text{28 percent}``,
-  ``\\text{28\\%}``, ``\\mbox{12.5 pct}`` (``%``, ``\\%``, ``percent``, ``percentage``, ``pct``;
-  ``Percent`` too), is rewritten to ``28\\%`` before math-verify sees it, so it equals the golds 28
-  and 0.28 (math-verify reads the whole group as one symbol, equal to no number). The rewrite
-  keeps the written number digit for digit. Other text groups with a number inside
-  (``\\text{18 dollars}``, ``\\text{30 degrees}``) keep math-verify's verdict: one symbol, equal to
-  no number;
-* a percent sign outside the box is not read: ``\\boxed{28} pct`` is 28, not 0.28.
-
-**Decorations.** Degrees (``30^\\circ``, ``30^{\\circ}``, ``30^\\circ\\text{C}``), percent signs,
-``\\text{...}`` / ``\\mbox{...}`` unit words (``\\text{ dollars}``, ``\\text{ cm}^2``, ``\\text{ km/h}``),
-the words of :data:`UNIT_WORDS` (percent, pct, degrees, dollars, cents, cm, km, kg, hours,
-minutes, miles per hour, ...) ending the answer, bare (``25 percent``, ``30 degrees``) or in text
-(``\\text{30 degrees}``), and the relations ``\\approx``, ``\\sim``, ``\\simeq``
-(``x \\approx 11``) cannot make SymPy hang: they pass the guard below and get math-verify's own
-verdict (apart from the percent rule): so
-``\\boxed{30^\\circ}`` equals 30, ``\\boxed{30^\\circ C}`` does not (math-verify reads 30·c; the
-``C`` is outside ``\\text``), ``\\boxed{x \\approx 11}`` equals 11, and ``\\boxed{\\sim 11}`` does not
-(math-verify finds nothing in it); ``\\boxed{30 degrees}``, ``\\boxed{5 hours}`` and ``\\boxed{50 cents}``
-equal 30, 5 and 50 (math-verify strips these units), while ``\\boxed{18 dollars}``,
-``\\boxed{3 miles per hour}`` and ``\\boxed{25 km/h}`` do not (it reads them as products of symbols;
-the same after ``####``, read as a plain number, equal 18, 3 and 25). The tests compare
-:func:`score` with math-verify called directly on a table of such answers, boxed and after
-``####``, against right and wrong golds.
-
-**Math-Verify's own tests** (``tests/test_gsm8k_math_verify_table.py``): every
-gold-versus-prediction case of huggingface/Math-Verify's test suite whose gold is a decimal
-number, written as a boxed and as a ``####`` completion, gets the verdict Math-Verify's test
-expects, except these deliberate differences:
-
-* in a box, a comma that is not a thousands separator separates a list (math-verify's LaTeX
-  reading), so the decimal commas ``\\boxed{1000,99}`` and ``\\boxed{2,74 $}`` are not 1000.99 and
-  2.74 (after ``####`` they are);
-* in a box, a unit outside ``\\text`` is a symbol: ``\\boxed{1,000.99m²}`` is not 1000.99 (after
-  ``####`` it is), as ``\\boxed{18 dollars}`` is not 18;
-* the answer is the box's content or the ``####`` line, not a ``$...$`` span: Math-Verify's rule
-  that inline math may not span lines does not apply to ``\\boxed{\\n 9 \\n}`` (it is 9);
-* a ``####`` answer ends at its line break, and a box is read as LaTeX: ``11\\n5/6`` is 11
-  (``####``) or 55/6 (box), not 5 as math-verify's plain-number reading has it;
-* one answer: ``4 4/9 2`` (a mixed number and another number) is a hedge, not 2.
-
-**Timeouts and threads.** math-verify bounds its own run time with ``signal.alarm``, which only
-works in the main thread (elsewhere it raises ``ValueError``), and which cancels any alarm the
-caller had set. We switch it off (``parsing_timeout=None``, ``timeout_seconds=None``) and bound the
-work instead by refusing, as 0.0, answers that could make SymPy run for minutes: longer than
-:data:`MAX_ANSWER_CHARS` characters, using a LaTeX command outside :data:`ALLOWED_COMMANDS`, a
-factorial, more than one power, a power whose exponent is not an integer of at most two digits, a
-power together with letters (unit words included, so ``(cm+km+kg+1)^{99}`` is refused), or more
-than :data:`MAX_FREE_LETTERS` letters outside unit text such as ``\\text{ dollars}`` and outside the
-final run of :data:`UNIT_WORDS` (``25 percent`` has none; ``20 hours, not 18`` has eight). A
-degree sign ``^\\circ`` is not counted as a power. ``10^{10^{10}}``, ``(x+y+z+1)^{99}``,
-``1000000!``, ``\\prod_{i=1}^{10^9} i`` all hang math-verify without a timeout. No GSM8K answer
-needs any of these. :func:`score` is therefore the same function in the main thread, in worker threads and in
-worker processes; calls from several threads are serialised by a lock (they are CPU-bound, so
-nothing is lost under the GIL).
+The deliberate differences from Math-Verify's own test cases (decimal commas and units in a box,
+a box spanning lines, a ``####`` answer ending at its line break) are listed in
+``tests/test_gsm8k_math_verify_table.py``; ``tests/test_gsm8k_score.py`` compares :func:`score`
+with math-verify called directly on a table of decorated answers.
 """
 
 from __future__ import annotations
@@ -701,60 +614,31 @@ def _reraise(exc: Exception, message: str):
 class GSM8KTask:
     """GSM8K grade-school math word problems, rewarded 1 for the right final answer, else 0.
 
-    GSM8K: Cobbe et al. 2021, arXiv 2110.14168. The reward is the outcome reward of DeepSeekMath
-    (§4.1.2): 1 if the completion's final answer equals the gold answer (:func:`grpo_lab.tasks.gsm8k.score`), else 0.
+    GSM8K: Cobbe et al. 2021, arXiv 2110.14168. The reward is DeepSeekMath's outcome reward (§4.1.2),
+    judged by :func:`grpo_lab.tasks.gsm8k.score` on the completion only (``Rollout.texts``), so an
+    example ``\\boxed{}`` in the prompt is never taken for the answer. Nothing is read until the first
+    :meth:`sample` or :meth:`test_set`; the problems and tokenizer are then kept on the instance, not in
+    its fields (``task_spec``, equality and pickling see only the settings).
 
-    **Where the problems come from** (``source``):
-
-    * ``"fixture"`` (the default): the 24 problems shipped with grpo_lab (:func:`grpo_lab.tasks.gsm8k.load_fixture`),
-      split by their order in the file: the first 16 train, the last 8 test;
-    * ``"hub"``: ``datasets.load_dataset(dataset_id, config, split=...)`` for ``train_split`` and
-      ``test_split`` (GSM8K has 7473 and 1319 problems). Offline (``HF_HUB_OFFLINE=1``) it must
-      already be in the datasets cache;
-    * a local **directory** laid out as the hub repository (``main/train-00000-of-00001.parquet``,
-      ``main/test-...``, and the ``README.md`` whose YAML header declares the configs): the same
-      call with the directory in place of the id, ``load_dataset(directory, config, split=...)``
-      (e.g. a copy made by ``huggingface-cli download openai/gsm8k --repo-type dataset --local-dir DIR``);
-    * a **.jsonl** file (read like the fixture) or a **.parquet** file
-      (``load_dataset("parquet", data_files=...)``), with ``question`` and ``answer`` columns: one
-      file holds one list of problems, split like the fixture (the last ``len // 3`` are test).
-
-    ``dataset_id``, ``config`` and the split names apply to the hub and to a directory only.
-    ``datasets`` is imported only for those and for a parquet file. Nothing is read until the first
-    :meth:`sample` or :meth:`test_set` (not at import, not when the task is built); the problems,
-    the tokenizer and the test set are then kept on the instance (not in its fields, so
-    ``task_spec``, equality and pickling see only the settings).
-
-    **Prompts** (:meth:`format_prompt`): ``Problem.prompt`` is the exact text the policy sees. The
-    user turn is the question, a newline and ``instruction``. With ``tokenizer_name`` (a local
-    checkpoint directory or a hub id, normally the one the policy was loaded from) the tokenizer is
-    loaded on first use as :func:`grpo_lab.policy.models.load_policy` loads it, and the prompt is its chat
-    template applied to an optional system turn (``system_prompt``) and the user turn, ending with
-    the assistant's generation prompt (``apply_chat_template(..., tokenize=False,
-    add_generation_prompt=True)``). The template writes any BOS token itself, and
-    :func:`grpo_lab.policy.rollout.generate` encodes prompts with ``add_special_tokens=False``, so none is
-    added twice. The tokenizer is named rather than passed, so that the task stays a dataclass of
-    JSON-able settings: ``Trainer.resume`` rebuilds it, with the same prompts, from a checkpoint.
-    Without ``tokenizer_name`` the prompt is plain text for a base model:
-    ``"[system_prompt\\n\\n]Question: <question>\\n<instruction>\\nAnswer:"``.
-
-    The reward reads the **completion only** (``Rollout.texts`` holds just the decoded response),
-    so an example ``\\boxed{}`` in the prompt is never taken for the answer.
+    Prompts (:meth:`format_prompt`): with ``tokenizer_name`` the tokenizer's chat template applied to
+    an optional ``system_prompt`` and the user turn (question, newline, ``instruction``), with the
+    generation prompt (``add_generation_prompt=True``; :func:`grpo_lab.policy.rollout.generate` adds no
+    second BOS). The tokenizer is named, not passed, so ``Trainer.resume`` rebuilds the task. Without
+    it: ``"[system_prompt\\n\\n]Question: <question>\\n<instruction>\\nAnswer:"``.
 
     Args:
-        source: ``"fixture"``, ``"hub"``, or a path (``str`` or ``os.PathLike``) to a directory,
-            a ``.jsonl`` or a ``.parquet`` file, as above.
-        dataset_id: the hub dataset for ``source="hub"``.
-        config: the dataset config (GSM8K: ``"main"`` or ``"socratic"``).
-        train_split, test_split: the split names :meth:`sample` and :meth:`test_set` read.
-        test_size: the test set is the first ``test_size`` problems of the test split; ``None``:
-            all of them.
-        max_new_tokens: the generation budget in tokens (GSM8K solutions with reasoning need a few
-            hundred).
-        system_prompt: the system turn (chat template) or first paragraph (plain prompt); ``None``:
-            none (a chat template may then write its own default system turn, as Qwen2.5's does).
+        source: ``"fixture"`` (the 24 shipped problems, :func:`grpo_lab.tasks.gsm8k.load_fixture`:
+            the first 16 train, the last 8 test); ``"hub"`` (``datasets.load_dataset(dataset_id, config, split=...)``; offline,
+            from the datasets cache); a directory laid out as the hub repository (``load_dataset(dir,
+            config, split=...)``); or a ``.jsonl`` / ``.parquet`` file with ``question`` and ``answer``
+            columns, split like the fixture (the last ``len // 3`` test).
+        dataset_id, config, train_split, test_split: for the hub and a directory only (GSM8K's
+            configs: ``"main"``, ``"socratic"``).
+        test_size: the first ``test_size`` problems of the test split; ``None``: all.
+        max_new_tokens: the generation budget in tokens.
+        system_prompt: the system turn (chat) or first paragraph (plain); ``None``: none.
         instruction: appended to each question on its own line (``""``: nothing).
-        tokenizer_name: the tokenizer whose chat template formats the prompts; ``None``: plain text.
+        tokenizer_name: a local checkpoint or hub id whose chat template formats prompts; ``None``: plain text.
         name: the registry name, ``"gsm8k"``.
 
     Raises:

@@ -1,45 +1,28 @@
 """Next-token reasoning on a real English corpus: the task of RPT (Dong et al., arXiv 2506.08007).
 
-**Corpus.** The Python language reference as it ships with CPython (``pydoc_data.topics``: 79
-topics, about 465,000 characters of English prose and code, no download). The topics are cut into
-chunks of whole paragraphs, and each chunk goes to one of three parts by a hash of its key
-(:func:`split_corpus`): ``pretrain`` (60%: the base and proxy models learn the language there),
-``rl`` (20%: the positions RPT and the continued-NTP baseline train on, text the base has not
-seen) and ``test`` (20%: the held-out positions). The split does not depend on the order of a
-dict, on ``PYTHONHASHSEED`` or on the machine.
-
-**Format** (§3.1). The prompt is a context of ``context_tokens`` tokens followed by ``<think>``;
-the policy writes a thinking span, ``</think>``, and its prediction of what comes next, ended by
-EOS::
-
-    prompt:      '... the built-in variables with those<think>'
-    completion:  '</think> names'               (an empty thinking span, the prediction ' names')
-
-The paper takes the prediction from the last ``\\boxed{}`` after ``</think>``; the corpus here is
-full of braces (it documents Python), so the prediction is simply everything after the last
-``</think>`` (:func:`parse_prediction`), whitespace included (a token often starts with a space).
-
-**Reward.** The prefix-matching reward of Eq. 3, :func:`grpo_lab.algo.rewards.prefix_match_reward`,
-against the next ``reference_tokens`` tokens of the ground truth.
-
-**Entropy filter** (§3.3). A small proxy model's entropy over its top-16 next tokens
-(:func:`top_k_entropy`) measures how hard a position is. Training samples only positions whose
-proxy entropy is at least ``min_entropy`` (the paper drops the easy ones), and the held-out test
-positions are split into the paper's easy / medium / hard sets by the thresholds
-:data:`ENTROPY_THRESHOLDS` (:func:`entropy_split`).
-
-**Data files**, written by ``python -m grpo_lab.lab.pretrain corpus-proxy`` (reproducible, and checked
-by the tests): ``data/tasks/next_token_train.safetensors`` (the token ids of the ``rl`` part and
-the proxy entropy of each position) and ``data/tasks/next_token_test.jsonl`` (the fixed held-out
-test positions). The tokenizer is the byte-level BPE of the ``corpus-base`` checkpoint
-(:func:`grpo_lab.policy.models.train_bpe_tokenizer`), trained on the ``pretrain`` part only.
-
-**A hub model** (chapter 7's GPU run). The same corpus, split and files, tokenised by the hub
-model's own tokenizer and scored by the model itself as the proxy: :func:`build_hub_task_data`
-writes them into a directory of their own, which ``NextTokenTask(tokenizer=<model>, data=<dir>)``
-reads. An instruct model has never seen the bare ``context<think>`` format, so ``chat=True`` puts
-the context into its chat template with :data:`CHAT_INSTRUCTION` and opens the assistant's turn with
-``<think>``; the completion, the prediction and the reward are exactly as above.
+* **Corpus** (:func:`split_corpus`): the Python language reference as CPython ships it
+  (``pydoc_data.topics``, no download), cut into chunks of whole paragraphs, each assigned by a
+  hash of its key (independent of dict order, ``PYTHONHASHSEED`` and machine) to ``pretrain``
+  (60%: the base and proxy models), ``rl`` (20%: RPT and the continued-NTP baseline) or ``test``
+  (20%: held-out positions).
+* **Format** (§3.1): the prompt is ``context_tokens`` tokens then ``<think>``; the completion a
+  thinking span, ``</think>``, the prediction, EOS (``'</think> names'``).
+  Departure: the prediction is everything after the last ``</think>`` (:func:`parse_prediction`),
+  not the last ``\\boxed{}`` (the corpus is full of braces).
+* **Reward** (Eq. 3): :func:`grpo_lab.algo.rewards.prefix_match_reward` against the next
+  ``reference_tokens`` tokens.
+* **Entropy filter** (§3.3): a proxy model's top-16 entropy (:func:`top_k_entropy`); training
+  samples positions with at least ``min_entropy``; test positions split into easy / medium / hard
+  by :data:`ENTROPY_THRESHOLDS` (:func:`entropy_split`).
+* **Data files**, written by ``python -m grpo_lab.lab.pretrain corpus-proxy``:
+  ``data/tasks/next_token_train.safetensors`` (the ``rl`` part's token ids and proxy entropies)
+  and ``data/tasks/next_token_test.jsonl`` (the held-out positions), tokenised by the
+  ``corpus-base`` byte-level BPE (:func:`grpo_lab.policy.models.train_bpe_tokenizer`, trained on
+  ``pretrain`` only).
+* **A hub model** (chapter 7's GPU run): :func:`build_hub_task_data` writes the same files with the
+  model's tokenizer and the model as proxy, read by ``NextTokenTask(tokenizer=<model>, data=<dir>)``;
+  ``chat=True`` wraps the context in its chat template with :data:`CHAT_INSTRUCTION` and opens the
+  assistant's turn with ``<think>``.
 """
 
 from __future__ import annotations
@@ -439,38 +422,31 @@ def held_out_loss(model, ids: np.ndarray | torch.Tensor, *, width: int = 64, max
 class NextTokenTask:
     """Next-token reasoning (arXiv 2506.08007, §3.1) with RPT's prefix-matching reward (§3.2, Eq. 3).
 
-    Each problem is a position ``t`` of the corpus: the prompt is the ``context_tokens`` tokens
-    before it plus ``<think>``, and a completion is rewarded 1.0 when its prediction (after
-    ``</think>``) matches the next tokens up to a token boundary (:func:`~grpo_lab.algo.rewards.prefix_match_reward`).
+    Each problem is a corpus position ``t``: the prompt is the ``context_tokens`` tokens before it plus
+    ``<think>``; a completion earns 1.0 when its prediction (after ``</think>``) matches the next
+    tokens up to a token boundary. ``Problem.meta`` holds ``reference_tokens`` (list of str),
+    ``entropy`` (the proxy's, nats) and ``position``; ``Problem.answer`` is the reference text. A
+    completion cut at the budget is scored like any other (no closing ``\\boxed{}`` to miss).
 
     Attributes:
         name: ``"next_token"`` (the registry name).
         max_new_tokens: generation budget in tokens (thinking, ``</think>``, prediction and EOS).
         context_tokens: tokens of context before each position (the test set's is fixed at 32).
-        reference_tokens: ground-truth tokens kept per problem (the longest prediction that can
-            be right).
-        min_entropy: training samples only positions whose proxy top-16 entropy is at least this
-            (nats; RPT §3.3 drops low-entropy positions); 0 keeps every position.
-        tokenizer: the checkpoint whose tokenizer split the corpus into the data files
-            (``corpus-base``; another tokenizer is refused when the data is first read): a shipped
+        reference_tokens: ground-truth tokens kept per problem (the longest prediction that can be right).
+        min_entropy: training samples only positions whose proxy top-16 entropy (nats) is at least
+            this (RPT §3.3); 0 keeps every position.
+        tokenizer: the checkpoint whose tokenizer built the data files (``corpus-base``): a shipped
             checkpoint's name, a local directory or a hub id.
-        data: the directory of the data files (``None``: ``<data_dir>/tasks``, the shipped ones);
-            :func:`grpo_lab.tasks.next_token.build_hub_task_data` writes them for a hub model.
-        chat: prompts in the tokenizer's chat template (:meth:`format_prompt`), for an instruct
-            model; ``False``: the bare ``context<think>`` of RPT §3.1.
-        eval_held_out_loss: also report the model's held-out loss at every evaluation
-            (:meth:`model_metrics`: the ``test_held_out_loss`` column, nats per token); off by default
-            (one forward over the whole held-out text per evaluation).
-
-    ``Problem.meta`` holds ``reference_tokens`` (list of str), ``entropy`` (the proxy's, nats) and
-    ``position``; ``Problem.answer`` is the reference continuation's text.
-
-    A completion cut at the generation budget is scored like any other (there is no closing
-    delimiter to miss, unlike the paper's ``\\boxed{}``).
+        data: the data files' directory (``None``: ``<data_dir>/tasks``);
+            :func:`grpo_lab.tasks.next_token.build_hub_task_data` writes one for a hub model.
+        chat: prompts in the tokenizer's chat template (:meth:`format_prompt`); ``False``: RPT's bare
+            ``context<think>``.
+        eval_held_out_loss: also report ``test_held_out_loss`` (nats per token, :meth:`model_metrics`)
+            at every evaluation.
 
     Raises:
-        ValueError: settings out of range (at construction); a ``context_tokens`` or tokenizer
-            the data files were not built for (when the data is first read); ``chat=True`` with a
+        ValueError: settings out of range (at construction); a ``context_tokens`` or tokenizer the
+            data files were not built for (when the data is first read); ``chat=True`` with a
             tokenizer that has no chat template (at the first prompt).
     """
 
