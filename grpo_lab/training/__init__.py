@@ -1,5 +1,5 @@
 """The trainer: :class:`~grpo_lab.training.trainer.Trainer` runs one algorithm's loop (collect, score, select, advantages, update) on a
-policy and a task; :class:`~grpo_lab.training.config.TrainerConfig` says how it samples and updates. One concern per module:
+policy and a task; :class:`~grpo_lab.training.trainer.TrainerConfig` says how it samples and updates. One concern per module:
 
 * :mod:`grpo_lab.training.trainer`: ``Trainer``, the conductor of a step.
 
