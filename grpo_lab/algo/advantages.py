@@ -1,37 +1,17 @@
 """Advantages: GRPO z-scores, Dr.GRPO centring and RLOO over groups; GAE over a critic's values.
 
 The advantage axis of an :class:`~grpo_lab.algo.algorithms.Algorithm` is the registry
-:data:`ADVANTAGE_ESTIMATORS`: a dict from a choice's name to a function
-``(batch: AdvantageBatch, *, hyper-parameters) -> advantages [B] or [B, T]`` (float32).
-:class:`AdvantageBatch` carries everything an estimator may need (rewards, group ids, the token mask
-and, for a value model, per-token values), so that one signature fits group baselines and
-value-based ones alike. An estimator's keyword-only parameters are its hyper-parameters
-(:mod:`grpo_lab.algo.hparams`): the algorithm passes their values (``adv_eps``, ``gamma``, ``lam``, ...).
+:data:`ADVANTAGE_ESTIMATORS`, ``(batch: AdvantageBatch, *, hyper-parameters) -> [B] or [B, T]`` float32;
+:class:`AdvantageBatch` carries rewards, group ids, the token mask and a critic's values. The sequences of
+one group are contiguous (``rewards.view(-1, G)`` puts one group per row). Group estimators return one
+advantage per sequence, broadcast over its tokens (DeepSeekMath §4.1.2, outcome supervision); GAE
+(:func:`gae`, PPO, VAPO) returns one per token from the outcome reward at the last real token.
 
-For every prompt the policy samples a *group* of ``G`` completions; the sequences of one group are
-contiguous in the batch (``[g0 s0, g0 s1, ..., g0 s(G-1), g1 s0, ...]``), so ``rewards.view(-1, G)``
-puts one group per row. The group estimators return one scalar advantage per sequence, which the
-objectives broadcast over its tokens (DeepSeekMath §4.1.2 "outcome supervision"); GAE
-(:func:`gae`, :func:`gae_advantages`, PPO and VAPO) returns one per token, ``[B, T]``, from a
-critic's values and the outcome reward placed at the last real token (:func:`outcome_token_rewards`).
+Conventions: statistics in float64, returned as float32 on the rewards' device; a group whose rewards are
+equal up to rounding (:func:`tied_groups`) gets exactly 0; ``group_size == 1`` gives 0 in
+:func:`group_advantages` and raises in :func:`rloo_advantages`; NaN / inf rewards raise ``ValueError``.
 
-Conventions (callers rely on them):
-
-* Statistics are computed in float64 and returned as float32, on the device of ``rewards``.
-* A group whose rewards are all equal gets advantage **exactly 0** (not "almost 0" from
-  floating-point rounding of its mean), whatever the scaling. "Equal" is judged relative to the
-  rewards' scale (:func:`tied_groups`): rewards that differ only by rounding, such as
-  ``0.1 + 0.2`` and ``0.3``, are a tie, so their advantages are centred and finite even with
-  ``eps = 0``.
-* ``group_size == 1`` (a lone sample has no baseline to compare to) gives advantage 0 in
-  :func:`group_advantages`; :func:`rloo_advantages` raises instead (a leave-one-out baseline
-  needs at least one other sample).
-* NaN / inf rewards raise ``ValueError``: a silent NaN would poison every gradient of the batch.
-
-Where the code departs from the papers, and why: DeepSeekMath §4.1.2 writes the std without
-saying which; we use the unbiased (``G - 1``) one, as TRL and verl do. A group of equal rewards
-gets exactly 0 instead of ``0 / (0 + eps)`` rounding noise, and "equal" allows rounding
-(:func:`tied_groups`), so that sums of the same reward terms in a different order are a tie.
+Departure: DeepSeekMath §4.1.2 does not say which std; we use the unbiased (``G - 1``) one, as TRL and verl.
 """
 
 from __future__ import annotations
@@ -44,7 +24,7 @@ from torch import Tensor
 
 from . import checks as _v
 
-__all__ = ["group_advantages", "rloo_advantages", "group_stats", "tied_groups", "GroupStats", "SCALES",
+__all__ = ["group_advantages", "rloo_advantages", "tied_groups", "SCALES",
            "TIE_ULPS", "AdvantageBatch", "ADVANTAGE_ESTIMATORS", "GROUP_BASELINE_ESTIMATORS",
            "VALUE_BASELINE_ESTIMATORS", "gae_advantages",
            "outcome_token_rewards", "gae", "length_adaptive_lam", "explained_variance"]
@@ -236,59 +216,6 @@ def rloo_advantages(rewards: RewardsLike, group_size: int) -> Tensor:
     return adv.reshape(-1).to(torch.float32)
 
 
-class GroupStats(NamedTuple):
-    """Per-group reward statistics returned by :func:`group_stats`.
-
-    Attributes:
-        mean: ``[n_groups]`` float32 group mean reward.
-        std: ``[n_groups]`` float32 unbiased group std (0 for ``G == 1``).
-        all_equal: ``[n_groups]`` bool, True where the group is a tie (:func:`tied_groups`).
-        zero_adv_frac: python float in [0, 1], fraction of groups with all-equal rewards (their
-            advantages are 0 under every estimator, so they give no policy gradient); 0.0 for an
-            empty batch.
-        num_groups: python int.
-    """
-
-    mean: Tensor
-    std: Tensor
-    all_equal: Tensor
-    zero_adv_frac: float
-    num_groups: int
-
-
-def group_stats(rewards: RewardsLike, group_size: int) -> GroupStats:
-    """Per-group mean / unbiased std of the rewards and the zero-advantage group fraction.
-
-    The trainer logs ``zero_adv_frac`` as "zero-advantage group fraction" — DAPO (arXiv
-    2503.14476) §3.2 motivates dynamic sampling by these groups (accuracy 0 or 1), which carry no
-    gradient. A group of one always counts as zero-advantage.
-
-    Args:
-        rewards: ``[B]`` rewards, groups contiguous. group_size: ``G >= 1`` dividing ``B``.
-
-    Returns:
-        :class:`GroupStats`.
-
-    Raises:
-        ValueError: as :func:`group_advantages` (non-finite reward, bad group_size, B % G != 0).
-    """
-    r, rg = _grouped(rewards, group_size)
-    n = rg.shape[0]
-    if n == 0:
-        empty = r.new_zeros(0, dtype=torch.float32)
-        return GroupStats(empty, empty.clone(), torch.zeros(0, dtype=torch.bool, device=r.device), 0.0, 0)
-    all_equal = _ties(rewards, rg)
-    std = rg.std(dim=1, correction=1) if group_size > 1 else torch.zeros(n, dtype=r.dtype, device=r.device)
-    std = torch.where(all_equal, torch.zeros_like(std), std)
-    return GroupStats(
-        mean=rg.mean(dim=1).to(torch.float32),
-        std=std.to(torch.float32),
-        all_equal=all_equal,
-        zero_adv_frac=float(all_equal.to(torch.float64).mean()),
-        num_groups=n,
-    )
-
-
 # ------------------------------------------------------------------------------------------------
 # the advantage axis: one registry of estimators with one signature
 # ------------------------------------------------------------------------------------------------
@@ -379,7 +306,6 @@ def rloo(batch: AdvantageBatch) -> Tensor:
 
 
 #: advantage estimator -> ``(batch: AdvantageBatch, *, hyper-parameters) -> [B] or [B, T]`` float32.
-#: (The earlier form ``(batch, algo)``, which receives the whole algorithm, is still accepted.)
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "group": group_zscore,
     "group_mean": group_mean_baseline,

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 __all__ = ["Spec", "Params", "declare", "spec", "hyperparameters", "own_hyperparameters", "annotation",
-           "positional_count", "REQUIRED"]
+           "REQUIRED"]
 
 #: the default of a hyper-parameter declared without one (the algorithm must give a value)
 REQUIRED = inspect.Parameter.empty
@@ -150,17 +150,3 @@ def annotation(fn: Callable, name: str) -> Any:
             except Exception:  # an annotation naming something not importable here
                 return None
     return None
-
-
-def positional_count(fn: Callable) -> int:
-    """Number of positional parameters of ``fn`` (``-1`` with ``*args`` or without a signature): tells
-    a registry function of the current form (``fn(ctx, *, ...)``) from the earlier one, which took
-    the whole algorithm as its last positional argument (``fn(log_ratio, advantages, mask, algo)``)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return -1
-    kinds = [p.kind for p in params]
-    if inspect.Parameter.VAR_POSITIONAL in kinds:
-        return -1
-    return sum(k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)

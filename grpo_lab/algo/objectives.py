@@ -1,48 +1,32 @@
-"""Policy objectives of the GRPO family as pure tensor functions: ratios, clipping, KL, aggregation.
+"""Policy objectives of the GRPO family as pure tensor functions: ratios, surrogates, KL, aggregation.
 
-Notation: ``B`` sequences, ``T`` completion tokens (right-padded), ``mask [B, T]`` (bool or 0/1
-float; 1 = real token). ``logp``, ``old_logp`` and ``ref_logp`` are per-token log-probabilities
-of the sampled tokens under the current policy pi_theta, the behaviour policy pi_old and the
-reference policy pi_ref (see :mod:`grpo_lab.policy.logprobs`).
-
-The GRPO objective, DeepSeekMath (arXiv 2402.03300) Eq. 3, maximised::
+Notation: ``B`` sequences, ``T`` completion tokens (right-padded), ``mask [B, T]`` (bool or 0/1; 1 = real
+token); ``logp``, ``old_logp``, ``ref_logp`` ``[B, T]``: log-probabilities of the sampled tokens under
+pi_theta, pi_old and pi_ref (:mod:`grpo_lab.policy.logprobs`). DeepSeekMath (arXiv 2402.03300) Eq. 3,
+maximised::
 
     J = 1/G sum_i 1/|o_i| sum_t { min[ r_it A_it, clip(r_it, 1-eps, 1+eps) A_it ] - beta D_KL,it }
 
-with ``r_it = pi_theta / pi_old`` and ``D_KL,it`` the k3 estimator of Eq. 4. Every function here
-returns *losses* (``-J`` terms), to be minimised. Each axis of an
-:class:`~grpo_lab.algo.algorithms.Algorithm` is a registry, a dict from a choice's name to one small
-function with that axis's signature:
+Every function returns *losses* (``-J`` terms). Each axis of an :class:`~grpo_lab.algo.algorithms.Algorithm`
+is a registry of functions with one signature:
 
 * :data:`RATIOS` ``(logp, old_logp, mask) -> log_ratio [B, T]``;
 * :data:`SURROGATES` ``(ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)``;
-* :data:`KL_ESTIMATORS` ``(delta [B, T]) -> [B, T]`` with ``delta = log pi_theta - log pi_ref``;
+* :data:`KL_ESTIMATORS` ``(delta [B, T]) -> [B, T]``, ``delta = log pi_theta - log pi_ref``;
 * :data:`AGGREGATIONS` ``(values, mask, norms) -> scalar``.
 
-:func:`policy_loss` composes them like the equation above; registering a function under a new
-name (``SURROGATES["mine"] = f``) makes ``algo.replace(clip="mine")`` valid. A function's keyword-only
-parameters are its hyper-parameters, and it may declare constraints on the other axes and statistics
-over the whole minibatch (:mod:`grpo_lab.algo.hparams`); a surrogate sees the whole :class:`LossContext`
-(log pi_theta, log pi_old, the log-ratio, advantages, mask, group structure, those statistics).
+:func:`policy_loss` composes them; ``SURROGATES["mine"] = f`` makes ``algo.replace(surrogate="mine")``
+valid. Keyword-only parameters are hyper-parameters (:mod:`grpo_lab.algo.hparams`).
 
-Where the code departs from the papers, and why:
+Departures from the papers:
 
-* log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] = [-20, 20]`` before ``exp``
-  (``e^20 ~ 4.9e8``), so ratios never overflow; outside the clamp the ratio gets no gradient.
-  Such a token is far outside any clip range, so for PPO clipping this only changes tokens with
-  A < 0 and r > e^20, whose huge unclipped gradient would be destructive anyway;
-* k3 is continued along its tangent line below ``D = -KL_LOG_RATIO_CLAMP`` (see :func:`k3`), so
-  its value and gradient stay finite where Eq. 4 overflows;
-* a fully masked row (no real token) is not counted as a sequence (not in Eq. 3's ``G``): an
-  empty row has no ``1/|o_i|``.
+* log-ratios are clamped to ``[-20, 20]`` (:data:`LOG_RATIO_CLAMP`) before ``exp``; outside, no gradient;
+* k3 is continued along its tangent below ``D = -KL_LOG_RATIO_CLAMP`` (:func:`k3`), finite where Eq. 4 overflows;
+* a fully masked row is not counted as a sequence (not in Eq. 3's ``G``).
 
-Numerical conventions (callers rely on them):
-
-* Inputs may be float32, bfloat16 or float16: everything is computed in float32 and returned as
-  float32. float64 inputs are computed and returned in float64 (the book's reference checks).
-* ``old_logp`` and ``ref_logp`` are constants: they are detached. Advantages are detached.
-* Padded positions (mask 0) may hold anything, even NaN or inf: they are replaced before use, so
-  they affect neither values nor gradients.
+Conventions: float32 / bfloat16 / float16 inputs are computed and returned in float32, float64 in float64;
+``old_logp``, ``ref_logp`` and advantages are detached; padded positions may hold anything (NaN, inf) and
+affect neither values nor gradients.
 """
 
 from __future__ import annotations
@@ -91,35 +75,40 @@ LOG_RATIO_CLAMP = 20.0
 #: k3 = exp(-D) + D - 1 is continued along its tangent line below D = -KL_LOG_RATIO_CLAMP.
 KL_LOG_RATIO_CLAMP = 20.0
 
-#: keys always present in ``LossOutput.metrics``
-METRIC_KEYS = (
-    "loss",
-    "pg_loss",
-    "kl",
-    "clip_frac_low",
-    "clip_frac_high",
-    "clip_frac",
-    "ratio_mean",
-    "ratio_min",
-    "ratio_max",
-    "ratio_q05",
-    "ratio_q50",
-    "ratio_q95",
-    "grad_token_frac",
-    "adv_abs_mean",
-    "num_tokens",
-    "num_sequences",
-    "offpolicy_masked_frac",
-    "clip_high_prob_mean",
-    "clip_high_prob_max",
-    "token_prob_mean",
-    "seq_clip_frac",
-    "seq_ratio_mean",
-    "seq_ratio_min",
-    "seq_ratio_max",
-    "seq_ratio_abs_dev",
-    "token_ratio_abs_dev",
-)
+#: the metrics always present in ``LossOutput.metrics``, ``{key: what it is}``: fractions and means over the
+#: real tokens of the batch (0.0 for an empty mask), each a :class:`grpo_lab.algo.metrics.Metric` with its
+#: reduction over micro-batches. ``rho`` is the ratio the surrogate uses, ``r`` the token ratio. Besides these:
+#: ``nll_loss`` when ``nll_coef > 0``, and a custom surrogate's extra indicators (CISPO's
+#: ``weight_capped_frac``, ``weight_floored_frac``). Tokens masked by Off-Policy Sequence Masking count in
+#: neither ``clip_frac_*`` nor ``grad_token_frac``.
+METRIC_KEYS = {
+    "loss": "the loss to minimise (a sum over micro-batches)",
+    "pg_loss": "the surrogate's part of the loss alone, aggregated the same way (a sum)",
+    "kl": "mean per-token KL estimate (0.0 with weight 0 when not computed)",
+    "clip_frac_low": "share of tokens with A < 0 whose gradient the surrogate removes (PPO: rho < 1 - eps_low)",
+    "clip_frac_high": "share of tokens with A > 0 whose gradient the surrogate removes (PPO: rho > 1 + eps_high)",
+    "clip_frac": "clip_frac_low + clip_frac_high (for CISPO the tokens its mask M, Eq. 7, removes)",
+    "ratio_mean": "mean of rho",
+    "ratio_min": "minimum of rho",
+    "ratio_max": "maximum of rho",
+    "ratio_q05": "5% quantile of rho",
+    "ratio_q50": "median of rho",
+    "ratio_q95": "95% quantile of rho",
+    "grad_token_frac": "share of tokens with a non-zero policy-gradient signal",
+    "adv_abs_mean": "mean |A|",
+    "num_tokens": "real tokens in the batch (a sum)",
+    "num_sequences": "non-empty rows in the batch (a sum)",
+    "offpolicy_masked_frac": "share of rows masked by Off-Policy Sequence Masking (DeepSeek-V3.2 Eqs. 8-9)",
+    "clip_high_prob_mean": "mean pi_theta of the tokens in clip_frac_high (DAPO §3.1, Fig. 3a)",
+    "clip_high_prob_max": "largest pi_theta of the tokens in clip_frac_high",
+    "token_prob_mean": "mean pi_theta of all real tokens",
+    "seq_clip_frac": "share of rows whose every counted token is clipped (GSPO Eq. 5's clip for sequence ratios)",
+    "seq_ratio_mean": "mean of s_i = exp(1/|o_i| sum_t log r_it) (GSPO Eq. 7), whatever the ratio level",
+    "seq_ratio_min": "minimum of s_i",
+    "seq_ratio_max": "maximum of s_i",
+    "seq_ratio_abs_dev": "mean |s_i - 1|",
+    "token_ratio_abs_dev": "mean |r_it - 1| of the token ratio, whatever the ratio level",
+}
 
 #: per-token indicators every surrogate returns, and the metric each becomes
 SURROGATE_METRICS = {"clip_low": "clip_frac_low", "clip_high": "clip_frac_high", "grad": "grad_token_frac"}
@@ -688,16 +677,15 @@ def clip_cov_surrogate(ctx: LossContext, *, eps_low: float = 0.2, eps_high: floa
     return loss, {**ind, "grad": ind["grad"] & ~det, "clip_cov_detached": det}
 
 
-#: clipping object (the surrogate, what the trust region acts on) ->
+#: surrogate (``Algorithm.surrogate``: the per-token objective and its trust region) ->
 #: ``(ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)``.
 #: ``indicators`` maps a name to a per-token ``[B, T]`` bool or float tensor; :func:`policy_loss`
 #: reports its mean over the tokens whose policy term counts. It must hold the keys of
 #: :data:`SURROGATE_METRICS` (``clip_low``, ``clip_high``, ``grad``); any other key becomes a
-#: metric of that name (a name of :data:`METRIC_KEYS` is refused). The earlier form
-#: ``(log_ratio, advantages, mask, algo)`` is still accepted.
+#: metric of that name (a name of :data:`METRIC_KEYS` is refused).
 SURROGATES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
     "ppo": ppo_surrogate,
-    "is_weight": cispo_surrogate,
+    "cispo": cispo_surrogate,
     "gmpo": gmpo_surrogate,
     "sapo": sapo_surrogate,
     "kl_cov": kl_cov_surrogate,
@@ -1131,7 +1119,7 @@ class _Inputs(NamedTuple):
 def _check_algorithm(algo: Any) -> None:
     """``algo`` must be a :class:`grpo_lab.algo.algorithms.Algorithm` (checked by what the loss reads of it,
     so that this module needs no import of :mod:`grpo_lab.algo.algorithms`, which imports it)."""
-    if not all(callable(getattr(algo, k, None)) for k in ("values_for", "axes")) or not hasattr(algo, "clip"):
+    if not all(callable(getattr(algo, k, None)) for k in ("values_for", "axes")) or not hasattr(algo, "surrogate"):
         raise ValueError(f"algo must be a grpo_lab.algo.algorithms.Algorithm, got {type(algo).__name__}")
 
 
@@ -1144,7 +1132,7 @@ def _context(x: "_Inputs", algo: Algorithm, groups: tuple, stats: Optional[Mappi
     norms = x.norms
     ctx = LossContext(x.logp, x.old, log_ratio, x.adv, x.mask, x.ref, group_size, group_tokens,
                       norms.num_tokens, norms.num_sequences, {})
-    fn = SURROGATES[algo.clip]
+    fn = SURROGATES[algo.surrogate]
     declared = _hp.spec(fn).batch_statistics
     if not declared:
         return ctx
@@ -1154,7 +1142,7 @@ def _context(x: "_Inputs", algo: Algorithm, groups: tuple, stats: Optional[Mappi
     bad = [k for k in declared if k in stats and (not isinstance(stats[k], Tensor) or stats[k].dim() == 0
                                                   or stats[k].shape[0] != x.mask.shape[0])]
     if missing or bad:
-        raise ValueError(f"stats must hold the whole-batch statistics {sorted(declared)} of clip={algo.clip!r}, each a "
+        raise ValueError(f"stats must hold the whole-batch statistics {sorted(declared)} of surrogate={algo.surrogate!r}, each a "
                          f"tensor with one row per sequence ({x.mask.shape[0]}); missing {missing}, wrong {bad}")
     return ctx._replace(stats={k: stats[k].to(x.mask.device) for k in declared})
 
@@ -1167,7 +1155,7 @@ def _statistics(ctx: LossContext, fn: Callable, algo: Algorithm) -> dict:
             v = stat(ctx, **algo.values_for(stat))
             if not isinstance(v, Tensor) or tuple(v.shape) not in (tuple(ctx.mask.shape[:1]), tuple(ctx.mask.shape)):
                 got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
-                raise ValueError(f"whole-batch statistic {name!r} of clip={algo.clip!r} must be a tensor of shape [B] = "
+                raise ValueError(f"whole-batch statistic {name!r} of surrogate={algo.surrogate!r} must be a tensor of shape [B] = "
                                  f"{tuple(ctx.mask.shape[:1])} or [B, T] = {tuple(ctx.mask.shape)} (the trainer hands "
                                  f"each micro-batch its rows and tokens), got {got}")
             out[name] = v
@@ -1203,7 +1191,7 @@ def batch_statistics(
         ValueError: as :func:`policy_loss` for the inputs.
     """
     _check_algorithm(algo)
-    fn = SURROGATES[algo.clip]
+    fn = SURROGATES[algo.surrogate]
     if not _hp.spec(fn).batch_statistics:
         return {}
     shape = _v.bt_tensor(logp, "logp").shape
@@ -1293,126 +1281,44 @@ def policy_loss(
 ) -> LossOutput:
     """The full per-token objective of ``algo`` as a loss to minimise, plus diagnostics.
 
-    Per token (each step is ``algo``'s choice on one axis, a function of a registry)::
+    Per token (each line is ``algo``'s choice on one axis, a function of a registry)::
 
         rho_it  = RATIOS[algo.ratio_level](logp, old_logp, mask)         (as log rho)
-        pg_it   = SURROGATES[algo.clip](ctx, **hyper-parameters)           (PPO: -min(rho A, clip(rho) A))
+        pg_it   = SURROGATES[algo.surrogate](ctx, **hyper-parameters)      (PPO: -min(rho A, clip(rho) A))
         pg_it   = M_it * pg_it                                            (V3.2 Eqs. 8-9, if set)
         loss_it = pg_it + beta * KL_ESTIMATORS[algo.kl](logp - ref_logp)  (if algo.uses_kl)
         loss    = AGGREGATIONS[algo.aggregation](loss_it, mask, ...)
                   + nll_coef * positive_nll_loss(logp, mask, correct)      (if algo.nll_coef > 0)
 
-    * ``rho_it``: ``ratio_level="token"`` -> ``r_it = pi_theta/pi_old`` (DeepSeekMath, arXiv
-      2402.03300, Eq. 3); ``"sequence"`` -> ``s_i`` of GSPO (arXiv 2507.18071) Eq. 7, the same
-      for every token of sequence i, so with ``seq_mean_token_mean`` and per-sequence advantages
-      the loss is exactly GSPO Eq. 5 (``-1/G sum_i min(s_i A_i, clip(s_i) A_i)``) and its gradient
-      GSPO Eq. 10. With token-level advantages ``[B, T]`` the sequence ratio multiplies each
-      token's advantage, but every token's gradient is still spread over the whole sequence
-      through ``s_i``; ``"sequence_token"`` -> ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]``
-      of GSPO-token (Eqs. 13-17, :func:`sequence_token_ratio`): the same value ``s_i``, and each
-      token's gradient weighted by its own advantage (equal to GSPO when ``A_it = A_i``).
-    * ``KL_it``: ``kl_estimate(logp, ref_logp, algo.kl)``, added **inside** the token sum as in
-      DeepSeekMath Eq. 3, hence aggregated with the same mode; only when ``algo.kl`` is set and
-      ``algo.beta > 0``. With ``algo.kl_importance_correction`` it is
-      ``kl_estimate(..., old_logp=old_logp)``, DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7.
-    * ``algo.offpolicy_mask_delta`` set: DeepSeek-V3.2 Eqs. 8-9 — the clipped-surrogate term of
-      every token with ``M_it = 0`` (:func:`offpolicy_sequence_mask`) is replaced by 0. Read
-      literally, M multiplies only the policy term *inside* ``1/G sum_i 1/|o_i| sum_t``: a
-      masked sequence still counts in every normaliser (``G``, ``|o_i|``, ``num_tokens``,
-      ``num_sequences``, ``max_tokens``) and its KL term stays.
-    * aggregation: see :func:`aggregate`; ``num_tokens`` / ``num_sequences`` are the global
-      counts for micro-batch invariance; ``max_tokens`` falls back to ``algo.max_tokens``.
+    The KL term sits inside the token sum (DeepSeekMath Eq. 3); with ``kl_importance_correction`` it is
+    DeepSeek-V3.2 Eq. 7. A sequence masked by Eqs. 8-9 (:func:`offpolicy_sequence_mask`) loses only its
+    policy term and still counts in every normaliser. With ``"sequence"`` ratios, ``[B]`` advantages and
+    ``"seq_mean_token_mean"`` the loss is GSPO Eq. 5 and its gradient Eq. 10.
 
     Args:
-        logp: ``[B, T]`` log pi_theta of the sampled tokens (grad flows here); float32 /
-            bfloat16 / float16 / float64.
-        old_logp: ``[B, T]`` log pi_old (behaviour policy; detached). Pass ``logp.detach()`` for
-            a purely on-policy step (ratio 1, clipping inactive).
+        logp: ``[B, T]`` log pi_theta (grad flows here); float32 / bfloat16 / float16 / float64.
+        old_logp: ``[B, T]`` log pi_old (detached); ``logp.detach()`` for an on-policy step.
         advantages: ``[B]`` per sequence or ``[B, T]`` per token (detached).
         mask: ``[B, T]`` bool or 0/1, 1 = real token.
         algo: a :class:`grpo_lab.algo.algorithms.Algorithm`.
-        ref_logp: ``[B, T]`` log pi_ref; required iff ``algo.kl`` is not None and
-            ``algo.beta > 0``. If given otherwise, the KL is still computed (without grad) for the
-            ``kl`` metric, with ``algo.kl`` or k3 when ``algo.kl is None``.
-        num_tokens, num_sequences: global normalisers (see :func:`aggregate`), at least this
-            batch's real tokens / non-empty rows.
-        max_tokens: constant normaliser for ``"seq_mean_token_sum_norm"``.
-        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"``
-            (see :func:`aggregate`).
-        correct, num_correct_tokens: read only when ``algo.nll_coef > 0`` (VAPO's positive-example
-            LM loss, Eqs. 9-10, :func:`positive_nll_loss`): ``[B]`` bool, which responses are
-            correct, and the global count of their real tokens (micro-batches).
-        stats: the whole-minibatch statistics of ``algo``'s surrogate for the rows of this batch
-            (``{name: Tensor [B, ...]}``, from :func:`batch_statistics` over the minibatch, rows
-            selected); ``None``: computed over this batch. Ignored when the surrogate declares none.
+        ref_logp: ``[B, T]`` log pi_ref; required iff ``algo.uses_kl``; otherwise only for the ``kl`` metric.
+        num_tokens, num_sequences: global normalisers for micro-batching (:func:`aggregate`).
+        max_tokens: constant for ``"seq_mean_token_sum_norm"`` (default ``algo.max_tokens``).
+        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"`` (:func:`aggregate`).
+        correct, num_correct_tokens: for ``nll_coef > 0`` (VAPO Eqs. 9-10): ``[B]`` bool, and the global count
+            of the correct responses' tokens.
+        stats: the surrogate's whole-minibatch statistics for these rows (:func:`batch_statistics`); None:
+            computed over this batch.
 
     Returns:
-        :class:`LossOutput` ``(loss, metrics)``. ``loss``: 0-d float32 tensor with grad (float64 for float64 inputs).
-        ``metrics``: :class:`grpo_lab.algo.metrics.Metric` values (python floats over the real tokens
-        of *this* batch, never NaN, each with its reduction over micro-batches):
-
-        * ``loss``, ``pg_loss`` (the clipped-surrogate part alone, aggregated the same way) —
-          sums; with ``algo.nll_coef > 0`` also ``nll_loss`` (:func:`positive_nll_loss`, unweighted;
-          a sum; ``loss`` includes ``nll_coef`` times it); ``kl`` (mean per-token KL estimate over real tokens; 0.0 with weight 0 when not
-          computed);
-        * ``clip_frac_low`` — fraction of real tokens with ``A < 0`` and ``rho < 1 - eps_low``;
-          ``clip_frac_high`` — ``A > 0`` and ``rho > 1 + eps_high``; ``clip_frac`` — their sum.
-          These are exactly the tokens whose policy gradient the clip sets to 0 (sign-aware).
-          For ``clip="is_weight"`` they are the tokens its mask ``M`` (Eq. 7) removes, none without
-          ``mask_eps_*``; its capped and floored weights are the extra metrics
-          ``weight_capped_frac`` and ``weight_floored_frac``;
-        * ``ratio_mean``, ``ratio_min`` (a minimum), ``ratio_max`` (a maximum), ``ratio_q05``,
-          ``ratio_q50``, ``ratio_q95`` — of ``rho`` over real tokens (1.0, the no-change ratio,
-          when there are no real tokens);
-        * ``grad_token_frac`` — fraction of real tokens with a non-zero policy-gradient signal
-          (``A != 0``, not clipped, and for ``clip="ppo"`` the log-ratio inside the clamp);
-        * ``adv_abs_mean`` — mean ``|A|`` over real tokens;
-        * ``num_tokens``, ``num_sequences`` — real tokens and non-empty rows in this batch (sums);
-        * ``offpolicy_masked_frac`` — fraction of non-empty rows with at least one token masked
-          by Off-Policy Sequence Masking (0.0 when ``algo.offpolicy_mask_delta`` is None), a
-          sequence mean;
-        * ``clip_high_prob_mean``, ``clip_high_prob_max`` — the mean and the largest probability
-          ``pi_theta`` (a probability in (0, 1], not a log; the current policy's, as DAPO writes
-          it) of the tokens counted in ``clip_frac_high``: which tokens the upper clip stops
-          (DAPO, arXiv 2503.14476, §3.1 and Fig. 3a: "the mean probability of up-clipped tokens is
-          low", below 0.2). Weighted by the number of such tokens; 0.0 with weight 0 when no token
-          was clipped there (the trainer's history then shows NaN); ``token_prob_mean`` — the mean
-          ``pi_theta`` of all real tokens, for comparison (a token mean);
-        * sequence level, over the non-empty rows of this batch (sequence means, or a minimum /
-          maximum weighted by the number of such rows), whatever ``algo.ratio_level`` is:
-          ``seq_clip_frac`` — fraction of non-empty rows whose policy gradient the clip removes
-          entirely: the row has at least one counted token and every counted token is in
-          ``clip_frac_low`` or ``clip_frac_high`` (sign-aware, as those). For
-          ``ratio_level="sequence"`` with ``[B]`` advantages this is exactly ``A_i < 0, s_i < 1 -
-          eps_low`` or ``A_i > 0, s_i > 1 + eps_high`` (GSPO Eq. 5's clip): a clipped sequence
-          counts once, whatever its length, while ``clip_frac`` counts its tokens. A row with a
-          zero advantage or masked by Off-Policy Sequence Masking is not clipped;
-          ``seq_ratio_mean``, ``seq_ratio_min``, ``seq_ratio_max`` — of the length-normalised
-          sequence ratio ``s_i = exp(1/|o_i| sum_t log r_it)`` (GSPO Eq. 7, the geometric mean of
-          the token ratios; log clamped to +-20), computed for token-level algorithms too, so
-          their sequence ratios can be compared with GSPO's clip range (1.0 when the batch has no
-          real token); ``seq_ratio_abs_dev`` — the mean ``|s_i - 1|`` (0.0 without real tokens),
-          a spread that, unlike a standard deviation or quantiles, combines exactly over
-          micro-batches; ``token_ratio_abs_dev`` — its token-level counterpart, the mean
-          ``|r_it - 1|`` over real tokens of the *token* ratio ``r_it = pi_theta / pi_old``
-          (DeepSeekMath Eq. 3) whatever the ratio level (``ratio_*`` describe the ratio the
-          surrogate uses, which for GSPO is ``s_i`` on every token).
-
-        Every other metric is a token mean. Tokens masked by Off-Policy Sequence Masking count in
-        neither ``clip_frac_*`` nor ``grad_token_frac`` (their policy gradient is 0 because of the
-        mask, not the clip). All fractions and means are 0.0 for an empty mask, and the loss is
-        then 0.
+        :class:`LossOutput` ``(loss, metrics)``: ``loss`` 0-d float32 with grad (float64 for float64
+        inputs; 0 for an empty mask); ``metrics`` the keys of :data:`METRIC_KEYS`, described there.
 
     Raises:
-        ValueError: ``algo`` not an Algorithm; shape mismatches; mask not 0/1; NaN / inf at a real
-            token in ``logp``, ``old_logp``, ``ref_logp`` or ``advantages``; a log-prob > 0 at a
-            real token; ``ref_logp`` missing when the algorithm has a KL term; ``max_tokens``
-            missing for ``"seq_mean_token_sum_norm"``; non-positive normalisers, or
-            ``num_tokens`` / ``num_sequences`` below this batch's counts; the group structure missing for ``"group_token_mean"``, or given both ways
-            (``group_size=`` and ``group_tokens=``/``num_groups=``), ``group_size`` not a positive int
-            dividing the rows, ``group_tokens`` not a float ``[B]`` tensor of finite values at least
-            each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
-            in the batch. ``algo.nll_coef > 0`` without ``correct``, or as :func:`positive_nll_loss`.
+        ValueError: ``algo`` not an Algorithm; shape mismatches; mask not 0/1; NaN / inf or a log-prob > 0 at a
+            real token; ``ref_logp`` missing with a KL term; ``max_tokens`` missing for its aggregation;
+            normalisers not positive or below this batch's counts; the group structure missing, given both
+            ways or inconsistent; ``nll_coef > 0`` without ``correct``.
     """
     groups = (group_size, group_tokens, num_groups)
     x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens, groups)
@@ -1441,11 +1347,8 @@ def policy_loss(
 
 
 def _surrogate(ctx: LossContext, algo: Algorithm) -> tuple[Tensor, dict]:
-    """``SURROGATES[algo.clip]`` on ``ctx`` with its hyper-parameters' values (the earlier form,
-    ``(log_ratio, advantages, mask, algo)``, gets the whole algorithm)."""
-    fn = SURROGATES[algo.clip]
-    if _hp.positional_count(fn) == 4:
-        return fn(ctx.log_ratio, ctx.advantages, ctx.mask, algo)
+    """``SURROGATES[algo.surrogate]`` on ``ctx`` with its hyper-parameters' values."""
+    fn = SURROGATES[algo.surrogate]
     return fn(ctx, **algo.values_for(fn))
 
 
@@ -1476,21 +1379,21 @@ def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured:
     return _metrics.token_mean(value, n_tok)
 
 
-def _check_indicators(indicators: dict, clip: str) -> None:
+def _check_indicators(indicators: dict, surrogate: str) -> None:
     """A surrogate's indicators hold :data:`SURROGATE_METRICS`' keys and no name of :data:`METRIC_KEYS`."""
     missing = [k for k in SURROGATE_METRICS if k not in indicators]
     if missing:
-        raise ValueError(f"surrogate {clip!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
+        raise ValueError(f"surrogate {surrogate!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
                          f"missing {missing}")
     clash = sorted(set(indicators) & set(METRIC_KEYS))
     if clash:
-        raise ValueError(f"surrogate {clip!r} returns indicators named like built-in metrics {clash}; "
+        raise ValueError(f"surrogate {surrogate!r} returns indicators named like built-in metrics {clash}; "
                          "rename them (they would replace those metrics)")
 
 
 def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicators, keep, kl_tok) -> dict:
     """The diagnostics of :func:`policy_loss`, by name, with one device-to-host transfer."""
-    _check_indicators(indicators, algo.clip)
+    _check_indicators(indicators, algo.surrogate)
     m, zero = x.mask, x.zero
     with torch.no_grad():
         n_tok = m.sum()
