@@ -28,6 +28,7 @@ Files written before ``clip`` was renamed ``surrogate`` (and CISPO's ``"is_weigh
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 import typing
 from dataclasses import dataclass, field
@@ -576,9 +577,31 @@ def _typed(name: str, value: Any, default: Any, hint: Any = None) -> Any:
     return int(value) if _v.is_int(value) else float(_v.real_number(name, value))
 
 
+#: the positional parameters a registry function of each axis takes (the rest are keyword-only hyper-parameters)
+_POSITIONAL = {"advantage": "batch", "ratio_level": "logp, old_logp, mask", "surrogate": "ctx",
+               "aggregation": "values, mask, norms", "kl": "delta"}
+
+
+def _check_signature(axis: str, key: str, fn: Callable) -> None:
+    """Refuse a registry function that needs more positional arguments than its axis passes (the removed form
+    ``fn(log_ratio, advantages, mask, algo)`` of a surrogate, ``fn(batch, algo)`` of an estimator)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): called as it is
+        return
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    needed = [p.name for p in params if p.kind in positional and p.default is inspect.Parameter.empty]
+    expected = _POSITIONAL[axis].split(", ")
+    if len(needed) > len(expected):
+        raise ValueError(f"{axis}={key!r} ({getattr(fn, '__name__', fn)}) takes positional parameters {needed}; a "
+                         f"function of this axis takes ({_POSITIONAL[axis]}) and its hyper-parameters keyword-only "
+                         "(the removed form that took the whole algorithm positionally is not accepted)")
+
+
 def _check_declaration(algo: "Algorithm", axis: str, key: str, fn: Callable, own: dict) -> None:
     """What ``fn`` (the choice ``key`` on ``axis``) declares: its constraints on the other axes and
-    the ``validate`` of its hyper-parameters' values."""
+    the ``validate`` of its hyper-parameters' values; first, that it takes the axis' positional arguments."""
+    _check_signature(axis, key, fn)
     spec = _hp.spec(fn)
     if spec.batch_statistics and axis != "surrogate":
         raise ValueError(f"{axis}={key!r} ({getattr(fn, '__name__', fn)}) declares whole-batch statistics, which only a "
