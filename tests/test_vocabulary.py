@@ -214,10 +214,11 @@ def test_config_files_name_the_grpo_lab_field(text, pieces, tmp_path, capsys, mo
 
 
 @pytest.mark.parametrize("key, value", [("epsilon", 0.2), ("clip_ratio_high", 0.28), ("loss_type", "dr_grpo")])
-def test_a_dependence_on_clip_says_what_to_do(key, value):
+def test_a_dependence_on_the_surrogate_says_what_to_do(key, value):
     message = voc.explain(key, value)
-    assert "also depends on clip" not in message, message
-    assert "this holds with the preset's clip: keep it (--set surrogate=NAME changes its meaning)" in message, message
+    assert "also depends on surrogate" not in message, message
+    assert "this holds with the preset's surrogate: keep it (--set surrogate=NAME changes its meaning)" in message, \
+        message
 
 
 def test_a_key_both_libraries_read_alike_is_said_once():
