@@ -229,7 +229,7 @@ def test_unregistered_choice_in_a_worker_names_the_cause(monkeypatch):
     monkeypatch.setitem(SURROGATES, "toy", SURROGATES["ppo"])
     algo = GRPO.replace(surrogate="toy")
     monkeypatch.delitem(SURROGATES, "toy")  # what a fresh worker sees
-    with pytest.raises(ValueError, match="unknown clip 'toy'.*n_jobs=1"):
+    with pytest.raises(ValueError, match="unknown surrogate 'toy'.*n_jobs=1"):
         runs_mod._train_one(algo, experiments.get_profile("cpu"), 1, 0, False)
 
 
