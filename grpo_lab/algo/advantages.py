@@ -121,34 +121,24 @@ def group_advantages(
 ) -> Tensor:
     """Group-relative advantages: reward minus its group mean, optionally divided by a std.
 
-    * ``scale="group"`` — GRPO, DeepSeekMath (arXiv 2402.03300) §4.1.2:
-      ``A_i = (r_i - mean_g) / (std_g + eps)`` with the **unbiased** (Bessel, ``G - 1``) standard
-      deviation of the group (as TRL and verl compute it).
-    * ``scale="batch"`` — group mean, batch std: ``A_i = (r_i - mean_g) / (std_batch + eps)``, with
-      ``std_batch`` the unbiased std of all ``B`` rewards of the batch (the "batch" option of TRL's
-      ``scale_rewards``; removes the per-question difficulty weighting of the group std).
-    * ``scale="none"`` — Dr.GRPO (arXiv 2503.20783) §3.2: ``A_i = r_i - mean_g`` (also the
-      advantage of DeepSeek-V3.2, arXiv 2512.02556, Eq. 5).
+    * ``scale="group"`` — GRPO, DeepSeekMath §4.1.2: ``(r_i - mean_g) / (std_g + eps)``, unbiased std;
+    * ``scale="batch"`` — ``(r_i - mean_g) / (std_batch + eps)`` (TRL's ``scale_rewards="batch"``);
+    * ``scale="none"`` — Dr.GRPO §3.2, DeepSeek-V3.2 Eq. 5: ``r_i - mean_g``.
 
-    Exactly 0 for every member of a group whose rewards are all equal up to rounding (such
-    groups carry no learning signal; the tie rule is :func:`tied_groups`). ``group_size == 1``: the unbiased std of one sample
-    is undefined and a lone sample has no baseline to compare to, so its advantage is defined as
-    0 (for every ``scale``). A batch std of a single reward is treated as 0 likewise.
+    A tied group (:func:`tied_groups`) and ``group_size == 1`` give exactly 0.
 
     Args:
         rewards: ``[B]`` scalar rewards (any real dtype, or a list), groups contiguous.
         group_size: ``G >= 1`` dividing ``B``.
         scale: ``"group"`` | ``"batch"`` | ``"none"``.
-        eps: ``>= 0`` added to the std in the denominator (TRL's 1e-4 by default); unused for
-            ``"none"``.
+        eps: ``>= 0`` added to the std (TRL's 1e-4); unused for ``"none"``.
 
     Returns:
-        ``[B]`` float32 advantages (reward units divided by reward std units for the scaled modes,
-        reward units for ``"none"``), on the device of ``rewards``; detached from any graph.
+        ``[B]`` float32 advantages on the device of ``rewards``, detached.
 
     Raises:
-        ValueError: rewards not 1-D or containing NaN / inf; ``group_size < 1`` or not an int;
-            ``B % group_size != 0``; unknown ``scale``; ``eps`` negative or not finite.
+        ValueError: rewards not 1-D or NaN / inf; ``group_size`` not an int ``>= 1`` or not dividing ``B``;
+            unknown ``scale``; ``eps`` negative or not finite.
     """
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; expected one of {SCALES}")
@@ -399,42 +389,27 @@ def gae(
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over the tokens of each response, and the value targets.
 
-    GAE (Schulman et al., arXiv 1506.02438), Eq. 16: with the TD residual
-    ``delta_t = r_t + gamma V(s_{t+1}) - V(s_t)``,
-    ``A_t = sum_{l >= 0} (gamma lam)^l delta_{t+l}``, computed backwards by the recursion
-    ``A_t = delta_t + gamma lam A_{t+1}`` (PPO, arXiv 1707.06347, Eqs. 11-12, truncated form). The
-    value target is ``R_t = A_t + V(s_t)``; with ``lam = 1`` it is the Monte-Carlo return
-    ``sum_l gamma^l r_{t+l}`` whatever ``V`` is (the critic target of VAPO's decoupled GAE,
-    arXiv 2504.05118 §4.1, ``lam_critic = 1``); ``lam = 0`` gives ``A_t = delta_t``.
-
-    How the mask is read (the contract): in row ``i`` the real positions ``t_1 < ... < t_n``
-    (``mask != 0``) are the steps of the episode, in order. Masked positions are skipped entirely:
-    a hole in the mask is jumped over (the step after ``t_k`` is ``t_{k+1}``), nothing is ever
-    bootstrapped from a masked position, and the value after the last real token is 0 (the
-    response ended: a terminal state, never the value at a padding position). So
-    ``delta_k = r_{t_k} + gamma V_{t_{k+1}} - V_{t_k}`` with ``V_{t_{n+1}} = 0``. A truncated
-    response is treated as terminal too (its outcome reward is final).
+    GAE (arXiv 1506.02438) Eq. 16: ``delta_t = r_t + gamma V(s_{t+1}) - V(s_t)``,
+    ``A_t = sum_{l >= 0} (gamma lam)^l delta_{t+l}`` (PPO Eqs. 11-12's recursion); targets ``R_t = A_t + V(s_t)``,
+    the Monte-Carlo returns at ``lam = 1`` (VAPO §4.1's critic target). The real positions of a row are the
+    episode's steps in order: masked positions are skipped, never bootstrapped from, and the value after the
+    last real token is 0 (terminal, truncated responses included).
 
     Args:
-        rewards: ``[B, T]`` float per-token rewards (e.g. :func:`outcome_token_rewards`); exactly 0
-            at masked positions.
-        values: ``[B, T]`` float, ``V(s_t)``: the value of the state *before* token ``t`` is
-            emitted. Ignored completely at masked positions (any value there, even NaN or inf,
-            changes nothing).
+        rewards: ``[B, T]`` float per-token rewards (:func:`outcome_token_rewards`); 0 at masked positions.
+        values: ``[B, T]`` float ``V(s_t)``, the value before token ``t``; ignored at masked positions.
         mask: ``[B, T]`` bool or 0/1, 1 = real token.
-        gamma: discount in ``[0, 1]`` (1.0 for LLM RL, as PPO baselines in VAPO §5.1).
-        lam: ``[0, 1]``: a number, or a ``[B]`` tensor of per-sequence values (VAPO's
-            length-adaptive ``lam``, :func:`length_adaptive_lam`).
+        gamma: discount in ``[0, 1]``.
+        lam: in ``[0, 1]``: a number, or a ``[B]`` tensor per sequence (:func:`length_adaptive_lam`).
 
     Returns:
-        ``(advantages [B, T], returns [B, T])``, float32 on the device of ``values``, detached,
-        0 at masked positions (computed in float64; a Python loop over ``T``, vectorised over ``B``).
+        ``(advantages [B, T], returns [B, T])``, float32 on the device of ``values``, detached, 0 at masked
+        positions (computed in float64).
 
     Raises:
-        ValueError: ``rewards`` / ``values`` not floating ``[B, T]`` tensors of one shape; mask not
-            of that shape or not 0/1; ``gamma`` or ``lam`` outside ``[0, 1]`` (or ``lam`` a tensor
-            not of shape ``[B]``); a NaN / inf reward or value at a real token; a non-zero reward
-            at a masked position (it would be silently lost).
+        ValueError: ``rewards`` / ``values`` not floating ``[B, T]`` tensors of one shape; mask not of that
+            shape or not 0/1; ``gamma`` or ``lam`` outside ``[0, 1]`` (``lam`` a tensor not ``[B]``); NaN / inf
+            at a real token; a non-zero reward at a masked position.
     """
     shape = _v.bt_tensor(values, "values").shape
     _v.bt_tensor(rewards, "rewards", shape)
@@ -485,28 +460,13 @@ _LAM_MAX = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))
 def length_adaptive_lam(lengths: Union[Tensor, Sequence[float]], alpha: float = 0.05) -> Tensor:
     """VAPO's length-adaptive GAE lambda for the policy, ``lam = 1 - 1 / (alpha l)``, clamped to [0, 1).
 
-    VAPO (arXiv 2504.05118) §4.2, Eqs. 4-5: the sum of the GAE coefficients is made proportional to
-    the response length ``l``, ``sum_t lam^t = 1 / (1 - lam) = alpha l``, hence
-    ``lam = 1 - 1 / (alpha l)``, with ``alpha = 0.05`` in the paper (§5.1).
-
-    What the formula really sets: the effective horizon ``1 / (1 - lam) = alpha l`` is a fixed
-    fraction ``alpha`` of the response (5% of its tokens for ``alpha = 0.05``). It does not keep
-    the outcome reward's weight at the first token large: that weight is ``lam^(l-1)``, and
-    ``lam^l = (1 - 1/(alpha l))^l -> e^{-1/alpha}`` as ``l`` grows (``e^{-20} ~ 2e-9`` for
-    ``alpha = 0.05``); longer responses get a longer horizon, not more of the reward at their start.
-
-    The clamp (our departure from Eq. 5, which is only meaningful for ``alpha l > 1``): for
-    ``l <= 1 / alpha`` the formula gives ``lam <= 0`` (``-infinity`` at ``l = 0``), which is no GAE
-    lambda; we return 0 there (one-step TD, ``A_t = delta_t``), and 0 for an empty response
-    (``l = 0``). The paper's ``alpha = 0.05`` was chosen for responses thousands of tokens long; at
-    the book's <= 32-token responses it gives 0 for every ``l <= 20`` (``l = 100`` gives 0.8).
-    Above, values that would round to 1.0 in float32 (``alpha l`` beyond about ``1.7e7``) are
-    returned as the largest float32 below 1, so the result always lies in ``[0, 1)``.
+    VAPO (arXiv 2504.05118) §4.2, Eqs. 4-5: ``1 / (1 - lam) = alpha l``, ``alpha = 0.05`` in §5.1.
+    Departure: Eq. 5 is meaningful only for ``alpha l > 1``; below (and for ``l = 0``) we return 0 (one-step
+    TD), and values that would round to 1.0 in float32 are returned as the largest float32 below 1.
 
     Args:
-        lengths: ``[B]`` response lengths ``l >= 0`` (real-token counts; a tensor of any real dtype
-            or a list of numbers; need not be integers).
-        alpha: the proportionality constant, finite and ``> 0`` (a number or a 1-element tensor).
+        lengths: ``[B]`` response lengths ``l >= 0`` in tokens (tensor of any real dtype, or a list).
+        alpha: finite ``> 0`` (a number or a 1-element tensor).
 
     Returns:
         ``[B]`` float32 lambdas in ``[0, 1)``, on the device of ``lengths`` (computed in float64).

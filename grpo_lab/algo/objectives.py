@@ -222,31 +222,18 @@ def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 def sequence_token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """GSPO-token's log-ratio ``log s_it = sg[log s_i] + log pi_theta(y_it) - sg[log pi_theta(y_it)]``.
 
-    GSPO (arXiv 2507.18071) Eqs. 13-17: ``s_it(theta) = sg[s_i(theta)] * pi_theta(y_it) /
-    sg[pi_theta(y_it)]`` (Eq. 14), with ``s_i`` the length-normalised sequence ratio of Eq. 7, in
-    log space. ``sg`` is the stop-gradient (``detach``).
-
-    * **Value**: ``log s_it == log s_i`` at every token of sequence i, exactly (the two
-      ``log pi_theta`` terms cancel to 0), so the clipping condition is GSPO's, per sequence.
-    * **Gradient**: ``d log s_it / d log pi_theta(y_it) = 1`` and 0 w.r.t. every other token
-      (Eq. 16: ``grad s_it = s_i grad log pi_theta(y_it)``). In the clipped surrogate each token is
-      then weighted by ``s_i A_it``: with a per-token advantage ``A_it`` this gives token-level
-      credit (Eq. 17), while with a shared advantage ``A_it = A_i`` and the aggregation
-      ``"seq_mean_token_mean"`` (Eq. 13's ``1/G sum_i 1/|y_i| sum_t``) the loss and its gradient
-      are exactly GSPO's (Eqs. 5 and 10), as the paper states.
-
-    A registry function of :data:`RATIOS` (``ratio_level="sequence_token"``): it expects the
-    tensors :func:`policy_loss` passes, already validated, in one compute dtype and with padded
-    positions set to 0 (padded positions then get ``log s_i``, which the aggregation ignores).
+    GSPO (arXiv 2507.18071) Eqs. 13-17 in log space: equal to ``log s_i`` (Eq. 7) in value at every token,
+    with gradient 1 to that token's ``log pi_theta`` only (Eq. 16), so each token is weighted by its own
+    advantage; with ``A_it = A_i`` and ``"seq_mean_token_mean"`` the loss and gradient are GSPO's (Eqs. 5, 10).
+    A function of :data:`RATIOS`: it expects the validated tensors :func:`policy_loss` passes, padding set to 0.
 
     Args:
         logp: ``[B, T]`` log pi_theta of the sampled tokens (float32 or float64; grad flows).
         old_logp: ``[B, T]`` log pi_old (detached), same dtype.
-        mask: ``[B, T]`` bool, True = real token (a fully masked row gives 0, ratio 1).
+        mask: ``[B, T]`` bool, True = real token (a fully masked row gives 0).
 
     Returns:
-        ``[B, T]`` log-ratios in the dtype of ``logp``; value ``log s_i`` broadcast over row i,
-        gradient 1 to ``logp[i, t]`` at position ``(i, t)`` only.
+        ``[B, T]`` log-ratios in the dtype of ``logp``.
     """
     log_s = _sequence_mean(logp.detach(), old_logp, mask).unsqueeze(1)
     return log_s + (logp - logp.detach())
@@ -426,28 +413,15 @@ def cispo_surrogate(ctx: LossContext, *, eps_low: float = 1.0, eps_high: float =
 
         loss_it = - M_it * sg(w_it) * A_it * log r_it,     w_it = clip(r_it, 1 - eps_low, 1 + eps_high)
 
-    with ``w`` from :func:`cispo_weight` (``eps_low`` / ``eps_high`` are the paper's
-    ``eps^IS_low`` / ``eps^IS_high``). Its gradient is Eq. 4's, ``-M w A grad log pi_theta``:
-    ``log r = log pi_theta - log pi_old`` and ``log pi_old`` is a constant. The *value* differs from
-    Eq. 4's ``-w A log pi_theta`` by ``+M w A log pi_old``, a term without gradient; it makes the
-    value 0 on a purely on-policy step (log r = 0) while the gradient is the REINFORCE gradient
-    ``-A grad log pi_theta``. The clip never removes a token's gradient: a token whose ratio left
-    the range keeps the capped weight (PPO-clip would drop it). The gradient does not pass through
-    ``exp``, so the log-ratio clamp does not cut it either.
+    (:func:`cispo_weight`; ``eps_low`` / ``eps_high`` are the paper's ``eps^IS_low`` / ``eps^IS_high``).
+    Departure: Eq. 4 has ``log pi_theta`` where we have ``log r``: the same gradient, a value that differs by
+    ``M w A log pi_old`` (0 on-policy). No token loses its gradient to the clip.
+    ``M_it`` (Eq. 7) is 1 unless ``mask_eps_*`` are set: 0 where ``A > 0, r > 1 + mask_eps_high`` or
+    ``A < 0, r < 1 - mask_eps_low``.
 
-    ``M_it`` (Eq. 7) is 1 unless ``mask_eps_low`` / ``mask_eps_high`` are set: then
-    ``M_it = 0`` where ``A > 0`` and ``r > 1 + mask_eps_high``, or ``A < 0`` and
-    ``r < 1 - mask_eps_low`` (an unset side never masks). That is the mask PPO-clip applies
-    implicitly: with ``eps_low = 1`` and ``eps_high >= e^20`` (an unclipped weight) the gradient
-    equals PPO-clip's with ``eps = mask_eps`` token by token wherever ``|log r| <= 20`` (beyond the
-    log-ratio clamp PPO-clip's ratio has no gradient, while this one keeps ``-w A``).
-
-    Indicators (bool ``[B, T]``): ``clip_low`` / ``clip_high`` — the tokens ``M`` removes (the only
-    tokens whose gradient this surrogate sets to 0, as for PPO); ``grad`` — ``A != 0`` and
-    ``M = 1`` (no exception at the log-ratio clamp: the gradient does not pass through it);
-    ``weight_capped_frac`` — ``r > 1 + eps_high`` (weight capped, whatever the advantage's sign,
-    zero advantages included; TRL's ``cispo_clip_ratio`` counts only ``A > 0``, verl's
-    ``pg_clipfrac`` counts both sides); ``weight_floored_frac`` — ``r < 1 - eps_low``.
+    Indicators (bool ``[B, T]``): ``clip_low`` / ``clip_high`` (the tokens ``M`` removes), ``grad``
+    (``A != 0`` and ``M = 1``), ``weight_capped_frac`` (``r > 1 + eps_high``, either sign of ``A``) and
+    ``weight_floored_frac`` (``r < 1 - eps_low``).
     """
     el, eh, log_ratio, advantages = float(eps_low), float(eps_high), ctx.log_ratio, ctx.advantages
     w = cispo_weight(log_ratio, el, eh)
@@ -866,53 +840,34 @@ def aggregate(
 ) -> Tensor:
     """Reduce per-token values ``[B, T]`` to one scalar the way each paper averages token losses.
 
-    Let ``m`` be the mask, ``L_i = sum_t m_it`` and ``S = {i : L_i > 0}`` the non-empty rows.
+    With ``L_i = sum_t m_it`` and ``S`` the non-empty rows (:data:`AGGREGATIONS`):
 
-    * ``"seq_mean_token_mean"`` — ``1/N_seq sum_{i in S} (1/L_i) sum_t m_it v_it``: DeepSeekMath
-      (arXiv 2402.03300) Eq. 3's ``1/G sum_i 1/|o_i| sum_t``. ``N_seq = num_sequences`` if given,
-      else ``|S|`` (fully masked rows contribute 0 and are not counted).
-    * ``"token_mean"`` — ``sum_it m_it v_it / N_tok``: DAPO (arXiv 2503.14476) Eq. 12's
-      ``1 / sum_i |o_i|`` taken over the whole batch, as verl's ``token-mean`` and TRL's ``"dapo"``
-      compute it (Eq. 12 as written is ``"group_token_mean"``). ``N_tok = num_tokens`` if given,
-      else ``sum m`` of this batch.
-    * ``"seq_mean_token_sum_norm"`` — ``sum_it m_it v_it / max_tokens / N_seq``: Dr.GRPO
-      (arXiv 2503.20783) §3.2, per-sequence token *sum* over a constant (the generation budget
-      MAX_TOKENS), then the mean over sequences (``N_seq`` as above).
-    * ``"group_token_mean"`` — ``1/N_groups sum_g (sum_{i in g} sum_t m_it v_it) / (sum_{i in g} L_i)``:
-      DAPO Eq. 12 as written (the ``1 / sum_i |o_i|`` of each question's group, inside the
-      expectation over questions). Needs the group structure: ``group_size`` (contiguous groups
-      of this batch) or, for micro-batches, ``group_tokens`` (per row, its group's token count
-      over the whole batch) and ``num_groups`` (groups with a real token in the whole batch).
+    * ``"seq_mean_token_mean"`` — ``1/N_seq sum_{i in S} 1/L_i sum_t m_it v_it`` (DeepSeekMath Eq. 3);
+    * ``"token_mean"`` — ``sum_it m_it v_it / N_tok``: DAPO Eq. 12's normaliser over the whole batch, as
+      verl's ``token-mean`` and TRL's ``"dapo"``;
+    * ``"seq_mean_token_sum_norm"`` — ``sum_it m_it v_it / max_tokens / N_seq`` (Dr.GRPO §3.2);
+    * ``"group_token_mean"`` — ``1/N_groups sum_g (sum_{i in g} sum_t m_it v_it) / sum_{i in g} L_i``
+      (DAPO Eq. 12 as written).
 
-    The modes are the functions of :data:`AGGREGATIONS`. Micro-batching: when one batch is split
-    into micro-batches whose losses are summed (gradient accumulation), pass the *whole batch's*
-    ``num_tokens`` (token_mean) or ``num_sequences`` (sequence modes; count only non-empty rows
-    to match the default) to every micro-batch; the micro-batch results (and gradients) then sum
-    exactly to the full-batch result. A mode ignores the normalisers it does not use (they are
-    still validated). An empty mask gives 0 (never NaN).
+    ``N_seq`` / ``N_tok`` default to this batch's counts; for micro-batches pass the whole batch's
+    ``num_sequences`` / ``num_tokens`` (and ``group_tokens`` / ``num_groups``), so that the micro-batch
+    results sum exactly to the full-batch one. An empty mask gives 0.
 
     Args:
         values: ``[B, T]`` per-token values (any float dtype; padded entries may be NaN / inf).
         mask: ``[B, T]`` bool or 0/1. mode: a key of :data:`AGGREGATIONS`.
         max_tokens: positive int, required for ``"seq_mean_token_sum_norm"``.
-        num_tokens, num_sequences: optional positive numbers (python or 1-element tensors), at
-            least the real tokens / non-empty rows of this batch.
-        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"``
-            (``group_size`` alone, or ``group_tokens [B]`` with ``num_groups``); validated whatever
-            the mode.
+        num_tokens, num_sequences: positive numbers (or 1-element tensors), at least this batch's counts.
+        group_size, group_tokens, num_groups: ``group_size`` alone, or ``group_tokens [B]`` (float: each
+            row's group's token count) with ``num_groups``; validated whatever the mode.
 
     Returns:
         0-d float32 tensor (float64 for float64 values), differentiable w.r.t. ``values``.
 
     Raises:
-        ValueError: unknown mode; shape mismatch; mask not 0/1; ``max_tokens`` missing for
-            ``"seq_mean_token_sum_norm"`` or not a positive int; non-positive ``num_tokens`` /
-            ``num_sequences``, or smaller than the real tokens / non-empty rows of this batch; the
-            group structure missing for ``"group_token_mean"``, or given both ways
-            (``group_size=`` and ``group_tokens=``/``num_groups=``), ``group_size`` not a positive int
-            dividing the rows, ``group_tokens`` not a float ``[B]`` tensor of finite values at least
-            each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
-            in the batch.
+        ValueError: unknown mode; shape mismatch; mask not 0/1; ``max_tokens`` missing or not a positive int;
+            normalisers not positive or below this batch's counts; the group structure missing for
+            ``"group_token_mean"``, given both ways, or inconsistent with the rows.
     """
     _v.choice("aggregation mode", mode, AGGREGATIONS)
     _v.bt_tensor(values, "values")
@@ -980,29 +935,15 @@ def kl_estimate(
 ) -> Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from the sampled token's log-probs.
 
-    With ``D = log pi_theta(o_t) - log pi_ref(o_t)`` (so ``pi_ref / pi_theta = exp(-D)``) and the
-    token sampled from pi_theta (Schulman 2020, "Approximating KL divergence"):
+    With ``D = log pi_theta(o_t) - log pi_ref(o_t)`` and the token sampled from pi_theta (Schulman 2020,
+    "Approximating KL divergence"): ``"k1"`` ``D`` (unbiased, high variance); ``"k2"`` ``D^2 / 2`` (biased,
+    low variance, >= 0); ``"k3"`` ``exp(-D) + D - 1`` (DeepSeekMath Eq. 4; unbiased, >= 0), computed stably
+    and continued along its tangent below ``D = -20`` (finite value and gradient).
 
-    * ``"k1"``: ``D`` — unbiased, high variance, negative for about half the tokens.
-    * ``"k2"``: ``D^2 / 2`` — biased (exact to second order), low variance, >= 0.
-    * ``"k3"``: ``exp(-D) + D - 1 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1`` —
-      DeepSeekMath (arXiv 2402.03300) Eq. 4; unbiased, low variance, >= 0.
-
-    k3 is computed stably: a Taylor series for ``|D| < 1e-2``, ``expm1(-D) + D`` otherwise, and
-    for ``D < -20`` (pi_theta more than e^20 times less likely than pi_ref) its tangent-line
-    continuation from ``D = -20``: value and gradient stay finite (value ~ 4.85e8 * (1 - D - 20),
-    gradient -4.85e8), never inf / NaN, and the value is always >= 0.
-
-    ``old_logp`` given: DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7, the estimate multiplied by the
-    importance ratio ``pi_theta / pi_old = exp(clamp(logp - old_logp, -20, 20))`` for tokens
-    sampled from pi_old. The ratio is **not** detached, exactly as Eq. 7 is written: then the
-    gradient of ``r * k3`` is ``r * D * grad log pi_theta``, the unbiased (score-function)
-    gradient of the reverse KL for tokens drawn from pi_old, which is the point of Eq. 7; plain k3
-    used as a loss has gradient ``(1 - pi_ref/pi_theta) grad log pi_theta``, whose expectation is
-    the gradient of the *forward* KL (checked by enumeration in
-    ``tests/test_drgrpo.py::test_plain_k3_gives_the_forward_kl_gradient`` and in chapter 3 of the
-    book). Allowed for every ``kind`` (importance weighting keeps any of them unbiased for its
-    value), but Eq. 7 is stated for k3.
+    ``old_logp`` given: DeepSeek-V3.2 Eq. 7, the estimate times the *non-detached* ratio
+    ``pi_theta / pi_old = exp(clamp(logp - old_logp, +-20))``, whose gradient is the unbiased gradient of
+    the reverse KL for tokens drawn from pi_old (plain k3's gradient estimates the forward KL's; chapter 3).
+    Allowed for every ``kind``; Eq. 7 is stated for k3.
 
     Args:
         logp: ``[B, T]`` current-policy log-probs (grad flows here).
@@ -1014,9 +955,8 @@ def kl_estimate(
         ``[B, T]`` float32 estimates in nats (float64 for float64 input), unmasked.
 
     Raises:
-        ValueError: unknown kind, shape mismatch, non-floating inputs, NaN or inf anywhere in
-            the inputs (log-probs of sampled tokens are finite; mask padding with 0 first, as
-            :func:`policy_loss` does).
+        ValueError: unknown kind, shape mismatch, non-floating inputs, NaN or inf anywhere in the inputs
+            (mask padding with 0 first, as :func:`policy_loss` does).
     """
     _v.choice("KL estimator kind", kind, KL_ESTIMATORS)
     _v.bt_tensor(logp, "logp")
@@ -1051,18 +991,12 @@ def offpolicy_sequence_mask(
 ) -> Tensor:
     """DeepSeek-V3.2 (arXiv 2512.02556) Eqs. 8-9, *Off-Policy Sequence Masking*: the mask M.
 
-    With ``d_i = 1/|o_i| sum_t log(pi_old(o_it) / pi_theta(o_it))`` over the real tokens of
-    sequence i (a per-sequence, length-normalised estimate of KL(pi_old || pi_theta) from tokens
-    sampled by pi_old; pi_old is the behaviour policy, in V3.2 the inference engine's
-    probabilities, so training/inference mismatch counts too)::
+    With ``d_i = 1/|o_i| sum_t log(pi_old(o_it) / pi_theta(o_it))`` over sequence i's real tokens (a
+    length-normalised KL(pi_old || pi_theta) estimate, computed without gradient; 0 for an empty row)::
 
-        M_it = 0   if  A_it < 0  and  d_i > delta
-        M_it = 1   otherwise
+        M_it = 0   if  A_it < 0  and  d_i > delta,   else 1
 
-    Only negative-advantage samples are ever masked: pushing down a sequence the current policy
-    has already drifted far from is what V3.2 finds destabilising; positive-advantage sequences
-    always train. ``d_i`` is computed without gradient (the mask is a constant of the loss); an
-    empty sequence has ``d_i = 0``.
+    Only negative-advantage sequences are masked.
 
     Args:
         old_logp: ``[B, T]`` behaviour log-probs log pi_old.
@@ -1072,8 +1006,7 @@ def offpolicy_sequence_mask(
         delta: finite threshold ``>= 0`` (V3.2 does not report its value).
 
     Returns:
-        bool tensor M (True = keep, M = 1), shape ``[B]`` for ``[B]`` advantages and ``[B, T]``
-        for ``[B, T]`` advantages.
+        bool M (True = keep), ``[B]`` for ``[B]`` advantages, ``[B, T]`` for ``[B, T]`` advantages.
 
     Raises:
         ValueError: shape mismatches, mask not 0/1, non-finite values at real tokens, ``delta``
@@ -1473,43 +1406,32 @@ def value_loss(
     num_tokens: Optional[Number] = None,
     num_sequences: Optional[Number] = None,
 ) -> Tensor:
-    """The critic's loss: PPO's squared-error value loss, optionally with value clipping.
+    """The critic's loss: PPO's squared-error value loss (arXiv 1707.06347 Eq. 9), optionally clipped.
 
-    PPO (Schulman et al., arXiv 1707.06347) Eq. 9 trains the value function with
-    ``L^VF_t = (V_theta(s_t) - V_t^targ)^2``. Per real token this computes::
+    Per real token, reduced with :func:`aggregate`::
 
         clip_eps is None:  0.5 (V - R)^2
         otherwise:         0.5 max[ (V - R)^2, (V_old + clip(V - V_old, -clip_eps, clip_eps) - R)^2 ]
 
-    with ``V = values`` (grad flows here), ``V_old = old_values`` (the value model's predictions at
-    rollout time, detached) and ``R = returns`` (the targets, e.g. :func:`grpo_lab.algo.advantages.gae`'s
-    returns with ``lam = 1``, detached). The clipped form is not in the PPO paper's text: it is the
-    common implementation (OpenAI baselines' ``ppo2``), a pessimistic bound like the policy clip:
-    once ``V`` has moved more than ``clip_eps`` away from ``V_old`` and the clipped prediction is
-    the worse one, the token's gradient is 0. The factor 0.5 is a convention (the gradient is then
-    ``V - R``). The per-token losses are reduced with :func:`aggregate` (``mode`` and the global
-    ``num_tokens`` / ``num_sequences``, so micro-batch losses sum to the full-batch loss).
+    ``V = values`` (grad flows), ``V_old = old_values`` (at rollout time), ``R = returns`` (targets), both
+    detached. Departure: the clipped form is not in the paper's text (OpenAI baselines' ``ppo2``).
 
     Args:
         values: ``[B, T]`` current value predictions (any float dtype).
-        old_values: ``[B, T]`` value predictions of the rollout (detached; needed only for
-            clipping, but always validated).
-        returns: ``[B, T]`` value targets (detached).
-        mask: ``[B, T]`` bool or 0/1, 1 = real token. Padded positions may hold anything, even NaN.
-        clip_eps: ``None`` (no clipping) or a finite number ``>= 0``.
-        mode: one of :data:`VALUE_LOSS_MODES` (``"token_mean"`` by default, VAPO's token-level
-            loss).
-        num_tokens, num_sequences: the global real-token / non-empty-row counts for micro-batches
-            (see :func:`aggregate`).
+        old_values: ``[B, T]`` rollout-time predictions (read only when clipping; always validated).
+        returns: ``[B, T]`` value targets.
+        mask: ``[B, T]`` bool or 0/1, 1 = real token; padded positions may hold anything.
+        clip_eps: None or a finite number ``>= 0``.
+        mode: one of :data:`VALUE_LOSS_MODES` (``"token_mean"``: VAPO's token-level loss).
+        num_tokens, num_sequences: global counts for micro-batches (:func:`aggregate`).
 
     Returns:
-        0-d float32 tensor (float64 for float64 inputs), differentiable w.r.t. ``values``; 0 for an
-        empty mask.
+        0-d float32 tensor (float64 for float64 inputs), differentiable w.r.t. ``values``; 0 for an empty mask.
 
     Raises:
-        ValueError: inputs not floating ``[B, T]`` tensors of one shape; mask not 0/1; NaN / inf at
-            a real token; ``clip_eps`` negative, NaN / inf or not a number; ``mode`` not in
-            :data:`VALUE_LOSS_MODES`; normalisers not positive or below this batch's counts.
+        ValueError: inputs not floating ``[B, T]`` tensors of one shape; mask not 0/1; NaN / inf at a real
+            token; ``clip_eps`` negative or not finite; unknown ``mode``; normalisers not positive or below
+            this batch's counts.
     """
     _v.choice("value-loss aggregation mode", mode, VALUE_LOSS_MODES)
     shape = _v.bt_tensor(values, "values").shape
@@ -1541,36 +1463,25 @@ def positive_nll_loss(
 ) -> Tensor:
     """VAPO's positive-example LM loss: the token-mean negative log-likelihood of the correct responses.
 
-    VAPO (arXiv 2504.05118) Eq. 9, with ``T`` the set of correct responses in the batch::
+    VAPO (arXiv 2504.05118) Eq. 9, with ``T`` the correct responses of the batch (weight ``mu`` in Eq. 10)::
 
         L_NLL = - 1 / sum_{o_i in T} |o_i|  *  sum_{o_i in T} sum_t log pi_theta(a_t | s_t)
 
-    a self-imitation term added to the policy loss with weight ``mu`` (Eq. 10,
-    ``L = L_PPO + mu L_NLL``, ``mu = 0.1`` in §5.1). Only the real tokens of correct responses
-    count, in the sum and in the normaliser; an incorrect response changes neither the loss nor
-    its gradient.
-
     Args:
-        logp: ``[B, T]`` log pi_theta of the sampled tokens (grad flows here); any float dtype
-            (float32 compute, float64 for float64 input). Positions that do not count (padding,
-            incorrect responses) may hold anything, even NaN.
+        logp: ``[B, T]`` log pi_theta of the sampled tokens (grad flows here; float32 compute, float64 for
+            float64); positions that do not count may hold anything.
         mask: ``[B, T]`` bool or 0/1, 1 = real token.
-        correct: ``[B]`` bool (or 0/1) tensor, True for a correct response (in ``T``).
-        num_tokens: the global count of real tokens of correct responses, when a batch is split
-            into micro-batches (then the micro-batch losses and gradients sum to the full-batch
-            ones); a number or 1-element tensor, at least this batch's count. Default: this
-            batch's count.
+        correct: ``[B]`` bool (or 0/1), True for a correct response.
+        num_tokens: the global count of correct responses' real tokens, for micro-batches; default this batch's.
 
     Returns:
-        0-d float32 tensor (float64 for float64 input), differentiable w.r.t. ``logp``. With no
-        correct response (or a count of 0) it is 0, still attached to the graph when ``logp``
-        requires grad (its gradient is 0), never NaN.
+        0-d float32 tensor (float64 for float64 input), differentiable w.r.t. ``logp``; 0 (still in the
+        graph) without a correct response.
 
     Raises:
-        ValueError: ``logp`` not a floating ``[B, T]`` tensor; mask not of its shape or not 0/1;
-            ``correct`` not a ``[B]`` tensor of bools or 0/1; NaN / inf or a log-prob > 0 at a
-            counted token; ``num_tokens`` negative, NaN / inf, not a number, or smaller than this
-            batch's count of correct-response tokens.
+        ValueError: ``logp`` not a floating ``[B, T]`` tensor; mask not of its shape or not 0/1; ``correct``
+            not a ``[B]`` tensor of bools or 0/1; NaN / inf or a log-prob > 0 at a counted token;
+            ``num_tokens`` negative, not finite, or below this batch's count.
     """
     shape = _v.bt_tensor(logp, "logp").shape
     m = _v.mask_bool(mask, shape)
