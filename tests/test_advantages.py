@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_lab.algo.advantages import group_advantages, group_stats, rloo_advantages
+from grpo_lab.algo.advantages import group_advantages, rloo_advantages, tied_groups
 
 HYP = settings(max_examples=60, deadline=None)
 
@@ -67,17 +67,11 @@ def test_golden_rloo():
     torch.testing.assert_close(rloo_advantages([3.0, 1.0], 2), torch.tensor([2.0, -2.0]))
 
 
-def test_group_stats_golden():
-    st_ = group_stats(torch.tensor([1.0, 0, 0, 1, 2, 2, 2, 2, 0, 0, 0, 0]), 4)
-    torch.testing.assert_close(st_.mean, torch.tensor([0.5, 2.0, 0.0]))
-    torch.testing.assert_close(st_.std, torch.tensor([math.sqrt(1 / 3), 0.0, 0.0]))
-    assert st_.all_equal.tolist() == [False, True, True]
-    assert st_.zero_adv_frac == pytest.approx(2 / 3)
-    assert st_.num_groups == 3
-    one = group_stats([1.0, 2.0], 1)
-    assert one.zero_adv_frac == 1.0 and one.std.tolist() == [0.0, 0.0]
-    empty = group_stats(torch.zeros(0), 4)
-    assert empty.zero_adv_frac == 0.0 and empty.num_groups == 0
+def test_tied_groups_golden():
+    # the zero-advantage groups (DAPO §3.2): all rewards equal, so every estimator gives them 0
+    assert tied_groups(torch.tensor([1.0, 0, 0, 1, 2, 2, 2, 2, 0, 0, 0, 0]), 4).tolist() == [False, True, True]
+    assert tied_groups([1.0, 2.0], 1).tolist() == [True, True]  # a group of one is always a tie
+    assert tied_groups(torch.zeros(0), 4).tolist() == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -202,7 +196,7 @@ def test_non_finite_reward_raises(bad):
     with pytest.raises(ValueError, match="finite"):
         rloo_advantages(r, 2)
     with pytest.raises(ValueError, match="finite"):
-        group_stats(r, 2)
+        tied_groups(r, 2)
 
 
 def test_group_size_must_divide_batch():
@@ -270,8 +264,7 @@ def test_rounding_tie_gives_zero_not_uncentred_advantages(scale, eps):
     a = group_advantages(r, 3, scale=scale, eps=eps)
     assert torch.equal(a, torch.zeros(3))
     assert torch.equal(rloo_advantages(r, 3), torch.zeros(3))
-    stats = group_stats(r, 3)
-    assert stats.all_equal.tolist() == [True] and stats.zero_adv_frac == 1.0 and stats.std.item() == 0.0
+    assert tied_groups(r, 3).tolist() == [True]
 
 
 def test_tie_rule_is_relative_to_scale_and_dtype():

@@ -10,13 +10,14 @@ import torch
 
 from grpo_lab.algo import advantages as adv
 from grpo_lab.algo.algorithms import (
-    ADVANTAGES,
-    AGGREGATIONS,
+    ADVANTAGE_NAMES,
+    AGGREGATION_NAMES,
     DAPO,
     GRPO,
-    KL_ESTIMATORS,
+    KL_ESTIMATOR_NAMES,
     PRESETS,
-    RATIO_LEVELS,
+    RATIO_LEVEL_NAMES,
+    SURROGATE_NAMES,
     Algorithm,
     get_algorithm,
 )
@@ -27,7 +28,7 @@ def test_grpo_preset_is_deepseekmath_eq3():
     assert GRPO.name == "GRPO"
     assert GRPO.advantage == "group" and GRPO.adv_eps == 1e-4
     assert GRPO.ratio_level == "token"
-    assert GRPO.clip == "ppo" and GRPO.eps_low == GRPO.eps_high == 0.2
+    assert GRPO.surrogate == "ppo" and GRPO.eps_low == GRPO.eps_high == 0.2
     assert GRPO.aggregation == "seq_mean_token_mean"
     assert GRPO.kl == "k3" and GRPO.beta == 0.04
     assert GRPO.uses_kl
@@ -49,7 +50,7 @@ def test_dapo_preset_is_the_papers_final_recipe():
     assert DAPO.eps_low == 0.2 and DAPO.eps_high == 0.28
     assert DAPO.aggregation == "group_token_mean"  # Eq. 12 as written: per group
     assert DAPO.kl is None and DAPO.beta == 0.0 and not DAPO.uses_kl
-    assert DAPO.advantage == "group" and DAPO.ratio_level == "token" and DAPO.clip == "ppo"
+    assert DAPO.advantage == "group" and DAPO.ratio_level == "token" and DAPO.surrogate == "ppo"
     assert DAPO.dynamic_sampling and DAPO.overlong_filter and DAPO.overlong_cache_frac == 0.2 and DAPO.overlong_cache_len is None
     ax = DAPO.axes()
     assert ax["kl"] is None and ax["dynamic_sampling"] and ax["overlong_cache_frac"] == 0.2
@@ -69,7 +70,8 @@ def test_defaults_are_valid_and_frozen():
         (dict(advantage="vtrace"), "unknown advantage"),
         (dict(advantage="GROUP"), "unknown advantage"),
         (dict(ratio_level="sequence_geometric"), "unknown ratio_level"),
-        (dict(clip="cispo"), "unknown clip"),
+        (dict(surrogate="nope"), "unknown surrogate"),
+        (dict(surrogate="is_weight"), "is_weight. was renamed .cispo."),
         (dict(aggregation="seq_mean"), "unknown aggregation"),
         (dict(kl="k4"), "unknown kl"),
         (dict(kl="none"), "unknown kl"),
@@ -98,13 +100,13 @@ def test_validation(kwargs, match):
 
 
 def test_every_listed_choice_is_accepted():
-    for a in ADVANTAGES:
+    for a in ADVANTAGE_NAMES:
         Algorithm(advantage=a)
-    for r in RATIO_LEVELS:
+    for r in RATIO_LEVEL_NAMES:
         Algorithm(ratio_level=r)
-    for g in AGGREGATIONS:
+    for g in AGGREGATION_NAMES:
         Algorithm(aggregation=g, max_tokens=16)
-    for k in KL_ESTIMATORS:
+    for k in KL_ESTIMATOR_NAMES:
         Algorithm(kl=k)
     Algorithm(eps_low=0.0, eps_high=0.0, beta=0.0)
     Algorithm(eps_low=1.0, eps_high=10.0)
@@ -136,7 +138,7 @@ def test_advantages_dispatch():
 
 def test_axes_and_describe():
     ax = GRPO.axes()
-    assert list(ax) == ["advantage", "ratio_level", "clip", "eps_low", "eps_high", "aggregation", "kl", "beta",
+    assert list(ax) == ["advantage", "ratio_level", "surrogate", "eps_low", "eps_high", "aggregation", "kl", "beta",
                         "kl_importance_correction", "dynamic_sampling", "overlong_filter", "overlong_cache_len",
                         "overlong_cache_frac",
                         "offpolicy_mask_delta", "mask_eps_low", "mask_eps_high", "gamma", "lam", "lam_alpha",
@@ -171,15 +173,16 @@ def test_hashable_and_comparable():
 # ------------------------------------------------------------------------------------------------
 # registries: one per axis, checked at construction, open to functions registered from outside
 # ------------------------------------------------------------------------------------------------
-def test_old_choice_names_are_live_views_of_the_registries(monkeypatch):
+def test_the_choice_names_are_live_views_of_the_registries(monkeypatch):
     from grpo_lab.algo import objectives as obj
 
-    assert list(ADVANTAGES) == list(adv.ADVANTAGE_ESTIMATORS) == ["group", "group_mean", "batch", "rloo", "gae"]
-    assert list(RATIO_LEVELS) == list(obj.RATIOS) == ["token", "sequence", "sequence_token"]
-    assert list(AGGREGATIONS) == list(obj.AGGREGATIONS)
-    assert list(KL_ESTIMATORS) == ["k1", "k2", "k3"]
+    assert list(ADVANTAGE_NAMES) == list(adv.ADVANTAGE_ESTIMATORS) == ["group", "group_mean", "batch", "rloo", "gae"]
+    assert list(RATIO_LEVEL_NAMES) == list(obj.RATIOS) == ["token", "sequence", "sequence_token"]
+    assert list(AGGREGATION_NAMES) == list(obj.AGGREGATIONS)
+    assert list(SURROGATE_NAMES) == list(obj.SURROGATES) == ["ppo", "cispo", "gmpo", "sapo", "kl_cov", "clip_cov"]
+    assert list(KL_ESTIMATOR_NAMES) == ["k1", "k2", "k3"]
     monkeypatch.setitem(obj.KL_ESTIMATORS, "k_abs", lambda d: d.abs())
-    assert "k_abs" in KL_ESTIMATORS
+    assert "k_abs" in KL_ESTIMATOR_NAMES
     assert Algorithm(kl="k_abs").kl == "k_abs"
     assert Algorithm(kl=None).kl is None  # no KL term is always a choice
 
@@ -187,7 +190,7 @@ def test_old_choice_names_are_live_views_of_the_registries(monkeypatch):
 def test_registered_choices_are_valid_and_used(monkeypatch):
     calls = []
 
-    def halved(batch, algo):
+    def halved(batch):
         calls.append(batch.group_size)
         return adv.group_advantages(batch.rewards, batch.group_size, scale="none") / 2
 
@@ -200,10 +203,24 @@ def test_registered_choices_are_valid_and_used(monkeypatch):
     assert calls == [3]
 
 
+def test_a_registry_function_of_the_removed_form_is_refused_when_the_algorithm_is_built(monkeypatch):
+    # the form that took the whole algorithm positionally, fn(batch, algo) / fn(log_ratio, advantages, mask, algo)
+    from grpo_lab.algo import objectives as obj
+
+    monkeypatch.setitem(adv.ADVANTAGE_ESTIMATORS, "old", lambda batch, algo: batch.rewards)
+    with pytest.raises(ValueError, match=r"advantage='old' .*positional parameters \['batch', 'algo'\].*\(batch\)"):
+        GRPO.replace(advantage="old")
+    monkeypatch.setitem(obj.SURROGATES, "old", lambda log_ratio, advantages, mask, algo: None)
+    with pytest.raises(ValueError, match=r"surrogate='old' .*takes \(ctx\)"):
+        GRPO.replace(surrogate="old")
+    monkeypatch.setitem(obj.SURROGATES, "new", lambda ctx, *, k=1.0: None)  # the current form is accepted
+    assert GRPO.replace(surrogate="new").params == {"k": 1.0}
+
+
 def test_estimate_advantages_dispatches_through_the_registry():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.0, 1.0, 1.0])
     batch = adv.AdvantageBatch.from_groups(r, 4, mask=torch.ones(8, 3))
-    for name in ADVANTAGES:
+    for name in ADVANTAGE_NAMES:
         if name in adv.VALUE_BASELINE_ESTIMATORS:  # needs a critic's values: tested in test_vapo.py
             with pytest.raises(ValueError, match="values"):
                 Algorithm(advantage=name).estimate_advantages(batch)
@@ -216,7 +233,7 @@ def test_estimate_advantages_dispatches_through_the_registry():
     with pytest.raises(ValueError, match="AdvantageBatch"):
         GRPO.estimate_advantages(r)
     # an empty batch has no groups: empty advantages under every estimator
-    for name in set(ADVANTAGES) - adv.VALUE_BASELINE_ESTIMATORS:
+    for name in set(ADVANTAGE_NAMES) - adv.VALUE_BASELINE_ESTIMATORS:
         assert Algorithm(advantage=name).advantages(torch.zeros(0), 4).shape == (0,)
 
 
@@ -250,13 +267,13 @@ def test_estimator_output_is_checked(monkeypatch):
     from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch
 
     batch = AdvantageBatch.from_groups(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, mask=torch.ones(4, 3))
-    for name, out, match in [("short", lambda b, a: torch.zeros(3), "shape"),
-                             ("list", lambda b, a: [0.0] * 4, "float tensor"),
-                             ("nan", lambda b, a: torch.full((4,), float("nan")), "NaN")]:
+    for name, out, match in [("short", lambda b: torch.zeros(3), "shape"),
+                             ("list", lambda b: [0.0] * 4, "float tensor"),
+                             ("nan", lambda b: torch.full((4,), float("nan")), "NaN")]:
         monkeypatch.setitem(ADVANTAGE_ESTIMATORS, name, out)
         with pytest.raises(ValueError, match=match):
             GRPO.replace(advantage=name).estimate_advantages(batch)
-    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "per_token", lambda b, a: torch.ones(4, 3))
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "per_token", lambda b: torch.ones(4, 3))
     assert GRPO.replace(advantage="per_token").estimate_advantages(batch).shape == (4, 3)
 
 

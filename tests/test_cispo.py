@@ -39,7 +39,7 @@ CISPO = CISPO_PRESET.replace(aggregation="token_mean")
 # the PPO-clip objective with CISPO's other axes (token_mean, no KL): DAPO's loss with any eps
 PPO_TOKEN_MEAN = GRPO.replace(name="ppo_tm", kl=None, beta=0.0, aggregation="token_mean")
 # the registry key of CISPO's surrogate (the preset is the reference: the key's spelling is not what is tested)
-CLIP = CISPO.clip
+CLIP = CISPO.surrogate
 
 
 def _grad(logp, old, adv, mask, algo, **kw):
@@ -518,7 +518,7 @@ def test_low_precision_inputs_compute_in_float32(low, mask_eps):
 def test_cispo_preset_fields():
     # MiniMax-M1 §3.1: Eqs. 4-5, eps_low "large" (1 = no floor), token-level mean per group (Eq. 4), no KL, DAPO's dynamic
     # sampling and soft length penalty; eps_high = 0.28 is the package's choice (not in the paper)
-    assert CISPO_PRESET.name == "CISPO" and CISPO_PRESET.clip != "ppo" and SURROGATES[CISPO_PRESET.clip] is cispo_surrogate
+    assert CISPO_PRESET.name == "CISPO" and CISPO_PRESET.surrogate != "ppo" and SURROGATES[CISPO_PRESET.surrogate] is cispo_surrogate
     assert CISPO_PRESET.eps_low == 1.0 and CISPO_PRESET.eps_high == 0.28
     assert CISPO_PRESET.aggregation == "group_token_mean"  # Eq. 4: 1/sum_i|o_i| per group
     assert CISPO_PRESET.kl is None and CISPO_PRESET.beta == 0.0 and not CISPO_PRESET.uses_kl
@@ -528,13 +528,13 @@ def test_cispo_preset_fields():
     assert CISPO_PRESET.offpolicy_mask_delta is None and not CISPO_PRESET.kl_importance_correction
     assert PRESETS["CISPO"] is CISPO_PRESET
     assert get_algorithm("cispo") is CISPO_PRESET and get_algorithm(" CISPO ") is CISPO_PRESET
-    assert Algorithm(clip=CLIP).clip == CLIP  # a valid choice of the clip axis
+    assert Algorithm(surrogate=CLIP).surrogate == CLIP  # a valid choice of the clip axis
     ax = CISPO.axes()
-    assert ax["mask_eps_low"] is None and ax["mask_eps_high"] is None and ax["clip"] == CLIP
+    assert ax["mask_eps_low"] is None and ax["mask_eps_high"] is None and ax["surrogate"] == CLIP
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: Algorithm(clip="ppo", mask_eps_high=0.2), "mask_eps"),
+    (lambda: Algorithm(surrogate="ppo", mask_eps_high=0.2), "mask_eps"),
     (lambda: DAPO.replace(mask_eps_low=0.2), "mask_eps"),
     (lambda: CISPO.replace(mask_eps_low=1.5), "mask_eps_low"),
     (lambda: CISPO.replace(mask_eps_low=-0.1), "mask_eps_low"),

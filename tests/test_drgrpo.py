@@ -43,7 +43,7 @@ def test_dr_grpo_preset_values():
     d = DR_GRPO.describe()
     assert d == {
         "name": "DR_GRPO", "advantage": "group_mean", "adv_eps": 1e-4, "ratio_level": "token",
-        "clip": "ppo", "eps_low": 0.2, "eps_high": 0.2, "aggregation": "seq_mean_token_sum_norm",
+        "surrogate": "ppo", "eps_low": 0.2, "eps_high": 0.2, "aggregation": "seq_mean_token_sum_norm",
         "max_tokens": None, "kl": None, "beta": 0.0, "dynamic_sampling": False,
         "overlong_filter": False, "overlong_cache_len": None, "overlong_cache_frac": None,
         "kl_importance_correction": False,
@@ -66,13 +66,13 @@ def test_grpo_and_dapo_presets_unchanged():
               "mask_eps_high": None, "gamma": 1.0, "lam": 0.95, "lam_alpha": None, "critic_lam": None,
               "value_clip_eps": None, "nll_coef": 0.0, "ntp_coef": 0.0, "params": {}}
     assert GRPO.describe() == {
-        "name": "GRPO", "advantage": "group", "adv_eps": 1e-4, "ratio_level": "token", "clip": "ppo",
+        "name": "GRPO", "advantage": "group", "adv_eps": 1e-4, "ratio_level": "token", "surrogate": "ppo",
         "eps_low": 0.2, "eps_high": 0.2, "aggregation": "seq_mean_token_mean", "max_tokens": None,
         "kl": "k3", "beta": 0.04, "dynamic_sampling": False, "overlong_filter": False,
         "overlong_cache_len": None, "overlong_cache_frac": None, **common,
     }
     assert DAPO.describe() == {
-        "name": "DAPO", "advantage": "group", "adv_eps": 1e-4, "ratio_level": "token", "clip": "ppo",
+        "name": "DAPO", "advantage": "group", "adv_eps": 1e-4, "ratio_level": "token", "surrogate": "ppo",
         "eps_low": 0.2, "eps_high": 0.28, "aggregation": "group_token_mean", "max_tokens": None,
         "kl": None, "beta": 0.0, "dynamic_sampling": True, "overlong_filter": True,
         "overlong_cache_len": None, "overlong_cache_frac": 0.2, **common,

@@ -227,9 +227,9 @@ def test_unregistered_choice_in_a_worker_names_the_cause(monkeypatch):
     from grpo_lab.algo.objectives import SURROGATES
 
     monkeypatch.setitem(SURROGATES, "toy", SURROGATES["ppo"])
-    algo = GRPO.replace(clip="toy")
+    algo = GRPO.replace(surrogate="toy")
     monkeypatch.delitem(SURROGATES, "toy")  # what a fresh worker sees
-    with pytest.raises(ValueError, match="unknown clip 'toy'.*n_jobs=1"):
+    with pytest.raises(ValueError, match="unknown surrogate 'toy'.*n_jobs=1"):
         runs_mod._train_one(algo, experiments.get_profile("cpu"), 1, 0, False)
 
 
@@ -356,7 +356,7 @@ def test_run_cache_skips_code_outside_the_package(profile, tmp_path, monkeypatch
     monkeypatch.setenv("GRPO_LAB_RUN_CACHE", str(tmp_path))
     ppo = SURROGATES["ppo"]
     monkeypatch.setitem(SURROGATES, "mine", lambda ctx: ppo(ctx))
-    algo = GRPO.replace(name="mine", clip="mine")
+    algo = GRPO.replace(name="mine", surrogate="mine")
     assert run_cache_mod._uncacheable(algo, profile) == [f"SURROGATES['mine'] from {__name__}"]
     r = run(algo, profile=profile, seeds=[0], progress=False)
     assert r.provenance["run_cache"].startswith("off: code outside grpo_lab, SURROGATES['mine']")

@@ -200,9 +200,9 @@ def test_inexpressible_choices_raise_even_when_not_strict(target, algo, budget, 
 
 def test_functions_registered_from_outside_have_no_counterpart(monkeypatch):
     monkeypatch.setitem(obj.SURROGATES, "mine", obj.ppo_surrogate)
-    mine = GRPO.replace(clip="mine")
+    mine = GRPO.replace(surrogate="mine")
     for target in E.TARGETS:
-        with pytest.raises(ExportError, match=r"\[impossible\] clip: clip='mine'"):
+        with pytest.raises(ExportError, match=r"\[impossible\] clip: surrogate='mine'"):
             translate(mine, target, strict=False)
     # a built-in name re-registered to another function changes the semantics: also refused
     monkeypatch.setitem(obj.AGGREGATIONS, "token_mean", lambda v, m, n: v.sum())
@@ -210,10 +210,11 @@ def test_functions_registered_from_outside_have_no_counterpart(monkeypatch):
         to_trl(DAPO.replace(aggregation="token_mean", dynamic_sampling=False), strict=False, max_new_tokens=32)
 
 
-def mine_surrogate(log_ratio, advantages, mask, algo):
+def mine_surrogate(ctx):
     """A new surrogate, as a contributor or a user module would register it: REINFORCE with the ratio, -r * A."""
-    none = mask & False
-    return -log_ratio.exp() * advantages, {"clip_low": none, "clip_high": none, "grad": mask & (advantages != 0)}
+    none = ctx.mask & False
+    return -ctx.log_ratio.exp() * ctx.advantages, {"clip_low": none, "clip_high": none,
+                                                   "grad": ctx.mask & (ctx.advantages != 0)}
 
 
 @pytest.mark.parametrize("inside", [False, True], ids=["user_module", "in_package"])
@@ -222,14 +223,14 @@ def test_a_surrogate_no_table_maps_is_refused_naming_it_and_the_target(monkeypat
     if inside:  # a contributor's new function in grpo_lab.algo.objectives, registered but not mapped
         monkeypatch.setattr(mine_surrogate, "__module__", "grpo_lab.algo.objectives")
     monkeypatch.setitem(obj.SURROGATES, "mine", mine_surrogate)
-    mine = GRPO.replace(clip="mine", kl=None, adv_eps=1e-6)  # exact in both targets with clip="ppo"
+    mine = GRPO.replace(surrogate="mine", kl=None, adv_eps=1e-6)  # exact in both targets with surrogate="ppo"
     for to, label in ((to_trl, "TRL 1.16.0"), (to_verl, "verl 0.9.1")):
         for strict in (True, False):
             with pytest.raises(ExportError) as info:
                 to(mine, strict=strict, max_new_tokens=32)
             msg = str(info.value)
             assert isinstance(info.value, ValueError)
-            assert "[impossible] clip: clip='mine'" in msg and label in msg, msg
+            assert "[impossible] clip: surrogate='mine'" in msg and label in msg, msg
             assert ("is not mapped to " + label if inside else "registered from outside grpo_lab") in msg, msg
 
 
@@ -238,9 +239,9 @@ def test_a_new_surrogate_exports_once_its_table_entry_is_written(monkeypatch):
     monkeypatch.setattr(mine_surrogate, "__module__", "grpo_lab.algo.objectives")
     monkeypatch.setitem(obj.SURROGATES, "mine", mine_surrogate)
     monkeypatch.setitem(E.translation._TRL_SURROGATES, "mine", E.translation._TRL_SURROGATES["ppo"])
-    mine = GRPO.replace(clip="mine")
+    mine = GRPO.replace(surrogate="mine")
     assert to_trl(mine) == TRL_GOLDEN["GRPO"]
-    with pytest.raises(ExportError, match=r"\[impossible\] clip: clip='mine' is not mapped to verl 0.9.1"):
+    with pytest.raises(ExportError, match=r"\[impossible\] clip: surrogate='mine' is not mapped to verl 0.9.1"):
         to_verl(mine.replace(adv_eps=1e-6))
 
 
@@ -358,7 +359,7 @@ def test_mapping_table_covers_every_preset_choice():
     assert list(table.columns) == ["axis", "grpo_lab", "TRL 1.16.0", "verl 0.9.1", "note"]
     assert table.notna().all().all() and (table["note"].str.len() > 0).all()
     for algo in [*PRESETS.values(), V32]:
-        for axis in ("advantage", "ratio_level", "clip", "aggregation"):
+        for axis in ("advantage", "ratio_level", "surrogate", "aggregation"):
             cells = table.loc[table["axis"] == axis, "grpo_lab"]
             assert cells.str.contains(getattr(algo, axis), regex=False).any(), (algo.name, axis)
     for axis in ("kl_importance_correction", "offpolicy_mask_delta", "dynamic_sampling", "overlong_filter"):

@@ -22,15 +22,15 @@ TIMING = ["tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_m
 
 
 # ---- a toy surrogate: plain REINFORCE with the ratio, -r * A, no trust region ---------------------
-def reinforce_surrogate(log_ratio, advantages, mask, algo):
-    ratio = torch.exp(log_ratio)
-    per_token = -ratio * advantages
-    none = torch.zeros_like(mask)
-    return per_token, {"clip_low": none, "clip_high": none, "grad": mask & (advantages != 0)}
+def reinforce_surrogate(ctx):
+    ratio = torch.exp(ctx.log_ratio)
+    per_token = -ratio * ctx.advantages
+    none = torch.zeros_like(ctx.mask)
+    return per_token, {"clip_low": none, "clip_high": none, "grad": ctx.mask & (ctx.advantages != 0)}
 
 
 # ---- a toy advantage estimator: the sign of the centred reward ------------------------------------
-def sign_advantages(batch: AdvantageBatch, algo):
+def sign_advantages(batch: AdvantageBatch):
     r = batch.rewards.view(-1, batch.group_size)
     return torch.sign(r - r.mean(1, keepdim=True)).flatten().float()
 
@@ -48,7 +48,7 @@ class TokenValue(torch.nn.Module):
         return self.v(rollout.completion_ids).squeeze(-1)
 
 
-def reward_minus_value(batch: AdvantageBatch, algo):
+def reward_minus_value(batch: AdvantageBatch):
     return (batch.rewards[:, None] - batch.values) * batch.mask
 
 
@@ -68,11 +68,11 @@ def make(tok, algo, value_model=None, **kw):
 
 def test_unregistered_choice_is_refused():
     with pytest.raises(ValueError, match="reinforce"):
-        GRPO.replace(clip="reinforce")
+        GRPO.replace(surrogate="reinforce")
 
 
 def test_outside_surrogate_and_estimator_train(tok, registered):
-    algo = GRPO.replace(name="sign-REINFORCE", advantage="sign", clip="reinforce", kl=None, beta=0.0)
+    algo = GRPO.replace(name="sign-REINFORCE", advantage="sign", surrogate="reinforce", kl=None, beta=0.0)
     assert isinstance(algo, Algorithm)
     # the loss is what the toy functions say: -mean_i mean_t r_it A_i, with r = 1 on-policy
     logp = torch.log(torch.full((4, 3), 0.5)).requires_grad_()

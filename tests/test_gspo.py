@@ -380,7 +380,7 @@ def test_empty_batch_gives_defined_sequence_metrics(algo):
 def test_gspo_presets():
     # GSPO §5.1: clip 3e-4 (left) / 4e-4 (right), no KL; Eq. 5 -> per-response mean; Eq. 6 -> group z-score
     assert GSPO.name == "GSPO" and PRESETS["GSPO"] is GSPO and get_algorithm("gspo") is GSPO
-    assert GSPO.ratio_level == "sequence" and GSPO.clip == "ppo"
+    assert GSPO.ratio_level == "sequence" and GSPO.surrogate == "ppo"
     assert (GSPO.eps_low, GSPO.eps_high) == (3e-4, 4e-4)
     assert GSPO.kl is None and GSPO.beta == 0.0 and not GSPO.uses_kl
     assert GSPO.advantage == "group" and GSPO.aggregation == "seq_mean_token_mean"

@@ -20,7 +20,6 @@ def typed(ctx, *, k: float, cap: Optional[float] = None, n: int = 3, on: bool = 
 def test_declared_keyword_only_parameters_are_the_hyperparameters():
     assert hparams.hyperparameters(typed) == {"k": hparams.REQUIRED, "cap": None, "n": 3, "on": False, "mode": "a"}
     assert hparams.hyperparameters(ppo_surrogate) == {"eps_low": 0.2, "eps_high": 0.2}
-    assert hparams.positional_count(typed) == 1 and hparams.positional_count(lambda a, b, c, d: 0) == 4
     assert hparams.annotation(typed, "cap") == Optional[float] and hparams.annotation(typed, "nope") is None
 
 
@@ -32,17 +31,17 @@ def test_declared_keyword_only_parameters_are_the_hyperparameters():
 def test_values_are_typed_by_the_annotation_or_the_default(monkeypatch, params, message):
     monkeypatch.setitem(SURROGATES, "typed", typed)
     with pytest.raises(ValueError, match=message):
-        GRPO.replace(clip="typed", **params)
+        GRPO.replace(surrogate="typed", **params)
 
 
 def test_typed_values_are_stored_as_python_values(monkeypatch):
     import numpy as np
 
     monkeypatch.setitem(SURROGATES, "typed", typed)
-    got = GRPO.replace(clip="typed", k=np.float32(2), cap=np.int64(1), n=np.int64(4), on=True).params
+    got = GRPO.replace(surrogate="typed", k=np.float32(2), cap=np.int64(1), n=np.int64(4), on=True).params
     assert got == {"k": 2.0, "cap": 1.0, "n": 4, "on": True, "mode": "a"}
     assert [type(v) for v in got.values()] == [float, float, int, bool, str]
-    assert GRPO.replace(clip="typed", k=1.0, cap=None).params["cap"] is None
+    assert GRPO.replace(surrogate="typed", k=1.0, cap=None).params["cap"] is None
 
 
 def test_only_a_surrogate_may_declare_statistics(monkeypatch):
@@ -65,7 +64,7 @@ def test_a_statistic_must_be_per_row_or_per_token(monkeypatch):
         return ppo_surrogate(ctx)
 
     monkeypatch.setitem(SURROGATES, "wide", uses_wide)
-    algo = GRPO.replace(clip="wide", kl=None, beta=0.0)
+    algo = GRPO.replace(surrogate="wide", kl=None, beta=0.0)
     lp = -torch.rand(4, 5)
     with pytest.raises(ValueError, match=r"statistic 'wide' .* shape \[B\] = \(4,\) or \[B, T\] = \(4, 5\)"):
         batch_statistics(lp, lp, torch.ones(4), torch.ones(4, 5), algo)

@@ -19,7 +19,7 @@ import _xcheck_common as X
 
 DATA = Path(__file__).parent / "data" / "lint"
 #: the loss-relevant Algorithm fields (a reading must equal the export's ``computes`` in them)
-LOSS_FIELDS = ("advantage", "ratio_level", "clip", "eps_low", "eps_high", "aggregation", "max_tokens", "kl", "beta",
+LOSS_FIELDS = ("advantage", "ratio_level", "surrogate", "eps_low", "eps_high", "aggregation", "max_tokens", "kl", "beta",
                "kl_importance_correction", "offpolicy_mask_delta", "dynamic_sampling", "overlong_filter",
                "mask_eps_low", "mask_eps_high", "nll_coef", "ntp_coef")
 
@@ -101,7 +101,7 @@ def test_verl_default_grpo_has_the_dual_clip():
     r = L.check_config(DATA / "verl_default_grpo.yaml")
     assert r.library == "verl" and not r.exact and r.preset == "GRPO"
     a = r.algorithm
-    assert (a.advantage, a.adv_eps, a.aggregation, a.kl, a.clip) == ("group", 1e-6, "token_mean", None, "ppo")
+    assert (a.advantage, a.adv_eps, a.aggregation, a.kl, a.surrogate) == ("group", 1e-6, "token_mean", None, "ppo")
     assert len(r.inexact) == 2 and r.inexact[0].startswith("dual clip c = 3: ")
     assert r.inexact[1].startswith("rollout.n = 1: a group of one response has no baseline")
     assert "[nearest: not exact" in r.report()
@@ -173,7 +173,7 @@ def test_verl_dr_grpo_without_loss_scale_factor_divides_by_the_width():
 
 def test_verl_cispo_floor_below_zero_reads_as_no_floor():
     r = L.check_config(DATA / "verl_cispo.yaml")
-    assert (r.algorithm.clip, r.algorithm.eps_low, r.algorithm.eps_high) == ("is_weight", 1.0, 0.2)
+    assert (r.algorithm.surrogate, r.algorithm.eps_low, r.algorithm.eps_high) == ("cispo", 1.0, 0.2)
 
 
 @pytest.mark.parametrize("config,words", [

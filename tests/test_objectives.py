@@ -799,21 +799,21 @@ def test_micro_batch_metrics_reduce_to_the_full_batch():
 def test_custom_surrogate_contract(monkeypatch):
     from grpo_lab.algo import objectives as obj
 
-    def plain_pg(log_ratio, advantages, mask, algo):  # REINFORCE-style, no clip
-        ratio = torch.exp(log_ratio)
-        grad = advantages != 0
-        return -ratio * advantages, {"clip_low": torch.zeros_like(grad), "clip_high": torch.zeros_like(grad),
+    def plain_pg(ctx):  # REINFORCE-style, no clip
+        ratio = torch.exp(ctx.log_ratio)
+        grad = ctx.advantages != 0
+        return -ratio * ctx.advantages, {"clip_low": torch.zeros_like(grad), "clip_high": torch.zeros_like(grad),
                                      "grad": grad, "ratio_above_1": (ratio > 1).float()}
 
     monkeypatch.setitem(obj.SURROGATES, "plain", plain_pg)
     logp, old, _, adv, mask = make_batch(seed=27)
-    out = policy_loss(logp, old, adv, mask, Algorithm(clip="plain", kl=None))
+    out = policy_loss(logp, old, adv, mask, Algorithm(surrogate="plain", kl=None))
     r = torch.exp(logp - old)[mask]
     assert out.metrics["ratio_above_1"] == pytest.approx(float((r > 1).float().mean()))
     assert out.metrics["clip_frac"] == 0.0 and list(out.metrics)[: len(METRIC_KEYS)] == list(METRIC_KEYS)
-    monkeypatch.setitem(obj.SURROGATES, "bare", lambda lr, a, m, algo: (-lr * a, {}))
+    monkeypatch.setitem(obj.SURROGATES, "bare", lambda ctx: (-ctx.log_ratio * ctx.advantages, {}))
     with pytest.raises(ValueError, match=r"surrogate 'bare' must return per-token indicators"):
-        policy_loss(logp, old, adv, mask, Algorithm(clip="bare", kl=None))
+        policy_loss(logp, old, adv, mask, Algorithm(surrogate="bare", kl=None))
 
 
 # ================================================================================================

@@ -504,13 +504,13 @@ def test_algo_by_preset_name_or_clear_error(tok):
 def test_non_finite_gradient_stops_before_the_update(tok, monkeypatch):
     from grpo_lab.algo.objectives import SURROGATES
 
-    def nan_surrogate(log_ratio, advantages, mask, algo):
-        none = torch.zeros_like(mask)
-        loss = -torch.exp(log_ratio) * advantages + 0 * torch.sqrt(log_ratio - 1)  # sqrt(-1): NaN
-        return loss, {"clip_low": none, "clip_high": none, "grad": mask}
+    def nan_surrogate(ctx):
+        none = torch.zeros_like(ctx.mask)
+        loss = -torch.exp(ctx.log_ratio) * ctx.advantages + 0 * torch.sqrt(ctx.log_ratio - 1)  # sqrt(-1): NaN
+        return loss, {"clip_low": none, "clip_high": none, "grad": ctx.mask}
 
     monkeypatch.setitem(SURROGATES, "nan", nan_surrogate)
-    tr = make_trainer(tok, algo=GRPO.replace(clip="nan", kl=None, beta=0.0))
+    tr = make_trainer(tok, algo=GRPO.replace(surrogate="nan", kl=None, beta=0.0))
     w0 = params(tr)
     with pytest.raises(FloatingPointError, match="non-finite policy gradient norm.*'nan'"):
         tr.train(1)

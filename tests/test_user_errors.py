@@ -165,7 +165,7 @@ def test_group_size_one_with_a_group_baseline_warns(tok, estimator):
 
 def test_group_size_one_with_an_estimator_outside_the_list_does_not_warn(tok, monkeypatch):
     # an estimator that needs no group (a value baseline, as GAE would be) registered by a user
-    def value_baseline(batch, algo):
+    def value_baseline(batch):
         return batch.rewards.float() - 0.5
 
     monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "value_baseline", value_baseline)

@@ -106,7 +106,7 @@ def test_it_is_listed_and_set_on_the_command_line(tmp_path):
                "--out", str(res), cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     prov = json.loads(res.read_text())["provenance"]
-    assert prov["algo"]["params"] == {"dual_clip_c": 2.5} and prov["algo"]["clip"] == "dual_clip"
+    assert prov["algo"]["params"] == {"dual_clip_c": 2.5} and prov["algo"]["surrogate"] == "dual_clip"
 
 
 def test_resume_without_the_module_says_to_import_it(tok, variant, tmp_path):
@@ -128,4 +128,4 @@ def test_a_hyperparameter_named_like_a_trainer_setting_is_refused_on_the_command
     monkeypatch.setitem(objectives.SURROGATES, "warm", warm)
     with pytest.raises(cli.UsageError, match="ambiguous, both a TrainerConfig field and a hyper-parameter"):
         cli.parse_set(["temperature=0.5"])
-    assert algorithms.GRPO.replace(clip="warm", temperature=0.5).params == {"temperature": 0.5}
+    assert algorithms.GRPO.replace(surrogate="warm", temperature=0.5).params == {"temperature": 0.5}

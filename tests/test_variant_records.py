@@ -27,7 +27,7 @@ EXPECTED = {
     "DR_GRPO": {"advantage", "aggregation", "regulariser"},
     # ratio sequence; eps 3e-4 / 4e-4; kl None (aggregation stays seq_mean_token_mean)
     "GSPO": {"ratio level", "clipping", "regulariser"},
-    # is_weight, eps_low 1, eps_high 0.28; group_token_mean; kl None; dynamic_sampling, overlong_cache_frac
+    # cispo, eps_low 1, eps_high 0.28; group_token_mean; kl None; dynamic_sampling, overlong_cache_frac
     "CISPO": {"clipping", "aggregation", "regulariser", "sampling & shaping"},
     # PPO's gae, value_clip_eps, kl None + eps_high 0.28, token_mean, lam_alpha, critic_lam, nll_coef
     "VAPO": {"advantage", "clipping", "aggregation", "regulariser", "value model / GAE", "extra loss terms"},
@@ -111,7 +111,7 @@ def test_changes_are_symmetric_and_swap_their_pairs():
 
 
 def test_hyperparameters_count_under_the_axis_of_their_function():
-    assert V.axes_changed(A.SAPO)["clipping"] == {"clip": ("ppo", "sapo"), "tau_pos": (ABSENT, 1.0),
+    assert V.axes_changed(A.SAPO)["clipping"] == {"surrogate": ("ppo", "sapo"), "tau_pos": (ABSENT, 1.0),
                                                   "tau_neg": (ABSENT, 1.05)}
     assert V.axes_changed(A.GRPO, A.SAPO)["clipping"]["tau_neg"] == (1.05, ABSENT)
     # kl_cov_ratio is declared by a whole-minibatch statistic of the surrogate, not by the surrogate itself

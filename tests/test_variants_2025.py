@@ -82,7 +82,7 @@ def test_gmpo_matches_eq4(eps):
 
 
 def test_gmpo_declares_its_constraints():
-    with pytest.raises(ValueError, match=r"clip='gmpo' \(gmpo_surrogate\) requires ratio_level='token'"):
+    with pytest.raises(ValueError, match=r"surrogate='gmpo' \(gmpo_surrogate\) requires ratio_level='token'"):
         GMPO.replace(ratio_level="sequence")
     with pytest.raises(ValueError, match="requires aggregation='seq_mean_token_mean'"):
         GMPO.replace(aggregation="token_mean")
@@ -128,7 +128,7 @@ def test_sapo_temperatures_live_in_params_only():
     assert SAPO.params == {"tau_pos": 1.0, "tau_neg": 1.05}  # the paper's values, filled in
     assert GRPO.params == {} and "tau_pos" not in GRPO.describe() and "tau_pos" not in GRPO.axes()
     assert SAPO.axes()["tau_neg"] == 1.05 and SAPO.describe()["params"] == {"tau_pos": 1.0, "tau_neg": 1.05}
-    assert SAPO.replace(clip="ppo").params == {}  # dropped with the function that declared them
+    assert SAPO.replace(surrogate="ppo").params == {}  # dropped with the function that declared them
     with pytest.raises(ValueError, match="tau_neg .* must be > 0"):
         SAPO.replace(tau_neg=0.0)
     with pytest.raises(ValueError, match="tau_pos must be a real number"):

@@ -17,15 +17,15 @@ TABLE = [
     ("beta", "0.04", ["TRL's GRPOConfig", "--set beta=0.04"]),
     ("epsilon", "0.2", ["--set eps_low=0.2"]),
     ("epsilon_high", "0.28", ["--set eps_high=0.28"]),
-    ("delta", "2", ["clip='ppo'", "two-sided clip", "no grpo_lab surrogate"]),
+    ("delta", "2", ["surrogate='ppo'", "two-sided clip", "no grpo_lab surrogate"]),
     ("loss_type", "grpo", ["--set aggregation=seq_mean_token_mean", "exactly", "GRPO preset"]),
     # DAPO's preset aggregates per group (its Eq. 12); TRL's loss_type=dapo takes a token mean over the batch
     ("loss_type", "dapo", ["--set aggregation=token_mean", "exactly",
                            "the DAPO preset differs here: it has aggregation='group_token_mean'"]),
     ("loss_type", "dr_grpo", ["--set aggregation=seq_mean_token_sum_norm", "exactly", "DR_GRPO preset"]),
     ("loss_type", "bnpo", ["--set aggregation=token_mean", "nearest reading", "micro-batch"]),
-    ("loss_type", "cispo", ["--set clip=is_weight", "CISPO preset"]),
-    ("loss_type", "sapo", ["--set clip=sapo"]),
+    ("loss_type", "cispo", ["--set surrogate=cispo", "CISPO preset"]),
+    ("loss_type", "sapo", ["--set surrogate=sapo"]),
     ("loss_type", "luspo", ["no grpo_lab counterpart"]),
     ("loss_type", "vespo", ["no grpo_lab counterpart"]),
     ("importance_sampling_level", "sequence", ["--set ratio_level=sequence", "GSPO preset"]),
@@ -49,8 +49,8 @@ TABLE = [
     ("actor_rollout_ref.actor.clip_ratio_low", "0.2", ["verl's", "--set eps_low=0.2"]),
     ("clip_ratio_low", "0.2", ["actor_rollout_ref.actor.clip_ratio_low", "--set eps_low=0.2"]),
     ("clip_ratio_high", "0.28", ["--set eps_high=0.28"]),
-    ("clip_ratio_c", "3", ["--set clip=ppo", "dual clip", "no grpo_lab surrogate"]),
-    ("clip_ratio_c", "1e10", ["--set clip=ppo"]),
+    ("clip_ratio_c", "3", ["--set surrogate=ppo", "dual clip", "no grpo_lab surrogate"]),
+    ("clip_ratio_c", "1e10", ["--set surrogate=ppo"]),
     ("loss_agg_mode", "token-mean", ["--set aggregation=token_mean", "exactly"]),
     ("actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-sum-norm", ["--set aggregation=seq_mean_token_sum_norm"]),
     ("loss_agg_mode", "seq-mean-token-mean", ["--set aggregation=seq_mean_token_mean"]),
@@ -65,8 +65,8 @@ TABLE = [
     ("actor_rollout_ref.rollout.n", "8", ["--set group_size=8"]),
     ("rollout.n", "8", ["--set group_size=8"]),
     ("policy_loss.loss_mode", "gspo", ["--set ratio_level=sequence", "GSPO preset"]),
-    ("loss_mode", "cispo", ["--set clip=is_weight"]),
-    ("loss_mode", "vanilla", ["--set ratio_level=token", "--set clip=ppo"]),
+    ("loss_mode", "cispo", ["--set surrogate=cispo"]),
+    ("loss_mode", "vanilla", ["--set ratio_level=token", "--set surrogate=ppo"]),
     ("data.max_response_length", "1024", ["--set max_new_tokens=1024"]),
     ("max_response_length", "1024", ["--set max_new_tokens=1024"]),
     ("ppo_epochs", "2", ["--set epochs=2"]),
@@ -214,10 +214,11 @@ def test_config_files_name_the_grpo_lab_field(text, pieces, tmp_path, capsys, mo
 
 
 @pytest.mark.parametrize("key, value", [("epsilon", 0.2), ("clip_ratio_high", 0.28), ("loss_type", "dr_grpo")])
-def test_a_dependence_on_clip_says_what_to_do(key, value):
+def test_a_dependence_on_the_surrogate_says_what_to_do(key, value):
     message = voc.explain(key, value)
-    assert "also depends on clip" not in message, message
-    assert "this holds with the preset's clip: keep it (--set clip=NAME changes its meaning)" in message, message
+    assert "also depends on surrogate" not in message, message
+    assert "this holds with the preset's surrogate: keep it (--set surrogate=NAME changes its meaning)" in message, \
+        message
 
 
 def test_a_key_both_libraries_read_alike_is_said_once():

@@ -89,11 +89,11 @@ def lab_side(algo, b: dict, adv: torch.Tensor, target: str):
     """grpo_lab's side as the xcheck tests compare it: both libraries count empty rows in their sequence means,
     write CISPO as -sg(w) A log pi (value shift removed), and TRL holds SAPO's temperatures in float32."""
     seq_mean = algo.aggregation in ("seq_mean_token_mean", "seq_mean_token_sum_norm")
-    if algo.clip == "sapo" and target == "trl":
+    if algo.surrogate == "sapo" and target == "trl":
         algo = algo.replace(**{k: float(torch.tensor(algo.params[k], dtype=torch.float32))
                                for k in ("tau_pos", "tau_neg")})
     loss, grad = lab_loss(algo, b, adv, num_sequences=X.B if seq_mean else None)
-    if algo.clip == "is_weight":
+    if algo.surrogate == "cispo":
         w = cispo_weight(b["logp"] - b["old"], algo.eps_low, algo.eps_high)
         loss = loss - aggregate(w * adv[:, None] * b["old"], b["mask"], algo.aggregation)
     return loss, grad

@@ -132,7 +132,7 @@ def test_trl_computes_the_exported_algorithm(name, tmp_path):
     seq_mean = alt.aggregation in ("seq_mean_token_mean", "seq_mean_token_sum_norm")
     extra = "" if tr.exact else "as " + ", ".join(f"{i.axis}->{i.fix}" for i in tr.issues)
     lab = alt
-    if alt.clip == "sapo":
+    if alt.surrogate == "sapo":
         # TRL builds the temperatures with torch.where(A > 0, tau_pos, tau_neg) from python floats: a float32
         # tensor, so 1.05 is 1.0499999523... even in a float64 loss (a relative 5e-8); grpo_lab keeps float64
         f32 = {k: float(torch.tensor(alt.params[k], dtype=torch.float32)) for k in ("tau_pos", "tau_neg")}
@@ -140,7 +140,7 @@ def test_trl_computes_the_exported_algorithm(name, tmp_path):
         extra += f" (temperatures as TRL's float32: tau_neg {f32['tau_neg']!r})"
     # TRL counts the empty row in its sequence means: grpo_lab's num_sequences says so (see the test below)
     loss_l, grad_l, _ = X.lab_loss(lab, b, adv, num_sequences=X.B if seq_mean else None)
-    if alt.clip == "is_weight":
+    if alt.surrogate == "cispo":
         # TRL writes -sg(w) A log pi_theta, grpo_lab -sg(w) A log r: values differ by agg(sg(w) A log pi_old)
         w = cispo_weight(b["logp"] - b["old"], alt.eps_low, alt.eps_high)
         shift = aggregate(w * adv[:, None] * b["old"], b["mask"], alt.aggregation)

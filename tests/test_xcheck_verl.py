@@ -105,7 +105,7 @@ def test_verl_computes_the_exported_algorithm(name):
     seq_mean = alt.aggregation in ("seq_mean_token_mean", "seq_mean_token_sum_norm")
     loss_l, grad_l, _ = X.lab_loss(alt, b, adv, num_sequences=X.B if seq_mean else None)
     extra = "" if tr.exact else "as " + ", ".join(f"{i.axis}->{i.fix}" for i in tr.issues)
-    if alt.clip == "is_weight":
+    if alt.surrogate == "cispo":
         # verl writes -sg(w) A log pi_theta, grpo_lab -sg(w) A log r: values differ by agg(sg(w) A log pi_old)
         from grpo_lab.algo.objectives import aggregate, cispo_weight
 

@@ -25,7 +25,7 @@
 # update of 16, and replaces the clipped *update* by a clipped *importance weight*: every token
 # keeps its gradient, and the weight that corrects for off-policy sampling is bounded instead.
 #
-# **Which axis it moves:** the clipping object — `clip="is_weight"` in `grpo_lab` (what the trust
+# **Which axis it moves:** the clipping object — `surrogate="cispo"` in `grpo_lab` (what the trust
 # region cuts); everything else is DAPO's (token-level loss, dynamic sampling, soft length
 # penalty, no KL).
 #

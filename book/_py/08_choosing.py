@@ -152,7 +152,7 @@ display(axis_grid)
 # %%
 changes_text = pd.DataFrame({"changes vs GRPO": {shown(p): describe_changes(p) for p in PRESET_ORDER}})
 book.glue("n_clipping", str(sum("clipping" in changed_axes(p) for p in PRESET_ORDER)))
-new_clip = [p for p in PRESET_ORDER if axes_changed(p).get("clipping", {}).get("clip")]
+new_clip = [p for p in PRESET_ORDER if axes_changed(p).get("clipping", {}).get("surrogate")]
 assert set(new_clip) == {"CISPO", "GMPO", "SAPO", "KL_COV", "CLIP_COV"}  # the others change eps only
 book.glue("n_new_clip", str(len(new_clip)))
 with pd.option_context("display.max_colwidth", None):
@@ -513,7 +513,7 @@ assert "overlong" in " ".join(c["precondition"] for c in regime["DAPO"]["checks"
 assert "GRPO's incorrect and correct" in regime["DR_GRPO"]["reason"] and "keep pace" in regime["PPO"]["reason"]
 unclipped = ("SAPO", "KL_COV", "CLIP_COV")  # the three lowest rows, and the only ones without an effective clip
 assert sorted(diff, key=lambda p: diff[p].mean)[:3] == sorted(unclipped, key=lambda p: diff[p].mean)
-assert CLIP_COV.eps_low == CLIP_COV.eps_high == 1.0 and KL_COV.clip == "kl_cov"
+assert CLIP_COV.eps_low == CLIP_COV.eps_high == 1.0 and KL_COV.surrogate == "kl_cov"
 assert not any(ent_diff[p].excludes(0.0) and ent_diff[p].mean > 0 for p in ent_diff)  # "does not hold entropy up"
 assert not regime["SAPO"]["in_regime"] and not diff_bonf["SAPO"].excludes(0.0)
 # the regime paragraph's reasons, checked against the file
@@ -838,12 +838,12 @@ with pd.option_context("display.max_colwidth", None):
 # :::{admonition} Solutions
 # :class: dropdown
 #
-# 1. By the package's fields, the surrogate (*clipping*: `clip="gmpo"`, range $e^{\pm0.4}$) and the
+# 1. By the package's fields, the surrogate (*clipping*: `surrogate="gmpo"`, range $e^{\pm0.4}$) and the
 #    *regulariser* (no KL). By what the surrogate computes, also the ratio's level: the geometric mean
 #    over a response's tokens is a sequence-level ratio (§8.1), which `check_axes` cannot see because
 #    `ratio_level` stays `"token"`.
-# 2. The same two: `clip="sapo"` with its temperatures `tau_pos`, `tau_neg`, and no KL.
-# 3. Three: the surrogate (`clip="kl_cov"` / `"clip_cov"`), the *aggregation* (`token_mean` over
+# 2. The same two: `surrogate="sapo"` with its temperatures `tau_pos`, `tau_neg`, and no KL.
+# 3. Three: the surrogate (`surrogate="kl_cov"` / `"clip_cov"`), the *aggregation* (`token_mean` over
 #    the batch's tokens, not GRPO's mean of per-sequence means) and the *regulariser*.
 # 4. It is a per-token weight inside each token's objective, so it would be registered in `SURROGATES`:
 #    the *clipping* axis (the cell checks which axis that registry is). Off-policy sequence masking,

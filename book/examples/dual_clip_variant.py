@@ -9,7 +9,7 @@ keyword-only parameter of the surrogate, it lives in ``Algorithm.params`` of the
 this surrogate only, and is validated, shown, settable (``DUAL_CLIP.replace(dual_clip_c=2.5)``,
 ``--set dual_clip_c=2.5``), saved in checkpoints and keyed in the run cache like any field.
 
-Importing this module registers the surrogate (``clip="dual_clip"``) and the preset ``DUAL_CLIP``::
+Importing this module registers the surrogate (``surrogate="dual_clip"``) and the preset ``DUAL_CLIP``::
 
     python -m grpo_lab list --import book/examples/dual_clip_variant.py
     python -m grpo_lab DUAL_CLIP --import book/examples/dual_clip_variant.py --set dual_clip_c=2.5 --steps 2
@@ -51,5 +51,5 @@ def dual_clip_surrogate(ctx: LossContext, *, eps_low: float = 0.2, eps_high: flo
 
 SURROGATES["dual_clip"] = dual_clip_surrogate
 #: GRPO with the dual clip at the paper's c = 3 and no KL term
-DUAL_CLIP = GRPO.replace(name="DUAL_CLIP", clip="dual_clip", kl=None, beta=0.0)
+DUAL_CLIP = GRPO.replace(name="DUAL_CLIP", surrogate="dual_clip", kl=None, beta=0.0)
 PRESETS["DUAL_CLIP"] = DUAL_CLIP

@@ -1,37 +1,17 @@
 """Advantages: GRPO z-scores, Dr.GRPO centring and RLOO over groups; GAE over a critic's values.
 
 The advantage axis of an :class:`~grpo_lab.algo.algorithms.Algorithm` is the registry
-:data:`ADVANTAGE_ESTIMATORS`: a dict from a choice's name to a function
-``(batch: AdvantageBatch, *, hyper-parameters) -> advantages [B] or [B, T]`` (float32).
-:class:`AdvantageBatch` carries everything an estimator may need (rewards, group ids, the token mask
-and, for a value model, per-token values), so that one signature fits group baselines and
-value-based ones alike. An estimator's keyword-only parameters are its hyper-parameters
-(:mod:`grpo_lab.algo.hparams`): the algorithm passes their values (``adv_eps``, ``gamma``, ``lam``, ...).
+:data:`ADVANTAGE_ESTIMATORS`, ``(batch: AdvantageBatch, *, hyper-parameters) -> [B] or [B, T]`` float32;
+:class:`AdvantageBatch` carries rewards, group ids, the token mask and a critic's values. The sequences of
+one group are contiguous (``rewards.view(-1, G)`` puts one group per row). Group estimators return one
+advantage per sequence, broadcast over its tokens (DeepSeekMath §4.1.2, outcome supervision); GAE
+(:func:`gae`, PPO, VAPO) returns one per token from the outcome reward at the last real token.
 
-For every prompt the policy samples a *group* of ``G`` completions; the sequences of one group are
-contiguous in the batch (``[g0 s0, g0 s1, ..., g0 s(G-1), g1 s0, ...]``), so ``rewards.view(-1, G)``
-puts one group per row. The group estimators return one scalar advantage per sequence, which the
-objectives broadcast over its tokens (DeepSeekMath §4.1.2 "outcome supervision"); GAE
-(:func:`gae`, :func:`gae_advantages`, PPO and VAPO) returns one per token, ``[B, T]``, from a
-critic's values and the outcome reward placed at the last real token (:func:`outcome_token_rewards`).
+Conventions: statistics in float64, returned as float32 on the rewards' device; a group whose rewards are
+equal up to rounding (:func:`tied_groups`) gets exactly 0; ``group_size == 1`` gives 0 in
+:func:`group_advantages` and raises in :func:`rloo_advantages`; NaN / inf rewards raise ``ValueError``.
 
-Conventions (callers rely on them):
-
-* Statistics are computed in float64 and returned as float32, on the device of ``rewards``.
-* A group whose rewards are all equal gets advantage **exactly 0** (not "almost 0" from
-  floating-point rounding of its mean), whatever the scaling. "Equal" is judged relative to the
-  rewards' scale (:func:`tied_groups`): rewards that differ only by rounding, such as
-  ``0.1 + 0.2`` and ``0.3``, are a tie, so their advantages are centred and finite even with
-  ``eps = 0``.
-* ``group_size == 1`` (a lone sample has no baseline to compare to) gives advantage 0 in
-  :func:`group_advantages`; :func:`rloo_advantages` raises instead (a leave-one-out baseline
-  needs at least one other sample).
-* NaN / inf rewards raise ``ValueError``: a silent NaN would poison every gradient of the batch.
-
-Where the code departs from the papers, and why: DeepSeekMath §4.1.2 writes the std without
-saying which; we use the unbiased (``G - 1``) one, as TRL and verl do. A group of equal rewards
-gets exactly 0 instead of ``0 / (0 + eps)`` rounding noise, and "equal" allows rounding
-(:func:`tied_groups`), so that sums of the same reward terms in a different order are a tie.
+Departure: DeepSeekMath §4.1.2 does not say which std; we use the unbiased (``G - 1``) one, as TRL and verl.
 """
 
 from __future__ import annotations
@@ -44,7 +24,7 @@ from torch import Tensor
 
 from . import checks as _v
 
-__all__ = ["group_advantages", "rloo_advantages", "group_stats", "tied_groups", "GroupStats", "SCALES",
+__all__ = ["group_advantages", "rloo_advantages", "tied_groups", "SCALES",
            "TIE_ULPS", "AdvantageBatch", "ADVANTAGE_ESTIMATORS", "GROUP_BASELINE_ESTIMATORS",
            "VALUE_BASELINE_ESTIMATORS", "gae_advantages",
            "outcome_token_rewards", "gae", "length_adaptive_lam", "explained_variance"]
@@ -141,34 +121,24 @@ def group_advantages(
 ) -> Tensor:
     """Group-relative advantages: reward minus its group mean, optionally divided by a std.
 
-    * ``scale="group"`` — GRPO, DeepSeekMath (arXiv 2402.03300) §4.1.2:
-      ``A_i = (r_i - mean_g) / (std_g + eps)`` with the **unbiased** (Bessel, ``G - 1``) standard
-      deviation of the group (as TRL and verl compute it).
-    * ``scale="batch"`` — group mean, batch std: ``A_i = (r_i - mean_g) / (std_batch + eps)``, with
-      ``std_batch`` the unbiased std of all ``B`` rewards of the batch (the "batch" option of TRL's
-      ``scale_rewards``; removes the per-question difficulty weighting of the group std).
-    * ``scale="none"`` — Dr.GRPO (arXiv 2503.20783) §3.2: ``A_i = r_i - mean_g`` (also the
-      advantage of DeepSeek-V3.2, arXiv 2512.02556, Eq. 5).
+    * ``scale="group"`` — GRPO, DeepSeekMath §4.1.2: ``(r_i - mean_g) / (std_g + eps)``, unbiased std;
+    * ``scale="batch"`` — ``(r_i - mean_g) / (std_batch + eps)`` (TRL's ``scale_rewards="batch"``);
+    * ``scale="none"`` — Dr.GRPO §3.2, DeepSeek-V3.2 Eq. 5: ``r_i - mean_g``.
 
-    Exactly 0 for every member of a group whose rewards are all equal up to rounding (such
-    groups carry no learning signal; the tie rule is :func:`tied_groups`). ``group_size == 1``: the unbiased std of one sample
-    is undefined and a lone sample has no baseline to compare to, so its advantage is defined as
-    0 (for every ``scale``). A batch std of a single reward is treated as 0 likewise.
+    A tied group (:func:`tied_groups`) and ``group_size == 1`` give exactly 0.
 
     Args:
         rewards: ``[B]`` scalar rewards (any real dtype, or a list), groups contiguous.
         group_size: ``G >= 1`` dividing ``B``.
         scale: ``"group"`` | ``"batch"`` | ``"none"``.
-        eps: ``>= 0`` added to the std in the denominator (TRL's 1e-4 by default); unused for
-            ``"none"``.
+        eps: ``>= 0`` added to the std (TRL's 1e-4); unused for ``"none"``.
 
     Returns:
-        ``[B]`` float32 advantages (reward units divided by reward std units for the scaled modes,
-        reward units for ``"none"``), on the device of ``rewards``; detached from any graph.
+        ``[B]`` float32 advantages on the device of ``rewards``, detached.
 
     Raises:
-        ValueError: rewards not 1-D or containing NaN / inf; ``group_size < 1`` or not an int;
-            ``B % group_size != 0``; unknown ``scale``; ``eps`` negative or not finite.
+        ValueError: rewards not 1-D or NaN / inf; ``group_size`` not an int ``>= 1`` or not dividing ``B``;
+            unknown ``scale``; ``eps`` negative or not finite.
     """
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; expected one of {SCALES}")
@@ -234,59 +204,6 @@ def rloo_advantages(rewards: RewardsLike, group_size: int) -> Tensor:
     all_equal = _ties(rewards, rg).unsqueeze(1)
     adv = torch.where(all_equal, torch.zeros_like(adv), adv)
     return adv.reshape(-1).to(torch.float32)
-
-
-class GroupStats(NamedTuple):
-    """Per-group reward statistics returned by :func:`group_stats`.
-
-    Attributes:
-        mean: ``[n_groups]`` float32 group mean reward.
-        std: ``[n_groups]`` float32 unbiased group std (0 for ``G == 1``).
-        all_equal: ``[n_groups]`` bool, True where the group is a tie (:func:`tied_groups`).
-        zero_adv_frac: python float in [0, 1], fraction of groups with all-equal rewards (their
-            advantages are 0 under every estimator, so they give no policy gradient); 0.0 for an
-            empty batch.
-        num_groups: python int.
-    """
-
-    mean: Tensor
-    std: Tensor
-    all_equal: Tensor
-    zero_adv_frac: float
-    num_groups: int
-
-
-def group_stats(rewards: RewardsLike, group_size: int) -> GroupStats:
-    """Per-group mean / unbiased std of the rewards and the zero-advantage group fraction.
-
-    The trainer logs ``zero_adv_frac`` as "zero-advantage group fraction" — DAPO (arXiv
-    2503.14476) §3.2 motivates dynamic sampling by these groups (accuracy 0 or 1), which carry no
-    gradient. A group of one always counts as zero-advantage.
-
-    Args:
-        rewards: ``[B]`` rewards, groups contiguous. group_size: ``G >= 1`` dividing ``B``.
-
-    Returns:
-        :class:`GroupStats`.
-
-    Raises:
-        ValueError: as :func:`group_advantages` (non-finite reward, bad group_size, B % G != 0).
-    """
-    r, rg = _grouped(rewards, group_size)
-    n = rg.shape[0]
-    if n == 0:
-        empty = r.new_zeros(0, dtype=torch.float32)
-        return GroupStats(empty, empty.clone(), torch.zeros(0, dtype=torch.bool, device=r.device), 0.0, 0)
-    all_equal = _ties(rewards, rg)
-    std = rg.std(dim=1, correction=1) if group_size > 1 else torch.zeros(n, dtype=r.dtype, device=r.device)
-    std = torch.where(all_equal, torch.zeros_like(std), std)
-    return GroupStats(
-        mean=rg.mean(dim=1).to(torch.float32),
-        std=std.to(torch.float32),
-        all_equal=all_equal,
-        zero_adv_frac=float(all_equal.to(torch.float64).mean()),
-        num_groups=n,
-    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,7 +296,6 @@ def rloo(batch: AdvantageBatch) -> Tensor:
 
 
 #: advantage estimator -> ``(batch: AdvantageBatch, *, hyper-parameters) -> [B] or [B, T]`` float32.
-#: (The earlier form ``(batch, algo)``, which receives the whole algorithm, is still accepted.)
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "group": group_zscore,
     "group_mean": group_mean_baseline,
@@ -473,42 +389,27 @@ def gae(
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over the tokens of each response, and the value targets.
 
-    GAE (Schulman et al., arXiv 1506.02438), Eq. 16: with the TD residual
-    ``delta_t = r_t + gamma V(s_{t+1}) - V(s_t)``,
-    ``A_t = sum_{l >= 0} (gamma lam)^l delta_{t+l}``, computed backwards by the recursion
-    ``A_t = delta_t + gamma lam A_{t+1}`` (PPO, arXiv 1707.06347, Eqs. 11-12, truncated form). The
-    value target is ``R_t = A_t + V(s_t)``; with ``lam = 1`` it is the Monte-Carlo return
-    ``sum_l gamma^l r_{t+l}`` whatever ``V`` is (the critic target of VAPO's decoupled GAE,
-    arXiv 2504.05118 §4.1, ``lam_critic = 1``); ``lam = 0`` gives ``A_t = delta_t``.
-
-    How the mask is read (the contract): in row ``i`` the real positions ``t_1 < ... < t_n``
-    (``mask != 0``) are the steps of the episode, in order. Masked positions are skipped entirely:
-    a hole in the mask is jumped over (the step after ``t_k`` is ``t_{k+1}``), nothing is ever
-    bootstrapped from a masked position, and the value after the last real token is 0 (the
-    response ended: a terminal state, never the value at a padding position). So
-    ``delta_k = r_{t_k} + gamma V_{t_{k+1}} - V_{t_k}`` with ``V_{t_{n+1}} = 0``. A truncated
-    response is treated as terminal too (its outcome reward is final).
+    GAE (arXiv 1506.02438) Eq. 16: ``delta_t = r_t + gamma V(s_{t+1}) - V(s_t)``,
+    ``A_t = sum_{l >= 0} (gamma lam)^l delta_{t+l}`` (PPO Eqs. 11-12's recursion); targets ``R_t = A_t + V(s_t)``,
+    the Monte-Carlo returns at ``lam = 1`` (VAPO §4.1's critic target). The real positions of a row are the
+    episode's steps in order: masked positions are skipped, never bootstrapped from, and the value after the
+    last real token is 0 (terminal, truncated responses included).
 
     Args:
-        rewards: ``[B, T]`` float per-token rewards (e.g. :func:`outcome_token_rewards`); exactly 0
-            at masked positions.
-        values: ``[B, T]`` float, ``V(s_t)``: the value of the state *before* token ``t`` is
-            emitted. Ignored completely at masked positions (any value there, even NaN or inf,
-            changes nothing).
+        rewards: ``[B, T]`` float per-token rewards (:func:`outcome_token_rewards`); 0 at masked positions.
+        values: ``[B, T]`` float ``V(s_t)``, the value before token ``t``; ignored at masked positions.
         mask: ``[B, T]`` bool or 0/1, 1 = real token.
-        gamma: discount in ``[0, 1]`` (1.0 for LLM RL, as PPO baselines in VAPO §5.1).
-        lam: ``[0, 1]``: a number, or a ``[B]`` tensor of per-sequence values (VAPO's
-            length-adaptive ``lam``, :func:`length_adaptive_lam`).
+        gamma: discount in ``[0, 1]``.
+        lam: in ``[0, 1]``: a number, or a ``[B]`` tensor per sequence (:func:`length_adaptive_lam`).
 
     Returns:
-        ``(advantages [B, T], returns [B, T])``, float32 on the device of ``values``, detached,
-        0 at masked positions (computed in float64; a Python loop over ``T``, vectorised over ``B``).
+        ``(advantages [B, T], returns [B, T])``, float32 on the device of ``values``, detached, 0 at masked
+        positions (computed in float64).
 
     Raises:
-        ValueError: ``rewards`` / ``values`` not floating ``[B, T]`` tensors of one shape; mask not
-            of that shape or not 0/1; ``gamma`` or ``lam`` outside ``[0, 1]`` (or ``lam`` a tensor
-            not of shape ``[B]``); a NaN / inf reward or value at a real token; a non-zero reward
-            at a masked position (it would be silently lost).
+        ValueError: ``rewards`` / ``values`` not floating ``[B, T]`` tensors of one shape; mask not of that
+            shape or not 0/1; ``gamma`` or ``lam`` outside ``[0, 1]`` (``lam`` a tensor not ``[B]``); NaN / inf
+            at a real token; a non-zero reward at a masked position.
     """
     shape = _v.bt_tensor(values, "values").shape
     _v.bt_tensor(rewards, "rewards", shape)
@@ -559,28 +460,13 @@ _LAM_MAX = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))
 def length_adaptive_lam(lengths: Union[Tensor, Sequence[float]], alpha: float = 0.05) -> Tensor:
     """VAPO's length-adaptive GAE lambda for the policy, ``lam = 1 - 1 / (alpha l)``, clamped to [0, 1).
 
-    VAPO (arXiv 2504.05118) §4.2, Eqs. 4-5: the sum of the GAE coefficients is made proportional to
-    the response length ``l``, ``sum_t lam^t = 1 / (1 - lam) = alpha l``, hence
-    ``lam = 1 - 1 / (alpha l)``, with ``alpha = 0.05`` in the paper (§5.1).
-
-    What the formula really sets: the effective horizon ``1 / (1 - lam) = alpha l`` is a fixed
-    fraction ``alpha`` of the response (5% of its tokens for ``alpha = 0.05``). It does not keep
-    the outcome reward's weight at the first token large: that weight is ``lam^(l-1)``, and
-    ``lam^l = (1 - 1/(alpha l))^l -> e^{-1/alpha}`` as ``l`` grows (``e^{-20} ~ 2e-9`` for
-    ``alpha = 0.05``); longer responses get a longer horizon, not more of the reward at their start.
-
-    The clamp (our departure from Eq. 5, which is only meaningful for ``alpha l > 1``): for
-    ``l <= 1 / alpha`` the formula gives ``lam <= 0`` (``-infinity`` at ``l = 0``), which is no GAE
-    lambda; we return 0 there (one-step TD, ``A_t = delta_t``), and 0 for an empty response
-    (``l = 0``). The paper's ``alpha = 0.05`` was chosen for responses thousands of tokens long; at
-    the book's <= 32-token responses it gives 0 for every ``l <= 20`` (``l = 100`` gives 0.8).
-    Above, values that would round to 1.0 in float32 (``alpha l`` beyond about ``1.7e7``) are
-    returned as the largest float32 below 1, so the result always lies in ``[0, 1)``.
+    VAPO (arXiv 2504.05118) §4.2, Eqs. 4-5: ``1 / (1 - lam) = alpha l``, ``alpha = 0.05`` in §5.1.
+    Departure: Eq. 5 is meaningful only for ``alpha l > 1``; below (and for ``l = 0``) we return 0 (one-step
+    TD), and values that would round to 1.0 in float32 are returned as the largest float32 below 1.
 
     Args:
-        lengths: ``[B]`` response lengths ``l >= 0`` (real-token counts; a tensor of any real dtype
-            or a list of numbers; need not be integers).
-        alpha: the proportionality constant, finite and ``> 0`` (a number or a 1-element tensor).
+        lengths: ``[B]`` response lengths ``l >= 0`` in tokens (tensor of any real dtype, or a list).
+        alpha: finite ``> 0`` (a number or a 1-element tensor).
 
     Returns:
         ``[B]`` float32 lambdas in ``[0, 1)``, on the device of ``lengths`` (computed in float64).

@@ -1,43 +1,34 @@
 """One dataclass that picks a choice on every axis of the GRPO family, plus named presets.
 
-Every algorithm in the book is the same loop with different choices on a few independent axes:
-how a response's advantage is computed, which importance ratio is used, what the trust region
-clips, how token losses are averaged, and which KL regulariser is added. Each axis is a registry,
-a dict from a choice's name to one function, in the module of that axis:
+Every algorithm in the book is the same loop with different choices on a few independent axes. Each
+axis is a registry, a dict from a choice's name to one function:
 
 =================  ==========================================================
 ``advantage``      :data:`grpo_lab.algo.advantages.ADVANTAGE_ESTIMATORS`
 ``ratio_level``    :data:`grpo_lab.algo.objectives.RATIOS`
-``clip``           :data:`grpo_lab.algo.objectives.SURROGATES`
+``surrogate``      :data:`grpo_lab.algo.objectives.SURROGATES`
 ``aggregation``    :data:`grpo_lab.algo.objectives.AGGREGATIONS`
 ``kl``             :data:`grpo_lab.algo.objectives.KL_ESTIMATORS` (or None)
 =================  ==========================================================
 
-An :class:`Algorithm` value names one choice per axis and is checked against those registries
-when it is built, so a function registered from outside the package (``SURROGATES["mine"] = f``)
-is a valid choice (``GRPO.replace(clip="mine")``). :func:`grpo_lab.algo.objectives.policy_loss` and
-the trainer read nothing else. A new variant from a paper is a new preset, or one new function
-on one axis.
+An :class:`Algorithm` is checked against those registries when it is built, so a function registered
+from outside the package (``SURROGATES["mine"] = f``) is a valid choice
+(``GRPO.replace(surrogate="mine")``). The *sampling & shaping* fields (DAPO §3.2, §3.4) are read by
+:mod:`grpo_lab.algo.selection`, not by the loss. DeepSeek-V3.2's options (arXiv 2512.02556 Eqs. 7-9)
+are off by default; :func:`deepseek_v32` builds that objective from values the caller must choose.
 
-The *sampling & shaping* axis (which samples train, and how rewards are shaped) is read by
-:mod:`grpo_lab.algo.selection`, not by the loss: DAPO's dynamic sampling, overlong filtering and soft
-overlong punishment (arXiv 2503.14476, §3.2 and §3.4).
+Departures from the papers: GRPO's clip range is not stated in DeepSeekMath's RL section (the preset
+takes PPO's 0.2); DAPO's soft overlong punishment is stored as the paper's proportion
+``L_cache = L_max / 5`` (``overlong_cache_frac``).
 
-Two DeepSeek-V3.2 (arXiv 2512.02556, §3.1) options are off by default, so every preset defined
-without them is unchanged: ``kl_importance_correction`` (the importance-corrected k3 of Eq. 7) and
-``offpolicy_mask_delta`` (Off-Policy Sequence Masking, Eqs. 8-9). V3.2 reports neither its KL
-coefficient nor its threshold delta, so it gets no fixed preset: :func:`deepseek_v32` builds one
-from values the caller must choose.
-
-Where the presets depart from the papers, and why: GRPO's clip range is not stated in
-DeepSeekMath's RL section, so the GRPO preset takes PPO's usual 0.2; DAPO's soft overlong
-punishment is sized in tokens for this book's 32-token budget with the paper's proportion
-``L_cache = L_max / 5`` (see the comment above :data:`DAPO`).
+Files written before ``clip`` was renamed ``surrogate`` (and CISPO's ``"is_weight"`` renamed
+``"cispo"``) load through :meth:`Algorithm.from_dict` / :func:`migrate_fields`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 import typing
 from dataclasses import dataclass, field
@@ -54,11 +45,12 @@ from .advantages import (ADVANTAGE_ESTIMATORS, VALUE_BASELINE_ESTIMATORS, Advant
 
 __all__ = [
     "Algorithm",
-    "ADVANTAGES",
-    "RATIO_LEVELS",
-    "CLIPS",
-    "AGGREGATIONS",
-    "KL_ESTIMATORS",
+    "migrate_fields",
+    "ADVANTAGE_NAMES",
+    "RATIO_LEVEL_NAMES",
+    "SURROGATE_NAMES",
+    "AGGREGATION_NAMES",
+    "KL_ESTIMATOR_NAMES",
     "GRPO",
     "DAPO",
     "DR_GRPO",
@@ -79,148 +71,108 @@ __all__ = [
     "get_algorithm",
 ]
 
-#: live, read-only views of the names in each axis' registry (register in the registry itself)
-ADVANTAGES = ADVANTAGE_ESTIMATORS.keys()
-#: live, read-only view of the ratio levels, the keys of :data:`grpo_lab.algo.objectives.RATIOS`
-RATIO_LEVELS = _obj.RATIOS.keys()
-#: live, read-only view of the clipping choices, the keys of :data:`grpo_lab.algo.objectives.SURROGATES`
-CLIPS = _obj.SURROGATES.keys()
-#: live, read-only view of the aggregations, the keys of :data:`grpo_lab.algo.objectives.AGGREGATIONS`
-AGGREGATIONS = _obj.AGGREGATIONS.keys()
-#: KL estimator names; ``kl=None`` (no KL term) is accepted as well
-KL_ESTIMATORS = _obj.KL_ESTIMATORS.keys()
+#: live, read-only views of the choices on each axis, the keys of its registry (register in the registry itself)
+ADVANTAGE_NAMES = ADVANTAGE_ESTIMATORS.keys()
+#: the keys of :data:`grpo_lab.algo.objectives.RATIOS`
+RATIO_LEVEL_NAMES = _obj.RATIOS.keys()
+#: the keys of :data:`grpo_lab.algo.objectives.SURROGATES`
+SURROGATE_NAMES = _obj.SURROGATES.keys()
+#: the keys of :data:`grpo_lab.algo.objectives.AGGREGATIONS`
+AGGREGATION_NAMES = _obj.AGGREGATIONS.keys()
+#: the keys of :data:`grpo_lab.algo.objectives.KL_ESTIMATORS` (``kl=None``, no KL term, is accepted as well)
+KL_ESTIMATOR_NAMES = _obj.KL_ESTIMATORS.keys()
+
+#: fields renamed since files were first written: ``{old name: new name}`` (:func:`migrate_fields`)
+RENAMED_FIELDS = {"clip": "surrogate"}
+#: surrogate choices renamed: ``{old key: new key}`` of :data:`grpo_lab.algo.objectives.SURROGATES`
+RENAMED_SURROGATES = {"is_weight": "cispo"}
+
+
+def migrate_fields(fields: Mapping[str, Any]) -> dict:
+    """An algorithm's stored fields (a checkpoint's ``state.json``, ``run.json``, a results file's provenance,
+    a config file's ``algorithm:`` section) with old names replaced: ``clip`` -> ``surrogate`` and the
+    surrogate ``"is_weight"`` -> ``"cispo"``. Other keys pass unchanged; a new-style dict is returned as a copy.
+
+    Raises:
+        ValueError: both ``clip`` and ``surrogate`` given.
+    """
+    out = dict(fields)
+    for old, new in RENAMED_FIELDS.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"algorithm fields hold both {old!r} (the old name) and {new!r}; keep {new!r}")
+            out[new] = out.pop(old)
+    if isinstance(out.get("surrogate"), str):
+        out["surrogate"] = RENAMED_SURROGATES.get(out["surrogate"], out["surrogate"])
+    return out
+
+
+def renamed_hint(key: str, value: Any = None) -> str:
+    """``" (clip was renamed surrogate)"`` for an old field name or surrogate key, else ``""``: the hint in
+    the errors that new input with an old spelling gets (``--set clip=ppo``, ``replace(clip=...)``)."""
+    if key in RENAMED_FIELDS:
+        return f" ({key} was renamed {RENAMED_FIELDS[key]})"
+    if value in RENAMED_SURROGATES and key in ("surrogate", *RENAMED_FIELDS):
+        return f" (the surrogate {value!r} was renamed {RENAMED_SURROGATES[value]!r})"
+    return ""
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A point in the design space: one choice per axis, immutable and validated.
+    """A point in the design space: one choice per axis, immutable and validated when built.
 
     Attributes:
-        name: display name (used as the key in tables and plots).
-        advantage: a key of :data:`grpo_lab.algo.advantages.ADVANTAGE_ESTIMATORS`: ``"group"`` —
-            ``(r - mean_g) / (std_g + adv_eps)``, DeepSeekMath (arXiv 2402.03300) §4.1.2;
-            ``"group_mean"`` — ``r - mean_g``, Dr.GRPO (arXiv 2503.20783) §3.2; ``"batch"`` —
-            group mean, batch std; ``"rloo"`` — leave-one-out baseline; ``"gae"`` — per-token GAE
-            advantages from a critic's values (PPO, VAPO; :func:`grpo_lab.algo.advantages.gae_advantages`).
+        name: display name (the key in tables and plots).
+        advantage: a key of :data:`~grpo_lab.algo.advantages.ADVANTAGE_ESTIMATORS`: ``"group"`` (z-score,
+            DeepSeekMath §4.1.2), ``"group_mean"`` (Dr.GRPO §3.2), ``"batch"``, ``"rloo"``, ``"gae"`` (a critic).
         adv_eps: ``>= 0``, added to the std (``"group"``, ``"batch"``).
-        ratio_level: a key of :data:`grpo_lab.algo.objectives.RATIOS`: ``"token"`` —
-            ``r_t = pi_theta / pi_old`` per token (DeepSeekMath Eq. 3);
-            ``"sequence"`` — ``s_i = exp(mean_t log r_t)``, GSPO (arXiv 2507.18071) Eq. 7, shared
-            by all tokens of sequence i; ``"sequence_token"`` — GSPO-token, Eqs. 13-17:
-            ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]``, equal to ``s_i`` in value, with
-            each token's gradient weighted by its own advantage.
-        clip: a key of :data:`grpo_lab.algo.objectives.SURROGATES`: ``"ppo"`` —
-            ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``; ``"is_weight"`` —
-            ``sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi_theta``, MiniMax-M1 (arXiv
-            2506.13585) Eqs. 4-5: the clip bounds a detached importance weight and every token
-            keeps its gradient.
-        eps_low: lower clip range, ``0 <= eps_low <= 1`` (``1 - eps_low`` is the floor of r; for
-            ``"is_weight"`` the paper's ``eps^IS_low``, 1 = no floor).
-        eps_high: upper clip range, finite, ``>= 0`` (DAPO's clip-higher raises only this one;
-            for ``"is_weight"`` the paper's ``eps^IS_high``, the cap of the weight).
-        mask_eps_low, mask_eps_high: ``None`` (default) or finite ``>= 0`` (``mask_eps_low <= 1``):
-            the token mask ``M`` of MiniMax-M1's unified form, Eqs. 6-7, read by ``clip="is_weight"``:
-            a token's term is dropped when ``A > 0`` and ``r > 1 + mask_eps_high`` or ``A < 0``
-            and ``r < 1 - mask_eps_low`` (PPO's implicit mask). Rejected with ``clip="ppo"``, whose
-            clip already is that mask.
-        aggregation: a key of :data:`grpo_lab.algo.objectives.AGGREGATIONS`:
-            ``"seq_mean_token_mean"`` (DeepSeekMath Eq. 3) | ``"token_mean"`` (DAPO,
-            arXiv 2503.14476, Eq. 12, as verl and TRL compute it: over the whole batch) |
-            ``"group_token_mean"`` (Eq. 12 as written: a token mean per group, then the mean over
-            groups) | ``"seq_mean_token_sum_norm"`` (Dr.GRPO constant normaliser; needs
-            ``max_tokens`` here or at call time).
-        max_tokens: positive int or None; the constant normaliser of
-            ``"seq_mean_token_sum_norm"`` (the generation budget, Dr.GRPO's MAX_TOKENS).
-        kl: ``None`` or a key of :data:`grpo_lab.algo.objectives.KL_ESTIMATORS` (``"k1"`` | ``"k2"`` |
-            ``"k3"``) — estimator of KL(pi_theta || pi_ref) added
-            per token inside the token sum (DeepSeekMath Eq. 3-4 use k3).
-        beta: ``>= 0`` KL coefficient (DeepSeekMath §4.2: 0.04). ``beta == 0`` or ``kl is None``
-            means no KL term.
-        dynamic_sampling: DAPO Eq. 11 (§3.2) — the trainer keeps sampling questions and trains
-            only on groups whose raw accuracy (``task.is_correct``) is strictly between 0 and 1,
-            until the batch holds ``prompts_per_step`` such groups (bounded by
-            ``TrainerConfig.max_gen_rounds``).
-        overlong_filter: DAPO §3.4 *Overlong Filtering* — truncated samples (no EOS within the
-            generation budget) are masked out of the loss (and of its token/sequence counts);
-            they still count in their group's reward statistics.
-        overlong_cache_len: ``None`` (off) or a positive int ``L_cache``: DAPO Eq. 13 *Soft
-            Overlong Punishment* is added to the task reward, with ``L_max`` = the trainer's
-            generation budget (``max_new_tokens``) and the penalty starting after
-            ``L_max - L_cache`` tokens (see :func:`grpo_lab.algo.rewards.overlong_penalty`). The
-            trainer raises ``ValueError`` when it does not fit the budget (``L_cache > L_max / 2``,
-            see :func:`grpo_lab.algo.selection.overlong_cache_tokens`). A fixed count suits one budget
-            only: prefer ``overlong_cache_frac``.
-        overlong_cache_frac: ``None`` or a float in ``(0, 0.5]``: the same penalty with ``L_cache``
-            a fraction of the generation budget, ``L_cache = max(1, floor(frac * L_max + 1/2))``
-            tokens, so that the preset keeps its proportion at any budget. DAPO §4.1 uses
-            ``L_cache = 4,096`` of ``L_max = 20,480``: ``0.2`` (the ``DAPO`` preset). At most one of
-            ``overlong_cache_len`` and ``overlong_cache_frac`` is set.
-        kl_importance_correction: DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7 — the per-token KL
-            estimate is multiplied by the (non-detached) importance ratio ``pi_theta / pi_old``
-            (:func:`grpo_lab.algo.objectives.kl_estimate` with ``old_logp``), which makes its gradient
-            the unbiased gradient of KL(pi_theta || pi_ref) for tokens sampled from pi_old. Only
-            acts when the loss has a KL term (``uses_kl``); default ``False``.
-        offpolicy_mask_delta: ``None`` (off) or a finite ``delta >= 0``: DeepSeek-V3.2 Eqs. 8-9
-            *Off-Policy Sequence Masking* — the policy (clipped-surrogate) term of a sequence is
-            dropped iff its advantage is negative and ``1/|o_i| sum_t log(pi_old / pi_theta) >
-            delta`` (see :func:`grpo_lab.algo.objectives.offpolicy_sequence_mask`). ``delta >= 0``
-            keeps a purely on-policy step (divergence exactly 0) unmasked.
-        gamma, lam: GAE's discount and lambda, both in ``[0, 1]`` (Schulman et al., arXiv
-            1506.02438, Eq. 16), read by ``advantage="gae"`` (:func:`grpo_lab.algo.advantages.gae_advantages`):
-            ``A_t = sum_l (gamma lam)^l delta_{t+l}``. PPO and VAPO take ``gamma = 1`` (VAPO §5.1).
-        lam_alpha: ``None`` (every response uses ``lam``) or ``alpha > 0``: VAPO (arXiv 2504.05118)
-            Eq. 5, *length-adaptive GAE*: the policy's lambda of a response of ``l`` tokens is
-            ``1 - 1/(alpha l)``, clamped to ``[0, 1)`` (:func:`grpo_lab.algo.advantages.length_adaptive_lam`).
-        critic_lam: ``None`` (the critic's targets use the policy's lambda) or a lambda in ``[0, 1]``
-            for the critic's targets alone: VAPO §4.1 *Decoupled-GAE* (from VC-PPO) takes 1.0, whose
-            targets are the Monte-Carlo returns (unbiased whatever the critic predicts), while the
-            policy keeps ``lam`` / ``lam_alpha``.
-        value_clip_eps: ``None`` or ``>= 0``: the clip range of the critic's loss,
-            ``0.5 max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2)``
-            (:func:`grpo_lab.algo.objectives.value_loss`); ``None`` = the plain squared error.
-        nll_coef: ``mu >= 0``, VAPO Eqs. 9-10: ``L = L_PPO + mu L_NLL``, where ``L_NLL`` is the
-            negative log-likelihood of the *correct* responses of the batch, averaged over their
-            tokens (:func:`grpo_lab.algo.objectives.positive_nll_loss`); 0 = off. VAPO uses 0.1.
-        ntp_coef: ``>= 0``, the weight of a next-token-prediction term on the task's ground truth,
-            ``L = L_RL + ntp_coef L_NTP``, where ``L_NTP`` is the mean negative log-likelihood
-            (temperature 1) of each question's demonstration (``task.demonstration(problem, rng)``
-            followed by EOS) given its prompt, once per question of the minibatch; 0 = off. Not
-            any paper's method: it exists for the "``L_LM + beta RL``" retelling of RPT, which
-            chapter 7 runs as an ablation (:data:`RPT_HYBRID`); RPT itself (Eq. 4) is pure RL.
-            Works with any task that has ``demonstration`` (the trainer refuses one without);
-            a task that draws its demonstration from ``rng`` (the arithmetic task does) advances
-            the trainer's generator, so its later prompts differ from a run without the term.
-        params: the values of the hyper-parameters that the functions this algorithm names declare
-            (their keyword-only parameters, :mod:`grpo_lab.algo.hparams`) and that are not fields above,
-            e.g. ``{"tau_pos": 1.0, "tau_neg": 1.05}`` for SAPO's surrogate. Missing ones are filled
-            in with the functions' defaults when the algorithm is built, so ``params`` always shows
-            every value used; ``replace(tau_neg=1.2)`` sets one. A variant's own hyper-parameters
-            are stored only in the algorithms that name its function. Read-only
-            (:class:`grpo_lab.algo.hparams.Params`).
+        ratio_level: a key of :data:`~grpo_lab.algo.objectives.RATIOS`: ``"token"`` (DeepSeekMath Eq. 3),
+            ``"sequence"`` (GSPO Eq. 7), ``"sequence_token"`` (GSPO-token Eqs. 13-17).
+        surrogate: a key of :data:`~grpo_lab.algo.objectives.SURROGATES`: ``"ppo"`` (the clipped surrogate),
+            ``"cispo"`` (MiniMax-M1 Eqs. 4-5), ``"gmpo"``, ``"sapo"``, ``"kl_cov"``, ``"clip_cov"``.
+        eps_low: lower clip range, ``0 <= eps_low <= 1`` for a ratio-space clip (CISPO's ``eps^IS_low``).
+        eps_high: upper clip range, finite ``>= 0`` (DAPO's clip-higher, Eq. 10; CISPO's ``eps^IS_high``).
+        mask_eps_low, mask_eps_high: None or finite ``>= 0`` (``mask_eps_low <= 1``): MiniMax-M1's token mask
+            ``M`` (Eqs. 6-7), read by ``surrogate="cispo"``; rejected with ``"ppo"``, whose clip is that mask.
+        aggregation: a key of :data:`~grpo_lab.algo.objectives.AGGREGATIONS`: ``"seq_mean_token_mean"``
+            (DeepSeekMath Eq. 3), ``"token_mean"`` (batch-wide, as verl / TRL), ``"group_token_mean"`` (DAPO
+            Eq. 12 as written), ``"seq_mean_token_sum_norm"`` (Dr.GRPO; needs ``max_tokens``).
+        max_tokens: positive int or None: Dr.GRPO's constant normaliser MAX_TOKENS (None: the generation budget).
+        kl: None or a key of :data:`~grpo_lab.algo.objectives.KL_ESTIMATORS` (``"k1"``, ``"k2"``, ``"k3"``):
+            the estimator of KL(pi_theta || pi_ref) added per token (DeepSeekMath Eqs. 3-4 use k3).
+        beta: ``>= 0`` KL coefficient (DeepSeekMath §4.2: 0.04); 0 or ``kl=None`` means no KL term.
+        dynamic_sampling: DAPO Eq. 11: train only on groups with 0 < accuracy < 1, resampling to fill the batch.
+        overlong_filter: DAPO §3.4: truncated samples are masked out of the loss (not of their group's rewards).
+        overlong_cache_len: None or a positive int ``L_cache`` (tokens): DAPO Eq. 13's soft overlong punishment,
+            ``L_max`` the generation budget (:func:`~grpo_lab.algo.rewards.overlong_penalty`).
+        overlong_cache_frac: None or a float in ``(0, 0.5]``: the same with ``L_cache`` a fraction of
+            ``L_max`` (DAPO §4.1: 4,096 / 20,480 = 0.2). At most one of the two is set.
+        kl_importance_correction: DeepSeek-V3.2 Eq. 7: the KL estimate times the ratio ``pi_theta / pi_old``.
+        offpolicy_mask_delta: None or finite ``delta >= 0``: DeepSeek-V3.2 Eqs. 8-9, a negative-advantage
+            sequence's policy term is dropped when its mean ``log(pi_old / pi_theta)`` exceeds ``delta``.
+        gamma, lam: GAE's discount and lambda in ``[0, 1]`` (arXiv 1506.02438 Eq. 16), read by ``"gae"``.
+        lam_alpha: None or ``> 0``: VAPO Eq. 5, length-adaptive lambda ``1 - 1/(alpha l)``.
+        critic_lam: None (the policy's lambda) or a lambda in ``[0, 1]`` for the critic's targets alone
+            (VAPO §4.1, Decoupled-GAE: 1.0).
+        value_clip_eps: None or ``>= 0``: the critic's loss clip (:func:`~grpo_lab.algo.objectives.value_loss`).
+        nll_coef: ``mu >= 0``, VAPO Eqs. 9-10: weight of the NLL of correct responses; 0 = off.
+        ntp_coef: ``>= 0``, weight of a next-token-prediction loss on each question's demonstration; 0 = off.
+            Not a paper's method: chapter 7's ablation :data:`RPT_HYBRID`.
+        params: values of the hyper-parameters the named functions declare that are not fields
+            (:mod:`grpo_lab.algo.hparams`), e.g. SAPO's ``tau_pos`` / ``tau_neg``; filled with defaults.
 
     Raises:
-        ValueError: (in ``__post_init__``) a choice on any axis that is not in its registry, a
-            negative or
-            non-finite ``eps_low`` / ``eps_high`` / ``adv_eps`` / ``beta``, ``eps_low > 1``,
-            a negative or non-finite ``mask_eps_low`` / ``mask_eps_high``, ``mask_eps_low > 1``, a
-            ``mask_eps_*`` with ``clip="ppo"`` (a custom surrogate that ignores them is not
-            detected),
-            a non-positive ``max_tokens`` or ``overlong_cache_len``, an ``overlong_cache_frac``
-            outside ``(0, 0.5]`` or set together with ``overlong_cache_len``, a non-bool
-            ``dynamic_sampling`` / ``overlong_filter`` / ``kl_importance_correction``, a
-            negative or non-finite ``offpolicy_mask_delta``, an empty ``name``, ``gamma`` / ``lam`` /
-            ``critic_lam`` outside ``[0, 1]``, a ``lam_alpha`` that is not ``> 0``, or a negative
-            ``value_clip_eps`` / ``nll_coef`` / ``ntp_coef``; a key of ``params`` that no named
-            function declares, or a value of the wrong type; a constraint a named function declares
-            on another axis (``requires``), or its ``validate`` (e.g. ``eps_low > 1`` with a
-            ratio-space clip, ``"ppo"`` and ``"is_weight"``).
+        ValueError: (when built) a choice not in its registry; a value out of the range given above (a
+            negative, non-finite or non-bool one included); ``mask_eps_*`` with ``surrogate="ppo"``; both
+            ``overlong_cache_len`` and ``overlong_cache_frac``; an unknown or mistyped key of ``params``; a
+            constraint a named function declares (``requires``, ``validate``).
     """
 
     name: str = "custom"
     advantage: str = "group"
     adv_eps: float = 1e-4
     ratio_level: str = "token"
-    clip: str = "ppo"
+    surrogate: str = "ppo"
     eps_low: float = 0.2
     eps_high: float = 0.2
     aggregation: str = "seq_mean_token_mean"
@@ -249,7 +201,10 @@ class Algorithm:
             raise ValueError(f"name must be a non-empty string, got {self.name!r}")
         _v.choice("advantage", self.advantage, ADVANTAGE_ESTIMATORS)
         _v.choice("ratio_level", self.ratio_level, _obj.RATIOS)
-        _v.choice("clip", self.clip, _obj.SURROGATES)
+        if self.surrogate in RENAMED_SURROGATES and self.surrogate not in _obj.SURROGATES:
+            raise ValueError(f"unknown surrogate {self.surrogate!r}{renamed_hint('surrogate', self.surrogate)}; "
+                             f"expected one of {tuple(_obj.SURROGATES)}")
+        _v.choice("surrogate", self.surrogate, _obj.SURROGATES)
         _v.choice("aggregation", self.aggregation, _obj.AGGREGATIONS)
         _v.choice("kl", self.kl, _obj.KL_ESTIMATORS, extra=(None,))
         for name in ("adv_eps", "eps_high", "beta"):
@@ -295,10 +250,10 @@ class Algorithm:
         if self.mask_eps_low is not None and self.mask_eps_low > 1:
             raise ValueError(f"mask_eps_low must be in [0, 1] (the floor 1 - mask_eps_low must be >= 0), "
                              f"got {self.mask_eps_low!r}")
-        if self.clip == "ppo" and (self.mask_eps_low is not None or self.mask_eps_high is not None):
+        if self.surrogate == "ppo" and (self.mask_eps_low is not None or self.mask_eps_high is not None):
             raise ValueError("mask_eps_low / mask_eps_high are the token mask of MiniMax-M1's unified form "
-                             "(Eqs. 6-7), read by clip='is_weight'; PPO's clip (clip='ppo') already applies that "
-                             "mask with eps_low / eps_high, so set those instead")
+                             "(Eqs. 6-7), read by surrogate='cispo'; PPO's clip (surrogate='ppo') already applies "
+                             "that mask with eps_low / eps_high, so set those instead")
 
     def _check_value_fields(self) -> None:
         """GAE's ``gamma`` / ``lam`` / ``critic_lam`` / ``lam_alpha``, the critic's clip, the NLL / NTP weights."""
@@ -332,7 +287,7 @@ class Algorithm:
         default filled in; then each function's constraints on the other axes and its ``validate``."""
         if not isinstance(self.params, Mapping):
             raise ValueError(f"params must be a mapping {{hyper-parameter: value}}, got {type(self.params).__name__}")
-        named = _named_functions(self.advantage, self.ratio_level, self.clip, self.aggregation, self.kl)
+        named = _named_functions(self.advantage, self.ratio_level, self.surrogate, self.aggregation, self.kl)
         own = _own_hyperparameters(named)
         unknown = sorted(k for k in self.params if k not in own)
         if unknown:
@@ -370,7 +325,7 @@ class Algorithm:
         """``{name: value}`` of every hyper-parameter the functions this algorithm names declare
         (fields such as ``eps_low`` included), in declaration order."""
         out: dict[str, Any] = {}
-        for _, _, fn in _named_functions(self.advantage, self.ratio_level, self.clip, self.aggregation, self.kl):
+        for _, _, fn in _named_functions(self.advantage, self.ratio_level, self.surrogate, self.aggregation, self.kl):
             for part in (fn, *_hp.spec(fn).batch_statistics.values()):
                 for k, v in self.values_for(part).items():
                     out.setdefault(k, v)
@@ -388,7 +343,7 @@ class Algorithm:
         and, when the loss has a KL term, its KL estimator. Raises nothing (the keys were
         validated when the algorithm was built; an entry removed since then maps to ``None``)."""
         used = [("ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS, self.advantage),
-                ("RATIOS", _obj.RATIOS, self.ratio_level), ("SURROGATES", _obj.SURROGATES, self.clip),
+                ("RATIOS", _obj.RATIOS, self.ratio_level), ("SURROGATES", _obj.SURROGATES, self.surrogate),
                 ("AGGREGATIONS", _obj.AGGREGATIONS, self.aggregation),
                 ("SELECTORS", selection.SELECTORS, selection.selector_name(self))]
         if self.uses_kl:
@@ -408,7 +363,7 @@ class Algorithm:
         if not isinstance(batch, AdvantageBatch):
             raise ValueError(f"batch must be a grpo_lab.algo.advantages.AdvantageBatch, got {type(batch).__name__}")
         fn = ADVANTAGE_ESTIMATORS[self.advantage]
-        adv = fn(batch, self) if _hp.positional_count(fn) == 2 else fn(batch, **self.values_for(fn))
+        adv = fn(batch, **self.values_for(fn))
         B = batch.rewards.shape[0]
         shapes = [(B,)] + ([tuple(batch.mask.shape)] if batch.mask is not None else [])
         if not isinstance(adv, Tensor) or tuple(adv.shape) not in shapes or not adv.is_floating_point():
@@ -470,7 +425,7 @@ class Algorithm:
     def axes(self) -> dict[str, Any]:
         """The choice on each axis (keys in table order), for comparison tables.
 
-        Keys: ``advantage``, ``ratio_level``, ``clip``, ``eps_low``, ``eps_high``,
+        Keys: ``advantage``, ``ratio_level``, ``surrogate``, ``eps_low``, ``eps_high``,
         ``aggregation``, ``kl`` (None when the loss has no KL term), ``beta``,
         ``kl_importance_correction`` (DeepSeek-V3.2 Eq. 7; False without a KL term), then the
         sampling & shaping axis: ``dynamic_sampling``, ``overlong_filter``, ``overlong_cache_len``
@@ -488,7 +443,7 @@ class Algorithm:
         return {
             "advantage": self.advantage,
             "ratio_level": self.ratio_level,
-            "clip": self.clip,
+            "surrogate": self.surrogate,
             "eps_low": self.eps_low,
             "eps_high": self.eps_high,
             "aggregation": self.aggregation,
@@ -512,6 +467,20 @@ class Algorithm:
             **self.params,
         }
 
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> "Algorithm":
+        """The algorithm whose :meth:`describe` is ``fields``; files written before the renames load too
+        (:func:`migrate_fields`: ``clip`` -> ``surrogate``, ``"is_weight"`` -> ``"cispo"``).
+
+        Raises:
+            ValueError: as :func:`migrate_fields` and :class:`Algorithm`; a key that is not a field.
+        """
+        fields = migrate_fields(fields)
+        unknown = sorted(set(fields) - _FIELD_NAMES)
+        if unknown:
+            raise ValueError(f"unknown Algorithm field(s) {unknown}; fields: {sorted(_FIELD_NAMES)}")
+        return cls(**fields)
+
     def describe(self) -> dict[str, Any]:
         """Every field (``name`` first, ``params`` last) as a plain dict; suitable for JSON and provenance."""
         return dataclasses.asdict(self)
@@ -523,7 +492,7 @@ class Algorithm:
         A key that is not a field is a hyper-parameter of a function the result names and goes into
         :attr:`params` (``SAPO.replace(tau_neg=1.2)`` is ``SAPO.replace(params={**SAPO.params,
         "tau_neg": 1.2})``). Hyper-parameters that the result's functions no longer declare are
-        dropped (``SAPO.replace(clip="ppo")`` keeps no temperatures).
+        dropped (``SAPO.replace(surrogate="ppo")`` keeps no temperatures).
 
         Raises:
             ValueError: a key that is neither a field nor a hyper-parameter of the result's functions
@@ -546,15 +515,15 @@ class Algorithm:
 
 
 #: the axis fields, in the order :func:`_named_functions` takes them
-_AXES = ("advantage", "ratio_level", "clip", "aggregation", "kl")
+_AXES = ("advantage", "ratio_level", "surrogate", "aggregation", "kl")
 
 
-def _named_functions(advantage: str, ratio_level: str, clip: str, aggregation: str,
+def _named_functions(advantage: str, ratio_level: str, surrogate: str, aggregation: str,
                      kl: Optional[str]) -> list[tuple[str, str, Callable]]:
     """``[(axis field, choice, function)]`` of the registry functions these choices name (the KL
     estimator only when ``kl`` is set). Raises ``KeyError`` for a choice not in its registry."""
     out = [("advantage", advantage, ADVANTAGE_ESTIMATORS[advantage]),
-           ("ratio_level", ratio_level, _obj.RATIOS[ratio_level]), ("clip", clip, _obj.SURROGATES[clip]),
+           ("ratio_level", ratio_level, _obj.RATIOS[ratio_level]), ("surrogate", surrogate, _obj.SURROGATES[surrogate]),
            ("aggregation", aggregation, _obj.AGGREGATIONS[aggregation])]
     if kl is not None:
         out.append(("kl", kl, _obj.KL_ESTIMATORS[kl]))
@@ -574,7 +543,8 @@ def _own_hyperparameters(named: list) -> dict[str, Any]:
 
 def _unknown_message(unknown: list, own: dict, named: list) -> str:
     choices = ", ".join(f"{axis}={key!r}" for axis, key, _ in named)
-    return (f"unknown key(s) {unknown}: neither an Algorithm field nor a hyper-parameter of this algorithm's "
+    renamed = "".join(renamed_hint(k) for k in unknown)
+    return (f"unknown key(s) {unknown}{renamed}: neither an Algorithm field nor a hyper-parameter of this algorithm's "
             f"functions ({choices}), which declare {sorted(own) or 'none'} beyond the fields; fields: "
             f"{sorted(_FIELD_NAMES - {'params'})}")
 
@@ -607,13 +577,35 @@ def _typed(name: str, value: Any, default: Any, hint: Any = None) -> Any:
     return int(value) if _v.is_int(value) else float(_v.real_number(name, value))
 
 
+#: the positional parameters a registry function of each axis takes (the rest are keyword-only hyper-parameters)
+_POSITIONAL = {"advantage": "batch", "ratio_level": "logp, old_logp, mask", "surrogate": "ctx",
+               "aggregation": "values, mask, norms", "kl": "delta"}
+
+
+def _check_signature(axis: str, key: str, fn: Callable) -> None:
+    """Refuse a registry function that needs more positional arguments than its axis passes (the removed form
+    ``fn(log_ratio, advantages, mask, algo)`` of a surrogate, ``fn(batch, algo)`` of an estimator)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): called as it is
+        return
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    needed = [p.name for p in params if p.kind in positional and p.default is inspect.Parameter.empty]
+    expected = _POSITIONAL[axis].split(", ")
+    if len(needed) > len(expected):
+        raise ValueError(f"{axis}={key!r} ({getattr(fn, '__name__', fn)}) takes positional parameters {needed}; a "
+                         f"function of this axis takes ({_POSITIONAL[axis]}) and its hyper-parameters keyword-only "
+                         "(the removed form that took the whole algorithm positionally is not accepted)")
+
+
 def _check_declaration(algo: "Algorithm", axis: str, key: str, fn: Callable, own: dict) -> None:
     """What ``fn`` (the choice ``key`` on ``axis``) declares: its constraints on the other axes and
-    the ``validate`` of its hyper-parameters' values."""
+    the ``validate`` of its hyper-parameters' values; first, that it takes the axis' positional arguments."""
+    _check_signature(axis, key, fn)
     spec = _hp.spec(fn)
-    if spec.batch_statistics and axis != "clip":
+    if spec.batch_statistics and axis != "surrogate":
         raise ValueError(f"{axis}={key!r} ({getattr(fn, '__name__', fn)}) declares whole-batch statistics, which only a "
-                         "surrogate (the clip axis) may: the trainer computes them for the loss")
+                         "surrogate may: the trainer computes them for the loss")
     for other, allowed in spec.requires.items():
         if getattr(algo, other, None) not in allowed:
             want = " or ".join(repr(a) for a in allowed)
@@ -629,16 +621,14 @@ def _check_declaration(algo: "Algorithm", axis: str, key: str, fn: Callable, own
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Algorithm))
 
 
-#: GRPO as in DeepSeekMath (arXiv 2402.03300) Eq. 3-4 and §4.1.2 / §4.2 — token ratio, symmetric
-#: clip eps = 0.2 (the paper's eps is not stated in its RL section; 0.2 is the usual PPO value),
-#: ``1/G sum_i 1/|o_i| sum_t`` aggregation, k3 KL inside the token sum with beta = 0.04, group
-#: z-score advantages (unbiased std).
+#: GRPO, DeepSeekMath (arXiv 2402.03300) Eqs. 3-4, §4.1.2, §4.2: token ratio, PPO clip 0.2 (not stated in the
+#: paper's RL section: PPO's usual value), ``1/G sum_i 1/|o_i| sum_t``, k3 KL with beta = 0.04, group z-scores.
 GRPO = Algorithm(
     name="GRPO",
     advantage="group",
     adv_eps=1e-4,
     ratio_level="token",
-    clip="ppo",
+    surrogate="ppo",
     eps_low=0.2,
     eps_high=0.2,
     aggregation="seq_mean_token_mean",
@@ -647,33 +637,10 @@ GRPO = Algorithm(
     beta=0.04,
 )
 
-#: DAPO (Yu et al., arXiv 2503.14476), the final recipe of its Table 1 (every row added):
-#:
-#: * Clip-Higher, Eq. 10 and §4.1: ``eps_low = 0.2``, ``eps_high = 0.28``;
-#: * token-level policy-gradient loss, Eq. 12 as written: inside the expectation over questions,
-#:   each group's token sum is divided by that group's ``sum_i |o_i|``, then groups are averaged
-#:   (``"group_token_mean"``). The anchors compute something else under the same name: verl's
-#:   ``loss_agg_mode="token-mean"`` and TRL's ``loss_type="dapo"`` divide by the token count of the
-#:   whole (mini)batch, i.e. ``"token_mean"`` here, which weighs a group by its share of the batch's
-#:   tokens; ``DAPO.replace(aggregation="token_mean")`` is that variant (chapter 2 measures both);
-#: * no KL term (§2.3); group z-score advantages with the std kept (Eq. 9), token ratio;
-#: * Dynamic Sampling, Eq. 11 (keep groups with 0 < accuracy < 1, resample to fill the batch);
-#: * Overlong Filtering (§3.4; the "+ Overlong Filtering" row of the progressive Table 1, which
-#:   the later rows keep). For a recipe that relies on the soft penalty alone, without masking
-#:   truncated samples, use ``DAPO.replace(overlong_filter=False)``;
-#: * Soft Overlong Punishment, Eq. 13. The paper uses ``L_max = 20,480`` (the generation budget)
-#:   and ``L_cache = 4,096``: the penalty starts at the *expected maximum length* 16,384, i.e.
-#:   ``L_cache = L_max / 5`` past the longest response it expects. The preset stores that
-#:   proportion, ``overlong_cache_frac = 0.2``, so it fits any generation budget
-#:   (:func:`grpo_lab.algo.selection.overlong_cache_tokens` rounds it to whole tokens). On the book's
-#:   arithmetic task (budget ``L_max = 32``) that is ``L_cache = 6``: the longest well-formed answer
-#:   (``198+99+99;297+99;396;#396``) is 25 characters + EOS = 26 tokens = 32 - 6, so no
-#:   well-formed response is punished. A fixed count, ``DAPO.replace(overlong_cache_frac=None,
-#:   overlong_cache_len=n)``, is checked against the budget when the trainer starts.
-#:
-#: DAPO's reward is +1/-1 (Eq. 7); with a task's {0, 1} reward the -1 overlong penalty weighs
-#: twice as much relative to the correct/incorrect gap. The paper's G = 16, lr 1e-6 and 16
-#: minibatches per rollout are trainer settings (:class:`grpo_lab.training.trainer.TrainerConfig`).
+#: DAPO (arXiv 2503.14476), Table 1's final recipe: clip-higher 0.2 / 0.28 (Eq. 10), Eq. 12's token-level loss
+#: as written (``"group_token_mean"``; verl / TRL divide by the batch's tokens: ``"token_mean"``), no KL,
+#: dynamic sampling (Eq. 11), overlong filtering (§3.4) and soft overlong punishment (Eq. 13) with the paper's
+#: ``L_cache = L_max / 5`` (4,096 of 20,480) stored as ``overlong_cache_frac = 0.2``.
 DAPO = GRPO.replace(
     name="DAPO",
     eps_high=0.28,
@@ -685,20 +652,9 @@ DAPO = GRPO.replace(
     overlong_cache_frac=0.2,
 )
 
-#: Dr. GRPO, GRPO with the two biases of §3.1 removed (Liu et al., "Understanding R1-Zero-Like
-#: Training: A Critical Perspective", arXiv 2503.20783, §3.2 and Listing 1).
-#:
-#: * ``advantage="group_mean"``: ``A_i = R_i - mean(R)``, no division by std(R) (removes the
-#:   question-level difficulty bias: low-spread groups no longer get extra weight); up to the
-#:   factor ``G/(G-1)`` this is the RLOO advantage (App. A, Eqs. 4-6);
-#: * ``aggregation="seq_mean_token_sum_norm"``: each sequence's token *sum* is divided by the
-#:   constant MAX_TOKENS instead of ``|o_i|`` (removes the response-level length bias), then
-#:   averaged over sequences. ``max_tokens=None`` here: the constant is the generation budget,
-#:   which the trainer passes to :func:`~grpo_lab.algo.objectives.policy_loss` as ``max_tokens``
-#:   (its ``max_new_tokens``). The paper notes other constants only rescale the gradient;
-#: * token ratio and symmetric PPO clip ``eps = 0.2`` (Eq. 2 keeps the PPO surrogate; 0.2 is the
-#:   usual value, as in our GRPO preset);
-#: * no KL term: the paper takes ``beta = 0`` throughout (its README example run too).
+#: Dr. GRPO (arXiv 2503.20783, §3.2, Listing 1): ``A_i = R_i - mean(R)`` (no std) and each sequence's token sum
+#: divided by the constant MAX_TOKENS (``max_tokens=None``: the trainer passes the generation budget); PPO clip
+#: 0.2, no KL (beta = 0 throughout the paper).
 DR_GRPO = GRPO.replace(
     name="DR_GRPO",
     advantage="group_mean",
@@ -707,32 +663,14 @@ DR_GRPO = GRPO.replace(
     beta=0.0,
 )
 
-#: CISPO (MiniMax-M1, arXiv 2506.13585, §3.1) clips the importance-sampling weight, not the update.
-#:
-#: * ``clip="is_weight"``, Eqs. 4-5: ``sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi_theta``, ratio
-#:   ``r = pi_theta / pi_old`` per token (Eq. 1; not inverted);
-#: * ``eps_low = 1.0``: the paper sets "a large value" for ``eps^IS_low``, i.e. no effective
-#:   floor; a floor of ``1 - 1 = 0`` never binds because ``r > 0``;
-#: * ``eps_high = 0.28``: **our choice** -- the paper tunes only ``eps^IS_high`` and does not
-#:   report its value. 0.28 is DAPO's clip-higher, so that CISPO and DAPO bound the ratio at the
-#:   same place and differ in what happens beyond it (capped weight against dropped token) -- and
-#:   in DAPO's overlong filter, off here (below), which acts only on truncated responses: the two
-#:   presets are a one-axis comparison only where (almost) no response is truncated (chapter 5
-#:   measures it).
-#:   The anchors spell the cap differently: TRL caps the ratio at an *absolute* ``epsilon_high``
-#:   (its documentation recommends 5.0), verl clips two-sided and relative (0.8 / 1.2 unless
-#:   ``clip_ratio_low=1.0`` removes the floor); this preset is TRL's ``epsilon_high=1.28``;
-#: * ``aggregation="group_token_mean"``: Eq. 4's ``1 / sum_i |o_i|`` sits inside the expectation
-#:   over questions, per group, as in DAPO's Eq. 12 (verl and TRL divide by the batch's token
-#:   count instead: ``"token_mean"``); no KL term (§3.1);
-#: * DAPO's dynamic sampling and soft length penalty "are also used" (§3.1); overlong *filtering*
-#:   is not mentioned, so it is off (``overlong_cache_frac = 0.2`` as in :data:`DAPO`);
-#: * group z-score advantages (Eq. 2). MiniMax-M1's AdamW betas (0.9, 0.95) are a trainer setting
-#:   (``TrainerConfig.betas``); its AdamW eps of 1e-15 is not exposed (the trainer uses torch's
-#:   default, 1e-8).
+#: CISPO (MiniMax-M1, arXiv 2506.13585, §3.1, Eqs. 4-5): the clipped, detached IS weight times
+#: ``A log pi_theta``; ``eps_low = 1`` (the paper's "large value": no floor); ``eps_high = 0.28`` is **our
+#: choice** (the paper does not report it; DAPO's clip-higher, so the two presets cap the ratio alike);
+#: ``"group_token_mean"`` (Eq. 4), no KL, DAPO's dynamic sampling and soft length penalty (§3.1), no
+#: overlong filtering. In TRL's absolute spelling this is ``epsilon_high=1.28``.
 CISPO = GRPO.replace(
     name="CISPO",
-    clip="is_weight",
+    surrogate="cispo",
     eps_low=1.0,
     eps_high=0.28,
     aggregation="group_token_mean",
@@ -743,29 +681,10 @@ CISPO = GRPO.replace(
     overlong_cache_frac=0.2,
 )
 
-#: GSPO (Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071), Eqs. 5-7 and §5.1:
-#:
-#: * ``ratio_level="sequence"``, Eq. 7: ``s_i = (pi_theta(y_i) / pi_old(y_i))^(1/|y_i|)``, the
-#:   length-normalised sequence likelihood ratio, shared by every token of the response;
-#: * PPO clip of ``s_i``, Eq. 5, with ``eps_low = 3e-4`` and ``eps_high = 4e-4`` (§5.1, "left" and
-#:   "right" clipping ranges). Because ``s_i`` is a geometric mean, these are orders of magnitude
-#:   below token-level ranges (the paper's GRPO baseline uses 0.2 / 0.27);
-#: * ``aggregation="seq_mean_token_mean"``: Eq. 5 is ``1/G sum_i min(s_i A_i, clip(s_i) A_i)``.
-#:   Its per-token loss is constant along a row, so the token mean of a row is that constant and
-#:   the mean over responses is Eq. 5 exactly (and the gradient Eq. 10);
-#: * group z-score advantages, Eq. 6: ``(r - mean) / std`` over the group (as GRPO, unbiased std
-#:   plus ``adv_eps``);
-#: * no KL term: the paper leaves it out throughout (§2, §5.1).
-#:
-#: Precision: a 4e-4 range is below bfloat16's resolution of a log-probability, so score ``logp``
-#: and ``old_logp`` in float32; bfloat16 ``logp`` against float32 ``old_logp`` clips responses of an
-#: unchanged policy: chapter 4 (§4.4, "Precision") measures the share outside the range with the
-#: weights unchanged and bfloat16 autocast only, on its toy's short responses (on long ones the share
-#: should be smaller: ``log s_i`` averages the per-token rounding over the response).
-#:
-#: The paper's 4 mini-batches per rollout batch (§5.1) are a trainer setting
-#: (``TrainerConfig.minibatches``); with one optimiser step per rollout the ratio is 1 and the clip
-#: never binds.
+#: GSPO (arXiv 2507.18071, Eqs. 5-7, §5.1): the length-normalised sequence ratio ``s_i`` (Eq. 7) under the
+#: PPO clip with the paper's ranges 3e-4 / 4e-4, ``1/G sum_i`` (Eq. 5), group z-scores (Eq. 6), no KL. The clip
+#: binds only with several minibatches per rollout (§5.1: 4); score log-probs in float32 (a 4e-4 range is below
+#: bfloat16's resolution: chapter 4, §4.4).
 GSPO = GRPO.replace(
     name="GSPO",
     ratio_level="sequence",
@@ -776,30 +695,13 @@ GSPO = GRPO.replace(
     beta=0.0,
 )
 
-#: GSPO-token (arXiv 2507.18071, Eqs. 13-17) is GSPO with ``ratio_level="sequence_token"``,
-#: ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]`` (Eq. 14), inside Eq. 13's
-#: ``1/G sum_i 1/|y_i| sum_t`` (``"seq_mean_token_mean"``). Every other axis and hyperparameter is
-#: :data:`GSPO`'s (§5.1 reports no separate setting for it). With one advantage per response it is
-#: GSPO exactly (loss, clipping and gradient); it differs only with token-level advantages
-#: (``[B, T]``, e.g. multi-turn credit), the case the paper introduces it for.
+#: GSPO-token (arXiv 2507.18071, Eqs. 13-17): :data:`GSPO` with ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]``;
+#: equal to GSPO with one advantage per response, different with token-level advantages.
 GSPO_TOKEN = GSPO.replace(name="GSPO_TOKEN", ratio_level="sequence_token")
 
-#: PPO with a learned critic, as VAPO's *vanilla PPO* baseline (arXiv 2504.05118, §5.1):
-#:
-#: * ``advantage="gae"``: GAE (Schulman et al., arXiv 1506.02438, Eq. 16) over per-token values
-#:   of a critic, ``gamma = 1.0``, ``lam = 0.95`` for the policy and for the critic's targets
-#:   (``critic_lam=None``: one lambda, as before VC-PPO);
-#: * token ratio, symmetric clip ``eps = 0.2``;
-#: * sample-level loss: ``1/G sum_i 1/|o_i| sum_t`` (``"seq_mean_token_mean"``);
-#: * no KL term: §5.1 lists none for the baseline;
-#: * the critic's loss clipped at ``value_clip_eps = 0.2`` around its values at sampling time
-#:   (:func:`grpo_lab.algo.objectives.value_loss`). **Our choice**: the paper does not report a value
-#:   clip; 0.2 is the policy's range, the value of OpenAI's baselines implementation of PPO.
-#:
-#: Trainer settings of the paper's baseline: actor lr 1e-6, critic lr 2e-6
-#: (``TrainerConfig.value_lr``), 8,192 prompts sampled once (``group_size=1``), value model
-#: initialised from a reward model (here ``TrainerConfig.value_init="policy"``: the policy's
-#: backbone with a zero head; there is no reward model in this book).
+#: PPO with a learned critic, VAPO's vanilla-PPO baseline (arXiv 2504.05118, §5.1): GAE (arXiv 1506.02438
+#: Eq. 16) with gamma = 1, lambda = 0.95 for policy and critic, token ratio, clip 0.2, ``"seq_mean_token_mean"``,
+#: no KL; ``value_clip_eps = 0.2`` is **our choice** (not reported; OpenAI baselines' value).
 PPO = GRPO.replace(
     name="PPO",
     advantage="gae",
@@ -813,26 +715,10 @@ PPO = GRPO.replace(
     value_clip_eps=0.2,
 )
 
-#: VAPO (Yuan et al., arXiv 2504.05118) is PPO plus the changes of its §4 and §5.1 that live in the loss:
-#:
-#: * *Decoupled-GAE* (§4.1): the critic's targets use ``critic_lam = 1.0`` (Monte-Carlo returns);
-#: * *Length-adaptive GAE*, Eqs. 4-5: the policy's lambda is ``1 - 1/(alpha l)`` for a response of
-#:   ``l`` tokens, with the paper's ``alpha = 0.05`` (``lam_alpha``). Sized for responses
-#:   thousands of tokens long: it is 0 for every response of at most 20 tokens (chapter 6 uses
-#:   ``VAPO.replace(lam_alpha=...)`` sized for its short answers);
-#: * *Clip-Higher*, Eq. 8: ``eps_low = 0.2``, ``eps_high = 0.28``;
-#: * *token-level loss*, Eq. 7: ``1 / sum_i |o_i|`` over the batch (``"token_mean"``). Eq. 7 writes the
-#:   sum over a group, ``sum_{i=1}^G |o_i|``, the form of DAPO's Eq. 12, which the ``DAPO`` preset takes
-#:   as written (``"group_token_mean"``); this preset keeps the batch-wide normaliser of verl's and
-#:   TRL's token-mean losses. The two weigh the tokens of a group alike and differ only in how groups
-#:   weigh each other (by their token counts, or equally). ``VAPO.replace(aggregation="group_token_mean")``
-#:   is Eq. 7 as written (chapter 6, §6.5);
-#: * *positive-example LM loss*, Eqs. 9-10: ``nll_coef = mu = 0.1``.
-#:
-#: Not in the preset, because they are not the loss: *Value-Pretraining* (§4.1, 50 steps from the
-#: reward model: :meth:`grpo_lab.training.trainer.Trainer.pretrain_value`, ``TrainerConfig.value_init`` /
-#: ``value_warmup_steps``) and *Group-Sampling* (512 prompts x 16 samples: ``prompts_per_step``
-#: and ``group_size``).
+#: VAPO (arXiv 2504.05118, §4, §5.1): :data:`PPO` plus Decoupled-GAE (``critic_lam = 1``, §4.1),
+#: length-adaptive GAE with alpha = 0.05 (Eq. 5), clip-higher 0.28 (Eq. 8), the batch-wide token-mean loss
+#: (Eq. 7 writes a per-group sum: ``VAPO.replace(aggregation="group_token_mean")``) and the positive-example
+#: LM loss with mu = 0.1 (Eqs. 9-10). Value-pretraining and group sampling are trainer settings.
 VAPO = PPO.replace(
     name="VAPO",
     lam_alpha=0.05,
@@ -842,16 +728,9 @@ VAPO = PPO.replace(
     nll_coef=0.1,
 )
 
-#: Reinforcement Pre-Training, RPT, of Dong et al. (arXiv 2506.08007) is GRPO on next-token reasoning
-#: with the prefix-matching reward (Eq. 3, :func:`grpo_lab.algo.rewards.prefix_match_reward`, through
-#: :class:`grpo_lab.tasks.NextTokenTask`), and the objective of Eq. 4, pure expected reward: **no KL**
-#: (§3.3 / App. B: KL coefficient 0) and **no language-modelling term**. App. B (Table 5) lists an "actor
-#: gradient clip 0.2" with the PPO mini-batch equal to the batch of 256, i.e. exact on-policy updates, where a
-#: ratio clip never binds: it may be the gradient-norm clip, which the paper does not say. The preset keeps
-#: GRPO's ratio clip 0.2 (inactive with one update per batch) and the trainer's gradient-norm clip
-#: (``TrainerConfig.grad_clip``, 1.0). The loss aggregation is not stated (the paper trains with verl, whose default is a token mean),
-#: so the preset keeps GRPO's. The sampling settings of App. B, G = 8 and temperature 0.8, are
-#: trainer settings: :data:`RPT_SAMPLING`.
+#: Reinforcement Pre-Training (arXiv 2506.08007): GRPO on next-token reasoning with the prefix-matching reward
+#: (Eq. 3, :class:`grpo_lab.tasks.NextTokenTask`) and Eq. 4's pure expected reward: no KL (App. B), no LM term,
+#: GRPO's ratio clip 0.2 (App. B's "actor gradient clip 0.2" is not said to be one). Its G = 8 and temperature 0.8 are trainer settings: :data:`RPT_SAMPLING`.
 RPT = GRPO.replace(name="RPT", kl=None, beta=0.0)
 
 #: RPT's sampling (App. B), as :class:`~grpo_lab.training.trainer.TrainerConfig` fields:
@@ -863,43 +742,23 @@ RPT_SAMPLING: dict[str, Any] = {"group_size": 8, "temperature": 0.8}
 #: (``ntp_coef = 1``: the two terms weighted equally).
 RPT_HYBRID = RPT.replace(name="RPT hybrid (not the paper)", ntp_coef=1.0)
 
-#: GMPO, Geometric-Mean Policy Optimization (Zhao et al., arXiv 2507.20673; official code ``callsys/GMPO``)
-#: is GRPO with the arithmetic mean of token ratios replaced by their geometric mean, each token clipped
-#: in log space on the side its advantage pushes (:func:`grpo_lab.algo.objectives.gmpo_surrogate`).
-#: ``eps_low = eps_high = 0.4``: the paper's range ``(e^-0.4, e^0.4)``, read by the surrogate in log
-#: space (its no-clip ablation is ``GMPO.replace(eps_low=1000, eps_high=1000)``); group z-score
-#: advantages; no KL (the official script's ``--beta 0``); the mean over responses of Eq. 4
-#: (``"seq_mean_token_mean"``, which the surrogate requires, as it requires ``ratio_level="token"``).
-GMPO = GRPO.replace(name="GMPO", clip="gmpo", eps_low=0.4, eps_high=0.4, kl=None, beta=0.0)
+#: GMPO (arXiv 2507.20673): the geometric mean of token ratios, clipped per token in log space to the paper's
+#: ``(e^-0.4, e^0.4)`` (:func:`grpo_lab.algo.objectives.gmpo_surrogate`); no KL (the official script's beta 0).
+GMPO = GRPO.replace(name="GMPO", surrogate="gmpo", eps_low=0.4, eps_high=0.4, kl=None, beta=0.0)
 
-#: SAPO, Soft Adaptive Policy Optimization (Gao et al., Qwen, arXiv 2511.20347), puts a smooth gate
-#: ``4/tau sigmoid(tau (r - 1))`` instead of the hard clip (:func:`grpo_lab.algo.objectives.sapo_surrogate`),
-#: with the paper's temperatures ``tau_pos = 1.0`` and ``tau_neg = 1.05`` (the surrogate's defaults,
-#: held in ``params``; ``SAPO.replace(tau_neg=...)``); token ratio, ``1/G sum_i 1/|y_i| sum_t``
-#: aggregation, group z-score advantages, no KL term.
-SAPO = GRPO.replace(name="SAPO", clip="sapo", kl=None, beta=0.0)
+#: SAPO (arXiv 2511.20347): a smooth gate instead of the hard clip (:func:`grpo_lab.algo.objectives.sapo_surrogate`),
+#: temperatures ``tau_pos = 1.0``, ``tau_neg = 1.05`` (in ``params``); token ratio, group z-scores, no KL.
+SAPO = GRPO.replace(name="SAPO", surrogate="sapo", kl=None, beta=0.0)
 
-#: KL-Cov (Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
-#: arXiv 2505.22617, "Suppressing Tokens with High Covariances") is the unclipped policy gradient plus ``kl_cov_coef |log r|`` on the
-#: ``kl_cov_ratio`` share of the minibatch's tokens with the largest covariance between advantage and
-#: log-probability (:func:`grpo_lab.algo.objectives.kl_cov_surrogate`): ``kl_cov_ratio = 2e-3`` (the
-#: paper's Qwen2.5-7B setting; 2e-4 for 32B) and ``kl_cov_coef = 1``, token-mean aggregation as in its
-#: verl recipe, no KL to a reference, group z-score advantages. ``eps_low`` / ``eps_high`` are unused.
-#: At toy scale ``floor(2e-3 N)`` is often 0 tokens, and at least one token is selected: the
-#: effective share is then ``1/N``.
-KL_COV = GRPO.replace(name="KL_COV", clip="kl_cov", aggregation="token_mean", kl=None, beta=0.0)
+#: KL-Cov (arXiv 2505.22617, "Suppressing Tokens with High Covariances"): the unclipped policy gradient plus
+#: ``kl_cov_coef |log r|`` on the ``kl_cov_ratio = 2e-3`` share of tokens with the largest covariance
+#: (:func:`grpo_lab.algo.objectives.kl_cov_surrogate`); token mean, no KL. ``eps_low`` / ``eps_high`` unused.
+KL_COV = GRPO.replace(name="KL_COV", surrogate="kl_cov", aggregation="token_mean", kl=None, beta=0.0)
 
-#: Clip-Cov (arXiv 2505.22617, same section) is PPO's clipped surrogate with the gradient of a random
-#: ``clip_cov_ratio`` share of the tokens whose covariance lies in ``(clip_cov_lb, clip_cov_ub)``
-#: removed (:func:`grpo_lab.algo.objectives.clip_cov_surrogate`): the paper's 2e-4, 1 and 5, token-mean
-#: aggregation, no KL term. ``eps_low = eps_high = 1``: the authors' verl scripts set
-#: ``clip_ratio_low = clip_ratio_high = 1``, so PPO's clip acts only outside ``[0, 2]`` and the
-#: covariance-selected detachment is the trust region. Those scripts run in verl's DAPO recipe,
-#: whose trainer filters groups (DAPO's dynamic sampling); the preset leaves that off so that only
-#: the loss differs from GRPO (``CLIP_COV.replace(dynamic_sampling=True)`` for the scripts' setting;
-#: the same holds for :data:`KL_COV`). The draw uses torch's global generator, which the trainer's
-#: checkpoints save.
-CLIP_COV = GRPO.replace(name="CLIP_COV", clip="clip_cov", eps_low=1.0, eps_high=1.0, aggregation="token_mean",
+#: Clip-Cov (arXiv 2505.22617): PPO's surrogate with the gradient of a random ``clip_cov_ratio`` share of the
+#: tokens whose covariance lies in ``(clip_cov_lb, clip_cov_ub)`` removed (the paper's 2e-4, 1, 5); clip 1 / 1
+#: as the authors' scripts; token mean, no KL; dynamic sampling off (``replace(dynamic_sampling=True)``).
+CLIP_COV = GRPO.replace(name="CLIP_COV", surrogate="clip_cov", eps_low=1.0, eps_high=1.0, aggregation="token_mean",
                         kl=None, beta=0.0)
 
 #: The presets of this module by name (``python -m grpo_lab NAME`` trains one).

@@ -1,35 +1,19 @@
 """Hyper-parameters that the registry functions declare, and what they require of the other axes.
 
-A function of an axis registry (an advantage estimator, a ratio, a surrogate, an aggregation, a KL
-estimator) declares its hyper-parameters as **keyword-only parameters with defaults**::
+A registry function (an advantage estimator, a ratio, a surrogate, an aggregation, a KL estimator) declares
+its hyper-parameters as **keyword-only parameters with defaults**: ``def sapo_surrogate(ctx, *, tau_pos=1.0,
+tau_neg=1.05)``. An :class:`~grpo_lab.algo.algorithms.Algorithm` gives each a value
+(:meth:`~grpo_lab.algo.algorithms.Algorithm.values_for`): from ``Algorithm.params``, else the ``Algorithm``
+field of that name (``eps_low``, ``adv_eps``, ``gamma``, ...), else the default; the value is checked against
+the declared type, shown by ``axes()``, accepted by ``replace()`` and ``--set``, saved in checkpoints and
+keyed in the run cache.
 
-    def sapo_surrogate(ctx, *, tau_pos=1.0, tau_neg=1.05): ...
+:func:`declare` adds ``requires`` (choices needed on other axes, e.g. GMPO's ``ratio_level="token"``),
+``validate`` (``validate(values) -> None`` raising ``ValueError``) and ``batch_statistics`` (``{name:
+statistic(ctx, **values) -> Tensor [B, ...]}``, computed once over the whole minibatch before micro-batching:
+:func:`grpo_lab.algo.objectives.batch_statistics`).
 
-An :class:`~grpo_lab.algo.algorithms.Algorithm` that names the function gives each of them a value
-(:meth:`~grpo_lab.algo.algorithms.Algorithm.values_for`): from ``Algorithm.params`` (a variant's own
-hyper-parameters, stored only in the algorithms that use them), else from the ``Algorithm`` field of
-that name (the hyper-parameters several functions share: ``eps_low``, ``eps_high``, ``adv_eps``,
-``gamma``, ...), else the function's default. The values are validated against the declaration
-(a float default takes a finite real number, a bool default a bool, an int default an int), shown by
-``axes()`` / ``describe()``, accepted by ``replace()`` and ``--set``, saved in checkpoints and keyed
-in the run cache.
-
-A function may declare more with :func:`declare`:
-
-* ``requires``: choices it needs on the other axes, e.g. GMPO's surrogate computes its own geometric
-  mean of the token ratios, so it requires ``ratio_level="token"``; checked when an ``Algorithm`` is
-  built, with one error naming both axes;
-* ``validate``: ``validate(values) -> None``, raising ``ValueError`` for values of its
-  hyper-parameters that it cannot use (``values`` maps every hyper-parameter it declares);
-* ``batch_statistics``: ``{name: statistic}``, each ``statistic(ctx, **values) -> Tensor`` with
-  leading dimension ``B`` (rows), a statistic over the **whole minibatch** (a covariance, a top-k over
-  tokens, a quantile). The trainer computes it once over the minibatch, before splitting it into
-  micro-batches, and hands each micro-batch its rows (``ctx.stats[name]``), so the gradient does not
-  depend on ``micro_batch_size`` or ``sort_by_length``
-  (:func:`grpo_lab.algo.objectives.batch_statistics`).
-
-This module imports nothing from the package: the math modules and :mod:`grpo_lab.algo.algorithms` both
-use it.
+This module imports nothing from the package.
 """
 
 from __future__ import annotations
@@ -40,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 __all__ = ["Spec", "Params", "declare", "spec", "hyperparameters", "own_hyperparameters", "annotation",
-           "positional_count", "REQUIRED"]
+           "REQUIRED"]
 
 #: the default of a hyper-parameter declared without one (the algorithm must give a value)
 REQUIRED = inspect.Parameter.empty
@@ -150,17 +134,3 @@ def annotation(fn: Callable, name: str) -> Any:
             except Exception:  # an annotation naming something not importable here
                 return None
     return None
-
-
-def positional_count(fn: Callable) -> int:
-    """Number of positional parameters of ``fn`` (``-1`` with ``*args`` or without a signature): tells
-    a registry function of the current form (``fn(ctx, *, ...)``) from the earlier one, which took
-    the whole algorithm as its last positional argument (``fn(log_ratio, advantages, mask, algo)``)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return -1
-    kinds = [p.kind for p in params]
-    if inspect.Parameter.VAR_POSITIONAL in kinds:
-        return -1
-    return sum(k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)

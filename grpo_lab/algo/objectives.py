@@ -1,48 +1,32 @@
-"""Policy objectives of the GRPO family as pure tensor functions: ratios, clipping, KL, aggregation.
+"""Policy objectives of the GRPO family as pure tensor functions: ratios, surrogates, KL, aggregation.
 
-Notation: ``B`` sequences, ``T`` completion tokens (right-padded), ``mask [B, T]`` (bool or 0/1
-float; 1 = real token). ``logp``, ``old_logp`` and ``ref_logp`` are per-token log-probabilities
-of the sampled tokens under the current policy pi_theta, the behaviour policy pi_old and the
-reference policy pi_ref (see :mod:`grpo_lab.policy.logprobs`).
-
-The GRPO objective, DeepSeekMath (arXiv 2402.03300) Eq. 3, maximised::
+Notation: ``B`` sequences, ``T`` completion tokens (right-padded), ``mask [B, T]`` (bool or 0/1; 1 = real
+token); ``logp``, ``old_logp``, ``ref_logp`` ``[B, T]``: log-probabilities of the sampled tokens under
+pi_theta, pi_old and pi_ref (:mod:`grpo_lab.policy.logprobs`). DeepSeekMath (arXiv 2402.03300) Eq. 3,
+maximised::
 
     J = 1/G sum_i 1/|o_i| sum_t { min[ r_it A_it, clip(r_it, 1-eps, 1+eps) A_it ] - beta D_KL,it }
 
-with ``r_it = pi_theta / pi_old`` and ``D_KL,it`` the k3 estimator of Eq. 4. Every function here
-returns *losses* (``-J`` terms), to be minimised. Each axis of an
-:class:`~grpo_lab.algo.algorithms.Algorithm` is a registry, a dict from a choice's name to one small
-function with that axis's signature:
+Every function returns *losses* (``-J`` terms). Each axis of an :class:`~grpo_lab.algo.algorithms.Algorithm`
+is a registry of functions with one signature:
 
 * :data:`RATIOS` ``(logp, old_logp, mask) -> log_ratio [B, T]``;
 * :data:`SURROGATES` ``(ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)``;
-* :data:`KL_ESTIMATORS` ``(delta [B, T]) -> [B, T]`` with ``delta = log pi_theta - log pi_ref``;
+* :data:`KL_ESTIMATORS` ``(delta [B, T]) -> [B, T]``, ``delta = log pi_theta - log pi_ref``;
 * :data:`AGGREGATIONS` ``(values, mask, norms) -> scalar``.
 
-:func:`policy_loss` composes them like the equation above; registering a function under a new
-name (``SURROGATES["mine"] = f``) makes ``algo.replace(clip="mine")`` valid. A function's keyword-only
-parameters are its hyper-parameters, and it may declare constraints on the other axes and statistics
-over the whole minibatch (:mod:`grpo_lab.algo.hparams`); a surrogate sees the whole :class:`LossContext`
-(log pi_theta, log pi_old, the log-ratio, advantages, mask, group structure, those statistics).
+:func:`policy_loss` composes them; ``SURROGATES["mine"] = f`` makes ``algo.replace(surrogate="mine")``
+valid. Keyword-only parameters are hyper-parameters (:mod:`grpo_lab.algo.hparams`).
 
-Where the code departs from the papers, and why:
+Departures from the papers:
 
-* log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] = [-20, 20]`` before ``exp``
-  (``e^20 ~ 4.9e8``), so ratios never overflow; outside the clamp the ratio gets no gradient.
-  Such a token is far outside any clip range, so for PPO clipping this only changes tokens with
-  A < 0 and r > e^20, whose huge unclipped gradient would be destructive anyway;
-* k3 is continued along its tangent line below ``D = -KL_LOG_RATIO_CLAMP`` (see :func:`k3`), so
-  its value and gradient stay finite where Eq. 4 overflows;
-* a fully masked row (no real token) is not counted as a sequence (not in Eq. 3's ``G``): an
-  empty row has no ``1/|o_i|``.
+* log-ratios are clamped to ``[-20, 20]`` (:data:`LOG_RATIO_CLAMP`) before ``exp``; outside, no gradient;
+* k3 is continued along its tangent below ``D = -KL_LOG_RATIO_CLAMP`` (:func:`k3`), finite where Eq. 4 overflows;
+* a fully masked row is not counted as a sequence (not in Eq. 3's ``G``).
 
-Numerical conventions (callers rely on them):
-
-* Inputs may be float32, bfloat16 or float16: everything is computed in float32 and returned as
-  float32. float64 inputs are computed and returned in float64 (the book's reference checks).
-* ``old_logp`` and ``ref_logp`` are constants: they are detached. Advantages are detached.
-* Padded positions (mask 0) may hold anything, even NaN or inf: they are replaced before use, so
-  they affect neither values nor gradients.
+Conventions: float32 / bfloat16 / float16 inputs are computed and returned in float32, float64 in float64;
+``old_logp``, ``ref_logp`` and advantages are detached; padded positions may hold anything (NaN, inf) and
+affect neither values nor gradients.
 """
 
 from __future__ import annotations
@@ -91,35 +75,40 @@ LOG_RATIO_CLAMP = 20.0
 #: k3 = exp(-D) + D - 1 is continued along its tangent line below D = -KL_LOG_RATIO_CLAMP.
 KL_LOG_RATIO_CLAMP = 20.0
 
-#: keys always present in ``LossOutput.metrics``
-METRIC_KEYS = (
-    "loss",
-    "pg_loss",
-    "kl",
-    "clip_frac_low",
-    "clip_frac_high",
-    "clip_frac",
-    "ratio_mean",
-    "ratio_min",
-    "ratio_max",
-    "ratio_q05",
-    "ratio_q50",
-    "ratio_q95",
-    "grad_token_frac",
-    "adv_abs_mean",
-    "num_tokens",
-    "num_sequences",
-    "offpolicy_masked_frac",
-    "clip_high_prob_mean",
-    "clip_high_prob_max",
-    "token_prob_mean",
-    "seq_clip_frac",
-    "seq_ratio_mean",
-    "seq_ratio_min",
-    "seq_ratio_max",
-    "seq_ratio_abs_dev",
-    "token_ratio_abs_dev",
-)
+#: the metrics always present in ``LossOutput.metrics``, ``{key: what it is}``: fractions and means over the
+#: real tokens of the batch (0.0 for an empty mask), each a :class:`grpo_lab.algo.metrics.Metric` with its
+#: reduction over micro-batches. ``rho`` is the ratio the surrogate uses, ``r`` the token ratio. Besides these:
+#: ``nll_loss`` when ``nll_coef > 0``, and a custom surrogate's extra indicators (CISPO's
+#: ``weight_capped_frac``, ``weight_floored_frac``). Tokens masked by Off-Policy Sequence Masking count in
+#: neither ``clip_frac_*`` nor ``grad_token_frac``.
+METRIC_KEYS = {
+    "loss": "the loss to minimise (a sum over micro-batches)",
+    "pg_loss": "the surrogate's part of the loss alone, aggregated the same way (a sum)",
+    "kl": "mean per-token KL estimate (0.0 with weight 0 when not computed)",
+    "clip_frac_low": "share of tokens with A < 0 whose gradient the surrogate removes (PPO: rho < 1 - eps_low)",
+    "clip_frac_high": "share of tokens with A > 0 whose gradient the surrogate removes (PPO: rho > 1 + eps_high)",
+    "clip_frac": "clip_frac_low + clip_frac_high (for CISPO the tokens its mask M, Eq. 7, removes)",
+    "ratio_mean": "mean of rho",
+    "ratio_min": "minimum of rho",
+    "ratio_max": "maximum of rho",
+    "ratio_q05": "5% quantile of rho",
+    "ratio_q50": "median of rho",
+    "ratio_q95": "95% quantile of rho",
+    "grad_token_frac": "share of tokens with a non-zero policy-gradient signal",
+    "adv_abs_mean": "mean |A|",
+    "num_tokens": "real tokens in the batch (a sum)",
+    "num_sequences": "non-empty rows in the batch (a sum)",
+    "offpolicy_masked_frac": "share of rows masked by Off-Policy Sequence Masking (DeepSeek-V3.2 Eqs. 8-9)",
+    "clip_high_prob_mean": "mean pi_theta of the tokens in clip_frac_high (DAPO §3.1, Fig. 3a)",
+    "clip_high_prob_max": "largest pi_theta of the tokens in clip_frac_high",
+    "token_prob_mean": "mean pi_theta of all real tokens",
+    "seq_clip_frac": "share of rows whose every counted token is clipped (GSPO Eq. 5's clip for sequence ratios)",
+    "seq_ratio_mean": "mean of s_i = exp(1/|o_i| sum_t log r_it) (GSPO Eq. 7), whatever the ratio level",
+    "seq_ratio_min": "minimum of s_i",
+    "seq_ratio_max": "maximum of s_i",
+    "seq_ratio_abs_dev": "mean |s_i - 1|",
+    "token_ratio_abs_dev": "mean |r_it - 1| of the token ratio, whatever the ratio level",
+}
 
 #: per-token indicators every surrogate returns, and the metric each becomes
 SURROGATE_METRICS = {"clip_low": "clip_frac_low", "clip_high": "clip_frac_high", "grad": "grad_token_frac"}
@@ -233,31 +222,18 @@ def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 def sequence_token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """GSPO-token's log-ratio ``log s_it = sg[log s_i] + log pi_theta(y_it) - sg[log pi_theta(y_it)]``.
 
-    GSPO (arXiv 2507.18071) Eqs. 13-17: ``s_it(theta) = sg[s_i(theta)] * pi_theta(y_it) /
-    sg[pi_theta(y_it)]`` (Eq. 14), with ``s_i`` the length-normalised sequence ratio of Eq. 7, in
-    log space. ``sg`` is the stop-gradient (``detach``).
-
-    * **Value**: ``log s_it == log s_i`` at every token of sequence i, exactly (the two
-      ``log pi_theta`` terms cancel to 0), so the clipping condition is GSPO's, per sequence.
-    * **Gradient**: ``d log s_it / d log pi_theta(y_it) = 1`` and 0 w.r.t. every other token
-      (Eq. 16: ``grad s_it = s_i grad log pi_theta(y_it)``). In the clipped surrogate each token is
-      then weighted by ``s_i A_it``: with a per-token advantage ``A_it`` this gives token-level
-      credit (Eq. 17), while with a shared advantage ``A_it = A_i`` and the aggregation
-      ``"seq_mean_token_mean"`` (Eq. 13's ``1/G sum_i 1/|y_i| sum_t``) the loss and its gradient
-      are exactly GSPO's (Eqs. 5 and 10), as the paper states.
-
-    A registry function of :data:`RATIOS` (``ratio_level="sequence_token"``): it expects the
-    tensors :func:`policy_loss` passes, already validated, in one compute dtype and with padded
-    positions set to 0 (padded positions then get ``log s_i``, which the aggregation ignores).
+    GSPO (arXiv 2507.18071) Eqs. 13-17 in log space: equal to ``log s_i`` (Eq. 7) in value at every token,
+    with gradient 1 to that token's ``log pi_theta`` only (Eq. 16), so each token is weighted by its own
+    advantage; with ``A_it = A_i`` and ``"seq_mean_token_mean"`` the loss and gradient are GSPO's (Eqs. 5, 10).
+    A function of :data:`RATIOS`: it expects the validated tensors :func:`policy_loss` passes, padding set to 0.
 
     Args:
         logp: ``[B, T]`` log pi_theta of the sampled tokens (float32 or float64; grad flows).
         old_logp: ``[B, T]`` log pi_old (detached), same dtype.
-        mask: ``[B, T]`` bool, True = real token (a fully masked row gives 0, ratio 1).
+        mask: ``[B, T]`` bool, True = real token (a fully masked row gives 0).
 
     Returns:
-        ``[B, T]`` log-ratios in the dtype of ``logp``; value ``log s_i`` broadcast over row i,
-        gradient 1 to ``logp[i, t]`` at position ``(i, t)`` only.
+        ``[B, T]`` log-ratios in the dtype of ``logp``.
     """
     log_s = _sequence_mean(logp.detach(), old_logp, mask).unsqueeze(1)
     return log_s + (logp - logp.detach())
@@ -437,28 +413,15 @@ def cispo_surrogate(ctx: LossContext, *, eps_low: float = 1.0, eps_high: float =
 
         loss_it = - M_it * sg(w_it) * A_it * log r_it,     w_it = clip(r_it, 1 - eps_low, 1 + eps_high)
 
-    with ``w`` from :func:`cispo_weight` (``eps_low`` / ``eps_high`` are the paper's
-    ``eps^IS_low`` / ``eps^IS_high``). Its gradient is Eq. 4's, ``-M w A grad log pi_theta``:
-    ``log r = log pi_theta - log pi_old`` and ``log pi_old`` is a constant. The *value* differs from
-    Eq. 4's ``-w A log pi_theta`` by ``+M w A log pi_old``, a term without gradient; it makes the
-    value 0 on a purely on-policy step (log r = 0) while the gradient is the REINFORCE gradient
-    ``-A grad log pi_theta``. The clip never removes a token's gradient: a token whose ratio left
-    the range keeps the capped weight (PPO-clip would drop it). The gradient does not pass through
-    ``exp``, so the log-ratio clamp does not cut it either.
+    (:func:`cispo_weight`; ``eps_low`` / ``eps_high`` are the paper's ``eps^IS_low`` / ``eps^IS_high``).
+    Departure: Eq. 4 has ``log pi_theta`` where we have ``log r``: the same gradient, a value that differs by
+    ``M w A log pi_old`` (0 on-policy). No token loses its gradient to the clip.
+    ``M_it`` (Eq. 7) is 1 unless ``mask_eps_*`` are set: 0 where ``A > 0, r > 1 + mask_eps_high`` or
+    ``A < 0, r < 1 - mask_eps_low``.
 
-    ``M_it`` (Eq. 7) is 1 unless ``mask_eps_low`` / ``mask_eps_high`` are set: then
-    ``M_it = 0`` where ``A > 0`` and ``r > 1 + mask_eps_high``, or ``A < 0`` and
-    ``r < 1 - mask_eps_low`` (an unset side never masks). That is the mask PPO-clip applies
-    implicitly: with ``eps_low = 1`` and ``eps_high >= e^20`` (an unclipped weight) the gradient
-    equals PPO-clip's with ``eps = mask_eps`` token by token wherever ``|log r| <= 20`` (beyond the
-    log-ratio clamp PPO-clip's ratio has no gradient, while this one keeps ``-w A``).
-
-    Indicators (bool ``[B, T]``): ``clip_low`` / ``clip_high`` — the tokens ``M`` removes (the only
-    tokens whose gradient this surrogate sets to 0, as for PPO); ``grad`` — ``A != 0`` and
-    ``M = 1`` (no exception at the log-ratio clamp: the gradient does not pass through it);
-    ``weight_capped_frac`` — ``r > 1 + eps_high`` (weight capped, whatever the advantage's sign,
-    zero advantages included; TRL's ``cispo_clip_ratio`` counts only ``A > 0``, verl's
-    ``pg_clipfrac`` counts both sides); ``weight_floored_frac`` — ``r < 1 - eps_low``.
+    Indicators (bool ``[B, T]``): ``clip_low`` / ``clip_high`` (the tokens ``M`` removes), ``grad``
+    (``A != 0`` and ``M = 1``), ``weight_capped_frac`` (``r > 1 + eps_high``, either sign of ``A``) and
+    ``weight_floored_frac`` (``r < 1 - eps_low``).
     """
     el, eh, log_ratio, advantages = float(eps_low), float(eps_high), ctx.log_ratio, ctx.advantages
     w = cispo_weight(log_ratio, el, eh)
@@ -688,16 +651,15 @@ def clip_cov_surrogate(ctx: LossContext, *, eps_low: float = 0.2, eps_high: floa
     return loss, {**ind, "grad": ind["grad"] & ~det, "clip_cov_detached": det}
 
 
-#: clipping object (the surrogate, what the trust region acts on) ->
+#: surrogate (``Algorithm.surrogate``: the per-token objective and its trust region) ->
 #: ``(ctx: LossContext, *, hyper-parameters) -> (per_token_loss [B, T], indicators)``.
 #: ``indicators`` maps a name to a per-token ``[B, T]`` bool or float tensor; :func:`policy_loss`
 #: reports its mean over the tokens whose policy term counts. It must hold the keys of
 #: :data:`SURROGATE_METRICS` (``clip_low``, ``clip_high``, ``grad``); any other key becomes a
-#: metric of that name (a name of :data:`METRIC_KEYS` is refused). The earlier form
-#: ``(log_ratio, advantages, mask, algo)`` is still accepted.
+#: metric of that name (a name of :data:`METRIC_KEYS` is refused).
 SURROGATES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
     "ppo": ppo_surrogate,
-    "is_weight": cispo_surrogate,
+    "cispo": cispo_surrogate,
     "gmpo": gmpo_surrogate,
     "sapo": sapo_surrogate,
     "kl_cov": kl_cov_surrogate,
@@ -878,53 +840,34 @@ def aggregate(
 ) -> Tensor:
     """Reduce per-token values ``[B, T]`` to one scalar the way each paper averages token losses.
 
-    Let ``m`` be the mask, ``L_i = sum_t m_it`` and ``S = {i : L_i > 0}`` the non-empty rows.
+    With ``L_i = sum_t m_it`` and ``S`` the non-empty rows (:data:`AGGREGATIONS`):
 
-    * ``"seq_mean_token_mean"`` — ``1/N_seq sum_{i in S} (1/L_i) sum_t m_it v_it``: DeepSeekMath
-      (arXiv 2402.03300) Eq. 3's ``1/G sum_i 1/|o_i| sum_t``. ``N_seq = num_sequences`` if given,
-      else ``|S|`` (fully masked rows contribute 0 and are not counted).
-    * ``"token_mean"`` — ``sum_it m_it v_it / N_tok``: DAPO (arXiv 2503.14476) Eq. 12's
-      ``1 / sum_i |o_i|`` taken over the whole batch, as verl's ``token-mean`` and TRL's ``"dapo"``
-      compute it (Eq. 12 as written is ``"group_token_mean"``). ``N_tok = num_tokens`` if given,
-      else ``sum m`` of this batch.
-    * ``"seq_mean_token_sum_norm"`` — ``sum_it m_it v_it / max_tokens / N_seq``: Dr.GRPO
-      (arXiv 2503.20783) §3.2, per-sequence token *sum* over a constant (the generation budget
-      MAX_TOKENS), then the mean over sequences (``N_seq`` as above).
-    * ``"group_token_mean"`` — ``1/N_groups sum_g (sum_{i in g} sum_t m_it v_it) / (sum_{i in g} L_i)``:
-      DAPO Eq. 12 as written (the ``1 / sum_i |o_i|`` of each question's group, inside the
-      expectation over questions). Needs the group structure: ``group_size`` (contiguous groups
-      of this batch) or, for micro-batches, ``group_tokens`` (per row, its group's token count
-      over the whole batch) and ``num_groups`` (groups with a real token in the whole batch).
+    * ``"seq_mean_token_mean"`` — ``1/N_seq sum_{i in S} 1/L_i sum_t m_it v_it`` (DeepSeekMath Eq. 3);
+    * ``"token_mean"`` — ``sum_it m_it v_it / N_tok``: DAPO Eq. 12's normaliser over the whole batch, as
+      verl's ``token-mean`` and TRL's ``"dapo"``;
+    * ``"seq_mean_token_sum_norm"`` — ``sum_it m_it v_it / max_tokens / N_seq`` (Dr.GRPO §3.2);
+    * ``"group_token_mean"`` — ``1/N_groups sum_g (sum_{i in g} sum_t m_it v_it) / sum_{i in g} L_i``
+      (DAPO Eq. 12 as written).
 
-    The modes are the functions of :data:`AGGREGATIONS`. Micro-batching: when one batch is split
-    into micro-batches whose losses are summed (gradient accumulation), pass the *whole batch's*
-    ``num_tokens`` (token_mean) or ``num_sequences`` (sequence modes; count only non-empty rows
-    to match the default) to every micro-batch; the micro-batch results (and gradients) then sum
-    exactly to the full-batch result. A mode ignores the normalisers it does not use (they are
-    still validated). An empty mask gives 0 (never NaN).
+    ``N_seq`` / ``N_tok`` default to this batch's counts; for micro-batches pass the whole batch's
+    ``num_sequences`` / ``num_tokens`` (and ``group_tokens`` / ``num_groups``), so that the micro-batch
+    results sum exactly to the full-batch one. An empty mask gives 0.
 
     Args:
         values: ``[B, T]`` per-token values (any float dtype; padded entries may be NaN / inf).
         mask: ``[B, T]`` bool or 0/1. mode: a key of :data:`AGGREGATIONS`.
         max_tokens: positive int, required for ``"seq_mean_token_sum_norm"``.
-        num_tokens, num_sequences: optional positive numbers (python or 1-element tensors), at
-            least the real tokens / non-empty rows of this batch.
-        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"``
-            (``group_size`` alone, or ``group_tokens [B]`` with ``num_groups``); validated whatever
-            the mode.
+        num_tokens, num_sequences: positive numbers (or 1-element tensors), at least this batch's counts.
+        group_size, group_tokens, num_groups: ``group_size`` alone, or ``group_tokens [B]`` (float: each
+            row's group's token count) with ``num_groups``; validated whatever the mode.
 
     Returns:
         0-d float32 tensor (float64 for float64 values), differentiable w.r.t. ``values``.
 
     Raises:
-        ValueError: unknown mode; shape mismatch; mask not 0/1; ``max_tokens`` missing for
-            ``"seq_mean_token_sum_norm"`` or not a positive int; non-positive ``num_tokens`` /
-            ``num_sequences``, or smaller than the real tokens / non-empty rows of this batch; the
-            group structure missing for ``"group_token_mean"``, or given both ways
-            (``group_size=`` and ``group_tokens=``/``num_groups=``), ``group_size`` not a positive int
-            dividing the rows, ``group_tokens`` not a float ``[B]`` tensor of finite values at least
-            each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
-            in the batch.
+        ValueError: unknown mode; shape mismatch; mask not 0/1; ``max_tokens`` missing or not a positive int;
+            normalisers not positive or below this batch's counts; the group structure missing for
+            ``"group_token_mean"``, given both ways, or inconsistent with the rows.
     """
     _v.choice("aggregation mode", mode, AGGREGATIONS)
     _v.bt_tensor(values, "values")
@@ -992,29 +935,15 @@ def kl_estimate(
 ) -> Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from the sampled token's log-probs.
 
-    With ``D = log pi_theta(o_t) - log pi_ref(o_t)`` (so ``pi_ref / pi_theta = exp(-D)``) and the
-    token sampled from pi_theta (Schulman 2020, "Approximating KL divergence"):
+    With ``D = log pi_theta(o_t) - log pi_ref(o_t)`` and the token sampled from pi_theta (Schulman 2020,
+    "Approximating KL divergence"): ``"k1"`` ``D`` (unbiased, high variance); ``"k2"`` ``D^2 / 2`` (biased,
+    low variance, >= 0); ``"k3"`` ``exp(-D) + D - 1`` (DeepSeekMath Eq. 4; unbiased, >= 0), computed stably
+    and continued along its tangent below ``D = -20`` (finite value and gradient).
 
-    * ``"k1"``: ``D`` — unbiased, high variance, negative for about half the tokens.
-    * ``"k2"``: ``D^2 / 2`` — biased (exact to second order), low variance, >= 0.
-    * ``"k3"``: ``exp(-D) + D - 1 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1`` —
-      DeepSeekMath (arXiv 2402.03300) Eq. 4; unbiased, low variance, >= 0.
-
-    k3 is computed stably: a Taylor series for ``|D| < 1e-2``, ``expm1(-D) + D`` otherwise, and
-    for ``D < -20`` (pi_theta more than e^20 times less likely than pi_ref) its tangent-line
-    continuation from ``D = -20``: value and gradient stay finite (value ~ 4.85e8 * (1 - D - 20),
-    gradient -4.85e8), never inf / NaN, and the value is always >= 0.
-
-    ``old_logp`` given: DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7, the estimate multiplied by the
-    importance ratio ``pi_theta / pi_old = exp(clamp(logp - old_logp, -20, 20))`` for tokens
-    sampled from pi_old. The ratio is **not** detached, exactly as Eq. 7 is written: then the
-    gradient of ``r * k3`` is ``r * D * grad log pi_theta``, the unbiased (score-function)
-    gradient of the reverse KL for tokens drawn from pi_old, which is the point of Eq. 7; plain k3
-    used as a loss has gradient ``(1 - pi_ref/pi_theta) grad log pi_theta``, whose expectation is
-    the gradient of the *forward* KL (checked by enumeration in
-    ``tests/test_drgrpo.py::test_plain_k3_gives_the_forward_kl_gradient`` and in chapter 3 of the
-    book). Allowed for every ``kind`` (importance weighting keeps any of them unbiased for its
-    value), but Eq. 7 is stated for k3.
+    ``old_logp`` given: DeepSeek-V3.2 Eq. 7, the estimate times the *non-detached* ratio
+    ``pi_theta / pi_old = exp(clamp(logp - old_logp, +-20))``, whose gradient is the unbiased gradient of
+    the reverse KL for tokens drawn from pi_old (plain k3's gradient estimates the forward KL's; chapter 3).
+    Allowed for every ``kind``; Eq. 7 is stated for k3.
 
     Args:
         logp: ``[B, T]`` current-policy log-probs (grad flows here).
@@ -1026,9 +955,8 @@ def kl_estimate(
         ``[B, T]`` float32 estimates in nats (float64 for float64 input), unmasked.
 
     Raises:
-        ValueError: unknown kind, shape mismatch, non-floating inputs, NaN or inf anywhere in
-            the inputs (log-probs of sampled tokens are finite; mask padding with 0 first, as
-            :func:`policy_loss` does).
+        ValueError: unknown kind, shape mismatch, non-floating inputs, NaN or inf anywhere in the inputs
+            (mask padding with 0 first, as :func:`policy_loss` does).
     """
     _v.choice("KL estimator kind", kind, KL_ESTIMATORS)
     _v.bt_tensor(logp, "logp")
@@ -1063,18 +991,12 @@ def offpolicy_sequence_mask(
 ) -> Tensor:
     """DeepSeek-V3.2 (arXiv 2512.02556) Eqs. 8-9, *Off-Policy Sequence Masking*: the mask M.
 
-    With ``d_i = 1/|o_i| sum_t log(pi_old(o_it) / pi_theta(o_it))`` over the real tokens of
-    sequence i (a per-sequence, length-normalised estimate of KL(pi_old || pi_theta) from tokens
-    sampled by pi_old; pi_old is the behaviour policy, in V3.2 the inference engine's
-    probabilities, so training/inference mismatch counts too)::
+    With ``d_i = 1/|o_i| sum_t log(pi_old(o_it) / pi_theta(o_it))`` over sequence i's real tokens (a
+    length-normalised KL(pi_old || pi_theta) estimate, computed without gradient; 0 for an empty row)::
 
-        M_it = 0   if  A_it < 0  and  d_i > delta
-        M_it = 1   otherwise
+        M_it = 0   if  A_it < 0  and  d_i > delta,   else 1
 
-    Only negative-advantage samples are ever masked: pushing down a sequence the current policy
-    has already drifted far from is what V3.2 finds destabilising; positive-advantage sequences
-    always train. ``d_i`` is computed without gradient (the mask is a constant of the loss); an
-    empty sequence has ``d_i = 0``.
+    Only negative-advantage sequences are masked.
 
     Args:
         old_logp: ``[B, T]`` behaviour log-probs log pi_old.
@@ -1084,8 +1006,7 @@ def offpolicy_sequence_mask(
         delta: finite threshold ``>= 0`` (V3.2 does not report its value).
 
     Returns:
-        bool tensor M (True = keep, M = 1), shape ``[B]`` for ``[B]`` advantages and ``[B, T]``
-        for ``[B, T]`` advantages.
+        bool M (True = keep), ``[B]`` for ``[B]`` advantages, ``[B, T]`` for ``[B, T]`` advantages.
 
     Raises:
         ValueError: shape mismatches, mask not 0/1, non-finite values at real tokens, ``delta``
@@ -1131,7 +1052,7 @@ class _Inputs(NamedTuple):
 def _check_algorithm(algo: Any) -> None:
     """``algo`` must be a :class:`grpo_lab.algo.algorithms.Algorithm` (checked by what the loss reads of it,
     so that this module needs no import of :mod:`grpo_lab.algo.algorithms`, which imports it)."""
-    if not all(callable(getattr(algo, k, None)) for k in ("values_for", "axes")) or not hasattr(algo, "clip"):
+    if not all(callable(getattr(algo, k, None)) for k in ("values_for", "axes")) or not hasattr(algo, "surrogate"):
         raise ValueError(f"algo must be a grpo_lab.algo.algorithms.Algorithm, got {type(algo).__name__}")
 
 
@@ -1144,7 +1065,7 @@ def _context(x: "_Inputs", algo: Algorithm, groups: tuple, stats: Optional[Mappi
     norms = x.norms
     ctx = LossContext(x.logp, x.old, log_ratio, x.adv, x.mask, x.ref, group_size, group_tokens,
                       norms.num_tokens, norms.num_sequences, {})
-    fn = SURROGATES[algo.clip]
+    fn = SURROGATES[algo.surrogate]
     declared = _hp.spec(fn).batch_statistics
     if not declared:
         return ctx
@@ -1154,7 +1075,7 @@ def _context(x: "_Inputs", algo: Algorithm, groups: tuple, stats: Optional[Mappi
     bad = [k for k in declared if k in stats and (not isinstance(stats[k], Tensor) or stats[k].dim() == 0
                                                   or stats[k].shape[0] != x.mask.shape[0])]
     if missing or bad:
-        raise ValueError(f"stats must hold the whole-batch statistics {sorted(declared)} of clip={algo.clip!r}, each a "
+        raise ValueError(f"stats must hold the whole-batch statistics {sorted(declared)} of surrogate={algo.surrogate!r}, each a "
                          f"tensor with one row per sequence ({x.mask.shape[0]}); missing {missing}, wrong {bad}")
     return ctx._replace(stats={k: stats[k].to(x.mask.device) for k in declared})
 
@@ -1167,7 +1088,7 @@ def _statistics(ctx: LossContext, fn: Callable, algo: Algorithm) -> dict:
             v = stat(ctx, **algo.values_for(stat))
             if not isinstance(v, Tensor) or tuple(v.shape) not in (tuple(ctx.mask.shape[:1]), tuple(ctx.mask.shape)):
                 got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
-                raise ValueError(f"whole-batch statistic {name!r} of clip={algo.clip!r} must be a tensor of shape [B] = "
+                raise ValueError(f"whole-batch statistic {name!r} of surrogate={algo.surrogate!r} must be a tensor of shape [B] = "
                                  f"{tuple(ctx.mask.shape[:1])} or [B, T] = {tuple(ctx.mask.shape)} (the trainer hands "
                                  f"each micro-batch its rows and tokens), got {got}")
             out[name] = v
@@ -1203,7 +1124,7 @@ def batch_statistics(
         ValueError: as :func:`policy_loss` for the inputs.
     """
     _check_algorithm(algo)
-    fn = SURROGATES[algo.clip]
+    fn = SURROGATES[algo.surrogate]
     if not _hp.spec(fn).batch_statistics:
         return {}
     shape = _v.bt_tensor(logp, "logp").shape
@@ -1293,126 +1214,44 @@ def policy_loss(
 ) -> LossOutput:
     """The full per-token objective of ``algo`` as a loss to minimise, plus diagnostics.
 
-    Per token (each step is ``algo``'s choice on one axis, a function of a registry)::
+    Per token (each line is ``algo``'s choice on one axis, a function of a registry)::
 
         rho_it  = RATIOS[algo.ratio_level](logp, old_logp, mask)         (as log rho)
-        pg_it   = SURROGATES[algo.clip](ctx, **hyper-parameters)           (PPO: -min(rho A, clip(rho) A))
+        pg_it   = SURROGATES[algo.surrogate](ctx, **hyper-parameters)      (PPO: -min(rho A, clip(rho) A))
         pg_it   = M_it * pg_it                                            (V3.2 Eqs. 8-9, if set)
         loss_it = pg_it + beta * KL_ESTIMATORS[algo.kl](logp - ref_logp)  (if algo.uses_kl)
         loss    = AGGREGATIONS[algo.aggregation](loss_it, mask, ...)
                   + nll_coef * positive_nll_loss(logp, mask, correct)      (if algo.nll_coef > 0)
 
-    * ``rho_it``: ``ratio_level="token"`` -> ``r_it = pi_theta/pi_old`` (DeepSeekMath, arXiv
-      2402.03300, Eq. 3); ``"sequence"`` -> ``s_i`` of GSPO (arXiv 2507.18071) Eq. 7, the same
-      for every token of sequence i, so with ``seq_mean_token_mean`` and per-sequence advantages
-      the loss is exactly GSPO Eq. 5 (``-1/G sum_i min(s_i A_i, clip(s_i) A_i)``) and its gradient
-      GSPO Eq. 10. With token-level advantages ``[B, T]`` the sequence ratio multiplies each
-      token's advantage, but every token's gradient is still spread over the whole sequence
-      through ``s_i``; ``"sequence_token"`` -> ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]``
-      of GSPO-token (Eqs. 13-17, :func:`sequence_token_ratio`): the same value ``s_i``, and each
-      token's gradient weighted by its own advantage (equal to GSPO when ``A_it = A_i``).
-    * ``KL_it``: ``kl_estimate(logp, ref_logp, algo.kl)``, added **inside** the token sum as in
-      DeepSeekMath Eq. 3, hence aggregated with the same mode; only when ``algo.kl`` is set and
-      ``algo.beta > 0``. With ``algo.kl_importance_correction`` it is
-      ``kl_estimate(..., old_logp=old_logp)``, DeepSeek-V3.2 (arXiv 2512.02556) Eq. 7.
-    * ``algo.offpolicy_mask_delta`` set: DeepSeek-V3.2 Eqs. 8-9 — the clipped-surrogate term of
-      every token with ``M_it = 0`` (:func:`offpolicy_sequence_mask`) is replaced by 0. Read
-      literally, M multiplies only the policy term *inside* ``1/G sum_i 1/|o_i| sum_t``: a
-      masked sequence still counts in every normaliser (``G``, ``|o_i|``, ``num_tokens``,
-      ``num_sequences``, ``max_tokens``) and its KL term stays.
-    * aggregation: see :func:`aggregate`; ``num_tokens`` / ``num_sequences`` are the global
-      counts for micro-batch invariance; ``max_tokens`` falls back to ``algo.max_tokens``.
+    The KL term sits inside the token sum (DeepSeekMath Eq. 3); with ``kl_importance_correction`` it is
+    DeepSeek-V3.2 Eq. 7. A sequence masked by Eqs. 8-9 (:func:`offpolicy_sequence_mask`) loses only its
+    policy term and still counts in every normaliser. With ``"sequence"`` ratios, ``[B]`` advantages and
+    ``"seq_mean_token_mean"`` the loss is GSPO Eq. 5 and its gradient Eq. 10.
 
     Args:
-        logp: ``[B, T]`` log pi_theta of the sampled tokens (grad flows here); float32 /
-            bfloat16 / float16 / float64.
-        old_logp: ``[B, T]`` log pi_old (behaviour policy; detached). Pass ``logp.detach()`` for
-            a purely on-policy step (ratio 1, clipping inactive).
+        logp: ``[B, T]`` log pi_theta (grad flows here); float32 / bfloat16 / float16 / float64.
+        old_logp: ``[B, T]`` log pi_old (detached); ``logp.detach()`` for an on-policy step.
         advantages: ``[B]`` per sequence or ``[B, T]`` per token (detached).
         mask: ``[B, T]`` bool or 0/1, 1 = real token.
         algo: a :class:`grpo_lab.algo.algorithms.Algorithm`.
-        ref_logp: ``[B, T]`` log pi_ref; required iff ``algo.kl`` is not None and
-            ``algo.beta > 0``. If given otherwise, the KL is still computed (without grad) for the
-            ``kl`` metric, with ``algo.kl`` or k3 when ``algo.kl is None``.
-        num_tokens, num_sequences: global normalisers (see :func:`aggregate`), at least this
-            batch's real tokens / non-empty rows.
-        max_tokens: constant normaliser for ``"seq_mean_token_sum_norm"``.
-        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"``
-            (see :func:`aggregate`).
-        correct, num_correct_tokens: read only when ``algo.nll_coef > 0`` (VAPO's positive-example
-            LM loss, Eqs. 9-10, :func:`positive_nll_loss`): ``[B]`` bool, which responses are
-            correct, and the global count of their real tokens (micro-batches).
-        stats: the whole-minibatch statistics of ``algo``'s surrogate for the rows of this batch
-            (``{name: Tensor [B, ...]}``, from :func:`batch_statistics` over the minibatch, rows
-            selected); ``None``: computed over this batch. Ignored when the surrogate declares none.
+        ref_logp: ``[B, T]`` log pi_ref; required iff ``algo.uses_kl``; otherwise only for the ``kl`` metric.
+        num_tokens, num_sequences: global normalisers for micro-batching (:func:`aggregate`).
+        max_tokens: constant for ``"seq_mean_token_sum_norm"`` (default ``algo.max_tokens``).
+        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"`` (:func:`aggregate`).
+        correct, num_correct_tokens: for ``nll_coef > 0`` (VAPO Eqs. 9-10): ``[B]`` bool, and the global count
+            of the correct responses' tokens.
+        stats: the surrogate's whole-minibatch statistics for these rows (:func:`batch_statistics`); None:
+            computed over this batch.
 
     Returns:
-        :class:`LossOutput` ``(loss, metrics)``. ``loss``: 0-d float32 tensor with grad (float64 for float64 inputs).
-        ``metrics``: :class:`grpo_lab.algo.metrics.Metric` values (python floats over the real tokens
-        of *this* batch, never NaN, each with its reduction over micro-batches):
-
-        * ``loss``, ``pg_loss`` (the clipped-surrogate part alone, aggregated the same way) —
-          sums; with ``algo.nll_coef > 0`` also ``nll_loss`` (:func:`positive_nll_loss`, unweighted;
-          a sum; ``loss`` includes ``nll_coef`` times it); ``kl`` (mean per-token KL estimate over real tokens; 0.0 with weight 0 when not
-          computed);
-        * ``clip_frac_low`` — fraction of real tokens with ``A < 0`` and ``rho < 1 - eps_low``;
-          ``clip_frac_high`` — ``A > 0`` and ``rho > 1 + eps_high``; ``clip_frac`` — their sum.
-          These are exactly the tokens whose policy gradient the clip sets to 0 (sign-aware).
-          For ``clip="is_weight"`` they are the tokens its mask ``M`` (Eq. 7) removes, none without
-          ``mask_eps_*``; its capped and floored weights are the extra metrics
-          ``weight_capped_frac`` and ``weight_floored_frac``;
-        * ``ratio_mean``, ``ratio_min`` (a minimum), ``ratio_max`` (a maximum), ``ratio_q05``,
-          ``ratio_q50``, ``ratio_q95`` — of ``rho`` over real tokens (1.0, the no-change ratio,
-          when there are no real tokens);
-        * ``grad_token_frac`` — fraction of real tokens with a non-zero policy-gradient signal
-          (``A != 0``, not clipped, and for ``clip="ppo"`` the log-ratio inside the clamp);
-        * ``adv_abs_mean`` — mean ``|A|`` over real tokens;
-        * ``num_tokens``, ``num_sequences`` — real tokens and non-empty rows in this batch (sums);
-        * ``offpolicy_masked_frac`` — fraction of non-empty rows with at least one token masked
-          by Off-Policy Sequence Masking (0.0 when ``algo.offpolicy_mask_delta`` is None), a
-          sequence mean;
-        * ``clip_high_prob_mean``, ``clip_high_prob_max`` — the mean and the largest probability
-          ``pi_theta`` (a probability in (0, 1], not a log; the current policy's, as DAPO writes
-          it) of the tokens counted in ``clip_frac_high``: which tokens the upper clip stops
-          (DAPO, arXiv 2503.14476, §3.1 and Fig. 3a: "the mean probability of up-clipped tokens is
-          low", below 0.2). Weighted by the number of such tokens; 0.0 with weight 0 when no token
-          was clipped there (the trainer's history then shows NaN); ``token_prob_mean`` — the mean
-          ``pi_theta`` of all real tokens, for comparison (a token mean);
-        * sequence level, over the non-empty rows of this batch (sequence means, or a minimum /
-          maximum weighted by the number of such rows), whatever ``algo.ratio_level`` is:
-          ``seq_clip_frac`` — fraction of non-empty rows whose policy gradient the clip removes
-          entirely: the row has at least one counted token and every counted token is in
-          ``clip_frac_low`` or ``clip_frac_high`` (sign-aware, as those). For
-          ``ratio_level="sequence"`` with ``[B]`` advantages this is exactly ``A_i < 0, s_i < 1 -
-          eps_low`` or ``A_i > 0, s_i > 1 + eps_high`` (GSPO Eq. 5's clip): a clipped sequence
-          counts once, whatever its length, while ``clip_frac`` counts its tokens. A row with a
-          zero advantage or masked by Off-Policy Sequence Masking is not clipped;
-          ``seq_ratio_mean``, ``seq_ratio_min``, ``seq_ratio_max`` — of the length-normalised
-          sequence ratio ``s_i = exp(1/|o_i| sum_t log r_it)`` (GSPO Eq. 7, the geometric mean of
-          the token ratios; log clamped to +-20), computed for token-level algorithms too, so
-          their sequence ratios can be compared with GSPO's clip range (1.0 when the batch has no
-          real token); ``seq_ratio_abs_dev`` — the mean ``|s_i - 1|`` (0.0 without real tokens),
-          a spread that, unlike a standard deviation or quantiles, combines exactly over
-          micro-batches; ``token_ratio_abs_dev`` — its token-level counterpart, the mean
-          ``|r_it - 1|`` over real tokens of the *token* ratio ``r_it = pi_theta / pi_old``
-          (DeepSeekMath Eq. 3) whatever the ratio level (``ratio_*`` describe the ratio the
-          surrogate uses, which for GSPO is ``s_i`` on every token).
-
-        Every other metric is a token mean. Tokens masked by Off-Policy Sequence Masking count in
-        neither ``clip_frac_*`` nor ``grad_token_frac`` (their policy gradient is 0 because of the
-        mask, not the clip). All fractions and means are 0.0 for an empty mask, and the loss is
-        then 0.
+        :class:`LossOutput` ``(loss, metrics)``: ``loss`` 0-d float32 with grad (float64 for float64
+        inputs; 0 for an empty mask); ``metrics`` the keys of :data:`METRIC_KEYS`, described there.
 
     Raises:
-        ValueError: ``algo`` not an Algorithm; shape mismatches; mask not 0/1; NaN / inf at a real
-            token in ``logp``, ``old_logp``, ``ref_logp`` or ``advantages``; a log-prob > 0 at a
-            real token; ``ref_logp`` missing when the algorithm has a KL term; ``max_tokens``
-            missing for ``"seq_mean_token_sum_norm"``; non-positive normalisers, or
-            ``num_tokens`` / ``num_sequences`` below this batch's counts; the group structure missing for ``"group_token_mean"``, or given both ways
-            (``group_size=`` and ``group_tokens=``/``num_groups=``), ``group_size`` not a positive int
-            dividing the rows, ``group_tokens`` not a float ``[B]`` tensor of finite values at least
-            each row's token count, ``num_groups`` not positive or below the groups' worth of tokens
-            in the batch. ``algo.nll_coef > 0`` without ``correct``, or as :func:`positive_nll_loss`.
+        ValueError: ``algo`` not an Algorithm; shape mismatches; mask not 0/1; NaN / inf or a log-prob > 0 at a
+            real token; ``ref_logp`` missing with a KL term; ``max_tokens`` missing for its aggregation;
+            normalisers not positive or below this batch's counts; the group structure missing, given both
+            ways or inconsistent; ``nll_coef > 0`` without ``correct``.
     """
     groups = (group_size, group_tokens, num_groups)
     x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens, groups)
@@ -1441,11 +1280,8 @@ def policy_loss(
 
 
 def _surrogate(ctx: LossContext, algo: Algorithm) -> tuple[Tensor, dict]:
-    """``SURROGATES[algo.clip]`` on ``ctx`` with its hyper-parameters' values (the earlier form,
-    ``(log_ratio, advantages, mask, algo)``, gets the whole algorithm)."""
-    fn = SURROGATES[algo.clip]
-    if _hp.positional_count(fn) == 4:
-        return fn(ctx.log_ratio, ctx.advantages, ctx.mask, algo)
+    """``SURROGATES[algo.surrogate]`` on ``ctx`` with its hyper-parameters' values."""
+    fn = SURROGATES[algo.surrogate]
     return fn(ctx, **algo.values_for(fn))
 
 
@@ -1476,21 +1312,21 @@ def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured:
     return _metrics.token_mean(value, n_tok)
 
 
-def _check_indicators(indicators: dict, clip: str) -> None:
+def _check_indicators(indicators: dict, surrogate: str) -> None:
     """A surrogate's indicators hold :data:`SURROGATE_METRICS`' keys and no name of :data:`METRIC_KEYS`."""
     missing = [k for k in SURROGATE_METRICS if k not in indicators]
     if missing:
-        raise ValueError(f"surrogate {clip!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
+        raise ValueError(f"surrogate {surrogate!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
                          f"missing {missing}")
     clash = sorted(set(indicators) & set(METRIC_KEYS))
     if clash:
-        raise ValueError(f"surrogate {clip!r} returns indicators named like built-in metrics {clash}; "
+        raise ValueError(f"surrogate {surrogate!r} returns indicators named like built-in metrics {clash}; "
                          "rename them (they would replace those metrics)")
 
 
 def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicators, keep, kl_tok) -> dict:
     """The diagnostics of :func:`policy_loss`, by name, with one device-to-host transfer."""
-    _check_indicators(indicators, algo.clip)
+    _check_indicators(indicators, algo.surrogate)
     m, zero = x.mask, x.zero
     with torch.no_grad():
         n_tok = m.sum()
@@ -1570,43 +1406,32 @@ def value_loss(
     num_tokens: Optional[Number] = None,
     num_sequences: Optional[Number] = None,
 ) -> Tensor:
-    """The critic's loss: PPO's squared-error value loss, optionally with value clipping.
+    """The critic's loss: PPO's squared-error value loss (arXiv 1707.06347 Eq. 9), optionally clipped.
 
-    PPO (Schulman et al., arXiv 1707.06347) Eq. 9 trains the value function with
-    ``L^VF_t = (V_theta(s_t) - V_t^targ)^2``. Per real token this computes::
+    Per real token, reduced with :func:`aggregate`::
 
         clip_eps is None:  0.5 (V - R)^2
         otherwise:         0.5 max[ (V - R)^2, (V_old + clip(V - V_old, -clip_eps, clip_eps) - R)^2 ]
 
-    with ``V = values`` (grad flows here), ``V_old = old_values`` (the value model's predictions at
-    rollout time, detached) and ``R = returns`` (the targets, e.g. :func:`grpo_lab.algo.advantages.gae`'s
-    returns with ``lam = 1``, detached). The clipped form is not in the PPO paper's text: it is the
-    common implementation (OpenAI baselines' ``ppo2``), a pessimistic bound like the policy clip:
-    once ``V`` has moved more than ``clip_eps`` away from ``V_old`` and the clipped prediction is
-    the worse one, the token's gradient is 0. The factor 0.5 is a convention (the gradient is then
-    ``V - R``). The per-token losses are reduced with :func:`aggregate` (``mode`` and the global
-    ``num_tokens`` / ``num_sequences``, so micro-batch losses sum to the full-batch loss).
+    ``V = values`` (grad flows), ``V_old = old_values`` (at rollout time), ``R = returns`` (targets), both
+    detached. Departure: the clipped form is not in the paper's text (OpenAI baselines' ``ppo2``).
 
     Args:
         values: ``[B, T]`` current value predictions (any float dtype).
-        old_values: ``[B, T]`` value predictions of the rollout (detached; needed only for
-            clipping, but always validated).
-        returns: ``[B, T]`` value targets (detached).
-        mask: ``[B, T]`` bool or 0/1, 1 = real token. Padded positions may hold anything, even NaN.
-        clip_eps: ``None`` (no clipping) or a finite number ``>= 0``.
-        mode: one of :data:`VALUE_LOSS_MODES` (``"token_mean"`` by default, VAPO's token-level
-            loss).
-        num_tokens, num_sequences: the global real-token / non-empty-row counts for micro-batches
-            (see :func:`aggregate`).
+        old_values: ``[B, T]`` rollout-time predictions (read only when clipping; always validated).
+        returns: ``[B, T]`` value targets.
+        mask: ``[B, T]`` bool or 0/1, 1 = real token; padded positions may hold anything.
+        clip_eps: None or a finite number ``>= 0``.
+        mode: one of :data:`VALUE_LOSS_MODES` (``"token_mean"``: VAPO's token-level loss).
+        num_tokens, num_sequences: global counts for micro-batches (:func:`aggregate`).
 
     Returns:
-        0-d float32 tensor (float64 for float64 inputs), differentiable w.r.t. ``values``; 0 for an
-        empty mask.
+        0-d float32 tensor (float64 for float64 inputs), differentiable w.r.t. ``values``; 0 for an empty mask.
 
     Raises:
-        ValueError: inputs not floating ``[B, T]`` tensors of one shape; mask not 0/1; NaN / inf at
-            a real token; ``clip_eps`` negative, NaN / inf or not a number; ``mode`` not in
-            :data:`VALUE_LOSS_MODES`; normalisers not positive or below this batch's counts.
+        ValueError: inputs not floating ``[B, T]`` tensors of one shape; mask not 0/1; NaN / inf at a real
+            token; ``clip_eps`` negative or not finite; unknown ``mode``; normalisers not positive or below
+            this batch's counts.
     """
     _v.choice("value-loss aggregation mode", mode, VALUE_LOSS_MODES)
     shape = _v.bt_tensor(values, "values").shape
@@ -1638,36 +1463,25 @@ def positive_nll_loss(
 ) -> Tensor:
     """VAPO's positive-example LM loss: the token-mean negative log-likelihood of the correct responses.
 
-    VAPO (arXiv 2504.05118) Eq. 9, with ``T`` the set of correct responses in the batch::
+    VAPO (arXiv 2504.05118) Eq. 9, with ``T`` the correct responses of the batch (weight ``mu`` in Eq. 10)::
 
         L_NLL = - 1 / sum_{o_i in T} |o_i|  *  sum_{o_i in T} sum_t log pi_theta(a_t | s_t)
 
-    a self-imitation term added to the policy loss with weight ``mu`` (Eq. 10,
-    ``L = L_PPO + mu L_NLL``, ``mu = 0.1`` in §5.1). Only the real tokens of correct responses
-    count, in the sum and in the normaliser; an incorrect response changes neither the loss nor
-    its gradient.
-
     Args:
-        logp: ``[B, T]`` log pi_theta of the sampled tokens (grad flows here); any float dtype
-            (float32 compute, float64 for float64 input). Positions that do not count (padding,
-            incorrect responses) may hold anything, even NaN.
+        logp: ``[B, T]`` log pi_theta of the sampled tokens (grad flows here; float32 compute, float64 for
+            float64); positions that do not count may hold anything.
         mask: ``[B, T]`` bool or 0/1, 1 = real token.
-        correct: ``[B]`` bool (or 0/1) tensor, True for a correct response (in ``T``).
-        num_tokens: the global count of real tokens of correct responses, when a batch is split
-            into micro-batches (then the micro-batch losses and gradients sum to the full-batch
-            ones); a number or 1-element tensor, at least this batch's count. Default: this
-            batch's count.
+        correct: ``[B]`` bool (or 0/1), True for a correct response.
+        num_tokens: the global count of correct responses' real tokens, for micro-batches; default this batch's.
 
     Returns:
-        0-d float32 tensor (float64 for float64 input), differentiable w.r.t. ``logp``. With no
-        correct response (or a count of 0) it is 0, still attached to the graph when ``logp``
-        requires grad (its gradient is 0), never NaN.
+        0-d float32 tensor (float64 for float64 input), differentiable w.r.t. ``logp``; 0 (still in the
+        graph) without a correct response.
 
     Raises:
-        ValueError: ``logp`` not a floating ``[B, T]`` tensor; mask not of its shape or not 0/1;
-            ``correct`` not a ``[B]`` tensor of bools or 0/1; NaN / inf or a log-prob > 0 at a
-            counted token; ``num_tokens`` negative, NaN / inf, not a number, or smaller than this
-            batch's count of correct-response tokens.
+        ValueError: ``logp`` not a floating ``[B, T]`` tensor; mask not of its shape or not 0/1; ``correct``
+            not a ``[B]`` tensor of bools or 0/1; NaN / inf or a log-prob > 0 at a counted token;
+            ``num_tokens`` negative, not finite, or below this batch's count.
     """
     shape = _v.bt_tensor(logp, "logp").shape
     m = _v.mask_bool(mask, shape)

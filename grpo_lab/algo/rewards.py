@@ -58,22 +58,16 @@ def _lengths(lengths: LengthsLike) -> Tensor:
 def overlong_penalty(lengths: LengthsLike, *, max_len: int, cache_len: int) -> Tensor:
     """DAPO's Soft Overlong Punishment, Eq. 13 of arXiv 2503.14476 (§3.4), per response.
 
-    With ``L_max = max_len`` and ``L_cache = cache_len``::
+    With ``L_max = max_len`` (the generation budget) and ``L_cache = cache_len``::
 
-        R_length(y) = 0                                 if |y| <= L_max - L_cache
+        R_length(y) = 0                                    if |y| <= L_max - L_cache
                     = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
-                    = -1                                if |y| > L_max
+                    = -1                                   if |y| > L_max
 
-    ``L_max`` is the generation budget and ``L_max - L_cache`` the "expected maximum length"
-    from which the penalty starts: DAPO §4.1 uses 16,384 expected tokens plus a 4,096-token
-    cache, so ``L_max = 20,480`` and ``L_cache = 4,096`` (swapping the two is a common misreading).
-    The penalty is continuous: it is 0 at ``|y| = L_max - L_cache`` and exactly -1 at
-    ``|y| = L_max``, so a response cut at the budget gets -1 either way. The result is *added*
-    to the correctness reward (:func:`shape_rewards`).
+    DAPO §4.1: ``L_max = 20,480``, ``L_cache = 4,096``. Added to the correctness reward (:func:`shape_rewards`).
 
     Args:
-        lengths: ``[B]`` response lengths in tokens (any real dtype, or a sequence of numbers),
-            ``>= 0``; EOS included by the package's convention.
+        lengths: ``[B]`` response lengths in tokens, EOS included (any real dtype, or a sequence), ``>= 0``.
         max_len: ``L_max``, a positive int (tokens).
         cache_len: ``L_cache``, an int with ``1 <= cache_len <= max_len`` (tokens).
 
@@ -81,8 +75,8 @@ def overlong_penalty(lengths: LengthsLike, *, max_len: int, cache_len: int) -> T
         float32 ``[B]`` in ``[-1, 0]``, on the device of ``lengths`` (computed in float64).
 
     Raises:
-        ValueError: ``max_len`` / ``cache_len`` not positive ints, ``cache_len > max_len``,
-            ``lengths`` not 1-D, non-finite or negative.
+        ValueError: ``max_len`` / ``cache_len`` not positive ints, ``cache_len > max_len``, ``lengths`` not
+            1-D, non-finite or negative.
     """
     max_len = _v.positive_int("max_len", max_len)
     cache_len = _v.positive_int("cache_len", cache_len)
@@ -193,34 +187,22 @@ def prefix_match_reward(prediction: str, reference_tokens: Sequence[str]) -> flo
 
         r = 1  if  bytes(y)[0:l] == bytes(x_{>=t})[0:l]  and  l in L_gt,      r = 0 otherwise,
 
-    where ``y`` is the prediction, ``l = len(bytes(y))``, ``x_{>=t}`` the ground-truth
-    continuation and ``L_gt`` the set of its valid token boundaries: the cumulative byte lengths
-    of its tokens. Matching is on UTF-8 bytes, so a prediction may span several tokens, or be a
-    string the vocabulary has no single token for, and still be right; a prediction that stops
-    inside a token (``"Pyth"`` against the tokens ``["Python", " is"]``) gets nothing, even though
-    its bytes match.
-
-    Examples (tokens ``["The", " cat", " sat"]``, boundaries ``{3, 7, 11}``): ``"The"`` → 1.0;
-    ``"The cat"`` → 1.0 (two tokens); ``"The c"`` → 0.0 (inside `` cat``); ``"A"`` → 0.0;
-    ``""`` → 0.0 (``l > 0``: an empty prediction predicts nothing).
+    ``y`` the prediction, ``l = len(bytes(y)) > 0``, ``x_{>=t}`` the ground-truth continuation and ``L_gt`` its
+    token boundaries (cumulative UTF-8 byte lengths): a prediction may span tokens, but not stop inside one
+    (tokens ``["The", " cat"]``: ``"The cat"`` 1.0, ``"The c"`` 0.0).
 
     Args:
-        prediction: the predicted continuation as text (the span after the model's delimiter,
-            e.g. :func:`grpo_lab.tasks.next_token.parse_prediction`).
-        reference_tokens: the ground-truth continuation as a sequence of its tokens' text, in
-            order (at least the first token; more tokens allow longer correct predictions). Every
-            token must be a non-empty ``str``: a token that splits a multi-byte character has no
-            text of its own, so the caller joins it with its neighbours (see
-            :func:`grpo_lab.tasks.next_token.token_strings`).
+        prediction: the predicted continuation (:func:`grpo_lab.tasks.next_token.parse_prediction`).
+        reference_tokens: the continuation's tokens as non-empty strings, in order
+            (:func:`grpo_lab.tasks.next_token.token_strings`).
 
     Returns:
         ``1.0`` or ``0.0`` (a Python float).
 
     Raises:
-        TypeError: ``prediction`` is not a ``str``; ``reference_tokens`` is not a sequence, is a
-            single ``str`` (pass its tokens, e.g. ``["The", " cat"]``, not the joined text) or
-            holds a non-``str``.
-        ValueError: ``reference_tokens`` is empty or holds an empty string.
+        TypeError: ``prediction`` not a ``str``; ``reference_tokens`` not a sequence, a single ``str``, or
+            holding a non-``str``.
+        ValueError: ``reference_tokens`` empty or holding an empty string.
     """
     if not isinstance(prediction, str):
         raise TypeError(f"prefix_match_reward: prediction must be a str, got {type(prediction).__name__}")

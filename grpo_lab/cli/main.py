@@ -119,7 +119,7 @@ def hyperparameter_keys() -> dict[str, tuple[str, Any, Any]]:
     """The hyper-parameters that the functions registered on the algorithm's axes declare beyond the
     :class:`~grpo_lab.algo.algorithms.Algorithm` fields (:mod:`grpo_lab.algo.hparams`; SAPO's ``tau_pos``, a user
     module's own): ``{name: (where, type_hint, default)}``, ``where`` the first choice declaring it
-    (``"clip='sapo'"``), ``type_hint`` from the function's annotation (else the default's type)."""
+    (``"surrogate='sapo'"``), ``type_hint`` from the function's annotation (else the default's type)."""
     from ..algo import hparams
     from ..algo.advantages import ADVANTAGE_ESTIMATORS
     from ..algo.algorithms import Algorithm
@@ -127,7 +127,7 @@ def hyperparameter_keys() -> dict[str, tuple[str, Any, Any]]:
 
     fields = {f.name for f in dataclasses.fields(Algorithm)}
     out: dict[str, tuple[str, Any, Any]] = {}
-    for axis, registry in (("advantage", ADVANTAGE_ESTIMATORS), ("ratio_level", RATIOS), ("clip", SURROGATES),
+    for axis, registry in (("advantage", ADVANTAGE_ESTIMATORS), ("ratio_level", RATIOS), ("surrogate", SURROGATES),
                            ("aggregation", AGGREGATIONS), ("kl", KL_ESTIMATORS)):
         for choice, fn in registry.items():
             for part in (fn, *hparams.spec(fn).batch_statistics.values()):
@@ -215,8 +215,10 @@ def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             key and lists the valid ones), a TRL / verl option name (one error for all of them: each
             with the grpo_lab field and value that mean the same, :mod:`grpo_lab.export.vocabulary`,
             and the linter ``check-config`` named when there are several), ``seed`` / ``progress``
-            (their own options), or a value that is not of the field's type (:func:`parse_value`).
+            (their own options), a renamed field (``clip``: the message gives ``surrogate``), or a value
+            that is not of the field's type (:func:`parse_value`).
     """
+    from ..algo.algorithms import RENAMED_FIELDS, RENAMED_SURROGATES
     from ..export.vocabulary import combine, explain
 
     known = settable_fields()
@@ -234,6 +236,10 @@ def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         if key in hyper and known.get(key, ("",))[0] == "TrainerConfig":
             raise UsageError(f"--set {key}: ambiguous, both a TrainerConfig field and a hyper-parameter that "
                              f"{hyper[key][0]} declares; rename that function's parameter")
+        if key in RENAMED_FIELDS:
+            new = RENAMED_FIELDS[key]
+            raise UsageError(f"--set {key}: renamed {new!r} (files written with {key!r} still load): --set "
+                             f"{new}={RENAMED_SURROGATES.get(text.strip(), text.strip())}")
         if key not in known:
             said = explain(key, text, style="set")  # a TRL / verl name, or None for a plain typo
             if said is None:

@@ -332,6 +332,8 @@ def load_run_config(data: Mapping[str, Any], path: str | os.PathLike, parser, se
         if key in SECTIONS:
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: {key} must be a mapping of fields to values, got {value!r}")
+            if key == "algorithm":  # a file written before clip was renamed surrogate (and is_weight cispo)
+                value = _migrated(value, f"{where}: algorithm")
             known = {k: settable[k][1] for k, sec in owners.items() if sec == key}
             other = {k: f"it belongs in the {sec}: section" for k, sec in owners.items() if sec != key}
             out[key] = check_fields(value, known, f"{where}: {key}", {**other, **(reserved or {})}, found)
@@ -344,6 +346,20 @@ def load_run_config(data: Mapping[str, Any], path: str | os.PathLike, parser, se
             raise _unknown(where, raw_key, [*options, *SECTIONS], value=value, top=True)
     _raise_found(found)
     return RunConfig(Path(path), **out)
+
+
+def _migrated(section: Mapping[str, Any], where: str) -> dict:
+    """An ``algorithm:`` section with old names replaced (:func:`grpo_lab.algo.algorithms.migrate_fields`).
+
+    Raises:
+        ValueError: both ``clip`` and ``surrogate`` given (naming the file).
+    """
+    from ..algo.algorithms import migrate_fields
+
+    try:
+        return migrate_fields(section)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def resolved_config(options: Mapping[str, Any], config, algo) -> dict:

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from .. import __version__
-from ..algo.algorithms import Algorithm
+from ..algo.algorithms import Algorithm, migrate_fields
 from ..paths import write_text_atomically
 from ..paths import REPO_ROOT
 from .profiles import Profile
@@ -126,7 +126,9 @@ def save_results(result: RunResult, path: str | Path) -> Path:
 
 
 def load_results(path: str | Path) -> RunResult:
-    """Read a file written by :func:`save_results`.
+    """Read a file written by :func:`save_results`; the provenance's algorithm fields in today's names
+    (:func:`grpo_lab.algo.algorithms.migrate_fields`: ``clip`` -> ``surrogate``), so that
+    ``Algorithm.from_dict(result.provenance["algo"])`` rebuilds it. The ``config_hash`` stored is left as written.
 
     Raises:
         FileNotFoundError: no such file. ValueError: not a results file (not JSON, not UTF-8
@@ -139,11 +141,14 @@ def load_results(path: str | Path) -> RunResult:
                          "killed while writing it, or another file: delete it and rerun") from None
     if not isinstance(d, dict) or "provenance" not in d or "history" not in d:
         raise ValueError(f"load_results: {path} is not a grpo_lab results file")
+    prov = d["provenance"]
+    if isinstance(prov, dict) and isinstance(prov.get("algo"), dict):
+        prov = {**prov, "algo": migrate_fields(prov["algo"])}
     frame = pd.DataFrame(d["history"])
     for col in frame.columns:  # JSON has no NaN: all-missing numeric columns come back as None
         if col not in ("algo",) and frame[col].isna().all():
             frame[col] = frame[col].astype(float)
-    return RunResult(frame, d["provenance"])
+    return RunResult(frame, prov)
 
 
 def summarize_runs(results: Mapping[str, RunResult], *, baseline: str | None = None,

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from ..paths import write_text_atomically
 from ..training.checkpoints import CHECKPOINTS_DIR, _json_default, periodic_checkpoints
 from ..training.config import TrainerConfig
+from ..algo.algorithms import migrate_fields
 from ..algo.checks import is_int
 
 __all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint", "FINAL_MODEL_DIR", "final_model_dir",
@@ -205,7 +206,8 @@ def _record_diffs(saved: dict, requested: dict) -> list[str]:
 
 def _saved_record(directory: Path) -> dict | None:
     """The record of the run in a seed's directory: its ``run.json``, else what its latest checkpoint's
-    ``state.json`` says (algorithm and trainer configuration), else ``None``.
+    ``state.json`` says (algorithm and trainer configuration), else ``None``. The algorithm's fields are
+    migrated to today's names (:func:`grpo_lab.algo.algorithms.migrate_fields`).
 
     Raises:
         ValueError: ``run.json`` or that ``state.json`` is not valid JSON.
@@ -221,8 +223,9 @@ def _saved_record(directory: Path) -> dict | None:
     except (OSError, ValueError) as exc:
         raise ValueError(f"run: {path} cannot be read ({exc}); delete {directory} to start that seed over") from None
     if path.name == RUN_FILE:
-        return data
-    return _plain({"algo": data["algo"], "config": TrainerConfig.from_dict(data["config"]).run_identity()})
+        return {**data, "algo": migrate_fields(data["algo"])} if isinstance(data, dict) and isinstance(data.get("algo"), dict) else data
+    return _plain({"algo": migrate_fields(data["algo"]),
+                   "config": TrainerConfig.from_dict(data["config"]).run_identity()})
 
 
 def _check_seed_dir(directory: Path, record: dict, steps: int, resume: bool) -> None:

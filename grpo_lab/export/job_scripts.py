@@ -89,7 +89,7 @@ def reward_funcs():
     from grpo_lab.algo.algorithms import Algorithm
     from grpo_lab.export import trl_reward_funcs
 
-    return [reward, *trl_reward_funcs(Algorithm(**ALGORITHM), max_new_tokens=MAX_NEW_TOKENS)]
+    return [reward, *trl_reward_funcs(Algorithm.from_dict(ALGORITHM), max_new_tokens=MAX_NEW_TOKENS)]
 '''
 
 #: ``train.py``; fields: ``doc``, ``model``, ``settings``, ``run``

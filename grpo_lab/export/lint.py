@@ -61,7 +61,7 @@ _ADV = {"group": "group z-score advantages", "group_mean": "r - mean advantages 
         "gae": "critic (GAE) advantages"}
 _RATIO = {"token": "token ratios", "sequence": "the sequence ratio (GSPO Eq. 7)",
           "sequence_token": "GSPO-token ratios (Eq. 14)"}
-_CLIP = {"ppo": "the PPO clip", "is_weight": "CISPO's clipped importance weight", "gmpo": "GMPO's geometric mean",
+_SURROGATE = {"ppo": "the PPO clip", "cispo": "CISPO's clipped importance weight", "gmpo": "GMPO's geometric mean",
          "sapo": "SAPO's soft gate", "kl_cov": "KL-Cov's covariance penalty", "clip_cov": "Clip-Cov's detachment"}
 _AGG = {"seq_mean_token_mean": "per-sequence token mean", "token_mean": "token mean over the whole batch",
         "group_token_mean": "per-group token mean", "seq_mean_token_sum_norm": "token sum over a constant"}
@@ -138,7 +138,7 @@ def _aspects(a: Algorithm, l_max: int) -> dict:
     """``{aspect: (comparable value, text)}`` of an algorithm's loss and sampling."""
     out = {"advantage": (a.advantage, _ADV.get(a.advantage, a.advantage)),
            "ratio": (a.ratio_level, _RATIO.get(a.ratio_level, a.ratio_level)),
-           "surrogate": (a.clip, _CLIP.get(a.clip, a.clip)),
+           "surrogate": (a.surrogate, _SURROGATE.get(a.surrogate, a.surrogate)),
            "aggregation": ((a.aggregation, a.max_tokens), _AGG.get(a.aggregation, a.aggregation)
                            + (f" (max_tokens = {a.max_tokens})" if a.max_tokens else "")),
            "KL": ((a.kl, a.beta) if a.uses_kl else None,
@@ -151,7 +151,7 @@ def _aspects(a: Algorithm, l_max: int) -> dict:
                                   else "no Overlong Filtering")}
     if a.advantage in ("group", "batch"):
         out["adv_eps"] = (a.adv_eps, f"std + {a.adv_eps:g}")
-    if a.clip in ("ppo", "is_weight", "gmpo", "clip_cov"):
+    if a.surrogate in ("ppo", "cispo", "gmpo", "clip_cov"):
         out["clip range"] = ((a.eps_low, a.eps_high), f"clip range eps_low = {a.eps_low:g}, eps_high = {a.eps_high:g}")
     if a.uses_kl:
         out["KL correction"] = (a.kl_importance_correction, "the importance-corrected KL (V3.2 Eq. 7)"
@@ -174,7 +174,7 @@ _WEIGHTS = {"surrogate": 4.0, "ratio": 2.0, "advantage": 2.0, "adv_eps": 0.0, "d
 def _departures(algo: Algorithm, paper: Algorithm, eq: str, l_max: int) -> list:
     """``[(weight, "X instead of Y")]``, one per aspect in which ``algo`` differs from ``paper``."""
     mine, theirs = _aspects(algo, l_max), _aspects(paper, l_max)
-    same_family = algo.clip == paper.clip
+    same_family = algo.surrogate == paper.surrogate
     out = []
     for aspect, (value, text) in mine.items():
         if aspect not in theirs or (aspect in ("clip range", "hyper-parameters") and not same_family):

@@ -40,7 +40,7 @@ def _ppo_family(v: Values, d: Draft, loss_type: str) -> None:
     eps = v.number("epsilon")
     high = v.number("epsilon_high", none=True)
     agg = inverse(_tr._TRL_PPO_LOSS_TYPES).get("dapo" if loss_type == "bnpo" else loss_type)
-    d.fields.update(clip="ppo", eps_low=min(eps, 1.0), eps_high=eps if high is None else high, aggregation=agg)
+    d.fields.update(surrogate="ppo", eps_low=min(eps, 1.0), eps_high=eps if high is None else high, aggregation=agg)
     if eps > 1:
         d.notes.append(f"epsilon = {eps:g} puts the clip floor 1 - epsilon below 0, where it never binds: "
                        "read as eps_low = 1")
@@ -55,7 +55,7 @@ def _ppo_family(v: Values, d: Draft, loss_type: str) -> None:
 def _cispo(v: Values, d: Draft) -> None:
     high = v.number("epsilon_high", none=True)
     cap = v.number("epsilon") if high is None else high
-    d.fields.update(clip="is_weight", eps_low=1.0, eps_high=max(cap - 1.0, 0.0), aggregation="token_mean")
+    d.fields.update(surrogate="cispo", eps_low=1.0, eps_high=max(cap - 1.0, 0.0), aggregation="token_mean")
     d.notes.append(f"CISPO: TRL's epsilon_high = {cap:g} is an absolute cap on the weight, min(r, {cap:g}), "
                    f"without floor: eps_high = {cap - 1:g}, eps_low = 1 in grpo_lab's relative form (epsilon is "
                    "not read); TRL's value is -sg(w) A log pi, grpo_lab's -sg(w) A log r (the same gradient)")
@@ -74,10 +74,10 @@ def _surrogate(v: Values, d: Draft) -> None:
     elif loss_type == "cispo":
         _cispo(v, d)
     elif loss_type == "sapo":
-        d.fields.update(clip="sapo", aggregation="seq_mean_token_mean", tau_pos=v.number("sapo_temperature_pos"),
+        d.fields.update(surrogate="sapo", aggregation="seq_mean_token_mean", tau_pos=v.number("sapo_temperature_pos"),
                         tau_neg=v.number("sapo_temperature_neg"))
     else:  # luspo, vespo: sequence-level losses no grpo_lab surrogate computes
-        d.fields.update(clip="ppo", eps_low=min(v.number("epsilon"), 1.0), aggregation="seq_mean_token_mean")
+        d.fields.update(surrogate="ppo", eps_low=min(v.number("epsilon"), 1.0), aggregation="seq_mean_token_mean")
         what = ("LUSPO: each sequence's loss scaled by its length" if loss_type == "luspo"
                 else "VESPO: a Gamma-shaped weight of the sequence ratio")
         d.inexact.append(f"loss_type={loss_type!r} ({what}) has no grpo_lab counterpart; read as the nearest, "

@@ -25,8 +25,8 @@ VERL_ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plu
                        "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
                        "tir_optimal_token_baseline", "gdpo")
 #: loss_mode -> grpo_lab surrogate (``vanilla`` / ``gspo``: the PPO clip, through ``_VERL_PPO_LOSS_MODES``)
-_CLIPS = {"vanilla": "ppo", "gspo": "ppo", "cispo": "is_weight", "geo_mean": "gmpo", "sapo": "sapo",
-          "kl_cov": "kl_cov", "clip_cov": "clip_cov"}
+_SURROGATES = {"vanilla": "ppo", "gspo": "ppo", "cispo": "cispo", "geo_mean": "gmpo", "sapo": "sapo",
+              "kl_cov": "kl_cov", "clip_cov": "clip_cov"}
 #: verl's other spellings of the KL estimators (``kl_penalty_forward``)
 _KL_ALIASES = {"kl": "k1", "mse": "k2", "k3": "low_var_kl"}
 #: the paper each loss_mode names (preset key)
@@ -76,7 +76,7 @@ def _clip_range(v: Values, d: Draft, floor: bool = True) -> None:
 
 def _surrogate(v: Values, d: Draft) -> None:
     mode = v.text(_A + "policy_loss.loss_mode", VERL_LOSS_MODES)
-    d.fields["clip"] = _CLIPS.get(mode, "ppo")
+    d.fields["surrogate"] = _SURROGATES.get(mode, "ppo")
     d.fields["ratio_level"] = inverse(_tr._VERL_PPO_LOSS_MODES).get(mode, "token")
     _clip_range(v, d, floor=mode != "geo_mean")
     if mode == "vanilla":
@@ -92,7 +92,7 @@ def _surrogate(v: Values, d: Draft) -> None:
                         kl_cov_coef=v.number(_A + "policy_loss.ppo_kl_coef"))
     elif mode == "clip_cov":
         d.fields.update({k: v.number(_A + "policy_loss." + k) for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")})
-    elif mode not in _CLIPS:
+    elif mode not in _SURROGATES:
         d.inexact.append(f"policy_loss.loss_mode={mode!r} has no grpo_lab counterpart; read as the nearest, the PPO "
                          "clip")
         d.explained.add(_A + "policy_loss.loss_mode")
@@ -102,7 +102,7 @@ def _surrogate(v: Values, d: Draft) -> None:
 def _aggregation(v: Values, d: Draft) -> None:
     modes = inverse(_tr._VERL_AGG_MODES)
     mode = v.text(_A + "loss_agg_mode", tuple(modes) + ("seq-mean-token-sum", "token-sum"))
-    if d.fields["clip"] in ("sapo", "gmpo"):  # verl's sapo and geo_mean aggregate their own way
+    if d.fields["surrogate"] in ("sapo", "gmpo"):  # verl's sapo and geo_mean aggregate their own way
         d.fields["aggregation"] = "seq_mean_token_mean"
         d.explained.add(_A + "loss_agg_mode")
         return

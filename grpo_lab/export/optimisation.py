@@ -48,8 +48,8 @@ EXPORT_PRECISIONS = {"float32": (False, False, "fp32"), "bfloat16": (True, False
                      "float16": (False, True, "fp16")}
 #: budget keys always exported; absent ones take TrainerConfig's default (the targets' defaults differ)
 _ALWAYS = ("lr_schedule", "warmup", "betas", "weight_decay", "precision")
-#: surrogates (Algorithm.clip) whose eps_low / eps_high are a clip range on the ratio
-_CLIPPED = ("ppo", "is_weight", "gmpo", "clip_cov")
+#: surrogates (Algorithm.surrogate) whose eps_low / eps_high are a clip range on the ratio
+_CLIPPED = ("ppo", "cispo", "gmpo", "clip_cov")
 #: verl's FSDP optimiser's scheduler names (``FSDPOptimizerConfig.lr_scheduler_type``)
 _VERL_SCHEDULES = {"constant": "constant", "cosine": "cosine"}
 _VERL_ACTOR = "actor_rollout_ref.actor."
@@ -150,7 +150,7 @@ def precision_resolution(precision: str) -> float:
 def _precision_issues(algo: Any, b: dict) -> list:
     """An approximate issue when ``b["precision"]`` cannot resolve the algorithm's clip range."""
     resolution = precision_resolution(b["precision"])
-    if algo.clip not in _CLIPPED:
+    if algo.surrogate not in _CLIPPED:
         return []
     fine = [(name, getattr(algo, name)) for name in ("eps_low", "eps_high") if 0 < getattr(algo, name) < resolution]
     if not fine:

@@ -313,7 +313,7 @@ def _package_functions(algo: Algorithm) -> list:
                                                  "gae": _adv.gae_advantages}),
         ("ratio_level", _obj.RATIOS, {"token": _obj.token_ratio, "sequence": _obj.sequence_ratio,
                                       "sequence_token": _obj.sequence_token_ratio}),
-        ("clip", _obj.SURROGATES, {"ppo": _obj.ppo_surrogate, "is_weight": _obj.cispo_surrogate}),
+        ("surrogate", _obj.SURROGATES, {"ppo": _obj.ppo_surrogate, "cispo": _obj.cispo_surrogate}),
         ("aggregation", _obj.AGGREGATIONS, {k: getattr(_obj, k) for k in
                                             ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm",
                                              "group_token_mean")}),
@@ -461,7 +461,7 @@ def _trl_cispo(algo: Algorithm, d: _Draft) -> str:
                    "gradient, values that differ by sg(w) A log pi_old")
     if algo.ratio_level != "token":
         d.issues.append(Issue("impossible", "ratio_level",
-                              f"clip='is_weight' with ratio_level={algo.ratio_level!r} is not mapped (untested)"))
+                              f"surrogate='cispo' with ratio_level={algo.ratio_level!r} is not mapped (untested)"))
     if algo.eps_low < 1.0:
         d.issues.append(Issue("lost", "eps_low", f"TRL's CISPO weight has no floor; eps_low={algo.eps_low:g} "
                               f"(floor {1 - algo.eps_low:g}) would be lost", fix={"eps_low": 1.0}))
@@ -484,16 +484,16 @@ def _trl_sapo(algo: Algorithm, d: _Draft) -> str:
 def _trl_refuse(reason: str):
     """A TRL surrogate entry that refuses the surrogate with ``reason`` (an "impossible" Issue)."""
     def refuse(algo: Algorithm, d: _Draft) -> str:
-        d.issues.append(Issue("impossible", "clip", f"clip={algo.clip!r}: {reason}"))
+        d.issues.append(Issue("impossible", "surrogate", f"surrogate={algo.surrogate!r}: {reason}"))
         return ""
     return refuse
 
 
-#: surrogate (``Algorithm.clip``) -> its TRL mapping: ``f(algo, draft)`` sets ``loss_type`` and the clip fields and
+#: surrogate (``Algorithm.surrogate``) -> its TRL mapping: ``f(algo, draft)`` sets ``loss_type`` and the clip fields and
 #: returns the ``loss_type`` (a key of :data:`_TRL_NORMALISERS`). A surrogate without an entry is refused (an
 #: ExportError naming it and TRL): map a new one here, or refuse it here with the reason (an "impossible" Issue).
 _TRL_SURROGATES = {
-    "ppo": _trl_ppo_clip, "is_weight": _trl_cispo, "sapo": _trl_sapo,
+    "ppo": _trl_ppo_clip, "cispo": _trl_cispo, "sapo": _trl_sapo,
     "gmpo": _trl_refuse(f"TRL {TRL_VERSION} has GMPO only as a separate experimental trainer (trl.experimental.gmpo), "
                         "which this export does not configure; verl's loss_mode=geo_mean computes it"),
     "kl_cov": _trl_refuse(f"TRL {TRL_VERSION} has no covariance-based token selection (KL-Cov, arXiv 2505.22617); "
@@ -554,7 +554,7 @@ def _trl_aggregation(algo: Algorithm, b: dict, loss_type: str, d: _Draft) -> Non
         d.issues.append(Issue("approximate", "aggregation", f"TRL's sapo aggregates as 'seq_mean_token_mean', not "
                               f"{agg!r}", fix={"aggregation": "seq_mean_token_mean"}))
     if loss_type not in _TRL_NORMALISERS:
-        raise ValueError(f"grpo_lab.export: TRL loss_type {loss_type!r} (clip={algo.clip!r}) has no entry in "
+        raise ValueError(f"grpo_lab.export: TRL loss_type {loss_type!r} (surrogate={algo.surrogate!r}) has no entry in "
                          "_TRL_NORMALISERS")
     _TRL_NORMALISERS[loss_type](algo, b, loss_type, d)
 
@@ -623,7 +623,7 @@ def _trl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
     _TRL_ADVANTAGES[algo.advantage](algo, d)
     d.config["multi_objective_aggregation"] = "sum_then_normalize"
     _trl_ratio(algo, d)
-    loss_type = _TRL_SURROGATES[algo.clip](algo, d)
+    loss_type = _TRL_SURROGATES[algo.surrogate](algo, d)
     if d.impossible():  # a surrogate TRL has no counterpart for (its entry says why)
         return d.config, d.notes, d.issues
     _trl_aggregation(algo, b, loss_type, d)
@@ -734,7 +734,7 @@ def _verl_cispo(algo: Algorithm, d: _Draft) -> None:
                    "sg(w) A log pi_old")
     if algo.ratio_level != "token":
         d.issues.append(Issue("impossible", "ratio_level",
-                              f"clip='is_weight' with ratio_level={algo.ratio_level!r}: verl's cispo is token-level"))
+                              f"surrogate='cispo' with ratio_level={algo.ratio_level!r}: verl's cispo is token-level"))
     if algo.mask_eps_low is not None or algo.mask_eps_high is not None:
         d.issues.append(Issue("lost", "mask_eps", "verl's cispo has no token mask M (MiniMax-M1 Eq. 7)",
                               fix={"mask_eps_low": None, "mask_eps_high": None}))
@@ -743,7 +743,7 @@ def _verl_cispo(algo: Algorithm, d: _Draft) -> None:
 def _verl_token_level(algo: Algorithm, d: _Draft, loss_mode: str) -> None:
     d.config[_A + "policy_loss.loss_mode"] = loss_mode
     if algo.ratio_level != "token":
-        d.issues.append(Issue("impossible", "ratio_level", f"clip={algo.clip!r} with ratio_level={algo.ratio_level!r}: "
+        d.issues.append(Issue("impossible", "ratio_level", f"surrogate={algo.surrogate!r} with ratio_level={algo.ratio_level!r}: "
                               f"verl's {loss_mode} is token-level"))
 
 
@@ -800,7 +800,7 @@ _VERL_PER_CALL = ("kl_cov", "clip_cov")
 def _verl_per_call_statistics(algo: Algorithm, b: dict, d: _Draft) -> None:
     """KL-Cov / Clip-Cov select tokens over the whole minibatch in grpo_lab, per micro-batch call in verl."""
     sizes = _sizes(b)
-    if algo.clip not in _VERL_PER_CALL or sizes is None:
+    if algo.surrogate not in _VERL_PER_CALL or sizes is None:
         return
     if sizes["world"] > 1 or sizes["micro"] < sizes["per_device"]:
         d.issues.append(Issue("approximate", "micro_batch_size",
@@ -810,10 +810,10 @@ def _verl_per_call_statistics(algo: Algorithm, b: dict, d: _Draft) -> None:
                                           "n_gpus_per_node": 1}))
 
 
-#: surrogate (``Algorithm.clip``) -> its verl mapping: ``f(algo, draft)`` sets ``policy_loss.loss_mode`` and the
+#: surrogate (``Algorithm.surrogate``) -> its verl mapping: ``f(algo, draft)`` sets ``policy_loss.loss_mode`` and the
 #: clip ratios. A surrogate without an entry is refused (an ExportError naming it and verl): map a new one here,
 #: or refuse it here with the reason (an "impossible" Issue).
-_VERL_SURROGATES = {"ppo": _verl_ppo_clip, "is_weight": _verl_cispo, "gmpo": _verl_gmpo, "sapo": _verl_sapo,
+_VERL_SURROGATES = {"ppo": _verl_ppo_clip, "cispo": _verl_cispo, "gmpo": _verl_gmpo, "sapo": _verl_sapo,
                     "kl_cov": _verl_kl_cov, "clip_cov": _verl_clip_cov}
 #: aggregation -> verl's ``loss_agg_mode`` (DAPO Eq. 12, group_token_mean, has none: nearest token-mean)
 _VERL_AGG_MODES = {"seq_mean_token_mean": "seq-mean-token-mean", "token_mean": "token-mean",
@@ -903,7 +903,7 @@ def _verl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
     _VERL_ADVANTAGES[algo.advantage](algo, d)
     d.config["algorithm.use_kl_in_reward"] = False
     d.config["algorithm.rollout_correction.rollout_is"] = None
-    _VERL_SURROGATES[algo.clip](algo, d)
+    _VERL_SURROGATES[algo.surrogate](algo, d)
     _verl_per_call_statistics(algo, b, d)
     _verl_aggregation(algo, b, d)
     _verl_kl(algo, d)
@@ -921,9 +921,9 @@ def _verl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
 
 #: per target, per registry axis: the table whose keys are the choices the export maps (see _builtin_choices)
 _MAPPED = {
-    "trl": {"advantage": _TRL_ADVANTAGES, "ratio_level": _TRL_IS_LEVELS, "clip": _TRL_SURROGATES,
+    "trl": {"advantage": _TRL_ADVANTAGES, "ratio_level": _TRL_IS_LEVELS, "surrogate": _TRL_SURROGATES,
             "aggregation": _TRL_PPO_LOSS_TYPES, "kl": _TRL_KL},
-    "verl": {"advantage": _VERL_ADVANTAGES, "ratio_level": _VERL_PPO_LOSS_MODES, "clip": _VERL_SURROGATES,
+    "verl": {"advantage": _VERL_ADVANTAGES, "ratio_level": _VERL_PPO_LOSS_MODES, "surrogate": _VERL_SURROGATES,
              "aggregation": _VERL_AGG_MODES, "kl": _VERL_KL_TYPES},
 }
 
@@ -1140,28 +1140,28 @@ _ROWS = (
      f"{_A_}.policy_loss.loss_mode=gspo",
      "s_i = exp(mean_t log r_t) (GSPO Eq. 7); verl's gspo is GSPO-token (Eq. 14), equal to GSPO with one advantage per "
      "response (the case in both); verl clamps log s_i at 10"),
-    ("clip", "ppo (eps_low, eps_high)", "epsilon=eps_low, epsilon_high=eps_high, delta=None",
+    ("surrogate", "ppo (eps_low, eps_high)", "epsilon=eps_low, epsilon_high=eps_high, delta=None",
      f"{_A_}.clip_ratio_low=eps_low, clip_ratio_high=eps_high, clip_ratio_c=1e10",
      "min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) (DAPO Eq. 10 clip-higher); verl's dual clip (clip_ratio_c=3 caps "
      "the loss of A<0 tokens at 3|A|) is in neither DeepSeekMath nor DAPO: 1e10 > e^20 turns it off exactly; TRL's "
      "delta (INTELLECT-2 two-sided clip) stays off"),
-    ("clip", "is_weight (CISPO)", "loss_type='cispo', epsilon_high=1 + eps_high (absolute cap; needs eps_low = 1)",
+    ("surrogate", "cispo (CISPO)", "loss_type='cispo', epsilon_high=1 + eps_high (absolute cap; needs eps_low = 1)",
      f"{_A_}.policy_loss.loss_mode=cispo, clip_ratio_low=eps_low, clip_ratio_high=eps_high (relative)",
      "sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi (MiniMax-M1 Eqs. 4-5); TRL's epsilon_high is the cap itself "
      "(its docs recommend 5.0), verl's is relative like ours; both compute -w A log pi_theta, we -w A log r: same "
      "gradient, values differ by w A log pi_old; the token mask of Eq. 7 (mask_eps_*) is in neither"),
-    ("clip", "gmpo (GMPO: eps_low, eps_high in log space)", "- (trl.experimental.gmpo is another trainer)",
+    ("surrogate", "gmpo (GMPO: eps_low, eps_high in log space)", "- (trl.experimental.gmpo is another trainer)",
      f"{_A_}.policy_loss.loss_mode=geo_mean, clip_ratio_low=eps_low, clip_ratio_high=eps_high",
      "A_i exp(mean_t of the sign-aware log-space clip of log r) (GMPO Eq. 4); verl ignores loss_agg_mode and averages "
      "over every row of a call (an empty row counts with loss 0)"),
-    ("clip", "sapo (SAPO: tau_pos, tau_neg)", "loss_type='sapo', sapo_temperature_pos / _neg",
+    ("surrogate", "sapo (SAPO: tau_pos, tau_neg)", "loss_type='sapo', sapo_temperature_pos / _neg",
      f"{_A_}.policy_loss.loss_mode=sapo, {_A_}.tau_pos / tau_neg",
      "-4/tau sigmoid(tau (r - 1)) A (SAPO §3); both aggregate as seq_mean_token_mean whatever else is set"),
-    ("clip", "kl_cov (KL-Cov: kl_cov_ratio, kl_cov_coef)", "-",
+    ("surrogate", "kl_cov (KL-Cov: kl_cov_ratio, kl_cov_coef)", "-",
      f"{_A_}.policy_loss.loss_mode=kl_cov, policy_loss.kl_cov_ratio, policy_loss.ppo_kl_coef",
      "-r A + coef |log r| on the top-covariance tokens (arXiv 2505.22617); verl selects per micro-batch call, "
      "grpo_lab over the minibatch (equal with one call per minibatch)"),
-    ("clip", "clip_cov (Clip-Cov: clip_cov_ratio, clip_cov_lb, clip_cov_ub)", "-",
+    ("surrogate", "clip_cov (Clip-Cov: clip_cov_ratio, clip_cov_lb, clip_cov_ub)", "-",
      f"{_A_}.policy_loss.loss_mode=clip_cov, clip_ratio_low / _high, policy_loss.clip_cov_ratio / _lb / _ub",
      "PPO clip with a random draw of covariance-band tokens detached (same paper); per-call selection as kl_cov; the draw "
      "uses torch's global generator in both"),

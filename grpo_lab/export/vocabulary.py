@@ -352,7 +352,7 @@ def _see_also(term: Term, head: str, value: Any, style: str) -> str:
 
 def _depends(term: Term, shown: tuple, style: str = "set") -> str:
     """For the names not in ``shown``: ``"; it also depends on minibatches (what minibatches is ...)"`` for
-    budget names, and for an ``Algorithm`` field such as ``clip`` what to do (keep the preset's, or what another
+    budget names, and for an ``Algorithm`` field such as ``surrogate`` what to do (keep the preset's, or what another
     one changes)."""
     from .translation import BUDGET_KEYS
 

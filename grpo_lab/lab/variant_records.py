@@ -84,7 +84,7 @@ EXTRA_LOSS = "extra loss terms"
 AXIS_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     ADVANTAGE: ("advantage", "adv_eps"),
     RATIO_LEVEL: ("ratio_level",),
-    CLIPPING: ("clip", "eps_low", "eps_high"),
+    CLIPPING: ("surrogate", "eps_low", "eps_high"),
     AGGREGATION: ("aggregation", "max_tokens"),
     REGULARISER: ("kl", "beta", "kl_importance_correction"),
     SAMPLING: ("dynamic_sampling", "overlong_filter", "overlong_cache_len", "overlong_cache_frac",

@@ -481,14 +481,15 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
 def _saved_algorithm(fields: dict, path) -> Algorithm:
-    """The :class:`~grpo_lab.algo.algorithms.Algorithm` a checkpoint stored (its fields and ``params``).
+    """The :class:`~grpo_lab.algo.algorithms.Algorithm` a checkpoint stored (its fields and ``params``; a checkpoint
+    written before ``clip`` was renamed ``surrogate`` loads through :meth:`Algorithm.from_dict`).
 
     Raises:
         ValueError: a choice or hyper-parameter the registries do not know, with the hint that the
             module registering it must be imported first (a variant from outside the package).
     """
     try:
-        return Algorithm(**fields)
+        return Algorithm.from_dict(fields)
     except ValueError as exc:
         raise ValueError(f"Trainer.resume: {path} was saved with an algorithm this process cannot rebuild: {exc}. "
                          "If a module of yours registered that choice (or declared that hyper-parameter), import it "

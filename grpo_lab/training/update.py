@@ -200,7 +200,7 @@ class Update:
         # measures how much routing moved (routing_change_frac).
         routing = None if store is None else "record" if on_policy else "replay" if c.routing_replay else None
         measure = store is not None and run.n_updates == 1
-        if hparams.spec(SURROGATES[self.algo.clip]).batch_statistics:
+        if hparams.spec(SURROGATES[self.algo.surrogate]).batch_statistics:
             mb.stats = self._minibatch_statistics(run, mb, on_policy=on_policy, replay=routing == "replay")
         self._zero_grad()
         parts = [self._micro_step(run, mb, sub, on_policy=on_policy, routing=routing,
@@ -455,7 +455,7 @@ class Update:
         if not torch.isfinite(gn):
             raise FloatingPointError(
                 f"Trainer: non-finite policy gradient norm ({float(gn)}) at step {self.step + 1}; the update was "
-                f"not applied. The loss of {self.algo.name!r} (surrogate {self.algo.clip!r}, aggregation "
+                f"not applied. The loss of {self.algo.name!r} (surrogate {self.algo.surrogate!r}, aggregation "
                 f"{self.algo.aggregation!r}) produced NaN/inf: check a custom registry function")
         self._warm_up_learning_rate()
         if self.scaler.is_enabled():  # finite gradients, unscaled and clipped above
