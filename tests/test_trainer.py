@@ -16,7 +16,7 @@ from grpo_lab.algo.objectives import policy_loss
 from grpo_lab.algo.algorithms import GRPO
 from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, tiny_policy
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.training.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
+from grpo_lab.training.trainer import HISTORY_COLUMNS, MEASURED_COLUMNS, Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
@@ -596,6 +596,16 @@ def test_loss_fn_is_the_loss_the_update_calls(tok):
     pd.testing.assert_frame_equal(plain.drop(columns=measured), recorded.drop(columns=measured))
     with pytest.raises(TypeError, match="loss_fn must be a callable"):
         make_trainer(tok, loss_fn="policy_loss")
+
+
+@pytest.mark.parametrize("algo, kw", [(GRPO, dict(eval_every=1, eval_sampled=True, minibatches=2)),
+                                      ("VAPO", dict(value_init="scratch")), ("GSPO", {}), ("DAPO", {})])
+def test_every_history_column_is_described(tok, algo, kw):
+    # HISTORY_COLUMNS is the documentation of Trainer.train's rows: every column a run writes is in it
+    h = make_trainer(tok, algo=algo, **kw).train(2)
+    undescribed = sorted(set(h.columns) - set(HISTORY_COLUMNS))
+    assert not undescribed, f"history columns without a description in HISTORY_COLUMNS: {undescribed}"
+    assert set(MEASURED_COLUMNS) <= set(HISTORY_COLUMNS)
 
 
 def test_public_names_keep_their_import_path():
