@@ -97,51 +97,28 @@ class Checkpointing:
         return path
 
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint directory atomically: ``policy/`` (safetensors + tokenizer), ``ref/``
-        (safetensors, when a KL reference exists), ``value.safetensors`` and
-        ``value_optimizer.pt`` (with a value model), ``optimizer.pt``, ``rng.pt``, ``state.json``
-        (step, config, algorithm, task, numpy and python RNG states) and ``history.json``.
+        """Write a checkpoint directory atomically, everything :meth:`resume` needs to continue exactly.
 
-        A LoRA policy (a ``peft.PeftModel``, :mod:`grpo_lab.policy.lora`) is saved as its adapters
-        (``policy/adapter_config.json``, ``policy/adapter_model.safetensors``, as peft writes them, and
-        the tokenizer) plus ``policy/grpo_lab_base.json``, which names the base model
-        (:func:`grpo_lab.policy.lora.base_record`: its shipped checkpoint name, directory or hub id, dtype and
-        parameter count); :meth:`resume` loads that base again. Its default KL reference (the base,
-        adapters disabled) writes no ``ref/``.
+        Files: ``policy/`` (safetensors + tokenizer; for a LoRA policy its adapters and ``grpo_lab_base.json``
+        naming the base, :func:`grpo_lab.policy.lora.base_record`), ``ref/`` (a KL reference that is not the
+        LoRA base), ``value.safetensors``, ``critic/`` and ``value_optimizer.pt`` (with a critic),
+        ``optimizer.pt``, ``rng.pt``, ``state.json`` (steps, config, algorithm, task, numpy and python RNG
+        states) and ``history.json``. A registered dataclass task is rebuilt by :meth:`resume`; any other is
+        stored by name, class and fields and needs ``task=`` there.
 
-        Everything that can be checked is checked before anything is written: the task (still a
-        task, :func:`grpo_lab.tasks.validate_task`), ``state.json`` and ``history.json`` are
-        serialised in memory, and the destination must be absent, empty or a trainer checkpoint.
-        The files then go to a sibling ``.NAME.saving`` directory, which replaces ``path`` only
-        once it is complete (the previous checkpoint is moved aside to ``.NAME.old`` and deleted
-        after the new one is in place; if that move fails, the previous one is put back). A
-        failure at any point (an exception, a full disk, Ctrl-C) deletes the temporary directory
-        and leaves ``path`` as it was: absent, or the previous checkpoint. Only a process killed
-        between the two renames leaves the previous checkpoint at ``.NAME.old``.
-
-        With ``TrainerConfig.save_every`` and ``output_dir`` set, :meth:`train` calls it itself every
-        ``save_every`` steps and after its last step, into ``output_dir/checkpoints/step-NNNNNN``
-        (six digits at least), keeping the newest ``save_total_limit``; a run killed at any point
-        continues from the latest (:func:`grpo_lab.experiments.run` with ``resume=True``).
-
-        Any task can be saved. A registered dataclass task (:func:`grpo_lab.tasks.task_spec`) is
-        stored so that :meth:`resume` rebuilds it; any other task is stored by name, class and (a
-        dataclass with JSON-able fields) its fields, and :meth:`resume` takes it as ``task=``
-        unless its class has been registered under its name by then.
-
-        transformers' progress bar (``Writing model shards``) shows only when the trainer's
-        progress bars do (``TrainerConfig.progress``; ``None``: stderr is a terminal, ``$CI`` unset).
+        Everything that can be checked is checked first; the files go to a sibling ``.NAME.saving`` that
+        replaces ``path`` only once complete, so a failure (an exception, a full disk, Ctrl-C) leaves ``path`` as
+        it was. ``train`` calls it every ``save_every`` steps into ``output_dir/checkpoints/step-NNNNNN``.
 
         Returns:
             ``path`` (a :class:`pathlib.Path`).
 
         Raises:
             TypeError: the trainer's task no longer implements the task protocol.
-            ValueError: the history holds a value that cannot be written as JSON; a LoRA policy whose base
-                was built in memory (no checkpoint to load it from) or trains base parameters.
-            FileExistsError: ``path`` is a file, or a non-empty directory that is not a trainer
-                checkpoint (no ``state.json``): it is never replaced.
-            OSError: writing failed (nothing is left behind, see above).
+            ValueError: the history holds a value JSON cannot write; a LoRA policy whose base was built in
+                memory or that trains base parameters.
+            FileExistsError: ``path`` is a file, or a non-empty directory without ``state.json``.
+            OSError: writing failed (nothing is left behind).
         """
         validate_task(self.task)
         final = Path(path)
@@ -213,42 +190,27 @@ class Checkpointing:
     @classmethod
     def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None,
                output: dict[str, Any] | None = None) -> Self:
-        """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly.
+        """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly (also a periodic checkpoint).
 
         Args:
             path: the checkpoint directory.
-            task: the task to continue with. Needed when the checkpoint's task cannot be rebuilt
-                from the registry (its class was not registered under its name in this process,
-                :func:`grpo_lab.tasks.register_task`, or it is not a dataclass with JSON-able
-                fields); otherwise it overrides the rebuilt task. Pass the same task as saved: a
-                ``RuntimeWarning`` names what differs from the saved one (name, class, fields),
-                since the run then does not continue as it would have.
-            device: override the saved ``TrainerConfig.device``.
-            value_model: a freshly built value model of the saved architecture, required when the
-                checkpoint has one of your own (its weights and optimiser state are loaded into
-                it); a :class:`grpo_lab.policy.models.CriticModel` is rebuilt from the checkpoint.
-            output: fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` to replace in the saved
-                configuration (where the resumed run writes, its trackers, its periodic checkpoints,
-                its progress bar: e.g. ``{"output_dir": "runs/x/GRPO/seed-0"}`` for a run directory
-                that was moved); they never change the run's numbers.
+            task: the task to continue with; needed when the saved one cannot be rebuilt from the registry
+                (:func:`grpo_lab.tasks.register_task`). A ``RuntimeWarning`` names what differs from the saved one.
+            device: overrides the saved ``TrainerConfig.device``.
+            value_model: a fresh critic of the saved architecture, when the checkpoint holds one of your own
+                (a :class:`grpo_lab.policy.models.CriticModel` is rebuilt from the checkpoint).
+            output: replacements for fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` (e.g. a moved
+                ``output_dir``); they never change the run's numbers.
 
-        A periodic checkpoint (``TrainerConfig.save_every``, written under ``output_dir/checkpoints``) resumes like any
-        other; :func:`grpo_lab.experiments.run` (``resume=True``) finds the latest one of each seed.
-
-        Every file the checkpoint needs is looked for before anything is loaded; transformers'
-        loading bars follow the saved ``TrainerConfig.progress`` (as :func:`grpo_lab.policy.models.load_policy`'s
-        ``progress``).
+        Every file is looked for before anything is loaded.
 
         Raises:
             FileNotFoundError: ``path`` is not a checkpoint directory.
             TypeError: ``task`` does not implement the task protocol.
-            ValueError: ``output`` names a field that is not an output field; a file of the checkpoint is missing or corrupt (the message names it:
-                ``optimizer.pt``, ``rng.pt``, ``policy/model.safetensors``, ``policy/tokenizer.json``, ...), the
-                algorithm has a KL term but ``ref/`` is missing, the checkpoint has a value model
-                and none was passed, or its task cannot be rebuilt and no ``task=`` was passed (the
-                message says why and shows both remedies).
-            grpo_lab.policy.lora.BaseModelNotFound: (a ``FileNotFoundError``) a LoRA checkpoint's base
-                model cannot be loaded on this machine (the message names it).
+            ValueError: ``output`` names a non-output field; a file is missing or corrupt (named); ``ref/`` is
+                missing for an algorithm with a KL term; a critic of your own and no ``value_model``; the task
+                cannot be rebuilt and no ``task=`` (the message shows both remedies).
+            grpo_lab.policy.lora.BaseModelNotFound: a LoRA checkpoint's base model cannot be loaded here.
             ImportError: a LoRA checkpoint and peft is not installed.
         """
         path = Path(path)
