@@ -204,6 +204,10 @@ class TrainerConfig:
         return cls(**d)
 
 
+# the API reference lists every field with its help (one source: the field metadata above)
+if TrainerConfig.__doc__:  # None under python -OO
+    TrainerConfig.__doc__ += "\n    Attributes:\n" + "".join(f"        {f.name}: {f.metadata['help']}\n"
+                                                        for f in fields(TrainerConfig))
 TrainerConfig.__module__ = "grpo_lab.training.trainer"  # documented, pickled and imported as grpo_lab.training.trainer.TrainerConfig
 
 

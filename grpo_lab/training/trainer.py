@@ -31,7 +31,8 @@ import random
 import sys
 import time
 import warnings
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable, Self
 
 import numpy as np
 import pandas as pd
@@ -49,7 +50,8 @@ from ..policy.rollout import Rollout
 from ..tasks import validate_task
 from .adamw import build_adamw
 from .callbacks import call_hooks, check_callbacks, make_callbacks
-from .checkpoints import Checkpointing
+from .checkpoints import (check_checkpointing, checkpoint_state, load_checkpoint, periodic_checkpoint, prune_checkpoints,
+                          restore_training_state, write_checkpoint)
 from .collection import Batch, Scored, collect, round_size, sample_rollout, score_rollout
 from .config import TrainerConfig
 from .dropout import disable_dropout
@@ -66,7 +68,7 @@ __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_me
            "DynamicSamplingShortfallWarning"]
 
 
-class Trainer(Checkpointing):
+class Trainer:
     """GRPO-family trainer for a ``transformers`` causal LM: it owns the policy, the KL reference, the critic,
     the optimisers, the RNGs and the history rows, and runs the stage functions on them.
 
@@ -136,7 +138,7 @@ class Trainer(Checkpointing):
         self.max_new_tokens = c.max_new_tokens or task.max_new_tokens
         self._check_algorithm_fits()
         check_value_settings(c, self.algo, self.value_model, self.max_new_tokens)
-        self._check_checkpointing()
+        check_checkpointing(c)
         self._warn_group_size()
         random.seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
@@ -335,7 +337,7 @@ class Trainer(Checkpointing):
                     row.update({k: v for k, v in evaluation.items() if k != "step"})
                 self._log_row(row, samples)
                 self._check_learning_signal()
-                self._periodic_save(final=self.step == end)  # save_every: see Checkpointing
+                self._periodic_save(final=self.step == end)  # save_every
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['length']:.1f}")
@@ -386,6 +388,88 @@ class Trainer(Checkpointing):
             row = {"value_step": len(self.value_warmup_rows) + 1, **fit, "seconds": time.perf_counter() - t0}
             self.value_warmup_rows.append(row)
         return pd.DataFrame(self.value_warmup_rows)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint directory atomically, everything :meth:`resume` needs to continue exactly.
+
+        Files: ``policy/`` (safetensors + tokenizer; for a LoRA policy its adapters and ``grpo_lab_base.json``
+        naming the base, :func:`grpo_lab.policy.lora.base_record`), ``ref/`` (a KL reference that is not the
+        LoRA base), ``value.safetensors``, ``critic/`` and ``value_optimizer.pt`` (with a critic),
+        ``optimizer.pt``, ``rng.pt``, ``state.json`` (steps, config, algorithm, task, numpy and python RNG
+        states) and ``history.json``. A registered dataclass task is rebuilt by :meth:`resume`; any other is
+        stored by name, class and fields and needs ``task=`` there.
+
+        Everything that can be checked is checked first; the files go to a sibling ``.NAME.saving`` that
+        replaces ``path`` only once complete, so a failure (an exception, a full disk, Ctrl-C) leaves ``path`` as
+        it was. ``train`` calls it every ``save_every`` steps into ``output_dir/checkpoints/step-NNNNNN``.
+
+        Returns:
+            ``path`` (a :class:`pathlib.Path`).
+
+        Raises:
+            TypeError: the trainer's task no longer implements the task protocol.
+            ValueError: the history holds a value JSON cannot write; a LoRA policy whose base was built in
+                memory or that trains base parameters.
+            FileExistsError: ``path`` is a file, or a non-empty directory without ``state.json``.
+            OSError: writing failed (nothing is left behind).
+        """
+        validate_task(self.task)
+        state = checkpoint_state(step=self.step, opt_steps=self.opt_steps, config=self.config, algo=self.algo,
+                                 task=self.task, rng=self.rng, value_warmup_rows=self.value_warmup_rows, amp=self.amp)
+        final = write_checkpoint(path, state, self.rows, task=self.task, policy=self.policy, tokenizer=self.tokenizer,
+                                 optimizer=self.optimizer, ref_policy=self.ref_policy, value_model=self.value_model,
+                                 value_optimizer=self.value_optimizer, progress=self._show_progress())
+        self._notify("on_save", final)  # the callbacks' on_save (grpo_lab.training.callbacks)
+        return final
+
+    @classmethod
+    def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None,
+               output: dict[str, Any] | None = None) -> Self:
+        """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly (also a periodic checkpoint).
+
+        Args:
+            path: the checkpoint directory.
+            task: the task to continue with; needed when the saved one cannot be rebuilt from the registry
+                (:func:`grpo_lab.tasks.register_task`). A ``RuntimeWarning`` names what differs from the saved one.
+            device: overrides the saved ``TrainerConfig.device``.
+            value_model: a fresh critic of the saved architecture, when the checkpoint holds one of your own
+                (a :class:`grpo_lab.policy.models.CriticModel` is rebuilt from the checkpoint).
+            output: replacements for fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` (e.g. a moved
+                ``output_dir``); they never change the run's numbers.
+
+        Every file is looked for before anything is loaded.
+
+        Raises:
+            FileNotFoundError: ``path`` is not a checkpoint directory.
+            TypeError: ``task`` does not implement the task protocol.
+            ValueError: ``output`` names a non-output field; a file is missing or corrupt (named); ``ref/`` is
+                missing for an algorithm with a KL term; a critic of your own and no ``value_model``; the task
+                cannot be rebuilt and no ``task=`` (the message shows both remedies).
+            grpo_lab.policy.lora.BaseModelNotFound: a LoRA checkpoint's base model cannot be loaded here.
+            ImportError: a LoRA checkpoint and peft is not installed.
+        """
+        ck = load_checkpoint(path, task=task, device=device, value_model=value_model, output=output)
+        trainer = cls(ck.policy, ck.tokenizer, ck.task, ck.algo, ck.config, ref_policy=ck.ref_policy,
+                      value_model=ck.value_model)
+        restore_training_state(ck.path, ck.state, optimizer=trainer.optimizer, rng=trainer.rng, amp=trainer.amp,
+                               value_optimizer=trainer.value_optimizer if ck.has_value else None)
+        trainer.step = int(ck.state["step"])
+        trainer.opt_steps = int(ck.state.get("opt_steps", 0))
+        trainer.rows = ck.rows
+        trainer.value_warmup_rows = list(ck.state.get("value_warmup_rows", []))
+        return trainer
+
+    def _periodic_save(self, final: bool = False) -> Path | None:
+        """After a training step: the periodic checkpoint ``TrainerConfig.save_every`` asks for
+        (:func:`~grpo_lab.training.checkpoints.periodic_checkpoint`), then only the newest ``save_total_limit``
+        are kept (and half-written ones a killed save left are deleted). Returns the checkpoint written, or
+        ``None``."""
+        path = periodic_checkpoint(self.config, self.step, final)
+        if path is not None:
+            self.save(path)
+            prune_checkpoints(path.parent, self.config.save_total_limit)
+        return path
 
     def _log_row(self, row: dict, samples: pd.DataFrame | None) -> None:
         """Append the complete history ``row`` and hand it to the callbacks: ``on_step``, then ``on_evaluate``
