@@ -289,13 +289,13 @@ class Trainer:
         """One step, phase by phase; returns its history row (without ``step`` and the evaluation)."""
         reset_peak_memory(self.config.device)
         t0 = time.perf_counter()
-        batch = self.collect()                                            # gen: sample, score, select
+        batch = self.collect()                                          # collect: sample, score, select
         update = None
-        if batch.rollout is not None:
+        if batch.rollout is not None:  # None: dynamic sampling kept no group, no update this step
             learner = self._learner()
-            compute_advantages(batch, self.algo, self.config)               # adv
-            plan = plan_update(batch, learner, self.rng)                   # π_old / π_ref in the update's layout
-            update = run_update(plan, learner, self.rng, self.opt_steps)   # optimiser steps
+            compute_advantages(batch, self.algo, self.config)           # advantages
+            plan = plan_update(batch, learner, self.rng)                # plan: layouts, π_old / π_ref scored in them
+            update = run_update(plan, learner, self.rng, self.opt_steps)  # optimiser steps
             self.opt_steps = update.opt_steps
         return history_row(batch, update, config=self.config, algo=self.algo, task=self.task, amp=self.amp,
                            lr=self.optimizer.param_groups[0]["lr"], seconds=time.perf_counter() - t0)
