@@ -36,7 +36,8 @@ MEASURED_COLUMNS = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds
 #: Every column a history row may hold, ``{name: description}``. The step's sample columns (reward, accuracy,
 #: lengths, reasoning_frac, zero_adv_group_frac, truncation_rate, tokens_per_s, gen_seconds) cover every sample
 #: generated in the step (all dynamic-sampling rounds, before filtering); the loss, ratio, clip, KL, entropy and
-#: gradient columns cover the tokens of the update batch that enter the loss. A step that made no update
+#: gradient columns cover the tokens of the update batch that enter the loss, each reduced over the step's optimiser
+#: steps as the metric says (:mod:`grpo_lab.algo.metrics`). A step that made no update
 #: (dynamic sampling kept no group) has NaN update columns. ``test_<name>`` / ``test_sampled_<name>`` columns of
 #: the task's optional ``test_metrics(frame)`` and ``model_metrics(model)`` are not listed.
 HISTORY_COLUMNS = {
@@ -60,7 +61,7 @@ HISTORY_COLUMNS = {
     "lr": "the policy's learning rate in the step's last optimiser update (NaN without one)",
     "routing_change_frac": "MoE: fraction of routing decisions the rollout's first optimiser step changed "
                            "(GSPO arXiv 2507.18071 §5.3); NaN for dense policies or a single update",
-    "loss": "policy loss, mean over the step's optimiser steps",
+    "loss": "the policy loss (grpo_lab.algo.objectives.policy_loss)",
     "pg_loss": "policy-gradient part of the loss",
     "kl": "KL term (NaN without one)",
     "clip_frac_low": "fraction of loss tokens clipped below", "clip_frac_high": "fraction clipped above",
@@ -69,7 +70,8 @@ HISTORY_COLUMNS = {
     "ratio_q05": "its 5% quantile", "ratio_q50": "its median", "ratio_q95": "its 95% quantile",
     "grad_token_frac": "fraction of loss tokens with a gradient",
     "adv_abs_mean": "mean |advantage| over loss tokens",
-    "num_tokens": "loss tokens per optimiser step", "num_sequences": "sequences with a loss token per optimiser step",
+    "num_tokens": "loss tokens of the update (a normaliser of the loss)",
+    "num_sequences": "sequences with a loss token (a normaliser of the loss)",
     "offpolicy_masked_frac": "fraction of sequences DeepSeek-V3.2's off-policy mask drops",
     "clip_high_prob_mean": "mean π_old probability of tokens clipped above",
     "clip_high_prob_max": "largest π_old probability of a token clipped above",
@@ -77,7 +79,7 @@ HISTORY_COLUMNS = {
     "seq_clip_frac": "fraction of sequences clipped (sequence-level ratios, GSPO)",
     "seq_ratio_mean": "sequence-level ratio, mean", "seq_ratio_min": "its minimum", "seq_ratio_max": "its maximum",
     "seq_ratio_abs_dev": "mean |sequence ratio - 1|", "token_ratio_abs_dev": "mean |token ratio - 1|",
-    "value_loss": "critic loss, summed over micro-batches, mean over optimiser steps (NaN without a critic)",
+    "value_loss": "critic loss, summed over micro-batches (NaN without a critic)",
     "ntp_loss": "next-token-prediction loss (Algorithm.ntp_coef > 0)",
     "nll_loss": "VAPO's positive-example LM loss (Eqs. 9-10), unweighted (Algorithm.nll_coef > 0)",
     "adv_mean": "advantage mean over loss tokens", "adv_std": "advantage std (population)",
