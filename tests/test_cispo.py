@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-import grpo_lab.training.trainer as trainer_mod
+import grpo_lab.training.collection as collection_mod
 from grpo_lab.algo.algorithms import CISPO as CISPO_PRESET
 from grpo_lab.algo.algorithms import DAPO, GRPO, PRESETS, Algorithm, get_algorithm
 from grpo_lab.algo.metrics import reduce_micro_batches
@@ -687,13 +687,13 @@ def test_trainer_config_rollout_accepted():
 @pytest.mark.parametrize("fp32_head", [False, True])
 def test_cispo_trains_one_step_from_a_bfloat16_rollout(monkeypatch, fp32_head):
     calls = []
-    orig = trainer_mod.inference_copy
+    orig = collection_mod.inference_copy
 
     def recording(model, dtype, **kw):
         calls.append((dtype, kw))
         return orig(model, dtype, **kw)
 
-    monkeypatch.setattr(trainer_mod, "inference_copy", recording)
+    monkeypatch.setattr(collection_mod, "inference_copy", recording)  # where the rollout calls it
     policy, tokenizer = load_policy("arithmetic-base")
     cfg = TrainerConfig(prompts_per_step=4, group_size=4, eval_every=0, progress=False, seed=0,
                         old_logp="behaviour", rollout_dtype="bfloat16", rollout_fp32_lm_head=fp32_head)

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 import grpo_lab.tasks as tasks_mod
-import grpo_lab.training.trainer as trainer_mod
 from grpo_lab.algo.algorithms import DAPO, GRPO
 from grpo_lab.policy.models import TinyConfig, tiny_policy
 from grpo_lab.algo.objectives import policy_loss
 from grpo_lab.algo.rewards import overlong_penalty, shape_rewards
 from grpo_lab.policy.rollout import policy_logprobs
 from grpo_lab.tasks import ArithmeticTask, Problem
-from grpo_lab.training.trainer import Trainer, TrainerConfig, _concat_rollouts
+from grpo_lab.training.collection import Batch, concat_rollouts
+from grpo_lab.training.trainer import Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
@@ -197,10 +197,11 @@ class KindTask(ArithmeticTask):
 DS = GRPO.replace(name="GRPO+DS", dynamic_sampling=True, beta=0.0)
 
 
-def make_trainer(tok, algo=DS, task=None, **kw):
+def make_trainer(tok, algo=DS, task=None, loss_fn=policy_loss, **kw):
     cfg = dict(prompts_per_step=2, group_size=G, max_new_tokens=6, eval_every=0, progress=False, lr=1e-2, seed=0)
     cfg.update(kw)
-    return Trainer(tiny_policy(tok, TINY, seed=0), tok, task or KindTask(test_size=3), algo, TrainerConfig(**cfg))
+    return Trainer(tiny_policy(tok, TINY, seed=0), tok, task or KindTask(test_size=3), algo, TrainerConfig(**cfg),
+                   loss_fn=loss_fn)
 
 
 def params(tr):
@@ -208,17 +209,14 @@ def params(tr):
 
 
 class _LossArgs:
-    """Records (advantages, mask, num_tokens) of every policy_loss call made by the trainer."""
+    """A ``loss_fn`` (``Trainer(..., loss_fn=)``): policy_loss, recording (advantages, mask, num_tokens) of every call."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self):
         self.calls = []
-        orig = trainer_mod.policy_loss
 
-        def wrapped(logp, old, adv, mask, algo, **k):
-            self.calls.append((adv.detach().clone(), mask.detach().clone(), k.get("num_tokens")))
-            return orig(logp, old, adv, mask, algo, **k)
-
-        monkeypatch.setattr(trainer_mod, "policy_loss", wrapped)
+    def __call__(self, logp, old, adv, mask, algo, **k):
+        self.calls.append((adv.detach().clone(), mask.detach().clone(), k.get("num_tokens")))
+        return policy_loss(logp, old, adv, mask, algo, **k)
 
 
 # ------------------------------------------------------------------------------------ config
@@ -253,8 +251,8 @@ def test_dynamic_sampling_keeps_only_mixed_groups(tok):
 
 
 def test_dynamic_sampling_metrics_and_trained_rows(tok, monkeypatch):
-    rec = _LossArgs(monkeypatch)
-    tr = make_trainer(tok, task=KindTask(test_size=3, script=("AN", "MA", "MM")))
+    rec = _LossArgs()
+    tr = make_trainer(tok, task=KindTask(test_size=3, script=("AN", "MA", "MM")), loss_fn=rec)
     h = tr.train(1)
     row = h.iloc[0]
     assert row["gen_rounds"] == 3 and row["trained_groups"] == 2
@@ -268,8 +266,8 @@ def test_dynamic_sampling_metrics_and_trained_rows(tok, monkeypatch):
 
 
 def test_without_dynamic_sampling_all_groups_train(tok, monkeypatch):
-    rec = _LossArgs(monkeypatch)
-    h = make_trainer(tok, algo=GRPO.replace(beta=0.0), task=KindTask(test_size=3, script=("AM",))).train(1)
+    rec = _LossArgs()
+    h = make_trainer(tok, algo=GRPO.replace(beta=0.0), task=KindTask(test_size=3, script=("AM",)), loss_fn=rec).train(1)
     assert h["gen_rounds"].iloc[0] == 1 and h["samples_per_trained"].iloc[0] == 1.0
     assert h["zero_adv_group_frac"].iloc[0] == 0.5
     (adv, _, _), = rec.calls
@@ -336,7 +334,7 @@ def test_topup_off_generates_whole_rounds_and_drops_the_surplus(tok):
 
 def test_round_size_uses_the_running_keep_rate_over_the_run(tok):
     tr = make_trainer(tok, prompts_per_step=16)
-    batch = trainer_mod.Batch(generated=[])
+    batch = Batch(generated=[])
     batch.generated.append(type("S", (), {"rollout": [0] * (16 * G)})())  # this step: 16 groups generated
     batch.selected_groups = 12
     assert tr.round_size(4, batch) == 6                 # ceil(4 x 16 / 12) = ceil(5.33)
@@ -356,12 +354,12 @@ def test_topup_config_is_validated():
         TrainerConfig(topup="yes")
 
 
-def test_concat_rollouts_pads_prompts_left_and_keeps_logprobs(tok):
+def testconcat_rollouts_pads_prompts_left_and_keeps_logprobs(tok):
     tr = make_trainer(tok, task=KindTask(test_size=3, script=("MM", "MA")))
     torch.manual_seed(3)
     a, b = tr.rollout(), tr.rollout()
     b = b.select(torch.arange(G))
-    cat = _concat_rollouts([a, b], tok.pad_token_id)
+    cat = concat_rollouts([a, b], tok.pad_token_id)
     assert len(cat) == len(a) + len(b) and cat.texts == a.texts + b.texts
     P = max(a.prompt_ids.shape[1], b.prompt_ids.shape[1])
     T = max(a.completion_ids.shape[1], b.completion_ids.shape[1])
@@ -374,9 +372,9 @@ def test_concat_rollouts_pads_prompts_left_and_keeps_logprobs(tok):
         la, lb = policy_logprobs(tr.policy, a), policy_logprobs(tr.policy, b)
     torch.testing.assert_close(lp[:2 * G, :la.shape[1]], la, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lp[2 * G:, :lb.shape[1]], lb, atol=1e-5, rtol=1e-5)
-    assert _concat_rollouts([a], 0) is a
+    assert concat_rollouts([a], 0) is a
     with pytest.raises(ValueError):
-        _concat_rollouts([], 0)
+        concat_rollouts([], 0)
 
 
 # ------------------------------------------------------------------------------------ §3.4
@@ -393,8 +391,8 @@ def _mark_truncated(tr, rows):
 
 
 def test_overlong_filter_masks_truncated_rows(tok, monkeypatch):
-    rec = _LossArgs(monkeypatch)
-    tr = make_trainer(tok, algo=DS.replace(dynamic_sampling=False, overlong_filter=True),
+    rec = _LossArgs()
+    tr = make_trainer(tok, algo=DS.replace(dynamic_sampling=False, overlong_filter=True), loss_fn=rec,
                       task=KindTask(test_size=3, script=("MM",)), max_new_tokens=12)
     seen = []
     orig = tr.rollout

@@ -68,7 +68,7 @@ def test_a_low_precision_policy_is_refused_with_the_fix():
 def test_bfloat16_autocast_runs_the_forward_in_bfloat16_and_keeps_float32_state():
     tr = _arith_trainer("bfloat16")
     ids = torch.tensor([[1, 2, 3]])
-    with tr._autocast():
+    with tr.amp.autocast():
         logits = tr.policy(input_ids=ids).logits
     assert logits.dtype == torch.bfloat16
     assert tr.policy(input_ids=ids).logits.dtype == torch.float32  # outside the context: float32
@@ -507,7 +507,7 @@ def test_auto_precision_trains_the_hub_layout_model_on_cuda(tiny_dir):
     h = tr.train(2)
     assert h["step"].max() == 2 and h["peak_mem_mb"].dropna().gt(0).all()
     assert all(p.dtype == torch.float32 and p.is_cuda for p in tr.policy.parameters())
-    with tr._autocast():
+    with tr.amp.autocast():
         logits = tr.policy(input_ids=torch.tensor([[1, 2, 3]], device="cuda")).logits
     assert logits.dtype == getattr(torch, want)
 

@@ -8,6 +8,7 @@ import torch
 from grpo_lab.algo.algorithms import DAPO, GRPO
 from grpo_lab.algo.objectives import aggregate, policy_loss
 from grpo_lab.training.trainer import Trainer, TrainerConfig
+from grpo_lab.training.update import group_token_counts
 
 
 def _batch():
@@ -91,12 +92,10 @@ def test_bad_group_structure_is_a_clear_error(kwargs, match):
 
 
 def test_trainer_group_tokens_per_minibatch():
-    tr = Trainer.__new__(Trainer)  # only the helper is under test: it reads config.group_size
-    tr.config = TrainerConfig(prompts_per_step=3, group_size=2)
     lm = torch.tensor([[1, 1], [1, 0], [1, 1], [0, 0], [1, 0], [1, 1]], dtype=torch.float32)
     idx = torch.tensor([5, 0, 3, 2])  # group 2 (row 5), group 0 (row 0), group 1 (rows 3 and 2)
     counts = {}
-    out = tr._group_tokens(lm, idx, counts)
+    out = group_token_counts(lm, idx, counts, group_size=2)
     # hand: within this minibatch group 0 has 2 tokens (row 0 only), group 1 has 0 + 2, group 2 has 2
     assert out.tolist() == [2.0, 0.0, 2.0, 2.0, 0.0, 2.0] and counts["num_groups"] == 3.0
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen3MoeForCausalLM
 
-import grpo_lab.training.trainer as trainer_mod
+import grpo_lab.training.update as update_mod  # where the update calls the routing functions
 from grpo_lab.algo.algorithms import GRPO
 from grpo_lab.policy.models import count_parameters, load_policy, tiny_policy
 from grpo_lab.policy.moe import RoutingStore, is_moe, moe_routers, record_routing, replay_routing, routing_changes
@@ -334,8 +334,8 @@ def test_two_step_run_logs_the_routing_change(tok, replay, monkeypatch):
     monkeypatch.setattr(RoutingStore, "put", spy_put)
     monkeypatch.setattr(RoutingStore, "get", spy_get)
     replayed = []
-    real_replay = trainer_mod.replay_routing
-    monkeypatch.setattr(trainer_mod, "replay_routing", lambda m, idx: (replayed.append(idx), real_replay(m, idx))[1])
+    real_replay = update_mod.replay_routing
+    monkeypatch.setattr(update_mod, "replay_routing", lambda m, idx: (replayed.append(idx), real_replay(m, idx))[1])
     tr = _trainer(tok, tiny_policy(tok, MOE, seed=0), routing_replay=replay)
     h = tr.train(2)
     assert "routing_change_frac" in h and h["routing_change_frac"].between(0, 1).all()
@@ -370,8 +370,8 @@ def test_routing_change_counts_the_completion_tokens_of_the_second_minibatch(tok
     # Decisions compared = MoE layers x real completion tokens of the rows trained after the first
     # update (prompt tokens and padding are not counted); the logged value is changed / compared.
     calls, puts = [], []
-    real_changes, put = trainer_mod.routing_changes, RoutingStore.put
-    monkeypatch.setattr(trainer_mod, "routing_changes", lambda o, n, m: calls.append(real_changes(o, n, m)) or calls[-1])
+    real_changes, put = update_mod.routing_changes, RoutingStore.put
+    monkeypatch.setattr(update_mod, "routing_changes", lambda o, n, m: calls.append(real_changes(o, n, m)) or calls[-1])
     monkeypatch.setattr(RoutingStore, "put", lambda self, rows, idx, pw: (puts.append(torch.as_tensor(rows).clone()),
                                                                           put(self, rows, idx, pw))[1])
     tr = _trainer(tok, tiny_policy(tok, MOE, seed=0), lr=0.1)

@@ -27,6 +27,7 @@ from _toys import TINY, HalfTask
 from grpo_lab.cli import main as cli
 from grpo_lab.algo.algorithms import GRPO
 from grpo_lab.policy.models import tiny_policy
+from grpo_lab.training.history import evaluate_frame
 from grpo_lab.training.trainer import MEASURED_COLUMNS, Trainer, TrainerConfig
 from grpo_lab.training import callbacks as cb_mod
 from grpo_lab.training.callbacks import SAMPLE_ROWS, TRACKERS, JsonlLogger, TrainerCallback, make_callbacks
@@ -166,7 +167,8 @@ def test_user_callback_gets_every_hook(tok, tmp_path):
     for _, step, samples in evals:
         assert isinstance(samples, pd.DataFrame) and len(samples) == SAMPLE_ROWS
         assert list(samples.columns) == ["prompt", "answer", "completion", "correct", "length", "truncated"]
-    frame = tr._evaluate_frame(greedy=True)[1]  # the same greedy completions as the last evaluation
+    # the same greedy completions as the last evaluation
+    frame = evaluate_frame(tr.policy, tr.tokenizer, tr.task, tr.config, tr.amp, tr.max_new_tokens, greedy=True)[1]
     pd.testing.assert_frame_equal(evals[-1][2], cb_mod.samples_table(frame))
     assert rec.calls[-1] == ("save", tmp_path / "ckpt")
     tr.train(1)  # a second call: begin and end again, the rows continue

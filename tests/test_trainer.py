@@ -11,10 +11,12 @@ import torch
 
 import grpo_lab.tasks as tasks_mod
 import grpo_lab.training.trainer as trainer_mod
+import grpo_lab.training.update as update_mod
+from grpo_lab.algo.objectives import policy_loss
 from grpo_lab.algo.algorithms import GRPO
 from grpo_lab.policy.models import TinyConfig, build_char_tokenizer, tiny_policy
 from grpo_lab.tasks import ArithmeticTask
-from grpo_lab.training.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import HISTORY_COLUMNS, MEASURED_COLUMNS, Trainer, TrainerConfig
 
 TINY = TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1)
@@ -41,10 +43,11 @@ class ToyTask(ArithmeticTask):
         return 1.0 if self.is_correct(completion, problem) else 0.0
 
 
-def make_trainer(tok, algo=GRPO, task=None, **kw):
+def make_trainer(tok, algo=GRPO, task=None, loss_fn=policy_loss, **kw):
     cfg = dict(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=0, progress=False, lr=1e-2, seed=0)
     cfg.update(kw)
-    return Trainer(tiny_policy(tok, TINY, seed=0), tok, task or ToyTask(test_size=5), algo, TrainerConfig(**cfg))
+    return Trainer(tiny_policy(tok, TINY, seed=0), tok, task or ToyTask(test_size=5), algo, TrainerConfig(**cfg),
+                   loss_fn=loss_fn)
 
 
 def params(trainer):
@@ -139,22 +142,21 @@ def test_on_policy_ratio_exactly_one(tok):
 
 
 class _Recorder:
-    def __init__(self, monkeypatch):
+    """A ``loss_fn`` for ``Trainer(..., loss_fn=)``: policy_loss, recording each call's metrics."""
+
+    def __init__(self):
         self.metrics = []
-        orig = trainer_mod.policy_loss
 
-        def wrapped(*a, **k):
-            out = orig(*a, **k)
-            self.metrics.append(out.metrics)
-            return out
-
-        monkeypatch.setattr(trainer_mod, "policy_loss", wrapped)
+    def __call__(self, *a, **k):
+        out = policy_loss(*a, **k)
+        self.metrics.append(out.metrics)
+        return out
 
 
 @pytest.mark.parametrize("kw", [dict(minibatches=2), dict(epochs=2)])
 def test_second_update_is_off_policy(tok, monkeypatch, kw):
-    rec = _Recorder(monkeypatch)
-    h = make_trainer(tok, lr=0.05, **kw).train(1)
+    rec = _Recorder()
+    h = make_trainer(tok, lr=0.05, loss_fn=rec, **kw).train(1)
     assert len(rec.metrics) == 2  # two optimiser steps on one rollout, no micro-batching
     first, second = rec.metrics
     # the first update runs on the sampling weights: pi_old = sg(pi_theta) there, ratio exactly 1
@@ -174,16 +176,16 @@ def test_old_policy_forward_skips_the_first_minibatch(tok, monkeypatch, kw):
     # again for a second epoch (reshuffled: a new micro-batch layout, scored in its own layout)
     # (GRPO's default beta adds the reference forward over all 8 rows, so beta=0 here).
     no_grad_rows = []
-    orig = trainer_mod.policy_logprobs
+    orig = update_mod.policy_logprobs
 
     def counting(model, ro, **k):
         if not torch.is_grad_enabled():
             no_grad_rows.append(len(ro))
         return orig(model, ro, **k)
 
-    monkeypatch.setattr(trainer_mod, "policy_logprobs", counting)
-    rec = _Recorder(monkeypatch)
-    t = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=0.05, **kw)
+    monkeypatch.setattr(update_mod, "policy_logprobs", counting)  # where the update calls it
+    rec = _Recorder()
+    t = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=0.05, loss_fn=rec, **kw)
     t.train(1)
     assert sum(no_grad_rows) == 8 - 8 // kw["minibatches"] + 8 * (kw.get("epochs", 1) - 1)
     first_step = rec.metrics[: 8 // kw["minibatches"] // (kw.get("micro_batch_size") or 8 // kw["minibatches"])]
@@ -195,17 +197,16 @@ def test_skipped_rows_keep_their_old_logp_for_later_epochs(tok, monkeypatch):
     # sampling policy's log-prob (recorded from the first forward), equal to a fresh no-grad
     # recompute at the sampling weights up to float rounding, not the 0 placeholder.
     seen = []
-    orig = trainer_mod.policy_loss
 
     def wrapped(logp, old, adv, mask, algo, **k):
         seen.append((old.detach().clone(), mask.clone()))
-        return orig(logp, old, adv, mask, algo, **k)
+        return policy_loss(logp, old, adv, mask, algo, **k)
 
-    t = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=0.05, epochs=2, minibatches=2)
+    t = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=0.05, epochs=2, minibatches=2, loss_fn=wrapped)
     batch = t.collect()
-    reference = t._logp_chunks(t.policy, batch.rollout, [torch.arange(8)])  # pi_old over every row, before any update
+    # pi_old over every row, before any update
+    reference = update_mod.logp_chunks(t.policy, batch.rollout, [torch.arange(8)], t.amp)
     t.compute_advantages(batch)
-    monkeypatch.setattr(trainer_mod, "policy_loss", wrapped)
     t.update(batch)
     assert len(seen) == 4
     # epoch 2 sees all 8 rows across its two minibatches; every used pi_old is within 1e-5 of the recompute
@@ -218,8 +219,8 @@ def test_skipped_rows_keep_their_old_logp_for_later_epochs(tok, monkeypatch):
 
 def test_old_logp_behaviour_matches_recompute(tok, monkeypatch):
     # pi_old from the sampler's log-probs equals the recomputed one up to float noise
-    rec = _Recorder(monkeypatch)
-    make_trainer(tok, old_logp="behaviour").train(1)
+    rec = _Recorder()
+    make_trainer(tok, old_logp="behaviour", loss_fn=rec).train(1)
     (m,) = rec.metrics
     assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5
 
@@ -255,7 +256,7 @@ def test_length_sorted_micro_batches_same_update_less_padding(tok, monkeypatch, 
     # sort_by_length regroups a minibatch's rows into micro-batches of similar length: the gradient
     # is the same sum (global normalisers), the forward passes cover fewer padded positions.
     positions, grads = {}, {}
-    orig = trainer_mod.policy_logprobs
+    orig = update_mod.policy_logprobs
     for sort in (False, True):
         positions[sort] = 0
 
@@ -263,7 +264,7 @@ def test_length_sorted_micro_batches_same_update_less_padding(tok, monkeypatch, 
             positions[_sort] += ro.prompt_ids.numel() + ro.completion_ids.numel()
             return orig(model, ro, **k)
 
-        monkeypatch.setattr(trainer_mod, "policy_logprobs", counting)
+        monkeypatch.setattr(update_mod, "policy_logprobs", counting)
         tr = make_trainer(tok, algo=GRPO.replace(beta=0.0), lr=1e-4, micro_batch_size=2, sort_by_length=sort,
                           task=ToyTask(test_size=5, max_new_tokens=16))
         capture_grads(tr, grads, sort)
@@ -579,20 +580,32 @@ def test_save_is_atomic(tok, tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ layout
-def test_functions_replaced_on_grpo_lab_trainer_reach_the_training_module_that_calls_them(monkeypatch):
-    # the trainer lives in grpo_lab.training; the book (chapter 3) and the tests replace the functions it
-    # calls on grpo_lab.training.trainer, and undoing the replacement restores them where they are called
-    from grpo_lab.training import collection, update
+def test_loss_fn_is_the_loss_the_update_calls(tok):
+    # the seam chapter 3 records the loss's inputs through: Trainer(..., loss_fn=) replaces policy_loss in the
+    # update, with policy_loss's arguments; a loss_fn that returns policy_loss's output trains identically
+    calls = []
 
-    real_loss, real_copy = update.policy_loss, collection.inference_copy
-    with monkeypatch.context() as m:
-        m.setattr(trainer_mod, "policy_loss", "patched")
-        m.setattr(trainer_mod, "inference_copy", "copy")
-        assert update.policy_loss == "patched" and collection.inference_copy == "copy"
-    assert update.policy_loss is real_loss and trainer_mod.policy_loss is real_loss
-    assert collection.inference_copy is real_copy
-    trainer_mod.some_new_name = 1  # a name no training module holds is only set here
-    del trainer_mod.some_new_name
+    def recording(logp, old_logp, advantages, mask, algo, **kwargs):
+        calls.append(sorted(kwargs))
+        return policy_loss(logp, old_logp, advantages, mask, algo, **kwargs)
+
+    plain = make_trainer(tok, minibatches=2).train(2)
+    recorded = make_trainer(tok, minibatches=2, loss_fn=recording).train(2)
+    assert len(calls) == 4 and {"num_tokens", "group_tokens", "ref_logp", "max_tokens"} <= set(calls[0])
+    measured = [c for c in MEASURED_COLUMNS if c in plain]
+    pd.testing.assert_frame_equal(plain.drop(columns=measured), recorded.drop(columns=measured))
+    with pytest.raises(TypeError, match="loss_fn must be a callable"):
+        make_trainer(tok, loss_fn="policy_loss")
+
+
+@pytest.mark.parametrize("algo, kw", [(GRPO, dict(eval_every=1, eval_sampled=True, minibatches=2)),
+                                      ("VAPO", dict(value_init="scratch")), ("GSPO", {}), ("DAPO", {})])
+def test_every_history_column_is_described(tok, algo, kw):
+    # HISTORY_COLUMNS is the documentation of Trainer.train's rows: every column a run writes is in it
+    h = make_trainer(tok, algo=algo, **kw).train(2)
+    undescribed = sorted(set(h.columns) - set(HISTORY_COLUMNS))
+    assert not undescribed, f"history columns without a description in HISTORY_COLUMNS: {undescribed}"
+    assert set(MEASURED_COLUMNS) <= set(HISTORY_COLUMNS)
 
 
 def test_public_names_keep_their_import_path():

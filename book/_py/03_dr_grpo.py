@@ -437,18 +437,17 @@ assert 0.2 < (base_samples["dots"] > 0).mean() < 0.8  # the base policy pads a f
 # drifts at our scale. Each rollout feeds two minibatches; the first is trained on-policy (drift
 # exactly 0), the second after one optimiser step, so its sequences are off-policy by
 # $d_i = \frac1{\olen{i}}\sum_t\log\frac{\piold}{\pitheta}$. The next cell measures $d_i$ in a short
-# run of the V3.2 objective with the mask switched off (`offpolicy_mask_delta=None`), by wrapping the
-# trainer's call of `policy_loss` to record it.
+# run of the V3.2 objective with the mask switched off (`offpolicy_mask_delta=None`), by handing the
+# trainer a loss (`loss_fn`) that records it and then calls `policy_loss`.
 
 # %% tags=["nbval-ignore-output"]
-import grpo_lab.training.trainer as trainer_module
 from grpo_lab.algo.algorithms import deepseek_v32
+from grpo_lab.training import Trainer
 
 V32_BETA, V32_DELTA, V32_EPS = 0.01, 0.02, 0.2  # beta and delta: our choices (the paper gives neither)
 DRIFT_STEPS = 10  # RL steps of the recording run (seed 100, not one of SEEDS)
 v32 = deepseek_v32(beta=V32_BETA, delta=V32_DELTA, eps=V32_EPS)
 drift = []
-_policy_loss = trainer_module.policy_loss
 
 
 def recording_policy_loss(logp, old_logp, advantages, mask, algo, **kwargs):
@@ -459,17 +458,13 @@ def recording_policy_loss(logp, old_logp, advantages, mask, algo, **kwargs):
         adv = advantages if advantages.dim() == 1 else advantages[:, 0]
         off_policy = not torch.equal(old_logp, logp.detach())  # the first minibatch's pi_old is sg(pi_theta)
         drift.extend({"off_policy": off_policy, "d": x, "advantage": a} for x, a in zip(d.tolist(), adv.tolist()))
-    return _policy_loss(logp, old_logp, advantages, mask, algo, **kwargs)
+    return policy_loss(logp, old_logp, advantages, mask, algo, **kwargs)
 
 
-trainer_module.policy_loss = recording_policy_loss
-try:
-    cfg = dataclasses.replace(profile.config, seed=100, threads=None, progress=False, eval_every=0)
-    recorder = trainer_module.Trainer(filler_policy, tokenizer, filler_task,
-                                      v32.replace(offpolicy_mask_delta=None), cfg)
-    recorder.train(DRIFT_STEPS)
-finally:
-    trainer_module.policy_loss = _policy_loss
+cfg = dataclasses.replace(profile.config, seed=100, threads=None, progress=False, eval_every=0)
+recorder = Trainer(filler_policy, tokenizer, filler_task, v32.replace(offpolicy_mask_delta=None), cfg,
+                   loss_fn=recording_policy_loss)  # the trainer calls it wherever it would call policy_loss
+recorder.train(DRIFT_STEPS)
 drift = pd.DataFrame(drift)
 assert (drift.loc[~drift.off_policy, "d"] == 0).all()  # the first minibatch is exactly on-policy
 neg = drift[drift.off_policy & (drift.advantage < 0)]

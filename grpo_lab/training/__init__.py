@@ -1,18 +1,21 @@
-"""The trainer: :class:`~grpo_lab.training.trainer.Trainer` runs one algorithm's loop (collect, score, select, advantages, update) on a
-policy and a task; :class:`~grpo_lab.training.trainer.TrainerConfig` says how it samples and updates. One concern per module:
+"""The trainer: :class:`~grpo_lab.training.trainer.Trainer` runs one algorithm's loop on a policy and a task; :class:`~grpo_lab.training.trainer.TrainerConfig` says how
+it samples and updates. A step is collect → advantages → plan → optimiser steps → history row, one module
+per concern:
 
-* :mod:`grpo_lab.training.trainer`: ``Trainer``, the conductor of a step.
-
+* :mod:`grpo_lab.training.trainer`: ``Trainer``, which owns the models, optimisers, RNGs and history and runs
+  the step.
 * :mod:`grpo_lab.training.config`: ``TrainerConfig``, how a run samples and updates.
-* :mod:`grpo_lab.training.adamw`: the AdamW, weight decay on weight matrices only (``build_adamw``).
+* :mod:`grpo_lab.training.collection`: *collect*: sample a rollout, score it, select groups (``Batch``, ``Scored``).
+* :mod:`grpo_lab.training.update`: *advantages*, *plan* (π_old / π_ref in the update's layout) and the
+  *optimiser steps* (minibatches, micro-batches, the loss, clipping, the learning-rate schedule).
+* :mod:`grpo_lab.training.history`: the history row of a step, its evaluation, and what each column means
+  (``HISTORY_COLUMNS``, ``MEASURED_COLUMNS``).
+* :mod:`grpo_lab.training.value_model`: the critic: its protocol (``ValueModel``), values, pretraining, metrics.
 * :mod:`grpo_lab.training.precision`: the autocast dtype (``resolve_precision``) and float16 loss scaling.
-* :mod:`grpo_lab.training.collection`: the *collect* stage: rollout, scoring, selection (``Batch``, ``Scored``).
-* :mod:`grpo_lab.training.update`: the *update* stage: π_old / π_ref log-probs, minibatches,
-  micro-batches, the optimiser step.
-* :mod:`grpo_lab.training.value_model`: the critic: its slot (``ValueModel``), values, pretraining, metrics.
-* :mod:`grpo_lab.training.history`: the history rows and test-set evaluation.
-* :mod:`grpo_lab.training.learning_signal`: every group tied for several steps in a row, and its warning
-  (``NoLearningSignalWarning``).
+* :mod:`grpo_lab.training.adamw`: AdamW with weight decay on weight matrices only.
+* :mod:`grpo_lab.training.dropout`: dropout and router jitter switched off, train mode kept.
+* :mod:`grpo_lab.training.lr_schedule`: the policy's learning-rate schedule.
+* :mod:`grpo_lab.training.learning_signal`: the warning when every group stays tied (``NoLearningSignalWarning``).
 * :mod:`grpo_lab.training.checkpoints`: save and exact resume.
 * :mod:`grpo_lab.training.callbacks`: the callbacks' hooks and the trackers of ``report_to`` (JSONL,
   TensorBoard, wandb).
@@ -21,9 +24,10 @@ policy and a task; :class:`~grpo_lab.training.trainer.TrainerConfig` says how it
 
 from .callbacks import TRACKERS, TrainerCallback
 from .config import TrainerConfig
-from .trainer import (MEASURED_COLUMNS, PRECISIONS, Batch, DynamicSamplingShortfallWarning, NoLearningSignalWarning,
-                      Scored, Trainer, ValueModel, peak_memory_mb, reset_peak_memory, resolve_precision)
+from .trainer import (HISTORY_COLUMNS, MEASURED_COLUMNS, PRECISIONS, Batch, DynamicSamplingShortfallWarning,
+                      NoLearningSignalWarning, Scored, Trainer, ValueModel, peak_memory_mb, reset_peak_memory,
+                      resolve_precision)
 
-__all__ = ["Trainer", "TrainerConfig", "TrainerCallback", "TRACKERS", "MEASURED_COLUMNS", "PRECISIONS", "Batch",
-           "Scored", "ValueModel", "NoLearningSignalWarning", "DynamicSamplingShortfallWarning", "peak_memory_mb",
+__all__ = ["Trainer", "TrainerConfig", "TrainerCallback", "TRACKERS", "HISTORY_COLUMNS", "MEASURED_COLUMNS",
+           "PRECISIONS", "Batch", "Scored", "ValueModel", "NoLearningSignalWarning", "DynamicSamplingShortfallWarning", "peak_memory_mb",
            "reset_peak_memory", "resolve_precision"]

@@ -1,7 +1,8 @@
-"""Checkpoints: :meth:`~grpo_lab.training.trainer.Trainer.save` writes everything a run needs to continue exactly
-(weights, optimiser states, every RNG state, step counts, history, the task) atomically, and
-:meth:`~grpo_lab.training.trainer.Trainer.resume` rebuilds the trainer from it, checking every file first.
-Both live in the mixin ``Checkpointing``, with the file helpers they share.
+"""Checkpoints: everything a run needs to continue exactly (weights, optimiser states, every RNG state, step
+counts, history, the task), written atomically (:func:`checkpoint_state`, :func:`write_checkpoint`) and read
+back with every file checked first (:func:`load_checkpoint`, :func:`restore_training_state`); the periodic
+checkpoints of ``TrainerConfig.save_every`` (:func:`periodic_checkpoint`, :func:`prune_checkpoints`).
+``Trainer.save`` and ``Trainer.resume`` call them.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import random
 import re
 import shutil
 import warnings
-from dataclasses import asdict, is_dataclass, replace
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,8 +26,10 @@ from ..policy.models import CriticModel, _progress_bars, is_peft_model
 from ..tasks import validate_task
 from ..algo.checks import is_int
 from .config import OUTPUT_FIELDS, TrainerConfig
+from .precision import Precision
 
-__all__: list[str] = []
+__all__ = ["CHECKPOINTS_DIR", "checkpoint_name", "periodic_checkpoints", "checkpoint_state", "write_checkpoint",
+           "load_checkpoint", "restore_training_state", "LoadedCheckpoint"]
 
 #: The subdirectory of ``TrainerConfig.output_dir`` that periodic checkpoints go to
 #: (``TrainerConfig.save_every``), one directory ``step-NNNNNN`` per checkpoint.
@@ -54,250 +57,167 @@ def periodic_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-class Checkpointing:
-    """:meth:`save` and :meth:`resume` of :class:`grpo_lab.training.trainer.Trainer`. Reads and restores ``config``,
-    ``algo``, ``task``, ``policy``, ``tokenizer``, ``ref_policy``, ``value_model``, ``optimizer``,
-    ``value_optimizer``, ``rng``, ``step``, ``opt_steps``, ``rows``, ``value_warmup_rows``, ``scaler`` and
-    ``amp_skipped_steps``; calls ``_show_progress``."""
+def check_checkpointing(config: TrainerConfig) -> None:
+    """At construction: ``TrainerConfig.save_every > 0`` needs an ``output_dir`` to write to.
 
-    def _check_checkpointing(self) -> None:
-        """At construction: ``TrainerConfig.save_every > 0`` needs an ``output_dir`` to write to.
+    Raises:
+        ValueError: ``save_every`` is set and ``output_dir`` is ``None`` (the message names both).
+    """
+    if config.save_every and config.output_dir is None:
+        raise ValueError(f"Trainer: TrainerConfig.save_every={config.save_every} writes checkpoints under "
+                         "TrainerConfig.output_dir, which is None; set output_dir (a directory) or save_every=0")
 
-        Raises:
-            ValueError: ``save_every`` is set and ``output_dir`` is ``None`` (the message names both).
-        """
-        c = self.config
-        if c.save_every and c.output_dir is None:
-            raise ValueError(f"Trainer: TrainerConfig.save_every={c.save_every} writes checkpoints under "
-                             "TrainerConfig.output_dir, which is None; set output_dir (a directory) or save_every=0")
 
-    def _periodic_save(self, final: bool = False) -> Path | None:
-        """After a training step: write a periodic checkpoint when ``TrainerConfig.save_every`` says so.
+def periodic_checkpoint(config: TrainerConfig, step: int, final: bool) -> Path | None:
+    """Where the periodic checkpoint after ``step`` steps goes, ``output_dir/checkpoints/step-NNNNNN``, when
+    ``config.save_every`` asks for one: every ``save_every`` steps and after the last step of a ``train`` call
+    (``final``); ``None`` otherwise (also with ``save_every=0`` or no ``output_dir``)."""
+    if not config.save_every or config.output_dir is None or (step % config.save_every and not final):
+        return None
+    return Path(config.output_dir) / CHECKPOINTS_DIR / checkpoint_name(step)
 
-        Every ``save_every`` steps, and after the last step of a :meth:`train` call (``final``: a run
-        that ends between two multiples, or a longer run started later from it, continues from its
-        end), :meth:`save` writes ``output_dir/checkpoints/step-NNNNNN`` (atomically: a process killed
-        while saving leaves the previous checkpoints as they were), then only the newest
-        ``save_total_limit`` checkpoints are kept, and any half-written one a killed save left
-        behind is deleted. Nothing happens with ``save_every=0`` or without an ``output_dir``.
 
-        Args:
-            final: this is the last step of the :meth:`train` call.
+def checkpoint_state(*, step: int, opt_steps: int, config: TrainerConfig, algo: Algorithm, task,
+                     rng: np.random.Generator, value_warmup_rows: list, amp: Precision) -> dict:
+    """The content of ``state.json``: step, optimiser steps, config, algorithm, task, the numpy and python
+    RNG states, the value-warm-up rows and the float16 gradient scaler's state."""
+    return {
+        "step": step,
+        "opt_steps": opt_steps,
+        "config": config.to_dict(),
+        "algo": asdict(algo),
+        "task": _task_state(task),
+        "numpy_rng": rng.bit_generator.state,
+        "python_rng": _py_state_to_json(random.getstate()),
+        "value_warmup_rows": value_warmup_rows,
+        "grad_scaler": amp.scaler.state_dict() if amp.scaler.is_enabled() else None,
+        "amp_skipped_steps": amp.skipped_steps,
+    }
 
-        Returns:
-            The checkpoint written, or ``None``.
-        """
-        c = self.config
-        if not c.save_every or c.output_dir is None or (self.step % c.save_every and not final):
-            return None
-        directory = Path(c.output_dir) / CHECKPOINTS_DIR
-        path = directory / checkpoint_name(self.step)
-        self.save(path)
-        _prune_checkpoints(directory, c.save_total_limit)
-        return path
 
-    def save(self, path: str | Path) -> Path:
-        """Write a checkpoint directory atomically: ``policy/`` (safetensors + tokenizer), ``ref/``
-        (safetensors, when a KL reference exists), ``value.safetensors`` and
-        ``value_optimizer.pt`` (with a value model), ``optimizer.pt``, ``rng.pt``, ``state.json``
-        (step, config, algorithm, task, numpy and python RNG states) and ``history.json``.
+def write_checkpoint(path: str | Path, state: dict, rows: list, *, task, policy, tokenizer, optimizer,
+                     ref_policy=None, value_model=None, value_optimizer=None, progress: bool = False) -> Path:
+    """Write the checkpoint directory ``path`` atomically (``Trainer.save``): ``state`` (:func:`checkpoint_state`)
+    as ``state.json``, the history ``rows`` as ``history.json``, the weights and optimiser states (written in a
+    sibling ``.NAME.saving`` that replaces ``path`` once complete). ``progress``: transformers' writing bar.
+    Returns ``path``; raises as ``Trainer.save`` says."""
+    validate_task(task)
+    final = Path(path)
+    where = Path(os.path.abspath(final))
+    if where.exists() and not where.is_dir():
+        raise FileExistsError(f"Trainer.save: {final} is a file; a checkpoint is a directory")
+    if where.is_dir() and not (where / "state.json").is_file() and any(where.iterdir()):
+        raise FileExistsError(f"Trainer.save: {final} is a non-empty directory that is not a trainer checkpoint "
+                              "(no state.json); refusing to replace it: choose a new path or an empty directory")
+    state_text = json.dumps(state, indent=2, default=_json_default)
+    base = base_record(policy) if is_peft_model(policy) else None  # LoRA: what resume loads again
+    try:
+        history_text = json.dumps(rows, default=_json_default)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"Trainer.save: the history cannot be written as JSON ({exc}); "
+                         "nothing was written") from None
+    tmp = where.with_name(f".{where.name}.saving")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed while saving
+    try:
+        tmp.mkdir(parents=True)
+        _write_checkpoint_files(tmp, policy, tokenizer, optimizer, ref_policy, value_model, value_optimizer, progress)
+        if base is not None:
+            (tmp / "policy" / BASE_FILE).write_text(json.dumps(base, indent=2))
+        (tmp / "state.json").write_text(state_text)
+        (tmp / "history.json").write_text(history_text)
+        _replace_dir(tmp, where)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
 
-        A LoRA policy (a ``peft.PeftModel``, :mod:`grpo_lab.policy.lora`) is saved as its adapters
-        (``policy/adapter_config.json``, ``policy/adapter_model.safetensors``, as peft writes them, and
-        the tokenizer) plus ``policy/grpo_lab_base.json``, which names the base model
-        (:func:`grpo_lab.policy.lora.base_record`: its shipped checkpoint name, directory or hub id, dtype and
-        parameter count); :meth:`resume` loads that base again. Its default KL reference (the base,
-        adapters disabled) writes no ``ref/``.
 
-        Everything that can be checked is checked before anything is written: the task (still a
-        task, :func:`grpo_lab.tasks.validate_task`), ``state.json`` and ``history.json`` are
-        serialised in memory, and the destination must be absent, empty or a trainer checkpoint.
-        The files then go to a sibling ``.NAME.saving`` directory, which replaces ``path`` only
-        once it is complete (the previous checkpoint is moved aside to ``.NAME.old`` and deleted
-        after the new one is in place; if that move fails, the previous one is put back). A
-        failure at any point (an exception, a full disk, Ctrl-C) deletes the temporary directory
-        and leaves ``path`` as it was: absent, or the previous checkpoint. Only a process killed
-        between the two renames leaves the previous checkpoint at ``.NAME.old``.
+def _write_checkpoint_files(tmp: Path, policy, tokenizer, optimizer, ref_policy, value_model, value_optimizer,
+                            progress: bool) -> None:
+    """Write the weights, the tokenizer, the optimiser states and the torch RNG states into the new
+    checkpoint directory ``tmp`` (:func:`write_checkpoint` adds ``state.json`` and ``history.json``)."""
+    from safetensors.torch import save_file
 
-        With ``TrainerConfig.save_every`` and ``output_dir`` set, :meth:`train` calls it itself every
-        ``save_every`` steps and after its last step, into ``output_dir/checkpoints/step-NNNNNN``
-        (six digits at least), keeping the newest ``save_total_limit``; a run killed at any point
-        continues from the latest (:func:`grpo_lab.experiments.run` with ``resume=True``).
+    with _progress_bars(progress):  # transformers' "Writing model shards" bar
+        policy.save_pretrained(tmp / "policy", safe_serialization=True)
+        tokenizer.save_pretrained(tmp / "policy")
+        if ref_policy is not None and not isinstance(ref_policy, AdapterDisabled):
+            ref_policy.save_pretrained(tmp / "ref", safe_serialization=True)
+    if value_model is not None:
+        save_file({k: v.contiguous() for k, v in value_model.state_dict().items()}, tmp / "value.safetensors")
+        if isinstance(value_model, CriticModel):  # rebuildable without the caller's help
+            value_model.save(tmp / "critic")
+        torch.save(value_optimizer.state_dict(), tmp / "value_optimizer.pt")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save({"torch": torch.random.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
 
-        Any task can be saved. A registered dataclass task (:func:`grpo_lab.tasks.task_spec`) is
-        stored so that :meth:`resume` rebuilds it; any other task is stored by name, class and (a
-        dataclass with JSON-able fields) its fields, and :meth:`resume` takes it as ``task=``
-        unless its class has been registered under its name by then.
 
-        transformers' progress bar (``Writing model shards``) shows only when the trainer's
-        progress bars do (``TrainerConfig.progress``; ``None``: stderr is a terminal, ``$CI`` unset).
+@dataclass
+class LoadedCheckpoint:
+    """What :func:`load_checkpoint` read: the parts ``Trainer.resume`` builds the trainer from, ``state``
+    (``state.json``), the history ``rows`` and whether the checkpoint holds a critic (``has_value``)."""
 
-        Returns:
-            ``path`` (a :class:`pathlib.Path`).
+    path: Path
+    policy: Any
+    tokenizer: Any
+    ref_policy: Any
+    task: Any
+    algo: Algorithm
+    config: TrainerConfig
+    value_model: Any
+    state: dict
+    rows: list
+    has_value: bool
 
-        Raises:
-            TypeError: the trainer's task no longer implements the task protocol.
-            ValueError: the history holds a value that cannot be written as JSON; a LoRA policy whose base
-                was built in memory (no checkpoint to load it from) or trains base parameters.
-            FileExistsError: ``path`` is a file, or a non-empty directory that is not a trainer
-                checkpoint (no ``state.json``): it is never replaced.
-            OSError: writing failed (nothing is left behind, see above).
-        """
-        validate_task(self.task)
-        final = Path(path)
-        where = Path(os.path.abspath(final))
-        if where.exists() and not where.is_dir():
-            raise FileExistsError(f"Trainer.save: {final} is a file; a checkpoint is a directory")
-        if where.is_dir() and not (where / "state.json").is_file() and any(where.iterdir()):
-            raise FileExistsError(f"Trainer.save: {final} is a non-empty directory that is not a trainer checkpoint "
-                                  "(no state.json); refusing to replace it: choose a new path or an empty directory")
-        state_text = json.dumps(self._checkpoint_state(), indent=2, default=_json_default)
-        base = base_record(self.policy) if is_peft_model(self.policy) else None  # LoRA: what resume loads again
-        try:
-            history_text = json.dumps(self.rows, default=_json_default)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"Trainer.save: the history cannot be written as JSON ({exc}); "
-                             "nothing was written") from None
-        tmp = where.with_name(f".{where.name}.saving")
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a process killed while saving
-        try:
-            tmp.mkdir(parents=True)
-            self._write_checkpoint_files(tmp)
-            if base is not None:
-                (tmp / "policy" / BASE_FILE).write_text(json.dumps(base, indent=2))
-            (tmp / "state.json").write_text(state_text)
-            (tmp / "history.json").write_text(history_text)
-            _replace_dir(tmp, where)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        self._notify("on_save", final)  # the callbacks' on_save (grpo_lab.training.callbacks)
-        return final
 
-    def _checkpoint_state(self) -> dict:
-        """The content of ``state.json``: step, optimiser steps, config, algorithm, task, the numpy and python
-        RNG states, the value-warm-up rows and the float16 gradient scaler's state."""
-        return {
-            "step": self.step,
-            "opt_steps": self.opt_steps,
-            "config": self.config.to_dict(),
-            "algo": asdict(self.algo),
-            "task": _task_state(self.task),
-            "numpy_rng": self.rng.bit_generator.state,
-            "python_rng": _py_state_to_json(random.getstate()),
-            "value_warmup_rows": self.value_warmup_rows,
-            "grad_scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "amp_skipped_steps": self.amp_skipped_steps,
-        }
+def load_checkpoint(path: str | Path, *, task=None, device: str | None = None, value_model=None,
+                    output: dict[str, Any] | None = None) -> LoadedCheckpoint:
+    """Read and check the checkpoint ``path`` (every file looked for before anything is loaded) and load its
+    models; the arguments and errors are ``Trainer.resume``'s."""
+    path = Path(path)
+    state, rows, has_value, value_model = _read_checkpoint_state(path, value_model)
+    task = _resume_task(state["task"], task, path)
+    config = TrainerConfig.from_dict(state["config"])
+    if device is not None:
+        config = replace(config, device=device)
+    config = _with_outputs(config, output)
+    algo = _saved_algorithm(state["algo"], path)
+    adapter = (path / "policy" / "adapter_config.json").is_file()  # LoRA: the reference is the base (no ref/)
+    if algo.uses_kl and not adapter and not (path / "ref").is_dir():
+        raise ValueError(f"Trainer.resume: {path} has no ref/ but {algo.name!r} has a KL term; the reference "
+                         "policy cannot be rebuilt from the trained weights")
+    missing = _missing_checkpoint_files(path, ref=algo.uses_kl and (path / "ref").is_dir(), value=has_value,
+                                        adapter=adapter)
+    if missing:
+        raise ValueError(f"Trainer.resume: corrupt checkpoint, {path} lacks " + ", ".join(missing)
+                         + " (Trainer.save writes them all)")
+    policy, tokenizer, ref = _load_checkpoint_models(path, config, algo, value_model if has_value else None,
+                                                     adapter=adapter)
+    return LoadedCheckpoint(path, policy, tokenizer, ref, task, algo, config, value_model, state, rows, has_value)
 
-    def _write_checkpoint_files(self, tmp: Path) -> None:
-        """Write the weights, the tokenizer, the optimiser states and the torch RNG states into the new
-        checkpoint directory ``tmp`` (:meth:`save` adds ``state.json`` and ``history.json``)."""
-        from safetensors.torch import save_file
 
-        with _progress_bars(self._show_progress()):  # transformers' "Writing model shards" bar
-            self.policy.save_pretrained(tmp / "policy", safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp / "policy")
-            if self.ref_policy is not None and not isinstance(self.ref_policy, AdapterDisabled):
-                self.ref_policy.save_pretrained(tmp / "ref", safe_serialization=True)
-        if self.value_model is not None:
-            save_file({k: v.contiguous() for k, v in self.value_model.state_dict().items()},
-                      tmp / "value.safetensors")
-            if isinstance(self.value_model, CriticModel):  # rebuildable without the caller's help
-                self.value_model.save(tmp / "critic")
-            torch.save(self.value_optimizer.state_dict(), tmp / "value_optimizer.pt")
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save({"torch": torch.random.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
+def restore_training_state(path: Path, state: dict, *, optimizer, value_optimizer, rng: np.random.Generator,
+                           amp: Precision) -> None:
+    """Load into a freshly built trainer's parts what they lack from the checkpoint ``path``: the optimiser states
+    (``value_optimizer``: ``None`` when the checkpoint has no critic), the torch, CUDA, numpy (into ``rng``) and
+    python RNG states, and the float16 gradient scaler (into ``amp``); ``state`` is ``state.json``.
 
-    @classmethod
-    def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None,
-               output: dict[str, Any] | None = None) -> Self:
-        """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly.
-
-        Args:
-            path: the checkpoint directory.
-            task: the task to continue with. Needed when the checkpoint's task cannot be rebuilt
-                from the registry (its class was not registered under its name in this process,
-                :func:`grpo_lab.tasks.register_task`, or it is not a dataclass with JSON-able
-                fields); otherwise it overrides the rebuilt task. Pass the same task as saved: a
-                ``RuntimeWarning`` names what differs from the saved one (name, class, fields),
-                since the run then does not continue as it would have.
-            device: override the saved ``TrainerConfig.device``.
-            value_model: a freshly built value model of the saved architecture, required when the
-                checkpoint has one of your own (its weights and optimiser state are loaded into
-                it); a :class:`grpo_lab.policy.models.CriticModel` is rebuilt from the checkpoint.
-            output: fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` to replace in the saved
-                configuration (where the resumed run writes, its trackers, its periodic checkpoints,
-                its progress bar: e.g. ``{"output_dir": "runs/x/GRPO/seed-0"}`` for a run directory
-                that was moved); they never change the run's numbers.
-
-        A periodic checkpoint (``TrainerConfig.save_every``, written under ``output_dir/checkpoints``) resumes like any
-        other; :func:`grpo_lab.experiments.run` (``resume=True``) finds the latest one of each seed.
-
-        Every file the checkpoint needs is looked for before anything is loaded; transformers'
-        loading bars follow the saved ``TrainerConfig.progress`` (as :func:`grpo_lab.policy.models.load_policy`'s
-        ``progress``).
-
-        Raises:
-            FileNotFoundError: ``path`` is not a checkpoint directory.
-            TypeError: ``task`` does not implement the task protocol.
-            ValueError: ``output`` names a field that is not an output field; a file of the checkpoint is missing or corrupt (the message names it:
-                ``optimizer.pt``, ``rng.pt``, ``policy/model.safetensors``, ``policy/tokenizer.json``, ...), the
-                algorithm has a KL term but ``ref/`` is missing, the checkpoint has a value model
-                and none was passed, or its task cannot be rebuilt and no ``task=`` was passed (the
-                message says why and shows both remedies).
-            grpo_lab.policy.lora.BaseModelNotFound: (a ``FileNotFoundError``) a LoRA checkpoint's base
-                model cannot be loaded on this machine (the message names it).
-            ImportError: a LoRA checkpoint and peft is not installed.
-        """
-        path = Path(path)
-        state, rows, has_value, value_model = _read_checkpoint_state(path, value_model)
-        task = _resume_task(state["task"], task, path)
-        config = TrainerConfig.from_dict(state["config"])
-        if device is not None:
-            config = replace(config, device=device)
-        config = _with_outputs(config, output)
-        algo = _saved_algorithm(state["algo"], path)
-        adapter = (path / "policy" / "adapter_config.json").is_file()  # LoRA: the reference is the base (no ref/)
-        if algo.uses_kl and not adapter and not (path / "ref").is_dir():
-            raise ValueError(f"Trainer.resume: {path} has no ref/ but {algo.name!r} has a KL term; the reference "
-                             "policy cannot be rebuilt from the trained weights")
-        missing = _missing_checkpoint_files(path, ref=algo.uses_kl and (path / "ref").is_dir(), value=has_value,
-                                            adapter=adapter)
-        if missing:
-            raise ValueError(f"Trainer.resume: corrupt checkpoint, {path} lacks " + ", ".join(missing)
-                             + " (Trainer.save writes them all)")
-        policy, tokenizer, ref = _load_checkpoint_models(path, config, algo, value_model if has_value else None,
-                                                         adapter=adapter)
-        trainer = cls(policy, tokenizer, task, algo, config, ref_policy=ref, value_model=value_model)
-        trainer._restore_training_state(path, state, rows, has_value)
-        return trainer
-
-    def _restore_training_state(self, path: Path, state: dict, rows: list, has_value: bool) -> None:
-        """Load what a freshly built trainer lacks from the checkpoint ``path``: the optimiser states, the
-        torch, CUDA, numpy and python RNG states, step counts, history, value-warm-up rows and the float16
-        gradient scaler (``state`` is ``state.json``, ``rows`` ``history.json``).
-
-        Raises:
-            ValueError: ``optimizer.pt``, ``value_optimizer.pt`` or ``rng.pt`` is missing or corrupt.
-        """
-        self.optimizer.load_state_dict(_load_pt(path / "optimizer.pt"))
-        if has_value:
-            self.value_optimizer.load_state_dict(_load_pt(path / "value_optimizer.pt"))
-        rng = _load_pt(path / "rng.pt")
-        torch.random.set_rng_state(rng["torch"])
-        if rng["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.rng.bit_generator.state = state["numpy_rng"]
-        random.setstate(_py_state_from_json(state["python_rng"]))
-        self.step = int(state["step"])
-        self.opt_steps = int(state.get("opt_steps", 0))
-        self.rows = rows
-        self.value_warmup_rows = list(state.get("value_warmup_rows", []))
-        if state.get("grad_scaler") and self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["grad_scaler"])
-        self.amp_skipped_steps = int(state.get("amp_skipped_steps", 0))
+    Raises:
+        ValueError: ``optimizer.pt``, ``value_optimizer.pt`` or ``rng.pt`` is missing or corrupt.
+    """
+    optimizer.load_state_dict(_load_pt(path / "optimizer.pt"))
+    if value_optimizer is not None:
+        value_optimizer.load_state_dict(_load_pt(path / "value_optimizer.pt"))
+    saved = _load_pt(path / "rng.pt")
+    torch.random.set_rng_state(saved["torch"])
+    if saved["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
+    rng.bit_generator.state = state["numpy_rng"]
+    random.setstate(_py_state_from_json(state["python_rng"]))
+    if state.get("grad_scaler") and amp.scaler.is_enabled():
+        amp.scaler.load_state_dict(state["grad_scaler"])
+    amp.skipped_steps = int(state.get("amp_skipped_steps", 0))
 
 
 def _with_outputs(config: TrainerConfig, output: dict[str, Any] | None) -> TrainerConfig:
@@ -448,7 +368,7 @@ def _resume_task(spec, task, path: Path):
                      f"grpo_lab.tasks.register_task({name!r}, {short})")
 
 
-def _prune_checkpoints(directory: Path, keep: int | None) -> None:
+def prune_checkpoints(directory: Path, keep: int | None) -> None:
     """Delete all but the newest ``keep`` periodic checkpoints of ``directory`` (``None``: keep all),
     and the hidden ``.step-*.saving`` directories that saves killed mid-way left there."""
     found = periodic_checkpoints(directory)

@@ -1,12 +1,7 @@
-"""The *collect* stage: sample a rollout, score it, select the groups to train on.
-
-:class:`~grpo_lab.training.trainer.Trainer`'s :meth:`~grpo_lab.training.trainer.Trainer.rollout` (generation, in a
-low-precision copy of the weights when ``TrainerConfig.rollout_dtype`` asks),
-:meth:`~grpo_lab.training.trainer.Trainer.score` (the task's rewards and the algorithm's reward shaping),
-:meth:`~grpo_lab.training.trainer.Trainer.collect` (rounds of generation until enough groups are selected:
-DAPO's dynamic sampling) and :meth:`~grpo_lab.training.trainer.Trainer.round_size` (the size of the next
-round) live here, in the mixin ``Collection``, with what the stage hands on:
-:class:`~grpo_lab.training.trainer.Scored` and :class:`~grpo_lab.training.trainer.Batch`.
+"""The *collect* stage: sample a rollout (:func:`sample_rollout`), score it (:func:`score_rollout`: the task's
+rewards, the algorithm's reward shaping), and draw rounds until enough groups are selected (:func:`collect`,
+DAPO's dynamic sampling, rounds sized by :func:`round_size`). It hands on a :class:`Batch` of
+:class:`Scored` rollouts.
 """
 
 from __future__ import annotations
@@ -15,17 +10,21 @@ import math
 import numbers
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ..algo import selection
+from ..algo.algorithms import Algorithm
 from ..policy.models import inference_copy
 from ..policy.rollout import Rollout, generate
 from ..tasks import Problem, correctness
+from .config import TrainerConfig
 from .learning_signal import DynamicSamplingShortfallWarning
+from .precision import Precision
 
-__all__ = ["Scored", "Batch"]
+__all__ = ["Scored", "Batch", "sample_rollout", "score_rollout", "collect", "round_size", "concat_rollouts"]
 
 
 @dataclass
@@ -47,7 +46,7 @@ class Scored:
 
 @dataclass
 class Batch:
-    """What one step trains on (the output of :meth:`Trainer.collect`).
+    """What one step trains on (the output of :func:`collect`).
 
     Attributes:
         generated: every rollout generated this step, scored (for the metrics).
@@ -60,7 +59,7 @@ class Batch:
         returns: ``[B, T]`` float32 critic targets, filled by the *advantages* stage when there are
             values (:meth:`grpo_lab.algo.algorithms.Algorithm.value_targets`).
         selected_groups: groups the selector kept over all rounds, before the surplus of the
-            last round was dropped (the numerator of the running keep rate, :meth:`Trainer.round_size`).
+            last round was dropped (the numerator of the running keep rate, :func:`round_size`).
     """
 
     generated: list[Scored]
@@ -78,124 +77,120 @@ class Batch:
 Scored.__module__ = Batch.__module__ = "grpo_lab.training.trainer"
 
 
-class Collection:
-    """The *collect* stage of :class:`grpo_lab.training.trainer.Trainer`. Reads ``config``, ``task``, ``algo``,
-    ``policy``, ``tokenizer``, ``rng``, ``max_new_tokens``, ``rows``, ``step`` and ``value_model``;
-    calls ``_autocast`` and ``_values``."""
+def sample_rollout(policy, tokenizer, task, config: TrainerConfig, rng: np.random.Generator, amp: Precision,
+                   max_new_tokens: int, n_prompts: int) -> Rollout:
+    """One rollout of ``policy``: ``n_prompts`` questions drawn by ``task.sample(n, rng)``, G =
+    ``config.group_size`` responses each (:func:`grpo_lab.policy.rollout.generate`, under ``amp``'s autocast; in a
+    low-precision copy of the weights when ``config.rollout_dtype`` asks).
 
-    def rollout(self, n_prompts: int | None = None) -> Rollout:
-        """Sample one rollout (``n_prompts`` questions, default ``prompts_per_step``, × G responses)
-        with the current policy.
+    Raises:
+        TypeError: ``task.sample(n, rng)`` did not return a list of exactly ``n``
+            :class:`grpo_lab.tasks.Problem` with non-empty ``str`` prompts (the task protocol,
+            :class:`grpo_lab.tasks.base.Task`); the message names the task and what it returned.
+    """
+    problems = task.sample(n_prompts, rng)
+    _check_sampled(task, problems, n_prompts)
+    sampler = policy
+    if config.rollout_dtype != "float32":  # an "inference engine": a low-precision copy of the current weights
+        sampler = inference_copy(policy, config.rollout_dtype, fp32_lm_head=config.rollout_fp32_lm_head)
+    with amp.autocast():
+        return generate(sampler, tokenizer, problems, group_size=config.group_size,
+                        max_new_tokens=max_new_tokens, temperature=config.temperature)
 
-        Raises:
-            TypeError: ``task.sample(n, rng)`` did not return a list of exactly ``n``
-                :class:`grpo_lab.tasks.Problem` with non-empty ``str`` prompts (the task protocol,
-                :class:`grpo_lab.tasks.base.Task`); the message names the task and what it returned.
-        """
-        c = self.config
-        n = c.prompts_per_step if n_prompts is None else n_prompts
-        problems = self.task.sample(n, self.rng)
-        _check_sampled(self.task, problems, n)
-        sampler = self.policy
-        if c.rollout_dtype != "float32":  # an "inference engine": a low-precision copy of the current weights
-            sampler = inference_copy(self.policy, c.rollout_dtype, fp32_lm_head=c.rollout_fp32_lm_head)
-        with self._autocast():
-            return generate(sampler, self.tokenizer, problems, group_size=c.group_size,
-                            max_new_tokens=self.max_new_tokens, temperature=c.temperature)
 
-    def score(self, ro: Rollout) -> Scored:
-        """Task rewards and correctness of a rollout, and the training reward (:func:`grpo_lab.algo.selection.shape`).
+def score_rollout(task, algo: Algorithm, ro: Rollout, max_new_tokens: int) -> Scored:
+    """Task rewards and correctness of ``ro``, and the training reward (:func:`grpo_lab.algo.selection.shape`).
 
-        The rewards come from the task's optional batched ``rewards(texts, problems)``, called once
-        for the rollout, when it has one; otherwise from ``reward(text, problem)``, once per response.
-        Correctness likewise comes from the optional batched ``correct(texts, problems)``, called once
-        after the rewards on the same lists, else from ``is_correct`` once per response
-        (:func:`grpo_lab.tasks.correctness`).
+    Rewards come from the task's optional batched ``rewards(texts, problems)`` (one call), else from
+    ``reward(text, problem)`` per response; correctness likewise from ``correct`` or ``is_correct``
+    (:func:`grpo_lab.tasks.correctness`).
 
-        Raises:
-            TypeError: the task returned a reward that is not a real number (e.g. ``None`` or a
-                string), or ``rewards`` / ``correct`` returned a list of the wrong length or of the
-                wrong kind; the message names the sample index, its problem and its text.
-            ValueError: a NaN or infinite reward (same details).
-        """
-        if hasattr(self.task, "rewards"):  # the optional batched reward: one call per round
-            raw = torch.tensor(_check_rewards(self.task.rewards(list(ro.texts), list(ro.problems)), ro),
-                               dtype=torch.float32)
-        else:
-            raw = torch.tensor([_check_reward(self.task.reward(t, p), i, t, p)
-                                for i, (t, p) in enumerate(zip(ro.texts, ro.problems))], dtype=torch.float32)
-        correct = torch.tensor(correctness(self.task, ro.texts, ro.problems))  # batched `correct` when offered
-        shaped = selection.shape(self.algo, raw, ro.lengths.cpu(), self.max_new_tokens)
-        return Scored(ro, raw, correct, shaped)
+    Raises:
+        TypeError: a reward that is not a real number, or ``rewards`` / ``correct`` returned a list of the
+            wrong length or kind (the message names the sample index, its problem and its text).
+        ValueError: a NaN or infinite reward (same details).
+    """
+    if hasattr(task, "rewards"):  # the optional batched reward: one call per round
+        raw = torch.tensor(_check_rewards(task.rewards(list(ro.texts), list(ro.problems)), ro), dtype=torch.float32)
+    else:
+        raw = torch.tensor([_check_reward(task.reward(t, p), i, t, p)
+                            for i, (t, p) in enumerate(zip(ro.texts, ro.problems))], dtype=torch.float32)
+    correct = torch.tensor(correctness(task, ro.texts, ro.problems))  # batched `correct` when offered
+    shaped = selection.shape(algo, raw, ro.lengths.cpu(), max_new_tokens)
+    return Scored(ro, raw, correct, shaped)
 
-    def collect(self) -> Batch:
-        """Generate, score and select this step's training rows.
 
-        Rounds of generation are drawn until ``prompts_per_step`` groups were selected
-        (:func:`grpo_lab.algo.selection.select_groups`; extras of the last round are dropped) or
-        ``max_gen_rounds`` rounds were drawn. Keeping every group (the default selector) takes one
-        rollout of ``prompts_per_step`` questions; DAPO's dynamic sampling (Eq. 11) may take
-        several, sized by :meth:`round_size`.
+def collect(sample: Callable[[int], Scored], algo: Algorithm, config: TrainerConfig, rows: list[dict], *,
+            step: int, pad_id: int, values: Callable[[Rollout], torch.Tensor] | None = None) -> Batch:
+    """The *collect* stage: generate, score and select one step's training rows.
 
-        Raises:
-            RuntimeError: too few groups after ``max_gen_rounds`` with ``on_gen_rounds_exhausted="error"``.
-        """
-        c, G = self.config, self.config.group_size
-        batch, parts, n_kept = Batch(generated=[]), [], 0
-        while n_kept < c.prompts_per_step and len(batch.generated) < c.max_gen_rounds:
-            n_prompts = self.round_size(c.prompts_per_step - n_kept, batch) if batch.generated else c.prompts_per_step
-            s = self.score(self.rollout(n_prompts))
-            batch.generated.append(s)
-            selected = selection.select_groups(self.algo, s.correct, G)
-            batch.selected_groups += len(selected)
-            groups = selected[: c.prompts_per_step - n_kept]
-            if len(groups) * G == len(s.rollout):
-                parts.append((s.rollout, s.rewards, s.correct))
-            elif len(groups):
-                rows = (groups[:, None] * G + torch.arange(G)).flatten()
-                parts.append((s.rollout.select(rows), s.rewards[rows], s.correct[rows]))
-            n_kept += len(groups)
-        if n_kept < c.prompts_per_step:
-            self._short_of_groups(n_kept)
-        if parts:
-            batch.rollout = _concat_rollouts([p[0] for p in parts], self.tokenizer.pad_token_id)
-            batch.rewards = torch.cat([p[1] for p in parts])
-            batch.correct = torch.cat([p[2] for p in parts])
-            batch.loss_mask = selection.loss_mask(self.algo, batch.rollout.completion_mask, batch.rollout.truncated)
-            if self.value_model is not None:
-                batch.values = self._values(batch.rollout)
-        return batch
+    Rounds of ``sample(n_prompts)`` (a scored rollout) are drawn until ``config.prompts_per_step`` groups were
+    selected (:func:`grpo_lab.algo.selection.select_groups`; extras of the last round are dropped) or
+    ``config.max_gen_rounds`` rounds were drawn. Keeping every group (the default selector) takes one round;
+    DAPO's dynamic sampling (Eq. 11) may take several, sized by :func:`round_size` from the history ``rows``.
+    ``values``: the critic's values of the kept rows (``Batch.values``), or ``None`` without a critic.
+    ``step``: the steps done (for the shortfall message); ``pad_id``: the tokenizer's pad id.
 
-    def round_size(self, missing: int, batch: Batch) -> int:
-        """Questions to sample in the next dynamic-sampling round when ``missing`` groups are still
-        needed: ``prompts_per_step`` with ``TrainerConfig.topup=False``; otherwise
-        ``min(prompts_per_step, ceil(missing / keep_rate))``, where ``keep_rate`` is the fraction of
-        generated groups selected over the run so far (earlier steps' ``selected_groups`` /
-        ``generated_groups`` history columns plus this step's rounds); ``prompts_per_step`` while
-        no group has been selected yet. Deterministic given the history, so resume stays exact."""
-        c = self.config
-        if not c.topup:
-            return c.prompts_per_step
-        G = c.group_size
-        generated = sum(len(s.rollout) for s in batch.generated) // G
-        selected = batch.selected_groups
-        for r in self.rows:
-            if "generated_groups" in r and "selected_groups" in r:
-                generated += int(r["generated_groups"])
-                selected += int(r["selected_groups"])
-        if selected == 0:
-            return c.prompts_per_step
-        return max(1, min(c.prompts_per_step, -(-missing * generated // selected)))  # integer ceil
+    Raises:
+        RuntimeError: too few groups after ``max_gen_rounds`` with ``on_gen_rounds_exhausted="error"``.
+    """
+    c, G = config, config.group_size
+    batch, parts, n_kept = Batch(generated=[]), [], 0
+    while n_kept < c.prompts_per_step and len(batch.generated) < c.max_gen_rounds:
+        n_prompts = round_size(c.prompts_per_step - n_kept, batch, c, rows) if batch.generated else c.prompts_per_step
+        s = sample(n_prompts)
+        batch.generated.append(s)
+        selected = selection.select_groups(algo, s.correct, G)
+        batch.selected_groups += len(selected)
+        groups = selected[: c.prompts_per_step - n_kept]
+        if len(groups) * G == len(s.rollout):
+            parts.append((s.rollout, s.rewards, s.correct))
+        elif len(groups):
+            kept = (groups[:, None] * G + torch.arange(G)).flatten()
+            parts.append((s.rollout.select(kept), s.rewards[kept], s.correct[kept]))
+        n_kept += len(groups)
+    if n_kept < c.prompts_per_step:
+        _short_of_groups(n_kept, c, step)
+    if parts:
+        batch.rollout = concat_rollouts([p[0] for p in parts], pad_id)
+        batch.rewards = torch.cat([p[1] for p in parts])
+        batch.correct = torch.cat([p[2] for p in parts])
+        batch.loss_mask = selection.loss_mask(algo, batch.rollout.completion_mask, batch.rollout.truncated)
+        if values is not None:
+            batch.values = values(batch.rollout)
+    return batch
 
-    def _short_of_groups(self, n_kept: int) -> None:
-        c = self.config
-        msg = (f"dynamic sampling: only {n_kept} of prompts_per_step={c.prompts_per_step} groups had mixed "
-               f"accuracy (0 < acc < 1) after max_gen_rounds={c.max_gen_rounds} rounds at step {self.step + 1}")
-        if c.on_gen_rounds_exhausted == "error":
-            raise RuntimeError(msg + "; raise TrainerConfig.max_gen_rounds or set on_gen_rounds_exhausted='warn'")
-        warnings.warn(msg + ("; training on those groups" if n_kept else "; skipping this step's update")
-                      + " (TrainerConfig.max_gen_rounds bounds the extra generation)", DynamicSamplingShortfallWarning,
-                      stacklevel=4)
+
+def round_size(missing: int, batch: Batch, config: TrainerConfig, rows: list[dict]) -> int:
+    """Questions to sample in the next dynamic-sampling round when ``missing`` groups are still needed:
+    ``prompts_per_step`` with ``config.topup=False``; otherwise ``min(prompts_per_step, ceil(missing /
+    keep_rate))``, ``keep_rate`` the fraction of generated groups selected over the run so far (the history
+    ``rows``' ``selected_groups`` / ``generated_groups`` plus this step's rounds in ``batch``);
+    ``prompts_per_step`` while no group has been selected yet. Deterministic given the history (exact resume)."""
+    c = config
+    if not c.topup:
+        return c.prompts_per_step
+    generated = sum(len(s.rollout) for s in batch.generated) // c.group_size
+    selected = batch.selected_groups
+    for r in rows:
+        if "generated_groups" in r and "selected_groups" in r:
+            generated += int(r["generated_groups"])
+            selected += int(r["selected_groups"])
+    if selected == 0:
+        return c.prompts_per_step
+    return max(1, min(c.prompts_per_step, -(-missing * generated // selected)))  # integer ceil
+
+
+def _short_of_groups(n_kept: int, c: TrainerConfig, step: int) -> None:
+    """Dynamic sampling kept fewer than ``prompts_per_step`` groups: ``RuntimeError`` or a warning, as
+    ``on_gen_rounds_exhausted`` says."""
+    msg = (f"dynamic sampling: only {n_kept} of prompts_per_step={c.prompts_per_step} groups had mixed "
+           f"accuracy (0 < acc < 1) after max_gen_rounds={c.max_gen_rounds} rounds at step {step + 1}")
+    if c.on_gen_rounds_exhausted == "error":
+        raise RuntimeError(msg + "; raise TrainerConfig.max_gen_rounds or set on_gen_rounds_exhausted='warn'")
+    warnings.warn(msg + ("; training on those groups" if n_kept else "; skipping this step's update")
+                  + " (TrainerConfig.max_gen_rounds bounds the extra generation)", DynamicSamplingShortfallWarning,
+                  stacklevel=5)
 
 
 def _check_sampled(task, problems, n: int) -> None:
@@ -244,7 +239,7 @@ def _check_rewards(values, ro: Rollout) -> list[float]:
     return [_check_reward(v, i, t, p, "rewards") for i, (v, t, p) in enumerate(zip(values, ro.texts, ro.problems))]
 
 
-def _concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     """One :class:`Rollout` from several (the kept groups of several dynamic-sampling rounds).
 
     Rollouts of different prompt / completion widths are padded to the widest: prompts on the
@@ -257,12 +252,12 @@ def _concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         ValueError: no parts, or parts with different ``group_size`` / ``temperature``.
     """
     if not parts:
-        raise ValueError("_concat_rollouts: no rollouts given")
+        raise ValueError("concat_rollouts: no rollouts given")
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
     if any(r.group_size != first.group_size or r.temperature != first.temperature for r in parts):
-        raise ValueError("_concat_rollouts: rollouts differ in group_size or temperature")
+        raise ValueError("concat_rollouts: rollouts differ in group_size or temperature")
     P = max(r.prompt_ids.shape[1] for r in parts)
     T = max(r.completion_ids.shape[1] for r in parts)
 

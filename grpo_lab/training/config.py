@@ -4,7 +4,7 @@ algorithm or the task)."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -12,7 +12,13 @@ from ..algo.checks import choice, flag, non_negative_int, positive_int, positive
 from .lr_schedule import LR_SCHEDULES
 from .precision import PRECISIONS
 
-__all__ = ["TrainerConfig", "OUTPUT_FIELDS"]
+__all__ = ["TrainerConfig", "OUTPUT_FIELDS", "field_help"]
+
+
+def _f(default, help: str):
+    """A dataclass field with ``default`` and its one-line ``help`` in the metadata."""
+    return field(default=default, metadata={"help": help})
+
 
 #: The :class:`~grpo_lab.training.trainer.TrainerConfig` fields that decide what a run shows and writes (its progress
 #: bar, its output directory, its trackers, its periodic checkpoints), never its numbers: two runs that differ
@@ -23,173 +29,72 @@ OUTPUT_FIELDS = ("progress", "output_dir", "report_to", "save_every", "save_tota
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """How a run samples and updates (everything that is not the algorithm or the task).
+    """How a run samples and updates: everything that is not the algorithm or the task.
 
-    Attributes:
-        prompts_per_step: questions per rollout.
-        group_size: G, responses per question (rollout has ``prompts_per_step * G`` rows).
-        max_new_tokens: generation budget (default: the task's).
-        temperature: sampling temperature (log-probs are computed at the same temperature).
-        lr, weight_decay, betas, grad_clip: AdamW and global-norm clipping (``grad_clip > 0``: the
-            largest global gradient norm; 0 would zero every update). ``weight_decay`` is decoupled and
-            applies to the weight matrices only, not to biases and norm weights (transformers' rule,
-            :mod:`grpo_lab.training.adamw`).
-        warmup: optimiser steps of linear learning-rate warm-up of the policy (Adam's first steps
-            move every parameter by about ``lr`` whatever its gradient, which can collapse a token's
-            probability in a tiny model; a short warm-up avoids it). Update ``k`` gets ``lr * k / warmup``
-            while ``k < warmup`` (transformers' convention: the first update at 0). A value model trains at a
-            constant ``value_lr``.
-        lr_schedule: the policy's learning rate after the warm-up, through transformers' schedulers
-            (:mod:`grpo_lab.training.lr_schedule`): ``"constant"`` (``lr``), ``"linear"`` (decays linearly
-            towards 0) or ``"cosine"`` (half a cosine towards 0), over ``lr_schedule_steps``. Update ``k``
-            (0-based) gets transformers' multiplier at ``k``, as in TRL and verl: with a warm-up the first
-            update runs at learning rate 0 (:func:`grpo_lab.training.lr_schedule.policy_lr`).
-        lr_schedule_steps: the RL steps the decay spans (``None`` or a positive int); the horizon in
-            optimiser updates is ``lr_schedule_steps × epochs × minibatches``. Needed by ``"linear"`` and
-            ``"cosine"`` (``Trainer`` raises without it); :func:`grpo_lab.experiments.run` sets it to the
-            run's steps when it is ``None``. Ignored by ``"constant"``.
-        epochs: μ passes over each rollout.
-        minibatches: optimiser steps per pass (each on ``B / minibatches`` rows).
-        micro_batch_size: rows per forward/backward inside a minibatch (gradient accumulation
-            with global token counts); the no-grad π_old / π_ref forwards run on exactly the same
-            micro-batches (rows, order, padding), so that a row's π_old and its π_θ in training
-            come from forwards of the same shape; ``None`` = the whole minibatch.
-        sort_by_length: cut micro-batches from the rows of a minibatch in order of length when
-            there are several, so that each is trimmed to its own
-            longest row: the same gradient (a sum over micro-batches with global normalisers, up to
-            float rounding), less padding. With 16 × 8 rows of the arithmetic task, 46% of a
-            minibatch's prompt + completion positions are real tokens; two length-sorted
-            micro-batches of 32 instead of one of 64 took one forward + backward from 141 to 92 ms
-            (one thread), about 5% of a whole CPU-profile run, and no measurable gain at two threads.
-        old_logp: ``"recompute"`` (π_old = the policy before this rollout's first update,
-            recomputed by a forward pass) or ``"behaviour"`` (the sampler's log-probs).
-        rollout_dtype: ``"float32"`` (sample with the policy itself) or ``"bfloat16"`` /
-            ``"float16"``: sample from a copy of the policy's current weights in that dtype
-            (:func:`grpo_lab.policy.models.inference_copy`), as an inference engine does; the behaviour
-            log-probs then come from that copy, and ``old_logp="behaviour"`` trains against them
-            (with the default ``old_logp="recompute"`` they are recorded in the rollout but the
-            loss does not use them: only the samples come from the low-precision copy).
-        rollout_fp32_lm_head: with a low-precision ``rollout_dtype``, compute that copy's output
-            head in float32 (MiniMax-M1, arXiv 2506.13585, §3.2: the fix for the mismatch).
-        eval_every: greedy test accuracy every this many steps (and before the first and after
-            the last step); 0 disables.
-        eval_sampled: also measure sampled accuracy (temperature ``temperature``, 1 sample).
-        eval_batch_size: test problems per ``generate`` call of an evaluation
-            (:func:`grpo_lab.policy.rollout.evaluate`'s ``batch_size``; positive int). An evaluation's
-            memory grows with it (the KV cache, and a few ``[rows, vocabulary]`` float32 tensors
-            per decoding step). Changing it regroups the problems, so the left padding and the
-            kernels' rounding change and a greedy completion can change at a near-tie.
-        seed: seeds python, numpy (prompt sampling) and torch (initial state, sampling).
-        device: ``"cpu"`` / ``"cuda"``.
-        threads: torch intra-op threads (``None`` leaves the setting alone).
-        progress: tqdm bar; ``None`` = only when stderr is a terminal and not under CI.
-        max_gen_rounds: dynamic sampling (DAPO Eq. 11) only: at most this many generation rounds
-            per step while collecting ``prompts_per_step`` groups of mixed accuracy (verl's
-            ``max_num_gen_batches``).
-        topup: dynamic sampling only. ``True``: the first round samples ``prompts_per_step``
-            questions and each further round only about as many as the groups still missing need,
-            ``ceil(missing / keep_rate)`` questions (at most ``prompts_per_step``), where
-            ``keep_rate`` is the fraction of generated groups the filter has kept over the run so
-            far (this step's rounds included). With 23% zero-advantage groups that generates about
-            1/(1-0.23) = 1.3 responses per trained response. ``False``: every round samples a
-            whole ``prompts_per_step`` batch and the surplus groups of the last round are
-            discarded (verl's DAPO recipe), about twice the generation at that rate.
-        on_gen_rounds_exhausted: what happens when ``max_gen_rounds`` rounds did not yield
-            enough mixed groups: ``"warn"`` (a ``RuntimeWarning``; train on the groups collected,
-            or skip the update when there are none) or ``"error"`` (``RuntimeError``).
-        value_lr: learning rate of the value model's optimiser (``None``: ``lr``); used only
-            when the trainer has a value model. VAPO (§5.1) runs its critic at twice the actor's
-            learning rate (2e-6 against 1e-6).
-        value_init: the critic the trainer builds when the algorithm's advantage estimator needs
-            values (:data:`grpo_lab.algo.advantages.VALUE_BASELINE_ESTIMATORS`, e.g. ``"gae"``) and no
-            ``value_model`` is passed: ``"policy"`` (a copy of the policy's backbone with a zero
-            scalar head), ``"scratch"`` (a small randomly initialised transformer) or the
-            directory of a saved critic (:meth:`grpo_lab.policy.models.CriticModel.save`, e.g. one
-            pretrained with :meth:`Trainer.pretrain_value`); see :meth:`grpo_lab.policy.models.CriticModel.build`.
-        value_warmup_steps: VAPO §4.1 *Value-Pretraining* inside the run: before the first RL
-            step, this many steps of :meth:`Trainer.pretrain_value` (the critic fitted to
-            Monte-Carlo returns of the initial policy, which is not updated). 0 = none. Skipped
-            when the trainer's critic was already pretrained (``pretrain_value`` called before
-            ``train``, or a resumed run). ``Trainer`` raises ``ValueError`` when there is no value
-            model to pretrain.
-        routing_replay: Routing Replay for Mixture-of-Experts policies (GSPO, arXiv 2507.18071,
-            §5.3): the experts each token was routed to when π_old was scored (the no-grad π_old
-            forward and the first minibatch's on-policy forward, whose detached log-probs are
-            π_old) are forced whenever π_θ is scored on the same rollout in a later optimiser
-            step; the gate weights are recomputed from the current router logits at those experts
-            (:func:`grpo_lab.policy.moe.replay_routing`), so the router still learns. Needs a MoE policy
-            (``Trainer`` raises ``ValueError`` otherwise) and ``old_logp="recompute"`` (the
-            sampler's routing is not recorded). It acts only when a rollout feeds more than one
-            optimiser step (``epochs`` × ``minibatches`` > 1).
-        precision: the dtype of the policy's (and critic's, and reference's) forward passes, in
-            generation, scoring and training, through ``torch.autocast``; parameters, gradients,
-            optimiser state and every log-prob the loss sees stay float32 (the usual
-            mixed-precision recipe). ``"float32"``: no autocast. ``"bfloat16"``: autocast to
-            bfloat16. ``"float16"``: autocast to float16 with a ``torch.amp.GradScaler`` (float16's
-            range is too narrow for small gradients without loss scaling; a step whose scaled
-            gradients overflow, in the policy or the critic, is skipped for both and counted in the
-            history's ``amp_skipped_steps``, and the scale is lowered; a forward pass that overflows
-            float16 is not caught by the scaler). ``"auto"``: :func:`resolve_precision`, bfloat16 on a CUDA GPU of
-            compute capability 8.0 or more (A100, H100, L4), float16 on older ones (T4, V100),
-            float32 on CPU. The policy's parameters must be float32 (``Trainer`` raises otherwise).
-        gradient_checkpointing: recompute each decoder layer's activations in the backward pass
-            instead of keeping them (``transformers``' ``gradient_checkpointing_enable`` with
-            ``use_reentrant=False``): the training forward keeps about one hidden state per layer
-            instead of every intermediate, for about one more forward's compute. The gradient is
-            the same (tested). Needs a policy that supports it (``supports_gradient_checkpointing``;
-            ``Trainer`` raises ``ValueError`` otherwise) and is refused with ``routing_replay``
-            (the recomputed forward runs after the replay context has closed, so it would route as
-            the router chooses, not as π_old did).
-        output_dir: the directory this run writes into (its step log ``metrics.jsonl``, its trackers'
-            files, its periodic checkpoints); ``None``: nothing is written. :func:`grpo_lab.experiments.run`
-            gives each seed its own directory under the one it is given.
-        report_to: where each step's metrics go, a tuple of tracker names: ``"jsonl"`` (one JSON line per
-            step in ``output_dir``, written and flushed as the step ends), ``"tensorboard"``, ``"wandb"``
-            (see :mod:`grpo_lab.training.callbacks`); ``()`` for none. Only acts with an ``output_dir``.
-        save_every: write a checkpoint (:meth:`Trainer.save`) under ``output_dir/checkpoints`` every this
-            many steps (0: never); a run killed mid-way resumes from the latest one
-            (``experiments.run(..., resume=True)``).
-        save_total_limit: keep only the newest this many periodic checkpoints (``None``: all).
+    Frozen; every value is checked when it is built (``ValueError`` naming the field). Each field's help is in its
+    metadata (:func:`field_help`). :data:`OUTPUT_FIELDS` never change a run's numbers.
     """
 
-    prompts_per_step: int = 16
-    group_size: int = 8
-    max_new_tokens: int | None = None
-    temperature: float = 1.0
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    betas: tuple = (0.9, 0.99)
-    grad_clip: float = 1.0
-    warmup: int = 0
-    lr_schedule: str = "constant"
-    lr_schedule_steps: int | None = None
-    epochs: int = 1
-    minibatches: int = 1
-    micro_batch_size: int | None = None
-    sort_by_length: bool = True
-    old_logp: str = "recompute"
-    rollout_dtype: str = "float32"
-    rollout_fp32_lm_head: bool = False
-    eval_every: int = 10
-    eval_sampled: bool = False
-    eval_batch_size: int = 256
-    seed: int = 0
-    device: str = "cpu"
-    threads: int | None = None
-    progress: bool | None = None
-    max_gen_rounds: int = 8
-    topup: bool = True
-    on_gen_rounds_exhausted: str = "warn"
-    value_lr: float | None = None
-    routing_replay: bool = False
-    value_init: str = "policy"
-    value_warmup_steps: int = 0
-    precision: str = "float32"
-    gradient_checkpointing: bool = False
-    output_dir: str | None = None
-    report_to: tuple = ("jsonl",)
-    save_every: int = 0
-    save_total_limit: int | None = 2
+    prompts_per_step: int = _f(16, "questions per rollout")
+    group_size: int = _f(8, "G, responses per question (a rollout has prompts_per_step × G rows)")
+    max_new_tokens: int | None = _f(None, "generation budget, tokens (None: the task's)")
+    temperature: float = _f(1.0, "sampling temperature; log-probs are computed at the same temperature")
+    lr: float = _f(1e-4, "the policy's AdamW learning rate")
+    weight_decay: float = _f(0.0, "decoupled weight decay, on weight matrices only (grpo_lab.training.adamw)")
+    betas: tuple = _f((0.9, 0.99), "AdamW's (β1, β2)")
+    grad_clip: float = _f(1.0, "largest global gradient norm (clipped above it; > 0)")
+    warmup: int = _f(0, "optimiser steps of linear learning-rate warm-up: update k gets lr · k / warmup "
+                        "(transformers' convention: the first at 0)")
+    lr_schedule: str = _f("constant", "after the warm-up: 'constant', 'linear' or 'cosine' decay towards 0 over "
+                                      "lr_schedule_steps (transformers' schedulers, grpo_lab.training.lr_schedule)")
+    lr_schedule_steps: int | None = _f(None, "RL steps the decay spans (× epochs × minibatches optimiser updates); "
+                                             "needed by 'linear' / 'cosine' (experiments.run sets it to the run's steps)")
+    epochs: int = _f(1, "μ, passes over each rollout")
+    minibatches: int = _f(1, "optimiser steps per pass, each on B / minibatches rows (must divide B)")
+    micro_batch_size: int | None = _f(None, "rows per forward/backward inside a minibatch (gradient accumulation with "
+                                            "global normalisers; π_old / π_ref scored in the same micro-batches); "
+                                            "None: the whole minibatch")
+    sort_by_length: bool = _f(True, "cut micro-batches from a minibatch's rows in order of length (the same "
+                                    "gradient, less padding)")
+    old_logp: str = _f("recompute", "π_old: 'recompute' (the policy before the rollout's first update, a forward "
+                                    "pass) or 'behaviour' (the sampler's log-probs)")
+    rollout_dtype: str = _f("float32", "'float32' samples with the policy; 'bfloat16' / 'float16' with a copy in "
+                                       "that dtype (grpo_lab.policy.models.inference_copy), as an inference engine")
+    rollout_fp32_lm_head: bool = _f(False, "that low-precision copy's output head in float32 (MiniMax-M1, arXiv "
+                                           "2506.13585, §3.2)")
+    eval_every: int = _f(10, "greedy test accuracy every this many steps, before the first and after the last; "
+                             "0: never")
+    eval_sampled: bool = _f(False, "also the sampled test accuracy (temperature, one sample)")
+    eval_batch_size: int = _f(256, "test problems per generate call of an evaluation (regrouping can flip a "
+                                   "greedy near-tie)")
+    seed: int = _f(0, "seeds python, numpy (prompt sampling) and torch (initial state, sampling)")
+    device: str = _f("cpu", "the training device, 'cpu' / 'cuda'")
+    threads: int | None = _f(None, "torch intra-op threads (None: left alone)")
+    progress: bool | None = _f(None, "tqdm bar; None: only when stderr is a terminal and $CI is unset")
+    max_gen_rounds: int = _f(8, "dynamic sampling (DAPO Eq. 11): at most this many generation rounds per step "
+                                "(verl's max_num_gen_batches)")
+    topup: bool = _f(True, "dynamic sampling: later rounds sample ceil(missing / keep rate) questions (the run's "
+                           "keep rate); False: a whole prompts_per_step batch each (verl's DAPO recipe)")
+    on_gen_rounds_exhausted: str = _f("warn", "too few mixed groups after max_gen_rounds: 'warn' (train on those "
+                                              "collected, or skip the update) or 'error'")
+    value_lr: float | None = _f(None, "the critic's learning rate (None: lr); VAPO §5.1 uses twice the actor's")
+    routing_replay: bool = _f(False, "MoE policies: force π_old's experts whenever π_θ is scored on the same rollout "
+                                     "(GSPO, arXiv 2507.18071, §5.3); needs old_logp='recompute'")
+    value_init: str = _f("policy", "the critic built when the advantage estimator needs values: 'policy' (its "
+                                   "backbone, zero head), 'scratch' or a saved critic's directory")
+    value_warmup_steps: int = _f(0, "VAPO §4.1 value pretraining: steps of Trainer.pretrain_value before the first "
+                                    "RL step (skipped when already pretrained)")
+    precision: str = _f("float32", "autocast dtype of every forward: 'float32', 'bfloat16', 'float16' (with loss "
+                                   "scaling) or 'auto' (resolve_precision); weights and optimiser stay float32")
+    gradient_checkpointing: bool = _f(False, "recompute each layer's activations in the backward (less memory, one "
+                                             "more forward); refused with routing_replay")
+    output_dir: str | None = _f(None, "where the run writes (step log, trackers, periodic checkpoints); None: "
+                                      "nothing is written")
+    report_to: tuple = _f(("jsonl",), "trackers of each step's metrics: 'jsonl', 'tensorboard', 'wandb' "
+                                      "(grpo_lab.training.callbacks); () for none; needs output_dir")
+    save_every: int = _f(0, "a checkpoint under output_dir/checkpoints every this many steps and after the last; "
+                            "0: never")
+    save_total_limit: int | None = _f(2, "keep the newest this many periodic checkpoints (None: all)")
 
     def __post_init__(self):
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds", "eval_batch_size"):
@@ -299,4 +204,20 @@ class TrainerConfig:
         return cls(**d)
 
 
+# the API reference lists every field with its help (one source: the field metadata above)
+if TrainerConfig.__doc__:  # None under python -OO
+    TrainerConfig.__doc__ += "\n    Attributes:\n" + "".join(f"        {f.name}: {f.metadata['help']}\n"
+                                                        for f in fields(TrainerConfig))
 TrainerConfig.__module__ = "grpo_lab.training.trainer"  # documented, pickled and imported as grpo_lab.training.trainer.TrainerConfig
+
+
+def field_help(name: str) -> str:
+    """The help of the :class:`TrainerConfig` field ``name`` (what, unit, paper reference).
+
+    Raises:
+        KeyError: ``name`` is not a field.
+    """
+    for f in fields(TrainerConfig):
+        if f.name == name:
+            return f.metadata["help"]
+    raise KeyError(f"TrainerConfig has no field {name!r}")

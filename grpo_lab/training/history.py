@@ -1,10 +1,6 @@
-"""The history rows: one per step (rewards, lengths, the update's metrics, timings, memory) and the
-test-set evaluations that join them.
-
-The mixin ``History`` gives :class:`~grpo_lab.training.trainer.Trainer` its
-:attr:`~grpo_lab.training.trainer.Trainer.history`, :meth:`~grpo_lab.training.trainer.Trainer.evaluate` and the rows
-:meth:`~grpo_lab.training.trainer.Trainer.train` appends (:data:`~grpo_lab.training.trainer.MEASURED_COLUMNS` names the
-columns that measure the machine rather than the run).
+"""The history rows: one per step (:func:`history_row`: rewards, lengths, the update's metrics, timings,
+memory) and the test-set evaluations that join them (:func:`evaluation_row`). :data:`HISTORY_COLUMNS` describes
+every column; :data:`MEASURED_COLUMNS` names those that measure the machine rather than the run.
 """
 
 from __future__ import annotations
@@ -24,135 +20,196 @@ from ..algo.objectives import METRIC_KEYS
 from ..policy.rollout import evaluate
 from .callbacks import samples_table
 from .collection import Batch
+from .config import TrainerConfig
 from .memory import peak_memory_mb
+from .precision import Precision
+from .update import UpdateResult
 from .value_model import value_metrics
 
-__all__: list[str] = []
+__all__ = ["HISTORY_COLUMNS", "MEASURED_COLUMNS", "history_row", "evaluation_row", "evaluate_frame"]
+
+#: The history columns that measure the machine rather than the run, namely wall times, throughput and
+#: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another
+#: process), so drop them before comparing histories.
+MEASURED_COLUMNS = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb")
+
+#: Every column a history row may hold, ``{name: description}``. The step's sample columns (reward, accuracy,
+#: lengths, reasoning_frac, zero_adv_group_frac, truncation_rate, tokens_per_s, gen_seconds) cover every sample
+#: generated in the step (all dynamic-sampling rounds, before filtering); the loss, ratio, clip, KL, entropy and
+#: gradient columns cover the tokens of the update batch that enter the loss, each reduced over the step's optimiser
+#: steps as the metric says (:mod:`grpo_lab.algo.metrics`). A step that made no update
+#: (dynamic sampling kept no group) has NaN update columns. ``test_<name>`` / ``test_sampled_<name>`` columns of
+#: the task's optional ``test_metrics(frame)`` and ``model_metrics(model)`` are not listed.
+HISTORY_COLUMNS = {
+    "step": "updates made (0: the base policy's evaluation)",
+    "reward": "mean shaped reward (task reward + overlong penalty), every sample generated",
+    "accuracy": "mean raw correctness (task.is_correct), every sample generated",
+    "length": "mean completion length, tokens incl. EOS",
+    "length_correct": "mean length of correct samples (NaN when none)",
+    "length_incorrect": "mean length of incorrect samples (NaN when none)",
+    "entropy": "policy entropy, nats/token, over the first epoch's loss tokens",
+    "grad_norm": "policy gradient norm before clipping, mean over the step's optimiser steps",
+    "zero_adv_group_frac": "fraction of tied groups (grpo_lab.algo.advantages.tied_groups)",
+    "truncation_rate": "fraction of samples cut at the generation budget",
+    "reasoning_frac": "fraction of samples the task calls reasoning (tasks with is_reasoning)",
+    "tokens_per_s": "generated tokens / step wall time (measured)",
+    "gen_seconds": "wall time of generation (measured)",
+    "step_seconds": "wall time of the step, evaluation excluded (measured)",
+    "peak_mem_mb": "peak CUDA allocation, or on Linux CPUs the peak resident set, of the step, MiB (measured)",
+    "amp_skipped_steps": "float16: optimiser steps skipped for overflow so far",
+    "amp_scale": "float16: the gradient scaler's scale",
+    "lr": "the policy's learning rate in the step's last optimiser update (NaN without one)",
+    "routing_change_frac": "MoE: fraction of routing decisions the rollout's first optimiser step changed "
+                           "(GSPO arXiv 2507.18071 §5.3); NaN for dense policies or a single update",
+    "loss": "the policy loss (grpo_lab.algo.objectives.policy_loss)",
+    "pg_loss": "policy-gradient part of the loss",
+    "kl": "KL term (NaN without one)",
+    "clip_frac_low": "fraction of loss tokens clipped below", "clip_frac_high": "fraction clipped above",
+    "clip_frac": "fraction of loss tokens clipped",
+    "ratio_mean": "importance ratio π_θ/π_old, mean", "ratio_min": "its minimum", "ratio_max": "its maximum",
+    "ratio_q05": "its 5% quantile", "ratio_q50": "its median", "ratio_q95": "its 95% quantile",
+    "grad_token_frac": "fraction of loss tokens with a gradient",
+    "adv_abs_mean": "mean |advantage| over loss tokens",
+    "num_tokens": "loss tokens of the update (a normaliser of the loss)",
+    "num_sequences": "sequences with a loss token (a normaliser of the loss)",
+    "offpolicy_masked_frac": "fraction of sequences DeepSeek-V3.2's off-policy mask drops",
+    "clip_high_prob_mean": "mean π_old probability of tokens clipped above",
+    "clip_high_prob_max": "largest π_old probability of a token clipped above",
+    "token_prob_mean": "mean π_θ probability of loss tokens",
+    "seq_clip_frac": "fraction of sequences clipped (sequence-level ratios, GSPO)",
+    "seq_ratio_mean": "sequence-level ratio, mean", "seq_ratio_min": "its minimum", "seq_ratio_max": "its maximum",
+    "seq_ratio_abs_dev": "mean |sequence ratio - 1|", "token_ratio_abs_dev": "mean |token ratio - 1|",
+    "value_loss": "critic loss, summed over micro-batches (NaN without a critic)",
+    "ntp_loss": "next-token-prediction loss (Algorithm.ntp_coef > 0)",
+    "nll_loss": "VAPO's positive-example LM loss (Eqs. 9-10), unweighted (Algorithm.nll_coef > 0)",
+    "adv_mean": "advantage mean over loss tokens", "adv_std": "advantage std (population)",
+    "adv_min": "advantage minimum", "adv_max": "advantage maximum",
+    "explained_variance": "of the critic's targets by its values, before the update (NaN without a critic)",
+    "explained_variance_mc": "of the Monte-Carlo returns by the critic's values (comparable across critics)",
+    "value_mean": "mean critic value over loss tokens", "return_mean": "mean critic target over loss tokens",
+    "gen_rounds": "dynamic-sampling rounds drawn", "generated_groups": "groups generated",
+    "selected_groups": "groups the selector kept", "trained_groups": "groups trained on",
+    "samples_per_trained": "samples generated per sample trained",
+    "overlong_frac_penalised": "fraction of samples given DAPO's overlong penalty",
+    "test_accuracy": "greedy test accuracy after `step` updates (NaN on steps without evaluation)",
+    "test_length": "greedy test mean length", "test_reasoning_frac": "greedy test reasoning fraction",
+    "test_accuracy_sampled": "sampled test accuracy (TrainerConfig.eval_sampled)",
+    "eval_seconds": "wall time of the evaluation, not in step_seconds (measured)",
+}
 
 
-class History:
-    """The history of :class:`grpo_lab.training.trainer.Trainer`: its rows, evaluations and the row of a step.
-    Reads ``config``, ``task``, ``algo``, ``policy``, ``tokenizer``, ``max_new_tokens``, ``rows``,
-    ``step``, ``scaler`` and ``amp_skipped_steps``; calls ``_autocast``."""
+def history_row(batch: Batch, update: UpdateResult | None, *, config: TrainerConfig, algo, task, amp: Precision,
+                lr: float, seconds: float) -> dict:
+    """The history row of one step (:data:`HISTORY_COLUMNS`) from its ``batch``, its ``update`` (``None`` when
+    the step made none), the policy's current learning rate ``lr`` and the step's wall time ``seconds``."""
+    G, gen = config.group_size, batch.generated
+    updates, grad_norms, entropies = (update.metrics, update.grad_norms, update.entropies) if update else ([], [], [])
+    raw, shaped = torch.cat([s.raw for s in gen]), torch.cat([s.rewards for s in gen])
+    correct = torch.cat([s.correct for s in gen])
+    lengths = torch.cat([s.rollout.lengths.float().cpu() for s in gen])
+    n_tok = sum(n for _, n in entropies)
+    applied = [g for g in grad_norms if math.isfinite(g)]  # float16: skipped (overflowed) steps have none
+    row = {
+        "reward": float(shaped.mean()),
+        "accuracy": float(correct.float().mean()),
+        "length": float(lengths.mean()),
+        "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
+        "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
+        "entropy": sum(e for e, _ in entropies) / max(n_tok, 1.0) if entropies else float("nan"),
+        "grad_norm": float(np.mean(applied)) if applied else float("nan"),
+        "zero_adv_group_frac": float(tied_groups(shaped, G).float().mean()),
+        "truncation_rate": float(torch.cat([s.rollout.truncated.cpu() for s in gen]).float().mean()),
+        "tokens_per_s": sum(float(s.rollout.completion_mask.sum()) for s in gen) / seconds,
+        "gen_seconds": sum(s.rollout.gen_seconds for s in gen),
+        "step_seconds": seconds,
+    }
+    if hasattr(task, "is_reasoning"):
+        row["reasoning_frac"] = float(np.mean([task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
+    row.update(value_metrics(batch, algo.gamma))
+    row["peak_mem_mb"] = peak_memory_mb(config.device)
+    if amp.scaler.is_enabled():
+        row["amp_skipped_steps"] = amp.skipped_steps
+        row["amp_scale"] = float(amp.scaler.get_scale())
+    row.update(reduce_updates(updates))
+    row["lr"] = float(lr) if updates else float("nan")  # the step's last optimiser update's (lr_schedule)
+    row.setdefault("routing_change_frac", float("nan"))  # dense policy, or no second update on the rollout
+    if not updates:  # no update this step: the loss metrics exist and are NaN (even if no step ever updated)
+        row.update({k: float("nan") for k in METRIC_KEYS if k not in row})
+    n_trained = len(batch.rollout) if batch.rollout is not None else 0
+    row.update(selection.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G,
+                                         n_selected=batch.selected_groups * G))
+    return row
 
-    @property
-    def history(self) -> pd.DataFrame:
-        """One row per step (see :meth:`train`)."""
-        return pd.DataFrame(self.rows)
 
-    def evaluate(self, *, greedy: bool = True) -> dict:
-        """Test-set accuracy now (does not advance any training RNG: the torch RNG state is
-        saved and restored around sampled evaluation)."""
-        return self._evaluate_frame(greedy=greedy)[0]
+def evaluate_frame(policy, tokenizer, task, config: TrainerConfig, amp: Precision, max_new_tokens: int, *,
+                   greedy: bool) -> tuple[dict, pd.DataFrame]:
+    """Test-set summary and per-problem frame of :func:`grpo_lab.policy.rollout.evaluate` for ``policy`` now,
+    under ``amp``'s autocast; the torch RNG state is restored afterwards (a sampled evaluation advances no
+    training RNG)."""
+    state = torch.random.get_rng_state()
+    try:
+        with amp.autocast():
+            return evaluate(policy, tokenizer, task, greedy=greedy, temperature=config.temperature,
+                            max_new_tokens=max_new_tokens, batch_size=config.eval_batch_size)
+    finally:
+        torch.random.set_rng_state(state)
 
-    def _evaluate_frame(self, *, greedy: bool) -> tuple[dict, pd.DataFrame]:
-        """:meth:`evaluate`, with the per-problem frame of :func:`grpo_lab.policy.rollout.evaluate`."""
-        state = torch.random.get_rng_state()
-        try:
-            with self._autocast():
-                return evaluate(self.policy, self.tokenizer, self.task, greedy=greedy,
-                                temperature=self.config.temperature, max_new_tokens=self.max_new_tokens,
-                                batch_size=self.config.eval_batch_size)
-        finally:
-            torch.random.set_rng_state(state)
 
-    def _model_metrics(self, row: dict) -> dict:
-        """The task's optional ``model_metrics(model)`` as ``test_<name>`` columns (none without it), computed
-        in eval mode without grad under the run's autocast, the torch RNG state restored.
+def evaluation_row(policy, tokenizer, task, config: TrainerConfig, amp: Precision, max_new_tokens: int,
+                   step: int) -> tuple[dict, pd.DataFrame]:
+    """The evaluation columns after ``step`` updates (``step``, ``test_*``, ``eval_seconds``) and the samples
+    table of the greedy evaluation (:func:`~grpo_lab.training.callbacks.samples_table`), which ``Trainer.train``
+    hands to the callbacks' ``on_evaluate``."""
+    t0 = time.perf_counter()
+    row = {"step": step}
+    s, frame = evaluate_frame(policy, tokenizer, task, config, amp, max_new_tokens, greedy=True)
+    row["test_accuracy"] = s["accuracy"]
+    row["test_length"] = s["mean_length"]
+    if "reasoning_frac" in s:
+        row["test_reasoning_frac"] = s["reasoning_frac"]
+    extra = getattr(task, "test_metrics", None)
+    if callable(extra):  # optional task member: more columns from the per-problem frame
+        row.update({f"test_{k}": float(v) for k, v in extra(frame).items()})
+    row.update(_model_metrics(task, policy, amp, row))
+    if config.eval_sampled:
+        s2, frame2 = evaluate_frame(policy, tokenizer, task, config, amp, max_new_tokens, greedy=False)
+        row["test_accuracy_sampled"] = s2["accuracy"]
+        if callable(extra):
+            row.update({f"test_sampled_{k}": float(v) for k, v in extra(frame2).items()})
+    row["eval_seconds"] = time.perf_counter() - t0
+    return row, samples_table(frame)
 
-        Raises:
-            TypeError: it returned something other than a dict of ``str`` names to real numbers (the entry named).
-            ValueError: a name whose column the evaluation already fills (``row``'s, or the sampled evaluation's
-                ``test_accuracy_sampled`` / ``test_sampled_*``).
-        """
-        metrics = getattr(self.task, "model_metrics", None)
-        if not callable(metrics):
-            return {}
-        state, was_training = torch.random.get_rng_state(), self.policy.training
-        self.policy.eval()
-        try:
-            with torch.no_grad(), self._autocast():
-                got = metrics(self.policy)
-        finally:
-            self.policy.train(was_training)
-            torch.random.set_rng_state(state)
-        where = f"{type(self.task).__name__}.model_metrics"
-        if not isinstance(got, dict):
-            raise TypeError(f"{where} must return a dict of names to numbers, got {type(got).__name__}")
-        out = {}
-        for k, v in got.items():
-            if not isinstance(k, str) or not isinstance(v, numbers.Real) or isinstance(v, bool):
-                raise TypeError(f"{where}: each entry must be a str name and a real number, got "
-                                f"{k!r}: {v!r:.60}")
-            col = f"test_{k}"
-            if col in row or col == "test_accuracy_sampled" or k.startswith("sampled_"):
-                raise ValueError(f"{where}: the name {k!r} would replace the evaluation's column {col}; rename it")
-            out[col] = float(v)
-        return out
 
-    def _eval_row(self) -> dict:
-        """The ``test_*`` columns of an evaluation now, with ``step`` and ``eval_seconds``."""
-        return self._evaluation()[0]
+def _model_metrics(task, policy, amp: Precision, row: dict) -> dict:
+    """The task's optional ``model_metrics(model)`` as ``test_<name>`` columns (none without it), computed
+    in eval mode without grad under ``amp``'s autocast, the torch RNG state restored.
 
-    def _evaluation(self) -> tuple[dict, pd.DataFrame]:
-        """:meth:`_eval_row` and the samples table of that evaluation
-        (:func:`~grpo_lab.training.callbacks.samples_table` of the greedy evaluation's frame), which
-        :meth:`train` hands to the callbacks' ``on_evaluate``."""
-        t0 = time.perf_counter()
-        row = {"step": self.step}
-        s, frame = self._evaluate_frame(greedy=True)
-        row["test_accuracy"] = s["accuracy"]
-        row["test_length"] = s["mean_length"]
-        if "reasoning_frac" in s:
-            row["test_reasoning_frac"] = s["reasoning_frac"]
-        extra = getattr(self.task, "test_metrics", None)
-        if callable(extra):  # optional task member: more columns from the per-problem frame
-            row.update({f"test_{k}": float(v) for k, v in extra(frame).items()})
-        row.update(self._model_metrics(row))
-        if self.config.eval_sampled:
-            s2, frame2 = self._evaluate_frame(greedy=False)
-            row["test_accuracy_sampled"] = s2["accuracy"]
-            if callable(extra):
-                row.update({f"test_sampled_{k}": float(v) for k, v in extra(frame2).items()})
-        row["eval_seconds"] = time.perf_counter() - t0
-        return row, samples_table(frame)
-
-    def _row(self, batch: Batch, updates: list[dict], grad_norms: list, entropies: list, seconds: float) -> dict:
-        """The history row of one step (see :meth:`train` for the columns)."""
-        G, gen = self.config.group_size, batch.generated
-        raw, shaped = torch.cat([s.raw for s in gen]), torch.cat([s.rewards for s in gen])
-        correct = torch.cat([s.correct for s in gen])
-        lengths = torch.cat([s.rollout.lengths.float().cpu() for s in gen])
-        n_tok = sum(n for _, n in entropies)
-        applied = [g for g in grad_norms if math.isfinite(g)]  # float16: skipped (overflowed) steps have none
-        row = {
-            "reward": float(shaped.mean()),
-            "accuracy": float(correct.float().mean()),
-            "length": float(lengths.mean()),
-            "length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
-            "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
-            "entropy": sum(e for e, _ in entropies) / max(n_tok, 1.0) if entropies else float("nan"),
-            "grad_norm": float(np.mean(applied)) if applied else float("nan"),
-            "zero_adv_group_frac": float(tied_groups(shaped, G).float().mean()),
-            "truncation_rate": float(torch.cat([s.rollout.truncated.cpu() for s in gen]).float().mean()),
-            "tokens_per_s": sum(float(s.rollout.completion_mask.sum()) for s in gen) / seconds,
-            "gen_seconds": sum(s.rollout.gen_seconds for s in gen),
-            "step_seconds": seconds,
-        }
-        if hasattr(self.task, "is_reasoning"):
-            row["reasoning_frac"] = float(np.mean([self.task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
-        row.update(value_metrics(batch, self.algo.gamma))
-        row["peak_mem_mb"] = peak_memory_mb(self.config.device)
-        if self.scaler.is_enabled():
-            row["amp_skipped_steps"] = self.amp_skipped_steps
-            row["amp_scale"] = float(self.scaler.get_scale())
-        row.update(reduce_updates(updates))
-        # the learning rate of the step's last optimiser update (TrainerConfig.lr_schedule), NaN without one
-        row["lr"] = float(self.optimizer.param_groups[0]["lr"]) if updates else float("nan")
-        row.setdefault("routing_change_frac", float("nan"))  # dense policy, or no second update on the rollout
-        if not updates:  # no update this step: the loss metrics exist and are NaN (even if no step ever updated)
-            row.update({k: float("nan") for k in METRIC_KEYS if k not in row})
-        n_trained = len(batch.rollout) if batch.rollout is not None else 0
-        row.update(selection.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G,
-                                             n_selected=batch.selected_groups * G))
-        return row
+    Raises:
+        TypeError: it returned something other than a dict of ``str`` names to real numbers (the entry named).
+        ValueError: a name whose column the evaluation already fills (``row``'s, or the sampled evaluation's
+            ``test_accuracy_sampled`` / ``test_sampled_*``).
+    """
+    metrics = getattr(task, "model_metrics", None)
+    if not callable(metrics):
+        return {}
+    state, was_training = torch.random.get_rng_state(), policy.training
+    policy.eval()
+    try:
+        with torch.no_grad(), amp.autocast():
+            got = metrics(policy)
+    finally:
+        policy.train(was_training)
+        torch.random.set_rng_state(state)
+    where = f"{type(task).__name__}.model_metrics"
+    if not isinstance(got, dict):
+        raise TypeError(f"{where} must return a dict of names to numbers, got {type(got).__name__}")
+    out = {}
+    for k, v in got.items():
+        if not isinstance(k, str) or not isinstance(v, numbers.Real) or isinstance(v, bool):
+            raise TypeError(f"{where}: each entry must be a str name and a real number, got "
+                            f"{k!r}: {v!r:.60}")
+        col = f"test_{k}"
+        if col in row or col == "test_accuracy_sampled" or k.startswith("sampled_"):
+            raise ValueError(f"{where}: the name {k!r} would replace the evaluation's column {col}; rename it")
+        out[col] = float(v)
+    return out

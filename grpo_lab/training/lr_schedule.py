@@ -1,30 +1,15 @@
 """The policy's learning-rate schedule (``TrainerConfig.lr_schedule``): constant, linear or cosine decay after a
 linear warm-up, through transformers' schedulers (:func:`transformers.get_scheduler`).
 
-The trainer sets the learning rate by hand before every optimiser step (:func:`policy_lr`): update ``k``
-(0-based, the trainer's ``opt_steps``, the optimiser steps actually taken) gets ``lr * f(k)``, where ``f`` is
-the multiplier (``lr_lambda``) of transformers' scheduler of the same name built with ``num_warmup_steps =
-warmup`` and ``num_training_steps = H``, ``H`` the horizon in optimiser updates (:func:`schedule_updates`).
+Before optimiser update ``k`` (0-based, the trainer's ``opt_steps``) the trainer sets the learning rate to
+``lr * f(k)`` (:func:`policy_lr`), ``f`` the multiplier (``lr_lambda``) of transformers' scheduler of that name
+with ``num_warmup_steps = warmup`` over a horizon of ``H`` updates (:func:`schedule_updates`). This is
+transformers' convention, hence TRL's, OpenRLHF's and verl's, so a run exported with :mod:`grpo_lab.export`
+trains at the same learning rate update for update: with a warm-up of ``W`` the first update gets 0 and the
+full ``lr`` is reached at update ``W``; ``"linear"`` gives the last update (``k = H - 1``) ``lr / (H - warmup)``.
 
-This is transformers' own convention (a ``LambdaLR`` is at position 0 for the first optimiser step and is
-stepped after each), hence TRL's (``GRPOTrainer`` builds its scheduler with ``get_scheduler``), OpenRLHF's, and
-verl 0.9.1's (``verl.utils.torch_functional.get_constant_schedule_with_warmup`` and its cosine/WSD schedulers
-have the same ``current_step / num_warmup_steps`` warm-up), so that a run exported with
-:mod:`grpo_lab.export` trains at the same learning rate, update for update:
-
-* with a warm-up of ``W`` updates the first update gets learning rate 0 (Adam's moments still take its
-  gradient) and the full ``lr`` is reached at update ``W`` (the ``W + 1``-th);
-* a decaying schedule over ``H`` updates gives the last one (``k = H - 1``) ``f(H - 1) > 0``:
-  ``lr / (H - warmup)`` for ``"linear"``.
-
-Before grpo_lab issue 33 the package gave update ``k`` the multiplier at ``k + 1`` instead, so that no
-update ran at learning rate 0; it was dropped because no library the runs are exported to can express it.
-
-Updates beyond the horizon (a run longer than ``lr_schedule_steps``, or a resumed run continued) keep the last
-value ``f(H - 1)`` (the position is clamped), rather than transformers' 0 (linear) or a cosine rising again.
-
-Only the policy's learning rate follows the schedule: a value model (critic) trains at its constant
-``TrainerConfig.value_lr``.
+Departures: updates beyond the horizon keep ``f(H - 1)`` (the position is clamped) rather than transformers'
+0 or a rising cosine. Only the policy follows the schedule; a critic trains at its constant ``value_lr``.
 """
 
 from __future__ import annotations

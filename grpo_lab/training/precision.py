@@ -1,8 +1,8 @@
 """Mixed precision: the autocast dtype a run uses and the loss scaling float16 needs.
 
-:data:`~grpo_lab.training.trainer.PRECISIONS` are the values of ``TrainerConfig.precision``;
-:func:`~grpo_lab.training.trainer.resolve_precision` turns ``"auto"`` into a dtype for the device. The mixin
-``MixedPrecision`` gives the trainer its autocast context and its (scaled) backward pass.
+:data:`PRECISIONS` are the values of ``TrainerConfig.precision``; :func:`resolve_precision` turns ``"auto"``
+into a dtype for the device; :class:`Precision` is the autocast context and the (scaled) backward pass every
+forward and backward of the trainer goes through.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from ..algo.checks import choice
 
-__all__ = ["PRECISIONS", "resolve_precision"]
+__all__ = ["PRECISIONS", "resolve_precision", "Precision"]
 
 #: The values of :attr:`TrainerConfig.precision`.
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
@@ -46,16 +46,33 @@ def resolve_precision(precision: str, device: str | torch.device) -> str:
     return "bfloat16" if torch.cuda.get_device_capability(dev) >= (8, 0) else "float16"
 
 
-class MixedPrecision:
-    """The trainer's autocast context and backward pass. Reads ``precision`` (a :func:`resolve_precision`
-    result), ``_device_type`` and ``scaler`` (a ``torch.amp.GradScaler``, enabled for float16)."""
+class Precision:
+    """The autocast context and the backward pass of one run.
 
-    def _autocast(self):
-        """The autocast context of :attr:`precision` (a no-op for float32)."""
-        if self.precision == "float32":
+    Args:
+        precision: the autocast dtype name, ``"float32"``, ``"bfloat16"`` or ``"float16"`` (a
+            :func:`resolve_precision` result; float32 autocasts nothing).
+        device: the training device.
+
+    Attributes:
+        dtype: ``precision``.
+        device_type: ``"cpu"``, ``"cuda"``, ...
+        scaler: a ``torch.amp.GradScaler``, enabled for float16 only.
+        skipped_steps: optimiser steps skipped because float16 gradients overflowed.
+    """
+
+    def __init__(self, precision: str, device: str | torch.device):
+        self.dtype = precision
+        self.device_type = torch.device(device).type
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=precision == "float16")
+        self.skipped_steps = 0
+
+    def autocast(self):
+        """The autocast context of :attr:`dtype` (a no-op for float32)."""
+        if self.dtype == "float32":
             return contextlib.nullcontext()
-        return torch.autocast(self._device_type, dtype=getattr(torch, self.precision))
+        return torch.autocast(self.device_type, dtype=getattr(torch, self.dtype))
 
-    def _backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, through the gradient scaler under float16."""
         (self.scaler.scale(loss) if self.scaler.is_enabled() else loss).backward()

@@ -1,191 +1,118 @@
-"""One trainer for every algorithm, in stages: collect → advantages → update → metrics.
+"""The trainer: one loop for every algorithm of the GRPO family, on a ``transformers`` causal LM.
 
-The trainer knows the algorithmic axes only through an :class:`grpo_lab.algo.algorithms.Algorithm`
-and the functions of each axis: :mod:`grpo_lab.algo.selection` (which samples train, reward shaping,
-loss mask), :meth:`~grpo_lab.algo.algorithms.Algorithm.estimate_advantages` (the advantage
-estimator) and :func:`grpo_lab.algo.objectives.policy_loss` (ratio, surrogate, KL, aggregation). It has
-no branch on any algorithm's switch. What it owns is the plumbing: sampling groups, recomputing
-π_old and π_ref log-probs, splitting a rollout into minibatches and micro-batches with *global*
-token/sequence counts (so the gradient does not depend on how the batch is split), reducing
-metrics as each metric says (:mod:`grpo_lab.algo.metrics`), logging, checkpointing and exact resume.
+A step reads top to bottom (:meth:`Trainer._train_step`): *collect* (sample groups of G responses, score
+them, select the groups to train on; :mod:`grpo_lab.training.collection`) → *advantages* (the algorithm's
+estimator) → *plan* (the minibatch and micro-batch layout of every epoch, π_old and π_ref scored in it) →
+*optimiser steps* (:mod:`grpo_lab.training.update`) → one *history row* (:mod:`grpo_lab.training.history`).
+The trainer knows the algorithmic axes only through an :class:`~grpo_lab.algo.algorithms.Algorithm` and
+the functions of each axis (selection, advantage estimator, :func:`~grpo_lab.algo.objectives.policy_loss`);
+it has no branch on any algorithm's switch. Every loss normaliser is a whole-minibatch quantity, so the
+gradient does not depend on the micro-batch split.
 
-π_old: with ``epochs=1, minibatches=1`` the update is on-policy and the ratio is 1 in value;
-clipping only acts when the same rollout is used for more than one optimiser step (``epochs`` ×
-``minibatches`` > 1) or when π_old differs from the training forward (``old_logp="behaviour"``
-uses the log-probs recorded by ``generate``).
+π_old: with ``epochs=1, minibatches=1`` the update is on-policy (ratio 1 in value); otherwise π_old is
+scored without grad in the update's own micro-batches (rows, order, padding), so that on unchanged weights
+it equals π_θ bit for bit, or is the sampler's (``old_logp="behaviour"``). Dropout is off throughout
+(:func:`grpo_lab.training.dropout.disable_dropout`, TRL's ``disable_dropout``) and the policy stays in train
+mode, so the ratio π_θ/π_old compares one function at two points. Mixture-of-Experts policies record π_old's
+experts, log ``routing_change_frac`` and with ``routing_replay`` replay them (GSPO, arXiv 2507.18071, §5.3).
+LoRA policies take the base model (adapters disabled) as the KL reference.
 
-Dropout is off throughout: the trainer sets every dropout probability (and MoE router jitter) of
-the policy to 0 at construction (:func:`grpo_lab.training.dropout.disable_dropout`, TRL's
-``disable_dropout``), then keeps it in **train mode**, which then computes the same function as
-eval mode and lets gradient checkpointing (``TrainerConfig.gradient_checkpointing``) engage;
-generation switches to eval mode for the call. The papers' importance ratio π_θ/π_old compares one
-function of the weights at two points; with dropout active in the loss forward only, even an
-on-policy ratio would be a ratio of two random dropout masks (a checkpoint with attention dropout
-0.1 gave ratios down to 0 and clip fractions of 0.16 on a purely on-policy step). The KL reference
-and the critic stay in eval mode.
+Departures from the papers:
 
-π_old is scored in the layout of the update: the same micro-batches (rows, order, padding) as the
-training forward that will compare against it, one no-grad forward per distinct layout (with
-``minibatches > 1`` and ``epochs > 1`` each epoch's reshuffle is a new layout). Under bfloat16
-autocast a row's log-probs depend on the rows that share its forward (its padding width): scored
-in other chunks, GSPO's 3e-4 / 4e-4 range clipped about 3% of sequences of a policy whose weights
-had not moved.
-
-Mixture-of-Experts policies (:mod:`grpo_lab.policy.moe`): every step records the experts π_old chose
-for each token (in the π_old forwards above) and logs ``routing_change_frac``, the fraction of
-routing decisions that one optimiser step changed; ``TrainerConfig.routing_replay`` replays
-π_old's experts whenever π_θ is scored on the same rollout (GSPO, arXiv 2507.18071, §5.3).
-
-LoRA policies (``peft.PeftModel``, :mod:`grpo_lab.policy.lora`): the KL reference is the policy with its
-adapters disabled (the base model, no copy of its weights, as in TRL), and checkpoints hold the
-adapters and the name of the base.
-
-Where the code departs from the papers: the KL reference is a frozen copy of the initial policy
-(DeepSeekMath §4.2 also resets it periodically in iterative GRPO; we do not), and learning-rate
-warm-up is linear (``TrainerConfig.warmup``).
-
-Where the code lives: this module assembles :class:`Trainer` (construction and the training loop)
-from one part per module of :mod:`grpo_lab.training`: :mod:`~grpo_lab.training.collection`
-(rollout, scoring, selection), :mod:`~grpo_lab.training.update` (π_old / π_ref, minibatches,
-micro-batches, the optimiser step), :mod:`~grpo_lab.training.value_model` (the critic),
-:mod:`~grpo_lab.training.history` (the history rows, evaluation), :mod:`~grpo_lab.training.checkpoints`
-(save, resume), :mod:`~grpo_lab.training.callbacks` (callbacks, trackers) and
-:mod:`~grpo_lab.training.precision` (autocast, loss scaling), with
-:mod:`~grpo_lab.training.config` and :mod:`~grpo_lab.training.memory`. Every public name stays
-importable from here. The functions the trainer calls (``policy_loss``, ``policy_logprobs``,
-``inference_copy``, ``replay_routing``, ...) can be replaced on this module, as chapter 3 does to
-record the loss's inputs: setting one here sets it in the module of :mod:`grpo_lab.training` that
-calls it.
+1. The KL reference is a frozen copy of the initial policy (DeepSeekMath §4.2 also resets it periodically).
+2. Learning-rate warm-up is linear (``TrainerConfig.warmup``).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import random
 import sys
 import time
-import types
 import warnings
+from pathlib import Path
+from typing import Any, Callable, Self
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..algo import selection
-from ..algo.advantages import GROUP_BASELINE_ESTIMATORS, VALUE_BASELINE_ESTIMATORS, AdvantageBatch
+from ..algo.advantages import GROUP_BASELINE_ESTIMATORS, VALUE_BASELINE_ESTIMATORS
 from ..algo.algorithms import Algorithm, get_algorithm
+from ..algo.checks import non_negative_int
+from ..algo.objectives import policy_loss
 from ..policy.lora import AdapterDisabled
 from ..policy.models import CriticModel, is_peft_model
 from ..policy.moe import moe_routers
+from ..policy.rollout import Rollout
 from ..tasks import validate_task
-from . import checkpoints, collection, history, update, value_model
+from .adamw import build_adamw
 from .callbacks import call_hooks, check_callbacks, make_callbacks
-from .checkpoints import Checkpointing
-from .collection import Batch, Collection, Scored
+from .checkpoints import (check_checkpointing, checkpoint_state, load_checkpoint, periodic_checkpoint, prune_checkpoints,
+                          restore_training_state, write_checkpoint)
+from .collection import Batch, Scored, collect, round_size, sample_rollout, score_rollout
 from .config import TrainerConfig
 from .dropout import disable_dropout
-from .history import History
-from .learning_signal import (NO_SIGNAL_STEPS, DynamicSamplingShortfallWarning, NoLearningSignalWarning, no_signal_step, no_signal_warning)
+from .history import HISTORY_COLUMNS, MEASURED_COLUMNS, evaluate_frame, evaluation_row, history_row
+from .learning_signal import (NO_SIGNAL_STEPS, DynamicSamplingShortfallWarning, NoLearningSignalWarning, no_signal_step,
+                              no_signal_warning)
 from .memory import peak_memory_mb, reset_peak_memory
-from .adamw import build_adamw
-from .precision import PRECISIONS, MixedPrecision, resolve_precision
-from .update import Update
-from .value_model import ValueModel, ValueTraining
-from ..algo.checks import non_negative_int
-
-# The functions the training modules call, importable (and replaceable, see _TrainerModule) from here as
-# they were before the trainer was split; and two helpers other modules and tests import from here.
-from ..policy.models import inference_copy  # noqa: F401
-from ..policy.moe import record_routing, replay_routing, routing_changes  # noqa: F401
-from ..algo.objectives import policy_loss, value_loss  # noqa: F401
-from ..policy.rollout import evaluate, generate, policy_logprobs  # noqa: F401
-from .checkpoints import _json_default  # noqa: F401
-from .collection import _concat_rollouts  # noqa: F401
+from .precision import PRECISIONS, Precision, resolve_precision
+from .update import Learner, compute_advantages, plan_update, run_update
+from .value_model import ValueModel, check_value_settings, critic_values, pretrain_value_step
 
 __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb", "reset_peak_memory",
-           "MEASURED_COLUMNS", "PRECISIONS", "resolve_precision", "NoLearningSignalWarning",
+           "MEASURED_COLUMNS", "HISTORY_COLUMNS", "PRECISIONS", "resolve_precision", "NoLearningSignalWarning",
            "DynamicSamplingShortfallWarning"]
 
-#: The history columns that measure the machine rather than the run, namely wall times, throughput and
-#: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another
-#: process), so drop them before comparing histories.
-MEASURED_COLUMNS = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb")
 
-#: The values of :attr:`TrainerConfig.precision` (defined in :mod:`grpo_lab.training.precision`).
-PRECISIONS = PRECISIONS
-
-
-class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPrecision):
-    """GRPO-family trainer for a ``transformers`` causal LM, in stages.
-
-    One :meth:`train` step runs :meth:`collect` (generate, score, select, shape),
-    :meth:`compute_advantages` and :meth:`update` (epochs × minibatches × micro-batches), then logs
-    one history row. Every algorithmic choice comes from ``algo``: advantages through
-    :meth:`~grpo_lab.algo.algorithms.Algorithm.estimate_advantages`, the loss through
-    :func:`~grpo_lab.algo.objectives.policy_loss`, selection, shaping and the loss mask through
-    :mod:`grpo_lab.algo.selection`.
+class Trainer:
+    """GRPO-family trainer for a ``transformers`` causal LM: it owns the policy, the KL reference, the critic,
+    the optimisers, the RNGs and the history rows, and runs the stage functions on them.
 
     Args:
-        policy: the causal LM to train (updated in place; its dropout is set to 0 and it is put in train
-            mode, see the module docstring).
-        tokenizer: its tokenizer.
+        policy: the float32 causal LM to train (in place; dropout set to 0, kept in train mode).
+        tokenizer: its tokenizer (handed to a task's optional ``bind_tokenizer``).
         task: a :class:`grpo_lab.tasks.base.Task`.
-        algo: the :class:`grpo_lab.algo.algorithms.Algorithm`.
-        config: a :class:`TrainerConfig`.
-        ref_policy: the KL reference; default a frozen copy of ``policy`` at construction
-            (only created when ``algo`` has a KL term). For a LoRA policy (a ``peft.PeftModel``,
-            :mod:`grpo_lab.policy.lora`) the default is the policy with its adapters disabled, i.e. the
-            frozen base model, without a second copy of its weights.
-        value_model: optional critic (see :class:`ValueModel`): its values are computed at collect
-            time and handed to the advantage estimator, its loss is minimised in the update by its
-            own AdamW (``TrainerConfig.value_lr``), and it is saved and resumed with the trainer.
-            Default: none, unless the algorithm's advantage estimator needs values
-            (:data:`grpo_lab.algo.advantages.VALUE_BASELINE_ESTIMATORS`): then the critic named by
-            ``TrainerConfig.value_init`` (:meth:`grpo_lab.policy.models.CriticModel.build`).
-        callbacks: a list of callback objects of your own (:class:`grpo_lab.training.callbacks.TrainerCallback`:
-            ``on_train_begin``, ``on_step``, ``on_evaluate``, ``on_save``, ``on_train_end``), called after the
-            trackers of ``TrainerConfig.report_to``. They run whether or not the config has an ``output_dir``,
-            cannot change the run's numbers (the random states are restored around each hook) and are not
-            saved in checkpoints. The trainer keeps them all in its list ``callbacks`` (append to it
-            after :meth:`resume`).
-
-    Trackers: with ``TrainerConfig.output_dir`` set, the trainer builds the trackers ``TrainerConfig.report_to``
-    names (:func:`grpo_lab.training.callbacks.make_callbacks`; by default ``"jsonl"``, ``output_dir/metrics.jsonl``);
-    without one it builds none and writes nothing.
-
-    A task with the protocol's optional ``bind_tokenizer`` is handed ``tokenizer`` when the trainer
-    is built (:class:`grpo_lab.tasks.Task`).
-
-    ``train(steps)`` returns the history DataFrame (one row per step); ``save(path)`` and
-    ``Trainer.resume(path)`` checkpoint and continue exactly.
+        algo: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset's name.
+        config: a :class:`TrainerConfig` (default ``TrainerConfig()``).
+        ref_policy: the KL reference (only with a KL term); default a frozen copy of ``policy``, or for a LoRA
+            policy the base model (adapters disabled, no copy).
+        value_model: a critic (:class:`ValueModel`), trained by its own AdamW (``value_lr``) and checkpointed;
+            default none, unless the advantage estimator needs values: then ``TrainerConfig.value_init``'s.
+        callbacks: your :class:`grpo_lab.training.callbacks.TrainerCallback` objects, called after the
+            trackers of ``report_to`` (which need an ``output_dir``); they cannot change the run's numbers
+            and are not saved in checkpoints. The list ``callbacks`` holds both.
+        loss_fn: the policy loss, :func:`grpo_lab.algo.objectives.policy_loss` or a callable with its
+            signature and output (e.g. one that records its inputs and calls ``policy_loss``).
 
     Raises:
-        TypeError: ``task`` does not implement the task protocol (:func:`grpo_lab.tasks.validate_task`
-            names every missing or ill-typed member).
-            Or the algorithm has ``ntp_coef > 0`` and the task no ``demonstration`` method.
-            Or ``callbacks`` is not a list of callback objects (:func:`grpo_lab.training.callbacks.check_callbacks`).
-        ImportError: ``TrainerConfig.report_to`` names a tracker whose package is not installed (with an
-            ``output_dir``).
-        ValueError: ``TrainerConfig.report_to`` names an unknown tracker; the algorithm's sampling choices
-            do not fit the config (:func:`grpo_lab.algo.selection.check`);
-            ``TrainerConfig.gradient_checkpointing=True`` with a policy that does not support it;
-            ``TrainerConfig.routing_replay=True`` with a policy that has no Mixture-of-Experts
-            layers (:func:`grpo_lab.policy.moe.moe_routers`), or whose routers lack ``norm_topk_prob``
-            or differ in ``top_k``; ``TrainerConfig.save_every > 0`` without an ``output_dir``; a ``"linear"``
-            or ``"cosine"`` ``TrainerConfig.lr_schedule`` without ``lr_schedule_steps``.
+        TypeError: ``task`` does not implement the task protocol; ``ntp_coef > 0`` and the task has no
+            ``demonstration``; ``callbacks`` is not a list of callback objects; ``loss_fn`` is not callable.
+        ImportError: ``report_to`` names a tracker whose package is not installed.
+        ValueError: a non-float32 policy; an unknown tracker; sampling choices that do not fit the config
+            (:func:`grpo_lab.algo.selection.check`); ``gradient_checkpointing`` or ``routing_replay`` on a
+            policy that cannot do it; ``save_every`` without ``output_dir``; a decaying ``lr_schedule`` without
+            ``lr_schedule_steps``; ``value_warmup_steps`` without a critic; CUDA asked for and absent.
 
     Warns:
-        RuntimeWarning: ``group_size=1`` with an advantage estimator whose baseline is the group
-            (:data:`grpo_lab.algo.advantages.GROUP_BASELINE_ESTIMATORS`): every advantage would be 0.
+        RuntimeWarning: ``group_size=1`` with a group-baseline advantage estimator (every advantage 0).
     """
 
     def __init__(self, policy, tokenizer, task, algo: Algorithm, config: TrainerConfig | None = None,
-                 *, ref_policy=None, value_model=None, callbacks=None):
+                 *, ref_policy=None, value_model=None, callbacks=None, loss_fn: Callable = policy_loss):
         validate_task(task)  # cheap: attributes and signatures only, no call into the task (no RNG is touched)
         self.config = c = config or TrainerConfig()
         algo = _checked_algorithm(algo)
         #: the callbacks :meth:`train` and :meth:`save` call: the trackers of ``config.report_to``, then ``callbacks``
         self.callbacks: list = make_callbacks(c.report_to, c.output_dir) + check_callbacks(callbacks)
+        if not callable(loss_fn):
+            raise TypeError(f"Trainer: loss_fn must be a callable with policy_loss's signature, got "
+                            f"{type(loss_fn).__name__}")
+        #: the policy loss the update calls (:func:`grpo_lab.algo.objectives.policy_loss` by default)
+        self.loss_fn = loss_fn
         if torch.device(c.device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"Trainer: TrainerConfig.device={c.device!r} but CUDA is not available")
         if c.lr_schedule != "constant" and c.lr_schedule_steps is None:
@@ -199,7 +126,8 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         _check_float32(policy)
         #: the autocast dtype this trainer uses (:func:`resolve_precision` of ``config.precision``)
         self.precision = resolve_precision(c.precision, c.device)
-        self._init_precision()
+        #: the autocast context, the scaled backward and the float16 gradient scaler
+        self.amp = Precision(self.precision, c.device)
         self._init_policy(policy)
         self._init_reference(policy, ref_policy)
         self.optimizer = build_adamw(self.policy, lr=c.lr, weight_decay=c.weight_decay, betas=tuple(c.betas))
@@ -209,19 +137,26 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         self.rows: list[dict] = []
         self.max_new_tokens = c.max_new_tokens or task.max_new_tokens
         self._check_algorithm_fits()
-        self._check_value_settings()
-        self._check_checkpointing()
+        check_value_settings(c, self.algo, self.value_model, self.max_new_tokens)
+        check_checkpointing(c)
         self._warn_group_size()
         random.seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
         torch.manual_seed(c.seed)
 
-    def _init_precision(self) -> None:
-        """The device type and the float16 gradient scaler of :attr:`precision`."""
-        c = self.config
-        self._device_type = torch.device(c.device).type
-        self.scaler = torch.amp.GradScaler(self._device_type, enabled=self.precision == "float16")
-        self.amp_skipped_steps = 0
+    @property
+    def scaler(self) -> torch.amp.GradScaler:
+        """The float16 gradient scaler (disabled under other precisions)."""
+        return self.amp.scaler
+
+    @property
+    def amp_skipped_steps(self) -> int:
+        """Optimiser steps skipped because float16 gradients overflowed."""
+        return self.amp.skipped_steps
+
+    @amp_skipped_steps.setter
+    def amp_skipped_steps(self, n: int) -> None:
+        self.amp.skipped_steps = n
 
     def _init_policy(self, policy) -> None:
         """The policy on the device, its dropout off and in train mode (gradient checkpointing on when the config
@@ -304,73 +239,80 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
                           RuntimeWarning, stacklevel=3)
 
 
-    # ------------------------------------------------------------------ the stages and the loop
+    # ------------------------------------------------------------------ the stages, as the step calls them
+    def rollout(self, n_prompts: int | None = None) -> Rollout:
+        """One rollout of the current policy: ``n_prompts`` questions (default ``prompts_per_step``) × G
+        responses (:func:`grpo_lab.training.collection.sample_rollout`)."""
+        n = self.config.prompts_per_step if n_prompts is None else n_prompts
+        return sample_rollout(self.policy, self.tokenizer, self.task, self.config, self.rng, self.amp,
+                              self.max_new_tokens, n)
+
+    def score(self, ro: Rollout) -> Scored:
+        """Rewards, correctness and shaped rewards of ``ro`` (:func:`grpo_lab.training.collection.score_rollout`)."""
+        return score_rollout(self.task, self.algo, ro, self.max_new_tokens)
+
+    def collect(self) -> Batch:
+        """The *collect* stage (:func:`grpo_lab.training.collection.collect`): rounds of :meth:`rollout` and
+        :meth:`score` until ``prompts_per_step`` groups are selected; the critic's values of the kept rows."""
+        values = None if self.value_model is None else functools.partial(
+            critic_values, self.value_model, micro_batch_size=self.config.micro_batch_size, amp=self.amp)
+        return collect(lambda n: self.score(self.rollout(n)), self.algo, self.config, self.rows, step=self.step,
+                       pad_id=self.tokenizer.pad_token_id, values=values)
+
+    def round_size(self, missing: int, batch: Batch) -> int:
+        """Questions to sample in the next dynamic-sampling round (:func:`grpo_lab.training.collection.round_size`)."""
+        return round_size(missing, batch, self.config, self.rows)
+
     def compute_advantages(self, batch: Batch) -> torch.Tensor:
-        """The *advantages* stage: ``algo``'s estimator on the batch view (rewards, group ids, loss
-        mask, values), on the training device; with values, also the critic's targets
-        (``batch.returns``, :meth:`~grpo_lab.algo.algorithms.Algorithm.value_targets`)."""
-        view = AdvantageBatch.from_groups(batch.rewards, self.config.group_size, mask=batch.loss_mask,
-                                          values=batch.values)
-        batch.advantages = self.algo.estimate_advantages(view).to(self.config.device)
-        if batch.values is not None:
-            batch.returns = self.algo.value_targets(view, batch.advantages).to(self.config.device)
-        return batch.advantages
+        """The *advantages* stage (:func:`grpo_lab.training.update.compute_advantages`): fills
+        ``batch.advantages`` (and ``batch.returns`` with a critic) and returns the advantages."""
+        return compute_advantages(batch, self.algo, self.config)
 
+    def update(self, batch: Batch) -> tuple[list[dict], list[float], list[tuple[float, float]]]:
+        """The *plan* and *optimiser steps* stages on ``batch`` (its advantages computed): ``epochs`` passes of
+        ``minibatches`` optimiser steps (:func:`grpo_lab.training.update.plan_update`, :func:`~grpo_lab.training.
+        update.run_update`). Returns per optimiser step the loss metrics and the gradient norm before
+        clipping, and per first-epoch micro-batch ``(entropy sum, token count)``."""
+        learner = self._learner()
+        result = run_update(plan_update(batch, learner, self.rng), learner, self.rng, self.opt_steps)
+        self.opt_steps = result.opt_steps
+        return result.metrics, result.grad_norms, result.entropies
+
+    def _learner(self) -> Learner:
+        """What the update functions read and change, handed to them explicitly."""
+        return Learner(self.policy, self.optimizer, self.algo, self.config, self.amp, self.max_new_tokens,
+                       loss_fn=self.loss_fn, ref_policy=self.ref_policy if self.uses_kl else None,
+                       value_model=self.value_model, value_optimizer=self.value_optimizer,
+                       moe_routers=self.moe_routers, task=self.task, tokenizer=self.tokenizer, step=self.step)
+
+    def _train_step(self) -> dict:
+        """One step, phase by phase; returns its history row (without ``step`` and the evaluation)."""
+        reset_peak_memory(self.config.device)
+        t0 = time.perf_counter()
+        batch = self.collect()                                          # collect: sample, score, select
+        update = None
+        if batch.rollout is not None:  # None: dynamic sampling kept no group, no update this step
+            learner = self._learner()
+            compute_advantages(batch, self.algo, self.config)           # advantages
+            plan = plan_update(batch, learner, self.rng)                # plan: layouts, π_old / π_ref scored in them
+            update = run_update(plan, learner, self.rng, self.opt_steps)  # optimiser steps
+            self.opt_steps = update.opt_steps
+        return history_row(batch, update, config=self.config, algo=self.algo, task=self.task, amp=self.amp,
+                           lr=self.optimizer.param_groups[0]["lr"], seconds=time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ the loop, evaluation, the critic's warm-up
     def train(self, steps: int) -> pd.DataFrame:
-        """Run ``steps`` more steps; returns the whole history.
+        """Run ``steps`` more steps; returns the whole history, one row per step (the columns:
+        :data:`HISTORY_COLUMNS`).
 
-        Columns: ``step``, ``reward``, ``accuracy`` (train samples, raw correctness),
-        ``length``, ``length_correct``, ``length_incorrect`` (tokens incl. EOS; NaN when a step
-        has no correct/incorrect sample), ``entropy`` (nats/token), then every metric of
-        :func:`grpo_lab.algo.objectives.policy_loss` reduced over the step's updates as the metric
-        says (:mod:`grpo_lab.algo.metrics`): ``loss``, ``pg_loss``, ``kl`` (NaN when the algorithm has
-        no KL term: no reference model is kept), ``clip_frac_low``, ``clip_frac_high``,
-        ``clip_frac``, ``ratio_mean/min/max``, ``ratio_q05/q50/q95``, ``grad_token_frac``,
-        ``adv_abs_mean``, ...; ``grad_norm`` (before clipping), ``lr`` (the policy's learning rate in the
-        step's last optimiser update, :attr:`TrainerConfig.lr_schedule`; NaN when the step made none), ``zero_adv_group_frac`` (tied
-        groups, :func:`grpo_lab.algo.advantages.tied_groups`), ``truncation_rate``,
-        ``reasoning_frac`` (tasks that define it), ``tokens_per_s`` (generated tokens / step wall
-        time), ``gen_seconds``, ``step_seconds``, ``test_accuracy`` and ``test_length`` (greedy,
-        NaN on steps without evaluation; the row of step ``k`` holds the evaluation *after* ``k``
-        updates, step 0 the base policy), ``test_<name>`` for every entry of the task's optional
-        ``test_metrics(frame) -> dict`` (and ``test_sampled_<name>`` with ``eval_sampled``) and of its optional
-        ``model_metrics(model) -> dict`` (e.g. ``test_held_out_loss``), ``eval_seconds`` (wall time of that evaluation, not
-        included in ``step_seconds``); then the sampling & shaping columns of
-        :func:`grpo_lab.algo.selection.sampling_metrics` (``gen_rounds``, ``generated_groups``, ``selected_groups``, ``trained_groups``,
-        ``samples_per_trained``, ``overlong_frac_penalised``); the advantage statistics ``adv_mean``,
-        ``adv_std``, ``adv_min``, ``adv_max`` (over the tokens of the loss) and, with a value model,
-        ``value_loss`` (the critic's loss, summed over micro-batches and averaged over optimiser
-        steps like ``loss``), ``explained_variance`` (of the critic's own targets),
-        ``explained_variance_mc`` (of the Monte-Carlo returns, comparable across critics whose
-        targets differ), ``value_mean`` and ``return_mean`` (on the step's batch before the update;
-        NaN without a value model); ``peak_mem_mb``
-        (:func:`peak_memory_mb`: the step's peak CUDA allocation, or on Linux CPUs the process's peak
-        resident set during the step); and
-        ``routing_change_frac``: for Mixture-of-Experts policies, the fraction of routing
-        decisions that the rollout's first optimiser step changed (GSPO, arXiv 2507.18071, §5.3,
-        reports ~10% per update in a 48-layer MoE). A decision is the top-k expert set of one real
-        completion token in one MoE layer (prompt tokens are not counted: they are shared by the
-        G responses of a group and are not scored); it is compared between π_old (recorded when
-        π_old was scored) and the policy after one update, on the rows of the rollout's second
-        optimiser step, in that step's own forward (no extra pass). With ``routing_replay`` the
-        routers' own choices are read from their logits before the replayed experts replace
-        them, so the column means the same with and without replay. NaN for dense policies,
-        with ``old_logp="behaviour"``, and when a rollout feeds a single optimiser step.
+        With ``eval_every``, a row whose step evaluated holds the greedy test evaluation *after* that many
+        updates (step 0: the base policy, before the first step). ``value_warmup_steps`` pretrain the critic
+        first (:meth:`pretrain_value`). Callbacks: ``on_train_begin``; each complete row to ``on_step``, then,
+        when it evaluated, to ``on_evaluate`` with the sample completions; ``on_train_end`` last, also when a
+        step raised. Every ``save_every`` steps (and after the last) a periodic checkpoint.
 
-        Which samples each column describes: ``reward``, ``accuracy``, the lengths,
-        ``reasoning_frac``, ``zero_adv_group_frac``, ``truncation_rate``, ``tokens_per_s`` and
-        ``gen_seconds`` cover **every** sample generated in the step (with dynamic sampling, all
-        rounds, before filtering, so they describe the policy, not the filtered batch); the
-        loss, ratio, clip, KL, entropy and gradient columns cover the tokens of the update batch
-        that enter the loss (overlong filtering removes truncated rows). ``reward`` is
-        the shaped reward (task reward + overlong penalty), ``accuracy`` the raw correctness.
-        A step whose dynamic sampling kept no group (``on_gen_rounds_exhausted="warn"``) makes no
-        update: ``trained_groups`` is 0 and the update columns are NaN.
-
-        Callbacks (the list ``callbacks``): ``on_train_begin`` first; each row, once complete (its evaluation
-        merged in), goes to ``on_step`` (the step-0 row of the base policy's evaluation too), then, when
-        the step evaluated, to ``on_evaluate`` with the evaluation's sample completions; ``on_train_end``
-        last, also when a step raised.
+        Raises:
+            ValueError: ``steps`` is negative; ``value_warmup_steps`` without a critic.
         """
         c = self.config
         end = self.step + non_negative_int("train: steps", steps)
@@ -395,7 +337,7 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
                     row.update({k: v for k, v in evaluation.items() if k != "step"})
                 self._log_row(row, samples)
                 self._check_learning_signal()
-                self._periodic_save(final=self.step == end)  # save_every: see Checkpointing
+                self._periodic_save(final=self.step == end)  # save_every
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['length']:.1f}")
@@ -404,6 +346,130 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
                 bar.close()
             self._notify("on_train_end")
         return self.history
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """One row per step (:data:`HISTORY_COLUMNS`)."""
+        return pd.DataFrame(self.rows)
+
+    def evaluate(self, *, greedy: bool = True) -> dict:
+        """Test-set accuracy now (:func:`grpo_lab.training.history.evaluate_frame`; advances no training RNG)."""
+        return evaluate_frame(self.policy, self.tokenizer, self.task, self.config, self.amp, self.max_new_tokens,
+                              greedy=greedy)[0]
+
+    def _evaluation(self) -> tuple[dict, pd.DataFrame]:
+        """The evaluation row now and its samples table (:func:`grpo_lab.training.history.evaluation_row`)."""
+        return evaluation_row(self.policy, self.tokenizer, self.task, self.config, self.amp, self.max_new_tokens,
+                              self.step)
+
+    def pretrain_value(self, steps: int) -> pd.DataFrame:
+        """VAPO (arXiv 2504.05118) §4.1 *Value-Pretraining*: ``steps`` times, collect a batch as :meth:`collect`
+        does (same sampling and RNGs) and fit the critic to its Monte-Carlo returns
+        (:func:`grpo_lab.training.value_model.pretrain_value_step`); the policy does not move. Save the critic
+        with ``trainer.value_model.save(path)`` and reuse it as ``TrainerConfig.value_init``.
+
+        Returns:
+            The warm-up history so far (also ``value_warmup_rows``): ``value_step``, ``explained_variance``,
+            ``value_mean``, ``return_mean`` (on each fresh batch before the fit), ``value_loss``, ``seconds``.
+
+        Raises:
+            ValueError: the trainer has no value model, or ``steps`` is negative.
+        """
+        if self.value_model is None:
+            raise ValueError("Trainer.pretrain_value: the trainer has no value model (use an algorithm whose advantage "
+                             "estimator needs values, e.g. 'gae', or pass value_model=)")
+        for _ in range(non_negative_int("pretrain_value: steps", steps)):
+            t0 = time.perf_counter()
+            batch = self.collect()
+            if batch.rollout is None:
+                continue
+            fit = pretrain_value_step(batch, self.value_model, self.value_optimizer, self.config, self.algo,
+                                      self.rng, self.amp)
+            row = {"value_step": len(self.value_warmup_rows) + 1, **fit, "seconds": time.perf_counter() - t0}
+            self.value_warmup_rows.append(row)
+        return pd.DataFrame(self.value_warmup_rows)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint directory atomically, everything :meth:`resume` needs to continue exactly.
+
+        Files: ``policy/`` (safetensors + tokenizer; for a LoRA policy its adapters and ``grpo_lab_base.json``
+        naming the base, :func:`grpo_lab.policy.lora.base_record`), ``ref/`` (a KL reference that is not the
+        LoRA base), ``value.safetensors``, ``critic/`` and ``value_optimizer.pt`` (with a critic),
+        ``optimizer.pt``, ``rng.pt``, ``state.json`` (steps, config, algorithm, task, numpy and python RNG
+        states) and ``history.json``. A registered dataclass task is rebuilt by :meth:`resume`; any other is
+        stored by name, class and fields and needs ``task=`` there.
+
+        Everything that can be checked is checked first; the files go to a sibling ``.NAME.saving`` that
+        replaces ``path`` only once complete, so a failure (an exception, a full disk, Ctrl-C) leaves ``path`` as
+        it was. ``train`` calls it every ``save_every`` steps into ``output_dir/checkpoints/step-NNNNNN``.
+
+        Returns:
+            ``path`` (a :class:`pathlib.Path`).
+
+        Raises:
+            TypeError: the trainer's task no longer implements the task protocol.
+            ValueError: the history holds a value JSON cannot write; a LoRA policy whose base was built in
+                memory or that trains base parameters.
+            FileExistsError: ``path`` is a file, or a non-empty directory without ``state.json``.
+            OSError: writing failed (nothing is left behind).
+        """
+        validate_task(self.task)
+        state = checkpoint_state(step=self.step, opt_steps=self.opt_steps, config=self.config, algo=self.algo,
+                                 task=self.task, rng=self.rng, value_warmup_rows=self.value_warmup_rows, amp=self.amp)
+        final = write_checkpoint(path, state, self.rows, task=self.task, policy=self.policy, tokenizer=self.tokenizer,
+                                 optimizer=self.optimizer, ref_policy=self.ref_policy, value_model=self.value_model,
+                                 value_optimizer=self.value_optimizer, progress=self._show_progress())
+        self._notify("on_save", final)  # the callbacks' on_save (grpo_lab.training.callbacks)
+        return final
+
+    @classmethod
+    def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None,
+               output: dict[str, Any] | None = None) -> Self:
+        """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly (also a periodic checkpoint).
+
+        Args:
+            path: the checkpoint directory.
+            task: the task to continue with; needed when the saved one cannot be rebuilt from the registry
+                (:func:`grpo_lab.tasks.register_task`). A ``RuntimeWarning`` names what differs from the saved one.
+            device: overrides the saved ``TrainerConfig.device``.
+            value_model: a fresh critic of the saved architecture, when the checkpoint holds one of your own
+                (a :class:`grpo_lab.policy.models.CriticModel` is rebuilt from the checkpoint).
+            output: replacements for fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` (e.g. a moved
+                ``output_dir``); they never change the run's numbers.
+
+        Every file is looked for before anything is loaded.
+
+        Raises:
+            FileNotFoundError: ``path`` is not a checkpoint directory.
+            TypeError: ``task`` does not implement the task protocol.
+            ValueError: ``output`` names a non-output field; a file is missing or corrupt (named); ``ref/`` is
+                missing for an algorithm with a KL term; a critic of your own and no ``value_model``; the task
+                cannot be rebuilt and no ``task=`` (the message shows both remedies).
+            grpo_lab.policy.lora.BaseModelNotFound: a LoRA checkpoint's base model cannot be loaded here.
+            ImportError: a LoRA checkpoint and peft is not installed.
+        """
+        ck = load_checkpoint(path, task=task, device=device, value_model=value_model, output=output)
+        trainer = cls(ck.policy, ck.tokenizer, ck.task, ck.algo, ck.config, ref_policy=ck.ref_policy,
+                      value_model=ck.value_model)
+        restore_training_state(ck.path, ck.state, optimizer=trainer.optimizer, rng=trainer.rng, amp=trainer.amp,
+                               value_optimizer=trainer.value_optimizer if ck.has_value else None)
+        trainer.step = int(ck.state["step"])
+        trainer.opt_steps = int(ck.state.get("opt_steps", 0))
+        trainer.rows = ck.rows
+        trainer.value_warmup_rows = list(ck.state.get("value_warmup_rows", []))
+        return trainer
+
+    def _periodic_save(self, final: bool = False) -> Path | None:
+        """After a training step: the periodic checkpoint ``TrainerConfig.save_every`` asks for
+        (:func:`~grpo_lab.training.checkpoints.periodic_checkpoint`), then only the newest ``save_total_limit``
+        are kept (and half-written ones a killed save left are deleted). Returns the checkpoint written, or
+        ``None``."""
+        path = periodic_checkpoint(self.config, self.step, final)
+        if path is not None:
+            self.save(path)
+            prune_checkpoints(path.parent, self.config.save_total_limit)
+        return path
 
     def _log_row(self, row: dict, samples: pd.DataFrame | None) -> None:
         """Append the complete history ``row`` and hand it to the callbacks: ``on_step``, then ``on_evaluate``
@@ -439,16 +505,6 @@ class Trainer(Collection, Update, ValueTraining, History, Checkpointing, MixedPr
         c = self.config
         return bool(c.progress) if c.progress is not None else (sys.stderr.isatty() and not _under_ci())
 
-    def _train_step(self) -> dict:
-        reset_peak_memory(self.config.device)
-        t0 = time.perf_counter()
-        batch = self.collect()
-        updates, grad_norms, entropies = [], [], []
-        if batch.rollout is not None:
-            self.compute_advantages(batch)
-            updates, grad_norms, entropies = self.update(batch)
-        return self._row(batch, updates, grad_norms, entropies, time.perf_counter() - t0)
-
 
 def _checked_algorithm(algo) -> Algorithm:
     """``algo``, or the preset it names; ``ValueError`` when it is neither an :class:`Algorithm` nor a name."""
@@ -476,27 +532,3 @@ def _under_ci() -> bool:
     import os
 
     return bool(os.environ.get("CI"))
-
-
-#: The modules of :mod:`grpo_lab.training` whose functions can be replaced through this module.
-_PATCHABLE = (collection, update, value_model, history, checkpoints)
-
-
-class _TrainerModule(types.ModuleType):
-    """``grpo_lab.training.trainer``'s module type: setting an attribute that is also a global of one of
-    :data:`_PATCHABLE` (the same object, e.g. ``policy_loss`` imported by ``training.update``) sets it
-    there too, so that ``monkeypatch.setattr(grpo_lab.training.trainer, "policy_loss", f)`` (and undoing it)
-    reaches the code that calls it."""
-
-    def __setattr__(self, name: str, value) -> None:
-        missing = object()
-        old = self.__dict__.get(name, missing)
-        super().__setattr__(name, value)
-        if old is missing:
-            return
-        for module in _PATCHABLE:
-            if module.__dict__.get(name, missing) is old:
-                setattr(module, name, value)
-
-
-sys.modules[__name__].__class__ = _TrainerModule
