@@ -94,9 +94,9 @@ pretrain: install
 ## GRPO_LAB_XCHECK=1: a missing or other TRL / verl version fails these tests here (plain pytest skips them).
 xcheck: install
 	$(BIN)/python -m pip install -q --no-deps -r requirements/xcheck.txt
-	GRPO_LAB_XCHECK=1 $(BIN)/python -m pytest -m xcheck tests/test_xcheck_trl.py tests/test_xcheck_verl.py \
-		tests/test_xcheck_optimisation.py tests/test_xcheck_lint.py \
-		tests/test_xcheck_trl_job.py -q -s -p no:cacheprovider
+	GRPO_LAB_XCHECK=1 $(BIN)/python -m pytest -m xcheck tests/export/xcheck/test_xcheck_trl.py tests/export/xcheck/test_xcheck_verl.py \
+		tests/export/xcheck/test_xcheck_optimisation.py tests/export/xcheck/test_xcheck_lint.py \
+		tests/export/xcheck/test_xcheck_trl_job.py -q -s -p no:cacheprovider
 
 clean:
 	rm -rf _build .pytest_cache

@@ -54,7 +54,7 @@ CPU_CONFIG = {"model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 8,
 SCALES = {
     "cpu": {"rows": 64, "eval_rows": 128, "prompt": 32, "gen_tokens": 224, "train_tokens": 480, "micro": 2,
             "autocast": "float32"},
-    # for tests/test_memory_model.py: a short generation (32 steps) after a long prompt
+    # for tests/experiments/test_memory_model.py: a short generation (32 steps) after a long prompt
     "test": {"rows": 64, "eval_rows": 64, "prompt": 160, "gen_tokens": 32, "train_tokens": 480, "micro": 2,
              "autocast": "float32"},
     "gpu": {"rows": 128, "eval_rows": 256, "prompt": 256, "gen_tokens": 512, "train_tokens": 512, "micro": 4,

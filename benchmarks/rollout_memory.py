@@ -10,7 +10,7 @@ row stops early and every call runs the full budget. Each measurement runs in a 
   recorded step by step);
 * ``grpo_eval``: :func:`grpo_lab.policy.rollout.evaluate` (greedy, ``batch_size=B``, no log-probs);
 * ``grpo_greedy``: :func:`grpo_lab.policy.rollout.generate` with ``greedy=True`` (log-probs recorded at
-  temperature 1; what ``tests/test_rollout_memory.py`` measures, as it runs several times faster than
+  temperature 1; what ``tests/policy/test_rollout_memory.py`` measures, as it runs several times faster than
   sampling over 151,936 tokens on a CPU);
 * ``hf_greedy``: plain ``transformers`` greedy ``generate``;
 * ``former_sample`` (reference, reimplemented here, not grpo_lab code): what ``grpo_lab.policy.rollout.generate``

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Check the declared lower bounds: install grpo_lab NON-editable into a fresh virtual environment at the
-# lowest supported versions (requirements/min.txt, which tests/test_install.py keeps equal to pyproject.toml's
+# lowest supported versions (requirements/min.txt, which tests/repo/test_install.py keeps equal to pyproject.toml's
 # lower bounds), then, from a directory outside the checkout, load a shipped checkpoint by name, train one
 # GRPO step, and run unit tests on that install.
 #
 #   scripts/check_min_versions.sh                  # the default test subset below
-#   scripts/check_min_versions.sh tests/test_moe.py -k replay     # other pytest arguments
+#   scripts/check_min_versions.sh tests/policy/test_moe.py -k replay     # other pytest arguments
 #
 # Environment:
 #   PYTHON     interpreter for the venv (default: python3.11, else python3); pyproject.toml's floor is 3.10,
@@ -33,18 +33,18 @@ unset GRPO_LAB_DATA  # the install must find its own data
 # torch (with torch 2.4.0 the sampled lengths differ): they check a property of one sampled batch,
 # not of the library, and are left out here.
 deselect=(
-    --deselect tests/test_trainer.py::test_length_sorted_micro_batches_same_update_less_padding
-    --deselect tests/test_moe.py::test_row_subsets_and_other_padding_replay_at_the_right_positions
+    --deselect tests/training/test_trainer.py::test_length_sorted_micro_batches_same_update_less_padding
+    --deselect tests/policy/test_moe.py::test_row_subsets_and_other_padding_replay_at_the_right_positions
 )
 if [ "$#" -eq 0 ]; then
     # the package's core (models, sampling, trainer, objectives), the MoE policy that sets transformers'
     # floor, and stats/plots (numpy, pandas, scipy, matplotlib, seaborn); map_workers, whose by-value
     # functions set cloudpickle's floor
-    set -- tests/test_models.py tests/test_rollout.py tests/test_trainer.py tests/test_objectives.py \
-        tests/test_moe.py tests/test_stats.py \
-        tests/test_corpus_checkpoint.py::test_map_workers_sends_a_notebook_function_by_value \
-        tests/test_corpus_checkpoint.py::test_map_workers_refuses_what_a_worker_cannot_receive \
-        tests/test_corpus_checkpoint.py::test_map_workers_sends_items_results_and_errors_of_notebook_classes \
+    set -- tests/policy/test_models.py tests/policy/test_rollout.py tests/training/test_trainer.py tests/algo/test_objectives.py \
+        tests/policy/test_moe.py tests/experiments/test_stats.py \
+        tests/lab/test_corpus_checkpoint.py::test_map_workers_sends_a_notebook_function_by_value \
+        tests/lab/test_corpus_checkpoint.py::test_map_workers_refuses_what_a_worker_cannot_receive \
+        tests/lab/test_corpus_checkpoint.py::test_map_workers_sends_items_results_and_errors_of_notebook_classes \
         "${deselect[@]}"
 fi
 

@@ -1,4 +1,4 @@
-"""Shared by tests/test_xcheck_trl.py and tests/test_xcheck_verl.py: one small float64 batch, the
+"""Shared by tests/export/xcheck/test_xcheck_trl.py and tests/export/xcheck/test_xcheck_verl.py: one small float64 batch, the
 algorithms to check, and grpo_lab's side of each comparison.
 
 The batch: 3 groups of G = 4 responses, padded to T = 8 tokens (the generation budget is 10, so a
@@ -13,7 +13,7 @@ constant normaliser that silently became the padded width would show), with
   positive ones (kept);
 * reference log-probs within 0.5 nats of the policy's (k3 far below verl's clamp at 10).
 
-``tests/test_xcheck_*.py::test_the_batch_covers_every_case`` checks those claims with grpo_lab's own
+``tests/export/xcheck/test_xcheck_*.py::test_the_batch_covers_every_case`` checks those claims with grpo_lab's own
 metrics.
 """
 
@@ -64,7 +64,7 @@ TOL = 1e-10
 V32 = deepseek_v32(beta=0.04, delta=0.05, eps=0.2)
 #: every preset that the export can express, and DeepSeek-V3.2 with values of our choosing (the paper reports
 #: none). PPO and VAPO need a value model, which neither target is configured for: grpo_lab.export refuses
-#: them (tests/test_export.py::test_value_model_algorithms_are_refused_with_the_reason)
+#: them (tests/export/test_export.py::test_value_model_algorithms_are_refused_with_the_reason)
 ALGORITHMS = {**{name: algo for name, algo in PRESETS.items()
                  if algo.advantage not in VALUE_BASELINE_ESTIMATORS and algo.nll_coef == 0},
               "DeepSeek-V3.2": V32}
@@ -74,7 +74,7 @@ BUDGET = dict(group_size=G, prompts_per_step=B // G, max_new_tokens=MAX_NEW_TOKE
 
 def exportable(target: str) -> dict:
     """The :data:`ALGORITHMS` that ``target`` can express (their ``strict=False`` export does not raise);
-    the others are refused with the reason, which tests/test_export.py checks (TRL has no GMPO, KL-Cov or
+    the others are refused with the reason, which tests/export/test_export.py checks (TRL has no GMPO, KL-Cov or
     Clip-Cov). Derived from the registry: a new preset is cross-checked as soon as the export maps it."""
     out = {}
     for name, algo in ALGORITHMS.items():

@@ -73,8 +73,8 @@ def capture_grads():
 @pytest.fixture(scope="session")
 def stored_book_build(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """`jupyter-book build book --config _config.yml -W -n --keep-going --path-output <tmp>` (CI's book
-    build, from the notebooks' stored outputs), run once per session: tests/test_book_hygiene.py checks
-    its log, tests/test_book_render.py opens its pages (one build instead of two: each took minutes of
+    build, from the notebooks' stored outputs), run once per session: tests/repo/test_book_hygiene.py checks
+    its log, tests/repo/test_book_render.py opens its pages (one build instead of two: each took minutes of
     the unit phase). Returns the finished process and the HTML directory; skips without jupyter-book."""
     candidate = Path(sys.executable).parent / "jupyter-book"
     exe = str(candidate) if candidate.exists() else shutil.which("jupyter-book")

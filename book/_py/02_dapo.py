@@ -210,8 +210,8 @@ print("share of the group's total gradient on the long responses:",
 # (here: the ones the policy reasons about) count more than in the equation. Both need their
 # denominators from the whole batch when it is split into micro-batches (`num_tokens=`, or the
 # per-group counts for `group_token_mean`, which the trainer passes); otherwise long and short
-# micro-batches are weighted differently (tested in `tests/test_dapo.py` and
-# `tests/test_group_token_mean.py`). The cell checks {eq}`eq-dapo-group-vs-batch` on two groups
+# micro-batches are weighted differently (tested in `tests/papers/test_dapo.py` and
+# `tests/algo/test_group_token_mean.py`). The cell checks {eq}`eq-dapo-group-vs-batch` on two groups
 # of different total length, then measures the difference on real batches of the base policy
 # (the DAPO batches of §2.5's setting, five seeds): the spread of $N_g/\bar N$ and the cosine
 # between the two parameter gradients.

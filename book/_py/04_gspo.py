@@ -339,7 +339,7 @@ print(np.round(-grad_grpo.numpy() * G, 4) + 0.0)
 # ```
 #
 # With one advantage per response, its loss, clipping and gradient are GSPO's exactly; with
-# per-token advantages they differ (asserted; `tests/test_gspo.py` checks more cases).
+# per-token advantages they differ (asserted; `tests/papers/test_gspo.py` checks more cases).
 
 # %%
 lp_t = lp_g.detach().clone().requires_grad_()

@@ -217,7 +217,7 @@ book.glue("cispo_bias_028", f"{rel(cispo_grad(0.28)):.3f}")
 # the *object* of the clip, not the direction of the ratio. The inverted weight is not an
 # importance weight at all: above, its relative error against the on-policy gradient is
 # {glue:text}`cispo_inverted_err`, and it would up-weight exactly the tokens whose probability has
-# *fallen* since sampling. `tests/test_cispo.py` checks the unbiasedness by enumeration on every
+# *fallen* since sampling. `tests/papers/test_cispo.py` checks the unbiasedness by enumeration on every
 # commit.
 # :::
 #

@@ -28,7 +28,7 @@
 # compute, given the same settings, exactly
 # what `grpo_lab` computes: on identical float64 batches their own loss code and
 # {py:func}`grpo_lab.algo.objectives.policy_loss` agree to within $10^{-16}$ in loss and gradient
-# (`tests/test_xcheck_trl.py`, `tests/test_xcheck_verl.py`, run by `make xcheck`). But their
+# (`tests/export/xcheck/test_xcheck_trl.py`, `tests/export/xcheck/test_xcheck_verl.py`, run by `make xcheck`). But their
 # **defaults** are not the papers', and the differences change the gradient:
 #
 # * TRL 1.16: `use_bias_correction_kl=True` by default, which is DeepSeek-V3.2's importance-corrected
@@ -101,7 +101,7 @@ def table(df: pd.DataFrame) -> Markdown:
 
 # %% tags=["nbval-ignore-output"]
 # Built from the registry (every preset of grpo_lab.algo.algorithms.PRESETS), so a new preset changes this table: its
-# content is tested in tests/test_export.py, and nbval does not compare it (no re-execution for a new preset).
+# content is tested in tests/export/test_export.py, and nbval does not compare it (no re-execution for a new preset).
 algorithms = {**PRESETS, "DeepSeek-V3.2": deepseek_v32(beta=0.01, delta=0.02, eps=0.2)}
 support = export.support_table(algorithms, group_size=16, max_new_tokens=1024)
 
@@ -125,7 +125,7 @@ display(table(shown[["algorithm", "target", "exact", "issues", "exact_alternativ
 # exact and what is not.
 
 # %% tags=["nbval-ignore-output"]
-# (tested in tests/test_export.py: a row for every choice the export maps; not compared by nbval)
+# (tested in tests/export/test_export.py: a row for every choice the export maps; not compared by nbval)
 mapping = export.mapping_table()
 display(table(mapping))
 
@@ -207,7 +207,7 @@ print("GRPOConfig(output_dir=..., " + ", ".join(f"{k}={v!r}" for k, v in kwargs.
 # answers), `rewards.py` (a TRL reward function that calls grpo_lab's own scorer, plus DAPO's soft
 # overlong punishment) and a README with every note and difference of the translation. The budget
 # comes from a {py:class}`~grpo_lab.training.trainer.TrainerConfig`
-# ({py:func}`grpo_lab.export.optimisation.budget_from_config`), so nothing is typed twice. `tests/test_xcheck_trl_job.py`
+# ({py:func}`grpo_lab.export.optimisation.budget_from_config`), so nothing is typed twice. `tests/export/xcheck/test_xcheck_trl_job.py`
 # runs such a job for 2 steps on the CPU in CI and checks that its first step's advantages, loss and
 # gradient equal grpo_lab's on the same batch. The jobs below are written from the few GSM8K problems
 # shipped with grpo_lab (`source="fixture"`), so that this page builds offline; the export warns that
@@ -251,7 +251,7 @@ print(f"rewards.reward of a right and a wrong boxed answer to the first problem 
 # `custom_reward_function` calls, the Hydra overrides and `run.sh`. The reward file matters more
 # than it looks: verl's built-in GSM8K scorer reads only a `#### <number>` line, so a policy that
 # boxes its answers, as grpo_lab's GSM8K prompts ask, would score 0 on every completion. The job's
-# reward is grpo_lab's scorer, which reads both. `tests/test_xcheck_verl.py` composes the overrides
+# reward is grpo_lab's scorer, which reads both. `tests/export/xcheck/test_xcheck_verl.py` composes the overrides
 # with verl's own Hydra config, runs verl's `validate_config` on them and loads `reward.py` through
 # verl's own loader.
 
@@ -277,7 +277,7 @@ for answer in (right, f"... {gold} in all.\n#### {gold}", wrong):
 # and {py:func}`grpo_lab.export.lint.from_verl` return the grpo_lab `Algorithm` the config computes, the
 # paper it is nearest to, and every place it departs from that paper; `python -m grpo_lab
 # check-config FILE` prints the same report. The readings go through the export's own tables
-# backwards and are exported again to check them, and `tests/test_xcheck_lint.py` checks each
+# backwards and are exported again to check them, and `tests/export/xcheck/test_xcheck_lint.py` checks each
 # reading's loss against the library's own loss code. Here are the libraries' defaults: TRL's
 # `GRPOConfig()` and verl's trainer with `algorithm.adv_estimator=grpo`.
 

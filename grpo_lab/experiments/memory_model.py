@@ -21,7 +21,7 @@ Assumptions, one line each (each phase function says more):
   the tokenizer, the data, Python.
 
 Checked against CPU measurements at scaled-down shapes by ``benchmarks/memory_model.py`` and
-``tests/test_memory_model.py``. ``python -m grpo_lab.experiments.memory_model`` prints the GPU
+``tests/experiments/test_memory_model.py``. ``python -m grpo_lab.experiments.memory_model`` prints the GPU
 profile's phases on Qwen2.5-0.5B.
 """
 

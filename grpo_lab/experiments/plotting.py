@@ -69,7 +69,7 @@ ALGO_ORDER: tuple[str, ...] = ("GRPO", "DR_GRPO", "DAPO", "GSPO", "CISPO", "VAPO
 #: that palette, below 3:1, replaced: Dr.GRPO wine, CISPO pink, VAPO brown, PPO teal,
 #: DeepSeek-V3.2's objective, :func:`grpo_lab.algo.algorithms.deepseek_v32`, indigo; ``RPT`` black;
 #: ``base``, the untrained policy, dark grey and dashed). Chosen so that every pair stays apart
-#: also under simulated deuteranopia and protanopia (tests/test_plotting_look.py checks both).
+#: also under simulated deuteranopia and protanopia (tests/experiments/test_plotting_look.py checks both).
 ALGO_COLORS: dict[str, str] = {
     "GRPO": "#0173b2",
     "DR_GRPO": "#a0306a",

@@ -4,7 +4,7 @@
 for every field it does not set, without TRL or verl installed. The values below were read from
 ``trl/trainer/grpo_config.py`` (and the ``transformers.TrainingArguments`` fields it inherits) of TRL
 1.16.0 and from ``verl/trainer/config/_generated_ppo_trainer.yaml`` (the flattened ``ppo_trainer.yaml``)
-of verl 0.9.1; ``tests/test_xcheck_lint.py`` checks them against the installed libraries (``make xcheck``).
+of verl 0.9.1; ``tests/export/xcheck/test_xcheck_lint.py`` checks them against the installed libraries (``make xcheck``).
 
 * :data:`TRL_DEFAULTS` — the fields the linter reads (loss, sampling, optimiser, sizes), with their
   dataclass defaults; :data:`TRL_OTHER_FIELDS` — every other ``GRPOConfig`` field (read, outside the loss).

@@ -13,7 +13,7 @@ settings; this module goes back:
 Fields the configuration leaves out take the library's defaults, recorded as data in
 :mod:`grpo_lab.export.library_defaults` (so neither library needs to be installed). Each returns a
 :class:`Reading`: the :class:`~grpo_lab.algo.algorithms.Algorithm` whose loss equals the library's
-(``tests/test_xcheck_lint.py`` checks it against TRL's and verl's own loss code), the paper it is
+(``tests/export/xcheck/test_xcheck_lint.py`` checks it against TRL's and verl's own loss code), the paper it is
 nearest to (the preset with the fewest departures), the departures as one line each (from the paper,
 and whatever the library computes that no Algorithm field expresses, e.g. verl's dual clip; then
 ``exact`` is False and the Algorithm is the nearest), the settings read outside the loss, and the keys

@@ -9,7 +9,7 @@ by axis and says where the translation is exact:
 * :func:`to_verl`: Hydra overrides of ``python -m verl.trainer.main_ppo`` (``ppo_trainer.yaml``; verl 0.9.1);
 * :func:`translate`: either, with notes and every difference, as a :class:`Translation`;
   :attr:`Translation.computes` is the algorithm the settings compute *exactly* (checked against
-  each library's loss code in float64 by ``tests/test_xcheck_*.py``);
+  each library's loss code in float64 by ``tests/export/xcheck/test_xcheck_*.py``);
 * :func:`mapping_table`: grpo_lab axis -> TRL field -> verl field -> note; :func:`support_table`:
   each preset x target, exact or what raises.
 

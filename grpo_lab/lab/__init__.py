@@ -1,7 +1,7 @@
 """The book's bench: code that exists for a chapter of the book, not the library's API.
 
 Anything here may change with the book, without notice. Nothing outside ``grpo_lab.lab`` imports it
-(``tests/test_house_rules.py`` enforces the order of the wings).
+(``tests/repo/test_house_rules.py`` enforces the order of the wings).
 
 * :mod:`~grpo_lab.lab.book`: notebook plumbing (set-up, glue, run times, ``python -m grpo_lab.lab.book execute``);
 * :mod:`~grpo_lab.lab.pretrain`: the shipped base checkpoints (``make pretrain``) and chapter 7's

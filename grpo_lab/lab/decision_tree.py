@@ -11,7 +11,7 @@ a new variant which direction it moves (normalisation, sequence level, clipping,
   book's glued results bearing on them (``"04_gspo:gspo_route_last"``: chapter and glue name).
 * :data:`SECTION_TREE` is the section's tree as quoted; :data:`OUR_TREE` changes a branch only
   where papers.md or a chapter says otherwise; :data:`CHANGES` gives each change's reason and
-  sources, and :func:`diff_trees` (checked by ``tests/test_decision_tree.py``) keeps the two in
+  sources, and :func:`diff_trees` (checked by ``tests/lab/test_decision_tree.py``) keeps the two in
   step. A claim our experiments could not test reads "not tested in the paper's regime".
 * :func:`leaves` walks a tree, :func:`tree_table` tabulates its leaves, :func:`plot_tree` draws it
   with the changed branches shaded.
@@ -318,7 +318,7 @@ def diff_trees(a: Union[Node, Leaf], b: Union[Node, Leaf]) -> tuple[BranchDiff, 
     leaves that differ in any field (presets, chapters, evidence or note), a leaf replaced by a
     question, two different questions, or a branch only one tree has (None on the other side).
     ``diff_trees(SECTION_TREE, OUR_TREE)`` gives exactly the paths of :data:`CHANGES`, whose reasons
-    cite papers.md and the chapters (tests/test_decision_tree.py checks it).
+    cite papers.md and the chapters (tests/lab/test_decision_tree.py checks it).
 
     Args:
         a: the first tree, a :class:`Node` or a :class:`Leaf`.

@@ -78,7 +78,7 @@ EXTRA_LOSS = "extra loss terms"
 
 #: The fields of :class:`~grpo_lab.algo.algorithms.Algorithm` on each axis, in table order. Every field but
 #: ``name`` (a label) and ``params`` (see :data:`ATTRIBUTED_FIELDS`) is on exactly one axis, which
-#: tests/test_variant_records.py checks, so a new field cannot be left out. ``mask_eps_low`` /
+#: tests/lab/test_variant_records.py checks, so a new field cannot be left out. ``mask_eps_low`` /
 #: ``mask_eps_high`` (MiniMax-M1's token mask, Eqs. 6-7) sit with the other masks, under sampling &
 #: shaping.
 AXIS_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({

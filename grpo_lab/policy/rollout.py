@@ -340,7 +340,7 @@ def _cut_at_stop(comp: torch.Tensor, stops: list, pad_token_id: int) -> tuple:
 
 #: Up to this many logits (rows × vocabulary) a decoding step's behaviour log-probs are computed in one block
 #: (16 MiB in float32; the CPU profile's 128 × 52): beyond it, in chunks of ``ceil(B / 8)`` rows (Qwen2.5's
-#: 151,936-token vocabulary). Each row's value is the same either way (tests/test_rollout_logprobs.py).
+#: 151,936-token vocabulary). Each row's value is the same either way (tests/policy/test_rollout_logprobs.py).
 _ONE_BLOCK_LOGITS = 2**22
 
 
@@ -355,7 +355,7 @@ class _BehaviourLogprobs:
       after ``generate``'s own non-sampling processors (none under :func:`_generation_config`'s settings)
       and before the temperature / top-k / top-p warpers, so these are the raw logits, the tensors
       ``output_logits=True`` would return. The warpers return new tensors rather than writing into
-      these (transformers 5.24; ``tests/test_rollout_logprobs.py`` would catch a change).
+      these (transformers 5.24; ``tests/policy/test_rollout_logprobs.py`` would catch a change).
     * :attr:`criterion` (a stopping criterion that never stops a row) runs in the same step after the
       drawn token was appended (``input_ids[:, -1]``): it computes that token's log-prob with
       :func:`grpo_lab.policy.logprobs.token_logprobs` (the arithmetic of the former ``[B, T, V]`` computation,

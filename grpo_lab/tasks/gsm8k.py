@@ -44,7 +44,7 @@ What we add to math-verify, one line each:
 
 The deliberate differences from Math-Verify's own test cases (decimal commas and units in a box,
 a box spanning lines, a ``####`` answer ending at its line break) are listed in
-``tests/test_gsm8k_math_verify_table.py``; ``tests/test_gsm8k_score.py`` compares :func:`score`
+``tests/tasks/test_gsm8k_math_verify_table.py``; ``tests/tasks/test_gsm8k_score.py`` compares :func:`score`
 with math-verify called directly on a table of decorated answers.
 """
 
