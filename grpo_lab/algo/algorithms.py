@@ -82,9 +82,9 @@ AGGREGATION_NAMES = _obj.AGGREGATIONS.keys()
 #: the keys of :data:`grpo_lab.algo.objectives.KL_ESTIMATORS` (``kl=None``, no KL term, is accepted as well)
 KL_ESTIMATOR_NAMES = _obj.KL_ESTIMATORS.keys()
 
-#: fields renamed since files were first written: ``{old name: new name}`` (:func:`migrate_fields`)
+#: fields renamed since files were first written — ``{old name: new name}`` (:func:`migrate_fields`)
 RENAMED_FIELDS = {"clip": "surrogate"}
-#: surrogate choices renamed: ``{old key: new key}`` of :data:`grpo_lab.algo.objectives.SURROGATES`
+#: surrogate choices renamed — ``{old key: new key}`` of :data:`grpo_lab.algo.objectives.SURROGATES`
 RENAMED_SURROGATES = {"is_weight": "cispo"}
 
 
@@ -621,7 +621,7 @@ def _check_declaration(algo: "Algorithm", axis: str, key: str, fn: Callable, own
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Algorithm))
 
 
-#: GRPO, DeepSeekMath (arXiv 2402.03300) Eqs. 3-4, §4.1.2, §4.2: token ratio, PPO clip 0.2 (not stated in the
+#: GRPO, DeepSeekMath (arXiv 2402.03300) Eqs. 3-4, §4.1.2, §4.2 — token ratio, PPO clip 0.2 (not stated in the
 #: paper's RL section: PPO's usual value), ``1/G sum_i 1/|o_i| sum_t``, k3 KL with beta = 0.04, group z-scores.
 GRPO = Algorithm(
     name="GRPO",
@@ -637,7 +637,7 @@ GRPO = Algorithm(
     beta=0.04,
 )
 
-#: DAPO (arXiv 2503.14476), Table 1's final recipe: clip-higher 0.2 / 0.28 (Eq. 10), Eq. 12's token-level loss
+#: DAPO (arXiv 2503.14476), Table 1's final recipe — clip-higher 0.2 / 0.28 (Eq. 10), Eq. 12's token-level loss
 #: as written (``"group_token_mean"``; verl / TRL divide by the batch's tokens: ``"token_mean"``), no KL,
 #: dynamic sampling (Eq. 11), overlong filtering (§3.4) and soft overlong punishment (Eq. 13) with the paper's
 #: ``L_cache = L_max / 5`` (4,096 of 20,480) stored as ``overlong_cache_frac = 0.2``.
@@ -652,7 +652,7 @@ DAPO = GRPO.replace(
     overlong_cache_frac=0.2,
 )
 
-#: Dr. GRPO (arXiv 2503.20783, §3.2, Listing 1): ``A_i = R_i - mean(R)`` (no std) and each sequence's token sum
+#: Dr. GRPO (arXiv 2503.20783, §3.2, Listing 1) — ``A_i = R_i - mean(R)`` (no std) and each sequence's token sum
 #: divided by the constant MAX_TOKENS (``max_tokens=None``: the trainer passes the generation budget); PPO clip
 #: 0.2, no KL (beta = 0 throughout the paper).
 DR_GRPO = GRPO.replace(
@@ -663,7 +663,7 @@ DR_GRPO = GRPO.replace(
     beta=0.0,
 )
 
-#: CISPO (MiniMax-M1, arXiv 2506.13585, §3.1, Eqs. 4-5): the clipped, detached IS weight times
+#: CISPO (MiniMax-M1, arXiv 2506.13585, §3.1, Eqs. 4-5) — the clipped, detached IS weight times
 #: ``A log pi_theta``; ``eps_low = 1`` (the paper's "large value": no floor); ``eps_high = 0.28`` is **our
 #: choice** (the paper does not report it; DAPO's clip-higher, so the two presets cap the ratio alike);
 #: ``"group_token_mean"`` (Eq. 4), no KL, DAPO's dynamic sampling and soft length penalty (§3.1), no
@@ -681,7 +681,7 @@ CISPO = GRPO.replace(
     overlong_cache_frac=0.2,
 )
 
-#: GSPO (arXiv 2507.18071, Eqs. 5-7, §5.1): the length-normalised sequence ratio ``s_i`` (Eq. 7) under the
+#: GSPO (arXiv 2507.18071, Eqs. 5-7, §5.1) — the length-normalised sequence ratio ``s_i`` (Eq. 7) under the
 #: PPO clip with the paper's ranges 3e-4 / 4e-4, ``1/G sum_i`` (Eq. 5), group z-scores (Eq. 6), no KL. The clip
 #: binds only with several minibatches per rollout (§5.1: 4); score log-probs in float32 (a 4e-4 range is below
 #: bfloat16's resolution: chapter 4, §4.4).
@@ -695,11 +695,11 @@ GSPO = GRPO.replace(
     beta=0.0,
 )
 
-#: GSPO-token (arXiv 2507.18071, Eqs. 13-17): :data:`GSPO` with ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]``;
+#: GSPO-token (arXiv 2507.18071, Eqs. 13-17) — :data:`GSPO` with ``s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)]``;
 #: equal to GSPO with one advantage per response, different with token-level advantages.
 GSPO_TOKEN = GSPO.replace(name="GSPO_TOKEN", ratio_level="sequence_token")
 
-#: PPO with a learned critic, VAPO's vanilla-PPO baseline (arXiv 2504.05118, §5.1): GAE (arXiv 1506.02438
+#: PPO with a learned critic, VAPO's vanilla-PPO baseline (arXiv 2504.05118, §5.1) — GAE (arXiv 1506.02438
 #: Eq. 16) with gamma = 1, lambda = 0.95 for policy and critic, token ratio, clip 0.2, ``"seq_mean_token_mean"``,
 #: no KL; ``value_clip_eps = 0.2`` is **our choice** (not reported; OpenAI baselines' value).
 PPO = GRPO.replace(
@@ -715,7 +715,7 @@ PPO = GRPO.replace(
     value_clip_eps=0.2,
 )
 
-#: VAPO (arXiv 2504.05118, §4, §5.1): :data:`PPO` plus Decoupled-GAE (``critic_lam = 1``, §4.1),
+#: VAPO (arXiv 2504.05118, §4, §5.1) — :data:`PPO` plus Decoupled-GAE (``critic_lam = 1``, §4.1),
 #: length-adaptive GAE with alpha = 0.05 (Eq. 5), clip-higher 0.28 (Eq. 8), the batch-wide token-mean loss
 #: (Eq. 7 writes a per-group sum: ``VAPO.replace(aggregation="group_token_mean")``) and the positive-example
 #: LM loss with mu = 0.1 (Eqs. 9-10). Value-pretraining and group sampling are trainer settings.
@@ -728,7 +728,7 @@ VAPO = PPO.replace(
     nll_coef=0.1,
 )
 
-#: Reinforcement Pre-Training (arXiv 2506.08007): GRPO on next-token reasoning with the prefix-matching reward
+#: Reinforcement Pre-Training (arXiv 2506.08007) — GRPO on next-token reasoning with the prefix-matching reward
 #: (Eq. 3, :class:`grpo_lab.tasks.NextTokenTask`) and Eq. 4's pure expected reward: no KL (App. B), no LM term,
 #: GRPO's ratio clip 0.2 (App. B's "actor gradient clip 0.2" is not said to be one). Its G = 8 and temperature 0.8 are trainer settings: :data:`RPT_SAMPLING`.
 RPT = GRPO.replace(name="RPT", kl=None, beta=0.0)
@@ -742,20 +742,20 @@ RPT_SAMPLING: dict[str, Any] = {"group_size": 8, "temperature": 0.8}
 #: (``ntp_coef = 1``: the two terms weighted equally).
 RPT_HYBRID = RPT.replace(name="RPT hybrid (not the paper)", ntp_coef=1.0)
 
-#: GMPO (arXiv 2507.20673): the geometric mean of token ratios, clipped per token in log space to the paper's
+#: GMPO (arXiv 2507.20673) — the geometric mean of token ratios, clipped per token in log space to the paper's
 #: ``(e^-0.4, e^0.4)`` (:func:`grpo_lab.algo.objectives.gmpo_surrogate`); no KL (the official script's beta 0).
 GMPO = GRPO.replace(name="GMPO", surrogate="gmpo", eps_low=0.4, eps_high=0.4, kl=None, beta=0.0)
 
-#: SAPO (arXiv 2511.20347): a smooth gate instead of the hard clip (:func:`grpo_lab.algo.objectives.sapo_surrogate`),
+#: SAPO (arXiv 2511.20347) — a smooth gate instead of the hard clip (:func:`grpo_lab.algo.objectives.sapo_surrogate`),
 #: temperatures ``tau_pos = 1.0``, ``tau_neg = 1.05`` (in ``params``); token ratio, group z-scores, no KL.
 SAPO = GRPO.replace(name="SAPO", surrogate="sapo", kl=None, beta=0.0)
 
-#: KL-Cov (arXiv 2505.22617, "Suppressing Tokens with High Covariances"): the unclipped policy gradient plus
+#: KL-Cov (arXiv 2505.22617, "Suppressing Tokens with High Covariances") — the unclipped policy gradient plus
 #: ``kl_cov_coef |log r|`` on the ``kl_cov_ratio = 2e-3`` share of tokens with the largest covariance
 #: (:func:`grpo_lab.algo.objectives.kl_cov_surrogate`); token mean, no KL. ``eps_low`` / ``eps_high`` unused.
 KL_COV = GRPO.replace(name="KL_COV", surrogate="kl_cov", aggregation="token_mean", kl=None, beta=0.0)
 
-#: Clip-Cov (arXiv 2505.22617): PPO's surrogate with the gradient of a random ``clip_cov_ratio`` share of the
+#: Clip-Cov (arXiv 2505.22617) — PPO's surrogate with the gradient of a random ``clip_cov_ratio`` share of the
 #: tokens whose covariance lies in ``(clip_cov_lb, clip_cov_ub)`` removed (the paper's 2e-4, 1, 5); clip 1 / 1
 #: as the authors' scripts; token mean, no KL; dynamic sampling off (``replace(dynamic_sampling=True)``).
 CLIP_COV = GRPO.replace(name="CLIP_COV", surrogate="clip_cov", eps_low=1.0, eps_high=1.0, aggregation="token_mean",

@@ -385,7 +385,7 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     Every seed starts from the same base weights; the seed fixes prompt sampling, generation and
     minibatch order. Seeds run one after the other, or in ``n_jobs`` processes (same results). A run
     killed mid-way and run again with ``resume=True`` ends with the same history, bit for bit (but for
-    :data:`grpo_lab.training.trainer.MEASURED_COLUMNS`).
+    :data:`grpo_lab.training.history.MEASURED_COLUMNS`).
 
     Args:
         algo: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset name (``"GRPO"``).

@@ -29,7 +29,8 @@ from .config import OUTPUT_FIELDS, TrainerConfig
 from .precision import Precision
 
 __all__ = ["CHECKPOINTS_DIR", "checkpoint_name", "periodic_checkpoints", "checkpoint_state", "write_checkpoint",
-           "load_checkpoint", "restore_training_state", "LoadedCheckpoint"]
+           "load_checkpoint", "restore_training_state", "LoadedCheckpoint", "check_checkpointing",
+           "periodic_checkpoint", "prune_checkpoints"]
 
 #: The subdirectory of ``TrainerConfig.output_dir`` that periodic checkpoints go to
 #: (``TrainerConfig.save_every``), one directory ``step-NNNNNN`` per checkpoint.

@@ -1,7 +1,7 @@
 """The *collect* stage: sample a rollout (:func:`sample_rollout`), score it (:func:`score_rollout`: the task's
-rewards, the algorithm's reward shaping), and draw rounds until enough groups are selected (:func:`collect`,
-DAPO's dynamic sampling, rounds sized by :func:`round_size`). It hands on a :class:`Batch` of
-:class:`Scored` rollouts.
+rewards, the algorithm's reward shaping), and draw rounds until enough groups are selected (:func:`~grpo_lab.training.collection.collect`,
+DAPO's dynamic sampling, rounds sized by :func:`~grpo_lab.training.collection.round_size`). It hands on a :class:`~grpo_lab.training.trainer.Batch` of
+:class:`~grpo_lab.training.trainer.Scored` rollouts.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Scored:
 
 @dataclass
 class Batch:
-    """What one step trains on (the output of :func:`collect`).
+    """What one step trains on (the output of :func:`~grpo_lab.training.collection.collect`).
 
     Attributes:
         generated: every rollout generated this step, scored (for the metrics).
@@ -59,7 +59,7 @@ class Batch:
         returns: ``[B, T]`` float32 critic targets, filled by the *advantages* stage when there are
             values (:meth:`grpo_lab.algo.algorithms.Algorithm.value_targets`).
         selected_groups: groups the selector kept over all rounds, before the surplus of the
-            last round was dropped (the numerator of the running keep rate, :func:`round_size`).
+            last round was dropped (the numerator of the running keep rate, :func:`~grpo_lab.training.collection.round_size`).
     """
 
     generated: list[Scored]
@@ -127,7 +127,7 @@ def collect(sample: Callable[[int], Scored], algo: Algorithm, config: TrainerCon
     Rounds of ``sample(n_prompts)`` (a scored rollout) are drawn until ``config.prompts_per_step`` groups were
     selected (:func:`grpo_lab.algo.selection.select_groups`; extras of the last round are dropped) or
     ``config.max_gen_rounds`` rounds were drawn. Keeping every group (the default selector) takes one round;
-    DAPO's dynamic sampling (Eq. 11) may take several, sized by :func:`round_size` from the history ``rows``.
+    DAPO's dynamic sampling (Eq. 11) may take several, sized by :func:`~grpo_lab.training.collection.round_size` from the history ``rows``.
     ``values``: the critic's values of the kept rows (``Batch.values``), or ``None`` without a critic.
     ``step``: the steps done (for the shortfall message); ``pad_id``: the tokenizer's pad id.
 
@@ -240,7 +240,7 @@ def _check_rewards(values, ro: Rollout) -> list[float]:
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """One :class:`Rollout` from several (the kept groups of several dynamic-sampling rounds).
+    """One :class:`~grpo_lab.policy.rollout.Rollout` from several (the kept groups of several dynamic-sampling rounds).
 
     Rollouts of different prompt / completion widths are padded to the widest: prompts on the
     **left** (pad id, mask 0), completions, masks and behaviour log-probs on the **right** (pad

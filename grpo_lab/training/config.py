@@ -32,7 +32,7 @@ class TrainerConfig:
     """How a run samples and updates: everything that is not the algorithm or the task.
 
     Frozen; every value is checked when it is built (``ValueError`` naming the field). Each field's help is in its
-    metadata (:func:`field_help`). :data:`OUTPUT_FIELDS` never change a run's numbers.
+    metadata (:func:`~grpo_lab.training.config.field_help`). :data:`~grpo_lab.training.config.OUTPUT_FIELDS` never change a run's numbers.
     """
 
     prompts_per_step: int = _f(16, "questions per rollout")
@@ -166,7 +166,7 @@ class TrainerConfig:
             object.__setattr__(self, "lr_schedule_steps", int(self.lr_schedule_steps))
 
     def _check_outputs(self) -> None:
-        """Validate and normalise :data:`OUTPUT_FIELDS` (``ValueError`` naming the field)."""
+        """Validate and normalise :data:`~grpo_lab.training.config.OUTPUT_FIELDS` (``ValueError`` naming the field)."""
         if self.output_dir is not None:
             if not isinstance(self.output_dir, (str, os.PathLike)) or not str(self.output_dir).strip():
                 raise ValueError(f"TrainerConfig.output_dir must be a directory path or None, got {self.output_dir!r}")
@@ -212,7 +212,7 @@ TrainerConfig.__module__ = "grpo_lab.training.trainer"  # documented, pickled an
 
 
 def field_help(name: str) -> str:
-    """The help of the :class:`TrainerConfig` field ``name`` (what, unit, paper reference).
+    """The help of the :class:`~grpo_lab.training.trainer.TrainerConfig` field ``name`` (what, unit, paper reference).
 
     Raises:
         KeyError: ``name`` is not a field.

@@ -1,6 +1,6 @@
 """Mixed precision: the autocast dtype a run uses and the loss scaling float16 needs.
 
-:data:`PRECISIONS` are the values of ``TrainerConfig.precision``; :func:`resolve_precision` turns ``"auto"``
+:data:`~grpo_lab.training.precision.PRECISIONS` are the values of ``TrainerConfig.precision``; :func:`~grpo_lab.training.trainer.resolve_precision` turns ``"auto"``
 into a dtype for the device; :class:`Precision` is the autocast context and the (scaled) backward pass every
 forward and backward of the trainer goes through.
 """
@@ -15,7 +15,7 @@ from ..algo.checks import choice
 
 __all__ = ["PRECISIONS", "resolve_precision", "Precision"]
 
-#: The values of :attr:`TrainerConfig.precision`.
+#: The values of :attr:`~grpo_lab.training.trainer.TrainerConfig.precision`.
 PRECISIONS = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -28,14 +28,14 @@ def resolve_precision(precision: str, device: str | torch.device) -> str:
     ``"float32"`` on any other device. Anything else is returned as given.
 
     Args:
-        precision: one of :data:`PRECISIONS`.
+        precision: one of :data:`~grpo_lab.training.precision.PRECISIONS`.
         device: the training device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
 
     Returns:
         ``"float32"``, ``"bfloat16"`` or ``"float16"``.
 
     Raises:
-        ValueError: ``precision`` is not one of :data:`PRECISIONS`.
+        ValueError: ``precision`` is not one of :data:`~grpo_lab.training.precision.PRECISIONS`.
     """
     choice("precision", precision, PRECISIONS)
     if precision != "auto":
@@ -51,7 +51,7 @@ class Precision:
 
     Args:
         precision: the autocast dtype name, ``"float32"``, ``"bfloat16"`` or ``"float16"`` (a
-            :func:`resolve_precision` result; float32 autocasts nothing).
+            :func:`~grpo_lab.training.trainer.resolve_precision` result; float32 autocasts nothing).
         device: the training device.
 
     Attributes:

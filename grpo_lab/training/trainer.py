@@ -1,6 +1,6 @@
 """The trainer: one loop for every algorithm of the GRPO family, on a ``transformers`` causal LM.
 
-A step reads top to bottom (:meth:`Trainer._train_step`): *collect* (sample groups of G responses, score
+A step reads top to bottom (``Trainer._train_step``): *collect* (sample groups of G responses, score
 them, select the groups to train on; :mod:`grpo_lab.training.collection`) → *advantages* (the algorithm's
 estimator) → *plan* (the minibatch and micro-batch layout of every epoch, π_old and π_ref scored in it) →
 *optimiser steps* (:mod:`grpo_lab.training.update`) → one *history row* (:mod:`grpo_lab.training.history`).
@@ -270,8 +270,8 @@ class Trainer:
 
     def update(self, batch: Batch) -> tuple[list[dict], list[float], list[tuple[float, float]]]:
         """The *plan* and *optimiser steps* stages on ``batch`` (its advantages computed): ``epochs`` passes of
-        ``minibatches`` optimiser steps (:func:`grpo_lab.training.update.plan_update`, :func:`~grpo_lab.training.
-        update.run_update`). Returns per optimiser step the loss metrics and the gradient norm before
+        ``minibatches`` optimiser steps (:func:`~grpo_lab.training.update.plan_update`,
+        :func:`~grpo_lab.training.update.run_update`). Returns per optimiser step the loss metrics and the gradient norm before
         clipping, and per first-epoch micro-batch ``(entropy sum, token count)``."""
         learner = self._learner()
         result = run_update(plan_update(batch, learner, self.rng), learner, self.rng, self.opt_steps)
@@ -303,7 +303,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop, evaluation, the critic's warm-up
     def train(self, steps: int) -> pd.DataFrame:
         """Run ``steps`` more steps; returns the whole history, one row per step (the columns:
-        :data:`HISTORY_COLUMNS`).
+        :data:`~grpo_lab.training.history.HISTORY_COLUMNS`).
 
         With ``eval_every``, a row whose step evaluated holds the greedy test evaluation *after* that many
         updates (step 0: the base policy, before the first step). ``value_warmup_steps`` pretrain the critic
@@ -349,7 +349,7 @@ class Trainer:
 
     @property
     def history(self) -> pd.DataFrame:
-        """One row per step (:data:`HISTORY_COLUMNS`)."""
+        """One row per step (:data:`~grpo_lab.training.history.HISTORY_COLUMNS`)."""
         return pd.DataFrame(self.rows)
 
     def evaluate(self, *, greedy: bool = True) -> dict:

@@ -39,7 +39,7 @@ from .precision import Precision
 from .value_model import checked_values
 
 __all__ = ["Learner", "Minibatch", "RolloutUpdate", "UpdateResult", "compute_advantages", "plan_update", "run_update",
-           "optimizer_step"]
+           "optimizer_step", "set_policy_lr", "group_token_counts", "logp_chunks"]
 
 
 @dataclass
@@ -119,9 +119,9 @@ class Learner:
         policy: π_θ, trained in place (train mode, dropout off).
         optimizer: the policy's optimiser (its learning rate set before every step, :func:`optimizer_step`).
         algo: the :class:`~grpo_lab.algo.algorithms.Algorithm`.
-        config: the run's :class:`~grpo_lab.training.config.TrainerConfig`.
         amp: the run's :class:`~grpo_lab.training.precision.Precision` (autocast, scaled backward).
-        max_new_tokens: the generation budget (the ``max_tokens`` of the loss's aggregation).
+        config, max_new_tokens: the run's :class:`~grpo_lab.training.trainer.TrainerConfig`, and the generation
+            budget (the ``max_tokens`` of the loss's aggregation).
         loss_fn: the policy loss, :func:`grpo_lab.algo.objectives.policy_loss` or a callable of its signature
             returning its output (``Trainer(..., loss_fn=)``).
         ref_policy: the frozen KL reference, or ``None`` without a KL term.
@@ -180,8 +180,8 @@ def compute_advantages(batch: Batch, algo: Algorithm, config: TrainerConfig) -> 
 def plan_update(batch: Batch, learner: Learner, rng: np.random.Generator) -> RolloutUpdate:
     """The :class:`RolloutUpdate` of ``batch`` (its advantages filled): minibatch bounds, the row order of every
     epoch (a permutation seeded by one draw from ``rng``), the micro-batch layout of every epoch
-    (:func:`_layouts`), π_old and π_ref scored without grad in those layouts (:func:`_reference_logps`) and an
-    empty routing store for MoE policies (:func:`_routing_store`)."""
+    (``_layouts``), π_old and π_ref scored without grad in those layouts (``_reference_logps``) and an
+    empty routing store for MoE policies (``_routing_store``)."""
     c, ro = learner.config, batch.rollout
     B = len(ro)
     n_mb = min(c.minibatches, B)  # fewer rows than configured only when dynamic sampling fell short
@@ -235,7 +235,7 @@ def _layouts(orders: list, bounds: list, micro: int, lengths: torch.Tensor, sort
 
 
 def _minibatch(run: RolloutUpdate, micro_batches: list, group_size: int) -> Minibatch | None:
-    """The :class:`Minibatch` of the rows of ``micro_batches`` (one minibatch of :func:`_layouts`), with
+    """The :class:`Minibatch` of the rows of ``micro_batches`` (one minibatch of ``_layouts``), with
     the minibatch's global counts; ``None`` when no row has a loss token."""
     batch = run.batch
     lm = batch.loss_mask  # [B, T]
@@ -415,7 +415,7 @@ def _reference_logps(ro: Rollout, layouts: list, learner: Learner, routing: Rout
 
     π_old: the sampler's log-probs (``old_logp="behaviour"``) for every epoch; ``None`` when the rollout
     feeds a single optimiser step (on-policy: ``sg(π_θ)`` per micro-batch); otherwise recomputed before
-    the first update in exactly the micro-batches of :func:`_layouts` (rows, order, padding), once per
+    the first update in exactly the micro-batches of ``_layouts`` (rows, order, padding), once per
     distinct epoch layout, so that on unchanged weights each row's π_old equals, bit for bit, its
     π_θ in the training forward that compares against it (under bfloat16 autocast a row's log-probs
     depend on the rows beside it). **Except** the first epoch's first minibatch: it is trained before any

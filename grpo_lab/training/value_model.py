@@ -1,4 +1,4 @@
-"""The value model (critic) of PPO-style algorithms: its slot (:class:`ValueModel`), its values at collect time
+"""The value model (critic) of PPO-style algorithms: its slot (:class:`~grpo_lab.training.trainer.ValueModel`), its values at collect time
 (:func:`critic_values`), VAPO's value pretraining (:func:`pretrain_value_step`, :func:`fit_value`) and the
 advantage and critic columns of a history row (:func:`value_metrics`). The critic's loss in the update is in
 :mod:`grpo_lab.training.update`.
@@ -20,7 +20,7 @@ from .collection import Batch
 from .config import TrainerConfig
 from .precision import Precision
 
-__all__ = ["ValueModel"]
+__all__ = ["ValueModel", "value_metrics", "check_value_settings", "critic_values", "pretrain_value_step", "fit_value"]
 
 
 class ValueModel(Protocol):

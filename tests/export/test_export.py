@@ -202,7 +202,7 @@ def test_functions_registered_from_outside_have_no_counterpart(monkeypatch):
     monkeypatch.setitem(obj.SURROGATES, "mine", obj.ppo_surrogate)
     mine = GRPO.replace(surrogate="mine")
     for target in E.TARGETS:
-        with pytest.raises(ExportError, match=r"\[impossible\] clip: surrogate='mine'"):
+        with pytest.raises(ExportError, match=r"\[impossible\] surrogate: surrogate='mine'"):
             translate(mine, target, strict=False)
     # a built-in name re-registered to another function changes the semantics: also refused
     monkeypatch.setitem(obj.AGGREGATIONS, "token_mean", lambda v, m, n: v.sum())
@@ -230,7 +230,7 @@ def test_a_surrogate_no_table_maps_is_refused_naming_it_and_the_target(monkeypat
                 to(mine, strict=strict, max_new_tokens=32)
             msg = str(info.value)
             assert isinstance(info.value, ValueError)
-            assert "[impossible] clip: surrogate='mine'" in msg and label in msg, msg
+            assert "[impossible] surrogate: surrogate='mine'" in msg and label in msg, msg
             assert ("is not mapped to " + label if inside else "registered from outside grpo_lab") in msg, msg
 
 
@@ -241,7 +241,7 @@ def test_a_new_surrogate_exports_once_its_table_entry_is_written(monkeypatch):
     monkeypatch.setitem(E.translation._TRL_SURROGATES, "mine", E.translation._TRL_SURROGATES["ppo"])
     mine = GRPO.replace(surrogate="mine")
     assert to_trl(mine) == TRL_GOLDEN["GRPO"]
-    with pytest.raises(ExportError, match=r"\[impossible\] clip: surrogate='mine' is not mapped to verl 0.9.1"):
+    with pytest.raises(ExportError, match=r"\[impossible\] surrogate: surrogate='mine' is not mapped to verl 0.9.1"):
         to_verl(mine.replace(adv_eps=1e-6))
 
 

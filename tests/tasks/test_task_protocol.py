@@ -368,7 +368,7 @@ def test_exact_resume_of_an_unregistered_task_in_a_fresh_process(base, tmp_path)
         import sys
         import torch
         torch.set_num_threads(1)
-        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_task_protocol import ReverseTask
         from grpo_lab.tasks import TASKS
         from grpo_lab.training.trainer import Trainer
