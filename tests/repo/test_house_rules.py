@@ -59,26 +59,36 @@ def test_no_function_over_60_code_lines():
     assert not too_long, f"functions over {LIMIT} code lines: {too_long}"
 
 
+def imports(name: str, src: str, is_package: bool, modules=None):
+    """``(line, dotted target)`` of every import statement anywhere in module ``name`` (source ``src``).
+    ``from .x import y`` yields both ``pkg.x`` and ``pkg.x.y`` (``y`` may be a module); given the set of
+    ``modules``, only the one of the two that is the module imported (``pkg.x.y`` when it is one)."""
+    package = name if is_package else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                if modules is None:
+                    yield from ((node.lineno, t) for t in (base, full))
+                else:
+                    yield node.lineno, full if full in modules else base
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+
+
 def import_graph() -> dict[str, set[str]]:
     """``{module: the package modules it imports}``, from every import statement anywhere in it."""
     mods = _modules()
     graph = {m: set() for m in mods}
     for name, path in mods.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join(anchor + ([base] if base else []))
-                targets = [base] + [f"{base}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            for t in targets:
-                if t in mods and t != name:
-                    graph[name].add(t)
+        for _, t in imports(name, path.read_text(), path.name == "__init__.py"):
+            if t in mods and t != name:
+                graph[name].add(t)
     return graph
 
 
@@ -149,27 +159,15 @@ def wrong_way_imports(sources: dict[str, str]) -> list[str]:
     """``"module:line imports target (wing a -> wing b)"`` for every import of ``sources`` (``{dotted name:
     source}``) that points from a wing to a later one."""
     order = {w: i for i, w in enumerate(WINGS)} | {"top": len(WINGS)}
+    packages = {m for m, p in _modules().items() if p.name == "__init__.py"}
     bad = []
     for name, src in sources.items():
-        is_pkg = name in {m for m, p in _modules().items() if p.name == "__init__.py"} or name.count(".") == 0
-        package = name if is_pkg else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(src)):
-            targets = []
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join(anchor + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            for t in targets:
-                if not t.startswith("grpo_lab.") or (name, t) in UPWARD_ALLOWED:
-                    continue
-                a, b = wing(name), wing(t)
-                if order[b] > order[a]:
-                    bad.append(f"{name}:{node.lineno} imports {t} ({a} -> {b})")
+        for line, t in sorted(set(imports(name, src, name in packages, modules=sources))):
+            if not t.startswith("grpo_lab.") or (name, t) in UPWARD_ALLOWED:
+                continue
+            a, b = wing(name), wing(t)
+            if order[b] > order[a]:
+                bad.append(f"{name}:{line} imports {t} ({a} -> {b})")
     return bad
 
 
