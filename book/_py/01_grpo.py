@@ -642,7 +642,7 @@ for text in demo.texts:
 # $k_3$ to 81 nats in a single step.
 
 # %%
-from grpo_lab import experiments
+from grpo_lab import experiments, lab
 
 profile = experiments.get_profile("cpu")  # on every machine: the GSM8K runs are §1.8's
 STEPS = 30  # 30 of the profile's 40 steps, for the time budget

@@ -63,7 +63,7 @@ import torch
 import matplotlib.pyplot as plt
 
 from grpo_lab.lab import book
-from grpo_lab import experiments
+from grpo_lab import experiments, lab
 from grpo_lab.experiments import plotting, stats
 from grpo_lab.algo.advantages import group_advantages, rloo_advantages
 from grpo_lab.algo.algorithms import DR_GRPO, GRPO

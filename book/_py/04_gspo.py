@@ -75,7 +75,7 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from grpo_lab.lab import book
-from grpo_lab import experiments
+from grpo_lab import experiments, lab
 from grpo_lab.experiments import plotting, stats
 from grpo_lab.algo.algorithms import GRPO, GSPO, GSPO_TOKEN
 from grpo_lab.policy.models import load_policy
@@ -397,9 +397,9 @@ ax.hist(np.clip((r_tok - 1).abs().numpy(), 1e-7, None), bins=bins, density=False
         color=plotting.algo_color("GRPO"), label=f"tokens ({len(r_tok)})")
 ax.hist(np.clip((s_seq - 1).abs().numpy(), 1e-7, None), bins=bins, density=False, alpha=0.6,
         color=plotting.algo_color("GSPO"), label=f"responses ({len(s_seq)})")
-for x, style, lab in ((GRPO_NOKL.eps_low, "-", "GRPO's 0.2"), (eps_match, "--", "matched sequence range"),
+for x, style, label in ((GRPO_NOKL.eps_low, "-", "GRPO's 0.2"), (eps_match, "--", "matched sequence range"),
                       (GSPO.eps_high, ":", "GSPO's 4e-4")):
-    ax.axvline(x, color="k", ls=style, lw=1, label=lab)
+    ax.axvline(x, color="k", ls=style, lw=1, label=label)
 ax.set_xscale("log")
 ax.set_xlabel("|ratio − 1| after one rollout's four updates")
 ax.set_ylabel("count")

@@ -66,7 +66,7 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from grpo_lab.lab import book
-from grpo_lab import experiments
+from grpo_lab import experiments, lab
 from grpo_lab.experiments import plotting, stats
 from grpo_lab.algo.algorithms import CISPO, DAPO, GRPO
 from grpo_lab.policy.models import inference_copy, load_policy

@@ -76,7 +76,7 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from grpo_lab.lab import book
-from grpo_lab import experiments
+from grpo_lab import experiments, lab
 from grpo_lab.experiments import plotting, stats
 from grpo_lab.algo.advantages import (VALUE_BASELINE_ESTIMATORS, AdvantageBatch, explained_variance, gae, group_advantages,
                                  length_adaptive_lam, outcome_token_rewards)

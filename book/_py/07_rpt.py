@@ -72,7 +72,7 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from grpo_lab.lab import book
-from grpo_lab import experiments
+from grpo_lab import experiments, lab
 from grpo_lab.experiments import plotting, stats
 from grpo_lab.algo.algorithms import RPT, RPT_HYBRID, RPT_SAMPLING
 from grpo_lab.policy.models import count_parameters, load_policy

@@ -86,7 +86,9 @@ class Trainer:
             trackers of ``report_to`` (which need an ``output_dir``); they cannot change the run's numbers
             and are not saved in checkpoints. The list ``callbacks`` holds both.
         loss_fn: the policy loss, :func:`grpo_lab.algo.objectives.policy_loss` or a callable with its
-            signature and output (e.g. one that records its inputs and calls ``policy_loss``).
+            signature and output (e.g. one that records its inputs and calls ``policy_loss``); an output that
+            is not a ``LossOutput`` with a scalar loss that requires grad raises ``TypeError`` at the first
+            update. Its ``metrics`` become the history's loss columns. Not saved in checkpoints.
 
     Raises:
         TypeError: ``task`` does not implement the task protocol; ``ntp_coef > 0`` and the task has no
@@ -425,7 +427,7 @@ class Trainer:
 
     @classmethod
     def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None,
-               output: dict[str, Any] | None = None) -> Self:
+               output: dict[str, Any] | None = None, loss_fn: Callable = policy_loss) -> Self:
         """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly (also a periodic checkpoint).
 
         Args:
@@ -437,6 +439,7 @@ class Trainer:
                 (a :class:`grpo_lab.policy.models.CriticModel` is rebuilt from the checkpoint).
             output: replacements for fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` (e.g. a moved
                 ``output_dir``); they never change the run's numbers.
+            loss_fn: as :class:`Trainer`'s; a checkpoint does not store it (nor callbacks): pass it again.
 
         Every file is looked for before anything is loaded.
 
@@ -451,7 +454,7 @@ class Trainer:
         """
         ck = load_checkpoint(path, task=task, device=device, value_model=value_model, output=output)
         trainer = cls(ck.policy, ck.tokenizer, ck.task, ck.algo, ck.config, ref_policy=ck.ref_policy,
-                      value_model=ck.value_model)
+                      value_model=ck.value_model, loss_fn=loss_fn)
         restore_training_state(ck.path, ck.state, optimizer=trainer.optimizer, rng=trainer.rng, amp=trainer.amp,
                                value_optimizer=trainer.value_optimizer if ck.has_value else None)
         trainer.step = int(ck.state["step"])

@@ -380,8 +380,22 @@ def _policy_term(run: RolloutUpdate, mb: Minibatch, sub: torch.Tensor, logp: tor
     out = learner.loss_fn(logp, old, adv, mask, learner.algo, ref_logp=ref, max_tokens=learner.max_new_tokens,
                           group_tokens=mb.group_tokens[sub].to(logp.device),  # [b] float64
                           correct=batch.correct[sub].to(logp.device), stats=stats, **mb.counts)
+    if learner.loss_fn is not policy_loss:
+        _check_loss_output(out, learner.loss_fn)
     learner.amp.backward(out.loss)
     return out
+
+
+def _check_loss_output(out, loss_fn) -> None:
+    """A ``Trainer(loss_fn=...)``'s output must be :func:`grpo_lab.algo.objectives.policy_loss`'s: an object with a
+    scalar ``loss`` that requires grad and a ``metrics`` dict (a ``LossOutput``); else a ``TypeError`` naming it."""
+    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    loss, metrics = getattr(out, "loss", None), getattr(out, "metrics", None)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not isinstance(metrics, dict):
+        raise TypeError(f"Trainer(loss_fn={name}) returned {type(out).__name__}; it must return what policy_loss "
+                        f"returns, a LossOutput(loss=<scalar tensor>, metrics=<dict>) (wrap policy_loss's output)")
+    if not loss.requires_grad:
+        raise TypeError(f"Trainer(loss_fn={name}): its loss does not require grad (it must be computed from logp)")
 
 
 def _value_term(batch: Batch, part: Rollout, sub: torch.Tensor, mask: torch.Tensor, num_tokens: float,

@@ -353,12 +353,29 @@ def test_loading_bars_leave_the_users_setting_alone(fake_run, tmp_path, monkeypa
 
 
 # ------------------------------------------------------------------------------------ python -m grpo_lab.experiments
-def test_the_old_experiments_entry_point_is_gone():
+def test_the_old_experiments_entry_point_is_gone_and_says_what_replaces_it():
     # 0.2.0 removed ``python -m grpo_lab.experiments``; ``python -m grpo_lab`` is the one command line
-    import importlib.util
+    p = subprocess.run([sys.executable, "-m", "grpo_lab.experiments", "GRPO"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0 and "use python -m grpo_lab" in p.stderr, p.stderr
 
-    assert importlib.util.find_spec("grpo_lab.experiments.__main__") is None
-    assert importlib.util.find_spec("grpo_lab.__main__") is not None
+
+@pytest.mark.parametrize("old, new", [
+    ("grpo_lab.trainer", "grpo_lab.training"),
+    ("grpo_lab.algorithms", "grpo_lab.algo.algorithms"),
+    ("grpo_lab.experiments.rpt_gpu", "grpo_lab.lab.rpt_gpu"),
+])
+def test_an_import_of_a_0_1_path_names_the_new_one(old, new):
+    # found by a fresh user: 0.1.0's paths failed with Python's bare "No module named" / "cannot import name"
+    import importlib
+
+    with pytest.raises(ModuleNotFoundError, match="moved in grpo_lab 0.2.0: use " + re.escape(new)):
+        importlib.import_module(old)
+    import grpo_lab
+
+    with pytest.raises(ModuleNotFoundError, match="grpo_lab.algo.selection"):  # from grpo_lab import sampling
+        getattr(grpo_lab, "sampling")
+    assert not hasattr(grpo_lab, "no_such_name")  # other missing names stay plain AttributeErrors
 
 
 # ------------------------------------------------------------------------------------ run(base=, task=)

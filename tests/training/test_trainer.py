@@ -598,6 +598,33 @@ def test_loss_fn_is_the_loss_the_update_calls(tok):
         make_trainer(tok, loss_fn="policy_loss")
 
 
+@pytest.mark.parametrize("wrong, message", [
+    (lambda *a, **k: policy_loss(*a, **k).loss, "returned Tensor; it must return what policy_loss returns"),
+    (lambda *a, **k: tuple(policy_loss(*a, **k)), "returned tuple"),
+    (lambda *a, **k: type(policy_loss(*a, **k))(torch.tensor(0.0), {}), "does not require grad"),
+])
+def test_a_loss_fn_with_the_wrong_output_is_named_at_the_first_update(tok, wrong, message):
+    # found by a fresh user: these failed mid-step with an AttributeError or torch's own message, naming no loss_fn
+    with pytest.raises(TypeError, match=r"Trainer\(loss_fn=<lambda>\)") as info:
+        make_trainer(tok, loss_fn=wrong).train(1)
+    assert message in str(info.value)
+
+
+def test_resume_takes_the_loss_fn_again(tok, tmp_path):
+    # a checkpoint does not store the loss_fn: resume(loss_fn=) passes it again, and without it the default is used
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append(1)
+        return policy_loss(*args, **kwargs)
+
+    tr = make_trainer(tok, loss_fn=recording)
+    tr.train(1)
+    tr.save(tmp_path / "ck")
+    assert Trainer.resume(tmp_path / "ck", task=tr.task, loss_fn=recording).loss_fn is recording
+    assert Trainer.resume(tmp_path / "ck", task=tr.task).loss_fn is policy_loss
+
+
 @pytest.mark.parametrize("algo, kw", [(GRPO, dict(eval_every=1, eval_sampled=True, minibatches=2)),
                                       ("VAPO", dict(value_init="scratch")), ("GSPO", {}), ("DAPO", {})])
 def test_every_history_column_is_described(tok, algo, kw):
