@@ -669,13 +669,13 @@ def _record(recipe: PretrainRecipe, model, losses: list, metrics, train_seconds:
 
 def main(argv=None) -> None:
     """Command line ``python -m grpo_lab.lab.pretrain TASK [--out DIR] [--steps N] [--quiet]`` (see :data:`RECIPES`)."""
-    ap = argparse.ArgumentParser(
+    ap = argparse.ArgumentParser(prog="python -m grpo_lab.lab.pretrain",
         description=__doc__.splitlines()[0].replace("``", ""),
         epilog="corpus-proxy also writes the next-token task's data files (data/tasks/next_token_*) when --out is not "
                "given; build it before corpus, whose evaluation reads them.")
     ap.add_argument("task", choices=sorted(RECIPES), metavar="NAME",
                     help="the recipe: " + ", ".join(sorted(RECIPES)) + " (writes data/checkpoints/NAME-base)")
-    ap.add_argument("--out", default=None, help="output directory (default data/checkpoints/TASK-base)")
+    ap.add_argument("--out", default=None, help="output directory (default data/checkpoints/NAME-base)")
     ap.add_argument("--steps", type=int, default=None, help="override the recipe's steps (for quick tests)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)

@@ -7,3 +7,10 @@ log-probabilities and entropies in chunks) and :mod:`~grpo_lab.policy.rollout` (
 completions, greedy evaluation, ``policy_logprobs``). Imports :mod:`grpo_lab.algo` and, for the
 ``Problem`` type, :mod:`grpo_lab.tasks.base`; nothing from the trainer.
 """
+
+from .lora import LoraSpec
+from .models import TinyConfig, load_policy, load_tokenizer, tiny_policy
+from .rollout import Rollout, evaluate, generate, policy_logprobs
+
+__all__ = ["load_policy", "load_tokenizer", "TinyConfig", "tiny_policy", "LoraSpec", "Rollout", "generate", "evaluate",
+           "policy_logprobs"]
