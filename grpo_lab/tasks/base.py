@@ -37,68 +37,30 @@ class Task(Protocol):
     ``Trainer(...)`` checks it with :func:`validate_task` (a ``TypeError`` naming every problem).
 
     Attributes:
-        name: ``str``, not empty: the task's name in a checkpoint's ``state.json`` and in
-            :data:`grpo_lab.tasks.TASKS` (``Trainer.resume`` rebuilds a registered task from its name
-            and dataclass fields; an unregistered one takes ``Trainer.resume(path, task=...)``).
-        max_new_tokens: ``int >= 1``, the generation budget in tokens (EOS included) when
-            ``TrainerConfig.max_new_tokens`` is ``None``; longer responses are truncated.
+        name: ``str``, not empty: its key in :data:`grpo_lab.tasks.TASKS` and a checkpoint's ``state.json``.
+        max_new_tokens: ``int >= 1``, the generation budget in tokens (EOS included) unless the config sets one.
 
-    Methods, all deterministic given their arguments:
+    Methods, deterministic given their arguments: ``sample(n, rng) -> list[Problem]`` (all randomness from the
+    ``numpy.random.Generator`` ``rng``); ``reward(completion, problem) -> float`` (finite; parse, never ``eval``);
+    ``is_correct(completion, problem) -> bool`` (raw correctness); ``test_set() -> list[Problem]`` (fixed).
+    Optional: ``is_reasoning(completion) -> bool``, ``test_metrics(frame)`` / ``model_metrics(model) -> dict``
+    (``test_<name>`` columns), ``extract_answer(completion) -> str | None`` (maj@k), batched ``rewards`` /
+    ``correct(completions, problems)``, ``bind_tokenizer(tokenizer)``. A guide: ``book/own_task.ipynb``.
 
-    * ``sample(n, rng) -> list[Problem]``: exactly ``n`` training problems, all randomness from the
-      ``numpy.random.Generator`` ``rng`` (the trainer seeds it and checkpoints its state); non-empty
-      prompts the tokenizer can encode (the tiny checkpoints know :data:`grpo_lab.policy.models.CHARS`).
-    * ``reward(completion, problem) -> float``: a finite real for one decoded response (no EOS);
-      parse the completion, never ``exec`` / ``eval`` it.
-    * ``is_correct(completion, problem) -> bool``: raw correctness, for ``accuracy``,
-      ``test_accuracy`` and DAPO's dynamic-sampling filter (may differ from a shaped ``reward``).
-    * ``test_set() -> list[Problem]``: the fixed evaluation problems, the same on every call.
-
-    Optional methods, one line each:
-
-    * ``is_reasoning(completion) -> bool``: adds ``reasoning_frac`` / ``test_reasoning_frac``;
-    * ``test_metrics(frame) -> dict[str, float]``: a ``test_<name>`` column per entry, from the
-      per-problem frame of :func:`grpo_lab.policy.rollout.evaluate`;
-    * ``model_metrics(model) -> dict[str, float]``: a ``test_<name>`` column per entry, from the policy
-      (eval mode, no grad, the run's autocast);
-    * ``extract_answer(completion) -> str | None``: enables maj@k in
-      :func:`grpo_lab.experiments.evaluation.evaluate_at_k`;
-    * ``rewards(completions, problems) -> list[float]``: the batched ``reward``, called once per
-      generation round instead of ``reward`` (must agree with it on a batch of one);
-    * ``correct(completions, problems) -> list[bool]``: the batched ``is_correct`` (:func:`correctness`),
-      likewise;
-    * ``bind_tokenizer(tokenizer) -> None``: called once by ``Trainer(...)`` with its tokenizer, before
-      anything else; must not touch a random generator.
-
-    Example, a task that asks the policy to reverse a word (training and resuming it:
-    ``book/own_task.ipynb``):
-
-    >>> from dataclasses import dataclass
     >>> import numpy as np
+    >>> from dataclasses import dataclass
     >>> from grpo_lab.tasks import Problem, validate_task
     >>> @dataclass
-    ... class ReverseTask:
+    ... class ReverseTask:  # reverse a word
     ...     name: str = "reverse"
     ...     max_new_tokens: int = 8
-    ...     length: int = 4
-    ...
     ...     def sample(self, n, rng):
-    ...         words = ["".join(rng.choice(list("abcdefgh"), self.length)) for _ in range(n)]
-    ...         return [Problem(w + "=", w[::-1]) for w in words]
-    ...
-    ...     def is_correct(self, completion, problem):
-    ...         return completion == problem.answer
-    ...
-    ...     def reward(self, completion, problem):
-    ...         return 1.0 if self.is_correct(completion, problem) else 0.0
-    ...
-    ...     def test_set(self):
-    ...         return self.sample(50, np.random.default_rng(12345))
+    ...         return [Problem(w + "=", w[::-1]) for w in ("".join(rng.choice(list("abcd"), 4)) for _ in range(n))]
+    ...     def is_correct(self, completion, problem): return completion == problem.answer
+    ...     def reward(self, completion, problem): return float(self.is_correct(completion, problem))
+    ...     def test_set(self): return self.sample(50, np.random.default_rng(12345))
     >>> validate_task(ReverseTask(), call=True)  # returns the task; TypeError listing any problem
-    ReverseTask(name='reverse', max_new_tokens=8, length=4)
-    >>> problem = ReverseTask().sample(1, np.random.default_rng(0))[0]
-    >>> problem.prompt, problem.answer
-    ('gfec=', 'cefg')
+    ReverseTask(name='reverse', max_new_tokens=8)
     """
 
     name: str
