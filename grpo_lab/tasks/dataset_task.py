@@ -210,55 +210,32 @@ def _number(value, func: str, index: int, prompt) -> float | None:
 class DatasetTask:
     """A task over the rows of a dataset, rewarded by functions in TRL's ``GRPOTrainer`` shape.
 
-    Data: ``data`` is a ``datasets.Dataset``, a ``DatasetDict`` (its ``train_split`` is trained on)
-    or a local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` path (read offline). Each row is a
-    :class:`~grpo_lab.tasks.Problem`: the prompt from ``prompt_column``, the answer
-    ``str(row[answer_column])`` (``""`` without one), ``meta`` every other column (the answer's too, as
-    TRL passes it). :meth:`sample` draws rows with replacement, ``rng.integers(len(train), size=n)``.
-
-    Prompts: a cell holds text or TRL's conversational format (a list of ``{"role", "content"}``),
-    written out with ``tokenizer.apply_chat_template(messages, tokenize=False,
-    add_generation_prompt=True)``. ``tokenizer`` is an object or a name (resolved as
-    :func:`grpo_lab.policy.models.load_policy` does); without one the trainer's (:meth:`bind_tokenizer`).
-
-    Reward functions (TRL's signature): each is called once per generation round (:meth:`rewards`) as
-    ``func(prompts=..., completions=..., completion_ids=..., trainer_state=None, **columns)``, with
-    conversational completions as ``[{"role": "assistant", "content": text}]``, ``completion_ids``
-    re-encoded by the tokenizer (``None`` without one) and each column repeated per completion. It
-    returns a real or ``None`` (does not apply) per completion. The reward is
-    ``sum_f w_f r_f`` over the functions that applied (TRL's ``nansum``; none applying: 0 and a
-    ``RuntimeWarning``). Departure from TRL: a NaN or infinity is an error, not "does not apply".
-
-    Correctness (:meth:`correct`, :meth:`is_correct`): the reward of ``correct_reward`` (default: the
-    weighted total) is at least ``correct_threshold``; ``None`` is not correct. The last batch's
-    values are reused, so each function runs once per generation round. Registered as ``"dataset"``:
-    ``Trainer.resume`` rebuilds it when every field is JSON (paths, split names, ``"module:function"``).
+    Each row is a :class:`~grpo_lab.tasks.Problem`: the prompt from ``prompt_column`` (text, or TRL's
+    conversational ``[{"role", "content"}]``, written out by the tokenizer's ``apply_chat_template``), the answer
+    ``str(row[answer_column])`` (``""`` without one), ``meta`` every column; :meth:`sample` draws rows with
+    replacement. Once per generation round (:meth:`rewards`) each reward function is called as TRL calls it,
+    ``func(prompts=..., completions=..., completion_ids=..., trainer_state=None, **columns)`` (conversational
+    completions as assistant messages, each column repeated per completion), and returns a real or ``None``
+    (does not apply) per completion. The reward is ``sum_f w_f r_f`` over those that applied (TRL's ``nansum``;
+    none: 0 and a ``RuntimeWarning``). Departure from TRL: NaN / inf is an error, not "does not apply".
+    Registered as ``"dataset"``: ``Trainer.resume`` rebuilds it when every field is JSON.
 
     Args:
-        data: the rows, as above.
+        data: a ``datasets.Dataset``, a ``DatasetDict`` or a local ``.jsonl``/``.json``/``.parquet``/``.csv`` path.
         reward_funcs: a reward function or a sequence of them (callables or ``"module:function"``).
         prompt_column, answer_column: column names (``answer_column=None``: no answer).
         reward_weights: one finite weight per function; ``None``: 1 each.
-        test: a fraction in (0, 1) held out with ``train_test_split(test_size=test, seed=split_seed)``,
-            a ``DatasetDict`` split name, another path, or a ``Dataset`` (default: 10% held out).
-        test_size: at most this many test rows (the first ones); ``None``: all.
-        split_seed: the seed of the held-out split.
-        train_split: the ``DatasetDict`` split trained on.
-        max_new_tokens: the generation budget in tokens.
+        test: a fraction in (0, 1) held out (seed ``split_seed``), a split name, another path, or a ``Dataset``.
+        test_size, train_split: at most this many test rows (the first); the ``DatasetDict`` split trained on.
         chat_template: ``None`` templates conversations only, ``True`` plain text too, ``False`` nothing.
-        tokenizer: as above.
-        correct_reward, correct_threshold: the correctness rule above.
-        name: the registry name, ``"dataset"``.
+        tokenizer: an object or a name (as :func:`grpo_lab.policy.models.load_policy`); ``None``: the trainer's.
+        correct_reward, correct_threshold: correct when that reward (``None``: the total) is at least the threshold.
 
     Raises:
-        TypeError: a field of the wrong type (a reward function neither callable nor a path,
-            ``data`` of an unknown type).
-        ValueError: a missing column or split (with a did-you-mean), an unknown file suffix, weights
-            that do not match the functions, a ``test`` fraction outside (0, 1), an unknown
-            ``correct_reward``, a reward function with a required parameter that is neither TRL's nor
-            a column (or without ``**kwargs`` and not taking them all), a conversation with ``chat_template=False``, a prompt cell of another type.
-        FileNotFoundError: a data file that does not exist; a ``tokenizer`` name that is no
-            directory, shipped checkpoint or hub id (when it is first needed).
+        TypeError: a field of the wrong type (e.g. a reward function neither callable nor a path).
+        ValueError: a missing column or split, a bad suffix, mismatched weights, a bad ``test`` or ``correct_reward``,
+            a reward function's parameter neither TRL's nor a column, a conversation with ``chat_template=False``.
+        FileNotFoundError: a missing data file; a ``tokenizer`` name that is no checkpoint (when first needed).
     """
 
     data: Any
