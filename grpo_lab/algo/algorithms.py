@@ -123,49 +123,31 @@ class Algorithm:
 
     Attributes:
         name: display name (the key in tables and plots).
-        advantage: a key of :data:`~grpo_lab.algo.advantages.ADVANTAGE_ESTIMATORS`: ``"group"`` (z-score,
-            DeepSeekMath §4.1.2), ``"group_mean"`` (Dr.GRPO §3.2), ``"batch"``, ``"rloo"``, ``"gae"`` (a critic).
+        advantage: a key of :data:`~grpo_lab.algo.advantages.ADVANTAGE_ESTIMATORS` (``"group"``: DeepSeekMath §4.1.2).
         adv_eps: ``>= 0``, added to the std (``"group"``, ``"batch"``).
-        ratio_level: a key of :data:`~grpo_lab.algo.objectives.RATIOS`: ``"token"`` (DeepSeekMath Eq. 3),
-            ``"sequence"`` (GSPO Eq. 7), ``"sequence_token"`` (GSPO-token Eqs. 13-17).
-        surrogate: a key of :data:`~grpo_lab.algo.objectives.SURROGATES`: ``"ppo"`` (the clipped surrogate),
-            ``"cispo"`` (MiniMax-M1 Eqs. 4-5), ``"gmpo"``, ``"sapo"``, ``"kl_cov"``, ``"clip_cov"``.
-        eps_low: lower clip range, ``0 <= eps_low <= 1`` for a ratio-space clip (CISPO's ``eps^IS_low``).
-        eps_high: upper clip range, finite ``>= 0`` (DAPO's clip-higher, Eq. 10; CISPO's ``eps^IS_high``).
-        mask_eps_low, mask_eps_high: None or finite ``>= 0`` (``mask_eps_low <= 1``): MiniMax-M1's token mask
-            ``M`` (Eqs. 6-7), read by ``surrogate="cispo"``; rejected with ``"ppo"``, whose clip is that mask.
-        aggregation: a key of :data:`~grpo_lab.algo.objectives.AGGREGATIONS`: ``"seq_mean_token_mean"``
-            (DeepSeekMath Eq. 3), ``"token_mean"`` (batch-wide, as verl / TRL), ``"group_token_mean"`` (DAPO
-            Eq. 12 as written), ``"seq_mean_token_sum_norm"`` (Dr.GRPO; needs ``max_tokens``).
+        ratio_level: a key of :data:`~grpo_lab.algo.objectives.RATIOS` (DeepSeekMath Eq. 3; GSPO Eqs. 7, 13-17).
+        surrogate: a key of :data:`~grpo_lab.algo.objectives.SURROGATES` (``"cispo"``: MiniMax-M1 Eqs. 4-5).
+        eps_low, eps_high: clip range, ``0 <= eps_low <= 1``, finite ``eps_high >= 0`` (DAPO Eq. 10; CISPO's ``eps^IS``).
+        mask_eps_low, mask_eps_high: None or finite ``>= 0``: MiniMax-M1's token mask (Eqs. 6-7), ``"cispo"`` only.
+        aggregation: a key of :data:`~grpo_lab.algo.objectives.AGGREGATIONS`, each paper's token average (DAPO Eq. 12).
         max_tokens: positive int or None: Dr.GRPO's constant normaliser MAX_TOKENS (None: the generation budget).
-        kl: None or a key of :data:`~grpo_lab.algo.objectives.KL_ESTIMATORS` (``"k1"``, ``"k2"``, ``"k3"``):
-            the estimator of KL(pi_theta || pi_ref) added per token (DeepSeekMath Eqs. 3-4 use k3).
+        kl: None or a key of :data:`~grpo_lab.algo.objectives.KL_ESTIMATORS`, per token (DeepSeekMath Eqs. 3-4: k3).
         beta: ``>= 0`` KL coefficient (DeepSeekMath §4.2: 0.04); 0 or ``kl=None`` means no KL term.
         dynamic_sampling: DAPO Eq. 11: train only on groups with 0 < accuracy < 1, resampling to fill the batch.
         overlong_filter: DAPO §3.4: truncated samples are masked out of the loss (not of their group's rewards).
-        overlong_cache_len: None or a positive int ``L_cache`` (tokens): DAPO Eq. 13's soft overlong punishment,
-            ``L_max`` the generation budget (:func:`~grpo_lab.algo.rewards.overlong_penalty`).
-        overlong_cache_frac: None or a float in ``(0, 0.5]``: the same with ``L_cache`` a fraction of
-            ``L_max`` (DAPO §4.1: 4,096 / 20,480 = 0.2). At most one of the two is set.
+        overlong_cache_len, overlong_cache_frac: DAPO Eq. 13's ``L_cache``, in tokens or a fraction of ``L_max``.
         kl_importance_correction: DeepSeek-V3.2 Eq. 7: the KL estimate times the ratio ``pi_theta / pi_old``.
-        offpolicy_mask_delta: None or finite ``delta >= 0``: DeepSeek-V3.2 Eqs. 8-9, a negative-advantage
-            sequence's policy term is dropped when its mean ``log(pi_old / pi_theta)`` exceeds ``delta``.
-        gamma, lam: GAE's discount and lambda in ``[0, 1]`` (arXiv 1506.02438 Eq. 16), read by ``"gae"``.
+        offpolicy_mask_delta: None or finite ``delta >= 0``: DeepSeek-V3.2 Eqs. 8-9's off-policy sequence mask.
+        gamma, lam, critic_lam: GAE's discount and lambda (arXiv 1506.02438 Eq. 16), the critic's own (VAPO §4.1).
         lam_alpha: None or ``> 0``: VAPO Eq. 5, length-adaptive lambda ``1 - 1/(alpha l)``.
-        critic_lam: None (the policy's lambda) or a lambda in ``[0, 1]`` for the critic's targets alone
-            (VAPO §4.1, Decoupled-GAE: 1.0).
         value_clip_eps: None or ``>= 0``: the critic's loss clip (:func:`~grpo_lab.algo.objectives.value_loss`).
         nll_coef: ``mu >= 0``, VAPO Eqs. 9-10: weight of the NLL of correct responses; 0 = off.
-        ntp_coef: ``>= 0``, weight of a next-token-prediction loss on each question's demonstration; 0 = off.
-            Not a paper's method: chapter 7's ablation :data:`RPT_HYBRID`.
-        params: values of the hyper-parameters the named functions declare that are not fields
-            (:mod:`grpo_lab.algo.hparams`), e.g. SAPO's ``tau_pos`` / ``tau_neg``; filled with defaults.
+        ntp_coef: ``>= 0``, weight of next-token prediction on demonstrations (not a paper's: :data:`RPT_HYBRID`).
+        params: the named functions' other hyper-parameters (:mod:`grpo_lab.algo.hparams`), e.g. SAPO's ``tau_pos``.
 
     Raises:
-        ValueError: (when built) a choice not in its registry; a value out of the range given above (a
-            negative, non-finite or non-bool one included); ``mask_eps_*`` with ``surrogate="ppo"``; both
-            ``overlong_cache_len`` and ``overlong_cache_frac``; an unknown or mistyped key of ``params``; a
-            constraint a named function declares (``requires``, ``validate``).
+        ValueError: (when built) a choice not in its registry; a value out of range; ``mask_eps_*`` with ``"ppo"``;
+            both ``overlong_cache_*``; an unknown or mistyped key of ``params``; a constraint a function declares.
     """
 
     name: str = "custom"
