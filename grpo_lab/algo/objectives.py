@@ -843,26 +843,22 @@ def aggregate(
     With ``L_i = sum_t m_it`` and ``S`` the non-empty rows (:data:`AGGREGATIONS`):
 
     * ``"seq_mean_token_mean"`` — ``1/N_seq sum_{i in S} 1/L_i sum_t m_it v_it`` (DeepSeekMath Eq. 3);
-    * ``"token_mean"`` — ``sum_it m_it v_it / N_tok``: DAPO Eq. 12's normaliser over the whole batch, as
-      verl's ``token-mean`` and TRL's ``"dapo"``;
+    * ``"token_mean"`` — ``sum_it m_it v_it / N_tok`` (DAPO Eq. 12's normaliser batch-wide, as verl / TRL);
     * ``"seq_mean_token_sum_norm"`` — ``sum_it m_it v_it / max_tokens / N_seq`` (Dr.GRPO §3.2);
     * ``"group_token_mean"`` — ``1/N_groups sum_g (sum_{i in g} sum_t m_it v_it) / sum_{i in g} L_i``
       (DAPO Eq. 12 as written).
 
-    ``N_seq`` / ``N_tok`` default to this batch's counts; for micro-batches pass the whole batch's
-    ``num_sequences`` / ``num_tokens`` (and ``group_tokens`` / ``num_groups``), so that the micro-batch
-    results sum exactly to the full-batch one. An empty mask gives 0.
-
     Args:
-        values: ``[B, T]`` per-token values (any float dtype; padded entries may be NaN / inf).
-        mask: ``[B, T]`` bool or 0/1. mode: a key of :data:`AGGREGATIONS`.
+        values, mask: ``[B, T]`` per-token values (any float dtype; padding may be NaN / inf); bool or 0/1 mask.
+        mode: a key of :data:`AGGREGATIONS`.
         max_tokens: positive int, required for ``"seq_mean_token_sum_norm"``.
-        num_tokens, num_sequences: positive numbers (or 1-element tensors), at least this batch's counts.
-        group_size, group_tokens, num_groups: ``group_size`` alone, or ``group_tokens [B]`` (float: each
-            row's group's token count) with ``num_groups``; validated whatever the mode.
+        num_tokens, num_sequences: ``N_tok`` / ``N_seq``, positive numbers (or 1-element tensors) at least this
+            batch's counts (the default); a micro-batch passes the whole batch's, so results sum to the full one.
+        group_size, group_tokens, num_groups: ``group_size`` alone, or ``group_tokens [B]`` (float: each row's
+            group's token count) with ``num_groups``; validated whatever the mode.
 
     Returns:
-        0-d float32 tensor (float64 for float64 values), differentiable w.r.t. ``values``.
+        0-d float32 tensor (float64 for float64 values; 0 for an empty mask), differentiable w.r.t. ``values``.
 
     Raises:
         ValueError: unknown mode; shape mismatch; mask not 0/1; ``max_tokens`` missing or not a positive int;
@@ -1214,44 +1210,33 @@ def policy_loss(
 ) -> LossOutput:
     """The full per-token objective of ``algo`` as a loss to minimise, plus diagnostics.
 
-    Per token (each line is ``algo``'s choice on one axis, a function of a registry)::
+    Per token, each line ``algo``'s choice on one axis (the KL inside the token sum: DeepSeekMath Eq. 3)::
 
         rho_it  = RATIOS[algo.ratio_level](logp, old_logp, mask)         (as log rho)
         pg_it   = SURROGATES[algo.surrogate](ctx, **hyper-parameters)      (PPO: -min(rho A, clip(rho) A))
         pg_it   = M_it * pg_it                                            (V3.2 Eqs. 8-9, if set)
-        loss_it = pg_it + beta * KL_ESTIMATORS[algo.kl](logp - ref_logp)  (if algo.uses_kl)
-        loss    = AGGREGATIONS[algo.aggregation](loss_it, mask, ...)
+        loss_it = pg_it + beta * KL_ESTIMATORS[algo.kl](logp - ref_logp)  (if algo.uses_kl; V3.2 Eq. 7 if set)
+        loss    = AGGREGATIONS[algo.aggregation](loss_it, mask, max_tokens or algo.max_tokens, ...)
                   + nll_coef * positive_nll_loss(logp, mask, correct)      (if algo.nll_coef > 0)
 
-    The KL term sits inside the token sum (DeepSeekMath Eq. 3); with ``kl_importance_correction`` it is
-    DeepSeek-V3.2 Eq. 7. A sequence masked by Eqs. 8-9 (:func:`offpolicy_sequence_mask`) loses only its
-    policy term and still counts in every normaliser. With ``"sequence"`` ratios, ``[B]`` advantages and
-    ``"seq_mean_token_mean"`` the loss is GSPO Eq. 5 and its gradient Eq. 10.
+    A sequence masked by Eqs. 8-9 (:func:`offpolicy_sequence_mask`) still counts in every normaliser. With
+    ``"sequence"`` ratios, ``[B]`` advantages and ``"seq_mean_token_mean"``: GSPO Eq. 5, its gradient Eq. 10.
 
     Args:
-        logp: ``[B, T]`` log pi_theta (grad flows here); float32 / bfloat16 / float16 / float64.
-        old_logp: ``[B, T]`` log pi_old (detached); ``logp.detach()`` for an on-policy step.
-        advantages: ``[B]`` per sequence or ``[B, T]`` per token (detached).
-        mask: ``[B, T]`` bool or 0/1, 1 = real token.
-        algo: a :class:`grpo_lab.algo.algorithms.Algorithm`.
-        ref_logp: ``[B, T]`` log pi_ref; required iff ``algo.uses_kl``; otherwise only for the ``kl`` metric.
-        num_tokens, num_sequences: global normalisers for micro-batching (:func:`aggregate`).
-        max_tokens: constant for ``"seq_mean_token_sum_norm"`` (default ``algo.max_tokens``).
-        group_size, group_tokens, num_groups: the group structure for ``"group_token_mean"`` (:func:`aggregate`).
-        correct, num_correct_tokens: for ``nll_coef > 0`` (VAPO Eqs. 9-10): ``[B]`` bool, and the global count
-            of the correct responses' tokens.
-        stats: the surrogate's whole-minibatch statistics for these rows (:func:`batch_statistics`); None:
-            computed over this batch.
+        logp, old_logp: ``[B, T]`` log pi_theta (grad flows here) and log pi_old (detached), any float dtype.
+        advantages, mask: ``[B]`` or ``[B, T]`` advantages (detached); ``[B, T]`` bool or 0/1, 1 = real token.
+        algo, ref_logp: an :class:`grpo_lab.algo.algorithms.Algorithm`; ``[B, T]`` log pi_ref (required iff ``algo.uses_kl``).
+        num_tokens, num_sequences, max_tokens, group_size, group_tokens, num_groups: as :func:`aggregate`.
+        correct, num_correct_tokens: ``[B]`` bool and the global count of their tokens, for VAPO Eqs. 9-10.
+        stats: the surrogate's whole-minibatch statistics (:func:`batch_statistics`); None: this batch's.
 
     Returns:
         :class:`LossOutput` ``(loss, metrics)``: ``loss`` 0-d float32 with grad (float64 for float64
         inputs; 0 for an empty mask); ``metrics`` the keys of :data:`METRIC_KEYS`, described there.
 
     Raises:
-        ValueError: ``algo`` not an Algorithm; shape mismatches; mask not 0/1; NaN / inf or a log-prob > 0 at a
-            real token; ``ref_logp`` missing with a KL term; ``max_tokens`` missing for its aggregation;
-            normalisers not positive or below this batch's counts; the group structure missing, given both
-            ways or inconsistent; ``nll_coef > 0`` without ``correct``.
+        ValueError: ``algo`` not an Algorithm; shape mismatches; mask not 0/1; NaN / inf or a log-prob > 0 at a real
+            token; no ``ref_logp`` with a KL term; what :func:`aggregate` refuses; ``nll_coef > 0`` without ``correct``.
     """
     groups = (group_size, group_tokens, num_groups)
     x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens, groups)
