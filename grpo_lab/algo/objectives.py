@@ -1225,7 +1225,7 @@ def policy_loss(
     Args:
         logp, old_logp: ``[B, T]`` log pi_theta (grad flows here) and log pi_old (detached), any float dtype.
         advantages, mask: ``[B]`` or ``[B, T]`` advantages (detached); ``[B, T]`` bool or 0/1, 1 = real token.
-        algo, ref_logp: an :class:`grpo_lab.algo.algorithms.Algorithm`; ``[B, T]`` log pi_ref (required iff ``algo.uses_kl``).
+        algo, ref_logp: an :class:`grpo_lab.algo.algorithms.Algorithm`; ``[B, T]`` log pi_ref, needed iff ``algo.uses_kl``.
         num_tokens, num_sequences, max_tokens, group_size, group_tokens, num_groups: as :func:`aggregate`.
         correct, num_correct_tokens: ``[B]`` bool and the global count of their tokens, for VAPO Eqs. 9-10.
         stats: the surrogate's whole-minibatch statistics (:func:`batch_statistics`); None: this batch's.
