@@ -289,27 +289,18 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
             config=None, steps: Optional[int] = None, strict: bool = True, **budget: Any) -> Path:
     """Write a TRL job that trains ``preset`` on ``task`` from ``model``: script, dataset, reward adapter, README.
 
-    Files written into ``out`` (created if needed, files of the same name replaced):
+    Writes into ``out`` (created if needed, files replaced) a ``README.md`` (the translation's notes, commands) and:
 
-    * ``train.py``: ``trl.GRPOConfig(**SETTINGS, **RUN)``, ``SETTINGS`` the literal dict of
-      :func:`~grpo_lab.export.translation.to_trl`, ``RUN`` the run's own keys (``max_steps``, ``seed``,
-      ...); the policy from :func:`grpo_lab.policy.models.load_policy`; ``trl.GRPOTrainer(...).train()``.
-      Flags ``--max-steps``, ``--cpu``, ``--output-dir``, ``--report-to``; ``build_trainer(argv)``
-      returns the trainer untrained.
-    * ``dataset.jsonl``: ``steps * prompts_per_step`` problems (``numpy.random.default_rng(seed)``) in
-      TRL's standard form: ``prompt`` (the exact text grpo_lab's policy sees), ``answer``, ``meta`` (JSON).
-    * ``rewards.py``: ``reward(completions, **columns) -> list[float]``, the task's own reward, and
-      ``reward_funcs()``, plus DAPO's soft overlong punishment when the algorithm has one
-      (:func:`~grpo_lab.export.translation.trl_reward_funcs`).
-    * ``README.md``: what was exported, the translation's notes and issues, and the commands.
+    * ``train.py``: ``trl.GRPOConfig`` from :func:`~grpo_lab.export.translation.to_trl` and the run's own keys, the
+      policy from :func:`grpo_lab.policy.models.load_policy`; ``build_trainer(argv)`` returns the trainer untrained.
+    * ``dataset.jsonl``: ``steps * prompts_per_step`` problems in TRL's form (the prompts grpo_lab's policy sees).
+    * ``rewards.py``: the task's own reward (:func:`~grpo_lab.export.translation.trl_reward_funcs`).
 
     Args:
         preset: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset name.
         task: a registered dataclass task (:func:`grpo_lab.tasks.task_spec` describes it) or its name.
-        model: a checkpoint directory, a shipped checkpoint's name (``"arithmetic-base"``) or a hub id.
-        out: the job's directory.
-        config: the :class:`~grpo_lab.training.trainer.TrainerConfig` whose budget
-            (:func:`~grpo_lab.export.optimisation.budget_from_config`) and seed the job uses; ``None``: the default.
+        model, out: a checkpoint directory, a shipped checkpoint's name or a hub id; the job's directory.
+        config: the :class:`~grpo_lab.training.trainer.TrainerConfig` whose budget and seed the job uses.
         steps: ``GRPOConfig.max_steps``; ``None``: ``config.lr_schedule_steps``, else :data:`DEFAULT_STEPS`.
         strict: as :func:`~grpo_lab.export.translation.translate`.
         **budget: budget keys (:data:`~grpo_lab.export.translation.BUDGET_KEYS`) over the config's.
@@ -324,8 +315,7 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
         FileExistsError: ``out`` is a file.
 
     Warns:
-        JobCaveatWarning: the job trains on the shipped fixture, or imports a task module it cannot
-            find (a one-file task module is copied into ``out`` instead); the README says the same.
+        JobCaveatWarning: the job trains on the shipped fixture, or imports a task module (one file: copied to ``out``).
     """
     job = _prepare(preset, task, model, out, config, steps, strict, "trl", budget)
     b = job.translation.budget
@@ -423,16 +413,12 @@ def verl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike]
 
     Files written into ``out`` (created if needed, files of the same name replaced):
 
-    * ``train.parquet`` (``steps * prompts_per_step`` problems, ``numpy.random.default_rng(seed)``) and
-      ``test.parquet`` (the test set) in verl's RL dataset schema: ``data_source``
-      (``"grpo_lab/<task>"``), ``prompt`` (chat messages; verl applies the chat template), ``ability``,
-      ``reward_model = {"style": "rule", "ground_truth": answer}``, ``extra_info``.
-    * ``reward.py``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, the
-      task's own reward (``{"score": reward, "acc": correctness}``), never verl's built-in scorers.
-    * ``overrides.txt``: one Hydra override a line, :func:`~grpo_lab.export.translation.to_verl` then
-      the data, reward, model, rollout engine (:data:`VERL_ROLLOUT`), steps and logger; absolute paths.
-    * ``run.sh``: ``python3 -m verl.trainer.main_ppo <overrides> "$@"`` (on the Ray head node).
-    * ``README.md``: what was exported, the translation's notes and issues, and the commands.
+    * ``train.parquet`` (``steps * prompts_per_step`` problems) and ``test.parquet`` (the test set) in verl's RL
+      dataset schema (``prompt`` as chat messages, ``reward_model = {"style": "rule", "ground_truth": answer}``).
+    * ``reward.py``: ``compute_score(...)``, the task's own reward, never verl's built-in scorers.
+    * ``overrides.txt``: one Hydra override a line (:func:`~grpo_lab.export.translation.to_verl`, then the data,
+      reward, model, rollout engine :data:`VERL_ROLLOUT`, steps and logger; absolute paths).
+    * ``run.sh``: ``python3 -m verl.trainer.main_ppo <overrides> "$@"`` (on the Ray head node), and a ``README.md``.
 
     Args:
         preset, task, model, out, config, steps, strict: as :func:`trl_job`.
