@@ -193,33 +193,22 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
              with_logprobs: bool = True) -> Rollout:
     """Sample ``group_size`` responses per problem with ``model.generate``.
 
-    Behaviour log-probs are ``log softmax(logits / temperature)`` of the sampled tokens from each
-    step's raw float32 logits, before the top-k / top-p warpers (the untruncated log-probs, as
-    inference engines report them); greedy decoding records them at temperature 1. A logits
-    processor records them step by step with :func:`grpo_lab.policy.logprobs.token_logprobs`'s
-    arithmetic, so no ``[B, V]`` tensor outlives its step (stacking every step's logits is
-    ``O(B·T·V)``).
-
-    Only a generation config built here is used (sampling or greedy, the arguments below, pad and
-    stop ids): a checkpoint's ``generation_config`` settings that reshape the distribution
-    (``repetition_penalty``, ``no_repeat_ngram_size``, its own ``temperature``, ...) are dropped
-    with a ``UserWarning`` naming them; its stop ids are kept (:func:`stop_token_ids`). The KV cache
-    is transformers' dynamic one and its automatic ``torch.compile`` of the decode step is off
-    (``benchmarks/generation.py`` compares the alternatives).
+    Behaviour log-probs are ``log softmax(logits / temperature)`` of the sampled tokens from each step's raw
+    float32 logits, before the top-k / top-p warpers (as inference engines report them; greedy: temperature 1),
+    recorded step by step with :func:`grpo_lab.policy.logprobs.token_logprobs`'s arithmetic (no ``[B, V]`` tensor
+    outlives its step). Only a generation config built here is used: a checkpoint's ``generation_config``
+    settings that reshape the distribution (``repetition_penalty``, its own ``temperature``, ...) are dropped
+    with a ``UserWarning`` naming them; its stop ids are kept (:func:`stop_token_ids`). transformers' automatic
+    ``torch.compile`` of the decode step is off.
 
     Args:
-        model: a ``transformers`` causal LM.
-        tokenizer: its tokenizer (pad and EOS tokens set; padding side is forced to left).
+        model, tokenizer: a ``transformers`` causal LM; its tokenizer (pad and EOS set; padding forced left).
         problems: ``n`` problems; the result has ``n * group_size`` rows, groups contiguous.
-        group_size: responses per problem (G ≥ 1).
-        max_new_tokens: generation budget in tokens.
-        temperature: > 0; ignored (recorded as 1) when ``greedy``.
-        greedy: argmax decoding of the raw policy.
+        group_size, max_new_tokens: responses per problem (G ≥ 1); generation budget in tokens.
+        temperature, greedy: sampling temperature ``> 0``; argmax decoding of the raw policy (temperature ignored).
         top_p, top_k: nucleus and top-k truncation of the sampler (1.0 and 0: none).
-        cache_implementation: ``None`` (transformers' dynamic cache), ``"static"`` or any other value
-            ``GenerationConfig.cache_implementation`` accepts.
-        with_logprobs: record the behaviour log-probs; ``False`` (what :func:`evaluate` uses)
-            leaves the rollout's ``behaviour_logp`` all zeros.
+        cache_implementation: ``None`` (transformers' dynamic cache) or a ``GenerationConfig.cache_implementation``.
+        with_logprobs: ``False`` (as :func:`evaluate`) leaves the rollout's ``behaviour_logp`` all zeros.
 
     Returns:
         Rollout with ``B = n * group_size`` rows and ``T ≤ max_new_tokens`` completion columns.
