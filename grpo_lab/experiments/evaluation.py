@@ -266,36 +266,27 @@ def evaluate_at_k(policy, tokenizer, task, *, n: int, ks: Sequence[int] = (1,), 
                   problems=None, extract: Callable[[str], str | None] | None = None, level: float = 0.95):
     """pass@k, mean@k and maj@k of ``policy`` on a task's test set from ``n`` samples per problem.
 
-    The ``n`` completions of each problem are sampled at ``temperature`` by
-    :func:`grpo_lab.policy.rollout.evaluate` (policy in eval mode) after ``torch.manual_seed(seed)``
-    inside ``torch.random.fork_rng`` (same arguments, same samples; the caller's random state is
-    untouched), scored with ``task.is_correct``; each problem's ``c`` of ``n`` give :func:`pass_at_k`
-    and :func:`mean_at_k`, the ``extract``-ed answers :func:`maj_at_k`.
+    The ``n`` completions of each problem are sampled by :func:`grpo_lab.policy.rollout.evaluate` (eval mode)
+    after ``torch.manual_seed(seed)`` inside ``torch.random.fork_rng`` (same arguments, same samples; the
+    caller's random state untouched) and scored with ``task.is_correct``; each problem's ``c`` of ``n`` give
+    :func:`pass_at_k` and :func:`mean_at_k`, the ``extract``-ed answers :func:`maj_at_k`.
 
     Args:
         policy, tokenizer: a ``transformers`` causal LM and its tokenizer.
-        task: a :class:`grpo_lab.tasks.Task`.
-        n: samples per problem (int ``>= 1``).
-        ks: the ``k`` values to report (ints in ``[1, n]``).
-        temperature: sampling temperature (``> 0``).
-        max_new_tokens: generation budget (default: the task's).
+        task, problems: a :class:`grpo_lab.tasks.Task`; the problems (default: ``task.test_set()``).
+        n, ks: samples per problem (int ``>= 1``); the ``k`` values to report (ints in ``[1, n]``).
+        temperature, max_new_tokens, seed: sampling temperature (``> 0``); budget (default: the task's); torch seed.
         batch_size: problems per ``generate`` call; default ``max(1, 256 // n)``.
-        seed: the torch seed of the samples.
-        problems: the problems (default: ``task.test_set()``).
-        extract: ``extract(completion) -> str | None`` for maj@k; default the task's optional
-            ``extract_answer``; without either, no maj@k.
+        extract: ``extract(completion) -> str | None`` for maj@k (default: the task's ``extract_answer``, if any).
         level: confidence level of the Wilson intervals.
 
     Returns:
-        ``(summary, per_problem, responses)``, pandas DataFrames. ``summary``, indexed by ``metric``
-        (``"pass@k"``, ``"mean@k"``, ``"maj@k"`` per k, ``"sample_accuracy"``): ``k``, ``value`` (mean
-        over the ``P`` problems), ``se`` (``sqrt(value (1 - value) / P)``, an upper bound for non-0/1
-        values), ``lo``, ``hi`` (Wilson interval over problems where each value is 0 or 1, else NaN),
-        ``successes``, ``trials``; ``sample_accuracy`` is over all ``P * n`` responses (the samples'
-        noise only). ``per_problem``: one row per problem (``prompt``, ``answer``, scalar ``meta``,
-        ``n``, ``c``, ``mean_length``, ``truncation_rate``, a column per metric and k).
-        ``responses``: :func:`grpo_lab.policy.rollout.evaluate`'s frame with ``problem`` and
-        ``sample`` first (and ``extracted`` with an extractor).
+        ``(summary, per_problem, responses)`` DataFrames. ``summary`` by ``metric`` (``"pass@k"``, ``"mean@k"``,
+        ``"maj@k"`` per k, ``"sample_accuracy"`` over all ``P * n`` responses): ``k``, ``value`` (mean over the
+        ``P`` problems), ``se`` (``sqrt(value (1 - value) / P)``, an upper bound unless values are 0/1), ``lo``,
+        ``hi`` (Wilson, for 0/1 values, else NaN), ``successes``, ``trials``. ``per_problem``: ``prompt``,
+        ``answer``, scalar ``meta``, ``n``, ``c``, ``mean_length``, ``truncation_rate``, a column per metric and k.
+        ``responses``: ``evaluate``'s frame with ``problem`` and ``sample`` first (and ``extracted``).
 
     Raises:
         ValueError: ``n``, ``batch_size`` or ``seed`` not an int of its range, ``ks`` empty or with
