@@ -382,41 +382,31 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
         save_model: bool = False, **config_overrides) -> RunResult:
     """Train ``algo`` from the profile's base checkpoint once per seed.
 
-    Every seed starts from the same base weights; the seed fixes prompt sampling, generation and
-    minibatch order. Seeds run one after the other, or in ``n_jobs`` processes (same results). A run
-    killed mid-way and run again with ``resume=True`` ends with the same history, bit for bit (but for
-    :data:`grpo_lab.training.history.MEASURED_COLUMNS`).
+    Every seed starts from the same base weights; the seed fixes prompt sampling, generation and minibatch order.
+    Seeds run in turn or in ``n_jobs`` processes (same results). A killed run rerun with ``resume=True`` ends with
+    the same history, bit for bit (but :data:`grpo_lab.training.history.MEASURED_COLUMNS`).
 
     Args:
         algo: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset name (``"GRPO"``).
-        profile: ``"cpu"`` / ``"gpu"`` or a :class:`Profile`.
-        seeds: at least one seed.
-        steps: override the profile's step count.
-        progress: tqdm bar per seed (default: only in an interactive terminal).
-        n_jobs: worker processes.
+        profile, seeds, steps: ``"cpu"``, ``"gpu"`` or a :class:`Profile`; one seed or more; steps instead of the profile's.
+        progress, n_jobs: a tqdm bar per seed (default: in an interactive terminal only); worker processes.
         cache: use the run cache (:mod:`grpo_lab.experiments`; ``GRPO_LAB_RUN_CACHE=off`` disables it).
-        base: a checkpoint (shipped name, directory or hub id, as
-            :func:`~grpo_lab.policy.models.load_policy` takes) instead of the profile's ``base``.
-        task: a key of :data:`grpo_lab.tasks.TASKS` instead of the profile's ``task`` (its
-            ``task_kwargs`` are kept only for the profile's own task).
-        lora: LoRA adapters (:class:`grpo_lab.policy.lora.LoraSpec` or a dict) instead of the
-            profile's :attr:`~grpo_lab.experiments.Profile.lora`; ``None`` keeps it. Needs peft.
-        resume: continue the runs in ``output_dir``: a finished seed is read back, one with a
-            checkpoint continues from the latest, the others start over.
-        save_model: with an ``output_dir``, write each seed's policy and tokenizer (LoRA merged) to
-            ``DIR/<algorithm>/seed-<k>/final`` (:func:`~grpo_lab.experiments.run_dirs.save_final_model`).
-        **config_overrides: :class:`~grpo_lab.training.trainer.TrainerConfig` fields (e.g.
-            ``minibatches=4``). With ``output_dir=DIR`` each seed writes into
-            ``DIR/<algorithm>/seed-<k>`` (:func:`~grpo_lab.experiments.run_dirs.seed_dir`).
+        base: a checkpoint (as :func:`~grpo_lab.policy.models.load_policy` takes) instead of the profile's.
+        task: a key of :data:`grpo_lab.tasks.TASKS` instead of the profile's (its ``task_kwargs`` then dropped).
+        lora: LoRA adapters (:class:`grpo_lab.policy.lora.LoraSpec` or a dict) instead of the profile's; needs peft.
+        resume: continue the runs in ``output_dir`` (finished seeds read back, checkpointed ones continued).
+        save_model: write each seed's policy and tokenizer (:func:`~grpo_lab.experiments.run_dirs.save_final_model`).
+        **config_overrides: :class:`~grpo_lab.training.trainer.TrainerConfig` fields; with ``output_dir=DIR`` each
+            seed writes into ``DIR/<algorithm>/seed-<k>`` (:func:`~grpo_lab.experiments.run_dirs.seed_dir`).
 
     Returns:
         RunResult.
 
     Raises:
-        ValueError: no seeds; unknown profile, algorithm or task; an empty ``base``; an invalid
-            override; ``n_jobs < 1``; CUDA unavailable; ``resume``, ``save_every`` or ``save_model``
-            without ``output_dir``; an earlier run in a seed directory without ``resume``; with
-            ``resume``, a directory of another run (every differing field named) or a checkpoint past ``steps``.
+        ValueError: no seeds; unknown profile, algorithm or task; an empty ``base``; an invalid override;
+            ``n_jobs < 1``; CUDA unavailable; ``resume``, ``save_every`` or ``save_model`` without ``output_dir``;
+            an earlier run in a seed directory without ``resume``; with it, another run's directory (every
+            differing field named) or a checkpoint past ``steps``.
         TypeError: ``task`` is not a ``str``, or ``lora`` neither a ``LoraSpec`` nor a dict.
         ImportError: ``lora`` is set and peft is not installed.
     """
