@@ -70,30 +70,22 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
     """Train a chapter's algorithms on the ``"gpu"`` profile and write ``<chapter>.json`` with
     provenance into :func:`results_dir` (or ``out``, a file path).
 
-    Runs go one seed at a time (``n_jobs`` at a time), never from the run cache; the file is
-    rewritten after each, ``complete`` false until the last. Each seed writes into the run directory
-    next to the file (:func:`~grpo_lab.experiments.run_dirs.run_directory`,
-    ``<chapter>/<algorithm>/seed-<k>``), with checkpoints every ``save_every`` steps. Run again after a
-    crash (file absent or not ``complete``) with the same arguments, it resumes (:func:`~grpo_lab.experiments.run` with
-    ``resume=True``); after a ``complete`` file, it trains afresh. The provenance records the commit,
-    library versions, GPU, resolved precision, model, seeds, steps, wall time, ``dry_run`` (a device
-    that is not CUDA) and each algorithm's :func:`~grpo_lab.experiments.provenance`. :func:`load_chapter_gpu` reads it back.
+    Runs go one seed at a time (``n_jobs`` at a time), never from the run cache; the file is rewritten after
+    each, ``complete`` false until the last. Each seed writes into ``<chapter>/<algorithm>/seed-<k>`` next to the
+    file (:func:`~grpo_lab.experiments.run_dirs.run_directory`). Run again with the same arguments after a crash
+    (file absent or not ``complete``), it resumes (:func:`~grpo_lab.experiments.run` with ``resume=True``); after
+    a ``complete`` file, it trains afresh. The provenance records the commit, versions, GPU, precision, model,
+    seeds, steps, wall time, ``dry_run`` (not CUDA) and :func:`~grpo_lab.experiments.provenance`;
+    :func:`load_chapter_gpu` reads it back.
 
     Args:
-        chapter: the chapter's file stem, e.g. ``"02_dapo"``.
-        algos: presets or their names.
-        seeds: shared by every algorithm (so that differences pair by seed).
-        steps: RL steps per run (default: the profile's).
-        profile: default :func:`~grpo_lab.experiments.gpu_profile` ().
+        chapter, algos, seeds: the file stem (``"02_dapo"``); presets or names; seeds shared by every algorithm.
+        steps, profile: RL steps per run (default: the profile's); default :func:`~grpo_lab.experiments.gpu_profile` ().
         n_jobs: runs at a time (processes sharing the GPU).
-        overrides: per-algorithm :class:`~grpo_lab.training.trainer.TrainerConfig` fields, as
-            :func:`~grpo_lab.experiments.run_grid` takes them.
-        out: the results file (default ``results_dir() / f"{chapter}.json"``).
-        finish: mark the file ``complete`` after the last run (``False``: a caller adds more runs).
-        save_every: steps between checkpoints (default: the profile's, else 10; 0: none, a killed
-            seed starts over); only the newest is kept.
-        keep_checkpoints: keep each finished seed's last checkpoint (default: delete it).
-        progress: a tqdm bar per seed (``None``: only in an interactive terminal).
+        overrides: per-algorithm :class:`~grpo_lab.training.trainer.TrainerConfig` fields (as ``run_grid``).
+        out, finish: the results file; mark it ``complete`` after the last run (``False``: a caller adds more).
+        save_every: steps between checkpoints (default: the profile's, else 10; 0: none); only the newest kept.
+        keep_checkpoints, progress: keep each finished seed's last checkpoint; a tqdm bar per seed.
 
     Returns:
         ``{algo name: RunResult}``, as :func:`~grpo_lab.experiments.run_grid`.
