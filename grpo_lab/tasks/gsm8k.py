@@ -614,36 +614,26 @@ def _reraise(exc: Exception, message: str):
 class GSM8KTask:
     """GSM8K grade-school math word problems, rewarded 1 for the right final answer, else 0.
 
-    GSM8K: Cobbe et al. 2021, arXiv 2110.14168. The reward is DeepSeekMath's outcome reward (§4.1.2),
-    judged by :func:`grpo_lab.tasks.gsm8k.score` on the completion only (``Rollout.texts``), so an
-    example ``\\boxed{}`` in the prompt is never taken for the answer. Nothing is read until the first
-    :meth:`sample` or :meth:`test_set`; the problems and tokenizer are then kept on the instance, not in
-    its fields (``task_spec``, equality and pickling see only the settings).
-
-    Prompts (:meth:`format_prompt`): with ``tokenizer_name`` the tokenizer's chat template applied to
-    an optional ``system_prompt`` and the user turn (question, newline, ``instruction``), with the
-    generation prompt (``add_generation_prompt=True``; :func:`grpo_lab.policy.rollout.generate` adds no
-    second BOS). The tokenizer is named, not passed, so ``Trainer.resume`` rebuilds the task. Without
-    it: ``"[system_prompt\\n\\n]Question: <question>\\n<instruction>\\nAnswer:"``.
+    GSM8K: Cobbe et al. 2021, arXiv 2110.14168. The reward is DeepSeekMath's outcome reward (§4.1.2), judged by
+    :func:`grpo_lab.tasks.gsm8k.score` on the completion only. Data and tokenizer are read at the first
+    :meth:`sample` or :meth:`test_set` and kept off the fields (``task_spec``, equality and pickling see settings).
+    Prompts (:meth:`format_prompt`): with ``tokenizer_name``, its chat template on an optional ``system_prompt``
+    and the user turn (question, newline, ``instruction``) with the generation prompt; without, the plain
+    ``"[system_prompt\n\n]Question: <question>\n<instruction>\nAnswer:"``.
 
     Args:
-        source: ``"fixture"`` (the 24 shipped problems, :func:`grpo_lab.tasks.gsm8k.load_fixture`:
-            the first 16 train, the last 8 test); ``"hub"`` (``datasets.load_dataset(dataset_id, config, split=...)``; offline,
-            from the datasets cache); a directory laid out as the hub repository (``load_dataset(dir,
-            config, split=...)``); or a ``.jsonl`` / ``.parquet`` file with ``question`` and ``answer``
-            columns, split like the fixture (the last ``len // 3`` test).
-        dataset_id, config, train_split, test_split: for the hub and a directory only (GSM8K's
-            configs: ``"main"``, ``"socratic"``).
-        test_size: the first ``test_size`` problems of the test split; ``None``: all.
-        max_new_tokens: the generation budget in tokens.
-        system_prompt: the system turn (chat) or first paragraph (plain); ``None``: none.
-        instruction: appended to each question on its own line (``""``: nothing).
-        tokenizer_name: a local checkpoint or hub id whose chat template formats prompts; ``None``: plain text.
-        name: the registry name, ``"gsm8k"``.
+        source: ``"fixture"`` (24 shipped problems, :func:`grpo_lab.tasks.gsm8k.load_fixture`: 16 train, 8 test);
+            ``"hub"`` (``datasets.load_dataset(dataset_id, config, split=...)``, offline, from the cache); a
+            directory laid out as the hub repository; or a ``.jsonl`` / ``.parquet`` file with ``question`` and
+            ``answer`` columns (the last ``len // 3`` test).
+        dataset_id, config, train_split, test_split: for the hub and a directory (configs ``"main"``, ``"socratic"``).
+        test_size, max_new_tokens: the first ``test_size`` test problems (``None``: all); the generation budget.
+        system_prompt, instruction: the system turn or first paragraph; a line after each question.
+        tokenizer_name: a local checkpoint or hub id whose chat template formats prompts (named, not passed,
+            so that ``Trainer.resume`` rebuilds the task); ``None``: plain text.
 
     Raises:
-        ValueError: a setting of the wrong type or value (non-empty strings, ``test_size`` and
-            ``max_new_tokens`` ints ``>= 1``), or a ``source`` path that is not a directory, a
+        ValueError: a setting of the wrong type or value, or a ``source`` path that is not a directory, a
             ``.jsonl`` or a ``.parquet`` file.
         FileNotFoundError: a ``source`` path that does not exist.
     """
