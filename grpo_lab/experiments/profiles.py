@@ -150,37 +150,30 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
                 **config: Any) -> Profile:
     """The ``"gpu"`` profile: a hub instruct model trained on GSM8K on one CUDA GPU.
 
-    The model (:data:`GPU_MODEL`) is loaded in float32 and trained with ``precision="auto"``
-    (:func:`grpo_lab.training.trainer.resolve_precision`), on :class:`grpo_lab.tasks.gsm8k.GSM8KTask`
-    in the model's chat template with a 512-token budget: 16 questions × G = 8 per step, two
-    minibatches per rollout (so the clip can act), lr 1e-6 (DeepSeekMath §4.2, DAPO §4.1) with 5
-    warm-up updates, 60 steps, greedy test accuracy every 10. :func:`expected_gpu_minutes` estimates
-    its wall time. On CUDA, micro-batch and evaluation batch sizes the user did not choose are fitted
-    to the card from ``config.json`` alone (:func:`grpo_lab.experiments.memory_fit.fit_gpu_config`,
-    gradient checkpointing if only that fits).
+    The model is loaded in float32 and trained with ``precision="auto"`` on :class:`grpo_lab.tasks.gsm8k.GSM8KTask`
+    in its chat template, a 512-token budget: 16 questions × G = 8 per step, two minibatches per rollout, lr 1e-6
+    (DeepSeekMath §4.2, DAPO §4.1) after 5 warm-up updates, greedy test accuracy every 10 steps (wall time:
+    :func:`expected_gpu_minutes`). On CUDA, batch sizes the user did not choose are fitted to the card
+    (:func:`grpo_lab.experiments.memory_fit.fit_gpu_config`).
 
     Args:
-        model: a hub id or local hub-layout directory (also the chat template); ``None``:
-            ``$GRPO_LAB_GPU_MODEL`` or :data:`GPU_MODEL`.
+        model: a hub id or local hub-layout directory; ``None``: ``$GRPO_LAB_GPU_MODEL`` or :data:`GPU_MODEL`.
         source: GSM8K's source; ``None``: ``$GRPO_LAB_GSM8K_SOURCE`` or :data:`GPU_GSM8K_SOURCE`.
-        test_size: the first this many test problems of the hub source (``None``: all).
-        steps: RL steps per seed.
-        environ: where the ``$GRPO_LAB_GPU_*`` variables are read (default ``os.environ``; ``{}``
-            ignores them, as the import-time ``PROFILES["gpu"]`` does).
-        lora: LoRA adapters instead of full fine-tuning (:attr:`Profile.lora`); the KL reference is
-            then the base (pass a larger ``lr`` too).
-        **config: :class:`~grpo_lab.training.trainer.TrainerConfig` fields over the defaults above,
-            applied after ``$GRPO_LAB_GPU_CONFIG`` (a YAML / JSON file of fields, parsed, never
-            evaluated). ``device`` defaults to ``$GRPO_LAB_GPU_DEVICE`` or ``"cuda"`` (``"cpu"``: a dry run).
+        test_size, steps: the first this many test problems of the hub source (``None``: all); RL steps per seed.
+        environ: where the ``$GRPO_LAB_GPU_*`` variables are read (default ``os.environ``; ``{}`` ignores them).
+        lora: LoRA adapters instead of full fine-tuning (:attr:`Profile.lora`); the KL reference is then the base
+            (pass a larger ``lr`` too).
         gpu_memory: the card's memory in bytes to fit to; ``None``: the CUDA device's; ``False``: no fit.
+        **config: :class:`~grpo_lab.training.trainer.TrainerConfig` fields over the above, applied after
+            ``$GRPO_LAB_GPU_CONFIG`` (a YAML / JSON file, parsed); ``device``: ``$GRPO_LAB_GPU_DEVICE`` or
+            ``"cuda"`` (``"cpu"``: a dry run).
 
     Returns:
         A :class:`Profile` named ``"gpu"``.
 
     Raises:
-        ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, a
-            ``$GRPO_LAB_GPU_CONFIG`` that is not a file (or inline JSON object) of known fields, a bad
-            ``lora``; a phase that the memory model says will not fit (named, with the setting that would).
+        ValueError: an empty ``model`` or ``source``, an invalid ``TrainerConfig`` field, a bad
+            ``$GRPO_LAB_GPU_CONFIG`` or ``lora``; a phase the memory model says will not fit (named, with a fix).
     """
     env_ = os.environ if environ is None else environ
     model = str(model if model is not None else env_.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)
