@@ -73,8 +73,7 @@ class Trainer:
     the optimisers, the RNGs and the history rows, and runs the stage functions on them.
 
     Args:
-        policy: the float32 causal LM to train (in place; dropout set to 0, kept in train mode).
-        tokenizer: its tokenizer (handed to a task's optional ``bind_tokenizer``).
+        policy, tokenizer: the float32 causal LM to train (in place; dropout 0, train mode) and its tokenizer.
         task: a :class:`grpo_lab.tasks.base.Task`.
         algo: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset's name.
         config: a :class:`TrainerConfig` (default ``TrainerConfig()``).
@@ -82,21 +81,18 @@ class Trainer:
             policy the base model (adapters disabled, no copy).
         value_model: a critic (:class:`ValueModel`), trained by its own AdamW (``value_lr``) and checkpointed;
             default none, unless the advantage estimator needs values: then ``TrainerConfig.value_init``'s.
-        callbacks: your :class:`grpo_lab.training.callbacks.TrainerCallback` objects, called after the
-            trackers of ``report_to`` (which need an ``output_dir``); they cannot change the run's numbers
-            and are not saved in checkpoints. The list ``callbacks`` holds both.
-        loss_fn: the policy loss, :func:`grpo_lab.algo.objectives.policy_loss` or a callable with its
-            signature and output (e.g. one that records its inputs and calls ``policy_loss``); an output that
-            is not a ``LossOutput`` with a scalar loss that requires grad raises ``TypeError`` at the first
-            update. Its ``metrics`` become the history's loss columns. Not saved in checkpoints.
+        callbacks: :class:`grpo_lab.training.callbacks.TrainerCallback` objects, called after ``report_to``'s
+            trackers (both in the list ``callbacks``); they cannot change the run's numbers; not checkpointed.
+        loss_fn: :func:`grpo_lab.algo.objectives.policy_loss` or a callable with its signature and output (checked
+            at the first update: ``TypeError``); its ``metrics`` become the loss columns. Not checkpointed.
 
     Raises:
         TypeError: ``task`` does not implement the task protocol; ``ntp_coef > 0`` and the task has no
             ``demonstration``; ``callbacks`` is not a list of callback objects; ``loss_fn`` is not callable.
         ImportError: ``report_to`` names a tracker whose package is not installed.
         ValueError: a non-float32 policy; an unknown tracker; sampling choices that do not fit the config
-            (:func:`grpo_lab.algo.selection.check`); ``gradient_checkpointing`` or ``routing_replay`` on a
-            policy that cannot do it; ``save_every`` without ``output_dir``; a decaying ``lr_schedule`` without
+            (:func:`grpo_lab.algo.selection.check`); ``gradient_checkpointing`` or ``routing_replay`` the policy
+            cannot do; ``save_every`` without ``output_dir``; a decaying ``lr_schedule`` without
             ``lr_schedule_steps``; ``value_warmup_steps`` without a critic; CUDA asked for and absent.
 
     Warns:
