@@ -568,29 +568,21 @@ def token_logprobs_from_hidden(
     runs in the inputs' dtype; softmax and the weight / bias gradients accumulate in float32.
 
     Args:
-        hidden: ``[B, T, H]`` (any leading shape ``[..., H]``) final hidden states, aligned with
-            ``ids`` (hidden at t predicts ``ids[:, t]``).
-        weight: ``[V, H]`` lm_head weight (``model.lm_head.weight``; tied embeddings work too).
+        hidden: ``[B, T, H]`` (any ``[..., H]``) final hidden states; hidden at t predicts ``ids[:, t]``.
+        weight, bias: ``[V, H]`` lm_head weight (tied embeddings work too) and optional ``[V]`` bias.
         ids: ``[B, T]`` integer token ids in ``[0, V)``.
-        temperature: tau > 0; logits are divided by it.
-        chunk_size: rows (of the flattened ``B*T``) per chunk, a positive int.
-        bias: optional ``[V]`` lm_head bias.
-        compile: run each chunk's softmax work (upcast, ``/ temperature``, max, log-sum-exp, gather;
-            the backward's ``d loss / d logits``) in ``torch.compile`` (inductor) fused kernels; same
-            math, results equal to float rounding. Compiled once per process, dtype, vocabulary
-            size and device (and once more for temperature != 1). Off by default;
-            ``benchmarks/logprobs_memory.py`` measures it.
+        temperature, chunk_size: tau > 0, dividing the logits; rows (of the flattened ``B*T``) per chunk, ``>= 1``.
+        compile: run each chunk's softmax work (forward and backward) in ``torch.compile`` (inductor) fused
+            kernels; same math, equal to float rounding; compiled once per process, dtype, ``V`` and device.
 
     Returns:
         ``[B, T]`` float32 log-probs (nats); float64 if any input is float64. Differentiable once
         w.r.t. hidden, weight and bias.
 
     Raises:
-        ValueError: shape mismatch between hidden / weight / bias / ids; ids outside ``[0, V)``;
-            temperature <= 0; chunk_size not a positive int; compile not a bool; non-floating
-            inputs; a NaN log-probability, naming the first such position.
-        torch._dynamo.exc.BackendCompilerFailed: with ``compile=True``, when inductor cannot build
-            the kernels (no C++ compiler for a CPU tensor, no Triton for a GPU one).
+        ValueError: shape mismatch between hidden / weight / bias / ids; ids outside ``[0, V)``; temperature
+            <= 0; a bad chunk_size or compile; non-floating inputs; a NaN log-probability (its position named).
+        torch._dynamo.exc.BackendCompilerFailed: ``compile=True`` without a C++ compiler (CPU) or Triton (GPU).
     """
     return _from_hidden(hidden, weight, ids, "logp", temperature, chunk_size, bias, compile)
 
