@@ -286,22 +286,18 @@ def continue_ntp(policy, tokenizer, *, steps: int, part: str = "rl", batch_size:
     left in eval mode.
 
     Args:
-        policy: a causal LM on the corpus tokenizer (e.g. ``load_policy("corpus-base")[0]``).
-        tokenizer: its tokenizer.
+        policy, tokenizer: a causal LM on the corpus tokenizer (``load_policy("corpus-base")``) and its tokenizer.
         steps: optimiser steps (``>= 0``).
         part: ``"rl"`` (default: the text RPT trains on), ``"pretrain"`` or ``"test"``.
         p_format: the share of format windows (``None``: the recipe's; ``0``: plain text, for a hub model).
-        precision: autocast dtype as ``TrainerConfig.precision`` (``"float16"`` with a gradient
-            scaler, overflowing steps skipped; ``"auto"`` by
-            :func:`~grpo_lab.training.trainer.resolve_precision`); the weights stay float32.
+        precision: autocast dtype as ``TrainerConfig.precision`` (``"float16"`` with a gradient scaler); the
+            weights stay float32.
 
     Returns:
-        ``{"loss": [...], "tokens": [...]}``: per step, the loss (nats per token) and the batch's
-        real (non-padding) tokens.
+        ``{"loss": [...], "tokens": [...]}``: per step, the loss (nats per token) and the real tokens.
 
     Raises:
-        ValueError: ``steps < 0``, ``batch_size < 1``, an unknown ``part`` or ``recipe``, or a
-            recipe that is not a corpus one.
+        ValueError: ``steps < 0``, ``batch_size < 1``, an unknown ``part`` or ``recipe``, or a non-corpus recipe.
 
     Warns:
         RuntimeWarning: this CPython's corpus differs from the one the task's data files were built
