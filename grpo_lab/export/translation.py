@@ -972,18 +972,14 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
     """Translate ``algo`` into ``target``'s settings, with notes and every difference found.
 
     Args:
-        algo: an :class:`~grpo_lab.algo.algorithms.Algorithm` (e.g. a preset, or
-            :func:`~grpo_lab.algo.algorithms.deepseek_v32`) or a preset's name.
+        algo: an :class:`~grpo_lab.algo.algorithms.Algorithm` or a preset's name.
         target: ``"trl"`` (TRL 1.16.0, ``GRPOConfig`` keyword arguments) or ``"verl"`` (verl 0.9.1,
             Hydra overrides of ``ppo_trainer.yaml``).
-        strict: True (default): raise :class:`ExportError` unless the target computes ``algo``
-            exactly. False: return the nearest mapping, one :class:`ApproximateExportWarning` per
-            difference (an impossible one still raises).
-        **budget: the run's sizes, keys of :data:`BUDGET_KEYS` (``group_size``, ``max_new_tokens``,
-            ``lr``, ...): only those given are exported, but ``lr_schedule``, ``warmup``, ``betas``,
-            ``weight_decay`` and ``precision`` are always written (the libraries' defaults differ;
-            :mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.optimisation.budget_from_config`
-            gives them all.
+        strict: raise :class:`ExportError` unless the target computes ``algo`` exactly; ``False``: the nearest
+            mapping, one :class:`ApproximateExportWarning` per difference (an impossible one still raises).
+        **budget: the run's sizes, keys of :data:`BUDGET_KEYS`: only those given are exported, but ``lr_schedule``,
+            ``warmup``, ``betas``, ``weight_decay`` and ``precision`` always are (the libraries' defaults differ;
+            :mod:`grpo_lab.export.optimisation`); :func:`~grpo_lab.export.optimisation.budget_from_config` gives all.
 
     Returns:
         :class:`Translation` (``config`` is a dict for TRL, a list of ``key=value`` strings for verl).
@@ -991,13 +987,10 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
     Raises:
         LibraryVersionWarning: (a warning, once per version) the installed target is not
             :data:`~grpo_lab.export.versions.TRL_VERSION` / :data:`~grpo_lab.export.versions.VERL_VERSION`.
-        ExportError: (a ``ValueError``) with ``strict=True`` when any difference exists (each listed,
-            with the exact ``preset.replace(...)`` alternative when there is one); always for a choice
-            with no counterpart (a registry function from outside grpo_lab, an unmapped choice, RLOO
-            in TRL, the batch-std advantage in verl, ``routing_replay=True``).
-        ValueError: unknown ``target``, unknown or invalid budget keys, a budget that does not split
-            (``minibatches`` not dividing ``prompts_per_step``, ...), ``max_new_tokens`` missing where
-            the algorithm needs it (Dr.GRPO's constant, DAPO's L_max), or an invalid ``algo``.
+        ExportError: (a ``ValueError``) with ``strict=True``, any difference (each listed, with its exact
+            ``preset.replace(...)`` alternative if any); always, a choice with no counterpart in the target.
+        ValueError: unknown ``target``; unknown or invalid budget keys or a budget that does not split; no
+            ``max_new_tokens`` where the algorithm needs it (Dr.GRPO's constant, DAPO's L_max); an invalid ``algo``.
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
