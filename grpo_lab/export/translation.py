@@ -988,7 +988,8 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
         LibraryVersionWarning: (a warning, once per version) the installed target is not
             :data:`~grpo_lab.export.versions.TRL_VERSION` / :data:`~grpo_lab.export.versions.VERL_VERSION`.
         ExportError: (a ``ValueError``) with ``strict=True``, any difference (each listed, with its exact
-            ``preset.replace(...)`` alternative if any); always, a choice with no counterpart in the target.
+            ``preset.replace(...)`` alternative if any); always, a choice with no counterpart (a registry function
+            from outside grpo_lab, RLOO in TRL, the batch-std advantage in verl, ``routing_replay=True``, ...).
         ValueError: unknown ``target``; unknown or invalid budget keys or a budget that does not split; no
             ``max_new_tokens`` where the algorithm needs it (Dr.GRPO's constant, DAPO's L_max); an invalid ``algo``.
     """
