@@ -619,7 +619,7 @@ class GSM8KTask:
     :meth:`sample` or :meth:`test_set` and kept off the fields (``task_spec``, equality and pickling see settings).
     Prompts (:meth:`format_prompt`): with ``tokenizer_name``, its chat template on an optional ``system_prompt``
     and the user turn (question, newline, ``instruction``) with the generation prompt; without, the plain
-    ``"[system_prompt\n\n]Question: <question>\n<instruction>\nAnswer:"``.
+    ``"[system_prompt\\n\\n]Question: <question>\\n<instruction>\\nAnswer:"``.
 
     Args:
         source: ``"fixture"`` (24 shipped problems, :func:`grpo_lab.tasks.gsm8k.load_fixture`: 16 train, 8 test);
