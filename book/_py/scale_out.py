@@ -141,6 +141,17 @@ display(table(mapping))
 #
 # The `DAPO` preset does not export exactly: verl 0.9.1 has no Overlong Filtering, no per-group
 # token normaliser (Eq. 12 as written), and a fixed advantage $\epsilon$:
+#
+# **Minibatches hold whole groups.** Eq. 12 (and CISPO's Eq. 4) divides each group's token sum by
+# that group's whole length $\sum_i|o_i|$, so `grpo_lab` shuffles a rollout's *groups*, not its
+# rows, before cutting it into minibatches, and `minibatches` must divide `prompts_per_step`. A
+# minibatch holding a fragment of a group would divide the fragment by its own length: a response
+# alone in its minibatch by $|o_i|$, the length bias Eq. 12 removes. verl's
+# `ppo_mini_batch_size` counts prompts (it is multiplied by `rollout.n`), so its mini-batches are
+# whole groups too, divided by their tokens (`token-mean`). TRL 1.16 shuffles the *rows* of a
+# generation batch across its `steps_per_generation` steps, which is harmless for its
+# `loss_type="dapo"` and `"cispo"`: both divide by the whole generation batch's tokens, not per
+# group.
 
 # %%
 paper = dict(prompts_per_step=512, group_size=16, minibatches=16, max_new_tokens=20480, lr=1e-6, warmup=20,

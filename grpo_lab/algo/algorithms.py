@@ -622,7 +622,10 @@ GRPO = Algorithm(
 #: DAPO (arXiv 2503.14476), Table 1's final recipe — clip-higher 0.2 / 0.28 (Eq. 10), Eq. 12's token-level loss
 #: as written (``"group_token_mean"``; verl / TRL divide by the batch's tokens: ``"token_mean"``), no KL,
 #: dynamic sampling (Eq. 11), overlong filtering (§3.4) and soft overlong punishment (Eq. 13) with the paper's
-#: ``L_cache = L_max / 5`` (4,096 of 20,480) stored as ``overlong_cache_frac = 0.2``.
+#: ``L_cache = L_max / 5`` (4,096 of 20,480) stored as ``overlong_cache_frac = 0.2``. Eq. 12 divides each group by
+#: its whole length Σ_i |o_i|, so the trainer's minibatches hold whole groups (it shuffles groups, not rows); TRL
+#: 1.16 shuffles rows and divides by the whole generation batch's tokens, verl's mini-batches are
+#: ``ppo_mini_batch_size`` prompts × ``rollout.n`` rows (whole groups) divided by their tokens.
 DAPO = GRPO.replace(
     name="DAPO",
     eps_high=0.28,
@@ -649,7 +652,9 @@ DR_GRPO = GRPO.replace(
 #: ``A log pi_theta``; ``eps_low = 1`` (the paper's "large value": no floor); ``eps_high = 0.28`` is **our
 #: choice** (the paper does not report it; DAPO's clip-higher, so the two presets cap the ratio alike);
 #: ``"group_token_mean"`` (Eq. 4), no KL, DAPO's dynamic sampling and soft length penalty (§3.1), no
-#: overlong filtering. In TRL's absolute spelling this is ``epsilon_high=1.28``.
+#: overlong filtering. In TRL's absolute spelling this is ``epsilon_high=1.28``. Like DAPO's, Eq. 4's normaliser is
+#: the whole group's length, so minibatches hold whole groups (TRL 1.16's ``loss_type="cispo"`` divides by the
+#: generation batch's tokens instead; verl's mini-batches are whole groups divided by their tokens).
 CISPO = GRPO.replace(
     name="CISPO",
     surrogate="cispo",

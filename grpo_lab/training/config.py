@@ -50,7 +50,8 @@ class TrainerConfig:
     lr_schedule_steps: int | None = _f(None, "RL steps the decay spans (× epochs × minibatches optimiser updates); "
                                              "needed by 'linear' / 'cosine' (experiments.run sets it to the run's steps)")
     epochs: int = _f(1, "μ, passes over each rollout")
-    minibatches: int = _f(1, "optimiser steps per pass, each on B / minibatches rows (must divide B)")
+    minibatches: int = _f(1, "optimiser steps per pass, each on prompts_per_step / minibatches whole groups "
+                                 "(must divide prompts_per_step; the groups, not the rows, are shuffled)")
     micro_batch_size: int | None = _f(None, "rows per forward/backward inside a minibatch (gradient accumulation with "
                                             "global normalisers; π_old / π_ref scored in the same micro-batches); "
                                             "None: the whole minibatch")
@@ -102,10 +103,11 @@ class TrainerConfig:
         positive_int("TrainerConfig.micro_batch_size", self.micro_batch_size, allow_none=True)
         positive_int("TrainerConfig.max_new_tokens", self.max_new_tokens, allow_none=True)
         self._check_lr_schedule()
-        if (self.prompts_per_step * self.group_size) % self.minibatches:
+        if self.prompts_per_step % self.minibatches:
             raise ValueError(
-                f"TrainerConfig: minibatches={self.minibatches} does not divide the rollout size "
-                f"{self.prompts_per_step * self.group_size}")
+                f"TrainerConfig: minibatches={self.minibatches} does not divide prompts_per_step="
+                f"{self.prompts_per_step}: every minibatch holds whole groups (DAPO's and CISPO's loss divides "
+                f"each group by its whole token count), so the groups must split evenly")
         choice("TrainerConfig.old_logp", self.old_logp, ("recompute", "behaviour"))
         flag("TrainerConfig.sort_by_length", self.sort_by_length)
         flag("TrainerConfig.topup", self.topup)

@@ -2,8 +2,8 @@
 the optimiser steps, as functions of a :class:`Learner` (what the update reads and changes).
 
 * :func:`compute_advantages`: the algorithm's estimator on the batch (and the critic's targets);
-* :func:`plan_update`: the row order of every epoch (one draw from the numpy RNG), the micro-batch layout of
-  every epoch (minibatches, length-sorted with ``sort_by_length``, cut into micro-batches) and the no-grad
+* :func:`plan_update`: the order of every epoch (whole groups shuffled with one draw from the numpy RNG, so
+  every minibatch holds whole groups), the micro-batch layout of every epoch (minibatches, length-sorted with ``sort_by_length``, cut into micro-batches) and the no-grad
   π_old / π_ref log-probs scored in that layout, held by a :class:`RolloutUpdate`;
 * :func:`run_update`: for each minibatch a :class:`Minibatch` (the whole-minibatch normalisers and, when
   the surrogate declares them (:func:`grpo_lab.algo.hparams.declare`, e.g. KL-Cov's covariance top-k), its
@@ -48,8 +48,9 @@ class RolloutUpdate:
 
     Attributes:
         batch: the :class:`~grpo_lab.training.trainer.Batch` trained on (its advantages filled in).
-        orders: per epoch, ``[B]`` int64, the order in which the rows are cut into minibatches.
-        bounds: minibatch ``m`` of an epoch is ``order[bounds[m]:bounds[m + 1]]``.
+        orders: per epoch, ``[B]`` int64, the order in which the rows are cut into minibatches (groups kept
+            whole and contiguous: ``_group_orders``).
+        bounds: minibatch ``m`` of an epoch is ``order[bounds[m]:bounds[m + 1]]`` (multiples of ``group_size``).
         micro: rows per micro-batch.
         lengths: ``[B]`` real tokens per row (prompt and completion), what ``sort_by_length`` sorts by.
         layouts: per epoch, per minibatch, the micro-batches as ``[b]`` int64 row indices, in the order
@@ -179,16 +180,14 @@ def compute_advantages(batch: Batch, algo: Algorithm, config: TrainerConfig) -> 
 
 def plan_update(batch: Batch, learner: Learner, rng: np.random.Generator) -> RolloutUpdate:
     """The :class:`RolloutUpdate` of ``batch`` (its advantages filled): minibatch bounds, the row order of every
-    epoch (a permutation seeded by one draw from ``rng``), the micro-batch layout of every epoch
+    epoch (a permutation of whole groups seeded by one draw from ``rng``: ``_group_orders``), the micro-batch layout of every epoch
     (``_layouts``), π_old and π_ref scored without grad in those layouts (``_reference_logps``) and an
     empty routing store for MoE policies (``_routing_store``)."""
     c, ro = learner.config, batch.rollout
     B = len(ro)
-    n_mb = min(c.minibatches, B)  # fewer rows than configured only when dynamic sampling fell short
-    bounds = [(m * B) // n_mb for m in range(n_mb + 1)]  # = m * B / minibatches when it divides
+    orders, bounds = _group_orders(B, c.group_size, c.minibatches, c.epochs, int(rng.integers(2**62)))
+    n_mb = len(bounds) - 1
     micro = c.micro_batch_size or (B // n_mb)
-    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    orders = [torch.randperm(B, generator=gen) if c.minibatches > 1 else torch.arange(B) for _ in range(c.epochs)]
     lengths = ro.token_counts()
     layouts = _layouts(orders, bounds, micro, lengths, c.sort_by_length)
     store = _routing_store(ro, n_mb, learner.moe_routers, c)
@@ -215,6 +214,24 @@ def run_update(run: RolloutUpdate, learner: Learner, rng: np.random.Generator, o
             result.metrics.append(metrics)
             result.grad_norms.append(grad_norm)
     return result
+
+
+def _group_orders(B: int, group_size: int, minibatches: int, epochs: int, seed: int) -> tuple[list, list]:
+    """Per epoch the ``[B]`` int64 row order, and the minibatch bounds into it, such that every minibatch
+    holds whole groups: the groups (rows ``k*G .. k*G+G-1``, as collect writes them) are shuffled, not the
+    rows, so each response is normalised with its whole group (DAPO Eq. 12, MiniMax-M1 Eq. 4). Minibatch
+    ``m`` holds groups ``m*K//n .. (m+1)*K//n - 1`` of the shuffled order (K groups, n = min(minibatches, K)
+    minibatches): ``K/n`` each when n divides K (``TrainerConfig`` requires it of ``prompts_per_step``), else
+    ``floor(K/n)`` or one more, which happens only when dynamic sampling fell short of a full batch.
+    One minibatch: the rows in order, no shuffle."""
+    K = B // group_size
+    n_mb = min(minibatches, K)
+    bounds = [(m * K) // n_mb * group_size for m in range(n_mb + 1)]
+    gen = torch.Generator().manual_seed(seed)
+    within = torch.arange(group_size)
+    orders = [(torch.randperm(K, generator=gen)[:, None] * group_size + within).reshape(-1) if minibatches > 1
+              else torch.arange(B) for _ in range(epochs)]
+    return orders, bounds
 
 
 def _layouts(orders: list, bounds: list, micro: int, lengths: torch.Tensor, sort_by_length: bool) -> list:
@@ -466,16 +483,20 @@ def _reference_logps(ro: Rollout, layouts: list, learner: Learner, routing: Rout
 
 
 def group_token_counts(lm: torch.Tensor, idx: torch.Tensor, counts: dict, group_size: int) -> torch.Tensor:
-    """Per row of the batch, the loss-mask token count of its group within the minibatch ``idx``
-    (0 outside it): ``[B]`` float64 from the ``[B, T]`` loss mask ``lm``; adds the minibatch's ``num_groups`` to
-    ``counts``. Rows ``k*G .. k*G+G-1`` are group ``k`` (collect keeps whole groups, in order; G =
-    ``group_size``). For the ``"group_token_mean"`` aggregation (DAPO Eq. 12)."""
+    """Per row of the minibatch ``idx``, the loss-mask token count of its **whole** group Σ_{i in group} |o_i|
+    (0 outside the minibatch): ``[B]`` float64 from the ``[B, T]`` loss mask ``lm``; adds the number of groups
+    the minibatch holds (with a loss token) to ``counts`` as ``num_groups``. Rows ``k*G .. k*G+G-1`` are group
+    ``k`` (collect keeps whole groups, in order; G = ``group_size``); minibatches hold whole groups
+    (``_group_orders``), and the count is the whole group's even for a fragment. For the ``"group_token_mean"``
+    aggregation (DAPO Eq. 12, MiniMax-M1 Eq. 4). Raises ``ValueError`` when ``group_size`` does not divide B."""
+    B = lm.shape[0]
+    if B % group_size:
+        raise ValueError(f"group_size={group_size} does not divide the rollout's {B} rows (groups must be whole)")
+    per_group = lm.sum(-1).to(torch.float64).view(B // group_size, group_size).sum(-1)  # [K]
     gid = idx // group_size  # [n] group of each row
-    uniq, inv = torch.unique(gid, return_inverse=True)
-    per_group = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inv, lm[idx].sum(-1).to(torch.float64))
-    counts["num_groups"] = float((per_group > 0).sum())
-    out = torch.zeros(lm.shape[0], dtype=torch.float64)
-    out[idx] = per_group[inv]
+    counts["num_groups"] = float((per_group[torch.unique(gid)] > 0).sum())
+    out = torch.zeros(B, dtype=torch.float64)
+    out[idx] = per_group[gid]
     return out
 
 

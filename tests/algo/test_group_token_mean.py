@@ -93,11 +93,14 @@ def test_bad_group_structure_is_a_clear_error(kwargs, match):
 
 def test_trainer_group_tokens_per_minibatch():
     lm = torch.tensor([[1, 1], [1, 0], [1, 1], [0, 0], [1, 0], [1, 1]], dtype=torch.float32)
-    idx = torch.tensor([5, 0, 3, 2])  # group 2 (row 5), group 0 (row 0), group 1 (rows 3 and 2)
+    idx = torch.tensor([5, 0, 3, 2])  # group 2 (row 5 of 4, 5), group 0 (row 0 of 0, 1), group 1 (rows 3 and 2)
     counts = {}
     out = group_token_counts(lm, idx, counts, group_size=2)
-    # hand: within this minibatch group 0 has 2 tokens (row 0 only), group 1 has 0 + 2, group 2 has 2
-    assert out.tolist() == [2.0, 0.0, 2.0, 2.0, 0.0, 2.0] and counts["num_groups"] == 3.0
+    # hand: each row gets its WHOLE group's count, even where the minibatch holds a fragment (DAPO Eq. 12 divides
+    # by sum_i |o_i| over the group): group 0 = 2 + 1, group 1 = 2 + 0, group 2 = 1 + 2; 0 outside the minibatch
+    assert out.tolist() == [3.0, 0.0, 2.0, 2.0, 0.0, 3.0] and counts["num_groups"] == 3.0
+    with pytest.raises(ValueError, match="group_size=4 does not divide the rollout's 6 rows"):
+        group_token_counts(lm, idx, {}, group_size=4)
 
 
 def test_trainer_trains_with_group_token_mean():

@@ -149,6 +149,40 @@ def test_token_mean_micro_batch_invariance_under_dapo():
     assert abs(float(local.detach()) - float(full.loss.detach())) > 1e-3
 
 
+def test_group_token_mean_is_eq12_over_several_groups():
+    # A float64 transcription of DAPO Eq. 12, written from the paper: the objective of a rollout of K
+    # questions is the mean over questions of (1 / sum_{i=1}^G |o_i|) sum_i sum_t min(r A, clip(r, 1-eps_low,
+    # 1+eps_high) A); the loss is its negative. 3 groups of 4 with ragged lengths, off-policy so the clip acts.
+    g = torch.Generator().manual_seed(3)
+    K, G_, T = 3, 4, 6
+    lengths = torch.tensor([6, 1, 3, 2, 5, 5, 4, 6, 1, 1, 2, 3])
+    mask = (torch.arange(T)[None] < lengths[:, None]).double()
+    logp0 = torch.randn(K * G_, T, generator=g, dtype=torch.float64) - 2
+    old = logp0 + 0.3 * torch.randn(K * G_, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(K * G_, generator=g, dtype=torch.float64)
+
+    def eq12(logp, questions=range(K)):
+        r = torch.exp(logp - old)
+        a = adv[:, None]
+        term = torch.minimum(r * a, r.clamp(1 - DAPO.eps_low, 1 + DAPO.eps_high) * a) * mask
+        per_q = [term[k * G_:(k + 1) * G_].sum() / mask[k * G_:(k + 1) * G_].sum() for k in questions]
+        return -sum(per_q) / len(per_q)
+
+    ref = logp0.clone().requires_grad_(True)
+    eq12(ref).backward()
+    got = logp0.clone().requires_grad_(True)
+    out = policy_loss(got, old, adv, mask, DAPO, group_size=G_)
+    out.loss.backward()
+    assert out.metrics["clip_frac"] > 0  # the clip is exercised
+    torch.testing.assert_close(out.loss.detach(), eq12(logp0), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.grad, ref.grad, rtol=1e-12, atol=1e-12)
+    # the trainer's form: one minibatch of two whole groups (rows 4..11) given their whole-group counts
+    part = logp0[4:].clone().requires_grad_(True)
+    gt = mask.sum(-1).view(K, G_).sum(-1).repeat_interleave(G_)[4:]
+    sub = policy_loss(part, old[4:], adv[4:], mask[4:], DAPO, group_tokens=gt, num_groups=2)
+    torch.testing.assert_close(sub.loss.detach(), eq12(logp0, questions=(1, 2)), rtol=1e-12, atol=1e-12)
+
+
 # ------------------------------------------------------------------------------------ toy task
 @dataclasses.dataclass
 class KindTask(ArithmeticTask):
@@ -290,14 +324,15 @@ def test_gen_rounds_bound_warns_and_skips(tok):
 
 
 def test_gen_rounds_bound_warns_and_trains_on_partial_batch(tok):
-    # one mixed group in 3 rounds of 2 questions; minibatches=2 splits its 4 rows 2 + 2
+    # one mixed group in 3 rounds of 2 questions; minibatches=2 cannot split one whole group, so its 4 rows make
+    # one optimiser step (a minibatch holds whole groups: DAPO Eq. 12 divides by the whole group's length)
     tr = make_trainer(tok, task=KindTask(test_size=3, script=("MA", "AN", "AN")), max_gen_rounds=3,
                       minibatches=2)
     w0 = params(tr)
     with pytest.warns(RuntimeWarning, match="only 1 of prompts_per_step=2.*max_gen_rounds=3.*training on those"):
         h = tr.train(1)
     assert h["trained_groups"].iloc[0] == 1 and h["samples_per_trained"].iloc[0] == 6.0  # 24 / 4
-    assert tr.opt_steps == 2 and not h["loss"].isna().any()
+    assert tr.opt_steps == 1 and not h["loss"].isna().any()
     assert any(not torch.equal(a, b) for a, b in zip(w0, params(tr)))
 
 

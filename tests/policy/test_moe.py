@@ -302,7 +302,7 @@ def test_routing_change_matches_a_hand_count():
 
 # ------------------------------------------------------------------------------------ trainer
 def _trainer(tok, policy, **kw):
-    cfg = dict(prompts_per_step=3, group_size=4, max_new_tokens=8, eval_every=0, progress=False, lr=3e-2, seed=0,
+    cfg = dict(prompts_per_step=4, group_size=4, max_new_tokens=8, eval_every=0, progress=False, lr=3e-2, seed=0,
                minibatches=2, micro_batch_size=4)
     cfg.update(kw)
     return Trainer(policy, tok, HalfTask(test_size=5), GRPO, TrainerConfig(**cfg))
@@ -340,14 +340,14 @@ def test_two_step_run_logs_the_routing_change(tok, replay, monkeypatch):
     h = tr.train(2)
     assert "routing_change_frac" in h and h["routing_change_frac"].between(0, 1).all()
     assert h["routing_change_frac"].gt(0).any()  # lr 3e-2 on a random router moves some top-2 sets
-    # π_old's routing of all 12 rows was recorded each step (no-grad recompute + on-policy first minibatch)
+    # π_old's routing of all 16 rows was recorded each step (no-grad recompute + on-policy first minibatch)
     per_step = len(puts) // 2
     for s in (0, 1):
         rows = torch.cat([p[0] for p in puts[s * per_step:(s + 1) * per_step]])
-        assert sorted(rows.tolist()) == list(range(12))
+        assert sorted(rows.tolist()) == list(range(16))
     assert bool(replayed) == replay
     if replay:  # each replay read the recorded experts of exactly those rows at their own columns
-        assert len(replayed) == 2 * 2  # 6 rows of the second minibatch in 2 micro-batches, per step
+        assert len(replayed) == 2 * 2  # 8 rows (2 whole groups) of the second minibatch in 2 micro-batches, per step
         recorded = {}  # row -> (its π_old routing, the first store column it was written at), step 1
         for rows, idx, pw, P in puts[:per_step]:
             for i, r in enumerate(rows.tolist()):
@@ -378,9 +378,9 @@ def test_routing_change_counts_the_completion_tokens_of_the_second_minibatch(tok
     batches, collect = [], tr.collect
     monkeypatch.setattr(tr, "collect", lambda: batches.append(collect()) or batches[-1])
     h = tr.train(1)
-    # the no-grad π_old forward (2 chunks of <= 4 rows) scores exactly the second minibatch's 6 rows
+    # the no-grad π_old forward (2 chunks of 4 rows) scores exactly the second minibatch's 8 rows (2 whole groups)
     rows2, rows1 = torch.cat(puts[:2]), torch.cat(puts[2:])
-    assert len(rows2) == 6 and not set(rows2.tolist()) & set(rows1.tolist())
+    assert len(rows2) == 8 and not set(rows2.tolist()) & set(rows1.tolist())
     tokens = int(batches[0].rollout.completion_mask[rows2].sum())
     changed, compared = sum(c for c, _ in calls), sum(n for _, n in calls)
     assert len(calls) == 2 and compared == 2 * tokens  # 2 MoE layers
