@@ -65,7 +65,7 @@ import pandas as pd
 import torch
 import matplotlib.pyplot as plt
 
-from grpo_lab.lab import book
+from grpo_lab.lab import book, regime
 from grpo_lab import experiments, lab
 from grpo_lab.experiments import plotting, stats
 from grpo_lab.algo.advantages import group_advantages
@@ -578,10 +578,20 @@ def verdict(iv, better="higher", worse="lower"):
 
 d_control = stats.paired_difference(dapo_final, grid["naive GRPO, matched generation"].final())
 book.glue("dapo_vs_control", verdict(d_control))
-book.glue("ds_conclusion",
-          "so the filter helped beyond the extra generation it costs" if d_control.excludes(0.0) and d_control.mean > 0
-          else "so this experiment cannot tell dynamic sampling's gain from that of simply generating as much: the "
-               "matched control is as good within the seed spread")
+if d_control.excludes(0.0):
+    ds_conclusion = ("so the filter helped beyond the extra generation it costs" if d_control.mean > 0 else
+                     "so at this scale spending the same generation on more questions, every group trained on, did "
+                     "better than filtering")
+else:
+    ds_conclusion = ("so this experiment cannot tell dynamic sampling's gain from that of simply generating as much: "
+                     "the matched control is as good within the seed spread")
+# The first edition's minibatches cut prompt groups at random, so DAPO's Eq. 12 normalised fragments of groups
+# (grpo_lab 0.2.0 and earlier); its DAPO - matched control, recorded from that edition's notebook:
+EARLIER_VS_CONTROL = "-0.068 [-0.154, 0.019]"
+if d_control.excludes(0.0):
+    ds_conclusion += (f". An earlier edition, whose minibatches held fragments of prompt groups (each normalised by "
+                      f"its own length, not Eq. 12), found no difference from the control ({EARLIER_VS_CONTROL})")
+book.glue("ds_conclusion", ds_conclusion)
 book.glue("control_vs_naive", verdict(stats.paired_difference(grid["naive GRPO, matched generation"].final(),
                                                                 naive_final)))
 keep = grid["+ dynamic sampling (DAPO)"].history
@@ -610,6 +620,16 @@ book.glue("clip_higher_gap", stats.format_interval(clip_gap, 4))
 ent_gap = stats.paired_difference(per_seed(grid["+ clip-higher"], "entropy", late_steps),
                                   per_seed(grid["+ overlong filtering"], "entropy", late_steps))
 book.glue("entropy_gap", verdict(ent_gap))
+# the book's rule for "a clip acts" (grpo_lab.lab.regime): the symmetric clip of the row before clip-higher
+clip_acts, clip_iv = regime.clip_acts(regime.late_mean(grid["+ overlong filtering"].history, "clip_frac"))
+book.glue("dapo_clip_share", stats.format_interval(clip_iv, 4))
+book.glue("dapo_clip_regime", (
+    f"The clip binds on {stats.format_interval(clip_iv, 4)} of tokens over the second half of training, "
+    + ("at least the book's 0.5% (the introduction's regime rules), so the clip acts; but "
+       if clip_acts else "under the book's 0.5% for a clip that acts (the introduction's regime rules), so "
+       "clip-higher is not tested in the paper's regime; and ")
+    + f"with {profile.config.minibatches} minibatches per rollout this small model cannot "
+    "show DAPO's entropy collapse, which develops over thousands of steps with 16 optimiser steps per rollout."))
 with pd.option_context("display.max_colwidth", None):
     display(table)
 
@@ -685,9 +705,7 @@ print("checks passed")
 #   {glue:text}`all_prob_mean` for all trained tokens. DAPO reports a mean below 0.2 on long
 #   reasoning; a token whose $\piold$ is above $1/1.2 \approx 0.83$ cannot be up-clipped at all. Raising $\epshigh$ changed the
 #   up-clipped fraction by {glue:text}`clip_higher_gap` (paired), and entropy over the last five
-#   steps by {glue:text}`entropy_gap`. With two minibatches per rollout, a fraction of a percent of
-#   tokens is clipped at all, so this small model cannot show DAPO's entropy collapse, which
-#   develops over thousands of steps with 16 optimiser steps per rollout.
+#   steps by {glue:text}`entropy_gap`. {glue:text}`dapo_clip_regime`
 #
 # These intervals describe the spread over seeds on our fixed 198-question test set; a different
 # test set of that size would add a binomial error of about {glue:text}`dapo_binom_se` to each
@@ -751,7 +769,7 @@ gpu_summary = book.show_gpu_results("02_dapo", GPU_ALGOS, baseline="GRPO", seeds
 # * The token-level loss weighs every token of a group equally. Eq. 12 divides per group
 #   (`group_token_mean`, the `DAPO` preset); verl and TRL divide by the whole batch's token count
 #   (`token_mean`), which weighs groups by their length. Either way micro-batches must use the
-#   global counts.
+#   global counts, and the per-group form needs minibatches that hold whole groups.
 # * All-correct and all-wrong groups have exactly zero advantage; dynamic sampling replaces them
 #   at the cost of extra generation (1/keep rate at best: top up only the missing groups), and
 #   filters on correctness, not on the shaped reward. Compare it with a control that generates as
