@@ -71,7 +71,7 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from grpo_lab.lab import book
+from grpo_lab.lab import book, regime
 from grpo_lab import experiments, lab
 from grpo_lab.experiments import plotting, stats
 from grpo_lab.algo.algorithms import RPT, RPT_HYBRID, RPT_SAMPLING
@@ -365,9 +365,10 @@ book.glue("rpt_filter_kept", f"{filter_kept:.0%}")
 #   preset keeps the ratio clip $\varepsilon=0.2$ (inactive) and clips the gradient norm at 1.0. This
 #   run has no dynamic sampling, like the paper's first 500 of 1,000 steps;
 # * **RPT + dynamic sampling**: the same, with DAPO's dynamic sampling (the `dynamic_sampling` field
-#   of `Algorithm`), as the paper's steps 500 to 1,000: each step samples positions until
-#   {glue:text}`rpt_P` groups whose samples are neither all right nor all wrong are found, and trains
-#   on those only. It is given about RPT's compute, so it runs fewer steps
+#   of `Algorithm`), the filter of the paper's steps 500 to 1,000; the paper switches it on for a
+#   model already trained by 500 RPT steps, ours starts from the base model. Each step samples
+#   positions until {glue:text}`rpt_P` groups whose samples are neither all right nor all wrong are
+#   found, and trains on those only. It is given about RPT's compute, so it runs fewer steps
 #   ({glue:text}`rpt_ds_steps`);
 # * the **hybrid** $\mathcal L_{\mathrm{RL}}+\mathcal L_{\mathrm{NTP}}$: RPT plus, at every
 #   training position, the mean NLL of the ground truth in the task's format (`</think>`, the next
@@ -454,7 +455,11 @@ def final_loss(result) -> pd.Series:
 
 base_rows = grid["RPT"].history.query("step == 0").set_index("seed")["test_held_out_loss"]
 assert (base_rows - record["metrics"]["held_out_loss"]).abs().max() < 1e-3  # the recipe's held-out loss
+RPT_MATCHED = f"RPT, step {DS_STEPS}"  # RPT after as many updates as RPT + dynamic sampling makes
+assert DS_STEPS % EVAL_EVERY == 0  # RPT's history holds an evaluation at that step
+rpt_eval = grid["RPT"].history.dropna(subset=["test_held_out_loss"])
 losses = {"base": base_rows, **{algo.name: final_loss(grid[algo.name]) for algo in (RPT, RPT_DS, RPT_HYBRID)},
+          RPT_MATCHED: rpt_eval[rpt_eval["step"] == DS_STEPS].set_index("seed")["test_held_out_loss"],
           "continued NTP": pd.Series({x["seed"]: x["held_out_loss"] for x in ntp_runs})}
 assert all(len(v) == len(SEEDS) and v.notna().all() for v in losses.values())
 print(f"held-out loss of the base model {base_rows.iloc[0]:.4f} nats per token (the recipe's: "
@@ -479,6 +484,10 @@ full_batches = float((ds_hist["trained_groups"] == P).mean())
 samples_per_trained = float(ds_hist["samples_per_trained"].mean())
 reasoning = float(pd.concat([train_hist, ds_hist])["reasoning_frac"].mean())
 clip_rpt = float(train_hist["clip_frac"].max())
+# the book's rule for "a clip acts" (grpo_lab.lab.regime): per seed, the share of clipped loss tokens averaged
+# over the second half of the updates, then the mean over seeds; every RL run here updates once per batch
+clip_late = {name: regime.clip_acts(regime.late_mean(grid[name].history, "clip_frac"))
+             for name in (RPT.name, RPT_DS.name, RPT_HYBRID.name)}
 gn = train_hist["grad_norm"]
 acc_evals = hist.dropna(subset=["test_accuracy"]).groupby("step")["test_accuracy_sampled"].mean()
 se_sampled = stats.binomial_se(float(acc_evals.mean()), len(test))
@@ -487,16 +496,17 @@ assert tied_rpt > 0.5 and tied_ds > 0.5  # most groups carry no signal, with or 
 assert filter_kept > 0.9  # the entropy filter keeps nearly every training position
 assert reasoning == 0.0  # no sampled output ever writes a thinking span
 assert clip_rpt == 0.0  # one update per batch: the ratio clip never binds
+assert not any(acts for acts, _ in clip_late.values())  # nor does it act by the book's rule, in any of the RL runs
 assert acc_range < 2 * se_sampled  # the accuracy curve moves less than two binomial SEs
-regime = pd.DataFrame([
+regime_table = pd.DataFrame([
     {"mechanism (precondition)": "GRPO signal: share of tied groups, no dynamic sampling",
      "paper": "not reported; steps 1-500 run without dynamic sampling (§3.3)",
      "here": f"{tied_rpt:.0%} of RPT's trained groups", "in the paper's regime": "as its steps 1-500"},
     {"mechanism (precondition)": "dynamic sampling: tied share of generated / of trained groups",
-     "paper": "from step 500: tied groups dropped (DAPO Eq. 11)",
+     "paper": "from step 500, after 500 RPT steps without it: tied groups dropped (DAPO Eq. 11)",
      "here": f"{tied_ds:.0%} / 0% ({samples_per_trained:.1f} samples generated per sample trained; "
-             f"{full_batches:.0%} of steps found all {P} groups)",
-     "in the paper's regime": "yes"},
+             f"{full_batches:.0%} of steps found all {P} groups); from the base model",
+     "in the paper's regime": "the filter yes; its start no (the base model, not 500 RPT steps)"},
     {"mechanism (precondition)": "entropy filter: share of training positions kept",
      "paper": "low-entropy positions dropped (1.5B proxy, §3.3); share not reported",
      "here": f"{filter_kept:.0%} (proxy entropy >= {MIN_ENTROPY})", "in the paper's regime": "no: selects almost nothing"},
@@ -510,8 +520,10 @@ regime = pd.DataFrame([
     {"mechanism (precondition)": "base accuracy in reasoning mode vs argmax (easy split)",
      "paper": "3.31 vs 41.60 (Table 1)", "here": "equal by construction (empty thinking span)",
      "in the paper's regime": "no"},
-    {"mechanism (precondition)": "ratio clip: share of tokens clipped",
-     "paper": "mini-batch = batch (256): on-policy, ratio 1 (Table 5)", "here": f"{clip_rpt:.0%}",
+    {"mechanism (precondition)": f"ratio clip: share of loss tokens clipped, second half of the updates "
+                                 f"(the clip acts at >= {regime.CLIP_ACTS:.1%})",
+     "paper": "mini-batch = batch (256): on-policy, ratio 1 (Table 5)",
+     "here": "; ".join(f"{name} {iv.mean:.1%}" for name, (_, iv) in clip_late.items()) + " (does not act)",
      "in the paper's regime": "yes"},
     {"mechanism (precondition)": "gradient-norm clip: RPT steps with norm > 1.0 / > 0.2",
      "paper": "'actor gradient clip 0.2' (Table 5), ambiguous",
@@ -521,7 +533,7 @@ regime = pd.DataFrame([
      "here": f"{acc_range:.3f} vs SE {se_sampled:.3f}", "in the paper's regime": "no"},
 ]).set_index("mechanism (precondition)")
 with pd.option_context("display.max_colwidth", None):
-    display(regime)
+    display(regime_table)
 book.glue("rpt_tied", f"{tied_rpt:.0%}")
 book.glue("rpt_tied_ds", f"{tied_ds:.0%}")
 book.glue("rpt_spt", f"{samples_per_trained:.1f}")
@@ -532,12 +544,15 @@ book.glue("rpt_se_sampled", f"{se_sampled:.3f}")
 # *Regime check: each mechanism's precondition, the paper's setting, and ours. "Tied": all $G$
 # samples of a group get the same reward, so every advantage is 0.*
 #
-# Two mechanisms are in the paper's regime: dynamic sampling (it removes every tied group from the
-# batch) and exact on-policy updates. Three are not, and their verdicts below are "not tested in the
-# paper's regime": reasoning (the thinking span stays empty), the entropy filter (our weak proxy
-# finds nearly every position uncertain, so the filter keeps nearly all and the splits barely
-# differ), and the scaling law of Eq. (5) (§7.5). Whether the paper's gradient clip of 0.2 is a norm
-# clip is unknown; ours is a norm clip at 1.0.
+# Two mechanisms are in the paper's regime: dynamic sampling's filter (it removes every tied group
+# from the batch) and exact on-policy updates (the ratio clip never acts, by the book's rule,
+# {ref}`sec-intro`, "Regime rules"). Dynamic sampling's starting point is not the paper's: the paper
+# switches it on after 500 RPT steps, our run from the base model. Three mechanisms are not in the
+# paper's regime, and their verdicts below are "not tested in the paper's regime": reasoning (the
+# thinking span stays empty), the entropy filter (our weak proxy finds nearly every position
+# uncertain, so the filter keeps nearly all and the splits barely differ), and the scaling law of
+# Eq. (5) (§7.5). Whether the paper's gradient clip of 0.2 is a norm clip is unknown; ours is a
+# norm clip at 1.0.
 
 # %% tags=["nbval-ignore-output"]
 task_metrics = task.test_metrics  # the same columns the trainer records at each evaluation
@@ -569,10 +584,11 @@ for mode, sampled in (("greedy", False), ("sampled T=0.8", True)):
     models[mode] = {"base": run_metrics(grid["RPT"].history, sampled, step=0),
                     "continued NTP": ntp_metrics(sampled),
                     "RPT": run_metrics(grid["RPT"].history, sampled),
+                    RPT_MATCHED: run_metrics(grid["RPT"].history, sampled, step=DS_STEPS),
                     "RPT + dynamic sampling": run_metrics(grid[RPT_DS.name].history, sampled),
                     "hybrid (not the paper)": run_metrics(grid[RPT_HYBRID.name].history, sampled)}
-LOSS_OF = {"base": "base", "continued NTP": "continued NTP", "RPT": RPT.name, "RPT + dynamic sampling": RPT_DS.name,
-           "hybrid (not the paper)": RPT_HYBRID.name}
+LOSS_OF = {"base": "base", "continued NTP": "continued NTP", "RPT": RPT.name, RPT_MATCHED: RPT_MATCHED,
+           "RPT + dynamic sampling": RPT_DS.name, "hybrid (not the paper)": RPT_HYBRID.name}
 for ms in models.values():
     for name, df in ms.items():
         df["held_out_loss"] = losses[LOSS_OF[name]].reindex(df.index)
@@ -602,8 +618,9 @@ book.glue("rpt_se", f"{se:.3f}")
 # {glue:text}`rpt_n_seeds` seeds (the base model's greedy answers do not depend on the seed), by the
 # paper's nested entropy splits and by terciles of our proxy's entropy; "±" is the half-width of the
 # 95% t interval of the overall accuracy over seeds; the last column is the held-out loss (mean
-# next-token NLL on the `test` part, lower is better). One evaluation of one model measures the
-# overall accuracy to within a binomial standard error of {glue:text}`rpt_se`.*
+# next-token NLL on the `test` part, lower is better). "RPT, step {glue:text}`rpt_ds_steps`" is
+# RPT's evaluation after as many updates as RPT + dynamic sampling makes. One evaluation of one
+# model measures the overall accuracy to within a binomial standard error of {glue:text}`rpt_se`.*
 
 # %% tags=["nbval-ignore-output"]
 def paired(a: str, b: str, mode: str, col: str = "accuracy") -> stats.Interval:
@@ -615,7 +632,8 @@ diffs = pd.DataFrame([
      "held-out loss": stats.format_interval(paired(a, b, "greedy", "held_out_loss"))}
     for a, b in (("RPT", "base"), ("RPT + dynamic sampling", "base"), ("continued NTP", "base"),
                  ("hybrid (not the paper)", "base"), ("RPT", "continued NTP"), ("RPT + dynamic sampling", "RPT"),
-                 ("RPT + dynamic sampling", "continued NTP"), ("hybrid (not the paper)", "RPT"))]
+                 ("RPT + dynamic sampling", RPT_MATCHED), ("RPT + dynamic sampling", "continued NTP"),
+                 ("hybrid (not the paper)", "RPT"))]
 ).set_index("comparison")
 display(diffs)
 d_rpt_g, d_rpt_s = paired("RPT", "base", "greedy"), paired("RPT", "base", "sampled T=0.8")
@@ -636,10 +654,37 @@ def verdict(iv: stats.Interval) -> str:
 book.glue("rpt_vs_ntp_sentence",
           f"RPT against continued NTP: {stats.format_interval(d_rn_s)} sampled ({verdict(d_rn_s)} at 95%) and "
           f"{stats.format_interval(d_rn_g)} greedy ({verdict(d_rn_g)}).")
-d_ds_s, d_ds_g = paired("RPT + dynamic sampling", "RPT", "sampled T=0.8"), paired("RPT + dynamic sampling", "RPT", "greedy")
-book.glue("rpt_ds_sentence",
-          f"Against RPT, dynamic sampling changes accuracy by {stats.format_interval(d_ds_s)} sampled "
-          f"({verdict(d_ds_s)} at 95%) and {stats.format_interval(d_ds_g)} greedy ({verdict(d_ds_g)}).")
+
+
+def ds_against(ref: str) -> dict[str, stats.Interval]:
+    """RPT + dynamic sampling minus `ref`, paired over seeds: sampled and greedy accuracy, held-out loss."""
+    return {"sampled": paired("RPT + dynamic sampling", ref, "sampled T=0.8"),
+            "greedy": paired("RPT + dynamic sampling", ref, "greedy"),
+            "loss": paired("RPT + dynamic sampling", ref, "greedy", "held_out_loss")}
+
+
+def ds_clause(d: dict[str, stats.Interval]) -> str:
+    return (f"accuracy by {stats.format_interval(d['sampled'])} sampled ({verdict(d['sampled'])} at 95%) and "
+            f"{stats.format_interval(d['greedy'])} greedy ({verdict(d['greedy'])}), and the held-out loss by "
+            f"{stats.format_interval(d['loss'])} ({verdict(d['loss'])})")
+
+
+ds_c, ds_u = ds_against("RPT"), ds_against(RPT_MATCHED)  # the same compute; the same number of updates
+book.glue("rpt_ds_sentence", f"Against RPT at the same compute (RPT's {STEPS} updates against its {DS_STEPS}), "
+                             f"dynamic sampling changes {ds_clause(ds_c)}.")
+if verdict(ds_c["loss"]) == "lower" and verdict(ds_u["loss"]) == "not distinguishable":
+    loss_reading = ("the loss difference is not resolved, so the smaller rise at the same compute goes with the "
+                    "fewer updates, not with the filter")
+elif verdict(ds_u["loss"]) == "lower":
+    loss_reading = "it raises the loss less than RPT even after the same number of updates"
+else:
+    loss_reading = f"at the same compute the loss difference is {verdict(ds_c['loss'])}"
+acc_resolved = [f"{mode} accuracy" for mode in ("sampled", "greedy") if verdict(ds_u[mode]) != "not distinguishable"]
+acc_reading = (f"no accuracy difference is resolved with {len(SEEDS)} seeds" if not acc_resolved else
+               f"only the {' and '.join(acc_resolved)} difference could be an effect of the filter")
+book.glue("rpt_ds_updates_sentence",
+          f"Against RPT after the same {DS_STEPS} updates, it changes {ds_clause(ds_u)}: {loss_reading}, "
+          f"and {acc_reading}.")
 dl = {name: paired(name, "base", "greedy", "held_out_loss") for name in models["greedy"] if name != "base"}
 d_loss_rn = paired("RPT", "continued NTP", "greedy", "held_out_loss")
 assert dl["continued NTP"].hi < 0  # continued NTP lowers the loss it optimises
@@ -647,9 +692,31 @@ book.glue("rpt_loss_ntp", stats.format_interval(dl["continued NTP"]))
 book.glue("rpt_loss_rpt", stats.format_interval(dl["RPT"]))
 book.glue("rpt_loss_ds", stats.format_interval(dl["RPT + dynamic sampling"]))
 book.glue("rpt_loss_hyb", stats.format_interval(dl["hybrid (not the paper)"]))
+book.glue("rpt_loss_rpt_matched", stats.format_interval(dl[RPT_MATCHED]))
+SAY = {"RPT": "RPT", "RPT + dynamic sampling": "RPT + dynamic sampling", "hybrid (not the paper)": "the hybrid",
+       "continued NTP": "continued NTP"}  # the finished runs, as the prose names them
+by_sign = {v: [SAY[n] for n in SAY if verdict(dl[n]) == v] for v in ("higher", "lower", "not distinguishable")}
+
+
+def names(xs: list[str]) -> str:
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+
+
+loss_parts = []
+if by_sign["higher"]:
+    loss_parts.append(f"{names(by_sign['higher'])} raise{'s' if len(by_sign['higher']) == 1 else ''} the held-out loss")
+if by_sign["lower"]:
+    loss_parts.append(f"{'only ' if len(by_sign['lower']) == 1 else ''}{names(by_sign['lower'])} "
+                      f"lower{'s' if len(by_sign['lower']) == 1 else ''} it")
+if by_sign["not distinguishable"]:
+    loss_parts.append(f"{names(by_sign['not distinguishable'])} "
+                      f"leave{'s' if len(by_sign['not distinguishable']) == 1 else ''} it within the interval")
+loss_signs = "; ".join(loss_parts) + " (against the base, 95% paired intervals)."
+book.glue("rpt_loss_signs", loss_signs[0].upper() + loss_signs[1:])
 book.glue("rpt_loss_rn", f"{stats.format_interval(d_loss_rn)} ({verdict(d_loss_rn)} at 95%)")
 d_hyb = paired("hybrid (not the paper)", "RPT", "greedy")
 d_hyb_loss = paired("hybrid (not the paper)", "RPT", "greedy", "held_out_loss")
+assert d_hyb_loss.hi < 0 and verdict(d_hyb) != "lower"  # the misreadings box: the LM term lowers the loss, not accuracy
 book.glue("rpt_hyb_sentence", f"{stats.format_interval(d_hyb)} in greedy accuracy ({verdict(d_hyb)} at 95%) and "
                               f"{stats.format_interval(d_hyb_loss)} in held-out loss ({verdict(d_hyb_loss)})")
 top = {name: float(models["greedy"][name]["top_prediction_frac"].mean()) for name in models["greedy"]}
@@ -678,16 +745,16 @@ print("paired differences, mean [95% t interval] over the same seeds")
 # nothing. With it, the tied share of what is *generated* stays {glue:text}`rpt_tied_ds`, but none
 # is trained on: each sample trained on costs {glue:text}`rpt_spt` generated, so at
 # {glue:text}`rpt_ds_compute` times RPT's compute the run makes {glue:text}`rpt_ds_steps` updates,
-# each on {glue:text}`rpt_P` informative groups. {glue:text}`rpt_ds_sentence` The mechanism is in
-# the paper's regime here, and at the same compute its accuracy gain over RPT is not resolved with
-# five seeds; it does raise the held-out loss less than RPT (the table above). Both RL runs raise
-# the held-out loss; only continued NTP lowers it.
+# each on {glue:text}`rpt_P` informative groups. {glue:text}`rpt_ds_sentence`
+# {glue:text}`rpt_ds_updates_sentence` The filter is in the paper's regime here, its starting point
+# is not (the regime check). {glue:text}`rpt_loss_signs`
 #
 # **Held-out loss.** Continued NTP changes the held-out loss by {glue:text}`rpt_loss_ntp` nats per
 # token: it improves the likelihood it optimises, while our accuracy, prefix matching on
 # {glue:text}`rpt_n_test` high-entropy positions in the thinking format, falls. The two measures
 # disagree, so "continued NTP did not help" holds for that accuracy only. RPT changes the held-out
-# loss by {glue:text}`rpt_loss_rpt`, with dynamic sampling by {glue:text}`rpt_loss_ds`, the hybrid by
+# loss by {glue:text}`rpt_loss_rpt` (after {glue:text}`rpt_ds_steps` updates by
+# {glue:text}`rpt_loss_rpt_matched`), with dynamic sampling by {glue:text}`rpt_loss_ds`, the hybrid by
 # {glue:text}`rpt_loss_hyb`; RPT against continued NTP: {glue:text}`rpt_loss_rn`.
 #
 # Why the two evaluations can disagree: RPT maximises the expected reward *of samples at
@@ -898,7 +965,7 @@ with pd.option_context("display.max_colwidth", None):
 # model that reasons (the paper's is R1-Distill-Qwen-14B, with 8,192 tokens to think).
 
 # %%
-GPU_ALGOS = [RPT_DS]  # RPT with dynamic sampling, as the paper from its step 500
+GPU_ALGOS = [RPT_DS]  # RPT with dynamic sampling: the paper's filter (from its step 500), here from the first step
 gpu_rpt_profile = lab.rpt_gpu_profile(weight_decay=0.01)  # App. B's weight decay; the rest as the paper's
 if PROFILE == "gpu":
     lab.run_rpt_gpu(seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS, profile=gpu_rpt_profile,
