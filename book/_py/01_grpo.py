@@ -716,8 +716,9 @@ book.glue("grpo_drop", round(float((best_acc - final_acc).max()), 3))
 best_step = evals_by_seed.iloc[1:].idxmax()  # the step of each seed's best evaluation (the first, on ties)
 early = best_step[best_step < evals_by_seed.index.max()]  # seeds whose best evaluation is not their last
 book.glue("grpo_peak_sentence",
-          f"In {len(early)} of {len(best_step)} seeds accuracy peaks before the last evaluation, between steps "
-          f"{int(early.min())} and {int(early.max())}, and then falls back"
+          f"In {len(early)} of {len(best_step)} seeds accuracy peaks before the last evaluation, "
+          + (f"between steps {int(early.min())} and {int(early.max())}" if early.min() < early.max()
+             else f"at step {int(early.min())}") + ", and then falls back"
           if len(early) else "No seed's accuracy falls back after a peak within these steps; the largest fall")
 book.glue("grpo_kl_median", round(float(hist["kl"].median()), 3))
 book.glue("grpo_kl_max", round(float(hist["kl"].max()), 1))
@@ -893,6 +894,15 @@ book.glue("mu_rmin_2", f"{per_seed.loc[2, 'rmin'].min():.2g}")
 book.glue("mu_rmax_2", f"{per_seed.loc[2, 'rmax'].max():.2g}")
 book.glue("mu_rows_top", profile.config.prompts_per_step * profile.config.group_size // top)
 book.glue("mu_groups_top", profile.config.prompts_per_step // top)
+end_top = diffs[top, STEPS_MU]
+# the first edition's minibatches cut prompt groups at random (grpo_lab 0.2.0 and earlier); its mu = 8 - mu = 1 at
+# the last evaluation, recorded from that edition's notebook, included zero
+EARLIER_END_TOP = "-0.119 [-0.302, 0.064]"
+book.glue("mu_end_reading", (
+    f"Judged by its last evaluation alone, μ = {top} ends below μ = 1 (an earlier edition, whose "
+    f"minibatches held fragments of prompt groups, could not tell them apart: {EARLIER_END_TOP})"
+    if end_top.excludes(0.0) and end_top.mean < 0 else
+    f"Judged by its last evaluation alone, μ = {top} gained nothing"))
 
 # %%
 # Robust facts, checked on every run.
@@ -941,8 +951,8 @@ print("checks passed")
 # {glue:text}`mu_acc_8_end` at $\mu = 8$ ({glue:text}`mu_diff_8_end`; $\mu = 2$:
 # {glue:text}`mu_diff_2_end`, $\mu = 4$: {glue:text}`mu_diff_4_end`). The larger $\mu$ climbs
 # sooner and then falls back, the peak-and-fall of §1.6 compressed into fewer rollouts, while
-# $\mu = 1$ is still climbing (all three asserted). Judged by its last evaluation alone, $\mu = 8$
-# gained nothing; the curve shows it got there sooner and lost it. This experiment does not say how much of the fall is the clip: at $\mu = 8$ each
+# $\mu = 1$ is still climbing (all three asserted). {glue:text}`mu_end_reading`; the curve shows it
+# got there sooner and lost it. This experiment does not say how much of the fall is the clip: at $\mu = 8$ each
 # optimiser step sees {glue:text}`mu_rows_top` responses ({glue:text}`mu_groups_top` groups) and
 # the policy takes eight Adam steps of about the learning rate per rollout, so larger, noisier
 # updates change together with the clipping. A control with the minibatch held fixed

@@ -648,6 +648,12 @@ else:
     gap_reading = ("At this scale the effect is not established" + (
         ": GRPO's mean curve lies above Dr.GRPO's over the last 10 steps, but the paired interval includes 0."
         if separate else ": the mean curves do not separate."))
+# the first edition's minibatches cut prompt groups at random (grpo_lab 0.2.0 and earlier); its GRPO - Dr.GRPO gap
+# and V3.2 - Dr.GRPO accuracy, recorded from that edition's notebook, both included zero
+EARLIER = {"gap": "-0.75 [-1.50, 0.00]", "v32_dr": "0.077 [-0.047, 0.200]"}
+EARLIER_NOTE = "An earlier edition, whose minibatches held fragments of prompt groups, found no difference"
+if gap_diff.excludes(0.0):
+    gap_reading += f" {EARLIER_NOTE} ({EARLIER['gap']} tokens)."
 book.glue("gap_reading", gap_reading)
 reproduced = gap_diff.excludes(0.0) and gap_diff.mean > 0
 book.glue("repro_verdict", "reproduces in its direction" if reproduced else "does not reproduce as stated")
@@ -690,7 +696,9 @@ pairs = {"dr": ("Dr.GRPO", "GRPO (beta=0)"), "v32_grpo": ("DeepSeek-V3.2", "GRPO
 for key, (a, b) in pairs.items():
     d = stats.paired_difference(acc[a], acc[b])
     book.glue(f"acc_diff_{key}", stats.format_interval(d))
-    book.glue(f"verdict_{key}", verdict(d))
+    earlier = (f"; {EARLIER_NOTE[0].lower()}{EARLIER_NOTE[1:]} ({EARLIER[key]})"
+               if key in EARLIER and d.excludes(0.0) else "")
+    book.glue(f"verdict_{key}", verdict(d) + earlier)
 drgrpo_table
 
 # %% [markdown]
