@@ -176,6 +176,10 @@ def test_clip_rule_reads_the_second_half(bench):
     same = bench.verdict(bench._regime_cispo({"CISPO": _Run(weight_capped_frac=[0.02] * 6,
                                                            zero_adv_group_frac=[0.3] * 6)}, {}))
     assert same["in_regime"] and same["old_rule"]["in_regime"] and not same["old_rule"]["changed"]
+    idle = bench.verdict(bench._regime_cispo({"CISPO": _Run(weight_capped_frac=[0.002] * 6,
+                                                           zero_adv_group_frac=[0.3] * 6)}, {}))
+    assert not idle["old_rule"]["changed"]  # idle by both rules: "< 1%" reworded "< 0.5%" is no change
+    assert "< 0.5%" in idle["reason"] and "< 1%" in idle["old_rule"]["reason"]
     # a preset without a clip check carries no old rule
     assert "old_rule" not in bench.verdict([bench.check("x", "p", "m", True, "ok")])
     # GSPO: the tokens of responses clipped whole; the old rule asked for any response clipped
