@@ -378,7 +378,8 @@ def _regime_dapo(g, probe) -> list[dict]:
     tied, ok_t = _positive(res, "zero_adv_group_frac", SWITCH_ACTS - 1e-12)
     trunc, ok_tr = _positive(res, "truncation_rate", SWITCH_ACTS - 1e-12)
     pen, ok_p = _positive(res, "overlong_frac_penalised", SWITCH_ACTS - 1e-12)
-    return [check(f"dynamic sampling acts: >= {SWITCH_ACTS:.0%} of generated groups tied", "filters accuracy 0 or 1 (Eq. 11)",
+    return [check(f"dynamic sampling acts: >= {SWITCH_ACTS:.0%} of generated groups tied",
+                  "filters accuracy 0 or 1 (Eq. 11)",
                   f"tied share {tied}", ok_t, "no tied group to drop" if not ok_t else "tied groups dropped"),
             _clip_binds(res, "clip_frac_high", "clip-higher (1 + 0.28)", "eps_high 0.28 (§4.1); rate not given"),
             check(f"overlong filtering acts: >= {SWITCH_ACTS:.0%} of responses reach the budget",
@@ -411,7 +412,8 @@ def _regime_cispo(g, probe) -> list[dict]:
     tied, ok_t = _positive(res, "zero_adv_group_frac", SWITCH_ACTS - 1e-12)
     return [_clip_binds(res, "weight_capped_frac", "the IS-weight cap (tokens PPO-clip at 1.28 would silence)",
                         "16 off-policy updates per batch (§3.1); ours 2 (one off-policy); cap not reported"),
-            check(f"dynamic sampling acts: >= {SWITCH_ACTS:.0%} of groups tied", "DAPO's dynamic sampling is used (§3.1)",
+            check(f"dynamic sampling acts: >= {SWITCH_ACTS:.0%} of groups tied",
+                  "DAPO's dynamic sampling is used (§3.1)",
                   f"tied share {tied}", ok_t, "no tied group to drop" if not ok_t else "tied groups dropped")]
 
 
