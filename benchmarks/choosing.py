@@ -23,12 +23,18 @@ Per preset (a row of the file): final greedy accuracy per seed and mean [95% t];
 over shared seeds; generated tokens to reach a target accuracy (the base's + half of GRPO's mean gain) per seed,
 their median and how many seeds reached it; accuracy at matched compute (at the last evaluation whose cumulative
 compute is within the smallest mean total compute of any preset); response length and entropy at the last step;
-clip fractions and the share of tokens with a gradient; seconds per step and peak memory (the process's peak
+clip fractions (over all updates, and ``*_late`` over the second half of them: the book's regime statistic) and the
+share of tokens with a gradient; seconds per step and peak memory (the process's peak
 resident set on CPU: the worker's, which holds more than the run). RPT runs on its own task (next-token reasoning
 on ``corpus-base``) with chapter 7's settings, with the same columns where they apply (``not_applicable`` says
 which do not, and why). Before any verdict, ``regime`` states per preset whether the toy exercises what the preset
 was designed for: each mechanism's precondition measured from the runs beside the paper's value, a boolean and a
 one-line reason; a verdict is "in regime" or "not tested in the paper's regime: <why>", never "does not reproduce".
+Whether a clip acts (clip-higher, CISPO's cap, GMPO's log-space clip, GSPO's sequence clip) is the book's one rule,
+:mod:`grpo_lab.lab.regime` (>= 0.5% of tokens, per seed over the second half of the updates); each clip check and
+each verdict also record, under ``old_rule``, what the rule this file used before (>= 1%, over all updates) said.
+The switches (dynamic sampling's tied groups, truncations, the overlong punishment window) have their own threshold,
+``SWITCH_ACTS`` (1% of the groups or responses).
 
 Run time: 244-257 s of wall time at full size in three runs, two runs at a time on two cores (454-479 s of the
 runs' own step and evaluation seconds; 2026-12-04), from an empty run cache; up to twice that with other work on the cores. A quick
@@ -49,6 +55,7 @@ import pandas as pd
 
 from grpo_lab import experiments, lab
 from grpo_lab.experiments import stats
+from grpo_lab.lab import regime
 from grpo_lab.algo.advantages import VALUE_BASELINE_ESTIMATORS
 from grpo_lab.algo.algorithms import (CISPO, CLIP_COV, DAPO, DR_GRPO, GMPO, GRPO, GSPO, KL_COV, PPO, RPT, RPT_SAMPLING,
                                  SAPO, VAPO)
@@ -64,7 +71,9 @@ VAPO_ALPHA = 4.0  # chapter 6 (ALPHA): lambda_policy = 1 - 1/(4 l) = 0.95 at the
 PRETRAIN_STEPS = 16  # chapter 6 (PRETRAIN_STEPS): value pretraining on the frozen base policy
 RPT_STEPS, RPT_EVAL_EVERY, RPT_PROMPTS = 16, 4, 8  # chapter 7 (STEPS, EVAL_EVERY, P)
 PACE = 0.5  # chapter 6's rule: the critic keeps pace if explained variance at the last step >= PACE x the first
-BINDS = 0.01  # chapter 6's rule for a clip that binds: on at least 1% of the tokens; used for every switch too
+SWITCH_ACTS = 0.01  # DAPO's and CISPO's switches (tied groups dropped, truncations, the punishment window) act on
+# >= 1% of the groups or responses they can touch: the switches' own threshold (a clip is held to regime.CLIP_ACTS)
+OLD_CLIP_RULE = 0.01  # before the book's one regime rule: a clip bound on >= 1% of tokens, mean over all updates
 FRESH_EV = 0.1  # a critic that starts uninformed (explained variance 0) keeps pace only if it reaches this
 MIN_SELECTED = 10  # tokens per update a covariance rule must select (the papers select thousands; 1-2 is noise)
 PRESET_NAMES = ("GRPO", "DR_GRPO", "DAPO", "GSPO", "CISPO", "PPO", "VAPO", "GMPO", "SAPO", "KL_COV", "CLIP_COV")
@@ -201,6 +210,8 @@ def cost_columns(res, compute: pd.DataFrame, budget_tokens: int, start_units: fl
            "peak_mem_mb": _iv(training(res, "peak_mem_mb", "max"), digits=1)}
     for col in ("clip_frac", "clip_frac_high", "clip_frac_low", "grad_token_frac"):
         out[col] = _iv(training(res, col), (0.0, 1.0), 6)
+    for col in ("clip_frac", "clip_frac_high"):  # the book's regime statistic: per seed, the second half of the updates
+        out[f"{col}_late"] = _iv(regime.late_mean(res.history, col), (0.0, 1.0), 6) if col in res.history else None
     return out
 
 
@@ -235,15 +246,33 @@ def check(precondition: str, paper: str, measured: str, holds: bool, why: str) -
     return {"precondition": precondition, "paper": paper, "measured": measured, "holds": bool(holds), "why": why}
 
 
+def _verdict(holds: list[bool], whys: list[str], fixed: str | None) -> dict:
+    failed = [w for h, w in zip(holds, whys) if not h] + ([fixed] if fixed else [])
+    reason = "; ".join(failed) if failed else "; ".join(whys)
+    return {"verdict": "in regime" if not failed else f"not tested in the paper's regime: {reason}",
+            "in_regime": not failed, "reason": reason}
+
+
 def verdict(checks: list[dict], fixed: str | None = None) -> dict:
-    """``in regime`` when every check holds; otherwise ``not tested in the paper's regime: <the failed reasons>``."""
+    """``in regime`` when every check holds; otherwise ``not tested in the paper's regime: <the failed reasons>``.
+
+    Where a check is a clip's (it carries ``old_rule``: what the rule used before the book's one regime rule said),
+    ``old_rule`` holds the preset's verdict had every clip check been decided by that old rule, and ``changed``
+    whether the verdict or a clip check's outcome differs under it (a reason reworded from "< 1%" to "< 0.5%" alone
+    is no change): the chapter shows both where they differ."""
     if not checks and fixed is None:
         return {"verdict": "not tested in the paper's regime: no precondition measurable from the runs",
                 "in_regime": False, "reason": "no precondition measurable from the runs", "checks": []}
-    failed = [c["why"] for c in checks if not c["holds"]] + ([fixed] if fixed else [])
-    reason = "; ".join(failed) if failed else "; ".join(c["why"] for c in checks)
-    return {"verdict": "in regime" if not failed else f"not tested in the paper's regime: {reason}",
-            "in_regime": not failed, "reason": reason, "checks": checks}
+    out = {**_verdict([c["holds"] for c in checks], [c["why"] for c in checks], fixed), "checks": checks}
+    if any("old_rule" in c for c in checks):
+        old = _verdict([c["old_rule"]["holds"] if "old_rule" in c else c["holds"] for c in checks],
+                       [c["old_rule"]["why"] if "old_rule" in c else c["why"] for c in checks], fixed)
+        out["old_rule"] = {**old, "rule": f"a clip binds on >= {OLD_CLIP_RULE:.0%} of tokens, run mean over all "
+                           "updates (GSPO's sequence clip: any response clipped), the rule before the book's one "
+                           f"regime rule (>= {regime.CLIP_ACTS:.1%}, second half of the updates)",
+                           "changed": old["in_regime"] != out["in_regime"] or any(
+                               c["old_rule"]["holds"] != c["holds"] for c in checks if "old_rule" in c)}
+    return out
 
 
 def _text(series: pd.Series, digits: int = 3, bounds=(0.0, math.inf)) -> str:
@@ -283,10 +312,27 @@ def _pace(res) -> dict:
                  "the critic does not keep pace with the policy" if not ok else "the critic keeps pace")
 
 
-def _clip_binds(res, col: str, what: str, paper: str) -> dict:
-    text, ok = _positive(res, col, BINDS - 1e-12)
-    return check(f"{what} binds on >= {BINDS:.0%} of tokens (chapter 6's rule)", paper, f"{col} {text}", ok,
-                 f"{what} binds on < {BINDS:.0%} of tokens" if not ok else f"{what} binds")
+def _clip_binds(res, col: str, what: str, paper: str, old_floor: float = OLD_CLIP_RULE, old_col: str | None = None,
+                old_text: str | None = None) -> dict:
+    """The book's rule for a clip that acts (:mod:`grpo_lab.lab.regime`): per seed, the mean of ``col`` over the second
+    half of the updates, then over seeds, >= ``regime.CLIP_ACTS``. Beside it, under ``old_rule``, what the rule this
+    file used before said: the run mean over all updates of ``old_col`` (default ``col``) above ``old_floor`` (1%)."""
+    late = regime.late_mean(res.history, col) if col in res.history else pd.Series(dtype=float)
+    acts, iv = regime.clip_acts(late) if len(late) else (False, None)
+    last = int(res.history["step"].max())
+    late_text = stats.format_interval(iv, 4) if iv is not None else "not measured"
+    all_text, old_ok = _positive(res, old_col or col, old_floor - 1e-12)
+    c = check(f"{what} acts: >= {regime.CLIP_ACTS:.1%} of tokens, per seed over updates {last // 2 + 1}-{last} "
+              f"(the book's rule)", paper, f"{col} {late_text} (over all updates {_text(training(res, col), 4)})",
+              acts, f"{what} binds on < {regime.CLIP_ACTS:.1%} of tokens" if not acts else f"{what} binds")
+    old_rule = (f">= {old_floor:.0%}" if old_floor > 0 else "> 0") + " of tokens, mean over all updates"
+    c["share"] = {"column": col, "updates": [last // 2 + 1, last], "late": _iv(late, (0.0, 1.0), 6),
+                  "all_updates": _iv(training(res, col), (0.0, 1.0), 6)}
+    c["old_rule"] = {"rule": f"{old_col or col} {old_rule}", "measured": f"{old_col or col} {all_text}",
+                     "holds": bool(old_ok),
+                     "why": old_text or (f"{what} binds on < {old_floor:.0%} of tokens" if not old_ok else
+                                         f"{what} binds")}
+    return c
 
 
 def _entropy_collapse(grpo) -> dict:
@@ -329,36 +375,45 @@ def _regime_dr_grpo(g, probe) -> list[dict]:
 
 def _regime_dapo(g, probe) -> list[dict]:
     res = g["DAPO"]
-    tied, ok_t = _positive(res, "zero_adv_group_frac", BINDS - 1e-12)
-    trunc, ok_tr = _positive(res, "truncation_rate", BINDS - 1e-12)
-    pen, ok_p = _positive(res, "overlong_frac_penalised", BINDS - 1e-12)
-    return [check(f"dynamic sampling acts: >= {BINDS:.0%} of generated groups tied", "filters accuracy 0 or 1 (Eq. 11)",
+    tied, ok_t = _positive(res, "zero_adv_group_frac", SWITCH_ACTS - 1e-12)
+    trunc, ok_tr = _positive(res, "truncation_rate", SWITCH_ACTS - 1e-12)
+    pen, ok_p = _positive(res, "overlong_frac_penalised", SWITCH_ACTS - 1e-12)
+    return [check(f"dynamic sampling acts: >= {SWITCH_ACTS:.0%} of generated groups tied",
+                  "filters accuracy 0 or 1 (Eq. 11)",
                   f"tied share {tied}", ok_t, "no tied group to drop" if not ok_t else "tied groups dropped"),
             _clip_binds(res, "clip_frac_high", "clip-higher (1 + 0.28)", "eps_high 0.28 (§4.1); rate not given"),
-            check(f"overlong filtering acts: >= {BINDS:.0%} of responses reach the budget", "L_max 20,480 tokens (§4.1)",
-                  f"truncation rate {trunc}", ok_tr,
-                  f"under {BINDS:.0%} of responses reach the budget" if not ok_tr else "truncations"),
-            check(f"soft overlong punishment acts: >= {BINDS:.0%} of responses inside the last L_cache tokens",
+            check(f"overlong filtering acts: >= {SWITCH_ACTS:.0%} of responses reach the budget",
+                  "L_max 20,480 tokens (§4.1)", f"truncation rate {trunc}", ok_tr,
+                  f"under {SWITCH_ACTS:.0%} of responses reach the budget" if not ok_tr else "truncations"),
+            check(f"soft overlong punishment acts: >= {SWITCH_ACTS:.0%} of responses inside the last L_cache tokens",
                   "L_cache 4,096 of 20,480 (Eq. 13)", f"share penalised {pen}", ok_p,
-                  f"under {BINDS:.0%} of responses in the punishment window" if not ok_p else "responses penalised")]
+                  f"under {SWITCH_ACTS:.0%} of responses in the punishment window" if not ok_p else
+                  "responses penalised")]
 
 
 def _regime_gspo(g, probe) -> list[dict]:
-    text, ok = _positive(g["GSPO"], "seq_clip_frac")
+    seq, _ = _positive(g["GSPO"], "seq_clip_frac")
     ours, grpo = training(g["GSPO"], "clip_frac"), training(g["GRPO"], "clip_frac")
     ratio = ""
     if len(ours) and len(grpo) and float(grpo.mean()) > 0:
         ratio = f"; GSPO / GRPO clip_frac {float(ours.mean()) / float(grpo.mean()):.2f} (paper: ~100, Fig. 2)"
-    return [check("the sequence clip acts: responses clipped whole", "range 3e-4 / 4e-4, 4 minibatches (§5.1)",
-                  f"seq_clip_frac {text}{ratio}", ok, "the sequence clip never binds" if not ok else "it binds")]
+    # the tokens of the responses clipped whole (clip_frac) are what the book's rule counts; the old rule asked only
+    # that some response be clipped (seq_clip_frac > 0)
+    c = _clip_binds(g["GSPO"], "clip_frac", "the sequence clip", "range 3e-4 / 4e-4, 4 minibatches (§5.1)",
+                    old_floor=0.0, old_col="seq_clip_frac", old_text=None)
+    c["measured"] += f"; responses clipped whole (seq_clip_frac) {seq}{ratio}"
+    if not c["old_rule"]["holds"]:
+        c["old_rule"]["why"] = "the sequence clip never binds"
+    return [c]
 
 
 def _regime_cispo(g, probe) -> list[dict]:
     res = g["CISPO"]
-    tied, ok_t = _positive(res, "zero_adv_group_frac", BINDS - 1e-12)
+    tied, ok_t = _positive(res, "zero_adv_group_frac", SWITCH_ACTS - 1e-12)
     return [_clip_binds(res, "weight_capped_frac", "the IS-weight cap (tokens PPO-clip at 1.28 would silence)",
                         "16 off-policy updates per batch (§3.1); ours 2 (one off-policy); cap not reported"),
-            check(f"dynamic sampling acts: >= {BINDS:.0%} of groups tied", "DAPO's dynamic sampling is used (§3.1)",
+            check(f"dynamic sampling acts: >= {SWITCH_ACTS:.0%} of groups tied",
+                  "DAPO's dynamic sampling is used (§3.1)",
                   f"tied share {tied}", ok_t, "no tied group to drop" if not ok_t else "tied groups dropped")]
 
 
@@ -379,8 +434,8 @@ def _regime_vapo(g, probe) -> list[dict]:
 
 def _regime_gmpo(g, probe) -> list[dict]:
     """GMPO's geometric mean matters where token ratios leave its range often enough to move the update: its
-    log-space clip binding on >= 1% of tokens, the rule DAPO's and CISPO's clips are held to (a single outlier
-    token in a run is not a regime)."""
+    log-space clip acting by the book's rule (:mod:`grpo_lab.lab.regime`), as DAPO's and CISPO's clips are (a single
+    outlier token in a run is not a regime)."""
     res = g["GMPO"]
     hi, lo = training(res, "ratio_max", "max"), training(res, "ratio_min", "min")
     binds = _clip_binds(res, "clip_frac", "GMPO's log-space clip (e^-0.4, e^0.4)",

@@ -71,6 +71,7 @@ import dataclasses
 import html
 import json
 import math
+import re
 import time
 
 import numpy as np
@@ -79,7 +80,7 @@ import torch
 import matplotlib.pyplot as plt
 from IPython.display import HTML, display
 
-from grpo_lab.lab import book
+from grpo_lab.lab import book, regime as rules
 from grpo_lab import experiments, lab
 from grpo_lab.experiments import plotting, stats
 from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_BASELINE_ESTIMATORS, AdvantageBatch
@@ -281,7 +282,7 @@ measured = pd.DataFrame([{
     "compute (k units)": f"{r['compute_units_total']['mean'] / 1e3:.0f}",
     "length (tokens)": f"{r['length_last_step']['mean']:.1f}",
     "entropy (nats/token)": f"{r['entropy_last_step']['mean']:.3f}",
-    "clip fraction": f"{r['clip_frac']['mean']:.4f}",
+    "clip fraction, second half": f"{r['clip_frac_late']['mean']:.4f}",
     "tokens with a gradient": f"{r['grad_token_frac']['mean']:.3f}",
     "s / step": f"{r['step_seconds']['mean']:.2f}",
     "peak MiB": f"{r['peak_mem_mb']['mean']:.0f}",
@@ -297,8 +298,11 @@ with pd.option_context("display.max_colwidth", None, "display.max_columns", None
 # interval for the {glue:text}`ch_ncmp` comparisons made at once; the next column pairs the mean of the
 # last two evaluations instead of the last one (a single evaluation of {glue:text}`ch_test_n` questions
 # is noisy); *best minus final* is how far a run fell from its best evaluation by the end, the one
-# measure of stability here (a run still rising at the end, like PPO's, scores 0 on it). Length, entropy and the token shares are at the last step or over the
-# training steps; peak memory is the worker process's resident set on CPU.
+# measure of stability here (a run still rising at the end, like PPO's, scores 0 on it). Length and
+# entropy are at the last step; the clip fraction (the share of loss tokens the clip removes from the
+# gradient) is averaged per seed over the second half of the updates, the statistic of the book's
+# regime rule for a clip; the share of tokens with a gradient is over all training steps; peak memory
+# is the worker process's resident set on CPU.
 #
 # Two more columns of the file measure speed against compute: generated tokens until the first
 # evaluation at or above a target accuracy (the base's plus half of GRPO's mean gain,
@@ -392,17 +396,15 @@ book.glue("fig_choosing_curves", fig)
 # ```
 
 # %% [markdown]
-# {glue:text}`ch_separated_sentence` {glue:text}`ch_bonf_sentence` On the mean of the last two
-# evaluations, {glue:text}`ch_late_sentence` That is a statement about power, not about small effects:
+# {glue:text}`ch_separated_sentence` {glue:text}`ch_fragments_sentence`
+# {glue:text}`ch_bonf_sentence` On the mean of the last two evaluations, {glue:text}`ch_late_sentence` That is a statement about power, not about small effects:
 # the corrected intervals are {glue:text}`ch_halfwidth` wide on each side, so with
 # {glue:text}`ch_nseeds` seeds only a difference larger than that could have been separated, and the
 # ranking of the rows means little. The table below says what each row can speak to at all.
 #
 # The costs do separate. VAPO's run costs {glue:text}`ch_vapo_cost` times GRPO's compute (its critic
-# trains on every token, and its pretraining is charged to every seed); measured in seconds, a PPO
-# step takes {glue:text}`ch_ppo_seconds` times a Dr.GRPO step (paired over seeds; neither has a
-# reference model, so the difference is the critic's forward and backward passes), and
-# {glue:text}`ch_ppo_seconds_grpo` times a GRPO step, which pays for its reference forward. The critic-free presets cost within
+# trains on every token, and its pretraining is charged to every seed); {glue:text}`ch_seconds_sentence`
+# The critic-free presets cost within
 # {glue:text}`ch_cost_spread` of GRPO: their responses are about as long, every trained token costs
 # its forward and backward pass whether the clip silences it or not, and DAPO's and CISPO's extra is
 # the generation of their dynamic sampling's refills.
@@ -421,7 +423,8 @@ if sep:
     up = [p for p in sep if diff[p].mean > 0]
     down = [p for p in sep if diff[p].mean < 0]
     parts = ([f"{listing(up)} above GRPO (" + "; ".join(interval_text(diff[p]) for p in up) + ")"] if up else []) + \
-            ([f"{listing(down)} below it (" + "; ".join(interval_text(diff[p]) for p in down) + ")"] if down else [])
+            ([f"{listing(down)} below {'it' if up else 'GRPO'} (" + "; ".join(interval_text(diff[p]) for p in down)
+              + ")"] if down else [])
     sep_sentence = f"At 95% for each comparison alone, {' and '.join(parts)}; the other presets are not separated from GRPO."
 else:
     sep_sentence = "No preset's 95% interval for its difference to GRPO excludes zero."
@@ -445,15 +448,52 @@ secs = {p: pd.Series(rows[p]["step_seconds"]["per_seed"], index=SEEDS) for p in 
 assert PPO.beta == DR_GRPO.beta == 0.0 < GRPO.beta  # PPO and Dr.GRPO have no reference model; GRPO has one
 ppo_secs = stats.paired_ratio(secs["PPO"], secs["DR_GRPO"])
 ppo_secs_grpo = stats.paired_ratio(secs["PPO"], secs["GRPO"])
-assert ppo_secs.lo > 1 and ppo_secs_grpo.lo > 1  # the critic's cost is measured, not only assumed by the units
-book.glue("ch_ppo_seconds", stats.format_interval(ppo_secs, 2))
-book.glue("ch_ppo_seconds_grpo", stats.format_interval(ppo_secs_grpo, 2))
+# seconds per step are wall time: other work on the cores moves them. Presets without a critic do about the same work
+# per step (responses about as long, one policy forward and backward per trained token), so their spread in seconds
+# per step says how far the file's timings can be read
+free_secs = {p: rows[p]["step_seconds"]["mean"] for p in critic_free}
+secs_spread = max(free_secs.values()) / min(free_secs.values())
+timed = ppo_secs.lo > 1 and ppo_secs_grpo.lo > 1  # the critic's cost measured, not only assumed by the units
+if timed:
+    seconds_sentence = (f"measured in seconds, a PPO step takes {stats.format_interval(ppo_secs, 2)} times a Dr.GRPO "
+                        "step (paired over seeds; neither has a reference model, so the difference is the critic's "
+                        f"forward and backward passes), and {stats.format_interval(ppo_secs_grpo, 2)} times a GRPO "
+                        "step, which pays for its reference forward.")
+else:
+    seconds_sentence = (f"in seconds the file does not show it: a PPO step takes {stats.format_interval(ppo_secs, 2)} "
+                        f"times a Dr.GRPO step and {stats.format_interval(ppo_secs_grpo, 2)} times a GRPO step, paired "
+                        f"over seeds, while presets without a critic, doing about the same work per step, differ by up "
+                        f"to {secs_spread:.1f} times in their mean seconds per step. The file's timings (wall time, "
+                        "with whatever else ran on the cores) are too noisy to measure a critic's cost; the units "
+                        "count it instead.")
+    assert secs_spread > max(ppo_secs.hi, 1 / ppo_secs_grpo.lo)  # "too noisy": the spread exceeds what is read
+book.glue("ch_seconds_sentence", seconds_sentence)
+book.glue("ch_takeaway_seconds", "make a PPO step measurably slower than a critic-free step" if timed else
+          "are compute you pay for, whether or not a run's wall-clock timings are quiet enough to show it")
 half = [(diff_bonf[p].hi - diff_bonf[p].lo) / 2 for p in diff_bonf]
 book.glue("ch_halfwidth", f"{min(half):.2f} to {max(half):.2f}")
 late_sep = [p for p in late_diff if late_diff[p].excludes(0.0)]
 book.glue("ch_late_sentence", (f"{listing(late_sep)} {'is' if len(late_sep) == 1 else 'are'} separated at 95% "
                                f"(" + "; ".join(f"{shown(p)} {interval_text(late_diff[p])}" for p in late_sep) + ")."
                                if late_sep else "no preset is separated at 95%."))
+# DAPO's and CISPO's loss normalises each response by its whole prompt group's length (DAPO Eq. 12, MiniMax-M1
+# Eq. 4). Until the trainer kept groups whole in its minibatches, a minibatch held fragments of groups, and these two
+# rows trained another loss; their difference to GRPO then, from the results file of commit 53b86c7:
+EARLIER = {"DAPO": (0.060, 0.011, 0.108), "CISPO": (-0.073, -0.253, 0.108)}
+
+
+def separated_text(lo: float, hi: float) -> str:
+    return "above GRPO at 95%" if lo > 0 else "below GRPO at 95%" if hi < 0 else "not separated from GRPO"
+
+
+moved = [p for p, (_, lo, hi) in EARLIER.items() if separated_text(lo, hi) != separated_text(diff[p].lo, diff[p].hi)]
+fragments_sentence = "" if not moved else (
+    "An earlier edition trained fragments of prompt groups in each minibatch, so that DAPO's and CISPO's length "
+    "normaliser saw part of a group; there " + "; ".join(
+        f"{shown(p)} minus GRPO was {EARLIER[p][0]:.3f} [{EARLIER[p][1]:.3f}, {EARLIER[p][2]:.3f}], "
+        f"{separated_text(*EARLIER[p][1:])}, where it is now {separated_text(diff[p].lo, diff[p].hi)}"
+        for p in moved) + ".")
+book.glue("ch_fragments_sentence", fragments_sentence)
 print(sep_sentence)
 print(bonf_sentence)
 
@@ -464,8 +504,17 @@ print(bonf_sentence)
 # if every precondition holds.
 
 # %%
+def holds_text(c: dict) -> str:
+    """yes / no; for a clip check whose old rule (>= 1% over all updates) said otherwise, that verdict beside it."""
+    now = "yes" if c["holds"] else "no"
+    old = c.get("old_rule")
+    if old is None or old["holds"] == c["holds"]:
+        return now
+    return f"{now} (the rule before, {old['rule']}: {'yes' if old['holds'] else 'no'})"
+
+
 regime_rows = [{"preset": shown(p), "precondition": c["precondition"], "paper": c["paper"],
-                "measured here": c["measured"], "holds": "yes" if c["holds"] else "no"}
+                "measured here": c["measured"], "holds": holds_text(c)}
                for p in COMPARED if p in regime for c in regime[p]["checks"]]
 regime_rows += [{"preset": shown(p), "precondition": "(fixed by the setting)", "paper": "", "measured here": "",
                  "holds": "no: " + regime[p]["reason"].split("; ")[-1]}
@@ -476,19 +525,86 @@ regime_rows += [{"preset": "RPT", "precondition": c["precondition"], "paper": c[
 regime_table = pd.DataFrame(regime_rows).set_index("preset")
 in_regime = [p for p in COMPARED if p in regime and regime[p]["in_regime"]]
 book.glue("ch_regime_table", regime_table)
-book.glue("ch_in_regime", listing(in_regime))
+book.glue("ch_in_regime", listing(in_regime) + (", and no other preset" if len(in_regime) == 1 else ""))
 book.glue("ch_gspo_fixed", regime["GSPO"]["reason"])
+
+# the clips, by the book's rule (grpo_lab.lab.regime): the presets whose regime includes a clip check
+CLIP_NAMES = {"DAPO": "DAPO's clip-higher", "CISPO": "CISPO's weight cap", "GMPO": "GMPO's log-space clip",
+              "GSPO": "GSPO's sequence clip", "VAPO": "VAPO's clip-higher"}
+clip_check = {p: next(c for c in regime[p]["checks"] if "old_rule" in c) for p in COMPARED
+              if p in regime and any("old_rule" in c for c in regime[p]["checks"])}
+assert set(clip_check) == set(CLIP_NAMES)  # every clip of §8.2's presets is checked by the rule
+
+
+def pct(iv: dict) -> str:
+    return f"{iv['mean']:.2%} [{iv['lo']:.2%}, {iv['hi']:.2%}]"
+
+
+idle = [q for q in clip_check if not clip_check[q]["holds"]]
+acting = [q for q in clip_check if clip_check[q]["holds"]]
+upd = clip_check[next(iter(clip_check))]["share"]["updates"]
+clip_parts = []
+if idle:
+    clip_parts.append(f"{listing([CLIP_NAMES[q] for q in idle])} remove the gradient of under "
+                      f"{rules.CLIP_ACTS:.1%} of tokens over updates {upd[0]}–{upd[1]} at "
+                      f"{cs['profile']['minibatches']} updates per rollout ("
+                      + "; ".join(pct(clip_check[q]["share"]["late"]) for q in idle) + ")"
+                      + (", where chapter 5 used sixteen to put CISPO in its regime" if "CISPO" in idle else ""))
+if acting:
+    clip_parts.append(f"{listing([CLIP_NAMES[q] for q in acting])} "
+                      f"{'acts' if len(acting) == 1 else 'act'} ("
+                      + "; ".join(pct(clip_check[q]["share"]["late"]) for q in acting) + ")")
+    edge = [q for q in acting if clip_check[q]["share"]["late"]["lo"] < rules.CLIP_ACTS]
+    if edge:  # the rule reads the mean; say where the interval reaches below the threshold
+        clip_parts[-1] += (f", {listing([CLIP_NAMES[q] for q in edge])} at the threshold itself, "
+                           f"{'its' if len(edge) == 1 else 'their'} interval reaching below it")
+clip_sentence = "; ".join(clip_parts) + "."
+clip_sentence = clip_sentence[0].upper() + clip_sentence[1:]
+book.glue("ch_clip_sentence", clip_sentence)
+
+
+def short(in_reg: bool) -> str:
+    return "in regime" if in_reg else "not tested in the paper's regime"
+
+
+# where the book's rule and the rule this chapter used before (>= 1% over all updates) disagree, both verdicts
+rule_parts = []
+for q, c in clip_check.items():
+    if c["old_rule"]["holds"] == c["holds"]:
+        continue
+    old_v, new_v = regime[q]["old_rule"]["in_regime"], regime[q]["in_regime"]
+    same_col = c["old_rule"]["rule"].startswith(c["share"]["column"] + " ")  # GSPO's old rule read another column
+    old_share = pct(c["share"]["all_updates"]) if same_col else c["old_rule"]["measured"]
+    part = (f"{CLIP_NAMES[q]} {'acts' if c['holds'] else 'does not act'} by the book's rule, and "
+            f"{'did not' if c['holds'] else 'did'} by the rule this chapter used before (a clip binds on at least "
+            f"1% of tokens averaged over all updates: {old_share})")
+    part += (f", which moves {shown(q)} from \"{short(old_v)}\" to \"{short(new_v)}\"" if old_v != new_v else
+             f"; {shown(q)}'s verdict is \"{short(new_v)}\" either way")
+    rule_parts.append(part)
+rule_sentence = ("" if not rule_parts else "; ".join(rule_parts) + ".")
+rule_sentence = rule_sentence[:1].upper() + rule_sentence[1:]
+book.glue("ch_rule_changed_sentence", rule_sentence)
+book.glue("ch_takeaway_in_regime", "only GRPO passed its checks" if in_regime == ["GRPO"] else
+          f"{listing(in_regime)} passed {'its' if len(in_regime) == 1 else 'their'} checks, and no other preset")
+# §8.6: the clips and switches the toy does not exercise
+toy_not = ["DAPO's overlong shaping (few truncations)"]
+toy_not += [f"{CLIP_NAMES[q]} ({cs['profile']['minibatches']} updates per rollout)" for q in idle
+            if q in ("DAPO", "CISPO")]
+book.glue("ch_toy_clips", "; ".join(toy_not))
 with pd.option_context("display.max_colwidth", None):
     display(regime_table)
 
 # %% [markdown]
-# In regime here: {glue:text}`ch_in_regime`, and no other preset. Each of the others is not tested in
-# its paper's regime, for the reason in its row: DAPO's clip-higher, CISPO's weight cap and GMPO's
-# log-space clip bind on under 1% of tokens at {glue:text}`ch_minibatches` updates per rollout (chapter
-# 5 used sixteen to put CISPO in its regime; the control below questions this rule), and almost no
-# response reaches DAPO's overlong window;
-# PPO's fresh critic never explains a tenth of the returns' variance and VAPO's pretrained one loses
-# its explained variance as the policy moves, on responses a few tokens long (chapter 6); SAPO's soft
+# In regime here: {glue:text}`ch_in_regime`. Each of the others is not tested in its paper's regime,
+# for the reasons in its rows. A clip acts, by the book's rule (see the
+# {ref}`introduction <sec-intro>`), when it removes the gradient of at least 0.5% of the loss tokens,
+# averaged per seed over the second half of the updates: {glue:text}`ch_clip_sentence` (A
+# clip-higher check reads the upper side alone, the ratios above $1 + 0.28$ that DAPO's change
+# concerns; the clip fraction of the table above counts both sides.)
+# {glue:text}`ch_rule_changed_sentence` DAPO's overlong switches have a threshold of their own (1% of
+# the responses), and almost no response reaches its overlong window. PPO's fresh critic never
+# explains a tenth of the returns' variance and VAPO's pretrained one loses its explained variance
+# as the policy moves, on responses a few tokens long (chapter 6); SAPO's soft
 # gate is the plain ratio when the ratios stay this close to 1; KL-Cov and Clip-Cov select about one
 # token per update, where the papers' shares of batches of millions of tokens select thousands; under
 # GRPO, wrong answers are no longer than right ones, so Dr.GRPO has no length bias to remove; and
@@ -507,18 +623,24 @@ with pd.option_context("display.max_colwidth", None):
 # %%
 entropy = {p: pd.Series(rows[p]["entropy_last_step"]["per_seed"], index=SEEDS) for p in rows}
 ent_diff = {p: stats.paired_difference(entropy[p], entropy["GRPO"]) for p in ("KL_COV", "CLIP_COV")}
-assert regime["GRPO"]["in_regime"] and [p for p in COMPARED if p in regime and regime[p]["in_regime"]] == ["GRPO"]
+assert regime["GRPO"]["in_regime"]
+# the regime paragraph: the reasons it states for the presets it does not list as in regime
+assert not any(regime[p]["in_regime"] for p in ("DAPO", "PPO", "VAPO", "SAPO", "KL_COV", "CLIP_COV", "DR_GRPO",
+                                                 "GSPO"))
+assert all(f"< {rules.CLIP_ACTS:.1%}" in regime[q]["reason"] for q in idle)
+assert all(c["holds"] == (c["share"]["late"]["mean"] >= rules.CLIP_ACTS - 1e-6) for c in clip_check.values())
+assert all(regime[q]["in_regime"] == all(c["holds"] for c in regime[q]["checks"]) for q in clip_check
+           if q != "GSPO")  # GSPO's verdict has a fixed reason besides its checks (a dense model)
 assert all("tokens selected per update" in regime[p]["reason"] for p in ("KL_COV", "CLIP_COV"))  # the premise
 assert "overlong" in " ".join(c["precondition"] for c in regime["DAPO"]["checks"] if not c["holds"])
 assert "GRPO's incorrect and correct" in regime["DR_GRPO"]["reason"] and "keep pace" in regime["PPO"]["reason"]
 unclipped = ("SAPO", "KL_COV", "CLIP_COV")  # the three lowest rows, and the only ones without an effective clip
 assert sorted(diff, key=lambda p: diff[p].mean)[:3] == sorted(unclipped, key=lambda p: diff[p].mean)
+assert not any(diff[p].excludes(0.0) for p in diff if p not in unclipped)  # "within the seed spread of GRPO"
 assert CLIP_COV.eps_low == CLIP_COV.eps_high == 1.0 and KL_COV.surrogate == "kl_cov"
 assert not any(ent_diff[p].excludes(0.0) and ent_diff[p].mean > 0 for p in ent_diff)  # "does not hold entropy up"
 assert not regime["SAPO"]["in_regime"] and not diff_bonf["SAPO"].excludes(0.0)
 # the regime paragraph's reasons, checked against the file
-assert "clip-higher" in regime["DAPO"]["reason"] and "IS-weight cap" in regime["CISPO"]["reason"]
-assert "log-space clip" in regime["GMPO"]["reason"] and "< 1%" in regime["GMPO"]["reason"]
 assert "keep pace" in regime["VAPO"]["reason"] and "few tokens" in regime["VAPO"]["reason"]
 assert "plain ratio" in regime["SAPO"]["reason"] and "dense model" in regime["GSPO"]["reason"]
 book.glue("ch_klcov_entropy", interval_text(ent_diff["KL_COV"]))
@@ -540,35 +662,48 @@ ctrl_diff = {k: stats.paired_difference(v, final["GRPO"]) for k, v in ctrl_final
 for k in ("no clip", "neither"):  # the controls without a clip clip nothing
     assert float(ctrl_runs[CONTROLS[k].name].history.query("step > 0")["clip_frac"].max()) == 0.0
 vs_control = {p: stats.paired_difference(final[p], ctrl_final["neither"]) for p in unclipped}
-grpo_clip = rows["GRPO"]["clip_frac"]["mean"]
+grpo_clip = rows["GRPO"]["clip_frac"]["mean"]  # over all updates
+grpo_clip_late = rows["GRPO"]["clip_frac_late"]  # per seed over the second half, the book's statistic
 nc_sentence = ("Control minus GRPO, paired: " + "; ".join(f"{k}, {interval_text(v)}" for k, v in ctrl_diff.items())
                + ". ")
 clip_matters = ctrl_diff["no clip"].excludes(0.0) and ctrl_diff["no clip"].mean < 0
 kl_matters = ctrl_diff["no KL"].excludes(0.0)
 if clip_matters and not kl_matters:
     nc_sentence += (f"The clip carries the loss and the KL term does not: GRPO's clip binds on only "
-                    f"{grpo_clip:.2%} of tokens, yet removing it costs this much at {cs['profile']['minibatches']} "
-                    f"updates per rollout. ")
+                    f"{grpo_clip_late['mean']:.2%} of tokens over the second half of the updates, yet removing it "
+                    f"costs this much at {cs['profile']['minibatches']} updates per rollout. ")
 nc_sentence += ("Against the control with neither, paired: " + "; ".join(f"{shown(p)} {interval_text(vs_control[p])}"
                                                                        for p in unclipped) + ".")
 book.glue("ch_noclip_sentence", nc_sentence)
-book.glue("ch_grpo_clip", f"{grpo_clip:.2%}")
+# what the control says about the rule for a clip: GRPO's own clip decides the outcome at a share under 1%
+under_old = grpo_clip_late["mean"] < 0.01 and grpo_clip < 0.01
+control_rule = (f"GRPO's clip removes the gradient of {pct(grpo_clip_late)} of tokens over the second half of the "
+                f"updates ({grpo_clip:.2%} over all of them)")
+if under_old:
+    control_rule += (", under the 1% this chapter once required of a clip, and it still decides the outcome: that "
+                     "is why the book's rule counts a clip as acting from 0.5%")
+control_rule += "."
+if idle:
+    control_rule += (f" {listing([CLIP_NAMES[q] for q in idle])} {'binds' if len(idle) == 1 else 'bind'} on less "
+                     "than that rule asks; no control here measures whether so rare a clip matters, so read "
+                     f"{'its verdict' if len(idle) == 1 else 'their verdicts'} as \"not tested\", not as \"idle\".")
+book.glue("ch_control_rule_sentence", control_rule)
+book.glue("ch_takeaway_checks", "Check the checks too: a clip binding on under 1% of tokens was not idle, so the "
+          "book counts a clip as acting from 0.5%." if under_old else
+          "Check the checks too: read a clip's share over the updates where it can bind, not over the warm-up.")
+book.glue("ch_grpo_clip", f"{grpo_clip_late['mean']:.2%}")
 # the text below and the takeaways: the clip matters, the KL term does not measurably, and the three lowest rows
-# are within the spread of the control without either
-assert clip_matters and not kl_matters and grpo_clip < 0.01
+# are within the spread of the control without either; GRPO's clip acts by the book's rule
+assert clip_matters and not kl_matters and grpo_clip_late["mean"] >= rules.CLIP_ACTS
 assert not any(v.excludes(0.0) for v in vs_control.values())
 print(pd.DataFrame({k: {"final accuracy": stats.format_interval(stats.t_interval(v, bounds=(0, 1))),
                         "minus GRPO": interval_text(ctrl_diff[k])} for k, v in ctrl_final.items()}).T.to_string())
 
 # %% [markdown]
 # {glue:text}`ch_noclip_sentence` So the three lowest rows lose what any preset loses without a
-# clip, whatever their mechanisms add. The control also shows the limit of the rule that called the
-# other clips idle: a clip that binds on {glue:text}`ch_grpo_clip` of tokens, under the 1% of chapter
-# 6's rule, still decides the outcome here. DAPO's clip-higher, CISPO's cap and GMPO's log-space clip
-# fail that rule too, so their "not tested" verdicts rest on a threshold this control shows to be too
-# strict: read them as *unknown*, not as *idle*. (CISPO's and DAPO's verdicts rest on more than that
-# rule: the papers' 16 updates per rollout and the overlong switches; GMPO's does not.) GRPO's own KL
-# check passes (the term is non-zero) but removing it changes nothing measurable here.
+# clip, whatever their mechanisms add. The control also sets the bar for the clips of the regime
+# table: {glue:text}`ch_control_rule_sentence` GRPO's own KL check passes (the term is non-zero) but
+# removing it changes nothing measurable here.
 
 # %% [markdown]
 # RPT trains on its own task (next-token reasoning on chapter 7's corpus, with chapter 7's settings),
@@ -606,6 +741,50 @@ def quote(key: str) -> str:
     return book.glued(stem, name).replace("**", "")
 
 
+def chapter5_cispo(rare: str, speed: str) -> dict:
+    """Chapter 5's two verdicts on CISPO (§5.4's rare tokens at 16 updates per batch, §5.5's speed), as quoted, read
+    into this chapter's words: the section table's finding and the sentences of §8.3 that rest on them. Chapter 5
+    writes the rare-token verdict as "the interval excludes zero: they end higher|lower under CISPO" or "the interval
+    includes zero: ...", and the speed verdict as "not tested in the paper's regime ...; CISPO ends ..." or, in its
+    regime, without "not tested"."""
+    separated, up = "excludes zero" in rare, "higher under CISPO" in rare
+    assert separated != ("includes zero" in rare), rare  # one of chapter 5's two forms
+    assert not separated or up != ("lower under CISPO" in rare), rare
+    tested = "not tested" not in speed
+    ends = re.search(r"CISPO ends (better than DAPO|worse than DAPO|no different from DAPO)", speed)
+    assert ends, speed
+    if separated and up:
+        mech = "mechanism supported"
+        found = ("Chapter 5 found the mechanism at 16 updates per batch: rare positive-advantage tokens end more "
+                 "probable under CISPO than under DAPO")
+        clause = "where the toy reached that regime (CISPO's off-policy updates in chapter 5), the mechanism showed"
+    elif separated:
+        mech = "mechanism not supported at this scale"
+        found = ("Chapter 5, at 16 updates per batch, found rare positive-advantage tokens ending less probable under "
+                 "CISPO than under DAPO, against the mechanism")
+        clause = ("even where the toy reached that regime (CISPO's off-policy updates in chapter 5), the mechanism "
+                  "did not show")
+    else:
+        mech = "mechanism not supported at this scale"
+        found = ("Chapter 5 could not separate the mechanism at 16 updates per batch: the paired interval of rare "
+                 "positive-advantage tokens' probability, CISPO minus DAPO, includes zero")
+        clause = ("even where the toy reached that regime (CISPO's off-policy updates in chapter 5), its seeds did "
+                  "not separate the mechanism")
+    if not tested:
+        spd, found_speed = "speed not tested in the paper's regime", "and could not test the speed"
+    else:
+        spd = "speed supported" if ends.group(1).startswith("better") else "speed not supported at this scale"
+        found_speed = f"and tested the speed in the paper's regime: CISPO ends {ends.group(1)}"
+    finding = "supported" if (mech, spd) == ("mechanism supported", "speed supported") else f"{mech}; {spd}"
+    return {"finding": finding, "misreading": f"{found}, {found_speed}.", "clause": clause,
+            "mechanism_shown": separated and up, "speed_tested": tested}
+
+
+
+cispo5 = chapter5_cispo(quote("05_cispo:cispo_rare_verdict"), quote("05_cispo:cispo_speed_verdict"))
+book.glue("ch_cispo_chapter5", cispo5["misreading"])
+book.glue("ch_cispo_clause", cispo5["clause"])
+
 # (preset, the claim tested, finding, [(what the number is, "<chapter>:<glue name>" or a value from §8.2)])
 FINDINGS = {
     "GRPO": ("a group baseline lets RL learn without a value model, at a lower cost per step", "supported",
@@ -627,9 +806,12 @@ FINDINGS = {
               ("share of expert routes changed per update, chapter 4", quote("04_gspo:gspo_route_last")),
               ("dense model, GSPO minus GRPO, chapter 4", quote("04_gspo:gspo_dacc_gspo"))]),
     "CISPO": ("keeps the gradient of tokens the clip silences; DAPO's score in half the steps",
-              "mechanism supported; speed not tested in the paper's regime",
-              [("rare positive-advantage tokens at 16 updates per batch, chapter 5", quote("05_cispo:cispo_rare_verdict")),
-               ("speed, chapter 5", quote("05_cispo:cispo_speed_verdict").split(";")[0])]),
+              cispo5["finding"],
+              [("rare positive-advantage tokens at 16 updates per batch, chapter 5",
+                quote("05_cispo:cispo_rare_verdict")),
+               ("speed, chapter 5", quote("05_cispo:cispo_speed_verdict")),
+               (f"CISPO minus GRPO, §8.2 ({short_verdict('CISPO')}, {cs['profile']['minibatches']} updates per rollout)",
+                f"{interval_text(diff['CISPO'])} (Bonferroni {interval_text(diff_bonf['CISPO'])})")]),
     "VAPO": ("a pretrained critic's per-token credit beats critic-free training",
              "not tested in the paper's regime",
              [("chapter 6", quote("06_vapo:vapo_critic_sentence")),
@@ -667,9 +849,13 @@ for p in NEWER:  # no chapter: §8.2 is all the book measures of them
     FINDINGS[p] = (claim, verdict, ev)
 # the findings agree with the chapters' own verdicts where a chapter glued one
 assert FINDINGS["GSPO"][1] == "not tested in the paper's regime" and "not tested" in quote("04_gspo:gspo_moe_verdict")
-assert "not tested" in quote("05_cispo:cispo_speed_verdict") and "excludes zero" in quote("05_cispo:cispo_rare_verdict")
+# CISPO's finding follows chapter 5's two verdicts, whatever they are: "supported" only if both are
+assert ("not tested" in quote("05_cispo:cispo_speed_verdict")) == ("speed not tested" in FINDINGS["CISPO"][1])
+assert cispo5["mechanism_shown"] == ("excludes zero: they end higher under CISPO" in quote("05_cispo:cispo_rare_verdict"))
+assert (FINDINGS["CISPO"][1] == "supported") == (cispo5["mechanism_shown"] and "ends better" in
+                                                 quote("05_cispo:cispo_speed_verdict") and cispo5["speed_tested"])
 assert "precondition fails" in quote("06_vapo:vapo_critic_sentence")
-assert not regime["DR_GRPO"]["in_regime"] and all(not regime[p]["in_regime"] for p in NEWER)
+assert not regime["DR_GRPO"]["in_regime"]
 assert not regime["DAPO"]["in_regime"] and not regime["VAPO"]["in_regime"] and not rpt_regime["in_regime"]
 
 records = records_table().set_index("preset")
@@ -694,11 +880,11 @@ with pd.option_context("display.max_colwidth", None):
     display(section)
 
 # %% [markdown]
-# Of the section's seven rows, {glue:text}`ch_n_supported` is supported here in its main claim;
+# Of the section's seven rows, {glue:text}`ch_n_supported` supported here in its main claim;
 # of the others: {glue:text}`ch_findings_rest`. That is the honest summary of a laptop-scale book: the
 # mechanisms are all implemented and checked against the papers' equations in chapters 1–7, but
-# most claims about *training outcomes* need the regime the papers trained in, and where the toy
-# reached that regime (CISPO's off-policy updates in chapter 5) the mechanism showed. Dr.GRPO's row
+# most claims about *training outcomes* need the regime the papers trained in, and
+# {glue:text}`ch_cispo_clause`. Dr.GRPO's row
 # is filed differently from chapter 3's own wording: chapter 3 reports its test as not reproducing the
 # claim as stated, in its setting; here the claim's precondition, a length gap between GRPO's wrong
 # and right answers, is measured first and is absent, so the row says *not tested in the paper's
@@ -710,8 +896,7 @@ with pd.option_context("display.max_colwidth", None):
 # * **"CISPO: extreme stability."** MiniMax-M1 argues for CISPO as keeping the gradient of tokens
 #   that the clip would silence, and reports *speed*: DAPO's AIME 2024 score in 50% of the steps, in
 #   a zero-RL comparison on Qwen2.5-32B-base {cite:p}`minimax2025m1`. This book's reference sheet
-#   records no claim of stability. Chapter 5 found the mechanism (rare tokens keep rising under CISPO
-#   at 16 updates per batch) and could not test the speed.
+#   records no claim of stability. {glue:text}`ch_cispo_chapter5`
 # * **"RPT: for next-generation base models."** RPT trains DeepSeek-R1-Distill-Qwen-14B, a distilled
 #   *reasoning* model, with GRPO and zero KL on next-token reasoning; its objective has no
 #   language-modelling term {cite:p}`dong2025rpt`. It is a pre-training *task* for a model that
@@ -744,7 +929,7 @@ n_sup = int((verdicts == "supported").sum())
 WORDS = {0: "none", 1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
 rest = [f"{WORDS[n]} {k}" if not k.startswith("mechanism") else f"{shown(verdicts.index[verdicts == k][0])}'s split "
         f"verdict: {k}" for k, n in verdicts[verdicts != "supported"].value_counts().items()]
-book.glue("ch_n_supported", WORDS[n_sup])
+book.glue("ch_n_supported", f"{WORDS[n_sup]} {'is' if n_sup == 1 else 'are'}")
 book.glue("ch_findings_rest", ", ".join(rest[:-1]) + " and " + rest[-1] if len(rest) > 1 else rest[0])
 print(verdicts.to_string())
 
@@ -961,8 +1146,7 @@ with pd.option_context("display.max_colwidth", None):
 # %% [markdown]
 # **Rows the toy cannot speak to.** Whatever the measurements above, this chapter's comparison says
 # nothing about: GSPO on a Mixture-of-Experts model (the policy is dense); VAPO's critic on responses
-# of thousands of tokens (here a few); DAPO's overlong shaping and CISPO's weight cap (few
-# truncations, {glue:text}`ch_minibatches` updates per rollout); Dr.GRPO's length bias (under GRPO,
+# of thousands of tokens (here a few); {glue:text}`ch_toy_clips`; Dr.GRPO's length bias (under GRPO,
 # wrong answers are no longer than right ones); the covariance rules (a token or so per update); RPT
 # on a model that reasons. Those rows rest on the chapters that built a regime for them and on the
 # papers.
@@ -1030,16 +1214,16 @@ gpu_summary = book.show_gpu_results("08_choosing", GPU_ALGOS, baseline="GRPO", s
 # * Ask of a new variant which axes it moves; `check_axes` answers from the package's fields, and the
 #   function a field names can move another axis (GMPO's surrogate is a sequence-level ratio). Most of
 #   2025's variants move the surrogate and drop the KL term; only VAPO brings back a critic.
-# * Check the regime before reading a difference. Here only GRPO passed its checks: short answers, few
-#   updates per rollout and a dense model leave the other presets' mechanisms little or nothing to act
-#   on, and a comparison outside the regime is no verdict on the paper. Check the checks too: a clip
-#   binding on under 1% of tokens was not idle.
+# * Check the regime before reading a difference. Here {glue:text}`ch_takeaway_in_regime`: short
+#   answers, few updates per rollout and a dense model leave the other presets' mechanisms little or
+#   nothing to act on, and a comparison outside the regime is no verdict on the paper.
+#   {glue:text}`ch_takeaway_checks`
 # * With {glue:text}`ch_nseeds` seeds, only large differences can be separated once the comparisons are corrected for:
 #   none was. The three lowest rows share a missing clip, and GRPO without its clip loses about as
 #   much as they do, while GRPO without its KL term loses nothing measurable: with more than one
 #   update per rollout, keep a clip (or a cap) whatever else you change.
-# * Charge compute, not steps: a critic's forward and backward passes make a PPO step measurably
-#   slower than a critic-free step, and dynamic sampling's refills are generation you pay for.
+# * Charge compute, not steps: a critic's forward and backward passes
+#   {glue:text}`ch_takeaway_seconds`, and dynamic sampling's refills are generation you pay for.
 # * Our tree changes four of the section's branches. Two now ask a question you can measure before
 #   choosing (does the critic keep pace? does the clip bind at your number of off-policy updates?);
 #   the Mixture-of-Experts leaf names both routes (GSPO, or token ratios with the routes replayed);

@@ -509,10 +509,11 @@ _CHANGES = (
                "silenced rare reflective tokens after the first update and DAPO's clip-higher was less effective, "
                "and what papers.md records of its results is speed (DAPO's AIME score in 50% of the steps), with "
                "no claim of stability (papers.md §5). In this book the two objectives differ only off-policy: at "
-               "16 updates per batch DAPO's clip zeroed a growing share of tokens and, in our run, rare "
-               "positive-advantage tokens ended more probable under CISPO (05_cispo §5.4), while with few updates "
-               "per batch the clip barely acts (05_cispo §5.8); the speed claim was not tested in the paper's "
-               "regime (05_cispo §5.5).",
+               "16 updates per batch DAPO's clip zeroed a growing share of tokens, and chapter 5 measured there "
+               "whether rare positive-advantage tokens end more probable under CISPO (05_cispo §5.4), while with "
+               "few updates per batch the clip barely acts (05_cispo §5.8); it also tested the speed claim on the "
+               "toy (05_cispo §5.5). Both verdicts are the chapter's own, quoted beside the leaves, so that this "
+               "reason does not restate a result that a new edition of the chapter can change.",
         sources=("papers.md §5", "05_cispo §5.4", "05_cispo §5.5", "05_cispo §5.8"),
     ),
     BranchChange(

@@ -147,11 +147,43 @@ def test_regime_rules_by_hand(bench):
     probe = {"group_std_ratio": 2.0}
     assert bench._regime_dr_grpo({"GRPO": gap, "DR_GRPO": none}, probe)[0]["holds"]
     assert not bench._regime_dr_grpo({"GRPO": none, "DR_GRPO": gap}, probe)[0]["holds"]
-    # DAPO's switches act only on >= 1% of groups / responses
+    # DAPO's switches act only on >= 1% of groups / responses (their own threshold, SWITCH_ACTS)
+    assert bench.SWITCH_ACTS == 0.01
     dapo = lambda share: {"DAPO": _Run(zero_adv_group_frac=[0.3] * 6, clip_frac_high=[0.02] * 6,  # noqa: E731
                                        truncation_rate=[share] * 6, overlong_frac_penalised=[share] * 6)}
     assert [c["holds"] for c in bench._regime_dapo(dapo(0.0001), {})] == [True, True, False, False]
     assert all(c["holds"] for c in bench._regime_dapo(dapo(0.02), {}))
-    # GMPO's clip is held to the same 1% rule
+    # GMPO's clip is held to the book's rule (regime.CLIP_ACTS, 0.5%, the second half of the updates)
     gmpo = lambda frac: {"GMPO": _Run(clip_frac=[frac] * 6, ratio_max=[3.0] * 6, ratio_min=[0.2] * 6)}  # noqa: E731
-    assert not bench._regime_gmpo(gmpo(0.0037), {})[0]["holds"] and bench._regime_gmpo(gmpo(0.02), {})[0]["holds"]
+    assert not bench._regime_gmpo(gmpo(0.0049), {})[0]["holds"] and bench._regime_gmpo(gmpo(0.0051), {})[0]["holds"]
+    # the old rule (>= 1% over all updates) is kept beside it: here it says "idle" where the book's rule says "acts"
+    c = bench._regime_gmpo(gmpo(0.0051), {})[0]
+    assert c["holds"] and not c["old_rule"]["holds"] and "< 1%" in c["old_rule"]["why"]
+
+
+def test_clip_rule_reads_the_second_half(bench):
+    """A clip check reads per seed the updates after the midpoint (steps 2 of 1-2 here), then the mean over seeds; the
+    old rule read the mean over all updates against 1%; the verdict keeps both."""
+    early = _Run(weight_capped_frac=[0.02, 0.0] * 3, zero_adv_group_frac=[0.3] * 6)  # binds only at step 1
+    late = _Run(weight_capped_frac=[0.0, 0.008] * 3, zero_adv_group_frac=[0.3] * 6)  # 0.8% at step 2, 0.4% overall
+    c_early = bench._regime_cispo({"CISPO": early}, {})[0]
+    c_late = bench._regime_cispo({"CISPO": late}, {})[0]
+    assert not c_early["holds"] and c_early["old_rule"]["holds"]  # the old rule's 1% run mean: 1% exactly
+    assert c_late["holds"] and not c_late["old_rule"]["holds"]
+    v = bench.verdict(bench._regime_cispo({"CISPO": late}, {}))
+    assert v["in_regime"] and not v["old_rule"]["in_regime"] and v["old_rule"]["changed"]
+    assert "IS-weight cap" in v["old_rule"]["reason"] and "< 1%" in v["old_rule"]["reason"]
+    same = bench.verdict(bench._regime_cispo({"CISPO": _Run(weight_capped_frac=[0.02] * 6,
+                                                           zero_adv_group_frac=[0.3] * 6)}, {}))
+    assert same["in_regime"] and same["old_rule"]["in_regime"] and not same["old_rule"]["changed"]
+    idle = bench.verdict(bench._regime_cispo({"CISPO": _Run(weight_capped_frac=[0.002] * 6,
+                                                           zero_adv_group_frac=[0.3] * 6)}, {}))
+    assert not idle["old_rule"]["changed"]  # idle by both rules: "< 1%" reworded "< 0.5%" is no change
+    assert "< 0.5%" in idle["reason"] and "< 1%" in idle["old_rule"]["reason"]
+    # a preset without a clip check carries no old rule
+    assert "old_rule" not in bench.verdict([bench.check("x", "p", "m", True, "ok")])
+    # GSPO: the tokens of responses clipped whole; the old rule asked for any response clipped
+    gspo = {"GSPO": _Run(clip_frac=[0.0, 0.004] * 3, seq_clip_frac=[0.0, 0.01] * 3),
+            "GRPO": _Run(clip_frac=[0.001] * 6)}
+    g = bench._regime_gspo(gspo, {})[0]
+    assert not g["holds"] and g["old_rule"]["holds"] and "responses clipped whole" in g["measured"]
