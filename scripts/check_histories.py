@@ -17,11 +17,11 @@ What each chapter contributes (everything its ``experiments.run`` / ``run_grid``
   steps; the matched-generation naive-GRPO control (questions per step from DAPO's history).
 * ``03_dr_grpo``: GRPO (β = 0), Dr.GRPO and DeepSeek-V3.2 (β 0.01, δ 0.02, ε 0.2) on the filler
   profile (``arithmetic-filler-base``, budget 64, 20 steps, evaluation every 10).
-* ``04_gspo``: §4.1's probe (one rollout of 64 questions, four GRPO updates) that sizes the matched
-  range, then the dense grid GRPO / GSPO / GSPO (matched range) (four minibatches), the MoE grid
-  (GRPO, GRPO + Routing Replay, GRPO with one update per rollout) on ``arithmetic-moe-base``
-  and GRPO on the dense policy, both at 16 minibatches and learning rate 1e-4; 10 steps, evaluation
-  every 5.
+* ``04_gspo``: §4.1's probe (one rollout of 64 questions, four GRPO updates at the full rate, no warm-up)
+  that sizes the matched range, then the dense grid GRPO / GSPO / GSPO (matched range) (four minibatches),
+  the MoE grid (GRPO, GRPO + Routing Replay) on ``arithmetic-moe-base`` and GRPO on the dense policy, both at
+  16 minibatches and learning rate 1e-4, 10 steps, evaluation every 5; and the MoE on-policy control (GRPO
+  with one update per rollout of one question: 160 steps, evaluation every 80).
 * ``05_cispo``: DAPO / CISPO / CISPO with Eq. 7's mask / CISPO with the cap of 5.0, 6 steps at 16 minibatches per rollout,
   learning rate 1e-4, evaluation every 2 (§5.5; §5.4's thirty-seed rare-token runs are by hand on a
   ``Trainer``, not covered).
@@ -66,6 +66,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,7 @@ import pandas as pd
 import torch
 
 from grpo_lab import experiments, lab
+from grpo_lab.training import NoLearningSignalWarning
 
 TIMING = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "seconds", "peak_mem_mb")
 SEEDS = (0, 1, 2, 3, 4)
@@ -144,7 +146,8 @@ def chapter_03(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
 def _gspo_matched_range(prof, grpo_nokl, updates: int) -> float:
     """§4.1/§4.4's probe: the sequence range that leaves as many responses outside as GRPO's range
     leaves tokens, to one significant digit (the chapter's ``EPS_MATCH``)."""
-    probe = lab.update_probe(0, algo=grpo_nokl, profile=prof, prompts_per_step=64, minibatches=updates)
+    full_rate = dataclasses.replace(prof, config=dataclasses.replace(prof.config, warmup=0))  # no warm-up
+    probe = lab.update_probe(0, algo=grpo_nokl, profile=full_rate, prompts_per_step=64, minibatches=updates)
     log_r, mask = probe["log_ratio"], probe["mask"]
     lengths = mask.sum(1)
     rows = lengths > 0
@@ -171,9 +174,14 @@ def chapter_04(n_jobs: int, seeds: tuple[int, ...]) -> list[pd.DataFrame]:
     grpo_rr = grpo_nokl.replace(name="GRPO + routing replay")
     grpo_on = grpo_nokl.replace(name="GRPO, one update per rollout")
     moe_mb, moe_lr = 16, 1e-4
-    moe = experiments.run_grid([grpo_nokl, grpo_rr, grpo_on], profile=moe_prof, seeds=seeds, n_jobs=n_jobs,
+    moe = experiments.run_grid([grpo_nokl, grpo_rr], profile=moe_prof, seeds=seeds, n_jobs=n_jobs,
                                steps=steps, cache=False, minibatches=moe_mb, lr=moe_lr, eval_every=eval_every,
-                               overrides={grpo_rr.name: {"routing_replay": True}, grpo_on.name: {"minibatches": 1}})
+                               overrides={grpo_rr.name: {"routing_replay": True}})
+    with warnings.catch_warnings():  # one question per rollout: tied rollouts in a row are expected
+        warnings.simplefilter("ignore", NoLearningSignalWarning)
+        moe |= experiments.run_grid([grpo_on], profile=moe_prof, seeds=seeds, n_jobs=n_jobs, steps=steps * moe_mb,
+                                    cache=False, prompts_per_step=moe_prof.config.prompts_per_step // moe_mb,
+                                    minibatches=1, lr=moe_lr, eval_every=eval_every * moe_mb)
     dense16 = experiments.run_grid([grpo_nokl], profile="cpu", seeds=seeds, n_jobs=n_jobs, steps=steps, cache=False,
                                    minibatches=moe_mb, lr=moe_lr, eval_every=eval_every)
     return (_frames(dense) + [h.assign(algo="MoE: " + h["algo"]) for h in _frames(moe)]
