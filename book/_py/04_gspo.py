@@ -1040,8 +1040,8 @@ elif d_off.lo > 0:
     reading += " The off-policy updates did better than as many on-policy ones."
 else:
     reading += (" Off-policy updates cost nothing measurable beyond what as many on-policy updates cost"
-                + (": what lowers this MoE policy is the number of updates at this rate, and their staleness adds "
-                   "nothing measurable." if not control_ok else "."))
+                + (": what lowers this MoE policy is the number of updates at this rate, not their staleness."
+                   if not control_ok else "."))
 if not control_ok or d_off.hi < 0:
     reading += (" The cause is not identified here: candidates are the routers' own training under many small updates, "
                 "or experts losing their load; neither is measured.")
