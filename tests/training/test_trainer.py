@@ -167,7 +167,9 @@ def test_second_update_is_off_policy(tok, monkeypatch, kw):
     assert h["ratio_max"].iloc[0] == max(first["ratio_max"], second["ratio_max"])
 
 
-@pytest.mark.parametrize("kw", [dict(minibatches=2), dict(minibatches=4), dict(epochs=2, minibatches=2),
+# (8 rows in every case; four minibatches of whole groups need four groups of 2)
+@pytest.mark.parametrize("kw", [dict(minibatches=2), dict(minibatches=4, prompts_per_step=4, group_size=2),
+                                dict(epochs=2, minibatches=2),
                                 dict(minibatches=2, micro_batch_size=1)])
 def test_old_policy_forward_skips_the_first_minibatch(tok, monkeypatch, kw):
     # The old-policy forward runs only on rows that are trained after the first optimiser step;
