@@ -623,7 +623,7 @@ GRPO = Algorithm(
 #: as written (``"group_token_mean"``; verl / TRL divide by the batch's tokens: ``"token_mean"``), no KL,
 #: dynamic sampling (Eq. 11), overlong filtering (§3.4) and soft overlong punishment (Eq. 13) with the paper's
 #: ``L_cache = L_max / 5`` (4,096 of 20,480) stored as ``overlong_cache_frac = 0.2``. Eq. 12 divides each group by
-#: its whole length Σ_i |o_i|, so the trainer's minibatches hold whole groups (it shuffles groups, not rows); TRL
+#: its whole length ``Σ_i |o_i|``, so the trainer's minibatches hold whole groups (it shuffles groups, not rows); TRL
 #: 1.16 shuffles rows and divides by the whole generation batch's tokens, verl's mini-batches are
 #: ``ppo_mini_batch_size`` prompts × ``rollout.n`` rows (whole groups) divided by their tokens.
 DAPO = GRPO.replace(

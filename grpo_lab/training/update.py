@@ -3,8 +3,9 @@ the optimiser steps, as functions of a :class:`Learner` (what the update reads a
 
 * :func:`compute_advantages`: the algorithm's estimator on the batch (and the critic's targets);
 * :func:`plan_update`: the order of every epoch (whole groups shuffled with one draw from the numpy RNG, so
-  every minibatch holds whole groups), the micro-batch layout of every epoch (minibatches, length-sorted with ``sort_by_length``, cut into micro-batches) and the no-grad
-  π_old / π_ref log-probs scored in that layout, held by a :class:`RolloutUpdate`;
+  every minibatch holds whole groups), the micro-batch layout of every epoch (minibatches, length-sorted
+  with ``sort_by_length``, cut into micro-batches) and the no-grad π_old / π_ref log-probs scored in that
+  layout, held by a :class:`RolloutUpdate`;
 * :func:`run_update`: for each minibatch a :class:`Minibatch` (the whole-minibatch normalisers and, when
   the surrogate declares them (:func:`grpo_lab.algo.hparams.declare`, e.g. KL-Cov's covariance top-k), its
   whole-minibatch statistics), the forward and backward of each micro-batch (the policy forward with MoE
@@ -483,7 +484,7 @@ def _reference_logps(ro: Rollout, layouts: list, learner: Learner, routing: Rout
 
 
 def group_token_counts(lm: torch.Tensor, idx: torch.Tensor, counts: dict, group_size: int) -> torch.Tensor:
-    """Per row of the minibatch ``idx``, the loss-mask token count of its **whole** group Σ_{i in group} |o_i|
+    """Per row of the minibatch ``idx``, the loss-mask token count of its **whole** group ``Σ_{i in group} |o_i|``
     (0 outside the minibatch): ``[B]`` float64 from the ``[B, T]`` loss mask ``lm``; adds the number of groups
     the minibatch holds (with a loss token) to ``counts`` as ``num_groups``. Rows ``k*G .. k*G+G-1`` are group
     ``k`` (collect keeps whole groups, in order; G = ``group_size``); minibatches hold whole groups
