@@ -29,17 +29,17 @@ It also measures where each estimator puts the credit on that batch: the share o
 absolute mass on the tokens that decide the answer (everything up to the answer's last digit)
 rather than on the dots after it.
 
-What it found (2026-12-04, see the results file and chapter 6 §6.9): the length preconditions hold
-on the base policy (median response 128 tokens, the answer about 124 tokens before the end) and
-erode in training (VAPO's responses at the last step: 26 to 244 tokens, median of the runs 49); the
-length-adaptive and token-level rows are out of the paper's regime by construction (lambda_policy
-above 0.95 needs more than 400 tokens; a length ratio of 66, not 100); VAPO's critic does not keep
-pace (explained variance 0.43 -> 0.14; its training loss rose too). VAPO ends at 0.848 from the base's
-0.450 and above VAPO with group advantages at the same rate by 0.068 [0.025, 0.111] (paired, 5 seeds;
-[-0.007, 0.143] under Bonferroni for the six comparisons); the control does best at that rate too
-(0.781; 0.657 at 5e-5, 0.505 at 3e-4). Decoupled GAE and the token-level loss point the paper's way,
-neither separated; the length-adaptive row is the reverse comparison here. The critic's GAE puts 17%
-of the advantage mass on the decisive tokens (7% of the tokens) against 8.5% for group advantages.
+What it found (2026-12-07, minibatches holding whole prompt groups; see the results file and chapter 6
+§6.9): the length preconditions hold on the base policy (median response 128 tokens, the answer about 124
+tokens before the end) and erode in training (VAPO's responses at the last step: 52 to 139 tokens, median
+of the runs 75); the length-adaptive and token-level rows are out of the paper's regime by construction
+(lambda_policy above 0.95 needs more than 400 tokens; a length ratio of 66, not 100); VAPO's critic does
+not keep pace (explained variance 0.43 -> 0.15; its training loss rose too). VAPO ends at 0.809 from the
+base's 0.450, level with VAPO with group advantages at the same rate: 0.000 [-0.099, 0.099] (paired, 5
+seeds; with minibatches that cut groups at random, 2026-12-04, it was 0.068 [0.025, 0.111]). The control
+does best at that rate too (0.809; 0.611 at 5e-5, 0.595 at 3e-4). No single-change row separates from
+VAPO. The critic's GAE puts 17% of the advantage mass on the decisive tokens (7% of the tokens) against
+8.5% for group advantages.
 About 19 min on 2 cores, two at a time.
 """
 
