@@ -21,7 +21,8 @@ alpha = 0.05), the three single-change rows whose preconditions are about length
 GRPO's group advantages in place of GAE (no critic: it isolates the critic's per-token credit); the
 same seeds for every setting, greedy test accuracy at the end, paired differences from VAPO. The
 policy trains at 1e-4 and the critic at 6e-4 (:data:`POLICY_LR`, :data:`VALUE_LR`): VAPO ended at 0.52
-at the CPU profile's 3e-4 and at 0.85 at 1e-4, the critic's explained variance falling at both
+at the CPU profile's 3e-4 and at 0.85 at 1e-4 when the rate was chosen (0.60 and 0.81 since minibatches
+hold whole prompt groups), the critic's explained variance falling at both
 (``benchmarks/vapo_long_critic.py``, which also tries the 50 pretraining steps alone). That rate was
 chosen on VAPO's runs, so the control also trains at 3e-4 and at 5e-5 (:data:`CONTROL_LR`).
 
@@ -70,7 +71,8 @@ BASE = "arithmetic-long-base"
 STEPS, EVAL_EVERY, PROMPTS = 16, 8, 8  # 8 questions x 8 responses per step, as chapter 6
 PRETRAIN_STEPS = 50  # value pretraining on the frozen base policy: VAPO §4.1's 50 steps (chapter 6's short task: 16)
 #: the policy's learning rate on the long task, and the critic's (pretraining and RL): at the CPU profile's 3e-4 VAPO
-#: ended at 0.52, at 1e-4 at 0.85 (benchmarks/vapo_long_critic.py; the critic's explained variance fell at both).
+#: ended at 0.52, at 1e-4 at 0.85 (0.60 and 0.81 with whole groups per minibatch; benchmarks/vapo_long_critic.py;
+#: the critic's explained variance fell at both).
 #: The critic keeps the 6e-4 at which it learns in pretraining (a slower one learned nothing in 40 steps), six times the policy's where
 #: VAPO §5.1 has twice a 1e-6 actor's
 POLICY_LR, VALUE_LR = 1e-4, 6e-4
