@@ -21,7 +21,8 @@ alpha = 0.05), the three single-change rows whose preconditions are about length
 GRPO's group advantages in place of GAE (no critic: it isolates the critic's per-token credit); the
 same seeds for every setting, greedy test accuracy at the end, paired differences from VAPO. The
 policy trains at 1e-4 and the critic at 6e-4 (:data:`POLICY_LR`, :data:`VALUE_LR`): VAPO ended at 0.52
-at the CPU profile's 3e-4 and at 0.85 at 1e-4, the critic's explained variance falling at both
+at the CPU profile's 3e-4 and at 0.85 at 1e-4 when the rate was chosen (0.60 and 0.81 since minibatches
+hold whole prompt groups), the critic's explained variance falling at both
 (``benchmarks/vapo_long_critic.py``, which also tries the 50 pretraining steps alone). That rate was
 chosen on VAPO's runs, so the control also trains at 3e-4 and at 5e-5 (:data:`CONTROL_LR`).
 
@@ -29,17 +30,17 @@ It also measures where each estimator puts the credit on that batch: the share o
 absolute mass on the tokens that decide the answer (everything up to the answer's last digit)
 rather than on the dots after it.
 
-What it found (2026-12-04, see the results file and chapter 6 §6.9): the length preconditions hold
-on the base policy (median response 128 tokens, the answer about 124 tokens before the end) and
-erode in training (VAPO's responses at the last step: 26 to 244 tokens, median of the runs 49); the
-length-adaptive and token-level rows are out of the paper's regime by construction (lambda_policy
-above 0.95 needs more than 400 tokens; a length ratio of 66, not 100); VAPO's critic does not keep
-pace (explained variance 0.43 -> 0.14; its training loss rose too). VAPO ends at 0.848 from the base's
-0.450 and above VAPO with group advantages at the same rate by 0.068 [0.025, 0.111] (paired, 5 seeds;
-[-0.007, 0.143] under Bonferroni for the six comparisons); the control does best at that rate too
-(0.781; 0.657 at 5e-5, 0.505 at 3e-4). Decoupled GAE and the token-level loss point the paper's way,
-neither separated; the length-adaptive row is the reverse comparison here. The critic's GAE puts 17%
-of the advantage mass on the decisive tokens (7% of the tokens) against 8.5% for group advantages.
+What it found (2026-12-07, minibatches holding whole prompt groups; see the results file and chapter 6
+§6.9): the length preconditions hold on the base policy (median response 128 tokens, the answer about 124
+tokens before the end) and erode in training (VAPO's responses at the last step: 52 to 139 tokens, median
+of the runs 75); the length-adaptive and token-level rows are out of the paper's regime by construction
+(lambda_policy above 0.95 needs more than 400 tokens; a length ratio of 66, not 100); VAPO's critic does
+not keep pace (explained variance 0.43 -> 0.15; its training loss rose too). VAPO ends at 0.809 from the
+base's 0.450, level with VAPO with group advantages at the same rate: 0.000 [-0.099, 0.099] (paired, 5
+seeds; with minibatches that cut groups at random, 2026-12-04, it was 0.068 [0.025, 0.111]). The control
+does best at that rate too (0.809; 0.611 at 5e-5, 0.595 at 3e-4). No single-change row separates from
+VAPO. The critic's GAE puts 17% of the advantage mass on the decisive tokens (7% of the tokens) against
+8.5% for group advantages.
 About 19 min on 2 cores, two at a time.
 """
 
@@ -70,7 +71,8 @@ BASE = "arithmetic-long-base"
 STEPS, EVAL_EVERY, PROMPTS = 16, 8, 8  # 8 questions x 8 responses per step, as chapter 6
 PRETRAIN_STEPS = 50  # value pretraining on the frozen base policy: VAPO §4.1's 50 steps (chapter 6's short task: 16)
 #: the policy's learning rate on the long task, and the critic's (pretraining and RL): at the CPU profile's 3e-4 VAPO
-#: ended at 0.52, at 1e-4 at 0.85 (benchmarks/vapo_long_critic.py; the critic's explained variance fell at both).
+#: ended at 0.52, at 1e-4 at 0.85 (0.60 and 0.81 with whole groups per minibatch; benchmarks/vapo_long_critic.py;
+#: the critic's explained variance fell at both).
 #: The critic keeps the 6e-4 at which it learns in pretraining (a slower one learned nothing in 40 steps), six times the policy's where
 #: VAPO §5.1 has twice a 1e-6 actor's
 POLICY_LR, VALUE_LR = 1e-4, 6e-4

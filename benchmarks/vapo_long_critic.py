@@ -7,7 +7,8 @@ The first version of ``benchmarks/vapo_long.py`` (policy lr 3e-4, critic 6e-4, 1
 found that VAPO's critic explains 0.30 of the return variance at the first RL step and 0.03 at the
 sixteenth: it does not keep pace with the policy, so the comparisons that need a critic (decoupled
 GAE, VAPO against group advantages) were not in the paper's regime. The first row below repeats that
-run (its results reproduced bit for bit); ``vapo_long.py`` now trains at the third row's rates.
+run's settings (bit for bit until minibatches began to hold whole prompt groups, which changed every
+split: now 0.30 -> 0.07); ``vapo_long.py`` now trains at the third row's rates.
 This script tries two levers, on the same task, base policy, seeds and 16 steps, with the critic
 learning rate VAPO §5.1 prescribes relative to the policy's where the lever keeps it:
 
