@@ -736,6 +736,8 @@ fmt = stats.format_interval
 ev_vapo = per_seed_step("VAPO", "explained_variance_mc")
 ev_first, ev_last = ev_vapo[1], ev_vapo[STEPS]
 ev_change = stats.paired_difference(ev_last, ev_first)
+book.glue("vapo_ev_first", f"{ev_first.mean():.2f}")  # chapter 8's tree quotes the critic's fall
+book.glue("vapo_ev_last", f"{ev_last.mean():.2f}")
 ev_fresh = per_seed_step("w/o value pretraining", "explained_variance_mc")[1]  # the fresh critic (V = 0), step 1
 ev_head = stats.paired_difference(ev_first, ev_fresh)  # what pretraining gives the critic at the start
 # "a clip acts", the book's rule (grpo_lab.lab.regime): per seed over the second half of the updates, >= 0.5%

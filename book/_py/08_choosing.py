@@ -982,13 +982,21 @@ tree_links = pd.DataFrame(leaf_rows(OUR_TREE))
 assert len(tree_links) == len(tree_table(OUR_TREE)) and all(quote(k) for _, l in leaves(OUR_TREE) for k in l.evidence)
 display(HTML(tree_links.to_html(escape=False, index=False)))
 
+# %% tags=["remove-cell"]
+vl_q = quote("06_vapo:vl_d_crit")  # "mean [lo, hi]": VAPO minus its critic-free control on chapter 6's long task
+vl_lo, vl_hi = (float(x) for x in re.search(r"\[(-?[\d.]+), (-?[\d.]+)\]", vl_q).groups())
+book.glue("ch_vapo_long_clause", (
+    f"on chapter 6's long task VAPO still ended above its critic-free control ({vl_q}) without a critic that "
+    "kept pace" if vl_lo > 0 else
+    f"on chapter 6's long task VAPO ended below its critic-free control ({vl_q})" if vl_hi < 0 else
+    f"on chapter 6's long task VAPO ended no different from its critic-free control ({vl_q})"))
+
 # %% [markdown]
 # Every leaf of our tree, with the chapters that cover its presets (linked) and the values those
 # chapters measured under the named glue keys. Two leaves need a warning. *dense > yes → VAPO* is a
 # branch no experiment of this book reached: its evidence is the critic failing the question (chapter
-# 6's explained variance falls by more than half), and on chapter 6's long task VAPO still ended above
-# its critic-free control without a critic that kept pace, so the question is a precondition to
-# check, not a proven switch. *general dialogue* and *multi-turn tool calls* are the section's leaves,
+# 6's explained variance falls by more than half), and {glue:text}`ch_vapo_long_clause`, so the
+# question is a precondition to check, not a proven switch. *general dialogue* and *multi-turn tool calls* are the section's leaves,
 # kept because nothing measured here replaces them (see the misreadings box). Where a branch changed,
 # the reason:
 

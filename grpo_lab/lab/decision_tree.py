@@ -493,9 +493,9 @@ _CHANGES = (
                "the actor's learning rate so that it keeps pace (papers.md §6). In this book VAPO's critic lost "
                "more than half its explained variance as the policy moved, on short and on long responses and "
                "with the levers tried (50 pretraining steps, a slower policy). On the short task VAPO's gain was "
-               "matched by the same algorithm with group advantages; on the long task VAPO ended above it at the "
-               "rate that suited both, by an interval that excludes zero only before correcting for the "
-               "table's other comparisons, outside the paper's regime (06_vapo §6.9, 06_vapo §6.12). A critic that keeps "
+               "matched by the same algorithm with group advantages; on the long task it was compared with the "
+               "same control at the rate that suited both, outside the paper's regime (06_vapo §6.9, 06_vapo "
+               "§6.12; the leaf quotes the difference). A critic that keeps "
                "pace is a precondition the book has not reached, so the critic's contribution is not tested in "
                "the paper's regime here. That is no refutation of the paper, only a precondition to measure "
                "before choosing VAPO.",
