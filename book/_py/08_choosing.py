@@ -774,7 +774,8 @@ def chapter5_cispo(rare: str, speed: str) -> dict:
         spd, found_speed = "speed not tested in the paper's regime", "and could not test the speed"
     else:
         spd = "speed supported" if ends.group(1).startswith("better") else "speed not supported at this scale"
-        found_speed = f"and tested the speed in the paper's regime: CISPO ends {ends.group(1)}"
+        first = speed.split(";")[0]  # chapter 5's whole finding on CISPO itself, at each learning rate it tried
+        found_speed = f"and tested the speed in the paper's regime: {first[first.index('CISPO ends'):]}"
     finding = "supported" if (mech, spd) == ("mechanism supported", "speed supported") else f"{mech}; {spd}"
     return {"finding": finding, "misreading": f"{found}, {found_speed}.", "clause": clause,
             "mechanism_shown": separated and up, "speed_tested": tested}

@@ -107,7 +107,8 @@ class TrainerConfig:
             raise ValueError(
                 f"TrainerConfig: minibatches={self.minibatches} does not divide prompts_per_step="
                 f"{self.prompts_per_step}: every minibatch holds whole groups (DAPO's and CISPO's loss divides "
-                f"each group by its whole token count), so the groups must split evenly")
+                f"each group by its whole token count), so the groups must split evenly; choose minibatches among "
+                f"{[d for d in range(1, self.prompts_per_step + 1) if self.prompts_per_step % d == 0]}")
         choice("TrainerConfig.old_logp", self.old_logp, ("recompute", "behaviour"))
         flag("TrainerConfig.sort_by_length", self.sort_by_length)
         flag("TrainerConfig.topup", self.topup)

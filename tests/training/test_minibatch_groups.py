@@ -90,6 +90,6 @@ def test_group_orders_keep_groups_whole_and_spread_a_short_batch():
 
 def test_minibatches_must_divide_the_groups():
     with pytest.raises(ValueError, match="minibatches=4 does not divide prompts_per_step=6: every minibatch holds "
-                                         "whole groups"):
+                                         "whole groups.*choose minibatches among \\[1, 2, 3, 6\\]"):
         TrainerConfig(prompts_per_step=6, group_size=4, minibatches=4)
     TrainerConfig(prompts_per_step=6, group_size=4, minibatches=3)  # 2 whole groups each
