@@ -32,7 +32,6 @@ import numpy as np
 from grpo_lab import experiments
 from grpo_lab.algo.algorithms import CISPO, DAPO
 from grpo_lab.experiments import stats
-from grpo_lab.experiments.results import _git_sha, processor_name
 from grpo_lab.lab import regime
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,10 +68,10 @@ def main(argv=None) -> dict:
                   f"zero-gradient share (late) {rows[-1]['zero_grad_late']['mean_ci95']}", flush=True)
     out = {"what": __doc__.splitlines()[0], "profile": "cpu", "minibatches": UPDATES, "steps": STEPS,
            "eval_every": EVAL, "rates": list(RATES), "seeds": list(SEEDS), "rows": rows,
-           "provenance": {"git_sha": _git_sha(), "date": time.strftime("%Y-%m-%d"), "processor": processor_name(),
-                          "n_jobs": a.n_jobs, "wall_seconds": round(time.perf_counter() - t0, 1)}}
+           "provenance": {**experiments.provenance(DAPO, experiments.get_profile("cpu"), STEPS, SEEDS,
+                                                   time.perf_counter() - t0), "n_jobs": a.n_jobs}}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {a.out} in {out['provenance']['wall_seconds']} s")
+    print(f"wrote {a.out} in {time.perf_counter() - t0:.1f} s")
     return out
 
 

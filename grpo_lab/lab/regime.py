@@ -14,11 +14,10 @@ checks that the intro's numbers are these.
 
 Why the second half: each rollout's first minibatch is on-policy and the first updates sit in the
 learning-rate warm-up, where a clip cannot bind; the second half is where the off-policy drift the clip
-answers has built up. Why 0.5%: chapter 8's control found a PPO clip binding on under 1% of the tokens
-deciding an outcome, so a 1% (or 5%) threshold calls a clip idle that is not.
+answers has built up. Why 0.5%: a clip binding on under 1% of the tokens can decide an outcome (chapter 8's
+control), so a 1% threshold would call such a clip idle.
 
-Until issue 52 the chapters used 0.5% (chapter 4), 5% over updates 9-16 (chapter 5 §5.4), 5% over all
-updates (§5.5) and 1% over all updates (chapters 6 and 8); a chapter whose verdict moved under this rule
+Earlier editions used other thresholds and windows per chapter; a chapter whose verdict moved under this rule
 shows the old verdict beside the new one.
 """
 

@@ -103,12 +103,7 @@ class TrainerConfig:
         positive_int("TrainerConfig.micro_batch_size", self.micro_batch_size, allow_none=True)
         positive_int("TrainerConfig.max_new_tokens", self.max_new_tokens, allow_none=True)
         self._check_lr_schedule()
-        if self.prompts_per_step % self.minibatches:
-            raise ValueError(
-                f"TrainerConfig: minibatches={self.minibatches} does not divide prompts_per_step="
-                f"{self.prompts_per_step}: every minibatch holds whole groups (DAPO's and CISPO's loss divides "
-                f"each group by its whole token count), so the groups must split evenly; choose minibatches among "
-                f"{[d for d in range(1, self.prompts_per_step + 1) if self.prompts_per_step % d == 0]}")
+        self._check_minibatches()
         choice("TrainerConfig.old_logp", self.old_logp, ("recompute", "behaviour"))
         flag("TrainerConfig.sort_by_length", self.sort_by_length)
         flag("TrainerConfig.topup", self.topup)
@@ -159,6 +154,17 @@ class TrainerConfig:
         except (RuntimeError, TypeError):
             raise ValueError(f"TrainerConfig.device must be a torch device such as 'cpu' or 'cuda', "
                              f"got {self.device!r}") from None
+
+    def _check_minibatches(self) -> None:
+        """``minibatches`` must divide ``prompts_per_step``: every minibatch holds whole groups (DAPO Eq. 12 and
+        MiniMax-M1 Eq. 4 divide each group by its whole length); ``ValueError`` listing the valid choices."""
+        if self.prompts_per_step % self.minibatches:
+            divisors = [d for d in range(1, self.prompts_per_step + 1) if self.prompts_per_step % d == 0]
+            raise ValueError(
+                f"TrainerConfig: minibatches={self.minibatches} does not divide prompts_per_step="
+                f"{self.prompts_per_step}: every minibatch holds whole groups (DAPO's and CISPO's loss divides "
+                f"each group by its whole token count), so the groups must split evenly; choose minibatches among "
+                f"{divisors}")
 
     def _check_lr_schedule(self) -> None:
         """Validate ``lr_schedule`` (a key of :data:`~grpo_lab.training.lr_schedule.LR_SCHEDULES`) and

@@ -181,9 +181,9 @@ def compute_advantages(batch: Batch, algo: Algorithm, config: TrainerConfig) -> 
 
 def plan_update(batch: Batch, learner: Learner, rng: np.random.Generator) -> RolloutUpdate:
     """The :class:`RolloutUpdate` of ``batch`` (its advantages filled): minibatch bounds, the row order of every
-    epoch (a permutation of whole groups seeded by one draw from ``rng``: ``_group_orders``), the micro-batch layout of every epoch
-    (``_layouts``), π_old and π_ref scored without grad in those layouts (``_reference_logps``) and an
-    empty routing store for MoE policies (``_routing_store``)."""
+    epoch (a permutation of whole groups seeded by one draw from ``rng``: ``_group_orders``), the micro-batch
+    layout of every epoch (``_layouts``), π_old and π_ref scored without grad in those layouts
+    (``_reference_logps``) and an empty routing store for MoE policies (``_routing_store``)."""
     c, ro = learner.config, batch.rollout
     B = len(ro)
     orders, bounds = _group_orders(B, c.group_size, c.minibatches, c.epochs, int(rng.integers(2**62)))
