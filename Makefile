@@ -90,13 +90,19 @@ pretrain: install
 	$(BIN)/python -m grpo_lab.lab.pretrain reverse
 
 ## xcheck: equivalence of grpo_lab.export's TRL / verl settings with TRL's and verl's own loss code (issue 16).
-## Installs requirements/xcheck.txt without dependencies on top of ci.txt (verl's heavy extras are not needed).
+## Runs in .venv-xcheck (scripts/xcheck_env.sh): requirements/xcheck.txt installed without dependencies in front of
+## .venv's packages, which it sees but never changes (its antlr 4.9.3, omegaconf's, would change the GSM8K scorer's
+## verdicts); tests/export/xcheck/test_xcheck_env.py compares .venv's `pip freeze` before and after.
 ## GRPO_LAB_XCHECK=1: a missing or other TRL / verl version fails these tests here (plain pytest skips them).
+XVENV := .venv-xcheck
 xcheck: install
-	$(BIN)/python -m pip install -q --no-deps -r requirements/xcheck.txt
-	GRPO_LAB_XCHECK=1 $(BIN)/python -m pytest -m xcheck tests/export/xcheck/test_xcheck_trl.py tests/export/xcheck/test_xcheck_verl.py \
+	@mkdir -p _build && $(BIN)/python -m pip freeze --all > _build/xcheck-venv-freeze.txt
+	@[ $(XVENV)/.installed -nt requirements/xcheck.txt ] && [ $(XVENV)/.installed -nt $(STAMP) ] \
+		|| scripts/xcheck_env.sh $(VENV) $(XVENV)
+	GRPO_LAB_XCHECK=1 GRPO_LAB_XCHECK_BASE=$(VENV) GRPO_LAB_XCHECK_FREEZE=_build/xcheck-venv-freeze.txt \
+		$(XVENV)/bin/python -m pytest -m xcheck tests/export/xcheck/test_xcheck_trl.py tests/export/xcheck/test_xcheck_verl.py \
 		tests/export/xcheck/test_xcheck_optimisation.py tests/export/xcheck/test_xcheck_lint.py \
-		tests/export/xcheck/test_xcheck_trl_job.py -q -s -p no:cacheprovider
+		tests/export/xcheck/test_xcheck_trl_job.py tests/export/xcheck/test_xcheck_env.py -q -s -p no:cacheprovider
 
 clean:
 	rm -rf _build .pytest_cache

@@ -8,7 +8,7 @@ bench, not the library's API). Import the wings you need; importing the package 
 pulls in no model code.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 import importlib.abc as _abc
 import sys as _sys

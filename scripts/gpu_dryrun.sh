@@ -2,7 +2,7 @@
 # Dry run of the chapters' GPU profile on CPU: each chapter is executed with PROFILE = "gpu" into
 # OUT_DIR (the committed notebooks are not touched), its GSM8K cell training a tiny Qwen2 instruct
 # model in the hub layout (tests/_hub_fixture.py, random weights) on the shipped fixture, one seed
-# and one step, 4 questions x G = 4 with a 32-token budget in bfloat16 autocast (GRPO_LAB_GPU_CONFIG),
+# and one step, 16 questions x G = 2 (16: chapter 5 splits a rollout into 16 minibatches of whole groups) with a 32-token budget in bfloat16 autocast (GRPO_LAB_GPU_CONFIG),
 # with GRPO_LAB_GPU_DEVICE=cpu. It checks that every chapter switches profile cleanly: the
 # parameters reach the notebook, the toy experiments and their assertions run as on CPU, and the
 # GSM8K cell trains through lab.run_chapter_gpu (chapter 7: its next-token cell through
@@ -23,7 +23,7 @@ OUT_ABS=$(cd "$OUT" && pwd)
 import _hub_fixture as H; H.write_tiny_instruct_model('$OUT_ABS/standin')"  # no 'Writing model shards' bar
 export GRPO_LAB_GPU_MODEL="$OUT_ABS/standin" GRPO_LAB_GSM8K_SOURCE=fixture GRPO_LAB_GPU_DEVICE=cpu
 # a small batch and budget (the code path, not the scale), in bfloat16 autocast (float32 is what "auto" gives on CPU)
-export GRPO_LAB_GPU_CONFIG='{"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 32, "micro_batch_size": 8, "precision": "bfloat16"}'
+export GRPO_LAB_GPU_CONFIG='{"prompts_per_step": 16, "group_size": 2, "max_new_tokens": 32, "micro_batch_size": 8, "precision": "bfloat16"}'
 export GRPO_LAB_RESULTS_DIR="$OUT_ABS/results"
 # chapter 7: its task's data files built with 16 held-out positions, not 500: evaluating 500 positions
 # (greedy and sampled, before and after RPT and after continued NTP) was most of that chapter's dry-run time

@@ -46,6 +46,11 @@ The deliberate differences from Math-Verify's own test cases (decimal commas and
 a box spanning lines, a ``####`` answer ending at its line break) are listed in
 ``tests/tasks/test_gsm8k_math_verify_table.py``; ``tests/tasks/test_gsm8k_score.py`` compares :func:`score`
 with math-verify called directly on a table of decorated answers.
+
+The verdicts depend on the ANTLR runtime too: math-verify's LaTeX parser (latex2sympy2_extended) accepts
+antlr4-python3-runtime 4.9.3 to 4.13.2 but does not parse the same with each (with 4.9.3, a percent in a box,
+``\\boxed{25\\%}`` or ``\\boxed{28 pct}``, no longer scores). The tests are pinned to :data:`SCORER_ANTLR_VERSION`;
+with another runtime installed, the first verdict warns once (:class:`ScorerVersionWarning`).
 """
 
 from __future__ import annotations
@@ -56,15 +61,17 @@ import re
 import numbers
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
 from ..paths import data_dir, missing_data_hint
 from .base import Problem
 
 __all__ = ["GOLD_RE", "FLOAT_ROUNDING", "MAX_ANSWER_CHARS", "MAX_FREE_LETTERS", "UNIT_WORDS",
-           "ALLOWED_COMMANDS",
+           "ALLOWED_COMMANDS", "SCORER_ANTLR_VERSION", "ScorerVersionWarning", "check_antlr_runtime",
            "extract_answer", "score", "split_gold", "parse_gold", "fixture_path", "load_fixture",
            "DEFAULT_INSTRUCTION", "GSM8KTask"]
 
@@ -256,6 +263,34 @@ def split_gold(answer_field: str) -> tuple[str, str]:
     return rationale, final
 
 
+#: the antlr4-python3-runtime release the scorer's tables were checked with (``requirements/ci.txt`` pins it)
+SCORER_ANTLR_VERSION = "4.13.2"
+
+
+class ScorerVersionWarning(UserWarning):
+    """The installed ANTLR runtime is not :data:`SCORER_ANTLR_VERSION`: math-verify may judge some answers otherwise."""
+
+
+@lru_cache(maxsize=1)
+def check_antlr_runtime() -> str | None:
+    """Warn once per process (:class:`ScorerVersionWarning`) when the installed antlr4-python3-runtime is not
+    :data:`SCORER_ANTLR_VERSION`; :func:`score` calls it before its first verdict.
+
+    Returns:
+        the installed version (from the package metadata), or None when it is not installed.
+    """
+    try:
+        installed = metadata.version("antlr4-python3-runtime")
+    except metadata.PackageNotFoundError:
+        return None
+    if installed != SCORER_ANTLR_VERSION:
+        warnings.warn(f"grpo_lab.tasks.gsm8k: antlr4-python3-runtime {installed} is installed, the scorer was checked "
+                      f"with {SCORER_ANTLR_VERSION}; math-verify's LaTeX parser does not read every answer the same "
+                      "with both (e.g. \\boxed{25\\%}), so rewards may differ: pip install "
+                      f"antlr4-python3-runtime=={SCORER_ANTLR_VERSION}", ScorerVersionWarning, stacklevel=3)
+    return installed
+
+
 def _math_verify():
     """The ``math_verify`` module, imported on first use (it is the optional ``math`` extra)."""
     try:
@@ -264,6 +299,7 @@ def _math_verify():
         raise ImportError("grpo_lab.tasks.gsm8k needs math-verify to score answers: "
                           "pip install 'grpo_lab[math]' (or pip install math-verify)") from e
     _quiet_timeout_warning()
+    check_antlr_runtime()
     return math_verify
 
 
