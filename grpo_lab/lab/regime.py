@@ -12,6 +12,11 @@ checks that the intro's numbers are these.
   mean over seeds, with its 95% t-interval beside it;
 * threshold: the mean is at least :data:`CLIP_ACTS` = 0.5%.
 
+**A cap on the sampler–learner weight acts** (TIS's truncation, MIS's mask of π_old / π_sampler): the same
+statistic and threshold over the share of loss tokens whose weight the cap changes (truncates or masks); it is
+the same mechanism, a bound on a per-token weight. Before any training, the share of tokens whose weight passes
+the cap on the first rollout says whether a toy can reach the regime at all.
+
 Why the second half: each rollout's first minibatch is on-policy and the first updates sit in the
 learning-rate warm-up, where a clip cannot bind; the second half is where the off-policy drift the clip
 answers has built up. Why 0.5%: a clip binding on under 1% of the tokens can decide an outcome (chapter 8's
