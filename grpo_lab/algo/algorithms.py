@@ -354,7 +354,7 @@ class Algorithm:
     def check_config(self, config: Any) -> None:
         """Check what this algorithm's functions need of the run (:func:`grpo_lab.algo.hparams.declare`'s
         ``config`` and ``validate_config``), once, when the algorithm meets the run's
-        :class:`~grpo_lab.training.config.TrainerConfig` (``Trainer`` and ``experiments.run`` call it).
+        ``TrainerConfig`` (``Trainer`` and ``experiments.run`` call it).
 
         Raises:
             ValueError: naming the function, the ``TrainerConfig`` field, its value and what the function needs
@@ -666,7 +666,7 @@ _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Algorithm))
 _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Algorithm) if f.default is not dataclasses.MISSING}
 #: the axes whose functions may declare inputs (:func:`grpo_lab.algo.hparams.declare`)
 _INPUT_AXES = frozenset({"advantage", "surrogate", "aggregation", "mismatch"})
-#: the inputs an advantage estimator may declare: what :class:`~grpo_lab.algo.advantages.AdvantageBatch` carries
+#: the inputs an advantage estimator may declare (what :class:`~grpo_lab.algo.advantages.AdvantageBatch` carries)
 ADVANTAGE_INPUTS = ("correct", "rewards", "group_ids", "lengths")
 
 
@@ -829,14 +829,14 @@ KL_COV = GRPO.replace(name="KL_COV", surrogate="kl_cov", aggregation="token_mean
 CLIP_COV = GRPO.replace(name="CLIP_COV", surrogate="clip_cov", eps_low=1.0, eps_high=1.0, aggregation="token_mean",
                         kl=None, beta=0.0)
 
-#: TIS, truncated importance sampling against the sampler (Yao et al. 2025, "Your efficient RL framework secretly
-#: brings you off-policy RL training"): :data:`GRPO` with each token's policy-gradient loss times
+#: TIS (truncated importance sampling against the sampler; Yao et al. 2025, "Your efficient RL framework secretly
+#: brings you off-policy RL training") is :data:`GRPO` with each token's policy-gradient loss times
 #: ``min(pi_old / pi_sampler, C)``, C = 2 (their value), per token
 #: (:func:`grpo_lab.algo.objectives.token_truncate`; TRL 1.16 ``vllm_importance_sampling_mode="token_truncate"``,
 #: verl 0.9.1 ``rollout_correction.rollout_is="token"``). Needs ``TrainerConfig.old_logp="recompute"``.
 TIS = GRPO.replace(name="TIS", mismatch="token_truncate", is_cap=2.0)
 
-#: MIS, masked importance sampling at sequence level: :data:`GRPO` with each response's policy-gradient loss
+#: MIS (masked importance sampling at sequence level) is :data:`GRPO` with each response's policy-gradient loss
 #: times ``rho_i 1[rho_i <= C]``, ``rho_i = prod_t pi_old / pi_sampler`` (:func:`grpo_lab.algo.objectives.sequence_mask`),
 #: C = 3: TRL 1.16's defaults (``vllm_importance_sampling_mode="sequence_mask"``, ``vllm_importance_sampling_cap=3.0``).
 #: Needs ``TrainerConfig.old_logp="recompute"``.
