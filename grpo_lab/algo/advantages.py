@@ -219,23 +219,34 @@ class AdvantageBatch(NamedTuple):
             size (``[0, 0, 0, 1, 1, 1, ...]``).
         mask: ``[B, T]`` token mask (1 = real token) or None; for token-level estimators.
         values: ``[B, T]`` value-model predictions or None; for value-based estimators (GAE).
+        correct: ``[B]`` bool (the task's verdict, whatever the reward) or None: filled by the trainer only
+            for an estimator that declares the input ``"correct"`` (:func:`grpo_lab.algo.hparams.declare`).
 
-    Build it with :meth:`from_groups`.
+    Build it with :meth:`from_groups`. ``group_size`` (G) and ``lengths`` are properties.
     """
 
     rewards: Tensor
     group_ids: Tensor
     mask: Optional[Tensor] = None
     values: Optional[Tensor] = None
+    correct: Optional[Tensor] = None
+
+    @property
+    def lengths(self) -> Tensor:
+        """``[B]`` int64 real tokens per response (the mask's row sums). Raises ``ValueError`` without a mask."""
+        if self.mask is None:
+            raise ValueError("AdvantageBatch.lengths needs the mask (AdvantageBatch.from_groups(..., mask=))")
+        return (self.mask != 0).sum(dim=-1)
 
     @classmethod
     def from_groups(cls, rewards: RewardsLike, group_size: int, *, mask: Optional[Tensor] = None,
-                    values: Optional[Tensor] = None) -> "AdvantageBatch":
+                    values: Optional[Tensor] = None, correct: Optional[Tensor] = None) -> "AdvantageBatch":
         """The batch of ``B / group_size`` contiguous groups of ``group_size`` responses each.
 
         Raises:
             ValueError: as :func:`group_advantages` (bad ``group_size``, ``B % group_size != 0``,
-                non-finite rewards), or ``mask`` / ``values`` not ``[B, T]`` (the same shape).
+                non-finite rewards), ``mask`` / ``values`` not ``[B, T]`` (the same shape), or ``correct``
+                not a ``[B]`` tensor.
         """
         r, rg = _grouped(rewards, group_size)
         if not isinstance(rewards, Tensor):
@@ -247,8 +258,13 @@ class AdvantageBatch(NamedTuple):
                 raise ValueError(f"{name} must be a [B, T] tensor with B={b}, got {got}")
         if mask is not None and values is not None and mask.shape != values.shape:
             raise ValueError(f"shape mismatch: mask {tuple(mask.shape)} vs values {tuple(values.shape)}")
+        if correct is not None:
+            if not isinstance(correct, Tensor) or tuple(correct.shape) != (b,):
+                got = tuple(correct.shape) if isinstance(correct, Tensor) else type(correct).__name__
+                raise ValueError(f"correct must be a [B] tensor with B={b}, got {got}")
+            correct = correct != 0
         ids = torch.arange(rg.shape[0], device=r.device).repeat_interleave(int(group_size))
-        return cls(rewards, ids, mask, values)
+        return cls(rewards, ids, mask, values, correct)
 
     @property
     def group_size(self) -> int:

@@ -9,6 +9,7 @@ axis is a registry, a dict from a choice's name to one function:
 ``surrogate``      :data:`grpo_lab.algo.objectives.SURROGATES`
 ``aggregation``    :data:`grpo_lab.algo.objectives.AGGREGATIONS`
 ``kl``             :data:`grpo_lab.algo.objectives.KL_ESTIMATORS` (or None)
+``mismatch``       :data:`grpo_lab.algo.objectives.MISMATCH_CORRECTIONS` (or None)
 =================  ==========================================================
 
 An :class:`Algorithm` is checked against those registries when it is built, so a function registered
@@ -66,6 +67,10 @@ __all__ = [
     "SAPO",
     "KL_COV",
     "CLIP_COV",
+    "TIS",
+    "MIS",
+    "MISMATCH_NAMES",
+    "ADVANTAGE_INPUTS",
     "deepseek_v32",
     "PRESETS",
     "get_algorithm",
@@ -81,6 +86,8 @@ SURROGATE_NAMES = _obj.SURROGATES.keys()
 AGGREGATION_NAMES = _obj.AGGREGATIONS.keys()
 #: the keys of :data:`grpo_lab.algo.objectives.KL_ESTIMATORS` (``kl=None``, no KL term, is accepted as well)
 KL_ESTIMATOR_NAMES = _obj.KL_ESTIMATORS.keys()
+#: the keys of :data:`grpo_lab.algo.objectives.MISMATCH_CORRECTIONS` (``mismatch=None``, no correction, is accepted as well)
+MISMATCH_NAMES = _obj.MISMATCH_CORRECTIONS.keys()
 
 #: fields renamed since files were first written — ``{old name: new name}`` (:func:`migrate_fields`)
 RENAMED_FIELDS = {"clip": "surrogate"}
@@ -143,6 +150,8 @@ class Algorithm:
         value_clip_eps: None or ``>= 0``: the critic's loss clip (:func:`~grpo_lab.algo.objectives.value_loss`).
         nll_coef: ``mu >= 0``, VAPO Eqs. 9-10: weight of the NLL of correct responses; 0 = off.
         ntp_coef: ``>= 0``, weight of next-token prediction on demonstrations (not a paper's: :data:`RPT_HYBRID`).
+        mismatch: None or a key of :data:`~grpo_lab.algo.objectives.MISMATCH_CORRECTIONS`: the sampler-learner
+            mismatch correction (TIS / MIS; its cap ``is_cap`` in ``params``), which needs ``old_logp="recompute"``.
         params: the named functions' other hyper-parameters (:mod:`grpo_lab.algo.hparams`), e.g. SAPO's ``tau_pos``.
 
     Raises:
@@ -176,6 +185,7 @@ class Algorithm:
     value_clip_eps: Optional[float] = None
     nll_coef: float = 0.0
     ntp_coef: float = 0.0
+    mismatch: Optional[str] = None
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -189,6 +199,7 @@ class Algorithm:
         _v.choice("surrogate", self.surrogate, _obj.SURROGATES)
         _v.choice("aggregation", self.aggregation, _obj.AGGREGATIONS)
         _v.choice("kl", self.kl, _obj.KL_ESTIMATORS, extra=(None,))
+        _v.choice("mismatch", self.mismatch, _obj.MISMATCH_CORRECTIONS, extra=(None,))
         for name in ("adv_eps", "eps_high", "beta"):
             _v.real_number(name, getattr(self, name), minimum=0.0)
         _v.real_number("eps_low", self.eps_low)
@@ -269,7 +280,7 @@ class Algorithm:
         default filled in; then each function's constraints on the other axes and its ``validate``."""
         if not isinstance(self.params, Mapping):
             raise ValueError(f"params must be a mapping {{hyper-parameter: value}}, got {type(self.params).__name__}")
-        named = _named_functions(self.advantage, self.ratio_level, self.surrogate, self.aggregation, self.kl)
+        named = _named_functions(*(getattr(self, a) for a in _AXES))
         own = _own_hyperparameters(named)
         unknown = sorted(k for k in self.params if k not in own)
         if unknown:
@@ -307,7 +318,7 @@ class Algorithm:
         """``{name: value}`` of every hyper-parameter the functions this algorithm names declare
         (fields such as ``eps_low`` included), in declaration order."""
         out: dict[str, Any] = {}
-        for _, _, fn in _named_functions(self.advantage, self.ratio_level, self.surrogate, self.aggregation, self.kl):
+        for _, _, fn in _named_functions(*(getattr(self, a) for a in _AXES)):
             for part in (fn, *_hp.spec(fn).batch_statistics.values()):
                 for k, v in self.values_for(part).items():
                     out.setdefault(k, v)
@@ -330,7 +341,37 @@ class Algorithm:
                 ("SELECTORS", selection.SELECTORS, selection.selector_name(self))]
         if self.uses_kl:
             used.append(("KL_ESTIMATORS", _obj.KL_ESTIMATORS, self.kl))
+        if self.mismatch is not None:
+            used.append(("MISMATCH_CORRECTIONS", _obj.MISMATCH_CORRECTIONS, self.mismatch))
         return {f"{registry}[{key!r}]": table.get(key) for registry, table, key in used}
+
+    def inputs(self) -> dict[str, tuple]:
+        """The inputs (:data:`grpo_lab.algo.hparams.INPUTS`) this algorithm's functions declare, by where the
+        trainer supplies them: ``{"advantage": names, "loss": names}`` (``loss``: :func:`~grpo_lab.algo.objectives.loss_inputs`)."""
+        fn = ADVANTAGE_ESTIMATORS[self.advantage]
+        return {"advantage": _hp.declared_inputs(fn), "loss": _obj.loss_inputs(self)}
+
+    def check_config(self, config: Any) -> None:
+        """Check what this algorithm's functions need of the run (:func:`grpo_lab.algo.hparams.declare`'s
+        ``config`` and ``validate_config``), once, when the algorithm meets the run's
+        ``TrainerConfig`` (``Trainer`` and ``experiments.run`` call it).
+
+        Raises:
+            ValueError: naming the function, the ``TrainerConfig`` field, its value and what the function needs
+                (e.g. ``mismatch='token_truncate'`` with ``old_logp='behaviour'``), or as a ``validate_config``.
+        """
+        for axis, key, fn in _named_functions(*(getattr(self, a) for a in _AXES)):
+            for part in (fn, *_hp.spec(fn).batch_statistics.values()):
+                spec = _hp.spec(part)
+                for name, allowed in spec.config.items():
+                    value = getattr(config, name, None)
+                    if value not in allowed:
+                        want = " or ".join(repr(a) for a in allowed)
+                        raise ValueError(
+                            f"{self.name}: {axis}={key!r} ({getattr(part, '__name__', part)}) needs TrainerConfig."
+                            f"{name}={want}, got {name}={value!r}")
+                if spec.validate_config is not None:
+                    spec.validate_config(config, self.values_for(part))
 
     def estimate_advantages(self, batch: AdvantageBatch) -> Tensor:
         """Advantages of ``batch`` under this algorithm's estimator,
@@ -345,6 +386,13 @@ class Algorithm:
         if not isinstance(batch, AdvantageBatch):
             raise ValueError(f"batch must be a grpo_lab.algo.advantages.AdvantageBatch, got {type(batch).__name__}")
         fn = ADVANTAGE_ESTIMATORS[self.advantage]
+        for name in _hp.spec(fn).inputs:
+            if name == "correct" and batch.correct is None:
+                raise ValueError(f"advantage estimator {self.advantage!r} ({getattr(fn, '__name__', fn)}) declares the "
+                                 "input 'correct', which the batch lacks: AdvantageBatch.from_groups(..., correct=)")
+            if name == "lengths" and batch.mask is None:
+                raise ValueError(f"advantage estimator {self.advantage!r} ({getattr(fn, '__name__', fn)}) declares the "
+                                 "input 'lengths', which needs the batch's mask: AdvantageBatch.from_groups(..., mask=)")
         adv = fn(batch, **self.values_for(fn))
         B = batch.rewards.shape[0]
         shapes = [(B,)] + ([tuple(batch.mask.shape)] if batch.mask is not None else [])
@@ -418,7 +466,8 @@ class Algorithm:
         ``lam_alpha``, ``critic_lam``, ``value_clip_eps``, all None unless the advantage estimator is
         value-based (:data:`grpo_lab.algo.advantages.VALUE_BASELINE_ESTIMATORS`, which alone reads them), and
         ``nll_coef`` (VAPO's positive-example LM loss, 0.0 when off) and ``ntp_coef`` (the
-        next-token-prediction term of the hybrid ablation, 0.0 when off), then the hyper-parameters in
+        next-token-prediction term of the hybrid ablation, 0.0 when off), ``mismatch`` (the sampler-learner
+        mismatch correction, None when off), then the hyper-parameters in
         :attr:`params` (those of a variant's own functions, e.g. SAPO's ``tau_pos`` / ``tau_neg``).
         """
         value_based = self.advantage in VALUE_BASELINE_ESTIMATORS
@@ -446,6 +495,7 @@ class Algorithm:
             "value_clip_eps": self.value_clip_eps if value_based else None,
             "nll_coef": self.nll_coef,
             "ntp_coef": self.ntp_coef,
+            "mismatch": self.mismatch,
             **self.params,
         }
 
@@ -497,18 +547,21 @@ class Algorithm:
 
 
 #: the axis fields, in the order :func:`_named_functions` takes them
-_AXES = ("advantage", "ratio_level", "surrogate", "aggregation", "kl")
+_AXES = ("advantage", "ratio_level", "surrogate", "aggregation", "kl", "mismatch")
 
 
 def _named_functions(advantage: str, ratio_level: str, surrogate: str, aggregation: str,
-                     kl: Optional[str]) -> list[tuple[str, str, Callable]]:
+                     kl: Optional[str], mismatch: Optional[str] = None) -> list[tuple[str, str, Callable]]:
     """``[(axis field, choice, function)]`` of the registry functions these choices name (the KL
-    estimator only when ``kl`` is set). Raises ``KeyError`` for a choice not in its registry."""
+    estimator only when ``kl`` is set, the mismatch correction only when ``mismatch`` is). Raises
+    ``KeyError`` for a choice not in its registry."""
     out = [("advantage", advantage, ADVANTAGE_ESTIMATORS[advantage]),
            ("ratio_level", ratio_level, _obj.RATIOS[ratio_level]), ("surrogate", surrogate, _obj.SURROGATES[surrogate]),
            ("aggregation", aggregation, _obj.AGGREGATIONS[aggregation])]
     if kl is not None:
         out.append(("kl", kl, _obj.KL_ESTIMATORS[kl]))
+    if mismatch is not None:
+        out.append(("mismatch", mismatch, _obj.MISMATCH_CORRECTIONS[mismatch]))
     return out
 
 
@@ -561,7 +614,7 @@ def _typed(name: str, value: Any, default: Any, hint: Any = None) -> Any:
 
 #: the positional parameters a registry function of each axis takes (the rest are keyword-only hyper-parameters)
 _POSITIONAL = {"advantage": "batch", "ratio_level": "logp, old_logp, mask", "surrogate": "ctx",
-               "aggregation": "values, mask, norms", "kl": "delta"}
+               "aggregation": "values, mask, norms", "kl": "delta", "mismatch": "ctx"}
 
 
 def _check_signature(axis: str, key: str, fn: Callable) -> None:
@@ -584,7 +637,15 @@ def _check_declaration(algo: "Algorithm", axis: str, key: str, fn: Callable, own
     """What ``fn`` (the choice ``key`` on ``axis``) declares: its constraints on the other axes and
     the ``validate`` of its hyper-parameters' values; first, that it takes the axis' positional arguments."""
     _check_signature(axis, key, fn)
+    _check_shared_defaults(axis, key, fn)
     spec = _hp.spec(fn)
+    if spec.inputs and axis not in _INPUT_AXES:
+        raise ValueError(f"{axis}={key!r} ({getattr(fn, '__name__', fn)}) declares inputs {list(spec.inputs)}; only a "
+                         f"function of {sorted(_INPUT_AXES)} may (the others are called without them)")
+    bad = [k for k in spec.inputs if axis == "advantage" and k not in ADVANTAGE_INPUTS]
+    if bad:
+        raise ValueError(f"advantage={key!r} ({getattr(fn, '__name__', fn)}) declares inputs {bad}; an advantage "
+                         f"estimator may read {list(ADVANTAGE_INPUTS)} (AdvantageBatch)")
     if spec.batch_statistics and axis != "surrogate":
         raise ValueError(f"{axis}={key!r} ({getattr(fn, '__name__', fn)}) declares whole-batch statistics, which only a "
                          "surrogate may: the trainer computes them for the loss")
@@ -601,6 +662,26 @@ def _check_declaration(algo: "Algorithm", axis: str, key: str, fn: Callable, own
 
 #: the names of :class:`Algorithm`'s fields (hyper-parameters shared by several functions live there)
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Algorithm))
+#: the default of each field, for the shared-name rule (:func:`_check_shared_defaults`)
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Algorithm) if f.default is not dataclasses.MISSING}
+#: the axes whose functions may declare inputs (:func:`grpo_lab.algo.hparams.declare`)
+_INPUT_AXES = frozenset({"advantage", "surrogate", "aggregation", "mismatch"})
+#: the inputs an advantage estimator may declare (what :class:`~grpo_lab.algo.advantages.AdvantageBatch` carries)
+ADVANTAGE_INPUTS = ("correct", "rewards", "group_ids", "lengths")
+
+
+def _check_shared_defaults(axis: str, key: str, fn: Callable) -> None:
+    """The shared-name rule (:mod:`grpo_lab.algo.hparams`): a hyper-parameter named like an :class:`Algorithm`
+    field takes the field's value, so ``fn`` (or a statistic it declares) may not give it another default."""
+    for part in (fn, *_hp.spec(fn).batch_statistics.values()):
+        for k, d in _hp.own_hyperparameters(part).items():
+            if k in _FIELD_DEFAULTS and d is not _hp.REQUIRED and d != _FIELD_DEFAULTS[k]:
+                raise ValueError(
+                    f"{axis}={key!r}: {getattr(part, '__name__', part)} declares {k}={d!r} by default, but {k} is an "
+                    f"Algorithm field (default {_FIELD_DEFAULTS[k]!r}) and the Algorithm's value is the one used, so "
+                    f"{d!r} would be silently replaced. Declare it without a default (def "
+                    f"{getattr(part, '__name__', 'f')}(..., *, {k}: float)) and set it on the algorithm "
+                    f"(.replace({axis}={key!r}, {k}={d!r}))")
 
 
 #: GRPO, DeepSeekMath (arXiv 2402.03300) Eqs. 3-4, §4.1.2, §4.2 — token ratio, PPO clip 0.2 (not stated in the
@@ -748,10 +829,24 @@ KL_COV = GRPO.replace(name="KL_COV", surrogate="kl_cov", aggregation="token_mean
 CLIP_COV = GRPO.replace(name="CLIP_COV", surrogate="clip_cov", eps_low=1.0, eps_high=1.0, aggregation="token_mean",
                         kl=None, beta=0.0)
 
+#: TIS (truncated importance sampling against the sampler; Yao et al. 2025, "Your efficient RL framework secretly
+#: brings you off-policy RL training") is :data:`GRPO` with each token's policy-gradient loss times
+#: ``min(pi_old / pi_sampler, C)``, C = 2 (their value), per token
+#: (:func:`grpo_lab.algo.objectives.token_truncate`; TRL 1.16 ``vllm_importance_sampling_mode="token_truncate"``,
+#: verl 0.9.1 ``rollout_correction.rollout_is="token"``). Needs ``TrainerConfig.old_logp="recompute"``.
+TIS = GRPO.replace(name="TIS", mismatch="token_truncate", is_cap=2.0)
+
+#: MIS (masked importance sampling at sequence level) is :data:`GRPO` with each response's policy-gradient loss
+#: times ``rho_i 1[rho_i <= C]``, ``rho_i = prod_t pi_old / pi_sampler`` (:func:`grpo_lab.algo.objectives.sequence_mask`),
+#: C = 3: TRL 1.16's defaults (``vllm_importance_sampling_mode="sequence_mask"``, ``vllm_importance_sampling_cap=3.0``).
+#: Needs ``TrainerConfig.old_logp="recompute"``.
+MIS = GRPO.replace(name="MIS", mismatch="sequence_mask", is_cap=3.0)
+
 #: The presets of this module by name (``python -m grpo_lab NAME`` trains one).
 PRESETS: dict[str, Algorithm] = {"GRPO": GRPO, "DR_GRPO": DR_GRPO, "DAPO": DAPO, "GSPO": GSPO,
                                  "GSPO_TOKEN": GSPO_TOKEN, "CISPO": CISPO, "PPO": PPO, "VAPO": VAPO,
-                                 "RPT": RPT, "GMPO": GMPO, "SAPO": SAPO, "KL_COV": KL_COV, "CLIP_COV": CLIP_COV}
+                                 "RPT": RPT, "GMPO": GMPO, "SAPO": SAPO, "KL_COV": KL_COV, "CLIP_COV": CLIP_COV,
+                                 "TIS": TIS, "MIS": MIS}
 
 
 def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Algorithm:

@@ -13,6 +13,25 @@ keyed in the run cache.
 statistic(ctx, **values) -> Tensor [B, ...]}``, computed once over the whole minibatch before micro-batching:
 :func:`grpo_lab.algo.objectives.batch_statistics`).
 
+A function also declares (:func:`declare`):
+
+* ``inputs``: the tensors it reads beyond its axis' fixed arguments, names of :data:`INPUTS`
+  (``behaviour_logp``, ``correct``, ``rewards``, ``entropy``, ``group_ids``, ``lengths``). The trainer
+  supplies exactly the inputs the algorithm's functions declare (``entropy`` only then), and
+  :class:`~grpo_lab.algo.objectives.LossContext` / :class:`~grpo_lab.algo.advantages.AdvantageBatch` hold
+  them (None otherwise); a declared input that is not given raises ``ValueError`` naming the function.
+* ``config``: ``{TrainerConfig field: allowed value(s)}`` it needs of the run (e.g. ``{"old_logp":
+  "recompute"}``), and ``validate_config(config, values) -> None`` for anything else (``group_size > k``).
+  Both are checked once, when the algorithm meets the run's ``TrainerConfig``
+  (:meth:`grpo_lab.algo.algorithms.Algorithm.check_config`: ``Trainer`` construction, ``experiments.run``).
+
+**Shared names.** A hyper-parameter named like an ``Algorithm`` field (``eps_low``, ``eps_high``,
+``adv_eps``, ``gamma``, ...) is shared: the ``Algorithm``'s value is always the one used, never the
+function's default. So that no default is silently replaced, a function whose own default for a shared
+name differs from that field's default is refused when an ``Algorithm`` chooses it (the message names both
+values); declare such a parameter without a default (``def f(ctx, *, eps_high: float)``) and set the value
+on the preset (``GRPO.replace(surrogate="f", eps_high=0.28)``).
+
 This module imports nothing from the package.
 """
 
@@ -24,7 +43,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 __all__ = ["Spec", "Params", "declare", "spec", "hyperparameters", "own_hyperparameters", "annotation",
-           "REQUIRED"]
+           "REQUIRED", "INPUTS", "declared_inputs"]
+
+#: the inputs a registry function may declare (:func:`declare`), ``{name: what it is}``; B rows, T completion tokens
+INPUTS = {
+    "behaviour_logp": "[B, T] float: log-probs of the sampled tokens under the sampler (Rollout.behaviour_logp)",
+    "correct": "[B] bool: the response is correct (the task's verdict, whatever the reward)",
+    "rewards": "[B] float: raw rewards (before shaping)",
+    "entropy": "[B, T] float: token entropy of pi_theta (nats, detached), computed only when declared",
+    "group_ids": "[B] int64: the group (question) of each row",
+    "lengths": "[B] int64: response lengths (real completion tokens)",
+}
 
 #: the default of a hyper-parameter declared without one (the algorithm must give a value)
 REQUIRED = inspect.Parameter.empty
@@ -58,39 +87,59 @@ class Spec:
     Attributes:
         requires: ``{Algorithm field: allowed values (a tuple)}``.
         validate: ``None`` or ``validate(values: dict) -> None`` raising ``ValueError``.
-        batch_statistics: ``{name: statistic(ctx, **values) -> Tensor [B, ...]}``.
+        batch_statistics: ``{name: statistic(ctx, **values) -> Tensor [B, ...] or (Tensor, {metric: float})}``.
+        inputs: names of :data:`INPUTS` the function reads.
+        config: ``{TrainerConfig field: allowed values (a tuple)}``.
+        validate_config: ``None`` or ``validate_config(config, values: dict) -> None`` raising ``ValueError``.
     """
 
     requires: Mapping[str, tuple] = field(default_factory=dict)
     validate: Optional[Callable[[dict], None]] = None
     batch_statistics: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    inputs: tuple = ()
+    config: Mapping[str, tuple] = field(default_factory=dict)
+    validate_config: Optional[Callable[[Any, dict], None]] = None
 
 
 _EMPTY = Spec()
 
 
+def _allowed(mapping: Optional[Mapping[str, Any]]) -> dict:
+    """``{key: tuple of allowed values}`` from ``{key: value or collection of values}``."""
+    return {k: (tuple(v) if isinstance(v, (tuple, list, set, frozenset)) else (v,)) for k, v in (mapping or {}).items()}
+
+
 def declare(*, requires: Optional[Mapping[str, Any]] = None, validate: Optional[Callable[[dict], None]] = None,
-            batch_statistics: Optional[Mapping[str, Callable[..., Any]]] = None) -> Callable:
+            batch_statistics: Optional[Mapping[str, Callable[..., Any]]] = None, inputs: tuple = (),
+            config: Optional[Mapping[str, Any]] = None,
+            validate_config: Optional[Callable[[Any, dict], None]] = None) -> Callable:
     """Decorator that attaches a :class:`Spec` to a registry function (read back by :func:`spec`).
 
     Args:
         requires: ``{Algorithm field: value or tuple of values}`` the function needs on other axes.
         validate: called with ``{name: value}`` of every hyper-parameter the function declares.
         batch_statistics: ``{name: statistic}``: statistics over the whole minibatch.
+        inputs: names of :data:`INPUTS` the function reads (``("behaviour_logp",)``).
+        config: ``{TrainerConfig field: value or tuple of values}`` the function needs of the run.
+        validate_config: called with the run's ``TrainerConfig`` and the hyper-parameters' values.
 
     Raises:
-        ValueError: a ``requires`` key that is not a string, a non-callable ``validate`` or statistic.
+        ValueError: a key that is not a string, an input not in :data:`INPUTS` (the message lists them), a
+            non-callable ``validate``, ``validate_config`` or statistic.
     """
-    req = {k: (tuple(v) if isinstance(v, (tuple, list, set, frozenset)) else (v,))
-           for k, v in (requires or {}).items()}
+    req, cfg = _allowed(requires), _allowed(config)
     stats = dict(batch_statistics or {})
-    if any(not isinstance(k, str) for k in req) or any(not isinstance(k, str) for k in stats):
-        raise ValueError("declare(): requires and batch_statistics are keyed by name (str)")
-    if validate is not None and not callable(validate) or not all(map(callable, stats.values())):
-        raise ValueError("declare(): validate and every batch statistic must be callable")
+    if any(not isinstance(k, str) for k in (*req, *stats, *cfg)):
+        raise ValueError("declare(): requires, config and batch_statistics are keyed by name (str)")
+    if any(f is not None and not callable(f) for f in (validate, validate_config)) or not all(map(callable, stats.values())):
+        raise ValueError("declare(): validate, validate_config and every batch statistic must be callable")
+    inputs = (inputs,) if isinstance(inputs, str) else tuple(inputs)
+    unknown = [k for k in inputs if k not in INPUTS]
+    if unknown:
+        raise ValueError(f"declare(): unknown input(s) {unknown}; the inputs a function may declare: {sorted(INPUTS)}")
 
     def attach(fn: Callable) -> Callable:
-        fn.grpo_lab_spec = Spec(req, validate, stats)
+        fn.grpo_lab_spec = Spec(req, validate, stats, inputs, cfg, validate_config)
         return fn
 
     return attach
@@ -100,6 +149,14 @@ def spec(fn: Callable) -> Spec:
     """The :class:`Spec` declared on ``fn`` (an empty one when it declares nothing)."""
     s = getattr(fn, "grpo_lab_spec", None)
     return s if isinstance(s, Spec) else _EMPTY
+
+
+def declared_inputs(fn: Callable) -> tuple:
+    """The inputs ``fn`` reads: those it declares, then those of its whole-batch statistics, each once."""
+    out = list(spec(fn).inputs)
+    for stat in spec(fn).batch_statistics.values():
+        out += [k for k in spec(stat).inputs if k not in out]
+    return tuple(out)
 
 
 def own_hyperparameters(fn: Callable) -> dict[str, Any]:

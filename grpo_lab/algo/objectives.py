@@ -51,6 +51,12 @@ __all__ = [
     "RATIOS",
     "SURROGATES",
     "SURROGATE_METRICS",
+    "MISMATCH_CORRECTIONS",
+    "mismatch_log_ratio",
+    "token_truncate",
+    "token_mask",
+    "sequence_truncate",
+    "sequence_mask",
     "KL_ESTIMATORS",
     "AGGREGATIONS",
     "token_log_ratio",
@@ -61,6 +67,8 @@ __all__ = [
     "cispo_weight",
     "token_covariance",
     "batch_statistics",
+    "loss_functions",
+    "loss_inputs",
     "aggregate",
     "kl_estimate",
     "offpolicy_sequence_mask",
@@ -141,6 +149,8 @@ class Normalisers(NamedTuple):
             whole group (over every micro-batch of the batch), for ``"group_token_mean"``.
         num_groups: positive float or None: the number of groups with at least one real token in
             the whole batch, for ``"group_token_mean"``.
+        inputs: ``{name: Tensor}``, the inputs the aggregation declares
+            (:func:`grpo_lab.algo.hparams.declare`); None when it declares none.
     """
 
     max_tokens: Optional[int] = None
@@ -148,6 +158,7 @@ class Normalisers(NamedTuple):
     num_sequences: Optional[float] = None
     group_tokens: Optional[Tensor] = None
     num_groups: Optional[float] = None
+    inputs: Optional[Mapping[str, Tensor]] = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,6 +326,9 @@ class LossContext(NamedTuple):
         num_tokens, num_sequences: the global normalisers when the batch is a micro-batch, else None.
         stats: ``{name: Tensor [B, ...]}``: the whole-minibatch statistics the surrogate declares
             (:func:`grpo_lab.algo.hparams.declare`), the rows of this batch; empty when it declares none.
+        behaviour_logp, correct, rewards, entropy, group_ids, lengths: the declared inputs
+            (:data:`grpo_lab.algo.hparams.INPUTS`): None unless a function of the loss declares it
+            (``[B, T]`` ones in the compute dtype, padding set to 0; ``[B]`` ones as given).
     """
 
     logp: Tensor
@@ -328,6 +342,12 @@ class LossContext(NamedTuple):
     num_tokens: Optional[float] = None
     num_sequences: Optional[float] = None
     stats: Mapping[str, Tensor] = {}
+    behaviour_logp: Optional[Tensor] = None
+    correct: Optional[Tensor] = None
+    rewards: Optional[Tensor] = None
+    entropy: Optional[Tensor] = None
+    group_ids: Optional[Tensor] = None
+    lengths: Optional[Tensor] = None
 
 
 def _ratio_floor(values: dict) -> None:
@@ -404,7 +424,7 @@ def cispo_weight(log_ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
 
 
 @_hp.declare(validate=_ratio_floor)
-def cispo_surrogate(ctx: LossContext, *, eps_low: float = 1.0, eps_high: float = 0.28,
+def cispo_surrogate(ctx: LossContext, *, eps_low: float, eps_high: float,
                     mask_eps_low: Optional[float] = None, mask_eps_high: Optional[float] = None
                     ) -> tuple[Tensor, dict]:
     """CISPO (MiniMax-M1, arXiv 2506.13585, Eqs. 4-5), and its unified masked form (Eqs. 6-7).
@@ -413,7 +433,8 @@ def cispo_surrogate(ctx: LossContext, *, eps_low: float = 1.0, eps_high: float =
 
         loss_it = - M_it * sg(w_it) * A_it * log r_it,     w_it = clip(r_it, 1 - eps_low, 1 + eps_high)
 
-    (:func:`cispo_weight`; ``eps_low`` / ``eps_high`` are the paper's ``eps^IS_low`` / ``eps^IS_high``).
+    (:func:`cispo_weight`; ``eps_low`` / ``eps_high`` are the paper's ``eps^IS_low`` / ``eps^IS_high``, the
+    ``Algorithm``'s fields, no default here: :data:`grpo_lab.algo.algorithms.CISPO` sets 1.0 / 0.28).
     Departure: Eq. 4 has ``log pi_theta`` where we have ``log r``: the same gradient, a value that differs by
     ``M w A log pi_old`` (0 on-policy). No token loses its gradient to the clip.
     ``M_it`` (Eq. 7) is 1 unless ``mask_eps_*`` are set: 0 where ``A > 0, r > 1 + mask_eps_high`` or
@@ -454,7 +475,7 @@ def _log_space_range(values: dict) -> None:
 
 
 @_hp.declare(requires={"ratio_level": "token", "aggregation": "seq_mean_token_mean"}, validate=_log_space_range)
-def gmpo_surrogate(ctx: LossContext, *, eps_low: float = 0.4, eps_high: float = 0.4) -> tuple[Tensor, dict]:
+def gmpo_surrogate(ctx: LossContext, *, eps_low: float, eps_high: float) -> tuple[Tensor, dict]:
     """GMPO, Geometric-Mean Policy Optimization (Zhao et al., arXiv 2507.20673, Eq. 4 / Alg. 1).
 
     Maximised per response ``i`` (``sgn = sign(A_i)``, ``l_it = log r_it`` the token log-ratio)::
@@ -465,7 +486,8 @@ def gmpo_surrogate(ctx: LossContext, *, eps_low: float = 0.4, eps_high: float = 
     advantage pushes (``l <= eps_high`` for ``A > 0``, ``l >= -eps_low`` for ``A < 0``). The loss
     is ``-J_i`` on every real token of row ``i``; with ``aggregation="seq_mean_token_mean"``
     (required) the batch loss is ``-1/G sum_i J_i``. The paper's ``eps = 0.4`` (a range of
-    ``[e^-0.4, e^0.4]`` for the ratio). Requires ``ratio_level="token"``: the surrogate takes the
+    ``[e^-0.4, e^0.4]`` for the ratio), set by :data:`grpo_lab.algo.algorithms.GMPO` (no default here:
+    ``eps_low`` / ``eps_high`` are the ``Algorithm``'s fields). Requires ``ratio_level="token"``: the surrogate takes the
     geometric mean itself. With ``[B, T]`` advantages ``A_i`` is their mean over the row's real
     tokens and ``sgn`` is taken per token (as verl's ``geo_mean``). The mean log-ratio is clamped to
     ``+-LOG_RATIO_CLAMP`` before ``exp``.
@@ -664,6 +686,121 @@ SURROGATES: dict[str, Callable[..., tuple[Tensor, dict]]] = {
     "sapo": sapo_surrogate,
     "kl_cov": kl_cov_surrogate,
     "clip_cov": clip_cov_surrogate,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# sampler-learner mismatch corrections: (ctx, *, is_cap) -> (weight [B, T], indicators)
+# --------------------------------------------------------------------------------------------
+def _is_cap_positive(values: dict) -> None:
+    """``is_cap`` (C) must be a finite number > 0."""
+    c = values["is_cap"]
+    if not (isinstance(c, (int, float)) and math.isfinite(c) and c > 0):
+        raise ValueError(f"is_cap (the cap C on the importance ratio pi_old / pi_sampler) must be finite and > 0, "
+                         f"got {c!r}")
+
+
+def mismatch_log_ratio(ctx: LossContext, level: str) -> Tensor:
+    """``log rho = log pi_old - log pi_sampler`` of the sampled tokens, detached, padding 0: per token
+    (``level="token"``, ``[B, T]``) or the sum over each row's real tokens broadcast to its tokens
+    (``"sequence"``: the log of the product of the token ratios), clamped to ``+-LOG_RATIO_CLAMP`` so
+    that ``exp`` never overflows. Reads the declared input ``ctx.behaviour_logp``.
+
+    Raises:
+        ValueError: ``ctx.behaviour_logp`` is None (the function did not declare it or it was not given).
+    """
+    if ctx.behaviour_logp is None:
+        raise ValueError("a mismatch correction reads the sampler's log-probs: declare inputs=('behaviour_logp',) "
+                         "and pass policy_loss(..., inputs={'behaviour_logp': ...})")
+    zero = torch.zeros((), dtype=ctx.old_logp.dtype, device=ctx.old_logp.device)
+    d = torch.where(ctx.mask, ctx.old_logp.detach() - ctx.behaviour_logp.detach(), zero)
+    if level == "sequence":
+        d = d.sum(dim=-1, keepdim=True).expand_as(d)
+    return torch.clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _mismatch(ctx: LossContext, level: str, mode: str, cap: float) -> tuple[Tensor, dict]:
+    """The weight of :data:`MISMATCH_CORRECTIONS` and its indicators (see :func:`token_truncate`)."""
+    with torch.no_grad():
+        rho = torch.exp(mismatch_log_ratio(ctx, level))
+        over = rho > cap
+        w = torch.clamp(rho, max=cap) if mode == "truncate" else torch.where(over, torch.zeros_like(rho), rho)
+    capped = over[:, 0] if level == "sequence" else over  # [B] per response, [B, T] per token
+    return w, {"is_capped_frac": capped, "is_weight_mean": w}
+
+
+_MISMATCH_DOC = """{title} ({level} level, {how}): the detached weight of the sampler-learner mismatch correction.
+
+    ``rho = pi_old / pi_sampler`` of the sampled tokens ({rho}; log space, ``log rho`` clamped to
+    ``+-LOG_RATIO_CLAMP``), ``C = is_cap``::
+
+        w = {formula}
+
+    :func:`policy_loss` multiplies the per-token policy-gradient loss by ``w`` before the KL term is added,
+    as TRL 1.16's ``vllm_importance_sampling_mode="{mode}"`` (``vllm_importance_sampling_cap = C``; no lower
+    bound) and verl 0.9.1's ``algorithm.rollout_correction`` ({verl}). Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training" (TIS, C = 2). Reads the declared input
+    ``behaviour_logp`` (``Rollout.behaviour_logp``) and needs ``TrainerConfig.old_logp="recompute"`` (with
+    ``"behaviour"`` pi_old *is* the sampler: ``w = 1``).
+
+    Returns:
+        ``(w, indicators)``: ``w`` ``[B, T]`` detached, in the compute dtype (0 at padding is not guaranteed:
+        the loss masks it); ``is_capped_frac`` (bool, ``rho > C``: {capped}) and ``is_weight_mean`` (``w``,
+        per token).
+
+    Raises:
+        ValueError: no ``ctx.behaviour_logp``.
+    """
+
+_MIS_DECL = dict(inputs=("behaviour_logp",), config={"old_logp": "recompute"}, validate=_is_cap_positive)
+
+
+@_hp.declare(**_MIS_DECL)
+def token_truncate(ctx: LossContext, *, is_cap: float = 2.0) -> tuple[Tensor, dict]:
+    return _mismatch(ctx, "token", "truncate", float(is_cap))
+
+
+@_hp.declare(**_MIS_DECL)
+def token_mask(ctx: LossContext, *, is_cap: float = 2.0) -> tuple[Tensor, dict]:
+    return _mismatch(ctx, "token", "mask", float(is_cap))
+
+
+@_hp.declare(**_MIS_DECL)
+def sequence_truncate(ctx: LossContext, *, is_cap: float = 2.0) -> tuple[Tensor, dict]:
+    return _mismatch(ctx, "sequence", "truncate", float(is_cap))
+
+
+@_hp.declare(**_MIS_DECL)
+def sequence_mask(ctx: LossContext, *, is_cap: float = 2.0) -> tuple[Tensor, dict]:
+    return _mismatch(ctx, "sequence", "mask", float(is_cap))
+
+
+_TOKEN_RHO = "per token, ``rho_it = exp(log pi_old(o_it) - log pi_sampler(o_it))``"
+_SEQ_RHO = ("per response, ``rho_i = prod_t rho_it`` over the row's real tokens, the same ``w_i`` on each of "
+            "its tokens")
+for _fn, _lvl, _how, _rho, _formula, _verl, _capped in (
+        (token_truncate, "token", "truncated", _TOKEN_RHO, "min(rho_it, C)",
+         "``rollout_is='token'``, IS weights truncated at ``rollout_is_threshold``", "per token"),
+        (token_mask, "token", "masked", _TOKEN_RHO, "rho_it * 1[rho_it <= C]",
+         "token-level rejection ``rollout_rs``, which also has a lower bound; ours has none, as TRL", "per token"),
+        (sequence_truncate, "sequence", "truncated", _SEQ_RHO, "min(rho_i, C)",
+         "``rollout_is='sequence'``, truncated at ``rollout_is_threshold``", "per response"),
+        (sequence_mask, "sequence", "masked", _SEQ_RHO, "rho_i * 1[rho_i <= C]",
+         "sequence-level rejection ``rollout_rs``, which also masks below a lower bound; ours has none, as TRL",
+         "per response")):
+    _fn.__doc__ = _MISMATCH_DOC.format(title={"truncate": "TIS", "mask": "MIS"}[_fn.__name__.split("_")[1]],
+                                       level=_lvl, how=_how, rho=_rho, formula=_formula, mode=_fn.__name__,
+                                       verl=_verl, capped=_capped)
+
+#: sampler-learner mismatch correction (``Algorithm.mismatch``; None: none) ->
+#: ``(ctx: LossContext, *, is_cap) -> (w [B, T] detached, indicators)``, TRL 1.16's four
+#: ``vllm_importance_sampling_mode`` values. Each declares ``inputs=("behaviour_logp",)`` and
+#: ``config={"old_logp": "recompute"}``.
+MISMATCH_CORRECTIONS: dict[str, Callable[..., tuple[Tensor, dict]]] = {
+    "token_truncate": token_truncate,
+    "token_mask": token_mask,
+    "sequence_truncate": sequence_truncate,
+    "sequence_mask": sequence_mask,
 }
 
 
@@ -1052,43 +1189,115 @@ def _check_algorithm(algo: Any) -> None:
         raise ValueError(f"algo must be a grpo_lab.algo.algorithms.Algorithm, got {type(algo).__name__}")
 
 
-def _context(x: "_Inputs", algo: Algorithm, groups: tuple, stats: Optional[Mapping[str, Tensor]]) -> LossContext:
-    """The :class:`LossContext` of validated inputs: the ratio axis' log-ratio and the surrogate's
-    whole-batch statistics (``stats``, or computed here over this batch when ``None``)."""
+def loss_functions(algo: Algorithm) -> list:
+    """``[(label, function)]`` of the registry functions :func:`policy_loss` calls for ``algo`` that may declare
+    inputs: its surrogate, the surrogate's whole-batch statistics, its mismatch correction (if any) and its
+    aggregation; ``label`` names each (``"surrogate='ppo'"``) for error messages."""
+    fn = SURROGATES[algo.surrogate]
+    out = [(f"surrogate={algo.surrogate!r}", fn)]
+    out += [(f"statistic {k!r} of surrogate={algo.surrogate!r}", st) for k, st in _hp.spec(fn).batch_statistics.items()]
+    mismatch = getattr(algo, "mismatch", None)
+    if mismatch is not None:
+        out.append((f"mismatch={mismatch!r}", MISMATCH_CORRECTIONS[mismatch]))
+    out.append((f"aggregation={algo.aggregation!r}", AGGREGATIONS[algo.aggregation]))
+    return out
+
+
+def loss_inputs(algo: Algorithm) -> tuple:
+    """The names of :data:`grpo_lab.algo.hparams.INPUTS` that ``algo``'s loss functions declare
+    (:func:`loss_functions`), each once: what the trainer passes as ``policy_loss(..., inputs=)``."""
+    out: list = []
+    for _, fn in loss_functions(algo):
+        out += [k for k in _hp.spec(fn).inputs if k not in out]
+    return tuple(out)
+
+
+#: the inputs of :data:`grpo_lab.algo.hparams.INPUTS` given per token (``[B, T]``); the others are per row (``[B]``)
+_TOKEN_INPUTS = ("behaviour_logp", "entropy")
+
+
+def _prepared_inputs(x: "_Inputs", algo: Algorithm, inputs: Optional[Mapping[str, Tensor]]) -> dict:
+    """The inputs ``algo``'s loss functions declare, taken from ``inputs`` and checked: ``[B, T]`` ones in the
+    compute dtype with padding set to 0 (``behaviour_logp`` finite and <= 0 at real tokens), ``[B]`` ones on
+    the mask's device. An input nobody declares is not handed over.
+
+    Raises:
+        ValueError: a declared input missing (naming the function and the input), of the wrong shape, or
+            (``behaviour_logp``) not log-probabilities at real tokens.
+    """
+    given = dict(inputs or {})
+    out = {}
+    B, T = x.mask.shape
+    for label, fn in loss_functions(algo):
+        for name in _hp.spec(fn).inputs:
+            if name in out:
+                continue
+            if given.get(name) is None:
+                raise ValueError(f"{label} ({getattr(fn, '__name__', fn)}) declares the input {name!r} "
+                                 f"({_hp.INPUTS[name]}), which was not given: pass policy_loss(..., inputs={{{name!r}: "
+                                 "...}}) (the Trainer supplies every declared input)")
+            t = given[name]
+            want = (B, T) if name in _TOKEN_INPUTS else (B,)
+            if not isinstance(t, Tensor) or tuple(t.shape) != want:
+                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"input {name!r} of {label} must be a tensor of shape {want}, got {got}")
+            out[name] = _masked(t.detach(), x.mask, x.zero.dtype) if name in _TOKEN_INPUTS else t.to(x.mask.device)
+    beh = out.get("behaviour_logp")
+    if beh is not None and not bool((torch.isfinite(beh) & (beh <= 0)).all()):
+        raise ValueError("input 'behaviour_logp' must hold finite log-probabilities (<= 0) at real (mask=1) tokens")
+    return out
+
+
+def _context(x: "_Inputs", algo: Algorithm, groups: tuple, stats: Optional[Mapping[str, Tensor]],
+             inputs: Optional[Mapping[str, Tensor]] = None) -> tuple[LossContext, dict]:
+    """The :class:`LossContext` of validated inputs (the ratio axis' log-ratio, the declared ``inputs``, already
+    prepared by :func:`_prepared_inputs`, and the surrogate's whole-batch statistics: ``stats``, or computed here
+    over this batch when ``None``), and the statistics' metrics (``{}`` when ``stats`` were given)."""
     ratio_fn = RATIOS[algo.ratio_level]
     log_ratio = ratio_fn(x.logp, x.old, x.mask, **algo.values_for(ratio_fn))
     group_size, group_tokens, _ = groups
     norms = x.norms
     ctx = LossContext(x.logp, x.old, log_ratio, x.adv, x.mask, x.ref, group_size, group_tokens,
-                      norms.num_tokens, norms.num_sequences, {})
+                      norms.num_tokens, norms.num_sequences, {}, **dict(inputs or {}))
     fn = SURROGATES[algo.surrogate]
     declared = _hp.spec(fn).batch_statistics
     if not declared:
-        return ctx
+        return ctx, {}
     if stats is None:
-        return ctx._replace(stats=_statistics(ctx, fn, algo))
+        computed, metrics = _statistics(ctx, fn, algo)
+        return ctx._replace(stats=computed), metrics
     missing = [k for k in declared if k not in stats]
     bad = [k for k in declared if k in stats and (not isinstance(stats[k], Tensor) or stats[k].dim() == 0
                                                   or stats[k].shape[0] != x.mask.shape[0])]
     if missing or bad:
         raise ValueError(f"stats must hold the whole-batch statistics {sorted(declared)} of surrogate={algo.surrogate!r}, each a "
                          f"tensor with one row per sequence ({x.mask.shape[0]}); missing {missing}, wrong {bad}")
-    return ctx._replace(stats={k: stats[k].to(x.mask.device) for k in declared})
+    return ctx._replace(stats={k: stats[k].to(x.mask.device) for k in declared}), {}
 
 
-def _statistics(ctx: LossContext, fn: Callable, algo: Algorithm) -> dict:
-    """Each whole-batch statistic ``fn`` declares, over ``ctx``, without gradient."""
-    out = {}
+def _statistics(ctx: LossContext, fn: Callable, algo: Algorithm) -> tuple[dict, dict]:
+    """Each whole-batch statistic ``fn`` declares, over ``ctx``, without gradient: ``({name: Tensor [B, ...]},
+    {metric: float})``. A statistic returns a tensor with one row per sequence (any trailing shape), or
+    ``(tensor, {metric name: number})`` whose metrics reach the step's history."""
+    out, metrics = {}, {}
     with torch.no_grad():
         for name, stat in _hp.spec(fn).batch_statistics.items():
             v = stat(ctx, **algo.values_for(stat))
-            if not isinstance(v, Tensor) or tuple(v.shape) not in (tuple(ctx.mask.shape[:1]), tuple(ctx.mask.shape)):
+            if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], Mapping):
+                v, extra = v
+                clash = sorted(set(extra) & set(METRIC_KEYS))
+                if clash:
+                    raise ValueError(f"whole-batch statistic {name!r} of surrogate={algo.surrogate!r} returns metrics "
+                                     f"named like built-in metrics {clash}; rename them")
+                metrics.update({k: float(m) for k, m in extra.items()})
+            if not isinstance(v, Tensor) or v.dim() == 0 or v.shape[0] != ctx.mask.shape[0]:
                 got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
-                raise ValueError(f"whole-batch statistic {name!r} of surrogate={algo.surrogate!r} must be a tensor of shape [B] = "
-                                 f"{tuple(ctx.mask.shape[:1])} or [B, T] = {tuple(ctx.mask.shape)} (the trainer hands "
-                                 f"each micro-batch its rows and tokens), got {got}")
+                raise ValueError(f"whole-batch statistic {name!r} of surrogate={algo.surrogate!r} must be a tensor of shape "
+                                 f"[B, ...] with B = {ctx.mask.shape[0]} (one row per sequence: the trainer hands each "
+                                 f"micro-batch its rows; a [B, T, ...] one also its tokens), or (tensor, {{metric: "
+                                 f"float}}); got {got}")
             out[name] = v
-    return out
+    return out, metrics
 
 
 def batch_statistics(
@@ -1100,21 +1309,25 @@ def batch_statistics(
     *,
     group_size: Optional[int] = None,
     group_tokens: Optional[Tensor] = None,
-) -> dict:
+    inputs: Optional[Mapping[str, Tensor]] = None,
+    return_metrics: bool = False,
+):
     """The statistics over a whole minibatch that ``algo``'s surrogate declares
     (:func:`grpo_lab.algo.hparams.declare`), e.g. KL-Cov's covariance top-k: ``{name: Tensor [B, ...]}``
     without gradient, ``{}`` when it declares none.
 
     The trainer calls this once per minibatch, before micro-batching (with ``logp`` from a forward
     pass without gradient over the minibatch), and passes each micro-batch its rows as
-    ``policy_loss(..., stats=)``: the selection is then that of the whole minibatch, whatever
-    ``micro_batch_size`` and ``sort_by_length``. :func:`policy_loss` without ``stats`` computes them
-    over the batch it is given.
+    ``policy_loss(..., stats=)`` (a statistic whose first two dimensions are the mask's ``[B, T]`` also
+    its tokens): the selection is then that of the whole minibatch, whatever ``micro_batch_size`` and
+    ``sort_by_length``. :func:`policy_loss` without ``stats`` computes them over the batch it is given.
 
     Args:
         logp, old_logp, advantages, mask: as :func:`policy_loss` (``advantages`` ``[B]`` or ``[B, T]``).
         algo: a :class:`grpo_lab.algo.algorithms.Algorithm`.
         group_size, group_tokens: the group structure, as :func:`policy_loss`.
+        inputs: the declared inputs, as :func:`policy_loss`.
+        return_metrics: return ``(stats, {metric: float})``: the metrics the statistics emit.
 
     Raises:
         ValueError: as :func:`policy_loss` for the inputs.
@@ -1122,7 +1335,7 @@ def batch_statistics(
     _check_algorithm(algo)
     fn = SURROGATES[algo.surrogate]
     if not _hp.spec(fn).batch_statistics:
-        return {}
+        return ({}, {}) if return_metrics else {}
     shape = _v.bt_tensor(logp, "logp").shape
     _v.bt_tensor(old_logp, "old_logp", shape)
     m = _v.mask_bool(mask, shape)
@@ -1131,7 +1344,8 @@ def batch_statistics(
                 _masked(_broadcast_adv(advantages, shape, cdt), m, cdt), None, m,
                 torch.zeros((), dtype=cdt, device=logp.device), Normalisers())
     with torch.no_grad():
-        return _context(x, algo, (group_size, group_tokens, None), None).stats
+        ctx, metrics = _context(x, algo, (group_size, group_tokens, None), None, _prepared_inputs(x, algo, inputs))
+    return (ctx.stats, metrics) if return_metrics else ctx.stats
 
 
 def _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens,
@@ -1207,6 +1421,7 @@ def policy_loss(
     correct: Optional[Tensor] = None,
     num_correct_tokens: Optional[Number] = None,
     stats: Optional[Mapping[str, Tensor]] = None,
+    inputs: Optional[Mapping[str, Tensor]] = None,
 ) -> LossOutput:
     """The full per-token objective of ``algo`` as a loss to minimise, plus diagnostics.
 
@@ -1214,6 +1429,7 @@ def policy_loss(
 
         rho_it  = RATIOS[algo.ratio_level](logp, old_logp, mask)         (as log rho)
         pg_it   = SURROGATES[algo.surrogate](ctx, **hyper-parameters)      (PPO: -min(rho A, clip(rho) A))
+        pg_it   = w_it * pg_it, w = MISMATCH_CORRECTIONS[algo.mismatch]    (TIS / MIS, if set; w detached)
         pg_it   = M_it * pg_it                                            (V3.2 Eqs. 8-9, if set)
         loss_it = pg_it + beta * KL_ESTIMATORS[algo.kl](logp - ref_logp)  (if algo.uses_kl; V3.2 Eq. 7 if set)
         loss    = AGGREGATIONS[algo.aggregation](loss_it, mask, max_tokens or algo.max_tokens, ...)
@@ -1228,7 +1444,10 @@ def policy_loss(
         algo, ref_logp: an :class:`grpo_lab.algo.algorithms.Algorithm`; ``[B, T]`` log pi_ref, needed iff ``algo.uses_kl``.
         num_tokens, num_sequences, max_tokens, group_size, group_tokens, num_groups: as :func:`aggregate`.
         correct, num_correct_tokens: ``[B]`` bool and the global count of their tokens, for VAPO Eqs. 9-10.
-        stats: the surrogate's whole-minibatch statistics (:func:`batch_statistics`); None: this batch's.
+        stats: the surrogate's whole-minibatch statistics (:func:`batch_statistics`); None: this batch's
+            (their metrics then join ``metrics``).
+        inputs: ``{name: Tensor}`` of :data:`grpo_lab.algo.hparams.INPUTS` (``[B, T]`` or ``[B]``): those the
+            loss's functions declare (:func:`loss_inputs`) must be there; the others are not handed over.
 
     Returns:
         :class:`LossOutput` ``(loss, metrics)``: ``loss`` 0-d float32 with grad (float64 for float64
@@ -1240,9 +1459,18 @@ def policy_loss(
     """
     groups = (group_size, group_tokens, num_groups)
     x = _validated(logp, old_logp, advantages, mask, algo, ref_logp, num_tokens, num_sequences, max_tokens, groups)
-    ctx = _context(x, algo, groups, stats)
+    given = _prepared_inputs(x, algo, inputs)
+    agg_inputs = {k: given[k] for k in _hp.spec(AGGREGATIONS[algo.aggregation]).inputs}
+    if agg_inputs:
+        x = x._replace(norms=x.norms._replace(inputs=agg_inputs))
+    ctx, stat_metrics = _context(x, algo, groups, stats, given)
     log_ratio = ctx.log_ratio
     pg_tok, indicators = _surrogate(ctx, algo)
+    if getattr(algo, "mismatch", None) is not None:  # TIS / MIS: the detached weight, before the KL term (as TRL)
+        fn = MISMATCH_CORRECTIONS[algo.mismatch]
+        w, mis_ind = fn(ctx, **algo.values_for(fn))
+        pg_tok = pg_tok * w
+        indicators = {**indicators, **mis_ind}
     keep = None
     if algo.offpolicy_mask_delta is not None:  # DeepSeek-V3.2 Eqs. 8-9
         with torch.no_grad():
@@ -1261,6 +1489,7 @@ def policy_loss(
     metrics = _loss_metrics(x, algo, loss, pg_tok, log_ratio, indicators, keep, kl_tok)
     if nll is not None:
         metrics["nll_loss"] = _metrics.total(float(nll.detach()))
+    metrics.update({k: _metrics.seq_mean(v, metrics["num_sequences"]) for k, v in stat_metrics.items()})
     return LossOutput(loss, metrics)
 
 
@@ -1297,12 +1526,21 @@ def _as_metric(name: str, value: float, n_tok: float, n_seq: float, kl_measured:
     return _metrics.token_mean(value, n_tok)
 
 
-def _check_indicators(indicators: dict, surrogate: str) -> None:
-    """A surrogate's indicators hold :data:`SURROGATE_METRICS`' keys and no name of :data:`METRIC_KEYS`."""
-    missing = [k for k in SURROGATE_METRICS if k not in indicators]
+def _check_indicators(indicators: dict, surrogate: str, shape: tuple) -> None:
+    """A surrogate's indicators hold ``grad``, both or neither of ``clip_low`` / ``clip_high`` (a surrogate
+    without a clip reports no clip fraction), no name of :data:`METRIC_KEYS`, and each is ``[B, T]`` (per
+    token) or ``[B]`` (per response); the keys of :data:`SURROGATE_METRICS` are per token."""
+    missing = [k for k in ("grad",) if k not in indicators]
+    if ("clip_low" in indicators) != ("clip_high" in indicators):
+        missing.append("clip_high" if "clip_low" in indicators else "clip_low")
     if missing:
-        raise ValueError(f"surrogate {surrogate!r} must return per-token indicators {list(SURROGATE_METRICS)}; "
-                         f"missing {missing}")
+        raise ValueError(f"surrogate {surrogate!r} must return the per-token indicator 'grad', and 'clip_low' with "
+                         f"'clip_high' (both or neither); missing {missing}")
+    bad = [k for k, v in indicators.items() if not isinstance(v, Tensor) or tuple(v.shape) not in (shape, shape[:1])
+           or (k in SURROGATE_METRICS and tuple(v.shape) != shape)]
+    if bad:
+        raise ValueError(f"surrogate {surrogate!r}: indicators {bad} must be tensors of shape [B, T] = {shape} (per "
+                         f"token; {list(SURROGATE_METRICS)} always) or [B] = {shape[:1]} (per response)")
     clash = sorted(set(indicators) & set(METRIC_KEYS))
     if clash:
         raise ValueError(f"surrogate {surrogate!r} returns indicators named like built-in metrics {clash}; "
@@ -1311,14 +1549,18 @@ def _check_indicators(indicators: dict, surrogate: str) -> None:
 
 def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicators, keep, kl_tok) -> dict:
     """The diagnostics of :func:`policy_loss`, by name, with one device-to-host transfer."""
-    _check_indicators(indicators, algo.surrogate)
+    _check_indicators(indicators, algo.surrogate, tuple(x.mask.shape))
     m, zero = x.mask, x.zero
+    clipping = "clip_low" in indicators
     with torch.no_grad():
         n_tok = m.sum()
         n_f = n_tok.clamp(min=1).to(zero.dtype)
         n_rows = (m.sum(dim=-1) > 0).sum().to(zero.dtype)
         counted = m if keep is None else m & keep  # tokens whose policy term is in the loss
-        frac = {k: torch.where(counted, v, torch.zeros((), dtype=v.dtype, device=v.device)).sum() / n_f
+        rows_counted = counted.any(dim=-1)  # responses with a counted token: what a per-response indicator averages
+        frac = {k: (torch.where(counted, v, torch.zeros((), dtype=v.dtype, device=v.device)).sum() / n_f if v.dim() == 2
+                    else torch.where(rows_counted, v, torch.zeros((), dtype=v.dtype, device=v.device)).sum()
+                    / n_rows.clamp(min=1))
                 for k, v in indicators.items()}
         ratio = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))[m]
         if ratio.numel() > 0:
@@ -1336,9 +1578,10 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
         tok_r = torch.exp(torch.clamp(x.logp.detach() - x.old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         tok_dev = torch.where(m, (tok_r - 1.0).abs(), zero).sum() / n_f
         # a row is clipped when it has a counted token and the clip removes every one of them
-        cut = indicators["clip_low"].bool() | indicators["clip_high"].bool()
+        none = torch.zeros_like(m)
+        cut = indicators["clip_low"].bool() | indicators["clip_high"].bool() if clipping else none
         seq_cut = counted.any(dim=-1) & ~(counted & ~cut).any(dim=-1)
-        up = counted & indicators["clip_high"].bool()
+        up = counted & indicators["clip_high"].bool() if clipping else none
         n_up = up.sum().to(zero.dtype)
         p_theta = torch.exp(x.logp.detach().to(zero.dtype))
         p_up = torch.where(up, p_theta, zero)
@@ -1346,9 +1589,9 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
             "loss": loss.detach(),
             "pg_loss": _reduce(pg_tok.detach(), m, algo.aggregation, x.norms),
             "kl": zero if kl_tok is None else torch.where(m, kl_tok.detach(), zero).sum() / n_f,
-            "clip_frac_low": frac["clip_low"],
-            "clip_frac_high": frac["clip_high"],
-            "clip_frac": frac["clip_low"] + frac["clip_high"],
+            "clip_frac_low": frac["clip_low"] if clipping else zero,
+            "clip_frac_high": frac["clip_high"] if clipping else zero,
+            "clip_frac": frac["clip_low"] + frac["clip_high"] if clipping else zero,
             **dict(zip(("ratio_mean", "ratio_min", "ratio_max", "ratio_q05", "ratio_q50", "ratio_q95"), r_stats)),
             "grad_token_frac": frac["grad"],
             "adv_abs_mean": x.adv.abs().sum() / n_f,
@@ -1368,7 +1611,17 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
         host = torch.stack([v.to(torch.float64).reshape(()) for v in values.values()]).tolist()
     vals = {k: (v if math.isfinite(v) else 0.0) for k, v in zip(values, host)}
     n, s, n_high = vals["num_tokens"], vals["num_sequences"], vals.pop("clip_high_count")
-    return {k: _as_metric(k, v, n, s, kl_tok is not None, n_high) for k, v in vals.items()}
+    if not clipping:  # a surrogate without a clip: no clip fraction (absent, not 0)
+        for k in _CLIP_METRICS:
+            vals.pop(k)
+    per_response = {k for k, v in indicators.items() if v.dim() == 1}
+    return {k: (_metrics.seq_mean(v, s) if k in per_response else _as_metric(k, v, n, s, kl_tok is not None, n_high))
+            for k, v in vals.items()}
+
+
+#: the metrics of a clip (absent for a surrogate that returns no ``clip_low`` / ``clip_high``)
+_CLIP_METRICS = ("clip_frac_low", "clip_frac_high", "clip_frac", "clip_high_prob_mean", "clip_high_prob_max",
+                 "seq_clip_frac")
 
 
 # --------------------------------------------------------------------------------------------

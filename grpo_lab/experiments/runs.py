@@ -432,6 +432,7 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
     steps = _check_steps(prof.steps if steps is None else steps)
     prof = _lr_horizon(prof, steps)
     _check_outputs(prof, resume)
+    algo.check_config(prof.config)  # before any worker starts: what the algorithm's functions need of the run
     if save_model and prof.config.output_dir is None:
         raise ValueError("run: save_model=True writes each seed's model under output_dir, which is None; pass "
                          "output_dir=... (a directory) or save_model=False")

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from ..algo import selection
+from ..algo import advantages as _adv
 from ..algo.advantages import tied_groups
 from ..algo.metrics import reduce_updates
 from ..algo.objectives import METRIC_KEYS
@@ -49,7 +50,9 @@ HISTORY_COLUMNS = {
     "length_incorrect": "mean length of incorrect samples (NaN when none)",
     "entropy": "policy entropy, nats/token, over the first epoch's loss tokens",
     "grad_norm": "policy gradient norm before clipping, mean over the step's optimiser steps",
-    "zero_adv_group_frac": "fraction of tied groups (grpo_lab.algo.advantages.tied_groups)",
+    "zero_adv_group_frac": "fraction of groups whose advantages are all 0 (no policy-gradient signal): for the "
+                           "built-in estimators the tied groups of all generated rows (grpo_lab.algo.advantages."
+                           "tied_groups), for any other the trained groups whose advantages are all 0",
     "truncation_rate": "fraction of samples cut at the generation budget",
     "reasoning_frac": "fraction of samples the task calls reasoning (tasks with is_reasoning)",
     "tokens_per_s": "generated tokens / step wall time (measured)",
@@ -98,6 +101,28 @@ HISTORY_COLUMNS = {
 }
 
 
+#: the package's estimators whose zero-advantage groups are counted as tied groups of all generated rows (what
+#: this column has always counted for them; for a group baseline a tied group's advantages are exactly 0)
+_TIED_RULE = {k: _adv.ADVANTAGE_ESTIMATORS[k] for k in ("group", "group_mean", "batch", "rloo", "gae")}
+
+
+def zero_advantage_group_frac(batch: Batch, algo, shaped: torch.Tensor, G: int) -> float:
+    """``zero_adv_group_frac``: for the package's built-in estimators the fraction of tied groups among all rows
+    generated this step (:func:`grpo_lab.algo.advantages.tied_groups` of the training rewards ``shaped``); for any
+    other estimator (a registered one), the fraction of the trained groups whose advantages, as computed, are all 0
+    (over each row's loss tokens for ``[B, T]`` advantages); NaN when nothing was trained."""
+    if _TIED_RULE.get(algo.advantage) is _adv.ADVANTAGE_ESTIMATORS.get(algo.advantage):
+        return float(tied_groups(shaped, G).float().mean())
+    adv = batch.advantages
+    if adv is None or adv.shape[0] == 0:
+        return float("nan")
+    if adv.dim() == 2:
+        zero = ((adv.cpu() == 0) | (batch.loss_mask.cpu() == 0)).all(dim=-1)
+    else:
+        zero = adv.cpu() == 0
+    return float(zero.view(-1, G).all(dim=-1).float().mean())
+
+
 def history_row(batch: Batch, update: UpdateResult | None, *, config: TrainerConfig, algo, task, amp: Precision,
                 lr: float, seconds: float) -> dict:
     """The history row of one step (:data:`HISTORY_COLUMNS`) from its ``batch``, its ``update`` (``None`` when
@@ -117,7 +142,7 @@ def history_row(batch: Batch, update: UpdateResult | None, *, config: TrainerCon
         "length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
         "entropy": sum(e for e, _ in entropies) / max(n_tok, 1.0) if entropies else float("nan"),
         "grad_norm": float(np.mean(applied)) if applied else float("nan"),
-        "zero_adv_group_frac": float(tied_groups(shaped, G).float().mean()),
+        "zero_adv_group_frac": zero_advantage_group_frac(batch, algo, shaped, G),
         "truncation_rate": float(torch.cat([s.rollout.truncated.cpu() for s in gen]).float().mean()),
         "tokens_per_s": sum(float(s.rollout.completion_mask.sum()) for s in gen) / seconds,
         "gen_seconds": sum(s.rollout.gen_seconds for s in gen),

@@ -104,6 +104,7 @@ class Trainer:
         validate_task(task)  # cheap: attributes and signatures only, no call into the task (no RNG is touched)
         self.config = c = config or TrainerConfig()
         algo = _checked_algorithm(algo)
+        algo.check_config(c)  # what the algorithm's functions need of the run (hparams.declare(config=...))
         #: the callbacks :meth:`train` and :meth:`save` call: the trackers of ``config.report_to``, then ``callbacks``
         self.callbacks: list = make_callbacks(c.report_to, c.output_dir) + check_callbacks(callbacks)
         if not callable(loss_fn):

@@ -29,7 +29,7 @@ import torch
 from ..algo import hparams
 from ..algo.advantages import AdvantageBatch
 from ..algo.algorithms import Algorithm
-from ..algo.metrics import reduce_micro_batches, token_mean, total
+from ..algo.metrics import reduce_micro_batches, seq_mean, token_mean, total
 from ..policy.moe import RoutingStore, record_routing, replay_routing, routing_changes
 from ..algo.objectives import SURROGATES, batch_statistics, policy_loss, value_loss
 from ..policy.rollout import Rollout, policy_logprobs
@@ -40,7 +40,7 @@ from .precision import Precision
 from .value_model import checked_values
 
 __all__ = ["Learner", "Minibatch", "RolloutUpdate", "UpdateResult", "compute_advantages", "plan_update", "run_update",
-           "optimizer_step", "set_policy_lr", "group_token_counts", "logp_chunks"]
+           "optimizer_step", "set_policy_lr", "group_token_counts", "logp_chunks", "declared_inputs"]
 
 
 @dataclass
@@ -100,8 +100,11 @@ class Minibatch:
         group_tokens: ``[B]`` float64, per row of the batch the loss-token count of its group within
             this minibatch (0 outside it), for the ``"group_token_mean"`` aggregation.
         stats: the whole-minibatch statistics of the algorithm's surrogate
-            (:func:`grpo_lab.algo.objectives.batch_statistics`), ``{name: Tensor [B] or [B, T]}`` indexed by the
+            (:func:`grpo_lab.algo.objectives.batch_statistics`), ``{name: Tensor [B, ...]}`` indexed by the
             batch's rows (filled on this minibatch's rows); empty when the surrogate declares none.
+        token_stats: the names of ``stats`` that are per token (``[B, T, ...]``: each micro-batch gets its rows
+            and its tokens; the others only its rows).
+        stat_metrics: the metrics the statistics emitted (``{name: float}``), added to the step's metrics.
     """
 
     rows: torch.Tensor
@@ -109,6 +112,8 @@ class Minibatch:
     group_tokens: torch.Tensor
     stats: dict = field(default_factory=dict)
     micro_batches: list = field(default_factory=list)
+    token_stats: set = field(default_factory=set)
+    stat_metrics: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -172,7 +177,9 @@ def compute_advantages(batch: Batch, algo: Algorithm, config: TrainerConfig) -> 
     """The *advantages* stage: ``algo``'s estimator on the batch view (rewards, group ids, loss mask, values),
     written to ``batch.advantages`` (``[B]`` or ``[B, T]`` float32, on ``config.device``) and returned; with
     values, also the critic's targets ``batch.returns`` (:meth:`~grpo_lab.algo.algorithms.Algorithm.value_targets`)."""
-    view = AdvantageBatch.from_groups(batch.rewards, config.group_size, mask=batch.loss_mask, values=batch.values)
+    correct = batch.correct if "correct" in algo.inputs()["advantage"] else None  # only when declared
+    view = AdvantageBatch.from_groups(batch.rewards, config.group_size, mask=batch.loss_mask, values=batch.values,
+                                      correct=correct)
     batch.advantages = algo.estimate_advantages(view).to(config.device)
     if batch.values is not None:
         batch.returns = algo.value_targets(view, batch.advantages).to(config.device)
@@ -281,7 +288,7 @@ def _minibatch_backward(run: RolloutUpdate, mb: Minibatch, learner: Learner, rng
     routing = None if store is None else "record" if on_policy else "replay" if c.routing_replay else None
     measure = store is not None and run.n_updates == 1
     if hparams.spec(SURROGATES[algo.surrogate]).batch_statistics:
-        mb.stats = _minibatch_statistics(run, mb, learner, on_policy=on_policy, replay=routing == "replay")
+        _minibatch_statistics(run, mb, learner, on_policy=on_policy, replay=routing == "replay")
     learner.optimizer.zero_grad(set_to_none=True)
     if learner.value_optimizer is not None:
         learner.value_optimizer.zero_grad(set_to_none=True)
@@ -289,14 +296,15 @@ def _minibatch_backward(run: RolloutUpdate, mb: Minibatch, learner: Learner, rng
                          measure_routing=measure, entropies=run.entropies if epoch == 0 else None)
              for sub in mb.micro_batches]
     metrics = reduce_micro_batches(parts)
+    metrics.update({k: seq_mean(v, 1.0) for k, v in mb.stat_metrics.items()})  # one value per minibatch
     if algo.ntp_coef > 0:  # the L_RL + ntp_coef L_NTP ablation (Algorithm.ntp_coef)
         metrics["ntp_loss"] = total(_ntp_backward(run.batch.rollout, mb.rows, learner, rng))
     return metrics
 
 
 def _minibatch_statistics(run: RolloutUpdate, mb: Minibatch, learner: Learner, *, on_policy: bool,
-                          replay: bool) -> dict:
-    """The surrogate's whole-minibatch statistics (:func:`grpo_lab.algo.objectives.batch_statistics`) over the
+                          replay: bool) -> None:
+    """Fill ``mb.stats``, ``mb.token_stats`` and ``mb.stat_metrics``: the surrogate's whole-minibatch statistics (:func:`grpo_lab.algo.objectives.batch_statistics`) over the
     rows of ``mb``, indexed by batch row: π_θ scored without gradient at the current weights (in the
     micro-batches of the training forward, so the values are those the loss will see; with ``replay``
     π_old's MoE routing forced), π_old as the micro-batches will see it (``sg(π_θ)`` on an on-policy
@@ -306,21 +314,48 @@ def _minibatch_statistics(run: RolloutUpdate, mb: Minibatch, learner: Learner, *
     rows = torch.sort(mb.rows).values  # batch order, whatever the micro-batch order: the same draw or top-k
     B, T = batch.loss_mask.shape
     logp = torch.zeros(B, T, device=batch.loss_mask.device)
+    ent = torch.zeros(B, T, device=batch.loss_mask.device)
     with torch.no_grad():
         for sub in mb.micro_batches:
             part = batch.rollout.select(sub)
             t = part.completion_ids.shape[1]
-            lp, _, _ = _policy_forward(part, sub, batch.loss_mask[sub, :t], learner, run.routing,
+            lp, e, _ = _policy_forward(part, sub, batch.loss_mask[sub, :t], learner, run.routing,
                                        "replay" if replay else None, False)
             logp[sub, :t] = lp.float()  # [b, t] into [B, T]
+            ent[sub, :t] = e.float()
     old = logp[rows] if on_policy or run.old_logp is None else run.old_logp[rows]
-    stats = batch_statistics(logp[rows], old, batch.advantages[rows].to(logp.device), batch.loss_mask[rows],
-                             learner.algo, group_tokens=mb.group_tokens[rows].to(logp.device))
-    full = {}
+    inputs = declared_inputs(run, rows, T, learner, ent[rows])
+    stats, mb.stat_metrics = batch_statistics(logp[rows], old, batch.advantages[rows].to(logp.device),
+                                              batch.loss_mask[rows], learner.algo,
+                                              group_tokens=mb.group_tokens[rows].to(logp.device), inputs=inputs,
+                                              return_metrics=True)
+    mb.stats, mb.token_stats = {}, set()
     for name, v in stats.items():  # [n, ...] in sorted rows -> [B, ...] by batch row
-        full[name] = torch.zeros((B, *v.shape[1:]), dtype=v.dtype, device=v.device)
-        full[name][rows] = v
-    return full
+        mb.stats[name] = torch.zeros((B, *v.shape[1:]), dtype=v.dtype, device=v.device)
+        mb.stats[name][rows] = v
+        if v.dim() >= 2 and v.shape[1] == T:  # [n, T, ...]: per token
+            mb.token_stats.add(name)
+
+
+def declared_inputs(run: RolloutUpdate, sub: torch.Tensor, T: int, learner: Learner,
+                    entropy: torch.Tensor | None) -> dict:
+    """The inputs (:data:`grpo_lab.algo.hparams.INPUTS`) that the algorithm's loss functions declare, for the rows
+    ``sub`` (``[b]`` int64) and the first ``T`` completion tokens, and only those: ``behaviour_logp`` (the
+    rollout's), ``correct``, ``rewards`` (the training rewards), ``entropy`` (``entropy``: π_θ's of this
+    forward), ``group_ids`` (row // G) and ``lengths`` (real completion tokens)."""
+    batch, names = run.batch, learner.algo.inputs()["loss"]
+    if not names:
+        return {}
+    ro = batch.rollout
+    source = {
+        "behaviour_logp": lambda: ro.behaviour_logp[sub, :T],
+        "correct": lambda: batch.correct[sub],
+        "rewards": lambda: batch.rewards[sub],
+        "entropy": lambda: entropy.detach(),
+        "group_ids": lambda: sub // learner.config.group_size,
+        "lengths": lambda: (ro.completion_mask[sub] != 0).sum(-1),
+    }
+    return {k: source[k]() for k in names}
 
 
 def _micro_step(run: RolloutUpdate, mb: Minibatch, sub: torch.Tensor, learner: Learner, *, on_policy: bool = False,
@@ -342,7 +377,7 @@ def _micro_step(run: RolloutUpdate, mb: Minibatch, sub: torch.Tensor, learner: L
     logp, ent, rec = _policy_forward(part, sub, mask, learner, run.routing, routing, measure_routing)
     if entropies is not None:
         entropies.append((float((ent * mask).sum()), float(mask.sum())))
-    out = _policy_term(run, mb, sub, logp, mask, learner, on_policy)
+    out = _policy_term(run, mb, sub, logp, mask, learner, on_policy, ent)
     metrics = dict(out.metrics)
     if measure_routing and rec is not None:
         metrics["routing_change_frac"] = _routing_change_frac(run.routing, part, sub, rec)
@@ -380,7 +415,7 @@ def _policy_forward(part: Rollout, sub: torch.Tensor, mask: torch.Tensor, learne
 
 
 def _policy_term(run: RolloutUpdate, mb: Minibatch, sub: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor,
-                 learner: Learner, on_policy: bool):
+                 learner: Learner, on_policy: bool, entropy: torch.Tensor | None = None):
     """``learner.loss_fn`` (:func:`grpo_lab.algo.objectives.policy_loss`) of one micro-batch (log-probs ``logp``
     and loss mask ``mask`` ``[b, T]`` of the rows ``sub``) with the minibatch's global normalisers, and its
     backward; returns the loss output. ``on_policy`` (or ``run.old_logp is None``): π_old = sg(``logp``),
@@ -394,10 +429,12 @@ def _policy_term(run: RolloutUpdate, mb: Minibatch, sub: torch.Tensor, logp: tor
         old = run.old_logp[sub, :T]  # [b, T]
     ref = run.ref_logp[sub, :T] if run.ref_logp is not None else None  # [b, T]
     adv = batch.advantages[sub] if batch.advantages.dim() == 1 else batch.advantages[sub, :T]  # [b] or [b, T]
-    stats = {k: (v[sub, :T] if v.dim() == 2 else v[sub]) for k, v in mb.stats.items()} if mb.stats else None
+    stats = {k: (v[sub, :T] if k in mb.token_stats else v[sub]) for k, v in mb.stats.items()} if mb.stats else None
+    inputs = declared_inputs(run, sub, T, learner, entropy)
+    extra = {"inputs": inputs} if inputs else {}  # a custom loss_fn of the old signature still works without inputs
     out = learner.loss_fn(logp, old, adv, mask, learner.algo, ref_logp=ref, max_tokens=learner.max_new_tokens,
                           group_tokens=mb.group_tokens[sub].to(logp.device),  # [b] float64
-                          correct=batch.correct[sub].to(logp.device), stats=stats, **mb.counts)
+                          correct=batch.correct[sub].to(logp.device), stats=stats, **extra, **mb.counts)
     if learner.loss_fn is not policy_loss:
         _check_loss_output(out, learner.loss_fn)
     learner.amp.backward(out.loss)

@@ -142,7 +142,7 @@ def test_axes_and_describe():
                         "kl_importance_correction", "dynamic_sampling", "overlong_filter", "overlong_cache_len",
                         "overlong_cache_frac",
                         "offpolicy_mask_delta", "mask_eps_low", "mask_eps_high", "gamma", "lam", "lam_alpha",
-                        "critic_lam", "value_clip_eps", "nll_coef", "ntp_coef"]
+                        "critic_lam", "value_clip_eps", "nll_coef", "ntp_coef", "mismatch"]
     assert ax["kl_importance_correction"] is False and ax["offpolicy_mask_delta"] is None
     assert ax["mask_eps_low"] is None and ax["mask_eps_high"] is None
     assert ax["kl"] == "k3" and ax["beta"] == 0.04

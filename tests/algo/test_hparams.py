@@ -55,20 +55,20 @@ def test_only_a_surrogate_may_declare_statistics(monkeypatch):
         GRPO.replace(advantage="with_stat")
 
 
-def test_a_statistic_must_be_per_row_or_per_token(monkeypatch):
-    def wide(ctx):
-        return torch.zeros(ctx.mask.shape[0], 16)
+def test_a_statistic_must_have_one_row_per_sequence(monkeypatch):
+    def short(ctx):
+        return torch.zeros(ctx.mask.shape[0] - 1, 16)
 
-    @hparams.declare(batch_statistics={"wide": wide})
-    def uses_wide(ctx):
-        return ppo_surrogate(ctx)
+    @hparams.declare(batch_statistics={"short": short})
+    def uses_short(ctx):
+        return ppo_surrogate(ctx, eps_low=0.2, eps_high=0.2)
 
-    monkeypatch.setitem(SURROGATES, "wide", uses_wide)
-    algo = GRPO.replace(surrogate="wide", kl=None, beta=0.0)
+    monkeypatch.setitem(SURROGATES, "short", uses_short)
+    algo = GRPO.replace(surrogate="short", kl=None, beta=0.0)
     lp = -torch.rand(4, 5)
-    with pytest.raises(ValueError, match=r"statistic 'wide' .* shape \[B\] = \(4,\) or \[B, T\] = \(4, 5\)"):
+    with pytest.raises(ValueError, match=r"statistic 'short' .* shape \[B, \.\.\.\] with B = 4"):
         batch_statistics(lp, lp, torch.ones(4), torch.ones(4, 5), algo)
-    with pytest.raises(ValueError, match="statistic 'wide'"):
+    with pytest.raises(ValueError, match="statistic 'short'"):
         policy_loss(lp, lp, torch.ones(4), torch.ones(4, 5), algo)
 
 

@@ -812,7 +812,7 @@ def test_custom_surrogate_contract(monkeypatch):
     assert out.metrics["ratio_above_1"] == pytest.approx(float((r > 1).float().mean()))
     assert out.metrics["clip_frac"] == 0.0 and list(out.metrics)[: len(METRIC_KEYS)] == list(METRIC_KEYS)
     monkeypatch.setitem(obj.SURROGATES, "bare", lambda ctx: (-ctx.log_ratio * ctx.advantages, {}))
-    with pytest.raises(ValueError, match=r"surrogate 'bare' must return per-token indicators"):
+    with pytest.raises(ValueError, match=r"surrogate 'bare' must return the per-token indicator 'grad'"):
         policy_loss(logp, old, adv, mask, Algorithm(surrogate="bare", kl=None))
 
 
