@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from grpo_lab.algo.algorithms import CLIP_COV, GMPO, GRPO, KL_COV, PRESETS, SAPO
-from grpo_lab.algo.objectives import batch_statistics, policy_loss
+from grpo_lab.algo.objectives import batch_statistics, loss_inputs, policy_loss
 
 
 def _batch(seed: int, B: int = 6, T: int = 5, spread: float = 0.3):
@@ -250,13 +250,17 @@ def _split_grad(algo, logp, old, adv, mask, rows_per_part, order):
     n_tok, n_seq = float(mask.sum()), float((mask.sum(1) > 0).sum())
     group_tokens = mask.sum(1).view(-1, 2).sum(1).repeat_interleave(2).to(torch.float64)
     n_groups = float((group_tokens.view(-1, 2)[:, 0] > 0).sum())
+    # a sampler that is not pi_old, for the presets that declare it (TIS, MIS): old - 0.3 |noise|, so rho passes
+    # TIS's cap of 2 nowhere and MIS's mask acts on some rows
+    behaviour = (old - 0.3 * torch.rand(old.shape, generator=torch.Generator().manual_seed(1), dtype=old.dtype)) * mask
+    inputs = {"behaviour_logp": behaviour} if "behaviour_logp" in loss_inputs(algo) else {}
     total = 0.0
     for start in range(0, len(order), rows_per_part):
         idx = order[start:start + rows_per_part]
         out = policy_loss(lp[idx], old[idx], adv[idx], mask[idx], algo, num_tokens=n_tok, num_sequences=n_seq,
                           max_tokens=5, group_tokens=group_tokens[idx], num_groups=n_groups,
                           correct=(adv[idx] > 0), num_correct_tokens=float(mask[adv > 0].sum()),
-                          stats={k: v[idx] for k, v in stats.items()})
+                          stats={k: v[idx] for k, v in stats.items()}, inputs={k: v[idx] for k, v in inputs.items()})
         total = total + out.loss
     (g,) = torch.autograd.grad(total, lp)
     return g
