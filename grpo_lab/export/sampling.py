@@ -90,8 +90,9 @@ def check_sampling(budget: dict, b: dict) -> None:
 
 def mismatch_of(algo: Any) -> tuple:
     """``(mode, C, keep_sampling_mask)`` of an algorithm: ``Algorithm.mismatch`` (None: no correction), its cap
-    ``is_cap`` (the algorithm's value for the mismatch function, else ``params['is_cap']``, else
-    :data:`IS_CAP_DEFAULT`; None without a mode) and ``Algorithm.keep_sampling_mask`` (False when absent)."""
+    ``is_cap`` (the algorithm's value for the mismatch function, else ``params['is_cap']``, else an ``is_cap``
+    attribute, else :data:`IS_CAP_DEFAULT`; None without a mode) and ``Algorithm.keep_sampling_mask`` (False
+    when absent)."""
     mode = getattr(algo, "mismatch", None)
     keep = bool(getattr(algo, "keep_sampling_mask", False))
     if mode is None:
@@ -103,8 +104,10 @@ def mismatch_of(algo: Any) -> tuple:
     fn = registry.get(mode) if isinstance(registry, dict) else None
     if fn is not None and hasattr(algo, "values_for"):
         cap = algo.values_for(fn).get("is_cap", cap)
-    elif isinstance(getattr(algo, "params", None), dict) or hasattr(getattr(algo, "params", None), "get"):
-        cap = algo.params.get("is_cap", cap)
+    elif "is_cap" in getattr(algo, "params", {}):
+        cap = algo.params["is_cap"]
+    else:
+        cap = getattr(algo, "is_cap", cap)
     return mode, float(cap), keep
 
 
@@ -126,6 +129,8 @@ def _common(algo: Any, b: dict, label: str) -> tuple:
         issues.append(dict(kind="impossible", axis="mismatch", message=f"mismatch={mode!r} reweights by pi_old / "
                            "pi_sampler, which is 1 when pi_old is the sampler's (old_logp='behaviour'); it needs "
                            "old_logp='recompute'"))
+    if any(i["kind"] == "impossible" for i in issues):
+        mode = None  # nothing to map: the export raises whatever strict says
     if keep and _truncated(b):
         issues.append(dict(kind="lost", axis="keep_sampling_mask", fix={"keep_sampling_mask": False},
                            message=f"{label} scores pi_theta and pi_old on the full softmax: it has no Keep Sampling "

@@ -36,6 +36,9 @@ Where the libraries differ from the papers or from grpo_lab, one line each (read
   Filtering TRL's ``mask_truncated_completions`` only; soft overlong punishment verl's ``dapo``
   reward manager and TRL's reward function (:func:`trl_reward_funcs`).
 * optimisation: :mod:`grpo_lab.export.optimisation`.
+* the sampling side (``old_logp``, ``rollout_dtype``, top-p / top-k, the mismatch correction TIS / MIS, Keep
+  Sampling Mask): :mod:`grpo_lab.export.sampling`. TRL never takes π_old from the sampler and has no sampler
+  precision; verl's ``rollout_correction.bypass_mode`` does and ``rollout.dtype`` sets it.
 
 Another installed TRL / verl than the verified releases gives a
 :class:`~grpo_lab.export.versions.LibraryVersionWarning` (:mod:`grpo_lab.export.versions`).
@@ -1011,7 +1014,8 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
             :data:`~grpo_lab.export.versions.TRL_VERSION` / :data:`~grpo_lab.export.versions.VERL_VERSION`.
         ExportError: (a ``ValueError``) with ``strict=True``, any difference (each listed, with its exact
             ``preset.replace(...)`` alternative if any); always, a choice with no counterpart (a registry function
-            from outside grpo_lab, RLOO in TRL, the batch-std advantage in verl, ``routing_replay=True``, ...).
+            from outside grpo_lab, RLOO in TRL, the batch-std advantage in verl, ``routing_replay=True``, a mismatch
+            correction with ``old_logp='behaviour'``, ...).
         ValueError: unknown ``target``; unknown or invalid budget keys or a budget that does not split; no
             ``max_new_tokens`` where the algorithm needs it (Dr.GRPO's constant, DAPO's L_max); an invalid ``algo``.
     """
@@ -1061,8 +1065,10 @@ def to_trl(algo: Union[Algorithm, str], *, strict: bool = True, **budget: Any) -
     ``importance_sampling_level`` (GSPO), ``beta`` with ``use_bias_correction_kl`` set explicitly
     (TRL's default True is DeepSeek-V3.2 Eq. 7, not DeepSeekMath Eq. 3-4),
     ``off_policy_mask_threshold`` (V3.2 Eqs. 8-9), ``mask_truncated_completions`` (DAPO Overlong
-    Filtering), and the sizes of ``budget``. Not a config field: DAPO's soft overlong punishment
-    is a reward function, :func:`trl_reward_funcs`. TRL has no dynamic sampling.
+    Filtering), the sampler's ``top_p`` / ``top_k`` and the mismatch correction
+    (``vllm_importance_sampling_*``, :mod:`grpo_lab.export.sampling`), and the sizes of ``budget``. Not a config
+    field: DAPO's soft overlong punishment is a reward function, :func:`trl_reward_funcs`. TRL has no dynamic
+    sampling, no sampler precision and no π_old taken from the sampler.
 
     Args:
         algo, strict, budget: as :func:`translate` (``budget`` as keyword arguments).
@@ -1084,8 +1090,9 @@ def to_verl(algo: Union[Algorithm, str], *, strict: bool = True, **budget: Any) 
     model, data and rollout-engine settings). The axes map as :func:`mapping_table` lists them
     (``algorithm.adv_estimator``, ``policy_loss.loss_mode``, ``clip_ratio_*``, ``loss_agg_mode``,
     ``loss_scale_factor``, ``kl_loss_*``, ``algorithm.filter_groups``, the ``dapo`` reward manager's
-    ``overlong_buffer_cfg``), plus the sizes of ``budget``. verl has no Overlong Filtering, no
-    importance-corrected KL and no Off-Policy Sequence Masking.
+    ``overlong_buffer_cfg``), the sampler (``rollout.dtype`` / ``top_p`` / ``top_k``), π_old and the mismatch
+    correction (``algorithm.rollout_correction.*``, :mod:`grpo_lab.export.sampling`), plus the sizes of
+    ``budget``. verl has no Overlong Filtering, no importance-corrected KL and no Off-Policy Sequence Masking.
 
     Args:
         algo, strict, budget: as :func:`translate` (``budget`` as keyword arguments).
