@@ -9,8 +9,7 @@ sampling part, as ``(settings, notes, issues)``.
 
 What each library computes (read from TRL's ``grpo_trainer.py`` / ``grpo_config.py`` and verl's
 ``rollout_corr_helper.py`` / ``core_algos.py`` / ``ray_trainer.py``; the mismatch weight
-``w = pi_old / pi_sampler`` per token, or the product over a response's tokens, Ionides 2008's truncated IS
-and the TIS / MIS write-ups (Yao et al. 2025; Liu et al. 2025)):
+``w = pi_old / pi_sampler`` per token, or the product over a response's tokens, as both libraries compute it):
 
 * mismatch: TRL ``vllm_importance_sampling_correction=True``, ``vllm_importance_sampling_mode`` = the grpo_lab
   name, ``vllm_importance_sampling_clip_max`` = C, ``clip_min`` None: truncate min(w, C), mask w 1[w <= C],
