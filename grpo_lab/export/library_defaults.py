@@ -31,7 +31,8 @@ TRL_DEFAULTS: dict = {
     "importance_sampling_level": "token", "use_bias_correction_kl": True, "off_policy_mask_threshold": None,
     "mask_truncated_completions": False, "top_entropy_quantile": 1.0, "entropy_coef": 0.0,
     "use_adaptive_entropy": False, "use_vllm": False, "vllm_importance_sampling_correction": True,
-    "vllm_importance_sampling_mode": "sequence_mask", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05,
+    "vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_max": 3.0,
+    "vllm_importance_sampling_clip_min": None, "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05,
     "multi_objective_aggregation": "sum_then_normalize", "reward_weights": None, "sync_ref_model": False,
     # sizes
     "num_generations": 8, "max_completion_length": 512, "num_iterations": 1, "steps_per_generation": None,
@@ -73,8 +74,7 @@ TRL_OTHER_FIELDS = frozenset((
     'vllm_server_port', 'vllm_server_timeout', 'vllm_group_port', 'vllm_gpu_memory_utilization',
     'vllm_max_model_length', 'vllm_tensor_parallel_size', 'vespo_k_pos', 'vespo_lambda_pos', 'vespo_k_neg',
     'vespo_lambda_neg', 'ref_model_mixup_alpha', 'ref_model_sync_steps', 'entropy_coef_min', 'entropy_coef_max',
-    'entropy_coef_delta', 'entropy_target', 'max_tool_calling_iterations', 'vllm_importance_sampling_clip_max',
-    'vllm_importance_sampling_clip_min', 'log_completions', 'log_multimodal', 'num_completions_to_print',
+    'entropy_coef_delta', 'entropy_target', 'max_tool_calling_iterations', 'log_completions', 'log_multimodal', 'num_completions_to_print',
     'log_unique_prompts', 'log_completions_hub_repo', 'use_transformers_continuous_batching',
     'transformers_continuous_batching_config', 'use_transformers_paged', 'vllm_importance_sampling_cap',
 ))
@@ -87,6 +87,8 @@ VERL_DEFAULTS: dict = {
     "algorithm.kl_ctrl.kl_coef": 0.001, "algorithm.filter_groups.enable": False,
     "algorithm.filter_groups.metric": "reward", "algorithm.filter_groups.max_num_gen_batches": 0,
     "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_rs": None,
+    "algorithm.rollout_correction.rollout_is_threshold": 2.0, "algorithm.rollout_correction.bypass_mode": False,
+    "algorithm.rollout_correction.loss_type": "ppo_clip", "algorithm.rollout_correction.rollout_is_batch_normalize": False,
     "algorithm.use_pf_ppo": False,
     _A + "policy_loss.loss_mode": "vanilla", _A + "policy_loss.clip_cov_ratio": 0.0002,
     _A + "policy_loss.clip_cov_lb": 1.0, _A + "policy_loss.clip_cov_ub": 5.0, _A + "policy_loss.kl_cov_ratio": 0.0002,
@@ -100,6 +102,8 @@ VERL_DEFAULTS: dict = {
     _A + "optim.lr_scheduler_type": "constant",
     "actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.rollout.temperature": 1.0,
     "actor_rollout_ref.rollout.top_p": 1, "actor_rollout_ref.rollout.top_k": -1,
+    "actor_rollout_ref.rollout.dtype": "bfloat16", "actor_rollout_ref.rollout.logprobs_mode": "processed_logprobs",
+    "actor_rollout_ref.rollout.calculate_log_probs": True,
     "data.max_response_length": 512, "data.train_batch_size": 1024,
     "reward.reward_manager.name": "naive", "trainer.nnodes": 1, "trainer.n_gpus_per_node": 8,
 }
@@ -118,9 +122,7 @@ VERL_OTHER_KEYS = frozenset([_A + k for k in (
     "entropy_from_logits_chunk_size", "entropy_checkpointing", "pad_to_length", "use_remove_padding")]
     + ["algorithm." + k for k in (
         "_target_", "filter_groups._target_", "filter_groups.max_inflight_gen_batches", "kl_ctrl._target_",
-        "kl_ctrl.type", "kl_ctrl.horizon", "kl_ctrl.target_kl", "rollout_correction.rollout_is_threshold",
-        "rollout_correction.rollout_rs_threshold", "rollout_correction.bypass_mode", "rollout_correction.loss_type",
-        "rollout_correction.rollout_is_batch_normalize")]
+        "kl_ctrl.type", "kl_ctrl.horizon", "kl_ctrl.target_kl", "rollout_correction.rollout_rs_threshold")]
     + ["custom_reward_function.path", "custom_reward_function.name"])
 #: prefixes of keys in the strict sections that hold no loss setting (any key under them is accepted)
 VERL_OPEN_PREFIXES = _OPEN

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import sampling as _smp
 from . import translation as _tr
 from .lint_base import Draft, Values, inverse, verify
 
@@ -126,13 +127,32 @@ def _extras(v: Values, d: Draft) -> None:
         d.inexact.append(f"entropy bonus entropy_coef = {coef:g}" + (" (adaptive, Skywork-OR1)" if adaptive else "")
                          + ": grpo_lab's loss has no entropy term")
     d.explained.update({"top_entropy_quantile", "entropy_coef"})
-    if v.flag("use_vllm") and v.flag("vllm_importance_sampling_correction"):
-        d.inexact.append(f"vLLM importance-sampling correction on (mode {v.get('vllm_importance_sampling_mode')!r}): "
-                         "the loss is reweighted by the trainer/sampler ratio, which grpo_lab's loss does not do")
-    d.explained.add("vllm_importance_sampling_correction")
+    _mismatch(v, d)
     if v.flag("sync_ref_model") and d.fields.get("beta", 0) > 0:
         d.inexact.append("sync_ref_model=True moves the KL reference towards the policy (TR-DPO); grpo_lab's "
                          "reference is fixed")
+
+
+def _mismatch(v: Values, d: Draft) -> None:
+    """TRL's vLLM importance-sampling correction (it acts with ``use_vllm=True`` only) as ``Algorithm.mismatch``."""
+    d.explained.update({"use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                        "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min"})
+    if not (v.flag("use_vllm") and v.flag("vllm_importance_sampling_correction")):
+        return
+    mode = v.text("vllm_importance_sampling_mode", _smp.MISMATCH_MODES)
+    cap, low = v.number("vllm_importance_sampling_clip_max", none=True), v.number("vllm_importance_sampling_clip_min",
+                                                                                  none=True)
+    if v.get("vllm_importance_sampling_cap") is not None:  # deprecated: GRPOConfig.__post_init__ moves it to clip_max
+        cap = v.number("vllm_importance_sampling_cap")
+    if low is not None and low > 0:
+        d.inexact.append(f"vllm_importance_sampling_clip_min = {low:g}: the weight is also "
+                         f"{'raised to' if mode.endswith('truncate') else 'zeroed below'} C_min; grpo_lab's mismatch "
+                         "correction has an upper bound only")
+    if cap is None:
+        d.inexact.append(f"vllm_importance_sampling_mode = {mode!r} without clip_max: no upper bound, which grpo_lab's "
+                         "mismatch correction always has (is_cap)")
+        return
+    _smp.read_mismatch(mode, cap, d.fields, d.inexact)
 
 
 def _notes(v: Values, d: Draft) -> None:
@@ -186,7 +206,8 @@ def read_trl(values: dict) -> tuple:
     _kl(v, d)
     _extras(v, d)
     _notes(v, d)
-    budget = {"max_new_tokens": v.integer("max_completion_length"), "precision": _precision(values)}
+    budget = {"max_new_tokens": v.integer("max_completion_length"), "precision": _precision(values),
+              "top_p": v.number("top_p"), "top_k": v.integer("top_k", none=True) or 0}
     if (v.integer("num_generations", none=True) or 0) >= 2:
         budget["group_size"] = v.integer("num_generations")
     norm = dict(values)

@@ -9,8 +9,10 @@ estimators and loss modes, verl's aliases of the KL names, the width normaliser 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from . import sampling as _smp
 from . import translation as _tr
 from .lint_base import Draft, Values, inverse, verify
 
@@ -169,6 +171,55 @@ def _sampling(v: Values, d: Draft) -> None:
     d.fields["overlong_filter"] = False  # verl 0.9.1 has no Overlong Filtering
 
 
+#: verl's rollout ``dtype`` names -> grpo_lab's ``rollout_dtype``
+_ROLLOUT_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+                   "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
+_R, _C = "actor_rollout_ref.rollout.", "algorithm.rollout_correction."
+
+
+def _correction(v: Values, d: Draft) -> None:
+    """``rollout_correction.rollout_is`` (decoupled mode) as ``Algorithm.mismatch``; rejection sampling and batch
+    normalisation, which grpo_lab has not, as inexact."""
+    level, spec = v.text(_C + "rollout_is", ("token", "sequence"), none=True), v.get(_C + "rollout_is_threshold")
+    if v.get(_C + "rollout_rs") is not None:
+        d.inexact.append(f"rollout_correction.rollout_rs = {v.get(_C + 'rollout_rs')!r}: rollout rejection sampling "
+                         "drops tokens or responses by their sampler divergence, which grpo_lab does not")
+    if level is None:
+        return
+    if v.flag(_C + "rollout_is_batch_normalize"):
+        d.inexact.append("rollout_is_batch_normalize=True: the mismatch weights are rescaled to mean 1 over the batch")
+    low, cap = (None, float(spec)) if not isinstance(spec, str) or "_" not in spec else \
+        tuple(float(x) for x in spec.split("_", 1))
+    if low is not None and low > math.exp(-20):
+        d.inexact.append(f"rollout_is_threshold = {spec!r}: weights below {low:g} are zeroed too; grpo_lab's mismatch "
+                         "correction has an upper bound only")
+    _smp.read_mismatch(f"{level}_{'truncate' if low is None else 'mask'}", cap, d.fields, d.inexact)
+
+
+def _rollout(v: Values, d: Draft, budget: dict) -> None:
+    """The sampler (dtype, top-p, top-k), where pi_old comes from (bypass mode) and the mismatch correction."""
+    dtype = v.get(_R + "dtype")
+    if dtype not in _ROLLOUT_DTYPES:
+        raise ValueError(f"verl config: {_R}dtype={dtype!r}: expected one of {sorted(_ROLLOUT_DTYPES)}")
+    top_k = v.integer(_R + "top_k")
+    budget.update(rollout_dtype=_ROLLOUT_DTYPES[dtype], top_p=v.number(_R + "top_p"), top_k=max(top_k, 0))
+    d.explained.update(k for k in v.values if k.startswith(_C)
+                       or k in (_R + s for s in ("dtype", "top_p", "top_k", "logprobs_mode", "calculate_log_probs")))
+    bypass = v.flag(_C + "bypass_mode")
+    if bypass and v.get(_C + "loss_type") != "ppo_clip":
+        d.inexact.append(f"bypass mode with rollout_correction.loss_type = {v.get(_C + 'loss_type')!r}: REINFORCE "
+                         "weighted by pi_theta / pi_sampler, which no grpo_lab surrogate computes")
+    if bypass:
+        budget["old_logp"] = "behaviour"
+        d.notes.append("bypass_mode=True: pi_old is the sampler's log-probs (old_logp='behaviour'); the PPO clip "
+                       "replaces policy_loss.loss_mode")
+    else:
+        _correction(v, d)
+    if (bypass or v.get(_C + "rollout_is")) and v.get(_R + "logprobs_mode") != "processed_logprobs":
+        d.inexact.append(f"rollout.logprobs_mode = {v.get(_R + 'logprobs_mode')!r}: the sampler's log-probs are not "
+                         "those of the distribution it sampled from (processed_logprobs)")
+
+
 #: verl advantage estimators that compare a response with the other responses of its prompt's group
 _GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "drgrpo", "gpg", "grpo_vectorized")
 
@@ -236,6 +287,7 @@ def read_verl(values: dict) -> tuple:
     if d.named is None and v.get("algorithm.adv_estimator") == "grpo":
         d.named = ("GRPO", "algorithm.adv_estimator=grpo")
     budget = {"max_new_tokens": v.integer("data.max_response_length"), "precision": _precision(values)}
+    _rollout(v, d, budget)
     if (v.integer("actor_rollout_ref.rollout.n", none=True) or 0) >= 2:
         budget["group_size"] = v.integer("actor_rollout_ref.rollout.n")
     norm = dict(values)

@@ -68,6 +68,8 @@ def budget_from_config(config: Any, **extra: Any) -> dict:
         config (``max_new_tokens``, ``micro_batch_size``, ``lr_schedule_steps``) are left out. ``grad_clip`` is
         left out when it is 0. ``precision`` is the dtype the grpo_lab run computes in:
         ``"auto"`` is resolved for ``config.device`` (:func:`grpo_lab.training.trainer.resolve_precision`).
+        The sampling side is always there: ``old_logp``, ``rollout_dtype``, ``top_p``, ``top_k``
+        (:mod:`grpo_lab.export.sampling`).
 
     Raises:
         TypeError: ``config`` is not a ``TrainerConfig``.
@@ -83,6 +85,8 @@ def budget_from_config(config: Any, **extra: Any) -> dict:
         budget.pop("grad_clip", None)
     budget["betas"] = tuple(budget["betas"])
     budget["precision"] = resolve_precision(config.precision, config.device)
+    for name, default in (("old_logp", "recompute"), ("rollout_dtype", "float32"), ("top_p", 1.0), ("top_k", 0)):
+        budget[name] = getattr(config, name, default)  # the sampling side (grpo_lab.export.sampling)
     clash = sorted(set(extra) & set(budget))
     if clash:
         raise ValueError(f"budget_from_config: {clash} come from the TrainerConfig; change the config instead")

@@ -36,6 +36,9 @@ Where the libraries differ from the papers or from grpo_lab, one line each (read
   Filtering TRL's ``mask_truncated_completions`` only; soft overlong punishment verl's ``dapo``
   reward manager and TRL's reward function (:func:`trl_reward_funcs`).
 * optimisation: :mod:`grpo_lab.export.optimisation`.
+* the sampling side (``old_logp``, ``rollout_dtype``, top-p / top-k, the mismatch correction TIS / MIS, Keep
+  Sampling Mask): :mod:`grpo_lab.export.sampling`. TRL never takes π_old from the sampler and has no sampler
+  precision; verl's ``rollout_correction.bypass_mode`` does and ``rollout.dtype`` sets it.
 
 Another installed TRL / verl than the verified releases gives a
 :class:`~grpo_lab.export.versions.LibraryVersionWarning` (:mod:`grpo_lab.export.versions`).
@@ -52,6 +55,7 @@ function from outside the package, RLOO in TRL, Routing Replay) raises whatever 
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -62,6 +66,7 @@ from ..algo import selection as _selection
 from ..algo import checks as _v
 from ..algo.algorithms import PRESETS, Algorithm, get_algorithm
 from . import optimisation as _opt
+from . import sampling as _smp
 from .versions import TRL_VERSION, VERL_VERSION, check_installed
 
 __all__ = [
@@ -129,6 +134,7 @@ BUDGET_KEYS: dict[str, str] = {
     "nnodes": "machines (verl trainer.nnodes; TRL: sizes the per-device batch, launch with accelerate)",
     "n_gpus_per_node": "GPUs per machine (verl trainer.n_gpus_per_node; TRL: as nnodes)",
     "routing_replay": "GSPO's Routing Replay for MoE policies (TrainerConfig.routing_replay): not exported",
+    **_smp.SAMPLING_KEYS,
 }
 
 _FIELD_ORDER = tuple(Algorithm.__dataclass_fields__)  # the dataclass fields, in order
@@ -240,6 +246,7 @@ def _check_budget(budget: dict) -> dict:
     if budget.get("routing_replay") is not None:
         b["routing_replay"] = _v.flag("routing_replay", budget["routing_replay"])
     _opt.check_optimisation(budget, b)
+    _smp.check_sampling(budget, b)
     if b.get("group_size") == 1:
         raise ValueError("group_size must be >= 2: a group of one has no baseline (TRL requires num_generations >= 2)")
     return b
@@ -342,7 +349,10 @@ def _builtin_choices(algo: Algorithm, target: str) -> list:
     label = _LABELS[target]
     axes = _package_functions(algo)
     out = [Issue("impossible", axis, f"{axis}={getattr(algo, axis)!r} is a function registered from outside grpo_lab "
-                 f"(or a built-in name re-registered); {label} has no counterpart to configure")
+                 f"(or a built-in name re-registered): grpo_lab.export cannot tell what it computes, so it maps it to "
+                 f"no {label} setting. A correction of the sampler-learner mismatch (TIS / MIS) is "
+                 "Algorithm.mismatch, which maps to TRL's vllm_importance_sampling_* and verl's "
+                 "algorithm.rollout_correction.*")
            for axis, registry, own in axes
            if _is_foreign(registry.get(getattr(algo, axis)), own.get(getattr(algo, axis)))]
     if not out and algo.advantage in _adv.VALUE_BASELINE_ESTIMATORS:
@@ -630,12 +640,20 @@ def _trl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
     _trl_kl(algo, d)
     _trl_masking_and_shaping(algo, b, loss_type, d)
     # --- what grpo_lab does not have -------------------------------------------------------------
-    d.config.update(top_entropy_quantile=1.0, entropy_coef=0.0, vllm_importance_sampling_correction=False)
-    d.notes.append("off: top_entropy_quantile=1.0, entropy_coef=0.0, vllm_importance_sampling_correction=False (TRL's "
-                   "default True reweights by the vLLM sampler's ratio, which grpo_lab's loss does not)")
+    d.config.update(top_entropy_quantile=1.0, entropy_coef=0.0)
+    d.notes.append("off: top_entropy_quantile=1.0, entropy_coef=0.0")
+    _sampling_part(algo, b, d, _smp.trl_sampling(algo, b))
     _trl_budget(d.config, b, d.notes)
     _optimisation(algo, b, d, _opt.trl_optimisation)
     return d.config, d.notes, d.issues
+
+
+def _sampling_part(algo: Algorithm, b: dict, d: _Draft, part: tuple) -> None:
+    """The sampling settings (:mod:`grpo_lab.export.sampling`), ``(config, notes, issues)``, into the draft."""
+    config, notes, issues = part
+    d.config.update(config)
+    d.notes.extend(notes)
+    d.issues.extend(Issue(**i) for i in issues)
 
 
 def _optimisation(algo: Algorithm, b: dict, d: _Draft, build) -> None:
@@ -914,6 +932,7 @@ def _verl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
                               "sampling compares the sampler with pi_old and ignores the advantage's sign",
                               fix={"offpolicy_mask_delta": None}))
     _verl_sampling_and_shaping(algo, b, d)
+    _sampling_part(algo, b, d, _smp.verl_sampling(algo, b, d.config.get(_A + "policy_loss.loss_mode")))
     _verl_budget(d.config, b, d.notes)
     _optimisation(algo, b, d, _opt.verl_optimisation)
     return d.config, d.notes, d.issues
@@ -949,10 +968,16 @@ def _verl_budget(ov: dict, b: dict, notes: list) -> None:
             ov[theirs] = b[ours]
 
 
+#: a string of two numbers joined by ``_`` (verl's IcePop ``rollout_is_threshold``), which Hydra must read as text
+_NUMERIC_PAIR = re.compile(r"[0-9.eE+-]+_[0-9.eE+-]+")
+
+
 def _hydra_value(v: Any) -> str:
     """A value in Hydra's override grammar (``True``, ``null``, ``1e-06``, ``[0.9,0.99]``, ``seq-mean-token-mean``)."""
     if v is None:
         return "null"
+    if isinstance(v, str) and _NUMERIC_PAIR.fullmatch(v):
+        return f"'{v}'"  # verl's 'lower_upper' threshold: quoted, a string for Hydra and YAML
     if isinstance(v, bool):
         return "True" if v else "False"
     if isinstance(v, (list, tuple)):
@@ -989,7 +1014,8 @@ def translate(algo: Union[Algorithm, str], target: str, *, strict: bool = True, 
             :data:`~grpo_lab.export.versions.TRL_VERSION` / :data:`~grpo_lab.export.versions.VERL_VERSION`.
         ExportError: (a ``ValueError``) with ``strict=True``, any difference (each listed, with its exact
             ``preset.replace(...)`` alternative if any); always, a choice with no counterpart (a registry function
-            from outside grpo_lab, RLOO in TRL, the batch-std advantage in verl, ``routing_replay=True``, ...).
+            from outside grpo_lab, RLOO in TRL, the batch-std advantage in verl, ``routing_replay=True``, a mismatch
+            correction with ``old_logp='behaviour'``, ...).
         ValueError: unknown ``target``; unknown or invalid budget keys or a budget that does not split; no
             ``max_new_tokens`` where the algorithm needs it (Dr.GRPO's constant, DAPO's L_max); an invalid ``algo``.
     """
@@ -1039,8 +1065,10 @@ def to_trl(algo: Union[Algorithm, str], *, strict: bool = True, **budget: Any) -
     ``importance_sampling_level`` (GSPO), ``beta`` with ``use_bias_correction_kl`` set explicitly
     (TRL's default True is DeepSeek-V3.2 Eq. 7, not DeepSeekMath Eq. 3-4),
     ``off_policy_mask_threshold`` (V3.2 Eqs. 8-9), ``mask_truncated_completions`` (DAPO Overlong
-    Filtering), and the sizes of ``budget``. Not a config field: DAPO's soft overlong punishment
-    is a reward function, :func:`trl_reward_funcs`. TRL has no dynamic sampling.
+    Filtering), the sampler's ``top_p`` / ``top_k`` and the mismatch correction
+    (``vllm_importance_sampling_*``, :mod:`grpo_lab.export.sampling`), and the sizes of ``budget``. Not a config
+    field: DAPO's soft overlong punishment is a reward function, :func:`trl_reward_funcs`. TRL has no dynamic
+    sampling, no sampler precision and no π_old taken from the sampler.
 
     Args:
         algo, strict, budget: as :func:`translate` (``budget`` as keyword arguments).
@@ -1062,8 +1090,9 @@ def to_verl(algo: Union[Algorithm, str], *, strict: bool = True, **budget: Any) 
     model, data and rollout-engine settings). The axes map as :func:`mapping_table` lists them
     (``algorithm.adv_estimator``, ``policy_loss.loss_mode``, ``clip_ratio_*``, ``loss_agg_mode``,
     ``loss_scale_factor``, ``kl_loss_*``, ``algorithm.filter_groups``, the ``dapo`` reward manager's
-    ``overlong_buffer_cfg``), plus the sizes of ``budget``. verl has no Overlong Filtering, no
-    importance-corrected KL and no Off-Policy Sequence Masking.
+    ``overlong_buffer_cfg``), the sampler (``rollout.dtype`` / ``top_p`` / ``top_k``), π_old and the mismatch
+    correction (``algorithm.rollout_correction.*``, :mod:`grpo_lab.export.sampling`), plus the sizes of
+    ``budget``. verl has no Overlong Filtering, no importance-corrected KL and no Off-Policy Sequence Masking.
 
     Args:
         algo, strict, budget: as :func:`translate` (``budget`` as keyword arguments).
@@ -1193,8 +1222,27 @@ _ROWS = (
      "reward.reward_manager.name=dapo, ++reward.reward_kwargs.{max_resp_len=L_max, overlong_buffer_cfg.{enable=True, "
      "len=L_cache, penalty_factor=1.0}}",
      "penalty min(((L_max - L_cache) - |y|) / L_cache, 0) added to the task reward; exact in both"),
-    ("(sampler correction)", "none (old_logp recomputed)", "vllm_importance_sampling_correction=False",
+    ("mismatch", "None", "vllm_importance_sampling_correction=False",
      "algorithm.rollout_correction.rollout_is=null", "TRL's default True reweights by the vLLM sampler's ratio"),
+    ("mismatch", "token_truncate / token_mask / sequence_truncate / sequence_mask (TIS / MIS), is_cap = C",
+     "use_vllm=True, vllm_importance_sampling_correction=True, vllm_importance_sampling_mode = the same name, "
+     "vllm_importance_sampling_clip_max = C, clip_min=None",
+     "algorithm.rollout_correction.rollout_is = token / sequence, rollout_is_threshold = C (truncate) or "
+     "'1e-9_C' (mask, IcePop), bypass_mode=False; rollout.calculate_log_probs=True",
+     "w = pi_old / pi_sampler per token or its product over the response; min(w, C) or w 1[w <= C], times each "
+     "token's loss; verl clamps log w to +-20, geo_mean geo-averages w (approximate); needs old_logp='recompute'"),
+    ("keep_sampling_mask", "True (DeepSeek-V3.2 §3.1)", "-", "-",
+     "lost in both when top_p < 1 or top_k > 0 (neither restricts pi_theta, pi_old to the kept set); a no-op else"),
+    ("budget", "old_logp (recompute, behaviour)", "- (always the trained model's: recomputed, or sg(pi_theta))",
+     "algorithm.rollout_correction.bypass_mode = False / True (loss_type=ppo_clip)",
+     "'behaviour' with a low-precision or truncated sampler: approximate in TRL; in verl exact with the PPO clip on "
+     "token ratios only (bypass mode replaces loss_mode)"),
+    ("budget", "rollout_dtype (float32, bfloat16, float16)", "- (no sampler precision in GRPOConfig)",
+     "actor_rollout_ref.rollout.dtype (always written; verl's default bfloat16)",
+     "approximate in TRL unless float32 without vLLM (the trained model samples)"),
+    ("budget", "top_p, top_k (0: off)", "top_p, top_k (0: off)",
+     "actor_rollout_ref.rollout.top_p, top_k (-1: off)", "always written; both libraries' vLLM log-probs are "
+     "processed_logprobs (after truncation)"),
     ("budget", "group_size", "num_generations", "actor_rollout_ref.rollout.n", "G"),
     ("budget", "max_new_tokens", "max_completion_length", "data.max_response_length", "L_max"),
     ("budget", "prompts_per_step", "per_device_train_batch_size x processes x steps_per_generation = prompts x G rows",

@@ -91,16 +91,20 @@ def _names() -> dict:
     cfg = typing.get_type_hints(TrainerConfig)
     out = {k: ("algorithm", h) for k, h in algo.items() if k not in ("name", "params")}
     out.update({k: ("trainer", cfg[k]) for k in BUDGET_KEYS if k in cfg})
+    # the sampler's truncation (TrainerConfig.top_p / top_k, issue 53), also before its fields exist here
+    out.update({k: ("trainer", h) for k, h in (("top_p", float), ("top_k", int)) if k not in out})
     return out
 
 
 def _choices(target: str, name: str) -> list:
     """The string values a probe tries for ``name``: the export's own table keys for a registry axis."""
     from ..training.lr_schedule import LR_SCHEDULES
+    from . import sampling as _smp
     from . import translation as _tr
     from .optimisation import EXPORT_PRECISIONS
 
-    own = {"lr_schedule": LR_SCHEDULES, "precision": EXPORT_PRECISIONS, **_tr._MAPPED[target]}
+    own = {"lr_schedule": LR_SCHEDULES, "precision": EXPORT_PRECISIONS, "old_logp": ("recompute", "behaviour"),
+           "rollout_dtype": ("float32", "bfloat16", "float16"), "mismatch": _smp.MISMATCH_MODES, **_tr._MAPPED[target]}
     return list(own.get(name, ()))
 
 

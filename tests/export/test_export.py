@@ -21,11 +21,17 @@ V32 = deepseek_v32(beta=0.04, delta=0.05, eps=0.2)
 
 # settings every TRL export pins, whatever the algorithm (grpo_lab has none of these mechanisms)
 TRL_OFF = {"multi_objective_aggregation": "sum_then_normalize", "delta": None, "top_entropy_quantile": 1.0,
-           "entropy_coef": 0.0, "vllm_importance_sampling_correction": False}
+           "entropy_coef": 0.0, "vllm_importance_sampling_correction": False,
+           # the sampler, always written (issue 53): TrainerConfig's defaults, no truncation
+           "top_p": 1.0, "top_k": 0}
 # settings every verl export pins
 VERL_OFF = ["algorithm.use_kl_in_reward=False", "algorithm.rollout_correction.rollout_is=null",
             "actor_rollout_ref.actor.entropy_coeff=0"]
 A = "actor_rollout_ref.actor."
+# the sampler every verl export writes (issue 53): TrainerConfig's float32 sampler (verl's default is bfloat16), no
+# truncation (verl's top_k = -1 is off)
+VERL_SAMPLER = ["actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.top_p=1.0",
+                "actor_rollout_ref.rollout.top_k=-1"]
 # the optimisation every export writes when the budget gives none: grpo_lab's TrainerConfig defaults (constant lr
 # without warm-up, AdamW betas (0.9, 0.99), no weight decay, float32), because TRL's and verl's defaults differ
 TRL_OPTIM = {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 0, "adam_beta1": 0.9, "adam_beta2": 0.99,
@@ -95,7 +101,7 @@ def test_verl_dr_grpo_golden():
         "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False", *VERL_OFF[:2],
         A + "policy_loss.loss_mode=vanilla", A + "clip_ratio_low=0.2", A + "clip_ratio_high=0.2",
         A + "clip_ratio_c=1e+10", A + "loss_agg_mode=seq-mean-token-sum-norm", A + "loss_scale_factor=32",
-        A + "use_kl_loss=False", VERL_OFF[2], "data.max_response_length=32", *VERL_OPTIM]
+        A + "use_kl_loss=False", VERL_OFF[2], *VERL_SAMPLER, "data.max_response_length=32", *VERL_OPTIM]
 
 
 def test_verl_grpo_with_verls_epsilon_golden():
@@ -103,7 +109,7 @@ def test_verl_grpo_with_verls_epsilon_golden():
         "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=True", *VERL_OFF[:2],
         A + "policy_loss.loss_mode=vanilla", A + "clip_ratio_low=0.2", A + "clip_ratio_high=0.2",
         A + "clip_ratio_c=1e+10", A + "loss_agg_mode=seq-mean-token-mean",
-        A + "use_kl_loss=True", A + "kl_loss_type=low_var_kl", A + "kl_loss_coef=0.04", VERL_OFF[2], *VERL_OPTIM]
+        A + "use_kl_loss=True", A + "kl_loss_type=low_var_kl", A + "kl_loss_coef=0.04", VERL_OFF[2], *VERL_SAMPLER, *VERL_OPTIM]
 
 
 def test_verl_gspo_sets_the_sequence_mean_not_verls_token_mean_default():

@@ -179,7 +179,6 @@ def test_verl_cispo_floor_below_zero_reads_as_no_floor():
 @pytest.mark.parametrize("config,words", [
     ({"top_entropy_quantile": 0.2}, "top_entropy_quantile = 0.2"),
     ({"entropy_coef": 0.01}, "entropy bonus"),
-    ({"use_vllm": True}, "vLLM importance-sampling correction"),
     ({"delta": 4.0}, "two-sided clip delta = 4"),
     ({"loss_type": "bnpo"}, "bnpo"),
     ({"loss_type": "luspo", "importance_sampling_level": "sequence"}, "luspo"),
