@@ -744,7 +744,7 @@ ev_head = stats.paired_difference(ev_first, ev_fresh)  # what pretraining gives 
 clip_ok, clip_iv = regime.clip_acts(regime.late_mean(grid["w/o clip-higher"].history, "clip_frac_high"))
 clip_all = per_seed_step("w/o clip-higher", "clip_frac_high").mean(axis=1)  # this chapter's earlier statistic
 clip_ok_old = bool(clip_all.mean() >= 0.01)  # and its earlier threshold: 1% over all steps
-mixed = 1 - per_seed_step("VAPO", "zero_adv_group_frac").mean(axis=1)  # groups holding right and wrong answers
+mixed = 1 - per_seed_step("VAPO", "tied_group_frac").mean(axis=1)  # groups holding right and wrong answers
 mixed_iv = stats.t_interval(mixed, bounds=(0, 1))
 base_acc = float(grid["VAPO"].base().mean())
 regime_run = pd.DataFrame([

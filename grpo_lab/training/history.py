@@ -35,7 +35,7 @@ __all__ = ["HISTORY_COLUMNS", "MEASURED_COLUMNS", "history_row", "evaluation_row
 MEASURED_COLUMNS = ("tokens_per_s", "gen_seconds", "step_seconds", "eval_seconds", "peak_mem_mb")
 
 #: Every column a history row may hold, ``{name: description}``. The step's sample columns (reward, accuracy,
-#: lengths, reasoning_frac, zero_adv_group_frac, truncation_rate, tokens_per_s, gen_seconds) cover every sample
+#: lengths, reasoning_frac, tied_group_frac, truncation_rate, tokens_per_s, gen_seconds) cover every sample
 #: generated in the step (all dynamic-sampling rounds, before filtering); the loss, ratio, clip, KL, entropy and
 #: gradient columns cover the tokens of the update batch that enter the loss, each reduced over the step's optimiser
 #: steps as the metric says (:mod:`grpo_lab.algo.metrics`). A step that made no update
@@ -51,8 +51,11 @@ HISTORY_COLUMNS = {
     "entropy": "policy entropy, nats/token, over the first epoch's loss tokens",
     "grad_norm": "policy gradient norm before clipping, mean over the step's optimiser steps",
     "zero_adv_group_frac": "fraction of groups whose advantages are all 0 (no policy-gradient signal): for the "
-                           "built-in estimators the tied groups of all generated rows (grpo_lab.algo.advantages."
-                           "tied_groups), for any other the trained groups whose advantages are all 0",
+                           "group-baseline estimators (group, group_mean, batch, rloo) the tied groups of all "
+                           "generated rows (tied_group_frac; their advantages are exactly 0), for any other "
+                           "(gae, a registered one) the trained groups whose advantages are all 0 at real tokens",
+    "tied_group_frac": "fraction of groups whose rewards are all equal (grpo_lab.algo.advantages.tied_groups), all "
+                       "generated rows, every estimator (a value baseline such as gae still has a signal there)",
     "truncation_rate": "fraction of samples cut at the generation budget",
     "reasoning_frac": "fraction of samples the task calls reasoning (tasks with is_reasoning)",
     "tokens_per_s": "generated tokens / step wall time (measured)",
@@ -101,18 +104,25 @@ HISTORY_COLUMNS = {
 }
 
 
-#: the package's estimators whose zero-advantage groups are counted as tied groups of all generated rows (what
-#: this column has always counted for them; for a group baseline a tied group's advantages are exactly 0)
-_TIED_RULE = {k: _adv.ADVANTAGE_ESTIMATORS[k] for k in ("group", "group_mean", "batch", "rloo", "gae")}
+#: the package's group-baseline estimators, whose zero-advantage groups are exactly the tied groups of all generated
+#: rows (a group baseline gives a tied group advantage exactly 0); any other estimator (``gae``: a value baseline
+#: gives a tied group a signal) is counted from the advantages it computed
+_TIED_RULE = {k: _adv.ADVANTAGE_ESTIMATORS[k] for k in ("group", "group_mean", "batch", "rloo")}
+
+
+def tied_group_frac(shaped: torch.Tensor, G: int) -> float:
+    """``tied_group_frac``: the fraction of tied groups (:func:`grpo_lab.algo.advantages.tied_groups`) among all rows
+    generated this step, from the training rewards ``shaped`` (``[B]``, ``B`` a multiple of ``G``); every estimator."""
+    return float(tied_groups(shaped, G).float().mean())
 
 
 def zero_advantage_group_frac(batch: Batch, algo, shaped: torch.Tensor, G: int) -> float:
-    """``zero_adv_group_frac``: for the package's built-in estimators the fraction of tied groups among all rows
-    generated this step (:func:`grpo_lab.algo.advantages.tied_groups` of the training rewards ``shaped``); for any
-    other estimator (a registered one), the fraction of the trained groups whose advantages, as computed, are all 0
-    (over each row's loss tokens for ``[B, T]`` advantages); NaN when nothing was trained."""
+    """``zero_adv_group_frac``: for the package's group-baseline estimators (``group``, ``group_mean``, ``batch``,
+    ``rloo``) :func:`tied_group_frac` (a tied group's advantages are exactly 0); for any other estimator (``gae``,
+    a registered one), the fraction of the trained groups whose advantages, as computed, are all 0 (over each row's
+    loss tokens for ``[B, T]`` advantages); NaN when nothing was trained."""
     if _TIED_RULE.get(algo.advantage) is _adv.ADVANTAGE_ESTIMATORS.get(algo.advantage):
-        return float(tied_groups(shaped, G).float().mean())
+        return tied_group_frac(shaped, G)
     adv = batch.advantages
     if adv is None or adv.shape[0] == 0:
         return float("nan")
@@ -143,6 +153,7 @@ def history_row(batch: Batch, update: UpdateResult | None, *, config: TrainerCon
         "entropy": sum(e for e, _ in entropies) / max(n_tok, 1.0) if entropies else float("nan"),
         "grad_norm": float(np.mean(applied)) if applied else float("nan"),
         "zero_adv_group_frac": zero_advantage_group_frac(batch, algo, shaped, G),
+        "tied_group_frac": tied_group_frac(shaped, G),
         "truncation_rate": float(torch.cat([s.rollout.truncated.cpu() for s in gen]).float().mean()),
         "tokens_per_s": sum(float(s.rollout.completion_mask.sum()) for s in gen) / seconds,
         "gen_seconds": sum(s.rollout.gen_seconds for s in gen),

@@ -3,12 +3,15 @@
 With a group baseline (:data:`grpo_lab.algo.advantages.GROUP_BASELINE_ESTIMATORS`: GRPO's
 :math:`(R_i - \\mathrm{mean})/\\mathrm{std}`, Dr. GRPO's :math:`R_i - \\mathrm{mean}`, RLOO, ...) a group whose
 :math:`G` responses all score alike gets advantage 0 for every response (DeepSeekMath §4.1.2), and a step
-whose groups are *all* tied (history column ``zero_adv_group_frac == 1``) has no policy-gradient signal at
-all. One such step happens by chance; :data:`~grpo_lab.training.learning_signal.NO_SIGNAL_STEPS` in a row
+whose groups are *all* tied (history column ``zero_adv_group_frac == 1``, which for these estimators counts the
+tied groups, ``tied_group_frac``) has no policy-gradient signal at all. One such step happens by chance;
+:data:`~grpo_lab.training.learning_signal.NO_SIGNAL_STEPS` in a row
 mean the base policy never (or always) solves the prompts, as RL from ``arithmetic-base`` on another task.
 :class:`~grpo_lab.training.trainer.Trainer` then warns once per run with :class:`NoLearningSignalWarning` (:func:`no_signal_warning`), and
 :func:`grpo_lab.experiments.run` once per call over its seeds, also for seeds trained in worker
-processes (their histories come back to the caller). The warning changes no number.
+processes (their histories come back to the caller). The warning changes no number. A value baseline
+(``gae``: PPO, VAPO) is not warned about: a tied group still has a signal there, and its
+``zero_adv_group_frac`` counts the groups whose advantages are all 0.
 
 Dynamic sampling (DAPO Eq. 11) that finds fewer than ``prompts_per_step`` mixed groups within
 ``max_gen_rounds`` rounds trains on those it found: the trainer warns at each such step with
@@ -42,7 +45,8 @@ def no_signal_step(rows: Iterable[Mapping], steps: int = NO_SIGNAL_STEPS) -> int
 
     Args:
         rows: history rows in step order (dicts with ``zero_adv_group_frac``, the fraction of the step's
-            groups whose rewards are all equal; rows without it, such as step 0's evaluation, are skipped).
+            groups whose advantages are all 0, the tied groups for a group baseline; rows without it, such as
+            step 0's evaluation, are skipped).
         steps: how many steps in a row (>= 1).
 
     Returns:
@@ -76,7 +80,8 @@ def no_signal_warning(algo_name: str, group_size: int, at_step: int,
     base = "" if base_accuracy is None or base_accuracy != base_accuracy else \
         f" (greedy test accuracy at step 0: {base_accuracy:.3f})"
     return (f"{who}: no learning signal: in each of {NO_SIGNAL_STEPS} steps in a row (up to step {at_step}) all "
-            f"{group_size} responses of every prompt got the same reward, so every advantage is 0 and the policy "
+            f"{group_size} responses of every prompt got the same reward (or the estimator gave them all advantage 0), "
+            f"so every advantage is 0 and the policy "
             f"gradient is empty (history column zero_adv_group_frac = 1). The base policy never (or always) solves "
             f"these prompts{base}: start from a model that sometimes solves them (a supervised warm start; for the README's "
             "reverse task: --model reverse-base, made by python -m grpo_lab.lab.pretrain reverse), raise "

@@ -121,3 +121,54 @@ def test_run_says_a_dynamic_sampling_shortfall_once_over_seeds(tmp_path):
     assert "max_gen_rounds=2 rounds at 2, 2 of 2 steps" in hits[0]
     assert (result.history.query("step > 0")["trained_groups"] == 0).all()  # what the warning counted
     assert issubclass(DynamicSamplingShortfallWarning, RuntimeWarning)  # old RuntimeWarning filters still match
+
+
+def test_zero_adv_groups_of_gae_come_from_its_advantages_and_tied_groups_are_their_own_column():
+    # by hand: two tied groups of G = 2 (rewards all 0). A group baseline gives them advantage 0 exactly: both
+    # columns read 1. GAE's value baseline gives group 1 a signal; group 0's advantages are 0 at every real token
+    # (non-zero only at padding, which the loss never sees): zero_adv_group_frac = 1/2, tied_group_frac = 1
+    from types import SimpleNamespace
+
+    import torch
+
+    from grpo_lab.training.history import tied_group_frac, zero_advantage_group_frac
+
+    shaped = torch.zeros(4)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.float32)
+    adv = torch.tensor([[0.0, 0.0, 0.7], [0.0, -0.3, 0.2], [0.0, -0.5, 0.0], [0.0, 0.0, 0.0]])
+    batch = SimpleNamespace(advantages=adv, loss_mask=mask)
+    assert tied_group_frac(shaped, 2) == 1.0
+    assert zero_advantage_group_frac(batch, SimpleNamespace(advantage="gae"), shaped, 2) == 0.5
+    assert zero_advantage_group_frac(batch, SimpleNamespace(advantage="group"), shaped, 2) == 1.0
+    assert tied_group_frac(torch.tensor([1.0, 0.0, 0.5, 0.5]), 2) == 0.5
+
+
+def test_ppo_on_tied_groups_has_a_signal_and_is_not_warned_about(tok):
+    # a random policy never solves arithmetic: every group is tied, yet PPO's value baseline (a critic that
+    # predicts 0.5 per token) gives advantages (the old column counted tied groups for gae: 1 at every step)
+    import torch
+
+    from grpo_lab.algo.algorithms import PPO
+
+    class Half(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.v = torch.nn.Embedding(len(tok), 1)
+            torch.nn.init.constant_(self.v.weight, 0.5)
+
+        def values(self, rollout):
+            return self.v(rollout.completion_ids).squeeze(-1)
+
+    cfg = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=4, eval_every=0, seed=0, progress=False)
+    trainer = Trainer(tiny_policy(tok, TINY, seed=0), tok, ArithmeticTask(test_size=5), PPO, cfg, value_model=Half())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h = trainer.train(NO_SIGNAL_STEPS)
+    assert not [w for w in caught if issubclass(w.category, NoLearningSignalWarning)]
+    assert (h["tied_group_frac"].dropna() == 1.0).all()
+    assert (h["zero_adv_group_frac"].dropna() < 1.0).all() and (h["adv_abs_mean"].dropna() > 0).all()
+
+
+def test_group_estimators_count_tied_groups_in_both_columns(tok):
+    h = _trainer(HalfTask(test_size=5), tok).train(3)
+    assert h["zero_adv_group_frac"].dropna().equals(h["tied_group_frac"].dropna())
