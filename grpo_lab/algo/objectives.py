@@ -1547,6 +1547,26 @@ def _check_indicators(indicators: dict, surrogate: str, shape: tuple) -> None:
                          "rename them (they would replace those metrics)")
 
 
+def _ratio_statistics(x: _Inputs, log_ratio: Tensor, n_f: Tensor) -> tuple[list, list, Tensor]:
+    """The ratio diagnostics of :func:`policy_loss` at real tokens (without gradient): the ratio axis' ratio
+    (mean, min, max, 5/50/95% quantiles), the sequence ratio s_i = exp(mean_t log r_it) of every non-empty row
+    (GSPO Eq. 7; mean, min, max, mean |s - 1|) and the token ratio's mean |r - 1|."""
+    m, zero = x.mask, x.zero
+    ratio = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))[m]
+    if ratio.numel() > 0:
+        r_stats = [ratio.mean(), ratio.min(), ratio.max(), *_quantiles(ratio, (0.05, 0.5, 0.95))]
+    else:
+        r_stats = [torch.ones_like(zero)] * 6
+    seq_r = torch.exp(torch.clamp(_sequence_mean(x.logp.detach(), x.old, m), -LOG_RATIO_CLAMP,
+                                  LOG_RATIO_CLAMP))[m.any(dim=-1)]
+    if seq_r.numel() > 0:
+        s_stats = [seq_r.mean(), seq_r.min(), seq_r.max(), (seq_r - 1.0).abs().mean()]
+    else:
+        s_stats = [torch.ones_like(zero)] * 3 + [zero]
+    tok_r = torch.exp(torch.clamp(x.logp.detach() - x.old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return r_stats, s_stats, torch.where(m, (tok_r - 1.0).abs(), zero).sum() / n_f
+
+
 def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicators, keep, kl_tok) -> dict:
     """The diagnostics of :func:`policy_loss`, by name, with one device-to-host transfer."""
     _check_indicators(indicators, algo.surrogate, tuple(x.mask.shape))
@@ -1562,21 +1582,7 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
                     else torch.where(rows_counted, v, torch.zeros((), dtype=v.dtype, device=v.device)).sum()
                     / n_rows.clamp(min=1))
                 for k, v in indicators.items()}
-        ratio = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))[m]
-        if ratio.numel() > 0:
-            r_stats = [ratio.mean(), ratio.min(), ratio.max(), *_quantiles(ratio, (0.05, 0.5, 0.95))]
-        else:
-            r_stats = [torch.ones_like(zero)] * 6
-        # sequence level: s_i = exp(mean_t log r_it) (GSPO Eq. 7) of every non-empty row, whatever the ratio level
-        rows = m.any(dim=-1)
-        seq_r = torch.exp(torch.clamp(_sequence_mean(x.logp.detach(), x.old, m), -LOG_RATIO_CLAMP,
-                                      LOG_RATIO_CLAMP))[rows]
-        if seq_r.numel() > 0:
-            s_stats = [seq_r.mean(), seq_r.min(), seq_r.max(), (seq_r - 1.0).abs().mean()]
-        else:
-            s_stats = [torch.ones_like(zero)] * 3 + [zero]
-        tok_r = torch.exp(torch.clamp(x.logp.detach() - x.old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        tok_dev = torch.where(m, (tok_r - 1.0).abs(), zero).sum() / n_f
+        r_stats, s_stats, tok_dev = _ratio_statistics(x, log_ratio, n_f)
         # a row is clipped when it has a counted token and the clip removes every one of them
         none = torch.zeros_like(m)
         cut = indicators["clip_low"].bool() | indicators["clip_high"].bool() if clipping else none

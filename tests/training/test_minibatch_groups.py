@@ -22,11 +22,11 @@ def _token_weights(tok, monkeypatch, algo, *, seed, minibatches, micro):
     steps, current = [], {}
     original = update._policy_term
 
-    def policy_term(run, mb, sub, logp, mask, learner, on_policy):
+    def policy_term(run, mb, sub, *args):
         if not steps or steps[-1]["mb"] is not mb:
             steps.append({"mb": mb, "rows": [], "w": [], "lm": run.batch.loss_mask, "adv": run.batch.advantages})
         current["sub"] = sub
-        return original(run, mb, sub, logp, mask, learner, on_policy)
+        return original(run, mb, sub, *args)
 
     def loss_fn(logp, old, adv, mask, algo_, **kw):
         out = update.policy_loss(logp, old, adv, mask, algo_, **kw)
