@@ -143,6 +143,9 @@ class Algorithm:
         value_clip_eps: None or ``>= 0``: the critic's loss clip (:func:`~grpo_lab.algo.objectives.value_loss`).
         nll_coef: ``mu >= 0``, VAPO Eqs. 9-10: weight of the NLL of correct responses; 0 = off.
         ntp_coef: ``>= 0``, weight of next-token prediction on demonstrations (not a paper's: :data:`RPT_HYBRID`).
+        keep_sampling_mask: DeepSeek-V3.2 §3.1's Keep Sampling Mask: π_θ, π_old (recomputed) and π_ref are scored as
+            the softmax over the rollout's top-p / top-k kept set (``TrainerConfig.top_p`` / ``top_k``) at each token,
+            the set the sampler drew from; a no-op when the sampler truncates nothing (top_p = 1, top_k = 0).
         params: the named functions' other hyper-parameters (:mod:`grpo_lab.algo.hparams`), e.g. SAPO's ``tau_pos``.
 
     Raises:
@@ -176,6 +179,7 @@ class Algorithm:
     value_clip_eps: Optional[float] = None
     nll_coef: float = 0.0
     ntp_coef: float = 0.0
+    keep_sampling_mask: bool = False
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -193,7 +197,7 @@ class Algorithm:
             _v.real_number(name, getattr(self, name), minimum=0.0)
         _v.real_number("eps_low", self.eps_low)
         _v.positive_int("max_tokens", self.max_tokens, allow_none=True)
-        for name in ("dynamic_sampling", "overlong_filter", "kl_importance_correction"):
+        for name in ("dynamic_sampling", "overlong_filter", "kl_importance_correction", "keep_sampling_mask"):
             _v.flag(name, getattr(self, name))
         self._check_overlong()
         self._check_masks()
@@ -418,7 +422,8 @@ class Algorithm:
         ``lam_alpha``, ``critic_lam``, ``value_clip_eps``, all None unless the advantage estimator is
         value-based (:data:`grpo_lab.algo.advantages.VALUE_BASELINE_ESTIMATORS`, which alone reads them), and
         ``nll_coef`` (VAPO's positive-example LM loss, 0.0 when off) and ``ntp_coef`` (the
-        next-token-prediction term of the hybrid ablation, 0.0 when off), then the hyper-parameters in
+        next-token-prediction term of the hybrid ablation, 0.0 when off), ``keep_sampling_mask`` (DeepSeek-V3.2's
+        Keep Sampling Mask), then the hyper-parameters in
         :attr:`params` (those of a variant's own functions, e.g. SAPO's ``tau_pos`` / ``tau_neg``).
         """
         value_based = self.advantage in VALUE_BASELINE_ESTIMATORS
@@ -446,6 +451,7 @@ class Algorithm:
             "value_clip_eps": self.value_clip_eps if value_based else None,
             "nll_coef": self.nll_coef,
             "ntp_coef": self.ntp_coef,
+            "keep_sampling_mask": self.keep_sampling_mask,
             **self.params,
         }
 
@@ -765,11 +771,13 @@ def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Al
     * token ratio ``pi_theta / pi_old`` (Eq. 6), symmetric clip ``eps``;
     * ``aggregation="seq_mean_token_mean"``: Eq. 5 keeps ``1/G sum_i 1/|o_i| sum_t``;
     * KL ``kl`` (Eq. 7 is stated for k3) with ``beta``, importance-corrected (Eq. 7);
-    * Off-Policy Sequence Masking with threshold ``delta`` (Eqs. 8-9).
+    * Off-Policy Sequence Masking with threshold ``delta`` (Eqs. 8-9);
+    * Keep Sampling Mask (``keep_sampling_mask=True``): π_θ and π_old scored on the top-p / top-k set the
+      sampler kept (``TrainerConfig.top_p`` / ``top_k``; a no-op without truncation, the book's default).
 
-    Not modelled: Keep Routing (MoE) and Keep Sampling Mask (top-p/top-k truncation; the book
-    samples at temperature 1 without truncation), and the reward models / length and language
-    rewards of the mixed RL stage.
+    Keep Routing (MoE experts chosen at sampling reused in training) is the book's Routing Replay, a
+    setting of the run rather than of the loss: ``TrainerConfig.routing_replay`` (GSPO §5.3's name).
+    Not modelled: the reward models / length and language rewards of the mixed RL stage.
 
     Raises:
         ValueError: as :class:`Algorithm` for invalid ``beta``, ``delta``, ``eps`` or ``kl``.
@@ -784,6 +792,7 @@ def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Al
         beta=beta,
         kl_importance_correction=True,
         offpolicy_mask_delta=delta,
+        keep_sampling_mask=True,
     )
 
 
