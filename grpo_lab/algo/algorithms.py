@@ -411,7 +411,8 @@ class Algorithm:
     def axes(self) -> dict[str, Any]:
         """The choice on each axis (keys in table order), for comparison tables.
 
-        Keys: ``advantage``, ``ratio_level``, ``surrogate``, ``eps_low``, ``eps_high``,
+        Keys: ``advantage``, ``ratio_level``, ``keep_sampling_mask`` (DeepSeek-V3.2's Keep Sampling Mask),
+        ``surrogate``, ``eps_low``, ``eps_high``,
         ``aggregation``, ``kl`` (None when the loss has no KL term), ``beta``,
         ``kl_importance_correction`` (DeepSeek-V3.2 Eq. 7; False without a KL term), then the
         sampling & shaping axis: ``dynamic_sampling``, ``overlong_filter``, ``overlong_cache_len``
@@ -422,14 +423,14 @@ class Algorithm:
         ``lam_alpha``, ``critic_lam``, ``value_clip_eps``, all None unless the advantage estimator is
         value-based (:data:`grpo_lab.algo.advantages.VALUE_BASELINE_ESTIMATORS`, which alone reads them), and
         ``nll_coef`` (VAPO's positive-example LM loss, 0.0 when off) and ``ntp_coef`` (the
-        next-token-prediction term of the hybrid ablation, 0.0 when off), ``keep_sampling_mask`` (DeepSeek-V3.2's
-        Keep Sampling Mask), then the hyper-parameters in
+        next-token-prediction term of the hybrid ablation, 0.0 when off), then the hyper-parameters in
         :attr:`params` (those of a variant's own functions, e.g. SAPO's ``tau_pos`` / ``tau_neg``).
         """
         value_based = self.advantage in VALUE_BASELINE_ESTIMATORS
         return {
             "advantage": self.advantage,
             "ratio_level": self.ratio_level,
+            "keep_sampling_mask": self.keep_sampling_mask,
             "surrogate": self.surrogate,
             "eps_low": self.eps_low,
             "eps_high": self.eps_high,
@@ -451,7 +452,6 @@ class Algorithm:
             "value_clip_eps": self.value_clip_eps if value_based else None,
             "nll_coef": self.nll_coef,
             "ntp_coef": self.ntp_coef,
-            "keep_sampling_mask": self.keep_sampling_mask,
             **self.params,
         }
 
