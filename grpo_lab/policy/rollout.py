@@ -213,8 +213,9 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     Behaviour log-probs are ``log softmax(logits / temperature)`` of the sampled tokens from each step's raw
     float32 logits (greedy: temperature 1); under top-p / top-k, of the truncated distribution sampled from
     (``-inf`` outside the kept set of :func:`grpo_lab.policy.logprobs.sampling_kept_ids`, which this function
-    applies itself, transformers' own warpers left off), and the kept sets go into ``Rollout.kept_ids``; recorded step by step with :func:`grpo_lab.policy.logprobs.token_logprobs`'s arithmetic (no ``[B, V]`` tensor
-    outlives its step). Only a generation config built here is used: a checkpoint's ``generation_config``
+    applies itself, transformers' own warpers left off), and the kept sets go into ``Rollout.kept_ids``. They
+    are recorded step by step with :func:`grpo_lab.policy.logprobs.token_logprobs`'s arithmetic (no ``[B, V]``
+    tensor outlives its step). Only a generation config built here is used: a checkpoint's ``generation_config``
     settings that reshape the distribution (``repetition_penalty``, its own ``temperature``, ...) are dropped
     with a ``UserWarning`` naming them; its stop ids are kept (:func:`stop_token_ids`). transformers' automatic
     ``torch.compile`` of the decode step is off.
@@ -233,8 +234,9 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
 
     Raises:
         ValueError: empty ``problems``, ``group_size < 1``, ``temperature <= 0``,
-            ``max_new_tokens < 1``, ``top_p`` outside (0, 1], ``top_k`` not an int ``>= 0``, an empty prompt, or a longest prompt plus ``max_new_tokens``
-            beyond the model's hard position limit (:func:`position_limit`, e.g. GPT-2's ``n_positions``).
+            ``max_new_tokens < 1``, ``top_p`` outside (0, 1], ``top_k`` not an int ``>= 0``, an empty prompt,
+            or a longest prompt plus ``max_new_tokens`` beyond the model's hard position limit
+            (:func:`position_limit`, e.g. GPT-2's ``n_positions``).
     """
     _check_generate_args(problems, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
                          greedy=greedy)
@@ -383,7 +385,8 @@ class _BehaviourLogprobs:
     So no ``[B, V]`` tensor of this class outlives its step (none is alive during the next forward pass),
     the temporaries are at most :data:`_ONE_BLOCK_LOGITS` logits or ``ceil(B / 8)`` rows, and what is kept across steps is the log-probs so
     far, float32 ``[B]`` per step. Rows that have already stopped still get logits (and then the pad
-    token), as before: they are masked afterwards.
+    token), as before: they are masked afterwards. Under top-p / top-k each step also sorts its ``[B, V]``
+    logits (a few float32 / int64 ``[B, V]`` temporaries) and keeps its kept set, int32 ``[B, K_step]``.
     """
 
     def __init__(self, prompt_len: int, temperature: float, top_p: float = 1.0, top_k: int = 0):

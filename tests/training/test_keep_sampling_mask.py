@@ -234,3 +234,10 @@ def test_masked_update_is_micro_batch_invariant(tok, algo):
     for cfg in (dict(micro_batch_size=3), dict(micro_batch_size=1)):
         for a, b in zip(whole, _second_step_grads(tok, algo, **cfg)):
             torch.testing.assert_close(b, a, atol=1e-7, rtol=1e-4)
+
+
+def test_set_reaches_top_p_top_k_and_the_mask():
+    from grpo_lab.cli.main import parse_set
+    cfg, algo = parse_set(["top_p=0.95", "top_k=20", "keep_sampling_mask=true"])
+    assert cfg == {"top_p": 0.95, "top_k": 20} and algo == {"keep_sampling_mask": True}
+    assert TrainerConfig(**cfg).top_p == 0.95 and GRPO.replace(**algo).axes()["keep_sampling_mask"] is True
