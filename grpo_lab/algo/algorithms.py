@@ -152,6 +152,9 @@ class Algorithm:
         ntp_coef: ``>= 0``, weight of next-token prediction on demonstrations (not a paper's: :data:`RPT_HYBRID`).
         mismatch: None or a key of :data:`~grpo_lab.algo.objectives.MISMATCH_CORRECTIONS`: the sampler-learner
             mismatch correction (TIS / MIS; its cap ``is_cap`` in ``params``), which needs ``old_logp="recompute"``.
+        keep_sampling_mask: DeepSeek-V3.2 §3.1's Keep Sampling Mask: π_θ, π_old (recomputed) and π_ref are scored as
+            the softmax over the rollout's top-p / top-k kept set (``TrainerConfig.top_p`` / ``top_k``) at each token,
+            the set the sampler drew from; a no-op when the sampler truncates nothing (top_p = 1, top_k = 0).
         params: the named functions' other hyper-parameters (:mod:`grpo_lab.algo.hparams`), e.g. SAPO's ``tau_pos``.
 
     Raises:
@@ -186,6 +189,7 @@ class Algorithm:
     nll_coef: float = 0.0
     ntp_coef: float = 0.0
     mismatch: Optional[str] = None
+    keep_sampling_mask: bool = False
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -204,7 +208,7 @@ class Algorithm:
             _v.real_number(name, getattr(self, name), minimum=0.0)
         _v.real_number("eps_low", self.eps_low)
         _v.positive_int("max_tokens", self.max_tokens, allow_none=True)
-        for name in ("dynamic_sampling", "overlong_filter", "kl_importance_correction"):
+        for name in ("dynamic_sampling", "overlong_filter", "kl_importance_correction", "keep_sampling_mask"):
             _v.flag(name, getattr(self, name))
         self._check_overlong()
         self._check_masks()
@@ -455,7 +459,8 @@ class Algorithm:
     def axes(self) -> dict[str, Any]:
         """The choice on each axis (keys in table order), for comparison tables.
 
-        Keys: ``advantage``, ``ratio_level``, ``surrogate``, ``eps_low``, ``eps_high``,
+        Keys: ``advantage``, ``ratio_level``, ``keep_sampling_mask`` (DeepSeek-V3.2's Keep Sampling Mask),
+        ``surrogate``, ``eps_low``, ``eps_high``,
         ``aggregation``, ``kl`` (None when the loss has no KL term), ``beta``,
         ``kl_importance_correction`` (DeepSeek-V3.2 Eq. 7; False without a KL term), then the
         sampling & shaping axis: ``dynamic_sampling``, ``overlong_filter``, ``overlong_cache_len``
@@ -474,6 +479,7 @@ class Algorithm:
         return {
             "advantage": self.advantage,
             "ratio_level": self.ratio_level,
+            "keep_sampling_mask": self.keep_sampling_mask,
             "surrogate": self.surrogate,
             "eps_low": self.eps_low,
             "eps_high": self.eps_high,
@@ -860,11 +866,13 @@ def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Al
     * token ratio ``pi_theta / pi_old`` (Eq. 6), symmetric clip ``eps``;
     * ``aggregation="seq_mean_token_mean"``: Eq. 5 keeps ``1/G sum_i 1/|o_i| sum_t``;
     * KL ``kl`` (Eq. 7 is stated for k3) with ``beta``, importance-corrected (Eq. 7);
-    * Off-Policy Sequence Masking with threshold ``delta`` (Eqs. 8-9).
+    * Off-Policy Sequence Masking with threshold ``delta`` (Eqs. 8-9);
+    * Keep Sampling Mask (``keep_sampling_mask=True``): π_θ and π_old scored on the top-p / top-k set the
+      sampler kept (``TrainerConfig.top_p`` / ``top_k``; a no-op without truncation, the book's default).
 
-    Not modelled: Keep Routing (MoE) and Keep Sampling Mask (top-p/top-k truncation; the book
-    samples at temperature 1 without truncation), and the reward models / length and language
-    rewards of the mixed RL stage.
+    Keep Routing (MoE experts chosen at sampling reused in training) is the book's Routing Replay, a
+    setting of the run rather than of the loss: ``TrainerConfig.routing_replay`` (GSPO §5.3's name).
+    Not modelled: the reward models / length and language rewards of the mixed RL stage.
 
     Raises:
         ValueError: as :class:`Algorithm` for invalid ``beta``, ``delta``, ``eps`` or ``kl``.
@@ -879,6 +887,7 @@ def deepseek_v32(*, beta: float, delta: float, eps: float, kl: str = "k3") -> Al
         beta=beta,
         kl_importance_correction=True,
         offpolicy_mask_delta=delta,
+        keep_sampling_mask=True,
     )
 
 

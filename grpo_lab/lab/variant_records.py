@@ -61,7 +61,7 @@ __all__ = [
 
 #: axis name of the advantage estimator and its ``adv_eps``
 ADVANTAGE = "advantage"
-#: axis name of the importance ratio (token, sequence, sequence-token)
+#: axis name of the importance ratio (token, sequence, sequence-token; DeepSeek-V3.2's Keep Sampling Mask)
 RATIO_LEVEL = "ratio level"
 #: axis name of the clipping object (the surrogate) and its ranges
 CLIPPING = "clipping"
@@ -83,7 +83,7 @@ EXTRA_LOSS = "extra loss terms"
 #: shaping.
 AXIS_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     ADVANTAGE: ("advantage", "adv_eps"),
-    RATIO_LEVEL: ("ratio_level",),
+    RATIO_LEVEL: ("ratio_level", "keep_sampling_mask"),
     CLIPPING: ("surrogate", "eps_low", "eps_high"),
     AGGREGATION: ("aggregation", "max_tokens"),
     REGULARISER: ("kl", "beta", "kl_importance_correction"),

@@ -41,6 +41,9 @@ __all__ = [
     "token_logprobs_from_hidden",
     "entropy_from_logits",
     "entropy_from_hidden",
+    "sampling_kept_ids",
+    "restrict_to_kept",
+    "check_truncation",
 ]
 
 _KINDS = ("logp", "entropy")
@@ -617,3 +620,89 @@ def entropy_from_hidden(
             build the kernels.
     """
     return _from_hidden(hidden, weight, None, "entropy", temperature, chunk_size, bias, compile)
+
+
+# --------------------------------------------------------------------------------------------
+# top-p / top-k truncation: the kept set of a sampler, and log-probs restricted to it
+# --------------------------------------------------------------------------------------------
+def check_truncation(top_p, top_k, owner: str = "") -> tuple[float, int]:
+    """``(top_p, top_k)`` as python numbers; ``ValueError`` (the names prefixed by ``owner``, e.g.
+    ``"TrainerConfig."``) unless ``0 < top_p <= 1`` (1: off) and ``top_k`` is an int ``>= 0`` (0: off)."""
+    p = _v.real_number(f"{owner}top_p", top_p)
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"{owner}top_p (nucleus sampling) must be in (0, 1], 1.0 meaning no truncation, "
+                         f"got {top_p!r}")
+    return p, _v.non_negative_int(f"{owner}top_k", top_k)
+
+
+def sampling_kept_ids(logits: Tensor, *, temperature: float = 1.0, top_p: float = 1.0,
+                      top_k: int = 0) -> Optional[Tensor]:
+    """The tokens a top-k / top-p (nucleus, Holtzman et al. 2019) sampler keeps, per row of ``logits``.
+
+    With ``z = logits / temperature`` sorted in decreasing order: top-k keeps the ``top_k`` largest; top-p then
+    keeps, of those, the shortest prefix whose renormalised probability reaches ``top_p`` (a token is kept when
+    the mass of the tokens ranked before it is ``< top_p``; the first token always). Every token tied with the
+    last kept one is kept too, so the set does not depend on how a sort orders ties (transformers'
+    ``TopKLogitsWarper`` keeps such ties; its ``TopPLogitsWarper`` splits them by sort order). This is the set
+    DeepSeek-V3.2 (arXiv 2512.02556, §3.1, "Keep Sampling Mask") keeps when scoring π_θ.
+
+    Args:
+        logits: float ``[..., V]`` raw logits (the temperature is applied here).
+        temperature: tau > 0; top_p: in ``(0, 1]``, 1.0 off; top_k: int ``>= 0``, 0 (or ``>= V``) off.
+
+    Returns:
+        ``None`` when nothing is truncated (``top_p == 1`` and top-k off); else int32 ``[..., K]`` token ids in
+        decreasing order of logit, ``K`` the largest kept set of the batch, padded with ``-1``.
+
+    Raises:
+        ValueError: a bad ``temperature``, ``top_p`` or ``top_k``.
+    """
+    tau = _check_temperature(temperature)
+    top_p, top_k = check_truncation(top_p, top_k)
+    V = logits.shape[-1]
+    top_k = top_k if 0 < top_k < V else 0
+    if top_p >= 1.0 and top_k == 0:
+        return None
+    zs, order = (logits.to(_v.compute_dtype(logits)) / tau).sort(dim=-1, descending=True)
+    n = top_k or V  # [..] kept by top-k (before ties)
+    if top_p < 1.0:
+        p = torch.softmax(zs[..., :n], dim=-1)
+        before = torch.cat([torch.zeros_like(p[..., :1]), p.cumsum(-1)[..., :-1]], dim=-1)  # non-decreasing
+        last = (before < top_p).sum(-1, keepdim=True) - 1  # >= 0: the first token has 0 before it
+    else:
+        last = torch.full(zs.shape[:-1] + (1,), n - 1, dtype=torch.long, device=zs.device)
+    count = (zs >= zs.gather(-1, last)).sum(-1, keepdim=True)  # with the ties of the last kept token
+    K = int(count.max())
+    cols = torch.arange(K, device=zs.device)
+    return order[..., :K].masked_fill(cols >= count, -1).to(torch.int32)
+
+
+def restrict_to_kept(logits: Tensor, kept_ids: Optional[Tensor]) -> Tensor:
+    """``logits`` with ``-inf`` outside each position's kept set, so that ``softmax`` (and :func:`token_logprobs`)
+    of the result is the sampler's truncated, renormalised distribution: ``log p_id = z_id - logsumexp_{kept} z``
+    (DeepSeek-V3.2, arXiv 2512.02556, §3.1, Keep Sampling Mask).
+
+    Args:
+        logits: float ``[..., V]``; differentiable (the gradient outside the kept set is 0).
+        kept_ids: ``None`` (``logits`` returned as they are) or integer ``[..., K]`` ids in ``[0, V)`` padded with
+            ``-1`` (:func:`sampling_kept_ids`); a position with no id at all (padding) keeps its whole row.
+
+    Returns:
+        A new tensor like ``logits`` (one bool ``[..., V]`` mask is a temporary), or ``logits`` itself.
+
+    Raises:
+        ValueError: leading shapes differ; an id ``>= V``.
+    """
+    if kept_ids is None:
+        return logits
+    V = logits.shape[-1]
+    if tuple(kept_ids.shape[:-1]) != tuple(logits.shape[:-1]):
+        raise ValueError(f"restrict_to_kept: kept_ids has shape {tuple(kept_ids.shape)}, logits "
+                         f"{tuple(logits.shape)}: their leading shapes must agree")
+    if kept_ids.numel() and int(kept_ids.max()) >= V:
+        raise ValueError(f"restrict_to_kept: a kept id {int(kept_ids.max())} is outside the vocabulary [0, {V})")
+    idx = kept_ids.long().masked_fill(kept_ids < 0, V)  # padding -> a spare column, dropped below
+    keep = torch.zeros(logits.shape[:-1] + (V + 1,), dtype=torch.bool, device=logits.device)
+    keep = keep.scatter_(-1, idx, True)[..., :V]
+    keep = keep | ~keep.any(-1, keepdim=True)
+    return logits.masked_fill(~keep, float("-inf"))

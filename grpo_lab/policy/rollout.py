@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .logprobs import entropy_from_logits, token_logprobs
+from .logprobs import check_truncation, entropy_from_logits, restrict_to_kept, sampling_kept_ids, token_logprobs
 from ..tasks.base import Problem, correctness
 from ..algo.checks import positive_int
 
@@ -52,7 +52,8 @@ class Rollout:
         completion_ids: long ``[B, T]``, right-padded with the pad id after the first EOS.
         completion_mask: float32 ``[B, T]``, 1 on generated tokens up to and including the first EOS.
         behaviour_logp: float32 ``[B, T]``, log π_behaviour(token) at sampling time (natural
-            log, temperature applied), 0 on padding.
+            log, temperature applied; under top-p / top-k, of the truncated, renormalised distribution
+            actually sampled from), 0 on padding.
         truncated: bool ``[B]``, True when no EOS was produced within ``max_new_tokens``.
         texts: decoded completions up to, not including, the first EOS (other special tokens
             kept verbatim so that a stray ``<pad>`` makes an answer malformed instead of
@@ -61,6 +62,12 @@ class Rollout:
         group_size: G.
         temperature: sampling temperature the behaviour log-probs were computed at.
         gen_seconds: wall time of the ``generate`` call.
+        kept_ids: ``None`` when the sampler truncated nothing (top_p = 1, top_k = 0, or greedy); else the
+            kept set of each position (:func:`grpo_lab.policy.logprobs.sampling_kept_ids`): int32 ``[B, T, K]``
+            token ids, ``K`` the batch's largest kept set (≤ top_k when top-k is on; up to V under top-p
+            alone), padded with ``-1`` (all ``-1`` on completion padding): ``4·B·T·K`` bytes, e.g. 128 MiB at
+            B = 256, T = 1024, top_k = 128. DeepSeek-V3.2's Keep Sampling Mask applies it to π_θ and π_old
+            (:func:`policy_logprobs`'s ``keep_mask``).
     """
 
     prompt_ids: torch.Tensor
@@ -75,6 +82,7 @@ class Rollout:
     temperature: float = 1.0
     gen_seconds: float = 0.0
     extras: dict = field(default_factory=dict)
+    kept_ids: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -103,11 +111,18 @@ class Rollout:
             group_size=self.group_size, temperature=self.temperature, gen_seconds=self.gen_seconds,
             extras={k: (v[idx] if torch.is_tensor(v) and v.shape[:1] == self.truncated.shape else v)
                     for k, v in self.extras.items()},
+            kept_ids=None if self.kept_ids is None else _trim_kept(self.kept_ids[idx, :t]),
         )
 
     def token_counts(self) -> torch.Tensor:
         """long ``[B]``: real tokens of each row, prompt and completion (the forward pass's work)."""
         return self.prompt_mask.sum(-1).long() + self.completion_mask.sum(-1).long()
+
+
+def _trim_kept(kept: torch.Tensor) -> torch.Tensor:
+    """int32 ``[b, t, K]`` kept ids trimmed to the largest kept set they hold (at least one column)."""
+    k = int((kept >= 0).sum(-1).max()) if kept.numel() else 1
+    return kept[..., :max(k, 1)]
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -173,15 +188,17 @@ def position_limit(model) -> int | None:
     return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
-def _ignored_settings(checkpoint_config, config) -> list[str]:
+def _ignored_settings(checkpoint_config, config, applied: dict | None = None) -> list[str]:
     """``name=value`` for each setting of the checkpoint's generation config that differs from
-    what the call ``config`` uses (``None`` entries of ``config`` take transformers' defaults)."""
+    what the call ``config`` uses (``None`` entries of ``config`` take transformers' defaults), or from
+    ``applied`` (settings this module applies itself: top_p, top_k)."""
     from transformers import GenerationConfig
 
     used = GenerationConfig().to_dict()
     defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()  # transformers >= 5
     used.update({k: v for k, v in defaults.items() if used.get(k) is None})
     used.update({k: v for k, v in config.to_dict().items() if v is not None})
+    used.update(applied or {})
     return [f"{k}={v!r}" for k, v in sorted(checkpoint_config.to_diff_dict().items())
             if k not in _NOT_SAMPLING and used.get(k) != v]
 
@@ -194,9 +211,11 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     """Sample ``group_size`` responses per problem with ``model.generate``.
 
     Behaviour log-probs are ``log softmax(logits / temperature)`` of the sampled tokens from each step's raw
-    float32 logits, before the top-k / top-p warpers (as inference engines report them; greedy: temperature 1),
-    recorded step by step with :func:`grpo_lab.policy.logprobs.token_logprobs`'s arithmetic (no ``[B, V]`` tensor
-    outlives its step). Only a generation config built here is used: a checkpoint's ``generation_config``
+    float32 logits (greedy: temperature 1); under top-p / top-k, of the truncated distribution sampled from
+    (``-inf`` outside the kept set of :func:`grpo_lab.policy.logprobs.sampling_kept_ids`, which this function
+    applies itself, transformers' own warpers left off), and the kept sets go into ``Rollout.kept_ids``. They
+    are recorded step by step with :func:`grpo_lab.policy.logprobs.token_logprobs`'s arithmetic (no ``[B, V]``
+    tensor outlives its step). Only a generation config built here is used: a checkpoint's ``generation_config``
     settings that reshape the distribution (``repetition_penalty``, its own ``temperature``, ...) are dropped
     with a ``UserWarning`` naming them; its stop ids are kept (:func:`stop_token_ids`). transformers' automatic
     ``torch.compile`` of the decode step is off.
@@ -206,7 +225,7 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
         problems: ``n`` problems; the result has ``n * group_size`` rows, groups contiguous.
         group_size, max_new_tokens: responses per problem (G ≥ 1); generation budget in tokens.
         temperature, greedy: sampling temperature ``> 0``; argmax decoding of the raw policy (temperature ignored).
-        top_p, top_k: nucleus and top-k truncation of the sampler (1.0 and 0: none).
+        top_p, top_k: nucleus and top-k truncation of the sampler (1.0 and 0: none; ignored when greedy).
         cache_implementation: ``None`` (transformers' dynamic cache) or a ``GenerationConfig.cache_implementation``.
         with_logprobs: ``False`` (as :func:`evaluate`) leaves the rollout's ``behaviour_logp`` all zeros.
 
@@ -215,11 +234,13 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
 
     Raises:
         ValueError: empty ``problems``, ``group_size < 1``, ``temperature <= 0``,
-            ``max_new_tokens < 1``, an empty prompt, or a longest prompt plus ``max_new_tokens``
-            beyond the model's hard position limit (:func:`position_limit`, e.g. GPT-2's ``n_positions``).
+            ``max_new_tokens < 1``, ``top_p`` outside (0, 1], ``top_k`` not an int ``>= 0``, an empty prompt,
+            or a longest prompt plus ``max_new_tokens`` beyond the model's hard position limit
+            (:func:`position_limit`, e.g. GPT-2's ``n_positions``).
     """
     _check_generate_args(problems, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
                          greedy=greedy)
+    top_p, top_k = check_truncation(top_p, top_k)
     rows = [p for p in problems for _ in range(group_size)]
     tokenizer.padding_side = "left"
     enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
@@ -230,17 +251,24 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
     config = _generation_config(model, tokenizer, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                                 greedy=greedy, top_p=top_p, top_k=top_k, cache_implementation=cache_implementation)
     temp = 1.0 if greedy else float(temperature)
-    recorder = _BehaviourLogprobs(input_ids.shape[1], temp) if with_logprobs else None
+    truncating = not greedy and (top_p < 1.0 or top_k > 0)
+    recorder = _BehaviourLogprobs(input_ids.shape[1], temp, *((top_p, top_k) if truncating else ())) \
+        if with_logprobs or truncating else None
     out, gen_seconds = _generate_with(model, input_ids, attn, config, recorder)
     raw = out.sequences[:, input_ids.shape[1]:]
-    blogp = recorder.finish(raw) if recorder is not None else torch.zeros(raw.shape, device=raw.device)
+    blogp = recorder.finish(raw) if with_logprobs else torch.zeros(raw.shape, device=raw.device)
     comp, mask, end, has_stop = _cut_at_stop(raw, stops, tokenizer.pad_token_id)
-    blogp = blogp * mask
+    kept = recorder.kept_ids(raw.shape[1]) if recorder is not None else None
+    if kept is None:
+        blogp = blogp * mask
+    else:  # the pad ids generate writes after a stop may lie outside the kept set (log-prob -inf)
+        blogp = torch.where(mask == 1, blogp, 0.0)
+        kept = _trim_kept(kept.masked_fill(mask[..., None] == 0, -1))
     texts = [tokenizer.decode(ids[:n], skip_special_tokens=False) for ids, n in zip(comp.tolist(), end.tolist())]
     return Rollout(
         prompt_ids=input_ids, prompt_mask=attn.long(), completion_ids=comp, completion_mask=mask,
         behaviour_logp=blogp, truncated=~has_stop, texts=texts, problems=rows, group_size=group_size,
-        temperature=temp, gen_seconds=gen_seconds,
+        temperature=temp, gen_seconds=gen_seconds, kept_ids=kept,
     )
 
 
@@ -277,11 +305,12 @@ def _generation_config(model, tokenizer, stops: list, *, max_new_tokens: int, te
     about the checkpoint's generation settings it leaves out."""
     from transformers import GenerationConfig
 
-    sampling = {} if greedy else dict(temperature=float(temperature), top_p=top_p, top_k=top_k)
+    # top-p / top-k are applied by _BehaviourLogprobs (the kept set it records is the one sampled from)
+    sampling = {} if greedy else dict(temperature=float(temperature), top_p=1.0, top_k=0)
     config = GenerationConfig(do_sample=not greedy, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                               eos_token_id=stops or None, return_dict_in_generate=True,
                               cache_implementation=cache_implementation, disable_compile=True, **sampling)
-    ignored = _ignored_settings(model.generation_config, config)
+    ignored = _ignored_settings(model.generation_config, config, {} if greedy else dict(top_p=top_p, top_k=top_k))
     if ignored:
         warnings.warn("generate: neutralised settings of the checkpoint's generation_config, so that the "
                       "behaviour log-probs describe the distribution sampled from: " + ", ".join(ignored),
@@ -336,7 +365,9 @@ _ONE_BLOCK_LOGITS = 2**22
 class _BehaviourLogprobs:
     """Records ``log softmax(logits / temperature)`` of each token ``generate`` picks, step by step, through
     two hooks of ``transformers``' decoding loop (``GenerationMixin._sample``, transformers 5.24), neither of
-    which changes what is generated.
+    which changes what is generated, except that under ``top_p`` / ``top_k`` the processor truncates the logits
+    itself (``-inf`` outside :func:`~grpo_lab.policy.logprobs.sampling_kept_ids`; transformers' warpers are off),
+    records the kept set and the log-prob of the truncated distribution.
 
     * :attr:`processor` (a logits processor) receives each step's ids so far (long ``[B, P + k]`` at step
       ``k``) and logits (float32 ``[B, V]``, ``generate``'s fresh float32 copy of the model's, upcast
@@ -354,12 +385,15 @@ class _BehaviourLogprobs:
     So no ``[B, V]`` tensor of this class outlives its step (none is alive during the next forward pass),
     the temporaries are at most :data:`_ONE_BLOCK_LOGITS` logits or ``ceil(B / 8)`` rows, and what is kept across steps is the log-probs so
     far, float32 ``[B]`` per step. Rows that have already stopped still get logits (and then the pad
-    token), as before: they are masked afterwards.
+    token), as before: they are masked afterwards. Under top-p / top-k each step also sorts its ``[B, V]``
+    logits (a few float32 / int64 ``[B, V]`` temporaries) and keeps its kept set, int32 ``[B, K_step]``.
     """
 
-    def __init__(self, prompt_len: int, temperature: float):
+    def __init__(self, prompt_len: int, temperature: float, top_p: float = 1.0, top_k: int = 0):
         self.prompt_len, self.temperature = int(prompt_len), float(temperature)
+        self.top_p, self.top_k = top_p, top_k
         self.logp: list[torch.Tensor] = []  # float32 [B] per step
+        self.kept: list[torch.Tensor] = []  # int32 [B, K_step] per step, under top-p / top-k
         self.pending: torch.Tensor | None = None  # float32 [B, V]: this step's logits, until its token is known
         self.processor, self.criterion = _SeeLogits(self), _PickToken(self)
 
@@ -372,8 +406,13 @@ class _BehaviourLogprobs:
                                f"drawing, got {input_ids.shape[1]} columns (an unsupported transformers version?)")
 
     def see(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Keep ``scores`` (float32 ``[B, V]``) until the token drawn from them is known; returns them unchanged."""
+        """Keep ``scores`` (float32 ``[B, V]``) until the token drawn from them is known; returns them unchanged,
+        or under top-p / top-k a copy with ``-inf`` outside the kept set (recorded), which ``generate`` samples from."""
         self._check_step(input_ids, drawn=False)
+        kept = sampling_kept_ids(scores, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        if kept is not None:
+            scores = restrict_to_kept(scores, kept)
+            self.kept.append(kept)
         self.pending = scores
         return scores
 
@@ -396,6 +435,14 @@ class _BehaviourLogprobs:
         if len(self.logp) < T:
             raise RuntimeError(f"generate: {len(self.logp)} decoding steps recorded for {T} new tokens")
         return torch.stack(self.logp[:T], dim=1) if T else torch.zeros(comp.shape, device=comp.device)
+
+    def kept_ids(self, T: int) -> torch.Tensor | None:
+        """int32 ``[B, T, K]``: the kept sets of the first ``T`` steps, padded with ``-1`` to the largest
+        (``None`` without truncation, or ``T = 0``)."""
+        if not self.kept or T == 0:
+            return None
+        K = max(k.shape[1] for k in self.kept[:T])
+        return torch.stack([torch.nn.functional.pad(k, (0, K - k.shape[1]), value=-1) for k in self.kept[:T]], 1)
 
 
 class _SeeLogits:
@@ -437,7 +484,7 @@ def logprob_chunk_rows(rows: int, tokens: int, vocab: int) -> int | None:
 
 
 def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None,
-                    with_entropy: bool = False, chunk_size: int | None | str = "auto"):
+                    with_entropy: bool = False, chunk_size: int | None | str = "auto", keep_mask: bool = False):
     """Per-token log-probs (and optionally entropy) of the rollout's completions under ``model``.
 
     Runs one forward pass over ``prompt + completion`` with the same attention mask and
@@ -448,6 +495,10 @@ def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None
     Args:
         chunk_size: rows per block of the log-prob and entropy passes (:func:`grpo_lab.policy.logprobs.token_logprobs`);
             ``None``: one pass; ``"auto"`` (default): :func:`logprob_chunk_rows` of the logits' shape.
+        keep_mask: DeepSeek-V3.2's Keep Sampling Mask (arXiv 2512.02556, §3.1): the log-probs of the softmax over
+            each position's kept set ``rollout.kept_ids`` only (:func:`grpo_lab.policy.logprobs.restrict_to_kept`:
+            one bool ``[B, T, V]`` mask and one masked copy of the logits, for these rows only); no effect when the
+            rollout has no kept sets. The entropy stays that of the whole distribution.
 
     Returns:
         ``logp`` float32 ``[B, T]`` (0 on padding), and ``entropy`` float32 ``[B, T]`` (nats,
@@ -462,7 +513,8 @@ def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None
     logits = out.logits[:, :-1]  # position P-1+t predicts completion token t
     if chunk_size == "auto":
         chunk_size = logprob_chunk_rows(*logits.shape)
-    logp = token_logprobs(logits, rollout.completion_ids, temperature=temperature, chunk_size=chunk_size)
+    scored = restrict_to_kept(logits, rollout.kept_ids) if keep_mask else logits
+    logp = token_logprobs(scored, rollout.completion_ids, temperature=temperature, chunk_size=chunk_size)
     logp = logp * rollout.completion_mask
     if with_entropy:
         with torch.no_grad():

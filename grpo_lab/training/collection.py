@@ -95,7 +95,8 @@ def sample_rollout(policy, tokenizer, task, config: TrainerConfig, rng: np.rando
         sampler = inference_copy(policy, config.rollout_dtype, fp32_lm_head=config.rollout_fp32_lm_head)
     with amp.autocast():
         return generate(sampler, tokenizer, problems, group_size=config.group_size,
-                        max_new_tokens=max_new_tokens, temperature=config.temperature)
+                        max_new_tokens=max_new_tokens, temperature=config.temperature,
+                        top_p=config.top_p, top_k=config.top_k)
 
 
 def score_rollout(task, algo: Algorithm, ro: Rollout, max_new_tokens: int) -> Scored:
@@ -245,11 +246,12 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     Rollouts of different prompt / completion widths are padded to the widest: prompts on the
     **left** (pad id, mask 0), completions, masks and behaviour log-probs on the **right** (pad
     id, 0, 0), keeping the layout of :func:`grpo_lab.policy.rollout.generate`; position ids derive from
-    the masks, so the extra padding changes no real token's position. Rows stay in order, so
+    the masks, so the extra padding changes no real token's position; top-p / top-k kept sets (``kept_ids``) are
+    padded with ``-1`` in both their token and their kept-set dimension. Rows stay in order, so
     groups stay contiguous. Per-row ``extras`` tensors are concatenated when every part has them.
 
     Raises:
-        ValueError: no parts, or parts with different ``group_size`` / ``temperature``.
+        ValueError: no parts, or parts with different ``group_size`` / ``temperature``, or with and without kept sets.
     """
     if not parts:
         raise ValueError("concat_rollouts: no rollouts given")
@@ -258,6 +260,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     first = parts[0]
     if any(r.group_size != first.group_size or r.temperature != first.temperature for r in parts):
         raise ValueError("concat_rollouts: rollouts differ in group_size or temperature")
+    if len({r.kept_ids is None for r in parts}) > 1:
+        raise ValueError("concat_rollouts: some rollouts record top-p / top-k kept sets and others do not")
     P = max(r.prompt_ids.shape[1] for r in parts)
     T = max(r.completion_ids.shape[1] for r in parts)
 
@@ -284,5 +288,15 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         truncated=torch.cat([r.truncated for r in parts]),
         texts=[t for r in parts for t in r.texts], problems=[p for r in parts for p in r.problems],
         group_size=first.group_size, temperature=first.temperature,
-        gen_seconds=sum(r.gen_seconds for r in parts), extras=extras,
+        gen_seconds=sum(r.gen_seconds for r in parts), extras=extras, kept_ids=_concat_kept(parts, T),
     )
+
+
+def _concat_kept(parts: list[Rollout], T: int) -> torch.Tensor | None:
+    """The parts' int32 ``[b, t, K]`` kept sets side by side, padded with ``-1`` to ``T`` columns and the largest
+    ``K``; ``None`` when the parts have none."""
+    if parts[0].kept_ids is None:
+        return None
+    K = max(r.kept_ids.shape[2] for r in parts)
+    return torch.cat([torch.nn.functional.pad(r.kept_ids, (0, K - r.kept_ids.shape[2], 0, T - r.kept_ids.shape[1]),
+                                              value=-1) for r in parts])

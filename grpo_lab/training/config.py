@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 
 from ..algo.checks import choice, flag, non_negative_int, positive_int, positive_number, real_number
+from ..policy.logprobs import check_truncation
 from .lr_schedule import LR_SCHEDULES
 from .precision import PRECISIONS
 
@@ -39,6 +40,10 @@ class TrainerConfig:
     group_size: int = _f(8, "G, responses per question (a rollout has prompts_per_step × G rows)")
     max_new_tokens: int | None = _f(None, "generation budget, tokens (None: the task's)")
     temperature: float = _f(1.0, "sampling temperature; log-probs are computed at the same temperature")
+    top_p: float = _f(1.0, "nucleus sampling of the rollout, in (0, 1]: each token drawn from the smallest top set of "
+                           "probability >= top_p (at the temperature); 1.0: off; evaluation ignores it")
+    top_k: int = _f(0, "top-k sampling of the rollout: only the top_k most probable tokens (with ties); 0: off; "
+                       "evaluation ignores it (Algorithm.keep_sampling_mask scores π_θ on the same kept set)")
     lr: float = _f(1e-4, "the policy's AdamW learning rate")
     weight_decay: float = _f(0.0, "decoupled weight decay, on weight matrices only (grpo_lab.training.adamw)")
     betas: tuple = _f((0.9, 0.99), "AdamW's (β1, β2)")
@@ -105,6 +110,9 @@ class TrainerConfig:
         self._check_lr_schedule()
         self._check_minibatches()
         choice("TrainerConfig.old_logp", self.old_logp, ("recompute", "behaviour"))
+        top_p, top_k = check_truncation(self.top_p, self.top_k, "TrainerConfig.")
+        object.__setattr__(self, "top_p", top_p)
+        object.__setattr__(self, "top_k", top_k)
         flag("TrainerConfig.sort_by_length", self.sort_by_length)
         flag("TrainerConfig.topup", self.topup)
         flag("TrainerConfig.routing_replay", self.routing_replay)

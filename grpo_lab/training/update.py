@@ -408,7 +408,7 @@ def _policy_forward(part: Rollout, sub: torch.Tensor, mask: torch.Tensor, learne
     elif store is not None and (routing == "record" or measure_routing):
         ctx = record_routing(learner.policy)
     with ctx as rec, learner.amp.autocast():
-        logp, ent = policy_logprobs(learner.policy, part, with_entropy=True)
+        logp, ent = policy_logprobs(learner.policy, part, with_entropy=True, keep_mask=learner.algo.keep_sampling_mask)
     if routing == "record" and rec is not None:
         store.put(sub, rec.indices, P)
     return logp, ent, rec
@@ -496,11 +496,16 @@ def _reference_logps(ro: Rollout, layouts: list, learner: Learner, routing: Rout
     π_ref: scored in the first epoch's micro-batches (so that the first update's KL is exactly 0); later
     epochs of another layout read these values.
 
+    ``Algorithm.keep_sampling_mask``: π_old and π_ref are scored on the rollout's kept sets, as π_θ is. DeepSeek-V3.2
+    (§3.1) names π_θ and π_old; π_ref is masked too, so that the KL compares two distributions over the same
+    subset (unmasked, ``log π_ref - log π_θ`` would start at ``-log`` of π_ref's kept mass, not 0).
+
     Returns:
         ``(old_by_epoch, ref_logp)``: a list of ``epochs`` float32 ``[B, T]`` tensors (shared between
         epochs of the same layout) or ``None``, and a float32 ``[B, T]`` tensor or ``None``.
     """
     c, amp = learner.config, learner.amp
+    keep = learner.algo.keep_sampling_mask  # π_old and π_ref on the sampler's kept sets, as π_θ
     n_updates = sum(len(epoch) for epoch in layouts)
     with torch.no_grad():
         if c.old_logp == "behaviour":
@@ -511,12 +516,14 @@ def _reference_logps(ro: Rollout, layouts: list, learner: Learner, routing: Rout
                 key = tuple(tuple(sub.tolist()) for mb in layout for sub in mb)
                 if key not in scored:
                     chunks = [sub for m, mb in enumerate(layout) for sub in mb if e > 0 or m > 0]
-                    scored[key] = logp_chunks(learner.policy, ro, chunks, amp, routing=routing if e == 0 else None)
+                    scored[key] = logp_chunks(learner.policy, ro, chunks, amp, routing=routing if e == 0 else None,
+                                              keep_mask=keep)
                 old_by_epoch.append(scored[key])
         else:
             old_by_epoch = None
         ref_chunks = [sub for mb in layouts[0] for sub in mb]
-        ref_logp = logp_chunks(learner.ref_policy, ro, ref_chunks, amp) if learner.ref_policy is not None else None
+        ref_logp = logp_chunks(learner.ref_policy, ro, ref_chunks, amp, keep_mask=keep) \
+            if learner.ref_policy is not None else None
     return old_by_epoch, ref_logp
 
 
@@ -539,17 +546,19 @@ def group_token_counts(lm: torch.Tensor, idx: torch.Tensor, counts: dict, group_
 
 
 @torch.no_grad()
-def logp_chunks(model, ro: Rollout, chunks: list, amp: Precision, routing: RoutingStore | None = None) -> torch.Tensor:
+def logp_chunks(model, ro: Rollout, chunks: list, amp: Precision, routing: RoutingStore | None = None,
+                keep_mask: bool = False) -> torch.Tensor:
     """float32 ``[B, T]`` log-probs of ``model`` on the rows of ``ro`` that ``chunks`` (``[b]`` int64 row
     indices each) name, one no-grad forward per chunk under ``amp``'s autocast, the chunk's rows side by side
     in its order; 0 on the other rows. With a ``routing`` store (a MoE ``model``), the experts of every row
-    scored are recorded into it."""
+    scored are recorded into it. ``keep_mask``: on the rollout's top-p / top-k kept sets
+    (:func:`~grpo_lab.policy.rollout.policy_logprobs`)."""
     B, T = len(ro), ro.completion_ids.shape[1]
     out = torch.zeros(B, T, device=ro.completion_ids.device)
     for idx in chunks:
         part = ro.select(idx)
         with (record_routing(model) if routing is not None else contextlib.nullcontext()) as rec, amp.autocast():
-            lp = policy_logprobs(model, part)
+            lp = policy_logprobs(model, part, keep_mask=keep_mask)
         if rec is not None:
             routing.put(idx, rec.indices, part.prompt_ids.shape[1])
         out[idx, : lp.shape[1]] = lp

@@ -138,7 +138,7 @@ def test_advantages_dispatch():
 
 def test_axes_and_describe():
     ax = GRPO.axes()
-    assert list(ax) == ["advantage", "ratio_level", "surrogate", "eps_low", "eps_high", "aggregation", "kl", "beta",
+    assert list(ax) == ["advantage", "ratio_level", "keep_sampling_mask", "surrogate", "eps_low", "eps_high", "aggregation", "kl", "beta",
                         "kl_importance_correction", "dynamic_sampling", "overlong_filter", "overlong_cache_len",
                         "overlong_cache_frac",
                         "offpolicy_mask_delta", "mask_eps_low", "mask_eps_high", "gamma", "lam", "lam_alpha",
@@ -247,7 +247,7 @@ def test_presets_state_only_what_differs_from_grpo():
     v32 = deepseek_v32(beta=0.1, delta=0.5, eps=0.3)
     assert v32.describe() == {**GRPO.describe(), "name": "DeepSeek-V3.2", "advantage": "group_mean",
                               "eps_low": 0.3, "eps_high": 0.3, "beta": 0.1, "kl_importance_correction": True,
-                              "offpolicy_mask_delta": 0.5}
+                              "offpolicy_mask_delta": 0.5, "keep_sampling_mask": True}
 
 
 def test_numpy_hyperparameters_are_stored_as_python_numbers():

@@ -137,7 +137,7 @@ def test_a_registered_functions_hyperparameter_counts_under_its_axis(monkeypatch
 
 def test_v32_and_single_field_changes():
     v32 = A.deepseek_v32(beta=0.01, delta=0.1, eps=0.2)
-    assert V.changed_axes(v32) == {"advantage", "regulariser", "sampling & shaping"}
+    assert V.changed_axes(v32) == {"advantage", "ratio level", "regulariser", "sampling & shaping"}  # + Keep Sampling Mask
     assert V.changed_axes(A.GRPO.replace(max_tokens=32)) == {"aggregation"}
     assert V.changed_axes(A.GRPO.replace(gamma=0.9)) == {"value model / GAE"}  # raw fields, read or not
     assert V.changed_axes(A.RPT_HYBRID, A.RPT) == {"extra loss terms"}

@@ -30,7 +30,9 @@ def model(tok):
 
 def _reference(model, tok, problems, *, seed, group_size, max_new_tokens, temperature, greedy, top_p):
     """(completion ids [B, T], float64 log-probs [B, T], the former float32 log-probs [B, T]) of the former
-    path: the same generation config with ``output_logits=True``, all steps stacked."""
+    path: the same generation config with ``output_logits=True``, all steps stacked. Under top-p the draws
+    come from the same truncating processor (so that they are the same draws), and the reference log-probs
+    are those of the truncated distribution: a float64 log-softmax over the kept ids only."""
     rows = [p for p in problems for _ in range(group_size)]
     tok.padding_side = "left"
     enc = tok([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
@@ -39,13 +41,28 @@ def _reference(model, tok, problems, *, seed, group_size, max_new_tokens, temper
                                             temperature=temperature, greedy=greedy, top_p=top_p, top_k=0,
                                             cache_implementation=None)
     config.output_logits = True
-    torch.manual_seed(seed)
-    out, _ = rollout_mod._generate_with(model, enc["input_ids"], enc["attention_mask"], config)
-    comp = out.sequences[:, enc["input_ids"].shape[1]:]
-    logits = torch.stack(out.logits, dim=1)  # [B, T, V] float32: what the former code held
     tau = 1.0 if greedy else temperature
-    ref64 = torch.log_softmax(logits.double() / tau, -1).gather(-1, comp[..., None])[..., 0]
-    return comp, ref64, token_logprobs(logits, comp, temperature=tau)
+    truncating = top_p < 1 and not greedy
+    recorder = rollout_mod._BehaviourLogprobs(enc["input_ids"].shape[1], tau, top_p, 0) if truncating else None
+    torch.manual_seed(seed)
+    out, _ = rollout_mod._generate_with(model, enc["input_ids"], enc["attention_mask"], config, recorder)
+    comp = out.sequences[:, enc["input_ids"].shape[1]:]
+    logits = torch.stack(out.logits, dim=1)  # [B, T, V] float32 raw logits: what the former code held
+    z = logits.double() / tau
+    if truncating:  # -inf outside the recorded kept ids (padding -1 dropped), built here without restrict_to_kept
+        kept = recorder.kept_ids(comp.shape[1]).long()
+        inside = torch.zeros_like(z, dtype=torch.bool)
+        for b, t, k in (kept >= 0).nonzero().tolist():
+            inside[b, t, kept[b, t, k]] = True
+        real = rollout_mod._cut_at_stop(comp, stops, tok.pad_token_id)[1] == 1  # after a stop: pad, not drawn
+        assert inside.gather(-1, comp[..., None])[..., 0][real].all()  # every drawn token is in its kept set
+        z = z.masked_fill(~inside, float("-inf"))
+        logits = logits.masked_fill(~inside, float("-inf"))
+    ref64 = torch.log_softmax(z, -1).gather(-1, comp[..., None])[..., 0]
+    ref32 = token_logprobs(logits, comp, temperature=tau)
+    if truncating:  # the pad ids after a stop may lie outside the kept set (-inf): 0 there, as generate records
+        ref64, ref32 = ref64.masked_fill(~real, 0.0), ref32.masked_fill(~real, 0.0)
+    return comp, ref64, ref32
 
 
 CASES = [dict(temperature=0.7), dict(temperature=1.0), dict(greedy=True), dict(temperature=1.0, top_p=0.8),
@@ -68,7 +85,15 @@ def test_behaviour_logp_equals_stacked_logits_path(model, tok, case, low_precisi
     assert ro.behaviour_logp.dtype == torch.float32 and ro.temperature == (1.0 if kw["greedy"] else kw["temperature"])
     torch.testing.assert_close(ro.behaviour_logp.double(), ref64 * mask.double(), rtol=0, atol=2e-5)
     assert torch.equal(ro.behaviour_logp, ref32 * mask)  # the former float32 arithmetic, bit for bit
-    assert (ro.behaviour_logp[mask == 0] == 0).all() and (ro.behaviour_logp[mask == 1] < 0).all()
+    assert (ro.behaviour_logp[mask == 0] == 0).all()
+    truncating = kw["top_p"] < 1 and not kw["greedy"]
+    assert (ro.kept_ids is not None) == truncating
+    if truncating:  # a kept set of one token gives log-prob 0 (exactly: logsumexp of one logit is that logit)
+        one = (ro.kept_ids >= 0).sum(-1) == 1
+        assert ((ro.behaviour_logp == 0) == (one & (mask == 1)) | (mask == 0)).all()
+        assert (ro.behaviour_logp[mask == 1] <= 0).all()
+    else:
+        assert (ro.behaviour_logp[mask == 1] < 0).all()
 
 
 def test_recorder_goldens_and_undone_steps():
