@@ -1062,7 +1062,7 @@ assert check_axes(SAPO, {"clipping", "regulariser"})
 assert check_axes(KL_COV, {"clipping", "aggregation", "regulariser"})
 assert check_axes(CLIP_COV, {"clipping", "aggregation", "regulariser"})
 V32 = deepseek_v32(beta=0.01, delta=0.1, eps=0.2)  # V3.2 reports neither beta nor delta: illustrative values
-assert check_axes(V32, {"advantage", "regulariser", "sampling & shaping"})  # R - mean; corrected KL; the mask
+assert check_axes(V32, {"advantage", "ratio level", "regulariser", "sampling & shaping"})  # R - mean; corrected KL; the mask
 assert axes_changed(V32)["sampling & shaping"] == {"offpolicy_mask_delta": (None, 0.1)}
 # exercise 4: the truncated IS weight needs both log-probs; where the sampler matches the trainer it is 1
 def tis_weight(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float = 2.0) -> torch.Tensor:

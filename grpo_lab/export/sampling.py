@@ -236,19 +236,13 @@ def verl_sampling(algo: Any, b: dict, loss_mode: Optional[str]) -> tuple:
 
 
 def read_mismatch(mode: str, cap: float, fields: dict, inexact: list) -> None:
-    """A library's mismatch correction read back (the linter): ``Algorithm.mismatch = mode`` and
-    ``params['is_cap'] = cap`` into ``fields`` (Algorithm keyword arguments) when this grpo_lab's Algorithm has a
-    ``mismatch`` field, else one line in ``inexact`` saying it cannot be held.
+    """A library's mismatch correction read back (the linter): ``Algorithm.mismatch = mode`` and its cap
+    ``is_cap = cap`` (a hyper-parameter: the linter puts it in ``params``) into ``fields`` (Algorithm keyword
+    arguments); ``inexact`` is left as it is (kept for the readers' common signature).
 
     Args:
         mode: one of :data:`MISMATCH_MODES`; cap: the upper bound C (> 0).
     """
-    from ..algo.algorithms import Algorithm
-
-    if "mismatch" in Algorithm.__dataclass_fields__:
-        fields["mismatch"] = mode
-        if cap != IS_CAP_DEFAULT:
-            fields["params"] = {**fields.get("params", {}), "is_cap": cap}
-    else:
-        inexact.append(f"the sampler-learner mismatch correction {mode!r} with C = {cap:g} (TIS / MIS): this "
-                       "grpo_lab's Algorithm has no mismatch field to hold it")
+    fields["mismatch"] = mode
+    if cap != IS_CAP_DEFAULT:
+        fields["is_cap"] = cap
