@@ -27,7 +27,7 @@ import torch
 from grpo_lab import export as E
 from grpo_lab.algo.advantages import VALUE_BASELINE_ESTIMATORS
 from grpo_lab.algo.algorithms import PRESETS, deepseek_v32
-from grpo_lab.algo.objectives import policy_loss
+from grpo_lab.algo.objectives import loss_inputs, policy_loss
 
 #: set by ``make xcheck``, which installs the pinned TRL / verl: a missing or other version then FAILS the
 #: equivalence tests (a skip there would hide a broken check); a plain ``pytest tests`` skips them
@@ -65,8 +65,11 @@ V32 = deepseek_v32(beta=0.04, delta=0.05, eps=0.2)
 #: every preset that the export can express, and DeepSeek-V3.2 with values of our choosing (the paper reports
 #: none). PPO and VAPO need a value model, which neither target is configured for: grpo_lab.export refuses
 #: them (tests/export/test_export.py::test_value_model_algorithms_are_refused_with_the_reason)
+#: The mismatch presets (TIS, MIS) are left out: their weight is a function of the sampler's log-probs, which this
+#: loss-only batch does not hold; tests/export/test_export_sampling.py checks their mapping and read-back and
+#: tests/export/xcheck/test_xcheck_sampling.py both libraries' weights.
 ALGORITHMS = {**{name: algo for name, algo in PRESETS.items()
-                 if algo.advantage not in VALUE_BASELINE_ESTIMATORS and algo.nll_coef == 0},
+                 if algo.advantage not in VALUE_BASELINE_ESTIMATORS and algo.nll_coef == 0 and algo.mismatch is None},
               "DeepSeek-V3.2": V32}
 #: the budget every export of the xcheck tests uses: one minibatch of the whole batch, one device
 BUDGET = dict(group_size=G, prompts_per_step=B // G, max_new_tokens=MAX_NEW_TOKENS)
@@ -101,7 +104,9 @@ def batch(seed: int = 0) -> dict:
     shift = torch.tensor([d for _, d in ROW_DRIFT], dtype=torch.float64)[:, None]
     logp = (old + shift + scale * noise).clamp(max=-1e-3)
     ref = (logp + 0.25 * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
-    return {"logp": logp, "old": old, "ref": ref, "mask": mask,
+    # a sampler that is not pi_old: log(pi_old / pi_sampler) in [-0.3, 0.9], on both sides of log 2
+    behaviour = (old + 0.3 - 1.2 * torch.rand(B, T, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+    return {"logp": logp, "old": old, "ref": ref, "mask": mask, "behaviour": behaviour,
             "rewards": torch.tensor(REWARDS, dtype=torch.float64)}
 
 
@@ -125,8 +130,9 @@ def lab_loss(algo, b: dict, adv: torch.Tensor, *, num_sequences=None):
     """grpo_lab's ``policy_loss`` and its gradient w.r.t. ``logp``: ``(loss, grad, metrics)``."""
     logp = b["logp"].clone().requires_grad_()
     torch.manual_seed(0)  # Clip-Cov's draw: the same global-generator state as the target's loss call
+    inputs = {"behaviour_logp": b["behaviour"]} if "behaviour_logp" in loss_inputs(algo) else None
     out = policy_loss(logp, b["old"], adv, b["mask"], algo, ref_logp=b["ref"], max_tokens=MAX_NEW_TOKENS,
-                      group_size=G, num_sequences=num_sequences)
+                      group_size=G, num_sequences=num_sequences, inputs=inputs)
     out.loss.backward()
     return out.loss.detach(), logp.grad, out.metrics
 

@@ -95,10 +95,17 @@ RENAMED_FIELDS = {"clip": "surrogate"}
 RENAMED_SURROGATES = {"is_weight": "cispo"}
 
 
+#: fields added after runs were first stored -> the value that is the behaviour before they existed (a stored
+#: record without one is read with it: :func:`migrate_fields`)
+ADDED_FIELDS: Mapping[str, Any] = {"mismatch": None, "keep_sampling_mask": False}
+
+
 def migrate_fields(fields: Mapping[str, Any]) -> dict:
     """An algorithm's stored fields (a checkpoint's ``state.json``, ``run.json``, a results file's provenance,
     a config file's ``algorithm:`` section) with old names replaced: ``clip`` -> ``surrogate`` and the
-    surrogate ``"is_weight"`` -> ``"cispo"``. Other keys pass unchanged; a new-style dict is returned as a copy.
+    surrogate ``"is_weight"`` -> ``"cispo"``; a field of :data:`ADDED_FIELDS` absent from a stored record of a
+    whole algorithm (one holding every other field) gets its value from before it existed. Other keys pass
+    unchanged; a new-style dict is returned as a copy.
 
     Raises:
         ValueError: both ``clip`` and ``surrogate`` given.
@@ -111,6 +118,9 @@ def migrate_fields(fields: Mapping[str, Any]) -> dict:
             out[new] = out.pop(old)
     if isinstance(out.get("surrogate"), str):
         out["surrogate"] = RENAMED_SURROGATES.get(out["surrogate"], out["surrogate"])
+    if set(_FIELD_NAMES) - set(ADDED_FIELDS) <= set(out):  # a whole stored algorithm, not a partial override
+        for name, before in ADDED_FIELDS.items():
+            out.setdefault(name, before)
     return out
 
 

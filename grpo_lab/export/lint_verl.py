@@ -58,9 +58,7 @@ def _advantage(v: Values, d: Draft) -> None:
     if v.flag("algorithm.use_kl_in_reward"):
         d.inexact.append(f"use_kl_in_reward=True: a KL penalty ({v.get('algorithm.kl_penalty')}, coefficient "
                          f"{v.get('algorithm.kl_ctrl.kl_coef')}) is subtracted from the reward, not added to the loss")
-    if v.get("algorithm.rollout_correction.rollout_is") is not None:
-        d.inexact.append(f"rollout_correction.rollout_is={v.get('algorithm.rollout_correction.rollout_is')!r}: the "
-                         "loss is reweighted by the trainer/sampler ratio, which grpo_lab's loss does not do")
+    # rollout_correction.rollout_is is read as Algorithm.mismatch (_correction)
     d.explained.update({"algorithm.use_kl_in_reward", "algorithm.rollout_correction.rollout_is"})
 
 

@@ -83,7 +83,7 @@ EXTRA_LOSS = "extra loss terms"
 #: shaping.
 AXIS_FIELDS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     ADVANTAGE: ("advantage", "adv_eps"),
-    RATIO_LEVEL: ("ratio_level", "keep_sampling_mask"),
+    RATIO_LEVEL: ("ratio_level", "keep_sampling_mask", "mismatch"),
     CLIPPING: ("surrogate", "eps_low", "eps_high"),
     AGGREGATION: ("aggregation", "max_tokens"),
     REGULARISER: ("kl", "beta", "kl_importance_correction"),
@@ -108,6 +108,7 @@ ATTRIBUTED_FIELDS: tuple[str, ...] = ("params",)
 REGISTRY_AXES: Mapping[str, str] = types.MappingProxyType({
     "ADVANTAGE_ESTIMATORS": ADVANTAGE,
     "RATIOS": RATIO_LEVEL,
+    "MISMATCH_CORRECTIONS": RATIO_LEVEL,
     "SURROGATES": CLIPPING,
     "AGGREGATIONS": AGGREGATION,
     "KL_ESTIMATORS": REGULARISER,

@@ -38,7 +38,7 @@ TABLE = [
     ("num_iterations", "2", ["--set epochs=2"]),
     ("top_entropy_quantile", "0.2", ["no such setting", "top_entropy_quantile=1.0"]),
     ("top_entropy_quantile", "1.0", ["no such setting", "drop the key"]),
-    ("vllm_importance_sampling_correction", "true", ["no such setting", "=false"]),
+    ("vllm_importance_sampling_correction", "true", ["--set mismatch=token_truncate", "exactly"]),
     ("mask_truncated_completions", "true", ["--set overlong_filter=true"]),
     ("use_bias_correction_kl", "true", ["--set kl_importance_correction=true"]),
     ("off_policy_mask_threshold", "0.5", ["--set offpolicy_mask_delta=0.5"]),

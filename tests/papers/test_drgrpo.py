@@ -47,7 +47,7 @@ def test_dr_grpo_preset_values():
         "max_tokens": None, "kl": None, "beta": 0.0, "dynamic_sampling": False,
         "overlong_filter": False, "overlong_cache_len": None, "overlong_cache_frac": None,
         "kl_importance_correction": False,
-        "offpolicy_mask_delta": None, "mask_eps_low": None, "mask_eps_high": None, "mismatch": None,
+        "offpolicy_mask_delta": None, "mask_eps_low": None, "mask_eps_high": None, "mismatch": None, "keep_sampling_mask": False,
         "gamma": 1.0, "lam": 0.95, "lam_alpha": None, "critic_lam": None, "value_clip_eps": None, "nll_coef": 0.0,
         "ntp_coef": 0.0,
         "params": {},
@@ -62,7 +62,7 @@ def test_dr_grpo_preset_values():
 
 
 def test_grpo_and_dapo_presets_unchanged():
-    common = {"kl_importance_correction": False, "offpolicy_mask_delta": None, "mask_eps_low": None, "mismatch": None,
+    common = {"kl_importance_correction": False, "offpolicy_mask_delta": None, "mask_eps_low": None, "mismatch": None, "keep_sampling_mask": False,
               "mask_eps_high": None, "gamma": 1.0, "lam": 0.95, "lam_alpha": None, "critic_lam": None,
               "value_clip_eps": None, "nll_coef": 0.0, "ntp_coef": 0.0, "params": {}}
     assert GRPO.describe() == {
