@@ -221,6 +221,8 @@ class AdvantageBatch(NamedTuple):
         values: ``[B, T]`` value-model predictions or None; for value-based estimators (GAE).
         correct: ``[B]`` bool (the task's verdict, whatever the reward) or None: filled by the trainer only
             for an estimator that declares the input ``"correct"`` (:func:`grpo_lab.algo.hparams.declare`).
+        raw_rewards: ``[B]`` float, the task's rewards before shaping (``rewards`` are the training rewards), or
+            None: filled by the trainer only for an estimator that declares ``"raw_rewards"``.
 
     Build it with :meth:`from_groups`. ``group_size`` (G) and ``lengths`` are properties.
     """
@@ -230,6 +232,7 @@ class AdvantageBatch(NamedTuple):
     mask: Optional[Tensor] = None
     values: Optional[Tensor] = None
     correct: Optional[Tensor] = None
+    raw_rewards: Optional[Tensor] = None
 
     @property
     def lengths(self) -> Tensor:
@@ -240,13 +243,14 @@ class AdvantageBatch(NamedTuple):
 
     @classmethod
     def from_groups(cls, rewards: RewardsLike, group_size: int, *, mask: Optional[Tensor] = None,
-                    values: Optional[Tensor] = None, correct: Optional[Tensor] = None) -> "AdvantageBatch":
+                    values: Optional[Tensor] = None, correct: Optional[Tensor] = None,
+                    raw_rewards: Optional[Tensor] = None) -> "AdvantageBatch":
         """The batch of ``B / group_size`` contiguous groups of ``group_size`` responses each.
 
         Raises:
             ValueError: as :func:`group_advantages` (bad ``group_size``, ``B % group_size != 0``,
-                non-finite rewards), ``mask`` / ``values`` not ``[B, T]`` (the same shape), or ``correct``
-                not a ``[B]`` tensor.
+                non-finite rewards), ``mask`` / ``values`` not ``[B, T]`` (the same shape), or ``correct`` /
+                ``raw_rewards`` not a ``[B]`` tensor.
         """
         r, rg = _grouped(rewards, group_size)
         if not isinstance(rewards, Tensor):
@@ -263,8 +267,11 @@ class AdvantageBatch(NamedTuple):
                 got = tuple(correct.shape) if isinstance(correct, Tensor) else type(correct).__name__
                 raise ValueError(f"correct must be a [B] tensor with B={b}, got {got}")
             correct = correct != 0
+        if raw_rewards is not None and (not isinstance(raw_rewards, Tensor) or tuple(raw_rewards.shape) != (b,)):
+            got = tuple(raw_rewards.shape) if isinstance(raw_rewards, Tensor) else type(raw_rewards).__name__
+            raise ValueError(f"raw_rewards must be a [B] tensor with B={b}, got {got}")
         ids = torch.arange(rg.shape[0], device=r.device).repeat_interleave(int(group_size))
-        return cls(rewards, ids, mask, values, correct)
+        return cls(rewards, ids, mask, values, correct, raw_rewards)
 
     @property
     def group_size(self) -> int:

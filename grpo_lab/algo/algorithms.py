@@ -404,6 +404,9 @@ class Algorithm:
             if name == "correct" and batch.correct is None:
                 raise ValueError(f"advantage estimator {self.advantage!r} ({getattr(fn, '__name__', fn)}) declares the "
                                  "input 'correct', which the batch lacks: AdvantageBatch.from_groups(..., correct=)")
+            if name == "raw_rewards" and batch.raw_rewards is None:
+                raise ValueError(f"advantage estimator {self.advantage!r} ({getattr(fn, '__name__', fn)}) declares the "
+                                 "input 'raw_rewards', which the batch lacks: AdvantageBatch.from_groups(..., raw_rewards=)")
             if name == "lengths" and batch.mask is None:
                 raise ValueError(f"advantage estimator {self.advantage!r} ({getattr(fn, '__name__', fn)}) declares the "
                                  "input 'lengths', which needs the batch's mask: AdvantageBatch.from_groups(..., mask=)")
@@ -683,7 +686,7 @@ _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Algorithm) if f
 #: the axes whose functions may declare inputs (:func:`grpo_lab.algo.hparams.declare`)
 _INPUT_AXES = frozenset({"advantage", "surrogate", "aggregation", "mismatch"})
 #: the inputs an advantage estimator may declare (what :class:`~grpo_lab.algo.advantages.AdvantageBatch` carries)
-ADVANTAGE_INPUTS = ("correct", "rewards", "group_ids", "lengths")
+ADVANTAGE_INPUTS = ("correct", "rewards", "raw_rewards", "group_ids", "lengths")
 
 
 def _check_shared_defaults(axis: str, key: str, fn: Callable) -> None:

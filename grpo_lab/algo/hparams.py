@@ -49,7 +49,8 @@ __all__ = ["Spec", "Params", "declare", "spec", "hyperparameters", "own_hyperpar
 INPUTS = {
     "behaviour_logp": "[B, T] float: log-probs of the sampled tokens under the sampler (Rollout.behaviour_logp)",
     "correct": "[B] bool: the response is correct (the task's verdict, whatever the reward)",
-    "rewards": "[B] float: raw rewards (before shaping)",
+    "rewards": "[B] float: the training rewards (the task's after shaping, e.g. DAPO's overlong penalty)",
+    "raw_rewards": "[B] float: the task's rewards before shaping",
     "entropy": "[B, T] float: token entropy of pi_theta (nats, detached), computed only when declared",
     "group_ids": "[B] int64: the group (question) of each row",
     "lengths": "[B] int64: response lengths (real completion tokens)",

@@ -326,7 +326,7 @@ class LossContext(NamedTuple):
         num_tokens, num_sequences: the global normalisers when the batch is a micro-batch, else None.
         stats: ``{name: Tensor [B, ...]}``: the whole-minibatch statistics the surrogate declares
             (:func:`grpo_lab.algo.hparams.declare`), the rows of this batch; empty when it declares none.
-        behaviour_logp, correct, rewards, entropy, group_ids, lengths: the declared inputs
+        behaviour_logp, correct, rewards, raw_rewards, entropy, group_ids, lengths: the declared inputs
             (:data:`grpo_lab.algo.hparams.INPUTS`): None unless a function of the loss declares it
             (``[B, T]`` ones in the compute dtype, padding set to 0; ``[B]`` ones as given).
     """
@@ -348,6 +348,7 @@ class LossContext(NamedTuple):
     entropy: Optional[Tensor] = None
     group_ids: Optional[Tensor] = None
     lengths: Optional[Tensor] = None
+    raw_rewards: Optional[Tensor] = None
 
 
 def _ratio_floor(values: dict) -> None:

@@ -29,9 +29,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from . import hparams as _hp
 from .rewards import shape_rewards
 
-__all__ = ["SELECTORS", "keep_all", "keep_mixed_accuracy", "select_groups", "selector_name", "overlong_cache_tokens", "shape",
+__all__ = ["SELECTORS", "SELECTOR_INPUTS", "keep_all", "keep_mixed_accuracy", "select_groups", "selector_name", "overlong_cache_tokens", "shape",
            "loss_mask", "check", "sampling_metrics"]
 
 
@@ -55,9 +56,28 @@ def selector_name(algo) -> str:
     return "mixed_accuracy" if algo.dynamic_sampling else "all"
 
 
-def select_groups(algo, correct: Tensor, group_size: int) -> Tensor:
-    """Indices of the groups of one rollout that ``algo`` trains on (long ``[k]``, ascending)."""
-    return SELECTORS[selector_name(algo)](correct, group_size)
+#: the inputs a selector may declare (:func:`grpo_lab.algo.hparams.declare`), handed to it as keywords
+SELECTOR_INPUTS = ("rewards", "raw_rewards", "lengths")
+
+
+def select_groups(algo, correct: Tensor, group_size: int, inputs: dict | None = None) -> Tensor:
+    """Indices of the groups of one rollout that ``algo`` trains on (long ``[k]``, ascending).
+
+    Args:
+        correct: ``[B]`` bool; group_size: G.
+        inputs: ``{name: [B] tensor}`` of :data:`SELECTOR_INPUTS` (``rewards`` the training rewards, ``raw_rewards``
+            the task's, ``lengths`` real completion tokens); the selector gets those it declares, as keywords.
+
+    Raises:
+        ValueError: the selector declares an input outside :data:`SELECTOR_INPUTS` or one ``inputs`` lacks.
+    """
+    fn = SELECTORS[selector_name(algo)]
+    names = _hp.spec(fn).inputs
+    bad = [k for k in names if k not in SELECTOR_INPUTS or k not in (inputs or {})]
+    if bad:
+        raise ValueError(f"selector {selector_name(algo)!r} ({getattr(fn, '__name__', fn)}) declares inputs {bad}; a "
+                         f"selector may read {list(SELECTOR_INPUTS)}, given as select_groups(..., inputs=)")
+    return fn(correct, group_size, **{k: inputs[k] for k in names})
 
 
 def overlong_cache_tokens(algo, max_new_tokens: int) -> int | None:

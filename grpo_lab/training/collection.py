@@ -52,6 +52,7 @@ class Batch:
         generated: every rollout generated this step, scored (for the metrics).
         rollout: the rows kept for the update (groups contiguous), or ``None`` when none was kept.
         rewards: ``[B]`` float32 training rewards of those rows.
+        raw: ``[B]`` float32 task rewards of those rows, before shaping.
         loss_mask: ``[B, T]`` float32, the tokens that enter the loss.
         correct: ``[B]`` bool raw correctness of those rows (``task.is_correct``).
         values: ``[B, T]`` float32 value estimates when the trainer has a value model, else ``None``.
@@ -65,6 +66,7 @@ class Batch:
     generated: list[Scored]
     rollout: Rollout | None = None
     rewards: torch.Tensor | None = None
+    raw: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
     correct: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -141,14 +143,15 @@ def collect(sample: Callable[[int], Scored], algo: Algorithm, config: TrainerCon
         n_prompts = round_size(c.prompts_per_step - n_kept, batch, c, rows) if batch.generated else c.prompts_per_step
         s = sample(n_prompts)
         batch.generated.append(s)
-        selected = selection.select_groups(algo, s.correct, G)
+        selected = selection.select_groups(algo, s.correct, G, inputs={
+            "rewards": s.rewards, "raw_rewards": s.raw, "lengths": (s.rollout.completion_mask != 0).sum(-1)})
         batch.selected_groups += len(selected)
         groups = selected[: c.prompts_per_step - n_kept]
         if len(groups) * G == len(s.rollout):
-            parts.append((s.rollout, s.rewards, s.correct))
+            parts.append((s.rollout, s.rewards, s.correct, s.raw))
         elif len(groups):
             kept = (groups[:, None] * G + torch.arange(G)).flatten()
-            parts.append((s.rollout.select(kept), s.rewards[kept], s.correct[kept]))
+            parts.append((s.rollout.select(kept), s.rewards[kept], s.correct[kept], s.raw[kept]))
         n_kept += len(groups)
     if n_kept < c.prompts_per_step:
         _short_of_groups(n_kept, c, step)
@@ -156,6 +159,7 @@ def collect(sample: Callable[[int], Scored], algo: Algorithm, config: TrainerCon
         batch.rollout = concat_rollouts([p[0] for p in parts], pad_id)
         batch.rewards = torch.cat([p[1] for p in parts])
         batch.correct = torch.cat([p[2] for p in parts])
+        batch.raw = torch.cat([p[3] for p in parts])
         batch.loss_mask = selection.loss_mask(algo, batch.rollout.completion_mask, batch.rollout.truncated)
         if values is not None:
             batch.values = values(batch.rollout)

@@ -177,9 +177,10 @@ def compute_advantages(batch: Batch, algo: Algorithm, config: TrainerConfig) -> 
     """The *advantages* stage: ``algo``'s estimator on the batch view (rewards, group ids, loss mask, values),
     written to ``batch.advantages`` (``[B]`` or ``[B, T]`` float32, on ``config.device``) and returned; with
     values, also the critic's targets ``batch.returns`` (:meth:`~grpo_lab.algo.algorithms.Algorithm.value_targets`)."""
-    correct = batch.correct if "correct" in algo.inputs()["advantage"] else None  # only when declared
+    declared = algo.inputs()["advantage"]  # only what the estimator declares
     view = AdvantageBatch.from_groups(batch.rewards, config.group_size, mask=batch.loss_mask, values=batch.values,
-                                      correct=correct)
+                                      correct=batch.correct if "correct" in declared else None,
+                                      raw_rewards=batch.raw if "raw_rewards" in declared else None)
     batch.advantages = algo.estimate_advantages(view).to(config.device)
     if batch.values is not None:
         batch.returns = algo.value_targets(view, batch.advantages).to(config.device)
@@ -341,7 +342,8 @@ def declared_inputs(run: RolloutUpdate, sub: torch.Tensor, T: int, learner: Lear
                     entropy: torch.Tensor | None) -> dict:
     """The inputs (:data:`grpo_lab.algo.hparams.INPUTS`) that the algorithm's loss functions declare, for the rows
     ``sub`` (``[b]`` int64) and the first ``T`` completion tokens, and only those: ``behaviour_logp`` (the
-    rollout's), ``correct``, ``rewards`` (the training rewards), ``entropy`` (``entropy``: π_θ's of this
+    rollout's), ``correct``, ``rewards`` (the training rewards), ``raw_rewards`` (the task's, before shaping),
+    ``entropy`` (``entropy``: π_θ's of this
     forward), ``group_ids`` (row // G) and ``lengths`` (real completion tokens)."""
     batch, names = run.batch, learner.algo.inputs()["loss"]
     if not names:
@@ -351,6 +353,7 @@ def declared_inputs(run: RolloutUpdate, sub: torch.Tensor, T: int, learner: Lear
         "behaviour_logp": lambda: ro.behaviour_logp[sub, :T],
         "correct": lambda: batch.correct[sub],
         "rewards": lambda: batch.rewards[sub],
+        "raw_rewards": lambda: batch.raw[sub],
         "entropy": lambda: entropy.detach(),
         "group_ids": lambda: sub // learner.config.group_size,
         "lengths": lambda: (ro.completion_mask[sub] != 0).sum(-1),

@@ -45,3 +45,40 @@ def test_the_trainer_supplies_exactly_the_declared_inputs(tok, monkeypatch):
         assert ent.shape[0] == lengths.shape[0] == gids.shape[0] and ent.dim() == 2
         assert bool((ent >= 0).all()) and beh is None and correct is None
         assert lengths.dtype == torch.int64 and int(gids.max()) <= 1
+
+
+def test_raw_rewards_are_the_tasks_and_rewards_the_shaped_ones(tok, monkeypatch):
+    seen = []
+
+    @hparams.declare(inputs=("rewards", "raw_rewards", "correct"))
+    def reward_aware(ctx, *, eps_low: float = 0.2, eps_high: float = 0.2):
+        seen.append((ctx.rewards, ctx.raw_rewards, ctx.correct))
+        return ppo_surrogate(ctx, eps_low=eps_low, eps_high=eps_high)
+
+    monkeypatch.setitem(SURROGATES, "reward_aware", reward_aware)
+    # DAPO's soft overlong penalty past 8 - 4 = 4 tokens: the training rewards fall below the task's on long rows
+    _trainer(tok, GRPO.replace(surrogate="reward_aware", overlong_cache_len=4), micro_batch_size=3).train(1)
+    shaped = torch.cat([s for s, _, _ in seen])
+    raw = torch.cat([r for _, r, _ in seen])
+    correct = torch.cat([c for _, _, c in seen])
+    assert torch.equal(raw, correct.float())  # HalfTask's reward is its verdict
+    assert bool((shaped <= raw + 1e-6).all()) and bool((shaped < raw - 1e-6).any())
+
+
+def test_a_selector_gets_the_inputs_it_declares(monkeypatch):
+    from grpo_lab.algo import selection
+
+    got = {}
+
+    @hparams.declare(inputs=("raw_rewards", "lengths"))
+    def keep_long(correct, group_size, *, raw_rewards, lengths):
+        got.update(raw=raw_rewards, lengths=lengths)
+        return (lengths.view(-1, group_size).float().mean(1) > 2).nonzero().flatten()
+
+    monkeypatch.setitem(selection.SELECTORS, "all", keep_long)
+    correct = torch.tensor([True, False, True, True])
+    inputs = {"rewards": torch.zeros(4), "raw_rewards": torch.ones(4), "lengths": torch.tensor([1, 1, 5, 5])}
+    assert selection.select_groups(GRPO, correct, 2, inputs=inputs).tolist() == [1]
+    assert torch.equal(got["raw"], torch.ones(4)) and "rewards" not in got
+    with pytest.raises(ValueError, match=r"declares inputs \['lengths'\]"):
+        selection.select_groups(GRPO, correct, 2, inputs={"raw_rewards": torch.ones(4)})
