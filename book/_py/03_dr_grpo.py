@@ -22,11 +22,13 @@
 # and removes both. DeepSeek-V3.2 {cite:p}`deepseekai2025v32` also drops the std, but keeps
 # $1/\olen{i}$, and changes four more things: an importance-corrected KL estimate, a mask for stale
 # negative samples, Keep Routing (MoE) and Keep Sampling Mask (top-p/top-k); the first two act in
-# this book's setting.
+# this book's training runs, and Keep Sampling Mask is measured on a top-p sampler in §3.3 (Keep
+# Routing is {ref}`sec-gspo`'s Routing Replay).
 #
 # **Which axes they move:** advantage — `group_mean` ($r-\mean$); aggregation —
 # `seq_mean_token_sum_norm` (a constant normaliser); regulariser — $k_3$ with importance correction
-# (V3.2 Eq. 7); sampling — off-policy sequence masking (V3.2 Eqs. 8–9).
+# (V3.2 Eq. 7); sampling — off-policy sequence masking (V3.2 Eqs. 8–9); ratio — the sampler's
+# kept set applied to $\pitheta$ (Keep Sampling Mask).
 #
 # **Prerequisites:** {ref}`sec-grpo`. **Run time:** {glue:text}`drgrpo_runtime` on two CPU cores
 # (measured on the last execution). With `PROFILE = "gpu"` it also trains GRPO and Dr.GRPO on GSM8K
@@ -262,6 +264,90 @@ example = pd.DataFrame({"advantage": adv4.numpy(), "mean log(pi_old/pi_theta)": 
                         "kept": keep.numpy()}, index=["neg, drifted", "pos, drifted", "neg, close", "neg, moved up"])
 print(example.round(4).to_string())
 assert keep.tolist() == [False, True, True, True]  # log(0.5/0.4) = 0.223 > 0.1 masks only the negative one
+
+# %% [markdown]
+# **Keep Sampling Mask (§3.1).** A sampler with top-p or top-k truncation draws each token from the
+# renormalised distribution over its kept set $K_t$, not from $\piold$ itself. Scored by the trainer over
+# the whole vocabulary, $\pitheta$ is then another distribution than the one that sampled: the ratio is
+# not 1 at an update that should be on-policy, and the update can move probability onto tokens the
+# sampler could never draw. V3.2 keeps the truncation mask from sampling and applies it to $\pitheta$
+# during training, "so both policies share the same action subspace"; the paper gives it no equation.
+# Our transcription of that sentence, for a token $o_t\in K_t$:
+#
+# $$
+# \pi^{K}_{\theta}(o_t\given\cdot)=\frac{\pitheta(o_t\given\cdot)}{\sum_{v\in K_t}\pitheta(v\given\cdot)} .
+# $$ (eq-drgrpo-v32-ksm)
+#
+# `generate` records $K_t$ (`Rollout.kept_ids`) and the log-probability of the truncated distribution it
+# sampled from; with `Algorithm.keep_sampling_mask=True` (set by `deepseek_v32()`) the trainer scores
+# $\pitheta$, $\piold$ and $\piref$ by {eq}`eq-drgrpo-v32-ksm`
+# (`grpo_lab.policy.logprobs.restrict_to_kept`); `TrainerConfig.top_p` / `top_k` set the sampler. The
+# cell below samples chapter 1's base policy with three truncations and compares the sampler's
+# log-probabilities with the trainer's, scored over the whole vocabulary and over $K_t$.
+
+# %%
+from grpo_lab.algo.algorithms import deepseek_v32
+from grpo_lab.paths import checkpoint_dir
+from grpo_lab.policy.logprobs import restrict_to_kept
+from grpo_lab.policy.models import load_policy
+from grpo_lab.policy.rollout import policy_logprobs
+from grpo_lab.tasks import ArithmeticTask
+
+from grpo_lab.policy.logprobs import sampling_kept_ids
+
+assert deepseek_v32(beta=0.0, delta=0.1, eps=0.2).keep_sampling_mask  # all four of V3.2's changes, whatever beta, delta, eps
+# Eq. (eq-drgrpo-v32-ksm) against the package, in float64: softmax over K_t == pi / sum_{v in K_t} pi
+z = torch.randn(4, 6, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+ids = sampling_kept_ids(z, top_p=0.8)
+in_k = (ids.long().unsqueeze(-1) == torch.arange(z.shape[-1])).any(-2)  # [4, 6, 12]: token v in K_t (ids pad -1)
+p_full = torch.softmax(z, -1)
+by_eq = torch.log(p_full / (p_full * in_k).sum(-1, keepdim=True))
+assert torch.allclose(torch.log_softmax(restrict_to_kept(z, ids), -1)[in_k], by_eq[in_k], rtol=0, atol=1e-12)
+ksm_policy, ksm_tok = load_policy(checkpoint_dir("arithmetic-base"))
+ksm_problems = ArithmeticTask().test_set()[:32]
+ksm_rows = {}
+for label, top_p, top_k in [("top-p 0.9", 0.9, 0), ("top-p 0.8", 0.8, 0), ("top-k 5", 1.0, 5)]:
+    torch.manual_seed(0)
+    ro_k = generate(ksm_policy, ksm_tok, ksm_problems, group_size=4, max_new_tokens=24, top_p=top_p, top_k=top_k)
+    m_k = ro_k.completion_mask.bool()
+    with torch.no_grad():
+        full = policy_logprobs(ksm_policy, ro_k)  # pi_theta over the whole vocabulary
+        kept = policy_logprobs(ksm_policy, ro_k, keep_mask=True)  # Eq. (eq-drgrpo-v32-ksm)
+    sampler = ro_k.behaviour_logp
+    ksm_rows[label] = {
+        "kept tokens per position (mean)": float((ro_k.kept_ids >= 0).sum(-1)[m_k].float().mean()),
+        "whole vocabulary: max |log ratio|": float((full - sampler)[m_k].abs().max()),
+        "whole vocabulary: tokens off by > 1e-3": float(((full - sampler)[m_k].abs() > 1e-3).float().mean()),
+        "kept set: max |log ratio|": float((kept - sampler)[m_k].abs().max()),
+    }
+    assert torch.equal(policy_logprobs(ksm_policy, ro_k, keep_mask=True), kept)  # recomputed pi_old: ratio exactly 1
+ksm_table = pd.DataFrame(ksm_rows).T
+top_p_rows = ksm_table.loc[["top-p 0.9", "top-p 0.8"]]
+assert (top_p_rows["whole vocabulary: max |log ratio|"] > 0.05).all()  # the sampler is not the learner ...
+# ... less so where the truncated tail holds little mass: this peaked policy's five best tokens hold nearly all
+assert ksm_table.loc["top-k 5", "whole vocabulary: max |log ratio|"] < top_p_rows["whole vocabulary: max |log ratio|"].min()
+assert (ksm_table["kept set: max |log ratio|"] < 1e-5).all()  # ... until the learner is scored on K_t
+# the kept-set residual is float32 rounding between cached decoding and one forward pass (asserted < 1e-5)
+shown = ksm_table.drop(columns="kept set: max |log ratio|").round(3)
+shown["kept set: max |log ratio|"] = "< 1e-5"
+print(shown.to_string())
+book.glue("drgrpo_ksm_off_frac", f"{ksm_table.loc['top-p 0.9', 'whole vocabulary: tokens off by > 1e-3']:.0%}")
+book.glue("drgrpo_ksm_max_p09", f"{ksm_table.loc['top-p 0.9', 'whole vocabulary: max |log ratio|']:.2f}")
+book.glue("drgrpo_ksm_max_k5", f"{ksm_table.loc['top-k 5', 'whole vocabulary: max |log ratio|']:.4f}")
+
+# %% [markdown]
+# Without the mask the trainer's $\pitheta$ and the sampler disagree, at an update that is on-policy by
+# construction, by more than $10^{-3}$ nats on {glue:text}`drgrpo_ksm_off_frac` of the tokens at top-p 0.9
+# and by up to {glue:text}`drgrpo_ksm_max_p09` nats there. At top-k 5 they differ by at most
+# {glue:text}`drgrpo_ksm_max_k5` nats: this policy is so peaked that its five best tokens hold nearly all
+# the mass, so how much the mask matters depends on the truncation and on the policy's entropy. With the mask
+# they agree to float32 rounding between the sampler's cached decoding
+# and the trainer's single forward pass (below $10^{-5}$ nats, asserted). When $\piold$ is recomputed
+# (`old_logp="recompute"`, the default), both sides of the ratio are scored by {eq}`eq-drgrpo-v32-ksm` in
+# the same pass and the ratio is exactly 1 at every token (asserted above, and per token over two epochs
+# in `tests/training/test_keep_sampling_mask.py`). Without truncation (the book's CPU runs sample at
+# top-p 1) the mask changes nothing, so `deepseek_v32()`'s results elsewhere in this chapter are those of
+# its other three changes.
 
 # %% [markdown]
 # :::{admonition} Sidebar: mHC is an architecture, not a sampler
