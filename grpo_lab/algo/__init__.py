@@ -11,15 +11,15 @@ The names a chapter or a user needs are imported here: ``from grpo_lab.algo impo
 """
 
 from .advantages import ADVANTAGE_ESTIMATORS, AdvantageBatch, gae, group_advantages, rloo_advantages
-from .algorithms import (CISPO, CLIP_COV, DAPO, DR_GRPO, GMPO, GRPO, GSPO, GSPO_TOKEN, KL_COV, PPO, PRESETS, RPT,
-                         RPT_HYBRID, RPT_SAMPLING, SAPO, VAPO, Algorithm, deepseek_v32, get_algorithm)
+from .algorithms import (CISPO, CLIP_COV, DAPO, DR_GRPO, GMPO, GRPO, GSPO, GSPO_TOKEN, KL_COV, MIS, PPO, PRESETS, RPT,
+                         RPT_HYBRID, RPT_SAMPLING, SAPO, TIS, VAPO, Algorithm, deepseek_v32, get_algorithm)
 from .hparams import declare
-from .objectives import (AGGREGATIONS, KL_ESTIMATORS, RATIOS, SURROGATES, LossContext, LossOutput, kl_estimate,
-                         policy_loss, value_loss)
+from .objectives import (AGGREGATIONS, KL_ESTIMATORS, MISMATCH_CORRECTIONS, RATIOS, SURROGATES, LossContext,
+                         LossOutput, kl_estimate, policy_loss, value_loss)
 from .selection import SELECTORS
 
 __all__ = ["Algorithm", "PRESETS", "get_algorithm", "deepseek_v32", "GRPO", "DR_GRPO", "DAPO", "GSPO", "GSPO_TOKEN",
-           "CISPO", "PPO", "VAPO", "RPT", "RPT_HYBRID", "RPT_SAMPLING", "GMPO", "SAPO", "KL_COV", "CLIP_COV",
-           "policy_loss", "value_loss", "kl_estimate", "LossContext", "LossOutput", "RATIOS", "SURROGATES",
-           "AGGREGATIONS", "KL_ESTIMATORS", "ADVANTAGE_ESTIMATORS", "AdvantageBatch", "group_advantages",
+           "CISPO", "PPO", "VAPO", "RPT", "RPT_HYBRID", "RPT_SAMPLING", "GMPO", "SAPO", "KL_COV", "CLIP_COV", "TIS",
+           "MIS", "policy_loss", "value_loss", "kl_estimate", "LossContext", "LossOutput", "RATIOS", "SURROGATES",
+           "AGGREGATIONS", "KL_ESTIMATORS", "MISMATCH_CORRECTIONS", "ADVANTAGE_ESTIMATORS", "AdvantageBatch", "group_advantages",
            "rloo_advantages", "gae", "SELECTORS", "declare"]

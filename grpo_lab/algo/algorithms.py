@@ -377,15 +377,18 @@ class Algorithm:
         for axis, key, fn in _named_functions(*(getattr(self, a) for a in _AXES)):
             for part in (fn, *_hp.spec(fn).batch_statistics.values()):
                 spec = _hp.spec(part)
+                fn_name = getattr(part, "__name__", str(part))
+                where = f"{self.name}: {axis}={key!r}" + ("" if fn_name == key else f" ({fn_name})")
                 for name, allowed in spec.config.items():
                     value = getattr(config, name, None)
                     if value not in allowed:
                         want = " or ".join(repr(a) for a in allowed)
-                        raise ValueError(
-                            f"{self.name}: {axis}={key!r} ({getattr(part, '__name__', part)}) needs TrainerConfig."
-                            f"{name}={want}, got {name}={value!r}")
+                        raise ValueError(f"{where} needs TrainerConfig.{name}={want}, got {name}={value!r}")
                 if spec.validate_config is not None:
-                    spec.validate_config(config, self.values_for(part))
+                    try:
+                        spec.validate_config(config, self.values_for(part))
+                    except ValueError as exc:
+                        raise ValueError(f"{where}: {exc}") from None
 
     def estimate_advantages(self, batch: AdvantageBatch) -> Tensor:
         """Advantages of ``batch`` under this algorithm's estimator,

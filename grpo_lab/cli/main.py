@@ -123,12 +123,12 @@ def hyperparameter_keys() -> dict[str, tuple[str, Any, Any]]:
     from ..algo import hparams
     from ..algo.advantages import ADVANTAGE_ESTIMATORS
     from ..algo.algorithms import Algorithm
-    from ..algo.objectives import AGGREGATIONS, KL_ESTIMATORS, RATIOS, SURROGATES
+    from ..algo.objectives import AGGREGATIONS, KL_ESTIMATORS, MISMATCH_CORRECTIONS, RATIOS, SURROGATES
 
     fields = {f.name for f in dataclasses.fields(Algorithm)}
     out: dict[str, tuple[str, Any, Any]] = {}
     for axis, registry in (("advantage", ADVANTAGE_ESTIMATORS), ("ratio_level", RATIOS), ("surrogate", SURROGATES),
-                           ("aggregation", AGGREGATIONS), ("kl", KL_ESTIMATORS)):
+                           ("aggregation", AGGREGATIONS), ("kl", KL_ESTIMATORS), ("mismatch", MISMATCH_CORRECTIONS)):
         for choice, fn in registry.items():
             for part in (fn, *hparams.spec(fn).batch_statistics.values()):
                 for name, default in hparams.own_hyperparameters(part).items():

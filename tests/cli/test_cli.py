@@ -221,7 +221,7 @@ def test_resume_without_a_checkpoint_says_it_trains_from_step_0(tmp_path, capsys
 def test_set_keys_are_every_trainer_and_algorithm_field_but_seed_and_progress():
     fields = {f.name for f in dataclasses.fields(TrainerConfig)} | {f.name for f in dataclasses.fields(Algorithm)}
     hyper = set(cli.hyperparameter_keys())  # the functions' own hyper-parameters (SAPO's tau_pos, ...)
-    assert {"tau_pos", "tau_neg", "kl_cov_ratio", "clip_cov_lb"} <= hyper and not hyper & fields
+    assert {"tau_pos", "tau_neg", "kl_cov_ratio", "clip_cov_lb", "is_cap"} <= hyper and not hyper & fields
     assert set(cli.settable_fields()) == (fields - {"seed", "progress", "params", "report_to"}) | hyper  # report_to: --report-to
     assert cli.settable_fields()["lr"][0] == "TrainerConfig" and cli.settable_fields()["eps_high"][0] == "Algorithm"
     assert cli.settable_fields()["tau_neg"][:2] == ("Algorithm.params", float)
@@ -235,6 +235,18 @@ def test_set_reaches_a_presets_own_hyperparameter(capsys):
     assert SAPO.replace(**algo).params["tau_neg"] == 1.2
     assert cli.main(["GRPO", "--set", "tau_neg=1.2", "--steps", "1"]) == 2  # GRPO's functions declare no tau_neg
     assert "unknown key(s) ['tau_neg']" in capsys.readouterr().err
+
+
+def test_set_reaches_the_mismatch_cap_and_a_tis_config_file_repeats_the_run(tmp_path):
+    # is_cap is declared by the mismatch corrections (TIS / MIS), an axis of its own
+    cfg, algo = cli.parse_set(["is_cap=1.05"])
+    assert cfg == {} and algo == {"is_cap": 1.05} and cli.settable_fields()["is_cap"][:2] == ("Algorithm.params", float)
+    from grpo_lab.algo.algorithms import MIS
+
+    assert MIS.replace(**algo).params["is_cap"] == 1.05
+    path = tmp_path / "mis.yaml"  # what a MIS run writes as runs/X/config.yaml: its algorithm holds is_cap
+    path.write_text("preset: MIS\nalgorithm:\n  is_cap: 1.05\n")
+    assert cli.main(["--config", str(path), "--steps", "0", "--seeds", "0", "--out", str(tmp_path / "r.json")]) == 0
 
 
 def test_parse_set_types_each_value_by_its_field():
