@@ -84,7 +84,7 @@ from grpo_lab.lab import book, regime as rules
 from grpo_lab import experiments, lab
 from grpo_lab.experiments import plotting, stats
 from grpo_lab.algo.advantages import ADVANTAGE_ESTIMATORS, GROUP_BASELINE_ESTIMATORS, AdvantageBatch
-from grpo_lab.algo.algorithms import (CISPO, CLIP_COV, DAPO, DR_GRPO, GMPO, GRPO, GSPO, KL_COV, PPO, RPT, SAPO, VAPO,
+from grpo_lab.algo.algorithms import (CISPO, CLIP_COV, DAPO, DR_GRPO, GMPO, GRPO, GSPO, KL_COV, PPO, RPT, SAPO, TIS, VAPO,
                                  deepseek_v32)
 from grpo_lab.lab.decision_tree import CHANGES, OUR_TREE, SECTION_TREE, diff_trees, leaves, plot_tree, tree_table
 from grpo_lab.policy.models import count_parameters, load_policy
@@ -1023,9 +1023,9 @@ with pd.option_context("display.max_colwidth", None):
 #    covary most, averaging over all the batch's tokens, without KL. Which axes?
 # 4. **Truncated importance sampling** (for the mismatch between the inference engine that samples and
 #    the trainer that computes $\pi_{\text{old}}$) weighs each token's loss by
-#    $\min(\pi_{\text{old}}^{\text{trainer}}/\pi^{\text{sampler}}, C)$. Which axis would it move, what
-#    does it need that `LossContext` does not carry, and what in this package, or in the papers,
-#    answers the same mismatch differently?
+#    $\min(\pi_{\text{old}}^{\text{trainer}}/\pi^{\text{sampler}}, C)$. Which axis does the package's `TIS`
+#    preset move, what does its function read that a surrogate is not handed unless it asks, and what in
+#    this package, or in the papers, answers the same mismatch differently?
 # 5. **A variant from outside the package.** Add GRPO with a median baseline, $A_i = r_i -
 #    \operatorname{median}(r_{\text{group}})$, without editing a file of the package, and check its axes.
 #
@@ -1039,20 +1039,19 @@ with pd.option_context("display.max_colwidth", None):
 # 2. The same two: `surrogate="sapo"` with its temperatures `tau_pos`, `tau_neg`, and no KL.
 # 3. Three: the surrogate (`surrogate="kl_cov"` / `"clip_cov"`), the *aggregation* (`token_mean` over
 #    the batch's tokens, not GRPO's mean of per-sequence means) and the *regulariser*.
-# 4. It is a per-token weight inside each token's objective, so it would be registered in `SURROGATES`:
-#    the *clipping* axis (the cell checks which axis that registry is). Off-policy sequence masking,
-#    by contrast, drops whole responses from the loss, a selection, which the package files under
-#    *sampling & shaping*. Truncated IS needs two
-#    log-probs of the same tokens: the trainer's $\pi_{\text{old}}$ and the sampler's. The package
-#    has the mismatch (`TrainerConfig(rollout_dtype="bfloat16")` samples from a low-precision copy of
-#    the policy, as an inference engine does) and records both, but the loss sees one of them
-#    (`old_logp="recompute"`: the trainer's, the default; `"behaviour"`: the sampler's, untruncated);
-#    `LossContext` has no field for the other. So truncated IS costs one surrogate *and* one input,
-#    the first change in this book that a single registry entry cannot carry. The package's answers
-#    to the same mismatch are MiniMax-M1's float32 output head (`rollout_fp32_lm_head`) and
-#    DeepSeek-V3.2's Off-Policy Sequence Masking (`deepseek_v32(...)`, `offpolicy_mask_delta`), which
-#    the cell checks; and GSPO's paper argues that a sequence-level ratio tolerates the precision
-#    mismatch well enough to use the inference engine's log-probabilities directly (its §5.4).
+# 4. A per-token weight that composes with any surrogate, so the package gives it an axis of its own,
+#    `mismatch` (`MISMATCH_CORRECTIONS`: token or sequence level, truncated or masked), which the variant
+#    records count with the *ratio level*, beside Keep Sampling Mask: `TIS` is GRPO with
+#    `mismatch="token_truncate"`, $C = 2$. It needs two log-probs of the same tokens, the trainer's
+#    $\pi_{\text{old}}$ and the sampler's; the sampler's reaches the loss because the function declares it
+#    (`hparams.declare(inputs=("behaviour_logp",))`), and the trainer hands a function exactly the inputs it
+#    declares. It also declares what it needs of the run, `old_logp="recompute"`: with `"behaviour"`,
+#    $\pi_{\text{old}}$ *is* the sampler and the weight is 1, so that configuration is refused before a step.
+#    {ref}`sec-cispo` (§5.6) trains it against a bfloat16 sampler. The package's other answers to the same
+#    mismatch are MiniMax-M1's float32 output head (`rollout_fp32_lm_head`) and DeepSeek-V3.2's Off-Policy
+#    Sequence Masking (`offpolicy_mask_delta`) and Keep Sampling Mask (`keep_sampling_mask`), which the cell
+#    checks; and GSPO's paper argues that a sequence-level ratio tolerates the precision mismatch well
+#    enough to use the inference engine's log-probabilities directly (its §5.4).
 # 5. One function, one registry line, one preset: the cell below. The axis is the *advantage* only.
 # :::
 
@@ -1064,17 +1063,15 @@ assert check_axes(CLIP_COV, {"clipping", "aggregation", "regulariser"})
 V32 = deepseek_v32(beta=0.01, delta=0.1, eps=0.2)  # V3.2 reports neither beta nor delta: illustrative values
 assert check_axes(V32, {"advantage", "ratio level", "regulariser", "sampling & shaping"})  # R - mean; corrected KL; the mask
 assert axes_changed(V32)["sampling & shaping"] == {"offpolicy_mask_delta": (None, 0.1)}
-# exercise 4: the truncated IS weight needs both log-probs; where the sampler matches the trainer it is 1
-def tis_weight(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float = 2.0) -> torch.Tensor:
-    """``[B, T]``: min(pi_old / pi_sampler, cap), detached: a weight on each token's loss."""
-    return torch.exp(old_logp - sampler_logp).clamp(max=cap).detach()
-
-
-lp = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
-assert torch.equal(tis_weight(lp, lp), torch.ones(1, 3))
-assert torch.allclose(tis_weight(lp, lp - math.log(4.0)), torch.full((1, 3), 2.0))  # capped at C = 2
-assert REGISTRY_AXES["SURROGATES"] == "clipping"  # exercise 4's answer: the registry a TIS weight would join
-assert TrainerConfig(rollout_dtype="bfloat16").old_logp == "recompute"  # the loss sees the trainer's pi_old
+# exercise 4: TIS is one choice on the mismatch axis, counted with the ratio level; it reads the sampler's log-probs
+assert check_axes(TIS, {"ratio level"}) and axes_changed(TIS)["ratio level"]["mismatch"] == (None, "token_truncate")
+assert TIS.inputs()["loss"] == ("behaviour_logp",)  # the declared input the trainer hands it
+try:  # with pi_old taken from the sampler the weight would be 1: refused before any step
+    TIS.check_config(TrainerConfig(old_logp="behaviour"))
+    raise AssertionError("TIS accepted old_logp='behaviour'")
+except ValueError as err:
+    assert "needs TrainerConfig.old_logp='recompute'" in str(err)
+assert V32.keep_sampling_mask and V32.offpolicy_mask_delta == 0.1  # V3.2's answers, in its objective
 try:  # a wrong answer is refused with what was missed
     check_axes(KL_COV, {"clipping", "regulariser"})
 except ValueError as err:

@@ -47,6 +47,7 @@ from .advantages import (ADVANTAGE_ESTIMATORS, VALUE_BASELINE_ESTIMATORS, Advant
 __all__ = [
     "Algorithm",
     "migrate_fields",
+    "ADDED_FIELDS",
     "ADVANTAGE_NAMES",
     "RATIO_LEVEL_NAMES",
     "SURROGATE_NAMES",
