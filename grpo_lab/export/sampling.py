@@ -88,25 +88,16 @@ def check_sampling(budget: dict, b: dict) -> None:
 
 
 def mismatch_of(algo: Any) -> tuple:
-    """``(mode, C, keep_sampling_mask)`` of an algorithm: ``Algorithm.mismatch`` (None: no correction), its cap
-    ``is_cap`` (the algorithm's value for the mismatch function, else ``params['is_cap']``, else an ``is_cap``
-    attribute, else :data:`IS_CAP_DEFAULT`; None without a mode) and ``Algorithm.keep_sampling_mask`` (False
-    when absent)."""
-    mode = getattr(algo, "mismatch", None)
-    keep = bool(getattr(algo, "keep_sampling_mask", False))
+    """``(mode, C, keep_sampling_mask)`` of an :class:`~grpo_lab.algo.algorithms.Algorithm`: ``algo.mismatch``
+    (None: no correction), its cap ``is_cap`` (the algorithm's value for the mismatch function; None without a
+    mode, :data:`IS_CAP_DEFAULT` for a function that declares none) and ``algo.keep_sampling_mask``."""
+    from ..algo.objectives import MISMATCH_CORRECTIONS
+
+    mode, keep = algo.mismatch, bool(algo.keep_sampling_mask)
     if mode is None:
         return None, None, keep
-    cap = IS_CAP_DEFAULT
-    from ..algo import objectives as _obj
-
-    registry = getattr(_obj, "MISMATCH_CORRECTIONS", None)
-    fn = registry.get(mode) if isinstance(registry, dict) else None
-    if fn is not None and hasattr(algo, "values_for"):
-        cap = algo.values_for(fn).get("is_cap", cap)
-    elif "is_cap" in getattr(algo, "params", {}):
-        cap = algo.params["is_cap"]
-    else:
-        cap = getattr(algo, "is_cap", cap)
+    fn = MISMATCH_CORRECTIONS.get(mode)
+    cap = algo.values_for(fn).get("is_cap", IS_CAP_DEFAULT) if fn is not None else IS_CAP_DEFAULT
     return mode, float(cap), keep
 
 

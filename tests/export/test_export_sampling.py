@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from grpo_lab import export as E
-from grpo_lab.algo.algorithms import GMPO, GRPO, GSPO, Algorithm
+from grpo_lab.algo.algorithms import GMPO, GRPO, GSPO
 from grpo_lab.export import ApproximateExportWarning, ExportError, to_trl, to_verl, translate
 from grpo_lab.export import lint as L
 from grpo_lab.export import sampling as S
@@ -26,9 +26,6 @@ MODES = S.MISMATCH_MODES
 C = "algorithm.rollout_correction."
 R = "actor_rollout_ref.rollout."
 GRPO_V = GRPO.replace(adv_eps=1e-6)  # GRPO with verl's epsilon: exact in verl
-_NEW = ("mismatch", "keep_sampling_mask")
-#: True once the inputs and sampling helpers' Algorithm fields are merged
-MERGED = all(k in Algorithm.__dataclass_fields__ for k in _NEW)
 
 
 def lab(algo, **kw):
@@ -216,9 +213,7 @@ def test_an_icepop_threshold_is_quoted_for_hydra():
 
 # --- the linter reads them back -----------------------------------------------------------------------------------
 def _reads_mismatch(r, mode, cap):
-    if MERGED:
-        return r.algorithm.mismatch == mode and r.algorithm.params.get("is_cap", 2.0) == cap
-    return any(f"mismatch correction {mode!r} with C = {cap:g}" in i for i in r.inexact)
+    return r.algorithm.mismatch == mode and r.algorithm.params.get("is_cap", 2.0) == cap
 
 
 @pytest.mark.parametrize("mode", MODES)
