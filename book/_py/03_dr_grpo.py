@@ -35,17 +35,21 @@
 # from a hub instruct model (§3.5: hours).
 
 # %% tags=["remove-cell"]
-# Colab set-up: clone the repository (the chapters need its data/ folder) and install the package.
+# Colab set-up, written by scripts/colab_cell.py from _config.yml's repository.url (edit there, then run it):
+# clone the repository (the chapters need its data/ folder) and install the package with the extras the
+# chapters need, pinned as CI pins them (scripts/colab_setup.py). $GRPO_LAB_REPO_URL overrides the URL (a fork,
+# a local path), $GRPO_LAB_COLAB_ROOT the folder of the clone.
 import os
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
-    if not os.path.isdir("/content/grpo_lab"):
-        subprocess.run(["git", "clone", "-q", "--depth", "1",
-                        "https://github.com/grpo-lab/grpo_lab", "/content/grpo_lab"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/grpo_lab"], check=True)
-    sys.path.insert(0, "/content/grpo_lab")
+    _root = os.environ.get("GRPO_LAB_COLAB_ROOT", "/content/grpo_lab")
+    if not os.path.isdir(_root):
+        _url = os.environ.get("GRPO_LAB_REPO_URL", "https://github.com/grpo-lab/grpo_lab")
+        subprocess.run(["git", "clone", "-q", "--depth", "1", _url, _root], check=True)
+    subprocess.run([sys.executable, os.path.join(_root, "scripts", "colab_setup.py"), _root], check=True)
+    sys.path.insert(0, _root)
 
 # %% tags=["parameters"]
 PROFILE = "cpu"  # "gpu": also train §3.5's GSM8K comparison on a hub instruct model (CUDA)
