@@ -41,7 +41,8 @@ def _name(line: str) -> str | None:
 
 def colab_constraints(ci_text: str) -> str:
     """``ci_text`` (``requirements/ci.txt``'s text) without the lines of :data:`COLAB_KEEPS` and comments."""
-    return "".join(f"{ln.strip()}\n" for ln in ci_text.splitlines() if _name(ln) and _name(ln) not in COLAB_KEEPS)
+    lines = (ln.split("#", 1)[0].strip() for ln in ci_text.splitlines())
+    return "".join(f"{ln}\n" for ln in lines if _name(ln) and _name(ln) not in COLAB_KEEPS)
 
 
 def main(argv: list[str] | None = None) -> int:

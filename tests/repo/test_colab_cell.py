@@ -87,10 +87,9 @@ def _preinstall(target: Path, names) -> None:
 
 
 _KERNEL = r'''
-import os, sys, json, types
-google = types.ModuleType("google"); google.__path__ = []
-colab = types.ModuleType("google.colab"); google.colab = colab
-sys.modules["google"], sys.modules["google.colab"] = google, colab
+import os, sys, json
+sys.path.insert(0, os.environ["COLAB_STUB"])
+import google.colab  # the stub: Colab's kernel has imported it before the first cell
 cells = json.loads(sys.argv[1])
 for i, src in enumerate(cells):
     exec(compile(src, f"<cell {i}>", "exec"), globals())
@@ -122,9 +121,13 @@ def test_colab_cell_in_a_fresh_venv(tmp_path: Path):
     text = (ROOT / "book" / "_py" / "01_grpo.py").read_text(encoding="utf-8")
     cells = [c.split("\n", 1)[1] for c in re.split(r"^(?=# %%)", text, flags=re.M)[1:]
              if not c.startswith("# %% [markdown]")][:2]  # the Colab cell and the parameters cell
+    stub = tmp_path / "stub" / "google" / "colab"
+    stub.mkdir(parents=True)
+    (stub.parent / "__init__.py").write_text("")
+    (stub / "__init__.py").write_text('"""A stand-in for Colab\'s google.colab (only its presence matters)."""\n')
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))},
            "GRPO_LAB_REPO_URL": str(ROOT), "GRPO_LAB_COLAB_ROOT": str(tmp_path / "content" / "grpo_lab"),
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "COLAB_STUB": str(tmp_path / "stub")}
     out = subprocess.run([str(py), "-c", _KERNEL, json.dumps(cells)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=170)
     assert out.returncode == 0 and "COLAB-OK" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
