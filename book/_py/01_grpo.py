@@ -1008,9 +1008,13 @@ with pd.option_context("display.max_colwidth", None):  # show whole cells, not "
 
 # %%
 GPU_ALGOS = [GRPO]
-if PROFILE == "gpu":
-    lab.run_chapter_gpu("01_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
-gpu_summary = book.show_gpu_results("01_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS)
+gpu_prof = None  # None: the gpu profile
+if PROFILE == "colab":  # a free Colab T4 (experiments.colab_profile): LoRA, one seed, <= 30 min predicted
+    GPU_SEEDS, gpu_prof = experiments.COLAB_SEEDS, experiments.colab_profile()
+if PROFILE in ("gpu", "colab"):
+    lab.run_chapter_gpu("01_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
+                        profile=gpu_prof)
+gpu_summary = book.show_gpu_results("01_grpo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, profile=gpu_prof)
 
 # %% [markdown]
 # ## 1.9 Takeaways

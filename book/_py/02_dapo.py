@@ -760,10 +760,14 @@ at_scale
 
 # %%
 GPU_ALGOS = [GRPO, DAPO]
-if PROFILE == "gpu":
-    lab.run_chapter_gpu("02_dapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS)
+gpu_prof = None  # None: the gpu profile
+if PROFILE == "colab":  # a free Colab T4 (experiments.colab_profile): LoRA, one seed, <= 30 min predicted
+    GPU_SEEDS, gpu_prof = experiments.COLAB_SEEDS, experiments.colab_profile()
+if PROFILE in ("gpu", "colab"):
+    lab.run_chapter_gpu("02_dapo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
+                        profile=gpu_prof)
 gpu_summary = book.show_gpu_results("02_dapo", GPU_ALGOS, baseline="GRPO", seeds=GPU_SEEDS, steps=GPU_STEPS,
-                                   generation_factor=1.3)
+                                   generation_factor=1.3, profile=gpu_prof)
 
 # %% [markdown]
 # ## 2.7 Takeaways

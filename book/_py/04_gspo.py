@@ -1254,7 +1254,9 @@ gpu_prof = experiments.gpu_profile(minibatches=GPU_MINIBATCHES)  # micro-batches
 assert gpu_prof.config.minibatches == 4 and all(a.beta == 0 and a.kl is None for a in GPU_ALGOS)
 print(f"GPU profile: {gpu_prof.config.minibatches} minibatches per rollout, micro-batch {gpu_prof.config.micro_batch_size}, "
       f"precision {gpu_prof.config.precision}; KL: none")
-if PROFILE == "gpu":
+if PROFILE == "colab":  # a free Colab T4 (experiments.colab_profile): LoRA, one seed, <= 30 min predicted
+    GPU_SEEDS, gpu_prof = experiments.COLAB_SEEDS, experiments.colab_profile(minibatches=GPU_MINIBATCHES)
+if PROFILE in ("gpu", "colab"):
     lab.run_chapter_gpu("04_gspo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
                                 profile=gpu_prof)
 GPU_PAPER_REGIME = {"GSPO paper (§5.1, Fig. 2; Qwen3-30B-A3B, 4 minibatches)": {

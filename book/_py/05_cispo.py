@@ -1162,7 +1162,10 @@ mem = predict_memory(QWEN25_05B_CONFIG, RunShape(rows=128, prompt_len=256, max_n
 print(f"Qwen2.5-0.5B, 128 rows, 16 minibatches of 8, no KL reference: predicted peak "
       f"{mem.peak / 2**30:.1f} GiB ({mem.peak_phase}); phases in GiB:")
 display(Markdown(mem.table()))  # a Markdown table, rendered as a table in the book
-if PROFILE == "gpu":
+if PROFILE == "colab":  # a free Colab T4 (experiments.colab_profile): LoRA, one seed, <= 30 min predicted; 8 minibatches of one group
+    # each, not 16 (16 groups of 8 per step do not fit the 30 minutes)
+    GPU_SEEDS, gpu_prof = experiments.COLAB_SEEDS, experiments.colab_profile(minibatches=8)
+if PROFILE in ("gpu", "colab"):
     lab.run_chapter_gpu("05_cispo", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,
                                 profile=gpu_prof)
 # the regime check of the GPU run: did DAPO's clip act at 16 minibatches (DAPO's "tokens clipped" row)?

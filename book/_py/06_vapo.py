@@ -1460,7 +1460,11 @@ GPU_ALGOS = [DAPO, VAPO, VAPO_GROUP_ADV]
 assert VAPO_GROUP_ADV.advantage not in VALUE_BASELINE_ESTIMATORS and VAPO.advantage in VALUE_BASELINE_ESTIMATORS
 gpu_prof = experiments.gpu_profile(minibatches=GPU_MINIBATCHES)  # micro-batches fitted to the card on CUDA
 assert gpu_prof.config.minibatches == 16 == gpu_prof.config.prompts_per_step  # one whole group each
-if PROFILE == "gpu":
+if PROFILE == "colab":  # a free Colab T4 (experiments.colab_profile): LoRA, one seed, <= 30 min predicted; 8 minibatches
+    # of one group each, 15 steps (3 runs: 27 min predicted)
+    GPU_SEEDS, gpu_prof = experiments.COLAB_SEEDS, experiments.colab_profile(minibatches=8)
+    GPU_STEPS = GPU_STEPS or 15
+if PROFILE in ("gpu", "colab"):
     # VAPO §4.1 and §5.1: value pretraining before the first step (10 steps, fewer if GPU_STEPS is
     # smaller), the critic at twice the actor's learning rate
     gpu_lr = gpu_prof.config.lr

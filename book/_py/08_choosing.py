@@ -1209,7 +1209,12 @@ book.glue("ch_gpu_prompt", ASSUMED_PROMPT_TOKENS)
 display(fit_table)
 
 # %%
-if PROFILE == "gpu":
+if PROFILE == "colab":  # a free Colab T4 (experiments.colab_profile): LoRA, one seed, <= 30 min predicted; GRPO, DAPO and
+    # VAPO only, 15 steps (all six at 10 steps: 31 min predicted)
+    GPU_SEEDS, gpu_prof = experiments.COLAB_SEEDS, experiments.colab_profile()
+    GPU_ALGOS, GPU_STEPS = [GRPO, DAPO, VAPO], GPU_STEPS or 15
+    gc = gpu_prof.config
+if PROFILE in ("gpu", "colab"):
     # VAPO as in chapter 6: value pretraining before the first step, the critic at twice the actor's learning rate
     warm = min(10, GPU_STEPS or 10)
     lab.run_chapter_gpu("08_choosing", GPU_ALGOS, seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS,

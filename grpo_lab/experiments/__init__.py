@@ -32,7 +32,8 @@ live in :mod:`grpo_lab.lab`. Every public name of the run machinery is imported 
 from __future__ import annotations
 
 from . import profiles as _profiles
-from .profiles import Profile, expected_gpu_minutes, get_profile, gpu_profile
+from .profiles import (COLAB_SEEDS, COLAB_SETUP_MINUTES, COLAB_T4_MEMORY, Profile, colab_minutes, colab_profile,
+                       expected_gpu_minutes, get_profile, gpu_profile)
 from .results import (RunResult, config_hash, load_results, processor_name, provenance, save_results, summarize_runs)
 from .run_cache import run_cache_dir, run_fingerprint
 from .runs import run, run_grid, run_tally
@@ -41,7 +42,8 @@ from .workers import map_workers, shutdown_workers
 __all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "GPU_SPEEDS",
            "expected_gpu_minutes", "summarize_runs", "get_profile", "run", "run_grid", "run_tally", "RunResult",
            "save_results", "load_results", "shutdown_workers", "map_workers", "provenance", "config_hash",
-           "run_cache_dir", "run_fingerprint", "processor_name"]
+           "run_cache_dir", "run_fingerprint", "processor_name", "colab_profile", "colab_minutes", "COLAB_SEEDS",
+           "COLAB_T4_MEMORY", "COLAB_SETUP_MINUTES"]
 
 # The constants are the objects of the modules that use them, bound again here so that these
 # doc-comments are the ones the API reference shows.

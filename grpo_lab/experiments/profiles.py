@@ -10,6 +10,7 @@ imported by users, under :mod:`grpo_lab.experiments`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import typing
@@ -22,7 +23,8 @@ from ..training.trainer import TrainerConfig
 from ..algo.checks import is_int
 
 __all__ = ["Profile", "PROFILES", "GPU_MODEL", "GPU_GSM8K_SOURCE", "GPU_TEST_SIZE", "gpu_profile", "get_profile",
-           "GPU_SPEEDS", "expected_gpu_minutes"]
+           "GPU_SPEEDS", "expected_gpu_minutes", "COLAB_SEEDS", "COLAB_T4_MEMORY", "COLAB_SETUP_MINUTES", "colab_profile",
+           "colab_minutes"]
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ GPU_TEST_SIZE = 500
 def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.PathLike | None = None,
                 test_size: int | None = GPU_TEST_SIZE, steps: int = 60, environ: Mapping[str, str] | None = None,
                 lora: LoraSpec | Mapping[str, Any] | None = None, gpu_memory: int | bool | None = None,
-                **config: Any) -> Profile:
+                max_new_tokens: int = 512, **config: Any) -> Profile:
     """The ``"gpu"`` profile: a hub instruct model trained on GSM8K on one CUDA GPU.
 
     The model is loaded in float32 and trained with ``precision="auto"`` on :class:`grpo_lab.tasks.gsm8k.GSM8KTask`
@@ -164,6 +166,7 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
         lora: LoRA adapters instead of full fine-tuning (:attr:`Profile.lora`); the KL reference is then the base
             (pass a larger ``lr`` too).
         gpu_memory: the card's memory in bytes to fit to; ``None``: the CUDA device's; ``False``: no fit.
+        max_new_tokens: the task's generation budget in tokens.
         **config: :class:`~grpo_lab.training.trainer.TrainerConfig` fields over the above, applied after
             ``$GRPO_LAB_GPU_CONFIG`` (a YAML / JSON file, parsed); ``device``: ``$GRPO_LAB_GPU_DEVICE`` or
             ``"cuda"`` (``"cpu"``: a dry run).
@@ -190,14 +193,14 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
         settings.update(extra)
     explicit = set(extra if env else ()) | set(config)
     settings.update(config)
-    task_kwargs = {"source": source, "tokenizer_name": model, "max_new_tokens": 512,
+    task_kwargs = {"source": source, "tokenizer_name": model, "max_new_tokens": int(max_new_tokens),
                    "test_size": test_size if source == "hub" else None}
     given = {k: env_[k] for k in ("GRPO_LAB_GPU_DEVICE", "GRPO_LAB_GPU_CONFIG") if env_.get(k)}
     cfg = _gpu_config(settings, given)
     if gpu_memory is not False:
         from .memory_fit import fit_gpu_config
 
-        cfg = fit_gpu_config(model, cfg, max_new_tokens=512, explicit=explicit, total_memory=gpu_memory,
+        cfg = fit_gpu_config(model, cfg, max_new_tokens=int(max_new_tokens), explicit=explicit, total_memory=gpu_memory,
                              lora=LoraSpec.from_value(lora))
     return Profile(name="gpu", base=model, task="gsm8k", steps=steps, config=cfg, task_kwargs=task_kwargs,
                    lora=lora)
@@ -251,7 +254,8 @@ PROFILES["gpu"] = gpu_profile(environ={}, gpu_memory=False)  # the defaults; get
 
 
 def get_profile(name: str) -> Profile:
-    """The profile called ``name``; ``"gpu"`` is built afresh by :func:`gpu_profile` (so that
+    """The profile called ``name``; ``"gpu"`` and ``"colab"`` are built afresh by :func:`gpu_profile` and
+    :func:`colab_profile` (so that
     ``$GRPO_LAB_GPU_MODEL`` and ``$GRPO_LAB_GSM8K_SOURCE`` set after import count).
 
     Raises:
@@ -259,6 +263,8 @@ def get_profile(name: str) -> Profile:
     """
     if name == "gpu":
         return gpu_profile()
+    if name == "colab":
+        return colab_profile()
     try:
         return PROFILES[name]
     except KeyError:
@@ -314,3 +320,53 @@ def expected_gpu_minutes(profile: Profile, runs: int, gpu: str, *, steps: int | 
     evals = (1 + steps // c.eval_every + (steps % c.eval_every != 0)) if c.eval_every else 0
     per_eval = -(-test_size // 256) * budget * speed["decode_step_s"] * (2 if c.eval_sampled else 1)
     return runs * (steps * per_step + evals * per_eval) / 60.0
+
+
+#: Seeds of the ``"colab"`` profile: one, so a chapter's GPU cell is a look, not a claim (the book's claims use 5).
+COLAB_SEEDS = (0,)
+
+#: Bytes of Colab's free T4 as ``torch.cuda.get_device_properties(0).total_memory`` reports them (assumed, not
+#: measured here: a 16 GB card less what the driver keeps); :func:`colab_profile` fits to it.
+COLAB_T4_MEMORY = 15_835_398_144
+
+#: Minutes of a Colab session before training: the set-up cell's install, the model and GSM8K downloads, loading
+#: (assumed, never measured).
+COLAB_SETUP_MINUTES = 4.0
+
+
+def colab_profile(*, steps: int = 30, **config: Any) -> Profile:
+    """The ``"colab"`` profile: :func:`gpu_profile` sized for a free Colab T4 (16 GB, float16 + GradScaler).
+
+    Qwen2.5-0.5B-Instruct with LoRA adapters (rank 16 on every projection, lr 2e-5; the KL reference is the
+    base with the adapters off, so no copy), 8 questions × G = 8 per step, a 256-token budget, greedy accuracy
+    on the first 200 test problems every 10 steps, 30 steps, :data:`COLAB_SEEDS`. The batch sizes are fitted
+    to :data:`COLAB_T4_MEMORY` by the memory model (not to the card it runs on, so the run is the same on any
+    GPU). Its results are a look, not a claim: one seed, a short run.
+
+    Args:
+        steps: RL steps per seed.
+        **config: as :func:`gpu_profile` (``model``, ``source``, ``lora``, ``test_size``, ``max_new_tokens``,
+            ``TrainerConfig`` fields) over these defaults.
+
+    Returns:
+        A :class:`Profile` named ``"colab"``.
+
+    Raises:
+        ValueError: as :func:`gpu_profile`.
+    """
+    defaults = dict(lora=LoraSpec(r=16), test_size=200, max_new_tokens=256, gpu_memory=COLAB_T4_MEMORY,
+                    prompts_per_step=8, lr=2e-5)
+    prof = gpu_profile(steps=steps, **{**defaults, **config})
+    return dataclasses.replace(prof, name="colab")
+
+
+def colab_minutes(profile: Profile, runs: int, *, steps: int | None = None, generation_factor: float = 1.0,
+                  train_factor: float = 1.0) -> float:
+    """Predicted minutes of a chapter's GPU cell on Colab's T4: :data:`COLAB_SETUP_MINUTES` plus
+    :func:`expected_gpu_minutes` ``(profile, runs, "T4", ...)`` (assumed speeds, never measured).
+
+    Raises:
+        ValueError: as :func:`expected_gpu_minutes`.
+    """
+    return COLAB_SETUP_MINUTES + expected_gpu_minutes(profile, runs, "T4", steps=steps,
+                                                      generation_factor=generation_factor, train_factor=train_factor)

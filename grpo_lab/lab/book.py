@@ -185,7 +185,7 @@ def _inline_png() -> None:
 
 
 #: The values of a chapter's ``PROFILE`` parameter.
-CHAPTER_PROFILES = ("cpu", "gpu")
+CHAPTER_PROFILES = ("cpu", "gpu", "colab")
 
 
 def setup_notebook(seed: int = 0, *, threads: int | None = None, profile: str | None = None) -> None:

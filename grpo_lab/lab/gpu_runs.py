@@ -27,7 +27,11 @@ from ..experiments.results import RunResult, load_results, save_results
 from ..experiments.run_dirs import _remove_seed_dirs, checkpoints_dir, run_directory, seed_dir
 from ..experiments.runs import _check_seeds, run_grid
 
-__all__ = ["results_dir", "run_chapter_gpu", "load_chapter_gpu", "check_gpu_results"]
+__all__ = ["results_dir", "run_chapter_gpu", "load_chapter_gpu", "check_gpu_results", "check_results_location",
+           "announce_gpu_runs"]
+
+#: Seeds below which a chapter's GPU results are a look, not a claim (the book's claims use five).
+_CLAIM_SEEDS = 5
 
 
 def results_dir() -> Path:
@@ -97,12 +101,15 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
     """
     chapter = _chapter_name(chapter)
     prof = profile if profile is not None else gpu_profile()
+    prof = get_profile(prof) if isinstance(prof, str) else prof
     algos = [get_algorithm(a) if isinstance(a, str) else a for a in algos]
     seeds = _check_seeds(seeds)
     overrides = dict(overrides or {})
     path = _gpu_results_path(chapter, out, steps, n_jobs)
+    check_results_location(path)
+    announce_gpu_runs(chapter, prof, len(algos), len(seeds), steps)
     # before any weight is loaded: the reference copy, the critic
-    check_algorithms_fit(get_profile(prof) if isinstance(prof, str) else prof, algos)
+    check_algorithms_fit(prof, algos)
     outputs = _chapter_outputs(path, prof, save_every)
     t0 = time.perf_counter()
     grid: dict[str, RunResult] = {}
@@ -125,6 +132,60 @@ def run_chapter_gpu(chapter: str, algos: Sequence[Algorithm | str], *, seeds: Se
             complete = finish and algo is algos[-1] and batch is batches[-1]
             _save_chapter(path, chapter, prof, grid, seeds, time.perf_counter() - t0, complete)
     return grid
+
+
+def check_results_location(path: Path, *, environ: Mapping[str, str] | None = None,
+                           on_colab: bool | None = None) -> None:
+    """Refuse, on Colab, to write a GPU run's results and checkpoints (gigabytes) to the VM's disk unasked.
+
+    Colab deletes ``/content`` when it recycles the VM; Drive survives it. On Colab (``google.colab`` imported)
+    with ``$GRPO_LAB_RESULTS_DIR`` unset and ``path`` outside ``/content/drive``, raise, saying how to proceed.
+    Elsewhere, or with ``$GRPO_LAB_RESULTS_DIR`` set (to Drive, or on purpose to ``/content``), do nothing.
+
+    Args:
+        path: the results file; its run directory is next to it.
+        environ, on_colab: for tests (default ``os.environ`` and whether ``google.colab`` is imported).
+
+    Raises:
+        RuntimeError: as above (one message: mount Drive and set the variable, or set it to accept the VM's disk).
+    """
+    import sys
+
+    env = os.environ if environ is None else environ
+    colab = "google.colab" in sys.modules if on_colab is None else on_colab
+    if not colab or env.get("GRPO_LAB_RESULTS_DIR") or str(Path(path).resolve()).startswith("/content/drive/"):
+        return
+    raise RuntimeError(
+        f"GPU results and checkpoints (gigabytes) would go to {Path(path).parent} on the Colab VM, lost when Colab "
+        "recycles it. Mount Drive and point $GRPO_LAB_RESULTS_DIR there, in a cell before this one: "
+        "from google.colab import drive; drive.mount('/content/drive'); import os; "
+        "os.environ['GRPO_LAB_RESULTS_DIR'] = '/content/drive/MyDrive/grpo_lab_results'. To keep them on the VM "
+        "anyway, set os.environ['GRPO_LAB_RESULTS_DIR'] = '/content/grpo_lab_results'. Then run this cell again "
+        "(it resumes from the newest checkpoint there).")
+
+
+def announce_gpu_runs(chapter: str, profile: Profile, n_algos: int, n_seeds: int, steps: int | None) -> str:
+    """Print (and return) the predicted wall time of a chapter's GPU runs before they start, and, with fewer
+    than five seeds, that the results are a look, not a claim.
+
+    The time is :func:`~grpo_lab.experiments.profiles.colab_minutes` (Colab's T4, set-up included) for the
+    ``"colab"`` profile, else :func:`~grpo_lab.experiments.profiles.expected_gpu_minutes` on an H100 and a T4:
+    assumed speeds, never measured.
+    """
+    from ..experiments.profiles import colab_minutes, expected_gpu_minutes
+
+    runs = n_algos * n_seeds
+    if profile.name == "colab":
+        when = f"about {colab_minutes(profile, runs, steps=steps):.0f} min on Colab's T4, set-up included"
+    else:
+        when = (f"about {expected_gpu_minutes(profile, runs, 'H100', steps=steps):.0f} min on an H100, "
+                f"{expected_gpu_minutes(profile, runs, 'T4', steps=steps):.0f} min on a T4")
+    line = (f"{chapter}: {runs} GPU run(s) ({n_algos} algorithm(s) x {n_seeds} seed(s), profile {profile.name!r}), "
+            f"predicted {when} (assumed speeds, never measured)")
+    if n_seeds < _CLAIM_SEEDS:
+        line += f"; {n_seeds} seed(s): a look, not a claim"
+    print(line, flush=True)
+    return line
 
 
 def _chapter_outputs(path: Path, prof: Profile | str, save_every: int | None) -> dict[str, Any]:
