@@ -32,8 +32,7 @@ live in :mod:`grpo_lab.lab`. Every public name of the run machinery is imported 
 from __future__ import annotations
 
 from . import profiles as _profiles
-from .profiles import (COLAB_SEEDS, COLAB_SETUP_MINUTES, COLAB_T4_MEMORY, Profile, colab_minutes, colab_profile,
-                       expected_gpu_minutes, get_profile, gpu_profile)
+from .profiles import Profile, colab_minutes, colab_profile, expected_gpu_minutes, get_profile, gpu_profile
 from .results import (RunResult, config_hash, load_results, processor_name, provenance, save_results, summarize_runs)
 from .run_cache import run_cache_dir, run_fingerprint
 from .runs import run, run_grid, run_tally
@@ -77,3 +76,15 @@ GPU_TEST_SIZE = _profiles.GPU_TEST_SIZE
 #:   pass plus the two no-grad forwards (π_old, π_ref): about 10 N FLOPs per token at N = 0.5e9,
 #:   at 20 TFLOP/s (T4, float16 tensor cores) and 300 TFLOP/s (H100, bfloat16, about 30% of peak).
 GPU_SPEEDS = _profiles.GPU_SPEEDS
+
+#: Seeds of the ``"colab"`` profile (:func:`colab_profile`): one, so a chapter's GPU cell on Colab is a look,
+#: not a claim (the book's claims use five).
+COLAB_SEEDS = _profiles.COLAB_SEEDS
+
+#: Bytes of Colab's free T4 as ``torch.cuda.get_device_properties(0).total_memory`` reports them (assumed, not
+#: measured: a 16 GB card less what the driver keeps); :func:`colab_profile` fits its batch sizes to it.
+COLAB_T4_MEMORY = _profiles.COLAB_T4_MEMORY
+
+#: Minutes of a Colab session before training: the set-up cell's install, the model and GSM8K downloads, the
+#: loading (assumed, never measured); :func:`colab_minutes` adds them.
+COLAB_SETUP_MINUTES = _profiles.COLAB_SETUP_MINUTES

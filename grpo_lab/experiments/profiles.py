@@ -322,23 +322,18 @@ def expected_gpu_minutes(profile: Profile, runs: int, gpu: str, *, steps: int | 
     return runs * (steps * per_step + evals * per_eval) / 60.0
 
 
-#: Seeds of the ``"colab"`` profile: one, so a chapter's GPU cell is a look, not a claim (the book's claims use 5).
+# COLAB_SEEDS, COLAB_T4_MEMORY, COLAB_SETUP_MINUTES: documented where they are exported, in
+# grpo_lab/experiments/__init__.py.
 COLAB_SEEDS = (0,)
-
-#: Bytes of Colab's free T4 as ``torch.cuda.get_device_properties(0).total_memory`` reports them (assumed, not
-#: measured here: a 16 GB card less what the driver keeps); :func:`colab_profile` fits to it.
 COLAB_T4_MEMORY = 15_835_398_144
-
-#: Minutes of a Colab session before training: the set-up cell's install, the model and GSM8K downloads, loading
-#: (assumed, never measured).
 COLAB_SETUP_MINUTES = 4.0
 
 
 def colab_profile(*, steps: int = 30, **config: Any) -> Profile:
     """The ``"colab"`` profile: :func:`gpu_profile` sized for a free Colab T4 (16 GB, float16 + GradScaler).
 
-    Qwen2.5-0.5B-Instruct with LoRA adapters (rank 16 on every projection, lr 2e-5; the KL reference is the
-    base with the adapters off, so no copy), 8 questions × G = 8 per step, a 256-token budget, greedy accuracy
+    Qwen2.5-0.5B-Instruct with LoRA adapters (rank 16 on ``q_proj`` and ``v_proj``, :class:`~grpo_lab.policy.lora.LoraSpec`'s
+    default, lr 2e-5, chosen, not tuned; the KL reference is the base with the adapters off, so no copy), 8 questions × G = 8 per step, a 256-token budget, greedy accuracy
     on the first 200 test problems every 10 steps, 30 steps, :data:`COLAB_SEEDS`. The batch sizes are fitted
     to :data:`COLAB_T4_MEMORY` by the memory model (not to the card it runs on, so the run is the same on any
     GPU). Its results are a look, not a claim: one seed, a short run.
