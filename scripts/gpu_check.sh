@@ -21,6 +21,12 @@
 # provenance.
 # CPU mode (no GPU): bash scripts/gpu_check.sh --cpu-memory [OUT_DIR] runs the same benchmark at tiny
 # shapes (--scale test) on CPU and exits.
+# Before the memory model: benchmarks/gpu_first_steps.py, the "colab" (T4) and "gpu" profiles' first
+# FIRST_STEPS (default 2) GRPO steps in float16 + GradScaler and in bfloat16 (where the card has it), on the same
+# model as the chapter run, within FIRST_STEPS_BUDGET_S (default 150 s): benchmarks/results/gpu_first_steps.json
+# (git commit, device, torch / transformers versions, date) and benchmarks/README.md's gpu-first-steps table.
+# Budgets: tests 90 s, first steps 150 s, memory model 120 s, then the chapter and the log-prob benchmark share
+# what is left of 450 s: under 8 minutes in all.
 # Usage (on a machine with a CUDA GPU): bash scripts/gpu_check.sh [OUT_DIR]
 # Writes OUT_DIR/gpu_tests.log, OUT_DIR/01_grpo_gpu.ipynb (the executed chapter),
 # OUT_DIR/results/01_grpo.json, OUT_DIR/logprobs_memory_cuda.json (+ .txt) and prints a one-line
@@ -40,22 +46,34 @@ if (( CPU_MEMORY )); then
   exit "${PIPESTATUS[0]}"
 fi
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0), torch.__version__)"
-timeout --signal=TERM --kill-after=10 "${TESTS_BUDGET_S:-120}" $PY -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log"
-mem_rc=0
-timeout --signal=TERM --kill-after=10 "${MEMORY_BUDGET_S:-180}" \
-  $PY benchmarks/memory_model.py --device cuda --scale gpu --cases rollout,evaluation,state,train,train_ckpt,score \
-    --out "$OUT/memory_model_cuda.json" 2>&1 | tee "$OUT/memory_model_cuda.txt" || mem_rc=$?
-echo "memory model vs CUDA max_memory_allocated (V=151936, GPU-profile shapes): exit ${mem_rc}, see $OUT/memory_model_cuda.txt"
-
-start=$(date +%s)
+timeout --signal=TERM --kill-after=10 "${TESTS_BUDGET_S:-90}" $PY -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log"
 OUT_ABS=$(cd "$OUT" && pwd)  # the chapter's kernel runs in book/: absolute paths only
 if [[ -z "${GRPO_LAB_GPU_MODEL:-}" ]]; then
   $PY -c "import sys; sys.path.insert(0, 'tests'); import _hub_fixture as H; H.write_tiny_instruct_model('$OUT_ABS/standin')"
   export GRPO_LAB_GPU_MODEL="$OUT_ABS/standin"
   export GRPO_LAB_GSM8K_SOURCE="${GRPO_LAB_GSM8K_SOURCE:-fixture}"
 fi
+# the colab (T4) and gpu profiles' first steps in float16 + GradScaler and in bfloat16: step time, generation
+# tokens/s, peak memory beside the memory model; benchmarks/results/gpu_first_steps.json (provenance inside),
+# then benchmarks/README.md's gpu-first-steps table from it
+fs_rc=0
+timeout --signal=TERM --kill-after=10 "${FIRST_STEPS_BUDGET_S:-150}" \
+  $PY benchmarks/gpu_first_steps.py --device cuda --steps "${FIRST_STEPS:-2}" --model "$GRPO_LAB_GPU_MODEL" \
+    --source "$GRPO_LAB_GSM8K_SOURCE" --out benchmarks/results/gpu_first_steps.json 2>&1 | tee "$OUT/gpu_first_steps.txt" \
+  || fs_rc=$?
+$PY benchmarks/gpu_first_steps.py --write-table || true
+cp benchmarks/results/gpu_first_steps.json "$OUT/" 2>/dev/null || true
+echo "first steps (colab and gpu profiles, float16 and bfloat16): exit ${fs_rc}, see $OUT/gpu_first_steps.txt"
+mem_rc=0
+timeout --signal=TERM --kill-after=10 "${MEMORY_BUDGET_S:-120}" \
+  $PY benchmarks/memory_model.py --device cuda --scale gpu --cases rollout,evaluation,state,train,train_ckpt,score \
+    --out "$OUT/memory_model_cuda.json" 2>&1 | tee "$OUT/memory_model_cuda.txt" || mem_rc=$?
+echo "memory model vs CUDA max_memory_allocated (V=151936, GPU-profile shapes): exit ${mem_rc}, see $OUT/memory_model_cuda.txt"
+
+start=$(date +%s)
 export GRPO_LAB_RESULTS_DIR="$OUT_ABS/results"
 chapter_budget=$(( ${CHAPTER_BUDGET_S:-360} < 450 - SECONDS ? ${CHAPTER_BUDGET_S:-360} : 450 - SECONDS ))
+(( chapter_budget >= 30 )) || chapter_budget=30  # never 0 (timeout 0: no limit)
 timeout --signal=TERM --kill-after=10 "$chapter_budget" \
 $PY -m grpo_lab.lab.book execute book/01_grpo.ipynb --timeout 900 --out "$OUT/01_grpo_gpu.ipynb" \
   --param "PROFILE='gpu'" --param "GPU_STEPS=${CHAPTER_STEPS:-3}" --param "GPU_SEEDS=${CHAPTER_SEEDS:-(0, 1)}"

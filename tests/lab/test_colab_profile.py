@@ -6,6 +6,7 @@ standing in for Drive survive the VM and resume there."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -115,3 +116,36 @@ def test_results_and_checkpoints_on_drive_survive_a_recycled_vm(tmp_path, monkey
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
+
+
+def _first_steps_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_first_steps.py"
+    spec = importlib.util.spec_from_file_location("gpu_first_steps", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_readme_first_steps_table_is_the_results_files(tmp_path):
+    fs = _first_steps_module()
+    results = json.loads(fs.RESULTS.read_text()) if fs.RESULTS.is_file() else None
+    text = fs.README.read_text(encoding="utf-8")
+    block = text.split("<!-- gpu-first-steps:start -->\n")[1].split("\n<!-- gpu-first-steps:end -->")[0]
+    assert block == fs.table(results), "run `python benchmarks/gpu_first_steps.py --write-table`"
+    if results is None:
+        assert "predicted, not measured" in block
+    fake = {"provenance": {"device_name": "Tesla T4", "date": "2027-01-01T00:00:00", "git_sha": "abc", "torch": "2.x",
+                           "transformers": "5.x"},
+            "runs": [{"profile": "colab", "precision": "float16", "predicted": {"peak_mib": 9000.0},
+                      "steps": [{"step_seconds": 10.0, "generation_tokens_per_s": 900.0, "peak_mem_mib": 8000.0,
+                                 "amp_skipped_steps": 0},
+                                {"step_seconds": 20.0, "generation_tokens_per_s": 1100.0, "peak_mem_mib": 8500.0,
+                                 "amp_skipped_steps": 1}]}]}
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- gpu-first-steps:start -->\nold\n<!-- gpu-first-steps:end -->\nb\n")
+    (tmp_path / "r.json").write_text(json.dumps(fake))
+    fs.write_table(tmp_path / "r.json", readme)
+    assert "| `colab` | float16 | 15.0 | 1000 | 8500 | 9000 | 1 |" in readme.read_text()  # means by hand
+    assert "Tesla T4" in readme.read_text() and "old" not in readme.read_text()
