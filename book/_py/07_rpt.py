@@ -971,8 +971,10 @@ with pd.option_context("display.max_colwidth", None):
 # %%
 GPU_ALGOS = [RPT_DS]  # RPT with dynamic sampling: the paper's filter (from its step 500), here from the first step
 gpu_rpt_profile = lab.rpt_gpu_profile(weight_decay=0.01)  # App. B's weight decay; the rest as the paper's
-if PROFILE == "colab":  # no T4 variant of this chapter's run yet: say so rather than start one sized for a larger GPU
-    print("07_rpt: no T4 ('colab') variant of this chapter's RPT run yet; run it with the 'gpu' profile on a larger GPU")
+if PROFILE == "colab":  # no T4 variant: the comparison would not compare like with like (one line says why)
+    print("07_rpt: no T4 ('colab') variant: the run compares RPT with continued next-token prediction of the whole "
+          "model at equal compute, and on a 16 GB T4 RPT must train LoRA adapters (the memory model), so the pair "
+          "would no longer compare like with like; run it with the 'gpu' profile on a larger GPU")
 if PROFILE == "gpu":
     lab.run_rpt_gpu(seeds=GPU_SEEDS, steps=GPU_STEPS, n_jobs=GPU_N_JOBS, profile=gpu_rpt_profile,
                             algorithm=RPT_DS)
