@@ -121,7 +121,7 @@ def score_rollout(task, algo: Algorithm, ro: Rollout, max_new_tokens: int, *, tr
     (:func:`grpo_lab.tasks.correctness`). A batched ``rewards`` that takes the keywords ``completion_ids`` /
     ``trainer_state`` gets the sampled ids of each row (EOS included, padding dropped: TRL's
     ``completion_ids``) and ``trainer_state``; the task's optional ``function_rewards`` / ``reward_logs`` fill
-    :attr:`Scored.functions` / :attr:`Scored.logs`.
+    ``Scored.functions`` / ``Scored.logs``.
 
     Raises:
         TypeError: a reward that is not a real number, or ``rewards`` / ``correct`` returned a list of the
