@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -184,7 +185,11 @@ def history_row(batch: Batch, update: UpdateResult | None, *, config: TrainerCon
     row.update(selection.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G,
                                          n_selected=batch.selected_groups * G))
     for k, v in sample_metrics(gen).items():
-        row.setdefault(k, v)  # new columns only: a name a reward function logged never replaces one
+        if k in row:  # a name a reward function logged (log_metric) never replaces a column
+            warnings.warn(f"log_metric({k!r}, ...): {k!r} is a history column of its own; the logged value is "
+                          "dropped (log it under another name)", RuntimeWarning, stacklevel=2)
+        else:
+            row[k] = v
     return row
 
 

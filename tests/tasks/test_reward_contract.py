@@ -72,7 +72,8 @@ def test_trl_shaped_functions_train_and_get_their_own_columns(base, tmp_path):
     policy, tok = base
     task = DatasetTask(datasets.Dataset.from_list(ROWS), [curriculum_reward, logging_reward, async_judge],
                        reward_weights=[0.1, 1.0, 2.0], max_new_tokens=5)
-    cfg = TrainerConfig(**CFG, minibatches=2, output_dir=str(tmp_path), log_completions_every=1, metric_names="trl")
+    cfg = TrainerConfig(**CFG, minibatches=2, output_dir=str(tmp_path), log_completions_every=1, metric_names="trl",
+                        report_to=("jsonl", "tensorboard"))
     h = Trainer(policy, tok, task, GRPO, cfg).train(2)
     # trainer_state: TRL's global_step counts optimiser updates (2 per step here), max_steps those of the run
     assert [s.global_step for s in STATES] == [0, 2] and {s.max_steps for s in STATES} == {4}
@@ -98,6 +99,14 @@ def test_trl_shaped_functions_train_and_get_their_own_columns(base, tmp_path):
     r = np.array([x["reward"] for x in first[:3]])
     assert [x["advantage"] for x in first[:3]] == pytest.approx((r - r.mean()) / (r.std(ddof=1) + 1e-4), abs=1e-5)
     assert all(x["golden_answer"] == str(sum_of(x["prompt"])) for x in table)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("completions/mean_length")] == pytest.approx(h["length"].tolist())
+    texts = acc.Tensors("completions/text_summary")
+    assert [t.step for t in texts] == [1, 2] and "| step | prompt | completion | reward |" in \
+        texts[0].tensor_proto.string_val[0].decode()
 
 
 def sum_of(prompt: str) -> int:
