@@ -13,6 +13,8 @@ unchanged: see :class:`~grpo_lab.tasks.DatasetTask` for what is passed and how s
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import difflib
 import importlib
 import inspect
@@ -20,6 +22,7 @@ import math
 import numbers
 import os
 import warnings
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,10 +31,49 @@ import numpy as np
 
 from .base import Problem
 
-__all__ = ["DatasetTask", "reward_func_name"]
+__all__ = ["DatasetTask", "reward_func_name", "RewardTrainerState", "RewardFunctionError", "RewardModelFunc"]
 
-#: The keyword arguments a reward function gets besides the columns (TRL's names).
-_RESERVED = ("prompts", "completions", "completion_ids", "trainer_state")
+#: The keyword arguments a reward function gets besides the columns (TRL 1.16's names, ``GRPOTrainer._calculate_rewards``).
+_RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
+
+
+@dataclass(frozen=True)
+class RewardTrainerState:
+    """The ``trainer_state`` a reward function gets: the fields of ``transformers.TrainerState`` that TRL's
+    reward functions read (curriculum rewards), at the moment the batch is scored.
+
+    Attributes:
+        global_step: optimiser updates made so far (TRL's meaning; ``Trainer.opt_steps``).
+        max_steps: optimiser updates the ``train`` call will have made at its end (RL steps × epochs ×
+            minibatches); 0 outside a trainer.
+        epoch: passes over the training rows so far, ``step * prompts_per_step / rows`` (a float; sampling is
+            with replacement, so this counts prompts drawn, not distinct rows).
+        num_train_epochs: ``epoch`` at the end of the ``train`` call.
+        step: grpo_lab's RL steps done (the step being scored is ``step + 1``).
+    """
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: float = 0.0
+    num_train_epochs: float = 0.0
+    step: int = 0
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised. The message names the function, the step and the exception; the original
+    exception is ``__cause__``.
+
+    Attributes:
+        function: the function's reported name (:func:`reward_func_name`).
+        step: the RL step being scored (1-based), ``None`` outside a trainer.
+    """
+
+    def __init__(self, function: str, step: int | None, exc: BaseException):
+        self.function, self.step = function, step
+        at = f" at step {step}" if step is not None else ""
+        hint = ("; the steps before it and their checkpoints are kept: fix the function and resume (the command "
+                "line's --resume, or Trainer.resume(<checkpoint>, task=...))") if step is not None else ""
+        super().__init__(f"reward function {function!r} raised {type(exc).__name__}{at}: {exc}{hint}")
 
 #: File suffixes :class:`~grpo_lab.tasks.DatasetTask` reads, and the ``datasets.load_dataset`` builder of each.
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -44,15 +86,23 @@ def reward_func_name(func: Callable) -> str:
     return getattr(inner, "__name__", None) or type(inner).__name__
 
 
-def _resolve_func(spec, position: int) -> Callable:
-    """A reward function from a callable or an import path ``"module:name"`` / ``"module.name"``.
+def _resolve_func(spec, position: int, processing_class=None) -> Callable:
+    """A reward function from a callable, a reward model (a ``torch.nn.Module`` sequence classifier, or an existing
+    directory / hub id ``"org/name"`` loaded as one: :class:`RewardModelFunc`) or an import path
+    ``"module:name"`` / ``"module.name"``.
 
     Raises:
-        TypeError: neither a callable nor a ``str``.
+        TypeError: neither a callable, a module nor a ``str``.
         ValueError: the path cannot be imported or names nothing callable.
     """
+    import torch
+
+    if isinstance(spec, torch.nn.Module):
+        return RewardModelFunc(spec, processing_class)
     if callable(spec):
         return spec
+    if isinstance(spec, (str, os.PathLike)) and Path(spec).expanduser().is_dir():
+        return RewardModelFunc.from_pretrained(str(Path(spec).expanduser()), processing_class)
     if not isinstance(spec, str):
         raise TypeError(f"DatasetTask: reward_funcs[{position}] must be a callable (prompts, completions, **kwargs) "
                         f"-> list[float | None] or an import path 'module:function', got {type(spec).__name__} "
@@ -61,11 +111,88 @@ def _resolve_func(spec, position: int) -> Callable:
     try:
         func = getattr(importlib.import_module(module), attr) if module and sep and attr else None
     except (ImportError, AttributeError) as exc:
+        from ..policy.models import HUB_ID
+
+        if ":" not in spec and HUB_ID.match(spec):  # TRL's reading of a string: a reward model's hub id
+            return RewardModelFunc.from_pretrained(spec, processing_class)
         raise ValueError(f"DatasetTask: reward_funcs[{position}] {spec!r} cannot be imported ({exc})") from None
     if not callable(func):
         raise ValueError(f"DatasetTask: reward_funcs[{position}] {spec!r} names no callable; write it as "
                          "'package.module:function' (a module-level function, importable in a new process)")
     return func
+
+
+class RewardModelFunc:
+    """A sequence-classification reward model used as a reward function, as TRL's ``GRPOTrainer`` uses one: each
+    prompt + completion (a conversation: through the tokenizer's chat template) is tokenised without special
+    tokens, padded on the right, and the reward is the model's ``logits[:, 0]`` (float32, no grad).
+
+    Args:
+        model: a ``torch.nn.Module`` returning an object with ``logits`` ``[B, num_labels]`` (a
+            ``transformers`` ``AutoModelForSequenceClassification``).
+        tokenizer: its tokenizer; ``None``: ``AutoTokenizer.from_pretrained(model.config._name_or_path)``. One
+            without a pad token gets the EOS token as pad token (as TRL does).
+
+    Its name (:func:`reward_func_name`) is the last component of ``model.config._name_or_path`` (TRL's).
+    """
+
+    def __init__(self, model, tokenizer=None):
+        self.model = model
+        path = str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
+        self.__name__ = path.rstrip("/").split("/")[-1]
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+            if getattr(model, "config", None) is not None:
+                model.config.pad_token_id = tokenizer.pad_token_id
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_pretrained(cls, name: str, tokenizer=None) -> "RewardModelFunc":
+        """A reward model from a local directory or a hub id, loaded with
+        ``AutoModelForSequenceClassification.from_pretrained(name, num_labels=1)`` (TRL's reading).
+
+        Raises:
+            OSError: it cannot be loaded (the message names it).
+        """
+        from transformers import AutoModelForSequenceClassification
+
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1)
+        except (OSError, ValueError) as exc:
+            raise OSError(f"DatasetTask: the reward model {name!r} cannot be loaded ({exc})") from exc
+        return cls(model.eval(), tokenizer)
+
+    def __call__(self, prompts, completions, **kwargs) -> list[float]:
+        """``[B]`` float rewards of the ``B`` prompt-completion pairs (see the class docstring)."""
+        import torch
+
+        if _is_conversation(prompts[0]):
+            texts = [self.tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
+        else:
+            texts = [p + c for p, c in zip(prompts, completions)]
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            logits = self.model(**{k: v.to(device) for k, v in enc.items()}).logits[:, 0]
+        return logits.float().cpu().tolist()
+
+
+def _run_coroutines(coros: list) -> list:
+    """Await ``coros`` concurrently (``asyncio.gather``, as TRL runs async reward functions); from a thread of
+    its own when an event loop is already running here (a notebook)."""
+    async def gather():
+        return await asyncio.gather(*coros)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(gather())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, gather()).result()
 
 
 def _check_signature(func: Callable, name: str, columns: list[str]) -> bool:
@@ -138,16 +265,29 @@ def _load_tokenizer_named(name: str):
 
 def _load_file(path: Path):
     """A local data file as a ``datasets.Dataset``, offline, through
-    ``datasets.load_dataset(<format>, data_files=path, split="train")``."""
+    ``datasets.load_dataset(<format>, data_files=path, split="train")``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a suffix not in :data:`FILE_FORMATS`, or an empty file (nothing but white space).
+    """
     if not path.is_file():
         raise FileNotFoundError(f"DatasetTask: the data file {str(path)!r} does not exist")
     fmt = FILE_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise ValueError(f"DatasetTask: cannot read {str(path)!r}: a data file must end in one of "
                          f"{sorted(FILE_FORMATS)}")
+    empty = ValueError(f"DatasetTask: the data file {str(path)!r} is empty (no rows); give it one row per prompt")
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if not head.strip() and path.stat().st_size <= len(head):
+        raise empty
     import datasets
 
-    return datasets.load_dataset(fmt, data_files=str(path), split="train")
+    try:
+        return datasets.load_dataset(fmt, data_files=str(path), split="train")
+    except StopIteration:  # datasets' builders on a file without a row
+        raise empty from None
 
 
 def _as_dataset(data, split: str, what: str):
@@ -214,9 +354,13 @@ class DatasetTask:
     conversational ``[{"role", "content"}]``, written out by the tokenizer's ``apply_chat_template``), the answer
     ``str(row[answer_column])`` (``""`` without one), ``meta`` every column; :meth:`sample` draws rows with
     replacement. Once per generation round (:meth:`rewards`) each reward function is called as TRL calls it,
-    ``func(prompts=..., completions=..., completion_ids=..., trainer_state=None, **columns)`` (conversational
-    completions as assistant messages, each column repeated per completion), and returns a real or ``None``
-    (does not apply) per completion. The reward is ``sum_f w_f r_f`` over those that applied (TRL's ``nansum``;
+    ``func(prompts=..., completions=..., completion_ids=..., trainer_state=..., log_metric=..., log_extra=...,
+    **columns)`` (conversational completions as assistant messages; ``completion_ids`` the sampled ids, EOS
+    included; ``trainer_state`` a :class:`RewardTrainerState`; ``log_metric(name, value)`` a history column,
+    ``log_extra(column, values)`` a column of the completions table; each column repeated per completion), and
+    returns a real or ``None`` (does not apply) per completion. Async functions are awaited together after the
+    others; a reward model (``nn.Module``, directory or hub id, with ``reward_processing_classes``) is a
+    :class:`RewardModelFunc`; a function that raises gives a :class:`RewardFunctionError` naming it and the step. The reward is ``sum_f w_f r_f`` over those that applied (TRL's ``nansum``;
     none: 0 and a ``RuntimeWarning``). Departure from TRL: NaN / inf is an error, not "does not apply".
     Registered as ``"dataset"``: ``Trainer.resume`` rebuilds it when every field is JSON.
 
@@ -230,6 +374,8 @@ class DatasetTask:
         chat_template: ``None`` templates conversations only, ``True`` plain text too, ``False`` nothing.
         tokenizer: an object or a name (as :func:`grpo_lab.policy.models.load_policy`); ``None``: the trainer's.
         correct_reward, correct_threshold: correct when that reward (``None``: the total) is at least the threshold.
+        reward_processing_classes: the tokenizer of each reward model (TRL's argument; a list, one per function,
+            or one for all); ``None``: the model's own.
 
     Raises:
         TypeError: a field of the wrong type (e.g. a reward function neither callable nor a path).
@@ -253,13 +399,16 @@ class DatasetTask:
     correct_reward: str | None = None
     correct_threshold: float = 1.0
     name: str = "dataset"
+    reward_processing_classes: Any = None
 
     def __post_init__(self):
         funcs = self.reward_funcs
         funcs = list(funcs) if isinstance(funcs, (list, tuple)) else [funcs]
         if not funcs:
             raise ValueError("DatasetTask: reward_funcs is empty; give at least one reward function")
-        self._funcs = [_resolve_func(f, i) for i, f in enumerate(funcs)]
+        procs = self.reward_processing_classes
+        procs = list(procs) if isinstance(procs, (list, tuple)) else [procs] * len(funcs)
+        self._funcs = [_resolve_func(f, i, procs[i] if i < len(procs) else None) for i, f in enumerate(funcs)]
         self._names = self._unique_names()
         self._weights = self._check_weights()
         if self.correct_reward is not None and self.correct_reward not in self._names:
@@ -279,6 +428,7 @@ class DatasetTask:
         self._bound_tokenizer = None  # the trainer's (bind_tokenizer), used when tokenizer is None
         self._last: tuple | None = None  # (completions, problems, values) of the last call of every function
         self._test_problems: list[Problem] | None = None
+        self._logs: dict = {"metrics": {}, "extra": {}}  # what the functions logged in the last call
 
     def _unique_names(self) -> list[str]:
         """The functions' names; a repeated name gets ``#2``, ``#3``... (two lambdas, say)."""
@@ -415,12 +565,19 @@ class DatasetTask:
             self._test_problems = [self._problem(self._test[i], i) for i in range(len(self._test))]
         return list(self._test_problems)
 
-    def function_rewards(self, completions: Sequence[str], problems: Sequence[Problem]) -> dict[str, list]:
-        """Every reward function's values on a batch, before weighting (each function called once).
+    def function_rewards(self, completions: Sequence[str], problems: Sequence[Problem], *,
+                         completion_ids: Sequence[Sequence[int]] | None = None,
+                         trainer_state: RewardTrainerState | None = None) -> dict[str, list]:
+        """Every reward function's values on a batch, before weighting (each function called once; the async
+        ones concurrently, after the others, as TRL runs them). What they log (``log_metric``, ``log_extra``)
+        is kept for :meth:`reward_logs`.
 
         Args:
             completions: ``B`` decoded responses.
             problems: the ``B`` problems they answer (from :meth:`sample` / :meth:`test_set`).
+            completion_ids: the ``B`` sampled token-id lists (EOS included, no padding), as TRL passes them;
+                ``None``: the completions encoded with the task's tokenizer (no special tokens).
+            trainer_state: passed as ``trainer_state``; ``None``: a zero :class:`RewardTrainerState`.
 
         Returns:
             ``{function name: [B] list of float or None}``, in the order of ``reward_funcs``.
@@ -431,33 +588,76 @@ class DatasetTask:
                 the sample index and its prompt).
             ValueError: a NaN or infinite value (same details), ``B`` differs between the
                 arguments, or a function requires ``completion_ids`` and the task has no tokenizer.
+            RewardFunctionError: a function raised (the message names it and the step).
         """
-        table = self._values(completions, problems, self._names)
+        table = self._values(completions, problems, self._names, completion_ids, trainer_state)
         self._last = (list(completions), list(problems), {k: list(v) for k, v in table.items()})
         return table
 
-    def _values(self, completions: Sequence[str], problems: Sequence[Problem], names: Sequence[str]) -> dict:
+    def _values(self, completions: Sequence[str], problems: Sequence[Problem], names: Sequence[str],
+                ids=None, state: RewardTrainerState | None = None) -> dict:
         """The values of the functions ``names`` on a batch (see :meth:`function_rewards`)."""
-        if len(completions) != len(problems):
-            raise ValueError(f"DatasetTask: {len(completions)} completions for {len(problems)} problems")
+        if len(completions) != len(problems) or (ids is not None and len(ids) != len(problems)):
+            raise ValueError(f"DatasetTask: {len(completions)} completions (and {'no' if ids is None else len(ids)} "
+                             f"completion_ids) for {len(problems)} problems")
         funcs = dict(zip(self._names, self._funcs))
-        kwargs = self._reward_kwargs(list(completions), list(problems))
-        out = {}
+        state = state if state is not None else RewardTrainerState()
+        metrics, extra = defaultdict(list), defaultdict(list)
+        kwargs = self._reward_kwargs(list(completions), list(problems), ids)
+        kwargs.update(trainer_state=state, log_metric=lambda name, value: metrics[name].append(float(value)),
+                      log_extra=lambda column, values: extra[column].extend(values))
+        step = state.step + 1 if state.max_steps else None
+        raw, pending = {}, []
         for name in names:
             if kwargs["completion_ids"] is None and self._needs_ids[name]:
                 raise ValueError(f"DatasetTask: reward function {name!r} requires completion_ids, but the task has no "
                                  "tokenizer to encode the completions with: pass tokenizer=<the policy's tokenizer or "
                                  "its name>, or use the task through a Trainer (which hands it its own)")
-            values = funcs[name](**kwargs)
-            if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
-                values = values.tolist()  # a tensor or numpy array
-            if not isinstance(values, (list, tuple)) or len(values) != len(problems):
-                got = f"{len(values)} values" if isinstance(values, (list, tuple)) else \
-                    f"{type(values).__name__} {values!r:.60}"
-                raise TypeError(f"reward function {name!r} returned {got} for a batch of {len(problems)} "
-                                "completions; it must return a list with one float (or None) per completion")
-            out[name] = [_number(v, name, i, kwargs["prompts"][i]) for i, v in enumerate(values)]
-        return out
+            try:
+                raw[name] = funcs[name](**kwargs)
+            except Exception as exc:
+                raise RewardFunctionError(name, step, exc) from exc
+            if inspect.isawaitable(raw[name]):
+                pending.append(name)
+        if pending:
+            async def awaited(name):
+                try:
+                    return await raw[name]
+                except Exception as exc:
+                    raise RewardFunctionError(name, step, exc) from exc
+            raw.update(zip(pending, _run_coroutines([awaited(n) for n in pending])))
+        self._logs = {"metrics": {k: float(np.mean(v)) for k, v in metrics.items() if v}, "extra": dict(extra)}
+        return {name: self._checked(name, raw[name], kwargs["prompts"]) for name in names}
+
+    def _checked(self, name: str, values, prompts: list) -> list:
+        """One function's returned ``values`` as ``[B]`` floats or ``None`` (errors: :meth:`function_rewards`)."""
+        n = len(prompts)
+        if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+            values = values.tolist()  # a tensor or numpy array
+        if not isinstance(values, (list, tuple)) or len(values) != n:
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else \
+                f"{type(values).__name__} {values!r:.60}"
+            raise TypeError(f"reward function {name!r} returned {got} for a batch of {n} "
+                            "completions; it must return a list with one float (or None) per completion")
+        return [_number(v, name, i, prompts[i]) for i, v in enumerate(values)]
+
+    def reward_logs(self) -> dict:
+        """What the reward functions logged in the last call of every function (:meth:`rewards`,
+        :meth:`function_rewards`): ``{"metrics": {name: mean of the values given to log_metric},
+        "extra": {column: the values given to log_extra, in call order}}`` (TRL averages ``log_metric``
+        values over a logging step and puts ``log_extra`` columns in its completions table)."""
+        return {"metrics": dict(self._logs["metrics"]), "extra": {k: list(v) for k, v in self._logs["extra"].items()}}
+
+    @property
+    def num_train_rows(self) -> int:
+        """Rows of the training split (``RewardTrainerState.epoch`` counts passes over them)."""
+        return len(self._train)
+
+    def last_function_rewards(self, completions: Sequence[str], problems: Sequence[Problem]) -> dict | None:
+        """The values of the last :meth:`function_rewards` / :meth:`rewards` call when it was on these very problems
+        (the same objects, in order) and equal completions (``{name: [B] float or None}``), else ``None``."""
+        table = self._cached(completions, problems)
+        return None if table is None else {k: list(v) for k, v in table.items()}
 
     def _cached(self, completions: Sequence[str], problems: Sequence[Problem]) -> dict | None:
         """The values of the last :meth:`function_rewards` call when it was on these very problems
@@ -470,14 +670,18 @@ class DatasetTask:
             return None
         return table
 
-    def _reward_kwargs(self, completions: list[str], problems: list[Problem]) -> dict:
-        """The keyword arguments of a reward function call (TRL's names; see the class docstring)."""
+    def _reward_kwargs(self, completions: list[str], problems: list[Problem], ids=None) -> dict:
+        """The keyword arguments of a reward function call (TRL's names; see the class docstring), without
+        ``trainer_state``, ``log_metric`` and ``log_extra``; ``ids``: the sampled ids (else re-encoded text)."""
         prompts = [self._raw_prompts.get(p.prompt, p.prompt) for p in problems]
         conv = [_is_conversation(c) for c in prompts]
         comps = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(completions, conv)]
         tok = self._tokenizer()
-        ids = None if tok is None else [tok(t, add_special_tokens=False).input_ids for t in completions]
-        kwargs = {"prompts": prompts, "completions": comps, "completion_ids": ids, "trainer_state": None}
+        if ids is not None:
+            ids = [[int(t) for t in row] for row in ids]
+        elif tok is not None:
+            ids = [tok(t, add_special_tokens=False).input_ids for t in completions]
+        kwargs = {"prompts": prompts, "completions": comps, "completion_ids": ids}
         for col in dict.fromkeys(k for p in problems for k in p.meta):
             kwargs[col] = [p.meta.get(col) for p in problems]
         return kwargs
@@ -494,20 +698,25 @@ class DatasetTask:
             totals.append(float(sum(w * v for w, v in vals)))
         return totals, unscored
 
-    def rewards(self, completions: Sequence[str], problems: Sequence[Problem]) -> list[float]:
+    def rewards(self, completions: Sequence[str], problems: Sequence[Problem], *,
+                completion_ids: Sequence[Sequence[int]] | None = None,
+                trainer_state: RewardTrainerState | None = None) -> list[float]:
         """The batched reward (the optional batched method of :class:`~grpo_lab.tasks.Task`): per
         sample, ``sum_f w_f r_f`` over the functions that returned a number (``None``: left out,
         as TRL's ``nansum``); a sample for which every function returned ``None`` gets 0.0 and a
         ``RuntimeWarning`` naming the first such sample. Calls every function once
         (:meth:`function_rewards`, whose values :meth:`correct` then reuses for the same batch).
 
+        ``completion_ids``, ``trainer_state``: as :meth:`function_rewards` (the collection stage passes both).
+
         Returns:
             ``[B]`` list of finite floats.
 
         Raises:
-            TypeError, ValueError: as :meth:`function_rewards`.
+            TypeError, ValueError, RewardFunctionError: as :meth:`function_rewards`.
         """
-        totals, unscored = self._totals(self.function_rewards(completions, problems))
+        totals, unscored = self._totals(self.function_rewards(completions, problems, completion_ids=completion_ids,
+                                                              trainer_state=trainer_state))
         if unscored:
             i = unscored[0]
             warnings.warn(f"DatasetTask: every reward function returned None for {len(unscored)} of {len(problems)} "

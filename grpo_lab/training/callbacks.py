@@ -42,10 +42,56 @@ import torch
 from ..paths import write_text_atomically
 
 __all__ = ["TrainerCallback", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "TRACKERS", "HOOKS", "SAMPLE_ROWS",
-           "SAMPLE_COLUMNS", "make_callbacks", "check_callbacks", "call_hooks", "samples_table", "markdown_table"]
+           "SAMPLE_COLUMNS", "make_callbacks", "check_callbacks", "call_hooks", "samples_table", "markdown_table",
+           "TRL_METRIC_NAMES", "VERL_METRIC_NAMES", "logged_row"]
 
 #: The hooks a callback may implement, in the order a run calls them.
-HOOKS = ("on_train_begin", "on_step", "on_evaluate", "on_save", "on_train_end")
+HOOKS = ("on_train_begin", "on_step", "on_evaluate", "on_completions", "on_save", "on_train_end")
+
+#: History column -> the key TRL 1.16's ``GRPOTrainer`` logs the same quantity under (its ``_metrics`` keys in
+#: ``trl/trainer/grpo_trainer.py``); ``rewards/<name>/mean|std`` are already TRL's. Under ``metric_names="trl"``
+#: ``num_tokens`` is TRL's (the running sum of ``input_tokens``) and grpo_lab's own moves to ``num_loss_tokens``.
+TRL_METRIC_NAMES = {
+    "tied_group_frac": "frac_reward_zero_std", "clip_frac_low": "clip_ratio/low_mean",
+    "clip_frac_high": "clip_ratio/high_mean", "clip_frac": "clip_ratio/region_mean",
+    "length": "completions/mean_length", "length_min": "completions/min_length",
+    "length_max": "completions/max_length", "truncation_rate": "completions/clipped_ratio",
+    "length_terminated_mean": "completions/mean_terminated_length",
+    "length_terminated_min": "completions/min_terminated_length",
+    "length_terminated_max": "completions/max_terminated_length", "lr": "learning_rate",
+    "num_tokens": "num_loss_tokens"}
+
+#: History column -> verl 0.9.1's key for the same quantity (``trainer/ppo/metric_utils.py``
+#: ``compute_data_metrics``, ``workers/utils/losses.py``, ``trainer/ppo/core_algos.py``, ``ray_trainer.py``).
+#: ``reward`` is the shaped reward, verl's ``critic/rewards`` (its ``critic/score`` is before shaping).
+VERL_METRIC_NAMES = {
+    "reward": "critic/rewards/mean", "reward_min": "critic/rewards/min", "reward_max": "critic/rewards/max",
+    "adv_mean": "critic/advantages/mean", "adv_min": "critic/advantages/min", "adv_max": "critic/advantages/max",
+    "return_mean": "critic/returns/mean", "value_mean": "critic/values/mean",
+    "explained_variance": "critic/vf_explained_var", "value_loss": "critic/vf_loss",
+    "length": "response_length/mean", "length_min": "response_length/min", "length_max": "response_length/max",
+    "truncation_rate": "response_length/clip_ratio", "pg_loss": "actor/pg_loss", "clip_frac": "actor/pg_clipfrac",
+    "clip_frac_low": "actor/pg_clipfrac_lower", "kl": "actor/kl_loss", "entropy": "actor/entropy",
+    "grad_norm": "actor/grad_norm", "lr": "actor/lr"}
+
+
+def logged_row(row: dict, metric_names: str = "grpo_lab", rows: list | None = None) -> dict:
+    """``row`` under the names ``metric_names`` asks for (``"grpo_lab"``: unchanged; ``"trl"``:
+    :data:`TRL_METRIC_NAMES`; ``"verl"``: :data:`VERL_METRIC_NAMES`); ``step`` and unmapped columns keep their
+    names. Under ``"trl"``, ``num_tokens`` is the sum of ``input_tokens`` over ``rows`` up to ``row``'s step (the
+    history so far; TRL's running count). Returns a new dict; raises nothing."""
+    table = {"trl": TRL_METRIC_NAMES, "verl": VERL_METRIC_NAMES}.get(metric_names)
+    if table is None:
+        return dict(row)
+    out = {table.get(k, k): v for k, v in row.items()}
+    if metric_names == "trl" and "input_tokens" in row:
+        seen = [r.get("input_tokens", 0.0) for r in (rows or [row]) if 0 < r["step"] <= row["step"]]
+        out["num_tokens"] = float(sum(v for v in seen if v == v))
+    return out
+
+
+def _names(trainer) -> str:
+    return getattr(getattr(trainer, "config", None), "metric_names", "grpo_lab")
 
 #: Sample completions per evaluation handed to ``on_evaluate``: the first this many test problems (the
 #: task's fixed test set, in its order, greedy decoding), the same problems at every evaluation.
@@ -75,6 +121,10 @@ class TrainerCallback:
         """An evaluation ran (after ``on_step`` of the same ``row``). ``samples``: the first
         :data:`SAMPLE_ROWS` test problems' greedy completions, columns ``prompt``, ``answer``,
         ``completion``, ``correct`` (bool), ``length`` (tokens, EOS included), ``truncated`` (bool)."""
+
+    def on_completions(self, trainer, row: dict, completions: pd.DataFrame) -> None:
+        """Every ``TrainerConfig.log_completions_every`` steps (after ``on_step`` of the same ``row``):
+        the step's trained completions (:func:`grpo_lab.training.history.completions_table`)."""
 
     def on_save(self, trainer, path: Path) -> None:
         """:meth:`~grpo_lab.training.trainer.Trainer.save` wrote the checkpoint directory ``path``."""
@@ -208,6 +258,7 @@ class JsonlLogger(TrainerCallback):
     def __init__(self, output_dir: str | os.PathLike, *, fsync: bool = False):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.samples_path = Path(output_dir) / "samples.jsonl"
+        self.completions_path = Path(output_dir) / "completions.jsonl"
         self.fsync = bool(fsync)
         self._files: tuple | None = None
 
@@ -218,7 +269,8 @@ class JsonlLogger(TrainerCallback):
         logged = {}
         for record, line in _read_lines(self.path):
             logged.setdefault(record["step"], line)
-        _rewrite(self.path, [logged.get(row["step"]) or _dumps(row) for row in trainer.rows])
+        _rewrite(self.path, [logged.get(row["step"]) or _dumps(logged_row(row, _names(trainer), trainer.rows))
+                             for row in trainer.rows])
         steps = {row["step"] for row in trainer.rows}
         kept = [line for record, line in _read_lines(self.samples_path) if record["step"] in steps]
         _rewrite(self.samples_path, kept)
@@ -234,12 +286,21 @@ class JsonlLogger(TrainerCallback):
             os.fsync(f.fileno())
 
     def on_step(self, trainer, row: dict) -> None:
-        """Append ``row`` to ``metrics.jsonl`` and flush."""
-        self._write(0, trainer, [_dumps(row)])
+        """Append ``row`` (under ``TrainerConfig.metric_names``, :func:`logged_row`) to ``metrics.jsonl`` and flush."""
+        self._write(0, trainer, [_dumps(logged_row(row, _names(trainer), trainer.rows))])
 
     def on_evaluate(self, trainer, row: dict, samples: pd.DataFrame) -> None:
         """Append one line per sample (``{"step": ..., "prompt": ..., ...}``) to ``samples.jsonl`` and flush."""
         self._write(1, trainer, [_dumps({"step": row["step"], **rec}) for rec in samples.to_dict("records")])
+
+    def on_completions(self, trainer, row: dict, completions: pd.DataFrame) -> None:
+        """Append one line per trained completion to ``completions.jsonl`` (created on first use) and flush."""
+        self.completions_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.completions_path, "a") as f:
+            f.write("".join(_dumps(rec) + "\n" for rec in completions.to_dict("records")))
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
 
     def on_train_end(self, trainer) -> None:
         """Close both files."""
@@ -312,7 +373,7 @@ class TensorBoardLogger(TrainerCallback):
         if self._writer is None:
             self.on_train_begin(trainer)
         step = int(row["step"])
-        for k, v in _scalars(row).items():
+        for k, v in _scalars(logged_row(row, _names(trainer), trainer.rows)).items():
             self._writer.add_scalar(k, v, step)
         self._writer.flush()
         self._last_step = step
@@ -322,6 +383,13 @@ class TensorBoardLogger(TrainerCallback):
         if self._writer is None:
             self.on_train_begin(trainer)
         self._writer.add_text("samples", markdown_table(samples), int(row["step"]))
+        self._writer.flush()
+
+    def on_completions(self, trainer, row: dict, completions: pd.DataFrame) -> None:
+        """Add the trained completions as the text ``completions`` (a markdown table) at ``row["step"]``."""
+        if self._writer is None:
+            self.on_train_begin(trainer)
+        self._writer.add_text("completions", markdown_table(completions), int(row["step"]))
         self._writer.flush()
 
     def on_train_end(self, trainer) -> None:
@@ -377,7 +445,7 @@ class WandbLogger(TrainerCallback):
         """Log the row at ``row["step"]``."""
         if self.run is None:
             self.on_train_begin(trainer)
-        self.run.log(dict(row), step=int(row["step"]))
+        self.run.log(logged_row(row, _names(trainer), trainer.rows), step=int(row["step"]))
 
     def on_evaluate(self, trainer, row: dict, samples: pd.DataFrame) -> None:
         """Log the samples table as ``samples`` at ``row["step"]``."""
@@ -386,6 +454,14 @@ class WandbLogger(TrainerCallback):
         if self.run is None:
             self.on_train_begin(trainer)
         self.run.log({"samples": wandb.Table(dataframe=samples)}, step=int(row["step"]))
+
+    def on_completions(self, trainer, row: dict, completions: pd.DataFrame) -> None:
+        """Log the trained completions as the ``wandb.Table`` ``completions`` at ``row["step"]``."""
+        import wandb
+
+        if self.run is None:
+            self.on_train_begin(trainer)
+        self.run.log({"completions": wandb.Table(dataframe=completions)}, step=int(row["step"]))
 
     def on_train_end(self, trainer) -> None:
         """Finish the run (its offline files are then complete)."""

@@ -6,10 +6,11 @@ DAPO's dynamic sampling, rounds sized by :func:`~grpo_lab.training.collection.ro
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -20,11 +21,13 @@ from ..algo.algorithms import Algorithm
 from ..policy.models import inference_copy
 from ..policy.rollout import Rollout, generate
 from ..tasks import Problem, correctness
+from ..tasks.dataset_task import RewardTrainerState
 from .config import TrainerConfig
 from .learning_signal import DynamicSamplingShortfallWarning
 from .precision import Precision
 
-__all__ = ["Scored", "Batch", "sample_rollout", "score_rollout", "collect", "round_size", "concat_rollouts"]
+__all__ = ["Scored", "Batch", "sample_rollout", "score_rollout", "collect", "round_size", "concat_rollouts",
+           "completion_id_lists", "reward_trainer_state"]
 
 
 @dataclass
@@ -36,12 +39,18 @@ class Scored:
         raw: ``[B]`` float32 task rewards.
         correct: ``[B]`` bool raw correctness (``task.is_correct``).
         rewards: ``[B]`` float32 training rewards (``raw`` shaped by :func:`grpo_lab.algo.selection.shape`).
+        functions: ``{name: [B] float32}`` each reward function's unweighted values (NaN: returned ``None``), for
+            a task with ``function_rewards`` (:class:`~grpo_lab.tasks.DatasetTask`); else empty.
+        logs: what the reward functions logged (the task's ``reward_logs()``: ``{"metrics": {name: float},
+            "extra": {column: list}}``); empty for a task without it.
     """
 
     rollout: Rollout
     raw: torch.Tensor
     correct: torch.Tensor
     rewards: torch.Tensor
+    functions: dict = field(default_factory=dict)
+    logs: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -61,6 +70,8 @@ class Batch:
             values (:meth:`grpo_lab.algo.algorithms.Algorithm.value_targets`).
         selected_groups: groups the selector kept over all rounds, before the surplus of the
             last round was dropped (the numerator of the running keep rate, :func:`~grpo_lab.training.collection.round_size`).
+        columns: per kept row, each reward function's value (``Scored.functions``) and each ``log_extra``
+            column of one value per row, as lists (for the completions table); ``{}`` when there are none.
     """
 
     generated: list[Scored]
@@ -73,6 +84,7 @@ class Batch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     selected_groups: int = 0
+    columns: dict = field(default_factory=dict)
 
 
 # documented and pickled under their public import path
@@ -101,26 +113,79 @@ def sample_rollout(policy, tokenizer, task, config: TrainerConfig, rng: np.rando
                         top_p=config.top_p, top_k=config.top_k)
 
 
-def score_rollout(task, algo: Algorithm, ro: Rollout, max_new_tokens: int) -> Scored:
+def score_rollout(task, algo: Algorithm, ro: Rollout, max_new_tokens: int, *, trainer_state=None) -> Scored:
     """Task rewards and correctness of ``ro``, and the training reward (:func:`grpo_lab.algo.selection.shape`).
 
     Rewards come from the task's optional batched ``rewards(texts, problems)`` (one call), else from
     ``reward(text, problem)`` per response; correctness likewise from ``correct`` or ``is_correct``
-    (:func:`grpo_lab.tasks.correctness`).
+    (:func:`grpo_lab.tasks.correctness`). A batched ``rewards`` that takes the keywords ``completion_ids`` /
+    ``trainer_state`` gets the sampled ids of each row (EOS included, padding dropped: TRL's
+    ``completion_ids``) and ``trainer_state``; the task's optional ``function_rewards`` / ``reward_logs`` fill
+    ``Scored.functions`` / ``Scored.logs``.
 
     Raises:
         TypeError: a reward that is not a real number, or ``rewards`` / ``correct`` returned a list of the
             wrong length or kind (the message names the sample index, its problem and its text).
         ValueError: a NaN or infinite reward (same details).
     """
+    functions, logs = {}, {}
     if hasattr(task, "rewards"):  # the optional batched reward: one call per round
-        raw = torch.tensor(_check_rewards(task.rewards(list(ro.texts), list(ro.problems)), ro), dtype=torch.float32)
+        kw = _reward_keywords(task.rewards, ro, trainer_state)
+        raw = torch.tensor(_check_rewards(task.rewards(list(ro.texts), list(ro.problems), **kw), ro),
+                           dtype=torch.float32)
+        functions, logs = _function_columns(task, ro)
     else:
         raw = torch.tensor([_check_reward(task.reward(t, p), i, t, p)
                             for i, (t, p) in enumerate(zip(ro.texts, ro.problems))], dtype=torch.float32)
     correct = torch.tensor(correctness(task, ro.texts, ro.problems))  # batched `correct` when offered
     shaped = selection.shape(algo, raw, ro.lengths.cpu(), max_new_tokens)
-    return Scored(ro, raw, correct, shaped)
+    return Scored(ro, raw, correct, shaped, functions, logs)
+
+
+def reward_trainer_state(task, config: TrainerConfig, *, step: int, opt_steps: int,
+                         end_step: int) -> RewardTrainerState:
+    """The ``trainer_state`` the reward functions get while step ``step + 1`` is scored
+    (:class:`~grpo_lab.tasks.dataset_task.RewardTrainerState`): ``global_step = opt_steps``, ``max_steps`` the
+    optimiser updates at ``end_step`` (× ``epochs`` × ``minibatches``), ``epoch = step · prompts_per_step / rows``
+    with ``rows`` the task's ``num_train_rows`` (0.0 for a task without it)."""
+    per_step = config.epochs * config.minibatches
+    rows = getattr(task, "num_train_rows", None)
+    per_row = config.prompts_per_step / rows if isinstance(rows, int) and rows > 0 else 0.0
+    return RewardTrainerState(global_step=int(opt_steps), max_steps=int(end_step) * per_step,
+                              epoch=step * per_row, num_train_epochs=end_step * per_row, step=int(step))
+
+
+def completion_id_lists(ro: Rollout) -> list[list[int]]:
+    """Each row's sampled completion ids, EOS included, padding dropped (the ids where ``completion_mask`` is
+    non-zero): what TRL passes reward functions as ``completion_ids``."""
+    ids, mask = ro.completion_ids.cpu(), ro.completion_mask.cpu() != 0
+    return [row[m].tolist() for row, m in zip(ids, mask)]
+
+
+def _reward_keywords(rewards, ro: Rollout, trainer_state) -> dict:
+    """The keywords ``completion_ids`` / ``trainer_state`` that a task's batched ``rewards`` takes, filled."""
+    try:
+        params = inspect.signature(rewards).parameters
+    except (TypeError, ValueError):
+        return {}
+    kw = {}
+    if "completion_ids" in params:
+        kw["completion_ids"] = completion_id_lists(ro)
+    if "trainer_state" in params and trainer_state is not None:
+        kw["trainer_state"] = trainer_state
+    return kw
+
+
+def _function_columns(task, ro: Rollout) -> tuple[dict, dict]:
+    """The task's last per-function values (``[B]`` float32, NaN for ``None``) and reward logs, when it keeps them
+    (the values of :class:`~grpo_lab.tasks.DatasetTask`'s last ``rewards`` call, on this rollout)."""
+    cached = getattr(task, "last_function_rewards", None)
+    table = cached(list(ro.texts), list(ro.problems)) if callable(cached) else None
+    functions = {} if table is None else {
+        name: torch.tensor([float("nan") if v is None else v for v in values], dtype=torch.float32)
+        for name, values in table.items()}
+    logs = task.reward_logs() if callable(getattr(task, "reward_logs", None)) else {}
+    return functions, logs
 
 
 def collect(sample: Callable[[int], Scored], algo: Algorithm, config: TrainerConfig, rows: list[dict], *,
@@ -149,9 +214,11 @@ def collect(sample: Callable[[int], Scored], algo: Algorithm, config: TrainerCon
         groups = selected[: c.prompts_per_step - n_kept]
         if len(groups) * G == len(s.rollout):
             parts.append((s.rollout, s.rewards, s.correct, s.raw))
+            _add_columns(batch.columns, s, range(len(s.rollout)))
         elif len(groups):
             kept = (groups[:, None] * G + torch.arange(G)).flatten()
             parts.append((s.rollout.select(kept), s.rewards[kept], s.correct[kept], s.raw[kept]))
+            _add_columns(batch.columns, s, kept.tolist())
         n_kept += len(groups)
     if n_kept < c.prompts_per_step:
         _short_of_groups(n_kept, c, step)
@@ -164,6 +231,14 @@ def collect(sample: Callable[[int], Scored], algo: Algorithm, config: TrainerCon
         if values is not None:
             batch.values = values(batch.rollout)
     return batch
+
+
+def _add_columns(columns: dict, s: Scored, rows) -> None:
+    """Append the kept ``rows`` of ``s``'s per-function values and per-row ``log_extra`` columns to ``columns``."""
+    cols = {k: v.tolist() for k, v in s.functions.items()}
+    cols.update({k: v for k, v in s.logs.get("extra", {}).items() if len(v) == len(s.rollout) and k not in cols})
+    for k, v in cols.items():
+        columns.setdefault(k, []).extend(v[i] for i in rows)
 
 
 def round_size(missing: int, batch: Batch, config: TrainerConfig, rows: list[dict]) -> int:

@@ -25,7 +25,8 @@ def _f(default, help: str):
 #: bar, its output directory, its trackers, its periodic checkpoints), never its numbers: two runs that differ
 #: only in these are the same run. They are left out of :meth:`~grpo_lab.training.trainer.TrainerConfig.run_identity`,
 #: hence out of the run cache's key, the results file's ``config_hash`` and the check a resumed run makes.
-OUTPUT_FIELDS = ("progress", "output_dir", "report_to", "save_every", "save_total_limit")
+OUTPUT_FIELDS = ("progress", "output_dir", "report_to", "save_every", "save_total_limit", "log_completions_every",
+                 "metric_names")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,10 @@ class TrainerConfig:
     save_every: int = _f(0, "a checkpoint under output_dir/checkpoints every this many steps and after the last; "
                             "0: never")
     save_total_limit: int | None = _f(2, "keep the newest this many periodic checkpoints (None: all)")
+    log_completions_every: int = _f(0, "every this many steps, the step's trained completions with their rewards and "
+                                       "advantages to every tracker (TRL's log_completions); 0: off")
+    metric_names: str = _f("grpo_lab", "the names trackers log under: 'grpo_lab', 'trl' (TRL 1.16 GRPOTrainer's) or "
+                                       "'verl' (verl 0.9.1's); the history keeps grpo_lab's")
 
     def __post_init__(self):
         for name in ("prompts_per_step", "group_size", "epochs", "minibatches", "max_gen_rounds", "eval_batch_size"):
@@ -193,6 +198,8 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.report_to must be a list of tracker names, got {self.report_to!r}")
         object.__setattr__(self, "report_to", tuple(dict.fromkeys(report)))
         non_negative_int("TrainerConfig.save_every", self.save_every)
+        non_negative_int("TrainerConfig.log_completions_every", self.log_completions_every)
+        choice("TrainerConfig.metric_names", self.metric_names, ("grpo_lab", "trl", "verl"))
         positive_int("TrainerConfig.save_total_limit", self.save_total_limit, allow_none=True)
         object.__setattr__(self, "save_every", int(self.save_every))
         if self.save_total_limit is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -27,7 +28,8 @@ from .precision import Precision
 from .update import UpdateResult
 from .value_model import value_metrics
 
-__all__ = ["HISTORY_COLUMNS", "MEASURED_COLUMNS", "history_row", "evaluation_row", "evaluate_frame"]
+__all__ = ["HISTORY_COLUMNS", "MEASURED_COLUMNS", "history_row", "evaluation_row", "evaluate_frame",
+           "sample_metrics", "completions_table"]
 
 #: The history columns that measure the machine rather than the run, namely wall times, throughput and
 #: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another
@@ -76,7 +78,15 @@ HISTORY_COLUMNS = {
     "ratio_q05": "its 5% quantile", "ratio_q50": "its median", "ratio_q95": "its 95% quantile",
     "grad_token_frac": "fraction of loss tokens with a gradient",
     "adv_abs_mean": "mean |advantage| over loss tokens",
-    "num_tokens": "loss tokens of the update (a normaliser of the loss)",
+    "num_tokens": "loss tokens of the update (a normaliser of the loss), mean over the step's optimiser steps; "
+                  "not TRL's num_tokens, which counts every prompt and completion token seen so far: that is the "
+                  "running sum of input_tokens (logged as num_tokens under metric_names='trl')",
+    "input_tokens": "prompt + completion tokens (padding excluded) of every sample generated in the step",
+    "reward_std": "std of the shaped reward (Bessel-corrected, TRL's nanstd), every sample generated (NaN for one)",
+    "reward_min": "smallest shaped reward, every sample generated", "reward_max": "largest shaped reward",
+    "length_min": "shortest completion, tokens incl. EOS", "length_max": "longest completion",
+    "length_terminated_mean": "mean length of the samples that ended with EOS (NaN when none did; TRL logs 0)",
+    "length_terminated_min": "shortest of those", "length_terminated_max": "longest of those",
     "num_sequences": "sequences with a loss token (a normaliser of the loss)",
     "offpolicy_masked_frac": "fraction of sequences DeepSeek-V3.2's off-policy mask drops",
     "clip_high_prob_mean": "mean π_old probability of tokens clipped above",
@@ -174,7 +184,69 @@ def history_row(batch: Batch, update: UpdateResult | None, *, config: TrainerCon
     n_trained = len(batch.rollout) if batch.rollout is not None else 0
     row.update(selection.sampling_metrics(raw, shaped, len(lengths), n_trained, len(gen), G,
                                          n_selected=batch.selected_groups * G))
+    for k, v in sample_metrics(gen).items():
+        if k in row:  # a name a reward function logged (log_metric) never replaces a column
+            warnings.warn(f"log_metric({k!r}, ...): {k!r} is a history column of its own; the logged value is "
+                          "dropped (log it under another name)", RuntimeWarning, stacklevel=2)
+        else:
+            row[k] = v
     return row
+
+
+def _nanstd(x: torch.Tensor) -> float:
+    """Bessel-corrected std of the non-NaN entries of ``x`` (TRL's ``nanstd``); NaN for fewer than two."""
+    x = x[~torch.isnan(x)].double()
+    return float(x.std()) if x.numel() > 1 else float("nan")
+
+
+def sample_metrics(gen: list) -> dict:
+    """The columns a TRL / verl user reads that describe the samples generated in a step (``gen``: its
+    :class:`~grpo_lab.training.trainer.Scored` rounds): ``reward_std``, ``reward_min`` / ``max``, ``length_min`` /
+    ``max``, ``length_terminated_*``, ``input_tokens``; per reward function (a task with ``function_rewards``)
+    ``rewards/<name>/mean`` and ``/std`` of its unweighted values over the samples it applied to (TRL's
+    ``nanmean`` / ``nanstd``; NaN where it applied to none); and the mean of each value a reward function gave
+    ``log_metric`` (its own name)."""
+    shaped = torch.cat([s.rewards for s in gen]).float()
+    lengths = torch.cat([s.rollout.lengths.float().cpu() for s in gen])
+    ended = lengths[~torch.cat([s.rollout.truncated.cpu() for s in gen])]
+    nan = float("nan")
+    out = {"reward_std": _nanstd(shaped), "reward_min": float(shaped.min()), "reward_max": float(shaped.max()),
+           "length_min": float(lengths.min()), "length_max": float(lengths.max()),
+           "length_terminated_mean": float(ended.mean()) if len(ended) else nan,
+           "length_terminated_min": float(ended.min()) if len(ended) else nan,
+           "length_terminated_max": float(ended.max()) if len(ended) else nan,
+           "input_tokens": float(sum(float(s.rollout.prompt_mask.ne(0).sum()) for s in gen)
+                                 + sum(float(s.rollout.completion_mask.ne(0).sum()) for s in gen))}
+    for name in (gen[0].functions if gen else {}):
+        col = torch.cat([s.functions[name] for s in gen])
+        got = col[~torch.isnan(col)]
+        out[f"rewards/{name}/mean"] = float(got.double().mean()) if len(got) else nan
+        out[f"rewards/{name}/std"] = _nanstd(col)
+    logged: dict[str, list] = {}
+    for s in gen:
+        for k, v in s.logs.get("metrics", {}).items():
+            logged.setdefault(k, []).append(v)
+    out.update({k: float(np.mean(v)) for k, v in logged.items()})
+    return out
+
+
+def completions_table(batch: Batch, step: int) -> pd.DataFrame:
+    """The table of the step's trained completions (TRL's ``log_completions``): one row per trained sample, columns
+    ``step``, ``prompt``, ``completion``, ``reward`` (the training reward), one per reward function (its unweighted
+    value, NaN where it returned ``None``), the columns reward functions gave ``log_extra``, and ``advantage`` (the
+    sample's advantage; a per-token advantage is averaged over its loss tokens). Empty when nothing was trained."""
+    ro = batch.rollout
+    if ro is None:
+        return pd.DataFrame(columns=["step", "prompt", "completion", "reward", "advantage"])
+    table = {"step": [step] * len(ro), "prompt": [p.prompt for p in ro.problems], "completion": list(ro.texts),
+             "reward": batch.rewards.tolist()}
+    table.update({k: list(v) for k, v in (batch.columns or {}).items() if len(v) == len(ro)})
+    adv = batch.advantages
+    if adv is not None and adv.dim() == 2:
+        m = batch.loss_mask.to(adv.device)
+        adv = (adv * m).sum(-1) / m.sum(-1).clamp(min=1)
+    table["advantage"] = adv.float().cpu().tolist() if adv is not None else [float("nan")] * len(ro)
+    return pd.DataFrame(table)
 
 
 def evaluate_frame(policy, tokenizer, task, config: TrainerConfig, amp: Precision, max_new_tokens: int, *,

@@ -52,10 +52,10 @@ from .adamw import build_adamw
 from .callbacks import call_hooks, check_callbacks, make_callbacks
 from .checkpoints import (check_checkpointing, checkpoint_state, load_checkpoint, periodic_checkpoint, prune_checkpoints,
                           restore_training_state, write_checkpoint)
-from .collection import Batch, Scored, collect, round_size, sample_rollout, score_rollout
+from .collection import Batch, Scored, collect, reward_trainer_state, round_size, sample_rollout, score_rollout
 from .config import TrainerConfig
 from .dropout import disable_dropout
-from .history import HISTORY_COLUMNS, MEASURED_COLUMNS, evaluate_frame, evaluation_row, history_row
+from .history import HISTORY_COLUMNS, MEASURED_COLUMNS, completions_table, evaluate_frame, evaluation_row, history_row
 from .learning_signal import (NO_SIGNAL_STEPS, DynamicSamplingShortfallWarning, NoLearningSignalWarning, no_signal_step,
                               no_signal_warning)
 from .memory import peak_memory_mb, reset_peak_memory
@@ -248,7 +248,9 @@ class Trainer:
 
     def score(self, ro: Rollout) -> Scored:
         """Rewards, correctness and shaped rewards of ``ro`` (:func:`grpo_lab.training.collection.score_rollout`)."""
-        return score_rollout(self.task, self.algo, ro, self.max_new_tokens)
+        state = reward_trainer_state(self.task, self.config, step=self.step, opt_steps=self.opt_steps,
+                                     end_step=getattr(self, "_end_step", self.step + 1))
+        return score_rollout(self.task, self.algo, ro, self.max_new_tokens, trainer_state=state)
 
     def collect(self) -> Batch:
         """The *collect* stage (:func:`grpo_lab.training.collection.collect`): rounds of :meth:`rollout` and
@@ -296,6 +298,8 @@ class Trainer:
             plan = plan_update(batch, learner, self.rng)                # plan: layouts, π_old / π_ref scored in them
             update = run_update(plan, learner, self.rng, self.opt_steps)  # optimiser steps
             self.opt_steps = update.opt_steps
+        every = self.config.log_completions_every  # TRL's log_completions: the trained rows, every N steps
+        self._completions = completions_table(batch, self.step + 1) if every and (self.step + 1) % every == 0 else None
         return history_row(batch, update, config=self.config, algo=self.algo, task=self.task, amp=self.amp,
                            lr=self.optimizer.param_groups[0]["lr"], seconds=time.perf_counter() - t0)
 
@@ -314,7 +318,7 @@ class Trainer:
             ValueError: ``steps`` is negative; ``value_warmup_steps`` without a critic.
         """
         c = self.config
-        end = self.step + non_negative_int("train: steps", steps)
+        end = self._end_step = self.step + non_negative_int("train: steps", steps)
         if self.step == 0 and c.value_warmup_steps and not self.value_warmup_rows:
             if self.value_model is None:
                 raise ValueError("Trainer: TrainerConfig.value_warmup_steps > 0 but the trainer has no value model")
@@ -335,6 +339,8 @@ class Trainer:
                     evaluation, samples = self._evaluation()
                     row.update({k: v for k, v in evaluation.items() if k != "step"})
                 self._log_row(row, samples)
+                if self._completions is not None:
+                    self._notify("on_completions", row, self._completions)
                 self._check_learning_signal()
                 self._periodic_save(final=self.step == end)  # save_every
                 if bar is not None:

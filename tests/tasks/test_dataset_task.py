@@ -150,7 +150,8 @@ def test_reward_functions_get_trls_arguments(tok):
     assert seen["prompts"] == [p.prompt for p in problems] and seen["completions"] == list("123456")
     assert seen["solution"] == [p.answer for p in problems] and seen["kind"] == [p.meta["kind"] for p in problems]
     assert seen["ids"] == [tok(c, add_special_tokens=False).input_ids for c in "123456"]
-    assert seen["state"] is None and "prompt" not in seen
+    assert seen["state"].global_step == 0 and seen["state"].epoch == 0.0 and "prompt" not in seen
+    assert callable(seen["log_metric"]) and callable(seen["log_extra"])
 
 
 def test_completion_ids_without_a_tokenizer():
@@ -187,7 +188,7 @@ def test_a_shipped_checkpoint_names_the_tokenizer(base):
 @pytest.mark.parametrize("func, message", [
     (lambda completions, answer, **kw: [0.0] * len(completions),
      r"reward function '<lambda>' requires the parameter 'answer', which is neither one of TRL's arguments "
-     r"\['prompts', 'completions', 'completion_ids', 'trainer_state'\] nor a column of the data "
+     r"\['prompts', 'completions', 'completion_ids', 'trainer_state', 'log_metric', 'log_extra'\] nor a column of the data "
      r"\(\['solution', 'kind'\]\); give it a default"),
     (lambda completions, soluton, **kw: [0.0] * len(completions), r"'soluton'.*did you mean 'solution'\?"),
     (lambda completion, **kw: [0.0], r"'completion'.*did you mean 'completions'\?"),
@@ -401,7 +402,12 @@ def test_a_trl_length_reward_reads_the_trainers_tokenizer(base):
     trainer = Trainer(copy.deepcopy(policy), tok, task, GRPO, TrainerConfig(**{**CFG, "eval_every": 0}))
     trainer.train(1)
     completions, ids, solution = seen[0]
-    assert len(completions) == 8 and ids == [tok(c, add_special_tokens=False).input_ids for c in completions]
+    # TRL's completion_ids: the sampled ids, EOS included (issue 54): the decoded text re-encoded, plus the EOS a
+    # terminated row ends with (a truncated row has none), and their lengths are the history's length column
+    eos, budget = tok.eos_token_id, trainer.max_new_tokens
+    assert len(completions) == 8 and all(i == tok(c, add_special_tokens=False).input_ids + [eos] if i[-1] == eos
+                                         else len(i) == budget and eos not in i for c, i in zip(completions, ids))
+    assert float(np.mean([len(i) for i in ids])) == pytest.approx(trainer.history["length"].dropna().item())
     expected = [float(c.strip() == s) - 0.1 * len(i) for c, i, s in zip(completions, ids, solution)]
     assert trainer.history["reward"].dropna().item() == pytest.approx(float(torch.tensor(expected).mean()), abs=1e-6)
 
