@@ -433,9 +433,14 @@ assert scored.raw.tolist() == torch.tensor(hand, dtype=torch.float32).tolist()
 #   the reward functions as `[{"role": "assistant", "content": ...}]`, as in TRL.
 #   `DatasetTask(..., tokenizer=tok)` takes the tokenizer object or its name.
 #   `chat_template=True` also wraps plain-text prompts as a user message.
-# * **Other arguments.** `completion_ids` are the completions re-encoded by that tokenizer
-#   (without one, by the tokenizer the `Trainer` hands the task). `trainer_state` is `None`:
-#   the task does not see the trainer.
+# * **Other arguments.** `completion_ids` are the token ids the model sampled, the EOS token
+#   included, as TRL passes them. `trainer_state` carries TRL's `global_step` (optimiser
+#   updates), `epoch`, `max_steps` and `num_train_epochs`; `log_metric(name, value)` adds a
+#   history column and `log_extra(column, values)` a column of the completions table
+#   (`TrainerConfig.log_completions_every`). `async def` functions are awaited together, and a
+#   reward model (an `nn.Module`, a local directory or a hub id) scores as TRL's does. A function
+#   returns `None` for a completion it does not apply to (TRL's convention); a NaN is an error
+#   here, not "does not apply", because it is more often a bug than a choice.
 # * **Resuming.** Resuming needs either `task=`, as for the reverse task above, or a task that
 #   JSON can describe. For the second, `data` is a file path and the functions are import paths
 #   (`reward_funcs=["my_rewards:accuracy_reward"]`). `Trainer.resume(path)` then rebuilds the
