@@ -1277,6 +1277,10 @@ def _export(argv: list[str], prog: str) -> int:
     if not (args.preset or args.config or args.run_dir):
         raise UsageError(f"give a PRESET such as GRPO, or --config / --run-dir of a run (see {prog} export --help)")
     run = _exported_run(args, prog)
+    if not (args.profile or args.config or args.run_dir):
+        print(f"{prog} export: no --profile / --config / --run-dir: the job has TrainerConfig() defaults (lr, sizes, "
+              "schedule; --set changes them); give --profile cpu (the profile you trained with) or --run-dir DIR to "
+              "export a run's settings", file=sys.stderr)
     set_cfg, set_algo = parse_set(args.overrides)
     try:
         algo = run.algo.replace(**set_algo) if set_algo else run.algo

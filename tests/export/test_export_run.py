@@ -97,6 +97,18 @@ def test_a_preset_other_than_the_runs_is_refused(tmp_path, capsys):
     assert "trained GRPO, not DAPO" in capsys.readouterr().err
 
 
+def test_a_bare_preset_exports_the_defaults_and_says_so_on_one_stderr_line(tmp_path, capsys):
+    from grpo_lab.training.config import TrainerConfig
+
+    common = ["--to", "verl", "--approximate", "--gpus-per-node", "1"]
+    assert main(["export", "GRPO", "--model", "arithmetic-base", "--out", str(tmp_path / "bare"), *common]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "TrainerConfig() defaults" in line]
+    assert len(err) == 1 and "--profile cpu" in err[0] and "--run-dir" in err[0], err
+    assert float(overrides(tmp_path / "bare")["actor_rollout_ref.actor.optim.lr"]) == TrainerConfig().lr
+    assert main(["export", "GRPO", "--profile", "cpu", "--out", str(tmp_path / "cpu"), *common]) == 0
+    assert "TrainerConfig() defaults" not in capsys.readouterr().err  # a run's settings: nothing to say
+
+
 def test_python_api_takes_the_runs_trainer_config(tmp_path):
     c = dataclasses.replace(get_profile("cpu").config, lr=2e-4, warmup=3)
     with warnings.catch_warnings():
