@@ -1123,9 +1123,20 @@ def _export_parser(prog: str) -> argparse.ArgumentParser:
                  description="Write a runnable TRL or verl job (script or command line, data, a reward adapter "
                              "wrapping the task's scorer, README) for a preset, its budget read from TrainerConfig "
                              "(--set) as training would use it.")
-    ap.add_argument("preset", help="an algorithm preset (case-insensitive)")
+    ap.add_argument("preset", nargs="?", help="an algorithm preset (case-insensitive); may come from --config / "
+                                              "--run-dir")
     ap.add_argument("--to", required=True, choices=("trl", "verl"), help="the target library")
-    ap.add_argument("--task", default="arithmetic", help="a registered task (--import adds your own)")
+    ap.add_argument("--config", metavar="FILE.yaml",
+                    help="the run's configuration file (as training reads it; <run dir>/config.yaml is the resolved "
+                         "one): its preset, profile, task, model, steps and trainer: / algorithm: sections")
+    ap.add_argument("--profile", default=None,
+                    help="a profile (cpu, gpu, ...) whose TrainerConfig, task, model and steps the job takes, as "
+                         "training with --profile does (default: TrainerConfig() and the task 'arithmetic')")
+    ap.add_argument("--run-dir", metavar="DIR",
+                    help="a run written by training: its results file (.json), its run directory (config.yaml) or a "
+                         "seed directory (run.json); the job takes that run's settings")
+    ap.add_argument("--task", default=None, help="a registered task (--import adds your own; default: the run's, "
+                                                 "else 'arithmetic')")
     ap.add_argument("--task-arg", dest="task_args", action="append", default=[], metavar="KEY=VALUE",
                     help="a field of the task, e.g. --task-arg source=hub (gsm8k: 'hub', 'fixture', or a .jsonl / "
                          ".parquet file or hub-layout directory; default $GRPO_LAB_GSM8K_SOURCE or 'hub', as the GPU "
@@ -1133,12 +1144,14 @@ def _export_parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                     help="import MODULE first (a module name or a .py file), so that the task it registers can be "
                          "exported (repeatable)")
-    ap.add_argument("--model", required=True, help="a shipped checkpoint, a checkpoint directory or a hub id")
+    ap.add_argument("--model", default=None, help="a shipped checkpoint, a checkpoint directory or a hub id (default: "
+                                                  "the run's, given --config / --profile / --run-dir)")
     ap.add_argument("--out", required=True, help="the job's directory; one with files in it is refused unless "
                                                  "--overwrite is given")
     ap.add_argument("--overwrite", action="store_true", help="write into a --out directory that has files, "
                                                              "replacing those of the same name")
-    ap.add_argument("--steps", type=int, default=None, help="training steps (default: grpo_lab.export.DEFAULT_STEPS)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: the run's, else "
+                                                            "grpo_lab.export.DEFAULT_STEPS)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="a TrainerConfig field or an Algorithm field / hyper-parameter, as for training")
     ap.add_argument("--nnodes", type=int, default=1, help="machines")
@@ -1150,30 +1163,144 @@ def _export_parser(prog: str) -> argparse.ArgumentParser:
     return ap
 
 
+@dataclasses.dataclass(frozen=True)
+class _ExportedRun:
+    """The run a job reproduces: its algorithm, TrainerConfig, task (name and ``KEY=VALUE`` arguments), model,
+    steps, and where these came from (``origin``, for messages)."""
+
+    algo: Any
+    config: Any
+    task: str
+    task_args: tuple
+    model: str | None
+    steps: int | None
+    origin: str
+
+
+def _run_dir_files(where: str) -> tuple[Path | None, dict | None, int | None]:
+    """``(config.yaml, None, None)`` of a run directory (or of a results file's), else ``(None, run.json's record,
+    result.json's steps or None)`` of a seed directory (or of the first seed under a run directory).
+
+    Raises:
+        UsageError: nothing there that training writes.
+    """
+    import json
+
+    from ..experiments.run_dirs import run_directory
+
+    path = Path(where).expanduser()
+    if path.is_file() and path.name in ("run.json", "result.json") and (path.parent / "run.json").is_file():
+        path = path.parent  # a seed directory's own file
+    elif path.suffix == ".json":
+        path = run_directory(path)  # a results file: its run directory
+    if (path / "config.yaml").is_file():
+        return path / "config.yaml", None, None
+    seeds = [path] if (path / "run.json").is_file() else [p.parent for p in sorted(path.glob("*/seed-*/run.json"))]
+    if not seeds:
+        raise UsageError(f"--run-dir {where}: no run there (neither a config.yaml nor a seed directory with a "
+                         "run.json); give the results file, the run directory or a seed directory of a training run")
+    try:
+        record = json.loads((seeds[0] / "run.json").read_text())
+        done = seeds[0] / "result.json"
+        steps = json.loads(done.read_text()).get("steps") if done.is_file() else None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--run-dir {where}: {seeds[0]} cannot be read ({exc})") from None
+    return None, record, steps
+
+
+def _run_file(path: Path | str, prog: str) -> tuple[dict, dict, dict]:
+    """``(options, trainer, algorithm)`` of a run's configuration file, checked as training checks it (its
+    ``import`` modules imported first)."""
+    from ..experiments import config_files as run_config
+
+    try:
+        data = run_config.read_config_file(path)
+        for spec in run_config.file_imports(data, path):
+            load_user_module(spec)
+        conf = run_config.load_run_config(data, path, build_parser(prog), settable_fields(), _FILE_RESERVED)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return conf.options, conf.trainer, conf.algorithm
+
+
+def _exported_run(args, prog: str) -> _ExportedRun:
+    """The settings ``export`` writes a job for: ``--run-dir`` (its ``config.yaml``, else a seed's ``run.json``),
+    ``--config FILE`` or ``--profile NAME`` (that profile's TrainerConfig, task, model and steps), else
+    ``TrainerConfig()`` on ``arithmetic``; the positional preset must be the run's, ``--task`` / ``--model`` /
+    ``--steps`` / ``--profile`` win over the file's.
+
+    Raises:
+        UsageError: --run-dir with --config; no preset or another preset than the run's; an unknown profile; a
+            file's bad key or value.
+    """
+    from .. import experiments
+    from ..algo.algorithms import Algorithm
+    from ..training.config import TrainerConfig
+
+    if args.run_dir and args.config:
+        raise UsageError("give --run-dir or --config, not both (a run directory's config.yaml is its --config file)")
+    path, record, done = _run_dir_files(args.run_dir) if args.run_dir else (args.config, None, None)
+    options, trainer, algorithm = _run_file(path, prog) if path is not None else ({}, {}, {})
+    origin = f"--config {path}" if path is not None else (f"--run-dir {args.run_dir}" if record else "--set")
+    if record is not None:
+        options = {"profile": record.get("profile"), "task": record.get("task"), "model": record.get("base"),
+                   "steps": done, "task_kwargs": record.get("task_kwargs") or {}}
+    name = args.profile or options.get("profile")
+    try:
+        profile = experiments.get_profile(name) if name is not None else None
+        base = profile.config if profile else TrainerConfig()
+        config = TrainerConfig.from_dict(record["config"]) if record else dataclasses.replace(base, **trainer)
+        algo = (Algorithm.from_dict(record["algo"]) if record else
+                _preset(options.get("preset") or args.preset or "").replace(**algorithm))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{origin}: {exc}") from None
+    if args.preset and (record or options.get("preset")) and _preset(args.preset).name != algo.name:
+        raise UsageError(f"{origin} trained {algo.name}, not {args.preset}: leave PRESET out (the run's is used) "
+                         "or change it with --set")
+    task = args.task or options.get("task") or (profile.task if profile else "arithmetic")
+    kwargs = options.get("task_kwargs") or (dict(profile.task_kwargs) if profile and task == profile.task else {})
+    steps = args.steps if args.steps is not None else options.get("steps") or (profile.steps if profile else None)
+    model = args.model or options.get("model") or (profile.base if profile else None)
+    if model is None:
+        raise UsageError("--model is required without --config, --profile or --run-dir (a shipped checkpoint, a "
+                         "checkpoint directory or a hub id)")
+    return _ExportedRun(algo, config, task, tuple(f"{k}={v}" for k, v in kwargs.items()), model, steps, origin)
+
+
 def _export(argv: list[str], prog: str) -> int:
     """``export PRESET --to trl|verl --task T --model M --out DIR [--set k=v ...]``: write the job, print its path."""
     args = _export_parser(prog).parse_args(argv)
     from .. import export
-    from ..training.config import TrainerConfig
 
     for spec in args.imports:
         load_user_module(spec)
-    algo = _preset(args.preset)
+    if not (args.preset or args.config or args.run_dir):
+        raise UsageError(f"give a PRESET such as GRPO, or --config / --run-dir of a run (see {prog} export --help)")
+    run = _exported_run(args, prog)
+    if not (args.profile or args.config or args.run_dir):
+        print(f"{prog} export: no --profile / --config / --run-dir: the job has TrainerConfig() defaults (lr, sizes, "
+              "schedule; --set changes them); give --profile cpu (the profile you trained with) or --run-dir DIR to "
+              "export a run's settings", file=sys.stderr)
     set_cfg, set_algo = parse_set(args.overrides)
-    algo = algo.replace(**set_algo) if set_algo else algo
-    task = task_from_arguments(args.task, args.task_args)
+    try:
+        algo = run.algo.replace(**set_algo) if set_algo else run.algo
+        config = dataclasses.replace(run.config, **set_cfg)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{run.origin}: {exc}") from None
+    args.task = run.task
+    task = task_from_arguments(run.task, [*run.task_args, *args.task_args])
     out = Path(args.out).expanduser()
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"--out {args.out}: the directory has files in it; give an empty or new directory, or "
                          "--overwrite to replace the job's files there")
     gpus = args.gpus_per_node if args.gpus_per_node is not None else (8 if args.to == "verl" else 1)
-    common = dict(config=TrainerConfig(**set_cfg), steps=args.steps, strict=not args.approximate)
+    common = dict(config=config, steps=run.steps, strict=not args.approximate)
     try:
         if args.to == "trl":
             devices = {} if args.nnodes * gpus == 1 else {"nnodes": args.nnodes, "n_gpus_per_node": gpus}
-            out = export.trl_job(algo, task, resolve_model(args.model), out, **common, **devices)
+            out = export.trl_job(algo, task, resolve_model(run.model), out, **common, **devices)
         else:
-            out = export.verl_job(algo, task, resolve_model(args.model), out, nnodes=args.nnodes,
+            out = export.verl_job(algo, task, resolve_model(run.model), out, nnodes=args.nnodes,
                                   n_gpus_per_node=gpus, **common)
     except export.ExportError as err:
         raise UsageError(_command_line_words(str(err))) from None

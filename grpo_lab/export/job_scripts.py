@@ -33,6 +33,10 @@ sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # a task module the
 
 #: the grpo_lab task (grpo_lab.tasks.task_spec): edit its params to change the task's settings
 TASK_SPEC = {spec}
+#: the params of TASK_SPEC that name files of this job, relative to this file's directory
+JOB_FILES = {job_files}
+for _key in JOB_FILES:
+    TASK_SPEC["params"][_key] = os.path.join(os.path.dirname(os.path.abspath(__file__)), TASK_SPEC["params"][_key])
 importlib.import_module(TASK_SPEC["class"].rsplit(".", 1)[0])  # the module that registers the task's class
 TASK = task_from_spec(TASK_SPEC)
 
@@ -83,13 +87,40 @@ ALGORITHM = {algorithm}
 MAX_NEW_TOKENS = {max_new_tokens}
 
 
+#: [name, weight] of each of the task's own reward functions (a DatasetTask): one TRL reward function each
+FUNCTIONS = {functions}
+
+
+def _function_reward(name):
+    """TRL reward function of the task's reward function ``name``: its values before weighting (None stays None,
+    which TRL reads as 'does not apply')."""
+    def function_reward(completions, prompts=None, answer=None, meta=None, **columns):
+        n = len(completions)
+        prompts = prompts if prompts is not None else [""] * n
+        meta = meta if meta is not None else [None] * n
+        problems = [problem(_text(p), a, m) for p, a, m in zip(prompts, answer, meta)]
+        values = TASK.function_rewards([_text(c) for c in completions], problems)[name]
+        return [None if v is None else float(v) for v in values]
+
+    function_reward.__name__ = name  # TRL logs rewards/<name>/mean
+    return function_reward
+
+
 def reward_funcs():
-    """TRL's ``reward_funcs``: the task's reward, plus DAPO's soft overlong punishment when the algorithm has
-    one (grpo_lab.export.trl_reward_funcs), which TRL adds to it before the advantage."""
+    """TRL's ``reward_funcs``: the task's reward (or each of its reward functions), plus DAPO's soft overlong
+    punishment when the algorithm has one (grpo_lab.export.trl_reward_funcs), which TRL adds before the advantage."""
     from grpo_lab.algo.algorithms import Algorithm
     from grpo_lab.export import trl_reward_funcs
 
-    return [reward, *trl_reward_funcs(Algorithm.from_dict(ALGORITHM), max_new_tokens=MAX_NEW_TOKENS)]
+    own = [_function_reward(name) for name, _ in FUNCTIONS] or [reward]
+    return [*own, *trl_reward_funcs(Algorithm.from_dict(ALGORITHM), max_new_tokens=MAX_NEW_TOKENS)]
+
+
+def reward_weights():
+    """``GRPOConfig.reward_weights``: the task's weights, 1 for the shaping terms; None for a single task reward."""
+    if not FUNCTIONS:
+        return None
+    return [float(w) for _, w in FUNCTIONS] + [1.0] * (len(reward_funcs()) - len(FUNCTIONS))
 '''
 
 #: ``train.py``; fields: ``doc``, ``model``, ``settings``, ``run``
@@ -134,6 +165,12 @@ def grpo_config(args):
         run["report_to"] = args.report_to
     if args.cpu:
         run.update(use_cpu=True, bf16=False)
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    from rewards import reward_weights
+
+    if reward_weights() is not None:
+        run["reward_weights"] = reward_weights()  # one weight per reward function, as the grpo_lab task weights them
     return GRPOConfig(**{{**SETTINGS, **run}})
 
 

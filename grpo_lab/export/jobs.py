@@ -257,7 +257,43 @@ def _literal(value: Any) -> str:
 
 
 def _scorer(job: _Job, doc: str) -> str:
-    return _scripts.TASK_SCORER.format(doc=doc, spec=_literal(job.spec))
+    spec, files = _self_contained(job)
+    return _scripts.TASK_SCORER.format(doc=doc, spec=_literal(spec), job_files=_literal(files))
+
+
+def _copy_module(module: str, out: Path) -> bool:
+    """Copy the top-level single-file module ``module`` (imported) into ``out``; False when it is none."""
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if "." in module or module.startswith("grpo_lab") or not path or not Path(path).is_file():
+        return False
+    if Path(path).resolve() != (out / f"{module}.py").resolve():
+        shutil.copyfile(path, out / f"{module}.py")
+    return True
+
+
+def _self_contained(job: _Job) -> tuple[dict, list]:
+    """``(task spec, its params that are job files)``: a task's ``reward_funcs`` modules (``"module:function"``)
+    copied into the job, its local ``data`` file copied to ``data/<name>`` and named relative to the job."""
+    spec = json.loads(json.dumps(job.spec))
+    for entry in spec["params"].get("reward_funcs") or ():
+        if isinstance(entry, str) and ":" in entry:
+            _copy_module(entry.split(":", 1)[0], job.out)
+    data = spec["params"].get("data")
+    if not isinstance(data, str) or not Path(data).expanduser().is_file():
+        return spec, []
+    (job.out / "data").mkdir(exist_ok=True)
+    target = job.out / "data" / Path(data).name
+    if Path(data).expanduser().resolve() != target.resolve():
+        shutil.copyfile(Path(data).expanduser(), target)
+    spec["params"]["data"] = f"data/{target.name}"
+    return spec, ["data"]
+
+
+def _functions(task) -> list:
+    """``[[name, weight], ...]`` of a task with several named reward functions (a DatasetTask), else ``[]``."""
+    if not (hasattr(task, "function_rewards") and hasattr(task, "_unique_names")):
+        return []
+    return [[n, w] for n, w in zip(task._unique_names(), task._check_weights())]
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -324,7 +360,8 @@ def trl_job(preset: Union[Algorithm, str], task, model: Union[str, os.PathLike],
                                               for p in problems])
     doc = f"TRL reward functions for the grpo_lab task {job.spec['name']!r}, written by grpo_lab.export.trl_job."
     rewards = _scorer(job, doc) + _scripts.TRL_REWARDS.format(algorithm=_literal(job.algo.describe()),
-                                                              max_new_tokens=int(b["max_new_tokens"]))
+                                                              max_new_tokens=int(b["max_new_tokens"]),
+                                                              functions=_literal(_functions(job.task)))
     (job.out / "rewards.py").write_text(rewards, encoding="utf-8")
     updates = job.steps * int(b.get("epochs", 1)) * int(b.get("minibatches", 1))
     run = {"output_dir": "output", "max_steps": updates, "seed": job.seed, "logging_steps": 1,
@@ -390,6 +427,7 @@ def _verl_overrides(job: _Job) -> list[str]:
         f"reward.custom_reward_function.path={_hydra_value(str(job.out / 'reward.py'))}",
         "reward.custom_reward_function.name=compute_score",
         f"actor_rollout_ref.model.path={_hydra_value(job.model)}",
+        *([f"critic.model.path={_hydra_value(job.model)}"] if "critic.enable=True" in exported else []),
         f"actor_rollout_ref.rollout.name={VERL_ROLLOUT}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",

@@ -106,6 +106,9 @@ VERL_DEFAULTS: dict = {
     "actor_rollout_ref.rollout.calculate_log_probs": True,
     "data.max_response_length": 512, "data.train_batch_size": 1024,
     "reward.reward_manager.name": "naive", "trainer.nnodes": 1, "trainer.n_gpus_per_node": 8,
+    "critic.enable": None, "critic.optim.lr": 1e-05, "critic.optim.lr_scheduler_type": "constant",
+    "critic.optim.lr_warmup_steps": -1, "critic.optim.lr_warmup_steps_ratio": 0.0, "critic.cliprange_value": 0.5,
+    "trainer.critic_warmup": 0,
 }
 
 #: the sections whose every key must be known, which are the actor (but its engine, checkpoint, profiler and

@@ -55,6 +55,7 @@ _PAPERS = {
     "PPO": ("PPO (arXiv 1707.06347, as VAPO's baseline)", "its loss"),
     "KL_COV": ("KL-Cov (arXiv 2505.22617)", "its loss"),
     "CLIP_COV": ("Clip-Cov (arXiv 2505.22617)", "its loss"),
+    "VAPO": ("VAPO (arXiv 2504.05118)", "its loss"),
 }
 _ADV = {"group": "group z-score advantages", "group_mean": "r - mean advantages (no std)",
         "batch": "group-mean / batch-std advantages", "rloo": "leave-one-out advantages",
@@ -85,6 +86,10 @@ class Reading:
         unknown: keys not recognised (each with a did-you-mean where one is close).
         named: ``(preset key, the setting)`` of the paper the configuration names by its choices, or None.
         named_departures: the number of departures from the named paper (None when nothing is named).
+        settings: the TrainerConfig-side settings read (the budget the reading is checked with): ``max_new_tokens``,
+            ``precision``, ``group_size``, the sampler's (``rollout_dtype``, ``top_p``, ``top_k``, ``old_logp``)
+            and, for verl's critic, ``value_lr`` (``critic.optim.lr``) and ``value_warmup_steps``
+            (``trainer.critic_warmup``); those the configuration implies, as the export takes them.
     """
 
     library: str
@@ -99,6 +104,7 @@ class Reading:
     unknown: tuple
     named: Optional[tuple] = None
     named_departures: Optional[int] = None
+    settings: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def summary(self) -> str:
@@ -160,15 +166,31 @@ def _aspects(a: Algorithm, l_max: int) -> dict:
         a.overlong_cache_len
     out["soft overlong punishment"] = (cache, "no soft overlong punishment" if cache is None
                                        else f"soft overlong punishment over L_cache = {cache} tokens")
+    if a.advantage == "gae":
+        out.update(_value_aspects(a))
     out["hyper-parameters"] = (dict(a.params), ", ".join(f"{k} = {v:g}" for k, v in a.params.items()) or "none")
     return out
 
 
+def _value_aspects(a: Algorithm) -> dict:
+    """The value-model aspects of a GAE algorithm (PPO, VAPO): GAE's gamma and lambdas, the value clip, the NLL."""
+    lams = f"GAE gamma = {a.gamma:g}, lam = " + ("length-adaptive 1 - 1/(alpha l), alpha = " + f"{a.lam_alpha:g}"
+                                                 if a.lam_alpha is not None else f"{a.lam:g}")
+    lams += "" if a.critic_lam is None else f", critic_lam = {a.critic_lam:g}"
+    lam = None if a.lam_alpha is not None else a.lam
+    return {"GAE": ((a.gamma, lam, a.lam_alpha, a.critic_lam), lams),
+            "value clip": (a.value_clip_eps, "no value clip" if a.value_clip_eps is None
+                           else f"value clip {a.value_clip_eps:g}"),
+            "NLL": (a.nll_coef, "no positive-example NLL" if not a.nll_coef
+                    else f"positive-example NLL with weight {a.nll_coef:g}")}
+
+
 #: how much a departure on each aspect weighs when the nearest paper is chosen: the surrogate is the loss's
 #: family (the clip range and the hyper-parameters then differ with it and are not counted again); no paper fixes
-#: adv_eps; sampling settings count half (TRL cannot express dynamic sampling, nor show a reward function)
+#: adv_eps; sampling settings count half (TRL cannot express dynamic sampling, nor show a reward function), and so
+#: do the critic's hyper-parameters (GAE's gamma / lambdas, the value clip: compared between GAE algorithms only)
 _WEIGHTS = {"surrogate": 4.0, "ratio": 2.0, "advantage": 2.0, "adv_eps": 0.0, "dynamic sampling": 0.5,
-            "overlong filtering": 0.5, "soft overlong punishment": 0.5}
+            "overlong filtering": 0.5, "soft overlong punishment": 0.5, "GAE": 0.5, "value clip": 0.5}
 
 
 def _departures(algo: Algorithm, paper: Algorithm, eq: str, l_max: int) -> list:
@@ -271,7 +293,7 @@ def _finish(d: Draft, library: str, source: Optional[str], unknown: list, budget
     inexact = list(dict.fromkeys(d.inexact))
     preset, deps, named_count = _match(algo, d.named, budget["max_new_tokens"])
     return Reading(library, source, algo, not inexact, _PAPERS[preset][0], preset, tuple(deps + inexact),
-                   tuple(inexact), tuple(d.notes), tuple(unknown), d.named, named_count)
+                   tuple(inexact), tuple(d.notes), tuple(unknown), d.named, named_count, dict(budget))
 
 
 def from_trl(config: Any) -> Reading:

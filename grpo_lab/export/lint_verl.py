@@ -47,8 +47,7 @@ def _advantage(v: Values, d: Draft) -> None:
         d.fields["advantage"] = "rloo"
     elif est == "gae":
         d.fields.update(advantage="gae", gamma=v.number("algorithm.gamma"), lam=v.number("algorithm.lam"))
-        d.inexact.append("adv_estimator='gae' (verl's default) trains a critic: grpo_lab's PPO preset is the nearest, "
-                         "and the linter checks the policy loss only (the export configures no critic)")
+        # the critic: _critic; verl's batch whitening of the advantages: the export's own issue (verify_verl)
     else:
         d.fields.update(advantage="group", adv_eps=_tr.VERL_ADV_EPS)
         why = ("computes the group mean in float32 (an all-equal float64 group does not get 0)"
@@ -218,6 +217,55 @@ def _rollout(v: Values, d: Draft, budget: dict) -> None:
                          "those of the distribution it sampled from (processed_logprobs)")
 
 
+_K = "critic."
+
+
+def _value_clip(v: Values) -> float:
+    """``critic.cliprange_value``: a number >= 0 (``inf``: no clip; Hydra's ``inf`` may arrive as text)."""
+    raw = v.get(_K + "cliprange_value")
+    try:
+        clip = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
+        clip = math.nan
+    if not clip >= 0:
+        raise ValueError(f"verl config: {_K}cliprange_value must be a number >= 0 (inf: no clip), got {raw!r}")
+    return clip
+
+
+def _critic(v: Values, d: Draft, budget: dict) -> None:
+    """verl's critic, on when ``critic.enable`` says so, else for ``adv_estimator=gae`` (verl's ``need_critic``):
+    ``cliprange_value`` as ``value_clip_eps`` (inf: None), ``critic.optim.lr`` as the budget's ``value_lr`` and
+    ``trainer.critic_warmup`` as its ``value_warmup_steps``; a loss aggregation other than the token mean (verl's
+    default is the actor's ``loss_agg_mode``) is a departure, the schedule and checkpoint are notes."""
+    enable = None if v.get(_K + "enable") is None else v.flag(_K + "enable")
+    gae = d.fields.get("advantage") == "gae"
+    d.explained.update(k for k in v.values if k.startswith(_K) or k == "trainer.critic_warmup")
+    if not (gae if enable is None else enable):
+        if gae:
+            d.inexact.append("critic.enable=False with adv_estimator='gae': verl's GAE reads the critic's values, "
+                             "which no critic computes (the run fails)")
+        return
+    if not gae:
+        d.notes.append(f"critic.enable=True with adv_estimator={v.get('algorithm.adv_estimator')!r}: verl trains a "
+                       "critic whose values no advantage uses")
+        return
+    clip = _value_clip(v)
+    d.fields["value_clip_eps"] = None if math.isinf(clip) else clip
+    lr, warm = v.number(_K + "optim.lr"), v.integer("trainer.critic_warmup")
+    budget.update(value_lr=lr, value_warmup_steps=max(warm, 0))
+    agg = v.get(_K + "loss_agg_mode")
+    agg, own = (agg, True) if agg is not None else (v.get(_A + "loss_agg_mode"), False)
+    if agg != "token-mean":
+        d.inexact.append(f"critic.loss_agg_mode = {agg!r}{'' if own else ' (the actor loss_agg_mode, verl default)'}"
+                         ": the critic's 0.5 (V - R)^2 aggregated so; grpo_lab's value_loss takes the token mean")
+    steps, ratio = v.get(_K + "optim.lr_warmup_steps"), v.get(_K + "optim.lr_warmup_steps_ratio")
+    d.notes.append(f"critic: AdamW lr = {lr:g} (value_lr), lr_scheduler_type = "
+                   f"{v.get(_K + 'optim.lr_scheduler_type')!r}, lr_warmup_steps = {steps} (ratio {ratio}) (grpo_lab's "
+                   f"critic trains at a constant value_lr), cliprange_value = {clip:g} (value_clip_eps), "
+                   f"loss_agg_mode = {agg!r}, trainer.critic_warmup = {warm} (value_warmup_steps), model.path = "
+                   f"{v.get(_K + 'model.path') or 'verl default'!r}")
+
+
 #: verl advantage estimators that compare a response with the other responses of its prompt's group
 _GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "drgrpo", "gpg", "grpo_vectorized")
 
@@ -256,6 +304,8 @@ def _moot(v: Values):
             return mode in ("kl_cov", "sapo")
         if key.startswith("reward.reward_kwargs.") or key == "reward.reward_manager.name":
             return True  # read by _sampling
+        if key.startswith(_K) or key == "trainer.critic_warmup":
+            return True  # read by _critic (the optimiser's keys as notes, as the actor's)
         if key == _A + "use_kl_loss":
             return not v.get(_A + "kl_loss_coef")
         if key == _A + "loss_scale_factor":
@@ -286,6 +336,7 @@ def read_verl(values: dict) -> tuple:
         d.named = ("GRPO", "algorithm.adv_estimator=grpo")
     budget = {"max_new_tokens": v.integer("data.max_response_length"), "precision": _precision(values)}
     _rollout(v, d, budget)
+    _critic(v, d, budget)
     if (v.integer("actor_rollout_ref.rollout.n", none=True) or 0) >= 2:
         budget["group_size"] = v.integer("actor_rollout_ref.rollout.n")
     norm = dict(values)
@@ -310,7 +361,6 @@ def _precision(values: dict) -> str:
 
 
 def verify_verl(algo, d: Draft, budget: dict, norm: dict) -> None:
-    """:func:`grpo_lab.export.lint_base.verify` for verl."""
-    if algo.advantage == "gae":
-        return  # already inexact: the export configures no critic
+    """:func:`grpo_lab.export.lint_base.verify` for verl (with ``adv_estimator=gae``, the export's issues name verl's
+    batch whitening of the advantages)."""
     verify(algo, d, norm, budget, _moot(Values("verl", norm)), _describe)

@@ -87,6 +87,9 @@ def budget_from_config(config: Any, **extra: Any) -> dict:
     budget["precision"] = resolve_precision(config.precision, config.device)
     for name, default in (("old_logp", "recompute"), ("rollout_dtype", "float32"), ("top_p", 1.0), ("top_k", 0)):
         budget[name] = getattr(config, name, default)  # the sampling side (grpo_lab.export.sampling)
+    for name, default in (("value_lr", None), ("value_warmup_steps", 0), ("value_init", "policy")):
+        if getattr(config, name, default) != default:
+            budget[name] = getattr(config, name)  # the critic's settings (verl), when they differ from the default
     clash = sorted(set(extra) & set(budget))
     if clash:
         raise ValueError(f"budget_from_config: {clash} come from the TrainerConfig; change the config instead")

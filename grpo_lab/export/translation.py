@@ -134,6 +134,11 @@ BUDGET_KEYS: dict[str, str] = {
     "nnodes": "machines (verl trainer.nnodes; TRL: sizes the per-device batch, launch with accelerate)",
     "n_gpus_per_node": "GPUs per machine (verl trainer.n_gpus_per_node; TRL: as nnodes)",
     "routing_replay": "GSPO's Routing Replay for MoE policies (TrainerConfig.routing_replay): not exported",
+    "value_lr": "the critic's constant AdamW learning rate (TrainerConfig.value_lr; default lr; verl critic.optim.lr)",
+    "value_warmup_steps": "critic-only steps before the policy trains (TrainerConfig.value_warmup_steps, VAPO's value "
+                          "pretraining; verl trainer.critic_warmup)",
+    "value_init": "the critic's start, 'policy' (TrainerConfig.value_init; verl critic.model.path = the policy's "
+                  "checkpoint); another is not exported",
     **_smp.SAMPLING_KEYS,
 }
 
@@ -243,6 +248,12 @@ def _check_budget(budget: dict) -> dict:
                 or not all(0 <= _v.real_number("betas", x) < 1 for x in betas)):
             raise ValueError(f"betas must be a pair (beta1, beta2) of numbers in [0, 1), got {betas!r}")
         b["betas"] = (float(betas[0]), float(betas[1]))
+    if budget.get("value_lr") is not None:
+        b["value_lr"] = _v.positive_number("value_lr", budget["value_lr"])
+    if budget.get("value_warmup_steps") is not None:
+        b["value_warmup_steps"] = _v.non_negative_int("value_warmup_steps", budget["value_warmup_steps"])
+    if budget.get("value_init") is not None:
+        b["value_init"] = str(budget["value_init"])
     if budget.get("routing_replay") is not None:
         b["routing_replay"] = _v.flag("routing_replay", budget["routing_replay"])
     _opt.check_optimisation(budget, b)
@@ -355,13 +366,11 @@ def _builtin_choices(algo: Algorithm, target: str) -> list:
                  "algorithm.rollout_correction.*")
            for axis, registry, own in axes
            if _is_foreign(registry.get(getattr(algo, axis)), own.get(getattr(algo, axis)))]
-    if not out and algo.advantage in _adv.VALUE_BASELINE_ESTIMATORS:
-        where = ("TRL's GRPOTrainer has no critic (its PPO trainer is another, experimental trainer)"
-                 if target == "trl" else
-                 "verl's adv_estimator=gae trains a critic with one lam for the policy and the critic; VAPO's decoupled "
-                 "(critic_lam) and length-adaptive (lam_alpha) lambdas have no setting there, and this export does not "
-                 "configure critics")
-        out.append(Issue("impossible", "advantage", f"advantage={algo.advantage!r} needs a value model: {where}"))
+    if not out and algo.advantage in _adv.VALUE_BASELINE_ESTIMATORS and target == "trl":
+        out.append(Issue("impossible", "advantage", f"advantage={algo.advantage!r} needs a value model: TRL's "
+                         "GRPOTrainer has no critic and no GAE (TRL's PPOTrainer is another, experimental script with "
+                         "its own reward-model contract, not a GRPOConfig): export it with to='verl', whose "
+                         "adv_estimator=gae trains a critic"))
     elif not out:
         for axis, _, _ in axes:
             key, mapped = getattr(algo, axis), _MAPPED[target][axis]
@@ -719,9 +728,65 @@ def _verl_no_batch_std(algo: Algorithm, d: _Draft) -> None:
                           "(reinforce_plus_plus_baseline also subtracts the batch mean)"))
 
 
+def _verl_gae_advantage(algo: Algorithm, d: _Draft) -> None:
+    """``"gae"``: verl's ``compute_gae_advantage_return`` (its critic's returns use the same ``lam``), whitened over
+    the batch; VAPO's decoupled and length-adaptive lambdas have no verl setting."""
+    d.config["algorithm.adv_estimator"] = "gae"
+    d.config["algorithm.gamma"] = algo.gamma
+    d.config["algorithm.lam"] = algo.lam
+    d.issues.append(Issue("approximate", "advantage", "verl whitens the GAE advantages over the whole batch "
+                          "(verl_F.masked_whiten: (A - mean) / sqrt(var + 1e-8) over every real token), grpo_lab uses "
+                          "them as GAE gives them: the same direction per token, another scale and shift"))
+    if algo.critic_lam is not None and algo.critic_lam != algo.lam:
+        d.issues.append(Issue("approximate", "critic_lam", f"critic_lam={algo.critic_lam:g} (VAPO's Decoupled-GAE): "
+                              f"verl's critic targets are the GAE returns at the policy's lam={algo.lam:g} (returns = "
+                              "advantages + values); it has no separate critic lambda", fix={"critic_lam": None}))
+    if algo.lam_alpha is not None:
+        d.issues.append(Issue("approximate", "lam_alpha", f"lam_alpha={algo.lam_alpha:g} (VAPO's length-adaptive "
+                              "lambda 1 - 1/(alpha l), Eq. 5): verl's GAE has one fixed lam for every sequence; "
+                              f"exported as lam={algo.lam:g}", fix={"lam_alpha": None}))
+    d.notes.append(f"advantage: algorithm.adv_estimator=gae, gamma={algo.gamma:g}, lam={algo.lam:g}, the reward at "
+                   "each response's last token (verl's token_level_rewards), a critic trained beside the actor")
+
+
+def _verl_critic(algo: Algorithm, b: dict, d: _Draft) -> None:
+    """verl's critic for a value-based estimator: its optimiser (``value_lr``, constant, no warm-up, the actor's
+    betas / weight decay / clip), value clip, token-mean loss, sizes and ``trainer.critic_warmup``."""
+    c = "critic."
+    d.config[c + "enable"] = True
+    if "lr" in b or "value_lr" in b:
+        d.config[c + "optim.lr"] = b.get("value_lr", b.get("lr"))
+    d.config.update({c + "optim.lr_scheduler_type": "constant", c + "optim.lr_warmup_steps": 0,
+                     c + "optim.lr_warmup_steps_ratio": 0.0, c + "optim.betas": list(b["betas"]),
+                     c + "optim.weight_decay": b["weight_decay"]})
+    if "grad_clip" in b:
+        d.config[c + "optim.clip_grad"] = b["grad_clip"]
+    clip = algo.value_clip_eps
+    d.config[c + "cliprange_value"] = math.inf if clip is None else clip
+    d.config[c + "loss_agg_mode"] = "token-mean"
+    micro = d.config.get(_A + "ppo_micro_batch_size_per_gpu")
+    if micro is not None:
+        d.config[c + "ppo_micro_batch_size_per_gpu"] = micro
+    warm = b.get("value_warmup_steps", 0)
+    d.config["trainer.critic_warmup"] = warm
+    if warm:
+        d.issues.append(Issue("approximate", "value_warmup_steps", f"value_warmup_steps={warm}: verl's "
+                              "trainer.critic_warmup steps are the first of trainer.total_training_steps (the actor "
+                              "trains that many fewer steps), grpo_lab's value pretraining comes before the run's steps"))
+    if b.get("value_init", "policy") != "policy":
+        d.issues.append(Issue("impossible", "value_init", f"value_init={b['value_init']!r}: verl builds its critic from "
+                              "critic.model.path (a transformers checkpoint with a fresh value head); the export sets "
+                              "it to the policy's checkpoint, as value_init='policy'"))
+    d.notes.append(f"critic: critic.optim.lr={d.config.get(c + 'optim.lr', 'verl default')} constant without warm-up "
+                   f"(grpo_lab's critic ignores the schedule), cliprange_value={d.config[c + 'cliprange_value']:g} "
+                   "(inf: no clip), 0.5 (V - R)^2 token-mean as grpo_lab's value_loss; critic.model.path is the "
+                   "policy's checkpoint (value_init='policy'), whose value head transformers initialises at random "
+                   "where grpo_lab's starts at zero: the first values differ, the objective does not")
+
+
 #: advantage estimator -> its verl mapping (or its refusal, with the reason)
 _VERL_ADVANTAGES = {"group": _verl_grpo_advantage, "group_mean": _verl_grpo_advantage, "rloo": _verl_rloo_advantage,
-                    "batch": _verl_no_batch_std}
+                    "batch": _verl_no_batch_std, "gae": _verl_gae_advantage}
 #: ratio level -> verl's ``policy_loss.loss_mode`` under the PPO clip
 _VERL_PPO_LOSS_MODES = {"token": "vanilla", "sequence": "gspo", "sequence_token": "gspo"}
 
@@ -935,6 +1000,8 @@ def _verl(algo: Algorithm, b: dict) -> tuple[dict, list, list]:
     _sampling_part(algo, b, d, _smp.verl_sampling(algo, b, d.config.get(_A + "policy_loss.loss_mode")))
     _verl_budget(d.config, b, d.notes)
     _optimisation(algo, b, d, _opt.verl_optimisation)
+    if algo.advantage in _adv.VALUE_BASELINE_ESTIMATORS:
+        _verl_critic(algo, b, d)
     return d.config, d.notes, d.issues
 
 
@@ -1152,9 +1219,11 @@ _ROWS = (
      "r - mean_g (Dr.GRPO §3.2, DeepSeek-V3.2 Eq. 5); exact"),
     ("advantage", "batch", "scale_rewards='batch'", "-", "group mean, batch std; verl has no such estimator"),
     ("advantage", "gae (PPO, VAPO: gamma, lam, lam_alpha, critic_lam)", "- (GRPOTrainer has no critic)",
-     "algorithm.adv_estimator=gae (one lam for policy and critic; not configured by this export)",
-     "value-model advantages raise for both targets; VAPO's decoupled and length-adaptive lambdas and its "
-     "positive-example NLL (nll_coef) have no counterpart in either"),
+     "algorithm.adv_estimator=gae, gamma, lam; critic.* (optim.lr = value_lr, cliprange_value = value_clip_eps, "
+     "token-mean loss), trainer.critic_warmup = value_warmup_steps",
+     "TRL refuses (no critic in GRPOTrainer); verl is approximate: it whitens GAE advantages over the batch, its "
+     "critic shares the policy's lam (no critic_lam), it has no length-adaptive lam (lam_alpha) and no "
+     "positive-example NLL (nll_coef: refused)"),
     ("advantage", "rloo", "- (trl.RLOOTrainer is another trainer)", "algorithm.adv_estimator=rloo",
      "leave-one-out baseline, G/(G-1) (r - mean_g)"),
     ("ratio_level", "token", "importance_sampling_level='token'", f"{_A_}.policy_loss.loss_mode=vanilla (or cispo)",

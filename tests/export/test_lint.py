@@ -12,7 +12,7 @@ import torch
 
 from grpo_lab.cli import main as cli
 from grpo_lab import export as E
-from grpo_lab.algo.algorithms import GSPO
+from grpo_lab.algo.algorithms import GSPO, VAPO
 from grpo_lab.export import lint as L
 
 import _xcheck_common as X
@@ -114,7 +114,55 @@ def test_verl_default_grpo_has_the_dual_clip():
 def test_verl_default_is_ppo_with_a_critic():
     r = L.from_verl({})
     assert r.algorithm.advantage == "gae" and not r.exact and r.preset == "PPO"
-    assert any("critic" in i for i in r.inexact)
+    # verl 0.9.1's recorded defaults (library_defaults.VERL_DEFAULTS, checked by xcheck): gamma = lam = 1,
+    # critic.cliprange_value = 0.5, critic.optim.lr = 1e-5, trainer.critic_warmup = 0
+    a = r.algorithm
+    assert (a.gamma, a.lam, a.value_clip_eps) == (1.0, 1.0, 0.5)
+    assert (r.settings["value_lr"], r.settings["value_warmup_steps"]) == (1e-5, 0)
+    assert any(i.startswith("verl whitens the GAE advantages over the whole batch") for i in r.inexact)
+
+
+def test_export_then_check_config_gives_the_critic_back(tmp_path, capsys):
+    """PPO with its critic, exported to a verl job by the CLI and read back from the job's overrides.txt: the
+    same GAE, value clip, value lr and critic warm-up; verl's batch whitening is the one loss departure."""
+    sets = {"gamma": 0.99, "lam": 0.9, "value_clip_eps": 0.3, "value_lr": 2e-6, "value_warmup_steps": 3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["export", "PPO", "--to", "verl", "--model", "arithmetic-base", "--out", str(tmp_path / "j"),
+                         "--approximate", "--gpus-per-node", "1", *(a for k, v in sets.items()
+                                                                    for a in ("--set", f"{k}={v}"))]) == 0
+    r = L.check_config(tmp_path / "j" / "overrides.txt")
+    a = r.algorithm
+    assert r.preset == "PPO" and (a.advantage, a.gamma, a.lam, a.value_clip_eps) == ("gae", 0.99, 0.9, 0.3)
+    assert (r.settings["value_lr"], r.settings["value_warmup_steps"]) == (2e-6, 3)
+    assert [i.split(" ", 2)[:2] for i in r.inexact] == [["verl", "whitens"], ["value_warmup_steps=3:", "verl's"]]
+    assert cli.main(["check-config", str(tmp_path / "j" / "overrides.txt")], prog="grpo") == 0
+    out = capsys.readouterr().out
+    assert "critic: AdamW lr = 2e-06 (value_lr)" in out and "trainer.critic_warmup = 3 (value_warmup_steps)" in out
+
+
+def test_vapo_without_its_nll_reads_back_as_vapo_less_what_verl_cannot_express():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", E.ApproximateExportWarning)
+        r = L.from_verl(E.to_verl(VAPO.replace(nll_coef=0.0), strict=False, group_size=4))
+    a = r.algorithm
+    assert r.preset == "VAPO" and (a.eps_high, a.aggregation, a.critic_lam, a.lam_alpha) == (0.28, "token_mean",
+                                                                                              None, None)
+    assert any("length-adaptive" in x and "critic_lam = 1" in x for x in r.departures)
+    assert any(x.startswith("no positive-example NLL") for x in r.departures)
+
+
+def test_verl_critic_settings_no_grpo_lab_critic_has():
+    ppo = ["algorithm.adv_estimator=gae", "critic.cliprange_value=inf"]
+    assert L.from_verl(ppo).algorithm.value_clip_eps is None  # inf: verl never clips the values
+    off = L.from_verl(ppo + ["critic.enable=False"])
+    assert any("which no critic computes" in i for i in off.inexact)
+    # verl's critic.loss_agg_mode defaults to the actor's: a sequence mean for the critic too
+    seq = L.from_verl(ppo + ["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
+    assert any(i.startswith("critic.loss_agg_mode = 'seq-mean-token-mean' (the actor") for i in seq.inexact)
+    assert not any("critic.loss_agg_mode" in i for i in L.from_verl(ppo + ["critic.loss_agg_mode=token-mean"]).inexact)
+    grpo = L.from_verl(["algorithm.adv_estimator=grpo", "critic.enable=True", "actor_rollout_ref.rollout.n=4"])
+    assert "value_lr" not in grpo.settings and any("no advantage uses" in n for n in grpo.notes)
 
 
 @pytest.mark.parametrize("name,library,preset,exact,expected", [
@@ -224,6 +272,7 @@ def test_unknown_keys_are_listed_with_a_suggestion():
     (lambda: L.from_verl(["algorithm.adv_estimator"]), "is not of the form key=value"),
     (lambda: L.from_verl(3), "must be a mapping (as ppo_trainer.yaml) or a list"),
     (lambda: L.from_verl(["actor_rollout_ref.actor.clip_ratio_c=three"]), "clip_ratio_c must be a number"),
+    (lambda: L.from_verl(["critic.cliprange_value=wide"]), "critic.cliprange_value must be a number >= 0 (inf: no"),
     (lambda: L.check_config(DATA / "trl_gspo.yaml", "trll"), "unknown library 'trll' (did you mean 'trl'?)"),
 ])
 def test_bad_input_is_one_clear_error(call, message):

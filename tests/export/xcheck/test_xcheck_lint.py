@@ -162,3 +162,25 @@ def test_from_trl_reads_a_grpoconfig_object(tmp_path):
     assert r.exact and r.preset == "GRPO" and r.unknown == ()
     assert r.departures == () and r.summary == "GRPO (DeepSeekMath, arXiv 2402.03300), exactly"
     assert (r.algorithm.kl, r.algorithm.beta, r.algorithm.kl_importance_correction) == ("k3", 0.04, False)
+
+
+def test_the_critic_read_back_is_what_verl_composes():
+    """PPO with a critic, exported and composed by verl: the linter's gamma, lam, value clip, value lr and critic
+    warm-up are verl's composed values (need_critic on), and its critic loss aggregation verl's token mean."""
+    from verl.trainer.ppo.utils import need_critic
+
+    from grpo_lab.algo.algorithms import PPO
+
+    algo = PPO.replace(gamma=0.99, lam=0.9, value_clip_eps=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", E.ApproximateExportWarning)
+        lines = E.to_verl(algo, strict=False, value_lr=2e-6, value_warmup_steps=3, **X.BUDGET)
+    cfg = compose(lines)[2]
+    r = L.from_verl(lines)
+    a = r.algorithm
+    assert need_critic(cfg) and cfg.algorithm.adv_estimator == a.advantage == "gae"
+    assert (a.gamma, a.lam, a.value_clip_eps) == (cfg.algorithm.gamma, cfg.algorithm.lam, cfg.critic.cliprange_value)
+    assert (r.settings["value_lr"], r.settings["value_warmup_steps"]) == (cfg.critic.optim.lr,
+                                                                          cfg.trainer.critic_warmup)
+    assert cfg.critic.loss_agg_mode == "token-mean" and r.preset == "PPO"
+    assert any(i.startswith("verl whitens the GAE advantages") for i in r.inexact)
