@@ -29,7 +29,9 @@ What we add to math-verify, one line each:
    ``#### 18 or 20``, ``18, 20``, ``18 -> 20`` score 0 (``_one_answer``);
 2. true equations: numeric sides must equal the last one, ``\\boxed{2+3=6}`` scores 0 (``_sides_agree``);
 3. mixed numbers ``a b/c`` and ``a \\frac{b}{c}`` are ``a + b/c``; an improper one scores 0 (``_mixed_numbers``);
-4. normalisation (``_normalize``): final punctuation dropped, ``14{,}916`` / ``1\\,234`` /
+4. normalisation (``_normalize``): Markdown emphasis or code around a whole ``####`` answer
+   (``*73*``, ``_73_``, ``__73__``, ```73```) dropped, as math-verify drops bold ``**73**`` (not
+   ``7*3`` or ``*7*3*``); final punctuation dropped, ``14{,}916`` / ``1\\,234`` /
    ``1 234`` one number, ``−`` a minus, ``°`` a degree, ``€ £ ¥`` dropped like ``\\$``;
 5. numbers compared to :data:`FLOAT_ROUNDING` decimal places, not math-verify's default 6;
 6. the percent rule: "p %" equals the gold p and the gold p/100 and no other gold, a decimal
@@ -170,6 +172,12 @@ _UNIT_TAIL = re.compile(r"(?<![A-Za-z\\])(?:(?:" + "|".join(sorted(UNIT_WORDS, k
 # A text group that is exactly one number and a percent marker: \text{28 percent}, \mbox{12.5\%}.
 _TEXT_PERCENT = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|textnormal|mathrm|mathbf|mathit|mbox)\s*"
                            rf"\{{\s*({GOLD_RE.pattern})\s*(?:\\?%|[Pp]ercent(?:age)?|[Pp]ct)\s*\}}")
+
+# Markdown emphasis or code wrapping a whole ``####`` answer (``*73*``, ``_73_``, ``__73__``, ``***73***``,
+# ```73```, ````73````), sentence punctuation after it allowed: the inner text, which holds no delimiter
+# character and neither starts nor ends with a space (so ``7*3``, ``*7*3*``, ``_7_3_`` are not wrapped).
+# Bold ``**73**`` is left to math-verify, which reads it already.
+_WRAPPED = re.compile(r"(\*\*\*|\*|__|_|``|`)(?![\s*_`])([^*_`]+?)(?<![\s*_`])\1")
 
 _LOCK = threading.Lock()
 _log = logging.getLogger(__name__)
@@ -354,6 +362,9 @@ def _normalize(text: str, kind: str) -> tuple[str, bool]:
     """``(answer, percent)``: the answer as math-verify should see it (see the module docstring's
     list), ``""`` for one that is refused (an invalid mixed number), and whether a trailing percent
     sign was dropped from it."""
+    wrapped = _WRAPPED.fullmatch(_TRAILING_PUNCT.sub("", text)) if kind == "####" else None
+    if wrapped:  # Markdown emphasis or code around the answer, read like bold (rule 4)
+        text = wrapped.group(2)
     text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}").translate(_CURRENCY)
     text = _LATEX_COMMA.sub(",", text)
     text = _GROUPED.sub(lambda m: re.sub(_SEP, "", m.group(0)), text)
