@@ -44,7 +44,8 @@ class Task(Protocol):
     ``numpy.random.Generator`` ``rng``); ``reward(completion, problem) -> float`` (finite; parse, never ``eval``);
     ``is_correct(completion, problem) -> bool`` (raw correctness); ``test_set() -> list[Problem]`` (fixed).
     Optional: ``is_reasoning(completion) -> bool``, ``test_metrics(frame)`` / ``model_metrics(model) -> dict``
-    (``test_<name>`` columns), ``extract_answer(completion) -> str | None`` (maj@k), batched ``rewards`` /
+    (``test_<name>`` columns), ``extract_answer(completion) -> str | None`` (maj@k), ``answers_equivalent(a, b)
+    -> bool`` (how maj@k groups two extracted answers; default: string equality), batched ``rewards`` /
     ``correct(completions, problems)``, ``bind_tokenizer(tokenizer)``. A guide: ``book/own_task.ipynb``.
 
     >>> import numpy as np
@@ -86,6 +87,7 @@ _OPTIONAL_METHODS = {"is_reasoning": ("is_reasoning(completion) -> bool", 1),
                      "test_metrics": ("test_metrics(frame) -> dict[str, float]", 1),
                      "model_metrics": ("model_metrics(model) -> dict[str, float]", 1),
                      "extract_answer": ("extract_answer(completion) -> str | None", 1),
+                     "answers_equivalent": ("answers_equivalent(a, b) -> bool", 2),
                      "rewards": ("rewards(completions, problems) -> list[float]", 2),
                      "correct": ("correct(completions, problems) -> list[bool]", 2),
                      "bind_tokenizer": ("bind_tokenizer(tokenizer) -> None", 1)}

@@ -74,7 +74,7 @@ from .base import Problem
 
 __all__ = ["GOLD_RE", "FLOAT_ROUNDING", "MAX_ANSWER_CHARS", "MAX_FREE_LETTERS", "UNIT_WORDS",
            "ALLOWED_COMMANDS", "SCORER_ANTLR_VERSION", "ScorerVersionWarning", "check_antlr_runtime",
-           "extract_answer", "score", "split_gold", "parse_gold", "fixture_path", "load_fixture",
+           "extract_answer", "answers_equivalent", "score", "split_gold", "parse_gold", "fixture_path", "load_fixture",
            "DEFAULT_INSTRUCTION", "GSM8KTask"]
 
 #: The form of a GSM8K final answer (the text after ``####``): an optionally signed decimal
@@ -455,15 +455,71 @@ def _judge(kind: str, text: str, gold: list, percent: bool) -> bool:
     mv = _math_verify()
     latex = [mv.LatexExtractionConfig(boxed_match_priority=0)]
     with _LOCK:
-        pred = []
-        if kind == "####" and not _VALUE_LATEX.search(text) and _bounded(text, latex=False):
-            pred = mv.parse(text, [mv.ExprExtractionConfig()], fallback_mode="no_fallback", parsing_timeout=None)
-        if not pred and _bounded(text, latex=True):  # a box, or a #### answer written in LaTeX
-            pred = mv.parse("\\boxed{" + text + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
+        pred = _read(mv, kind, text, latex)
         if not pred or not _sides_agree(mv, text, latex):  # its numeric sides pass the guard: no letters
             return False
         return any(mv.verify(gold, reading, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
                    for reading in _percent_readings(pred, percent))
+
+
+def _read(mv, kind: str, text: str, latex: list) -> list:
+    """math-verify's parse of the normalised answer ``text`` (``[]``: none, or not judged in bounded
+    time): a ``####`` answer without value-changing LaTeX as a plain expression, else (a box, or that
+    found nothing) as LaTeX in a box. Called under :data:`_LOCK`."""
+    pred = []
+    if kind == "####" and not _VALUE_LATEX.search(text) and _bounded(text, latex=False):
+        pred = mv.parse(text, [mv.ExprExtractionConfig()], fallback_mode="no_fallback", parsing_timeout=None)
+    if not pred and _bounded(text, latex=True):  # a box, or a #### answer written in LaTeX
+        pred = mv.parse("\\boxed{" + text + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
+    return pred
+
+
+@lru_cache(maxsize=4096)
+def _answer_value(answer: str) -> tuple:
+    """The reading maj@k groups an extracted answer by: the normalised text read as a ``####`` answer
+    (:func:`_read`), a percentage as its number (the percent rule's first reading); ``()`` for a hedge,
+    an equation whose numeric sides disagree, or text math-verify cannot read."""
+    text, percent = _normalize(answer, "####")
+    if not text or not _one_answer(text):
+        return ()
+    mv = _math_verify()
+    latex = [mv.LatexExtractionConfig(boxed_match_priority=0)]
+    with _LOCK:
+        pred = _read(mv, "####", text, latex)
+        if not pred or not _sides_agree(mv, text, latex):
+            return ()
+    return tuple(_percent_readings(pred, percent)[0])
+
+
+def answers_equivalent(a: str, b: str) -> bool:
+    """Whether two extracted final answers (:func:`extract_answer`) are the same answer, as maj@k
+    groups them (:func:`grpo_lab.experiments.evaluation.maj_at_k`): equal text, or both read by the
+    scorer's rules (normalised, one answer, read as a ``####`` answer, a percentage as its number) and
+    equal by math-verify's ``verify`` to :data:`FLOAT_ROUNDING` places. ``"18"``, ``"$18"``,
+    ``"18.0"`` and ``"*18*"`` are one answer; ``"18 or 20"`` and an unreadable text equal only
+    themselves.
+
+    >>> answers_equivalent("$18", "18.0"), answers_equivalent("18", "20")
+    (True, False)
+
+    Raises:
+        TypeError: ``a`` or ``b`` is not a ``str``. Nothing else: a math-verify error is ``False``.
+        ImportError: math-verify is not installed.
+    """
+    if not isinstance(a, str) or not isinstance(b, str):
+        raise TypeError(f"answers_equivalent: answers must be str, got {type(a).__name__} and {type(b).__name__}")
+    if a == b:
+        return True
+    try:
+        ra, rb = _answer_value(a), _answer_value(b)
+        if not ra or not rb:
+            return False
+        mv = _math_verify()
+        with _LOCK:
+            return bool(mv.verify(list(ra), list(rb), float_rounding=FLOAT_ROUNDING, timeout_seconds=None))
+    except Exception:  # math-verify / SymPy errors on odd input: not shown equal
+        _log.debug("answers_equivalent: error while comparing two answers; not equivalent", exc_info=True)
+        return False
 
 
 def _percent_readings(pred: list, percent: bool) -> list[list]:
@@ -889,13 +945,19 @@ class GSM8KTask:
 
     def extract_answer(self, completion: str) -> str | None:
         """:func:`grpo_lab.tasks.gsm8k.extract_answer`: the last box's content or ``####`` line, as
-        text (what maj@k votes on, :func:`grpo_lab.experiments.evaluation.maj_at_k`; ``"18"`` and ``"\\$18"``
-        are different votes).
+        text (what maj@k votes on, :func:`grpo_lab.experiments.evaluation.maj_at_k`, grouped by
+        :meth:`answers_equivalent`).
 
         Raises:
             TypeError: ``completion`` is not a ``str``.
         """
         return extract_answer(completion)
+
+    @staticmethod
+    def answers_equivalent(a: str, b: str) -> bool:
+        """:func:`grpo_lab.tasks.gsm8k.answers_equivalent`: whether maj@k counts two extracted answers
+        as one (``"18"``, ``"$18"``, ``"18.0"``). Raises ``TypeError`` for an answer that is not a ``str``."""
+        return answers_equivalent(a, b)
 
     def test_set(self) -> list[Problem]:
         """The first ``test_size`` problems (all when ``None``) of the test split, built on the
