@@ -70,7 +70,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..paths import data_dir, missing_data_hint
-from .base import Problem
+from .base import Problem, rows_sha256
 
 __all__ = ["GOLD_RE", "FLOAT_ROUNDING", "MAX_ANSWER_CHARS", "MAX_FREE_LETTERS", "UNIT_WORDS",
            "ALLOWED_COMMANDS", "SCORER_ANTLR_VERSION", "ScorerVersionWarning", "check_antlr_runtime",
@@ -952,6 +952,13 @@ class GSM8KTask:
             TypeError: ``completion`` is not a ``str``.
         """
         return extract_answer(completion)
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records (:func:`grpo_lab.tasks.base.task_fingerprint`): the content hash of
+        the rows (:meth:`rows`, train then test; :func:`grpo_lab.tasks.base.rows_sha256`) and the reward,
+        :meth:`reward`'s ``module:qualname``. Raises what :meth:`rows` raises."""
+        rows = self.rows()
+        return {"data": {"rows": {"dataset_sha256": rows_sha256([{split: rows[split]} for split in sorted(rows)])}}}
 
     @staticmethod
     def answers_equivalent(a: str, b: str) -> bool:
