@@ -13,7 +13,8 @@ problem give (``n >= k``):
 * **maj@k** (self-consistency, Wang et al. 2022, arXiv 2203.11171): whether the answer most of
   ``k`` samples agree on is correct (:func:`maj_at_k`); it needs the final answer of each
   completion, which a task offers through its optional member ``extract_answer(completion) ->
-  str | None`` (:class:`grpo_lab.tasks.Task`) or :func:`evaluate_at_k`'s ``extract`` argument.
+  str | None`` (:class:`grpo_lab.tasks.Task`) or :func:`evaluate_at_k`'s ``extract`` argument, and
+  votes on parsed answers through the task's optional ``answers_equivalent(a, b) -> bool``.
 
 Each is a per-problem value averaged over the test set. :func:`evaluate_at_k` samples the ``n``
 completions (with :func:`grpo_lab.policy.rollout.evaluate`) and reports the three, with the test set's
@@ -123,35 +124,52 @@ def mean_at_k(n, c, k: int) -> float | np.ndarray:
     return _out(c_arr / n_arr, n, c)
 
 
-def _majority_correct(answers: Sequence, correct: Sequence, k: int) -> float:
+def _majority_correct(answers: Sequence, correct: Sequence, k: int, equivalent) -> float:
     """maj@k of one problem: the first ``k`` samples vote (see :func:`maj_at_k`)."""
-    votes = Counter(a for a in answers[:k] if a is not None)
-    if not votes:
+    groups: list[list[int]] = []  # sample indices, each group led by the first sample that gave its answer
+    for i, a in enumerate(answers[:k]):
+        if a is None:
+            continue
+        home = next((g for g in groups if answers[g[0]] == a or (equivalent is not None
+                                                                 and equivalent(answers[g[0]], a))), None)
+        if home is None:
+            groups.append([i])
+        else:
+            home.append(i)
+    if not groups:
         return 0.0
-    top = max(votes.values())
-    # Counter keeps first-insertion order, so the first answer with the top count is the earliest drawn
-    winner = next(a for a, count in votes.items() if count == top)
-    return 1.0 if correct[list(answers[:k]).index(winner)] else 0.0
+    top = max(len(g) for g in groups)
+    winner = next(g for g in groups if len(g) == top)  # groups are in order of their first sample: a tie goes to it
+    return 1.0 if correct[winner[0]] else 0.0
 
 
-def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence[bool]], k: int) -> np.ndarray:
-    """maj@k per problem (self-consistency, Wang et al. 2022, arXiv 2203.11171): 1.0 when the answer
-    the most of ``k`` samples give is correct, else 0.0.
+def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence[bool]], k: int, *,
+             equivalent: Callable[[str, str], bool] | None = None) -> np.ndarray:
+    """maj@k per problem (self-consistency, Wang et al. 2022, arXiv 2203.11171; DeepSeekMath's Maj@64,
+    arXiv 2402.03300): 1.0 when the answer the most of ``k`` samples give is correct, else 0.0.
 
-    The voters are the problem's first ``k`` samples in drawing order; answers compare as strings; a
-    ``None`` answer does not vote (no votes: 0.0); a tie goes to the answer first drawn; the winner is
-    correct when the sample that first gave it is.
+    The voters are the problem's first ``k`` samples in drawing order. Answers are grouped by
+    ``equivalent`` (a task's ``answers_equivalent``: ``"18"``, ``"$18"`` and ``"18.0"`` one parsed
+    answer; ``None``: string equality): each answer joins the first group whose first answer equals it or
+    is ``equivalent`` to it (``equivalent(first, answer)``), else opens a group. A ``None`` answer does
+    not vote (no votes: 0.0). The largest group wins; a tie goes to the group whose first answer was drawn
+    first (lm-evaluation-harness's ``majority_vote`` filter, a ``Counter.most_common`` over extracted
+    strings, breaks ties the same way). The winner is correct when the sample that first gave it is.
 
     >>> answers = [["7", "8", "8", None], ["3", "4", None, None]]
     >>> correct = [[False, True, True, False], [False, True, False, False]]
     >>> maj_at_k(answers, correct, 4).tolist(), maj_at_k(answers, correct, 1).tolist()
     ([1.0, 0.0], [0.0, 0.0])
+    >>> same = lambda a, b: float(a.lstrip("$")) == float(b.lstrip("$"))
+    >>> maj_at_k([["18", "$18", "18.0", "20", "20"]], [[True, True, True, False, False]], 5, equivalent=same).tolist()
+    [1.0]
 
     Args:
         answers: per problem, the extracted answer of each of its ``n >= k`` samples (``str`` or
             ``None``), in sampling order.
         correct: per problem, whether each sample is correct; the same shape as ``answers``.
         k: voters per problem, an int ``>= 1``.
+        equivalent: ``equivalent(a, b) -> bool`` on two answers (``str``); ``None``: string equality.
 
     Returns:
         float64 array, one 0.0 / 1.0 per problem.
@@ -159,8 +177,11 @@ def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence
     Raises:
         ValueError: ``k`` not an int ``>= 1``; ``answers`` and ``correct`` of different lengths;
             a problem with fewer than ``k`` samples, or with ``answers`` and ``correct`` of
-            different lengths; an answer that is neither ``str`` nor ``None``.
+            different lengths; an answer that is neither ``str`` nor ``None``; ``equivalent`` not callable.
     """
+    if equivalent is not None and not callable(equivalent):
+        raise ValueError(f"maj_at_k: equivalent must be a callable equivalent(a, b) -> bool, got "
+                         f"{type(equivalent).__name__} {equivalent!r:.60}")
     if not is_int(k) or k < 1:
         raise ValueError(f"maj_at_k: k must be an int >= 1, got {k!r}")
     if len(answers) != len(correct):
@@ -174,7 +195,7 @@ def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence
         if bad is not None:
             raise ValueError(f"maj_at_k: answers must be str or None, got {type(bad).__name__} {bad!r:.60} "
                              f"in problem {i}")
-        out[i] = _majority_correct(list(ans), list(ok), k)
+        out[i] = _majority_correct(list(ans), list(ok), k, equivalent)
     return out
 
 
@@ -217,7 +238,7 @@ def _sample_responses(policy, tokenizer, task, problems, *, n, temperature, max_
     return frame
 
 
-def _per_problem(responses, *, n: int, ks: Sequence[int], voting: bool):
+def _per_problem(responses, *, n: int, ks: Sequence[int], voting: bool, equivalent=None):
     """One row per problem: its fields, ``n``, ``c``, mean length and truncation, and the metrics at each k."""
     per_sample = {"sample", "completion", "correct", "length", "truncated", "reasoning", "extracted"}
     groups = responses.groupby("problem", sort=True)
@@ -234,7 +255,7 @@ def _per_problem(responses, *, n: int, ks: Sequence[int], voting: bool):
         table[f"pass@{k}"] = pass_at_k(table["n"].to_numpy(), table["c"].to_numpy(), k)
         table[f"mean@{k}"] = mean_at_k(table["n"].to_numpy(), table["c"].to_numpy(), k)
         if voting:
-            table[f"maj@{k}"] = maj_at_k(answers, correct, k)
+            table[f"maj@{k}"] = maj_at_k(answers, correct, k, equivalent=equivalent)
     return table
 
 
@@ -263,7 +284,8 @@ def _summary(table, responses, *, ks: Sequence[int], voting: bool, level: float)
 
 def evaluate_at_k(policy, tokenizer, task, *, n: int, ks: Sequence[int] = (1,), temperature: float = 1.0,
                   max_new_tokens: int | None = None, batch_size: int | None = None, seed: int = 0,
-                  problems=None, extract: Callable[[str], str | None] | None = None, level: float = 0.95):
+                  problems=None, extract: Callable[[str], str | None] | None = None, level: float = 0.95,
+                  equivalent: Callable[[str, str], bool] | None = None):
     """pass@k, mean@k and maj@k of ``policy`` on a task's test set from ``n`` samples per problem.
 
     The ``n`` completions of each problem are sampled by :func:`grpo_lab.policy.rollout.evaluate` (eval mode)
@@ -278,6 +300,8 @@ def evaluate_at_k(policy, tokenizer, task, *, n: int, ks: Sequence[int] = (1,), 
         temperature, max_new_tokens, seed: sampling temperature (``> 0``); budget (default: the task's); torch seed.
         batch_size: problems per ``generate`` call; default ``max(1, 256 // n)``.
         extract: ``extract(completion) -> str | None`` for maj@k (default: the task's ``extract_answer``, if any).
+        equivalent: ``equivalent(a, b) -> bool``, how maj@k groups answers (:func:`maj_at_k`; default: the
+            task's ``answers_equivalent``, if any, else string equality).
         level: confidence level of the Wilson intervals.
 
     Returns:
@@ -291,7 +315,7 @@ def evaluate_at_k(policy, tokenizer, task, *, n: int, ks: Sequence[int] = (1,), 
     Raises:
         ValueError: ``n``, ``batch_size`` or ``seed`` not an int of its range, ``ks`` empty or with
             a ``k`` outside ``[1, n]``, ``temperature <= 0``, ``level`` outside (0, 1), ``extract``
-            not callable; what :func:`grpo_lab.policy.rollout.evaluate` raises (no problems).
+            or ``equivalent`` not callable; what :func:`grpo_lab.policy.rollout.evaluate` raises (no problems).
     """
     n = positive_int("evaluate_at_k: n", n)
     ks = tuple(ks)
@@ -304,9 +328,13 @@ def evaluate_at_k(policy, tokenizer, task, *, n: int, ks: Sequence[int] = (1,), 
         raise ValueError(f"evaluate_at_k: seed must be an int >= 0, got {seed!r}")
     batch_size = positive_int("evaluate_at_k: batch_size", batch_size if batch_size is not None else max(1, 256 // n))
     extract = _extractor(task, extract)
+    if equivalent is not None and not callable(equivalent):
+        raise ValueError(f"evaluate_at_k: equivalent must be a callable equivalent(a, b) -> bool, got "
+                         f"{type(equivalent).__name__} {equivalent!r:.60}")
     responses = _sample_responses(policy, tokenizer, task, problems, n=n, temperature=temperature,
                                   max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     if extract is not None:
         responses["extracted"] = [extract(text) for text in responses["completion"]]
-    table = _per_problem(responses, n=n, ks=ks, voting=extract is not None)
+    equivalent = getattr(task, "answers_equivalent", None) if equivalent is None else equivalent
+    table = _per_problem(responses, n=n, ks=ks, voting=extract is not None, equivalent=equivalent)
     return _summary(table, responses, ks=ks, voting=extract is not None, level=level), table, responses

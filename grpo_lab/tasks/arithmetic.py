@@ -248,6 +248,16 @@ class ArithmeticTask:
         return parse_answer(completion, self.filler)
 
     @staticmethod
+    def answers_equivalent(a: str, b: str) -> bool:
+        """Whether two extracted answers are one integer (``"18"``, ``"018"``, ``"+18"``): what maj@k
+        groups by (:func:`grpo_lab.experiments.evaluation.maj_at_k`); answers that are no integer
+        compare as text. Raises nothing."""
+        try:
+            return int(a) == int(b)
+        except (TypeError, ValueError):
+            return a == b
+
+    @staticmethod
     def is_reasoning(completion: str) -> bool:
         """Whether a completion chose to reason: it does not open with ``#`` and writes at least
         one ``;``-terminated step before its first ``#``."""

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import math
 import numbers
+import os
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Problem", "Task", "validate_task", "correctness", "save_problems", "load_problems"]
+__all__ = ["Problem", "Task", "validate_task", "correctness", "save_problems", "load_problems", "file_sha256",
+           "rows_sha256", "source_fingerprint", "callable_name", "task_fingerprint", "fingerprint_differences",
+           "check_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,10 @@ class Task(Protocol):
     ``numpy.random.Generator`` ``rng``); ``reward(completion, problem) -> float`` (finite; parse, never ``eval``);
     ``is_correct(completion, problem) -> bool`` (raw correctness); ``test_set() -> list[Problem]`` (fixed).
     Optional: ``is_reasoning(completion) -> bool``, ``test_metrics(frame)`` / ``model_metrics(model) -> dict``
-    (``test_<name>`` columns), ``extract_answer(completion) -> str | None`` (maj@k), batched ``rewards`` /
-    ``correct(completions, problems)``, ``bind_tokenizer(tokenizer)``. A guide: ``book/own_task.ipynb``.
+    (``test_<name>`` columns), ``extract_answer(completion) -> str | None`` (maj@k), ``answers_equivalent(a, b)
+    -> bool`` (how maj@k groups two extracted answers; default: string equality), batched ``rewards`` /
+    ``correct(completions, problems)``, ``bind_tokenizer(tokenizer)``, ``fingerprint() -> dict`` (what a
+    checkpoint records of its data and reward functions, :func:`grpo_lab.tasks.base.task_fingerprint`). A guide: ``book/own_task.ipynb``.
 
     >>> import numpy as np
     >>> from dataclasses import dataclass
@@ -86,9 +93,11 @@ _OPTIONAL_METHODS = {"is_reasoning": ("is_reasoning(completion) -> bool", 1),
                      "test_metrics": ("test_metrics(frame) -> dict[str, float]", 1),
                      "model_metrics": ("model_metrics(model) -> dict[str, float]", 1),
                      "extract_answer": ("extract_answer(completion) -> str | None", 1),
+                     "answers_equivalent": ("answers_equivalent(a, b) -> bool", 2),
                      "rewards": ("rewards(completions, problems) -> list[float]", 2),
                      "correct": ("correct(completions, problems) -> list[bool]", 2),
-                     "bind_tokenizer": ("bind_tokenizer(tokenizer) -> None", 1)}
+                     "bind_tokenizer": ("bind_tokenizer(tokenizer) -> None", 1),
+                     "fingerprint": ("fingerprint() -> dict", 0)}
 
 
 def _method_problems(owner, *, optional: bool) -> list[str]:
@@ -317,3 +326,140 @@ def load_problems(path: str | Path) -> list[Problem]:
                 raise ValueError(f"load_problems: {path}:{k}: prompt and answer must be strings")
             out.append(Problem(prompt, answer, d.get("meta", {})))
     return out
+
+
+# ------------------------------------------------------------------------------ fingerprints
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes, hex. Raises ``OSError`` when it cannot be read."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _jsonable(value):
+    """A JSON stand-in for a cell value JSON cannot hold: bytes as hex, arrays and numpy scalars as
+    lists and numbers, dates as ISO text, anything else as its ``repr``."""
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return repr(value)
+
+
+def rows_sha256(rows, columns: Sequence[str] | None = None) -> str:
+    """SHA-256 (hex) of rows of data, the same in every process: each row (a mapping, or a
+    ``{column: [values]}`` batch) as JSON with sorted keys, in order, after the ``columns`` names.
+    Raises nothing for JSON-able rows; other cells as hex (bytes), lists (arrays), ISO text (dates) or ``repr``."""
+    h = hashlib.sha256(json.dumps(list(columns or [])).encode())
+    for row in rows:
+        h.update(json.dumps(row, sort_keys=True, default=_jsonable, ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()
+
+
+def source_fingerprint(source) -> dict | None:
+    """What a fingerprint records of one data source: a path -> ``{"file": path, "sha256": bytes' hash}``;
+    a ``datasets.Dataset`` -> ``{"dataset_sha256": its content's hash}`` (column names and rows, in
+    order, 1000 rows at a time; ``Dataset._fingerprint`` is not used: it differs between processes for
+    the same content); a ``DatasetDict`` -> the same over its splits, by name; anything else (a split
+    name, a test fraction) -> ``None``.
+
+    Raises:
+        OSError: a path that cannot be read.
+    """
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and os.path.isfile(os.path.expanduser(source))):
+        path = os.path.expanduser(os.fspath(source))
+        return {"file": path, "sha256": file_sha256(path)}
+    if hasattr(source, "column_names") and hasattr(source, "num_rows"):
+        if isinstance(source.column_names, dict):  # a DatasetDict
+            return {"dataset_sha256": rows_sha256([{k: source_fingerprint(source[k])["dataset_sha256"]}
+                                                   for k in sorted(source)])}
+        if hasattr(source, "iter"):
+            return {"dataset_sha256": rows_sha256(source.iter(batch_size=1000), source.column_names)}
+    return None
+
+
+def callable_name(func) -> str:
+    """``"module:qualname"`` of a function, method or class; a ``functools.partial`` as
+    ``"partial(module:qualname)"``; any other callable object by its class; a ``str`` (an import
+    path, a model id) as it is. Raises nothing."""
+    if isinstance(func, str):
+        return func
+    inner = getattr(func, "func", None)
+    if inner is not None and callable(inner) and hasattr(func, "args"):
+        return f"partial({callable_name(inner)})"
+    inner = getattr(func, "__func__", func)  # a bound method: its function
+    target = inner if hasattr(inner, "__qualname__") else type(inner)
+    return f"{getattr(target, '__module__', '?')}:{target.__qualname__}"
+
+
+def task_fingerprint(task) -> dict:
+    """What a checkpoint records of a task's data and reward functions, compared on resume
+    (:func:`grpo_lab.tasks.base.check_fingerprint`): ``{"data": {name: source_fingerprint-like dict}, "reward_funcs":
+    [module:qualname, ...]}``. Without the task's optional ``fingerprint()``: no data and the
+    qualified name of its ``reward`` method (a generated task's data follows from its fields, which
+    the checkpoint holds); with it, its entries replace those. It raises what the task's
+    ``fingerprint()`` raises (e.g. ``OSError`` for a data file gone).
+    """
+    out = {"data": {}, "reward_funcs": [callable_name(getattr(type(task), "reward", type(task)))]}
+    own = task.fingerprint() if callable(getattr(task, "fingerprint", None)) else {}
+    out.update({k: v for k, v in dict(own).items() if k in ("data", "reward_funcs")})
+    return json.loads(json.dumps(out, default=_jsonable))
+
+
+def fingerprint_differences(saved: dict, now: dict) -> list[str]:
+    """What differs between two :func:`grpo_lab.tasks.base.task_fingerprint` results, one phrase each: a data file
+    (another path or other bytes), a dataset's content, a data source added or dropped, the reward
+    functions. ``[]`` when they agree. Raises nothing for two such dicts."""
+    out = []
+    old, new = saved.get("data") or {}, now.get("data") or {}
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name) or {}, new.get(name) or {}
+        if a == b:
+            continue
+        if "file" in a and "file" in b:
+            same = a["file"] == b["file"]
+            out.append(f"data file {name!r}: {b['file']} (sha256 {str(b.get('sha256'))[:12]}) "
+                       + (f"has other bytes than when saved (sha256 {str(a.get('sha256'))[:12]})" if same
+                          else f"is not the saved {a['file']} (sha256 {str(a.get('sha256'))[:12]})"))
+        elif "dataset_sha256" in a and "dataset_sha256" in b:
+            out.append(f"dataset content {name!r}: sha256 {b['dataset_sha256'][:12]} (saved {a['dataset_sha256'][:12]})")
+        else:
+            out.append(f"data {name!r}: {json.dumps(b)[:120] or 'none'} (saved {json.dumps(a)[:120] or 'none'})")
+    if list(saved.get("reward_funcs") or []) != list(now.get("reward_funcs") or []):
+        out.append(f"reward functions {now.get('reward_funcs')} (saved {saved.get('reward_funcs')})")
+    return out
+
+
+def check_fingerprint(saved: dict | None, task, *, where: str, strict: bool = False) -> None:
+    """Compare the fingerprint a checkpoint saved with ``task``'s (:func:`grpo_lab.tasks.base.task_fingerprint`), as
+    ``Trainer.resume`` does: a ``RuntimeWarning`` naming each difference, or with ``strict`` a
+    ``ValueError``. A checkpoint without one (saved before fingerprints) gets one ``UserWarning`` note
+    and nothing is compared, strict or not.
+
+    Args:
+        saved: the checkpoint's ``fingerprint`` entry, or ``None``.
+        task: the task the run continues with.
+        where: the checkpoint, for the messages.
+        strict: raise instead of warning.
+
+    Raises:
+        ValueError: ``strict`` and the fingerprints differ (the message names every difference).
+        OSError: the task's data cannot be read to fingerprint it.
+    """
+    if not isinstance(saved, dict):
+        warnings.warn(f"Trainer.resume: {where} records no fingerprint of its task's data and reward functions "
+                      "(saved by an older grpo_lab); resuming without checking them", UserWarning, stacklevel=3)
+        return
+    diffs = fingerprint_differences(saved, task_fingerprint(task))
+    if not diffs:
+        return
+    message = (f"Trainer.resume: the task's data or reward functions differ from those {where} was trained with: "
+               + "; ".join(diffs))
+    if strict:
+        raise ValueError(message + " (strict=True refuses this; pass strict=False to continue with a warning)")
+    warnings.warn(message + "; the run continues on the task given", RuntimeWarning, stacklevel=4)
+

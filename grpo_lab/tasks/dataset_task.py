@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .base import Problem
+from .base import Problem, callable_name, source_fingerprint
 
 __all__ = ["DatasetTask", "reward_func_name", "RewardTrainerState", "RewardFunctionError", "RewardModelFunc"]
 
@@ -753,3 +753,14 @@ class DatasetTask:
     def is_correct(self, completion: str, problem: Problem) -> bool:
         """:meth:`correct` of one response (a batch of one)."""
         return self.correct([completion], [problem])[0]
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records (:func:`grpo_lab.tasks.base.task_fingerprint`): ``data`` and ``test``
+        as :func:`grpo_lab.tasks.base.source_fingerprint` gives them (a file's sha256, a ``Dataset``'s content
+        hash; ``test`` only when it is a file or a ``Dataset``), and each reward function's ``module:qualname``.
+        Computed on the first call and kept. Raises ``OSError`` when a data file can no longer be read."""
+        if getattr(self, "_fingerprint", None) is None:
+            data = {k: fp for k, fp in (("data", source_fingerprint(self.data)), ("test", source_fingerprint(self.test)))
+                    if fp is not None}
+            self._fingerprint = {"data": data, "reward_funcs": [callable_name(f) for f in self._funcs]}
+        return self._fingerprint

@@ -29,7 +29,9 @@ What we add to math-verify, one line each:
    ``#### 18 or 20``, ``18, 20``, ``18 -> 20`` score 0 (``_one_answer``);
 2. true equations: numeric sides must equal the last one, ``\\boxed{2+3=6}`` scores 0 (``_sides_agree``);
 3. mixed numbers ``a b/c`` and ``a \\frac{b}{c}`` are ``a + b/c``; an improper one scores 0 (``_mixed_numbers``);
-4. normalisation (``_normalize``): final punctuation dropped, ``14{,}916`` / ``1\\,234`` /
+4. normalisation (``_normalize``): Markdown emphasis or code around a whole ``####`` answer
+   (``*73*``, ``_73_``, ``__73__``, ```73```) dropped, as math-verify drops bold ``**73**`` (not
+   ``7*3`` or ``*7*3*``); final punctuation dropped, ``14{,}916`` / ``1\\,234`` /
    ``1 234`` one number, ``−`` a minus, ``°`` a degree, ``€ £ ¥`` dropped like ``\\$``;
 5. numbers compared to :data:`FLOAT_ROUNDING` decimal places, not math-verify's default 6;
 6. the percent rule: "p %" equals the gold p and the gold p/100 and no other gold, a decimal
@@ -68,11 +70,11 @@ from importlib import metadata
 from pathlib import Path
 
 from ..paths import data_dir, missing_data_hint
-from .base import Problem
+from .base import Problem, rows_sha256
 
 __all__ = ["GOLD_RE", "FLOAT_ROUNDING", "MAX_ANSWER_CHARS", "MAX_FREE_LETTERS", "UNIT_WORDS",
            "ALLOWED_COMMANDS", "SCORER_ANTLR_VERSION", "ScorerVersionWarning", "check_antlr_runtime",
-           "extract_answer", "score", "split_gold", "parse_gold", "fixture_path", "load_fixture",
+           "extract_answer", "answers_equivalent", "score", "split_gold", "parse_gold", "fixture_path", "load_fixture",
            "DEFAULT_INSTRUCTION", "GSM8KTask"]
 
 #: The form of a GSM8K final answer (the text after ``####``): an optionally signed decimal
@@ -170,6 +172,12 @@ _UNIT_TAIL = re.compile(r"(?<![A-Za-z\\])(?:(?:" + "|".join(sorted(UNIT_WORDS, k
 # A text group that is exactly one number and a percent marker: \text{28 percent}, \mbox{12.5\%}.
 _TEXT_PERCENT = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|textnormal|mathrm|mathbf|mathit|mbox)\s*"
                            rf"\{{\s*({GOLD_RE.pattern})\s*(?:\\?%|[Pp]ercent(?:age)?|[Pp]ct)\s*\}}")
+
+# Markdown emphasis or code wrapping a whole ``####`` answer (``*73*``, ``_73_``, ``__73__``, ``***73***``,
+# ```73```, ````73````), sentence punctuation after it allowed: the inner text, which holds no delimiter
+# character and neither starts nor ends with a space (so ``7*3``, ``*7*3*``, ``_7_3_`` are not wrapped).
+# Bold ``**73**`` is left to math-verify, which reads it already.
+_WRAPPED = re.compile(r"(\*\*\*|\*|__|_|``|`)(?![\s*_`])([^*_`]+?)(?<![\s*_`])\1")
 
 _LOCK = threading.Lock()
 _log = logging.getLogger(__name__)
@@ -354,6 +362,9 @@ def _normalize(text: str, kind: str) -> tuple[str, bool]:
     """``(answer, percent)``: the answer as math-verify should see it (see the module docstring's
     list), ``""`` for one that is refused (an invalid mixed number), and whether a trailing percent
     sign was dropped from it."""
+    wrapped = _WRAPPED.fullmatch(_TRAILING_PUNCT.sub("", text)) if kind == "####" else None
+    if wrapped:  # Markdown emphasis or code around the answer, read like bold (rule 4)
+        text = wrapped.group(2)
     text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}").translate(_CURRENCY)
     text = _LATEX_COMMA.sub(",", text)
     text = _GROUPED.sub(lambda m: re.sub(_SEP, "", m.group(0)), text)
@@ -444,15 +455,71 @@ def _judge(kind: str, text: str, gold: list, percent: bool) -> bool:
     mv = _math_verify()
     latex = [mv.LatexExtractionConfig(boxed_match_priority=0)]
     with _LOCK:
-        pred = []
-        if kind == "####" and not _VALUE_LATEX.search(text) and _bounded(text, latex=False):
-            pred = mv.parse(text, [mv.ExprExtractionConfig()], fallback_mode="no_fallback", parsing_timeout=None)
-        if not pred and _bounded(text, latex=True):  # a box, or a #### answer written in LaTeX
-            pred = mv.parse("\\boxed{" + text + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
+        pred = _read(mv, kind, text, latex)
         if not pred or not _sides_agree(mv, text, latex):  # its numeric sides pass the guard: no letters
             return False
         return any(mv.verify(gold, reading, float_rounding=FLOAT_ROUNDING, timeout_seconds=None)
                    for reading in _percent_readings(pred, percent))
+
+
+def _read(mv, kind: str, text: str, latex: list) -> list:
+    """math-verify's parse of the normalised answer ``text`` (``[]``: none, or not judged in bounded
+    time): a ``####`` answer without value-changing LaTeX as a plain expression, else (a box, or that
+    found nothing) as LaTeX in a box. Called under :data:`_LOCK`."""
+    pred = []
+    if kind == "####" and not _VALUE_LATEX.search(text) and _bounded(text, latex=False):
+        pred = mv.parse(text, [mv.ExprExtractionConfig()], fallback_mode="no_fallback", parsing_timeout=None)
+    if not pred and _bounded(text, latex=True):  # a box, or a #### answer written in LaTeX
+        pred = mv.parse("\\boxed{" + text + "}", latex, fallback_mode="no_fallback", parsing_timeout=None)
+    return pred
+
+
+@lru_cache(maxsize=4096)
+def _answer_value(answer: str) -> tuple:
+    """The reading maj@k groups an extracted answer by: the normalised text read as a ``####`` answer
+    (:func:`_read`), a percentage as its number (the percent rule's first reading); ``()`` for a hedge,
+    an equation whose numeric sides disagree, or text math-verify cannot read."""
+    text, percent = _normalize(answer, "####")
+    if not text or not _one_answer(text):
+        return ()
+    mv = _math_verify()
+    latex = [mv.LatexExtractionConfig(boxed_match_priority=0)]
+    with _LOCK:
+        pred = _read(mv, "####", text, latex)
+        if not pred or not _sides_agree(mv, text, latex):
+            return ()
+    return tuple(_percent_readings(pred, percent)[0])
+
+
+def answers_equivalent(a: str, b: str) -> bool:
+    """Whether two extracted final answers (:func:`extract_answer`) are the same answer, as maj@k
+    groups them (:func:`grpo_lab.experiments.evaluation.maj_at_k`): equal text, or both read by the
+    scorer's rules (normalised, one answer, read as a ``####`` answer, a percentage as its number) and
+    equal by math-verify's ``verify`` to :data:`FLOAT_ROUNDING` places. ``"18"``, ``"$18"``,
+    ``"18.0"`` and ``"*18*"`` are one answer; ``"18 or 20"`` and an unreadable text equal only
+    themselves.
+
+    >>> answers_equivalent("$18", "18.0"), answers_equivalent("18", "20")
+    (True, False)
+
+    Raises:
+        TypeError: ``a`` or ``b`` is not a ``str``. Nothing else: a math-verify error is ``False``.
+        ImportError: math-verify is not installed.
+    """
+    if not isinstance(a, str) or not isinstance(b, str):
+        raise TypeError(f"answers_equivalent: answers must be str, got {type(a).__name__} and {type(b).__name__}")
+    if a == b:
+        return True
+    try:
+        ra, rb = _answer_value(a), _answer_value(b)
+        if not ra or not rb:
+            return False
+        mv = _math_verify()
+        with _LOCK:
+            return bool(mv.verify(list(ra), list(rb), float_rounding=FLOAT_ROUNDING, timeout_seconds=None))
+    except Exception:  # math-verify / SymPy errors on odd input: not shown equal
+        _log.debug("answers_equivalent: error while comparing two answers; not equivalent", exc_info=True)
+        return False
 
 
 def _percent_readings(pred: list, percent: bool) -> list[list]:
@@ -878,13 +945,26 @@ class GSM8KTask:
 
     def extract_answer(self, completion: str) -> str | None:
         """:func:`grpo_lab.tasks.gsm8k.extract_answer`: the last box's content or ``####`` line, as
-        text (what maj@k votes on, :func:`grpo_lab.experiments.evaluation.maj_at_k`; ``"18"`` and ``"\\$18"``
-        are different votes).
+        text (what maj@k votes on, :func:`grpo_lab.experiments.evaluation.maj_at_k`, grouped by
+        :meth:`answers_equivalent`).
 
         Raises:
             TypeError: ``completion`` is not a ``str``.
         """
         return extract_answer(completion)
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records (:func:`grpo_lab.tasks.base.task_fingerprint`): the content hash of
+        the rows (:meth:`rows`, train then test; :func:`grpo_lab.tasks.base.rows_sha256`) and the reward,
+        :meth:`reward`'s ``module:qualname``. Raises what :meth:`rows` raises."""
+        rows = self.rows()
+        return {"data": {"rows": {"dataset_sha256": rows_sha256([{split: rows[split]} for split in sorted(rows)])}}}
+
+    @staticmethod
+    def answers_equivalent(a: str, b: str) -> bool:
+        """:func:`grpo_lab.tasks.gsm8k.answers_equivalent`: whether maj@k counts two extracted answers
+        as one (``"18"``, ``"$18"``, ``"18.0"``). Raises ``TypeError`` for an answer that is not a ``str``."""
+        return answers_equivalent(a, b)
 
     def test_set(self) -> list[Problem]:
         """The first ``test_size`` problems (all when ``None``) of the test split, built on the

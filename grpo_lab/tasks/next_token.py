@@ -43,7 +43,7 @@ import torch
 
 from ..paths import checkpoint_dir, data_dir, missing_data_hint
 from ..algo.rewards import prefix_match_reward
-from .base import Problem, load_problems
+from .base import Problem, load_problems, source_fingerprint
 
 __all__ = ["THINK_OPEN", "THINK_CLOSE", "ENTROPY_THRESHOLDS", "CHAT_INSTRUCTION", "build_hub_task_data", "load_corpus", "corpus_sha256", "split_corpus",
            "token_strings", "char_start_mask", "top_k_entropy", "entropy_split", "next_token_prompt", "parse_prediction",
@@ -485,6 +485,13 @@ class NextTokenTask:
     def data_path(self) -> Path:
         """The directory of the task's data files: ``data``, or ``<data_dir>/tasks``."""
         return Path(self.data).expanduser() if self.data is not None else data_dir() / "tasks"
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint records (:func:`grpo_lab.tasks.base.task_fingerprint`): the sha256 of each
+        data file (``TRAIN_FILE``, ``TEST_FILE``) in :meth:`data_path` that exists, and the reward,
+        :meth:`reward`'s ``module:qualname``. Raises ``OSError`` for a file that cannot be read."""
+        files = {name: self.data_path() / name for name in (TRAIN_FILE, TEST_FILE)}
+        return {"data": {name: source_fingerprint(path) for name, path in files.items() if path.is_file()}}
 
     def format_prompt(self, context: str) -> str:
         """The prompt for a context: ``context + "<think>"``; with ``chat``, the tokenizer's chat

@@ -24,6 +24,7 @@ from ..algo.algorithms import Algorithm
 from ..policy.lora import (BASE_FILE, AdapterDisabled, BaseModelNotFound, adapter_checkpoint_missing, base_record)
 from ..policy.models import CriticModel, _progress_bars, is_peft_model
 from ..tasks import validate_task
+from ..tasks.base import check_fingerprint, task_fingerprint
 from ..algo.checks import is_int
 from .config import OUTPUT_FIELDS, TrainerConfig
 from .precision import Precision
@@ -173,12 +174,13 @@ class LoadedCheckpoint:
 
 
 def load_checkpoint(path: str | Path, *, task=None, device: str | None = None, value_model=None,
-                    output: dict[str, Any] | None = None) -> LoadedCheckpoint:
+                    output: dict[str, Any] | None = None, strict: bool = False) -> LoadedCheckpoint:
     """Read and check the checkpoint ``path`` (every file looked for before anything is loaded) and load its
     models; the arguments and errors are ``Trainer.resume``'s."""
     path = Path(path)
     state, rows, has_value, value_model = _read_checkpoint_state(path, value_model)
     task = _resume_task(state["task"], task, path)
+    check_fingerprint(state["task"].get("fingerprint"), task, where=str(path), strict=strict)
     config = TrainerConfig.from_dict(state["config"])
     if device is not None:
         config = replace(config, device=device)
@@ -316,6 +318,12 @@ def _task_state(task) -> dict:
             spec["params"] = json.loads(json.dumps(spec["params"], default=_json_default))
         except (TypeError, ValueError):
             spec["params"] = None
+    try:  # the task's data and reward functions, compared on resume (check_fingerprint)
+        spec["fingerprint"] = task_fingerprint(task)
+    except Exception as exc:  # the task's own fingerprint() failed: saved without one (resume notes it)
+        spec["fingerprint"] = None
+        warnings.warn(f"Trainer.save: no fingerprint of the task's data recorded ({type(exc).__name__}: {exc})",
+                      RuntimeWarning, stacklevel=3)
     return spec
 
 

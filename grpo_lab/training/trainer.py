@@ -430,7 +430,7 @@ class Trainer:
 
     @classmethod
     def resume(cls, path: str | Path, *, task=None, device: str | None = None, value_model=None,
-               output: dict[str, Any] | None = None, loss_fn: Callable = policy_loss) -> Self:
+               output: dict[str, Any] | None = None, loss_fn: Callable = policy_loss, strict: bool = False) -> Self:
         """Rebuild a trainer from :meth:`save` so that ``train`` continues exactly (also a periodic checkpoint).
 
         Args:
@@ -443,6 +443,8 @@ class Trainer:
             output: replacements for fields of ``grpo_lab.training.config.OUTPUT_FIELDS`` (e.g. a moved
                 ``output_dir``); they never change the run's numbers.
             loss_fn: as :class:`Trainer`'s; a checkpoint does not store it (nor callbacks): pass it again.
+            strict: raise when the task's data or reward functions differ from the checkpoint's fingerprint
+                (:func:`grpo_lab.tasks.base.check_fingerprint`) instead of the ``RuntimeWarning`` naming them.
 
         Every file is looked for before anything is loaded.
 
@@ -451,11 +453,12 @@ class Trainer:
             TypeError: ``task`` does not implement the task protocol.
             ValueError: ``output`` names a non-output field; a file is missing or corrupt (named); ``ref/`` is
                 missing for an algorithm with a KL term; a critic of your own and no ``value_model``; the task
-                cannot be rebuilt and no ``task=`` (the message shows both remedies).
+                cannot be rebuilt and no ``task=`` (the message shows both remedies); ``strict`` and the task's
+                data or reward functions differ from the saved fingerprint.
             grpo_lab.policy.lora.BaseModelNotFound: a LoRA checkpoint's base model cannot be loaded here.
             ImportError: a LoRA checkpoint and peft is not installed.
         """
-        ck = load_checkpoint(path, task=task, device=device, value_model=value_model, output=output)
+        ck = load_checkpoint(path, task=task, device=device, value_model=value_model, output=output, strict=strict)
         trainer = cls(ck.policy, ck.tokenizer, ck.task, ck.algo, ck.config, ref_policy=ck.ref_policy,
                       value_model=ck.value_model, loss_fn=loss_fn)
         restore_training_state(ck.path, ck.state, optimizer=trainer.optimizer, rng=trainer.rng, amp=trainer.amp,

@@ -220,3 +220,36 @@ def test_tasks_offer_the_answer_maj_at_k_votes_on():
 
     with pytest.raises(TypeError, match=r"extract_answer.*cannot be called as extract_answer\(completion\)"):
         validate_task(TwoArguments())
+
+
+# ------------------------------------------------------------------- maj@k on parsed answers (issue 54)
+def test_maj_at_k_votes_on_the_tasks_equivalence():
+    from grpo_lab.tasks import ArithmeticTask, GSM8KTask
+
+    pytest.importorskip("math_verify")
+    answers, correct = [["18", "$18", "18.0", "20", "20"]], [[True, True, True, False, False]]
+    assert maj_at_k(answers, correct, 5).tolist() == [0.0]   # as strings: 20 has two votes, each 18 one
+    assert maj_at_k(answers, correct, 5, equivalent=GSM8KTask().answers_equivalent).tolist() == [1.0]  # 18: three
+    # a tie of groups (two 18s, two 20s) goes to the group whose first answer was drawn first
+    tie = [["20", "18", "$18", "20.0"], ["18", "20", "20.0", "$18"]]
+    oks = [[False, True, True, False], [True, False, False, True]]
+    assert maj_at_k(tie, oks, 4, equivalent=GSM8KTask.answers_equivalent).tolist() == [0.0, 1.0]
+    # integers for the arithmetic task: "018" is 18; text that is no integer only equals itself
+    assert maj_at_k([["018", "18", "7", "7", "7"]], [[True, True, False, False, False]], 4,
+                    equivalent=ArithmeticTask.answers_equivalent).tolist() == [1.0]
+    assert not ArithmeticTask.answers_equivalent("x", "18") and ArithmeticTask.answers_equivalent("x", "x")
+    with pytest.raises(ValueError, match="equivalent must be a callable"):
+        maj_at_k(answers, correct, 5, equivalent="same")
+
+
+def test_gsm8k_answers_equivalent_follows_the_scorer():
+    pytest.importorskip("math_verify")
+    from grpo_lab.tasks.gsm8k import answers_equivalent
+
+    for a, b in (("18", r"\$18"), ("18", "18.0"), ("1,234", "1234"), (r"\frac{1}{2}", "0.5"), ("*18*", "18"),
+                 ("25%", "25")):
+        assert answers_equivalent(a, b) and answers_equivalent(b, a), (a, b)
+    for a, b in (("18", "20"), ("18 or 20", "18"), ("18", "180"), ("x", "18")):
+        assert not answers_equivalent(a, b), (a, b)
+    with pytest.raises(TypeError, match="must be str"):
+        answers_equivalent(18, "18")

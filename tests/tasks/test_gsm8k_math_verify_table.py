@@ -155,3 +155,19 @@ def test_the_table_runs_under_the_pinned_antlr_runtime():
     from grpo_lab.tasks.gsm8k import SCORER_ANTLR_VERSION
 
     assert metadata.version("antlr4-python3-runtime") == SCORER_ANTLR_VERSION
+
+
+# Not from Math-Verify: Markdown emphasis and code around a #### answer are read like bold (issue 54), and
+# the near misses that are not a wrapped answer stay as they were. Verdicts by hand: the wrapped text is the
+# number itself; "7*3" is a product (21), the others are not a number math-verify can read.
+EMPHASIS = [("*73*", "73", 1), ("_73_", "73", 1), ("__73__", "73", 1), ("***73***", "73", 1), ("`73`", "73", 1),
+            ("``73``", "73", 1), ("*73*.", "73", 1), ("*$73*", "73", 1), ("*-5*", "-5", 1), ("**73**", "73", 1),
+            ("*73*", "7", 0), ("`73`", "3", 0), ("_73_", "21", 0),
+            ("7*3", "73", 0), ("7*3", "21", 1), ("*7*3*", "73", 0), ("*7*3*", "21", 0), ("_7_3_", "73", 0),
+            ("7_3", "73", 0), ("*73_", "73", 0), ("*73", "73", 0), ("`7*3`", "73", 0), ("*7 3*", "73", 0)]
+
+
+@pytest.mark.parametrize("answer, gold, expected", EMPHASIS, ids=[f"{a!r} vs {g}" for a, g, _ in EMPHASIS])
+def test_emphasis_and_code_around_a_marker_answer_read_like_bold(answer, gold, expected):
+    assert score("so the answer is\n#### " + answer, gold) == expected
+

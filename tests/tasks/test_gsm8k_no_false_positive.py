@@ -22,7 +22,8 @@ from grpo_lab.tasks.gsm8k import score
 NUMBER_FORMS = ["N", "N.", "N,", r"\$N", "$N", r"N \text{ dollars}", r"N^\circ", r"N^{\circ}", "N hours",
                 r"N \text{ cm}^2", "x = N", r"x \approx N", "\u2212N"]
 # Accepted after #### only: in a box math-verify reads these as products of symbols (documented).
-HASH_FORMS = ["N dollars", "N km/h", "N apples", "**N**"]
+HASH_FORMS = ["N dollars", "N km/h", "N apples", "**N**",
+              "*N*", "_N_", "__N__", "***N***", "`N`", "``N``", "*N*."]  # Markdown emphasis and code (issue 54)
 PERCENT_FORMS = [r"N\%", "N%", "N percent", "N pct", r"\text{N percent}", r"x = N\%"]
 FORMS = ("boxed", "####")
 

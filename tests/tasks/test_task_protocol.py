@@ -274,7 +274,9 @@ def test_unregistered_task_saves_and_resume_asks_for_it(base, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
     state = json.loads((ck / "state.json").read_text())
     assert state["task"] == {"name": "reverse", "class": f"{__name__}.ReverseTask", "registered": False,
-                             "params": {"name": "reverse", "max_new_tokens": 8, "length": 3, "alphabet": "123456789"}}
+                             "params": {"name": "reverse", "max_new_tokens": 8, "length": 3, "alphabet": "123456789"},
+                             # issue 54: no data of its own (generated from its fields), its reward method by name
+                             "fingerprint": {"data": {}, "reward_funcs": [f"{__name__}:ReverseTask.reward"]}}
     with pytest.raises(ValueError) as err:
         Trainer.resume(ck)
     msg = str(err.value)
