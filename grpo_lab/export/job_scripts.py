@@ -94,12 +94,13 @@ FUNCTIONS = {functions}
 def _function_reward(name):
     """TRL reward function of the task's reward function ``name``: its values before weighting (None stays None,
     which TRL reads as 'does not apply')."""
-    def function_reward(completions, prompts=None, answer=None, meta=None, **columns):
+    def function_reward(completions, prompts=None, answer=None, meta=None, completion_ids=None, **columns):
         n = len(completions)
         prompts = prompts if prompts is not None else [""] * n
         meta = meta if meta is not None else [None] * n
         problems = [problem(_text(p), a, m) for p, a, m in zip(prompts, answer, meta)]
-        values = TASK.function_rewards([_text(c) for c in completions], problems)[name]
+        ids = None if completion_ids is None else [list(map(int, c)) for c in completion_ids]  # TRL's sampled ids
+        values = TASK.function_rewards([_text(c) for c in completions], problems, completion_ids=ids)[name]
         return [None if v is None else float(v) for v in values]
 
     function_reward.__name__ = name  # TRL logs rewards/<name>/mean
