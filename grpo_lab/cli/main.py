@@ -38,7 +38,8 @@ What each part maps to (``--help`` of each command gives the details):
 Errors: a user mistake (a ``ValueError`` or ``OSError`` from the package: an unknown name, a bad
 value, a missing model, an unwritable path, a failing ``--import``) prints one line
 ``PROG: error: ...`` and exits 2; any other exception one line and exit 1; Ctrl-C exit 130 after
-printing how to resume; ``--debug`` adds the traceback. A warning prints as
+printing how to resume; SIGTERM (a preemption) exit 143 after the step in progress and a checkpoint
+(:class:`~grpo_lab.training.trainer.Terminated`), printing how to resume; ``--debug`` adds the traceback. A warning prints as
 ``PROG: warning: Category: message``.
 """
 
@@ -612,7 +613,8 @@ def _epilog(prog: str) -> str:
         "  and the lines 'results: FILE.json' and 'configuration: FILE/config.yaml'.",
         "",
         "exit status: 0 done, 2 a mistake in the command line or a file/model problem (one line on",
-        "stderr; --debug adds the traceback), 1 any other error, 130 interrupted.",
+        "stderr; --debug adds the traceback), 1 any other error (a diverged run included), 130 interrupted,",
+        "143 stopped by SIGTERM after the step in progress, with a checkpoint written (--resume continues).",
     ])
 
 
@@ -897,21 +899,24 @@ def _train(argv: list[str], prog: str) -> int:
                                   _origin(conf, conf and conf.trainer, set_cfg))
     try:
         res = _run_and_follow(args, algo, cfg_over, model, lora)
-    except KeyboardInterrupt:
-        print(_resume_hint(argv, args, out, prog), file=sys.stderr)
+    except (KeyboardInterrupt, OSError) as exc:
+        if isinstance(exc, KeyboardInterrupt) or getattr(exc, "resumable", False):  # a full disk at a save
+            print(_resume_hint(argv, args, out, prog, exc), file=sys.stderr)
         raise
     experiments.save_results(res, out)
     print("\n".join(_report(res, args, algo.name, out, config_file, Path(cfg_over["output_dir"]))))
     return 0
 
 
-def _resume_hint(argv: list[str], args, out: Path, prog: str) -> str:
-    """What to do after Ctrl-C: the results file and the command that resumes the run (``argv`` with ``--out``
-    when it was defaulted, and ``--resume``)."""
+def _resume_hint(argv: list[str], args, out: Path, prog: str, exc: BaseException | None = None) -> str:
+    """What to do after Ctrl-C, SIGTERM or a failed checkpoint save: the results file and the command that resumes
+    the run (``argv`` with ``--out`` when it was defaulted, and ``--resume``)."""
     again = list(argv) + ([] if args.out else ["--out", str(out)]) + ([] if args.resume else ["--resume"])
+    saved = getattr(exc, "checkpoint", None)
+    note = (f"(the seed stopped by SIGTERM resumes from {saved}; " if saved is not None else
+            "(a seed resumes mid-way only from a checkpoint, written with --save-every N or at a SIGTERM; ")
     return (f"{prog}: the run's results file is {out}; resume it with:\n  {prog} {shlex.join(again)}\n"
-            f"(a seed resumes mid-way only from a checkpoint, written with --save-every N; "
-            f"a seed without one trains again from step 0)")
+            f"{note}a seed without one trains again from step 0)")
 
 
 def _run_and_follow(args, algo, cfg_over: dict, model: str | None, lora):
@@ -1055,7 +1060,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
     Returns:
         The exit status: 0 done, 2 a user mistake (one line on stderr: see the module docstring),
-        1 any other error, 130 interrupted.
+        1 any other error, 130 interrupted, 143 stopped by SIGTERM (a checkpoint written).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or _default_prog()
@@ -1100,7 +1105,11 @@ def _main(argv: list[str], prog: str) -> int:
         return _train(argv[1:] if argv[:1] == ["train"] else argv, prog)
     except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        trainer = sys.modules.get("grpo_lab.training.trainer")
+        if trainer is not None and isinstance(exc, trainer.Terminated):  # SIGTERM: a checkpoint was written
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return trainer.TERMINATED_EXIT_CODE
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 -- every error becomes one line (and a status); --debug shows it
