@@ -49,6 +49,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import logging
 import importlib
 import inspect
 import os
@@ -942,7 +943,7 @@ def _run_and_follow(args, algo, cfg_over: dict, model: str | None, lora):
     printer = StepPrinter(dirs if lines else {}, name=algo.name, steps=steps, after=after, emit=_line_printer(bar))
     # transformers' loading bars: off unless --progress, in this process and in spawned workers (which
     # inherit the environment); put back afterwards for callers that run main() in-process.
-    with _loading_bars(args.progress is True), printer:
+    with _loading_bars(args.progress is True), printer, _resume_lines():
         return experiments.run(algo, profile=args.profile, seeds=args.seeds, steps=args.steps, progress=bar,
                                n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, lora=lora,
                                resume=args.resume, save_model=args.save_model, **cfg_over)
@@ -964,16 +965,29 @@ def _resume_points(dirs: dict, steps: int) -> dict[int, int]:
     from ..experiments.run_dirs import _finished_rows, latest_checkpoint
 
     after = {}
-    for seed, directory in dirs.items():
+    for seed, directory in dirs.items():  # what each seed resumes from is printed by run() once checked (RESUME_LOG)
         if _finished_rows(directory, steps) is not None:
             after[seed] = steps
-            print(f"seed {seed}: finished earlier, read back from {directory / 'result.json'} (nothing to train)",
-                  flush=True)
         elif (ckpt := latest_checkpoint(directory)) is not None:
             after[seed] = int(ckpt.name.split("-")[-1])
-        else:
-            print(f"seed {seed}: no checkpoint, training from step 0", flush=True)
     return after
+
+
+@contextlib.contextmanager
+def _resume_lines():
+    """Within the block, :data:`grpo_lab.experiments.runs.RESUME_LOG`'s lines (what each seed resumes from) print
+    on stdout."""
+    from ..experiments.runs import RESUME_LOG
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level, RESUME_LOG.level = RESUME_LOG.level, logging.INFO
+    RESUME_LOG.addHandler(handler)
+    try:
+        yield
+    finally:
+        RESUME_LOG.removeHandler(handler)
+        RESUME_LOG.setLevel(level)
 
 
 def _check_config(argv: list[str], prog: str) -> int:

@@ -20,11 +20,15 @@ the run asked for is refused, naming every field that differs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
+import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,7 +40,7 @@ from ..algo.algorithms import migrate_fields
 from ..algo.checks import is_int
 
 __all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint", "FINAL_MODEL_DIR", "final_model_dir",
-           "save_final_model"]
+           "save_final_model", "LOCK_FILE", "RunDirectoryLocked", "run_lock", "lock_holder"]
 
 #: The file of a seed's directory that records what it trains (``_run_record``).
 RUN_FILE = "run.json"
@@ -44,6 +48,9 @@ RUN_FILE = "run.json"
 RESULT_FILE = "result.json"
 #: The subdirectory of a seed's directory that holds its trained model (:func:`save_final_model`).
 FINAL_MODEL_DIR = "final"
+
+#: The file of a run's ``output_dir`` that its writer holds locked (:func:`run_lock`).
+LOCK_FILE = ".grpo_lab.lock"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -149,6 +156,95 @@ def save_final_model(trainer, seed_directory: str | os.PathLike) -> tuple[Path, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final_model_dir(seed_directory), ("LoRA adapters merged into the base weights" if lora else "full weights")
+
+
+# ------------------------------------------------------------------------------- the run directory's lock
+class RunDirectoryLocked(RuntimeError):
+    """Another process writes into the run directory (:func:`run_lock`); the message names it (pid, host)."""
+
+
+#: The locks this process holds: ``{resolved lock file: [open file, depth]}`` (:func:`run_lock` is reentrant).
+_HELD: dict[str, list] = {}
+
+
+def lock_holder(output_dir: str | os.PathLike) -> dict | None:
+    """What the lock file of ``output_dir`` says of its last holder (``pid``, ``host``, ``since``, ``argv``),
+    or ``None`` (no lock file, or an empty one: released). It does not say whether the lock is held."""
+    try:
+        text = (Path(output_dir) / LOCK_FILE).read_text()
+        return json.loads(text) if text.strip() else None
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def run_lock(output_dir: str | os.PathLike):
+    """Hold the run directory ``output_dir`` (created if missing) for this process while the block runs: an
+    exclusive ``fcntl.flock`` on ``output_dir/.grpo_lab.lock``, which records the holder (pid, host, start
+    time, command line). The kernel releases the lock when the process dies, so the lock of a killed run is
+    taken over (a line on stderr names its old holder); on release the record is emptied. Reentrant within
+    a process; on a platform without ``fcntl`` (Windows) nothing is locked.
+
+    Raises:
+        RunDirectoryLocked: another live process holds the lock (its pid, host and start time named).
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no lock
+        yield
+        return
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    path = str((Path(output_dir) / LOCK_FILE).resolve())
+    if path in _HELD:
+        _HELD[path][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[path][1] -= 1
+        return
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise RunDirectoryLocked(_locked_message(output_dir)) from None
+    _take_over(f, output_dir)
+    _HELD[path] = [f, 1]
+    try:
+        yield
+    finally:
+        del _HELD[path]
+        f.seek(0)
+        f.truncate()
+        f.flush()
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+def _locked_message(output_dir) -> str:
+    """The refusal of a second writer, naming the holder the lock file records."""
+    who = lock_holder(output_dir) or {}
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(who["since"])) if "since" in who else "?"
+    return (f"run directory {output_dir} is in use by pid {who.get('pid', '?')} on host {who.get('host', '?')} "
+            f"(since {since}); wait for that run to end or stop it (a SIGTERM writes a checkpoint), then --resume")
+
+
+def _take_over(f, output_dir) -> None:
+    """Write this process into the locked file ``f``; a line on stderr when a holder that died left its record."""
+    f.seek(0)
+    old = f.read().strip()
+    if old:
+        try:
+            who = json.loads(old)
+        except ValueError:
+            who = {}
+        print(f"run directory {output_dir}: taking over the lock of pid {who.get('pid', '?')} on host "
+              f"{who.get('host', '?')}, which no longer runs (killed?)", file=sys.stderr, flush=True)
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                        "argv": sys.argv}))
+    f.flush()
 
 
 # ------------------------------------------------------------------------------- records of a seed's run
@@ -304,7 +400,12 @@ def _runs_in(output_dir: str | os.PathLike) -> dict[str, list[int]]:
 
 def _remove_seed_dirs(output_dir: str | os.PathLike) -> None:
     """Delete the seed directories of ``output_dir`` that hold a run (a ``run.json``), and the algorithm
-    directories that leaves empty; nothing else is touched."""
+    directories that leaves empty; nothing else is touched. ``RunDirectoryLocked`` while a run writes there."""
+    with run_lock(output_dir):  # not under a run that is writing there
+        _remove_seed_dirs_unlocked(output_dir)
+
+
+def _remove_seed_dirs_unlocked(output_dir) -> None:
     for path in Path(output_dir).glob(f"*/seed-*/{RUN_FILE}"):
         shutil.rmtree(path.parent, ignore_errors=True)
         try:

@@ -6,7 +6,9 @@ seeds, from the run cache where possible, in this process or in the worker pool.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 import warnings
@@ -29,11 +31,11 @@ from ..training.learning_signal import (DynamicSamplingShortfallWarning, NoLearn
 from ..algo.checks import is_int
 from .profiles import PROFILES, Profile, _task_fix, get_profile
 from .results import RunResult, provenance
-from .run_dirs import (_check_run_dirs, _check_seed_dir, _finish_seed, _finished_rows, _run_record, _start_seed, latest_checkpoint, save_final_model, seed_dir)
+from .run_dirs import (_check_run_dirs, _check_seed_dir, _finish_seed, _finished_rows, _run_record, _start_seed, latest_checkpoint, run_lock, save_final_model, seed_dir)
 from .run_cache import (_cache_load, _cache_path, _cache_store, _run_key, _uncacheable, run_cache_dir, run_fingerprint)
 from .workers import (_FRESH_REGISTRIES, _import_user_module, _module_roots, _user_modules, _worker_pool, shutdown_workers)
 
-__all__ = ["run", "run_grid", "run_tally"]
+__all__ = ["run", "run_grid", "run_tally", "RESUME_LOG"]
 
 #: Seeded runs this process has asked :func:`run` / :func:`run_grid` for: ``trained`` (here or in a
 #: worker) and ``loaded`` (read from the run cache). Read through :func:`run_tally`.
@@ -168,6 +170,30 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
         _finish_seed(directory, steps, trainer.rows)
     _cache_store(cache_path, trainer.rows)
     return pd.DataFrame(trainer.rows)
+
+
+#: Where :func:`run` says, with ``resume=True``, what each seed resumes from (INFO records, after the checks of
+#: every seed's directory; the command line prints them).
+RESUME_LOG = logging.getLogger("grpo_lab.experiments.resume")
+
+
+def _log_resume_points(jobs, steps: int, resume: bool) -> None:
+    """With ``resume``: one INFO record on :data:`RESUME_LOG` per seed with a directory, naming what it resumes
+    from (its ``result.json``, read back; its latest checkpoint; or step 0)."""
+    if not resume:
+        return
+    for algo, seed, prof in jobs:
+        if prof.config.output_dir is None:
+            continue
+        d = seed_dir(prof.config.output_dir, algo.name, seed)
+        ckpt = latest_checkpoint(d)
+        if _finished_rows(d, steps) is not None:
+            what = f"finished earlier, read back from {d / 'result.json'} (nothing to train)"
+        elif ckpt is not None:
+            what = f"resumes from {ckpt} (step {int(ckpt.name.split('-')[-1])} of {steps})"
+        else:
+            what = "no checkpoint, training from step 0"
+        RESUME_LOG.info(f"seed {seed}: {what}")
 
 
 def _base_of(prof: Profile) -> str:
@@ -317,7 +343,16 @@ def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: 
     """
     if n_jobs < 1:
         raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
+    with contextlib.ExitStack() as locks:  # one writer per run directory (run_dirs.run_lock)
+        for out in dict.fromkeys(p.config.output_dir for _, _, p in jobs if p.config.output_dir is not None):
+            locks.enter_context(run_lock(out))
+        return _run_locked_jobs(jobs, steps, progress, n_jobs, cache, resume, save_model)
+
+
+def _run_locked_jobs(jobs, steps, progress, n_jobs, cache, resume, save_model):
+    """:func:`_run_jobs`'s body, its run directories locked."""
     _check_run_dirs(jobs, steps, resume)  # every seed's directory before any trains
+    _log_resume_points(jobs, steps, resume)
     root, note = _cache_root(jobs, cache)
     prints: dict[str, str] = {}  # one fingerprint per distinct profile (base checkpoint, threads, device)
     if root is not None:

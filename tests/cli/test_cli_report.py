@@ -263,7 +263,8 @@ def test_cli_resume_of_a_finished_run_says_it_is_read_back_and_prints_no_step(wr
     assert cli.main(["GRPO", "--steps", "1", "--seeds", "0", "--out", str(out), "--resume"]) == 0
     stdout = capsys.readouterr().out
     directory = tmp_path / "r" / "GRPO" / "seed-0"
-    assert stdout.startswith(f"seed 0: finished earlier, read back from {directory / 'result.json'} (nothing to train)")
+    # "seed 0: finished earlier, read back from ..." is printed by run() itself once it has checked the directory
+    # (here a fake): tests/experiments/test_cluster.py checks it with the real run
     assert "GRPO seed 0 step" not in stdout and f"  seed 0: {directory / 'final'}" in stdout
 
 

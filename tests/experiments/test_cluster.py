@@ -83,3 +83,90 @@ def test_sigterm_writes_a_checkpoint_exits_143_and_resume_is_bit_identical(profi
     whole = tmp_path / "whole.json"
     assert cli.main(_args(profile, whole)) == 0  # the uninterrupted run
     assert _history(out) == _history(whole)
+
+
+# ------------------------------------------------------------------------------- the run directory's lock
+def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holder_is_taken_over(profile, tmp_path, capsys):
+    from grpo_lab.experiments import run
+    from grpo_lab.experiments.run_dirs import LOCK_FILE, RunDirectoryLocked, lock_holder, run_lock
+
+    out = tmp_path / "run"
+    held = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom grpo_lab.experiments.run_dirs import "
+                             "run_lock\nwith run_lock(sys.argv[1]):\n print('held', flush=True)\n time.sleep(60)",
+                             str(out)], env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout.readline() == "held\n"
+        with pytest.raises(RunDirectoryLocked, match=rf"run directory {out} is in use by pid {held.pid} on host "):
+            run("GRPO", profile=profile, seeds=[0], steps=1, progress=False, cache=False, output_dir=str(out))
+        assert not (out / "GRPO").exists()  # refused before anything was written
+    finally:
+        held.kill()
+        held.wait()
+    assert lock_holder(out)["pid"] == held.pid  # killed: its record stays, its flock is gone
+    capsys.readouterr()
+    with run_lock(out):
+        assert lock_holder(out)["pid"] == os.getpid()
+        with run_lock(out):  # reentrant in one process
+            pass
+    assert f"taking over the lock of pid {held.pid} on host" in capsys.readouterr().err
+    assert lock_holder(out) is None and (out / LOCK_FILE).is_file()  # released: the record emptied
+
+
+# ------------------------------------------------------------------------------- wandb
+def test_wandb_keeps_its_run_id_across_resumes_and_opens_no_run_before_the_first_row(tmp_path, monkeypatch):
+    import types
+
+    from grpo_lab.algo.algorithms import GRPO
+    from grpo_lab.training.callbacks import WandbLogger
+    from grpo_lab.training.trainer import TrainerConfig
+
+    inits, logged = [], []
+
+    class Run:  # a stand-in for wandb's Run: records what is logged
+        resumed, starting_step = False, 0
+
+        def log(self, data, step):
+            logged.append(step)
+
+        def finish(self):
+            pass
+
+    stub = types.SimpleNamespace(init=lambda **kw: inits.append(kw) or Run(), Settings=lambda **kw: kw,
+                                 util=types.SimpleNamespace(generate_id=lambda: f"id{len(inits)}"))
+    monkeypatch.setitem(sys.modules, "wandb", stub)
+    monkeypatch.setattr("grpo_lab.training.callbacks._require", lambda *a: None)
+    trainer = types.SimpleNamespace(algo=GRPO, config=TrainerConfig(seed=3), task=types.SimpleNamespace(name="t"),
+                                    rows=[])
+    first = WandbLogger(tmp_path)
+    first.on_train_begin(trainer)
+    first.on_train_end(trainer)  # killed or stopped before a row: no wandb run at all
+    assert inits == []
+    trainer.rows += [{"step": 1}, {"step": 2}]
+    first.on_train_begin(trainer)
+    first.on_step(trainer, trainer.rows[-1])
+    first.on_train_end(trainer)
+    assert [kw["id"] for kw in inits] == ["id0"] and inits[0]["resume"] == "allow" and logged == [1, 2]
+    again = WandbLogger(tmp_path)  # a resumed run (a new process): the same id
+    trainer.rows.append({"step": 3})
+    again.on_train_begin(trainer)
+    again.on_step(trainer, trainer.rows[-1])
+    assert [kw["id"] for kw in inits] == ["id0", "id0"] and logged == [1, 2, 1, 2, 3]
+    assert (tmp_path / "wandb" / WandbLogger.RUN_ID_FILE).read_text() == "id0\n"
+
+
+# ------------------------------------------------------------------------------- --resume messages
+def test_resume_says_what_each_seed_resumes_from_only_after_the_checks(profile, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    args = _args(profile, out) + ["--save-every", "1"]
+    args[args.index("--steps") + 1] = "2"
+    assert cli.main(args) == 0
+    d = seed_dir(tmp_path / "r", "GRPO", 0)
+    capsys.readouterr()
+    assert cli.main(args + ["--resume", "--set", "lr=1e-3"]) == 2  # D9: the refusal, and no "read back" before it
+    captured = capsys.readouterr()
+    assert "in the checkpoint, 0.001 requested" in captured.err and "read back" not in captured.out
+    assert cli.main(args + ["--resume"]) == 0
+    assert f"seed 0: finished earlier, read back from {d / 'result.json'} (nothing to train)" in capsys.readouterr().out
+    (d / "result.json").unlink()
+    assert cli.main(args + ["--resume"]) == 0
+    assert f"seed 0: resumes from {d / 'checkpoints' / 'step-000002'} (step 2 of 2)" in capsys.readouterr().out
