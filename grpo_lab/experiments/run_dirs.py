@@ -9,7 +9,8 @@ The layout under a run's ``output_dir`` (the CLI's ``--out`` without its ``.json
         result.json                             its history, once it has trained every step
         metrics.jsonl, tensorboard/, wandb/     its trackers (TrainerConfig.report_to)
         checkpoints/step-000010/ ...            periodic checkpoints (TrainerConfig.save_every)
-        final/                                  the trained policy and its tokenizer (save_pretrained), when
+        final/                                  the trained policy and its tokenizer (save_pretrained; LoRA:
+                                                merged, and the adapters alone in final/adapter/), when
                                                 run(..., save_model=True) asked for it (save_final_model)
 
 :func:`grpo_lab.experiments.run` writes ``run.json`` before a seed trains and ``result.json`` after; with
@@ -40,7 +41,7 @@ from ..algo.algorithms import migrate_fields
 from ..algo.checks import is_int
 
 __all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint", "FINAL_MODEL_DIR", "final_model_dir",
-           "save_final_model", "LOCK_FILE", "RunDirectoryLocked", "run_lock", "lock_holder"]
+           "save_final_model", "ADAPTER_DIR", "LOCK_FILE", "RunDirectoryLocked", "run_lock", "lock_holder"]
 
 #: The file of a seed's directory that records what it trains (``_run_record``).
 RUN_FILE = "run.json"
@@ -48,6 +49,8 @@ RUN_FILE = "run.json"
 RESULT_FILE = "result.json"
 #: The subdirectory of a seed's directory that holds its trained model (:func:`save_final_model`).
 FINAL_MODEL_DIR = "final"
+#: The subdirectory of ``final/`` that holds a LoRA run's adapters alone (:func:`save_final_model`).
+ADAPTER_DIR = "adapter"
 
 #: The file of a run's ``output_dir`` that its writer holds locked (:func:`run_lock`).
 LOCK_FILE = ".grpo_lab.lock"
@@ -121,7 +124,9 @@ def save_final_model(trainer, seed_directory: str | os.PathLike) -> tuple[Path, 
     :func:`grpo_lab.policy.models.load_policy` (or ``transformers.AutoModelForCausalLM.from_pretrained``) loads it
     and ``--model DIR`` trains from it. A LoRA policy (a ``peft.PeftModel``) is written as a copy with its
     adapters merged into the base weights (:func:`grpo_lab.policy.models.plain_copy`: one plain checkpoint, the
-    same function). The weights are the trainer's (float32 master weights). Nothing the run computes
+    same function), and its adapters alone in ``final/adapter`` as peft writes them (``adapter_config.json``,
+    ``adapter_model.safetensors``; ``peft.PeftModel.from_pretrained(base, "final/adapter")`` loads them) with
+    ``grpo_lab_base.json`` naming the base (:func:`grpo_lab.policy.lora.base_record`). The weights are the trainer's (float32 master weights). Nothing the run computes
     changes: the policy is only read (the LoRA merge happens on the copy).
 
     The files go to a sibling ``.final.saving`` directory first, renamed into place once complete (an
@@ -151,6 +156,12 @@ def save_final_model(trainer, seed_directory: str | os.PathLike) -> tuple[Path, 
         with _progress_bars(trainer._show_progress()):  # transformers' "Writing model shards" bar
             model.save_pretrained(tmp, safe_serialization=True)
             trainer.tokenizer.save_pretrained(tmp)
+            if lora:  # the adapters alone too, as peft writes them (TRL's save_model of a LoRA run)
+                from ..policy.lora import BASE_FILE, base_record
+
+                trainer.policy.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
+                with contextlib.suppress(ValueError):  # a base built in memory: peft's own record only
+                    (tmp / ADAPTER_DIR / BASE_FILE).write_text(json.dumps(base_record(trainer.policy), indent=2))
         _replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -329,10 +340,12 @@ def _check_seed_dir(directory: Path, record: dict, steps: int, resume: bool) -> 
     ``resume`` an earlier run there must be this one and its latest checkpoint no later than ``steps``.
 
     Raises:
-        ValueError: an earlier run without ``resume`` (the message says how to continue or start over); a
+        ValueError: a checkpoint directory without ``state.json``; an earlier run without ``resume`` (the message
+            says how to continue or start over); a
             run that differs from ``record`` (naming every field that differs, e.g. ``lr: 0.0003 in the
             checkpoint, 0.0001 requested``); a checkpoint past ``steps``.
     """
+    _check_checkpoint_dirs(directory)
     saved = _saved_record(directory)
     if saved is None:
         return
@@ -347,6 +360,25 @@ def _check_seed_dir(directory: Path, record: dict, steps: int, resume: bool) -> 
     if found and found[-1][0] > steps and _finished_rows(directory, steps) is None:
         raise ValueError(f"run: cannot resume {directory} to steps={steps}: its latest checkpoint "
                          f"{found[-1][1].name} is past it; ask for at least {found[-1][0]} steps")
+
+
+def _check_checkpoint_dirs(directory: Path) -> None:
+    """Before a seed trains: a ``step-NNNNNN`` directory under its ``checkpoints/`` without ``state.json`` (a
+    partial copy: a save never leaves one) would be found only at the next save over it; refused now.
+
+    Raises:
+        ValueError: naming the directory to delete and the checkpoint the run then resumes from.
+    """
+    ckpts = checkpoints_dir(directory)
+    if not ckpts.is_dir():
+        return
+    bad = sorted(d for d in ckpts.iterdir() if d.is_dir() and re.fullmatch(r"step-\d{6,}", d.name)
+                 and not (d / "state.json").is_file())
+    if bad:
+        latest = latest_checkpoint(directory)
+        then = f"from {latest.name}" if latest is not None else "from step 0"
+        raise ValueError(f"run: {bad[0]} is not a complete checkpoint (no state.json; a partial copy?); delete it "
+                         f"(rm -r {bad[0]}) and the run resumes {then}")
 
 
 def _check_run_dirs(jobs: Sequence[tuple], steps: int, resume: bool) -> None:

@@ -461,7 +461,8 @@ class Trainer:
             ValueError: the history holds a value JSON cannot write; a LoRA policy whose base was built in
                 memory or that trains base parameters.
             FileExistsError: ``path`` is a file, or a non-empty directory without ``state.json``.
-            OSError: writing failed (nothing is left behind).
+            CheckpointWriteError: an ``OSError``: writing failed, e.g. a full disk (one line naming the checkpoint,
+                the free space and the previous checkpoint, intact; nothing is left behind).
         """
         validate_task(self.task)
         state = checkpoint_state(step=self.step, opt_steps=self.opt_steps, config=self.config, algo=self.algo,

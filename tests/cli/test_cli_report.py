@@ -184,6 +184,11 @@ def test_save_final_model_merges_lora_adapters(tmp_path):
     merged, _ = load_policy(path, progress=False)
     assert torch.allclose(_logits(merged, tok), _logits(lora, tok), atol=1e-5)
     assert not torch.allclose(_logits(merged, tok), plain, atol=1e-3)  # the adapters are in it
+    from peft import PeftModel  # the adapters alone, as peft writes them, on a fresh copy of the base
+
+    base, _ = _tiny()
+    again = PeftModel.from_pretrained(base, path / "adapter")
+    assert torch.allclose(_logits(again, tok), _logits(lora, tok), atol=1e-6)
 
 
 def test_run_save_model_needs_an_output_dir():

@@ -170,3 +170,49 @@ def test_resume_says_what_each_seed_resumes_from_only_after_the_checks(profile, 
     (d / "result.json").unlink()
     assert cli.main(args + ["--resume"]) == 0
     assert f"seed 0: resumes from {d / 'checkpoints' / 'step-000002'} (step 2 of 2)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------- a full disk, a damaged checkpoint
+def test_a_full_disk_at_a_save_is_one_line_and_a_directory_without_state_json_is_refused_before_training(
+        profile, tmp_path, monkeypatch):
+    import torch
+
+    from grpo_lab.experiments import run
+    from grpo_lab.training.checkpoints import CheckpointWriteError
+
+    out = tmp_path / "out"
+    kw = dict(profile=profile, seeds=[0], progress=False, cache=False, output_dir=str(out), save_every=1)
+    run("GRPO", steps=1, **kw)
+    real = torch.save
+
+    def full(obj, f, *a, **k):  # what torch.save raises when the disk fills mid-file
+        if str(f).endswith("optimizer.pt"):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1129920 vs 1129808")
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full)
+    ckpts = checkpoints_dir(seed_dir(out, "GRPO", 0))
+    with pytest.raises(CheckpointWriteError) as info:
+        run("GRPO", steps=2, resume=True, **kw)
+    text = str(info.value)
+    assert text.startswith(f"could not write the checkpoint {ckpts / 'step-000002'} (disk full? ")
+    assert f"the previous checkpoint {ckpts / 'step-000001'} is intact" in text and "--resume" in text
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-000001"]  # nothing half-written left
+    monkeypatch.setattr(torch, "save", real)
+    (ckpts / "step-000002").mkdir()  # a partial copy: a step directory without state.json
+    (ckpts / "step-000002" / "optimizer.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"{ckpts / 'step-000002'} is not a complete checkpoint \(no state.json; "
+                                         rf"a partial copy\?\); delete it .* resumes from step-000001"):
+        run("GRPO", steps=2, resume=True, **kw)
+
+
+def test_resume_of_a_registered_task_that_cannot_be_rebuilt_offers_only_task_equals(tmp_path):
+    from grpo_lab.training.checkpoints import _resume_task
+
+    spec = {"name": "arithmetic", "class": "grpo_lab.tasks.arithmetic.Arithmetic", "params": None, "registered": False}
+    from grpo_lab.tasks import TASKS, _class_path
+
+    spec["class"] = _class_path(TASKS["arithmetic"])
+    with pytest.raises(ValueError) as info:
+        _resume_task(spec, None, tmp_path)
+    assert "Pass the task object" in str(info.value) and "register_task" not in str(info.value)  # D14
