@@ -362,7 +362,7 @@ class WandbLogger(TrainerCallback):
     RUN_ID_FILE = "grpo_lab_run_id"
 
     def on_train_begin(self, trainer) -> None:
-        """Finish a run still open; the next one starts at the first row logged (:meth:`_start`), so that a run
+        """Finish a run still open; the next one starts at the first row logged, so that a run
         killed before its first step leaves no empty wandb run."""
         self.on_train_end(trainer)
 
