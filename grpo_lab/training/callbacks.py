@@ -374,7 +374,7 @@ class WandbLogger(TrainerCallback):
         if path.is_file() and path.read_text().strip():
             return path.read_text().strip()
         path.parent.mkdir(parents=True, exist_ok=True)
-        run_id = wandb.util.generate_id()
+        run_id = _wandb_run_id()
         path.write_text(run_id + "\n")
         return run_id
 
@@ -418,6 +418,14 @@ class WandbLogger(TrainerCallback):
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+def _wandb_run_id() -> str:
+    """A new wandb run id: 8 random lowercase letters and digits (wandb's own form)."""
+    import secrets
+    import string
+
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 #: Tracker names of ``TrainerConfig.report_to``: each maps to a factory ``f(output_dir) -> callback``. Add

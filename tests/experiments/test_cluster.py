@@ -131,8 +131,7 @@ def test_wandb_keeps_its_run_id_across_resumes_and_opens_no_run_before_the_first
         def finish(self):
             pass
 
-    stub = types.SimpleNamespace(init=lambda **kw: inits.append(kw) or Run(), Settings=lambda **kw: kw,
-                                 util=types.SimpleNamespace(generate_id=lambda: f"id{len(inits)}"))
+    stub = types.SimpleNamespace(init=lambda **kw: inits.append(kw) or Run(), Settings=lambda **kw: kw)
     monkeypatch.setitem(sys.modules, "wandb", stub)
     monkeypatch.setattr("grpo_lab.training.callbacks._require", lambda *a: None)
     trainer = types.SimpleNamespace(algo=GRPO, config=TrainerConfig(seed=3), task=types.SimpleNamespace(name="t"),
@@ -145,13 +144,14 @@ def test_wandb_keeps_its_run_id_across_resumes_and_opens_no_run_before_the_first
     first.on_train_begin(trainer)
     first.on_step(trainer, trainer.rows[-1])
     first.on_train_end(trainer)
-    assert [kw["id"] for kw in inits] == ["id0"] and inits[0]["resume"] == "allow" and logged == [1, 2]
+    run_id = inits[0]["id"]
+    assert len(run_id) == 8 and inits[0]["resume"] == "allow" and logged == [1, 2]
     again = WandbLogger(tmp_path)  # a resumed run (a new process): the same id
     trainer.rows.append({"step": 3})
     again.on_train_begin(trainer)
     again.on_step(trainer, trainer.rows[-1])
-    assert [kw["id"] for kw in inits] == ["id0", "id0"] and logged == [1, 2, 1, 2, 3]
-    assert (tmp_path / "wandb" / WandbLogger.RUN_ID_FILE).read_text() == "id0\n"
+    assert [kw["id"] for kw in inits] == [run_id, run_id] and logged == [1, 2, 1, 2, 3]
+    assert (tmp_path / "wandb" / WandbLogger.RUN_ID_FILE).read_text() == run_id + "\n"
 
 
 # ------------------------------------------------------------------------------- --resume messages
