@@ -913,8 +913,8 @@ def _resume_hint(argv: list[str], args, out: Path, prog: str, exc: BaseException
     """What to do after Ctrl-C, SIGTERM or a failed checkpoint save: the results file and the command that resumes
     the run (``argv`` with ``--out`` when it was defaulted, and ``--resume``)."""
     again = list(argv) + ([] if args.out else ["--out", str(out)]) + ([] if args.resume else ["--resume"])
-    saved = getattr(exc, "checkpoint", None)
-    note = (f"(the seed stopped by SIGTERM resumes from {saved}; " if saved is not None else
+    saved = [str(t.checkpoint) for t in (exc, *getattr(exc, "others", ())) if getattr(t, "checkpoint", None)]
+    note = (f"(the seed(s) stopped by SIGTERM resume from {', '.join(saved)}; " if saved else
             "(a seed resumes mid-way only from a checkpoint, written with --save-every N or at a SIGTERM; ")
     return (f"{prog}: the run's results file is {out}; resume it with:\n  {prog} {shlex.join(again)}\n"
             f"{note}a seed without one trains again from step 0)")

@@ -412,6 +412,21 @@ def _finished_rows(directory: Path, steps: int) -> list[dict] | None:
     return data["rows"]
 
 
+def _unreadable_result(directory: Path) -> str | None:
+    """Why the seed's ``result.json``, which exists, cannot be read back (not JSON, or not a history), or
+    ``None`` (readable, or absent)."""
+    path = directory / RESULT_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or not is_int(data.get("steps")):
+        return "not a history (no 'steps' and 'rows')"
+    return None
+
+
 def _finish_seed(directory: Path, steps: int, rows: list[dict]) -> None:
     """Write the seed's ``result.json``: its ``steps`` and history."""
     _write_json(directory / RESULT_FILE, {"steps": steps, "rows": rows})

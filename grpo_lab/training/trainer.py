@@ -89,15 +89,20 @@ class Terminated(KeyboardInterrupt):
         step: the last step trained (int).
         checkpoint: the checkpoint written at that step (:class:`pathlib.Path`), or ``None`` without an
             ``output_dir`` (nothing to write into).
+        others: the ``Terminated`` of further runs stopped by the same SIGTERM (several seeds trained in worker
+            processes, :func:`grpo_lab.experiments.run` with ``n_jobs > 1``); empty for one run.
     """
 
-    def __init__(self, step: int, checkpoint: Path | None):
+    def __init__(self, step: int, checkpoint: Path | None, others: tuple = ()):
         super().__init__(step, checkpoint)
-        self.step, self.checkpoint = step, checkpoint
+        self.step, self.checkpoint, self.others = step, checkpoint, tuple(others)
 
     def __str__(self) -> str:
-        where = f"checkpoint {self.checkpoint}" if self.checkpoint is not None else "no checkpoint (no output_dir)"
-        return f"stopped by SIGTERM after step {self.step}; {where}"
+        def where(t: Terminated) -> str:
+            return f"checkpoint {t.checkpoint}" if t.checkpoint is not None else "no checkpoint"
+
+        others = "".join(f"; another run after step {t.step}: {where(t)}" for t in self.others)
+        return f"stopped by SIGTERM after step {self.step}; {where(self)}{others}"
 
 
 class TrainingDiverged(FloatingPointError):
@@ -599,15 +604,17 @@ class Trainer:
 
 class _SigtermFlag:
     """While entered (in :meth:`Trainer.train`): SIGTERM sets ``requested`` (and prints one line); a second
-    SIGTERM raises :class:`Terminated` at once. Installed only in the main thread and when SIGTERM has its
-    default handler (a handler of the caller's own is left alone); the previous handler is put back on exit."""
+    SIGTERM, a second or more after the first, raises :class:`Terminated` at once (one sent to the process group
+    and forwarded by a parent count as one). Installed only in the main thread and when SIGTERM has its default
+    handler or one marked ``defers_to_trainer`` (a worker's between runs); a handler of the caller's own is left
+    alone; the previous handler is put back on exit."""
 
     def __init__(self, trainer: Trainer):
-        self.trainer, self.requested, self.previous = trainer, False, None
+        self.trainer, self.requested, self.previous, self.at = trainer, False, None, 0.0
 
     def __enter__(self) -> Self:
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+        if handler is signal.SIG_DFL or getattr(handler, "defers_to_trainer", False):
             self.previous = signal.signal(signal.SIGTERM, self._handle)
         return self
 
@@ -618,8 +625,10 @@ class _SigtermFlag:
     def _handle(self, signum, frame) -> None:
         t = self.trainer
         if self.requested:
-            raise Terminated(t.step, None)
-        self.requested = True
+            if time.monotonic() - self.at > 1.0:
+                raise Terminated(t.step, None)
+            return
+        self.requested, self.at = True, time.monotonic()
         print(f"SIGTERM (pid {os.getpid()} on {socket.gethostname()}): finishing step {t.step + 1}, then writing "
               "a checkpoint; a second SIGTERM stops at once", file=sys.stderr, flush=True)
 

@@ -79,6 +79,11 @@ def test_step_printer_thread_prints_while_the_block_runs_and_the_rest_at_its_end
         assert lines == ["GRPO seed 0 step 1/2 | reward 0.500"]  # step 0 is before the resume point: not new
         _append(log, {"step": 2, "reward": 0.25})
     assert lines[-1] == "GRPO seed 0 step 2/2 | reward 0.250" and printer.printed == {0: 2}
+    with pytest.raises(KeyboardInterrupt), StepPrinter({0: tmp_path / "s0"}, name="GRPO", steps=3,
+                                                       emit=lines.append, interval=60, after={0: 2}):
+        _append(log, {"step": 3, "reward": 0.75})  # logged, then Ctrl-C (or SIGTERM) before the next read
+        raise KeyboardInterrupt
+    assert lines[-1] == "GRPO seed 0 step 3/3 | reward 0.750"  # D13: the last printed step is the last logged
     with pytest.raises(ValueError, match="interval must be > 0"):
         StepPrinter({}, name="GRPO", steps=1, interval=0)
 

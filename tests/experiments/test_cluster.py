@@ -85,23 +85,79 @@ def test_sigterm_writes_a_checkpoint_exits_143_and_resume_is_bit_identical(profi
     assert _history(out) == _history(whole)
 
 
+_SLOW_STEPS = """
+from grpo_lab.training.trainer import Trainer
+import time
+step = Trainer._train_step
+def slow_step(self):  # imported by every interpreter of the run (sitecustomize): the workers' steps are slow too
+    row = step(self)
+    time.sleep(0.5)
+    return row
+Trainer._train_step = slow_step
+"""
+
+
+@pytest.mark.slow  # about 15 s: a parent and two spawned workers import torch and transformers
+def test_sigterm_with_jobs_is_forwarded_and_every_worker_writes_a_checkpoint(profile, tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_SLOW_STEPS)
+    out = tmp_path / "run.json"
+    args = _args(profile, out) + ["--jobs", "2"]
+    args[args.index("--seeds") + 1:args.index("--seeds") + 2] = ["0", "1"]
+    env = dict(os.environ, PYTHONPATH=f"{hooks}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1", GRPO_LAB_RUN_CACHE="off")
+    child = subprocess.Popen([sys.executable, "-m", "grpo_lab"] + args, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    logs = [seed_dir(tmp_path / "run", "GRPO", s) / "metrics.jsonl" for s in (0, 1)]
+    deadline = time.monotonic() + 120
+    try:
+        while not all(f.is_file() and f.read_text().count("\n") >= 2 for f in logs):  # step 1 of both logged
+            assert child.poll() is None, child.stderr.read()[-2000:]
+            assert time.monotonic() < deadline, "no step within 120 s"
+            time.sleep(0.02)
+        child.send_signal(signal.SIGTERM)  # the parent only: it forwards to the workers
+        err = child.communicate(timeout=60)[1]
+    finally:
+        child.kill()
+    assert child.returncode == 143, err
+    assert "SIGTERM: forwarded to 2 worker process(es)" in err
+    for s in (0, 1):
+        d = seed_dir(tmp_path / "run", "GRPO", s)
+        ckpt = latest_checkpoint(d)
+        assert ckpt is not None and 2 <= int(ckpt.name[5:]) < STEPS and not (d / "result.json").exists(), err
+        assert str(ckpt) in err  # named in the message and the resume hint
+    assert "--resume" in err
+    assert cli.main(args[:-2] + ["--resume"]) == 0  # without --jobs 2: in this process
+
+
 # ------------------------------------------------------------------------------- the run directory's lock
+def _hold_lock(out: Path, ready) -> None:
+    from grpo_lab.experiments.run_dirs import run_lock
+
+    with run_lock(out):
+        ready.set()
+        time.sleep(60)
+
+
 def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holder_is_taken_over(profile, tmp_path, capsys):
     from grpo_lab.experiments import run
     from grpo_lab.experiments.run_dirs import LOCK_FILE, RunDirectoryLocked, lock_holder, run_lock
 
+    import multiprocessing
+
     out = tmp_path / "run"
-    held = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom grpo_lab.experiments.run_dirs import "
-                             "run_lock\nwith run_lock(sys.argv[1]):\n print('held', flush=True)\n time.sleep(60)",
-                             str(out)], env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
+    fork = multiprocessing.get_context("fork")  # a second process without a second import of torch
+    ready = fork.Event()
+    held = fork.Process(target=_hold_lock, args=(out, ready), daemon=True)
+    held.start()
     try:
-        assert held.stdout.readline() == "held\n"
+        assert ready.wait(30)
         with pytest.raises(RunDirectoryLocked, match=rf"run directory {out} is in use by pid {held.pid} on host "):
             run("GRPO", profile=profile, seeds=[0], steps=1, progress=False, cache=False, output_dir=str(out))
         assert not (out / "GRPO").exists()  # refused before anything was written
     finally:
         held.kill()
-        held.wait()
+        held.join()
     assert lock_holder(out)["pid"] == held.pid  # killed: its record stays, its flock is gone
     capsys.readouterr()
     with run_lock(out):
@@ -167,9 +223,10 @@ def test_resume_says_what_each_seed_resumes_from_only_after_the_checks(profile, 
     assert "in the checkpoint, 0.001 requested" in captured.err and "read back" not in captured.out
     assert cli.main(args + ["--resume"]) == 0
     assert f"seed 0: finished earlier, read back from {d / 'result.json'} (nothing to train)" in capsys.readouterr().out
-    (d / "result.json").unlink()
+    (d / "result.json").write_text('{"steps": 2, "rows": [')  # damaged (D13): said so, not silently retrained
     assert cli.main(args + ["--resume"]) == 0
-    assert f"seed 0: resumes from {d / 'checkpoints' / 'step-000002'} (step 2 of 2)" in capsys.readouterr().out
+    assert (f"seed 0: {d / 'result.json'} is unreadable (JSONDecodeError: Expecting value: line 1 column 23 (char 22)):"
+            f" not read back; resumes from {d / 'checkpoints' / 'step-000002'} (step 2 of 2)") in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------- a full disk, a damaged checkpoint
@@ -216,3 +273,35 @@ def test_resume_of_a_registered_task_that_cannot_be_rebuilt_offers_only_task_equ
     with pytest.raises(ValueError) as info:
         _resume_task(spec, None, tmp_path)
     assert "Pass the task object" in str(info.value) and "register_task" not in str(info.value)  # D14
+
+
+# ------------------------------------------------------------------------------- divergence names the lr (D6)
+def test_divergence_names_the_lr_and_exits_1_from_the_cli(profile, tmp_path, tok, capsys, monkeypatch):
+    from _toys import TINY, HalfTask
+    from grpo_lab.algo.algorithms import GRPO
+    from grpo_lab.policy.models import tiny_policy
+    from grpo_lab.training.trainer import Trainer, TrainerConfig, TrainingDiverged
+
+    def trainer(lr):
+        config = TrainerConfig(prompts_per_step=2, group_size=4, max_new_tokens=8, eval_every=0, progress=False,
+                               lr=lr, warmup=0, seed=0, epochs=2)
+        return Trainer(tiny_policy(tok, TINY, seed=0), tok, HalfTask(test_size=5), GRPO, config)
+
+    with pytest.raises(TrainingDiverged, match=r"the updates diverged at step 1 .*lr=1e\+09 is likely too large"):
+        trainer(1e9).train(2)  # NaN log-probabilities after the first update
+    with pytest.warns(RuntimeWarning, match=r"step 1: kl=.* nats per token .*diverged; lr=10 is likely too large"):
+        trainer(10.0).train(1)  # finite, but a kl of ~1e11 nats per token
+    # the CLI (the profile's tiny model earns no reward, so no update moves it): the second step's forward gives NaN
+    step = Trainer._train_step
+
+    def nan_after_an_update(self):
+        if self.step == 1:
+            raise ValueError("log-probability undefined (NaN) at position (0, 0) (18 position(s) in all)")
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "_train_step", nan_after_an_update)
+    args = _args(profile, tmp_path / "d.json") + ["--set", "lr=1e9", "--set", "warmup=0"]
+    args[args.index("--steps") + 1] = "2"
+    assert cli.main(args) == 1  # not 2, a user's mistake: a ValueError from the policy's log-probabilities
+    err = capsys.readouterr().err
+    assert "TrainingDiverged" in err and "lr=1e+09 is likely too large" in err
