@@ -70,7 +70,8 @@ Shapes (``--shapes``)
 * ``short``: at most 32 new tokens, the model stops at EOS (as in training), G = 8;
 * ``forced32``: exactly 32 new tokens, G = 16;
 * ``forced128``: exactly 128 new tokens, G = 8 (prompt + completion exceed the checkpoint's
-  ``max_position_embeddings=128``; RoPE has no learned table, transformers only prints a reminder).
+  ``max_position_embeddings=128``; RoPE has no learned table: the forced shapes' configs declare 128 more
+  positions, which grpo_lab's rollout otherwise refuses).
 
 "Forced": every contender gets a tokenizer copy whose EOS is a new token ``<never>`` (id 52) that
 the model cannot emit (its vocabulary has 52 ids, 0-51), and the model's ``generation_config``
@@ -204,6 +205,10 @@ def _weights(shape: Shape):
         tok.add_special_tokens({"eos_token": NEVER})
         assert tok.eos_token_id >= policy.config.vocab_size, "the forced EOS must be outside the model's vocabulary"
         policy.generation_config.eos_token_id = tok.eos_token_id
+        # forced128 runs past the checkpoint's 128 trained positions on purpose: grpo_lab's rollout refuses that
+        # unless the config declares more (a rotary model's max_position_embeddings changes no number here)
+        for m in (policy, ref):
+            m.config.max_position_embeddings += shape.max_new_tokens
     return policy, ref, tok
 
 

@@ -13,7 +13,9 @@ Two levels, because a loss is split two ways:
   token count (:func:`grpo_lab.algo.objectives.aggregate`), so losses and counts add up (``"sum"``);
   means are weighted by their ``weight`` (a token-weighted mean over the micro-batches equals the
   mean over the whole minibatch); ``"min"``/``"max"`` ignore entries of weight 0 (an empty
-  micro-batch has no minimum). A ``"mean"`` whose weights are all 0 was not measured: NaN.
+  micro-batch has no minimum). A ``"mean"`` whose weights are all 0 was not measured: NaN. A
+  :class:`SampleQuantile` (a quantile of token values) keeps its samples: the micro-batches' samples are
+  pooled and the quantile taken of the pool (a mean of quantiles would depend on the split).
 * **optimiser steps of one training step** (epochs × minibatches): the plain mean of the
   per-step values (``"min"``/``"max"``: the extreme), ignoring NaN; NaN when no step measured it.
 """
@@ -23,8 +25,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Mapping
 
-__all__ = ["Metric", "REDUCTIONS", "token_mean", "seq_mean", "total", "minimum", "maximum",
-           "reduce_micro_batches", "reduce_updates"]
+__all__ = ["Metric", "REDUCTIONS", "SampleQuantile", "token_mean", "seq_mean", "total", "minimum", "maximum",
+           "sample_quantile", "quantiles", "reduce_micro_batches", "reduce_updates"]
 
 #: The reductions a :class:`Metric` can carry (its ``reduce``), applied over micro-batches and updates.
 REDUCTIONS = ("mean", "sum", "min", "max")
@@ -85,6 +87,59 @@ def maximum(value, weight=1.0) -> Metric:
     return Metric(value, "max", weight)
 
 
+class SampleQuantile(Metric):
+    """A ``"mean"`` :class:`Metric` that is the ``q``-quantile of its ``samples`` (a detached 1-D tensor, its
+    weight their count) and keeps them: :func:`reduce_micro_batches` takes the quantile of the concatenated
+    samples of every micro-batch, not a mean of quantiles, so the result does not depend on how the rows were
+    split. Pickled, it becomes a plain :class:`Metric` (the samples stay behind)."""
+
+    __slots__ = ("samples", "q")
+
+
+def sample_quantile(samples, q: float, value: float | None = None) -> Metric:
+    """The ``q``-quantile (``0 <= q <= 1``, :func:`quantiles`) of the 1-D tensor ``samples`` as a
+    :class:`SampleQuantile` of weight ``samples.numel()`` (0 for none: not measured). ``value``: the quantile
+    when the caller has computed it already (else computed here; NaN without samples)."""
+    samples = samples.detach().reshape(-1)
+    if value is None:
+        value = float(quantiles(samples, (q,))[0]) if samples.numel() else math.nan
+    out = SampleQuantile(value, "mean", samples.numel())
+    out.samples, out.q = samples, float(q)
+    return out
+
+
+def quantiles(x, qs: Iterable[float]) -> list:
+    """The linear-interpolation quantiles (numpy's default, ``torch.quantile``'s ``"linear"``) ``qs`` of the
+    non-empty 1-D tensor ``x``, as 0-d tensors of its dtype; by a sort, so without ``torch.quantile``'s size
+    limit."""
+    import torch
+
+    s = torch.sort(x).values
+    n = s.numel()
+    out = []
+    for q in qs:
+        pos = q * (n - 1)
+        lo = int(math.floor(pos))
+        hi = min(lo + 1, n - 1)
+        frac = pos - lo
+        out.append(s[lo] * (1 - frac) + s[hi] * frac)
+    return out
+
+
+def _pooled_quantile(vs: list) -> Metric | None:
+    """The quantile of the pooled samples of the :class:`SampleQuantile` values ``vs`` (one ``q``), as a plain
+    mean :class:`Metric` of their total weight; ``None`` when they are not all such values."""
+    if not all(isinstance(v, SampleQuantile) for v in vs) or len({v.q for v in vs}) != 1:
+        return None
+    import torch
+
+    live = [v.samples for v in vs if v.samples.numel()]
+    if not live:
+        return Metric(math.nan, "mean", 0.0)
+    pooled = torch.cat([t.to(live[0].device) for t in live])
+    return Metric(float(quantiles(pooled, (vs[0].q,))[0].to(torch.float64)), "mean", pooled.numel())
+
+
 def _by_name(dicts: Iterable[Mapping[str, Metric]]) -> dict[str, list]:
     """``{name: [value of each dict that has it]}``, names in order of first appearance."""
     out: dict[str, list] = {}
@@ -115,6 +170,8 @@ def reduce_micro_batches(parts: Iterable[Mapping[str, Metric]]) -> dict[str, Met
         W = sum(v.weight for v in vs)
         if how == "sum":
             out[k] = Metric(sum(float(v) for v in vs), "sum")
+        elif how == "mean" and (pooled := _pooled_quantile(vs)) is not None:
+            out[k] = pooled
         elif how == "mean":
             # entries of weight 0 measured nothing (their value may be NaN): leave them out
             mean = sum(float(v) * (v.weight / W) for v in vs if v.weight > 0) if W > 0 else math.nan

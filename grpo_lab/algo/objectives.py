@@ -177,18 +177,8 @@ def _broadcast_adv(advantages, shape: torch.Size, cdt: torch.dtype) -> Tensor:
 
 
 def _quantiles(x: Tensor, qs: tuple) -> list:
-    """Linear-interpolation quantiles of a 1-D tensor via sort (no size limit, unlike
-    torch.quantile)."""
-    s = torch.sort(x).values
-    n = s.numel()
-    out = []
-    for q in qs:
-        pos = q * (n - 1)
-        lo = int(math.floor(pos))
-        hi = min(lo + 1, n - 1)
-        frac = pos - lo
-        out.append(s[lo] * (1 - frac) + s[hi] * frac)
-    return out
+    """Linear-interpolation quantiles of a 1-D tensor via sort (:func:`grpo_lab.algo.metrics.quantiles`)."""
+    return _metrics.quantiles(x, qs)
 
 
 def _masked(x: Tensor, m: Tensor, cdt: torch.dtype) -> Tensor:
@@ -1548,10 +1538,11 @@ def _check_indicators(indicators: dict, surrogate: str, shape: tuple) -> None:
                          "rename them (they would replace those metrics)")
 
 
-def _ratio_statistics(x: _Inputs, log_ratio: Tensor, n_f: Tensor) -> tuple[list, list, Tensor]:
+def _ratio_statistics(x: _Inputs, log_ratio: Tensor, n_f: Tensor) -> tuple[list, list, Tensor, Tensor]:
     """The ratio diagnostics of :func:`policy_loss` at real tokens (without gradient): the ratio axis' ratio
     (mean, min, max, 5/50/95% quantiles), the sequence ratio s_i = exp(mean_t log r_it) of every non-empty row
-    (GSPO Eq. 7; mean, min, max, mean |s - 1|) and the token ratio's mean |r - 1|."""
+    (GSPO Eq. 7; mean, min, max, mean |s - 1|), the token ratio's mean |r - 1|, and the ratio at every real
+    token (1-D, the quantiles' samples)."""
     m, zero = x.mask, x.zero
     ratio = torch.exp(torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))[m]
     if ratio.numel() > 0:
@@ -1565,7 +1556,7 @@ def _ratio_statistics(x: _Inputs, log_ratio: Tensor, n_f: Tensor) -> tuple[list,
     else:
         s_stats = [torch.ones_like(zero)] * 3 + [zero]
     tok_r = torch.exp(torch.clamp(x.logp.detach() - x.old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return r_stats, s_stats, torch.where(m, (tok_r - 1.0).abs(), zero).sum() / n_f
+    return r_stats, s_stats, torch.where(m, (tok_r - 1.0).abs(), zero).sum() / n_f, ratio
 
 
 def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicators, keep, kl_tok) -> dict:
@@ -1583,7 +1574,7 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
                     else torch.where(rows_counted, v, torch.zeros((), dtype=v.dtype, device=v.device)).sum()
                     / n_rows.clamp(min=1))
                 for k, v in indicators.items()}
-        r_stats, s_stats, tok_dev = _ratio_statistics(x, log_ratio, n_f)
+        r_stats, s_stats, tok_dev, ratios = _ratio_statistics(x, log_ratio, n_f)
         # a row is clipped when it has a counted token and the clip removes every one of them
         none = torch.zeros_like(m)
         cut = indicators["clip_low"].bool() | indicators["clip_high"].bool() if clipping else none
@@ -1622,8 +1613,15 @@ def _loss_metrics(x: _Inputs, algo: Algorithm, loss, pg_tok, log_ratio, indicato
         for k in _CLIP_METRICS:
             vals.pop(k)
     per_response = {k for k, v in indicators.items() if v.dim() == 1}
-    return {k: (_metrics.seq_mean(v, s) if k in per_response else _as_metric(k, v, n, s, kl_tok is not None, n_high))
-            for k, v in vals.items()}
+    out = {k: (_metrics.seq_mean(v, s) if k in per_response else _as_metric(k, v, n, s, kl_tok is not None, n_high))
+           for k, v in vals.items()}
+    for k, q in _RATIO_QUANTILES.items():  # pooled over micro-batches, not averaged (reduce_micro_batches)
+        out[k] = _metrics.sample_quantile(ratios, q, value=vals[k]) if ratios.numel() else out[k]
+    return out
+
+
+#: the ratio quantile metrics of :func:`policy_loss` and their levels
+_RATIO_QUANTILES = {"ratio_q05": 0.05, "ratio_q50": 0.5, "ratio_q95": 0.95}
 
 
 #: the metrics of a clip (absent for a surrogate that returns no ``clip_low`` / ``clip_high``)

@@ -38,7 +38,8 @@ What each part maps to (``--help`` of each command gives the details):
 Errors: a user mistake (a ``ValueError`` or ``OSError`` from the package: an unknown name, a bad
 value, a missing model, an unwritable path, a failing ``--import``) prints one line
 ``PROG: error: ...`` and exits 2; any other exception one line and exit 1; Ctrl-C exit 130 after
-printing how to resume; ``--debug`` adds the traceback. A warning prints as
+printing how to resume; SIGTERM (a preemption) exit 143 after the step in progress and a checkpoint
+(:class:`~grpo_lab.training.trainer.Terminated`), printing how to resume; ``--debug`` adds the traceback. A warning prints as
 ``PROG: warning: Category: message``.
 """
 
@@ -48,6 +49,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import logging
 import importlib
 import inspect
 import os
@@ -612,7 +614,8 @@ def _epilog(prog: str) -> str:
         "  and the lines 'results: FILE.json' and 'configuration: FILE/config.yaml'.",
         "",
         "exit status: 0 done, 2 a mistake in the command line or a file/model problem (one line on",
-        "stderr; --debug adds the traceback), 1 any other error, 130 interrupted.",
+        "stderr; --debug adds the traceback), 1 any other error (a diverged run included), 130 interrupted,",
+        "143 stopped by SIGTERM after the step in progress, with a checkpoint written (--resume continues).",
     ])
 
 
@@ -897,21 +900,24 @@ def _train(argv: list[str], prog: str) -> int:
                                   _origin(conf, conf and conf.trainer, set_cfg))
     try:
         res = _run_and_follow(args, algo, cfg_over, model, lora)
-    except KeyboardInterrupt:
-        print(_resume_hint(argv, args, out, prog), file=sys.stderr)
+    except (KeyboardInterrupt, OSError) as exc:
+        if isinstance(exc, KeyboardInterrupt) or getattr(exc, "resumable", False):  # a full disk at a save
+            print(_resume_hint(argv, args, out, prog, exc), file=sys.stderr)
         raise
     experiments.save_results(res, out)
     print("\n".join(_report(res, args, algo.name, out, config_file, Path(cfg_over["output_dir"]))))
     return 0
 
 
-def _resume_hint(argv: list[str], args, out: Path, prog: str) -> str:
-    """What to do after Ctrl-C: the results file and the command that resumes the run (``argv`` with ``--out``
-    when it was defaulted, and ``--resume``)."""
+def _resume_hint(argv: list[str], args, out: Path, prog: str, exc: BaseException | None = None) -> str:
+    """What to do after Ctrl-C, SIGTERM or a failed checkpoint save: the results file and the command that resumes
+    the run (``argv`` with ``--out`` when it was defaulted, and ``--resume``)."""
     again = list(argv) + ([] if args.out else ["--out", str(out)]) + ([] if args.resume else ["--resume"])
+    saved = [str(t.checkpoint) for t in (exc, *getattr(exc, "others", ())) if getattr(t, "checkpoint", None)]
+    note = (f"(the seed(s) stopped by SIGTERM resume from {', '.join(saved)}; " if saved else
+            "(a seed resumes mid-way only from a checkpoint, written with --save-every N or at a SIGTERM; ")
     return (f"{prog}: the run's results file is {out}; resume it with:\n  {prog} {shlex.join(again)}\n"
-            f"(a seed resumes mid-way only from a checkpoint, written with --save-every N; "
-            f"a seed without one trains again from step 0)")
+            f"{note}a seed without one trains again from step 0)")
 
 
 def _run_and_follow(args, algo, cfg_over: dict, model: str | None, lora):
@@ -937,7 +943,7 @@ def _run_and_follow(args, algo, cfg_over: dict, model: str | None, lora):
     printer = StepPrinter(dirs if lines else {}, name=algo.name, steps=steps, after=after, emit=_line_printer(bar))
     # transformers' loading bars: off unless --progress, in this process and in spawned workers (which
     # inherit the environment); put back afterwards for callers that run main() in-process.
-    with _loading_bars(args.progress is True), printer:
+    with _loading_bars(args.progress is True), printer, _resume_lines():
         return experiments.run(algo, profile=args.profile, seeds=args.seeds, steps=args.steps, progress=bar,
                                n_jobs=args.jobs, cache=args.cache, base=model, task=args.task, lora=lora,
                                resume=args.resume, save_model=args.save_model, **cfg_over)
@@ -959,16 +965,29 @@ def _resume_points(dirs: dict, steps: int) -> dict[int, int]:
     from ..experiments.run_dirs import _finished_rows, latest_checkpoint
 
     after = {}
-    for seed, directory in dirs.items():
+    for seed, directory in dirs.items():  # what each seed resumes from is printed by run() once checked (RESUME_LOG)
         if _finished_rows(directory, steps) is not None:
             after[seed] = steps
-            print(f"seed {seed}: finished earlier, read back from {directory / 'result.json'} (nothing to train)",
-                  flush=True)
         elif (ckpt := latest_checkpoint(directory)) is not None:
             after[seed] = int(ckpt.name.split("-")[-1])
-        else:
-            print(f"seed {seed}: no checkpoint, training from step 0", flush=True)
     return after
+
+
+@contextlib.contextmanager
+def _resume_lines():
+    """Within the block, :data:`grpo_lab.experiments.runs.RESUME_LOG`'s lines (what each seed resumes from) print
+    on stdout."""
+    from ..experiments.runs import RESUME_LOG
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level, RESUME_LOG.level = RESUME_LOG.level, logging.INFO
+    RESUME_LOG.addHandler(handler)
+    try:
+        yield
+    finally:
+        RESUME_LOG.removeHandler(handler)
+        RESUME_LOG.setLevel(level)
 
 
 def _check_config(argv: list[str], prog: str) -> int:
@@ -1055,7 +1074,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
     Returns:
         The exit status: 0 done, 2 a user mistake (one line on stderr: see the module docstring),
-        1 any other error, 130 interrupted.
+        1 any other error, 130 interrupted, 143 stopped by SIGTERM (a checkpoint written).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or _default_prog()
@@ -1100,7 +1119,11 @@ def _main(argv: list[str], prog: str) -> int:
         return _train(argv[1:] if argv[:1] == ["train"] else argv, prog)
     except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        trainer = sys.modules.get("grpo_lab.training.trainer")
+        if trainer is not None and isinstance(exc, trainer.Terminated):  # SIGTERM: a checkpoint was written
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return trainer.TERMINATED_EXIT_CODE
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 -- every error becomes one line (and a status); --debug shows it

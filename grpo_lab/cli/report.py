@@ -101,8 +101,8 @@ class StepPrinter:
     """Print a :func:`step_line` for every step each seed logs, while a run trains (a context manager).
 
     Inside the ``with`` block a daemon thread reads every seed's ``metrics.jsonl`` each ``interval`` seconds
-    and prints the rows of steps it has not printed; leaving the block stops the thread and prints what is
-    left. Only files are read, so the run (in this process or in worker processes) is unchanged.
+    and prints the rows of steps it has not printed; leaving the block (also by Ctrl-C or SIGTERM) stops the
+    thread and prints what is left. Only files are read, so the run (in this process or in worker processes) is unchanged.
 
     Args:
         seed_dirs: ``{seed: the seed's directory}`` (:func:`grpo_lab.experiments.run_dirs.seed_dir`), whose
@@ -160,8 +160,11 @@ class StepPrinter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if exc[0] is None or issubclass(exc[0], Exception):
-            self.poll()  # the last steps (not after Ctrl-C: the run is being stopped)
+        try:  # the last steps, after Ctrl-C or SIGTERM too: the last line printed is the last step logged
+            self.poll()
+        except Exception:
+            if exc[0] is None:
+                raise  # an error of its own; otherwise the exception that ended the block goes on
 
 
 # ------------------------------------------------------------------------------------------------ summary

@@ -9,7 +9,8 @@ The layout under a run's ``output_dir`` (the CLI's ``--out`` without its ``.json
         result.json                             its history, once it has trained every step
         metrics.jsonl, tensorboard/, wandb/     its trackers (TrainerConfig.report_to)
         checkpoints/step-000010/ ...            periodic checkpoints (TrainerConfig.save_every)
-        final/                                  the trained policy and its tokenizer (save_pretrained), when
+        final/                                  the trained policy and its tokenizer (save_pretrained; LoRA:
+                                                merged, and the adapters alone in final/adapter/), when
                                                 run(..., save_model=True) asked for it (save_final_model)
 
 :func:`grpo_lab.experiments.run` writes ``run.json`` before a seed trains and ``result.json`` after; with
@@ -20,11 +21,15 @@ the run asked for is refused, naming every field that differs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
+import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,7 +41,7 @@ from ..algo.algorithms import migrate_fields
 from ..algo.checks import is_int
 
 __all__ = ["run_directory", "seed_dir", "checkpoints_dir", "latest_checkpoint", "FINAL_MODEL_DIR", "final_model_dir",
-           "save_final_model"]
+           "save_final_model", "ADAPTER_DIR", "LOCK_FILE", "RunDirectoryLocked", "run_lock", "lock_holder"]
 
 #: The file of a seed's directory that records what it trains (``_run_record``).
 RUN_FILE = "run.json"
@@ -44,6 +49,11 @@ RUN_FILE = "run.json"
 RESULT_FILE = "result.json"
 #: The subdirectory of a seed's directory that holds its trained model (:func:`save_final_model`).
 FINAL_MODEL_DIR = "final"
+#: The subdirectory of ``final/`` that holds a LoRA run's adapters alone (:func:`save_final_model`).
+ADAPTER_DIR = "adapter"
+
+#: The file of a run's ``output_dir`` that its writer holds locked (:func:`run_lock`).
+LOCK_FILE = ".grpo_lab.lock"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -114,7 +124,9 @@ def save_final_model(trainer, seed_directory: str | os.PathLike) -> tuple[Path, 
     :func:`grpo_lab.policy.models.load_policy` (or ``transformers.AutoModelForCausalLM.from_pretrained``) loads it
     and ``--model DIR`` trains from it. A LoRA policy (a ``peft.PeftModel``) is written as a copy with its
     adapters merged into the base weights (:func:`grpo_lab.policy.models.plain_copy`: one plain checkpoint, the
-    same function). The weights are the trainer's (float32 master weights). Nothing the run computes
+    same function), and its adapters alone in ``final/adapter`` as peft writes them (``adapter_config.json``,
+    ``adapter_model.safetensors``; ``peft.PeftModel.from_pretrained(base, "final/adapter")`` loads them) with
+    ``grpo_lab_base.json`` naming the base (:func:`grpo_lab.policy.lora.base_record`). The weights are the trainer's (float32 master weights). Nothing the run computes
     changes: the policy is only read (the LoRA merge happens on the copy).
 
     The files go to a sibling ``.final.saving`` directory first, renamed into place once complete (an
@@ -144,11 +156,106 @@ def save_final_model(trainer, seed_directory: str | os.PathLike) -> tuple[Path, 
         with _progress_bars(trainer._show_progress()):  # transformers' "Writing model shards" bar
             model.save_pretrained(tmp, safe_serialization=True)
             trainer.tokenizer.save_pretrained(tmp)
+            if lora:  # the adapters alone too, as peft writes them (TRL's save_model of a LoRA run)
+                from ..policy.lora import BASE_FILE, base_record
+
+                trainer.policy.save_pretrained(tmp / ADAPTER_DIR, safe_serialization=True)
+                with contextlib.suppress(ValueError):  # a base built in memory: peft's own record only
+                    (tmp / ADAPTER_DIR / BASE_FILE).write_text(json.dumps(base_record(trainer.policy), indent=2))
         _replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final_model_dir(seed_directory), ("LoRA adapters merged into the base weights" if lora else "full weights")
+
+
+# ------------------------------------------------------------------------------- the run directory's lock
+class RunDirectoryLocked(RuntimeError):
+    """Another process writes into the run directory (:func:`run_lock`); the message names it (pid, host)."""
+
+
+#: The locks this process holds: ``{resolved lock file: [open file, depth]}`` (:func:`run_lock` is reentrant).
+_HELD: dict[str, list] = {}
+
+
+def lock_holder(output_dir: str | os.PathLike) -> dict | None:
+    """What the lock file of ``output_dir`` says of its last holder (``pid``, ``host``, ``since``, ``argv``),
+    or ``None`` (no lock file, or an empty one: released). It does not say whether the lock is held."""
+    try:
+        text = (Path(output_dir) / LOCK_FILE).read_text()
+        return json.loads(text) if text.strip() else None
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def run_lock(output_dir: str | os.PathLike):
+    """Hold the run directory ``output_dir`` (created if missing) for this process while the block runs: an
+    exclusive ``fcntl.flock`` on ``output_dir/.grpo_lab.lock``, which records the holder (pid, host, start
+    time, command line). The kernel releases the lock when the process dies, so the lock of a killed run is
+    taken over (a line on stderr names its old holder); on release the record is emptied. Reentrant within
+    a process; on a platform without ``fcntl`` (Windows) nothing is locked.
+
+    Raises:
+        RunDirectoryLocked: another live process holds the lock (its pid, host and start time named).
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no lock
+        yield
+        return
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    path = str((Path(output_dir) / LOCK_FILE).resolve())
+    if path in _HELD:
+        _HELD[path][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[path][1] -= 1
+        return
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise RunDirectoryLocked(_locked_message(output_dir)) from None
+    _take_over(f, output_dir)
+    _HELD[path] = [f, 1]
+    try:
+        yield
+    finally:
+        del _HELD[path]
+        f.seek(0)
+        f.truncate()
+        f.flush()
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+def _locked_message(output_dir) -> str:
+    """The refusal of a second writer, naming the holder the lock file records."""
+    who = lock_holder(output_dir) or {}
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(who["since"])) if "since" in who else "?"
+    return (f"run directory {output_dir} is in use by pid {who.get('pid', '?')} on host {who.get('host', '?')} "
+            f"(since {since}); wait for that run to end or stop it (a SIGTERM writes a checkpoint), then --resume")
+
+
+def _take_over(f, output_dir) -> None:
+    """Write this process into the locked file ``f``; a line on stderr when a holder that died left its record."""
+    f.seek(0)
+    old = f.read().strip()
+    if old:
+        try:
+            who = json.loads(old)
+        except ValueError:
+            who = {}
+        print(f"run directory {output_dir}: taking over the lock of pid {who.get('pid', '?')} on host "
+              f"{who.get('host', '?')}, which no longer runs (killed?)", file=sys.stderr, flush=True)
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                        "argv": sys.argv}))
+    f.flush()
 
 
 # ------------------------------------------------------------------------------- records of a seed's run
@@ -233,10 +340,12 @@ def _check_seed_dir(directory: Path, record: dict, steps: int, resume: bool) -> 
     ``resume`` an earlier run there must be this one and its latest checkpoint no later than ``steps``.
 
     Raises:
-        ValueError: an earlier run without ``resume`` (the message says how to continue or start over); a
+        ValueError: a checkpoint directory without ``state.json``; an earlier run without ``resume`` (the message
+            says how to continue or start over); a
             run that differs from ``record`` (naming every field that differs, e.g. ``lr: 0.0003 in the
             checkpoint, 0.0001 requested``); a checkpoint past ``steps``.
     """
+    _check_checkpoint_dirs(directory)
     saved = _saved_record(directory)
     if saved is None:
         return
@@ -251,6 +360,25 @@ def _check_seed_dir(directory: Path, record: dict, steps: int, resume: bool) -> 
     if found and found[-1][0] > steps and _finished_rows(directory, steps) is None:
         raise ValueError(f"run: cannot resume {directory} to steps={steps}: its latest checkpoint "
                          f"{found[-1][1].name} is past it; ask for at least {found[-1][0]} steps")
+
+
+def _check_checkpoint_dirs(directory: Path) -> None:
+    """Before a seed trains: a ``step-NNNNNN`` directory under its ``checkpoints/`` without ``state.json`` (a
+    partial copy: a save never leaves one) would be found only at the next save over it; refused now.
+
+    Raises:
+        ValueError: naming the directory to delete and the checkpoint the run then resumes from.
+    """
+    ckpts = checkpoints_dir(directory)
+    if not ckpts.is_dir():
+        return
+    bad = sorted(d for d in ckpts.iterdir() if d.is_dir() and re.fullmatch(r"step-\d{6,}", d.name)
+                 and not (d / "state.json").is_file())
+    if bad:
+        latest = latest_checkpoint(directory)
+        then = f"from {latest.name}" if latest is not None else "from step 0"
+        raise ValueError(f"run: {bad[0]} is not a complete checkpoint (no state.json; a partial copy?); delete it "
+                         f"(rm -r {bad[0]}) and the run resumes {then}")
 
 
 def _check_run_dirs(jobs: Sequence[tuple], steps: int, resume: bool) -> None:
@@ -284,6 +412,21 @@ def _finished_rows(directory: Path, steps: int) -> list[dict] | None:
     return data["rows"]
 
 
+def _unreadable_result(directory: Path) -> str | None:
+    """Why the seed's ``result.json``, which exists, cannot be read back (not JSON, or not a history), or
+    ``None`` (readable, or absent)."""
+    path = directory / RESULT_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or not is_int(data.get("steps")):
+        return "not a history (no 'steps' and 'rows')"
+    return None
+
+
 def _finish_seed(directory: Path, steps: int, rows: list[dict]) -> None:
     """Write the seed's ``result.json``: its ``steps`` and history."""
     _write_json(directory / RESULT_FILE, {"steps": steps, "rows": rows})
@@ -304,7 +447,12 @@ def _runs_in(output_dir: str | os.PathLike) -> dict[str, list[int]]:
 
 def _remove_seed_dirs(output_dir: str | os.PathLike) -> None:
     """Delete the seed directories of ``output_dir`` that hold a run (a ``run.json``), and the algorithm
-    directories that leaves empty; nothing else is touched."""
+    directories that leaves empty; nothing else is touched. ``RunDirectoryLocked`` while a run writes there."""
+    with run_lock(output_dir):  # not under a run that is writing there
+        _remove_seed_dirs_unlocked(output_dir)
+
+
+def _remove_seed_dirs_unlocked(output_dir) -> None:
     for path in Path(output_dir).glob(f"*/seed-*/{RUN_FILE}"):
         shutil.rmtree(path.parent, ignore_errors=True)
         try:

@@ -6,7 +6,9 @@ seeds, from the run cache where possible, in this process or in the worker pool.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 import warnings
@@ -23,17 +25,17 @@ from ..policy.lora import require_peft
 from ..policy.models import load_policy
 from ..paths import checkpoint_dir
 from ..tasks import get_task
-from ..training.trainer import Trainer, TrainerConfig
+from ..training.trainer import Terminated, Trainer, TrainerConfig
 from ..training.config import OUTPUT_FIELDS
 from ..training.learning_signal import (DynamicSamplingShortfallWarning, NoLearningSignalWarning, no_signal_step, no_signal_warning, shortfall_steps, shortfall_warning)
 from ..algo.checks import is_int
 from .profiles import PROFILES, Profile, _task_fix, get_profile
 from .results import RunResult, provenance
-from .run_dirs import (_check_run_dirs, _check_seed_dir, _finish_seed, _finished_rows, _run_record, _start_seed, latest_checkpoint, save_final_model, seed_dir)
+from .run_dirs import (_check_run_dirs, _check_seed_dir, _finish_seed, _finished_rows, _run_record, _unreadable_result, _start_seed, latest_checkpoint, run_lock, save_final_model, seed_dir)
 from .run_cache import (_cache_load, _cache_path, _cache_store, _run_key, _uncacheable, run_cache_dir, run_fingerprint)
 from .workers import (_FRESH_REGISTRIES, _import_user_module, _module_roots, _user_modules, _worker_pool, shutdown_workers)
 
-__all__ = ["run", "run_grid", "run_tally"]
+__all__ = ["run", "run_grid", "run_tally", "RESUME_LOG"]
 
 #: Seeded runs this process has asked :func:`run` / :func:`run_grid` for: ``trained`` (here or in a
 #: worker) and ``loaded`` (read from the run cache). Read through :func:`run_tally`.
@@ -170,6 +172,33 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     return pd.DataFrame(trainer.rows)
 
 
+#: Where :func:`run` says, with ``resume=True``, what each seed resumes from (INFO records, after the checks of
+#: every seed's directory; the command line prints them).
+RESUME_LOG = logging.getLogger("grpo_lab.experiments.resume")
+
+
+def _log_resume_points(jobs, steps: int, resume: bool) -> None:
+    """With ``resume``: one INFO record on :data:`RESUME_LOG` per seed with a directory, naming what it resumes
+    from (its ``result.json``, read back; its latest checkpoint; or step 0)."""
+    if not resume:
+        return
+    for algo, seed, prof in jobs:
+        if prof.config.output_dir is None:
+            continue
+        d = seed_dir(prof.config.output_dir, algo.name, seed)
+        ckpt = latest_checkpoint(d)
+        if _finished_rows(d, steps) is not None:
+            what = f"finished earlier, read back from {d / 'result.json'} (nothing to train)"
+        elif ckpt is not None:
+            what = f"resumes from {ckpt} (step {int(ckpt.name.split('-')[-1])} of {steps})"
+        else:
+            what = "no checkpoint, training from step 0"
+        if (why := _unreadable_result(d)) is not None:  # a damaged result.json is not silently trained over
+            RESUME_LOG.warning(f"seed {seed}: {d / 'result.json'} is unreadable ({why}): not read back; {what}")
+        else:
+            RESUME_LOG.info(f"seed {seed}: {what}")
+
+
 def _base_of(prof: Profile) -> str:
     """The profile's base as :func:`~grpo_lab.policy.models.load_policy` is given it: the shipped checkpoint's
     directory when ``data/checkpoints`` has one of that name, else the name (a directory or a hub id)."""
@@ -285,19 +314,84 @@ def _map(jobs: list[tuple], n_jobs: int) -> list[pd.DataFrame]:
 
     Each run is independent and seeded, and uses the profile's thread count, so results do not
     depend on ``n_jobs``; processes are started with "spawn" (safe with torch and in notebooks)
-    and kept for the next call (:func:`_worker_pool`, :func:`shutdown_workers`).
+    and kept for the next call (:func:`_worker_pool`, :func:`shutdown_workers`). A SIGTERM while workers train
+    is forwarded to them (:class:`_ForwardSigterm`); once each has written its checkpoint, ``Terminated`` is
+    raised naming every seed's checkpoint.
     """
     if n_jobs < 1:
         raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
     if n_jobs == 1 or len(jobs) <= 1:
         return [_train_one(*job) for job in jobs]
     pool = _worker_pool(n_jobs)
-    futures = [pool.submit(_train_one, *job) for job in jobs]
     try:
-        return [f.result() for f in futures]
+        with _ForwardSigterm(pool) as forward:
+            out, left = _collect(pool, jobs, n_jobs, forward)
+        stopped = [o for o in out if isinstance(o, Terminated)]
+        if stopped or left:  # SIGTERM: every worker has finished its step and written its checkpoint
+            raise Terminated(stopped[0].step, stopped[0].checkpoint, stopped[1:]) if stopped else Terminated(0, None)
+        return out
     except BaseException:
         shutdown_workers(now=True)  # a failed or interrupted call leaves no worker busy with its other jobs
         raise
+
+
+def _collect(pool, jobs: list[tuple], n_jobs: int, forward: "_ForwardSigterm") -> tuple[list, int]:
+    """Run the jobs in ``pool``, at most ``n_jobs`` at a time (none waits in the pool's queue, so a SIGTERM
+    starts no further job); returns each job's history (its :class:`~grpo_lab.training.trainer.Terminated` for
+    one stopped by SIGTERM, ``None`` for one not started) and the number of jobs not started."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    out: list = [None] * len(jobs)
+    queue, running = list(range(len(jobs))), {}
+    while running or (queue and not forward.requested):
+        while queue and len(running) < n_jobs and not forward.requested:
+            i = queue.pop(0)
+            running[pool.submit(_train_one, *jobs[i])] = i
+        done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+        for f in done:
+            i = running.pop(f)
+            try:
+                out[i] = f.result()
+            except Terminated as exc:  # this worker's run: a checkpoint written
+                out[i] = exc
+    return out, len(queue)
+
+
+class _ForwardSigterm:
+    """While :func:`_map` waits for its worker processes (main thread, SIGTERM at its default): a SIGTERM starts
+    no further job (:func:`_collect`) and is forwarded to every worker, each of which finishes its step in progress and
+    writes a checkpoint (:meth:`grpo_lab.training.trainer.Trainer.train`); a second one is forwarded too (the
+    workers then stop at once). ``requested``: a SIGTERM arrived."""
+
+    def __init__(self, pool):
+        self.pool, self.requested, self.previous = pool, False, None
+
+    def __enter__(self) -> "_ForwardSigterm":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, self.previous)
+
+    def _handle(self, signum, frame) -> None:
+        import signal
+        import sys
+
+        self.requested = True
+        workers = [p for p in (getattr(self.pool, "_processes", None) or {}).values() if p.is_alive()]
+        for proc in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+        print(f"SIGTERM: forwarded to {len(workers)} worker process(es); waiting for each run to finish its step "
+              "and write a checkpoint", file=sys.stderr, flush=True)
 
 
 def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: bool | None, n_jobs: int,
@@ -317,7 +411,16 @@ def _run_jobs(jobs: list[tuple[Algorithm, int, Profile]], steps: int, progress: 
     """
     if n_jobs < 1:
         raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
+    with contextlib.ExitStack() as locks:  # one writer per run directory (run_dirs.run_lock)
+        for out in dict.fromkeys(p.config.output_dir for _, _, p in jobs if p.config.output_dir is not None):
+            locks.enter_context(run_lock(out))
+        return _run_locked_jobs(jobs, steps, progress, n_jobs, cache, resume, save_model)
+
+
+def _run_locked_jobs(jobs, steps, progress, n_jobs, cache, resume, save_model):
+    """:func:`_run_jobs`'s body, its run directories locked."""
     _check_run_dirs(jobs, steps, resume)  # every seed's directory before any trains
+    _log_resume_points(jobs, steps, resume)
     root, note = _cache_root(jobs, cache)
     prints: dict[str, str] = {}  # one fingerprint per distinct profile (base checkpoint, threads, device)
     if root is not None:
@@ -409,6 +512,9 @@ def run(algo: Algorithm | str, *, profile: str | Profile = "cpu", seeds: Sequenc
             differing field named) or a checkpoint past ``steps``.
         TypeError: ``task`` is not a ``str``, or ``lora`` neither a ``LoraSpec`` nor a dict.
         ImportError: ``lora`` is set and peft is not installed.
+        Terminated: SIGTERM: the seed training (each seed training in a worker, with ``n_jobs > 1``: the
+            parent forwards the signal and waits) finished its step and wrote a checkpoint; no further seed
+            started (:class:`~grpo_lab.training.trainer.Terminated`, its ``others`` the further seeds stopped).
     """
     algo = get_algorithm(algo) if isinstance(algo, str) else algo
     seeds = _check_seeds(seeds)

@@ -190,7 +190,9 @@ def _call_pickled(payload: bytes, item: bytes) -> bytes:
 def _worker_init(parent_pid: int | None = None) -> None:
     """Worker processes ignore SIGINT: a Ctrl-C (or a Jupyter kernel's interrupt or shutdown, sent
     to the whole process group) reaches the caller, which stops the workers itself
-    (:func:`shutdown_workers`), instead of every idle worker printing a traceback. And they exit when
+    (:func:`shutdown_workers`), instead of every idle worker printing a traceback. SIGTERM stops a run
+    after its step in progress and a checkpoint, and does nothing between runs (:func:`_sigterm_between_runs`;
+    the caller forwards it). And they exit when
     the process that started them (``parent_pid``) is gone without stopping them: a Jupyter kernel
     ends with ``os._exit`` when its client has exited, which runs no ``atexit`` handler, and an idle
     worker would otherwise wait for work for ever (about 0.7 GB each)."""
@@ -198,9 +200,19 @@ def _worker_init(parent_pid: int | None = None) -> None:
     import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _sigterm_between_runs)
     if parent_pid is not None:
         threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="grpo_lab-parent-watch",
                          daemon=True).start()
+
+
+def _sigterm_between_runs(signum, frame) -> None:
+    """A worker's SIGTERM handler: between runs nothing (the parent forwards a SIGTERM to every worker, then
+    stops the pool itself); while a run trains, :class:`grpo_lab.training.trainer.Trainer` installs its own (the
+    step in progress, a checkpoint, ``Terminated``), which the mark ``defers_to_trainer`` allows."""
+
+
+_sigterm_between_runs.defers_to_trainer = True
 
 
 def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
@@ -278,7 +290,7 @@ def shutdown_workers(now: bool = False) -> None:
         pool.shutdown(wait=False, cancel_futures=True)
         for proc in processes:
             if proc.is_alive():
-                proc.terminate()
+                proc.kill()  # not SIGTERM: a worker would finish its step and write a checkpoint first
         for proc in processes:
             proc.join(timeout=10)
     else:

@@ -236,7 +236,8 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
         ValueError: empty ``problems``, ``group_size < 1``, ``temperature <= 0``,
             ``max_new_tokens < 1``, ``top_p`` outside (0, 1], ``top_k`` not an int ``>= 0``, an empty prompt,
             or a longest prompt plus ``max_new_tokens`` beyond the model's hard position limit
-            (:func:`position_limit`, e.g. GPT-2's ``n_positions``).
+            (:func:`position_limit`, e.g. GPT-2's ``n_positions``) or beyond the ``max_position_embeddings``
+            a rotary (RoPE) model without a declared context extension was trained on.
     """
     _check_generate_args(problems, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
                          greedy=greedy)
@@ -286,17 +287,41 @@ def _check_generate_args(problems: Sequence[Problem], *, group_size: int, max_ne
 
 
 def _check_position_limit(model, prompt_mask: torch.Tensor, max_new_tokens: int) -> None:
-    """ValueError when the longest prompt plus ``max_new_tokens`` passes the model's hard position limit."""
-    limit = position_limit(model)
+    """ValueError when the longest prompt plus ``max_new_tokens`` passes the model's hard position limit, or
+    the length a rotary model without a context extension was trained on (:func:`_trained_length`)."""
+    limit, trained = position_limit(model), _trained_length(model)
+    if limit is None and trained is None:
+        return
+    longest = int(prompt_mask.sum(-1).max())
+    if longest + max_new_tokens <= (limit or trained):
+        return
+    head = (f"generate: the longest prompt ({longest} tokens) plus max_new_tokens={max_new_tokens} is "
+            f"{longest + max_new_tokens} positions, more than the model's limit of {limit or trained} ")
+    fix = ("Lower max_new_tokens (TrainerConfig.max_new_tokens or the task's), shorten the prompts, or use a model "
+           "with more positions")
     if limit is not None:
-        longest = int(prompt_mask.sum(-1).max())
-        if longest + max_new_tokens > limit:
-            raise ValueError(
-                f"generate: the longest prompt ({longest} tokens) plus max_new_tokens={max_new_tokens} is "
-                f"{longest + max_new_tokens} positions, more than the model's limit of {limit} "
-                f"({type(model).__name__}: config.{_limit_name(model.config)}={limit}; its position embedding "
-                "has no entry beyond that). Lower max_new_tokens (TrainerConfig.max_new_tokens or the task's), "
-                "shorten the prompts, or use a model with more positions")
+        raise ValueError(head + f"({type(model).__name__}: config.{_limit_name(model.config)}={limit}; its position "
+                         f"embedding has no entry beyond that). " + fix)
+    raise ValueError(head + f"({type(model).__name__}: config.max_position_embeddings={trained}, the length its "
+                     "rotary position embedding was trained on; past it the outputs degrade without an error). " + fix
+                     + " (or raise model.config.max_position_embeddings if the model was trained on more)")
+
+
+def _trained_length(model) -> int | None:
+    """``config.max_position_embeddings`` of a rotary (RoPE) model whose rotary embedding is the plain one
+    (``rope_type`` ``"default"``): the length it was trained on. ``None`` for any other model, and for a
+    declared context extension (``rope_type`` ``"linear"``, ``"dynamic"``, ``"yarn"``, ``"llama3"``, ...), whose
+    usable length the config states in several ways."""
+    config = getattr(model, "config", None)
+    if config is None or not any(getattr(config, k, None) for k in _ROTARY_KEYS):
+        return None
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope = rope if isinstance(rope, dict) else {}
+    per_layer_type = bool(rope) and all(isinstance(v, dict) for v in rope.values())  # e.g. Gemma 3's
+    if {p.get("rope_type", p.get("type")) for p in (rope.values() if per_layer_type else [rope])} - {None, "default"}:
+        return None
+    n = getattr(config, "max_position_embeddings", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 def _generation_config(model, tokenizer, stops: list, *, max_new_tokens: int, temperature: float, greedy: bool,

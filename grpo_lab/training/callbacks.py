@@ -401,10 +401,13 @@ class TensorBoardLogger(TrainerCallback):
 
 # --------------------------------------------------------------------------------------------- wandb
 class WandbLogger(TrainerCallback):
-    """``"wandb"``: a Weights & Biases run in ``output_dir/wandb``, one per :meth:`~grpo_lab.training.trainer.Trainer.train`
-    call: it logs the whole history so far (the rows of ``trainer.rows``, e.g. a resumed run's first steps),
-    then each row at its ``step``; each evaluation's samples as the ``wandb.Table`` ``samples``. The run is
-    finished at the end of ``train``.
+    """``"wandb"``: a Weights & Biases run in ``output_dir/wandb``, opened at the first row a
+    :meth:`~grpo_lab.training.trainer.Trainer.train` call logs (a run killed before it leaves none): it logs the
+    history so far (the rows of ``trainer.rows``, e.g. a resumed run's first steps), then each row at its
+    ``step``; each evaluation's samples as the ``wandb.Table`` ``samples``. The run is finished at the end of
+    ``train``. Its id is kept in ``output_dir/wandb/grpo_lab_run_id`` and passed with ``resume="allow"``, so a
+    resumed run (``--resume``, ``Trainer.resume``) continues the same wandb run (online: only the steps after
+    the wandb run's last; offline, each ``offline-run-*`` directory holds the whole history: sync the newest).
 
     The mode is ``mode``, else ``$WANDB_MODE``, else ``"offline"``: by default nothing goes over the network
     and no account is needed; ``wandb sync output_dir/wandb/offline-run-*`` uploads a run later, and
@@ -423,28 +426,51 @@ class WandbLogger(TrainerCallback):
         self.project, self.mode = project, mode
         self.run = None
 
+    #: The file under ``output_dir/wandb`` that keeps the run's id, so that a resumed run logs into the same run.
+    RUN_ID_FILE = "grpo_lab_run_id"
+
     def on_train_begin(self, trainer) -> None:
-        """Start a run (see the class docstring) and log the rows already in the history."""
+        """Finish a run still open; the next one starts at the first row logged, so that a run
+        killed before its first step leaves no empty wandb run."""
+        self.on_train_end(trainer)
+
+    def _run_id(self) -> str:
+        """The run's id: the one ``output_dir/wandb/grpo_lab_run_id`` keeps, else a new one written there."""
+        import wandb
+
+        path = self.dir / "wandb" / self.RUN_ID_FILE
+        if path.is_file() and path.read_text().strip():
+            return path.read_text().strip()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        run_id = _wandb_run_id()
+        path.write_text(run_id + "\n")
+        return run_id
+
+    def _start(self, trainer, row: dict) -> None:
+        """Start the run (see the class docstring: id kept in the output directory, ``resume="allow"``) and log
+        the history rows before ``row`` (a resumed wandb run: those after its last logged step)."""
         import dataclasses
 
         import wandb
 
-        self.on_train_end(trainer)
-        self.dir.mkdir(parents=True, exist_ok=True)
         algo, c = trainer.algo, trainer.config
         self.run = wandb.init(
             project=self.project or os.environ.get("WANDB_PROJECT") or "grpo_lab",
-            name=f"{algo.name}-seed{c.seed}", group=algo.name, dir=str(self.dir),
+            name=f"{algo.name}-seed{c.seed}", group=algo.name, dir=str(self.dir), id=self._run_id(), resume="allow",
             mode=self.mode or os.environ.get("WANDB_MODE") or "offline", reinit="create_new",
             config={"trainer": c.to_dict(), "algorithm": dataclasses.asdict(algo), "task": trainer.task.name},
             settings=wandb.Settings(console="off"))
-        for row in trainer.rows:
-            self.on_step(trainer, row)
+        first = int(getattr(self.run, "starting_step", 0) or 0) if getattr(self.run, "resumed", False) else 0
+        for earlier in trainer.rows:
+            if earlier is row:
+                break
+            if int(earlier["step"]) >= first:
+                self.run.log(logged_row(earlier, _names(trainer), trainer.rows), step=int(earlier["step"]))
 
     def on_step(self, trainer, row: dict) -> None:
-        """Log the row at ``row["step"]``."""
+        """Log the row at ``row["step"]`` (the first row of a ``train`` call starts the run)."""
         if self.run is None:
-            self.on_train_begin(trainer)
+            self._start(trainer, row)
         self.run.log(logged_row(row, _names(trainer), trainer.rows), step=int(row["step"]))
 
     def on_evaluate(self, trainer, row: dict, samples: pd.DataFrame) -> None:
@@ -452,7 +478,7 @@ class WandbLogger(TrainerCallback):
         import wandb
 
         if self.run is None:
-            self.on_train_begin(trainer)
+            self._start(trainer, row)
         self.run.log({"samples": wandb.Table(dataframe=samples)}, step=int(row["step"]))
 
     def on_completions(self, trainer, row: dict, completions: pd.DataFrame) -> None:
@@ -460,7 +486,7 @@ class WandbLogger(TrainerCallback):
         import wandb
 
         if self.run is None:
-            self.on_train_begin(trainer)
+            self._start(trainer, row)
         self.run.log({"completions": wandb.Table(dataframe=completions)}, step=int(row["step"]))
 
     def on_train_end(self, trainer) -> None:
@@ -468,6 +494,14 @@ class WandbLogger(TrainerCallback):
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+def _wandb_run_id() -> str:
+    """A new wandb run id: 8 random lowercase letters and digits (wandb's own form)."""
+    import secrets
+    import string
+
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 #: Tracker names of ``TrainerConfig.report_to``: each maps to a factory ``f(output_dir) -> callback``. Add

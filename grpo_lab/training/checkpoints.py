@@ -29,7 +29,7 @@ from ..algo.checks import is_int
 from .config import OUTPUT_FIELDS, TrainerConfig
 from .precision import Precision
 
-__all__ = ["CHECKPOINTS_DIR", "checkpoint_name", "periodic_checkpoints", "checkpoint_state", "write_checkpoint",
+__all__ = ["CHECKPOINTS_DIR", "CheckpointWriteError", "checkpoint_name", "periodic_checkpoints", "checkpoint_state", "write_checkpoint",
            "load_checkpoint", "restore_training_state", "LoadedCheckpoint", "check_checkpointing",
            "periodic_checkpoint", "prune_checkpoints"]
 
@@ -128,10 +128,33 @@ def write_checkpoint(path: str | Path, state: dict, rows: list, *, task, policy,
         (tmp / "state.json").write_text(state_text)
         (tmp / "history.json").write_text(history_text)
         _replace_dir(tmp, where)
+    except (OSError, RuntimeError) as exc:  # torch.save's "[enforce fail at inline_container.cc]" on a full disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(_write_failure(final, exc)) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, most often); nothing was left behind, the previous
+    checkpoints are intact, and a run resumes from the newest once space is freed (``resumable``)."""
+
+    resumable = True
+
+
+def _write_failure(final: Path, exc: BaseException) -> str:
+    """The one line of :class:`CheckpointWriteError`: the checkpoint, the cause, the free space, what is intact."""
+    detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+    try:
+        free = f"{shutil.disk_usage(final.parent).free / 2**20:.0f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    previous = periodic_checkpoints(final.parent)
+    kept = (f"the previous checkpoint {previous[-1][1]} is intact" if previous else "no earlier checkpoint was touched")
+    return (f"could not write the checkpoint {final} (disk full? {free}; {type(exc).__name__}: {detail}); nothing "
+            f"was left behind and {kept}: free some space and resume (--resume)")
 
 
 def _write_checkpoint_files(tmp: Path, policy, tokenizer, optimizer, ref_policy, value_model, value_optimizer,
@@ -371,10 +394,11 @@ def _resume_task(spec, task, path: Path):
         except Exception as exc:  # the class's own constructor rejected the stored fields
             reason = f"rebuilding it from the stored fields failed ({type(exc).__name__}: {exc})"
     short = stored.rsplit(".", 1)[-1] if stored else "YourTask"
+    register = (f", or register its class first: grpo_lab.tasks.register_task({name!r}, {short})"
+                if registered is None or (stored is not None and _class_path(registered) != stored) else "")
     raise ValueError(f"Trainer.resume: {path} was saved with the task {name!r}" + (f" ({stored})" if stored else "")
                      + f", which cannot be rebuilt here: {reason}. Pass the task object: "
-                     f"Trainer.resume(path, task={short}(...)), or register its class first: "
-                     f"grpo_lab.tasks.register_task({name!r}, {short})")
+                     f"Trainer.resume(path, task={short}(...)){register}")
 
 
 def prune_checkpoints(directory: Path, keep: int | None) -> None:

@@ -26,9 +26,15 @@ Departures from the papers:
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
+import math
+import os
 import random
+import signal
+import socket
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -50,7 +56,7 @@ from ..policy.rollout import Rollout
 from ..tasks import validate_task
 from .adamw import build_adamw
 from .callbacks import call_hooks, check_callbacks, make_callbacks
-from .checkpoints import (check_checkpointing, checkpoint_state, load_checkpoint, periodic_checkpoint, prune_checkpoints,
+from .checkpoints import (CHECKPOINTS_DIR, check_checkpointing, checkpoint_name, checkpoint_state, load_checkpoint, periodic_checkpoint, prune_checkpoints,
                           restore_training_state, write_checkpoint)
 from .collection import Batch, Scored, collect, reward_trainer_state, round_size, sample_rollout, score_rollout
 from .config import TrainerConfig
@@ -65,7 +71,43 @@ from .value_model import ValueModel, check_value_settings, critic_values, pretra
 
 __all__ = ["TrainerConfig", "Trainer", "Batch", "Scored", "ValueModel", "peak_memory_mb", "reset_peak_memory",
            "MEASURED_COLUMNS", "HISTORY_COLUMNS", "PRECISIONS", "resolve_precision", "NoLearningSignalWarning",
-           "DynamicSamplingShortfallWarning"]
+           "DynamicSamplingShortfallWarning", "Terminated", "TrainingDiverged", "TERMINATED_EXIT_CODE"]
+
+#: The exit status of the command line after a SIGTERM stopped training and a checkpoint was written
+#: (128 + 15, the status a process killed by SIGTERM reports): ``--resume`` continues the run.
+TERMINATED_EXIT_CODE = 143
+
+#: A per-token ``kl`` column above this after an update: the update diverged (a warning names the lr).
+_DIVERGED_KL = 100.0
+
+
+class Terminated(KeyboardInterrupt):
+    """:meth:`Trainer.train` stopped on SIGTERM (a preemption) after finishing the step in progress and writing a
+    checkpoint. A ``KeyboardInterrupt``, so that it passes through ``except Exception`` as Ctrl-C does.
+
+    Attributes:
+        step: the last step trained (int).
+        checkpoint: the checkpoint written at that step (:class:`pathlib.Path`), or ``None`` without an
+            ``output_dir`` (nothing to write into).
+        others: the ``Terminated`` of further runs stopped by the same SIGTERM (several seeds trained in worker
+            processes, :func:`grpo_lab.experiments.run` with ``n_jobs > 1``); empty for one run.
+    """
+
+    def __init__(self, step: int, checkpoint: Path | None, others: tuple = ()):
+        super().__init__(step, checkpoint)
+        self.step, self.checkpoint, self.others = step, checkpoint, tuple(others)
+
+    def __str__(self) -> str:
+        def where(t: Terminated) -> str:
+            return f"checkpoint {t.checkpoint}" if t.checkpoint is not None else "no checkpoint"
+
+        others = "".join(f"; another run after step {t.step}: {where(t)}" for t in self.others)
+        return f"stopped by SIGTERM after step {self.step}; {where(self)}{others}"
+
+
+class TrainingDiverged(FloatingPointError):
+    """A step failed on non-finite numbers (log-probabilities, gradient norm) after the policy had been
+    updated: the updates diverged, most often from too large a learning rate (the message names it)."""
 
 
 class Trainer:
@@ -314,8 +356,18 @@ class Trainer:
         when it evaluated, to ``on_evaluate`` with the sample completions; ``on_train_end`` last, also when a
         step raised. Every ``save_every`` steps (and after the last) a periodic checkpoint.
 
+        SIGTERM (a preemption; only when ``train`` runs in the main thread and SIGTERM has its default handler):
+        the step in progress finishes, a checkpoint is written at it (``output_dir/checkpoints/step-NNNNNN``,
+        whatever ``save_every``; the newest ``save_total_limit`` kept) and :class:`Terminated` is raised; a second
+        SIGTERM raises it at once (the last checkpoint stays the newest). The previous handler is put back.
+
         Raises:
             ValueError: ``steps`` is negative; ``value_warmup_steps`` without a critic.
+            Terminated: SIGTERM (see above).
+            TrainingDiverged: a step failed on non-finite numbers after the policy had been updated.
+
+        Warns:
+            RuntimeWarning: a step's ``kl`` above 100 nats per token (the update diverged; names the lr).
         """
         c = self.config
         end = self._end_step = self.step + non_negative_int("train: steps", steps)
@@ -331,21 +383,24 @@ class Trainer:
             if self._show_progress():
                 from tqdm.auto import tqdm
                 bar = tqdm(total=steps, desc=f"{self.algo.name} seed {c.seed}", mininterval=1.0)
-            while self.step < end:
-                row, samples = self._train_step(), None
-                self.step += 1
-                row["step"] = self.step
-                if c.eval_every and (self.step % c.eval_every == 0 or self.step == end):
-                    evaluation, samples = self._evaluation()
-                    row.update({k: v for k, v in evaluation.items() if k != "step"})
-                self._log_row(row, samples)
-                if self._completions is not None:
-                    self._notify("on_completions", row, self._completions)
-                self._check_learning_signal()
-                self._periodic_save(final=self.step == end)  # save_every
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['length']:.1f}")
+            with _SigtermFlag(self) as stop:
+                while self.step < end:
+                    row, samples = self._checked_step(), None
+                    self.step += 1
+                    row["step"] = self.step
+                    if c.eval_every and (self.step % c.eval_every == 0 or self.step == end):
+                        evaluation, samples = self._evaluation()
+                        row.update({k: v for k, v in evaluation.items() if k != "step"})
+                    self._log_row(row, samples)
+                    if self._completions is not None:
+                        self._notify("on_completions", row, self._completions)
+                    self._check_learning_signal()
+                    saved = self._periodic_save(final=self.step == end)  # save_every
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['length']:.1f}")
+                    if stop.requested and self.step < end:
+                        raise Terminated(self.step, saved or self._stop_checkpoint())
         finally:
             if bar is not None:
                 bar.close()
@@ -417,7 +472,8 @@ class Trainer:
             ValueError: the history holds a value JSON cannot write; a LoRA policy whose base was built in
                 memory or that trains base parameters.
             FileExistsError: ``path`` is a file, or a non-empty directory without ``state.json``.
-            OSError: writing failed (nothing is left behind).
+            CheckpointWriteError: an ``OSError``: writing failed, e.g. a full disk (one line naming the checkpoint,
+                the free space and the previous checkpoint, intact; nothing is left behind).
         """
         validate_task(self.task)
         state = checkpoint_state(step=self.step, opt_steps=self.opt_steps, config=self.config, algo=self.algo,
@@ -480,6 +536,46 @@ class Trainer:
             prune_checkpoints(path.parent, self.config.save_total_limit)
         return path
 
+    def _stop_checkpoint(self) -> Path | None:
+        """The checkpoint SIGTERM asks for (:meth:`train`): ``output_dir/checkpoints/step-NNNNNN`` at the current
+        step, the newest ``save_total_limit`` kept; ``None`` (nothing written) without an ``output_dir``."""
+        if self.config.output_dir is None:
+            return None
+        path = Path(self.config.output_dir) / CHECKPOINTS_DIR / checkpoint_name(self.step)
+        self.save(path)
+        prune_checkpoints(path.parent, self.config.save_total_limit)
+        return path
+
+    def _checked_step(self) -> dict:
+        """:meth:`_train_step`, with divergence named: non-finite log-probabilities or gradient norm after the
+        policy has been updated raise :class:`TrainingDiverged` (naming the lr); a ``kl`` above
+        ``_DIVERGED_KL`` warns. Nothing the step computes changes."""
+        try:
+            row = self._train_step()
+        except (FloatingPointError, ValueError) as exc:
+            text = str(exc)
+            non_finite = isinstance(exc, FloatingPointError) or "log-probability undefined (NaN)" in text
+            if not non_finite or not self.optimizer.state:  # no update yet: the learning rate is not the cause
+                raise
+            raise TrainingDiverged(f"Trainer: the updates diverged at step {self.step + 1} (non-finite numbers "
+                                   f"after the policy was updated; {self._last_step_note()}): lr={self.config.lr:g} "
+                                   f"is likely too large; lower it (--set lr=...) or add warm-up. The error: "
+                                   f"{text}") from exc
+        kl = row.get("kl")
+        if isinstance(kl, float) and math.isfinite(kl) and kl > _DIVERGED_KL:
+            warnings.warn(f"Trainer: step {self.step + 1}: kl={kl:.4g} nats per token from the reference after "
+                          f"the update: the update diverged; lr={self.config.lr:g} is likely too large",
+                          RuntimeWarning, stacklevel=4)
+        return row
+
+    def _last_step_note(self) -> str:
+        """``"step N logged kl=..., grad_norm=..."`` from the last history row, or ``"no step logged"``."""
+        last = next((r for r in reversed(self.rows) if "grad_norm" in r), None)
+        if last is None:
+            return "no step logged"
+        return f"step {last.get('step')} logged kl={last.get('kl', float('nan')):.4g}, " \
+               f"grad_norm={last.get('grad_norm', float('nan')):.4g}"
+
     def _log_row(self, row: dict, samples: pd.DataFrame | None) -> None:
         """Append the complete history ``row`` and hand it to the callbacks: ``on_step``, then ``on_evaluate``
         with ``samples`` when the row's step evaluated (``samples`` not ``None``)."""
@@ -515,9 +611,51 @@ class Trainer:
         return bool(c.progress) if c.progress is not None else (sys.stderr.isatty() and not _under_ci())
 
 
+class _SigtermFlag:
+    """While entered (in :meth:`Trainer.train`): SIGTERM sets ``requested`` (and prints one line); a second
+    SIGTERM, a second or more after the first, raises :class:`Terminated` at once (one sent to the process group
+    and forwarded by a parent count as one). Installed only in the main thread and when SIGTERM has its default
+    handler or one marked ``defers_to_trainer`` (a worker's between runs); a handler of the caller's own is left
+    alone; the previous handler is put back on exit."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer, self.requested, self.previous, self.at = trainer, False, None, 0.0
+
+    def __enter__(self) -> Self:
+        handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+        if handler is signal.SIG_DFL or getattr(handler, "defers_to_trainer", False):
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+    def _handle(self, signum, frame) -> None:
+        t = self.trainer
+        if self.requested:
+            if time.monotonic() - self.at > 1.0:
+                raise Terminated(t.step, None)
+            return
+        self.requested, self.at = True, time.monotonic()
+        print(f"SIGTERM (pid {os.getpid()} on {socket.gethostname()}): finishing step {t.step + 1}, then writing "
+              "a checkpoint; a second SIGTERM stops at once", file=sys.stderr, flush=True)
+
+
 def _checked_algorithm(algo) -> Algorithm:
     """``algo``, or the preset it names; ``ValueError`` when it is neither an :class:`Algorithm` nor a name."""
-    algo = get_algorithm(algo) if isinstance(algo, str) else algo
+    if isinstance(algo, str):
+        from ..algo.algorithms import PRESETS
+
+        try:
+            algo = get_algorithm(algo)
+        except ValueError as exc:
+            close = difflib.get_close_matches(algo.strip().upper(), [k.upper() for k in PRESETS], n=2)
+            if not close:
+                raise
+            names = " or ".join(repr(next(k for k in PRESETS if k.upper() == c)) for c in close)
+            raise ValueError(f"Trainer: unknown algorithm {algo!r} (did you mean {names}?); known presets: "
+                             f"{', '.join(PRESETS)}") from exc
     if not isinstance(algo, Algorithm):
         raise ValueError(f"Trainer: algo must be an Algorithm or a preset name, got {type(algo).__name__}")
     return algo

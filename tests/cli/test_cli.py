@@ -210,11 +210,20 @@ def test_ctrl_c_prints_the_out_path_and_the_resume_command(monkeypatch, tmp_path
     assert f"{PROG} GRPO --out r.json --resume\n" in capsys.readouterr().err
 
 
-def test_resume_without_a_checkpoint_says_it_trains_from_step_0(tmp_path, capsys):
-    (tmp_path / "seed-1").mkdir()
-    assert cli._resume_points({0: tmp_path / "seed-0", 1: tmp_path / "seed-1"}, steps=4) == {}
-    out = capsys.readouterr().out
-    assert "seed 0: no checkpoint, training from step 0" in out and "seed 1: no checkpoint" in out
+def test_resume_without_a_checkpoint_says_it_trains_from_step_0(tmp_path, caplog):
+    import dataclasses
+
+    from grpo_lab.algo.algorithms import GRPO
+    from grpo_lab.experiments import get_profile
+    from grpo_lab.experiments.runs import _log_resume_points
+
+    (tmp_path / "GRPO" / "seed-1").mkdir(parents=True)
+    assert cli._resume_points({0: tmp_path / "GRPO" / "seed-0", 1: tmp_path / "GRPO" / "seed-1"}, steps=4) == {}
+    prof = get_profile("cpu")
+    prof = dataclasses.replace(prof, config=dataclasses.replace(prof.config, output_dir=str(tmp_path)))
+    with caplog.at_level("INFO", logger="grpo_lab.experiments.resume"):
+        _log_resume_points([(GRPO, 0, prof), (GRPO, 1, prof)], steps=4, resume=True)
+    assert caplog.messages == ["seed 0: no checkpoint, training from step 0", "seed 1: no checkpoint, training from step 0"]
 
 
 # ------------------------------------------------------------------------------------ --set

@@ -142,13 +142,29 @@ def test_generation_past_an_absolute_position_limit_fails_clearly(tok):
     assert torch.isfinite(policy_logprobs(model, ro)).all()
 
 
-def test_rotary_models_have_no_hard_position_limit(tok):
-    # RoPE computes the rotation for any position: max_position_embeddings is the trained length only,
-    # and generating past it keeps working (transformers logs a warning), as before.
+def test_rotary_models_have_no_hard_position_limit_but_are_held_to_their_trained_length(tok):
+    # RoPE computes the rotation for any position: max_position_embeddings is the trained length only, and past
+    # it the outputs degrade silently (M10: prompts of 200 tokens trained on a 128-position model): refused,
+    # unless the config declares a context extension (rope_type yarn, linear, ...).
     model = tiny_policy(tok, dataclasses.replace(TINY, max_position_embeddings=8), seed=0).eval()
     assert position_limit(model) is None
-    ro = generate(model, tok, [Problem("12+34=", "46")], max_new_tokens=8, greedy=True)
+    with pytest.raises(ValueError, match=r"longest prompt \(6 tokens\) plus max_new_tokens=8 is 14 positions, more "
+                                         r"than the model's limit of 8 \(Qwen2ForCausalLM: "
+                                         r"config\.max_position_embeddings=8, the length its rotary"):
+        generate(model, tok, [Problem("12+34=", "46")], max_new_tokens=8, greedy=True)
+    ro = generate(model, tok, [Problem("12+34=", "46")], max_new_tokens=2, greedy=True)  # 6 + 2 = 8 fits
     assert ro.completion_ids.shape[1] >= 1
+    model.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert generate(model, tok, [Problem("12+34=", "46")], max_new_tokens=8, greedy=True).completion_ids.shape[1] >= 1
+
+
+def test_a_trainer_on_a_short_rotary_model_stops_before_its_first_update(tok):
+    tr = Trainer(tiny_policy(tok, dataclasses.replace(TINY, max_position_embeddings=12), seed=0), tok,
+                 ArithmeticTask(test_size=3), GRPO, TrainerConfig(prompts_per_step=2, group_size=2, max_new_tokens=12,
+                                                                  eval_every=0, progress=False, seed=0))
+    with pytest.raises(ValueError, match=r"max_new_tokens=12 is \d+ positions, more than the model's limit of 12"):
+        tr.train(1)
+    assert tr.step == 0 and not tr.optimizer.state
 
 
 # ------------------------------------------------------------------ 5. group_size=1

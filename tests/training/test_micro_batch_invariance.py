@@ -52,3 +52,20 @@ def test_update_is_micro_batch_invariant(tok, name):
     if name in TOY_OVERRIDES:  # the statistic really selected tokens on the second step
         col = {"KL_COV": "kl_cov_selected", "CLIP_COV": "clip_cov_detached"}[name]
         assert h_whole[col].iloc[0] > 0
+
+
+def test_ratio_quantiles_do_not_depend_on_micro_batching(tok):
+    # The quantiles pool the ratios of every micro-batch of an optimiser step (D3: a mean of per-micro-batch
+    # quantiles moved by up to 0.02 with micro_batch_size). 16 rows in one minibatch, two epochs: the second
+    # epoch's ratios differ from 1; micro-batches of 16 (whole), 8 and 3 rows, sorted by length or not.
+    def quantiles(**cfg):
+        config = TrainerConfig(prompts_per_step=4, group_size=4, max_new_tokens=8, eval_every=0, progress=False,
+                               lr=3e-3, seed=0, epochs=2, **cfg)
+        h = Trainer(tiny_policy(tok, TINY, seed=0), tok, HalfTask(test_size=5), PRESETS["GRPO"], config).train(1)
+        return h[["ratio_q05", "ratio_q50", "ratio_q95", "ratio_min", "ratio_max"]].iloc[0]
+
+    whole = quantiles()
+    assert whole["ratio_q05"] < whole["ratio_q95"]  # the second epoch moved the ratios
+    for cfg in (dict(micro_batch_size=8), dict(micro_batch_size=3), dict(micro_batch_size=3, sort_by_length=False)):
+        got = quantiles(**cfg)
+        assert got.to_numpy() == pytest.approx(whole.to_numpy(), abs=1e-6), cfg
