@@ -183,7 +183,7 @@ def _unknown(where: str, key: str, known: list[str], extra: str = "", value: Any
     said = _foreign(where, key, value, top)
     if said is not None:
         return ValueError(said)
-    close = difflib.get_close_matches(key, known, n=1)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)  # difflib's 0.6 offers unrelated keys
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ValueError(f"{where}: unknown key {key!r}{hint}{extra}; known keys: {', '.join(sorted(known))}")
 
