@@ -508,14 +508,16 @@ def unknown_characters(tokenizer, prompts: Sequence[str]) -> list[str]:
 
 
 def task_warnings(profile, task: str | None, model: str | None, prog: str) -> list[str]:
-    """The warnings printed before training, one line each: the policy cannot read the task's prompts
-    (:func:`_check_tokenizer`, for a ``--model`` or for the profile's own model on another ``--task``), and a GSM8K
-    task that reads the 24-problem fixture shipped with grpo_lab (a check that the pipeline runs: its accuracies
-    measure nothing).
+    """The warnings printed before training, one line each: the policy cannot read the task's prompts (its
+    tokenizer maps their characters to the unknown token; checked for a ``--model``, and for the profile's own
+    model on another ``--task``), and a GSM8K task that reads the 24-problem fixture shipped with grpo_lab (a
+    check that the pipeline runs: its accuracies measure nothing).
 
     Args:
         profile: the run's :class:`grpo_lab.experiments.Profile`.
-        task: ``--task`` (``None``: the profile's); model: ``--model`` resolved (``None``: the profile's).
+        task: ``--task`` (``None``: the profile's).
+        model: ``--model``, resolved (``None``: the profile's).
+        prog: the program name the lines start with.
 
     Returns:
         ``[]`` when there is nothing to say; a task that cannot be built here is left to the run to report.

@@ -81,9 +81,9 @@ TRL_OTHER_FIELDS = frozenset((
     'transformers_continuous_batching_config', 'use_transformers_paged', 'vllm_importance_sampling_cap',
 ))
 
-#: the other keys of a ``trl grpo --config FILE`` (TRL 1.16.0's ``trl/scripts/grpo.py``: its ``TrlParser`` reads
-#: ``GRPOScriptArguments``, ``GRPOConfig``, ``ModelConfig`` and ``DatasetMixtureConfig`` from one file): the model,
-#: its adapters and the data, outside the loss
+#: the other keys of a ``trl grpo --config FILE``, the model, its adapters and the data (outside the loss). The
+#: ``TrlParser`` of TRL 1.16.0's ``trl/scripts/grpo.py`` reads ``GRPOScriptArguments``, ``GRPOConfig``,
+#: ``ModelConfig`` and ``DatasetMixtureConfig`` from one file.
 TRL_SCRIPT_FIELDS = frozenset((
     # GRPOScriptArguments (ScriptArguments and its reward fields)
     'dataset_name', 'dataset_config', 'dataset_train_split', 'dataset_test_split', 'dataset_streaming',
