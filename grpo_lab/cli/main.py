@@ -1123,13 +1123,13 @@ def _command_line_words(message: str) -> str:
 def _preset(name: str):
     """The preset called ``name`` (:func:`grpo_lab.algo.algorithms.get_algorithm`), or a :class:`UsageError` naming the
     closest preset and every known one."""
-    from ..algo.algorithms import PRESETS, get_algorithm
+    from ..algo.algorithms import PRESETS, closest_preset, get_algorithm
 
     try:
         return get_algorithm(name)
     except ValueError:
-        close = difflib.get_close_matches(name.upper(), list(PRESETS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = closest_preset(name)
+        hint = f" (did you mean {close!r}?)" if close else ""
         raise UsageError(f"unknown preset {name!r}{hint}; known: {', '.join(PRESETS)}") from None
 
 

@@ -106,3 +106,22 @@ def test_gsm8k_on_the_cpu_profile_says_so_before_training(capsys):
     # the profile's own task, and the default: nothing to say
     assert cli.task_warnings(experiments.get_profile("cpu"), None, None, PROG) == []
     assert cli.task_warnings(experiments.get_profile("cpu"), "arithmetic", "arithmetic-base", PROG) == []
+
+
+def test_an_unknown_preset_name_gets_a_did_you_mean():
+    # D13: Trainer(policy, tok, task, "GPRO") said only "unknown algorithm 'GPRO'" (the CLI had a did-you-mean)
+    from grpo_lab.algo.algorithms import get_algorithm
+
+    with pytest.raises(ValueError, match=r"unknown algorithm 'GPRO' \(did you mean 'GRPO'\?\); known presets: "):
+        get_algorithm("GPRO")
+    with pytest.raises(ValueError, match=r"unknown algorithm 'banana'; known presets: "):
+        get_algorithm("banana")
+    assert cli.main(["GPRO", "--steps", "1"]) == 2  # the command line says the same
+
+
+def test_closest_preset():
+    from grpo_lab.algo.algorithms import closest_preset
+
+    assert closest_preset("GPRO") == "GRPO" and closest_preset("gspo") == "GSPO"  # a transposition; any case
+    assert closest_preset("DAP0") == "DAPO" and closest_preset("CISP") == "CISPO"  # difflib, ratio >= 0.75
+    assert closest_preset("banana") is None
