@@ -125,3 +125,11 @@ def test_closest_preset():
     assert closest_preset("GPRO") == "GRPO" and closest_preset("gspo") == "GSPO"  # a transposition; any case
     assert closest_preset("DAP0") == "DAPO" and closest_preset("CISP") == "CISPO"  # difflib, ratio >= 0.75
     assert closest_preset("banana") is None
+
+
+def test_two_misplaced_keys_are_numbered(tmp_path, no_run, capsys):
+    # D13: two misplaced keys of one file ran together on the error's one line
+    conf = tmp_path / "two.yaml"
+    conf.write_text("trainer:\n  eps_high: 0.3\nalgorithm:\n  lr: 0.001\n")
+    line = _error(["GRPO", "--config", str(conf)], capsys)
+    assert "(1) --config " in line and "algorithm: section (2) --config " in line, line
