@@ -1,7 +1,10 @@
 # grpo_lab — make book | make test | make execute | make clean
 # Needs only Python 3.11 and make: everything else is installed into .venv from requirements/ci.txt.
 SHELL := /bin/bash
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# requirements/ci.txt's exact pins were resolved for, and are tested on, Python 3.11: any other Python is refused
+# (PYTHON=/path/to/python3.11 names one that is not on PATH as python3.11)
+SUPPORTED_PYTHON := 3.11
+PYTHON ?= $(shell command -v python$(SUPPORTED_PYTHON))
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -9,7 +12,7 @@ NB     := $(sort $(wildcard book/*.ipynb))
 PYTEST_NBVAL := $(BIN)/python -m pytest --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
 
-.PHONY: install test unit nbval gpu-dryrun book book-stored execute sync clean pretrain xcheck
+.PHONY: install chromium test unit nbval gpu-dryrun book book-stored execute sync clean pretrain xcheck
 export OMP_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
@@ -21,6 +24,13 @@ install: $(STAMP)
 # folders in your working directory with the same name as your package" (an InformationOnly warning, nothing to act
 # on: the data/ folder mapped to grpo_lab._data makes setuptools use its import-hook finder, not a plain .pth file).
 $(STAMP): requirements/ci.txt pyproject.toml
+	@py=$$(test -x $(BIN)/python && echo $(BIN)/python || echo "$(PYTHON)"); \
+	found=$$([ -n "$$py" ] && "$$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); \
+	if [ "$$found" != "$(SUPPORTED_PYTHON)" ]; then \
+		echo "make: grpo_lab needs Python $(SUPPORTED_PYTHON) (requirements/ci.txt pins its packages for it); found" \
+			"$${found:+Python $$found at }$${py:-no python$(SUPPORTED_PYTHON) on PATH}: install python$(SUPPORTED_PYTHON)," \
+			"or pass PYTHON=/path/to/python$(SUPPORTED_PYTHON) (an existing $(VENV) of another Python: remove it)" >&2; \
+		exit 1; fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements/ci.txt
@@ -29,10 +39,27 @@ $(STAMP): requirements/ci.txt pyproject.toml
 
 ## test: unit tests, notebook regression tests (strict nbval) and a warnings-as-errors book build, then the
 ## dry run of every chapter's GPU profile on CPU (after nbval, so that the run cache holds the toy runs)
-test: install unit nbval gpu-dryrun
+test: install chromium unit nbval gpu-dryrun
+
+## chromium: tests/repo/test_book_render.py opens the built book in headless Chromium (Debian's chromium and
+## chromium-driver). Installed here as .ci/run does when this is root with apt-get; otherwise a missing browser is
+## reported loudly (the render test then skips: pytest's -rs summary at the end of the unit phase says so too).
+chromium:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium and chromium-driver (Debian) for tests/repo/test_book_render.py"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq >/dev/null && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else \
+		echo "********************************************************************************************" >&2; \
+		echo "* make test: chromium and/or chromedriver are not on PATH, so tests/repo/test_book_render.py  *" >&2; \
+		echo "* (the built book opened in headless Chromium) will be SKIPPED. Install both, e.g.            *" >&2; \
+		echo "*   sudo apt-get install chromium chromium-driver        (Debian / Ubuntu)                    *" >&2; \
+		echo "********************************************************************************************" >&2; \
+	fi
 
 unit: install
-	@t0=$$(date +%s) && $(BIN)/python -m pytest tests -q -p no:cacheprovider && echo "phase unit: $$(( $$(date +%s) - t0 )) s"
+	@t0=$$(date +%s) && $(BIN)/python -m pytest tests -q -rs -p no:cacheprovider && echo "phase unit: $$(( $$(date +%s) - t0 )) s"
 
 nbval: install
 	@t0=$$(date +%s) && $(PYTEST_NBVAL) -q $(NB) && echo "phase nbval: $$(( $$(date +%s) - t0 )) s"

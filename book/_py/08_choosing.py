@@ -936,7 +936,8 @@ rest = [f"{WORDS[n]} {k}" if not k.startswith("mechanism") else f"{shown(verdict
         f"verdict: {k}" for k, n in verdicts[verdicts != "supported"].value_counts().items()]
 book.glue("ch_n_supported", f"{WORDS[n_sup]} {'is' if n_sup == 1 else 'are'}")
 book.glue("ch_findings_rest", ", ".join(rest[:-1]) + " and " + rest[-1] if len(rest) > 1 else rest[0])
-print(verdicts.to_string())
+with pd.option_context("display.max_colwidth", None):  # each verdict whole (pandas cuts at 50 characters)
+    print(verdicts.to_string())
 
 # %% [markdown]
 # ## 8.4 The decision tree, rebuilt
@@ -1080,7 +1081,7 @@ try:  # a wrong answer is refused with what was missed
     check_axes(KL_COV, {"clipping", "regulariser"})
 except ValueError as err:
     assert "missed 1 axis: 'aggregation'" in str(err)
-    print("a wrong answer:", str(err)[:120], "...")
+    print("a wrong answer:", err)
 print("exercise checks passed")
 
 # %% [markdown]

@@ -46,6 +46,7 @@ from .advantages import (ADVANTAGE_ESTIMATORS, VALUE_BASELINE_ESTIMATORS, Advant
 
 __all__ = [
     "Algorithm",
+    "closest_preset",
     "migrate_fields",
     "ADDED_FIELDS",
     "ADVANTAGE_NAMES",
@@ -912,7 +913,7 @@ def get_algorithm(name: str) -> Algorithm:
     """Look up a preset by name, case-insensitively (``"grpo"`` -> :data:`GRPO`).
 
     Raises:
-        ValueError: unknown name (the message lists the known presets).
+        ValueError: unknown name (the message suggests :func:`closest_preset` and lists the known ones).
     """
     if isinstance(name, Algorithm):
         return name
@@ -920,4 +921,20 @@ def get_algorithm(name: str) -> Algorithm:
         for key, algo in PRESETS.items():
             if key.lower() == name.strip().lower():
                 return algo
-    raise ValueError(f"unknown algorithm {name!r}; known presets: {sorted(PRESETS)}")
+    close = closest_preset(str(name))
+    hint = f" (did you mean {close!r}?)" if close else ""
+    raise ValueError(f"unknown algorithm {name!r}{hint}; known presets: {sorted(PRESETS)}")
+
+
+def closest_preset(name: str) -> Optional[str]:
+    """The key of :data:`PRESETS` a mistyped ``name`` most likely meant, or ``None``: a preset spelt with the same
+    letters (a transposition, ``"GPRO"`` -> ``"GRPO"``) first, else the closest by difflib's ratio if >= 0.75.
+    Case-insensitive."""
+    import difflib
+
+    typed = name.strip().upper()
+    same_letters = [k for k in PRESETS if sorted(k) == sorted(typed)]
+    if same_letters:
+        return same_letters[0]
+    close = difflib.get_close_matches(typed, list(PRESETS), n=1, cutoff=0.75)
+    return close[0] if close else None

@@ -68,7 +68,8 @@ from typing import Any, Sequence
 
 __all__ = ["main", "build_parser", "parse_set", "parse_value", "settable_fields", "hyperparameter_keys", "default_out",
            "resolve_model", "load_user_module", "unknown_characters", "UsageError", "lora_option", "LORA_TARGETS",
-           "report_to_option", "task_from_arguments"]
+           "report_to_option", "task_from_arguments", "flag_hints",
+           "task_warnings"]
 
 #: ``--set`` keys that exist as fields but are set by an option of their own
 _RESERVED = {"seed": "use --seeds (one run per seed)", "progress": "use --progress / --no-progress"}
@@ -245,7 +246,7 @@ def parse_set(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         if key not in known:
             said = explain(key, text, style="set")  # a TRL / verl name, or None for a plain typo
             if said is None:
-                close = difflib.get_close_matches(key, known, n=1)
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)  # 0.6 gave save_steps -> adv_eps
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise UsageError(f"--set: unknown key {key!r}{hint}; valid keys: {', '.join(sorted(known))}")
             foreign.append((key, f"--set {key}={text}: {said}"))
@@ -508,7 +509,58 @@ def unknown_characters(tokenizer, prompts: Sequence[str]) -> list[str]:
     return sorted(bad)
 
 
-def _check_tokenizer(model: str, task: str, task_kwargs: Sequence, prog: str, n_prompts: int = 5) -> str | None:
+def task_warnings(profile, task: str | None, model: str | None, prog: str) -> list[str]:
+    """The warnings printed before training, one line each: the policy cannot read the task's prompts (its
+    tokenizer maps their characters to the unknown token; checked for a ``--model``, and for the profile's own
+    model on another ``--task``), and a GSM8K task that reads the 24-problem fixture shipped with grpo_lab (a
+    check that the pipeline runs: its accuracies measure nothing).
+
+    Args:
+        profile: the run's :class:`grpo_lab.experiments.Profile`.
+        task: ``--task`` (``None``: the profile's).
+        model: ``--model``, resolved (``None``: the profile's).
+        prog: the program name the lines start with.
+
+    Returns:
+        ``[]`` when there is nothing to say; a task that cannot be built here is left to the run to report.
+    """
+    from ..tasks import get_task
+    from ..tasks.gsm8k import GSM8KTask, fixture_path, load_fixture
+
+    name = task or profile.task
+    kwargs = profile.task_kwargs if name == profile.task else ()
+    out = []
+    if model is not None or name != profile.task:
+        who = f"--model {model}" if model is not None else f"the {profile.name} profile's model {profile.base}"
+        said = _check_tokenizer(model or profile.base, name, kwargs, prog, who=who)
+        out += [said] if said else []
+    try:
+        built = get_task(name, **dict(kwargs))
+    except Exception:  # noqa: BLE001 -- the run itself reports a task that cannot be built
+        return out
+    if isinstance(built, GSM8KTask) and built.source == "fixture":
+        n = len(load_fixture())
+        shipped = (f"; {model or profile.base} is a tiny model pretrained on arithmetic only"
+                   if _shipped(model or profile.base) else "")
+        out.append(f"{prog}: warning: task {name!r} reads the {n}-problem fixture shipped with grpo_lab "
+                   f"({fixture_path().name}, written for grpo_lab, not GSM8K){shipped}: a check that the pipeline runs, "
+                   "its accuracies measure nothing; GSM8K itself: --profile gpu (a hub model, pip install "
+                   "'grpo_lab[gsm8k]')")
+    return out
+
+
+def _shipped(model: str) -> bool:
+    """Whether ``model`` names a checkpoint shipped with grpo_lab (``data/checkpoints/NAME``)."""
+    from ..paths import checkpoint_dir
+
+    try:
+        return checkpoint_dir(model).is_dir()
+    except Exception:  # noqa: BLE001 -- a hub id or a path is no shipped name
+        return False
+
+
+def _check_tokenizer(model: str, task: str, task_kwargs: Sequence, prog: str, n_prompts: int = 5,
+                     who: str | None = None) -> str | None:
     """A one-line warning when the tokenizer of ``model`` maps a character of ``task``'s first
     ``n_prompts`` test prompts to its unknown token (the policy cannot read them); ``None`` when it
     does not, and when this cannot be checked cheaply (a hub model not in the local cache, a task
@@ -528,7 +580,7 @@ def _check_tokenizer(model: str, task: str, task_kwargs: Sequence, prog: str, n_
         return None
     example = next(p for p in prompts if any(c in p for c in bad))
     example = example if len(example) <= 40 else example[:37] + "..."
-    return (f"{prog}: warning: the tokenizer of --model {model} maps {''.join(bad)!r} (in the test prompts of "
+    return (f"{prog}: warning: the tokenizer of {who or f'--model {model}'} maps {''.join(bad)!r} (in the test prompts of "
             f"task {task!r}, e.g. {example!r}) to its unknown token {tokenizer.unk_token!r}: the policy cannot read them")
 
 
@@ -544,7 +596,50 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # noqa: D102 (argparse API)
         if message.startswith("argument --task: invalid choice"):
             message += "; a task of your own needs --import MODULE, the module that registers it"
+        if message.startswith("unrecognized arguments: "):
+            hints = flag_hints(self, message.removeprefix("unrecognized arguments: ").split())
+            message = f"unrecognized arguments: {'; '.join(hints)}" if hints else message
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def flag_hints(parser: argparse.ArgumentParser, words: Sequence[str]) -> list[str]:
+    """What each unrecognised ``--name [VALUE]`` among ``words`` (argparse's leftovers) means, one text each.
+
+    A near option (``--stpes``, ``--lora_r``: difflib ratio >= 0.75 after ``_`` -> ``-``) gets a did-you-mean.
+    On a parser with ``--set``, a TrainerConfig / Algorithm field or a TRL / verl name given as a flag
+    (``--lr 1e-4``, ``--num_generations 8``, ``--per_device_train_batch_size 4``) gets the fix ``--set``
+    would give (:func:`grpo_lab.export.vocabulary.explain`), and another near field a did-you-mean.
+
+    Returns:
+        ``["--num_generations 8: num_generations is TRL's GRPOConfig name; ...: --set group_size=8"]``; ``[]``
+        when no word is a flag.
+    """
+    from ..export.vocabulary import explain
+
+    options = sorted({o for a in parser._actions for o in a.option_strings if o.startswith("--")})
+    fields = {**settable_fields(), **hyperparameter_keys()} if "--set" in options else {}
+    out, i = [], 0
+    while i < len(words):
+        word, i = words[i], i + 1
+        if not word.startswith("--") or word == "--":
+            continue
+        name, eq, value = word[2:].partition("=")
+        if not eq and i < len(words) and not words[i].startswith("--"):
+            value, i = words[i], i + 1
+        shown = f"--{name}" + (f" {value}" if value else "")
+        key, value = name.replace("-", "_"), value or "VALUE"
+        near = difflib.get_close_matches("--" + name.replace("_", "-"), options, n=1, cutoff=0.75)
+        said = explain(key, value, style="set") if fields else None
+        if key in fields:
+            out.append(f"{shown}: {key} is a field, not an option: --set {key}={value}")
+        elif said is not None:
+            out.append(f"{shown}: {said}")
+        elif near:
+            out.append(f"{shown} (did you mean {near[0]}?)")
+        else:
+            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.75)
+            out.append(f"{shown}" + (f" (did you mean --set {close[0]}={value}?)" if close else ""))
+    return out
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -890,12 +985,8 @@ def _train(argv: list[str], prog: str) -> int:
     out = Path(args.out).expanduser() if args.out else default_out(preset, args.profile)
     _check_out(out, overwrite=args.overwrite or args.resume)
     cfg_over.update(_output_overrides(args, out, algo.name, cfg_over))
-    if model is not None:
-        profile = experiments.get_profile(args.profile)
-        task = args.task or profile.task
-        warning = _check_tokenizer(model, task, profile.task_kwargs if task == profile.task else (), prog)
-        if warning:
-            print(warning, file=sys.stderr)
+    for warning in task_warnings(experiments.get_profile(args.profile), args.task, model, prog):
+        print(warning, file=sys.stderr)
     config_file = _write_resolved(args, preset, algo, cfg_over, model, out,
                                   _origin(conf, conf and conf.trainer, set_cfg))
     try:
@@ -1051,13 +1142,13 @@ def _command_line_words(message: str) -> str:
 def _preset(name: str):
     """The preset called ``name`` (:func:`grpo_lab.algo.algorithms.get_algorithm`), or a :class:`UsageError` naming the
     closest preset and every known one."""
-    from ..algo.algorithms import PRESETS, get_algorithm
+    from ..algo.algorithms import PRESETS, closest_preset, get_algorithm
 
     try:
         return get_algorithm(name)
     except ValueError:
-        close = difflib.get_close_matches(name.upper(), list(PRESETS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = closest_preset(name)
+        hint = f" (did you mean {close!r}?)" if close else ""
         raise UsageError(f"unknown preset {name!r}{hint}; known: {', '.join(PRESETS)}") from None
 
 

@@ -183,7 +183,7 @@ def _unknown(where: str, key: str, known: list[str], extra: str = "", value: Any
     said = _foreign(where, key, value, top)
     if said is not None:
         return ValueError(said)
-    close = difflib.get_close_matches(key, known, n=1)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)  # difflib's 0.6 offers unrelated keys
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ValueError(f"{where}: unknown key {key!r}{hint}{extra}; known keys: {', '.join(sorted(known))}")
 
@@ -239,9 +239,11 @@ def _raise_found(found: list) -> None:
     from ..export.vocabulary import combine
 
     foreign = [(k, m) for k, m, is_foreign in found if is_foreign]
+    plain = [m for _, m, is_foreign in found if not is_foreign]
+    if len(plain) > 1:  # numbered: the command line prints an error on one line
+        plain = [f"({i}) {m}" for i, m in enumerate(plain, 1)]
     if found:
-        raise ValueError("\n".join([m for _, m, is_foreign in found if not is_foreign]
-                                   + ([combine(foreign)] if foreign else [])))
+        raise ValueError("\n".join(plain + ([combine(foreign)] if foreign else [])))
 
 
 def _option_hints(parser) -> dict[str, tuple[Any, Any]]:

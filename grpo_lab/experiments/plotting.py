@@ -66,7 +66,7 @@ ALGO_ORDER: tuple[str, ...] = ("GRPO", "DR_GRPO", "DAPO", "GSPO", "CISPO", "VAPO
 
 #: One fixed colour per algorithm, each with a WCAG contrast of 3 or more against white (GRPO blue,
 #: DAPO bluish green, GSPO vermillion as in seaborn's colour-blind palette; the lighter colours of
-#: that palette, below 3:1, replaced: Dr.GRPO wine, CISPO pink, VAPO brown, PPO teal,
+#: that palette, below 3:1, replaced: Dr.GRPO wine, CISPO pink, VAPO brown, PPO dark green,
 #: DeepSeek-V3.2's objective, :func:`grpo_lab.algo.algorithms.deepseek_v32`, indigo; ``RPT`` black;
 #: ``base``, the untrained policy, dark grey and dashed). Chosen so that every pair stays apart
 #: also under simulated deuteranopia and protanopia (tests/experiments/test_plotting_look.py checks both).
@@ -77,7 +77,7 @@ ALGO_COLORS: dict[str, str] = {
     "GSPO": "#d55e00",
     "CISPO": "#d36fbb",
     "VAPO": "#8c564b",
-    "PPO": "#0f8fa8",
+    "PPO": "#185000",
     "RPT": "#000000",
     "DEEPSEEK_V32": "#332288",
     "base": "#767676",

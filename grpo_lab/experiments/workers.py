@@ -111,6 +111,8 @@ def map_workers(fn, items: Sequence[Any], n_jobs: int = 1) -> list[Any]:
 
     Raises:
         ValueError: ``n_jobs < 1``.
+        RuntimeError: with ``n_jobs > 1``, called by a script's top-level code outside its
+            ``if __name__ == "__main__":`` guard (each spawned worker would run it again).
         TypeError: with ``n_jobs > 1``, ``fn`` (or a global it uses), an item or a result cannot be
             pickled (the message says which).
         Exception: whatever ``fn`` raises, after the workers are stopped; one whose class cannot travel
@@ -248,6 +250,66 @@ def _pool_key(n_jobs: int) -> str:
     return json.dumps([n_jobs, regs, files], sort_keys=True)
 
 
+def _is_main_guard(node) -> bool:
+    """Whether the top-level statement ``node`` (an ``ast`` node) is ``if __name__ == "__main__":``."""
+    import ast
+
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare) or len(node.test.comparators) != 1:
+        return False
+    sides = [node.test.left, node.test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    consts = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return isinstance(node.test.ops[0], ast.Eq) and names == ["__name__"] and consts == ["__main__"]
+
+
+def _unguarded_main_statement() -> tuple[str, int] | None:
+    """``(script, line)`` of the top-level statement of the ``__main__`` script that is running now, when it is
+    not an ``if __name__ == "__main__":`` block; ``None`` when it is, and for a notebook, an interactive
+    session, ``python -c`` or a package's ``__main__`` module. A ``spawn`` worker imports a script (as
+    ``__mp_main__``) before it takes work, running every top-level statement outside that guard: the one found
+    here would start worker processes again while the worker is still starting, and the pool would break."""
+    import ast
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if not path or not str(path).endswith(".py") or (spec is not None and spec.name.endswith("__main__")):
+        return None
+    frame = sys._getframe()
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = frame.f_lineno
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            return None if _is_main_guard(node) else (str(path), line)
+    return None
+
+
+def _guard_message(where: str) -> str:
+    return (f"{where}: n_jobs > 1 starts worker processes ('spawn') that import the script again and would run this "
+            "call again: put the script's top-level code under `if __name__ == \"__main__\":` (or use n_jobs=1)")
+
+
+def _refuse_unguarded_main() -> None:
+    """Raise the one-line :func:`_guard_message` where the pool cannot start: called from a script's top-level
+    code outside its ``__main__`` guard (:func:`_unguarded_main_statement`), or in a worker process that is
+    still importing the main module (then the parent's pool would break)."""
+    import multiprocessing as mp
+
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError(_guard_message("a worker process importing the main script"))
+    found = _unguarded_main_statement()
+    if found is not None:
+        raise RuntimeError(_guard_message(f"{Path(found[0]).name}, line {found[1]} (outside the __main__ guard)"))
+
+
 def _worker_pool(n_jobs: int):
     """The process pool of :func:`_map`, kept between calls: starting a worker (a fresh ``spawn``
     interpreter importing torch and transformers, then loading its first checkpoint) costs several
@@ -256,6 +318,7 @@ def _worker_pool(n_jobs: int):
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
+    _refuse_unguarded_main()
     key = _pool_key(n_jobs)
     pool = _POOL["executor"]
     if pool is not None and (_POOL["key"] != key or getattr(pool, "_broken", False)):

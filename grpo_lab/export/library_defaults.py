@@ -7,7 +7,8 @@ for every field it does not set, without TRL or verl installed. The values below
 of verl 0.9.1; ``tests/export/xcheck/test_xcheck_lint.py`` checks them against the installed libraries (``make xcheck``).
 
 * :data:`TRL_DEFAULTS` — the fields the linter reads (loss, sampling, optimiser, sizes), with their
-  dataclass defaults; :data:`TRL_OTHER_FIELDS` — every other ``GRPOConfig`` field (read, outside the loss).
+  dataclass defaults; :data:`TRL_OTHER_FIELDS` — every other ``GRPOConfig`` field (read, outside the loss);
+  :data:`TRL_SCRIPT_FIELDS` — the model and data keys the ``trl grpo`` script reads from the same file.
 * :data:`VERL_DEFAULTS` — dotted keys the linter reads, with their defaults; :data:`VERL_STRICT_SECTIONS`
   — the sections holding the loss, whose every key must be known (:data:`VERL_DEFAULTS` or
   :data:`VERL_OTHER_KEYS`); a key elsewhere under :data:`VERL_SECTIONS` is outside the loss.
@@ -15,7 +16,8 @@ of verl 0.9.1; ``tests/export/xcheck/test_xcheck_lint.py`` checks them against t
 
 from __future__ import annotations
 
-__all__ = ["TRL_DEFAULTS_VERSION", "VERL_DEFAULTS_VERSION", "TRL_DEFAULTS", "TRL_OTHER_FIELDS", "VERL_DEFAULTS",
+__all__ = ["TRL_DEFAULTS_VERSION", "VERL_DEFAULTS_VERSION", "TRL_DEFAULTS", "TRL_OTHER_FIELDS", "TRL_SCRIPT_FIELDS",
+           "VERL_DEFAULTS",
            "VERL_OTHER_KEYS", "VERL_OPEN_PREFIXES", "VERL_STRICT_SECTIONS", "VERL_SECTIONS"]
 
 #: the TRL release :data:`TRL_DEFAULTS` was read from
@@ -77,6 +79,22 @@ TRL_OTHER_FIELDS = frozenset((
     'entropy_coef_delta', 'entropy_target', 'max_tool_calling_iterations', 'log_completions', 'log_multimodal', 'num_completions_to_print',
     'log_unique_prompts', 'log_completions_hub_repo', 'use_transformers_continuous_batching',
     'transformers_continuous_batching_config', 'use_transformers_paged', 'vllm_importance_sampling_cap',
+))
+
+#: the other keys of a ``trl grpo --config FILE``, the model, its adapters and the data (outside the loss). The
+#: ``TrlParser`` of TRL 1.16.0's ``trl/scripts/grpo.py`` reads ``GRPOScriptArguments``, ``GRPOConfig``,
+#: ``ModelConfig`` and ``DatasetMixtureConfig`` from one file.
+TRL_SCRIPT_FIELDS = frozenset((
+    # GRPOScriptArguments (ScriptArguments and its reward fields)
+    'dataset_name', 'dataset_config', 'dataset_train_split', 'dataset_test_split', 'dataset_streaming',
+    'ignore_bias_buffers', 'reward_funcs', 'reward_model_name_or_path',
+    # ModelConfig
+    'model_name_or_path', 'model_revision', 'dtype', 'attn_implementation', 'use_peft', 'lora_r', 'lora_alpha',
+    'lora_dropout', 'lora_target_modules', 'lora_target_parameters', 'lora_modules_to_save', 'lora_task_type',
+    'use_rslora', 'use_dora', 'load_in_8bit', 'load_in_4bit', 'bnb_4bit_quant_type', 'use_bnb_nested_quant',
+    'bnb_4bit_quant_storage',
+    # DatasetMixtureConfig
+    'datasets', 'streaming', 'test_split_size',
 ))
 
 _A = "actor_rollout_ref.actor."

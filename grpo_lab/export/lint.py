@@ -254,8 +254,9 @@ def _coerce(given: dict, defaults: dict) -> dict:
 
 
 def _unknown_trl(given: dict) -> list:
-    known = set(_D.TRL_DEFAULTS) | _D.TRL_OTHER_FIELDS
-    return [f"{k}{did_you_mean(k, known)}" for k in given if k not in known]
+    known = set(_D.TRL_DEFAULTS) | _D.TRL_OTHER_FIELDS | _D.TRL_SCRIPT_FIELDS
+    renamed = {"torch_dtype": " (TRL 1.16's ModelConfig calls it dtype; its parser refuses torch_dtype)"}
+    return [f"{k}{renamed.get(k) or did_you_mean(k, known)}" for k in given if k not in known]
 
 
 def _migrate_verl(given: dict, notes: list) -> dict:
@@ -274,6 +275,8 @@ def _unknown_verl(given: dict) -> list:
     known = set(_D.VERL_DEFAULTS) | _D.VERL_OTHER_KEYS
     out = []
     for k in given:
+        if k == "defaults":  # Hydra's composition list (ppo_trainer.yaml's first key), not a setting
+            continue
         if k.split(".", 1)[0] not in _D.VERL_SECTIONS:
             out.append(f"{k} (no such section; verl's are {', '.join(_D.VERL_SECTIONS)})")
         elif (k.startswith(_D.VERL_STRICT_SECTIONS) and k not in known

@@ -101,8 +101,10 @@ class Values:
 
 
 def did_you_mean(word: str, known) -> str:
-    """``" (did you mean 'x'?)"`` for the closest of ``known`` (difflib), or ``""``."""
-    close = difflib.get_close_matches(str(word), [str(k) for k in known], n=1)
+    """``" (did you mean 'x'?)"`` for the closest of ``known`` (difflib, similarity ratio >= 0.75), or ``""``."""
+    # 0.75, not difflib's 0.6: 0.6 offered torch_dtype -> torch_compile and dataset_name -> data_seed (other
+    # options), while one- and two-letter slips of names this long stay above 0.8
+    close = difflib.get_close_matches(str(word), [str(k) for k in known], n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

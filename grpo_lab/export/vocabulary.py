@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 __all__ = ["Term", "NO_VALUE", "SEE_ALSO", "LIBRARY_NAMES", "vocabulary", "lookup", "translate_value", "explain",
-           "combine"]
+           "combine", "RUN_OPTIONS"]
 
 #: how messages name each library's configuration
 LIBRARY_NAMES = {"trl": "TRL's GRPOConfig", "verl": "verl's trainer-config"}
@@ -435,6 +435,37 @@ def _preset_hint(name: str, settings: dict) -> str:
     return f" (the {name} preset differs here: it has {said})"
 
 
+#: TRL names of a run's length, checkpoints, model and data (``TrainingArguments`` and the ``trl grpo`` script's
+#: ``ModelConfig`` / ``ScriptArguments``), which no loss setting translates: ``{name: (what it is in TRL, the
+#: grpo_lab fix on the command line, the fix in a run file)}``. ``N`` stands for the value given.
+RUN_OPTIONS: dict = {
+    "max_steps": ("TRL's run length in optimiser steps",
+                  "--steps {v} (RL steps; each makes minibatches x epochs optimiser steps; a decaying lr schedule's "
+                  "horizon is --set lr_schedule_steps={v})",
+                  "steps: {v} at the top level (RL steps; a decaying lr schedule's horizon is lr_schedule_steps "
+                  "under trainer:)"),
+    "num_train_epochs": ("TRL's passes over the dataset",
+                         "--steps N (grpo_lab counts RL steps of prompts_per_step prompts, not epochs)",
+                         "steps: N at the top level (RL steps of prompts_per_step prompts, not epochs)"),
+    "save_steps": ("TRL's checkpoint interval", "--set save_every={v}", "save_every: {v} under trainer:"),
+    "model_name_or_path": ("TRL's ModelConfig model", "--model {v}", "model: {v} at the top level"),
+    "dataset_name": ("TRL's ScriptArguments dataset",
+                     "--task {v} (a registered task; your own data: a DatasetTask, see the guide's 'Your own data')",
+                     "task: {v} at the top level (your own data: a DatasetTask)"),
+}
+
+
+def _run_option(key: str, value: Any, style: str) -> Optional[str]:
+    """The text of :func:`explain` for a name of :data:`RUN_OPTIONS`, or None for another name."""
+    typed = str(key).lstrip("+").strip()
+    if typed not in RUN_OPTIONS:
+        return None
+    what, on_line, in_file = RUN_OPTIONS[typed]
+    fix = (on_line if style == "set" else in_file)
+    shown = "VALUE" if value is _UNSET or value is None else str(value).strip()
+    return f"{typed} is {what}; in grpo_lab: {fix.format(v=shown)}"
+
+
 def explain(key: str, value: Any = _UNSET, *, style: str = "set") -> Optional[str]:
     """What a TRL / verl option is called in grpo_lab, as the text of an error.
 
@@ -454,6 +485,9 @@ def explain(key: str, value: Any = _UNSET, *, style: str = "set") -> Optional[st
     """
     if style not in ("set", "file"):
         raise ValueError(f"explain: style must be 'set' or 'file', got {style!r}")
+    run = _run_option(key, value, style)
+    if run is not None:
+        return run
     terms = lookup(key)
     if not terms:
         return None

@@ -4,7 +4,8 @@ Contrast is the WCAG 2 ratio ``(L1 + 0.05) / (L2 + 0.05)`` of relative luminance
 (https://www.w3.org/TR/WCAG21/#dfn-contrast-ratio); 3:1 is WCAG's minimum for graphics such as
 lines (success criterion 1.4.11). Colour distance is CIE76 ΔE in CIELAB (D65), also after
 simulating deuteranopia and protanopia with the severity-1 matrices of Machado, Oliveira and
-Fernandes (2009) applied in linear RGB.
+Fernandes (2009) applied in linear RGB; and CIEDE2000 (Sharma, Wu and Dalal 2005), which weighs hue, chroma and
+lightness as the eye does (CIE76 overstates distances between saturated blues).
 """
 
 from __future__ import annotations
@@ -87,6 +88,60 @@ def test_algorithm_colours_stay_apart(vision, minimum):
     assert not close, f"algorithm colours closer than ΔE {minimum}: {close}"
     extra = plotting.EXTRA_COLORS
     assert len(set(extra)) == len(extra) and not set(extra) & set(plotting.ALGO_COLORS.values())
+
+
+#: Smallest CIEDE2000 distance between two algorithms' colours (normal vision). CIE76 overstates distances among
+#: saturated blues: GRPO #0173b2 and the teal PPO had before issue 58 were 20+ apart in CIE76, 16.0 in CIEDE2000,
+#: and read as one blue in figure 6.3.
+MIN_DELTA_E_2000 = 20.0
+
+
+def _ciede2000(lab1, lab2) -> float:
+    """CIEDE2000 colour difference (kL = kC = kH = 1), as written in Sharma, Wu and Dalal (2005), Eqs. 1-17."""
+    (L1, a1, b1), (L2, a2, b2) = lab1, lab2
+    c_bar = (np.hypot(a1, b1) + np.hypot(a2, b2)) / 2
+    g = 0.5 * (1 - np.sqrt(c_bar ** 7 / (c_bar ** 7 + 25.0 ** 7)))
+    a1p, a2p = (1 + g) * a1, (1 + g) * a2
+    c1p, c2p = np.hypot(a1p, b1), np.hypot(a2p, b2)
+    h1p = np.degrees(np.arctan2(b1, a1p)) % 360 if c1p else 0.0
+    h2p = np.degrees(np.arctan2(b2, a2p)) % 360 if c2p else 0.0
+    dh = 0.0 if c1p * c2p == 0 else (h2p - h1p + 180) % 360 - 180
+    d_hp = 2 * np.sqrt(c1p * c2p) * np.sin(np.radians(dh / 2))
+    l_bar, cp_bar = (L1 + L2) / 2, (c1p + c2p) / 2
+    if c1p * c2p == 0:
+        h_bar = h1p + h2p
+    elif abs(h1p - h2p) <= 180:
+        h_bar = (h1p + h2p) / 2
+    else:
+        h_bar = (h1p + h2p + 360) / 2 if h1p + h2p < 360 else (h1p + h2p - 360) / 2
+    t = (1 - 0.17 * np.cos(np.radians(h_bar - 30)) + 0.24 * np.cos(np.radians(2 * h_bar))
+         + 0.32 * np.cos(np.radians(3 * h_bar + 6)) - 0.20 * np.cos(np.radians(4 * h_bar - 63)))
+    r_c = 2 * np.sqrt(cp_bar ** 7 / (cp_bar ** 7 + 25.0 ** 7))
+    s_l = 1 + 0.015 * (l_bar - 50) ** 2 / np.sqrt(20 + (l_bar - 50) ** 2)
+    s_c, s_h = 1 + 0.045 * cp_bar, 1 + 0.015 * cp_bar * t
+    r_t = -np.sin(np.radians(60 * np.exp(-(((h_bar - 275) / 25) ** 2)))) * r_c
+    dl, dc, dhh = (L2 - L1) / s_l, (c2p - c1p) / s_c, d_hp / s_h
+    return float(np.sqrt(dl ** 2 + dc ** 2 + dhh ** 2 + r_t * dc * dhh))
+
+
+@pytest.mark.parametrize("lab1, lab2, expected", [  # pairs 1, 7, 17 and 25 of Sharma, Wu and Dalal's test data
+    ((50.0, 2.6772, -79.7751), (50.0, 0.0, -82.7485), 2.0425),
+    ((50.0, 0.0, 0.0), (50.0, -1.0, 2.0), 2.3669),
+    ((50.0, 2.5, 0.0), (73.0, 25.0, -18.0), 27.1492),
+    ((60.2574, -34.0099, 36.2677), (60.4626, -34.1751, 39.4387), 1.2644),
+])
+def test_ciede2000_matches_the_published_test_data(lab1, lab2, expected):
+    assert _ciede2000(lab1, lab2) == pytest.approx(expected, abs=1e-4)
+    assert _ciede2000(lab2, lab1) == pytest.approx(expected, abs=1e-4)
+
+
+def test_algorithm_colours_are_perceptually_distinct():
+    # every pair of algorithms, GRPO and PPO included (figure 6.3 draws both), at least MIN_DELTA_E_2000 apart
+    pairs = itertools.combinations(plotting.ALGO_COLORS.items(), 2)
+    distances = {(a, b): _ciede2000(_lab(_linear(ca)), _lab(_linear(cb))) for (a, ca), (b, cb) in pairs}
+    close = {k: round(v, 1) for k, v in distances.items() if v < MIN_DELTA_E_2000}
+    assert not close, f"algorithm colours closer than CIEDE2000 {MIN_DELTA_E_2000}: {close}"
+    assert _ciede2000(_lab(_linear("#0173b2")), _lab(_linear("#0f8fa8"))) < MIN_DELTA_E_2000  # the old GRPO / PPO pair fails
 
 
 def _frame(n_algos: int = 3) -> pd.DataFrame:

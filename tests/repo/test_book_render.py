@@ -23,6 +23,9 @@ fails when
   read (wide equations were cut at the column's edge, beside their number, in chapters 1-6).
   ``book/_static/math_fit.js`` fits them; at 800 px (``test_wide_equations_at_a_narrow_width``) an
   equation may instead scroll inside its own box, but never overlap its number or leave the column.
+* a table is wider than the column without a box between them that scrolls sideways and stays inside the column
+  (a cell's pandas table, a Markdown table: chapter 8's and the scale-out page's wide tables;
+  ``book/_static/wide_tables.css`` gives their boxes a permanent scrollbar).
 
 Chromium is driven by Selenium through Debian's ``chromedriver`` (packages ``chromium`` and
 ``chromium-driver``; ``.ci/run`` installs them). Without them the tests skip, except under CI
@@ -99,6 +102,26 @@ function displayMathBoxes() {
   }
   return out;
 }
+// Tables a reader cannot read whole: wider than the page's column (article.bd-article) without a box between
+// them that scrolls sideways (overflow-x auto / scroll) and itself stays inside the column. MathJax's own
+// tables are left out (display equations are displayMathBoxes' business).
+function wideTables() {
+  const column = document.querySelector("article.bd-article") || document.body;
+  const c = column.getBoundingClientRect(), out = [];
+  const inside = (r) => r.left >= c.left - 2 && r.right <= c.right + 2;  // a border's sub-pixel overhang is no overflow
+  for (const table of document.querySelectorAll("table")) {
+    const t = table.getBoundingClientRect();
+    if (table.closest("mjx-container") || t.width === 0 || inside(t)) continue;
+    let scroller = null;
+    for (let e = table.parentElement; e && e !== column && !scroller; e = e.parentElement) {
+      if (["auto", "scroll"].includes(getComputedStyle(e).overflowX)) scroller = e;
+    }
+    if (scroller && inside(scroller.getBoundingClientRect())) continue;
+    out.push(`${(table.querySelector("th, td") || table).textContent.trim().slice(0, 30) || "(table)"}: `
+             + `${Math.round(t.width)} px in a ${Math.round(c.width)} px column, ${scroller ? "its scrolling box past the column" : "no scrolling box"}`);
+  }
+  return out;
+}
 """
 
 #: Run in the page after load: waits for MathJax and fonts, then reports what the test checks.
@@ -147,6 +170,7 @@ const done = arguments[arguments.length - 1];
   out.mathjax_resources = performance.getEntriesByType("resource").map((r) => r.name).filter((u) => /mathjax/i.test(u));
   out.pipe_tables = pipeTableLines();
   out.display_math = displayMathBoxes();
+  out.wide_tables = wideTables();
   done(out);
 })().catch((e) => done({script_error: String(e && e.stack || e)}));
 """
@@ -379,6 +403,8 @@ def test_page_renders_offline(browser, html_dir: Path, page: str):
     if report["pipe_tables"]:
         lines = report["pipe_tables"]
         problems.append(f"{len(lines)} lines of raw Markdown pipe table (not rendered as a table), e.g. {lines[:3]}")
+    if report["wide_tables"]:
+        problems.append(f"{len(report['wide_tables'])} tables past the column at 1280 px: {report['wide_tables'][:4]}")
     wide = [_describe(eq) for eq in report["display_math"] if not (eq["fits"] and eq["in_column"]) or eq["overlap"]]
     if wide:
         problems.append(f"{len(wide)} display equations wider than their column at 1280 px: {wide[:6]}")
@@ -390,6 +416,20 @@ def _describe(eq: dict) -> str:
     extra = "" if eq["in_column"] else ", past the column"
     extra += f", {eq['overlap']} px under its number" if eq["overlap"] else ""
     return f"{eq['id']} ({eq['math_width']} px in {eq['box_width']} px: {what}{extra})"
+
+
+def test_wide_table_check_fails_a_table_past_the_column(browser, tmp_path):
+    """The check of test_page_renders_offline can fail: a 1500 px table in a 600 px column is flagged, the same
+    table in a box that scrolls sideways is not; and the book's stylesheet gives such boxes their scrolling."""
+    table = "<table><tr>" + "".join(f"<td>column {k} of a wide table</td>" for k in range(12)) + "</tr></table>"
+    page = tmp_path / "wide.html"
+    page.write_text(f"<html><body style='width: 600px; margin: 0'>"
+                    f"<div id='bare'>{table}</div><div style='overflow-x: auto'>{table}</div></body></html>")
+    browser.get(page.as_uri())
+    wide = browser.execute_script(_PAGE_FUNCTIONS_JS + "return wideTables();")
+    assert len(wide) == 1 and wide[0].startswith("column 0 of a wide table: ") and "no scrolling box" in wide[0], wide
+    css = (BOOK / "_static" / "wide_tables.css").read_text(encoding="utf-8")
+    assert re.search(r"div\.output\.text_html,\s*\.bd-content \.pst-scrollable-table-container \{[^}]*overflow-x: auto", css)
 
 
 #: A narrow window (a small laptop or a tablet): the chapters' wide equations may scroll there.

@@ -11,8 +11,9 @@ never copied here).
   :func:`_skip_reason`: a command that needs a GPU (``--profile gpu``) or the Hugging Face hub (a ``--model``
   that is a hub id, ``--task gsm8k``). The own-task line is also run with its own step count and checked to
   learn (slow).
-* Every ```python block runs as written, in a fresh namespace and a scratch directory (README's quickly; the
-  guide's, which train, are slow).
+* Every ```python block runs as saved: written to a file in a scratch directory and run as a script in its own
+  process (README's quickly; the guide's, which train, are slow: about 60 s in all on 2 loaded cores). A block
+  that trains must print a line with the untrained base's number beside the trained one (issue 58).
 """
 
 from __future__ import annotations
@@ -162,36 +163,61 @@ def test_readme_states_the_environment():
     assert ".venv/bin/python -m grpo_lab" not in TEXT  # one way of writing it: the activated python
 
 
-def _exec_snippet(code: str, where: str, tmp_path: Path, monkeypatch) -> None:
-    """Run one ```python block as written, in a fresh namespace, from ``tmp_path``."""
-    monkeypatch.chdir(tmp_path)
-    try:
-        exec(compile(code, where, "exec"), {"__name__": "__snippet__"})
-    except Exception as exc:  # name the document and block, then the error
-        raise AssertionError(f"{where} fails: {type(exc).__name__}: {exc}") from exc
+def _run_snippet(code: str, where: str, tmp_path: Path, env: dict | None = None) -> str:
+    """Run one ```python block as saved: written to ``snippet.py`` in ``tmp_path`` and run there as a script
+    (``python snippet.py``, its own process: ``__name__ == "__main__"``, spawned workers re-import it). Returns
+    its stdout; a failure raises ``AssertionError`` naming the document and block, then the script's last
+    stderr line."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "snippet.py"
+    script.write_text(code, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GRPO_LAB_RUN_CACHE": "off", **(env or {})}
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+        raise AssertionError(f"{where} fails (exit {p.returncode}): {last}")
+    return p.stdout
 
 
-def test_readme_snippet_runs(tmp_path, monkeypatch):
+def _trains(code: str) -> bool:
+    """Whether a snippet trains (``.train(`` or ``experiments.run(``): it must then print base against trained."""
+    return ".train(" in code or "experiments.run(" in code
+
+
+def _check_snippet(code: str, where: str, tmp_path: Path) -> None:
+    out = _run_snippet(code, where, tmp_path)
+    if _trains(code):  # issue 58: a training example shows the untrained base beside the trained policy
+        assert any("base" in line and "after" in line for line in out.splitlines()), \
+            f"{where} trains but prints no line with the base's number beside the trained one:\n{out[-2000:]}"
+
+
+def test_readme_snippet_runs(tmp_path):
     blocks = python_blocks(README_TEXT)
     assert blocks, "README.md: the policy_loss snippet is gone"
     for i, code in enumerate(blocks):
-        _exec_snippet(code, f"README.md python block {i}", tmp_path, monkeypatch)
+        _check_snippet(code, f"README.md python block {i}", tmp_path)
 
 
-def test_a_failing_snippet_fails(tmp_path, monkeypatch):
-    with pytest.raises(AssertionError, match="doc.md python block 0 fails: KeyError"):
-        _exec_snippet("from grpo_lab.algo.objectives import SURROGATES\nSURROGATES['no such surrogate']\n",
-                      "doc.md python block 0", tmp_path, monkeypatch)
+def test_a_failing_snippet_fails(tmp_path):
+    with pytest.raises(AssertionError, match="doc.md python block 0 fails \\(exit 1\\): KeyError: 'no such surrogate'"):
+        _run_snippet("from grpo_lab.algo.objectives import SURROGATES\nSURROGATES['no such surrogate']\n",
+                     "doc.md python block 0", tmp_path)
+    with pytest.raises(AssertionError, match="prints no line with the base's number"):
+        _check_snippet("def train(): pass\nx = object()\n# trainer.train(2)\nprint('trained: 0.5')\n",
+                       "doc.md python block 1", tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page,index,code", GUIDE_SNIPPETS, ids=[f"{p}-{i}" for p, i, _ in GUIDE_SNIPPETS])
-def test_guide_snippet_runs(page, index, code, tmp_path, monkeypatch):
+def test_guide_snippet_runs(page, index, code, tmp_path):
     for module in ("peft", "datasets"):  # optional extras ([lora], [gsm8k])
         if re.search(rf"^\s*(from|import) {module}\b", code, flags=re.M) or (module == "peft" and "policy.lora" in code):
             pytest.importorskip(module)
-    monkeypatch.setenv("GRPO_LAB_RUN_CACHE", "off")  # train, do not read a stored run
-    _exec_snippet(code, f"book/guide/{page} python block {index}", tmp_path, monkeypatch)
+    _check_snippet(code, f"book/guide/{page} python block {index}", tmp_path)
 
 
 def test_reverse_base_is_shipped_with_its_provenance():

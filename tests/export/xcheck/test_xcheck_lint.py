@@ -50,6 +50,15 @@ def test_recorded_trl_defaults_are_the_installed_ones():
     assert trl.__version__ == D.TRL_DEFAULTS_VERSION
 
 
+def test_recorded_trl_script_fields_are_the_installed_ones():
+    # the dataclasses `trl grpo --config FILE` parses besides GRPOConfig (trl/scripts/grpo.py's make_parser)
+    from trl.scripts.grpo import GRPOScriptArguments
+
+    names = {f.name for cls in (GRPOScriptArguments, trl.ModelConfig, trl.DatasetMixtureConfig)
+             for f in dataclasses.fields(cls)}
+    assert names - {f.name for f in dataclasses.fields(trl.GRPOConfig)} == D.TRL_SCRIPT_FIELDS
+
+
 def _raw_verl_config():
     """verl's composed ``ppo_trainer`` config, not instantiated (its defaults leave the micro-batch unset)."""
     from hydra import compose as hydra_compose, initialize_config_dir
