@@ -26,7 +26,6 @@ Departures from the papers:
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import math
 import os
@@ -645,17 +644,10 @@ class _SigtermFlag:
 def _checked_algorithm(algo) -> Algorithm:
     """``algo``, or the preset it names; ``ValueError`` when it is neither an :class:`Algorithm` nor a name."""
     if isinstance(algo, str):
-        from ..algo.algorithms import PRESETS
-
         try:
-            algo = get_algorithm(algo)
+            algo = get_algorithm(algo)  # its message names the closest preset (algorithms.closest_preset)
         except ValueError as exc:
-            close = difflib.get_close_matches(algo.strip().upper(), [k.upper() for k in PRESETS], n=2)
-            if not close:
-                raise
-            names = " or ".join(repr(next(k for k in PRESETS if k.upper() == c)) for c in close)
-            raise ValueError(f"Trainer: unknown algorithm {algo!r} (did you mean {names}?); known presets: "
-                             f"{', '.join(PRESETS)}") from exc
+            raise ValueError(f"Trainer: {exc}") from exc
     if not isinstance(algo, Algorithm):
         raise ValueError(f"Trainer: algo must be an Algorithm or a preset name, got {type(algo).__name__}")
     return algo
