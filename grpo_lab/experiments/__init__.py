@@ -85,6 +85,6 @@ COLAB_SEEDS = _profiles.COLAB_SEEDS
 #: measured: a 16 GB card less what the driver keeps); :func:`colab_profile` fits its batch sizes to it.
 COLAB_T4_MEMORY = _profiles.COLAB_T4_MEMORY
 
-#: Minutes of a Colab session before training: the set-up cell's install, the model and GSM8K downloads, the
-#: loading (assumed, never measured); :func:`colab_minutes` adds them.
+#: The minutes a Colab session spends before training (the set-up cell's install, the model and GSM8K downloads,
+#: the loading; assumed, never measured); :func:`colab_minutes` adds them.
 COLAB_SETUP_MINUTES = _profiles.COLAB_SETUP_MINUTES

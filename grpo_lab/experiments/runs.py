@@ -172,7 +172,7 @@ def _train_one(algo: Algorithm, prof: Profile, steps: int, seed: int, progress: 
     return pd.DataFrame(trainer.rows)
 
 
-#: Where :func:`run` says, with ``resume=True``, what each seed resumes from (INFO records, after the checks of
+#: Where :func:`~grpo_lab.experiments.run` says, with ``resume=True``, what each seed resumes from (INFO records, after the checks of
 #: every seed's directory; the command line prints them).
 RESUME_LOG = logging.getLogger("grpo_lab.experiments.resume")
 

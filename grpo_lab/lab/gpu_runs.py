@@ -168,8 +168,8 @@ def announce_gpu_runs(chapter: str, profile: Profile, n_algos: int, n_seeds: int
     """Print (and return) the predicted wall time of a chapter's GPU runs before they start, and, with fewer
     than five seeds, that the results are a look, not a claim.
 
-    The time is :func:`~grpo_lab.experiments.profiles.colab_minutes` (Colab's T4, set-up included) for the
-    ``"colab"`` profile, else :func:`~grpo_lab.experiments.profiles.expected_gpu_minutes` on an H100 and a T4:
+    The time is :func:`~grpo_lab.experiments.colab_minutes` (Colab's T4, set-up included) for the
+    ``"colab"`` profile, else :func:`~grpo_lab.experiments.expected_gpu_minutes` on an H100 and a T4:
     assumed speeds, never measured.
     """
     from ..experiments.profiles import colab_minutes, expected_gpu_minutes

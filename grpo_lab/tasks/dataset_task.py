@@ -356,11 +356,11 @@ class DatasetTask:
     replacement. Once per generation round (:meth:`rewards`) each reward function is called as TRL calls it,
     ``func(prompts=..., completions=..., completion_ids=..., trainer_state=..., log_metric=..., log_extra=...,
     **columns)`` (conversational completions as assistant messages; ``completion_ids`` the sampled ids, EOS
-    included; ``trainer_state`` a :class:`RewardTrainerState`; ``log_metric(name, value)`` a history column,
+    included; ``trainer_state`` a :class:`~grpo_lab.tasks.dataset_task.RewardTrainerState`; ``log_metric(name, value)`` a history column,
     ``log_extra(column, values)`` a column of the completions table; each column repeated per completion), and
     returns a real or ``None`` (does not apply) per completion. Async functions are awaited together after the
     others; a reward model (``nn.Module``, directory or hub id, with ``reward_processing_classes``) is a
-    :class:`RewardModelFunc`; a function that raises gives a :class:`RewardFunctionError` naming it and the step. The reward is ``sum_f w_f r_f`` over those that applied (TRL's ``nansum``;
+    :class:`~grpo_lab.tasks.dataset_task.RewardModelFunc`; a function that raises gives a :class:`~grpo_lab.tasks.dataset_task.RewardFunctionError` naming it and the step. The reward is ``sum_f w_f r_f`` over those that applied (TRL's ``nansum``;
     none: 0 and a ``RuntimeWarning``). Departure from TRL: NaN / inf is an error, not "does not apply".
     Registered as ``"dataset"``: ``Trainer.resume`` rebuilds it when every field is JSON.
 
@@ -577,7 +577,7 @@ class DatasetTask:
             problems: the ``B`` problems they answer (from :meth:`sample` / :meth:`test_set`).
             completion_ids: the ``B`` sampled token-id lists (EOS included, no padding), as TRL passes them;
                 ``None``: the completions encoded with the task's tokenizer (no special tokens).
-            trainer_state: passed as ``trainer_state``; ``None``: a zero :class:`RewardTrainerState`.
+            trainer_state: passed as ``trainer_state``; ``None``: a zero :class:`~grpo_lab.tasks.dataset_task.RewardTrainerState`.
 
         Returns:
             ``{function name: [B] list of float or None}``, in the order of ``reward_funcs``.
