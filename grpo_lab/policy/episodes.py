@@ -109,8 +109,9 @@ def generate_episodes(model, tokenizer, task, problems: Sequence, *, group_size:
     or with ``done=False`` and no room left sets ``truncated``.
 
     Args:
-        model, tokenizer, group_size, max_new_tokens, temperature, greedy, top_p, top_k, cache_implementation,
-            with_logprobs: as :func:`grpo_lab.policy.rollout.generate` (``max_new_tokens``: the episode budget).
+        model, tokenizer: as :func:`grpo_lab.policy.rollout.generate`.
+        group_size, max_new_tokens, temperature, greedy, top_p, top_k, cache_implementation, with_logprobs: as
+            :func:`grpo_lab.policy.rollout.generate` (``max_new_tokens``: the whole episode's budget).
         task: has ``environment()`` returning an object with ``stop_strings`` (tuple of str), ``max_turns``
             (int ≥ 1), ``reset(problem)`` and ``step(action) -> StepResult`` (:mod:`grpo_lab.tasks.environment`).
         problems: ``n`` problems (``prompt``); the result has ``n * group_size`` rows, groups contiguous.

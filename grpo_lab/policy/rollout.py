@@ -580,7 +580,7 @@ def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None
 @torch.no_grad()
 def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, *, greedy: bool = True,
              n_samples: int = 1, temperature: float = 1.0, batch_size: int = 256,
-             max_new_tokens: int | None = None):
+             max_new_tokens: int | None = None, sampler=None):
     """Accuracy of ``model`` on ``problems`` (default: the task's fixed test set).
 
     Generation runs ``batch_size`` problems (times ``n_samples`` when sampling) at a time, without
@@ -592,6 +592,9 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
         batch_size: problems per ``generate`` call (positive int; the trainer passes
             ``TrainerConfig.eval_batch_size``).
         max_new_tokens: generation budget (default: the task's).
+        sampler: ``None`` (:func:`generate`) or a function with :func:`generate`'s signature returning a
+            :class:`Rollout`, e.g. multi-turn episodes (:func:`grpo_lab.policy.episodes.generate_episodes` with its
+            task bound).
 
     Returns:
         ``(summary, frame)``: ``summary`` a dict with ``accuracy``, ``mean_length`` (tokens, EOS
@@ -622,7 +625,7 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
     rows = []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start:start + batch_size]
-        ro = generate(model, tokenizer, chunk, group_size=1 if greedy else n_samples,
+        ro = (sampler or generate)(model, tokenizer, chunk, group_size=1 if greedy else n_samples,
                       max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, with_logprobs=False)
         lens = ro.lengths.tolist()
         correct = correctness(task, ro.texts, ro.problems)  # the task's batched `correct` once, when offered

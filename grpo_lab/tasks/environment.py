@@ -1,7 +1,7 @@
 """The environment of a multi-turn task: what answers the model's turns (a tool, a sandbox, a game).
 
 An episode alternates model turns and environment turns. A model turn ends at EOS or at the first of the
-environment's ``stop_strings`` (kept in the action); at a stop string the environment's :meth:`Environment.step`
+environment's ``stop_strings`` (kept in the action); at a stop string the environment's :meth:`grpo_lab.tasks.Environment.step`
 receives the action's text and returns a :class:`StepResult`: the observation text appended to the context (never
 trained: its tokens are outside the loss mask), whether the episode is over, and a per-turn reward summed into the
 episode's reward. The shape is that of TRL's environments (``reset`` / ``step`` with state across turns) and verl's
@@ -9,7 +9,7 @@ multi-turn interactions (a turn limit, tool answers appended as observations); t
 :func:`grpo_lab.policy.episodes.generate_episodes`.
 
 A multi-turn task is a :class:`~grpo_lab.tasks.base.Task` with one more method, ``environment() -> Environment``
-(a fresh environment for one episode); :func:`is_multi_turn` tells the trainer which rollout to use.
+(a fresh environment for one episode); :func:`grpo_lab.tasks.is_multi_turn` tells the trainer which rollout to use.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from grpo_lab.algo.algorithms import PRESETS
 from grpo_lab.algo.objectives import policy_loss
 from grpo_lab.policy.models import tiny_policy
 from grpo_lab.tasks import StepResult
-from grpo_lab.training.trainer import Trainer, TrainerConfig
+from grpo_lab.training.trainer import HISTORY_COLUMNS, Trainer, TrainerConfig
 
 
 class Echo:
@@ -65,6 +65,8 @@ def test_every_preset_trains_one_multi_turn_step(tok, name):
     batches = _keep_batches(tr)
     h = tr.train(1)
     assert math.isfinite(h["grad_norm"].iloc[0])
+    assert h["turns_mean"].iloc[0] >= 1 and 0 < h["observation_token_frac"].iloc[0] < 1
+    assert {"turns_mean", "tool_calls_mean", "observation_token_frac"} <= set(HISTORY_COLUMNS) & set(h.columns)
     b = batches[0]
     om = b.rollout.observation_mask
     assert om.any()  # the step really had observations
@@ -207,3 +209,11 @@ def test_masked_losses_equal_the_papers_equations_in_float64():
         algo = PRESETS[name].replace(beta=0.0, kl=None) if name == "GRPO" else PRESETS[name]
         out = policy_loss(logp, old, adv, m, algo, group_size=2)
         assert float(out.loss) == pytest.approx(want, rel=1e-12, abs=1e-14), name
+
+
+def test_evaluation_runs_episodes(tok):
+    # the trainer's test-set evaluation answers the model's tool calls too (history.episode_sampler)
+    tr = _trainer(tok, PRESETS["GRPO"], eval_every=1)
+    from grpo_lab.training.history import evaluate_frame
+    summary, frame = evaluate_frame(tr.policy, tok, tr.task, tr.config, tr.amp, 16, greedy=False)
+    assert frame["completion"].str.contains("#").any()  # an observation ('#<digits>;') in some episode
