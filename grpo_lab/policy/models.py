@@ -673,12 +673,13 @@ class CriticModel(torch.nn.Module):
 
     # ---- the ValueModel protocol
     def values(self, rollout) -> torch.Tensor:
-        """float32 ``[B, T]``: V(s_t) of every completion token of ``rollout`` (0 on padding); with
-        grad when grad is enabled."""
+        """float32 ``[B, T]``: V(s_t) of every completion token the model sampled (0 on padding and on the
+        observation tokens of a multi-turn rollout, which the forward attends over); with grad when grad is
+        enabled."""
         from .rollout import position_ids_from_mask
 
         ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
-        attn = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
+        attn = rollout.attention_mask()  # model and observation tokens (multi-turn): values at model tokens only
         P, T = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
         hidden = self.backbone(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
                                use_cache=False).last_hidden_state

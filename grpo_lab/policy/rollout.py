@@ -68,6 +68,11 @@ class Rollout:
             alone), padded with ``-1`` (all ``-1`` on completion padding): ``4·B·T·K`` bytes, e.g. 128 MiB at
             B = 256, T = 1024, top_k = 128. DeepSeek-V3.2's Keep Sampling Mask applies it to π_θ and π_old
             (:func:`policy_logprobs`'s ``keep_mask``).
+        observation_mask: ``None`` for single-turn rollouts; else bool ``[B, T]``, True at the completion positions
+            an environment inserted (observation / tool tokens of a multi-turn episode,
+            :func:`grpo_lab.policy.episodes.generate_episodes`). ``completion_mask`` keeps meaning *the tokens the
+            model sampled* (the loss mask), so token counts, lengths and normalisers exclude observations; every
+            forward pass attends over :meth:`attended_mask` (both).
     """
 
     prompt_ids: torch.Tensor
@@ -83,11 +88,25 @@ class Rollout:
     gen_seconds: float = 0.0
     extras: dict = field(default_factory=dict)
     kept_ids: torch.Tensor | None = None
+    observation_mask: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
-        """long ``[B]``: number of completion tokens (EOS included)."""
+        """long ``[B]``: number of completion tokens the model sampled (EOS included; observations excluded)."""
         return self.completion_mask.sum(-1).long()
+
+    def attended_mask(self) -> torch.Tensor:
+        """``[B, T]`` of ``completion_mask``'s dtype: 1 on every completion token a forward pass attends over, the
+        model's and (multi-turn) the environment's; ``completion_mask`` itself when there is no
+        ``observation_mask``."""
+        if self.observation_mask is None:
+            return self.completion_mask
+        return (self.completion_mask.bool() | self.observation_mask.bool()).to(self.completion_mask.dtype)
+
+    def attention_mask(self) -> torch.Tensor:
+        """long ``[B, P + T]``: the forward pass's attention mask over ``prompt + completion`` (prompt mask, then
+        :meth:`attended_mask`)."""
+        return torch.cat([self.prompt_mask, self.attended_mask().long()], dim=1)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -98,7 +117,11 @@ class Rollout:
         uses are dropped; position ids derive from the masks, so no real token moves)."""
         idx = torch.as_tensor(idx, dtype=torch.long)
         cm = self.completion_mask[idx]
+        om = None if self.observation_mask is None else self.observation_mask[idx]
         t = int(cm.sum(-1).max().item()) if len(idx) else 0
+        if om is not None and len(idx):  # the last attended column (observations may follow the last model token)
+            real = (cm != 0) | om
+            t = int((real.long() * torch.arange(1, real.shape[1] + 1, device=real.device)).max().item())
         t = max(t, 1)
         pm = self.prompt_mask[idx]
         used = pm.sum(0) > 0
@@ -112,11 +135,13 @@ class Rollout:
             extras={k: (v[idx] if torch.is_tensor(v) and v.shape[:1] == self.truncated.shape else v)
                     for k, v in self.extras.items()},
             kept_ids=None if self.kept_ids is None else _trim_kept(self.kept_ids[idx, :t]),
+            observation_mask=None if om is None else om[:, :t],
         )
 
     def token_counts(self) -> torch.Tensor:
-        """long ``[B]``: real tokens of each row, prompt and completion (the forward pass's work)."""
-        return self.prompt_mask.sum(-1).long() + self.completion_mask.sum(-1).long()
+        """long ``[B]``: real tokens of each row, prompt and completion, observations included (the forward
+        pass's work)."""
+        return self.prompt_mask.sum(-1).long() + (self.attended_mask() != 0).sum(-1).long()
 
 
 def _trim_kept(kept: torch.Tensor) -> torch.Tensor:
@@ -343,9 +368,10 @@ def _generation_config(model, tokenizer, stops: list, *, max_new_tokens: int, te
     return config
 
 
-def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config, recorder=None) -> tuple:
+def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config, recorder=None,
+                   criteria: tuple = ()) -> tuple:
     """``model.generate`` in eval mode under ``config`` alone (plus the hooks of ``recorder``, a
-    :class:`_BehaviourLogprobs`, when given); the output and its wall seconds. The model's training mode
+    :class:`_BehaviourLogprobs`, when given, and the stopping ``criteria``); the output and its wall seconds. The model's training mode
     and generation config are restored afterwards, also on error."""
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
@@ -359,6 +385,8 @@ def _generate_with(model, input_ids: torch.Tensor, attn: torch.Tensor, config, r
     try:
         hooks = dict(logits_processor=LogitsProcessorList([recorder.processor]),
                      stopping_criteria=StoppingCriteriaList([recorder.criterion])) if recorder is not None else {}
+        if criteria:
+            hooks["stopping_criteria"] = StoppingCriteriaList([*hooks.get("stopping_criteria", []), *criteria])
         out = model.generate(input_ids=input_ids, attention_mask=attn, generation_config=config, **hooks)
     finally:
         model.generation_config = checkpoint_config
@@ -513,7 +541,8 @@ def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None
     """Per-token log-probs (and optionally entropy) of the rollout's completions under ``model``.
 
     Runs one forward pass over ``prompt + completion`` with the same attention mask and
-    position ids as generation, keeping only the logits that predict completion tokens
+    position ids as generation (:meth:`Rollout.attention_mask`: observation tokens of a multi-turn episode
+    attended, their log-probs 0 like padding's), keeping only the logits that predict completion tokens
     (``logits_to_keep``), then :func:`grpo_lab.policy.logprobs.token_logprobs` at the sampling
     temperature.
 
@@ -531,7 +560,7 @@ def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None
     """
     temperature = rollout.temperature if temperature is None else temperature
     ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
-    attn = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
+    attn = rollout.attention_mask()  # model and observation tokens: the context the sampler saw
     pos = position_ids_from_mask(attn)
     T = rollout.completion_ids.shape[1]
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=T + 1, use_cache=False)
@@ -551,7 +580,7 @@ def policy_logprobs(model, rollout: Rollout, *, temperature: float | None = None
 @torch.no_grad()
 def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, *, greedy: bool = True,
              n_samples: int = 1, temperature: float = 1.0, batch_size: int = 256,
-             max_new_tokens: int | None = None):
+             max_new_tokens: int | None = None, sampler=None):
     """Accuracy of ``model`` on ``problems`` (default: the task's fixed test set).
 
     Generation runs ``batch_size`` problems (times ``n_samples`` when sampling) at a time, without
@@ -563,6 +592,9 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
         batch_size: problems per ``generate`` call (positive int; the trainer passes
             ``TrainerConfig.eval_batch_size``).
         max_new_tokens: generation budget (default: the task's).
+        sampler: ``None`` (:func:`generate`) or a function with :func:`generate`'s signature returning a
+            :class:`Rollout`, e.g. multi-turn episodes (:func:`grpo_lab.policy.episodes.generate_episodes` with its
+            task bound).
 
     Returns:
         ``(summary, frame)``: ``summary`` a dict with ``accuracy``, ``mean_length`` (tokens, EOS
@@ -593,7 +625,7 @@ def evaluate(model, tokenizer, task, problems: Sequence[Problem] | None = None, 
     rows = []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start:start + batch_size]
-        ro = generate(model, tokenizer, chunk, group_size=1 if greedy else n_samples,
+        ro = (sampler or generate)(model, tokenizer, chunk, group_size=1 if greedy else n_samples,
                       max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, with_logprobs=False)
         lens = ro.lengths.tolist()
         correct = correctness(task, ro.texts, ro.problems)  # the task's batched `correct` once, when offered

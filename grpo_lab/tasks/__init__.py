@@ -17,11 +17,12 @@ from dataclasses import asdict, is_dataclass
 from .arithmetic import ArithmeticTask
 from .base import Problem, Task, correctness, validate_task
 from .dataset_task import DatasetTask
+from .environment import Environment, StepResult, is_multi_turn
 from .gsm8k import GSM8KTask
 from .next_token import NextTokenTask
 
 __all__ = ["ArithmeticTask", "DatasetTask", "GSM8KTask", "NextTokenTask", "Problem", "Task", "TASKS", "get_task", "register_task", "task_spec",
-           "task_from_spec", "validate_task", "correctness"]
+           "task_from_spec", "validate_task", "correctness", "Environment", "StepResult", "is_multi_turn"]
 
 #: Registry of task classes by name (the ``name`` field of each task). Add to it with
 #: :func:`register_task`, which checks what writing ``TASKS[name] = cls`` directly does not.

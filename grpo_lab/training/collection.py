@@ -19,8 +19,9 @@ import torch
 from ..algo import selection
 from ..algo.algorithms import Algorithm
 from ..policy.models import inference_copy
+from ..policy.episodes import generate_episodes
 from ..policy.rollout import Rollout, generate
-from ..tasks import Problem, correctness
+from ..tasks import Problem, correctness, is_multi_turn
 from ..tasks.dataset_task import RewardTrainerState
 from .config import TrainerConfig
 from .learning_signal import DynamicSamplingShortfallWarning
@@ -95,7 +96,9 @@ def sample_rollout(policy, tokenizer, task, config: TrainerConfig, rng: np.rando
                    max_new_tokens: int, n_prompts: int) -> Rollout:
     """One rollout of ``policy``: ``n_prompts`` questions drawn by ``task.sample(n, rng)``, G =
     ``config.group_size`` responses each (:func:`grpo_lab.policy.rollout.generate`, under ``amp``'s autocast; in a
-    low-precision copy of the weights when ``config.rollout_dtype`` asks).
+    low-precision copy of the weights when ``config.rollout_dtype`` asks); for a multi-turn task (one with
+    ``environment()``, :func:`grpo_lab.tasks.is_multi_turn`) episodes of :func:`grpo_lab.policy.episodes.generate_episodes`
+    (``max_new_tokens`` the episode's budget, model and observation tokens).
 
     Raises:
         TypeError: ``task.sample(n, rng)`` did not return a list of exactly ``n``
@@ -107,10 +110,12 @@ def sample_rollout(policy, tokenizer, task, config: TrainerConfig, rng: np.rando
     sampler = policy
     if config.rollout_dtype != "float32":  # an "inference engine": a low-precision copy of the current weights
         sampler = inference_copy(policy, config.rollout_dtype, fp32_lm_head=config.rollout_fp32_lm_head)
+    kw = dict(group_size=config.group_size, max_new_tokens=max_new_tokens, temperature=config.temperature,
+              top_p=config.top_p, top_k=config.top_k)
     with amp.autocast():
-        return generate(sampler, tokenizer, problems, group_size=config.group_size,
-                        max_new_tokens=max_new_tokens, temperature=config.temperature,
-                        top_p=config.top_p, top_k=config.top_k)
+        if is_multi_turn(task):  # episodes of model and environment turns (grpo_lab.tasks.environment)
+            return generate_episodes(sampler, tokenizer, task, problems, **kw)
+        return generate(sampler, tokenizer, problems, **kw)
 
 
 def score_rollout(task, algo: Algorithm, ro: Rollout, max_new_tokens: int, *, trainer_state=None) -> Scored:
@@ -121,7 +126,8 @@ def score_rollout(task, algo: Algorithm, ro: Rollout, max_new_tokens: int, *, tr
     (:func:`grpo_lab.tasks.correctness`). A batched ``rewards`` that takes the keywords ``completion_ids`` /
     ``trainer_state`` gets the sampled ids of each row (EOS included, padding dropped: TRL's
     ``completion_ids``) and ``trainer_state``; the task's optional ``function_rewards`` / ``reward_logs`` fill
-    ``Scored.functions`` / ``Scored.logs``.
+    ``Scored.functions`` / ``Scored.logs``. A multi-turn rollout's episode reward is the task's reward plus the
+    sum of its per-turn rewards (``ro.extras["turn_rewards"]``), before shaping.
 
     Raises:
         TypeError: a reward that is not a real number, or ``rewards`` / ``correct`` returned a list of the
@@ -137,6 +143,8 @@ def score_rollout(task, algo: Algorithm, ro: Rollout, max_new_tokens: int, *, tr
     else:
         raw = torch.tensor([_check_reward(task.reward(t, p), i, t, p)
                             for i, (t, p) in enumerate(zip(ro.texts, ro.problems))], dtype=torch.float32)
+    if "turn_rewards" in ro.extras:  # a multi-turn episode: task reward + the environment's per-turn rewards
+        raw = raw + ro.extras["turn_rewards"].to(raw)
     correct = torch.tensor(correctness(task, ro.texts, ro.problems))  # batched `correct` when offered
     shaped = selection.shape(algo, raw, ro.lengths.cpu(), max_new_tokens)
     return Scored(ro, raw, correct, shaped, functions, logs)
@@ -330,7 +338,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     groups stay contiguous. Per-row ``extras`` tensors are concatenated when every part has them.
 
     Raises:
-        ValueError: no parts, or parts with different ``group_size`` / ``temperature``, or with and without kept sets.
+        ValueError: no parts, or parts with different ``group_size`` / ``temperature``, or with and without kept sets
+            or observation masks.
     """
     if not parts:
         raise ValueError("concat_rollouts: no rollouts given")
@@ -339,6 +348,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     first = parts[0]
     if any(r.group_size != first.group_size or r.temperature != first.temperature for r in parts):
         raise ValueError("concat_rollouts: rollouts differ in group_size or temperature")
+    if len({r.observation_mask is None for r in parts}) > 1:
+        raise ValueError("concat_rollouts: some rollouts are multi-turn (observation_mask) and others are not")
     if len({r.kept_ids is None for r in parts}) > 1:
         raise ValueError("concat_rollouts: some rollouts record top-p / top-k kept sets and others do not")
     P = max(r.prompt_ids.shape[1] for r in parts)
@@ -368,6 +379,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         texts=[t for r in parts for t in r.texts], problems=[p for r in parts for p in r.problems],
         group_size=first.group_size, temperature=first.temperature,
         gen_seconds=sum(r.gen_seconds for r in parts), extras=extras, kept_ids=_concat_kept(parts, T),
+        observation_mask=None if first.observation_mask is None else torch.cat(
+            [right(r.observation_mask.long(), T, 0) for r in parts]).bool(),
     )
 
 

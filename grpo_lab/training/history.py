@@ -5,6 +5,7 @@ every column; :data:`MEASURED_COLUMNS` names those that measure the machine rath
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import time
@@ -19,7 +20,9 @@ from ..algo import advantages as _adv
 from ..algo.advantages import tied_groups
 from ..algo.metrics import reduce_updates
 from ..algo.objectives import METRIC_KEYS
+from ..policy.episodes import generate_episodes
 from ..policy.rollout import evaluate
+from ..tasks import is_multi_turn
 from .callbacks import samples_table
 from .collection import Batch
 from .config import TrainerConfig
@@ -29,7 +32,7 @@ from .update import UpdateResult
 from .value_model import value_metrics
 
 __all__ = ["HISTORY_COLUMNS", "MEASURED_COLUMNS", "history_row", "evaluation_row", "evaluate_frame",
-           "sample_metrics", "completions_table"]
+           "sample_metrics", "completions_table", "turn_metrics", "episode_sampler"]
 
 #: The history columns that measure the machine rather than the run, namely wall times, throughput and
 #: memory. They differ between two runs that are otherwise bit-identical (a resumed run, a run in another
@@ -60,6 +63,9 @@ HISTORY_COLUMNS = {
                        "generated rows, every estimator (a value baseline such as gae still has a signal there)",
     "truncation_rate": "fraction of samples cut at the generation budget",
     "reasoning_frac": "fraction of samples the task calls reasoning (tasks with is_reasoning)",
+    "turns_mean": "multi-turn tasks: model turns per episode, mean over every episode generated",
+    "tool_calls_mean": "multi-turn tasks: environment steps (tool calls) per episode, mean",
+    "observation_token_frac": "multi-turn tasks: observation tokens / (model + observation tokens), every episode",
     "tokens_per_s": "generated tokens / step wall time (measured)",
     "gen_seconds": "wall time of generation (measured)",
     "step_seconds": "wall time of the step, evaluation excluded (measured)",
@@ -169,6 +175,7 @@ def history_row(batch: Batch, update: UpdateResult | None, *, config: TrainerCon
         "gen_seconds": sum(s.rollout.gen_seconds for s in gen),
         "step_seconds": seconds,
     }
+    row.update(turn_metrics(gen))
     if hasattr(task, "is_reasoning"):
         row["reasoning_frac"] = float(np.mean([task.is_reasoning(t) for s in gen for t in s.rollout.texts]))
     row.update(value_metrics(batch, algo.gamma))
@@ -191,6 +198,21 @@ def history_row(batch: Batch, update: UpdateResult | None, *, config: TrainerCon
         else:
             row[k] = v
     return row
+
+
+def turn_metrics(gen: list) -> dict:
+    """Multi-turn episodes' columns (``gen``: a step's :class:`~grpo_lab.training.trainer.Scored` rounds, from
+    :func:`grpo_lab.policy.episodes.generate_episodes`): ``turns_mean`` (model turns per episode),
+    ``tool_calls_mean`` (environment steps per episode), ``observation_token_frac`` (observation tokens over all
+    completion tokens, model and observation); ``{}`` for single-turn rollouts."""
+    if not gen or "turns" not in gen[0].rollout.extras:
+        return {}
+    cat = {k: torch.cat([s.rollout.extras[k].float().cpu() for s in gen]) for k in ("turns", "tool_calls",
+                                                                                  "observation_tokens")}
+    model = sum(float(s.rollout.completion_mask.ne(0).sum()) for s in gen)
+    obs = float(cat["observation_tokens"].sum())
+    return {"turns_mean": float(cat["turns"].mean()), "tool_calls_mean": float(cat["tool_calls"].mean()),
+            "observation_token_frac": obs / (obs + model) if obs + model else float("nan")}
 
 
 def _nanstd(x: torch.Tensor) -> float:
@@ -258,9 +280,24 @@ def evaluate_frame(policy, tokenizer, task, config: TrainerConfig, amp: Precisio
     try:
         with amp.autocast():
             return evaluate(policy, tokenizer, task, greedy=greedy, temperature=config.temperature,
-                            max_new_tokens=max_new_tokens, batch_size=config.eval_batch_size)
+                            max_new_tokens=max_new_tokens, batch_size=config.eval_batch_size,
+                            sampler=episode_sampler(task))
     finally:
         torch.random.set_rng_state(state)
+
+
+def episode_sampler(task):
+    """For a multi-turn task (:func:`grpo_lab.tasks.is_multi_turn`) a sampler with
+    :func:`grpo_lab.policy.rollout.generate`'s signature that runs its episodes
+    (:func:`grpo_lab.policy.episodes.generate_episodes`, ``task`` bound); ``None`` (plain ``generate``) otherwise."""
+    if not is_multi_turn(task):
+        return None
+    return functools.partial(_task_episodes, task)
+
+
+def _task_episodes(task, model, tokenizer, problems, **kw):
+    """:func:`grpo_lab.policy.episodes.generate_episodes` with the task in ``generate``'s argument order."""
+    return generate_episodes(model, tokenizer, task, problems, **kw)
 
 
 def evaluation_row(policy, tokenizer, task, config: TrainerConfig, amp: Precision, max_new_tokens: int,
