@@ -1,14 +1,14 @@
 """Products too large to compute in one's head, with a calculator tool: the toy multi-turn task (issue 56).
 
-A prompt is ``"a*b+c="`` (default: ``a`` of three digits, ``b`` of two, ``c`` of one or two), e.g.
-``"317*45+28="``. The model may call a calculator in its text, ``calc(317*45)``: its turn ends at the
-``)`` (the environment's stop string) and the environment appends the result as an **observation**,
-``"=14265\\n"``; the model then goes on, calls again or answers. The answer is written as in
-:class:`~grpo_lab.tasks.ArithmeticTask`, ``#`` and the number, at the end of the episode. Episodes:
+A prompt is ``"a*b+c="`` (default: ``a`` of three digits, ``b`` of two, ``c`` of one), e.g. ``"317*45+8="``.
+The model may call a calculator in its text, ``calc(317*45)``: its turn ends at the ``)`` (the environment's
+stop string) and the environment appends the result as an **observation**, ``"=14265\\n"``; the model then
+goes on, calls again or answers. The answer is written as in :class:`~grpo_lab.tasks.ArithmeticTask`, ``#``
+and the number, at the end of the episode. Episodes:
 
-* direct: ``"#14293"`` (the tiny base models mostly get 3-digit × 2-digit products wrong);
-* one call: ``"calc(317*45)=14265\\n#14293"`` (the model adds ``c`` itself);
-* two calls: ``"calc(317*45)=14265\\ncalc(14265+28)=14293\\n#14293"``.
+* direct: ``"#14273"`` (the tiny base models mostly get 3-digit × 2-digit products wrong);
+* one call: ``"calc(317*45)=14265\\n#14273"`` (the model adds ``c`` itself);
+* two calls: ``"calc(317*45)=14265\\ncalc(14265+8)=14273\\n#14273"``.
 
 The reward reads the whole episode text (model turns and observations, as the environment contract
 says: :mod:`grpo_lab.tasks.environment`) with one strict regular expression: any number of calls,
@@ -171,7 +171,7 @@ class CalculatorTask:
         c_max: ``c`` is uniform on ``1..c_max`` (``>= 1``).
         max_turns: model turns per episode (the environment's limit).
         max_new_tokens: the episode's budget in tokens, model and observation tokens together (the two-call
-            episode of the largest default problem is 44 characters plus EOS).
+            episode of the largest default problem is 45 characters plus EOS).
         p_tool: share of pretraining demonstrations that call the tool (used by :mod:`grpo_lab.lab.pretrain`).
         p_second: share of those that also call it for the addition.
         test_size: problems in the fixed test set.
@@ -182,7 +182,7 @@ class CalculatorTask:
 
     a_digits: int = 3
     b_digits: int = 2
-    c_max: int = 99
+    c_max: int = 9
     max_turns: int = 3
     max_new_tokens: int = 64
     p_tool: float = 0.4
