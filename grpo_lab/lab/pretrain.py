@@ -68,7 +68,7 @@ REVERSE_TASK_FILE = REPO_ROOT / "book" / "examples" / "reverse_task.py"
 REVERSE_STEPS = 50
 
 #: Supervised steps of the ``calculator`` recipe.
-CALCULATOR_STEPS = 1200
+CALCULATOR_STEPS = 1500
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,9 @@ class PretrainRecipe:
 #: ``arithmetic-long`` is the same on runs of 1-320 dots in three quarters of the demonstrations, with a
 #: 512-position context and a 360-token budget (VAPO's long responses, ``benchmarks/vapo_long.py``).
 #: ``arithmetic-moe`` is ``arithmetic`` with a Qwen3-MoE-style model (8 experts of width 36, top 2,
-#: about the dense model's parameter count: 339,888 against 338,016).
+#: about the dense model's parameter count: 339,888 against 338,016). ``calculator`` trains the dense model from
+#: scratch on :class:`~grpo_lab.tasks.CalculatorTask` episodes (an alphabet with ``(`` ``)``), batches of 64, one
+#: thread (two threads spin against each other on two shared cores).
 RECIPES = {
     "arithmetic": PretrainRecipe(),
     "arithmetic-filler": PretrainRecipe(filler=".", p_filler=0.5, max_filler=12, filler_position="end",
@@ -177,7 +179,7 @@ RECIPES = {
                                                                    num_key_value_heads=1),
                                    steps=600, batch_size=32, lr=3e-3, warmup=50, max_new_tokens=8),
     "reverse": PretrainRecipe(task="reverse", steps=REVERSE_STEPS, batch_size=64, lr=3e-3, threads=1),
-    "calculator": PretrainRecipe(task="calculator", steps=CALCULATOR_STEPS, batch_size=64),
+    "calculator": PretrainRecipe(task="calculator", steps=CALCULATOR_STEPS, batch_size=64, threads=1),
 }
 
 
