@@ -110,7 +110,7 @@ def test_calculator_is_registered_and_a_valid_task():
     task = get_task("calculator")
     assert isinstance(task, CalculatorTask) and task.name == "calculator"
     validate_task(task, call=True)
-    assert task_from_spec(task_spec(CalculatorTask(c_max=9))) == CalculatorTask(c_max=9)
+    assert task_from_spec(task_spec(CalculatorTask(c_max=99))) == CalculatorTask(c_max=99)
     with pytest.raises(ValueError, match="p_tool"):
         CalculatorTask(p_tool=1.5)
     assert len({p.prompt for p in task.test_set()}) == task.test_size
@@ -189,8 +189,11 @@ def test_standin_episodes_follow_the_contract_on_the_shipped_checkpoint():
 
 @pytest.mark.skipif(not (BASE / "recipe.json").is_file(), reason="calculator-base not built")
 def test_shipped_card_records_the_tool_use():
+    from grpo_lab.lab.pretrain import sha256_file
+
     record = json.loads((BASE / "recipe.json").read_text())
     assert record["recipe"] == RECIPES["calculator"].to_dict()
+    assert record["model_sha256"] == sha256_file(BASE / "model.safetensors")
     m = record["metrics"]
     assert 0.1 < m["sampled_tool_use_frac"] < 0.9  # calls the tool sometimes
     assert m["sampled_accuracy_with_call"] > m["sampled_accuracy_without_call"]  # and calling helps
