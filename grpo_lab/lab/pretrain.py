@@ -32,7 +32,7 @@ The recipes, one line each:
   R1-Distill base did); ``corpus-proxy`` is the smaller entropy proxy (§3.3) and writes the
   task's data files;
 * ``calculator``: episodes of :class:`~grpo_lab.tasks.CalculatorTask` (``a*b+c=``), a share ``p_tool``
-  calling the calculator ``calc(a*b)`` with the observation ``=<product>\n`` in the text (half of those
+  calling the calculator ``calc(a*b)`` with the observation ``=<product>\\n`` in the text (half of those
   calling it again for the addition), the rest answering directly; an alphabet with parentheses;
 * ``reverse``: the warm start for ``book/examples/reverse_task.py`` (the page "Use it on your own
   problem"; needs a source checkout), stopped early so that RL has room to act.

@@ -7,7 +7,7 @@ shape of ``grpo_lab.policy.episodes.generate_episodes``'s (``texts``, ``completi
 ``truncated``, ``problems``).
 
 STAND-IN: until ``grpo_lab.policy.episodes.generate_episodes`` is merged, :func:`tool_card` samples with
-:func:`_standin_episodes`, a minimal private episode loop written to the same contract
+``_standin_episodes``, a minimal private episode loop written to the same contract
 (:mod:`grpo_lab.tasks.environment`); the integrator replaces that call by ``generate_episodes`` and deletes it.
 """
 

@@ -30,16 +30,16 @@ from .base import Problem, load_problems, save_problems
 from .environment import StepResult
 
 __all__ = ["CalculatorTask", "CalculatorEnvironment", "CALC_ALPHABET", "calc_result", "calc_observation",
-           "parse_episode", "tool_response", "ERROR_OBSERVATION"]
+           "parse_episode", "tool_response", "ERROR_OBSERVATION", "MAX_OPERAND_DIGITS"]
 
-#: The character-level alphabet of the calculator checkpoint: the arithmetic alphabet
+#: The character-level alphabet of the calculator checkpoint, that is the arithmetic alphabet
 #: (:data:`grpo_lab.policy.models.CHARS`) and the call's parentheses.
 CALC_ALPHABET = "0123456789+-*=#;.,:? abcdefghijklmnopqrstuvwxyz\n()"
 
 #: The observation of a malformed call (no ``#``, ends in a newline like every observation).
 ERROR_OBSERVATION = "=error\n"
 
-#: Operand digits a call may have (a longer operand is an error: no huge numbers).
+#: The most digits an operand of a call may have; a longer operand is an error (no huge numbers).
 MAX_OPERAND_DIGITS = 6
 
 _CALL = re.compile(rf"calc\((\d{{1,{MAX_OPERAND_DIGITS}}})([*+-])(\d{{1,{MAX_OPERAND_DIGITS}}})\)")
@@ -120,7 +120,7 @@ def tool_response(a: int, b: int, c: int, n_calls: int) -> str:
 class CalculatorEnvironment:
     """The calculator of one episode (:class:`~grpo_lab.tasks.environment.Environment`).
 
-    A model turn ends at ``)`` (:attr:`stop_strings`); :meth:`step` reads the *last* ``calc(`` of the action and
+    A model turn ends at ``)`` (``stop_strings``); :meth:`step` reads the *last* ``calc(`` of the action and
     returns its result as the observation ``"=<result>\\n"`` (``done=False``), :data:`ERROR_OBSERVATION` for a
     malformed call (``done=False``), or ``""`` with ``done=True`` when the action holds no call. Per-turn
     rewards are 0. Stateless between turns apart from the turn count.
@@ -243,11 +243,11 @@ class CalculatorTask:
 
     # ----------------------------------------------------------------- scoring
     def extract_answer(self, completion: str) -> str | None:
-        """The answer of a well-formed episode text (:func:`parse_episode`), else ``None``."""
+        """The answer of a well-formed episode text (:func:`~grpo_lab.tasks.calculator.parse_episode`), else ``None``."""
         return parse_episode(completion)
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
-        """Well formed (:func:`parse_episode`) and the answer equals ``a*b+c``."""
+        """Well formed (:func:`~grpo_lab.tasks.calculator.parse_episode`) and the answer equals ``a*b+c``."""
         return parse_episode(completion) == problem.answer
 
     def reward(self, completion: str, problem: Problem) -> float:
