@@ -7,6 +7,7 @@
     python -m grpo_lab.lab.pretrain corpus-proxy          # → data/checkpoints/corpus-proxy-base/ + data/tasks/next_token_*
     python -m grpo_lab.lab.pretrain corpus                # → data/checkpoints/corpus-base/ (chapter 7, RPT)
     python -m grpo_lab.lab.pretrain reverse               # → data/checkpoints/reverse-base/ (the README's own task)
+    python -m grpo_lab.lab.pretrain calculator            # → data/checkpoints/calculator-base/ (issue 56's tool task)
     python -m grpo_lab.lab.pretrain arithmetic --out DIR  # anywhere else
 
 A recipe (model size, data mixture, optimiser, steps, seed) is a frozen dataclass; the checkpoint
@@ -30,6 +31,9 @@ The recipes, one line each:
   ``p_format`` written in the next-token reasoning format (so the base answers in it, as RPT's
   R1-Distill base did); ``corpus-proxy`` is the smaller entropy proxy (§3.3) and writes the
   task's data files;
+* ``calculator``: episodes of :class:`~grpo_lab.tasks.CalculatorTask` (``a*b+c=``), a share ``p_tool``
+  calling the calculator ``calc(a*b)`` with the observation ``=<product>\\n`` in the text (half of those
+  calling it again for the addition), the rest answering directly; an alphabet with parentheses;
 * ``reverse``: the warm start for ``book/examples/reverse_task.py`` (the page "Use it on your own
   problem"; needs a source checkout), stopped early so that RL has room to act.
 """
@@ -51,6 +55,7 @@ import torch
 from ..policy.models import TinyConfig, build_char_tokenizer, count_parameters, tiny_policy
 from ..paths import REPO_ROOT, checkpoint_dir
 from ..tasks.arithmetic import ArithmeticTask
+from ..tasks.calculator import CALC_ALPHABET, CalculatorTask
 
 __all__ = ["PretrainRecipe", "RECIPES", "REVERSE_TASK_FILE", "reverse_example", "pretrain", "continue_ntp", "continued_ntp_run", "main"]
 
@@ -61,6 +66,9 @@ REVERSE_TASK_FILE = REPO_ROOT / "book" / "examples" / "reverse_task.py"
 #: Supervised steps of the ``reverse`` recipe (the own-task page's ``WARM_STEPS``): stopped early, so that
 #: the base policy is right only part of the time.
 REVERSE_STEPS = 50
+
+#: Supervised steps of the ``calculator`` recipe.
+CALCULATOR_STEPS = 1500
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,8 @@ class PretrainRecipe:
     * ``vocab_size``, ``seq_len``, ``p_format`` (``task="corpus"`` only): the byte-level BPE
       vocabulary, the length of the plain training windows in tokens, and the share of windows
       written in the next-token-reasoning format (context, ``<think></think>``, 1-3 tokens, EOS);
+    * ``p_tool``, ``p_second`` (``task="calculator"`` only): the share of demonstrations that call the
+      calculator, and of those the share that call it twice (:class:`~grpo_lab.tasks.CalculatorTask`);
     * ``task="reverse"``: the own-task page's GPT-2 and warm start from ``book/examples/reverse_task.py``
       (:data:`REVERSE_TASK_FILE`); only ``steps``, ``batch_size``, ``lr`` (constant), ``seed`` and ``threads``
       are used and recorded.
@@ -108,6 +118,8 @@ class PretrainRecipe:
     vocab_size: int = 1024
     seq_len: int = 64
     p_format: float = 0.5
+    p_tool: float = 0.4
+    p_second: float = 0.5
 
     def to_dict(self) -> dict:
         """The recipe as a JSON-able dict, ``model`` expanded. The fields added after the first
@@ -123,6 +135,9 @@ class PretrainRecipe:
             d.pop("init")
         if self.task != "corpus":  # the corpus fields (added with chapter 7)
             for k in ("vocab_size", "seq_len", "p_format"):
+                d.pop(k)
+        if self.task != "calculator":  # the calculator fields (added with issue 56)
+            for k in ("p_tool", "p_second"):
                 d.pop(k)
         if self.task == "reverse":  # the own-task page's warm start: a constant lr, AdamW's defaults otherwise
             return {k: d[k] for k in ("task", "steps", "batch_size", "lr", "seed", "threads")}
@@ -141,7 +156,9 @@ class PretrainRecipe:
 #: ``arithmetic-long`` is the same on runs of 1-320 dots in three quarters of the demonstrations, with a
 #: 512-position context and a 360-token budget (VAPO's long responses, ``benchmarks/vapo_long.py``).
 #: ``arithmetic-moe`` is ``arithmetic`` with a Qwen3-MoE-style model (8 experts of width 36, top 2,
-#: about the dense model's parameter count: 339,888 against 338,016).
+#: about the dense model's parameter count: 339,888 against 338,016). ``calculator`` trains the dense model from
+#: scratch on :class:`~grpo_lab.tasks.CalculatorTask` episodes (an alphabet with ``(`` ``)``), batches of 64, one
+#: thread (two threads spin against each other on two shared cores).
 RECIPES = {
     "arithmetic": PretrainRecipe(),
     "arithmetic-filler": PretrainRecipe(filler=".", p_filler=0.5, max_filler=12, filler_position="end",
@@ -162,16 +179,19 @@ RECIPES = {
                                                                    num_key_value_heads=1),
                                    steps=600, batch_size=32, lr=3e-3, warmup=50, max_new_tokens=8),
     "reverse": PretrainRecipe(task="reverse", steps=REVERSE_STEPS, batch_size=64, lr=3e-3, threads=1),
+    "calculator": PretrainRecipe(task="calculator", steps=CALCULATOR_STEPS, batch_size=64, threads=1),
 }
 
 
-def make_task(recipe: PretrainRecipe) -> ArithmeticTask:
+def make_task(recipe: PretrainRecipe) -> ArithmeticTask | CalculatorTask:
     """The task whose demonstrations ``recipe`` trains on (and whose test set evaluates it).
 
     Raises:
-        ValueError: ``recipe.task`` is not ``"arithmetic"``, or invalid task settings (as
-            :class:`~grpo_lab.tasks.ArithmeticTask`).
+        ValueError: ``recipe.task`` is not ``"arithmetic"`` or ``"calculator"``, or invalid task settings (as
+            :class:`~grpo_lab.tasks.ArithmeticTask`, :class:`~grpo_lab.tasks.CalculatorTask`).
     """
+    if recipe.task == "calculator":
+        return CalculatorTask(p_tool=recipe.p_tool, p_second=recipe.p_second)
     if recipe.task != "arithmetic":
         raise ValueError(f"pretrain: make_task: no arithmetic task for task {recipe.task!r}")
     return ArithmeticTask(min_terms=recipe.min_terms, max_terms=recipe.max_terms, digits=recipe.digits,
@@ -541,7 +561,8 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
     rng = np.random.default_rng(recipe.seed)
     corpus = _Corpus(recipe) if recipe.task == "corpus" else None
     task = make_task(recipe) if corpus is None else None
-    tokenizer = build_char_tokenizer() if corpus is None else corpus.tokenizer
+    tokenizer = (corpus.tokenizer if corpus is not None else build_char_tokenizer(CALC_ALPHABET)
+                 if recipe.task == "calculator" else build_char_tokenizer())
     model = tiny_policy(tokenizer, recipe.model, seed=recipe.seed)
     if recipe.init:  # fine-tune a shipped checkpoint of the same architecture and alphabet
         _load_init(model, tokenizer, recipe.init)
@@ -553,6 +574,8 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
     tokenizer.save_pretrained(out)
     if corpus is not None:
         metrics = _evaluate_corpus(model, corpus, name or recipe.task, out, default_out) if evaluate else None
+    elif recipe.task == "calculator":
+        metrics = _tool_card(model, tokenizer, task) if evaluate else None
     else:
         metrics = evaluate_base(model, tokenizer, task) if evaluate else None
     if task is not None and out.resolve() == default_out.resolve():
@@ -560,6 +583,13 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
     record = _record(recipe, model, losses, metrics, train_seconds, out, corpus)
     (out / "recipe.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
+
+
+def _tool_card(model, tokenizer, task) -> dict:
+    """The calculator checkpoint's card (:func:`grpo_lab.lab.tool_card.tool_card`)."""
+    from .tool_card import tool_card
+
+    return tool_card(model, tokenizer, task)
 
 
 def _pretrain_reverse(recipe: PretrainRecipe, out: Path, *, evaluate: bool) -> dict:
