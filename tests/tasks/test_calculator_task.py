@@ -172,14 +172,15 @@ def test_card_statistics_on_a_hand_made_rollout():
 
 
 @pytest.mark.skipif(not (BASE / "recipe.json").is_file(), reason="calculator-base not built")
-def test_standin_episodes_follow_the_contract_on_the_shipped_checkpoint():
-    from grpo_lab.lab.tool_card import _standin_episodes
+def test_episodes_of_the_shipped_checkpoint_hold_the_environments_observations():
+    from grpo_lab.policy.episodes import generate_episodes
     from grpo_lab.policy.models import load_policy
 
     model, tok = load_policy(BASE)
     task = CalculatorTask()
     torch.manual_seed(0)
-    ep = _standin_episodes(model, tok, task, task.test_set()[:16], group_size=2, max_new_tokens=64, temperature=1.0)
+    ep = generate_episodes(model, tok, task, task.test_set()[:16], group_size=2, max_new_tokens=64, temperature=1.0,
+                           with_logprobs=False)
     assert not (ep.completion_mask.bool() & ep.observation_mask).any()
     for r, text in enumerate(ep.texts):
         for expression, obs in re.findall(r"calc\(([^()]*)\)(=[^\n]*\n)", text):
