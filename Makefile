@@ -129,10 +129,7 @@ xcheck: install
 	@[ $(XVENV)/.installed -nt requirements/xcheck.txt ] && [ $(XVENV)/.installed -nt $(STAMP) ] \
 		|| scripts/xcheck_env.sh $(VENV) $(XVENV)
 	GRPO_LAB_XCHECK=1 GRPO_LAB_XCHECK_BASE=$(VENV) GRPO_LAB_XCHECK_FREEZE=_build/xcheck-venv-freeze.txt \
-		$(XVENV)/bin/python -m pytest -m xcheck tests/export/xcheck/test_xcheck_trl.py tests/export/xcheck/test_xcheck_verl.py \
-		tests/export/xcheck/test_xcheck_optimisation.py tests/export/xcheck/test_xcheck_lint.py \
-		tests/export/xcheck/test_xcheck_trl_job.py tests/export/xcheck/test_xcheck_sampling.py tests/export/xcheck/test_xcheck_env.py \
-		-q -s -p no:cacheprovider
+		$(XVENV)/bin/python -m pytest -m xcheck tests/export/xcheck -q -s -p no:cacheprovider
 
 clean:
 	rm -rf _build .pytest_cache
