@@ -572,16 +572,31 @@ def _check_tokenizer(model: str, task: str, task_kwargs: Sequence, prog: str, n_
 
         where = checkpoint_dir(model) if checkpoint_dir(model).is_dir() else model
         tokenizer = load_tokenizer(str(where), local_files_only=True)
-        prompts = [p.prompt for p in list(get_task(task, **dict(task_kwargs)).test_set())[:n_prompts]]
+        built = get_task(task, **dict(task_kwargs))
+        prompts = [p.prompt for p in list(built.test_set())[:n_prompts]]
         bad = unknown_characters(tokenizer, prompts)
+        unwritable = _unwritable_stops(tokenizer, built)
     except Exception:  # noqa: BLE001 -- only a warning: the run itself reports a model or task that fails
         return None
+    if unwritable and not bad:
+        return (f"{prog}: warning: the tokenizer of {who or f'--model {model}'} cannot write {', '.join(map(repr, unwritable))}, which ends "
+                f"a tool call of task {task!r} (its environment's stop strings): the policy can never call the tool "
+                f"(a checkpoint trained on the task's tool calls can, e.g. --model {task}-base if it is shipped)")
     if not bad:
         return None
     example = next(p for p in prompts if any(c in p for c in bad))
     example = example if len(example) <= 40 else example[:37] + "..."
     return (f"{prog}: warning: the tokenizer of {who or f'--model {model}'} maps {''.join(bad)!r} (in the test prompts of "
             f"task {task!r}, e.g. {example!r}) to its unknown token {tokenizer.unk_token!r}: the policy cannot read them")
+
+
+def _unwritable_stops(tokenizer, task) -> list[str]:
+    """The stop strings of a multi-turn ``task``'s environment (``task.environment().stop_strings``) that
+    ``tokenizer`` cannot write (encoding then decoding does not give them back); ``[]`` for a single-turn task."""
+    if not callable(getattr(task, "environment", None)):
+        return []
+    stops = getattr(task.environment(), "stop_strings", ())
+    return [s for s in stops if tokenizer.decode(tokenizer(s, add_special_tokens=False)["input_ids"]) != s]
 
 
 # ---------------------------------------------------------------------------------------- parser

@@ -149,7 +149,7 @@ GPU_TEST_SIZE = 500
 def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.PathLike | None = None,
                 test_size: int | None = GPU_TEST_SIZE, steps: int = 60, environ: Mapping[str, str] | None = None,
                 lora: LoraSpec | Mapping[str, Any] | None = None, gpu_memory: int | bool | None = None,
-                max_new_tokens: int = 512, **config: Any) -> Profile:
+                max_new_tokens: int | None = None, **config: Any) -> Profile:
     """The ``"gpu"`` profile: a hub instruct model trained on GSM8K on one CUDA GPU.
 
     The model is loaded in float32 and trained with ``precision="auto"`` on :class:`grpo_lab.tasks.gsm8k.GSM8KTask`
@@ -166,7 +166,9 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
         lora: LoRA adapters instead of full fine-tuning (:attr:`Profile.lora`); the KL reference is then the base
             (pass a larger ``lr`` too).
         gpu_memory: the card's memory in bytes to fit to; ``None``: the CUDA device's; ``False``: no fit.
-        max_new_tokens: the task's generation budget in tokens.
+        max_new_tokens: the generation budget in tokens: the task's, and when given also
+            ``TrainerConfig.max_new_tokens`` (as a ``TrainerConfig`` field of that name was before); ``None``: 512 for the
+            task, the config's unset.
         **config: :class:`~grpo_lab.training.trainer.TrainerConfig` fields over the above, applied after
             ``$GRPO_LAB_GPU_CONFIG`` (a YAML / JSON file, parsed); ``device``: ``$GRPO_LAB_GPU_DEVICE`` or
             ``"cuda"`` (``"cpu"``: a dry run).
@@ -179,6 +181,9 @@ def gpu_profile(model: str | os.PathLike | None = None, *, source: str | os.Path
             ``$GRPO_LAB_GPU_CONFIG`` or ``lora``; a phase the memory model says will not fit (named, with a fix).
     """
     env_ = os.environ if environ is None else environ
+    if max_new_tokens is not None:
+        config.setdefault("max_new_tokens", int(max_new_tokens))
+    max_new_tokens = 512 if max_new_tokens is None else int(max_new_tokens)
     model = str(model if model is not None else env_.get("GRPO_LAB_GPU_MODEL") or GPU_MODEL)
     source = str(source if source is not None else env_.get("GRPO_LAB_GSM8K_SOURCE") or GPU_GSM8K_SOURCE)
     if not model.strip() or not source.strip():

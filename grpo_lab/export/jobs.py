@@ -85,7 +85,8 @@ class _Job:
 
 
 def _task(task) -> tuple[Any, dict]:
-    """``(task object, its task_spec)``; a name is built with :func:`grpo_lab.tasks.get_task`."""
+    """``(task object, its task_spec)``; a name is built with :func:`grpo_lab.tasks.get_task`. ``ValueError``: an
+    unknown name, a multi-turn task (an ``environment()``), or a spec that is not plain data (function objects)."""
     from ..tasks import TASKS, get_task, task_spec
 
     if isinstance(task, str):
@@ -94,11 +95,16 @@ def _task(task) -> tuple[Any, dict]:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"unknown task {task!r}{hint}; known tasks: {sorted(TASKS)}")
         task = get_task(task)
+    if callable(getattr(task, "environment", None)):
+        raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r} is multi-turn (an environment answers the "
+                         "model's tool calls) and the export writes single-turn jobs: TRL's tools / environments and "
+                         "verl's multi-turn rollout are not mapped yet")
     try:
         spec = task_spec(task)
-    except ValueError as exc:
-        raise ValueError(f"the job's reward files rebuild the task from its task_spec, and {exc}") from None
-    json.dumps(spec)  # the spec is written as a literal: it must be plain data
+        json.dumps(spec)  # the spec is written as a literal: it must be plain data
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the job's reward files rebuild the task from its task_spec, and {exc} (reward functions "
+                         "travel as import paths: reward_funcs=['module:function'])") from None
     return task, spec
 
 

@@ -284,7 +284,10 @@ def _sizes(b: dict) -> Optional[dict]:
     per_device = rows_mb // world
     micro = b.get("micro_batch_size", per_device)
     if per_device % micro:
-        raise ValueError(f"micro_batch_size={micro} must divide the {per_device} rows of a minibatch on one device")
+        fits = max(d for d in range(1, min(micro, per_device) + 1) if per_device % d == 0)
+        raise ValueError(f"micro_batch_size={micro} must divide the {per_device} rows of a minibatch on one device "
+                         f"({rows_mb} rows over {world} device(s)): set micro_batch_size={fits} (--set "
+                         f"micro_batch_size={fits}), or export for fewer devices (--gpus-per-node, --nnodes)")
     return {"world": world, "minibatches": mb, "rows_minibatch": rows_mb, "per_device": per_device,
             "micro": micro, "accumulation": per_device // micro}
 

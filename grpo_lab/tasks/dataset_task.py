@@ -605,7 +605,8 @@ class DatasetTask:
         metrics, extra = defaultdict(list), defaultdict(list)
         kwargs = self._reward_kwargs(list(completions), list(problems), ids)
         kwargs.update(trainer_state=state, log_metric=lambda name, value: metrics[name].append(float(value)),
-                      log_extra=lambda column, values: extra[column].extend(values))
+                      log_extra=lambda column, values: extra[column].extend(_extra_values(column, values,
+                                                                                          len(problems))))
         step = state.step + 1 if state.max_steps else None
         raw, pending = {}, []
         for name in names:
@@ -764,3 +765,13 @@ class DatasetTask:
                     if fp is not None}
             self._fingerprint = {"data": data, "reward_funcs": [callable_name(f) for f in self._funcs]}
         return self._fingerprint
+
+
+def _extra_values(column: str, values, n: int) -> list:
+    """``values`` of a ``log_extra(column, values)`` call as a list of one value per completion; ``ValueError`` naming
+    the column when the batch has another number of completions (TRL's completions table needs one each)."""
+    values = list(values)
+    if len(values) != n:
+        raise ValueError(f"log_extra({column!r}, ...): {len(values)} values for a batch of {n} completions (one per "
+                         "completion, as TRL's completions table needs)")
+    return values

@@ -248,7 +248,12 @@ def sample_metrics(gen: list) -> dict:
     for s in gen:
         for k, v in s.logs.get("metrics", {}).items():
             logged.setdefault(k, []).append(v)
-    out.update({k: float(np.mean(v)) for k, v in logged.items()})
+    for k, v in logged.items():
+        if k in out:  # a logged name never replaces a built-in column (history_row checks the others)
+            warnings.warn(f"log_metric({k!r}, ...): {k!r} is a history column of its own; the logged value is "
+                          "dropped (log it under another name)", RuntimeWarning, stacklevel=2)
+        else:
+            out[k] = float(np.mean(v))
     return out
 
 
