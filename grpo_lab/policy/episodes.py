@@ -24,9 +24,8 @@ from typing import Sequence
 
 import torch
 
-from .logprobs import check_truncation
-from .rollout import (Rollout, _BehaviourLogprobs, _check_generate_args, _check_position_limit, _cut_at_stop,
-                      _generate_with, _generation_config, _trim_kept, stop_token_ids)
+from .rollout import (Rollout, _BehaviourLogprobs, _cut_at_stop, _generate_with, _generation_config, _trim_kept,
+                      prepared_prompts, stop_token_ids)
 
 __all__ = ["generate_episodes", "stop_string_end"]
 
@@ -130,14 +129,10 @@ def generate_episodes(model, tokenizer, task, problems: Sequence, *, group_size:
         TypeError: ``task`` has no ``environment()``; ``stop_strings`` not a tuple / list of non-empty str;
             ``step`` returned something without a str ``observation``, a bool ``done`` and a finite real ``reward``.
     """
-    _check_generate_args(problems, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                         greedy=greedy)
-    top_p, top_k = check_truncation(top_p, top_k)
-    rows = [p for p in problems for _ in range(group_size)]
-    tokenizer.padding_side = "left"
-    enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    rows, enc, top_p, top_k = prepared_prompts(model, tokenizer, problems, group_size=group_size,
+                                               max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy,
+                                               top_p=top_p, top_k=top_k)
     device = next(model.parameters()).device
-    _check_position_limit(model, enc["attention_mask"], max_new_tokens)
     episodes = [_new_episode(task, p) for p in rows]
     prompts = [ids[m == 1].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
     temp = 1.0 if greedy else float(temperature)

@@ -38,7 +38,7 @@ from .logprobs import check_truncation, entropy_from_logits, restrict_to_kept, s
 from ..tasks.base import Problem, correctness
 from ..algo.checks import positive_int
 
-__all__ = ["Rollout", "generate", "stop_token_ids", "policy_logprobs", "evaluate", "position_ids_from_mask",
+__all__ = ["Rollout", "generate", "prepared_prompts", "stop_token_ids", "policy_logprobs", "evaluate", "position_ids_from_mask",
            "position_limit", "logprob_chunk_rows", "AUTO_CHUNK_ELEMENTS"]
 
 
@@ -264,15 +264,11 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
             (:func:`position_limit`, e.g. GPT-2's ``n_positions``) or beyond the ``max_position_embeddings``
             a rotary (RoPE) model without a declared context extension was trained on.
     """
-    _check_generate_args(problems, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                         greedy=greedy)
-    top_p, top_k = check_truncation(top_p, top_k)
-    rows = [p for p in problems for _ in range(group_size)]
-    tokenizer.padding_side = "left"
-    enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    rows, enc, top_p, top_k = prepared_prompts(model, tokenizer, problems, group_size=group_size,
+                                               max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy,
+                                               top_p=top_p, top_k=top_k)
     device = next(model.parameters()).device
     input_ids, attn = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-    _check_position_limit(model, enc["attention_mask"], max_new_tokens)
     stops = stop_token_ids(model, tokenizer)
     config = _generation_config(model, tokenizer, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                                 greedy=greedy, top_p=top_p, top_k=top_k, cache_implementation=cache_implementation)
@@ -296,6 +292,26 @@ def generate(model, tokenizer, problems: Sequence[Problem], *, group_size: int =
         behaviour_logp=blogp, truncated=~has_stop, texts=texts, problems=rows, group_size=group_size,
         temperature=temp, gen_seconds=gen_seconds, kept_ids=kept,
     )
+
+
+def prepared_prompts(model, tokenizer, problems: Sequence[Problem], *, group_size: int, max_new_tokens: int,
+                     temperature: float, greedy: bool, top_p: float, top_k: int) -> tuple:
+    """What :func:`generate` and :func:`grpo_lab.policy.episodes.generate_episodes` check and encode before sampling:
+    ``(rows, enc, top_p, top_k)``: each problem repeated ``group_size`` times, their prompts left-padded
+    (``add_special_tokens=False``; ``enc`` the tokenizer's ``input_ids`` / ``attention_mask``, ``[B, P]`` long, on the
+    CPU) and the checked truncation settings.
+
+    Raises:
+        ValueError: as :func:`generate` (its arguments, an empty prompt, a prompt past the model's positions).
+    """
+    _check_generate_args(problems, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                         greedy=greedy)
+    top_p, top_k = check_truncation(top_p, top_k)
+    rows = [p for p in problems for _ in range(group_size)]
+    tokenizer.padding_side = "left"
+    enc = tokenizer([p.prompt for p in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    _check_position_limit(model, enc["attention_mask"], max_new_tokens)
+    return rows, enc, top_p, top_k
 
 
 def _check_generate_args(problems: Sequence[Problem], *, group_size: int, max_new_tokens: int, temperature: float,
