@@ -1,0 +1,120 @@
+"""Sampler-vs-learner routing of the MoE policy: does a low-precision sampler reach GSPO's routing regime?
+
+    python benchmarks/moe_sampler_routing.py                 # 5 seeds, writes the JSON below
+    python benchmarks/moe_sampler_routing.py --base DIR      # another MoE checkpoint (e.g. a long-CoT twin)
+
+GSPO (arXiv 2507.18071, §5.3) reports that about 10% of the experts a 48-layer Qwen3-30B-A3B (128 experts, 8
+active) activates for a rollout change after a gradient update. ``benchmarks/moe_granularity.py`` found
+learner-vs-learner drift 3.7-7x below that on the toy MoEs. In RL systems the sampler is an inference engine with
+its own low-precision weights (MiniMax-M1, arXiv 2506.13585, §3.2), so routing can differ before any update.
+This script measures that share with :func:`grpo_lab.lab.sampler_routing`: per seed, a trainer whose
+``rollout_dtype`` is float32 (the control: sampler and learner are one model), bfloat16 or float16 samples a
+rollout of the base policy (step 0, no update), then is trained past the learning-rate warm-up and samples one
+more rollout whose update (chapter 4's second design: 16 minibatches at lr 1e-4, GRPO without KL) is probed
+after 1, 4 and 16 optimiser steps. The measure is the paper's: the share of the sampler's activated experts,
+over real completion tokens and all layers, that the float32 learner does not choose. The copy with a float32
+output head (``rollout_fp32_lm_head``) is scored on the same tokens: its routing is the plain copy's (the head
+acts after the last MoE layer), which the results record. Five seeds, mean and 95% t interval.
+
+Departure from the paper's systems: the sampler's routing is that of a teacher-forced forward of the sampler's
+weights over the sampled tokens, not of the engine's decoding (same weights and dtype, other kernels).
+Writes ``benchmarks/results/moe_sampler_routing.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from grpo_lab import experiments, lab
+from grpo_lab.algo.algorithms import GRPO
+from grpo_lab.experiments import stats
+from grpo_lab.lab.pretrain import sha256_file
+from grpo_lab.paths import checkpoint_dir
+from grpo_lab.policy.models import load_policy
+from grpo_lab.tasks import get_task
+from grpo_lab.training.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "moe_sampler_routing.json"
+DTYPES = ("float32", "bfloat16", "float16")  # float32: the control, sampler = learner
+MINIBATCHES, LR, AFTER = 16, 1e-4, (1, 4, 16)  # chapter 4's second design; steps after which the learner is scored
+GRPO_NOKL = GRPO.replace(name="GRPO", kl=None, beta=0.0, eps_high=0.27)  # chapter 4's baseline
+PAPER = 0.10  # GSPO §5.3
+
+
+def _probe(base: str, seed: int, dtype: str) -> dict:
+    """One seed: the share at the base policy (no update), then past the warm-up before and after k updates."""
+    prof = experiments.get_profile("cpu")
+    pol, tok = load_policy(base)
+    cfg = dataclasses.replace(prof.config, seed=seed, minibatches=MINIBATCHES, lr=LR, eval_every=0, progress=False,
+                              threads=1, rollout_dtype=dtype)
+    tr = Trainer(pol, tok, get_task(prof.task, **dict(prof.task_kwargs)), GRPO_NOKL, cfg)
+    at_base = lab.sampler_routing(tr, after=())
+    tr.train(-(-cfg.warmup // MINIBATCHES))  # past the warm-up: the probed updates run at the full rate
+    probed = lab.sampler_routing(tr, after=AFTER)
+    return {"base": at_base["before"], "base_by_layer": at_base["before_by_layer"], "before": probed["before"],
+            "before_by_layer": probed["before_by_layer"], **{f"after_{k}": probed["after"][k] for k in AFTER},
+            "fp32_head_routing_differs": at_base["fp32_head_routing_differs"] + probed["fp32_head_routing_differs"],
+            "activated": probed["activated"]}
+
+
+def _summary(per_seed: list[dict]) -> dict:
+    out = {}
+    for key in ("base", "before", *(f"after_{k}" for k in AFTER)):
+        v = np.array([r[key] for r in per_seed])
+        iv = stats.t_interval(v, bounds=(0, 1))
+        out[key] = {"per_seed": v.round(5).tolist(), "mean": float(iv.mean), "lo": float(iv.lo), "hi": float(iv.hi),
+                    "mean_ci95": stats.format_interval(iv, 4), "x_below_paper": float(PAPER / iv.mean) if iv.mean else None}
+    for key in ("base_by_layer", "before_by_layer"):
+        out[key] = np.mean([r[key] for r in per_seed], axis=0).round(5).tolist()  # mean over seeds, per layer
+    out["fp32_head_routing_differs"] = int(sum(r["fp32_head_routing_differs"] for r in per_seed))
+    out["activated_per_rollout"] = int(np.mean([r["activated"] for r in per_seed]))
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", default="arithmetic-moe-base", help="MoE checkpoint name or directory")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    path = Path(a.base) if Path(a.base).is_dir() else checkpoint_dir(a.base)
+    record = json.loads((path / "recipe.json").read_text()) if (path / "recipe.json").exists() else {}
+    rows = []
+    for dtype in DTYPES:
+        per_seed = [_probe(str(path), s, dtype) for s in range(a.seeds)]
+        rows.append({"sampler_dtype": dtype, "seeds": list(range(a.seeds)), **_summary(per_seed)})
+        print(dtype, {k: rows[-1][k]["mean_ci95"] for k in ("base", "before", *(f"after_{k}" for k in AFTER))},
+              flush=True)
+    cfg = json.loads((path / "config.json").read_text())
+    reached = [f"{r['sampler_dtype']} {k}" for r in rows for k in ("base", "before", *(f"after_{k}" for k in AFTER))
+               if r[k]["mean"] >= PAPER]
+    whole = experiments.provenance(GRPO_NOKL, experiments.get_profile("cpu"), 0, list(range(a.seeds)),
+                                   time.perf_counter() - t0)
+    prov = {k: whole[k] for k in ("git_sha", "grpo_lab", "torch", "transformers", "python", "device_name", "date",
+                                  "wall_seconds")}
+    a.out.write_text(json.dumps({
+        "paper": "GSPO §5.3: about 10% of activated experts change per update (Qwen3-30B-A3B: 48 layers, 128 experts, "
+                 "8 active)",
+        "measure": "share of the sampler's activated experts (real completion tokens, all MoE layers) that the float32 "
+                   "learner does not choose; base: the base policy's rollout, no update; before / after_k: a rollout "
+                   "past the warm-up, before its update and after k of its optimiser steps",
+        "base": {"checkpoint": a.base, "weights_sha256": sha256_file(path / "model.safetensors"),
+                 "greedy_accuracy": record.get("metrics", {}).get("greedy_accuracy"),
+                 "layers": cfg.get("num_hidden_layers"), "experts": cfg.get("num_experts", cfg.get("num_local_experts")),
+                 "active": cfg.get("num_experts_per_tok")},
+        "design": {"minibatches": MINIBATCHES, "lr": LR, "after": list(AFTER), "algorithm": GRPO_NOKL.describe(),
+                   "profile": "cpu"},
+        "reached_paper_regime": reached, "rows": rows, "provenance": prov}, indent=1) + "\n")
+    print(f"wrote {a.out}; settings at >= {PAPER:.0%}: {reached or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
