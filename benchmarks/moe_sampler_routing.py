@@ -48,6 +48,80 @@ GRPO_NOKL = GRPO.replace(name="GRPO", kl=None, beta=0.0, eps_high=0.27)  # chapt
 PAPER = 0.10  # GSPO §5.3
 
 
+def _router_logits(model, rollout) -> "torch.Tensor":
+    """float64 ``[n_layers, B, T, E]``: every MoE router's logits at the positions that predict the completion."""
+    import torch
+
+    from grpo_lab.policy.moe import moe_routers
+    from grpo_lab.policy.rollout import policy_logprobs
+
+    P, T = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+    B, seen = rollout.completion_ids.shape[0], []
+    hooks = [r.register_forward_hook(lambda m, args, out: seen.append(out[0].detach().double()))
+             for _, r in moe_routers(model)]
+    try:
+        with torch.no_grad():
+            policy_logprobs(model, rollout)
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack([x.reshape(B, P + T, -1)[:, P - 1:P - 1 + T] for x in seen])
+
+
+def _fp8_weights(model):
+    """A bfloat16 inference copy of ``model`` whose attention and expert weights were rounded to float8 e4m3 with one
+    absmax scale per weight (per expert for the fused expert tensors), as an FP8 inference engine serves a MoE; the
+    router, embeddings, norms and head stay unrounded (engines keep the gate in higher precision)."""
+    import copy
+
+    import torch
+
+    from grpo_lab.policy.models import inference_copy
+
+    out = copy.deepcopy(model)
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    with torch.no_grad():
+        for name, w in out.named_parameters():
+            if w.dim() < 2 or "embed_tokens" in name or "lm_head" in name or name.endswith("mlp.gate.weight"):
+                continue
+            dims = tuple(range(1, w.dim())) if w.dim() == 3 else tuple(range(w.dim()))
+            scale = w.abs().amax(dim=dims, keepdim=True).clamp_min(1e-12) / fmax
+            w.copy_((w / scale).to(torch.float8_e4m3fn).to(w.dtype) * scale)
+    return inference_copy(out, "bfloat16")
+
+
+def _margins(tr, k: int) -> dict:
+    """Why the share is small: on one more rollout, the learner's router margin at the top-k boundary (logit of
+    its k-th expert minus its (k+1)-th, float32 learner) and the sampler's change of that margin (the same two
+    experts' logits in the sampler). A boundary pair swaps when ``margin + change < 0``; scaling the change by
+    ``c`` gives the share a sampler ``c`` times less precise would change (one swap = 1 of k activated experts),
+    and the ``c`` that would reach the paper's 10%."""
+    import torch
+
+    from grpo_lab.policy.models import inference_copy
+
+    batch = tr.collect()
+    ro = batch.rollout
+    real = batch.loss_mask[:, :ro.completion_ids.shape[1]].bool()
+    learner = _router_logits(tr.policy, ro)[:, real]  # [layers, N, E]
+    sampler = _router_logits(inference_copy(tr.policy, tr.config.rollout_dtype), ro)[:, real]
+    order = learner.argsort(-1, descending=True)[..., k - 1:k + 1]  # the learner's k-th and (k+1)-th experts
+    lk, ls = learner.gather(-1, order), sampler.gather(-1, order)
+    margin = lk[..., 0] - lk[..., 1]
+    change = (ls[..., 0] - ls[..., 1]) - margin
+
+    def share(c: float) -> float:
+        return float((margin + c * change < 0).double().mean() / k)
+
+    scales = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    fp8 = _router_logits(_fp8_weights(tr.policy), ro)[:, real].argsort(-1, descending=True)[..., :k]
+    gone = ~(fp8.unsqueeze(-1) == learner.argsort(-1, descending=True)[..., :k].unsqueeze(-2)).any(-1)
+    return {"fp8_weights_share": float(gone.double().mean()), "margin_median": float(margin.median()), "margin_q10": float(margin.quantile(0.1)),
+            "abs_change_median": float(change.abs().median()), "abs_change_q90": float(change.abs().quantile(0.9)),
+            "estimated_share_by_scale": {c: share(c) for c in scales},
+            "scale_to_paper": next((c for c in scales if share(c) >= PAPER), None)}
+
+
 def _probe(base: str, seed: int, dtype: str) -> dict:
     """One seed: the share at the base policy (no update), then past the warm-up before and after k updates."""
     prof = experiments.get_profile("cpu")
@@ -56,9 +130,12 @@ def _probe(base: str, seed: int, dtype: str) -> dict:
                               threads=1, rollout_dtype=dtype)
     tr = Trainer(pol, tok, get_task(prof.task, **dict(prof.task_kwargs)), GRPO_NOKL, cfg)
     at_base = lab.sampler_routing(tr, after=())
+    k = pol.config.num_experts_per_tok
+    why_base = _margins(tr, k) if dtype != "float32" else None
     tr.train(-(-cfg.warmup // MINIBATCHES))  # past the warm-up: the probed updates run at the full rate
     probed = lab.sampler_routing(tr, after=AFTER)
-    return {"base": at_base["before"], "base_by_layer": at_base["before_by_layer"], "before": probed["before"],
+    why = _margins(tr, k) if dtype != "float32" else None
+    return {"why_base": why_base, "why": why, "base": at_base["before"], "base_by_layer": at_base["before_by_layer"], "before": probed["before"],
             "before_by_layer": probed["before_by_layer"], **{f"after_{k}": probed["after"][k] for k in AFTER},
             "fp32_head_routing_differs": at_base["fp32_head_routing_differs"] + probed["fp32_head_routing_differs"],
             "activated": probed["activated"]}
@@ -73,6 +150,16 @@ def _summary(per_seed: list[dict]) -> dict:
                     "mean_ci95": stats.format_interval(iv, 4), "x_below_paper": float(PAPER / iv.mean) if iv.mean else None}
     for key in ("base_by_layer", "before_by_layer"):
         out[key] = np.mean([r[key] for r in per_seed], axis=0).round(5).tolist()  # mean over seeds, per layer
+    for key in ("why_base", "why"):
+        whys = [r[key] for r in per_seed if r[key] is not None]
+        if not whys:  # the float32 control: no sampler perturbation to explain
+            continue
+        out[key] = {  # the router margins and the sampler's change of them; the FP8-weight what-if, per seed
+            **{k: {"per_seed": [round(w[k], 5) for w in whys], "mean": float(np.mean([w[k] for w in whys]))}
+               for k in ("fp8_weights_share", "margin_median", "margin_q10", "abs_change_median", "abs_change_q90")},
+            "estimated_share_by_scale": {c: float(np.mean([w["estimated_share_by_scale"][c] for w in whys]))
+                                         for c in whys[0]["estimated_share_by_scale"]},
+            "scale_to_paper_per_seed": [w["scale_to_paper"] for w in whys]}
     out["fp32_head_routing_differs"] = int(sum(r["fp32_head_routing_differs"] for r in per_seed))
     out["activated_per_rollout"] = int(np.mean([r["activated"] for r in per_seed]))
     return out
