@@ -192,6 +192,10 @@ def _tool_calls() -> Scenario:
                     "GRPO", mechanisms)
 
 
+#: Training steps of the ``long_cot_moe`` scenario's runs (sized so that its 56 runs fit 30 min, two at a time).
+MOE_STEPS = 15
+
+
 def _moe() -> Scenario:
     cpu = PROFILES["cpu"].config
     # GSPO §5.1: each rollout split into 4 minibatches; arithmetic-moe-base until a long-CoT MoE twin replaces it
@@ -214,13 +218,11 @@ def _moe() -> Scenario:
                   "dividing by the group's std biases the update towards too easy and too hard questions "
                   "(Dr.GRPO §3.1); no regime rule measures that bias yet"),
     )
+    # rates a third of the dense scenarios': the MoE base collapsed at 3e-4 in sizing runs (commit message)
     return Scenario("long_cot_moe", ("What are you training, or what matters most?", "long-CoT math/code",
                                      "Is the policy a Mixture-of-Experts or dense?", "MoE"),
-                    "GSPO + Dr.GRPO ideas", profile, arms, "GRPO", mechanisms)
+                    "GSPO + Dr.GRPO ideas", profile, arms, "GRPO", mechanisms, lrs=(3e-5, 1e-4, 3e-4))
 
-
-#: Training steps of the ``long_cot_moe`` scenario's runs (sized so that its 56 runs fit 30 min, two at a time).
-MOE_STEPS = 20
 
 #: The scenarios by name (``benchmarks/scenarios.py NAME`` runs one).
 SCENARIOS = {"tool_calls": _tool_calls(), "long_cot_moe": _moe()}

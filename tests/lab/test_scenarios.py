@@ -150,6 +150,7 @@ def test_the_moe_scenario_compares_routing_replay_and_gspo_on_the_moe_base():
 
     sc = scenarios.SCENARIOS["long_cot_moe"]
     assert sc.profile.base == "arithmetic-moe-base" and sc.profile.config.minibatches == 4  # GSPO §5.1: 4 minibatches
+    assert sc.lrs == (3e-5, 1e-4, 3e-4) and sc.profile.steps == scenarios.MOE_STEPS
     assert [label for label, *_ in sc.arms] == ["GRPO", "GRPO + Routing Replay", "GSPO", "GSPO, Dr.GRPO advantage"]
     assert sc.overrides("GRPO + Routing Replay") == {"routing_replay": True} and sc.arm("GRPO + Routing Replay") == GRPO
     dra = sc.arm("GSPO, Dr.GRPO advantage")
