@@ -16,6 +16,11 @@ over real completion tokens and all layers, that the float32 learner does not ch
 output head (``rollout_fp32_lm_head``) is scored on the same tokens: its routing is the plain copy's (the head
 acts after the last MoE layer), which the results record. Five seeds, mean and 95% t interval.
 
+Why (``why_base`` / ``why`` per low-precision row, on one more rollout at the base policy / past the warm-up): the
+learner's router margin at the top-k boundary against the sampler's change of it, the factor by which that change
+would have to grow to swap 10% of activated experts, and the share that a sampler with FP8 (e4m3) attention and
+expert weights would change (a what-if: measured on the rollout the bfloat16 or float16 sampler drew).
+
 Departure from the paper's systems: the sampler's routing is that of a teacher-forced forward of the sampler's
 weights over the sampled tokens, not of the engine's decoding (same weights and dtype, other kernels).
 Writes ``benchmarks/results/moe_sampler_routing.json``.
@@ -165,6 +170,37 @@ def _summary(per_seed: list[dict]) -> dict:
     return out
 
 
+def _conclusion(rows: list[dict], base: dict) -> list[str]:
+    """The findings in words, every number read from ``rows`` (no setting reaching 10% is a finding, not a failure)."""
+    by = {r["sampler_dtype"]: r for r in rows}
+    keys = ("base", "before", *(f"after_{k}" for k in AFTER))
+    top_dtype, top_key = max(((r["sampler_dtype"], k) for r in rows for k in keys), key=lambda x: by[x[0]][x[1]]["mean"])
+    top = by[top_dtype][top_key]["mean"]
+    bf, fp = by["bfloat16"], by["float16"]
+    why, last = bf["why_base"], AFTER[-1]
+    out = [f"{'Some' if top >= PAPER else 'No'} setting reaches GSPO's {PAPER:.0%}: the largest share is {top:.2%} "
+           f"({top_dtype} sampler, {top_key}), {PAPER / top:.0f}x below.",
+           f"Before any update a bfloat16 sampler changes {bf['base']['mean_ci95']} of the activated experts at the "
+           f"base policy and {bf['before']['mean_ci95']} past the warm-up; float16 {fp['base']['mean_ci95']} and "
+           f"{fp['before']['mean_ci95']}. The float32 output head changes no expert ("
+           f"{sum(r['fp32_head_routing_differs'] for r in rows)} differences): the head acts after the last MoE layer.",
+           f"After {last} updates the learner's own drift dominates: {bf[f'after_{last}']['mean_ci95']} (bfloat16), "
+           f"{fp[f'after_{last}']['mean_ci95']} (float16), {by['float32'][f'after_{last}']['mean_ci95']} (float32 "
+           "sampler, the control).",
+           f"Why: the learner's router margin at the top-{base['active']} boundary has median {why['margin_median']['mean']:.3f} "
+           f"logits (10% quantile {why['margin_q10']['mean']:.3f}); a bfloat16 sampler changes it by a median "
+           f"{why['abs_change_median']['mean']:.4f}. Swapping 10% of activated experts would need that error "
+           f"{min(why['scale_to_paper_per_seed'])}-{max(why['scale_to_paper_per_seed'])}x larger (margin estimate, "
+           f"{why['estimated_share_by_scale'][1]:.2%} at 1x against the measured {bf['base']['mean']:.2%}); "
+           f"FP8 (e4m3) weights change {why['fp8_weights_share']['mean']:.2%}.",
+           f"Per MoE layer the bfloat16 share is largest in the last ({', '.join(f'{x:.2%}' for x in bf['base_by_layer'])}"
+           f" at the base policy, {', '.join(f'{x:.2%}' for x in bf['before_by_layer'])} past the warm-up; rounding "
+           "errors build up through the layers): what would have to change is depth ({base['layers']} MoE layers here, 48 in "
+           f"Qwen3-30B-A3B), expert count ({base['experts']} experts, {base['active']} active here; 128 and 8 there: "
+           "more experts crowd the top-k boundary) or a sampler far coarser than bfloat16."]
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="arithmetic-moe-base", help="MoE checkpoint name or directory")
@@ -187,19 +223,20 @@ def main(argv=None) -> None:
                                    time.perf_counter() - t0)
     prov = {k: whole[k] for k in ("git_sha", "grpo_lab", "torch", "transformers", "python", "device_name", "date",
                                   "wall_seconds")}
+    base = {"checkpoint": a.base, "weights_sha256": sha256_file(path / "model.safetensors"),
+            "greedy_accuracy": record.get("metrics", {}).get("greedy_accuracy"), "layers": cfg.get("num_hidden_layers"),
+            "experts": cfg.get("num_experts", cfg.get("num_local_experts")), "active": cfg.get("num_experts_per_tok")}
     a.out.write_text(json.dumps({
         "paper": "GSPO §5.3: about 10% of activated experts change per update (Qwen3-30B-A3B: 48 layers, 128 experts, "
                  "8 active)",
         "measure": "share of the sampler's activated experts (real completion tokens, all MoE layers) that the float32 "
                    "learner does not choose; base: the base policy's rollout, no update; before / after_k: a rollout "
                    "past the warm-up, before its update and after k of its optimiser steps",
-        "base": {"checkpoint": a.base, "weights_sha256": sha256_file(path / "model.safetensors"),
-                 "greedy_accuracy": record.get("metrics", {}).get("greedy_accuracy"),
-                 "layers": cfg.get("num_hidden_layers"), "experts": cfg.get("num_experts", cfg.get("num_local_experts")),
-                 "active": cfg.get("num_experts_per_tok")},
+        "base": base,
         "design": {"minibatches": MINIBATCHES, "lr": LR, "after": list(AFTER), "algorithm": GRPO_NOKL.describe(),
                    "profile": "cpu"},
-        "reached_paper_regime": reached, "rows": rows, "provenance": prov}, indent=1) + "\n")
+        "reached_paper_regime": reached, "conclusion": _conclusion(rows, base), "rows": rows, "provenance": prov},
+        indent=1) + "\n")
     print(f"wrote {a.out}; settings at >= {PAPER:.0%}: {reached or 'none'}")
 
 
