@@ -121,7 +121,8 @@ def _margins(tr, k: int) -> dict:
     scales = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     fp8 = _router_logits(_fp8_weights(tr.policy), ro)[:, real].argsort(-1, descending=True)[..., :k]
     gone = ~(fp8.unsqueeze(-1) == learner.argsort(-1, descending=True)[..., :k].unsqueeze(-2)).any(-1)
-    return {"fp8_weights_share": float(gone.double().mean()), "margin_median": float(margin.median()), "margin_q10": float(margin.quantile(0.1)),
+    return {"fp8_weights_share": float(gone.double().mean()), "margin_median": float(margin.median()),
+            "margin_q10": float(margin.quantile(0.1)),
             "abs_change_median": float(change.abs().median()), "abs_change_q90": float(change.abs().quantile(0.9)),
             "estimated_share_by_scale": {c: share(c) for c in scales},
             "scale_to_paper": next((c for c in scales if share(c) >= PAPER), None)}
@@ -140,7 +141,8 @@ def _probe(base: str, seed: int, dtype: str) -> dict:
     tr.train(-(-cfg.warmup // MINIBATCHES))  # past the warm-up: the probed updates run at the full rate
     probed = lab.sampler_routing(tr, after=AFTER)
     why = _margins(tr, k) if dtype != "float32" else None
-    return {"why_base": why_base, "why": why, "base": at_base["before"], "base_by_layer": at_base["before_by_layer"], "before": probed["before"],
+    return {"why_base": why_base, "why": why, "base": at_base["before"], "base_by_layer": at_base["before_by_layer"],
+            "before": probed["before"],
             "before_by_layer": probed["before_by_layer"], **{f"after_{k}": probed["after"][k] for k in AFTER},
             "fp32_head_routing_differs": at_base["fp32_head_routing_differs"] + probed["fp32_head_routing_differs"],
             "activated": probed["activated"]}
@@ -152,7 +154,8 @@ def _summary(per_seed: list[dict]) -> dict:
         v = np.array([r[key] for r in per_seed])
         iv = stats.t_interval(v, bounds=(0, 1))
         out[key] = {"per_seed": v.round(5).tolist(), "mean": float(iv.mean), "lo": float(iv.lo), "hi": float(iv.hi),
-                    "mean_ci95": stats.format_interval(iv, 4), "x_below_paper": float(PAPER / iv.mean) if iv.mean else None}
+                    "mean_ci95": stats.format_interval(iv, 4),
+                    "x_below_paper": float(PAPER / iv.mean) if iv.mean else None}
     for key in ("base_by_layer", "before_by_layer"):
         out[key] = np.mean([r[key] for r in per_seed], axis=0).round(5).tolist()  # mean over seeds, per layer
     for key in ("why_base", "why"):
@@ -174,7 +177,8 @@ def _conclusion(rows: list[dict], base: dict) -> list[str]:
     """The findings in words, every number read from ``rows`` (no setting reaching 10% is a finding, not a failure)."""
     by = {r["sampler_dtype"]: r for r in rows}
     keys = ("base", "before", *(f"after_{k}" for k in AFTER))
-    top_dtype, top_key = max(((r["sampler_dtype"], k) for r in rows for k in keys), key=lambda x: by[x[0]][x[1]]["mean"])
+    top_dtype, top_key = max(((r["sampler_dtype"], k) for r in rows for k in keys),
+                             key=lambda x: by[x[0]][x[1]]["mean"])
     top = by[top_dtype][top_key]["mean"]
     bf, fp = by["bfloat16"], by["float16"]
     why, last = bf["why_base"], AFTER[-1]
@@ -187,15 +191,18 @@ def _conclusion(rows: list[dict], base: dict) -> list[str]:
            f"After {last} updates the learner's own drift dominates: {bf[f'after_{last}']['mean_ci95']} (bfloat16), "
            f"{fp[f'after_{last}']['mean_ci95']} (float16), {by['float32'][f'after_{last}']['mean_ci95']} (float32 "
            "sampler, the control).",
-           f"Why: the learner's router margin at the top-{base['active']} boundary has median {why['margin_median']['mean']:.3f} "
+           f"Why: the learner's router margin at the top-{base['active']} boundary has median "
+           f"{why['margin_median']['mean']:.3f} "
            f"logits (10% quantile {why['margin_q10']['mean']:.3f}); a bfloat16 sampler changes it by a median "
            f"{why['abs_change_median']['mean']:.4f}. Swapping 10% of activated experts would need that error "
            f"{min(why['scale_to_paper_per_seed'])}-{max(why['scale_to_paper_per_seed'])}x larger (margin estimate, "
            f"{why['estimated_share_by_scale'][1]:.2%} at 1x against the measured {bf['base']['mean']:.2%}); "
            f"FP8 (e4m3) weights change {why['fp8_weights_share']['mean']:.2%}.",
-           f"Per MoE layer the bfloat16 share is largest in the last ({', '.join(f'{x:.2%}' for x in bf['base_by_layer'])}"
-           f" at the base policy, {', '.join(f'{x:.2%}' for x in bf['before_by_layer'])} past the warm-up; rounding "
-           "errors build up through the layers): what would have to change is depth ({base['layers']} MoE layers here, 48 in "
+           "Per MoE layer the bfloat16 share is largest in the last ("
+           f"{', '.join(f'{x:.2%}' for x in bf['base_by_layer'])}"
+           f" at the base policy, {', '.join(f'{x:.2%}' for x in bf['before_by_layer'])} past the warm-up, as rounding "
+           "errors building up through the layers would give): what would have to change is depth "
+           f"({base['layers']} MoE layers here, 48 in "
            f"Qwen3-30B-A3B), expert count ({base['experts']} experts, {base['active']} active here; 128 and 8 there: "
            "more experts crowd the top-k boundary) or a sampler far coarser than bfloat16."]
     return out

@@ -136,7 +136,8 @@ class Scenario:
         raise KeyError(f"scenario {self.name!r} has no arm {label!r}; arms: {[n for n, *_ in self.arms]}")
 
     def overrides(self, label: str) -> dict:
-        """The TrainerConfig fields arm ``label`` sets (``{}``: the profile's; KeyError naming the arms when unknown)."""
+        """The TrainerConfig fields arm ``label`` sets (``{}``: the profile's); KeyError naming the arms when
+        unknown."""
         for name, _, over in self.arms:
             if name == label:
                 return dict(over)
