@@ -13,6 +13,11 @@ record that commit) and by paired, Bonferroni-corrected differences. Two runs at
 on :class:`grpo_lab.tasks.CalculatorTask` (``a*b+c=`` with a ``calc(...)`` tool whose answer joins the context as
 observation tokens), 16 prompts x 8 episodes per step, 20 steps, evaluation every 5; arms GRPO, DAPO, DAPO with
 GRPO's sample-level loss (the ablation of the token-level loss), GSPO and CISPO.
+
+``dialogue`` (issue 55, the seed's branch "general dialogue alignment -> GRPO / PPO"): ``corpus-base`` on
+:class:`grpo_lab.tasks.DialogueTask` (open-ended 32-token continuations trained on a learned proxy reward model and
+judged by a known gold reward: the endpoint is the greedy gold mean on 64 held-out contexts), 16 prompts x 8 per
+step, 16 steps, evaluation every 4; arms GRPO, PPO and Dr.GRPO.
 """
 
 from __future__ import annotations

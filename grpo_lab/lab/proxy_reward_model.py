@@ -95,6 +95,7 @@ def _regressor(recipe: RewardModelRecipe, tok):
 
 def _fit(model, tok, texts: list[str], gold: np.ndarray, recipe: RewardModelRecipe) -> float:
     """AdamW on the squared error of the last token's score; returns the last epoch's mean loss."""
+    texts = [t or tok.eos_token for t in texts]  # as DialogueTask.proxy scores an empty response
     enc = tok(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
     y = torch.tensor(gold, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ..algo.algorithms import CISPO, DAPO, GRPO, GSPO, Algorithm
+from ..algo.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO, PPO, Algorithm
 from ..experiments import stats
 from ..experiments.profiles import PROFILES, Profile
 from ..paths import REPO_ROOT
@@ -43,8 +43,8 @@ __all__ = ["Mechanism", "Scenario", "SCENARIOS", "ENDPOINTS", "VERDICTS", "run_s
            "mechanism_verdict", "smallest_detectable", "load_scenario", "scenario_table", "verdict_table",
            "results_path"]
 
-#: The per-seed endpoints read from the greedy test evaluations (rows with ``test_accuracy``, step > 0):
-#: ``curve_mean`` (mean over the evaluations), ``final`` (the last) and ``best`` (the largest: biased upwards).
+#: The per-seed endpoints read from the greedy test evaluations (rows with the scenario's metric, ``test_accuracy``
+#: by default, step > 0): ``curve_mean`` (mean over the evaluations), ``final`` (the last) and ``best`` (the largest: biased upwards).
 ENDPOINTS = ("curve_mean", "final", "best")
 
 #: The four verdicts a mechanism can get.
@@ -90,6 +90,8 @@ class Scenario:
         mechanisms: the :class:`Mechanism` s judged.
         lrs, sweep_seeds, seeds: the sweep's rates and seeds, the comparison's seeds (disjoint from the sweep's).
         endpoint: the primary endpoint, one of :data:`ENDPOINTS`, fixed before the runs.
+        metric: the evaluation column the endpoints read (``"test_accuracy"``; ``"test_gold_mean"`` where the
+            training reward is a proxy and the test metric the gold reward, as :class:`~grpo_lab.tasks.DialogueTask`).
 
     Raises:
         ValueError: repeated labels, an unknown reference or mechanism arm, fewer than 5 comparison seeds,
@@ -107,6 +109,7 @@ class Scenario:
     sweep_seeds: tuple = (100, 101, 102)
     seeds: tuple = (0, 1, 2, 3, 4)
     endpoint: str = "curve_mean"
+    metric: str = "test_accuracy"
 
     def __post_init__(self):
         labels = [label for label, _ in self.arms]
@@ -164,8 +167,26 @@ def _tool_calls() -> Scenario:
                     "GRPO", mechanisms)
 
 
+def _dialogue() -> Scenario:
+    cpu = PROFILES["cpu"].config
+    profile = Profile(name="dialogue", base="corpus-base", task="dialogue", steps=16,
+                      config=dataclasses.replace(cpu, eval_every=4, warmup=2))
+    arms = (("GRPO", GRPO), ("PPO", PPO), ("Dr.GRPO", DR_GRPO))
+    mechanisms = (
+        Mechanism("the critic's per-token credit (PPO with GAE)", "PPO", "GRPO", (("proxy_hacked", ""),),
+                  "the seed's dialogue branch: GRPO or PPO on a learned reward model (InstructGPT §3.5 uses PPO)",
+                  "with a learned critic, GAE's per-token advantages and no KL"),
+        Mechanism("the unbiased normaliser (Dr.GRPO §3.2)", "Dr.GRPO", "GRPO",
+                  (("proxy_hacked", ""), ("length_spread", "")),
+                  "no std and no per-response length normaliser removes GRPO's length and difficulty biases",
+                  "and no KL"),
+    )
+    return Scenario("dialogue", ("Task type?", "General dialogue alignment"), "GRPO / PPO (basic enough)", profile,
+                    arms, "GRPO", mechanisms, metric="test_gold_mean")
+
+
 #: The scenarios by name (``benchmarks/scenarios.py NAME`` runs one).
-SCENARIOS = {"tool_calls": _tool_calls()}
+SCENARIOS = {"tool_calls": _tool_calls(), "dialogue": _dialogue()}
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -209,22 +230,25 @@ def choose_lrs(sc: Scenario, sweep: Mapping[str, Mapping[float, pd.DataFrame]]) 
     """Per arm, the sweep's rate with the largest mean primary endpoint over the sweep seeds (ties: the smaller)."""
     out = {}
     for label, by_lr in sweep.items():
-        scores = {lr: float(endpoints(h)[sc.endpoint].mean()) for lr, h in by_lr.items()}
+        scores = {lr: float(endpoints(h, sc.metric)[sc.endpoint].mean()) for lr, h in by_lr.items()}
         out[label] = min(scores, key=lambda lr: (-scores[lr], lr))
     return out
 
 
-def endpoints(history: pd.DataFrame) -> pd.DataFrame:
-    """Per seed (index), the columns of :data:`ENDPOINTS` from a history's greedy test evaluations (step > 0).
+def endpoints(history: pd.DataFrame, column: str = "test_accuracy") -> pd.DataFrame:
+    """Per seed (index), the columns of :data:`ENDPOINTS` from a history's greedy test evaluations (step > 0) of
+    ``column`` (a :attr:`Scenario.metric`).
 
     Raises:
-        ValueError: no evaluation after step 0 (set ``eval_every``).
+        ValueError: no evaluation after step 0 (set ``eval_every``); KeyError: no column ``column``.
     """
-    ev = history.dropna(subset=["test_accuracy"])
-    ev = ev[ev["step"] > 0].groupby(["seed", "step"])["test_accuracy"].mean().reset_index()
+    if column not in history.columns:
+        raise KeyError(f"scenarios: the history has no column {column!r}")
+    ev = history.dropna(subset=[column])
+    ev = ev[ev["step"] > 0].groupby(["seed", "step"])[column].mean().reset_index()
     if ev.empty:
         raise ValueError("scenarios: no test evaluation after step 0 in the history (set eval_every)")
-    g = ev.sort_values("step").groupby("seed")["test_accuracy"]
+    g = ev.sort_values("step").groupby("seed")[column]
     return pd.DataFrame({"curve_mean": g.mean(), "final": g.last(), "best": g.max()}).astype(np.float64)
 
 
@@ -235,8 +259,8 @@ def _iv(per_seed: pd.Series, bounds=(0.0, 1.0)) -> dict:
             "per_seed": {int(k): float(v) for k, v in per_seed.items()}}
 
 
-def _curve(history: pd.DataFrame) -> dict:
-    ev = history.dropna(subset=["test_accuracy"]).groupby(["seed", "step"])["test_accuracy"].mean()
+def _curve(history: pd.DataFrame, column: str = "test_accuracy") -> dict:
+    ev = history.dropna(subset=[column]).groupby(["seed", "step"])[column].mean()
     return {int(k): float(v) for k, v in ev.groupby(level="step").mean().items()}
 
 
@@ -289,11 +313,11 @@ def mechanism_verdict(mech: Mechanism, checks: list[dict], comparison: dict) -> 
             "checks": checks, "verdict": verdict, "reason": reason}
 
 
-def _arm_summary(history: pd.DataFrame, lr: float) -> dict:
-    e = endpoints(history)
+def _arm_summary(history: pd.DataFrame, lr: float, metric: str = "test_accuracy") -> dict:
+    e = endpoints(history, metric)
     train = history[history["step"] > 0]
-    base = history[(history["step"] == 0)].dropna(subset=["test_accuracy"])["test_accuracy"]
-    out = {"lr": lr, **{k: _iv(e[k]) for k in ENDPOINTS}, "curve": _curve(history),
+    base = history[(history["step"] == 0)].dropna(subset=[metric])[metric]
+    out = {"lr": lr, **{k: _iv(e[k]) for k in ENDPOINTS}, "curve": _curve(history, metric),
            "base_accuracy": float(base.mean()) if len(base) else None,
            "step_seconds": float(train["step_seconds"].mean()), "peak_mem_mb": float(train["peak_mem_mb"].max())}
     for col in ("length", "turns_mean", "tool_calls_mean", "observation_token_frac", "zero_adv_group_frac"):
@@ -318,7 +342,7 @@ def analyse(sc: Scenario, sweep: Mapping, chosen: Mapping[str, float], compariso
     Raises:
         ValueError: a history without test evaluations; KeyError: a label missing from ``comparison``.
     """
-    ends = {label: endpoints(comparison[label])[sc.endpoint] for label, _ in sc.arms}
+    ends = {label: endpoints(comparison[label], sc.metric)[sc.endpoint] for label, _ in sc.arms}
     pairs = _pairs(sc)
     comps = [_compare(ends[a], ends[b], a, b, len(pairs)) for a, b in pairs]
     by_pair = {(c["arm"], c["against"]): c for c in comps}
@@ -328,10 +352,11 @@ def analyse(sc: Scenario, sweep: Mapping, chosen: Mapping[str, float], compariso
     return {
         "scenario": sc.name, "branch": list(sc.branch), "recommendation": sc.recommendation,
         "design": _design(sc, ref_mean), "quick": quick, "provenance": _provenance(walls),
-        "sweep": {label: {f"{lr:g}": {"curve_mean": _iv(endpoints(h)["curve_mean"]), "curve": _curve(h)}
+        "sweep": {label: {f"{lr:g}": {"curve_mean": _iv(endpoints(h, sc.metric)["curve_mean"]),
+                                      "curve": _curve(h, sc.metric)}
                           for lr, h in by_lr.items()} for label, by_lr in sweep.items()},
         "chosen_lr": dict(chosen),
-        "arms": {label: _arm_summary(comparison[label], chosen[label]) for label, _ in sc.arms},
+        "arms": {label: _arm_summary(comparison[label], chosen[label], sc.metric) for label, _ in sc.arms},
         "comparisons": comps, "verdicts": verdicts,
     }
 
@@ -346,7 +371,8 @@ def _design(sc: Scenario, ref_mean: float) -> dict:
             "steps": sc.profile.steps, "eval_every": cfg.eval_every, "prompts_per_step": cfg.prompts_per_step,
             "group_size": cfg.group_size, "minibatches": cfg.minibatches, "lrs": list(sc.lrs),
             "sweep_seeds": list(sc.sweep_seeds), "seeds": list(sc.seeds), "endpoint": sc.endpoint,
-            "endpoint_text": "mean greedy test accuracy over the evaluations after step 0 (chosen before the runs)",
+            "metric": sc.metric, "endpoint_text": f"mean greedy {sc.metric} over the evaluations after step 0 "
+                                                  "(chosen before the runs)",
             "test_size": n_test, "binomial_se_at_reference": stats.binomial_se(min(max(ref_mean, 0.0), 1.0), n_test),
             "arms": {label: algo.describe() for label, algo in sc.arms}, "reference": sc.reference,
             "bonferroni": f"each comparison at 1 - 0.05 / m, m = {len(_pairs(sc))}"}

@@ -155,9 +155,11 @@ class DialogueTask:
         return [Problem(c, "", {"index": i}) for i, c in enumerate(test[:self.test_size])]
 
     def proxy(self, completions: Sequence[str]) -> list[float]:
-        """``[B]`` proxy rewards of the responses alone (the reward model reads no prompt: the gold does not)."""
-        completions = list(completions)
-        return _reward_model(self.reward_model)([""] * len(completions), completions) if completions else []
+        """``[B]`` proxy rewards of the responses alone (the reward model reads no prompt: the gold does not); an
+        empty response is scored as the EOS token alone."""
+        rm = _reward_model(self.reward_model)
+        texts = [c or rm.tokenizer.eos_token for c in completions]  # an empty response is scored as its EOS
+        return [float(v) for v in rm([""] * len(texts), texts)] if texts else []
 
     def rewards(self, completions: Sequence[str], problems: Sequence[Problem]) -> list[float]:
         """The training reward: :meth:`proxy` of each response (``problems`` unused)."""

@@ -118,3 +118,15 @@ def test_run_scenario_sweeps_then_compares_at_the_chosen_rates(monkeypatch):
     assert calls[0] == ([(a, lr) for a in ("A", "B") for lr in sc.lrs], [100, 101, 102])
     assert calls[1] == ([("A", 3e-4), ("B", 1e-3)], [0, 1, 2, 3, 4]) and res["quick"] is None
     assert res["chosen_lr"] == {"A": 3e-4, "B": 1e-3} and set(res["sweep"]["A"]) == {"0.0001", "0.0003", "0.001"}
+
+
+def test_the_dialogue_scenario_reads_the_gold_reward():
+    sc = scenarios.SCENARIOS["dialogue"]
+    assert sc.metric == "test_gold_mean" and sc.reference == "GRPO" and sc.profile.task == "dialogue"
+    assert {label for label, _ in sc.arms} == {"GRPO", "PPO", "Dr.GRPO"}
+    assert all(("proxy_hacked", "") in m.rules for m in sc.mechanisms)
+    h = _history({0: (0.5, 0.3)}).rename(columns={"test_accuracy": "test_gold_mean"})
+    # by hand: as test_endpoints_by_hand, on the gold column
+    assert scenarios.endpoints(h, sc.metric).loc[0].tolist() == pytest.approx([0.4, 0.3, 0.5])
+    with pytest.raises(KeyError, match="no column 'test_accuracy'"):
+        scenarios.endpoints(h)
