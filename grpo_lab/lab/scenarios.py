@@ -421,14 +421,17 @@ def _fmt_iv(d: Mapping, digits: int = 3, signed: bool = False) -> str:
 
 
 def scenario_table(results: Mapping) -> pd.DataFrame:
-    """One row per arm: the rate chosen, the primary endpoint, final and best (mean [95% t]), the paired difference
+    """One row per arm: the rate chosen, the primary endpoint (its column named after the scenario's metric: accuracy,
+    gold_mean, ...), final and best (mean [95% t]), the paired difference
     to the reference (Bonferroni interval), seconds per step and peak memory (MiB)."""
     ref = results["design"]["reference"]
+    metric = results["design"].get("metric", "test_accuracy")
+    what = "accuracy" if metric == "test_accuracy" else metric.removeprefix("test_")
     comps = {c["arm"]: c for c in results["comparisons"] if c["against"] == ref}
     rows = []
     for label, a in results["arms"].items():
         c = comps.get(label)
-        rows.append({"arm": label, "lr": f"{a['lr']:g}", "accuracy over the curve": _fmt_iv(a["curve_mean"]),
+        rows.append({"arm": label, "lr": f"{a['lr']:g}", f"{what} over the curve": _fmt_iv(a["curve_mean"]),
                      "final": _fmt_iv(a["final"]), "best (biased up)": _fmt_iv(a["best"]),
                      f"minus {ref} (Bonferroni)": _fmt_iv(c, signed=True) if c else "reference",
                      "s / step": round(a["step_seconds"], 2), "peak MiB": round(a["peak_mem_mb"])})
