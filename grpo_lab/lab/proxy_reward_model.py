@@ -3,13 +3,13 @@
     python -m grpo_lab.lab.proxy_reward_model             # -> data/checkpoints/dialogue-rm/ (seconds, deterministic)
     python -m grpo_lab.lab.proxy_reward_model --out DIR   # anywhere else
 
-:func:`build_reward_model` samples continuations of training contexts from ``corpus-base`` (temperature 1),
-labels each with :func:`grpo_lab.tasks.dialogue.gold_reward`, and fits a one-layer Qwen2 sequence classifier
-(``num_labels = 1``, the last token's score) to those labels by mean squared error, as a reward model is fitted
-to human labels of the base policy's samples (InstructGPT, arXiv 2203.02155, §3.5, with a regression loss instead of
-the pairwise one). It only ever sees the base policy's distribution, so it can be over-optimised (Gao et al.
-2022, arXiv 2210.10760). ``recipe.json`` records the recipe, the rank correlation with gold on held-out base
-samples and the sha256 of the weights.
+:func:`~grpo_lab.lab.proxy_reward_model.build_reward_model` samples continuations of training contexts from
+``corpus-base`` (temperature 1), labels each with :func:`~grpo_lab.tasks.dialogue.gold_reward`, and fits a one-layer
+Qwen2 sequence classifier (``num_labels = 1``, the last token's score) to those labels by mean squared error, as a
+reward model is fitted to human labels of the base policy's samples (InstructGPT, arXiv 2203.02155, §3.5, with a
+regression loss instead of the pairwise one). It only ever sees the base policy's distribution, so it can be
+over-optimised (Gao et al. 2022, arXiv 2210.10760). ``recipe.json`` records the recipe, the rank correlation with
+gold on held-out base samples and the sha256 of the weights.
 """
 
 from __future__ import annotations

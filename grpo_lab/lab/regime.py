@@ -119,13 +119,13 @@ def _length_spread(h: pd.DataFrame) -> pd.Series:
     return (h["length_max"] - h["length_min"]) / h["length"].where(h["length"] > 0)
 
 
-#: Statistics derived from several history columns: ``length_spread`` is (longest - shortest) / mean response length
+#: Statistics derived from several history columns. ``length_spread`` is (longest - shortest) / mean response length
 #: in a step (model tokens only on multi-turn episodes).
 DERIVED = {"length_spread": _length_spread}
 
 _SWITCH = 0.01  # a switch acting on under 1 group or response in 100 changes too little to measure with 5 seeds
 
-#: The book's regime rules by name (issue 55): one rule per mechanism, fixed before the scenario runs.
+#: The book's regime rules by name, one rule per mechanism, fixed before the scenario runs (issue 55).
 RULES = {r.name: r for r in (
     Rule("clip_acts", "the clip acts", "", "late", CLIP_ACTS, "%",
          "ranges, not binding rates: DAPO eps_high 0.28 (§4.1), CISPO eps_high (§3.1), GSPO 3e-4 / 4e-4 (§5.1); "

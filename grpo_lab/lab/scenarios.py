@@ -44,7 +44,8 @@ __all__ = ["Mechanism", "Scenario", "SCENARIOS", "ENDPOINTS", "VERDICTS", "run_s
            "results_path"]
 
 #: The per-seed endpoints read from the greedy test evaluations (rows with the scenario's metric, ``test_accuracy``
-#: by default, step > 0): ``curve_mean`` (mean over the evaluations), ``final`` (the last) and ``best`` (the largest: biased upwards).
+#: by default, step > 0): ``curve_mean`` (mean over the evaluations), ``final`` (the last) and ``best`` (the largest:
+#: biased upwards).
 ENDPOINTS = ("curve_mean", "final", "best")
 
 #: The four verdicts a mechanism can get.
@@ -174,7 +175,7 @@ def _dialogue() -> Scenario:
     arms = (("GRPO", GRPO), ("PPO", PPO), ("Dr.GRPO", DR_GRPO))
     mechanisms = (
         Mechanism("the critic's per-token credit (PPO with GAE)", "PPO", "GRPO", (("proxy_hacked", ""),),
-                  "the seed's dialogue branch: GRPO or PPO on a learned reward model (InstructGPT §3.5 uses PPO)",
+                  "the seed's dialogue branch: GRPO or PPO on a learned reward model (InstructGPT uses PPO)",
                   "with a learned critic, GAE's per-token advantages and no KL"),
         Mechanism("the unbiased normaliser (Dr.GRPO §3.2)", "Dr.GRPO", "GRPO",
                   (("proxy_hacked", ""), ("length_spread", "")),
@@ -240,7 +241,8 @@ def endpoints(history: pd.DataFrame, column: str = "test_accuracy") -> pd.DataFr
     ``column`` (a :attr:`Scenario.metric`).
 
     Raises:
-        ValueError: no evaluation after step 0 (set ``eval_every``); KeyError: no column ``column``.
+        ValueError: no evaluation after step 0 (set ``eval_every``).
+        KeyError: no column ``column``.
     """
     if column not in history.columns:
         raise KeyError(f"scenarios: the history has no column {column!r}")

@@ -6,14 +6,14 @@ pushes the proxy up, the gold reward first rises, then falls). This toy makes bo
 
 * **prompts** are 32-token contexts of the Python language reference (the ``corpus-base`` data of
   :mod:`grpo_lab.tasks.next_token`), **responses** open-ended continuations of up to ``max_new_tokens`` tokens;
-* the **gold reward** (:func:`gold_reward`) is a fixed function of the response text standing for a
-  human's preference: words of a target vocabulary (saturating), no repeated words, a finished sentence and a
-  reasonable length;
+* the **gold reward** (:func:`~grpo_lab.tasks.dialogue.gold_reward`) is a fixed function of the response text
+  standing for a human's preference: words of a target vocabulary (saturating), no repeated words, a finished
+  sentence and a reasonable length;
 * the **proxy** is a tiny sequence regressor (``data/checkpoints/dialogue-rm``,
   :mod:`grpo_lab.lab.proxy_reward_model`) fitted to the gold reward of base-policy samples.
 
-:class:`DialogueTask` trains on the proxy (``rewards``) and evaluates on gold: ``correct`` is gold >= 0.75 and
-``test_metrics`` adds ``gold_mean``, ``proxy_mean`` and their gap, so a history shows the hacking.
+:class:`~grpo_lab.tasks.DialogueTask` trains on the proxy (``rewards``) and evaluates on gold: ``correct`` is
+gold >= 0.75 and ``test_metrics`` adds ``gold_mean``, ``proxy_mean`` and their gap, so a history shows the hacking.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from .base import Problem
 
 __all__ = ["TARGET_WORDS", "GOLD_WEIGHTS", "gold_parts", "gold_reward", "DialogueTask"]
 
-#: The target vocabulary the gold reward likes (lower case): the reference's core nouns.
+#: The target vocabulary the gold reward likes, in lower case. The reference's core nouns.
 TARGET_WORDS = frozenset({"object", "objects", "class", "method", "methods", "attribute", "attributes", "value",
                           "values", "function", "functions", "instance", "type", "name", "names"})
 
-#: The weights of the gold reward's parts (they sum to 1): target words, distinct words, a finished sentence,
-#: a reasonable length.
+#: The weights of the gold reward's parts, which sum to 1. The parts are target words, distinct words, a finished
+#: sentence and a reasonable length.
 GOLD_WEIGHTS = {"target": 0.4, "distinct": 0.3, "sentence": 0.15, "length": 0.15}
 
 _WORD = re.compile(r"[A-Za-z_]+")
@@ -47,7 +47,8 @@ _LENGTH_RANGE = (5, 40)  # words
 def gold_parts(text: str) -> dict[str, float]:
     """The gold reward's parts of one response, each in [0, 1].
 
-    * ``target``: ``min(1, n / 3)`` for ``n`` words (``[A-Za-z_]+``, lower-cased) of :data:`TARGET_WORDS`;
+    * ``target``: ``min(1, n / 3)`` for ``n`` words (``[A-Za-z_]+``, lower-cased) of
+      :data:`~grpo_lab.tasks.dialogue.TARGET_WORDS`;
     * ``distinct``: distinct words / words (0 with no word);
     * ``sentence``: 1 when a sentence ends (a letter, ``)``, ``"`` or ``*`` then ``.``, ``!`` or ``?`` then
       white space or the end), else 0;
@@ -67,7 +68,8 @@ def gold_parts(text: str) -> dict[str, float]:
 
 
 def gold_reward(text: str) -> float:
-    """The gold reward of one response in [0, 1]: :data:`GOLD_WEIGHTS` · :func:`gold_parts`. Our stand-in for a
+    """The gold reward of one response in [0, 1]: :data:`~grpo_lab.tasks.dialogue.GOLD_WEIGHTS` ·
+    :func:`~grpo_lab.tasks.dialogue.gold_parts`. Our stand-in for a
     human's preference (no paper's); the text is only matched, never executed.
 
     Raises:
@@ -106,7 +108,8 @@ def _contexts(context_tokens: int) -> tuple[np.ndarray, tuple[str, ...]]:
 
 @dataclass
 class DialogueTask:
-    """Open-ended continuation trained on a learned proxy reward, evaluated on :func:`gold_reward` (module docstring).
+    """Open-ended continuation trained on a learned proxy reward, evaluated on
+    :func:`~grpo_lab.tasks.dialogue.gold_reward` (the module docstring says how).
 
     Attributes:
         name: ``"dialogue"`` (the registry name).
@@ -176,7 +179,7 @@ class DialogueTask:
     def test_metrics(self, frame) -> dict[str, float]:
         """Evaluation columns (the trainer adds ``test_``): ``gold_mean`` and ``proxy_mean`` over the responses,
         ``proxy_gold_gap`` (their difference: near 0 on the base policy, whose samples fitted the proxy), and the
-        mean of each :func:`gold_parts` part as ``gold_<part>``.
+        mean of each :func:`~grpo_lab.tasks.dialogue.gold_parts` part as ``gold_<part>``.
 
         Args:
             frame: the evaluation's frame (a ``completion`` column of str).
