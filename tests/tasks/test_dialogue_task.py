@@ -68,3 +68,19 @@ def test_the_reward_model_rebuilds_deterministically(tmp_path):
     assert a["sha256"] == b["sha256"] and a == b
     other = proxy_reward_model.build_reward_model(tmp_path / "c", small.__class__(**{**small.__dict__, "seed": 1}))
     assert other["sha256"] != a["sha256"]  # the test can fail: another seed gives other weights
+
+
+def test_the_run_cache_fingerprint_covers_the_reward_model(tmp_path):
+    import shutil
+
+    from grpo_lab.experiments.profiles import PROFILES, Profile
+    from grpo_lab.experiments.run_cache import run_fingerprint
+
+    rm = tmp_path / "rm"
+    shutil.copytree(checkpoint_dir("dialogue-rm"), rm)
+    prof = Profile(name="d", base="corpus-base", task="dialogue", steps=1, config=PROFILES["cpu"].config,
+                   task_kwargs={"reward_model": str(rm)})
+    before = run_fingerprint(prof)
+    with open(rm / "config.json", "a") as f:
+        f.write("\n")  # another reward model: cached runs must not be reused
+    assert run_fingerprint(prof) != before
