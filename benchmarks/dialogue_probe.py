@@ -6,8 +6,8 @@
 It reads the proxy's fit on held-out base samples from ``data/checkpoints/dialogue-rm/recipe.json`` (Spearman and
 Pearson correlation with gold), then trains GRPO on :class:`grpo_lab.tasks.DialogueTask` at the dialogue scenario's
 profile (16 steps, evaluation every 4) at each of the scenario's learning rates on one sweep seed (100) and records,
-per evaluation, the greedy test gold mean, the proxy mean, their gap and the gold reward's parts (Gao et al. 2022,
-arXiv 2210.10760: over-optimisation shows as the proxy rising while gold first rises, then falls). It does not run
+per evaluation, the greedy test gold mean, the proxy mean, their gap and rank correlation and the gold reward's parts
+(Gao et al. 2022, arXiv 2210.10760: over-optimisation shows as the proxy rising while gold first rises, then falls). It does not run
 the scenario (``benchmarks/scenarios.py dialogue`` does). One run at a time, one thread.
 """
 
@@ -24,8 +24,8 @@ from grpo_lab.lab import scenarios
 from grpo_lab.lab.scenarios import _git
 from grpo_lab.paths import REPO_ROOT, checkpoint_dir
 
-COLUMNS = ("test_gold_mean", "test_proxy_mean", "test_proxy_gold_gap", "test_gold_target", "test_gold_distinct",
-           "test_gold_sentence", "test_gold_length", "test_accuracy", "test_length")
+COLUMNS = ("test_gold_mean", "test_proxy_mean", "test_proxy_gold_gap", "test_proxy_gold_spearman", "test_gold_target",
+           "test_gold_distinct", "test_gold_sentence", "test_gold_length", "test_accuracy", "test_length")
 
 
 def main(argv=None) -> int:

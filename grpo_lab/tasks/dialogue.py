@@ -79,6 +79,15 @@ def gold_reward(text: str) -> float:
     return float(sum(GOLD_WEIGHTS[k] * v for k, v in parts.items()))
 
 
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation of two ``[n]`` arrays (average ranks for ties); 0.0 when either is constant."""
+    from scipy import stats as sps
+
+    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return 0.0
+    return float(sps.spearmanr(a, b)[0])
+
+
 @lru_cache(maxsize=2)
 def _reward_model(name: str):
     """The proxy reward model of a shipped checkpoint name or a directory, as a
@@ -178,7 +187,8 @@ class DialogueTask:
 
     def test_metrics(self, frame) -> dict[str, float]:
         """Evaluation columns (the trainer adds ``test_``): ``gold_mean`` and ``proxy_mean`` over the responses,
-        ``proxy_gold_gap`` (their difference: near 0 on the base policy, whose samples fitted the proxy), and the
+        ``proxy_gold_gap`` (their difference: near 0 on the base policy, whose samples fitted the proxy),
+        ``proxy_gold_spearman`` (their rank correlation over the responses; 0.0 when either is constant), and the
         mean of each :func:`~grpo_lab.tasks.dialogue.gold_parts` part as ``gold_<part>``.
 
         Args:
@@ -188,7 +198,7 @@ class DialogueTask:
         gold = np.array([gold_reward(t) for t in texts], dtype=np.float64)
         proxy = np.array(self.proxy(texts), dtype=np.float64)
         out = {"gold_mean": float(gold.mean()), "proxy_mean": float(proxy.mean()),
-               "proxy_gold_gap": float(proxy.mean() - gold.mean())}
+               "proxy_gold_gap": float(proxy.mean() - gold.mean()), "proxy_gold_spearman": _spearman(proxy, gold)}
         parts = [gold_parts(t) for t in texts]
         out.update({f"gold_{k}": float(np.mean([p[k] for p in parts])) for k in GOLD_WEIGHTS})
         return out

@@ -48,6 +48,10 @@ def test_task_trains_on_the_proxy_and_tests_on_gold():
     assert m["gold_mean"] == pytest.approx(gold) and m["proxy_mean"] == pytest.approx(np.mean(proxy), abs=1e-5)
     assert m["proxy_gold_gap"] == pytest.approx(m["proxy_mean"] - m["gold_mean"])
     assert m["gold_distinct"] == pytest.approx(np.mean([gold_parts(t)["distinct"] for t in texts]))
+    # by hand: with 3 responses, Spearman is 1 - 6 * sum(d^2) / (3 * 8) over the rank differences d
+    rp, rg = np.argsort(np.argsort(proxy)), np.argsort(np.argsort([gold_reward(t) for t in texts]))
+    assert m["proxy_gold_spearman"] == pytest.approx(1 - 6 * float(((rp - rg) ** 2).sum()) / 24)
+    assert task.test_metrics(pd.DataFrame({"completion": ["x", "x"]}))["proxy_gold_spearman"] == 0.0
     with pytest.raises(ValueError, match="gold_threshold"):
         DialogueTask(gold_threshold=2.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
