@@ -7,8 +7,8 @@ It reads the proxy's fit on held-out base samples from ``data/checkpoints/dialog
 Pearson correlation with gold), then trains GRPO on :class:`grpo_lab.tasks.DialogueTask` at the dialogue scenario's
 profile (16 steps, evaluation every 4) at each of the scenario's learning rates on one sweep seed (100) and records,
 per evaluation, the greedy test gold mean, the proxy mean, their gap and rank correlation and the gold reward's parts
-(Gao et al. 2022, arXiv 2210.10760: over-optimisation shows as the proxy rising while gold first rises, then falls). It does not run
-the scenario (``benchmarks/scenarios.py dialogue`` does). One run at a time, one thread.
+(Gao et al. 2022, arXiv 2210.10760: over-optimisation shows as the proxy rising while gold first rises, then falls).
+It does not run the scenario (``benchmarks/scenarios.py dialogue`` does). One run at a time, one thread.
 """
 
 from __future__ import annotations
