@@ -164,7 +164,7 @@ RULES = {r.name: r for r in (
          "peaks, then falls, as RL pushes a proxy reward model up; InstructGPT (arXiv 2203.02155, §3.5) fits its "
          "reward model to labels of the policy's samples; neither tabulates the proxy-gold gap",
          "the proxy is fitted to the gold reward of the base policy's samples, so on the base its mean gap on the "
-         "64 test prompts is about 0 (-0.008); a gap of 0.05 (5% of the reward's range, about 2.5 standard errors of "
+         "64 test prompts is about 0 (-0.007); a gap of 0.05 (5% of the reward's range, about 2.5 standard errors of "
          "a 64-prompt gold mean) in the second half of the run is a policy where the proxy over-rates what it does, "
          "the regime in which a policy-gradient method can hack the reward"),
 )}
