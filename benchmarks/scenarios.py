@@ -19,6 +19,10 @@ GRPO's sample-level loss (the ablation of the token-level loss), GSPO and CISPO.
 per rollout (GSPO §5.1), rates 3e-5, 1e-4, 3e-4; arms GRPO, GRPO with Routing Replay (``routing_replay=True``, a
 trainer setting the arm carries), GSPO and GSPO with Dr.GRPO's group-mean advantage. Its routing rule is measured,
 not assumed: ``benchmarks/moe_sampler_routing.py`` found no sampler precision that reaches GSPO's 10%.
+``dialogue`` (issue 55, the seed's branch "general dialogue alignment -> GRPO / PPO"): ``corpus-base`` on
+:class:`grpo_lab.tasks.DialogueTask` (open-ended 32-token continuations trained on a learned proxy reward model and
+judged by a known gold reward: the endpoint is the greedy gold mean on 64 held-out contexts), 16 prompts x 8 per
+step, 16 steps, evaluation every 4; arms GRPO, PPO and Dr.GRPO.
 """
 
 from __future__ import annotations

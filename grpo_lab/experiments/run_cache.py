@@ -62,10 +62,23 @@ def _hash_files(h, root: Path, pattern: str) -> None:
             h.update(f.read_bytes())
 
 
+def _reward_model_dir(prof: Profile) -> Path | None:
+    """The checkpoint directory of the profile's task's ``reward_model`` (a task field or keyword), if it has one."""
+    from ..tasks import TASKS
+
+    name = dict(prof.task_kwargs).get("reward_model", getattr(TASKS.get(prof.task), "reward_model", None))
+    if not isinstance(name, str) or not name:
+        return None
+    path = Path(name).expanduser()
+    path = path if path.is_dir() else checkpoint_dir(name)
+    return path if path.is_dir() else None
+
+
 def run_fingerprint(prof: Profile) -> str:
     """sha256 (first 16 hex) of what a run's numbers depend on besides its configuration.
 
-    Covers every file of the ``grpo_lab`` package, the base checkpoint's files, ``data/tasks/*``,
+    Covers every file of the ``grpo_lab`` package, the base checkpoint's files, ``data/tasks/*``, the task's learned
+    reward model's files (a ``reward_model`` field or keyword naming a checkpoint),
     the files of a saved critic named by ``TrainerConfig.value_init``,
     the versions of python, torch, transformers, tokenizers and numpy (and peft for a LoRA profile), the processor model and
     torch's CPU capability, the thread count the run will use (``TrainerConfig.threads``, else
@@ -91,6 +104,9 @@ def run_fingerprint(prof: Profile) -> str:
     _hash_files(h, base, "*")
     if (data_dir() / "tasks").is_dir():
         _hash_files(h, data_dir() / "tasks", "*")
+    rm = _reward_model_dir(prof)
+    if rm is not None:  # a task trained on a learned reward model (DialogueTask): its weights
+        _hash_files(h, rm, "*")
     critic = Path(prof.config.value_init)
     if prof.config.value_init not in VALUE_INITS and critic.is_dir():  # a saved critic: its weights, not its path
         _hash_files(h, critic, "*")

@@ -99,7 +99,8 @@ class Rule:
         window: ``"late"`` (per seed, steps > last / 2: :func:`late_mean`), ``"run"`` (all training steps) or
             ``"last"`` (the last training step).
         threshold: the rule holds when the mean over seeds of the per-seed statistic is ``>= threshold``.
-        unit: how to print the statistic (``"%"`` shares, ``"x"`` ratios, ``"tokens"``, ``"turns"``).
+        unit: how to print the statistic (``"%"`` shares, ``"x"`` ratios, ``"reward"`` differences of rewards,
+            ``"tokens"``, ``"turns"``).
         paper: the paper's value of the statistic or of the setting that produces it (with the section).
         why: why the threshold is what it is.
     """
@@ -118,13 +119,13 @@ def _length_spread(h: pd.DataFrame) -> pd.Series:
     return (h["length_max"] - h["length_min"]) / h["length"].where(h["length"] > 0)
 
 
-#: Statistics derived from several history columns: ``length_spread`` is (longest - shortest) / mean response length
+#: Statistics derived from several history columns. ``length_spread`` is (longest - shortest) / mean response length
 #: in a step (model tokens only on multi-turn episodes).
 DERIVED = {"length_spread": _length_spread}
 
 _SWITCH = 0.01  # a switch acting on under 1 group or response in 100 changes too little to measure with 5 seeds
 
-#: The book's regime rules by name (issue 55): one rule per mechanism, fixed before the scenario runs.
+#: The book's regime rules by name, one rule per mechanism, fixed before the scenario runs (issue 55).
 RULES = {r.name: r for r in (
     Rule("clip_acts", "the clip acts", "", "late", CLIP_ACTS, "%",
          "ranges, not binding rates: DAPO eps_high 0.28 (§4.1), CISPO eps_high (§3.1), GSPO 3e-4 / 4e-4 (§5.1); "
@@ -155,9 +156,21 @@ RULES = {r.name: r for r in (
     Rule("turns", "episodes have several turns", "turns_mean", "run", 1.5, "turns",
          "multi-turn agentic episodes (DeepSeek-V3.2 §3; MiniMax-M1 §4), turn counts not tabulated",
          "at 1.5 turns on average at least half of the episodes call the tool and read its answer"),
-    Rule("routing_changes", "MoE routes change between sampler and learner", "routing_change_frac", "run", 0.10,
-         "%", "about 10% of activated experts change after each update in the 48-layer Qwen3-30B-A3B (GSPO §5.3)",
-         "GSPO's argument rests on the paper's 10%: below it, token ratios are not made volatile by routing"),
+    Rule("routing_changes", "MoE routes change under the update", "routing_change_frac", "run", 0.10, "%",
+         "about 10% of activated experts change after each update in the 48-layer Qwen3-30B-A3B (GSPO §5.3)",
+         "GSPO's argument rests on the paper's 10%: below it, token ratios are not made volatile by routing. The "
+         "column counts the (layer, token) top-k sets the rollout's first update changes, at least the paper's share "
+         "of experts changed (a set of k with one expert swapped counts 1, the paper's measure 1/k): a set share "
+         "under 10% puts the expert share under 10% too (benchmarks/moe_sampler_routing.py measures the expert share "
+         "between sampler and learner)"),
+    Rule("proxy_hacked", "the learned reward is over-optimised", "test_proxy_gold_gap", "late", 0.05, "reward",
+         "not in the book's papers: Gao et al. 2022 (arXiv 2210.10760, Fig. 1) find the gold reward model's score "
+         "peaks, then falls, as RL pushes a proxy reward model up; InstructGPT (arXiv 2203.02155, §3.5) fits its "
+         "reward model to labels of the policy's samples; neither tabulates the proxy-gold gap",
+         "the proxy is fitted to the gold reward of the base policy's samples, so on the base its mean gap on the "
+         "64 test prompts is about 0 (-0.007); a gap of 0.05 (5% of the reward's range, about 2.5 standard errors of "
+         "a 64-prompt gold mean) in the second half of the run is a policy where the proxy over-rates what it does, "
+         "the regime in which a policy-gradient method can hack the reward"),
 )}
 
 
@@ -224,4 +237,6 @@ def _fmt(value: float, unit: str) -> str:
         return f"{100 * value:.2f}%"
     if unit == "x":
         return f"{value:.2f}x"
+    if unit == "reward":
+        return f"{value:+.3f}"
     return f"{value:.1f} {unit}"

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ..algo.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO, Algorithm
+from ..algo.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO, PPO, Algorithm
 from ..experiments import stats
 from ..experiments.profiles import PROFILES, Profile
 from ..paths import REPO_ROOT
@@ -43,8 +43,9 @@ __all__ = ["Mechanism", "Scenario", "SCENARIOS", "ENDPOINTS", "VERDICTS", "run_s
            "mechanism_verdict", "smallest_detectable", "load_scenario", "scenario_table", "verdict_table",
            "results_path"]
 
-#: The per-seed endpoints read from the greedy test evaluations (rows with ``test_accuracy``, step > 0):
-#: ``curve_mean`` (mean over the evaluations), ``final`` (the last) and ``best`` (the largest: biased upwards).
+#: The per-seed endpoints read from the greedy test evaluations (rows with the scenario's metric, ``test_accuracy``
+#: by default, step > 0): ``curve_mean`` (mean over the evaluations), ``final`` (the last) and ``best`` (the largest:
+#: biased upwards).
 ENDPOINTS = ("curve_mean", "final", "best")
 
 #: The four verdicts a mechanism can get.
@@ -93,6 +94,8 @@ class Scenario:
         mechanisms: the :class:`Mechanism` s judged.
         lrs, sweep_seeds, seeds: the sweep's rates and seeds, the comparison's seeds (disjoint from the sweep's).
         endpoint: the primary endpoint, one of :data:`ENDPOINTS`, fixed before the runs.
+        metric: the evaluation column the endpoints read (``"test_accuracy"``; ``"test_gold_mean"`` where the
+            training reward is a proxy and the test metric the gold reward, as :class:`~grpo_lab.tasks.DialogueTask`).
 
     Raises:
         ValueError: repeated labels, an unknown reference or mechanism arm, fewer than 5 comparison seeds,
@@ -111,6 +114,7 @@ class Scenario:
     sweep_seeds: tuple = (100, 101, 102)
     seeds: tuple = (0, 1, 2, 3, 4)
     endpoint: str = "curve_mean"
+    metric: str = "test_accuracy"
 
     def __post_init__(self):
         object.__setattr__(self, "arms", tuple(_arm(self.name, a) for a in self.arms))
@@ -220,13 +224,51 @@ def _moe() -> Scenario:
                   "(Dr.GRPO §3.1); no regime rule measures that bias yet"),
     )
     # rates a third of the dense scenarios': the MoE base collapsed at 3e-4 in sizing runs (commit message)
-    return Scenario("long_cot_moe", ("What are you training, or what matters most?", "long-CoT math/code",
-                                     "Is the policy a Mixture-of-Experts or dense?", "MoE"),
+    return Scenario("long_cot_moe", ("Task type?", "Mathematical/code reasoning (long CoT)", "MoE"),
                     "GSPO + Dr.GRPO ideas", profile, arms, "GRPO", mechanisms, lrs=(3e-5, 1e-4, 3e-4))
 
 
-#: The scenarios by name (``benchmarks/scenarios.py NAME`` runs one).
-SCENARIOS = {"tool_calls": _tool_calls(), "long_cot_moe": _moe()}
+def _dialogue() -> Scenario:
+    cpu = PROFILES["cpu"].config
+    profile = Profile(name="dialogue", base="corpus-base", task="dialogue", steps=16,
+                      config=dataclasses.replace(cpu, eval_every=4, warmup=2))
+    arms = (("GRPO", GRPO), ("PPO", PPO), ("Dr.GRPO", DR_GRPO))
+    mechanisms = (
+        Mechanism("the critic's per-token credit (PPO with GAE)", "PPO", "GRPO", (("proxy_hacked", ""),),
+                  "the seed's dialogue branch: GRPO or PPO on a learned reward model (InstructGPT uses PPO)",
+                  "with a learned critic, GAE's per-token advantages and no KL"),
+        Mechanism("the unbiased normaliser (Dr.GRPO §3.2)", "Dr.GRPO", "GRPO",
+                  (("proxy_hacked", ""), ("length_spread", "")),
+                  "no std and no per-response length normaliser removes GRPO's length and difficulty biases",
+                  "and no KL"),
+    )
+    return Scenario("dialogue", ("Task type?", "General dialogue alignment"), "GRPO / PPO (basic enough)", profile,
+                    arms, "GRPO", mechanisms, metric="test_gold_mean")
+
+
+class _Scenarios(Mapping):
+    """The scenarios by name, each built on first access (building one validates presets: at import time that
+    would run inside Sphinx's autodoc, whose preserved defaults are not the functions' own)."""
+
+    def __init__(self, factories: Mapping):
+        self._factories, self._built = dict(factories), {}
+
+    def __getitem__(self, name: str) -> Scenario:
+        if name not in self._factories:
+            raise KeyError(f"unknown scenario {name!r}; known: {sorted(self._factories)}")
+        if name not in self._built:
+            self._built[name] = self._factories[name]()
+        return self._built[name]
+
+    def __iter__(self):
+        return iter(self._factories)
+
+    def __len__(self) -> int:
+        return len(self._factories)
+
+
+#: The scenarios by name (``benchmarks/scenarios.py NAME`` runs one), each built when first read.
+SCENARIOS = _Scenarios({"tool_calls": _tool_calls, "long_cot_moe": _moe, "dialogue": _dialogue})
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -254,6 +296,7 @@ def run_scenario(sc: Scenario, *, n_jobs: int = 2, cache: bool = True, steps: in
         as :func:`grpo_lab.experiments.run_grid`.
     """
     sweep_seeds, seeds = list(sweep_seeds or sc.sweep_seeds), list(seeds or sc.seeds)
+    launched = {"launched_at": _git("rev-parse", "HEAD"), "rules_commit": _rules_commit()}
     hist, wall_sweep = _grid(sc, [(label, lr) for label, *_ in sc.arms for lr in sc.lrs], sweep_seeds, n_jobs,
                              cache, steps)
     sweep: dict = {}
@@ -264,29 +307,33 @@ def run_scenario(sc: Scenario, *, n_jobs: int = 2, cache: bool = True, steps: in
     quick = {"steps": steps, "sweep_seeds": sweep_seeds, "seeds": seeds} if (
         steps or sweep_seeds != list(sc.sweep_seeds) or seeds != list(sc.seeds)) else None
     return analyse(sc, sweep, chosen, {label: h for (label, _), h in comp.items()},
-                   {"sweep": wall_sweep, "comparison": wall_comp}, quick=quick)
+                   {"sweep": wall_sweep, "comparison": wall_comp}, quick=quick, launched=launched)
 
 
 def choose_lrs(sc: Scenario, sweep: Mapping[str, Mapping[float, pd.DataFrame]]) -> dict[str, float]:
     """Per arm, the sweep's rate with the largest mean primary endpoint over the sweep seeds (ties: the smaller)."""
     out = {}
     for label, by_lr in sweep.items():
-        scores = {lr: float(endpoints(h)[sc.endpoint].mean()) for lr, h in by_lr.items()}
+        scores = {lr: float(endpoints(h, sc.metric)[sc.endpoint].mean()) for lr, h in by_lr.items()}
         out[label] = min(scores, key=lambda lr: (-scores[lr], lr))
     return out
 
 
-def endpoints(history: pd.DataFrame) -> pd.DataFrame:
-    """Per seed (index), the columns of :data:`ENDPOINTS` from a history's greedy test evaluations (step > 0).
+def endpoints(history: pd.DataFrame, column: str = "test_accuracy") -> pd.DataFrame:
+    """Per seed (index), the columns of :data:`ENDPOINTS` from a history's greedy test evaluations (step > 0) of
+    ``column`` (a :attr:`Scenario.metric`).
 
     Raises:
         ValueError: no evaluation after step 0 (set ``eval_every``).
+        KeyError: no column ``column``.
     """
-    ev = history.dropna(subset=["test_accuracy"])
-    ev = ev[ev["step"] > 0].groupby(["seed", "step"])["test_accuracy"].mean().reset_index()
+    if column not in history.columns:
+        raise KeyError(f"scenarios: the history has no column {column!r}")
+    ev = history.dropna(subset=[column])
+    ev = ev[ev["step"] > 0].groupby(["seed", "step"])[column].mean().reset_index()
     if ev.empty:
         raise ValueError("scenarios: no test evaluation after step 0 in the history (set eval_every)")
-    g = ev.sort_values("step").groupby("seed")["test_accuracy"]
+    g = ev.sort_values("step").groupby("seed")[column]
     return pd.DataFrame({"curve_mean": g.mean(), "final": g.last(), "best": g.max()}).astype(np.float64)
 
 
@@ -297,8 +344,8 @@ def _iv(per_seed: pd.Series, bounds=(0.0, 1.0)) -> dict:
             "per_seed": {int(k): float(v) for k, v in per_seed.items()}}
 
 
-def _curve(history: pd.DataFrame) -> dict:
-    ev = history.dropna(subset=["test_accuracy"]).groupby(["seed", "step"])["test_accuracy"].mean()
+def _curve(history: pd.DataFrame, column: str = "test_accuracy") -> dict:
+    ev = history.dropna(subset=[column]).groupby(["seed", "step"])[column].mean()
     return {int(k): float(v) for k, v in ev.groupby(level="step").mean().items()}
 
 
@@ -351,11 +398,11 @@ def mechanism_verdict(mech: Mechanism, checks: list[dict], comparison: dict) -> 
             "checks": checks, "verdict": verdict, "reason": reason}
 
 
-def _arm_summary(history: pd.DataFrame, lr: float) -> dict:
-    e = endpoints(history)
+def _arm_summary(history: pd.DataFrame, lr: float, metric: str = "test_accuracy") -> dict:
+    e = endpoints(history, metric)
     train = history[history["step"] > 0]
-    base = history[(history["step"] == 0)].dropna(subset=["test_accuracy"])["test_accuracy"]
-    out = {"lr": lr, **{k: _iv(e[k]) for k in ENDPOINTS}, "curve": _curve(history),
+    base = history[(history["step"] == 0)].dropna(subset=[metric])[metric]
+    out = {"lr": lr, **{k: _iv(e[k]) for k in ENDPOINTS}, "curve": _curve(history, metric),
            "base_accuracy": float(base.mean()) if len(base) else None,
            "step_seconds": float(train["step_seconds"].mean()), "peak_mem_mb": float(train["peak_mem_mb"].max())}
     for col in ("length", "turns_mean", "tool_calls_mean", "observation_token_frac", "zero_adv_group_frac"):
@@ -370,17 +417,18 @@ def _pairs(sc: Scenario) -> list[tuple[str, str]]:
 
 
 def analyse(sc: Scenario, sweep: Mapping, chosen: Mapping[str, float], comparison: Mapping[str, pd.DataFrame],
-            walls: Mapping[str, float], quick: dict | None = None) -> dict:
+            walls: Mapping[str, float], quick: dict | None = None, launched: Mapping | None = None) -> dict:
     """The results of scenario ``sc`` as a JSON-able dict (the module docstring lists what it holds).
 
     Args:
         sweep: ``{label: {lr: history}}``; chosen: ``{label: lr}``; comparison: ``{label: history}`` of the
-            comparison seeds; walls: wall seconds by phase; quick: the reduced settings of a quick look, or None.
+            comparison seeds; walls: wall seconds by phase; quick: the reduced settings of a quick look, or None;
+            launched: the commit the runs started from and the rules' commit then (default: read now).
 
     Raises:
         ValueError: a history without test evaluations; KeyError: a label missing from ``comparison``.
     """
-    ends = {label: endpoints(comparison[label])[sc.endpoint] for label, *_ in sc.arms}
+    ends = {label: endpoints(comparison[label], sc.metric)[sc.endpoint] for label, *_ in sc.arms}
     pairs = _pairs(sc)
     comps = [_compare(ends[a], ends[b], a, b, len(pairs)) for a, b in pairs]
     by_pair = {(c["arm"], c["against"]): c for c in comps}
@@ -389,11 +437,12 @@ def analyse(sc: Scenario, sweep: Mapping, chosen: Mapping[str, float], compariso
     ref_mean = float(ends[sc.reference].mean())
     return {
         "scenario": sc.name, "branch": list(sc.branch), "recommendation": sc.recommendation,
-        "design": _design(sc, ref_mean), "quick": quick, "provenance": _provenance(walls),
-        "sweep": {label: {f"{lr:g}": {"curve_mean": _iv(endpoints(h)["curve_mean"]), "curve": _curve(h)}
+        "design": _design(sc, ref_mean), "quick": quick, "provenance": {**_provenance(walls), **(launched or {})},
+        "sweep": {label: {f"{lr:g}": {"curve_mean": _iv(endpoints(h, sc.metric)["curve_mean"]),
+                                      "curve": _curve(h, sc.metric)}
                           for lr, h in by_lr.items()} for label, by_lr in sweep.items()},
         "chosen_lr": dict(chosen),
-        "arms": {label: _arm_summary(comparison[label], chosen[label]) for label, *_ in sc.arms},
+        "arms": {label: _arm_summary(comparison[label], chosen[label], sc.metric) for label, *_ in sc.arms},
         "comparisons": comps, "verdicts": verdicts,
     }
 
@@ -408,7 +457,8 @@ def _design(sc: Scenario, ref_mean: float) -> dict:
             "steps": sc.profile.steps, "eval_every": cfg.eval_every, "prompts_per_step": cfg.prompts_per_step,
             "group_size": cfg.group_size, "minibatches": cfg.minibatches, "lrs": list(sc.lrs),
             "sweep_seeds": list(sc.sweep_seeds), "seeds": list(sc.seeds), "endpoint": sc.endpoint,
-            "endpoint_text": "mean greedy test accuracy over the evaluations after step 0 (chosen before the runs)",
+            "metric": sc.metric, "endpoint_text": f"mean greedy {sc.metric} over the evaluations after step 0 "
+                                                  "(chosen before the runs)",
             "test_size": n_test, "binomial_se_at_reference": stats.binomial_se(min(max(ref_mean, 0.0), 1.0), n_test),
             "arms": {label: algo.describe() for label, algo, _ in sc.arms},
             "arm_overrides": {label: over for label, _, over in sc.arms if over}, "reference": sc.reference,
@@ -423,13 +473,17 @@ def _git(*args: str) -> str | None:
         return None
 
 
+def _rules_commit() -> str | None:
+    return _git("log", "-1", "--format=%H", "--", "grpo_lab/lab/regime.py")
+
+
 def _provenance(walls: Mapping[str, float]) -> dict:
     import torch
 
     from ..experiments.results import processor_name
 
     return {"git_sha": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain", "--", "grpo_lab")),
-            "rules_commit": _git("log", "-1", "--format=%H", "--", "grpo_lab/lab/regime.py"),
+            "rules_commit": _rules_commit(),
             "date": time.strftime("%Y-%m-%d"), "machine": processor_name(), "python": platform.python_version(),
             "torch": torch.__version__, "wall_seconds": {k: round(float(v), 1) for k, v in walls.items()}}
 
@@ -458,14 +512,17 @@ def _fmt_iv(d: Mapping, digits: int = 3, signed: bool = False) -> str:
 
 
 def scenario_table(results: Mapping) -> pd.DataFrame:
-    """One row per arm: the rate chosen, the primary endpoint, final and best (mean [95% t]), the paired difference
+    """One row per arm: the rate chosen, the primary endpoint (its column named after the scenario's metric: accuracy,
+    gold_mean, ...), final and best (mean [95% t]), the paired difference
     to the reference (Bonferroni interval), seconds per step and peak memory (MiB)."""
     ref = results["design"]["reference"]
+    metric = results["design"].get("metric", "test_accuracy")
+    what = "accuracy" if metric == "test_accuracy" else metric.removeprefix("test_")
     comps = {c["arm"]: c for c in results["comparisons"] if c["against"] == ref}
     rows = []
     for label, a in results["arms"].items():
         c = comps.get(label)
-        rows.append({"arm": label, "lr": f"{a['lr']:g}", "accuracy over the curve": _fmt_iv(a["curve_mean"]),
+        rows.append({"arm": label, "lr": f"{a['lr']:g}", f"{what} over the curve": _fmt_iv(a["curve_mean"]),
                      "final": _fmt_iv(a["final"]), "best (biased up)": _fmt_iv(a["best"]),
                      f"minus {ref} (Bonferroni)": _fmt_iv(c, signed=True) if c else "reference",
                      "s / step": round(a["step_seconds"], 2), "peak MiB": round(a["peak_mem_mb"])})

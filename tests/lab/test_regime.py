@@ -87,3 +87,18 @@ def test_every_rule_says_its_paper_value_and_why_and_the_intro_lists_it():
         assert r.name == name and r.paper and r.why and r.threshold > 0 and r.window in ("late", "run", "last")
         assert r.column == "" or r.column in regime.DERIVED or re.fullmatch(r"[a-z_]+", r.column)
         assert f"`{name}`" in section, f"the intro's regime rules do not list {name}"
+
+
+def test_proxy_hacked_by_hand():
+    # evaluation rows at steps 4, 8, 12, 16 (the dialogue scenario's); late window: steps 12 and 16
+    rows = [dict(seed=s, step=t, test_proxy_gold_gap=g) for s, gaps in ((0, [0.0, 0.02, 0.1, 0.3]),
+                                                                       (1, [0.0, 0.0, 0.01, 0.03]))
+            for t, g in zip((4, 8, 12, 16), gaps)]
+    h = pd.DataFrame(rows + [dict(seed=0, step=0, test_proxy_gold_gap=-0.01)])
+    c = regime.check_rule("proxy_hacked", h)
+    # by hand: seed 0 (0.1 + 0.3) / 2 = 0.2, seed 1 (0.01 + 0.03) / 2 = 0.02; mean 0.11 >= 0.05
+    assert c["per_seed"] == pytest.approx({0: 0.2, 1: 0.02}) and c["measured"] == pytest.approx(0.11) and c["holds"]
+    assert c["reason"] == "the learned reward is over-optimised: test_proxy_gold_gap +0.110 against >= +0.050"
+    h.loc[h["seed"] == 0, "test_proxy_gold_gap"] = 0.0
+    c = regime.check_rule("proxy_hacked", h)  # mean (0 + 0.02) / 2 = 0.01 < 0.05
+    assert not c["holds"] and c["reason"].startswith("not: test_proxy_gold_gap +0.010")

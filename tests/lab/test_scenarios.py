@@ -158,3 +158,14 @@ def test_the_moe_scenario_compares_routing_replay_and_gspo_on_the_moe_base():
     assert all(r == "routing_changes" for m in sc.mechanisms[:3] for r, _ in m.rules[:1])
     # 3 arms against GRPO, GSPO against Routing Replay and the advantage ablation: 5 Bonferroni pairs
     assert len(scenarios._pairs(sc)) == 5
+
+def test_the_dialogue_scenario_reads_the_gold_reward():
+    sc = scenarios.SCENARIOS["dialogue"]
+    assert sc.metric == "test_gold_mean" and sc.reference == "GRPO" and sc.profile.task == "dialogue"
+    assert {label for label, *_ in sc.arms} == {"GRPO", "PPO", "Dr.GRPO"}
+    assert all(("proxy_hacked", "") in m.rules for m in sc.mechanisms)
+    h = _history({0: (0.5, 0.3)}).rename(columns={"test_accuracy": "test_gold_mean"})
+    # by hand: as test_endpoints_by_hand, on the gold column
+    assert scenarios.endpoints(h, sc.metric).loc[0].tolist() == pytest.approx([0.4, 0.3, 0.5])
+    with pytest.raises(KeyError, match="no column 'test_accuracy'"):
+        scenarios.endpoints(h)
