@@ -1,7 +1,7 @@
 """The card of the long chain-of-thought base checkpoint (issue 55): how long its chains are and whether length pays.
 
-:func:`long_chain_card` samples a group of responses per test problem and the greedy response, and reports
-:func:`chain_stats` of the sampled ones (the regime a GRPO-style run starts from): the length distribution, the
+:func:`~grpo_lab.lab.long_chain_card.long_chain_card` samples a group of responses per test problem and the greedy response, and reports
+:func:`~grpo_lab.lab.long_chain_card.chain_stats` of the sampled ones (the regime a GRPO-style run starts from): the length distribution, the
 point-biserial correlation of length with correctness (pooled, and within each term count, where problem size
 no longer drives both), accuracy and share by thoroughness (:func:`~grpo_lab.tasks.long_chain.thoroughness`),
 the truncation rate, the share of tied groups (all responses right or all wrong: zero GRPO advantage) and the
@@ -96,7 +96,7 @@ def chain_stats(frame, group_size: int) -> dict:
 
 def _sample_frame(model, tokenizer, task, problems, *, group_size: int, temperature: float, greedy: bool,
                   batch_problems: int):
-    """Rows (as :func:`chain_stats` reads them) of ``group_size`` responses per problem, and the summed token
+    """Rows (as :func:`~grpo_lab.lab.long_chain_card.chain_stats` reads them) of ``group_size`` responses per problem, and the summed token
     entropy (nats) and token count of the sampled tokens."""
     import pandas as pd
 
@@ -125,7 +125,7 @@ def long_chain_card(model, tokenizer, task, problems=None, *, n_samples: int = 8
     task's budget (``task.max_new_tokens``), ``batch_problems`` problems per ``generate`` call.
 
     Returns:
-        :func:`chain_stats` of the sampled responses with keys prefixed ``sampled_``, plus ``sampled_entropy``
+        :func:`~grpo_lab.lab.long_chain_card.chain_stats` of the sampled responses with keys prefixed ``sampled_``, plus ``sampled_entropy``
         (mean entropy of the policy at ``temperature`` over the sampled tokens, nats per token, EOS included),
         ``greedy_accuracy``, ``greedy_mean_length``, ``greedy_truncation_rate``, ``greedy_accuracy_by_terms``,
         ``greedy_share_by_thoroughness``, ``group_size``, ``temperature``, ``max_new_tokens``, ``problems``.

@@ -5,9 +5,9 @@ A prompt is a sum of ``min_terms..max_terms`` numbers (default 3-12 two-digit te
 each ``;``-terminated step rewriting what is left of the sum, then ``#`` and the answer. Responses differ
 in **thoroughness**, how many additions a step makes:
 
-* **careful**: one addition per step, ``"133+95+12;228+12;240;#240"`` (:func:`careful_response`), so a
+* **careful**: one addition per step, ``"133+95+12;228+12;240;#240"`` (:func:`~grpo_lab.tasks.long_chain.careful_response`), so a
   12-term sum takes 11 steps and about 220 characters (tokens: the tokenizer has one per character);
-* **hasty**: two or three additions per step, ``"228+12;240;#240"`` (:func:`hasty_response`), fewer and
+* **hasty**: two or three additions per step, ``"228+12;240;#240"`` (:func:`~grpo_lab.tasks.long_chain.hasty_response`), fewer and
   shorter steps, each a harder sum for a small model;
 * **direct**: the answer only, ``"#240"``.
 
@@ -30,7 +30,7 @@ from .base import Problem
 
 __all__ = ["LongChainTask", "careful_response", "hasty_response", "thoroughness", "THOROUGHNESS"]
 
-#: The thoroughness labels of :func:`thoroughness`, from most to least careful, then malformed responses.
+#: The thoroughness labels of :func:`~grpo_lab.tasks.long_chain.thoroughness`, from most to least careful, then malformed responses.
 THOROUGHNESS = ("careful", "hasty", "direct", "malformed")
 
 
@@ -107,7 +107,7 @@ class LongChainTask(ArithmeticTask):
 
     Problems, test set (seed 12345, ``test_size`` split evenly over the term counts), parsing and
     reward are :class:`~grpo_lab.tasks.ArithmeticTask`'s, without filler; only the pretraining
-    demonstrations differ (:meth:`demonstration`).
+    demonstrations differ (:meth:`~grpo_lab.tasks.LongChainTask.demonstration`).
 
     Args:
         min_terms, max_terms, digits, test_size: as :class:`~grpo_lab.tasks.ArithmeticTask`.
@@ -143,12 +143,12 @@ class LongChainTask(ArithmeticTask):
             raise ValueError(f"LongChainTask: p_careful + p_hasty must be <= 1, got {self.p_careful} + {self.p_hasty}")
 
     def thoroughness(self, completion: str, problem: Problem) -> str:
-        """:func:`thoroughness` of ``completion`` for ``problem``'s term count."""
+        """:func:`~grpo_lab.tasks.long_chain.thoroughness` of ``completion`` for ``problem``'s term count."""
         return thoroughness(completion, problem.meta["n_terms"])
 
     def demonstration(self, problem: Problem, rng: np.random.Generator) -> str:
         """A pretraining response drawn with ``rng``: careful with probability ``p_careful``, hasty with
-        probability ``p_hasty``, else direct (:func:`careful_response`, :func:`hasty_response`)."""
+        probability ``p_hasty``, else direct (:func:`~grpo_lab.tasks.long_chain.careful_response`, :func:`~grpo_lab.tasks.long_chain.hasty_response`)."""
         terms = problem.meta["terms"]
         u = rng.random()
         if u < self.p_careful:
