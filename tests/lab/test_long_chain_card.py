@@ -70,6 +70,7 @@ def test_shipped_card_has_the_issues_properties(record):
     assert m["sampled_length_correct_corr"] > 0                    # longer responses are more often right
     assert m["sampled_length_correct_corr_within_terms"] > 0      # ... for one problem size too
     assert m["sampled_truncation_rate"] > 0                        # the budget cuts some responses
+    assert 0.15 <= m["sampled_accuracy"] <= 0.65                  # room for RL (the design's 20-60% band)
     acc = m["sampled_accuracy_by_thoroughness"]
     assert acc["careful"] > acc["hasty"] > acc["direct"]
     assert 0.0 < m["sampled_tied_group_frac"] < 1.0 and m["sampled_entropy"] > 0
