@@ -106,9 +106,10 @@ sync: install
 ## arithmetic-filler-base (~1 min; chapter 3's length-free task: arithmetic-base fine-tuned on answers padded with dots),
 ## arithmetic-long-base (~9 min; the same with runs of up to 320 dots: benchmarks/vapo_long.py, chapter 6),
 ## then arithmetic-moe-base (the same recipe as arithmetic-base with a Qwen3-MoE-style model: 8 experts, top 2),
-## chapter 7's corpus-proxy-base and corpus-base, reverse-base (the README's own-task example, ~1 min), and
-## calculator-base (issue 56's tool task: a*b+c with a calculator the model calls, calc(a*b) -> =<product>), and
-## dialogue-rm (issue 55's learned proxy reward model, fitted to the gold reward of corpus-base samples, ~20 s)
+## chapter 7's corpus-proxy-base and corpus-base, reverse-base (the README's own-task example, ~1 min),
+## calculator-base (issue 56's tool task: a*b+c with a calculator the model calls, calc(a*b) -> =<product>),
+## dialogue-rm (issue 55's learned proxy reward model, fitted to the gold reward of corpus-base samples, ~20 s) and
+## long-chain-base (issue 55's long chain-of-thought task: sums of 3-12 terms reduced one addition per step or hastily)
 pretrain: install
 	$(BIN)/python -m grpo_lab.lab.pretrain arithmetic
 	$(BIN)/python -m grpo_lab.lab.pretrain arithmetic-filler
@@ -119,6 +120,7 @@ pretrain: install
 	$(BIN)/python -m grpo_lab.lab.pretrain reverse
 	$(BIN)/python -m grpo_lab.lab.pretrain calculator
 	$(BIN)/python -m grpo_lab.lab.proxy_reward_model
+	$(BIN)/python -m grpo_lab.lab.pretrain long-chain
 
 ## xcheck: equivalence of grpo_lab.export's TRL / verl settings with TRL's and verl's own loss code (issue 16).
 ## Runs in .venv-xcheck (scripts/xcheck_env.sh): requirements/xcheck.txt installed without dependencies in front of

@@ -8,6 +8,7 @@
     python -m grpo_lab.lab.pretrain corpus                # → data/checkpoints/corpus-base/ (chapter 7, RPT)
     python -m grpo_lab.lab.pretrain reverse               # → data/checkpoints/reverse-base/ (the README's own task)
     python -m grpo_lab.lab.pretrain calculator            # → data/checkpoints/calculator-base/ (issue 56's tool task)
+    python -m grpo_lab.lab.pretrain long-chain            # → data/checkpoints/long-chain-base/ (issue 55's long chains)
     python -m grpo_lab.lab.pretrain arithmetic --out DIR  # anywhere else
 
 A recipe (model size, data mixture, optimiser, steps, seed) is a frozen dataclass; the checkpoint
@@ -34,6 +35,10 @@ The recipes, one line each:
 * ``calculator``: episodes of :class:`~grpo_lab.tasks.CalculatorTask` (``a*b+c=``), a share ``p_tool``
   calling the calculator ``calc(a*b)`` with the observation ``=<product>\\n`` in the text (half of those
   calling it again for the addition), the rest answering directly; an alphabet with parentheses;
+* ``long-chain``: ``arithmetic-base`` fine-tuned on :class:`~grpo_lab.tasks.LongChainTask` (sums of 3-12
+  two-digit terms) with careful (one addition per step), hasty (two or three) and direct demonstrations,
+  a 256-position context and a 200-token budget that cuts the careful chains of 12-term sums; its card is
+  :func:`grpo_lab.lab.long_chain_card.long_chain_card`;
 * ``reverse``: the warm start for ``book/examples/reverse_task.py`` (the page "Use it on your own
   problem"; needs a source checkout), stopped early so that RL has room to act.
 """
@@ -56,6 +61,7 @@ from ..policy.models import TinyConfig, build_char_tokenizer, count_parameters, 
 from ..paths import REPO_ROOT, checkpoint_dir
 from ..tasks.arithmetic import ArithmeticTask
 from ..tasks.calculator import CALC_ALPHABET, CalculatorTask
+from ..tasks.long_chain import LongChainTask
 
 __all__ = ["PretrainRecipe", "RECIPES", "REVERSE_TASK_FILE", "reverse_example", "pretrain", "continue_ntp", "continued_ntp_run", "main"]
 
@@ -86,6 +92,8 @@ class PretrainRecipe:
     * ``vocab_size``, ``seq_len``, ``p_format`` (``task="corpus"`` only): the byte-level BPE
       vocabulary, the length of the plain training windows in tokens, and the share of windows
       written in the next-token-reasoning format (context, ``<think></think>``, 1-3 tokens, EOS);
+    * ``p_careful``, ``p_hasty`` (``task="long_chain"`` only): the shares of careful and hasty demonstrations
+      (:class:`~grpo_lab.tasks.LongChainTask`; the rest direct; ``p_reason`` is not used);
     * ``p_tool``, ``p_second`` (``task="calculator"`` only): the share of demonstrations that call the
       calculator, and of those the share that call it twice (:class:`~grpo_lab.tasks.CalculatorTask`);
     * ``task="reverse"``: the own-task page's GPT-2 and warm start from ``book/examples/reverse_task.py``
@@ -120,6 +128,8 @@ class PretrainRecipe:
     p_format: float = 0.5
     p_tool: float = 0.4
     p_second: float = 0.5
+    p_careful: float = 0.5
+    p_hasty: float = 0.3
 
     def to_dict(self) -> dict:
         """The recipe as a JSON-able dict, ``model`` expanded. The fields added after the first
@@ -139,12 +149,25 @@ class PretrainRecipe:
         if self.task != "calculator":  # the calculator fields (added with issue 56)
             for k in ("p_tool", "p_second"):
                 d.pop(k)
+        if self.task != "long_chain":  # the long-chain fields (added with issue 55)
+            for k in ("p_careful", "p_hasty"):
+                d.pop(k)
+        else:
+            d.pop("p_reason")
+            d["max_new_tokens"] = self.max_new_tokens
         if self.task == "reverse":  # the own-task page's warm start: a constant lr, AdamW's defaults otherwise
             return {k: d[k] for k in ("task", "steps", "batch_size", "lr", "seed", "threads")}
-        if self.task != "arithmetic":
+        if self.task not in ("arithmetic", "long_chain"):
             for k in ("p_reason", "min_terms", "max_terms", "digits"):
                 d.pop(k)
         return d
+
+
+#: The ``long-chain`` recipe (:data:`RECIPES`), kept apart so that a twin on another model is one ``replace``.
+_LONG_CHAIN = PretrainRecipe(task="long_chain", model=TinyConfig(hidden_size=96, intermediate_size=288, num_hidden_layers=3,
+                                                                max_position_embeddings=256),
+                             min_terms=3, max_terms=12, digits=2, max_new_tokens=200, p_careful=0.5, p_hasty=0.3,
+                             init="arithmetic-base", steps=450, batch_size=64, lr=2e-3, warmup=30, threads=1)
 
 
 #: The recipe of each shipped base checkpoint, by name — ``python -m grpo_lab.lab.pretrain NAME``
@@ -158,7 +181,11 @@ class PretrainRecipe:
 #: ``arithmetic-moe`` is ``arithmetic`` with a Qwen3-MoE-style model (8 experts of width 36, top 2,
 #: about the dense model's parameter count: 339,888 against 338,016). ``calculator`` trains the dense model from
 #: scratch on :class:`~grpo_lab.tasks.CalculatorTask` episodes (an alphabet with ``(`` ``)``), batches of 64, one
-#: thread (two threads spin against each other on two shared cores).
+#: thread (two threads spin against each other on two shared cores). ``long-chain`` fine-tunes ``arithmetic-base``
+#: on :class:`~grpo_lab.tasks.LongChainTask` demonstrations (half careful, 30% hasty, the rest direct) in a
+#: 256-position context; its budget, 200 tokens, cuts the careful chain of a 12-term sum (about 213 tokens). A
+#: Mixture-of-Experts twin is one more line: ``replace(_LONG_CHAIN, model=<arithmetic-moe's model with
+#: max_position_embeddings=256>, init="arithmetic-moe-base")``.
 RECIPES = {
     "arithmetic": PretrainRecipe(),
     "arithmetic-filler": PretrainRecipe(filler=".", p_filler=0.5, max_filler=12, filler_position="end",
@@ -180,18 +207,23 @@ RECIPES = {
                                    steps=600, batch_size=32, lr=3e-3, warmup=50, max_new_tokens=8),
     "reverse": PretrainRecipe(task="reverse", steps=REVERSE_STEPS, batch_size=64, lr=3e-3, threads=1),
     "calculator": PretrainRecipe(task="calculator", steps=CALCULATOR_STEPS, batch_size=64, threads=1),
+    "long-chain": _LONG_CHAIN,
 }
 
 
-def make_task(recipe: PretrainRecipe) -> ArithmeticTask | CalculatorTask:
+def make_task(recipe: PretrainRecipe) -> ArithmeticTask | CalculatorTask | LongChainTask:
     """The task whose demonstrations ``recipe`` trains on (and whose test set evaluates it).
 
     Raises:
-        ValueError: ``recipe.task`` is not ``"arithmetic"`` or ``"calculator"``, or invalid task settings (as
-            :class:`~grpo_lab.tasks.ArithmeticTask`, :class:`~grpo_lab.tasks.CalculatorTask`).
+        ValueError: ``recipe.task`` is not ``"arithmetic"``, ``"calculator"`` or ``"long_chain"``, or invalid task
+            settings (as :class:`~grpo_lab.tasks.ArithmeticTask`, :class:`~grpo_lab.tasks.CalculatorTask`,
+            :class:`~grpo_lab.tasks.LongChainTask`).
     """
     if recipe.task == "calculator":
         return CalculatorTask(p_tool=recipe.p_tool, p_second=recipe.p_second)
+    if recipe.task == "long_chain":
+        return LongChainTask(min_terms=recipe.min_terms, max_terms=recipe.max_terms, digits=recipe.digits,
+                             max_new_tokens=recipe.max_new_tokens, p_careful=recipe.p_careful, p_hasty=recipe.p_hasty)
     if recipe.task != "arithmetic":
         raise ValueError(f"pretrain: make_task: no arithmetic task for task {recipe.task!r}")
     return ArithmeticTask(min_terms=recipe.min_terms, max_terms=recipe.max_terms, digits=recipe.digits,
@@ -576,6 +608,8 @@ def pretrain(recipe: PretrainRecipe, out: str | Path | None = None, *, progress:
         metrics = _evaluate_corpus(model, corpus, name or recipe.task, out, default_out) if evaluate else None
     elif recipe.task == "calculator":
         metrics = _tool_card(model, tokenizer, task) if evaluate else None
+    elif recipe.task == "long_chain":
+        metrics = _long_chain_card(model, tokenizer, task) if evaluate else None
     else:
         metrics = evaluate_base(model, tokenizer, task) if evaluate else None
     if task is not None and out.resolve() == default_out.resolve():
@@ -590,6 +624,13 @@ def _tool_card(model, tokenizer, task) -> dict:
     from .tool_card import tool_card
 
     return tool_card(model, tokenizer, task)
+
+
+def _long_chain_card(model, tokenizer, task) -> dict:
+    """The long-chain checkpoint's card (:func:`grpo_lab.lab.long_chain_card.long_chain_card`)."""
+    from .long_chain_card import long_chain_card
+
+    return long_chain_card(model, tokenizer, task)
 
 
 def _pretrain_reverse(recipe: PretrainRecipe, out: Path, *, evaluate: bool) -> dict:

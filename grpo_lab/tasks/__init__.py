@@ -21,15 +21,17 @@ from .dataset_task import DatasetTask
 from .dialogue import DialogueTask
 from .environment import Environment, StepResult, is_multi_turn
 from .gsm8k import GSM8KTask
+from .long_chain import LongChainTask
 from .next_token import NextTokenTask
 
-__all__ = ["ArithmeticTask", "CalculatorTask", "DatasetTask", "DialogueTask", "GSM8KTask", "NextTokenTask", "Problem", "Task", "TASKS", "get_task",
+__all__ = ["ArithmeticTask", "CalculatorTask", "DatasetTask", "DialogueTask", "GSM8KTask", "LongChainTask", "NextTokenTask", "Problem", "Task", "TASKS", "get_task",
            "register_task", "task_spec", "task_from_spec", "validate_task", "correctness", "Environment", "StepResult",
            "is_multi_turn"]
 
 #: Registry of task classes by name (the ``name`` field of each task). Add to it with
 #: :func:`register_task`, which checks what writing ``TASKS[name] = cls`` directly does not.
-TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "dataset": DatasetTask, "dialogue": DialogueTask, "gsm8k": GSM8KTask, "next_token": NextTokenTask}
+TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "dataset": DatasetTask, "dialogue": DialogueTask,
+         "gsm8k": GSM8KTask, "long_chain": LongChainTask, "next_token": NextTokenTask}
 
 
 def _class_path(obj) -> str:

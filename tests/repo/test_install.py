@@ -23,7 +23,7 @@ tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Pytho
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SHIPPED = ["arithmetic-base", "arithmetic-filler-base", "arithmetic-long-base", "arithmetic-moe-base", "calculator-base", "corpus-base",
-           "corpus-proxy-base", "reverse-base"]
+           "corpus-proxy-base", "dialogue-rm", "long-chain-base", "reverse-base"]
 
 
 def _floors() -> dict[str, Version]:

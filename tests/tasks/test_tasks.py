@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from grpo_lab.tasks import (TASKS, ArithmeticTask, CalculatorTask, DatasetTask, DialogueTask, GSM8KTask, NextTokenTask, Problem, Task, get_task, task_from_spec,
+from grpo_lab.tasks import (TASKS, ArithmeticTask, CalculatorTask, DatasetTask, DialogueTask, GSM8KTask, LongChainTask, NextTokenTask, Problem, Task, get_task, task_from_spec,
                             task_spec)
 from grpo_lab.tasks.arithmetic import direct_response, parse_answer, reasoning_response
 from grpo_lab.tasks.base import load_problems, save_problems
@@ -243,7 +243,7 @@ def test_load_problems_missing_file(tmp_path):
 # ------------------------------------------------------------------------------------ registry
 def test_get_task():
     assert TASKS == {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "dataset": DatasetTask, "gsm8k": GSM8KTask,
-                     "next_token": NextTokenTask, "dialogue": DialogueTask}
+                     "next_token": NextTokenTask, "dialogue": DialogueTask, "long_chain": LongChainTask}
     t = get_task("arithmetic", max_terms=4, test_size=12)
     assert t == ArithmeticTask(max_terms=4, test_size=12)
     assert isinstance(t, Task)
