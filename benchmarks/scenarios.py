@@ -1,0 +1,50 @@
+"""One branch of the seed's decision tree, tested in a toy built for it (issues 55 and 56).
+
+    python benchmarks/scenarios.py tool_calls             # the full scenario: writes benchmarks/results/scenario_tool_calls.json
+    python benchmarks/scenarios.py tool_calls --quick --out /tmp/x.json   # 1 sweep seed, 2 seeds, 2 steps: a look at the code path
+
+Each scenario (:data:`grpo_lab.lab.scenarios.SCENARIOS`) first sweeps every arm's learning rate on seeds kept apart
+from the comparison's (100-102), keeps each arm's best rate on the primary endpoint fixed before the runs (the mean
+greedy test accuracy over the evaluations after step 0), then trains every arm at its rate on seeds 0-4 and judges
+each mechanism by the book's regime rules (:data:`grpo_lab.lab.regime.RULES`, committed before the runs: the results
+record that commit) and by paired, Bonferroni-corrected differences. Two runs at a time on two cores.
+
+``tool_calls`` (issue 56, the seed's branch "multi-turn tool calls -> DAPO + token-level loss"): ``calculator-base``
+on :class:`grpo_lab.tasks.CalculatorTask` (``a*b+c=`` with a ``calc(...)`` tool whose answer joins the context as
+observation tokens), 16 prompts x 8 episodes per step, 20 steps, evaluation every 5; arms GRPO, DAPO, DAPO with
+GRPO's sample-level loss (the ablation of the token-level loss), GSPO and CISPO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from grpo_lab.lab import scenarios
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("name", choices=sorted(scenarios.SCENARIOS))
+    ap.add_argument("--quick", action="store_true", help="1 sweep seed, 2 comparison seeds, 2 steps (a code-path check)")
+    ap.add_argument("--out", type=Path, default=None, help="the results file (default: benchmarks/results/scenario_NAME.json)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    ap.add_argument("--no-cache", action="store_true", help="do not read or write the run cache")
+    a = ap.parse_args(argv)
+    sc = scenarios.SCENARIOS[a.name]
+    kw = dict(steps=2, sweep_seeds=[100], seeds=[0, 1]) if a.quick else {}
+    res = scenarios.run_scenario(sc, n_jobs=a.jobs, cache=not a.no_cache, **kw)
+    out = a.out or scenarios.results_path(a.name)
+    if a.quick and a.out is None:
+        sys.exit("benchmarks/scenarios.py: --quick needs --out (a quick look never replaces the committed results)")
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(scenarios.scenario_table(res).to_string())
+    print(scenarios.verdict_table(res)[["verdict", "reason"]].to_string())
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
