@@ -39,3 +39,51 @@ def test_the_intro_states_the_rule_of_the_code():
     section = intro[intro.index("## Regime rules"):intro.index("## Running the book")]
     assert f"**{regime.CLIP_ACTS:.1%}**" in section and "**second half**" in section
     assert re.search(r"grpo_lab\.lab\.regime", section)
+
+
+def _steps(**cols):
+    """Two seeds x 4 training steps (+ a step-0 evaluation row without the columns)."""
+    rows = [dict(seed=s, step=t, **{k: v[s][t - 1] for k, v in cols.items()}) for s in (0, 1) for t in range(1, 5)]
+    return pd.DataFrame(rows + [dict(seed=0, step=0)])
+
+
+def test_rule_windows_by_hand():
+    h = _steps(turns_mean={0: [1, 2, 3, 4], 1: [2, 2, 2, 2]}, length={0: [10, 20, 30, 40], 1: [5, 5, 5, 5]})
+    # by hand: run window = mean of steps 1-4, last = step 4 only
+    assert regime.rule_statistic(regime.RULES["turns"], h).to_dict() == {0: 2.5, 1: 2.0}
+    assert regime.rule_statistic(regime.RULES["long_responses"], h).to_dict() == {0: 40.0, 1: 5.0}
+    late = regime.Rule("x", "x acts", "turns_mean", "late", 1.0, "turns", "p", "w")
+    assert regime.rule_statistic(late, h).to_dict() == {0: 3.5, 1: 2.0}  # steps 3, 4
+
+
+def test_length_spread_by_hand():
+    h = _steps(length={0: [10, 10, 10, 10], 1: [20, 20, 20, 20]}, length_min={0: [5] * 4, 1: [20] * 4},
+               length_max={0: [25] * 4, 1: [20] * 4})
+    # seed 0: (25 - 5) / 10 = 2.0; seed 1: 0 / 20 = 0 -> mean 1.0, exactly the threshold: holds
+    c = regime.check_rule("length_spread", h)
+    assert c["per_seed"] == {0: 2.0, 1: 0.0} and c["measured"] == 1.0 and c["holds"]
+
+
+def test_check_rule_holds_fails_and_names_the_problem():
+    h = _steps(observation_token_frac={0: [0.05] * 4, 1: [0.12] * 4}, clip_frac_high={0: [0.0] * 4, 1: [0.02] * 4})
+    c = regime.check_rule("observation_share", h)  # mean 0.085 < 0.10
+    assert not c["holds"] and c["reason"].startswith("not: observation_token_frac 8.50%")
+    assert regime.check_rule("clip_acts", h, "clip_frac_high")["holds"]  # late mean 1% >= 0.5%
+    routing = regime.check_rule("routing_changes", _steps(routing_change_frac={0: [float("nan")] * 4,
+                                                                             1: [float("nan")] * 4}))
+    assert not routing["holds"] and "not measured" in routing["reason"]
+    with pytest.raises(ValueError, match="give the column"):
+        regime.check_rule("clip_acts", h)
+    with pytest.raises(KeyError, match="unknown regime rule 'nope'"):
+        regime.check_rule("nope", h)
+    with pytest.raises(KeyError, match="no column 'truncation_rate'"):
+        regime.check_rule("truncation", h)
+
+
+def test_every_rule_says_its_paper_value_and_why_and_the_intro_lists_it():
+    intro = (REPO_ROOT / "book" / "intro.md").read_text()
+    section = intro[intro.index("## Regime rules"):intro.index("## Running the book")]
+    for name, r in regime.RULES.items():
+        assert r.name == name and r.paper and r.why and r.threshold > 0 and r.window in ("late", "run", "last")
+        assert r.column == "" or r.column in regime.DERIVED or re.fullmatch(r"[a-z_]+", r.column)
+        assert f"`{name}`" in section, f"the intro's regime rules do not list {name}"
