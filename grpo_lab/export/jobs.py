@@ -95,7 +95,8 @@ def _multi_turn_refusal(task, target: str) -> str:
     counts (``tool_mask``), as grpo_lab's ``observation_mask`` does. verl's multi-turn rollout
     (``actor_rollout_ref.rollout.multi_turn``) runs in its sglang / vLLM server with a tool YAML
     (``tool_config_path``: ``BaseTool`` classes with an OpenAI function schema), again through the chat
-    template's tool calls. A grpo_lab environment reads a text protocol of its own instead.
+    template's tool calls. A grpo_lab environment reads a text protocol of its own instead. (Read in TRL 1.16.0's
+    ``trl/trainer/grpo_trainer.py``: ``_tool_call_loop``, and ``trl/chat_template_utils.py``: ``supports_tool_calling``.)
     """
     name = getattr(task, "name", type(task).__name__)
     try:
@@ -115,7 +116,7 @@ def _multi_turn_refusal(task, target: str) -> str:
             "(TRL parses them with the tokenizer's response template and refuses a tokenizer whose chat template "
             "cannot render user -> assistant tool_calls -> tool; the shipped checkpoints' character tokenizer has "
             "no chat template), the tool is a Python function with type-hinted arguments and a docstring (or a "
-            "method of the environment_factory class, whose reset() takes no problem), each result enters as a "
+            "method of the environment_factory class, whose reset(**row) gets the dataset row), each result enters as a "
             "'tool' chat message, and no per-turn reward exists (get_reward() once per episode). TRL masks the "
             "tool message's tokens out of the loss and the length counts, as grpo_lab does, but the episodes "
             "differ: the job would train another task. " + forward +
