@@ -837,17 +837,18 @@ rewards_t = outcome_token_rewards(torch.tensor([1.0, 0.0]), m).double()
 gamma, lam = 0.9, 0.8  # not 1, so that a step across the observation would show
 a_pkg, _ = gae(rewards_t, values, m, gamma=gamma, lam=lam)
 for i in range(2):
-    steps = m[i].nonzero().flatten().tolist()  # the model tokens in order; tau(t) is the next one
+    model_steps = m[i].nonzero().flatten().tolist()  # the model tokens in order; tau(t) is the next one
     a_hand, next_v, next_a = {}, 0.0, 0.0
-    for t in reversed(steps):
+    for t in reversed(model_steps):
         delta = float(rewards_t[i, t]) + gamma * next_v - float(values[i, t])
         a_hand[t] = delta + gamma * lam * next_a
         next_v, next_a = float(values[i, t]), a_hand[t]
     expect = torch.tensor([a_hand.get(t, 0.0) for t in range(8)], dtype=torch.float64)
     assert torch.allclose(a_pkg[i].double(), expect, atol=1e-6)
     # the same as GAE on the model tokens alone, the observation deleted: it is no step
-    alone = gae(rewards_t[i:i + 1, steps], values[i:i + 1, steps], torch.ones(1, len(steps)), gamma=gamma, lam=lam)[0]
-    assert torch.allclose(a_pkg[i, steps], alone[0])
+    alone = gae(rewards_t[i:i + 1, model_steps], values[i:i + 1, model_steps], torch.ones(1, len(model_steps)),
+                gamma=gamma, lam=lam)[0]
+    assert torch.allclose(a_pkg[i, model_steps], alone[0])
 print("observation tokens: gradient", float(w_dapo[m == 0].abs().max()), "(DAPO),",
       float(w_grpo[m == 0].abs().max()), "(GRPO), advantage", float(a_pkg[m == 0].abs().max()), "(GAE)")
 
@@ -912,8 +913,8 @@ while t < width:  # maximal runs of observation tokens
     else:
         t += 1
 for start, end in spans:
-    before = calc_tokenizer.decode(ids[:start])
-    expression = before[before.rindex("calc(") + 5:-1]
+    prefix = calc_tokenizer.decode(ids[:start])
+    expression = prefix[prefix.rindex("calc(") + 5:-1]
     assert calc_tokenizer.decode(ids[start:end]) == calc_observation(expression)
 assert len(spans) == int(calls[row]) and episodes.behaviour_logp[row][obs_m].eq(0).all()
 n_model, n_obs = int(model_m.sum()), int(obs_m.sum())
