@@ -26,7 +26,8 @@
 # aggregation — a token mean per group (`group_token_mean`, Eq. 12 as written; verl and TRL divide
 # by the whole batch's token count instead, `token_mean`); sampling & shaping — dynamic sampling
 # (Eq. 11), overlong filtering and soft overlong punishment (Eq. 13); regulariser — no KL term
-# (§2.3). The advantage keeps GRPO's std (Eq. 9).
+# (§2.3). The advantage keeps GRPO's std (Eq. 9). §2.6 carries the loss over to multi-turn episodes
+# with tool calls, whose tokens are partly the environment's.
 #
 # **Prerequisites:** {ref}`sec-grpo`. **Run time:** {glue:text}`dapo_runtime` on two CPU cores
 # (measured on the last execution; {glue:text}`dapo_n_runs` training runs in two processes). With
