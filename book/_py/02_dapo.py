@@ -985,6 +985,8 @@ book.glue("mt_branch_verdict", verdict_sentence(branch))
 book.glue("mt_other_verdicts", "; ".join(verdict_sentence(v) for v in tool_results["verdicts"] if v is not branch))
 assert all("$" not in verdict_sentence(v) for v in tool_results["verdicts"])  # glue text holds no math
 assert {v["verdict"] for v in tool_results["verdicts"]} <= set(scenarios.VERDICTS)
+# the prose's "learns to call it": every arm ends above its base, and DAPO's episodes call the tool
+assert all(a["final"]["lo"] > a["base_accuracy"] for a in tool_arms.values()) and regime_arm["tool_calls_mean"] > 0.5
 
 # %% [markdown]
 # *The tool-call scenario (`benchmarks/results/scenario_tool_calls.json`): per arm, the learning
