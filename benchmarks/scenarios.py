@@ -13,6 +13,12 @@ record that commit) and by paired, Bonferroni-corrected differences. Two runs at
 on :class:`grpo_lab.tasks.CalculatorTask` (``a*b+c=`` with a ``calc(...)`` tool whose answer joins the context as
 observation tokens), 16 prompts x 8 episodes per step, 20 steps, evaluation every 5; arms GRPO, DAPO, DAPO with
 GRPO's sample-level loss (the ablation of the token-level loss), GSPO and CISPO.
+
+``long_cot_moe`` (issue 55, the seed's branch "long-CoT on a Mixture-of-Experts -> GSPO + Dr.GRPO ideas"):
+``arithmetic-moe-base`` (until a long chain-of-thought MoE twin replaces it) on the arithmetic task, 4 minibatches
+per rollout (GSPO §5.1), rates 3e-5, 1e-4, 3e-4; arms GRPO, GRPO with Routing Replay (``routing_replay=True``, a
+trainer setting the arm carries), GSPO and GSPO with Dr.GRPO's group-mean advantage. Its routing rule is measured,
+not assumed: ``benchmarks/moe_sampler_routing.py`` found no sampler precision that reaches GSPO's 10%.
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ Anything here may change with the book, without notice. Nothing outside ``grpo_l
 
 from .gpu_runs import (announce_gpu_runs, check_gpu_results, check_results_location, load_chapter_gpu, results_dir,
                        run_chapter_gpu)
-from .probes import pretrain_critic, routing_update, update_probe
+from .probes import pretrain_critic, routing_update, sampler_routing, update_probe
 from . import rpt_gpu as _rpt_gpu
 from .rpt_gpu import chapter_gpu_profile, rl_compute_units, rpt_data_dir, rpt_gpu_profile, run_rpt_gpu
 
 __all__ = ["results_dir", "run_chapter_gpu", "load_chapter_gpu", "check_gpu_results", "pretrain_critic",
-           "routing_update", "update_probe", "RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile",
+           "routing_update", "sampler_routing", "update_probe", "RPT_GPU_TEST_SIZE", "rpt_data_dir", "rpt_gpu_profile",
            "chapter_gpu_profile", "rl_compute_units", "run_rpt_gpu", "check_results_location", "announce_gpu_runs"]
 
 #: Held-out positions of chapter 7's hub-model run (:func:`rpt_gpu_profile`): a binomial standard

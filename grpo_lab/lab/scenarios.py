@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ..algo.algorithms import CISPO, DAPO, GRPO, GSPO, Algorithm
+from ..algo.algorithms import CISPO, DAPO, DR_GRPO, GRPO, GSPO, Algorithm
 from ..experiments import stats
 from ..experiments.profiles import PROFILES, Profile
 from ..paths import REPO_ROOT
@@ -85,7 +85,10 @@ class Scenario:
         branch: the path in the seed's tree, e.g. ``("Task type?", "Multi-turn tool calls")``.
         recommendation: the seed's answer on that branch.
         profile: base checkpoint, task, steps and trainer configuration (``lr`` replaced by the sweep's).
-        arms: ``(label, Algorithm)`` pairs; labels are unique.
+        arms: ``(label, Algorithm)`` pairs or ``(label, Algorithm, overrides)`` triples, ``overrides`` a dict of
+            :class:`~grpo_lab.training.trainer.TrainerConfig` fields for that arm only (e.g.
+            ``{"routing_replay": True}``: a trainer setting, not an axis of the algorithm); labels are unique.
+            Stored as triples (``{}`` where none were given).
         reference: the label every arm is compared with.
         mechanisms: the :class:`Mechanism` s judged.
         lrs, sweep_seeds, seeds: the sweep's rates and seeds, the comparison's seeds (disjoint from the sweep's).
@@ -93,7 +96,8 @@ class Scenario:
 
     Raises:
         ValueError: repeated labels, an unknown reference or mechanism arm, fewer than 5 comparison seeds,
-            sweep and comparison seeds that overlap, fewer than 3 rates, or an unknown endpoint or rule.
+            sweep and comparison seeds that overlap, fewer than 3 rates, an unknown endpoint or rule, or arm
+            overrides that are not TrainerConfig fields or set ``lr`` (the sweep's).
     """
 
     name: str
@@ -109,7 +113,8 @@ class Scenario:
     endpoint: str = "curve_mean"
 
     def __post_init__(self):
-        labels = [label for label, _ in self.arms]
+        object.__setattr__(self, "arms", tuple(_arm(self.name, a) for a in self.arms))
+        labels = [label for label, *_ in self.arms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"Scenario {self.name!r}: arm labels repeat: {labels}")
         named = {self.reference} | {m.arm for m in self.mechanisms} | {m.against for m in self.mechanisms}
@@ -125,10 +130,34 @@ class Scenario:
 
     def arm(self, label: str) -> Algorithm:
         """The algorithm of arm ``label`` (KeyError naming the arms when unknown)."""
-        for name, algo in self.arms:
+        for name, algo, _ in self.arms:
             if name == label:
                 return algo
-        raise KeyError(f"scenario {self.name!r} has no arm {label!r}; arms: {[n for n, _ in self.arms]}")
+        raise KeyError(f"scenario {self.name!r} has no arm {label!r}; arms: {[n for n, *_ in self.arms]}")
+
+    def overrides(self, label: str) -> dict:
+        """The TrainerConfig fields arm ``label`` sets (``{}``: the profile's); KeyError naming the arms when
+        unknown."""
+        for name, _, over in self.arms:
+            if name == label:
+                return dict(over)
+        raise KeyError(f"scenario {self.name!r} has no arm {label!r}; arms: {[n for n, *_ in self.arms]}")
+
+
+def _arm(scenario: str, arm) -> tuple:
+    """``(label, Algorithm)`` or ``(label, Algorithm, overrides)`` as a triple; overrides checked against
+    TrainerConfig's fields (ValueError)."""
+    from ..training.config import TrainerConfig
+
+    if not isinstance(arm, tuple) or len(arm) not in (2, 3) or not isinstance(arm[1], Algorithm):
+        raise ValueError(f"Scenario {scenario!r}: an arm is (label, Algorithm) or (label, Algorithm, overrides), "
+                         f"got {arm!r}")
+    over = dict(arm[2]) if len(arm) == 3 else {}
+    unknown = sorted(set(over) - {f.name for f in dataclasses.fields(TrainerConfig)})
+    if unknown or "lr" in over:
+        raise ValueError(f"Scenario {scenario!r}: arm {arm[0]!r} overrides {unknown or ['lr']}: "
+                         + ("not TrainerConfig fields" if unknown else "the learning rate is the sweep's"))
+    return (arm[0], arm[1], over)
 
 
 # ------------------------------------------------------------------------------------------------ the scenarios
@@ -164,8 +193,40 @@ def _tool_calls() -> Scenario:
                     "GRPO", mechanisms)
 
 
+#: Training steps of the ``long_cot_moe`` scenario's runs (sized so that its 56 runs fit 30 min, two at a time).
+MOE_STEPS = 15
+
+
+def _moe() -> Scenario:
+    cpu = PROFILES["cpu"].config
+    # GSPO §5.1: each rollout split into 4 minibatches; arithmetic-moe-base until a long-CoT MoE twin replaces it
+    profile = Profile(name="long-cot-moe", base="arithmetic-moe-base", task="arithmetic", steps=MOE_STEPS,
+                      config=dataclasses.replace(cpu, minibatches=4, eval_every=5))
+    grpo_nokl = "with GSPO's clip range and no KL"
+    arms = (("GRPO", GRPO), ("GRPO + Routing Replay", GRPO, {"routing_replay": True}), ("GSPO", GSPO),
+            ("GSPO, Dr.GRPO advantage", GSPO.replace(name="GSPO_DRA", advantage=DR_GRPO.advantage)))
+    routing = ("routing_changes", "")
+    mechanisms = (
+        Mechanism("Routing Replay (GSPO §5.3)", "GRPO + Routing Replay", "GRPO", (routing,),
+                  "GRPO on an MoE converges only when pi_old's experts are replayed (GSPO §5.3, Fig. 3)"),
+        Mechanism("sequence-level ratio and clip (GSPO Eq. 7)", "GSPO", "GRPO", (routing, ("clip_acts", "clip_frac")),
+                  "a sequence ratio is stable where routing changes make token ratios volatile (GSPO §4, §5.3)",
+                  grpo_nokl),
+        Mechanism("sequence-level ratio instead of Routing Replay (GSPO §5.3)", "GSPO", "GRPO + Routing Replay",
+                  (routing, ("clip_acts", "clip_frac")),
+                  "GSPO needs no Routing Replay and still trains MoE models at least as well (GSPO §5.3)", grpo_nokl),
+        Mechanism("group-mean advantage (Dr.GRPO §3.1)", "GSPO, Dr.GRPO advantage", "GSPO", (),
+                  "dividing by the group's std biases the update towards too easy and too hard questions "
+                  "(Dr.GRPO §3.1); no regime rule measures that bias yet"),
+    )
+    # rates a third of the dense scenarios': the MoE base collapsed at 3e-4 in sizing runs (commit message)
+    return Scenario("long_cot_moe", ("What are you training, or what matters most?", "long-CoT math/code",
+                                     "Is the policy a Mixture-of-Experts or dense?", "MoE"),
+                    "GSPO + Dr.GRPO ideas", profile, arms, "GRPO", mechanisms, lrs=(3e-5, 1e-4, 3e-4))
+
+
 #: The scenarios by name (``benchmarks/scenarios.py NAME`` runs one).
-SCENARIOS = {"tool_calls": _tool_calls()}
+SCENARIOS = {"tool_calls": _tool_calls(), "long_cot_moe": _moe()}
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -176,7 +237,8 @@ def _grid(sc: Scenario, pairs, seeds, n_jobs: int, cache: bool, steps: int | Non
     algos = [sc.arm(label).replace(name=f"{label} @ lr={lr:g}") for label, lr in pairs]
     t0 = time.perf_counter()
     res = run_grid(algos, profile=sc.profile, seeds=seeds, steps=steps or sc.profile.steps, n_jobs=n_jobs,
-                   cache=cache, overrides={a.name: {"lr": lr} for a, (_, lr) in zip(algos, pairs)})
+                   cache=cache, overrides={a.name: {**sc.overrides(label), "lr": lr}
+                                           for a, (label, lr) in zip(algos, pairs)})
     return {pair: res[a.name].history for pair, a in zip(pairs, algos)}, time.perf_counter() - t0
 
 
@@ -192,7 +254,7 @@ def run_scenario(sc: Scenario, *, n_jobs: int = 2, cache: bool = True, steps: in
         as :func:`grpo_lab.experiments.run_grid`.
     """
     sweep_seeds, seeds = list(sweep_seeds or sc.sweep_seeds), list(seeds or sc.seeds)
-    hist, wall_sweep = _grid(sc, [(label, lr) for label, _ in sc.arms for lr in sc.lrs], sweep_seeds, n_jobs,
+    hist, wall_sweep = _grid(sc, [(label, lr) for label, *_ in sc.arms for lr in sc.lrs], sweep_seeds, n_jobs,
                              cache, steps)
     sweep: dict = {}
     for (label, lr), h in hist.items():
@@ -303,7 +365,7 @@ def _arm_summary(history: pd.DataFrame, lr: float) -> dict:
 
 
 def _pairs(sc: Scenario) -> list[tuple[str, str]]:
-    pairs = [(label, sc.reference) for label, _ in sc.arms if label != sc.reference]
+    pairs = [(label, sc.reference) for label, *_ in sc.arms if label != sc.reference]
     return pairs + [p for p in dict.fromkeys((m.arm, m.against) for m in sc.mechanisms) if p not in pairs]
 
 
@@ -318,7 +380,7 @@ def analyse(sc: Scenario, sweep: Mapping, chosen: Mapping[str, float], compariso
     Raises:
         ValueError: a history without test evaluations; KeyError: a label missing from ``comparison``.
     """
-    ends = {label: endpoints(comparison[label])[sc.endpoint] for label, _ in sc.arms}
+    ends = {label: endpoints(comparison[label])[sc.endpoint] for label, *_ in sc.arms}
     pairs = _pairs(sc)
     comps = [_compare(ends[a], ends[b], a, b, len(pairs)) for a, b in pairs]
     by_pair = {(c["arm"], c["against"]): c for c in comps}
@@ -331,7 +393,7 @@ def analyse(sc: Scenario, sweep: Mapping, chosen: Mapping[str, float], compariso
         "sweep": {label: {f"{lr:g}": {"curve_mean": _iv(endpoints(h)["curve_mean"]), "curve": _curve(h)}
                           for lr, h in by_lr.items()} for label, by_lr in sweep.items()},
         "chosen_lr": dict(chosen),
-        "arms": {label: _arm_summary(comparison[label], chosen[label]) for label, _ in sc.arms},
+        "arms": {label: _arm_summary(comparison[label], chosen[label]) for label, *_ in sc.arms},
         "comparisons": comps, "verdicts": verdicts,
     }
 
@@ -348,7 +410,8 @@ def _design(sc: Scenario, ref_mean: float) -> dict:
             "sweep_seeds": list(sc.sweep_seeds), "seeds": list(sc.seeds), "endpoint": sc.endpoint,
             "endpoint_text": "mean greedy test accuracy over the evaluations after step 0 (chosen before the runs)",
             "test_size": n_test, "binomial_se_at_reference": stats.binomial_se(min(max(ref_mean, 0.0), 1.0), n_test),
-            "arms": {label: algo.describe() for label, algo in sc.arms}, "reference": sc.reference,
+            "arms": {label: algo.describe() for label, algo, _ in sc.arms},
+            "arm_overrides": {label: over for label, _, over in sc.arms if over}, "reference": sc.reference,
             "bonferroni": f"each comparison at 1 - 0.05 / m, m = {len(_pairs(sc))}"}
 
 

@@ -13,6 +13,7 @@ Forward hooks on the routers (``mlp.gate`` of transformers' ``Qwen3MoeSparseMoeB
 * :func:`replay_routing`: forces recorded indices, gate weights recomputed from the current
   logits (so the router still gets a gradient);
 * :func:`routing_changes`: the (token, layer) top-k sets that differ between two records;
+* :func:`expert_changes`: the activated experts of one record that the other no longer chooses (GSPO's measure);
 * :class:`RoutingStore`: a rollout's routing in its own layout, so any subset of rows, trimmed as
   :meth:`grpo_lab.policy.rollout.Rollout.select` trims them, replays at the right positions
   (``TrainerConfig.routing_replay``).
@@ -34,7 +35,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["moe_routers", "is_moe", "RoutingRecord", "record_routing", "replay_routing", "routing_changes",
-           "RoutingStore"]
+           "expert_changes", "RoutingStore"]
 
 
 def _moe_blocks(model) -> list[tuple[str, torch.nn.Module, torch.nn.Module]]:
@@ -309,6 +310,39 @@ def routing_changes(old: Tensor, new: Tensor, mask: Tensor | None = None) -> tup
         keep = keep & (mask.to(keep.device) != 0)[None]
     diff = (old.sort(-1).values != new.to(old.device).sort(-1).values).any(-1)
     return int((diff & keep).sum()), int(keep.sum())
+
+
+def expert_changes(old: Tensor, new: Tensor, mask: Tensor | None = None) -> tuple[int, int]:
+    """How many activated experts are no longer chosen: ``(gone, activated)``, GSPO's measure.
+
+    GSPO (arXiv 2507.18071, §5.3) counts the experts activated for a token under one policy that the
+    other does not activate: a top-k set with one of its ``k`` members swapped counts ``1`` of ``k``
+    (:func:`routing_changes` counts it as one changed set). ``gone / activated`` is the share the
+    paper reports as about 10% per update.
+
+    Args:
+        old, new: integer ``[n_layers, B, L, k]`` (the same shape); ``old`` is the reference (e.g. the
+            sampler's routing), ``new`` the other (e.g. the learner's). Tokens where either is ``-1``
+            (not recorded) are not compared.
+        mask: bool or float ``[B, L]``, the tokens to compare (nonzero = compare); default all.
+
+    Returns:
+        ``(gone, activated)``: python ints; ``activated = k × n_layers × (masked, recorded tokens)``.
+
+    Raises:
+        ValueError: shapes differ, are not 4-d, or ``mask`` is not ``[B, L]``.
+    """
+    if not (torch.is_tensor(old) and torch.is_tensor(new)) or old.dim() != 4 or old.shape != new.shape:
+        raise ValueError(f"expert_changes: old and new must be [n_layers, B, L, k] of one shape, got "
+                         f"{tuple(getattr(old, 'shape', ()))} and {tuple(getattr(new, 'shape', ()))}")
+    new = new.to(old.device)
+    keep = (old[..., 0] >= 0) & (new[..., 0] >= 0)
+    if mask is not None:
+        if tuple(mask.shape) != tuple(old.shape[1:3]):
+            raise ValueError(f"expert_changes: mask must be [B, L] = {tuple(old.shape[1:3])}, got {tuple(mask.shape)}")
+        keep = keep & (mask.to(keep.device) != 0)[None]
+    gone = ~(old.unsqueeze(-1) == new.unsqueeze(-2)).any(-1)  # [n_layers, B, L, k]: old's expert not in new's set
+    return int((gone & keep[..., None]).sum()), int(keep.sum()) * old.shape[-1]
 
 
 class RoutingStore:

@@ -118,3 +118,43 @@ def test_run_scenario_sweeps_then_compares_at_the_chosen_rates(monkeypatch):
     assert calls[0] == ([(a, lr) for a in ("A", "B") for lr in sc.lrs], [100, 101, 102])
     assert calls[1] == ([("A", 3e-4), ("B", 1e-3)], [0, 1, 2, 3, 4]) and res["quick"] is None
     assert res["chosen_lr"] == {"A": 3e-4, "B": 1e-3} and set(res["sweep"]["A"]) == {"0.0001", "0.0003", "0.001"}
+
+
+def test_an_arm_carries_trainer_overrides_into_its_runs(monkeypatch):
+    """An arm may be (label, Algorithm, TrainerConfig overrides): each of its runs gets them with the sweep's rate;
+    the other arms get only the rate."""
+    import grpo_lab.experiments.runs as runs_mod
+
+    sc = Scenario("toy", ("Q?", "toy"), "B", PROFILES["cpu"], (("A", GRPO), ("B", GRPO, {"routing_replay": True})),
+                  "A", ())
+    assert sc.arms[0] == ("A", GRPO, {}) and sc.overrides("B") == {"routing_replay": True} and sc.arm("B") is GRPO
+    seen = {}
+
+    def fake_run_grid(algos, *, overrides, **kw):
+        seen.update(overrides)
+        return {a.name: type("R", (), {"history": None})() for a in algos}
+
+    monkeypatch.setattr(runs_mod, "run_grid", fake_run_grid)
+    scenarios._grid(sc, [("A", 1e-4), ("B", 3e-4)], [0], 1, False, 1)
+    assert seen == {"A @ lr=0.0001": {"lr": 1e-4}, "B @ lr=0.0003": {"routing_replay": True, "lr": 3e-4}}
+    with pytest.raises(ValueError, match="not TrainerConfig fields"):
+        Scenario("x", (), "", PROFILES["cpu"], (("A", GRPO, {"replay": True}),), "A", ())
+    with pytest.raises(ValueError, match="the sweep's"):
+        Scenario("x", (), "", PROFILES["cpu"], (("A", GRPO, {"lr": 1e-3}),), "A", ())
+    with pytest.raises(ValueError, match="an arm is"):
+        Scenario("x", (), "", PROFILES["cpu"], (("A", "GRPO"),), "A", ())
+
+
+def test_the_moe_scenario_compares_routing_replay_and_gspo_on_the_moe_base():
+    from grpo_lab.algo.algorithms import DR_GRPO, GSPO
+
+    sc = scenarios.SCENARIOS["long_cot_moe"]
+    assert sc.profile.base == "arithmetic-moe-base" and sc.profile.config.minibatches == 4  # GSPO §5.1: 4 minibatches
+    assert sc.lrs == (3e-5, 1e-4, 3e-4) and sc.profile.steps == scenarios.MOE_STEPS
+    assert [label for label, *_ in sc.arms] == ["GRPO", "GRPO + Routing Replay", "GSPO", "GSPO, Dr.GRPO advantage"]
+    assert sc.overrides("GRPO + Routing Replay") == {"routing_replay": True} and sc.arm("GRPO + Routing Replay") == GRPO
+    dra = sc.arm("GSPO, Dr.GRPO advantage")
+    assert dra.advantage == DR_GRPO.advantage == "group_mean" and dra.replace(name="GSPO", advantage="group") == GSPO
+    assert all(r == "routing_changes" for m in sc.mechanisms[:3] for r, _ in m.rules[:1])
+    # 3 arms against GRPO, GSPO against Routing Replay and the advantage ablation: 5 Bonferroni pairs
+    assert len(scenarios._pairs(sc)) == 5

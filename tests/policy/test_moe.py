@@ -549,3 +549,90 @@ def test_routing_update_records_the_experts_before_and_after_the_update():
     with pytest.raises(ValueError, match="MoE"):
         lab.routing_update(Trainer(dense, tok, task, algo, dataclasses.replace(
             prof.config, prompts_per_step=2, eval_every=0, progress=False)))
+
+
+# ------------------------------------------------------------------------------------ sampler vs learner (issue 55)
+def test_expert_changes_matches_a_hand_count():
+    from grpo_lab.policy.moe import expert_changes
+
+    # routing_changes' example: 2 layers, 1 row, 4 positions, k = 2
+    old = torch.tensor([[[[0, 1], [2, 3], [1, 0], [0, 2]]],
+                        [[[3, 1], [0, 1], [2, 0], [-1, -1]]]])
+    new = torch.tensor([[[[1, 0], [2, 1], [1, 0], [0, 3]]],
+                        [[[1, 3], [0, 2], [3, 0], [0, 1]]]])
+    # by hand, the experts of `old` not in `new`'s set: layer 0: -, 3, -, 2; layer 1: -, 1, 2, (not recorded)
+    # -> 4 gone of 2 x 7 = 14 activated; without position 0: 4 of 2 x 5 = 10
+    assert expert_changes(old, new) == (4, 14)
+    assert expert_changes(old, new, torch.tensor([[0, 1, 1, 1]])) == (4, 10)
+    # a whole set swapped counts k, one member swapped 1 (routing_changes counts both as one changed set)
+    assert expert_changes(torch.tensor([[[[0, 1], [0, 1]]]]), torch.tensor([[[[2, 3], [0, 3]]]])) == (3, 4)
+    assert expert_changes(old, old) == (0, 14)
+    with pytest.raises(ValueError, match="one shape"):
+        expert_changes(old, new[..., :1])
+    with pytest.raises(ValueError, match="mask"):
+        expert_changes(old, new, torch.ones(1, 3))
+
+
+def _swap_last_router(model, a=0, b=1):
+    """A float32 copy of ``model`` whose last MoE router has experts ``a`` and ``b``'s rows swapped: the last
+    layer then picks the set of ``model`` with a and b exchanged; nothing before it changes."""
+    import copy
+
+    out = copy.deepcopy(model).eval()
+    _, router = moe_routers(out)[-1]
+    with torch.no_grad():
+        router.weight[[a, b]] = router.weight[[b, a]].clone()
+    return out
+
+
+def test_sampler_routing_is_zero_for_one_model_and_the_hand_count_for_a_perturbed_router(tok, monkeypatch):
+    import grpo_lab.policy.models as models_mod
+    from grpo_lab import lab
+    from grpo_lab.policy.moe import record_routing
+
+    # float32 sampler: the sampler is the learner, nothing differs, also per layer
+    same = lab.sampler_routing(_trainer(tok, tiny_policy(tok, MOE, seed=0), rollout_dtype="float32"), after=())
+    assert same["before"] == 0.0 and same["before_by_layer"] == [0.0, 0.0] and same["activated"] > 0
+    assert same["updates"] == 0 and same["after"] == {}
+    # a sampler whose last router has experts 0 and 1 exchanged (monkeypatched for the probe's copy only)
+    monkeypatch.setattr(models_mod, "inference_copy", lambda model, dtype, fp32_lm_head=False: _swap_last_router(model))
+    tr = _trainer(tok, tiny_policy(tok, MOE, seed=0), rollout_dtype="bfloat16")
+    state = {k: v.clone() for k, v in tr.policy.state_dict().items()}
+    captured = {}
+    collect = tr.collect
+    tr.collect = lambda: captured.setdefault("batch", collect())
+    got = lab.sampler_routing(tr, after=())
+    assert all(torch.equal(v, tr.policy.state_dict()[k]) for k, v in state.items())  # after=(): no update
+    ro = captured["batch"].rollout
+    P, T = ro.prompt_ids.shape[1], ro.completion_ids.shape[1]
+    with torch.no_grad(), record_routing(tr.policy) as rec:
+        policy_logprobs(tr.policy, ro)
+    last = rec.indices[-1, :, P - 1:P - 1 + T]  # [B, T, k] the learner's last layer
+    real = captured["batch"].loss_mask[:, :T].bool()
+    # by hand: the sampler's set is the learner's with 0 and 1 exchanged, so one of its experts is not the
+    # learner's exactly when the learner's set holds one of {0, 1} but not both; k = 2 slots x 2 layers per token
+    one_of = ((last == 0).any(-1) ^ (last == 1).any(-1)) & real
+    assert one_of.any()  # the check bites
+    assert got["before"] == pytest.approx(int(one_of.sum()) / (2 * 2 * int(real.sum())), abs=0)
+    assert got["before_by_layer"][0] == 0.0 and got["before_by_layer"][1] == pytest.approx(
+        int(one_of.sum()) / (2 * int(real.sum())), abs=0)
+    assert got["fp32_head_routing_differs"] == 0 and got["activated"] == 2 * 2 * int(real.sum())
+
+
+def test_sampler_routing_after_k_updates_and_its_errors(tok):
+    from grpo_lab import lab
+
+    # lr 1e-30 moves no float32 weight: after 1 and 2 optimiser steps the learner routes as before (0 with a
+    # float32 sampler); a step beyond the update's 2 is left out
+    tr = _trainer(tok, tiny_policy(tok, MOE, seed=0), rollout_dtype="float32", lr=1e-30)
+    got = lab.sampler_routing(tr, after=(1, 2, 5))
+    assert got["updates"] == 2 and got["after"] == {1: 0.0, 2: 0.0}
+    # at lr 3e-2 the updates move some experts
+    moved = lab.sampler_routing(_trainer(tok, tiny_policy(tok, MOE, seed=0), rollout_dtype="bfloat16"), after=(2,))
+    assert moved["after"][2] > 0 and 0 <= moved["before"] < 1
+    with pytest.raises(ValueError, match="no Mixture-of-Experts"):
+        lab.sampler_routing(_trainer(tok, tiny_policy(tok, TINY)))
+    with pytest.raises(ValueError, match="routing_replay"):
+        lab.sampler_routing(_trainer(tok, tiny_policy(tok, MOE, seed=0), routing_replay=True))
+    with pytest.raises(ValueError, match=">= 1"):
+        lab.sampler_routing(_trainer(tok, tiny_policy(tok, MOE, seed=0)), after=(0,))
