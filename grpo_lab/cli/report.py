@@ -28,9 +28,13 @@ import pandas as pd
 __all__ = ["STEP_COLUMNS", "step_line", "StepPrinter", "summary_lines", "count_test_problems", "figure_path", "save_curves"]
 
 #: The history columns a step line shows, in order, with their format (a NaN or missing value is left out:
-#: ``kl`` without a KL term, the update columns of a step that made no update).
+#: ``kl`` without a KL term, the update columns of a step that made no update, the multi-turn columns of a
+#: single-turn task). ``turns_mean`` (model turns per episode), ``tool_calls_mean`` (environment steps per
+#: episode) and ``observation_token_frac`` (the share of the episodes' tokens that the environment wrote) come
+#: from a multi-turn task's episodes (:func:`grpo_lab.policy.episodes.generate_episodes`).
 STEP_COLUMNS: tuple[tuple[str, str], ...] = (("reward", "{:.3f}"), ("accuracy", "{:.3f}"), ("kl", "{:.4f}"),
-                                             ("clip_frac", "{:.3f}"), ("length", "{:.1f}"))
+                                             ("clip_frac", "{:.3f}"), ("length", "{:.1f}"), ("turns_mean", "{:.2f}"),
+                                             ("tool_calls_mean", "{:.2f}"), ("observation_token_frac", "{:.3f}"))
 
 
 def _finite(value: Any) -> bool:

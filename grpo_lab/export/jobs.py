@@ -84,9 +84,60 @@ class _Job:
     seed: int
 
 
-def _task(task) -> tuple[Any, dict]:
+def _multi_turn_refusal(task, target: str) -> str:
+    """Why ``task`` (multi-turn: it has an ``environment()``) cannot be exported to ``target`` (``"trl"`` or
+    ``"verl"``) and what a user changes to train it there: the message of the export's ``ValueError``.
+
+    TRL (``GRPOTrainer(tools=, environment_factory=)``, ``GRPOConfig.max_tool_calling_iterations``) runs tools
+    that the model calls in its chat template's tool-call format (parsed by the tokenizer's response template),
+    passes them JSON arguments of a Python function's type-hinted signature and renders each result as a
+    ``tool`` message of the chat template; it masks the tool message's tokens out of the loss and the length
+    counts (``tool_mask``), as grpo_lab's ``observation_mask`` does. verl's multi-turn rollout
+    (``actor_rollout_ref.rollout.multi_turn``) runs in its sglang / vLLM server with a tool YAML
+    (``tool_config_path``: ``BaseTool`` classes with an OpenAI function schema), again through the chat
+    template's tool calls. A grpo_lab environment reads a text protocol of its own instead. (Read in TRL 1.16.0's
+    ``trl/trainer/grpo_trainer.py``: ``_tool_call_loop``, and ``trl/chat_template_utils.py``: ``supports_tool_calling``.)
+    """
+    name = getattr(task, "name", type(task).__name__)
+    try:
+        env = task.environment()
+        stops, turns = list(getattr(env, "stop_strings", ())), getattr(env, "max_turns", "?")
+    except Exception:  # noqa: BLE001 (the message only describes the environment)
+        stops, turns = [], "?"
+    head = (f"task {name!r} is multi-turn: its environment reads the model's tool calls as plain text (a model "
+            f"turn ends at one of its stop strings {stops}, the environment's step() answers with an observation "
+            f"text, at most {turns} model turns), and grpo_lab trains it with generate_episodes. ")
+    forward = ("Train it with grpo_lab (python -m grpo_lab train PRESET --task " + str(name) + "; every preset "
+               "runs multi-turn), or, to train ")
+    if target == "trl":
+        return head + (
+            "TRL's GRPOTrainer(tools=..., environment_factory=...) with GRPOConfig(max_tool_calling_iterations=...) "
+            "has another contract: the model must write tool calls in its chat template's JSON tool-call format "
+            "(TRL parses them with the tokenizer's response template and refuses a tokenizer whose chat template "
+            "cannot render user -> assistant tool_calls -> tool; the shipped checkpoints' character tokenizer has "
+            "no chat template), the tool is a Python function with type-hinted arguments and a docstring (or a "
+            "method of the environment_factory class, whose reset(**row) gets the dataset row), each result enters as a "
+            "'tool' chat message, and no per-turn reward exists (get_reward() once per episode). TRL masks the "
+            "tool message's tokens out of the loss and the length counts, as grpo_lab does, but the episodes "
+            "differ: the job would train another task. " + forward +
+            "it with TRL, use a chat model whose template supports tool calls (e.g. Qwen3), write the tool as a "
+            "function (for the calculator: def calc(a: int, b: int, op: str) -> int with a docstring), pass "
+            "tools=[calc], set max_tool_calling_iterations to the environment's max_turns - 1, and reward the "
+            "final answer with a reward function")
+    return head + (
+        "verl's multi-turn rollout (actor_rollout_ref.rollout.multi_turn.enable=True, "
+        "multi_turn.max_assistant_turns, multi_turn.tool_config_path) needs an sglang or vLLM rollout server "
+        "(rollout.name=sglang|vllm, mode=async) and a tool YAML of verl BaseTool classes with OpenAI function "
+        "schemas, called through the chat template's tool-call format (the shipped checkpoints' character "
+        "tokenizer has no chat template); a text protocol read by a stop string is not one of its tool parsers. "
+        + forward + "it with verl, use a chat model with tool calling, write the tool as a verl BaseTool with "
+        "its function schema in a tool YAML, and set the multi_turn options above")
+
+
+def _task(task, target: str) -> tuple[Any, dict]:
     """``(task object, its task_spec)``; a name is built with :func:`grpo_lab.tasks.get_task`. ``ValueError``: an
-    unknown name, a multi-turn task (an ``environment()``), or a spec that is not plain data (function objects)."""
+    unknown name, a multi-turn task (an ``environment()``: :func:`_multi_turn_refusal` says why, for ``target``),
+    or a spec that is not plain data (function objects)."""
     from ..tasks import TASKS, get_task, task_spec
 
     if isinstance(task, str):
@@ -96,9 +147,7 @@ def _task(task) -> tuple[Any, dict]:
             raise ValueError(f"unknown task {task!r}{hint}; known tasks: {sorted(TASKS)}")
         task = get_task(task)
     if callable(getattr(task, "environment", None)):
-        raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r} is multi-turn (an environment answers the "
-                         "model's tool calls) and the export writes single-turn jobs: TRL's tools / environments and "
-                         "verl's multi-turn rollout are not mapped yet")
+        raise ValueError(_multi_turn_refusal(task, target))
     try:
         spec = task_spec(task)
         json.dumps(spec)  # the spec is written as a literal: it must be plain data
@@ -182,7 +231,7 @@ def _prepare(preset, task, model, out, config, steps, strict, target, budget) ->
     algo = get_algorithm(preset) if isinstance(preset, str) else preset
     if not isinstance(algo, Algorithm):
         raise TypeError(f"preset must be a preset name or an Algorithm, got {type(algo).__name__}")
-    task, spec = _task(task)
+    task, spec = _task(task, target)
     model = _model(model)
     merged = _budget(config, task, budget)
     steps = _steps(steps, merged)

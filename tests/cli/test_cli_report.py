@@ -295,3 +295,12 @@ def test_saving_the_models_changes_no_number(tmp_path):
     pd.testing.assert_frame_equal(histories[0], histories[1], check_exact=True)
     assert (tmp_path / "out-True" / "GRPO" / "seed-1" / "final" / "model.safetensors").is_file()
     assert not (tmp_path / "out-False" / "GRPO" / "seed-1" / "final").exists()
+
+
+def test_step_line_shows_the_multi_turn_columns_of_a_tool_task():
+    # issue 56: a multi-turn task's history has turns_mean, tool_calls_mean, observation_token_frac
+    row = {**ROW, "turns_mean": 1.6447, "tool_calls_mean": 0.6513, "observation_token_frac": 0.22797}
+    assert step_line(row, label="DAPO seed 0", steps=2) == (
+        "DAPO seed 0 step 3/2 | reward 0.523 | accuracy 0.500 | kl 0.0031 | clip_frac 0.014 | length 8.3 | "
+        "turns_mean 1.64 | tool_calls_mean 0.65 | observation_token_frac 0.228 | 1.3 s")
+    assert "turns_mean" not in step_line(ROW, label="GRPO seed 0")  # a single-turn row has none

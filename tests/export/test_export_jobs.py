@@ -10,6 +10,7 @@ end-to-end runs (TRL trains the job for 2 steps; verl's own config code loads th
 import ast
 import importlib.util
 import json
+import re
 import warnings
 
 import pandas as pd
@@ -293,3 +294,30 @@ def test_check_config_reads_a_verl_jobs_overrides_file_back(tmp_path):
     assert reading.algorithm.replace(name="GRPO") == GRPO.replace(adv_eps=1e-6)  # the reading is named after its source
     assert E.from_verl([line for line in (job / "overrides.txt").read_text().splitlines() if line]).algorithm == \
         reading.algorithm
+
+
+# ------------------------------------------------------------------------------------------------ multi-turn tasks
+# issue 56: a multi-turn task is refused with the reason (its text tool protocol against each library's tool
+# contract) and the way forward (grpo_lab's own trainer, or what to change for the library).
+@pytest.mark.parametrize("target, reason, forward", [
+    ("trl", [r"GRPOTrainer\(tools=\.\.\., environment_factory=\.\.\.\)", "max_tool_calling_iterations",
+             "JSON tool-call format", "no chat template", "type-hinted arguments", "per-turn reward"],
+     ["python -m grpo_lab train PRESET --task calculator", "tools=[calc]", "chat model whose template supports"]),
+    ("verl", [r"multi_turn\.enable=True", "tool_config_path", "sglang or vLLM", "BaseTool", "no chat template"],
+     ["python -m grpo_lab train PRESET --task calculator", "verl BaseTool with its function schema"]),
+])
+def test_a_multi_turn_task_is_refused_with_the_reason_and_the_way_forward(tmp_path, target, reason, forward):
+    job = E.trl_job if target == "trl" else E.verl_job
+    with pytest.raises(ValueError) as info:
+        job("DAPO", "calculator", "calculator-base", tmp_path / "job", config=TrainerConfig(**BUDGET))
+    message = str(info.value)
+    assert message.startswith("task 'calculator' is multi-turn: its environment reads the model's tool calls as "
+                              "plain text (a model turn ends at one of its stop strings [')']")
+    assert "at most 3 model turns" in message  # the calculator environment's max_turns
+    for part in reason:
+        assert re.search(part, message), (part, message)
+    for part in forward:
+        assert part in message, (part, message)
+    other = "verl" if target == "trl" else "TRL's"
+    assert other not in message  # each library's message speaks of that library only
+    assert not (tmp_path / "job").exists()  # refused before anything is written

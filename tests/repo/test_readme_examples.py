@@ -278,3 +278,18 @@ def test_own_task_line_learns(tmp_path, monkeypatch, capsys):
     rows = [r for r in result["history"] if r.get("test_accuracy") is not None]
     base, final = rows[0]["test_accuracy"], rows[-1]["test_accuracy"]
     assert rows[0]["step"] == 0 and final >= base + 0.1, (base, final)
+
+
+@pytest.mark.slow
+def test_tool_task_line_reports_the_multi_turn_columns(tmp_path, monkeypatch, capsys):
+    # issue 56: the guide's calculator line trains on episodes and prints turns, tool calls and observation share
+    args = next(a for a in TRAINING if _option(a, "--task") == "calculator")
+    _scratch(tmp_path, monkeypatch)
+    from grpo_lab.cli.main import main
+
+    assert main(args + SHORT + ["--out", str(tmp_path / "calc.json")], prog="python -m grpo_lab") == 0
+    out = capsys.readouterr().out
+    steps = [line for line in out.splitlines() if " step 1/2 " in line or " step 2/2 " in line]
+    assert steps and all(c in line for line in steps for c in ("turns_mean", "tool_calls_mean", "observation_token_frac"))
+    rows = [r for r in json.loads((tmp_path / "calc.json").read_text())["history"] if r["step"] > 0]
+    assert all(r["turns_mean"] >= 1 and 0 < r["observation_token_frac"] < 1 for r in rows)  # the model called the tool
