@@ -41,7 +41,7 @@ import pandas as pd
 
 from ..experiments import stats
 
-__all__ = ["CLIP_ACTS", "late_mean", "clip_acts", "Rule", "RULES", "DERIVED", "rule_statistic", "check_rule"]
+__all__ = ["CLIP_ACTS", "late_mean", "clip_acts", "Rule", "RULES", "DERIVED", "length_spread", "rule_statistic", "check_rule"]
 
 #: The share of loss tokens (per seed, averaged over the second half of the updates) above which a clip acts.
 CLIP_ACTS = 0.005
@@ -115,13 +115,18 @@ class Rule:
     why: str
 
 
-def _length_spread(h: pd.DataFrame) -> pd.Series:
+def length_spread(h: pd.DataFrame) -> pd.Series:
+    """Per history row, ``(length_max - length_min) / length``: the range of a step's response lengths over their mean
+    (model tokens only on multi-turn episodes); NaN where the mean length is 0.
+
+    Raises:
+        KeyError: a column of the three missing."""
     return (h["length_max"] - h["length_min"]) / h["length"].where(h["length"] > 0)
 
 
 #: Statistics derived from several history columns. ``length_spread`` is (longest - shortest) / mean response length
 #: in a step (model tokens only on multi-turn episodes).
-DERIVED = {"length_spread": _length_spread}
+DERIVED = {"length_spread": length_spread}
 
 _SWITCH = 0.01  # a switch acting on under 1 group or response in 100 changes too little to measure with 5 seeds
 
