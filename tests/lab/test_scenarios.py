@@ -169,3 +169,16 @@ def test_the_dialogue_scenario_reads_the_gold_reward():
     assert scenarios.endpoints(h, sc.metric).loc[0].tolist() == pytest.approx([0.4, 0.3, 0.5])
     with pytest.raises(KeyError, match="no column 'test_accuracy'"):
         scenarios.endpoints(h)
+
+
+def test_every_scenario_builds_and_the_long_cot_ones_name_the_issues_arms():
+    built = {name: scenarios.SCENARIOS[name] for name in scenarios.SCENARIOS}
+    assert set(built) == {"tool_calls", "long_cot_dense", "long_cot_moe", "long_cot_stability", "dialogue"}
+    labels = {name: [label for label, *_ in sc.arms] for name, sc in built.items()}
+    # issue 55's arms: long-CoT dense GRPO, Dr.GRPO, DAPO, VAPO, CISPO, GSPO; extreme stability DAPO, CISPO, GRPO at 16
+    assert set(labels["long_cot_dense"]) == {"GRPO", "Dr.GRPO", "DAPO", "VAPO", "CISPO", "GSPO"}
+    assert set(labels["long_cot_stability"]) == {"GRPO", "DAPO", "CISPO"}
+    assert built["long_cot_stability"].profile.config.minibatches == 16
+    assert all(sc.branch[0] == "Task type?" for sc in built.values())
+    with pytest.raises(KeyError, match="unknown scenario 'nope'"):
+        scenarios.SCENARIOS["nope"]
