@@ -43,13 +43,16 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     ap.add_argument("--no-cache", action="store_true", help="do not read or write the run cache")
     a = ap.parse_args(argv)
+    if a.quick and a.out is None:
+        sys.exit("benchmarks/scenarios.py: --quick needs --out (a quick look never replaces the committed results)")
     sc = scenarios.SCENARIOS[a.name]
     kw = dict(steps=2, sweep_seeds=[100], seeds=[0, 1]) if a.quick else {}
     res = scenarios.run_scenario(sc, n_jobs=a.jobs, cache=not a.no_cache, **kw)
     out = a.out or scenarios.results_path(a.name)
-    if a.quick and a.out is None:
-        sys.exit("benchmarks/scenarios.py: --quick needs --out (a quick look never replaces the committed results)")
     out.write_text(json.dumps(res, indent=1) + "\n")
+    if a.quick:
+        print(f"QUICK LOOK ({res['quick']}): a check of the code path; its numbers and verdict words are not the "
+              "scenario's results")
     print(scenarios.scenario_table(res).to_string())
     print(scenarios.verdict_table(res)[["verdict", "reason"]].to_string())
     print(f"wrote {out}")

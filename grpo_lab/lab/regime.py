@@ -160,7 +160,9 @@ RULES = {r.name: r for r in (
          "by less than the seed spread of the toy's gradients"),
     Rule("turns", "episodes have several turns", "turns_mean", "run", 1.5, "turns",
          "multi-turn agentic episodes (DeepSeek-V3.2 §3; MiniMax-M1 §4), turn counts not tabulated",
-         "at 1.5 turns on average at least half of the episodes call the tool and read its answer"),
+         "a turn follows each tool call, so 1.5 turns is half a call per episode on average (e.g. half the episodes "
+         "calling once, or a quarter calling twice): enough episodes that read an observation for its masking to "
+         "matter"),
     Rule("routing_changes", "MoE routes change under the update", "routing_change_frac", "run", 0.10, "%",
          "about 10% of activated experts change after each update in the 48-layer Qwen3-30B-A3B (GSPO §5.3)",
          "GSPO's argument rests on the paper's 10%: below it, token ratios are not made volatile by routing. The "
@@ -196,7 +198,10 @@ def rule_statistic(rule: Rule, history: pd.DataFrame, column: str | None = None)
     if not col:
         raise ValueError(f"rule {rule.name!r}: give the column it applies to (e.g. 'clip_frac_high')")
     h = history[history["step"] > 0]
-    values = DERIVED[col](h) if col in DERIVED else h[col] if col in h.columns else None
+    try:
+        values = DERIVED[col](h) if col in DERIVED else h[col] if col in h.columns else None
+    except KeyError as exc:
+        raise KeyError(f"rule {rule.name!r}: the history has no column {exc.args[0]!r} (needed for {col!r})") from None
     if values is None:
         raise KeyError(f"rule {rule.name!r}: the history has no column {col!r}")
     per_step = pd.DataFrame({"seed": h["seed"], "step": h["step"], "v": values}).dropna()
@@ -228,7 +233,7 @@ def check_rule(name: str, history: pd.DataFrame, column: str | None = None) -> d
            "unit": rule.unit, "paper": rule.paper, "why": rule.why}
     if per_seed.empty:
         return {**out, "measured": None, "interval": None, "holds": False,
-                "reason": f"{col} not measured (never recorded in these runs)"}
+                "reason": f"{col} not recorded in these runs (it cannot be: e.g. routing on a dense model)"}
     iv = stats.t_interval(per_seed.to_numpy())
     holds = bool(iv.mean >= rule.threshold)
     text = f"{col} {_fmt(iv.mean, rule.unit)} against >= {_fmt(rule.threshold, rule.unit)}"

@@ -98,9 +98,10 @@ class Scenario:
             training reward is a proxy and the test metric the gold reward, as :class:`~grpo_lab.tasks.DialogueTask`).
 
     Raises:
-        ValueError: repeated labels, an unknown reference or mechanism arm, fewer than 5 comparison seeds,
-            sweep and comparison seeds that overlap, fewer than 3 rates, an unknown endpoint or rule, or arm
-            overrides that are not TrainerConfig fields or set ``lr`` (the sweep's).
+        ValueError: repeated labels, an unknown reference or mechanism arm, fewer than 5 distinct comparison seeds,
+            sweep and comparison seeds that overlap, fewer than 3 distinct rates, an unknown endpoint or rule, a metric
+            that is not an evaluation column (``test_...``), or arm overrides that are not TrainerConfig fields or set
+            ``lr`` (the sweep's).
     """
 
     name: str
@@ -124,10 +125,18 @@ class Scenario:
         named = {self.reference} | {m.arm for m in self.mechanisms} | {m.against for m in self.mechanisms}
         if named - set(labels):
             raise ValueError(f"Scenario {self.name!r}: {sorted(named - set(labels))} are not arms ({labels})")
-        if len(self.seeds) < 5 or set(self.seeds) & set(self.sweep_seeds):
-            raise ValueError(f"Scenario {self.name!r}: need >= 5 comparison seeds, disjoint from the sweep's")
-        if len(self.lrs) < 3 or self.endpoint not in ENDPOINTS:
-            raise ValueError(f"Scenario {self.name!r}: need >= 3 learning rates and an endpoint in {ENDPOINTS}")
+        if len(set(self.seeds)) < 5 or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"Scenario {self.name!r}: need >= 5 distinct comparison seeds, got {list(self.seeds)}")
+        if set(self.seeds) & set(self.sweep_seeds):
+            raise ValueError(f"Scenario {self.name!r}: comparison seeds {sorted(set(self.seeds) & set(self.sweep_seeds))} "
+                             "are also sweep seeds; they must be disjoint (the rates are chosen on other seeds)")
+        if len(set(self.lrs)) < 3 or len(set(self.lrs)) != len(self.lrs):
+            raise ValueError(f"Scenario {self.name!r}: need >= 3 distinct learning rates, got {list(self.lrs)}")
+        if self.endpoint not in ENDPOINTS:
+            raise ValueError(f"Scenario {self.name!r}: endpoint {self.endpoint!r} is not one of {ENDPOINTS}")
+        if not isinstance(self.metric, str) or not self.metric.startswith("test_"):
+            raise ValueError(f"Scenario {self.name!r}: metric must be an evaluation column ('test_...'), got "
+                             f"{self.metric!r}")
         unknown = [r for m in self.mechanisms for r, _ in m.rules if r not in regime.RULES]
         if unknown:
             raise ValueError(f"Scenario {self.name!r}: unknown regime rules {unknown}; known: {sorted(regime.RULES)}")
@@ -420,14 +429,20 @@ def smallest_detectable(diffs, level: float, power: float = _POWER) -> float:
     """The smallest true paired difference a two-sided paired t-test at ``level`` detects with probability ``power``:
     ``(t_{(1+level)/2, n-1} + t_{power, n-1}) * sd / sqrt(n)`` over the per-seed differences ``diffs``.
 
+    It is post hoc (the observed spread stands for the true one): a guide to what the design could see, not a power
+    analysis made before the runs.
+
     Raises:
-        ValueError: fewer than 2 differences, or a level / power outside (0, 1).
+        ValueError: fewer than 2 differences, a level / power outside (0, 1), or differences all equal (no spread:
+            no test has a defined power).
     """
     from scipy import stats as sps
 
     d = np.asarray(diffs, dtype=np.float64)
     if d.size < 2 or not (0 < level < 1 and 0 < power < 1):
         raise ValueError("smallest_detectable: need >= 2 differences and level, power in (0, 1)")
+    if np.ptp(d) == 0:
+        raise ValueError(f"smallest_detectable: every difference equals {d[0]:+.4g}: no spread, no power to define")
     n = d.size
     return float((sps.t.ppf((1 + level) / 2, n - 1) + sps.t.ppf(power, n - 1)) * d.std(ddof=1) / math.sqrt(n))
 
@@ -437,8 +452,9 @@ def _compare(a: pd.Series, b: pd.Series, arm: str, against: str, m: int) -> dict
     iv = stats.paired_difference(a, b, level)
     seeds = sorted(set(a.index) & set(b.index))
     diffs = a.loc[seeds].to_numpy() - b.loc[seeds].to_numpy()
+    spread = len(diffs) >= 2 and np.ptp(diffs) > 0
     return {"arm": arm, "against": against, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "level": level, "m": m,
-            "n": iv.n, "smallest_detectable": smallest_detectable(diffs, level),
+            "n": iv.n, "smallest_detectable": smallest_detectable(diffs, level) if spread else None,
             "per_seed": {int(s): float(d) for s, d in zip(seeds, diffs)}}
 
 
@@ -447,18 +463,20 @@ def mechanism_verdict(mech: Mechanism, checks: list[dict], comparison: dict) -> 
     results) and its Bonferroni ``comparison`` (``mean``, ``lo``, ``hi``, ``smallest_detectable``, ``level``):
     not tested when a check fails; else supported (interval above 0), contradicted (below 0) or not separated."""
     failed = [c["reason"] for c in checks if not c["holds"]]
+    diff = (f"{mech.arm} - {mech.against} {comparison['mean']:+.3f} [{comparison['lo']:+.3f}, "
+            f"{comparison['hi']:+.3f}]")
+    mde = comparison.get("smallest_detectable")
     if failed:
-        verdict, reason = VERDICTS[3], "; ".join(failed)
+        verdict, reason = VERDICTS[3], "; ".join(failed) + f" (measured anyway: {diff})"
+    elif mde is None:
+        verdict, reason = VERDICTS[2], f"{diff}: every seed's difference is the same, so no interval can separate it"
     elif comparison["lo"] > 0:
-        verdict, reason = VERDICTS[0], f"{mech.arm} - {mech.against} {comparison['mean']:+.3f} " \
-                                       f"[{comparison['lo']:+.3f}, {comparison['hi']:+.3f}]"
+        verdict, reason = VERDICTS[0], diff
     elif comparison["hi"] < 0:
-        verdict, reason = VERDICTS[1], f"{mech.arm} - {mech.against} {comparison['mean']:+.3f} " \
-                                       f"[{comparison['lo']:+.3f}, {comparison['hi']:+.3f}]"
+        verdict, reason = VERDICTS[1], diff
     else:
-        verdict, reason = VERDICTS[2], (f"{mech.arm} - {mech.against} {comparison['mean']:+.3f} "
-                                        f"[{comparison['lo']:+.3f}, {comparison['hi']:+.3f}]; the smallest difference "
-                                        f"this design detects: {comparison['smallest_detectable']:.3f}")
+        verdict, reason = VERDICTS[2], (f"{diff}; the smallest difference this design detects (80% power at the "
+                                        f"observed spread, post hoc): {mde:.3f}")
     if mech.joint and verdict != VERDICTS[3]:
         reason += f" (jointly {mech.joint}: the comparison does not isolate this switch)"
     return {"mechanism": mech.name, "arm": mech.arm, "against": mech.against, "claim": mech.claim, "joint": mech.joint,
@@ -578,10 +596,20 @@ def _fmt_iv(d: Mapping, digits: int = 3, signed: bool = False) -> str:
     return f"{f.format(d['mean'])} [{f.format(d['lo'])}, {f.format(d['hi'])}]"
 
 
+def _check_results(results: Any, who: str) -> None:
+    if not isinstance(results, Mapping) or not {"design", "arms", "comparisons", "verdicts"} <= set(results):
+        raise TypeError(f"{who}: pass a scenario's results (the dict load_scenario(name) returns), got "
+                        f"{type(results).__name__}" + (f" {results!r}" if isinstance(results, str) else ""))
+
+
 def scenario_table(results: Mapping) -> pd.DataFrame:
     """One row per arm: the rate chosen, the primary endpoint (its column named after the scenario's metric: accuracy,
     gold_mean, ...), final and best (mean [95% t]), the paired difference
-    to the reference (Bonferroni interval), seconds per step and peak memory (MiB)."""
+    to the reference (Bonferroni interval), seconds per step and peak memory (MiB).
+
+    Raises:
+        TypeError: ``results`` is not a results dict (e.g. a scenario's name: load it with :func:`load_scenario`)."""
+    _check_results(results, "scenario_table")
     ref = results["design"]["reference"]
     metric = results["design"].get("metric", "test_accuracy")
     what = "accuracy" if metric == "test_accuracy" else metric.removeprefix("test_")
@@ -598,7 +626,11 @@ def scenario_table(results: Mapping) -> pd.DataFrame:
 
 def verdict_table(results: Mapping) -> pd.DataFrame:
     """One row per mechanism: the arms compared, each regime check (✓ / ✗ and the measured statistic), the verdict
-    and its reason."""
+    and its reason.
+
+    Raises:
+        TypeError: ``results`` is not a results dict (e.g. a scenario's name: load it with :func:`load_scenario`)."""
+    _check_results(results, "verdict_table")
     rows = [{"mechanism": v["mechanism"], "compared": f"{v['arm']} vs {v['against']}",
              "regime": "; ".join(("✓ " if c["holds"] else "✗ ") + c["reason"].split(": ", 1)[-1] for c in v["checks"]),
              "verdict": v["verdict"], "reason": v["reason"]} for v in results["verdicts"]]

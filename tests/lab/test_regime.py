@@ -71,11 +71,13 @@ def test_check_rule_holds_fails_and_names_the_problem():
     assert regime.check_rule("clip_acts", h, "clip_frac_high")["holds"]  # late mean 1% >= 0.5%
     routing = regime.check_rule("routing_changes", _steps(routing_change_frac={0: [float("nan")] * 4,
                                                                              1: [float("nan")] * 4}))
-    assert not routing["holds"] and "not measured" in routing["reason"]
+    assert not routing["holds"] and "not recorded" in routing["reason"]
     with pytest.raises(ValueError, match="give the column"):
         regime.check_rule("clip_acts", h)
     with pytest.raises(KeyError, match="unknown regime rule 'nope'"):
         regime.check_rule("nope", h)
+    with pytest.raises(KeyError, match="no column 'length_max' \\(needed for 'length_spread'\\)"):
+        regime.check_rule("length_spread", h)
     with pytest.raises(KeyError, match="no column 'truncation_rate'"):
         regime.check_rule("truncation", h)
 

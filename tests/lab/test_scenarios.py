@@ -62,7 +62,7 @@ def test_the_four_verdicts(lo, hi, verdict):
     v = scenarios.mechanism_verdict(mech, ok, _comparison(lo, hi))
     assert v["verdict"] == verdict and ("0.070" in v["reason"]) == (verdict == "not separated")
     v = scenarios.mechanism_verdict(mech, ok + [{"holds": False, "reason": "not: turns 1.0 turns"}], _comparison(lo, hi))
-    assert v["verdict"] == "not tested in the paper's regime" and v["reason"] == "not: turns 1.0 turns"
+    assert v["verdict"] == "not tested in the paper's regime" and v["reason"].startswith("not: turns 1.0 turns (measured anyway: B - A")
     joint = scenarios.mechanism_verdict(_scenario().mechanisms[1], ok, _comparison(lo, hi))
     assert "does not isolate this switch" in joint["reason"]
 
@@ -93,11 +93,17 @@ def test_choose_lrs_takes_the_best_mean_and_the_smaller_on_ties():
 
 
 def test_scenario_checks_its_design():
-    with pytest.raises(ValueError, match=">= 5 comparison seeds"):
+    with pytest.raises(ValueError, match=r">= 5 distinct comparison seeds, got \[0, 0, 0, 0, 0\]"):
+        _scenario(seeds=(0, 0, 0, 0, 0))
+    with pytest.raises(ValueError, match=r">= 3 distinct learning rates"):
+        _scenario(lrs=(1e-3, 1e-3, 1e-3))
+    with pytest.raises(ValueError, match="metric must be an evaluation column"):
+        _scenario(metric="accuracy")
+    with pytest.raises(ValueError, match=">= 5 distinct comparison seeds"):
         _scenario(seeds=(0, 1, 2))
     with pytest.raises(ValueError, match="disjoint"):
         _scenario(seeds=(0, 1, 2, 3, 100))
-    with pytest.raises(ValueError, match=">= 3 learning rates"):
+    with pytest.raises(ValueError, match=">= 3 distinct learning rates"):
         _scenario(lrs=(1e-4, 3e-4))
     with pytest.raises(ValueError, match=r"\['C'\] are not arms"):
         Scenario("x", (), "", PROFILES["cpu"], (("A", GRPO),), "C", ())
@@ -182,3 +188,22 @@ def test_every_scenario_builds_and_the_long_cot_ones_name_the_issues_arms():
     assert all(sc.branch[0] == "Task type?" for sc in built.values())
     with pytest.raises(KeyError, match="unknown scenario 'nope'"):
         scenarios.SCENARIOS["nope"]
+
+
+def test_equal_differences_on_every_seed_are_not_separated_and_tables_refuse_a_name():
+    # by hand: both arms tie on every seed -> differences all 0, no spread: no detectable difference is defined
+    sc = _scenario()
+    a = _history({s: (0.3, 0.4) for s in range(5)})
+    res = scenarios.analyse(sc, {"A": {lr: a for lr in sc.lrs}, "B": {lr: a for lr in sc.lrs}}, {"A": 1e-4, "B": 1e-4},
+                            {"A": a, "B": a}, {"sweep": 1.0, "comparison": 1.0})
+    (c,) = res["comparisons"]
+    assert c["smallest_detectable"] is None and (c["lo"], c["hi"]) == (0.0, 0.0)
+    token = res["verdicts"][0]
+    assert token["verdict"] == "not separated" and "every seed's difference is the same" in token["reason"]
+    clip = res["verdicts"][1]  # not tested: the comparison is still reported
+    assert clip["verdict"] == "not tested in the paper's regime" and "measured anyway: B - A +0.000" in clip["reason"]
+    with pytest.raises(ValueError, match="no spread"):
+        scenarios.smallest_detectable([0.1, 0.1, 0.1], 0.95)
+    for table in (scenarios.scenario_table, scenarios.verdict_table):
+        with pytest.raises(TypeError, match="load_scenario"):
+            table("tool_calls")
