@@ -750,7 +750,8 @@ print("checks passed")
 # \min\Big(r_{i,t}(\theta)\Ahat_{i},\ \clip\big(r_{i,t}(\theta),1-\epslow,1+\epshigh\big)\Ahat_{i}\Big)\Bigg],
 # $$ (eq-dapo-mt-token)
 #
-# GRPO's sample-level mean (DeepSeekMath Eq. 3 {cite:p}`shao2024deepseekmath`,
+# with Eq. 11's condition $0<|\{o_i \text{ correct}\}|<G$ (dynamic sampling) unchanged and left out
+# here. GRPO's sample-level mean (DeepSeekMath Eq. 3 {cite:p}`shao2024deepseekmath`,
 # {eq}`eq-grpo-objective` without its KL term) becomes
 #
 # $$
@@ -767,7 +768,9 @@ print("checks passed")
 #
 # Each equation fails in its own way if the environment's $k_i$ tokens are counted. In
 # {eq}`eq-dapo-mt-token` a larger denominator scales the whole group's step down by
-# $\sum_i n_i/\sum_i(n_i+k_i)$, so questions that need the tool learn more slowly. In
+# $\sum_i n_i/\sum_i(n_i+k_i)$, so questions that need the tool learn more slowly (with the
+# batch-wide token mean of verl and TRL, `token_mean`, the factor is one per step, which Adam's
+# normalisation mostly absorbs, but it still moves between steps whose observation shares differ). In
 # {eq}`eq-dapo-mt-sample` episode $i$'s tokens would weigh $1/(n_i+k_i)$: an episode that calls the
 # tool would be trained less than one that guesses. In {eq}`eq-dapo-mt-seq` the log-ratio at an
 # observation token scores a token the model never chose: once $\theta$ moves it is a non-zero
@@ -775,7 +778,8 @@ print("checks passed")
 # clip. The advantage $\Ahat_i$ is the episode's (one reward at its end, per-turn rewards summed
 # into it), shared by its model tokens. DAPO's overlong ramp ({eq}`eq-dapo-overlong`) reads the
 # model's length $n_i$ too (`Rollout.lengths`), while the budget $\Lmax$ at which an episode is cut
-# counts both authors' tokens.
+# counts both authors' tokens: an episode cut because its observations filled the budget can be
+# truncated (and filtered) with a model length $n_i$ below the ramp's window.
 #
 # **GAE across an observation.** PPO and VAPO score tokens with a critic (GAE
 # {cite:p}`schulman2016gae`, {eq}`eq-vapo-td` to {eq}`eq-vapo-recursion`). The value model reads
@@ -958,7 +962,7 @@ display(scenarios.scenario_table(tool_results))
 display(scenarios.verdict_table(tool_results))
 regime_arm = tool_arms["DAPO"]
 book.glue("mt_design", (
-    f"{len(tool_arms)} arms ({', '.join(tool_arms)}) on {tool_design['base']}, {tool_design['steps']} steps, "
+    f"{len(tool_arms)} arms ({'; '.join(tool_arms)}) on {tool_design['base']}, {tool_design['steps']} steps, "
     f"{tool_design['prompts_per_step']} questions x G = {tool_design['group_size']} per step; each arm's learning "
     f"rate chosen among {', '.join(f'{x:g}' for x in tool_design['lrs'])} on seeds "
     f"{', '.join(map(str, tool_design['sweep_seeds']))}, then compared on seeds "
@@ -972,6 +976,11 @@ book.glue("mt_turns", f"{regime_arm['turns_mean']:.2f}")
 book.glue("mt_calls", f"{regime_arm['tool_calls_mean']:.2f}")
 book.glue("mt_binom_se", f"{tool_design['binomial_se_at_reference']:.3f}")
 book.glue("mt_test_size", tool_design["test_size"])
+chosen_lrs = set(tool_results["chosen_lr"].values())
+edge = chosen_lrs == {max(tool_design["lrs"])}
+book.glue("mt_lr_note", (f"Every arm chose the grid's largest rate, {max(tool_design['lrs']):g}: its best rate may lie "
+                         "above the grid, so the comparison is at each arm's best rate within it, not at its optimum.")
+          if edge else "The arms chose their rates inside the grid.")
 
 
 def verdict_sentence(v):
@@ -1002,8 +1011,10 @@ assert all(a["final"]["lo"] > a["base_accuracy"] for a in tool_arms.values()) an
 # The branch's own claim, *DAPO with a token-level loss*, against the same DAPO with GRPO's
 # sample-level mean: {glue:text}`mt_branch_verdict`. The other mechanisms: {glue:text}`mt_other_verdicts`.
 # One evaluation on the {glue:text}`mt_test_size` test questions carries a binomial error of about
-# {glue:text}`mt_binom_se` at the reference arm's accuracy, so differences below it are within
-# what a re-drawn test set would move.
+# {glue:text}`mt_binom_se` for one arm's accuracy; the paired differences average four evaluations
+# of the same questions over five seeds, so their intervals, not this number, say what is
+# separated, and the smallest detectable difference is computed after the fact from the observed
+# spread. {glue:text}`mt_lr_note`
 
 # %% [markdown]
 # ## 2.7 At scale
