@@ -439,7 +439,7 @@ def test_run_takes_base_and_task(tiny_base, monkeypatch):
 
 
 def test_run_rejects_an_unknown_task_and_an_empty_base():
-    with pytest.raises(ValueError, match="unknown task 'nope'; known tasks: \\['arithmetic', 'calculator', 'dataset', 'gsm8k', 'next_token'\\]"):
+    with pytest.raises(ValueError, match="unknown task 'nope'; known tasks: \\['arithmetic', 'calculator', 'dataset', 'dialogue', 'gsm8k', 'long_chain', 'next_token'\\]"):
         run("GRPO", profile=PROFILE, seeds=[0], task="nope")
     with pytest.raises(ValueError, match="base must be a checkpoint name"):
         run("GRPO", profile=PROFILE, seeds=[0], base=" ")

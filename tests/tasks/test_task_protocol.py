@@ -245,7 +245,7 @@ def test_register_task_refuses_what_would_break_later():
         register_task(None, ReverseTask)
     with pytest.raises(ValueError, match="must not be empty"):
         register_task("", ReverseTask)
-    assert set(TASKS) == {"arithmetic", "calculator", "dataset", "dialogue", "gsm8k", "next_token", "reverse"}
+    assert set(TASKS) == {"arithmetic", "calculator", "dataset", "dialogue", "gsm8k", "long_chain", "next_token", "reverse"}
 
 
 def test_task_spec_refuses_a_subclass_under_its_parents_name():
