@@ -338,7 +338,7 @@ PRESET_ORDER = (*SECTION_ROWS, *NEWER)
 axis_grid = pd.DataFrame({shown(p): {a: ("●" if a in changed_axes(p) else "") for a in AXES}
                           for p in PRESET_ORDER}).T
 axis_grid["axes changed"] = [len(changed_axes(p)) for p in PRESET_ORDER]
-# checks that any reading of the papers must pass (papers.md): GRPO is the reference; RPT changes only the
+# checks that any reading of the papers must pass: GRPO is the reference; RPT changes only the
 # regulariser (GRPO with zero KL, RPT Eq. 4); GSPO moves the ratio to the sequence level (Eq. 7); VAPO is the
 # only one with a value model; every variant but GRPO drops the KL term
 assert changed_axes(GRPO) == frozenset() and changed_axes(RPT) == {"regulariser"}
@@ -1159,6 +1159,11 @@ assert not regime["DR_GRPO"]["in_regime"]
 assert not regime["DAPO"]["in_regime"] and not regime["VAPO"]["in_regime"] and not rpt_regime["in_regime"]
 
 records = records_table().set_index("preset")
+# the records cite the project's reference sheets too (papers.md, anchors.md), which the reader cannot open: the
+# table keeps the papers' own sections (the facts are on the references page) and drops those pointers
+SHEET = re.compile(r"(,\s*)?\b(papers|anchors)\.md\b[^;)]*|\s*\(\s*\)")
+records = records.map(lambda v: SHEET.sub("", SHEET.sub("", v)) if isinstance(v, str) else v)
+assert not records.map(lambda v: isinstance(v, str) and ".md" in v).any().any()
 section = pd.DataFrame([{
     "algorithm": shown(p),
     "core innovation": records.loc[p, "innovation"],

@@ -31,8 +31,9 @@ __all__ = ["SEED_COLUMNS", "SEED_VERDICTS", "NOT_QUOTED", "SEED_CELLS", "seed_ta
 #: The seed table's columns, in its order, and the :class:`~grpo_lab.lab.variant_records.VariantRecord` field of each.
 SEED_COLUMNS = {"core innovation": "innovation", "pain point solved": "pain_point", "typical use": "typical_use",
                 "representative users": "users"}
-#: The verdicts of a seed cell: kept (the papers say it), corrected (the papers say otherwise: the book's cell),
-#: unsupported (no source says it), not quoted (the review does not quote the cell: the book's record stands alone).
+#: The verdicts of a seed cell, in order, kept (the papers say it), corrected (the papers say otherwise, the book's
+#: cell is the correction), unsupported (no source says it) and not quoted (the review does not quote the cell, so
+#: the book's record stands alone).
 SEED_VERDICTS = ("kept", "corrected", "unsupported", "not quoted")
 #: What a cell the review does not quote reads.
 NOT_QUOTED = "(not quoted by the review; the seed's text is not in the repository)"

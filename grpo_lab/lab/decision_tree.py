@@ -468,7 +468,7 @@ _OUR_DIALOGUE = Leaf(
     note="GRPO: in the dialogue scenario PPO (a learned critic, GAE, no KL) ended below GRPO on the gold reward; "
          "the scenario file's verdict and interval are quoted beside the tree.")
 
-#: Our tree: the seed's, changed on the branches of :data:`CHANGES` only, each where a measurement supports the
+#: Our tree, the seed's changed on the branches of :data:`CHANGES` only, each where a measurement supports the
 #: change (the reason cites it); every other branch is the seed's, the same :class:`Leaf`. :func:`diff_trees`
 #: against :data:`SECTION_TREE` gives exactly the keys of :data:`CHANGES`.
 #:
