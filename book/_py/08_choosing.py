@@ -281,6 +281,16 @@ book.glue("ch_dense_sentence", (
     f"{glued_text('06_vapo:vapo_vs_dapo')}, on a short task." if dense_file is None else
     f"Its scenario: {verdict_list(dense_file)}. Beside it, chapter 6's VAPO minus DAPO, "
     f"{glued_text('06_vapo:vapo_vs_dapo')}, on a short task."))
+stab_reading = choosing_tables.branch_reading(stab_file)
+stab_leaf_kept = subtree(OUR_TREE, choosing_tables.BRANCHES[2].path) is subtree(SECTION_TREE, choosing_tables.BRANCHES[2].path)
+book.glue("ch_stability_tree_sentence", (
+    "Our tree keeps the seed's leaf: no measurement at the paper's scale supports a change, and the contrary one is "
+    "shown here and at the leaf." if stab_file is None else
+    "The scenario supports the seed's leaf, which our tree keeps." if stab_reading == "supported" else
+    "The scenario's measurement goes against an arm of the branch; our tree "
+    + ("still holds the seed's leaf until that change is written, with its reason, into grpo_lab.lab.decision_tree."
+       if stab_leaf_kept else "changes the branch (§8.5).") if stab_reading.startswith("a measurement") else
+    "Our tree keeps the seed's leaf: the scenario does not support a change, and chapter 5's outcome stands beside it."))
 dialogue_ppo = next(v for v in branch_results["dialogue"]["verdicts"] if v["arm"] == "PPO")
 assert dialogue_ppo["verdict"] == "contradicted"  # our tree's dialogue change (CHANGES) rests on it
 book.glue("ch_dialogue_sentence", verdict_list({"verdicts": [dialogue_ppo]}))
@@ -305,8 +315,7 @@ book.glue("ch_moe_sentence", verdict_list(moe))
 # * **Extreme stability → CISPO.** {glue:text}`ch_stability_sentence` MiniMax-M1 claims CISPO keeps
 #   every token's gradient "while inherently maintaining entropy within a reasonable range to ensure
 #   stable exploration", and reports speed {cite:p}`minimax2025m1`; "extreme stability" is the seed's
-#   word. Our tree keeps the seed's leaf: no measurement at the paper's scale supports a change, and
-#   the contrary one is shown here and at the leaf.
+#   word. {glue:text}`ch_stability_tree_sentence`
 # * **General dialogue → GRPO / PPO (basic enough).** {glue:text}`ch_dialogue_sentence` That is a
 #   measurement against one of the two arms, so our tree's leaf is GRPO alone (§8.5).
 # * **Multi-turn tool calls → DAPO + token-level loss.** {glue:text}`ch_tools_sentence` Not separated
