@@ -109,7 +109,7 @@ sync: install
 ## chapter 7's corpus-proxy-base and corpus-base, reverse-base (the README's own-task example, ~1 min),
 ## calculator-base (issue 56's tool task: a*b+c with a calculator the model calls, calc(a*b) -> =<product>),
 ## dialogue-rm (issue 55's learned proxy reward model, fitted to the gold reward of corpus-base samples, ~20 s) and
-## long-chain-base (issue 55's long chain-of-thought task: sums of 3-12 terms reduced one addition per step or hastily)
+## long-chain-base (issue 55's long chain-of-thought task: sums of 3-14 one-digit terms reduced one addition per step or hastily)
 pretrain: install
 	$(BIN)/python -m grpo_lab.lab.pretrain arithmetic
 	$(BIN)/python -m grpo_lab.lab.pretrain arithmetic-filler

@@ -35,9 +35,9 @@ The recipes, one line each:
 * ``calculator``: episodes of :class:`~grpo_lab.tasks.CalculatorTask` (``a*b+c=``), a share ``p_tool``
   calling the calculator ``calc(a*b)`` with the observation ``=<product>\\n`` in the text (half of those
   calling it again for the addition), the rest answering directly; an alphabet with parentheses;
-* ``long-chain``: ``arithmetic-base`` fine-tuned on :class:`~grpo_lab.tasks.LongChainTask` (sums of 3-12
-  two-digit terms) with careful (one addition per step), hasty (two or three) and direct demonstrations,
-  a 256-position context and a 200-token budget that cuts the careful chains of 12-term sums; its card is
+* ``long-chain``: ``arithmetic-base`` fine-tuned on :class:`~grpo_lab.tasks.LongChainTask` (sums of 3-14
+  one-digit terms) with careful (one addition per step), hasty (two or three) and direct demonstrations,
+  a 256-position context and a 180-token budget that cuts the careful chains of 14-term sums; its card is
   :func:`grpo_lab.lab.long_chain_card.long_chain_card`;
 * ``reverse``: the warm start for ``book/examples/reverse_task.py`` (the page "Use it on your own
   problem"; needs a source checkout), stopped early so that RL has room to act.
@@ -166,8 +166,8 @@ class PretrainRecipe:
 #: The ``long-chain`` recipe (:data:`RECIPES`), kept apart so that a twin on another model is one ``replace``.
 _LONG_CHAIN = PretrainRecipe(task="long_chain", model=TinyConfig(hidden_size=96, intermediate_size=288, num_hidden_layers=3,
                                                                 max_position_embeddings=256),
-                             min_terms=3, max_terms=12, digits=2, max_new_tokens=200, p_careful=0.5, p_hasty=0.3,
-                             init="arithmetic-base", steps=450, batch_size=64, lr=2e-3, warmup=30, threads=1)
+                             min_terms=3, max_terms=14, digits=1, max_new_tokens=180, p_careful=0.6, p_hasty=0.25,
+                             init="arithmetic-base", steps=900, batch_size=64, lr=2e-3, warmup=30, threads=1)
 
 
 #: The recipe of each shipped base checkpoint, by name — ``python -m grpo_lab.lab.pretrain NAME``
@@ -182,8 +182,8 @@ _LONG_CHAIN = PretrainRecipe(task="long_chain", model=TinyConfig(hidden_size=96,
 #: about the dense model's parameter count: 339,888 against 338,016). ``calculator`` trains the dense model from
 #: scratch on :class:`~grpo_lab.tasks.CalculatorTask` episodes (an alphabet with ``(`` ``)``), batches of 64, one
 #: thread (two threads spin against each other on two shared cores). ``long-chain`` fine-tunes ``arithmetic-base``
-#: on :class:`~grpo_lab.tasks.LongChainTask` demonstrations (half careful, 30% hasty, the rest direct) in a
-#: 256-position context; its budget, 200 tokens, cuts the careful chain of a 12-term sum (about 213 tokens). A
+#: on :class:`~grpo_lab.tasks.LongChainTask` demonstrations (60% careful, 25% hasty, the rest direct) in a
+#: 256-position context; its budget, 180 tokens, cuts the careful chain of a 14-term sum (196-199 tokens). A
 #: Mixture-of-Experts twin is one more line: ``replace(_LONG_CHAIN, model=<arithmetic-moe's model with
 #: max_position_embeddings=256>, init="arithmetic-moe-base")``.
 RECIPES = {

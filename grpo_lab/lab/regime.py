@@ -154,6 +154,12 @@ RULES = {r.name: r for r in (
     Rule("long_responses", "responses are long", "length", "last", 100.0, "tokens",
          "thousands of tokens (VAPO §4, lambda 1 - 1/(0.05 l)); 0.95^100 = 0.006",
          "chapter 6: GAE's lambda matters once responses reach about 100 tokens (0.95^100 < 1%)"),
+    Rule("critic_fits", "the critic tracks the returns", "explained_variance_mc", "late", 0.10, "%",
+         "VAPO pretrains its value model for 50 steps (§4.1) so that its GAE does not start from a critic that explains "
+         "nothing (§3.1, Fig. 1); the explained variance itself is not tabulated",
+         "a value model's advantage beats the group mean only where its values explain part of the returns: below "
+         "10% of their variance (Monte-Carlo returns, comparable across critics) in the second half of the run, its "
+         "per-token credit is mostly noise and any difference from a critic-free method is not the critic's"),
     Rule("observation_share", "tool observations are a real share of the context", "observation_token_frac", "run",
          0.10, "%", "no paper tabulates it; MiniMax-M1's software-engineering sandboxes return long observations (§4)",
          "masking observations changes a normaliser by their share: under 10% the masked and unmasked losses differ "

@@ -1,15 +1,16 @@
 """Long sums reduced step by step: the long chain-of-thought task (issue 55).
 
-A prompt is a sum of ``min_terms..max_terms`` numbers (default 3-12 two-digit terms), e.g.
-``"56+77+95+12="``. A response reduces the sum in the format of :class:`~grpo_lab.tasks.ArithmeticTask`,
+A prompt is a sum of ``min_terms..max_terms`` numbers (default 3-14 one-digit terms), e.g.
+``"5+7+9+2="``. A response reduces the sum in the format of :class:`~grpo_lab.tasks.ArithmeticTask`,
 each ``;``-terminated step rewriting what is left of the sum, then ``#`` and the answer. Responses differ
 in **thoroughness**, how many additions a step makes:
 
-* **careful**: one addition per step, ``"133+95+12;228+12;240;#240"`` (:func:`~grpo_lab.tasks.long_chain.careful_response`), so a
-  12-term sum takes 11 steps and about 220 characters (tokens: the tokenizer has one per character);
-* **hasty**: two or three additions per step, ``"228+12;240;#240"`` (:func:`~grpo_lab.tasks.long_chain.hasty_response`), fewer and
+* **careful**: one addition per step, ``"12+9+2;21+2;23;#23"`` (:func:`~grpo_lab.tasks.long_chain.careful_response`), so a
+  14-term sum takes 13 steps and 195-198 characters (tokens: the tokenizer has one per character), a sum of
+  ``n`` terms about ``n^2`` of them;
+* **hasty**: two or three additions per step, ``"21+2;23;#23"`` (:func:`~grpo_lab.tasks.long_chain.hasty_response`), fewer and
   shorter steps, each a harder sum for a small model;
-* **direct**: the answer only, ``"#240"``.
+* **direct**: the answer only, ``"#23"``.
 
 The reward is the outcome reward of :class:`~grpo_lab.tasks.ArithmeticTask`: 1 if the response is well
 formed (:func:`~grpo_lab.tasks.arithmetic.parse_answer`, a strict regular expression; model output is never
@@ -111,9 +112,9 @@ class LongChainTask(ArithmeticTask):
 
     Args:
         min_terms, max_terms, digits, test_size: as :class:`~grpo_lab.tasks.ArithmeticTask`.
-        max_new_tokens: the generation budget in tokens (characters); the default, 200, is shorter
-            than the careful chain of a 12-term sum of two-digit terms (212-215 tokens with EOS) and
-            longer than that of an 11-term one (178-181).
+        max_new_tokens: the generation budget in tokens (characters); the default, 180, is shorter
+            than the careful chain of a 14-term sum of one-digit terms (196-199 tokens with EOS) and
+            longer than that of a 13-term one (169-172).
         p_careful, p_hasty: shares of careful and hasty pretraining demonstrations; the rest are
             direct (used by :mod:`grpo_lab.lab.pretrain`, not by RL).
 
@@ -123,14 +124,14 @@ class LongChainTask(ArithmeticTask):
     """
 
     min_terms: int = 3
-    max_terms: int = 12
-    digits: int = 2
-    max_new_tokens: int = 200
+    max_terms: int = 14
+    digits: int = 1
+    max_new_tokens: int = 180
     p_reason: float = 0.0
     test_size: int = 300
     name: str = "long_chain"
-    p_careful: float = 0.5
-    p_hasty: float = 0.3
+    p_careful: float = 0.6
+    p_hasty: float = 0.25
 
     def __post_init__(self):
         super().__post_init__()

@@ -104,3 +104,14 @@ def test_proxy_hacked_by_hand():
     h.loc[h["seed"] == 0, "test_proxy_gold_gap"] = 0.0
     c = regime.check_rule("proxy_hacked", h)  # mean (0 + 0.02) / 2 = 0.01 < 0.05
     assert not c["holds"] and c["reason"].startswith("not: test_proxy_gold_gap +0.010")
+
+
+def test_critic_fits_either_side_of_its_threshold():
+    # late window of 4 steps: steps 3, 4. By hand: seed 0 (0.1 + 0.2) / 2 = 0.15, seed 1 (0.0 + 0.1) / 2 = 0.05;
+    # mean 0.10, exactly the threshold: holds; a critic one hundredth worse on seed 1 does not
+    ev = {0: [0.9, 0.9, 0.1, 0.2], 1: [0.5, 0.5, 0.0, 0.1]}
+    c = regime.check_rule("critic_fits", _steps(explained_variance_mc=ev))
+    assert c["per_seed"] == pytest.approx({0: 0.15, 1: 0.05}) and c["holds"]
+    ev[1] = [0.5, 0.5, 0.0, 0.08]
+    c = regime.check_rule("critic_fits", _steps(explained_variance_mc=ev))
+    assert not c["holds"] and c["reason"].startswith("not: explained_variance_mc 9.50%")

@@ -72,11 +72,12 @@ def test_demonstration_mixture_follows_the_shares():
 def test_test_set_is_deterministic_and_even():
     a, b = LongChainTask().generate_test_set(), LongChainTask().generate_test_set()
     assert [p.prompt for p in a] == [p.prompt for p in b] and len(a) == 300
-    assert Counter(p.meta["n_terms"] for p in a) == {k: 30 for k in range(3, 13)}
+    assert Counter(p.meta["n_terms"] for p in a) == {k: 25 for k in range(3, 15)}
+    assert all(1 <= t <= 9 for p in a for t in p.meta["terms"])
     assert len({p.prompt for p in a}) == 300
     assert all(int(p.answer) == sum(p.meta["terms"]) for p in a)
     shipped = LongChainTask().test_set_path()
-    assert shipped.name == "long_chain_d2_3-12_test.jsonl"
+    assert shipped.name == "long_chain_d1_3-14_test.jsonl"
     assert [p.prompt for p in load_problems(shipped)] == [p.prompt for p in a]
 
 
@@ -105,8 +106,8 @@ def test_recipe_builds_the_task_and_records_its_fields():
     task = make_task(rec)
     assert task == LongChainTask(max_new_tokens=rec.max_new_tokens, p_careful=rec.p_careful, p_hasty=rec.p_hasty)
     d = rec.to_dict()
-    assert d["task"] == "long_chain" and d["p_careful"] == 0.5 and d["max_new_tokens"] == 200
+    assert d["task"] == "long_chain" and d["p_careful"] == 0.6 and d["max_new_tokens"] == 180 and d["digits"] == 1
     assert "p_reason" not in d and "p_tool" not in d and "filler" not in d
     assert "p_careful" not in RECIPES["arithmetic"].to_dict()
-    # the context holds the longest prompt (12 two-digit terms and '=': 36 tokens) and the budget
-    assert rec.model.max_position_embeddings >= 36 + rec.max_new_tokens
+    # the context holds the longest prompt (14 one-digit terms and '=': 28 tokens) and the budget
+    assert rec.model.max_position_embeddings >= 28 + rec.max_new_tokens
