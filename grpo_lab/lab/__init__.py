@@ -9,7 +9,8 @@ Anything here may change with the book, without notice. Nothing outside ``grpo_l
 * :mod:`~grpo_lab.lab.probes`: one-off measurements per seed for chapters 4-6;
 * :mod:`~grpo_lab.lab.gpu_runs`: a chapter's GSM8K comparison on the ``gpu`` profile and its checks;
 * :mod:`~grpo_lab.lab.rpt_gpu`: chapter 7 on a hub model;
-* :mod:`~grpo_lab.lab.decision_tree` and :mod:`~grpo_lab.lab.variant_records`: chapter 8's tree and records;
+* :mod:`~grpo_lab.lab.decision_tree`, :mod:`~grpo_lab.lab.variant_records` and :mod:`~grpo_lab.lab.choosing_tables`:
+  chapter 8's tree, records and tables;
 * :mod:`~grpo_lab.lab.regime`: the regime rules; :mod:`~grpo_lab.lab.scenarios`: the scenario benchmarks that
   test the tree branch by branch.
 """

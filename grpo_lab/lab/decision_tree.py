@@ -1,16 +1,17 @@
-"""Choosing a variant, as data: the practitioner's decision tree, and ours where the evidence differs.
+"""Choosing a variant, as data: the seed's decision tree as written, and ours where a measurement differs.
 
-The section the book is built from ends with a rule of thumb: *long-CoT math/code: MoE -> GSPO +
-Dr.GRPO ideas; dense -> VAPO or DAPO; extreme stability -> CISPO; general dialogue -> GRPO / PPO;
-multi-turn tool calls -> DAPO + token-level loss; next-generation base models -> RPT*, and asks of
-a new variant which direction it moves (normalisation, sequence level, clipping, the value model:
+The seed the book is built from ends with a tree (:data:`SEED_TREE_TEXT`): *Task Type?* long-CoT maths/code
+(MoE -> GSPO + Dr.GRPO ideas; dense -> DAPO / VAPO; extreme stability requirements -> CISPO), general dialogue
+-> GRPO / PPO (basic enough), multi-turn tool calls / agents -> DAPO + token-level loss, next-generation base
+models -> RPT (experimental), with a caveat (:data:`SEED_CAVEAT`), and asks of a new variant which direction it
+moves (normalisation, sequence level, clipping, the value model:
 :func:`grpo_lab.lab.variant_records.changed_axes`, :meth:`Leaf.changed_axes`).
 
 * A tree is a :class:`Node` (a question and its answers, in order) ending in :class:`Leaf` values:
   presets (names of :mod:`grpo_lab.algo.algorithms` constants, checked), their chapters, and the
   book's glued results bearing on them (``"04_gspo:gspo_route_last"``: chapter and glue name).
-* :data:`SECTION_TREE` is the section's tree as quoted; :data:`OUR_TREE` changes a branch only
-  where papers.md or a chapter says otherwise; :data:`CHANGES` gives each change's reason and
+* :data:`SECTION_TREE` is the seed's tree as data; :data:`OUR_TREE` changes a branch only where a
+  measurement supports the change; :data:`CHANGES` gives each change's reason and
   sources, and :func:`diff_trees` (checked by ``tests/lab/test_decision_tree.py``) keeps the two in
   step. A claim our experiments could not test reads "not tested in the paper's regime".
 * :func:`leaves` walks a tree, :func:`tree_table` tabulates its leaves, :func:`plot_tree` draws it
@@ -38,6 +39,8 @@ __all__ = [
     "Node",
     "BranchDiff",
     "BranchChange",
+    "SEED_TREE_TEXT",
+    "SEED_CAVEAT",
     "SECTION_TREE",
     "OUR_TREE",
     "CHANGES",
@@ -55,8 +58,10 @@ CHAPTERS: tuple[str, ...] = ("01_grpo", "02_dapo", "03_dr_grpo", "04_gspo", "05_
                              "08_choosing")
 
 _EVIDENCE = re.compile(r"(?P<stem>\d\d_[a-z_]+):(?P<name>[a-z][a-z0-9_]*)")
-# a source of a change: a section of papers.md, or a chapter and its section ("04_gspo §4.3")
-_SOURCE = re.compile(r"papers\.md §\d+|(?P<stem>\d\d_[a-z_]+) §\d+\.\d+")
+# a source of a change: a chapter and its section ("04_gspo §4.3"), a paper by its bib key (book/references.bib) and
+# section ("yue2025vapo §5.2", "yue2025vapo Table 1"), or a scenario's results file ("scenario_dialogue.json")
+_SOURCE = re.compile(r"(?P<stem>\d\d_[a-z_]+) §\d+\.\d+|(?P<bib>[a-z]+\d{4}[a-z0-9]*) (?:§|Table |Fig\. )[\w.]+|"
+                     r"scenario_(?P<scenario>[a-z_]+)\.json")
 # display names of presets whose constant name is not how the book writes them
 _DISPLAY = {"DR_GRPO": "Dr.GRPO", "GSPO_TOKEN": "GSPO-token", "KL_COV": "KL-Cov", "CLIP_COV": "Clip-Cov"}
 
@@ -91,7 +96,7 @@ class Leaf:
             (``"04_gspo:gspo_route_last"``: the name under which the chapter glues the number or the
             sentence); empty where no chapter measures the setting.
         note: one sentence: what the recommendation means, and on what it rests.
-        alternatives: True where the presets are alternatives (the section's "VAPO or DAPO"), False
+        alternatives: True where the presets are alternatives (the seed's "DAPO / VAPO"), False
             (the default) where they are one recipe combined ("GSPO + Dr.GRPO ideas").
         quote: the recommendation as the section words it, where that says more than the presets
             (``"GSPO + Dr.GRPO ideas"``, ``"DAPO + token-level loss"``); None (the default) for
@@ -240,9 +245,9 @@ def _walk(tree: Union[Node, Leaf], path: tuple[str, ...] = ()) -> Iterator[tuple
 def leaves(tree: Union[Node, Leaf]) -> Iterator[tuple[tuple[str, ...], Leaf]]:
     """The leaves of ``tree`` with their paths, top to bottom (depth first, answers in order).
 
-    A path is the tuple of answers from the root to the leaf, ``("long-CoT math/code", "MoE")``; a
-    tree that is a single Leaf yields ``((), leaf)``. The trees of this module follow the section's
-    rule of thumb and papers.md (see :data:`CHANGES` for the sources of ours).
+    A path is the tuple of answers from the root to the leaf, ``("Mathematical/Code Reasoning (Long CoT)", "MoE Architecture")``; a
+    tree that is a single Leaf yields ``((), leaf)``. The trees of this module follow the seed's
+    tree (see :data:`CHANGES` for the sources of ours).
 
     Args:
         tree: a :class:`Node` or a :class:`Leaf`.
@@ -264,7 +269,7 @@ def subtree(tree: Union[Node, Leaf], path: Iterable[str]) -> Union[Node, Leaf]:
 
     Args:
         tree: a :class:`Node` or a :class:`Leaf`, e.g. :data:`OUR_TREE` (sources in :data:`CHANGES`).
-        path: the answers in order, ``("long-CoT math/code", "dense")``.
+        path: the answers in order, ``("Mathematical/Code Reasoning (Long CoT)", "Dense Model")``.
 
     Returns:
         a :class:`Node` or a :class:`Leaf`.
@@ -318,7 +323,7 @@ def diff_trees(a: Union[Node, Leaf], b: Union[Node, Leaf]) -> tuple[BranchDiff, 
     leaves that differ in any field (presets, chapters, evidence or note), a leaf replaced by a
     question, two different questions, or a branch only one tree has (None on the other side).
     ``diff_trees(SECTION_TREE, OUR_TREE)`` gives exactly the paths of :data:`CHANGES`, whose reasons
-    cite papers.md and the chapters (tests/lab/test_decision_tree.py checks it).
+    cite the measurements and papers behind them (tests/lab/test_decision_tree.py checks it).
 
     Args:
         a: the first tree, a :class:`Node` or a :class:`Leaf`.
@@ -337,19 +342,20 @@ def diff_trees(a: Union[Node, Leaf], b: Union[Node, Leaf]) -> tuple[BranchDiff, 
 
 @dataclass(frozen=True)
 class BranchChange:
-    """Why our tree differs from the section's on one branch.
+    """Why our tree differs from the seed's on one branch.
 
     Attributes:
         path: the answers to the branch, as :func:`diff_trees` reports it.
         what: what changed, in one or two sentences.
-        reason: why, from papers.md and the chapters only; where the book could not test a claim, it
-            says "not tested in the paper's regime" instead of claiming a refutation.
-        sources: where the reason comes from: ``"papers.md §6"`` (a section of the project's
-            reference sheet) or ``"06_vapo §6.12"`` (a chapter's file stem and section).
+        reason: why: the measurement that supports the change (its interval is quoted beside the tree in the
+            book) and the papers; any contrary result in the book is named.
+        sources: where the reason comes from: ``"06_vapo §6.10"`` (a chapter's file stem and section),
+            ``"yue2025vapo §5.2"`` (a paper's key in ``book/references.bib`` and its section, figure or table) or
+            ``"scenario_dialogue.json"`` (a scenario's results file in ``benchmarks/results``).
 
     Raises:
-        ValueError: (when built) an empty path, ``what`` or ``reason``, or a source that names neither
-            a papers.md section nor a section of a chapter of :data:`CHAPTERS`.
+        ValueError: (when built) an empty path, ``what`` or ``reason``, or a source of none of these forms, or a
+            chapter stem not in :data:`CHAPTERS`.
     """
 
     path: tuple[str, ...]
@@ -367,174 +373,141 @@ class BranchChange:
         for src in self.sources:
             m = _SOURCE.fullmatch(src)
             if m is None or (m["stem"] is not None and m["stem"] not in CHAPTERS):
-                raise ValueError(f"BranchChange.sources: {src!r} names neither 'papers.md §N' nor "
-                                 f"'<chapter stem> §N.M' of a chapter in {list(CHAPTERS)}")
+                raise ValueError(f"BranchChange.sources: {src!r} is neither '<chapter stem> §N.M' of a chapter in "
+                                 f"{list(CHAPTERS)}, '<bib key> §<section>' nor 'scenario_<name>.json'")
 
 
 # ------------------------------------------------------------------------------------ the two trees
-# The answers at the root, as the section words them; both trees use them, so a path means the same
-# branch in each.
-_LONG_COT, _STABILITY, _DIALOGUE, _TOOLS, _NEXT_GEN = (
-    "long-CoT math/code", "extreme stability", "general dialogue", "multi-turn tool calls",
-    "next-generation base models")
-_ROOT_QUESTION = "What are you training, or what matters most?"
-_ARCH_QUESTION = "Is the policy a Mixture-of-Experts or dense?"
+#: The seed's decision tree (its §15.4) as it is written, reconstructed from the expert review of chapter 8 (issue
+#: 57, item 1), which quotes it: the root question, four task types, the long-CoT node's three
+#: children and the qualifiers. :data:`SECTION_TREE` is this text as data (``tests/lab/test_decision_tree.py``
+#: parses the text and compares).
+SEED_TREE_TEXT = """\
+Task Type?
+├── Mathematical/Code Reasoning (Long CoT)
+│   ├── MoE Architecture → GSPO + Dr.GRPO ideas
+│   ├── Dense Model → DAPO / VAPO
+│   └── Extreme Stability Requirements → CISPO
+├── General Dialogue Alignment → GRPO / PPO (Basic Enough)
+├── Multi-turn Tool Calls / Agents → DAPO + Token-level Loss
+└── Next-Generation Base Models → RPT (Experimental)
+"""
+
+#: The caveat the seed writes after its tree, as the review quotes it (item 1).
+SEED_CAVEAT = ("This tree is not absolute: ByteDance Seed, for example, mixes DAPO's techniques with VAPO's value "
+               "model. Read it as a checklist of what to consider first.")
+
+_ROOT_QUESTION = "Task Type?"
+_LONG_COT, _DIALOGUE, _TOOLS, _NEXT_GEN = (
+    "Mathematical/Code Reasoning (Long CoT)", "General Dialogue Alignment", "Multi-turn Tool Calls / Agents",
+    "Next-Generation Base Models")
+_MOE, _DENSE, _STABILITY = "MoE Architecture", "Dense Model", "Extreme Stability Requirements"
+# the seed's tree asks no question at its second level; a Node needs one, and this is the seed's three answers' own
+_LONG_COT_QUESTION = "Architecture, or a stability requirement?"
 
 _SECTION_MOE = Leaf(
     presets=("GSPO", "DR_GRPO"), chapters=("04_gspo", "03_dr_grpo"), quote="GSPO + Dr.GRPO ideas",
     evidence=("04_gspo:gspo_moe_verdict", "04_gspo:gspo_route_last", "03_dr_grpo:repro_verdict"),
-    note="The section's advice for a Mixture-of-Experts policy: GSPO's sequence-level ratio, with Dr.GRPO's ideas "
-         "(the advantage without the std, a constant normaliser).")
+    note="The seed's advice for a Mixture-of-Experts policy: GSPO's sequence-level ratio, with Dr.GRPO's ideas "
+         "(the advantage without the std, a constant normaliser). GSPO's own comparison ran GRPO with Routing "
+         "Replay; GSPO's gradient keeps the 1/|y_i| weight that Dr.GRPO's constant normaliser removes.")
 _SECTION_DENSE = Leaf(
-    presets=("VAPO", "DAPO"), chapters=("06_vapo", "02_dapo"), alternatives=True,
+    presets=("DAPO", "VAPO"), chapters=("02_dapo", "06_vapo"), alternatives=True, quote="DAPO / VAPO",
     evidence=("06_vapo:vapo_critic_sentence", "06_vapo:vl_ev_vapo", "06_vapo:vapo_vs_dapo"),
-    note="The section's advice for a dense policy: VAPO's value-model route or DAPO's critic-free recipe.")
+    note="The seed's advice for a dense policy: DAPO's critic-free recipe or VAPO's value-model route.")
 _SECTION_STABILITY = Leaf(
     presets=("CISPO",), chapters=("05_cispo",),
-    evidence=("05_cispo:cispo_speed_verdict", "05_cispo:cispo_dapo_zero_b", "05_cispo:cispo_rare_verdict"),
-    note="The section's advice where stability matters most: CISPO's clipped, stop-gradient importance weight, "
-         "which keeps every token's gradient.")
-_DIALOGUE_LEAF = Leaf(
+    evidence=("05_cispo:cispo_rare_verdict", "05_cispo:cispo_speed_verdict", "05_cispo:cispo_final_diff",
+              "05_cispo:cispo_steps_ratio"),
+    note="The seed's advice where stability matters most: CISPO's clipped, stop-gradient importance weight, "
+         "which keeps every token's gradient (MiniMax-M1 claims stable exploration and speed). Chapter 5's outcome "
+         "at 16 updates per batch (its evidence) is the book's one measurement of it.")
+_SECTION_DIALOGUE = Leaf(
     presets=("GRPO", "PPO"), chapters=("01_grpo", "06_vapo"), evidence=(), alternatives=True,
-    note="The section's advice for general dialogue, which no chapter measures; papers.md §3 records "
-         "DeepSeek-V3.2 training general tasks, with a generative reward model, in one mixed GRPO stage.")
+    quote="GRPO / PPO (Basic Enough)",
+    note="The seed's advice for general dialogue, which no chapter measures; the dialogue scenario "
+         "(benchmarks/results/scenario_dialogue.json) does.")
 _TOOLS_LEAF = Leaf(
-    presets=("DAPO",), chapters=("02_dapo",), evidence=(), quote="DAPO + token-level loss",
-    note="The section's 'DAPO + token-level loss' is the DAPO preset, whose loss is token-level already (Eq. 12, "
-         "aggregation group_token_mean); no chapter measures multi-turn tool calls.")
-_SECTION_RPT = Leaf(
-    presets=("RPT",), chapters=("07_rpt",), evidence=("07_rpt:rpt_vs_ntp_sentence",),
-    note="The section's advice for the next generation of base models: Reinforcement Pre-Training.")
+    presets=("DAPO",), chapters=("02_dapo",), evidence=("02_dapo:mt_branch_verdict",),
+    quote="DAPO + Token-level Loss",
+    note="The seed's 'DAPO + Token-level Loss' is the DAPO preset, whose loss is token-level already (Eq. 12, "
+         "aggregation group_token_mean); chapter 2 §2.6 reads the tool-call scenario.")
+_RPT_LEAF = Leaf(
+    presets=("RPT",), chapters=("07_rpt",), evidence=("07_rpt:rpt_d_greedy", "07_rpt:rpt_vs_ntp_sentence"),
+    quote="RPT (Experimental)",
+    note="The seed's Improvement Route Five, RL in pre-training, marked experimental. RPT starts from a reasoning "
+         "model (R1-Distill-Qwen-14B) and its objective is pure RL (GRPO, zero KL, no language-modelling term).")
 
-#: The section's rule of thumb as a tree, exactly as quoted in this module's docstring, with the
-#: book's measurements that bear on each leaf. "DAPO + token-level loss" is the DAPO preset, whose
-#: loss is token-level already (``DAPO.aggregation`` is ``"group_token_mean"``, DAPO Eq. 12,
-#: papers.md §7); "GRPO / PPO" and "VAPO or DAPO" are leaves of alternatives.
+#: The seed's tree (:data:`SEED_TREE_TEXT`) as data, with the book's measurements that bear on each leaf. "DAPO +
+#: Token-level Loss" is the DAPO preset, whose loss is token-level already (``DAPO.aggregation`` is
+#: ``"group_token_mean"``, DAPO Eq. 12); "GRPO / PPO" and "DAPO / VAPO" are leaves of alternatives.
 #:
 #: :meta hide-value:
 SECTION_TREE: Node = Node(_ROOT_QUESTION, {
-    _LONG_COT: Node(_ARCH_QUESTION, {"MoE": _SECTION_MOE, "dense": _SECTION_DENSE}),
-    _STABILITY: _SECTION_STABILITY,
-    _DIALOGUE: _DIALOGUE_LEAF,
+    _LONG_COT: Node(_LONG_COT_QUESTION, {_MOE: _SECTION_MOE, _DENSE: _SECTION_DENSE, _STABILITY: _SECTION_STABILITY}),
+    _DIALOGUE: _SECTION_DIALOGUE,
     _TOOLS: _TOOLS_LEAF,
-    _NEXT_GEN: _SECTION_RPT,
+    _NEXT_GEN: _RPT_LEAF,
 })
 
-_OUR_MOE = Leaf(
-    presets=("GSPO",), chapters=("04_gspo", "03_dr_grpo"), quote="GSPO, or token ratio\n+ routing replay",
-    evidence=("04_gspo:gspo_moe_verdict", "04_gspo:gspo_route_last"),
-    note="GSPO, whose sequence ratio needs no Routing Replay, with at most Dr.GRPO's advantage "
-         "(GSPO.replace(advantage='group_mean')), or a token-ratio objective with the sampler's expert routes "
-         "replayed (TrainerConfig.routing_replay).")
-_OUR_DENSE = Node("Does the critic keep pace with the policy (explained variance holds as it trains)?", {
-    "yes": Leaf(presets=("VAPO",), chapters=("06_vapo",), evidence=("06_vapo:vl_ev_vapo", "06_vapo:vl_d_crit", "06_vapo:vapo_ev_last"),
-                note="VAPO, where its precondition is measured: a critic, pretrained on the frozen policy's "
-                     "returns, whose explained variance holds as the policy moves."),
+_OUR_DENSE = Node("Can you pay for a critic, and does a probe show it keeps pace (explained variance held after "
+                  "N policy steps)?", {
+    "yes, both": Leaf(presets=("VAPO",), chapters=("06_vapo",),
+                      evidence=("06_vapo:vl_ev_vapo", "06_vapo:vl_d_crit", "06_vapo:vapo_vs_dapo"),
+                      note="VAPO, where its precondition is measured: a critic pretrained on the frozen policy's "
+                           "returns whose explained variance on a held-out batch holds after N policy steps, and "
+                           "memory for a second model with its optimiser state."),
     "no, or not measured": Leaf(
         presets=("DAPO",), chapters=("02_dapo", "06_vapo"),
-        evidence=("06_vapo:vapo_critic_sentence", "06_vapo:vapo_control_gain"),
-        note="DAPO, which needs no critic: VAPO's per-token credit comes from its critic, so without one that "
-             "keeps pace VAPO's precondition is not met."),
+        evidence=("06_vapo:vapo_speed_ratio_dapo", "06_vapo:vapo_state_ratio", "06_vapo:vapo_vs_dapo"),
+        note="DAPO, which needs no critic: it costs less per step and holds one model's state; the book found no "
+             "outcome penalty for VAPO, so cost, not accuracy, is the reason for the default."),
 })
-_OUR_STABILITY = Node("Many off-policy updates per rollout, so that DAPO's clip silences tokens?", {
-    "yes": Leaf(presets=("CISPO",), chapters=("05_cispo",),
-                evidence=("05_cispo:cispo_dapo_zero_late", "05_cispo:cispo_rare_verdict"),
-                note="CISPO, which keeps the gradient of the tokens that DAPO's clip would silence, the regime "
-                     "of MiniMax-M1's 16 off-policy updates per batch."),
-    "no": Leaf(presets=("DAPO",), chapters=("02_dapo", "05_cispo"),
-               evidence=("05_cispo:cispo_dapo_zero_b", "05_cispo:cispo_speed_verdict"),
-               note="DAPO: with few updates per batch its clip barely acts, and CISPO differs from it only "
-                    "where the clip acts."),
-})
-_OUR_RPT = Leaf(
-    presets=("RPT",), chapters=("07_rpt",), evidence=("07_rpt:rpt_d_greedy", "07_rpt:rpt_vs_ntp_sentence"),
-    note="RPT is a pre-training task, next-token reasoning with the prefix-matching reward trained by GRPO "
-         "without KL, for a starting model that already reasons.")
+_OUR_DIALOGUE = Leaf(
+    presets=("GRPO",), chapters=("01_grpo",), evidence=(),
+    note="GRPO: in the dialogue scenario PPO (a learned critic, GAE, no KL) ended below GRPO on the gold reward; "
+         "the scenario file's verdict and interval are quoted beside the tree.")
 
-#: Our tree, the section's changed on the branches of :data:`CHANGES` (each with its reason and
-#: sources in papers.md and the chapters) and nowhere else; every other branch is the section's,
-#: the same :class:`Leaf`. :func:`diff_trees` against :data:`SECTION_TREE` gives exactly the keys
-#: of :data:`CHANGES`.
+#: Our tree, the seed's changed on the branches of :data:`CHANGES` only, each where a measurement supports the
+#: change (the reason cites it); every other branch is the seed's, the same :class:`Leaf`. :func:`diff_trees`
+#: against :data:`SECTION_TREE` gives exactly the keys of :data:`CHANGES`.
 #:
 #: :meta hide-value:
 OUR_TREE: Node = Node(_ROOT_QUESTION, {
-    _LONG_COT: Node(_ARCH_QUESTION, {"MoE": _OUR_MOE, "dense": _OUR_DENSE}),
-    _STABILITY: _OUR_STABILITY,
-    _DIALOGUE: _DIALOGUE_LEAF,
+    _LONG_COT: Node(_LONG_COT_QUESTION, {_MOE: _SECTION_MOE, _DENSE: _OUR_DENSE, _STABILITY: _SECTION_STABILITY}),
+    _DIALOGUE: _OUR_DIALOGUE,
     _TOOLS: _TOOLS_LEAF,
-    _NEXT_GEN: _OUR_RPT,
+    _NEXT_GEN: _RPT_LEAF,
 })
 
 _CHANGES = (
     BranchChange(
-        path=(_LONG_COT, "MoE"),
-        what="GSPO + Dr.GRPO ideas -> GSPO with, of Dr.GRPO's ideas, the advantage R - mean(R) only; a token-ratio "
-             "objective with the sampler's expert routes replayed named as the other route.",
-        reason="GSPO's case on a Mixture-of-Experts model is the paper's: about 10% of the activated experts change "
-               "per update in Qwen3-30B-A3B, GRPO needed Routing Replay to converge and GSPO did not (papers.md §4); "
-               "DeepSeek-V3.2 keeps GRPO's token ratio and replays the sampler's routes instead (Keep Routing), "
-               "which it calls crucial for MoE RL stability (papers.md §3). Of Dr.GRPO's two changes only the "
-               "advantage R - mean(R) combines with GSPO without changing its Eq. 5: the constant normaliser would "
-               "remove the 1/|y_i| weight that GSPO's gradient keeps (04_gspo §4.3), and TRL warns that a "
-               "sequence ratio with loss_type dr_grpo weighs each sequence by its length (04_gspo §4.8). Our MoE "
-               "experiment is not "
-               "tested in the paper's regime (routing drift far below 10%, 04_gspo §4.6), so it neither reproduces "
-               "nor contradicts the paper, and chapter 3's test of the length bias did not reproduce it as stated "
-               "(03_dr_grpo §3.4): no measurement of this book argues for or against the constant normaliser.",
-        sources=("papers.md §4", "papers.md §3", "04_gspo §4.3", "04_gspo §4.8", "04_gspo §4.6",
-                 "03_dr_grpo §3.4"),
+        path=(_LONG_COT, _DENSE),
+        what="DAPO / VAPO -> a question first: DAPO by default; VAPO where you can pay for a critic and a short "
+             "probe shows it keeps pace with the policy.",
+        reason="Cost, measured: a VAPO step is slower than a DAPO step and holds twice the state (a second model "
+               "and its optimiser), in chapter 6's timings and in the memory model (06_vapo §6.10). Outcome: the "
+               "book found no penalty for VAPO (chapter 6's VAPO minus DAPO, quoted beside the leaf) although its "
+               "critic lost its explained variance as the policy moved (06_vapo §6.12); VAPO's lead in the paper "
+               "rests on a critic that keeps pace (without value pretraining it scores 11, yue2025vapo Table 1). "
+               "The probe: pretrain the critic on the frozen policy's returns, run N policy steps, measure "
+               "explained variance on a held-out batch.",
+        sources=("yue2025vapo Table 1", "06_vapo §6.10", "06_vapo §6.12"),
     ),
     BranchChange(
-        path=(_LONG_COT, "dense"),
-        what="VAPO or DAPO -> a question first: VAPO where the critic is measured to keep pace with the policy, "
-             "DAPO otherwise.",
-        reason="VAPO's lead over DAPO (AIME 2024 60 against 50 on Qwen2.5-32B) rests on its critic: without "
-               "Value-Pretraining it scores 11, without Decoupled-GAE 33, and the baseline gives the critic twice "
-               "the actor's learning rate so that it keeps pace (papers.md §6). In this book VAPO's critic lost "
-               "more than half its explained variance as the policy moved, on short and on long responses and "
-               "with the levers tried (50 pretraining steps, a slower policy). On the short task VAPO's gain was "
-               "matched by the same algorithm with group advantages; on the long task it was compared with the "
-               "same control at the rate that suited both, outside the paper's regime (06_vapo §6.9, 06_vapo "
-               "§6.12; the leaf quotes the difference). A critic that keeps "
-               "pace is a precondition the book has not reached, so the critic's contribution is not tested in "
-               "the paper's regime here. That is no refutation of the paper, only a precondition to measure "
-               "before choosing VAPO.",
-        sources=("papers.md §6", "06_vapo §6.9", "06_vapo §6.12"),
-    ),
-    BranchChange(
-        path=(_STABILITY,),
-        what="CISPO -> a question first: CISPO where many off-policy updates per rollout let DAPO's clip silence "
-             "a measurable share of tokens, DAPO otherwise.",
-        reason="MiniMax-M1 argues for CISPO with 16 off-policy updates per generation batch, where the clip "
-               "silenced rare reflective tokens after the first update and DAPO's clip-higher was less effective, "
-               "and what papers.md records of its results is speed (DAPO's AIME score in 50% of the steps), with "
-               "no claim of stability (papers.md §5). In this book the two objectives differ only off-policy: at "
-               "16 updates per batch DAPO's clip zeroed a growing share of tokens, and chapter 5 measured there "
-               "whether rare positive-advantage tokens end more probable under CISPO (05_cispo §5.4), while with "
-               "few updates per batch the clip barely acts (05_cispo §5.8); it also tested the speed claim on the "
-               "toy (05_cispo §5.5). Both verdicts are the chapter's own, quoted beside the leaves, so that this "
-               "reason does not restate a result that a new edition of the chapter can change.",
-        sources=("papers.md §5", "05_cispo §5.4", "05_cispo §5.5", "05_cispo §5.8"),
-    ),
-    BranchChange(
-        path=(_NEXT_GEN,),
-        what="RPT as a choice among post-training algorithms -> RPT as a pre-training task (next-token reasoning "
-             "with the prefix-matching reward) trained by GRPO without KL, for a starting model that already "
-             "reasons.",
-        reason="RPT's objective is the expected prefix-matching reward on next-token reasoning, optimised by GRPO "
-               "with zero KL and no language-modelling term, from DeepSeek-R1-Distill-Qwen-14B, a distilled "
-               "reasoning model rather than a base model; RPT-14B is then a better start for RLVR (papers.md §8). "
-               "It changes the task and the data, not the loss. Its gains need reasoning that the model can use: "
-               "chapter 7's tiny model cannot reason, so the claim is not tested in the paper's regime, and there "
-               "RPT lowered greedy next-token accuracy while continued next-token training lowered the held-out "
-               "loss (07_rpt §7.6, 07_rpt §7.8).",
-        sources=("papers.md §8", "07_rpt §7.6", "07_rpt §7.8"),
+        path=(_DIALOGUE,),
+        what="GRPO / PPO (Basic Enough) -> GRPO.",
+        reason="In the dialogue scenario (a learned proxy reward, the gold reward as the test metric, each arm at "
+               "its best rate of a three-rate sweep) PPO ended below GRPO, the interval excluding zero after "
+               "Bonferroni correction; that comparison changes the critic, GAE and the KL term together, so it "
+               "says PPO as packaged here, not a critic alone, is the worse first choice on this task.",
+        sources=("scenario_dialogue.json",),
     ),
 )
 
 #: The reason for every branch on which :data:`OUR_TREE` differs from :data:`SECTION_TREE`, as
-#: ``{path: BranchChange}``, read-only, in the trees' order. Each reason cites papers.md sections
-#: and chapter sections in its ``sources``.
+#: ``{path: BranchChange}``, read-only, in the trees' order. Each reason cites the measurement behind it (a
+#: scenario's results file or a chapter section) and the papers (bib key and section).
 #:
 #: :meta hide-value:
 CHANGES: Mapping[tuple[str, ...], BranchChange] = types.MappingProxyType({c.path: c for c in _CHANGES})
@@ -748,7 +721,7 @@ def plot_tree(tree: Union[Node, Leaf], ax: Any = None, highlight: Optional[Itera
     ax.set_ylim(-pos.height * fig.get_figheight(), 0)
     _edges(ax, tree, boxes, answers)
     if marked:
-        note = ax.text(_MARGIN, -height + _MARGIN, "shaded: changed from the section's tree", ha="left",
+        note = ax.text(_MARGIN, -height + _MARGIN, "shaded: changed from the seed's tree", ha="left",
                        va="bottom", fontsize=_ANSWER_FONT, color="#333333",
                        bbox=dict(boxstyle="square,pad=0.2", facecolor=_MARK_FACE, edgecolor="none"))
         note.set_gid("legend")

@@ -6,8 +6,8 @@ Two halves, kept apart on purpose:
   arXiv id, the core innovation, the problem it says it solves, a typical use, and who reports using
   it. Every statement comes from the project's reference sheets (``shared/reference/papers.md``, the
   papers' equations, settings and numbers as read from their text; ``anchors.md``, what TRL and verl
-  compute) or, for GMPO, SAPO, KL-Cov and Clip-Cov, which those sheets do not cover, from the
-  comments of their presets in :mod:`grpo_lab.algo.algorithms`. Where the sheets do not support a claim,
+  compute) or, for GMPO, SAPO, KL-Cov and Clip-Cov, which those sheets do not cover, from the papers'
+  abstracts and the comments of their presets in :mod:`grpo_lab.algo.algorithms`. Where the sheets do not support a claim,
   the record says so (:data:`NOT_STATED` for its users) instead of guessing.
 * **what the code does** -- :func:`axes_changed`, computed from the fields of two
   :class:`~grpo_lab.algo.algorithms.Algorithm` values, never typed by hand: a preset's changes can
@@ -218,9 +218,10 @@ _GRPO = VariantRecord(
     innovation="A group-relative advantage: each of G responses to a question is scored by its reward "
                "standardised within the group, (r - mean) / std (§4.1.2), inside PPO's per-token clipped "
                "objective with a k3 KL penalty inside the token sum (Eqs. 3-4).",
-    pain_point="Not recorded in papers.md, which holds DeepSeekMath's equations and settings, not its "
-               "motivation; by construction (Eq. 3, §4.1.2) the baseline is the group's own mean reward, "
-               "so no value model is trained.",
+    pain_point="PPO's value model, 'typically another model of comparable size as the policy model', brings 'a "
+               "substantial memory and computational burden', and a reward given only at the last token makes a "
+               "per-token value function hard to train (§4.1.1); GRPO's baseline is the group's own mean reward "
+               "(Eq. 3, §4.1.2), so no value model is trained.",
     typical_use="RL for maths reasoning: DeepSeekMath-RL 7B on about 144K chain-of-thought GSM8K/MATH "
                 "questions, G = 64, beta = 0.04, one update per exploration stage (§4.2); rule-based rewards "
                 "at scale in R1-Zero. Implemented by TRL, verl, OpenRLHF and Liger (anchors.md a.1-a.2).",
@@ -345,9 +346,9 @@ _RPT = VariantRecord(
     innovation="Next-token reasoning: the model reasons before predicting the next token of a text and is "
                "rewarded by a byte-level prefix match with the true continuation (§3.1, Eq. 3), trained with "
                "GRPO on pure expected reward, KL 0, no language-modelling term (Eq. 4).",
-    pain_point="Not stated as such in papers.md, which records the two objectives RPT starts from: next-token "
-               "prediction (Eq. 1) and RLVR on question-answer pairs (Eq. 2); RPT's reward (Eq. 3) needs only "
-               "the text's own continuation.",
+    pain_point="RL with verifiable rewards needs annotated question-answer pairs (Eq. 2) and next-token "
+               "prediction (Eq. 1) gives no reward for reasoning; RPT's prefix-matching reward (Eq. 3) needs only "
+               "the text's own continuation, so any text becomes an RL task (§1, §3.1).",
     typical_use="Reinforcement pre-training on text: R1-Distill-Qwen-14B on OmniMATH positions kept by a proxy "
                 "model's entropy, G = 8, temperature 0.8, KL 0 (§3.3, App. B). No anchor library implements it "
                 "(anchors.md a.4).",
@@ -364,12 +365,14 @@ _GMPO = VariantRecord(
     innovation="Maximises the geometric mean of the token ratios instead of their arithmetic mean, each token's "
                "log-ratio clipped in log space on the side its advantage pushes, range (e^-0.4, e^0.4) "
                "(Eq. 4, Alg. 1).",
-    pain_point="Not recorded in papers.md or anchors.md, which have no section on GMPO's motivation.",
+    pain_point="GRPO's arithmetic mean of token-level rewards is sensitive to outlier importance-weighted "
+               "rewards, which give extreme ratios and unstable updates (abstract).",
     typical_use="A replacement for GRPO's surrogate with group advantages and no KL (the official script's "
                 "beta 0); TRL (experimental GMPOTrainer) and verl ('geo_mean') implement it (anchors.md a.2, b.7).",
-    users=NOT_STATED,
+    users=(("the authors' GMPO-7B: +4.1% over GRPO on maths benchmarks, +1.4% on multimodal reasoning",
+            "arXiv 2507.20673 abstract"),),
     chapter=None,
-    sources="the GMPO preset's comment in grpo_lab/algo/algorithms.py and its surrogate's docstring in "
+    sources="the paper's abstract; the GMPO preset's comment in grpo_lab/algo/algorithms.py and its surrogate's docstring in "
             "grpo_lab/algo/objectives.py; anchors.md a.2, b.7",
 )
 
@@ -380,12 +383,13 @@ _SAPO = VariantRecord(
     year=2025,
     innovation="Replaces the hard clip by a smooth gate 4/tau sigmoid(tau (r - 1)) on each token's ratio, with "
                "temperatures tau_pos = 1.0 for positive and tau_neg = 1.05 for negative advantages (§3).",
-    pain_point="Not recorded in papers.md or anchors.md, which have no section on SAPO's motivation.",
+    pain_point="Token-level importance ratios have high variance, 'exacerbated in Mixture-of-Experts models', "
+               "and a hard clip makes it hard to keep both stability and learning (abstract).",
     typical_use="A replacement for the PPO clip with token ratios, group advantages and no KL; TRL, verl and "
                 "Liger implement it as a loss type (anchors.md a.2, b.7).",
-    users=NOT_STATED,
+    users=(("the Qwen3-VL model series", "arXiv 2511.20347 abstract"),),
     chapter=None,
-    sources="the SAPO preset's comment in grpo_lab/algo/algorithms.py and its surrogate's docstring in "
+    sources="the paper's abstract; the SAPO preset's comment in grpo_lab/algo/algorithms.py and its surrogate's docstring in "
             "grpo_lab/algo/objectives.py; anchors.md a.2, b.7",
 )
 
@@ -397,13 +401,13 @@ _KL_COV = VariantRecord(
     innovation="The unclipped policy gradient plus a penalty kl_cov_coef |log r| on the small share of tokens "
                "(2e-3 for Qwen2.5-7B, 2e-4 for 32B) with the largest covariance between advantage and "
                "log-probability ('Suppressing Tokens with High Covariances').",
-    pain_point="Not recorded in papers.md or anchors.md; the paper's title places it in the entropy dynamics of "
-               "RL for reasoning models, and the covariance it ranks tokens by is that analysis' quantity.",
+    pain_point="Entropy collapse saturates performance (R = -a e^H + b), and entropy change is driven by the "
+               "covariance between a token's log-probability and its advantage (abstract).",
     typical_use="verl's 'kl_cov' policy loss (anchors.md a.2) with a token-mean loss and no KL to a reference; "
                 "the paper's ratios for Qwen2.5-7B and 32B (preset comment).",
-    users=NOT_STATED,
+    users=(("the authors, on Qwen2.5-7B and Qwen2.5-32B", "arXiv 2505.22617 abstract"),),
     chapter=None,
-    sources="the KL_COV preset's comment in grpo_lab/algo/algorithms.py and its surrogate's docstring in "
+    sources="the paper's abstract; the KL_COV preset's comment in grpo_lab/algo/algorithms.py and its surrogate's docstring in "
             "grpo_lab/algo/objectives.py; anchors.md a.2",
 )
 
@@ -415,14 +419,14 @@ _CLIP_COV = VariantRecord(
     innovation="PPO's clipped surrogate with the gradient removed from a random share (2e-4) of the tokens whose "
                "covariance between advantage and log-probability lies in (1, 5) ('Suppressing Tokens with High "
                "Covariances').",
-    pain_point="Not recorded in papers.md or anchors.md; the paper's title places it in the entropy dynamics of "
-               "RL for reasoning models, and the covariance it selects tokens by is that analysis' quantity.",
+    pain_point="Entropy collapse saturates performance (R = -a e^H + b), and entropy change is driven by the "
+               "covariance between a token's log-probability and its advantage (abstract).",
     typical_use="verl's 'clip_cov' policy loss (anchors.md a.2); the authors' verl scripts run it in verl's DAPO "
                 "recipe with clip_ratio_low = clip_ratio_high = 1, so the selection is the trust region "
                 "(preset comment).",
-    users=NOT_STATED,
+    users=(("the authors, on Qwen2.5-7B and Qwen2.5-32B", "arXiv 2505.22617 abstract"),),
     chapter=None,
-    sources="the CLIP_COV preset's comment in grpo_lab/algo/algorithms.py and its surrogate's docstring in "
+    sources="the paper's abstract; the CLIP_COV preset's comment in grpo_lab/algo/algorithms.py and its surrogate's docstring in "
             "grpo_lab/algo/objectives.py; anchors.md a.2",
 )
 
