@@ -301,6 +301,40 @@ moe = branch_results["long_cot_moe"]
 book.glue("ch_moe_sentence", verdict_list(moe))
 
 # %% [markdown]
+# **What each scenario could show.** A verdict is as strong as its design. Where every arm chose an
+# edge of its learning-rate grid, the best rate may lie outside it; where no arm moved from its base,
+# the arms are compared at a corner of the design, and *not separated* there says little about the
+# mechanism. {glue:text}`ch_edge_sentence` Each scenario's grid, where the chosen rates sit in it, the
+# reference arm's base and endpoint (the scenario's metric: greedy test accuracy, or the gold reward
+# for dialogue), and the note its results file records:
+
+# %%
+def design_row(name: str, r: dict) -> dict:
+    """A scenario's rate grid, where its arms' chosen rates sit, the reference arm's base and endpoint, its note."""
+    grid, chosen = r["design"]["lrs"], r["chosen_lr"]
+    where = sorted({"lowest" if lr == min(grid) else "highest" if lr == max(grid) else "inside"
+                    for lr in chosen.values()})
+    ref = r["arms"][r["design"]["reference"]]
+    return {"scenario": name, "rates swept": ", ".join(f"{x:g}" for x in grid),
+            "chosen rates sit at": " and ".join(where),
+            "reference: base, over the curve": f"{ref['base_accuracy']:.3f}, {ref['curve_mean']['mean']:.3f}",
+            "results file's note": r["provenance"].get("note", "")}
+
+
+design_table = pd.DataFrame([design_row(n, r) for n, r in branch_results.items()]).set_index("scenario")
+at_edge = [n for n in design_table.index if design_table.loc[n, "chosen rates sit at"] in ("lowest", "highest")]
+# flat: no arm's endpoint above its base by one binomial standard error of the test set (at the reference's accuracy)
+flat = [n for n, r in branch_results.items()
+        if max(a["curve_mean"]["mean"] - a["base_accuracy"] for a in r["arms"].values())
+        <= r["design"]["binomial_se_at_reference"]]
+book.glue("ch_edge_sentence", (
+    f"In {len(at_edge)} of the {len(design_table)} scenarios every arm chose the same edge of its grid "
+    f"({', '.join(at_edge)}); in {len(flat)} ({', '.join(flat) or 'none'}) no arm's endpoint rose above its base by one "
+    "binomial standard error of the test set: there the verdicts compare arms that barely moved."))
+with pd.option_context("display.max_colwidth", None):
+    display(design_table)
+
+# %% [markdown]
 # Read the rows one by one.
 #
 # * **MoE → GSPO + Dr.GRPO ideas.** {glue:text}`ch_moe_sentence` The toy's routing barely moves, so
