@@ -19,6 +19,12 @@ GRPO's sample-level loss (the ablation of the token-level loss), GSPO and CISPO.
 per rollout (GSPO §5.1), rates 3e-5, 1e-4, 3e-4; arms GRPO, GRPO with Routing Replay (``routing_replay=True``, a
 trainer setting the arm carries), GSPO and GSPO with Dr.GRPO's group-mean advantage. Its routing rule is measured,
 not assumed: ``benchmarks/moe_sampler_routing.py`` found no sampler precision that reaches GSPO's 10%.
+``long_cot_dense`` (issue 55, "long-CoT on a dense model -> DAPO / VAPO"): ``long-chain-base`` on
+:class:`grpo_lab.tasks.LongChainTask` (sums of 3-14 one-digit terms reduced one addition per step, up to 199 tokens,
+a 180-token budget), 8 prompts x 8 per step, 12 steps, evaluation every 4, rates 3e-5, 1e-4, 3e-4 on sweep seeds
+100-101; arms GRPO, Dr.GRPO, DAPO, VAPO, CISPO and GSPO (about 20 min). ``long_cot_stability`` (issue 55, "extreme
+stability requirements -> CISPO"): the same base at 16 minibatches per rollout (MiniMax-M1 §3.1's 16 off-policy
+updates), 16 prompts x 8; arms GRPO, DAPO and CISPO (about 17 min).
 ``dialogue`` (issue 55, the seed's branch "general dialogue alignment -> GRPO / PPO"): ``corpus-base`` on
 :class:`grpo_lab.tasks.DialogueTask` (open-ended 32-token continuations trained on a learned proxy reward model and
 judged by a known gold reward: the endpoint is the greedy gold mean on 64 held-out contexts), 16 prompts x 8 per
@@ -36,7 +42,7 @@ from grpo_lab.lab import scenarios
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", choices=sorted(scenarios.SCENARIOS))
     ap.add_argument("--quick", action="store_true", help="1 sweep seed, 2 comparison seeds, 2 steps (a code-path check)")
     ap.add_argument("--out", type=Path, default=None, help="the results file (default: benchmarks/results/scenario_NAME.json)")

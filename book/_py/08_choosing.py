@@ -146,7 +146,8 @@ print(SEED_CAVEAT)
 #
 # The table below is what to try first on each branch (our tree's leaf, §8.5), what to switch to
 # and the measurable condition for switching, the step time and peak memory of those arms relative to
-# GRPO in the scenario's own runs (CPU, wall time; the short task's from §8.3), the state each holds
+# GRPO in the scenario's own runs (CPU wall time of single runs on two shared cores: indicative only,
+# as ratios below 1 for arms that add work, such as Routing Replay, show; the short task's from §8.3), the state each holds
 # on a GPU relative to GRPO's as the package's memory model predicts it (Qwen2.5-0.5B, the `gpu`
 # profile: weights, gradients, AdamW, a KL reference and a critic where the preset has one), the
 # settings to resize for your lengths and batch, and the branch's reading.
@@ -188,6 +189,15 @@ short_file = json.loads((REPO_ROOT / "benchmarks" / "results" / "choosing.json")
 short_results = {"design": {"reference": "GRPO"}, "verdicts": [],
                  "arms": {shown(r["preset"]): {"step_seconds": r["step_seconds"]["mean"],
                                                "peak_mem_mb": r["peak_mem_mb"]["mean"]} for r in short_file["rows"]}}
+stab_pre = branch_results["long_cot_stability"]
+if stab_pre is None:
+    stab_measured = "as chapter 5 measured at one of two rates"
+else:
+    cap = next(v for v in stab_pre["verdicts"] if v["arm"] == "CISPO")["checks"][0]
+    vs = next(c for c in stab_pre["comparisons"] if c["arm"] == "CISPO" and c["against"] == "DAPO")
+    stab_measured = (f"as chapter 5 measured at one of two rates, and the stability scenario: the cap bound on "
+                     f"{100 * cap['measured']:.2f}% [{100 * cap['interval'][0]:.2f}%, {100 * cap['interval'][1]:.2f}%] "
+                     f"of tokens, CISPO - DAPO {vs['mean']:+.3f} [{vs['lo']:+.3f}, {vs['hi']:+.3f}] (Bonferroni)")
 PLAYS = {  # try first: our tree's leaf; switch when: a regime rule (the pre-flight table below) or a paired pilot
     "long_cot_moe": {"try first": "GSPO", "switch to": "GRPO + Routing Replay",
                      "switch when": "a paired pilot at your rate favours it; below 10% of experts changed per update "
@@ -195,14 +205,15 @@ PLAYS = {  # try first: our tree's leaf; switch when: a regime rule (the pre-fli
                      "resize": "GSPO's range (3e-4 / 4e-4) against response length (chapter 4); Routing Replay needs "
                                "the sampler's routes"},
     "long_cot_dense": {"try first": "DAPO", "switch to": "VAPO",
-                       "switch when": "responses reach 100 tokens (long_responses) and a critic probe keeps its "
-                                      "explained variance after N policy steps, with memory for a second model",
+                       "switch when": "responses reach 100 tokens (long_responses) and a critic probe (value "
+                                      "warm-up, then 10 policy steps) still explains >= 10% of the returns' "
+                                      "variance (critic_fits), with memory for a second model",
                        "resize": "VAPO's alpha in lambda = 1 - 1/(alpha l) and its value warm-up to your lengths "
                                  "(chapter 6); DAPO's overlong window to your budget"},
     "long_cot_stability": {"try first": "CISPO", "switch to": "DAPO",
                            "switch when": "CISPO's cap binds on under 0.5% of tokens (clip_acts: the cap does not "
-                                          "act), or a paired pilot at your rate puts it below DAPO, as chapter 5 "
-                                          "measured at one of two rates",
+                                          "act), or a paired pilot at your rate puts it below DAPO, "
+                                          + stab_measured,
                            "resize": "CISPO's cap eps_high (not reported by the paper) and updates per rollout"},
     "dialogue": {"try first": "GRPO", "switch to": "Dr.GRPO",
                  "switch when": "response lengths in a step spread over at least their mean (length_spread), "
@@ -315,7 +326,8 @@ def design_row(name: str, r: dict) -> dict:
     where = sorted({"lowest" if lr == min(grid) else "highest" if lr == max(grid) else "inside"
                     for lr in chosen.values()})
     ref = r["arms"][r["design"]["reference"]]
-    return {"scenario": name, "rates swept": ", ".join(f"{x:g}" for x in grid),
+    return {"scenario": name, "base, task": f"{r['design']['base']}, {r['design']['task']}",
+            "rates swept": ", ".join(f"{x:g}" for x in grid),
             "chosen rates sit at": " and ".join(where),
             "reference: base, over the curve": f"{ref['base_accuracy']:.3f}, {ref['curve_mean']['mean']:.3f}",
             "results file's note": r["provenance"].get("note", "")}
@@ -323,14 +335,19 @@ def design_row(name: str, r: dict) -> dict:
 
 design_table = pd.DataFrame([design_row(n, r) for n, r in branch_results.items()]).set_index("scenario")
 at_edge = [n for n in design_table.index if design_table.loc[n, "chosen rates sit at"] in ("lowest", "highest")]
-# flat: no arm's endpoint above its base by one binomial standard error of the test set (at the reference's accuracy)
+# flat: no arm's endpoint above its base by one binomial standard error of the test set (at the reference's
+# accuracy); fell: the arms whose endpoint is below their base by more than that
 flat = [n for n, r in branch_results.items()
         if max(a["curve_mean"]["mean"] - a["base_accuracy"] for a in r["arms"].values())
         <= r["design"]["binomial_se_at_reference"]]
+fell = [f"{arm} in {n}" for n in flat for arm, a in branch_results[n]["arms"].items()
+        if a["base_accuracy"] - a["curve_mean"]["mean"] > branch_results[n]["design"]["binomial_se_at_reference"]]
 book.glue("ch_edge_sentence", (
     f"In {len(at_edge)} of the {len(design_table)} scenarios every arm chose the same edge of its grid "
     f"({', '.join(at_edge)}); in {len(flat)} ({', '.join(flat) or 'none'}) no arm's endpoint rose above its base by one "
-    "binomial standard error of the test set: there the verdicts compare arms that barely moved."))
+    "binomial standard error of the test set, so no arm improved there"
+    + (f", and some fell below it ({', '.join(fell)})" if fell else "")
+    + ": the verdicts compare arms that did not improve."))
 with pd.option_context("display.max_colwidth", None):
     display(design_table)
 
@@ -1343,7 +1360,9 @@ book.glue("fig_choosing_tree_ours", plot_tree(OUR_TREE, highlight=changed))
 # ```{glue:figure} fig_choosing_tree_section
 # :name: fig-choosing-tree-section
 #
-# The seed's tree as written: questions in grey boxes, answers on the edges, the recommended presets
+# The seed's tree as written: questions in grey boxes (the second-level one, "Architecture, or a
+# stability requirement?", is ours: the seed lists the three answers under long CoT without a question),
+# answers on the edges, the recommended presets
 # at the leaves (in the seed's words, qualifiers included) with the chapters that cover them, each
 # leaf edged in its first preset's colour.
 # ```
@@ -1385,12 +1404,13 @@ book.glue("ch_vapo_long_clause", (
     "kept pace" if vl_lo > 0 else
     f"on chapter 6's long task VAPO ended below its critic-free control ({vl_q})" if vl_hi < 0 else
     f"on chapter 6's long task VAPO ended no different from its critic-free control ({vl_q})"))
+book.glue("ch_vl_ev_vapo", glued_text("06_vapo:vl_ev_vapo"))
 
 # %% [markdown]
 # Every leaf of our tree, with the chapters that cover its presets (linked), the values those
 # chapters measured under the named glue keys, and its evidence status. *Dense > yes → VAPO* is a
 # branch no experiment of this book reached: its evidence is the critic failing the question (chapter
-# 6's explained variance falls by more than half), and {glue:text}`ch_vapo_long_clause`, so the
+# 6's explained variance, first to last step: {glue:text}`ch_vl_ev_vapo`), and {glue:text}`ch_vapo_long_clause`, so the
 # question is a precondition to check, not a proven switch. The MoE, extreme-stability, tool-call
 # and RPT leaves are the seed's, kept because no measurement supports a change; the extreme-stability
 # leaf carries chapter 5's contrary outcome among its measurements. Where a branch changed, the
@@ -1641,7 +1661,9 @@ gpu_summary = book.show_gpu_results("08_choosing", GPU_ALGOS, baseline="GRPO", s
 # * Our tree changes two of the seed's branches, each on a measurement: general dialogue keeps GRPO
 #   alone (PPO ended below it in the dialogue scenario), and the dense branch defaults to DAPO for its
 #   measured cost, asking for a critic probe before VAPO. The MoE, extreme-stability, tool-call and RPT
-#   leaves stay the seed's; the extreme-stability leaf carries chapter 5's contrary outcome beside it.
+#   leaves stay the seed's; the extreme-stability leaf carries chapter 5's contrary outcome beside it,
+#   and its scenario's (CISPO below DAPO, its cap binding on too few tokens to call it in regime).
+# * Read each scenario's verdicts with its design: {glue:text}`ch_edge_sentence`
 # * Ask of a new variant which axes it moves; `check_axes` answers from the package's fields, and the
 #   function a field names can move another axis (GMPO's surrogate is a sequence-level ratio). Ideas on
 #   different axes compose; ideas on the same axis compete.

@@ -134,10 +134,13 @@ def load_branch_results(names, results_dir: Optional[Path] = None) -> dict:
     where its file is absent. ``results_dir`` (a folder of ``scenario_<name>.json``) replaces the repository's.
 
     Raises:
-        KeyError: a name that is not a scenario of :data:`grpo_lab.lab.scenarios.SCENARIOS`.
+        KeyError: a name that is not a scenario of :data:`grpo_lab.lab.scenarios.SCENARIOS`; TypeError: ``names`` is a
+            string.
     """
     import json
 
+    if isinstance(names, str):
+        raise TypeError(f"load_branch_results: pass a list of scenario names, not the string {names!r}")
     out = {}
     for name in names:
         if name not in scenarios.SCENARIOS:
@@ -156,12 +159,17 @@ def load_branch_results(names, results_dir: Optional[Path] = None) -> dict:
 def branch_reading(results: Optional[Mapping]) -> str:
     """The reading of a branch (one of :data:`READINGS`) from its scenario's verdicts: absent results -> not run;
     every verdict not tested -> out of regime; any contradicted -> a measurement against an arm; else any supported
-    -> supported; else not separated. Raises TypeError for results without ``verdicts``."""
+    -> supported; else not separated. Raises TypeError for results without ``verdicts``, ValueError for results with no
+    verdict or one not in :data:`grpo_lab.lab.scenarios.VERDICTS`."""
     if results is None:
         return READINGS[0]
     if not isinstance(results, Mapping) or "verdicts" not in results:
         raise TypeError(f"branch_reading: pass a scenario's results or None, got {type(results).__name__}")
-    found = [v["verdict"] for v in results["verdicts"]]
+    found = [v.get("verdict") for v in results["verdicts"]]
+    unknown = sorted({str(v) for v in found if v not in scenarios.VERDICTS})
+    if not found or unknown:
+        raise ValueError(f"branch_reading: the results hold {'no verdict' if not found else f'unknown verdicts {unknown}'}"
+                         f"; a verdict is one of {list(scenarios.VERDICTS)}")
     if all(v == scenarios.VERDICTS[3] for v in found):
         return READINGS[1]
     if "contradicted" in found:
@@ -205,12 +213,15 @@ def relative_costs(results: Mapping, arms=None) -> dict:
     ``step_seconds`` and ``peak_mem_mb`` (the worker's resident set on CPU); ``arms`` (default all) picks some.
 
     Raises:
-        KeyError: an arm not in the results (the message lists them); TypeError: not a results dict.
+        KeyError: an arm not in the results (the message lists them); TypeError: not a results dict, or ``arms`` a
+            string.
     """
     if not isinstance(results, Mapping) or "arms" not in results or "design" not in results:
         raise TypeError(f"relative_costs: pass a scenario's results, got {type(results).__name__}")
     ref = results["arms"][results["design"]["reference"]]
     out = {}
+    if isinstance(arms, str):
+        raise TypeError(f"relative_costs: pass a list of arms, not the string {arms!r}")
     for arm in arms or results["arms"]:
         if arm not in results["arms"]:
             raise KeyError(f"relative_costs: no arm {arm!r}; arms: {list(results['arms'])}")
@@ -286,7 +297,9 @@ def preflight_table() -> Any:
     for name in scenarios.SCENARIOS:
         for m in scenarios.SCENARIOS[name].mechanisms:
             for rule, column in m.rules:
-                uses.setdefault(rule, {}).setdefault(m.name, column)
+                # one name per mechanism across scenarios ("the unbiased normaliser" and "unbiased normaliser")
+                key = m.name[4:] if m.name.startswith("the ") else m.name
+                uses.setdefault(rule, {}).setdefault(key, column)
     rows = []
     for r in regime.RULES.values():
         cols = sorted({c for c in uses.get(r.name, {}).values() if c})

@@ -127,7 +127,9 @@ class ArithmeticTask:
             reasoning answer, four two-digit terms, is 25 characters plus EOS).
         p_reason: fraction of pretraining demonstrations that reason (used by
             :mod:`grpo_lab.lab.pretrain`, not by RL).
-        test_size: number of problems in the fixed test set (equal share per term count).
+        test_size: number of problems in the fixed test set (equal share per term count, so at least one
+            per term count). A file at :meth:`test_set_path` (the shipped one) is the test set verbatim, whatever
+            its size: ``test_size`` sizes a regenerated set (:meth:`generate_test_set`, :meth:`write_test_set`).
         filler: ``""`` (the plain task) or one character that a response may contain between
             its parts and after the answer, and that the parser ignores (:func:`~grpo_lab.tasks.arithmetic.parse_answer`):
             length without effect on correctness.
@@ -140,8 +142,8 @@ class ArithmeticTask:
             ``"start"`` (before the response).
 
     Raises:
-        ValueError: out-of-range arguments, a forbidden filler character, or filler settings
-            without a filler.
+        ValueError: out-of-range arguments (a ``max_new_tokens`` below 1, a ``test_size`` below the number of
+            term counts), a forbidden filler character, or filler settings without a filler.
     """
 
     min_terms: int = 2
@@ -161,6 +163,11 @@ class ArithmeticTask:
             raise ValueError("ArithmeticTask: need 1 <= min_terms <= max_terms")
         if self.digits not in (1, 2, 3):
             raise ValueError("ArithmeticTask: digits must be 1, 2 or 3")
+        for label, v, low in (("max_new_tokens", self.max_new_tokens, 1),
+                              ("test_size", self.test_size, self.max_terms - self.min_terms + 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{type(self).__name__}: {label} must be an int >= {low}, got {v!r}"
+                                 + (" (one problem per term count at least)" if label == "test_size" else ""))
         if not 0.0 <= self.p_reason <= 1.0:
             raise ValueError("ArithmeticTask: p_reason must lie in [0, 1]")
         _check_filler(self.filler, "ArithmeticTask")

@@ -49,6 +49,10 @@ def test_branch_reading_of_an_absent_file_and_bad_input():
     assert C.branch_reading(None) == "not run: the branch rests on the paper"
     with pytest.raises(TypeError, match="scenario's results or None"):
         C.branch_reading("dialogue")
+    with pytest.raises(ValueError, match="no verdict"):
+        C.branch_reading(_results([]))
+    with pytest.raises(ValueError, match="unknown verdicts \\['bogus'\\]"):
+        C.branch_reading(_results(["bogus"]))
 
 
 def test_load_branch_results_reads_a_folder_present_or_absent(tmp_path):
@@ -57,6 +61,8 @@ def test_load_branch_results_reads_a_folder_present_or_absent(tmp_path):
     assert found["long_cot_stability"] is None and found["dialogue"]["verdicts"][0]["verdict"] == "contradicted"
     with pytest.raises(KeyError, match="unknown scenario"):
         C.load_branch_results(["poetry"], results_dir=tmp_path)
+    with pytest.raises(TypeError, match="not the string 'dialogue'"):
+        C.load_branch_results("dialogue", results_dir=tmp_path)
 
 
 def test_load_branch_results_goes_through_load_scenario(tmp_path, monkeypatch):
@@ -80,6 +86,8 @@ def test_relative_costs_by_hand():
         C.relative_costs(_results([]), ["VAPO"])
     with pytest.raises(TypeError):
         C.relative_costs({"arms": {}})
+    with pytest.raises(TypeError, match="not the string 'DAPO'"):
+        C.relative_costs(_results([]), "DAPO")
 
 
 def test_practitioner_table_by_hand():
@@ -123,4 +131,6 @@ def test_preflight_table_covers_every_rule():
     assert list(table.index) == list(regime.RULES)
     assert table.loc["tied_groups", "measure"] == "zero_adv_group_frac" and table.loc["tied_groups", "at least"] == "1.00%"
     assert "dynamic sampling" in table.loc["tied_groups", "decides"]
+    decides = table.loc["length_spread", "decides"].split("; ")
+    assert len(decides) == len(set(decides)) and "the unbiased normaliser (Dr.GRPO §3.2)" not in decides
     assert table.loc["long_responses", "at least"] == "100 tokens" and table.loc["long_responses", "over"] == "at step 50"

@@ -111,3 +111,12 @@ def test_recipe_builds_the_task_and_records_its_fields():
     assert "p_careful" not in RECIPES["arithmetic"].to_dict()
     # the context holds the longest prompt (14 one-digit terms and '=': 28 tokens) and the budget
     assert rec.model.max_position_embeddings >= 28 + rec.max_new_tokens
+
+
+def test_test_size_and_budget_are_checked():
+    # a regenerated set follows test_size: 12 term counts x 2 problems, by hand (the shipped file wins when present)
+    small = LongChainTask(test_size=24).generate_test_set()
+    assert len(small) == 24 and Counter(p.meta["n_terms"] for p in small) == {k: 2 for k in range(3, 15)}
+    for bad in ({"test_size": 5}, {"test_size": -5}, {"test_size": 1.5}, {"max_new_tokens": 0}, {"max_new_tokens": -3}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            LongChainTask(**bad)

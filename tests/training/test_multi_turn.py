@@ -100,8 +100,11 @@ def test_multi_turn_update_is_micro_batch_invariant(tok, name):
     for col in ("loss", "clip_frac_low", "clip_frac_high", "ratio_mean"):
         if col in h_whole:
             assert h_one[col].iloc[0] == pytest.approx(h_whole[col].iloc[0], abs=1e-6), col
+    # float32 summation order differs between one micro-batch and many: on an AMD EPYC host one element of 2,048 differed
+    # by 1.3e-7 (GRPO), over a 1e-7 bound that held on Intel; 1e-6 is still far below a wrong normaliser's error, which
+    # rescales whole rows of the gradient
     for a, b in zip(g_whole, g_one):
-        torch.testing.assert_close(b, a, atol=1e-7, rtol=1e-4)
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
 
 
 # ------------------------------------------------------------------ no re-tokenisation drift
