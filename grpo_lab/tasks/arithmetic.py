@@ -128,8 +128,8 @@ class ArithmeticTask:
         p_reason: fraction of pretraining demonstrations that reason (used by
             :mod:`grpo_lab.lab.pretrain`, not by RL).
         test_size: number of problems in the fixed test set (equal share per term count, so at least one
-            per term count). A file at :meth:`test_set_path` (the shipped one) is the test set verbatim, whatever
-            its size: ``test_size`` sizes a regenerated set (:meth:`generate_test_set`, :meth:`write_test_set`).
+            per term count). A file at ``test_set_path()`` (the shipped one) is the test set verbatim, whatever
+            its size: ``test_size`` sizes a regenerated set (``generate_test_set()``, ``write_test_set()``).
         filler: ``""`` (the plain task) or one character that a response may contain between
             its parts and after the answer, and that the parser ignores (:func:`~grpo_lab.tasks.arithmetic.parse_answer`):
             length without effect on correctness.
