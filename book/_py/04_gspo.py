@@ -1304,7 +1304,7 @@ gpu_summary = book.show_gpu_results("04_gspo", GPU_ALGOS, baseline="GRPO", seeds
 # exercise checks: the independence model (1), GSPO-token with a repeated [B, T] advantage (2),
 # the single-token bound of exercise 3
 n_tok = 1 / (GSPO.eps_high ** 2 / sigma2)  # sigma / sqrt(n) = 4e-4  =>  n = sigma^2 / 4e-4^2
-print(f"1. a range of 4e-4 is one standard deviation of log s_i at about {n_tok:,.0f} tokens")
+print(f"1. a range of 4e-4 is one standard deviation of log s_i at about {n_tok / 1e6:.1f} million tokens")
 lp_x = lp_g.detach().clone().requires_grad_()
 g_rep = torch.autograd.grad(policy_loss(lp_x, old_g, adv_g[:, None].expand(G, T).clone(), mg, GSPO_TOKEN).loss,
                             lp_x)[0]
